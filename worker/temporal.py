@@ -1,0 +1,94 @@
+"""Connecting to Temporal the same way from every process, and registering search attributes."""
+
+from __future__ import annotations
+
+import logging
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
+from temporalio.client import Client, TLSConfig
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
+
+from worker.settings import Settings
+from workflows.constants import SEARCH_ATTRIBUTES
+
+log = logging.getLogger(__name__)
+
+
+async def connect(settings: Settings) -> Client:
+    """A client with the pydantic data converter, TLS / API key as configured."""
+    tls: TLSConfig | bool = False
+    if settings.temporal_tls_cert and settings.temporal_tls_key:
+        tls = TLSConfig(
+            client_cert=settings.temporal_tls_cert.read_bytes(),
+            client_private_key=settings.temporal_tls_key.read_bytes(),
+            server_root_ca_cert=(
+                settings.temporal_tls_ca.read_bytes() if settings.temporal_tls_ca else None
+            ),
+        )
+    api_key = settings.api_key()
+    if api_key and tls is False:
+        tls = True  # Temporal Cloud API keys need TLS
+    return await Client.connect(
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        data_converter=pydantic_data_converter,
+        tls=tls,
+        api_key=api_key,
+    )
+
+
+def search_attribute_commands(namespace: str) -> list[str]:
+    """What an operator runs where Sickbay may not register search attributes itself."""
+    cloud = [
+        f"tcld namespace search-attributes add --namespace {namespace} "
+        f"--search-attribute '{name}=Keyword'"
+        for name in SEARCH_ATTRIBUTES
+    ]
+    self_hosted = [
+        f"temporal operator search-attribute create --namespace {namespace} "
+        f"--name {name} --type Keyword"
+        for name in SEARCH_ATTRIBUTES
+    ]
+    return cloud + self_hosted
+
+
+async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
+    """Register the Keyword search attributes Sickbay uses if they are missing.
+
+    Returns the names that were added. Where the server refuses (Temporal Cloud, missing
+    permission) raises RuntimeError naming exactly what to run instead.
+    """
+    try:
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace)
+        )
+        missing = [n for n in SEARCH_ATTRIBUTES if n not in listed.custom_attributes]
+        if not missing:
+            return []
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(
+                namespace=namespace,
+                search_attributes={
+                    n: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for n in missing
+                },
+            )
+        )
+        log.info("registered search attributes %s on namespace %s", missing, namespace)
+        return missing
+    except RPCError as exc:
+        if exc.status in (
+            RPCStatusCode.PERMISSION_DENIED,
+            RPCStatusCode.UNIMPLEMENTED,
+            RPCStatusCode.UNAUTHENTICATED,
+        ):
+            howto = "\n  ".join(search_attribute_commands(namespace))
+            raise RuntimeError(
+                f"cannot register search attributes on namespace {namespace!r} "
+                f"({exc.status.name}: {exc.message}). Register them once, e.g.:\n  {howto}"
+            ) from exc
+        raise
