@@ -292,6 +292,22 @@ class MaintenanceInput(Contract):
     dry_run: bool = False
 
 
+class LaunchRequest(Contract):
+    """Input of the `signal-with-start-remediation` activity (sweep, maintenance): start the
+    device's remediation or, when one runs, hand it the evidence."""
+
+    remediation: RemediationInput
+    evidence: AlertEvidence | None = None  # None: a manual-launch evidence entry is sent
+    task_queue: str | None = None  # None: the worker's / caller's configured queue
+
+
+class LaunchResult(Contract):
+    workflow_id: str
+    run_id: str | None = None
+    started: bool  # True: a new run started; False: an existing run was signalled
+    device: str = ""
+
+
 class TimelineEntry(Contract):
     at: datetime
     phase: Phase

@@ -1,0 +1,125 @@
+"""The one way a remediation starts: signal-with-start of `remediate-gpu-device`.
+
+Used by the Alertmanager webhook, the CLI, the health sweep and the maintenance drain, so that
+every trigger reaches the same workflow for a physical GPU:
+
+- workflow id from `constants.device_workflow_id(node, gpu_uuid)`, computable without a
+  cluster call;
+- `id_conflict_policy=USE_EXISTING`: a second trigger for a running remediation signals it
+  instead of starting another; after a remediation closed, a new alert starts a new run;
+- `start_signal=alert` carries the evidence; the workflow de-duplicates it by fingerprint,
+  so Alertmanager's repeated notifications are harmless.
+
+`signal_with_start()` is the plain async function (webhook and CLI call it with their client);
+`LaunchActivities.signal_with_start_remediation` wraps it as the `signal-with-start-remediation`
+activity for workflows (sweep, maintenance), which must not talk to Temporal themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError
+
+from workflows.constants import (
+    ACT_SIGNAL_WITH_START,
+    ERR_INVALID_INPUT,
+    SIG_ALERT,
+    WF_REMEDIATE,
+)
+from workflows.models import (
+    AlertEvidence,
+    LaunchRequest,
+    LaunchResult,
+    RemediationInput,
+    RemediationResult,
+)
+
+log = logging.getLogger(__name__)
+
+
+def manual_evidence(inp: RemediationInput) -> AlertEvidence:
+    """The evidence entry for a launch that carries no alert (CLI, UI, maintenance)."""
+    source = "sweep" if inp.trigger == "sweep" else "manual"
+    return AlertEvidence(
+        source=source,
+        alertname=f"sickbay-{inp.trigger}",
+        summary=inp.reason or f"{inp.trigger} launch by {inp.requested_by}",
+        received_at=datetime.now(UTC),
+        labels={"requested_by": inp.requested_by},
+    )
+
+
+async def signal_with_start(
+    client: Client,
+    inp: RemediationInput,
+    *,
+    task_queue: str,
+    evidence: AlertEvidence | None = None,
+) -> LaunchResult:
+    """Start the device's remediation, or signal the running one with `evidence`.
+
+    The device must be canonical (node + GPU UUID); resolve other forms first (the CLI does
+    it through the resolve-device activity code). Raises ValueError otherwise.
+    """
+    if not inp.device.canonical:
+        raise ValueError(
+            f"device {inp.device.key} has no node + GPU UUID; resolve it before launching "
+            "(the workflow id is derived from node + UUID so every trigger meets one workflow)"
+        )
+    workflow_id = inp.device.workflow_id()
+    ev = evidence if evidence is not None else manual_evidence(inp)
+    handle = await client.start_workflow(
+        WF_REMEDIATE,
+        inp,
+        id=workflow_id,
+        task_queue=task_queue,
+        result_type=RemediationResult,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        # A closed remediation may be followed by a new one for the same GPU (it failed
+        # again after release), so closed ids are reusable.
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        start_signal=SIG_ALERT,
+        start_signal_args=[ev],
+    )
+    # SignalWithStartWorkflowExecutionResponse.started says whether this call created the
+    # run. (The time-skipping test server leaves it unset, so there it always reads False.)
+    resp = getattr(handle, "_start_workflow_response", None)
+    started = bool(getattr(resp, "started", False))
+    log.info(
+        "%s remediation %s for %s (alert %s)",
+        "started" if started else "signalled",
+        workflow_id,
+        inp.device.key,
+        ev.fingerprint or ev.alertname,
+    )
+    return LaunchResult(
+        workflow_id=workflow_id,
+        run_id=handle.result_run_id,
+        started=started,
+        device=inp.device.key,
+    )
+
+
+class LaunchActivities:
+    """Activity wrapper for workflows that launch remediations (sweep, maintenance)."""
+
+    def __init__(self, client: Client, task_queue: str) -> None:
+        self._client = client
+        self._task_queue = task_queue
+
+    @activity.defn(name=ACT_SIGNAL_WITH_START)
+    async def signal_with_start_remediation(self, req: LaunchRequest) -> LaunchResult:
+        try:
+            return await signal_with_start(
+                self._client,
+                req.remediation,
+                task_queue=req.task_queue or self._task_queue,
+                evidence=req.evidence,
+            )
+        except ValueError as exc:
+            raise ApplicationError(str(exc), type=ERR_INVALID_INPUT, non_retryable=True) from exc
