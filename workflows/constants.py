@@ -38,6 +38,7 @@ QRY_BUDGET_STATE = "state"
 
 # --- pool scaler workflow --------------------------------------------------------------------
 UPD_POOL_NEED = "need-capacity"
+QRY_POOL_SCALER_STATUS = "pool-status"
 
 # --- activity names ------------------------------------------------------------------------
 ACT_LOAD_RUNBOOKS = "load-runbooks"
@@ -60,6 +61,7 @@ ACT_CORDON = "cordon-node"
 ACT_REQUEST_CAPACITY = "request-capacity"  # engine -> pool scaler workflow
 ACT_SCALE_POOL = "scale-node-pool"  # pool scaler -> cloud provider
 ACT_DESCRIBE_POOL = "describe-node-pool"
+ACT_WAIT_POOL_OPERATION = "wait-node-pool-operation"  # polls: ERR_STILL_WAITING until done
 ACT_NOTIFY = "send-notification"
 ACT_SWEEP_CLUSTER = "sweep-cluster"
 ACT_SIGNAL_WITH_START = "signal-with-start-remediation"
@@ -72,6 +74,8 @@ ERR_INVALID_INPUT = "InvalidInput"
 ERR_RUNBOOK_INVALID = "RunbookInvalid"
 ERR_NO_TAINT_API = "DeviceTaintRuleUnavailable"
 ERR_CLOUD_REJECTED = "CloudRequestRejected"  # 4xx from a provider: quota, auth
+ERR_CLOUD_UNAVAILABLE = "CloudUnavailable"  # retryable: 429/5xx/transport from a provider
+ERR_CHANNEL_UNAVAILABLE = "NotificationChannelUnavailable"  # retryable: 429/5xx/transport
 ERR_POOL_AT_MAX = "NodePoolAtMaxSize"
 ERR_CHANNEL_REJECTED = "NotificationRejected"
 ERR_CONFIG = "ConfigurationError"
@@ -112,6 +116,14 @@ def device_workflow_id(node: str, gpu_uuid: str) -> str:
     if not node or not gpu_uuid:
         raise ValueError("a device workflow id needs both the node and the GPU UUID")
     return f"sickbay-gpu-{normalise_id_part(node)}-{normalise_id_part(gpu_uuid)}"
+
+
+def pool_scaler_workflow_id(pool_name: str, cluster: str | None = None) -> str:
+    """The one pool-scaler workflow per node pool: `sickbay-pool-[<cluster>-]<pool>`."""
+    if not pool_name:
+        raise ValueError("a pool scaler workflow id needs the pool name")
+    parts = [normalise_id_part(cluster)] if cluster else []
+    return "sickbay-pool-" + "-".join([*parts, normalise_id_part(pool_name)])
 
 
 def taint_rule_name(node: str, gpu_uuid: str) -> str:

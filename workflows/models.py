@@ -601,6 +601,7 @@ class NodePoolTarget(Contract):
     resource_group: str | None = None  # AKS
     namespace: str | None = None  # Cluster API MachineDeployment namespace
     endpoint: str | None = None  # http / sim: base URL (no credentials in it)
+    profile: str | None = None  # http: name of a request profile configured on the worker
 
 
 class CapacityRequest(Contract):
@@ -645,6 +646,92 @@ class NotifyResult(Contract):
     channel: str
     delivered: bool
     detail: str = ""
+    attempt: int = 1  # which try delivered it (Temporal retries the activity)
+    earlier_failures: list[str] = Field(default_factory=list)  # one line per failed try
+    delivered_via: str | None = None  # set when a channel's fallback delivered it
+
+
+# Node-pool providers (activities/cloud) and the pool scaler workflow (workflows/pool_scaler.py).
+# CapacityResult.status, as the pool scaler replies to each need:
+#   satisfied   - the provider finished resizing the pool to target_size (or a resize already
+#                 in flight / just finished covers this need)
+#   in-progress - the resize was requested but had not finished within the operation timeout
+#   requested   - the provider accepted the new size and offers no operation to follow
+#   at-max      - the pool is already at the runbook's (or provider's) max size; nothing asked
+#   cooldown    - the pool was resized less than the cool-down ago; nothing asked
+#   rejected    - the provider refused (quota, auth, invalid) or stayed unavailable; `message`
+#                 carries the provider's words
+
+
+class PoolOperation(Contract):
+    """A provider's long-running resize operation."""
+
+    id: str  # provider operation name / URL / synthetic id, opaque to the workflow
+    done: bool = False
+    error: str | None = None  # provider's message when the operation failed
+    target_size: int | None = None
+
+
+class PoolDescription(Contract):
+    current_size: int = Field(ge=0)  # nodes the provider is asked to run now (target size)
+    min_size: int | None = None  # provider-side autoscaling bounds, when it has them
+    max_size: int | None = None
+    pending_operation: PoolOperation | None = None  # a resize still running on the pool
+    detail: str = ""
+
+
+class DescribePoolInput(Contract):
+    pool: NodePoolTarget
+
+
+class ScalePoolInput(Contract):
+    pool: NodePoolTarget
+    target_size: int = Field(ge=0)
+    max_size: int = Field(ge=0)  # checked again by the activity: never above it
+    idempotency_key: str = Field(min_length=1)
+    dry_run: bool = False
+
+
+class ScalePoolResult(Contract):
+    previous_size: int | None = None
+    target_size: int  # the size actually asked for (providers may round per zone)
+    operation: PoolOperation | None = None  # None: nothing to follow (no-op, dry run, sync API)
+    message: str = ""
+
+
+class PoolOperationInput(Contract):
+    pool: NodePoolTarget
+    operation: str
+
+
+class PoolScalerInput(Contract):
+    """Input of `sickbay-pool-scaler`, one workflow per node pool; also its continue-as-new
+    state. Operational knobs come from the worker that starts it (ACT_REQUEST_CAPACITY)."""
+
+    pool: NodePoolTarget
+    batch_window: Duration = timedelta(seconds=10)  # gather concurrent needs into one request
+    poll_interval: Duration = timedelta(seconds=15)  # how often to look at a resize operation
+    operation_timeout: Duration = timedelta(minutes=30)
+    idle_timeout: Duration = timedelta(hours=1)  # finish after this long with nothing to do
+    dry_run: bool = False
+    # carried across continue-as-new
+    rounds: int = 0
+    last_scaled_at: datetime | None = None
+    last_cooldown: Duration = timedelta(0)
+    last_target: int | None = None
+    headroom: int = 0  # nodes of the last resize that no need has claimed yet
+    recent: dict[str, CapacityResult] = Field(default_factory=dict)  # idempotency key -> reply
+
+
+class PoolScalerStatus(Contract):
+    pool: str
+    state: Literal["idle", "batching", "describing", "scaling", "waiting-operation"] = "idle"
+    waiting: int = 0  # needs waiting for a reply
+    rounds: int = 0
+    provider_requests: int = 0  # resize requests sent in this run
+    last_scaled_at: datetime | None = None
+    last_target: int | None = None
+    last_result: CapacityResult | None = None
 
 
 # --------------------------------------------------------------------------------------------
