@@ -17,6 +17,7 @@ WF_REMEDIATE = "remediate-gpu-device"
 WF_BUDGET = "sickbay-budget"
 WF_SWEEP = "sickbay-health-sweep"
 WF_POOL_SCALER = "sickbay-pool-scaler"
+WF_MAINTENANCE = "sickbay-maintenance-drain"
 
 # Singleton workflow ids.
 BUDGET_WORKFLOW_ID = "sickbay-budget"
@@ -66,6 +67,8 @@ ACT_NOTIFY = "send-notification"
 ACT_SWEEP_CLUSTER = "sweep-cluster"
 ACT_SIGNAL_WITH_START = "signal-with-start-remediation"
 ACT_RECONCILE_LEASES = "reconcile-budget-leases"
+ACT_SELECT_DEVICES = "select-devices"  # maintenance selector -> physical GPUs
+ACT_AWAIT_REMEDIATION = "await-remediation-phase"  # maintenance: wait for a drain to finish
 
 # --- ApplicationError types (non-retryable unless stated) ------------------------------------
 ERR_DEVICE_NOT_FOUND = "DeviceNotFound"

@@ -282,6 +282,8 @@ class RemediationInput(Contract):
     dry_run: bool = False
     requested_by: str = "unknown"
     reason: str = ""
+    # Set only by the workflow itself when it continues-as-new during a long hold.
+    resume: RemediationCarry | None = None
 
 
 class MaintenanceInput(Contract):
@@ -306,6 +308,118 @@ class LaunchResult(Contract):
     run_id: str | None = None
     started: bool  # True: a new run started; False: an existing run was signalled
     device: str = ""
+
+
+class SelectDevicesInput(Contract):
+    selector: MaintenanceSelector
+
+
+class SelectedDevices(Contract):
+    devices: list[ResolvedDevice] = Field(default_factory=list)
+
+
+class AwaitRemediationInput(Contract):
+    """Wait until a remediation reaches one of `phases` (or closes)."""
+
+    workflow_id: str
+    phases: list[Phase] = Field(default_factory=list)
+    poll_interval: Duration = timedelta(seconds=5)
+
+
+class AwaitRemediationResult(Contract):
+    workflow_id: str
+    phase: Phase | None = None
+    closed: bool = False
+    outcome: str | None = None
+
+
+class MaintenanceResult(Contract):
+    devices: list[str] = Field(default_factory=list)  # device keys selected
+    launched: list[LaunchResult] = Field(default_factory=list)
+    finished: list[AwaitRemediationResult] = Field(default_factory=list)
+    dry_run: bool = False
+
+
+class BudgetLease(Contract):
+    holder: str  # remediation workflow id
+    device_key: str
+    node_pool: str | None = None
+    acquired_at: datetime | None = None
+
+
+class BudgetState(Contract):
+    """Input of the `sickbay-budget` workflow and its continue-as-new state."""
+
+    leases: list[BudgetLease] = Field(default_factory=list)
+    reconcile_interval: Duration = timedelta(minutes=5)
+    max_updates_per_run: int = Field(default=500, ge=1)  # continue-as-new after this many
+
+
+class ReconcileLeasesInput(Contract):
+    holders: list[str] = Field(default_factory=list)
+
+
+class ReconcileLeasesResult(Contract):
+    closed: list[str] = Field(default_factory=list)  # holders whose workflow is not running
+
+
+class SweepInput(Contract):
+    """Input of the `sickbay-health-sweep` workflow (what the Schedule starts)."""
+
+    unknown_timeout: Duration = timedelta(minutes=5)  # Unknown this long counts as Unhealthy
+    check_pods: bool = True  # pod allocatedResourcesStatus
+    check_slice_taints: bool = True  # driver-set ResourceSlice device taints
+    check_nodes: bool = True  # allocatable nvidia.com/gpu below capacity
+    notify_channels: list[str] = Field(default_factory=list)  # vanished-GPU notices
+    task_queue: str | None = None  # where device workflows start; None: the worker's
+    dry_run: bool = False  # passed to the remediations the sweep starts
+
+
+class SweepClusterInput(Contract):
+    check_pods: bool = True
+    check_slice_taints: bool = True
+    check_nodes: bool = True
+    only_unknown: list[str] = Field(default_factory=list)  # re-check: device keys still Unknown
+
+
+class SweepFinding(Contract):
+    """One unhealthy device (or, for `node-capacity`, one node) the sweep found."""
+
+    kind: Literal["pod-health", "slice-taint", "node-capacity"]
+    node: str | None = None
+    gpu_uuid: str | None = None
+    resource_id: str = ""  # driver/pool/device (DRA) or the device plugin's device id
+    health: Health | None = None
+    xid: int | None = None
+    message: str = ""
+    pods: list[PodRef] = Field(default_factory=list)
+    taint: SliceTaint | None = None
+    gpu_capacity: int | None = None
+    gpu_allocatable: int | None = None
+
+    @property
+    def key(self) -> str:
+        if self.node and self.gpu_uuid:
+            return f"{self.node}/{self.gpu_uuid}"
+        return self.resource_id or f"{self.node}/nvidia.com/gpu"
+
+
+class SweepReport(Contract):
+    findings: list[SweepFinding] = Field(default_factory=list)  # mapped to node + UUID
+    unresolved: list[SweepFinding] = Field(default_factory=list)  # DRA id with no slice entry
+    nodes: list[SweepFinding] = Field(default_factory=list)  # node-capacity findings
+    pods_checked: int = 0
+    slices_checked: int = 0
+    nodes_checked: int = 0
+
+
+class SweepResult(Contract):
+    devices: list[str] = Field(default_factory=list)  # device keys acted on
+    started: list[str] = Field(default_factory=list)  # workflow ids started
+    signalled: list[str] = Field(default_factory=list)  # workflow ids signalled
+    notified_nodes: list[str] = Field(default_factory=list)
+    unresolved: list[str] = Field(default_factory=list)
+    unknown_cleared: list[str] = Field(default_factory=list)  # Unknown, then healthy again
 
 
 class TimelineEntry(Contract):
@@ -341,6 +455,10 @@ class RemediationStatus(Contract):
     started_at: datetime | None = None
     updated_at: datetime | None = None
     outcome: Outcome | None = None
+    alerts: int = 0  # distinct pieces of evidence (deduplicated by fingerprint)
+    duplicate_alerts: int = 0  # repeats ignored
+    escalation_reason: str | None = None
+    dry_run: bool = False
 
 
 class RemediationResult(Contract):
@@ -696,6 +814,7 @@ class ScalePoolResult(Contract):
     previous_size: int | None = None
     target_size: int  # the size actually asked for (providers may round per zone)
     operation: PoolOperation | None = None  # None: nothing to follow (no-op, dry run, sync API)
+    adopted: bool = False  # `operation` was already running on the pool; nothing new was asked
     message: str = ""
 
 
@@ -824,11 +943,14 @@ class ScaleUpPolicy(RunbookModel):
     cooldown: Duration = timedelta(minutes=10)
     capacity_deadline: Duration = timedelta(minutes=15)
     approval: bool = False
+    # Without `pool`: the failed device's own node pool (ResolvedDevice.node_pool) at this
+    # provider, so one shipped runbook serves every pool of a cluster.
+    provider: Literal["gke", "aks", "cluster-api", "http", "sim"] | None = None
 
     @model_validator(mode="after")
     def _pool_when_enabled(self) -> ScaleUpPolicy:
-        if self.enabled and self.pool is None:
-            raise ValueError("scaleUp.enabled needs scaleUp.pool")
+        if self.enabled and self.pool is None and self.provider is None:
+            raise ValueError("scaleUp.enabled needs scaleUp.pool or scaleUp.provider")
         if self.enabled and self.max_size < 1:
             raise ValueError("scaleUp.enabled needs scaleUp.maxSize >= 1")
         return self
@@ -932,3 +1054,25 @@ class RunbookSet(Contract):
 
     def get(self, name: str) -> Runbook | None:
         return next((r for r in self.runbooks if r.name == name), None)
+
+
+# --------------------------------------------------------------------------------------------
+# Remediation continue-as-new state (defined last: it refers to the runbook schema)
+# --------------------------------------------------------------------------------------------
+
+
+class RemediationCarry(Contract):
+    """What a remediation carries into its next run when a long hold continues-as-new."""
+
+    device: ResolvedDevice
+    runbook: Runbook
+    quarantine: QuarantineResult | None = None
+    lease_held: bool = False
+    escalated: bool = False
+    status: RemediationStatus
+    timeline: list[TimelineEntry] = Field(default_factory=list)
+    alerts: list[AlertEvidence] = Field(default_factory=list)
+    healthy_since: datetime | None = None
+
+
+RemediationInput.model_rebuild()

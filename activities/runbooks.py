@@ -1,0 +1,227 @@
+"""Runbook loading: YAML files -> validated `Runbook` models, errors as `file:line: field: problem`.
+
+- `load_file(path)` / `load_dir(path)` raise `RunbookError` whose `problems` are one line each,
+  e.g. `runbooks/inference.yaml:17: spec.eviction.timeout: invalid duration 'ten minutes'`.
+  The line is found by walking the YAML node tree along pydantic's error location.
+- `RunbookActivities.load_runbooks` is the `load-runbooks` activity: it reads
+  `Settings.runbooks_dir`, caches the set until a file changes, and keeps serving the last good
+  set (logging the problems) when an edit breaks a file, so a typo made during an incident
+  cannot stop remediations. The workflow records the set it got in history, so later edits
+  never change a running remediation's decisions.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from workflows.constants import ACT_LOAD_RUNBOOKS, ERR_RUNBOOK_INVALID
+from workflows.models import Runbook, RunbookSet
+
+log = logging.getLogger(__name__)
+
+SUFFIXES = (".yaml", ".yml")
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 booleans: only true/false. (YAML 1.1 reads the runbook key `on:` and values
+    like `no` as booleans, which would turn `spec.on` into `spec.True`.)"""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"),
+)
+
+
+class RunbookError(ValueError):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int:
+    """1-based line of the deepest YAML node reachable along pydantic's error `loc`."""
+    line = node.start_mark.line + 1 if node is not None else 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            nxt = next(
+                (v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part),
+                None,
+            )
+            if nxt is None:
+                # An unknown / missing key: point at the key itself when present, else the map.
+                key = next(
+                    (
+                        k
+                        for k, _ in node.value
+                        if isinstance(k, yaml.ScalarNode) and k.value == part
+                    ),
+                    None,
+                )
+                if key is not None:
+                    line = key.start_mark.line + 1
+                break
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if part >= len(node.value):
+                break
+            node = node.value[part]
+        else:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def _field(loc: tuple[int | str, ...]) -> str:
+    # pydantic adds union/tag members (e.g. 'int', 'str', 'function-after[...]') to the loc.
+    parts = [
+        str(p)
+        for p in loc
+        if not (
+            isinstance(p, str) and (p in {"int", "str"} or "[" in p or p.startswith("function"))
+        )
+    ]
+    return ".".join(parts) or "(document)"
+
+
+def _validate(doc: Any, node: yaml.Node | None, where: str) -> tuple[Runbook | None, list[str]]:
+    if not isinstance(doc, dict):
+        line = node.start_mark.line + 1 if node is not None else 1
+        return None, [f"{where}:{line}: (document): expected a mapping with apiVersion/kind/spec"]
+    try:
+        return Runbook.model_validate(doc), []
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            line = _line_of(node, loc)
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field (check spelling; keys are camelCase)"
+            problems.append(f"{where}:{line}: {_field(loc)}: {msg}")
+        return None, problems
+
+
+def load_text(text: str, where: str) -> list[Runbook]:
+    """All runbooks in one YAML text (one or more documents)."""
+    try:
+        nodes = list(yaml.compose_all(text, Loader=_Loader))
+        docs = list(yaml.load_all(text, Loader=_Loader))  # _Loader is a SafeLoader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise RunbookError([f"{where}:{line}: (yaml): {problem}"]) from exc
+    runbooks: list[Runbook] = []
+    problems: list[str] = []
+    pairs = [(d, n) for d, n in zip(docs, nodes, strict=True) if d is not None]
+    if not pairs:
+        raise RunbookError([f"{where}:1: (document): empty file, expected a Runbook"])
+    for doc, node in pairs:
+        runbook, errs = _validate(doc, node, where)
+        problems += errs
+        if runbook is not None:
+            runbooks.append(runbook)
+    if problems:
+        raise RunbookError(problems)
+    return runbooks
+
+
+def load_file(path: Path) -> list[Runbook]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RunbookError([f"{path}:1: (file): cannot read: {exc.strerror}"]) from exc
+    except UnicodeDecodeError as exc:
+        raise RunbookError([f"{path}:1: (file): not UTF-8 text"]) from exc
+    return load_text(text, str(path))
+
+
+def runbook_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise RunbookError([f"{path}:1: (path): no such file or directory"])
+    return sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file())
+
+
+def load_dir(path: Path) -> RunbookSet:
+    """Every runbook under `path` (a directory or one file); all problems at once."""
+    problems: list[str] = []
+    runbooks: list[Runbook] = []
+    where: dict[str, str] = {}
+    for file in runbook_files(path):
+        try:
+            loaded = load_file(file)
+        except RunbookError as exc:
+            problems += exc.problems
+            continue
+        for runbook in loaded:
+            if runbook.name in where:
+                problems.append(
+                    f"{file}:1: metadata.name: runbook {runbook.name!r} is already defined "
+                    f"in {where[runbook.name]}"
+                )
+                continue
+            where[runbook.name] = str(file)
+            runbooks.append(runbook)
+    if problems:
+        raise RunbookError(problems)
+    if not runbooks:
+        raise RunbookError([f"{path}:1: (path): no runbooks (*.yaml) found"])
+    return RunbookSet(runbooks=runbooks, source=str(path))
+
+
+def _signature(path: Path) -> tuple[tuple[str, int, int], ...]:
+    files = runbook_files(path)
+    return tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+
+
+class RunbookActivities:
+    def __init__(self, runbooks_dir: Path) -> None:
+        self._dir = runbooks_dir
+        self._cached: RunbookSet | None = None
+        self._signature: tuple[tuple[str, int, int], ...] | None = None
+
+    def current(self) -> RunbookSet:
+        """The cached set, reloaded when a file changed; the last good set on a bad edit."""
+        try:
+            signature = _signature(self._dir)
+            if self._cached is not None and signature == self._signature:
+                return self._cached
+            loaded = load_dir(self._dir)
+        except RunbookError as exc:
+            if self._cached is None:
+                raise
+            log.error(
+                "runbooks in %s are invalid; still using the last good set:\n%s", self._dir, exc
+            )
+            return self._cached
+        self._cached, self._signature = loaded, signature
+        log.info("loaded %d runbooks from %s", len(loaded.runbooks), self._dir)
+        return loaded
+
+    @activity.defn(name=ACT_LOAD_RUNBOOKS)
+    def load_runbooks(self) -> RunbookSet:
+        # Sync activity (file reads) on the worker's thread pool; a few ms when cached.
+        try:
+            return self.current()
+        except RunbookError as exc:
+            raise ApplicationError(
+                f"runbooks in {self._dir} are invalid:\n{exc}",
+                type=ERR_RUNBOOK_INVALID,
+                non_retryable=True,
+            ) from exc

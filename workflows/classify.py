@@ -1,0 +1,124 @@
+"""Confirm and classify: Xid codes and health evidence -> failure class; evidence merging.
+
+Pure functions (no I/O, no clocks: `now` is passed in), used inside the remediation workflow
+and by `sickbay runbooks explain`.
+
+Classes, from NVIDIA's Xid catalogue and the design notes:
+- `unhealthy`: the GPU itself failed - 79 fell off the bus, 48/95 uncorrectable (DBE) ECC,
+  64 row-remapping failure, 119/120 GSP RPC timeout / error, 61/62 internal micro-controller
+  halt;
+- `degraded`: still works, slower or at risk - 74 NVLink error, 92 high single-bit ECC rate,
+  63 row remapping pending;
+- `application`: usually the program's fault - 13 graphics engine exception, 31 MMU fault,
+  43 GPU stopped processing (reset channel), 45 preemptive cleanup;
+- `unknown`: any other code, or no code at all; follows the runbook's `on.unknown`.
+
+Pod `allocatedResourcesStatus` saying Unhealthy makes the class at least `unhealthy`: the
+kubelet/driver's view overrides an application-looking Xid.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from workflows.models import AlertEvidence, Evidence, FailureClass
+
+UNHEALTHY_XIDS = frozenset({48, 61, 62, 64, 79, 95, 119, 120})
+DEGRADED_XIDS = frozenset({63, 74, 92})
+APPLICATION_XIDS = frozenset({13, 31, 43, 45})
+
+# Worst first: with several alerts the worst class wins.
+_SEVERITY: dict[FailureClass, int] = {
+    "unhealthy": 3,
+    "degraded": 2,
+    "unknown": 1,
+    "application": 0,
+}
+
+
+def classify_xid(xid: int | None) -> FailureClass:
+    if xid is None:
+        return "unknown"
+    if xid in UNHEALTHY_XIDS:
+        return "unhealthy"
+    if xid in DEGRADED_XIDS:
+        return "degraded"
+    if xid in APPLICATION_XIDS:
+        return "application"
+    return "unknown"
+
+
+def worst(classes: list[FailureClass]) -> FailureClass:
+    return max(classes, key=_SEVERITY.__getitem__) if classes else "unknown"
+
+
+def classify(alerts: list[AlertEvidence], evidence: Evidence | None) -> tuple[FailureClass, str]:
+    """The failure class of a device and a one-line reason for the timeline."""
+    with_xid = [a for a in alerts if a.xid is not None]
+    by_xid = worst([classify_xid(a.xid) for a in with_xid]) if with_xid else None
+    health = evidence.health if evidence else None
+    xids = ", ".join(str(x) for x in sorted({a.xid for a in with_xid if a.xid is not None}))
+    if health == "Unhealthy" and by_xid != "unhealthy":
+        extra = f" (Xid {xids} alone: {by_xid})" if by_xid else ""
+        return "unhealthy", f"pod status reports the device Unhealthy{extra}"
+    if evidence is not None and not evidence.device_present and by_xid != "unhealthy":
+        return "unhealthy", "the device is no longer published by the node / ResourceSlice"
+    if by_xid is None:
+        return "unknown", "no Xid code in the evidence"
+    return by_xid, f"Xid {xids} -> {by_xid}"
+
+
+def evidence_key(alert: AlertEvidence) -> str:
+    """De-duplication key: Alertmanager's fingerprint, else what identifies the finding.
+
+    Manual launches without a fingerprint are keyed by who/why, so a person pressing twice
+    adds one entry, not two."""
+    if alert.fingerprint:
+        return f"fp:{alert.fingerprint}"
+    start = alert.starts_at.isoformat() if alert.starts_at else ""
+    return f"{alert.source}:{alert.alertname}:{alert.xid}:{start}:{alert.summary}"
+
+
+def merge_evidence(
+    known: list[AlertEvidence], new: list[AlertEvidence]
+) -> tuple[list[AlertEvidence], list[AlertEvidence]]:
+    """Append the new alerts whose key is unseen. Returns (merged, actually added)."""
+    seen = {evidence_key(a) for a in known}
+    merged = list(known)
+    added: list[AlertEvidence] = []
+    for alert in new:
+        key = evidence_key(alert)
+        if key in seen:
+            continue
+        seen.add(key)
+        merged.append(alert)
+        added.append(alert)
+    return merged, added
+
+
+def is_stale(
+    alerts: list[AlertEvidence],
+    evidence: Evidence | None,
+    now: datetime,
+    stale_after: timedelta,
+) -> tuple[bool, str]:
+    """Stale: every piece of evidence is an Alertmanager alert that started longer ago than
+    `stale_after`, and the device reports Healthy now.
+
+    Replaying old alerts after an outage or a pause must not quarantine a GPU that recovered
+    (or was replaced). A sweep finding or a person's launch is never stale.
+    """
+    if not alerts or evidence is None or evidence.health != "Healthy":
+        return False, ""
+    oldest_allowed = now - stale_after
+    for alert in alerts:
+        if alert.source != "alertmanager":
+            return False, ""
+        started = alert.starts_at or alert.received_at
+        if started is None or started >= oldest_allowed:
+            return False, ""
+    newest = max((a.starts_at or a.received_at) for a in alerts)  # type: ignore[type-var]
+    return True, (
+        f"every alert started more than {stale_after} ago (newest {newest.isoformat()}) "
+        "and the device reports Healthy now"
+    )
