@@ -1,0 +1,330 @@
+"""`sweep-cluster`: find unhealthy GPUs that no alert named, straight from the Kubernetes API.
+
+Three read-only checks, each a paginated LIST (no watches: the sweep runs every few minutes):
+
+1. Pods: `status.containerStatuses[].allocatedResourcesStatus[].resources[]` with health
+   `Unhealthy` (or `Unknown`; the workflow re-checks those after a timeout). `resourceID` is
+   `<driver>/<pool>/<device>` for DRA, mapped to node + GPU UUID through the ResourceSlice
+   device's uuid attribute; for the device plugin it is the device id (the GPU UUID, with a
+   `::<n>` suffix for time-sliced replicas) on the pod's node.
+2. ResourceSlices: device taints a DRA driver set (`spec.devices[].taints[]`, e.g. the NVIDIA
+   driver's `gpu.nvidia.com/xid=79`). DeviceTaintRules are not written into slices, so
+   Sickbay's own quarantines never show up here.
+3. Nodes: allocatable `nvidia.com/gpu` below capacity, or capacity below the GPU feature
+   discovery count label (a GPU vanished after a driver upgrade). These are node-level
+   findings with no UUID: the workflow notifies people and never taints.
+
+Findings are merged per physical GPU (`node/uuid`; MIG and vGPU devices are folded into their
+parent via the `parentUUID` attribute), worst health first, so one device = one finding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio import activity
+
+from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
+from workflows.constants import ACT_SWEEP_CLUSTER, TAINT_KEY
+from workflows.models import (
+    PodRef,
+    SliceTaint,
+    SweepClusterInput,
+    SweepFinding,
+    SweepReport,
+)
+
+log = logging.getLogger(__name__)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"  # set by GPU feature discovery
+_XID = re.compile(r"xid\D{0,3}(\d{1,5})", re.IGNORECASE)
+_RANK = {"Unhealthy": 2, "Unknown": 1}
+
+
+@dataclass
+class SliceDevice:
+    node: str
+    uuid: str  # the physical GPU's UUID (parent for MIG / vGPU devices)
+    taints: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _attr_value(attr: Any) -> str:
+    if isinstance(attr, dict):
+        for kind in ("string", "version", "int", "bool"):
+            if kind in attr and attr[kind] is not None:
+                return str(attr[kind])
+        return ""
+    return str(attr) if attr is not None else ""
+
+
+def _find_attr(attrs: dict[str, Any], names: tuple[str, ...]) -> str:
+    """An attribute by bare name or qualified (`gpu.nvidia.com/uuid`), case-insensitive."""
+    wanted = {n.lower() for n in names}
+    for key, attr in attrs.items():
+        bare = key.rsplit("/", 1)[-1].lower()
+        if bare in wanted:
+            value = _attr_value(attr).strip()
+            if value:
+                return value
+    return ""
+
+
+def _xid(text: str) -> int | None:
+    match = _XID.search(text or "")
+    return int(match.group(1)) if match else None
+
+
+def _quantity(value: Any) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+class SweepActivities:
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        uuid_attributes: tuple[str, ...] = ("uuid",),
+        parent_uuid_attributes: tuple[str, ...] = ("parentUUID", "parent_uuid"),
+        page_size: int = 500,
+    ) -> None:
+        self._kube = kube
+        self._uuid_attributes = uuid_attributes
+        self._parent_attributes = parent_uuid_attributes
+        self._page_size = page_size
+
+    @activity.defn(name=ACT_SWEEP_CLUSTER)
+    async def sweep_cluster(self, req: SweepClusterInput) -> SweepReport:
+        # The client is blocking: run it on a thread so the worker's event loop stays free.
+        try:
+            return await asyncio.to_thread(self.sweep, req)
+        except KubeError as err:
+            raise to_application_error(err) from err
+
+    # ----------------------------------------------------------------------------------------
+
+    def sweep(self, req: SweepClusterInput) -> SweepReport:
+        report = SweepReport()
+        index: dict[str, SliceDevice] = {}
+        if req.check_pods or req.check_slice_taints:
+            index, report.slices_checked = self._slice_index()
+        merged: dict[str, SweepFinding] = {}
+        if req.check_pods:
+            report.pods_checked = self._check_pods(index, merged, report)
+        if req.check_slice_taints and not req.only_unknown:
+            self._check_slice_taints(index, merged)
+        if req.check_nodes and not req.only_unknown:
+            report.nodes, report.nodes_checked = self._check_nodes()
+        findings = list(merged.values())
+        if req.only_unknown:
+            keep = set(req.only_unknown)
+            findings = [f for f in findings if f.key in keep]
+        report.findings = sorted(findings, key=lambda f: f.key)
+        log.info(
+            "sweep: %d pods, %d slices, %d nodes checked; %d devices, %d unresolved, %d nodes",
+            report.pods_checked,
+            report.slices_checked,
+            report.nodes_checked,
+            len(report.findings),
+            len(report.unresolved),
+            len(report.nodes),
+        )
+        return report
+
+    def _list(self, fn: Callable[..., Any], resource: str, **kwargs: Any) -> Iterator[dict]:
+        token: str | None = None
+        while True:
+            body = self._kube.call(
+                fn,
+                verb="list",
+                resource=resource,
+                limit=self._page_size,
+                _continue=token,
+                **kwargs,
+            )
+            yield from body.get("items") or []
+            token = (body.get("metadata") or {}).get("continue") or None
+            if not token:
+                return
+
+    def _slice_index(self) -> tuple[dict[str, SliceDevice], int]:
+        """resourceID `driver/pool/device` -> node + physical GPU UUID (+ driver taints)."""
+        index: dict[str, SliceDevice] = {}
+        count = 0
+        try:
+            for rs in self._list(self._kube.resource_v1.list_resource_slice, "resourceslices"):
+                count += 1
+                spec = rs.get("spec") or {}
+                driver = spec.get("driver") or ""
+                pool = (spec.get("pool") or {}).get("name") or ""
+                node = spec.get("nodeName") or pool
+                for dev in spec.get("devices") or []:
+                    attrs = (
+                        dev.get("attributes") or (dev.get("basic") or {}).get("attributes") or {}
+                    )
+                    uuid = _find_attr(attrs, self._parent_attributes) or _find_attr(
+                        attrs, self._uuid_attributes
+                    )
+                    taints = dev.get("taints") or (dev.get("basic") or {}).get("taints") or []
+                    index[f"{driver}/{pool}/{dev.get('name', '')}"] = SliceDevice(
+                        node=node, uuid=uuid, taints=list(taints)
+                    )
+        except KubeError as err:
+            if err.kind is ErrorKind.NOT_FOUND:  # resource.k8s.io/v1 not served: device plugin
+                return {}, 0
+            raise
+        return index, count
+
+    def _check_pods(
+        self, index: dict[str, SliceDevice], merged: dict[str, SweepFinding], report: SweepReport
+    ) -> int:
+        count = 0
+        for pod in self._list(self._kube.core.list_pod_for_all_namespaces, "pods"):
+            count += 1
+            meta, spec, status = (
+                pod.get("metadata") or {},
+                pod.get("spec") or {},
+                pod.get("status") or {},
+            )
+            pod_node = spec.get("nodeName") or ""
+            # Health is not updated once a pod is terminal, so its last report is stale.
+            if not pod_node or status.get("phase") in ("Succeeded", "Failed"):
+                continue
+            ref = PodRef(
+                namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid")
+            )
+            statuses = (status.get("containerStatuses") or []) + (
+                status.get("initContainerStatuses") or []
+            )
+            for cs in statuses:
+                for entry in cs.get("allocatedResourcesStatus") or []:
+                    for res in entry.get("resources") or []:
+                        health = res.get("health")
+                        if health not in _RANK:
+                            continue
+                        rid = str(res.get("resourceID") or "")
+                        finding = self._pod_finding(
+                            rid, health, res.get("message") or "", pod_node, index
+                        )
+                        if finding is None:
+                            report.unresolved.append(
+                                SweepFinding(
+                                    kind="pod-health",
+                                    resource_id=rid,
+                                    health=health,
+                                    node=pod_node,
+                                    message=f"{rid} is in no ResourceSlice",
+                                    pods=[ref],
+                                )
+                            )
+                            continue
+                        finding.pods.append(ref)
+                        _merge(merged, finding)
+        return count
+
+    def _pod_finding(
+        self, rid: str, health: str, message: str, pod_node: str, index: dict[str, SliceDevice]
+    ) -> SweepFinding | None:
+        dev = index.get(rid)
+        if dev is not None and dev.uuid:
+            node, uuid = dev.node, dev.uuid
+        elif "/" not in rid and rid:
+            # Device plugin: the id is the GPU UUID; time-slicing appends `::<replica>`.
+            node, uuid = pod_node, rid.split("::", 1)[0]
+        else:
+            return None
+        text = message or f"allocatedResourcesStatus {health}"
+        return SweepFinding(
+            kind="pod-health",
+            node=node,
+            gpu_uuid=uuid,
+            resource_id=rid,
+            health=health,  # type: ignore[arg-type]
+            xid=_xid(message),
+            message=text,
+        )
+
+    def _check_slice_taints(
+        self, index: dict[str, SliceDevice], merged: dict[str, SweepFinding]
+    ) -> None:
+        for rid, dev in index.items():
+            for taint in dev.taints:
+                effect = taint.get("effect")
+                key = taint.get("key") or ""
+                if effect not in ("NoSchedule", "NoExecute") or key == TAINT_KEY or not dev.uuid:
+                    continue
+                value = str(taint.get("value") or "")
+                xid = _quantity(value) if key.endswith("/xid") else None
+                _merge(
+                    merged,
+                    SweepFinding(
+                        kind="slice-taint",
+                        node=dev.node,
+                        gpu_uuid=dev.uuid,
+                        resource_id=rid,
+                        health="Unhealthy",
+                        xid=xid,
+                        message=f"driver taint {key}={value}:{effect} on {rid}",
+                        taint=SliceTaint(key=key, value=value, effect=effect, device=rid),
+                    ),
+                )
+
+    def _check_nodes(self) -> tuple[list[SweepFinding], int]:
+        out: list[SweepFinding] = []
+        count = 0
+        for node in self._list(self._kube.core.list_node, "nodes"):
+            count += 1
+            name = (node.get("metadata") or {}).get("name", "")
+            labels = (node.get("metadata") or {}).get("labels") or {}
+            status = node.get("status") or {}
+            capacity = _quantity((status.get("capacity") or {}).get(GPU_RESOURCE))
+            allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
+            expected = _quantity(labels.get(GPU_COUNT_LABEL))
+            problem = ""
+            if capacity is not None and allocatable is not None and allocatable < capacity:
+                problem = (
+                    f"allocatable {GPU_RESOURCE} {allocatable} < capacity {capacity}: "
+                    f"{capacity - allocatable} GPU(s) reported unhealthy or gone by the device plugin"
+                )
+            elif expected is not None and (capacity or 0) < expected:
+                problem = (
+                    f"capacity {GPU_RESOURCE} {capacity or 0} < {expected} GPUs "
+                    f"({GPU_COUNT_LABEL}): GPU(s) missing from the node"
+                )
+            if problem:
+                out.append(
+                    SweepFinding(
+                        kind="node-capacity",
+                        node=name,
+                        message=f"node {name}: {problem}",
+                        gpu_capacity=capacity,
+                        gpu_allocatable=allocatable,
+                    )
+                )
+        return out, count
+
+
+def _merge(merged: dict[str, SweepFinding], finding: SweepFinding) -> None:
+    """Keep one finding per physical GPU: worst health wins, pods and messages accumulate."""
+    current = merged.get(finding.key)
+    if current is None:
+        merged[finding.key] = finding
+        return
+    worse = _RANK.get(finding.health or "", 0) > _RANK.get(current.health or "", 0)
+    base, other = (finding, current) if worse else (current, finding)
+    pods = base.pods + [p for p in other.pods if p not in base.pods]
+    merged[finding.key] = base.model_copy(
+        update={
+            "pods": pods,
+            "xid": base.xid if base.xid is not None else other.xid,
+            "taint": base.taint or other.taint,
+        }
+    )

@@ -1,0 +1,248 @@
+"""Alertmanager webhook payload (version 4) and the mapping of one alert to a GPU.
+
+Alertmanager posts a *group* of alerts; each alert is either firing or resolved and carries
+the labels of the Prometheus series that fired. dcgm-exporter labels its series with
+`Hostname`, `gpu` (index), `UUID`, `modelName`, `err_code` (Xid, newer versions) and, with pod
+mapping, `pod` / `namespace` / `container`. Which label names to read, and which alert names
+are Sickbay's, is configuration (`AlertMapping`), because relabelling in Prometheus often
+renames them (`Hostname` -> `node`, ...).
+
+`map_alert()` never raises for a well-formed alert: it returns either a `MappedAlert` (device
++ evidence, or the resolution) or an `Unmapped` with a machine-readable reason, so the webhook
+can report and count every alert it did not act on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from workflows.constants import device_workflow_id
+from workflows.models import AlertEvidence, AlertResolved, DeviceRef, PodRef
+
+# Alertmanager and Prometheus put no hard limit on label values; a workflow id must stay well
+# under Temporal's 1,000-character limit, and evidence is stored in history, so keep both small.
+MAX_LABEL_VALUE = 1024
+MAX_ID_PART = 253  # a Kubernetes node name is a DNS subdomain (<= 253)
+MAX_EVIDENCE_LABELS = 64
+
+LabelValue = Annotated[str, StringConstraints(max_length=16 * MAX_LABEL_VALUE)]
+
+
+# --------------------------------------------------------------------------------------------
+# Payload (https://prometheus.io/docs/alerting/latest/configuration/#webhook_config)
+# --------------------------------------------------------------------------------------------
+
+
+class _AmModel(BaseModel):
+    # Unknown fields are ignored: Alertmanager adds fields over time and a newer sender must
+    # not be refused. Known fields are validated strictly enough to name every problem.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+
+class AmAlert(_AmModel):
+    status: Literal["firing", "resolved"]
+    labels: dict[str, LabelValue]
+    annotations: dict[str, LabelValue] = Field(default_factory=dict)
+    starts_at: datetime = Field(alias="startsAt")
+    # Alertmanager sends 0001-01-01T00:00:00Z for firing alerts.
+    ends_at: datetime | None = Field(default=None, alias="endsAt")
+    generator_url: str = Field(default="", alias="generatorURL")
+    fingerprint: str = Field(default="", max_length=256)
+
+
+class AmPayload(_AmModel):
+    version: Literal["4"]
+    group_key: str = Field(default="", alias="groupKey")
+    truncated_alerts: int = Field(default=0, ge=0, alias="truncatedAlerts")
+    status: Literal["firing", "resolved"]
+    receiver: str = ""
+    group_labels: dict[str, str] = Field(default_factory=dict, alias="groupLabels")
+    common_labels: dict[str, str] = Field(default_factory=dict, alias="commonLabels")
+    common_annotations: dict[str, str] = Field(default_factory=dict, alias="commonAnnotations")
+    external_url: str = Field(default="", alias="externalURL")
+    alerts: list[AmAlert]
+
+
+# --------------------------------------------------------------------------------------------
+# Mapping configuration
+# --------------------------------------------------------------------------------------------
+
+# The alert names of deploy/prometheus-rules.yaml. Anything else is reported as unmatched.
+DEFAULT_ALERT_NAMES: tuple[str, ...] = (
+    "SickbayGpuXidError",
+    "SickbayGpuEccDoubleBitError",
+    "SickbayGpuRowRemapFailure",
+    "SickbayGpuNvlinkErrors",
+    "SickbayGpuFellOffBus",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AlertMapping:
+    """Which alerts are Sickbay's and where the device is in their labels.
+
+    Each `*_labels` tuple is tried in order; the first non-empty label wins. `alert_names`
+    containing `*` accepts every alert that names a device.
+    """
+
+    alert_names: frozenset[str] = frozenset(DEFAULT_ALERT_NAMES)
+    node_labels: tuple[str, ...] = ("Hostname",)
+    uuid_labels: tuple[str, ...] = ("UUID",)
+    index_labels: tuple[str, ...] = ("gpu",)
+    model_labels: tuple[str, ...] = ("modelName",)
+    xid_labels: tuple[str, ...] = ("err_code", "Xid", "xid")
+    # Prometheus puts no sample value into an alert; the rules copy `{{ $value }}` into this
+    # annotation so the gauge's value (dcgm-exporter's last Xid) reaches Sickbay.
+    value_annotation: str = "value"
+    pod_label: str = "pod"
+    namespace_label: str = "namespace"
+
+    def accepts(self, alertname: str) -> bool:
+        return "*" in self.alert_names or alertname in self.alert_names
+
+
+# --------------------------------------------------------------------------------------------
+# Mapping
+# --------------------------------------------------------------------------------------------
+
+UnmappedReason = Literal[
+    "alertname-not-configured",
+    "missing-node",
+    "missing-uuid",
+    "invalid-label",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Unmapped:
+    index: int
+    alertname: str
+    fingerprint: str
+    status: str
+    reason: UnmappedReason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class MappedAlert:
+    index: int
+    status: Literal["firing", "resolved"]
+    device: DeviceRef
+    workflow_id: str
+    evidence: AlertEvidence | None = None  # firing
+    resolved: AlertResolved | None = None  # resolved
+
+
+def _first(labels: dict[str, str], names: tuple[str, ...]) -> str:
+    for name in names:
+        value = labels.get(name, "").strip()
+        if value:
+            return value
+    return ""
+
+
+def parse_xid(text: str) -> int | None:
+    """`79`, `79.0`, `7.9e+01` -> 79; anything else (empty, NaN, fractional, < 0) -> None."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if not math.isfinite(value) or value < 0 or value != int(value) or value > 2**31:
+        return None
+    return int(value)
+
+
+def alert_fingerprint(alert: AmAlert) -> str:
+    """Alertmanager's fingerprint, or a stable hash of the labels when a sender omits it, so
+    the workflow can still de-duplicate repeated notifications."""
+    if alert.fingerprint:
+        return alert.fingerprint
+    canon = "\x00".join(f"{k}\x01{v}" for k, v in sorted(alert.labels.items()))
+    return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+def map_alert(
+    index: int,
+    alert: AmAlert,
+    mapping: AlertMapping,
+    *,
+    received_at: datetime | None = None,
+) -> MappedAlert | Unmapped:
+    """One alert -> the device workflow it concerns, or the reason it concerns none."""
+    labels = alert.labels
+    alertname = labels.get("alertname", "")
+    fingerprint = alert_fingerprint(alert)
+
+    def unmapped(reason: UnmappedReason, detail: str) -> Unmapped:
+        return Unmapped(index, alertname, fingerprint, alert.status, reason, detail)
+
+    if not mapping.accepts(alertname):
+        return unmapped(
+            "alertname-not-configured",
+            f"alertname {alertname!r} is not one of the configured alert names",
+        )
+    node = _first(labels, mapping.node_labels)
+    if not node:
+        return unmapped("missing-node", f"no node label (looked for {list(mapping.node_labels)})")
+    uuid = _first(labels, mapping.uuid_labels)
+    if not uuid:
+        return unmapped(
+            "missing-uuid",
+            f"no GPU UUID label (looked for {list(mapping.uuid_labels)}); the workflow id is "
+            "derived from node + UUID",
+        )
+    if len(node) > MAX_ID_PART or len(uuid) > MAX_ID_PART:
+        return unmapped("invalid-label", f"node or UUID label longer than {MAX_ID_PART} chars")
+    if not _has_id_chars(node, uuid):
+        return unmapped("invalid-label", "node or UUID label has no ASCII letters or digits")
+    workflow_id = device_workflow_id(node, uuid)
+
+    index_text = _first(labels, mapping.index_labels)
+    gpu_index = int(index_text) if index_text.isdigit() and len(index_text) < 6 else None
+    device = DeviceRef(node=node, gpu_uuid=uuid, gpu_index=gpu_index)
+
+    if alert.status == "resolved":
+        ends_at = alert.ends_at if alert.ends_at and alert.ends_at.year > 1 else None
+        resolved = AlertResolved(fingerprint=fingerprint, alertname=alertname, ends_at=ends_at)
+        return MappedAlert(index, "resolved", device, workflow_id, resolved=resolved)
+
+    xid = parse_xid(_first(labels, mapping.xid_labels))
+    if xid is None and mapping.value_annotation:
+        xid = parse_xid(alert.annotations.get(mapping.value_annotation, ""))
+    pod = None
+    pod_name = labels.get(mapping.pod_label, "").strip()
+    namespace = labels.get(mapping.namespace_label, "").strip()
+    if pod_name and namespace:
+        pod = PodRef(namespace=namespace, name=pod_name)
+    summary = alert.annotations.get("summary") or alert.annotations.get("description") or ""
+    kept = dict(sorted(labels.items())[:MAX_EVIDENCE_LABELS])
+    model = _first(labels, mapping.model_labels)
+    if model:
+        kept.setdefault("modelName", model)
+    evidence = AlertEvidence(
+        source="alertmanager",
+        alertname=alertname,
+        fingerprint=fingerprint,
+        xid=xid,
+        starts_at=alert.starts_at,
+        received_at=received_at or datetime.now(UTC),
+        summary=summary[:MAX_LABEL_VALUE],
+        labels={k: v[:MAX_LABEL_VALUE] for k, v in kept.items()},
+        pod=pod,
+    )
+    return MappedAlert(index, "firing", device, workflow_id, evidence=evidence)
+
+
+def _has_id_chars(node: str, uuid: str) -> bool:
+    return any(c.isalnum() and c.isascii() for c in node) and any(
+        c.isalnum() and c.isascii() for c in uuid
+    )

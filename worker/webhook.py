@@ -1,0 +1,582 @@
+"""Alertmanager webhook receiver: `POST /v1/alertmanager`, `GET /healthz`, `GET /metrics`.
+
+One request = one Alertmanager notification (payload version 4). For each alert:
+
+    firing + configured alert name + node + UUID  -> signal-with-start of the device workflow
+                                                     (activities.launch.signal_with_start)
+    resolved + node + UUID                        -> signal `alert-resolved` to a *running*
+                                                     workflow (never starts one)
+    anything else                                 -> reported under `unmatched` and counted
+
+Status codes, so that Alertmanager's retry does the right thing:
+
+    200  Temporal accepted every start/signal (unmatched alerts are listed, not retried)
+    400  body is not JSON            422  JSON, but not an Alertmanager v4 payload (problems listed)
+    401  missing/wrong bearer token  413  body or alert count over the limit
+    503  Temporal unreachable or too slow: Alertmanager retries the whole notification, which
+         is harmless because the workflow de-duplicates evidence by alert fingerprint
+    502  Temporal refused a call for another reason (also retried)
+
+Per-alert work is small (pydantic parse, a dict lookup, one RPC); the RPCs of one notification
+run concurrently, bounded process-wide by `webhook_concurrency`, over one shared client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.launch import signal_with_start
+from worker.alerts import (
+    DEFAULT_ALERT_NAMES,
+    AlertMapping,
+    AmPayload,
+    MappedAlert,
+    Unmapped,
+    map_alert,
+)
+from worker.settings import Settings
+from worker.temporal import connect, ensure_search_attributes
+from workflows.constants import SIG_ALERT_RESOLVED
+from workflows.models import RemediationInput
+
+log = logging.getLogger(__name__)
+
+StrList = Annotated[list[str], NoDecode]
+
+
+class WebhookSettings(BaseSettings):
+    """Webhook-only settings (`SICKBAY_` prefix); Temporal settings come from `Settings`.
+
+    List settings take JSON (`["a","b"]`) or a comma-separated string (`a,b`).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SICKBAY_", extra="ignore")
+
+    webhook_host: str = "127.0.0.1"
+    webhook_port: int = Field(default=8080, ge=0, le=65535)
+    webhook_token: SecretStr | None = None
+    webhook_token_file: Path | None = None
+    webhook_auth_disabled: bool = False  # only for a loopback demo; never in a cluster
+    webhook_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    webhook_max_alerts: int = Field(default=5000, ge=1)
+    # In-flight Temporal calls for the whole process: enough to keep a frontend busy during
+    # an alert storm without opening thousands of concurrent RPCs on one connection.
+    webhook_concurrency: int = Field(default=64, ge=1, le=4096)
+    # Upper bound for all Temporal calls of one notification. Past it we answer 503 and
+    # Alertmanager retries; below Alertmanager's usual 10 s+ webhook timeout.
+    webhook_temporal_timeout: float = Field(default=8.0, gt=0)
+    # Mapping alert labels to a device (defaults: dcgm-exporter, deploy/prometheus-rules.yaml)
+    alert_names: StrList = Field(default_factory=lambda: list(DEFAULT_ALERT_NAMES))
+    alert_node_labels: StrList = Field(default_factory=lambda: ["Hostname"])
+    alert_uuid_labels: StrList = Field(default_factory=lambda: ["UUID"])
+    alert_index_labels: StrList = Field(default_factory=lambda: ["gpu"])
+    alert_model_labels: StrList = Field(default_factory=lambda: ["modelName"])
+    alert_xid_labels: StrList = Field(default_factory=lambda: ["err_code", "Xid", "xid"])
+    alert_value_annotation: str = "value"
+
+    @field_validator(
+        "alert_names",
+        "alert_node_labels",
+        "alert_uuid_labels",
+        "alert_index_labels",
+        "alert_model_labels",
+        "alert_xid_labels",
+        mode="before",
+    )
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    def mapping(self) -> AlertMapping:
+        return AlertMapping(
+            alert_names=frozenset(self.alert_names),
+            node_labels=tuple(self.alert_node_labels),
+            uuid_labels=tuple(self.alert_uuid_labels),
+            index_labels=tuple(self.alert_index_labels),
+            model_labels=tuple(self.alert_model_labels),
+            xid_labels=tuple(self.alert_xid_labels),
+            value_annotation=self.alert_value_annotation,
+        )
+
+    def token_bytes(self) -> bytes | None:
+        """The bearer token, or None when auth is explicitly disabled.
+
+        Raises RuntimeError when neither a token nor the explicit opt-out is configured, so a
+        misconfigured receiver refuses to start instead of accepting anyone.
+        """
+        if self.webhook_token is not None:
+            token = self.webhook_token.get_secret_value().strip()
+        elif self.webhook_token_file is not None:
+            try:
+                token = self.webhook_token_file.read_text().strip()
+            except OSError as exc:
+                raise RuntimeError(
+                    f"cannot read SICKBAY_WEBHOOK_TOKEN_FILE {self.webhook_token_file}: {exc}"
+                ) from exc
+        elif self.webhook_auth_disabled:
+            return None
+        else:
+            raise RuntimeError(
+                "the webhook needs a bearer token: set SICKBAY_WEBHOOK_TOKEN or "
+                "SICKBAY_WEBHOOK_TOKEN_FILE (or SICKBAY_WEBHOOK_AUTH_DISABLED=true / "
+                "--no-auth for a loopback demo)"
+            )
+        if not token:
+            raise RuntimeError("the configured webhook token is empty")
+        return token.encode()
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------------
+
+
+class WebhookMetrics:
+    """Prometheus metrics in a registry of their own (one per app, so tests can build many)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.alerts_received = Counter(
+            "sickbay_webhook_alerts_received",
+            "Alerts received in well-formed notifications",
+            ["status"],
+            registry=r,
+        )
+        self.alerts_accepted = Counter(
+            "sickbay_webhook_alerts_accepted",
+            "Alerts handed to Temporal (or resolved with no workflow to tell)",
+            ["status"],
+            registry=r,
+        )
+        self.alerts_rejected = Counter(
+            "sickbay_webhook_alerts_rejected",
+            "Alerts not acted on, by reason (unmatched, temporal-unavailable, ...)",
+            ["reason"],
+            registry=r,
+        )
+        self.workflows = Counter(
+            "sickbay_webhook_workflows",
+            "Workflow calls by result: started, signalled, resolved-signalled, "
+            "resolved-no-workflow",
+            ["result"],
+            registry=r,
+        )
+        self.requests = Counter(
+            "sickbay_webhook_requests", "Notifications by HTTP status", ["code"], registry=r
+        )
+        self.requests_rejected = Counter(
+            "sickbay_webhook_requests_rejected",
+            "Notifications refused before any alert was handled, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "sickbay_webhook_request_seconds",
+            "Time to handle one notification, from first byte read to response",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.call_latency = Histogram(
+            "sickbay_webhook_temporal_call_seconds",
+            "Time of one signal-with-start / signal call, including the wait for a slot",
+            buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# The service behind the routes
+# --------------------------------------------------------------------------------------------
+
+
+class TemporalUnavailable(Exception):
+    """No client could be had (connect failed)."""
+
+
+_TRANSIENT = {
+    RPCStatusCode.UNAVAILABLE,
+    RPCStatusCode.DEADLINE_EXCEEDED,
+    RPCStatusCode.RESOURCE_EXHAUSTED,
+    RPCStatusCode.ABORTED,
+    RPCStatusCode.CANCELLED,
+    RPCStatusCode.INTERNAL,
+    RPCStatusCode.UNKNOWN,
+}
+
+
+@dataclass
+class Outcome:
+    results: list[dict[str, Any]] = field(default_factory=list)
+    unmatched: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def bump(self, key: str) -> None:
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+
+class AlertService:
+    def __init__(
+        self,
+        settings: Settings,
+        webhook: WebhookSettings,
+        metrics: WebhookMetrics,
+        client: Client | None,
+    ) -> None:
+        self.settings = settings
+        self.webhook = webhook
+        self.mapping = webhook.mapping()
+        self.metrics = metrics
+        self._client = client
+        self._lock = asyncio.Lock()
+        self._slots = asyncio.Semaphore(webhook.webhook_concurrency)
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
+    async def client(self) -> Client:
+        if self._client is not None:
+            return self._client
+        async with self._lock:
+            if self._client is None:
+                try:
+                    client = await asyncio.wait_for(
+                        connect(self.settings), self.webhook.webhook_temporal_timeout
+                    )
+                except (TimeoutError, RuntimeError, OSError, RPCError) as exc:
+                    raise TemporalUnavailable(
+                        f"cannot reach Temporal at {self.settings.temporal_address}: {exc}"
+                    ) from exc
+                try:
+                    await ensure_search_attributes(client, self.settings.temporal_namespace)
+                except RuntimeError as exc:  # Temporal Cloud: says what to run instead
+                    log.warning("%s", exc)
+                except RPCError as exc:
+                    log.warning("could not check search attributes: %s", exc)
+                self._client = client
+                log.info("connected to Temporal at %s", self.settings.temporal_address)
+        return self._client
+
+    async def handle(self, payload: AmPayload) -> tuple[int, dict[str, Any]]:
+        received_at = datetime.now(UTC)
+        out = Outcome()
+        by_workflow: dict[str, list[MappedAlert]] = {}
+        for index, alert in enumerate(payload.alerts):
+            self.metrics.alerts_received.labels(alert.status).inc()
+            mapped = map_alert(index, alert, self.mapping, received_at=received_at)
+            if isinstance(mapped, Unmapped):
+                self.metrics.alerts_rejected.labels(mapped.reason).inc()
+                out.unmatched.append(_unmapped_json(mapped))
+                continue
+            by_workflow.setdefault(mapped.workflow_id, []).append(mapped)
+        if payload.truncated_alerts:
+            log.warning(
+                "Alertmanager truncated %d alerts of group %s (raise max_alerts)",
+                payload.truncated_alerts,
+                payload.group_key,
+            )
+
+        if by_workflow:
+            try:
+                client = await self.client()
+            except TemporalUnavailable as exc:
+                log.warning("%s", exc)
+                for alerts in by_workflow.values():
+                    for m in alerts:
+                        self._failed(out, m, "temporal-unavailable", str(exc))
+                return 503, self._body(out, payload, "temporal unavailable")
+            groups = [sorted(a, key=lambda m: m.status != "firing") for a in by_workflow.values()]
+            tasks = [asyncio.ensure_future(self._run_group(client, g, out)) for g in groups]
+            _done, pending = await asyncio.wait(
+                tasks, timeout=self.webhook.webhook_temporal_timeout
+            )
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+                handled = {r["index"] for r in out.results} | {f["index"] for f in out.failed}
+                for group in groups:
+                    for m in group:
+                        if m.index not in handled:
+                            self._failed(out, m, "temporal-timeout", "Temporal did not answer")
+
+        if out.failed:
+            reasons = {f["reason"] for f in out.failed}
+            transient = reasons & {"temporal-unavailable", "temporal-timeout"}
+            code = 503 if transient else 502
+            return code, self._body(out, payload, "some alerts were not accepted by Temporal")
+        return 200, self._body(out, payload, "ok")
+
+    async def _run_group(self, client: Client, group: Sequence[MappedAlert], out: Outcome) -> None:
+        # Alerts of one device go one after the other, firing first, so a resolved alert in
+        # the same notification finds the workflow the firing one started.
+        for m in group:
+            started = time.perf_counter()
+            try:
+                async with self._slots:
+                    result = await (
+                        self._fire(client, m) if m.status == "firing" else self._resolve(client, m)
+                    )
+            except RPCError as exc:
+                reason = "temporal-unavailable" if exc.status in _TRANSIENT else "temporal-error"
+                self._failed(out, m, reason, f"{exc.status.name if exc.status else ''}: {exc}")
+                continue
+            except Exception as exc:  # the SDK raises RuntimeError on a dropped connection
+                log.warning("Temporal call for %s failed: %r", m.workflow_id, exc)
+                self._failed(out, m, "temporal-unavailable", repr(exc))
+                continue
+            finally:
+                self.metrics.call_latency.observe(time.perf_counter() - started)
+            self.metrics.workflows.labels(result).inc()
+            self.metrics.alerts_accepted.labels(m.status).inc()
+            out.bump(result)
+            out.results.append(
+                {
+                    "index": m.index,
+                    "fingerprint": _fingerprint(m),
+                    "device": m.device.key,
+                    "workflow_id": m.workflow_id,
+                    "result": result,
+                }
+            )
+
+    async def _fire(self, client: Client, m: MappedAlert) -> str:
+        assert m.evidence is not None
+        inp = RemediationInput(
+            device=m.device,
+            trigger="alert",
+            requested_by="alertmanager",
+            reason=m.evidence.summary or m.evidence.alertname,
+        )
+        res = await signal_with_start(
+            client, inp, task_queue=self.settings.task_queue, evidence=m.evidence
+        )
+        return "started" if res.started else "signalled"
+
+    async def _resolve(self, client: Client, m: MappedAlert) -> str:
+        assert m.resolved is not None
+        handle = client.get_workflow_handle(m.workflow_id)
+        try:
+            await handle.signal(SIG_ALERT_RESOLVED, m.resolved)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:  # none, or already closed: nothing to do
+                return "resolved-no-workflow"
+            raise
+        return "resolved-signalled"
+
+    def _failed(self, out: Outcome, m: MappedAlert, reason: str, detail: str) -> None:
+        self.metrics.alerts_rejected.labels(reason).inc()
+        out.failed.append(
+            {
+                "index": m.index,
+                "fingerprint": _fingerprint(m),
+                "workflow_id": m.workflow_id,
+                "reason": reason,
+                "detail": detail[:500],
+            }
+        )
+
+    @staticmethod
+    def _body(out: Outcome, payload: AmPayload, status: str) -> dict[str, Any]:
+        return {
+            "status": status,
+            "group_key": payload.group_key,
+            "received": len(payload.alerts),
+            "accepted": len(out.results),
+            "started": out.counts.get("started", 0),
+            "signalled": out.counts.get("signalled", 0),
+            "resolved_signalled": out.counts.get("resolved-signalled", 0),
+            "resolved_no_workflow": out.counts.get("resolved-no-workflow", 0),
+            "unmatched": sorted(out.unmatched, key=lambda u: u["index"]),
+            "failed": sorted(out.failed, key=lambda f: f["index"]),
+            "results": sorted(out.results, key=lambda r: r["index"]),
+            "truncated_alerts": payload.truncated_alerts,
+        }
+
+
+def _fingerprint(m: MappedAlert) -> str:
+    if m.evidence is not None:
+        return m.evidence.fingerprint
+    return m.resolved.fingerprint if m.resolved is not None else ""
+
+
+def _unmapped_json(u: Unmapped) -> dict[str, Any]:
+    return {
+        "index": u.index,
+        "alertname": u.alertname,
+        "fingerprint": u.fingerprint,
+        "status": u.status,
+        "reason": u.reason,
+        "detail": u.detail,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# HTTP
+# --------------------------------------------------------------------------------------------
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise ValueError("Content-Length is not a number")
+        if int(declared) > limit:
+            raise _TooLarge
+    body = bytearray()
+    async for chunk in request.stream():  # a lying or absent Content-Length is caught here
+        body += chunk
+        if len(body) > limit:
+            raise _TooLarge
+    return bytes(body)
+
+
+def _authorized(request: Request, token: bytes | None) -> bool:
+    if token is None:
+        return True
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    # Headers arrive latin-1 decoded; compare bytes (compare_digest refuses non-ASCII str).
+    return hmac.compare_digest(given.strip().encode("latin-1"), token)
+
+
+def _problems(exc: ValidationError, limit: int = 50) -> list[dict[str, str]]:
+    return [
+        {
+            "loc": ".".join(str(p) for p in err.get("loc", ())) or "(body)",
+            "msg": str(err.get("msg", "")),
+            "type": str(err.get("type", "")),
+        }
+        for err in exc.errors(include_url=False, include_context=False, include_input=False)[:limit]
+    ]
+
+
+def create_app(
+    settings: Settings,
+    temporal: Client | None = None,
+    *,
+    webhook: WebhookSettings | None = None,
+) -> FastAPI:
+    """The webhook app. `temporal` is a connected client (tests, embedding); without one the
+    lifespan connects with `settings`, and requests retry the connection while it is down."""
+    wh = webhook if webhook is not None else WebhookSettings()
+    token = wh.token_bytes()  # fail at start-up, not at the first alert
+    if token is None:
+        log.warning("webhook authentication is DISABLED (SICKBAY_WEBHOOK_AUTH_DISABLED)")
+    metrics = WebhookMetrics()
+    service = AlertService(settings, wh, metrics, temporal)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.service = service
+        try:
+            await service.client()
+        except TemporalUnavailable as exc:
+            # Keep serving: requests answer 503 until Temporal is back, and Alertmanager retries.
+            log.warning("%s; will retry on the next notification", exc)
+        yield
+
+    app = FastAPI(
+        title="Sickbay Alertmanager webhook",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.service = service
+
+    def reply(code: int, body: dict[str, Any], reason: str | None = None) -> JSONResponse:
+        metrics.requests.labels(str(code)).inc()
+        if reason:
+            metrics.requests_rejected.labels(reason).inc()
+        headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
+        return JSONResponse(body, status_code=code, headers=headers)
+
+    @app.post("/v1/alertmanager")
+    async def alertmanager(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        try:
+            if not _authorized(request, token):
+                return reply(401, {"error": "missing or wrong bearer token"}, "unauthorized")
+            try:
+                raw = await _read_body(request, wh.webhook_max_body_bytes)
+            except _TooLarge:
+                return reply(
+                    413,
+                    {"error": f"body larger than {wh.webhook_max_body_bytes} bytes"},
+                    "too-large",
+                )
+            except ValueError as exc:
+                return reply(400, {"error": str(exc)}, "bad-request")
+            try:
+                payload = AmPayload.model_validate_json(raw)
+            except ValidationError as exc:
+                problems = _problems(exc)
+                if any(p["type"] == "json_invalid" for p in problems):
+                    return reply(
+                        400, {"error": "body is not valid JSON", "problems": problems}, "bad-json"
+                    )
+                return reply(
+                    422,
+                    {"error": "not an Alertmanager v4 webhook payload", "problems": problems},
+                    "invalid-payload",
+                )
+            if len(payload.alerts) > wh.webhook_max_alerts:
+                return reply(
+                    413,
+                    {"error": f"more than {wh.webhook_max_alerts} alerts in one notification"},
+                    "too-many-alerts",
+                )
+            code, body = await service.handle(payload)
+            return reply(code, body)
+        finally:
+            metrics.latency.observe(time.perf_counter() - started)
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        # Liveness: the process serves. Temporal's state is reported, not judged: restarting
+        # the webhook would not bring Temporal back.
+        return JSONResponse({"status": "ok", "temporal_connected": service.connected})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,217 @@
+"""`sickbay-health-sweep`: started by the Temporal Schedule every few minutes.
+
+    sweep-cluster ──> Unhealthy / driver-tainted devices ──> signal-with-start each device
+         │                                                    workflow (never a second one)
+         ├──> node-capacity findings (a GPU vanished) ──> notify the channels; never taint
+         └──> Unknown devices ──> sleep(unknown_timeout) ──> sweep-cluster(only those)
+                                                          ──> still Unknown/Unhealthy: start
+
+Every device workflow is reached through the `signal-with-start-remediation` activity, whose
+workflow id comes from node + GPU UUID, so a device an alert already named is only signalled.
+The evidence fingerprint is stable across sweeps (`sweep:<kind>:<resourceID>:<state>`), so the
+device workflow ignores the same finding sent again by the next sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.constants import (
+        ACT_NOTIFY,
+        ACT_SIGNAL_WITH_START,
+        ACT_SWEEP_CLUSTER,
+        WF_SWEEP,
+    )
+    from workflows.models import (
+        AlertEvidence,
+        DeviceRef,
+        Incident,
+        LaunchRequest,
+        LaunchResult,
+        NotifyInput,
+        NotifyResult,
+        Phase,
+        RemediationInput,
+        SweepClusterInput,
+        SweepFinding,
+        SweepInput,
+        SweepReport,
+        SweepResult,
+    )
+
+# Listing every pod, slice and node of a big cluster takes seconds, a few pages per kind;
+# two minutes is generous and still lets the next scheduled sweep start on time.
+SWEEP_TIMEOUT = timedelta(minutes=2)
+# Three tries, 10 s apart: a flaky API server gets a second chance within this sweep; past
+# that the next scheduled sweep tries again anyway.
+SWEEP_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=10), backoff_coefficient=2.0, maximum_attempts=3
+)
+# One signal-with-start RPC. Retried for a minute or so (Temporal frontend restarts), then the
+# device is reported as failed in this sweep and picked up again by the next one.
+LAUNCH_TIMEOUT = timedelta(seconds=30)
+LAUNCH_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=2),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=5,
+)
+# A notification is best effort here: the next sweep repeats it while the node stays short.
+NOTIFY_TIMEOUT = timedelta(seconds=30)
+NOTIFY_RETRY = RetryPolicy(initial_interval=timedelta(seconds=5), maximum_attempts=3)
+# Launch at most this many device workflows at once (a rack failing together).
+FAN_OUT = 20
+
+
+def _fingerprint(f: SweepFinding) -> str:
+    state = f.taint.key + "=" + f.taint.value if f.taint else (f.health or "")
+    return f"sweep:{f.kind}:{f.resource_id or f.key}:{state}"
+
+
+@workflow.defn(name=WF_SWEEP)
+class HealthSweepWorkflow:
+    def __init__(self) -> None:
+        self._result = SweepResult()
+
+    @workflow.query(name="result")
+    def result(self) -> SweepResult:
+        return self._result
+
+    @workflow.run
+    async def run(self, inp: SweepInput) -> SweepResult:
+        report = await self._sweep(
+            SweepClusterInput(
+                check_pods=inp.check_pods,
+                check_slice_taints=inp.check_slice_taints,
+                check_nodes=inp.check_nodes,
+            )
+        )
+        self._result.unresolved = sorted({f.resource_id for f in report.unresolved})
+        unknown = [f for f in report.findings if f.health == "Unknown"]
+        await self._launch_all([f for f in report.findings if f.health != "Unknown"], inp)
+        await self._notify_nodes(report.nodes, inp)
+
+        if unknown:
+            # Unknown = the kubelet heard nothing from the driver for 30 s. Give it the
+            # configured time to recover before treating it like Unhealthy.
+            workflow.logger.info(
+                "%d devices Unknown; re-checking in %s", len(unknown), inp.unknown_timeout
+            )
+            await workflow.sleep(inp.unknown_timeout)
+            again = await self._sweep(
+                SweepClusterInput(
+                    check_pods=True,
+                    check_slice_taints=False,
+                    check_nodes=False,
+                    only_unknown=[f.key for f in unknown],
+                )
+            )
+            still = {f.key: f for f in again.findings}
+            late: list[SweepFinding] = []
+            for f in unknown:
+                current = still.get(f.key)
+                if current is None:
+                    self._result.unknown_cleared.append(f.key)
+                    continue
+                if current.health == "Unknown":
+                    current = current.model_copy(
+                        update={
+                            "message": f"{current.message} (Unknown for over {inp.unknown_timeout})"
+                        }
+                    )
+                late.append(current)
+            await self._launch_all(late, inp)
+        return self._result
+
+    async def _sweep(self, req: SweepClusterInput) -> SweepReport:
+        return await workflow.execute_activity(
+            ACT_SWEEP_CLUSTER,
+            req,
+            start_to_close_timeout=SWEEP_TIMEOUT,
+            retry_policy=SWEEP_RETRY,
+            result_type=SweepReport,
+        )
+
+    async def _launch_all(self, findings: list[SweepFinding], inp: SweepInput) -> None:
+        for start in range(0, len(findings), FAN_OUT):
+            batch = findings[start : start + FAN_OUT]
+            await asyncio.gather(*(self._launch(f, inp) for f in batch))
+
+    async def _launch(self, f: SweepFinding, inp: SweepInput) -> None:
+        assert f.node and f.gpu_uuid
+        evidence = AlertEvidence(
+            source="sweep",
+            alertname=f"sweep-{f.kind}",
+            fingerprint=_fingerprint(f),
+            xid=f.xid,
+            received_at=workflow.now(),
+            summary=f.message,
+            labels={
+                "resource_id": f.resource_id,
+                "health": f.health or "",
+                "pods": ",".join(f"{p.namespace}/{p.name}" for p in f.pods[:10]),
+            },
+            pod=f.pods[0] if f.pods else None,
+        )
+        req = LaunchRequest(
+            remediation=RemediationInput(
+                device=DeviceRef(node=f.node, gpu_uuid=f.gpu_uuid),
+                trigger="sweep",
+                requested_by="sickbay-sweep",
+                reason=f.message,
+                dry_run=inp.dry_run,
+            ),
+            evidence=evidence,
+            task_queue=inp.task_queue,
+        )
+        try:
+            res = await workflow.execute_activity(
+                ACT_SIGNAL_WITH_START,
+                req,
+                start_to_close_timeout=LAUNCH_TIMEOUT,
+                retry_policy=LAUNCH_RETRY,
+                result_type=LaunchResult,
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("could not launch remediation for %s: %s", f.key, exc.cause)
+            return
+        self._result.devices.append(f.key)
+        (self._result.started if res.started else self._result.signalled).append(res.workflow_id)
+
+    async def _notify_nodes(self, nodes: list[SweepFinding], inp: SweepInput) -> None:
+        for f in nodes:
+            node = f.node or "?"
+            if not inp.notify_channels:
+                workflow.logger.warning("no notify channel configured: %s", f.message)
+            for channel in inp.notify_channels:
+                incident = Incident(
+                    id=f"sickbay-node-gpus-{node}",
+                    device=f"{node}/nvidia.com/gpu",
+                    node=node,
+                    phase=Phase.ESCALATED,
+                    severity="warning",
+                    summary=f.message,
+                    needed=(
+                        "check the node's GPUs and driver (nvidia-smi, device plugin logs); "
+                        "Sickbay does not taint or drain for a missing GPU"
+                    ),
+                )
+                try:
+                    await workflow.execute_activity(
+                        ACT_NOTIFY,
+                        NotifyInput(channel=channel, incident=incident),
+                        start_to_close_timeout=NOTIFY_TIMEOUT,
+                        retry_policy=NOTIFY_RETRY,
+                        result_type=NotifyResult,
+                    )
+                except ActivityError as exc:
+                    workflow.logger.warning(
+                        "notify %s about %s failed: %s", channel, node, exc.cause
+                    )
+            self._result.notified_nodes.append(node)
