@@ -1,0 +1,57 @@
+# syntax=docker/dockerfile:1
+# Sickbay: one image for the worker, the webhook, the CLI and the cluster twin.
+#   docker build -t sickbay:0.1.0 .
+#   docker run --rm sickbay:0.1.0 --help
+# The entrypoint is the `sickbay` console script from pyproject.toml; the default command runs
+# the worker. Runs as an unprivileged user (uid 10001) and writes nothing to the image's
+# filesystem, so it works under readOnlyRootFilesystem (mount an emptyDir at /tmp).
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# --- build: install the package and its dependencies into a self-contained venv -------------
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/sickbay
+WORKDIR /src
+# Dependencies first, from pyproject.toml only, so code edits do not reinstall them.
+COPY pyproject.toml README.md ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml','rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && /opt/sickbay/bin/pip install --requirement /tmp/requirements.txt
+COPY workflows ./workflows
+COPY activities ./activities
+COPY worker ./worker
+COPY runbooks ./runbooks
+COPY simulator ./simulator
+# A regular (non-editable) install: the code lives in the venv, /src is not copied onward.
+RUN /opt/sickbay/bin/pip install --no-deps . \
+    && /opt/sickbay/bin/sickbay --help > /dev/null
+
+# --- runtime: the venv on a clean slim base, non-root --------------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+LABEL org.opencontainers.image.title="sickbay" \
+      org.opencontainers.image.description="Remediates failed GPUs in Kubernetes clusters as durable Temporal workflows" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 sickbay \
+    && useradd --system --uid 10001 --gid sickbay --home-dir /home/sickbay --create-home \
+       --shell /usr/sbin/nologin sickbay
+COPY --from=build /opt/sickbay /opt/sickbay
+ENV PATH=/opt/sickbay/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    SICKBAY_METRICS_PORT=9464 \
+    SICKBAY_HEALTHCHECK_URL=http://127.0.0.1:9464/metrics
+USER 10001:10001
+WORKDIR /home/sickbay
+# 8080: webhook (POST /v1/alertmanager, GET /healthz); 9464: worker Prometheus metrics.
+EXPOSE 8080 9464
+# One image, several roles: each role sets SICKBAY_HEALTHCHECK_URL to what it serves (the
+# worker's metrics by default, the webhook's /healthz in compose). Python's urllib, because
+# the slim base has no curl. 30 s interval / 5 s timeout: a worker busy with a burst of
+# activities still answers within 5 s; 3 misses (~90 s) before Docker calls it unhealthy.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ['SICKBAY_HEALTHCHECK_URL'], timeout=4)"]
+ENTRYPOINT ["sickbay"]
+CMD ["worker"]

@@ -1,0 +1,166 @@
+"""Helpers for the deployment-artefact tests: paths, Compose interpolation, YAML loading, and
+what the code accepts (SICKBAY_* environment names, `sickbay` subcommands), so that a key or a
+command line in a deployment file that the code would ignore or reject fails a test instead of
+a rollout. Everything reads files from the checkout; nothing needs Docker or a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import re
+import shlex
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic_settings import BaseSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+
+# `${NAME}`, `${NAME:-default}`, `${NAME-default}`, `${NAME:?error}`, `${NAME?error}`
+_INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+
+
+def interpolate_defaults(value: str) -> str:
+    """What Compose makes of `value` with no variables set: defaults filled in.
+
+    `${X:?message}` has no default; it stays as is so a caller can tell it is required.
+    """
+
+    def repl(match: re.Match[str]) -> str:
+        op, arg = match.group(2), match.group(3)
+        if op in (":-", "-"):
+            return arg
+        return match.group(0)
+
+    return _INTERPOLATION.sub(repl, value)
+
+
+def required_variables(value: str) -> list[str]:
+    """Names in `value` that Compose requires (`${X:?...}`)."""
+    return [m.group(1) for m in _INTERPOLATION.finditer(value) if m.group(2) in (":?", "?")]
+
+
+def load_yaml_documents(path: Path) -> list[dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    for doc in docs:
+        assert isinstance(doc, dict), f"{path.name}: a document is not a mapping: {doc!r}"
+    return docs
+
+
+def manifest_files() -> list[Path]:
+    """Every Kubernetes manifest directly under deploy/ (kustomization.yaml aside)."""
+    return sorted(
+        p for p in DEPLOY.glob("*.yaml") if p.name not in ("kustomization.yaml",) and p.is_file()
+    )
+
+
+def is_kubernetes_object(doc: dict[str, Any]) -> bool:
+    return "apiVersion" in doc and "kind" in doc
+
+
+def command_args(command: Any) -> list[str]:
+    """A Compose `command` (list or string) or a container's args as an argv list."""
+    if command is None:
+        return []
+    if isinstance(command, str):
+        return shlex.split(command)
+    return [str(part) for part in command]
+
+
+def iter_services(compose: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    yield from compose["services"].items()
+
+
+_ENV_LITERAL = re.compile(r"\bSICKBAY_[A-Z0-9_]+\b")
+
+
+def _settings_env_names(cls: type[BaseSettings]) -> set[str]:
+    prefix = str(cls.model_config.get("env_prefix", "") or "")
+    names: set[str] = set()
+    for field_name, field in cls.model_fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, str):
+            names.add(alias.upper())
+        else:
+            names.add(f"{prefix}{field_name}".upper())
+    return names
+
+
+@cache
+def known_env_names() -> frozenset[str]:
+    """Every SICKBAY_* name some part of Sickbay reads.
+
+    - fields of every pydantic `BaseSettings` class in the `worker` package (prefix + field);
+    - names the code spells out literally (e.g. `os.environ["SICKBAY_..."]`);
+    - names the Dockerfile itself sets for its HEALTHCHECK.
+    """
+    from worker.settings import Settings
+
+    names = set(_settings_env_names(Settings))
+    import worker
+
+    for info in pkgutil.iter_modules(worker.__path__, "worker."):
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:  # a module still being written elsewhere must not break this test
+            continue
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseSettings)
+                and value is not BaseSettings
+            ):
+                names |= _settings_env_names(value)
+    for package in ("worker", "activities", "simulator"):
+        for path in (ROOT / package).rglob("*.py"):
+            names |= set(_ENV_LITERAL.findall(path.read_text()))
+    names |= set(_ENV_LITERAL.findall(DOCKERFILE.read_text()))
+    return frozenset(names)
+
+
+def assert_known_env(names: set[str] | list[str], where: str) -> None:
+    unknown = sorted(n for n in names if n.startswith("SICKBAY_") and n not in known_env_names())
+    assert not unknown, (
+        f"{where} sets {unknown}, which no Settings class or code in worker/activities/"
+        "simulator reads: a typo, or a setting that does not exist yet"
+    )
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def assert_cli_accepts(argv: list[str], where: str) -> None:
+    """`sickbay <argv>` must parse; a subcommand not built yet skips with its name."""
+    from worker.cli import build_parser
+
+    parser = build_parser()
+    assert argv, f"{where}: empty command"
+    commands = _subcommands(parser)
+    if argv[0] not in commands:
+        pytest.skip(f"{where}: `sickbay {argv[0]}` is not registered yet (its module is not built)")
+    if len(argv) > 1 and not argv[1].startswith("-"):
+        nested = _subcommands(commands[argv[0]])
+        if nested and argv[1] not in nested:
+            pytest.fail(f"{where}: `sickbay {argv[0]} {argv[1]}` is not a subcommand")
+    try:
+        parser.parse_args(argv)
+    except SystemExit as exc:
+        pytest.fail(f"{where}: `sickbay {' '.join(argv)}` is rejected by the CLI (exit {exc.code})")
+
+
+def repo_path(text: str) -> Path:
+    """A path written relative to the repository root (`./x`, `x`) as an absolute path."""
+    return (ROOT / text).resolve()
