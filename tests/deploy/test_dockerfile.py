@@ -1,0 +1,125 @@
+"""The Dockerfile, read as text (no Docker needed).
+
+Cases:
+- ENTRYPOINT is exactly the console script pyproject.toml declares, and that script's target
+  is importable and callable (so `docker run sickbay --help` works);
+- multi-stage on a slim Python 3.11 base; the runtime stage runs as a non-root uid;
+- it has a HEALTHCHECK whose URL variable the image sets;
+- every path it COPYs from the build context exists and is not excluded by .dockerignore,
+  and every package pyproject.toml ships is copied;
+- the default command is a real `sickbay` subcommand.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import json
+import re
+import tomllib
+
+import pytest
+
+from tests.deploy.helpers import DOCKERFILE, ROOT, assert_cli_accepts
+
+TEXT = DOCKERFILE.read_text()
+# Join continuation lines so each instruction is one line.
+INSTRUCTIONS = [
+    line.strip()
+    for line in re.sub(r"\\\n", " ", TEXT).splitlines()
+    if line.strip() and not line.lstrip().startswith("#")
+]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _instruction(name: str) -> list[str]:
+    return [i[len(name) :].strip() for i in INSTRUCTIONS if i.upper().startswith(name + " ")]
+
+
+def _stages() -> list[list[str]]:
+    stages: list[list[str]] = []
+    for line in INSTRUCTIONS:
+        if line.upper().startswith("FROM "):
+            stages.append([])
+        if stages:
+            stages[-1].append(line)
+    return stages
+
+
+def _dockerignore() -> list[str]:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return [p.strip() for p in lines if p.strip() and not p.startswith("#")]
+
+
+def test_entrypoint_is_the_console_script() -> None:
+    (entrypoint,) = _instruction("ENTRYPOINT")
+    assert json.loads(entrypoint) == ["sickbay"]
+    scripts = PYPROJECT["project"]["scripts"]
+    assert "sickbay" in scripts, "pyproject.toml no longer declares the `sickbay` script"
+    module_name, _, attr = scripts["sickbay"].partition(":")
+    assert callable(getattr(importlib.import_module(module_name), attr))
+
+
+def test_default_command_is_a_subcommand() -> None:
+    (cmd,) = _instruction("CMD")
+    assert_cli_accepts(json.loads(cmd), "Dockerfile CMD")
+
+
+def test_multi_stage_slim_python_311() -> None:
+    stages = _stages()
+    assert len(stages) >= 2, "build and runtime stages expected"
+    args = dict(a.split("=", 1) for a in _instruction("ARG") if "=" in a)
+    bases = [s[0].split()[1] for s in stages]
+    resolved = [re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], b) for b in bases]
+    for base in resolved:
+        assert re.fullmatch(r"python:3\.11(\.\d+)?-slim(-\w+)?", base), base
+    assert "--from=build" in " ".join(stages[-1]), "the runtime stage copies the built venv"
+
+
+def test_runtime_runs_as_non_root() -> None:
+    runtime = _stages()[-1]
+    users = [line.split(None, 1)[1] for line in runtime if line.upper().startswith("USER ")]
+    assert users, "the runtime stage sets no USER"
+    uid = users[-1].split(":")[0]
+    assert uid not in ("root", "0"), f"runtime user is {users[-1]}"
+    assert uid.isdigit(), "a numeric uid lets runAsNonRoot verify it"
+    manifest_uids = {
+        line.split(":", 1)[1].strip()
+        for path in (ROOT / "deploy").glob("*.yaml")
+        for line in path.read_text().splitlines()
+        if line.strip().startswith("runAsUser:")
+    }
+    assert manifest_uids <= {uid}, f"manifests run as {manifest_uids}, the image as {uid}"
+
+
+def test_healthcheck_present() -> None:
+    (check,) = _instruction("HEALTHCHECK")
+    assert "CMD" in check
+    assert "SICKBAY_HEALTHCHECK_URL" in check
+    assert any("SICKBAY_HEALTHCHECK_URL=" in env for env in _instruction("ENV"))
+
+
+def test_copied_paths_exist_and_are_not_ignored() -> None:
+    ignored = _dockerignore()
+    copies = [c for c in _instruction("COPY") if not c.startswith("--from")]
+    assert copies
+    for copy in copies:
+        *sources, _dest = copy.split()
+        for source in sources:
+            path = ROOT / source
+            assert path.exists(), f"COPY {source}: not in the repository"
+            hits = [p for p in ignored if fnmatch.fnmatch(source, p) or source == p]
+            assert not hits, f"COPY {source} is excluded by .dockerignore {hits}"
+
+
+def test_every_shipped_package_is_copied() -> None:
+    copied = {c.split()[0] for c in _instruction("COPY") if not c.startswith("--from")}
+    includes = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in includes}
+    missing = packages - copied
+    assert not missing, f"pyproject ships {sorted(missing)} but the Dockerfile does not copy them"
+
+
+@pytest.mark.parametrize("needed", ["pyproject.toml", "README.md"])
+def test_build_inputs_not_ignored(needed: str) -> None:
+    assert needed not in _dockerignore()

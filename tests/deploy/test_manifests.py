@@ -1,0 +1,329 @@
+"""Kubernetes manifests under deploy/, read as data (no cluster needed).
+
+Cases:
+- every file parses; every document has apiVersion, kind and metadata.name; namespaced
+  objects live in the namespace deploy/namespace.yaml creates;
+- kustomization.yaml lists only files that exist, and every manifest under deploy/;
+  its image override names the image the Deployments use;
+- names resolve across files: the ServiceAccount of each Deployment exists; the Service
+  selects the webhook pods' labels and targets a named container port; referenced
+  ConfigMaps exist and mounted keys exist; Secrets are either optional or documented in
+  docs/deploy.md as created out of band; Deployment selectors match their pod labels;
+- hardening: non-root, read-only root filesystem, no privilege escalation, all capabilities
+  dropped, RuntimeDefault seccomp, memory requests and limits, probes; worker probes on the
+  metrics port the ConfigMap configures; the webhook has no API token;
+- the ConfigMap's SICKBAY_* keys are read by the code; its runbooks validate against the
+  Runbook schema (and load with the runbook loader); container args are `sickbay` commands;
+- RBAC (deploy/rbac.yaml, when present): every bound ServiceAccount exists and the worker's
+  ServiceAccount is bound to a role; the webhook's is bound to none.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy.helpers import (
+    DEPLOY,
+    ROOT,
+    assert_cli_accepts,
+    assert_known_env,
+    command_args,
+    is_kubernetes_object,
+    manifest_files,
+)
+
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "PriorityClass",
+    "DeviceClass",
+}
+DOCS = ROOT / "docs" / "deploy.md"
+
+
+def _by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def _deployments(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return _by_kind(objects, "Deployment")
+
+
+def _pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
+    return deployment["spec"]["template"]["spec"]
+
+
+def _kustomization() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+
+
+def test_every_manifest_parses_and_is_named(manifests: dict[Path, list[dict[str, Any]]]) -> None:
+    assert manifests, "no manifests under deploy/"
+    for path, docs in manifests.items():
+        assert docs, f"{path.name} is empty"
+        for doc in docs:
+            if path.name in _non_kubernetes_files():
+                continue
+            assert doc.get("apiVersion"), f"{path.name}: document without apiVersion"
+            assert doc.get("kind"), f"{path.name}: document without kind"
+            assert doc.get("metadata", {}).get("name"), f"{path.name}: {doc['kind']} without name"
+
+
+def _non_kubernetes_files() -> set[str]:
+    """Files under deploy/ that are not Kubernetes objects (e.g. a plain Alertmanager or
+    Prometheus config); kustomization must not list them."""
+    out = set()
+    for path in manifest_files():
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        if not all(isinstance(d, dict) and is_kubernetes_object(d) for d in docs):
+            out.add(path.name)
+    return out
+
+
+def test_namespaced_objects_in_the_sickbay_namespace(objects: list[dict[str, Any]]) -> None:
+    namespaces = set(_by_kind(objects, "Namespace"))
+    assert namespaces == {"sickbay"}
+    for obj in objects:
+        if obj["kind"] in CLUSTER_SCOPED:
+            continue
+        assert obj["metadata"].get("namespace") == "sickbay", (
+            f"{obj['kind']}/{obj['metadata']['name']} is not in namespace sickbay"
+        )
+
+
+def test_kustomization_lists_exactly_the_manifests() -> None:
+    listed = _kustomization()["resources"]
+    missing = [r for r in listed if not (DEPLOY / r).is_file()]
+    assert not missing, f"kustomization.yaml lists files that do not exist: {missing}"
+    expected = {p.name for p in manifest_files()} - _non_kubernetes_files()
+    assert set(listed) == expected, (
+        f"not listed: {sorted(expected - set(listed))}; "
+        f"listed but not manifests: {sorted(set(listed) - expected)}"
+    )
+    assert len(listed) == len(set(listed)), "a file is listed twice"
+
+
+def test_kustomization_image_override_matches(objects: list[dict[str, Any]]) -> None:
+    names = {i["name"] for i in _kustomization().get("images", [])}
+    for name, deployment in _deployments(objects).items():
+        for container in _pod_spec(deployment)["containers"]:
+            image = container["image"].rsplit(":", 1)[0]
+            assert image in names, f"{name}: image {image} is not overridable in kustomization"
+
+
+def test_service_accounts_exist(objects: list[dict[str, Any]]) -> None:
+    accounts = set(_by_kind(objects, "ServiceAccount"))
+    for name, deployment in _deployments(objects).items():
+        account = _pod_spec(deployment).get("serviceAccountName")
+        assert account, f"{name} runs as the namespace's default ServiceAccount"
+        assert account in accounts, f"{name} uses ServiceAccount {account}, defined nowhere"
+
+
+def test_deployment_selectors_match_pod_labels(objects: list[dict[str, Any]]) -> None:
+    for name, deployment in _deployments(objects).items():
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items(), f"{name}: selector does not match its pods"
+
+
+def test_webhook_service_selects_webhook_pods(objects: list[dict[str, Any]]) -> None:
+    service = _by_kind(objects, "Service")["sickbay-webhook"]
+    selector = service["spec"]["selector"]
+    selected = [
+        name
+        for name, d in _deployments(objects).items()
+        if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    ]
+    assert selected == ["sickbay-webhook"], f"the Service selects {selected}"
+    pod = _pod_spec(_deployments(objects)["sickbay-webhook"])
+    ports = {p["name"]: p["containerPort"] for c in pod["containers"] for p in c["ports"]}
+    for port in service["spec"]["ports"]:
+        target = port["targetPort"]
+        assert target in ports or target in ports.values(), f"targetPort {target} not exposed"
+    args = command_args(pod["containers"][0]["args"])
+    assert int(args[args.index("--port") + 1]) == ports["http"]
+
+
+def _configmap_refs(pod: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    refs = []
+    for container in pod["containers"]:
+        for source in container.get("envFrom", []):
+            if "configMapRef" in source:
+                refs.append((source["configMapRef"]["name"], []))
+    for volume in pod.get("volumes", []):
+        if "configMap" in volume:
+            keys = [i["key"] for i in volume["configMap"].get("items", [])]
+            refs.append((volume["configMap"]["name"], keys))
+    return refs
+
+
+def _secret_refs(pod: dict[str, Any]) -> list[tuple[str, bool]]:
+    refs = []
+    for volume in pod.get("volumes", []):
+        if "secret" in volume:
+            refs.append((volume["secret"]["secretName"], bool(volume["secret"].get("optional"))))
+    for container in pod["containers"]:
+        for source in container.get("envFrom", []):
+            if "secretRef" in source:
+                refs.append(
+                    (source["secretRef"]["name"], bool(source["secretRef"].get("optional")))
+                )
+        for env in container.get("env", []):
+            ref = env.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                refs.append((ref["name"], bool(ref.get("optional"))))
+    return refs
+
+
+def test_referenced_configmaps_exist(objects: list[dict[str, Any]]) -> None:
+    configmaps = _by_kind(objects, "ConfigMap")
+    for name, deployment in _deployments(objects).items():
+        for ref, keys in _configmap_refs(_pod_spec(deployment)):
+            assert ref in configmaps, f"{name} references ConfigMap {ref}, defined nowhere"
+            for key in keys:
+                assert key in configmaps[ref]["data"], f"{name}: ConfigMap {ref} has no {key}"
+
+
+def test_required_secrets_are_documented(objects: list[dict[str, Any]]) -> None:
+    """Secrets are never committed; a required one must be explained in docs/deploy.md."""
+    assert not _by_kind(objects, "Secret"), "no Secret belongs in deploy/ (no secrets in git)"
+    docs = DOCS.read_text() if DOCS.is_file() else ""
+    for name, deployment in _deployments(objects).items():
+        for secret, optional in _secret_refs(_pod_spec(deployment)):
+            assert secret in docs, f"{name} mounts Secret {secret}; docs/deploy.md never names it"
+            if name == "sickbay-worker":
+                assert optional, "the worker must start without optional Temporal credentials"
+
+
+def test_containers_are_hardened(objects: list[dict[str, Any]]) -> None:
+    for name, deployment in _deployments(objects).items():
+        pod = _pod_spec(deployment)
+        pod_sc = pod["securityContext"]
+        assert pod_sc["runAsNonRoot"] is True, name
+        assert pod_sc["seccompProfile"]["type"] == "RuntimeDefault", name
+        mounts_tmp = False
+        for container in pod["containers"]:
+            sc = container["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, f"{name}/{container['name']}"
+            assert sc["allowPrivilegeEscalation"] is False, f"{name}/{container['name']}"
+            assert sc["capabilities"]["drop"] == ["ALL"], f"{name}/{container['name']}"
+            resources = container["resources"]
+            assert resources["requests"]["memory"] and resources["requests"]["cpu"], name
+            assert resources["limits"]["memory"], name
+            assert container.get("livenessProbe") and container.get("readinessProbe"), name
+            mounts_tmp |= any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])
+        assert mounts_tmp, f"{name}: a read-only root needs a writable /tmp"
+
+
+def test_worker_probes_the_metrics_port(objects: list[dict[str, Any]]) -> None:
+    config = _by_kind(objects, "ConfigMap")["sickbay-config"]["data"]
+    container = _pod_spec(_deployments(objects)["sickbay-worker"])["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == int(config["SICKBAY_METRICS_PORT"])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["port"] in ("metrics", ports["metrics"]) and get["path"] == "/metrics"
+    annotations = _deployments(objects)["sickbay-worker"]["spec"]["template"]["metadata"]
+    assert annotations["annotations"]["prometheus.io/port"] == config["SICKBAY_METRICS_PORT"]
+
+
+def test_worker_mounts_runbooks_where_settings_point(objects: list[dict[str, Any]]) -> None:
+    config = _by_kind(objects, "ConfigMap")["sickbay-config"]["data"]
+    pod = _pod_spec(_deployments(objects)["sickbay-worker"])
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    volume = volumes[mounts[config["SICKBAY_RUNBOOKS_DIR"]]]
+    assert volume["configMap"]["name"] == "sickbay-runbooks"
+
+
+def test_webhook_has_no_kubernetes_token(objects: list[dict[str, Any]]) -> None:
+    pod = _pod_spec(_deployments(objects)["sickbay-webhook"])
+    assert pod["automountServiceAccountToken"] is False
+    account = _by_kind(objects, "ServiceAccount")[pod["serviceAccountName"]]
+    assert account.get("automountServiceAccountToken") is False
+    env = {e["name"]: e.get("value") for e in pod["containers"][0].get("env", [])}
+    token_file = env["SICKBAY_WEBHOOK_TOKEN_FILE"]
+    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert str(Path(token_file).parent) in mounts, "the token file is not on a mounted Secret"
+
+
+def test_config_keys_are_read_by_the_code(objects: list[dict[str, Any]]) -> None:
+    for name, configmap in _by_kind(objects, "ConfigMap").items():
+        if name == "sickbay-runbooks":
+            continue
+        assert_known_env(set(configmap["data"]), f"ConfigMap {name}")
+    for name, deployment in _deployments(objects).items():
+        for container in _pod_spec(deployment)["containers"]:
+            assert_known_env({e["name"] for e in container.get("env", [])}, f"Deployment {name}")
+
+
+def test_runbooks_configmap_validates(objects: list[dict[str, Any]], tmp_path: Path) -> None:
+    # The runbook loader, not yaml.safe_load: YAML 1.1 reads the key `on:` as True.
+    from activities.runbooks import load_dir, load_text
+
+    data = _by_kind(objects, "ConfigMap")["sickbay-runbooks"]["data"]
+    assert "default.yaml" in data, "the default runbook catches every unmatched workload"
+    for key, text in data.items():
+        (runbook,) = load_text(text, f"ConfigMap sickbay-runbooks key {key}")
+        assert f"{runbook.name}.yaml" == key, f"{key} holds runbook {runbook.name}"
+        (tmp_path / key).write_text(text)
+    # As the worker sees the mounted ConfigMap: through the real loader.
+    loaded = load_dir(tmp_path)
+    assert {r.name for r in loaded.runbooks} == {Path(k).stem for k in data}
+    shipped = {p.stem for p in (ROOT / "runbooks").glob("*.yaml")}
+    assert {Path(k).stem for k in data} == shipped, (
+        "the ConfigMap should carry every shipped runbook"
+    )
+
+
+@pytest.mark.parametrize("deployment", ["sickbay-worker", "sickbay-webhook"])
+def test_container_args_are_cli_commands(objects: list[dict[str, Any]], deployment: str) -> None:
+    for container in _pod_spec(_deployments(objects)[deployment])["containers"]:
+        assert_cli_accepts(command_args(container["args"]), f"Deployment {deployment}")
+
+
+def test_rbac_binds_the_worker_only(objects: list[dict[str, Any]]) -> None:
+    if not (DEPLOY / "rbac.yaml").is_file():
+        pytest.skip("deploy/rbac.yaml (Kubernetes activities issue) does not exist yet")
+    accounts = {
+        (o["metadata"]["namespace"], o["metadata"]["name"])
+        for o in objects
+        if o["kind"] == "ServiceAccount"
+    }
+    roles = {(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"].endswith("Role")}
+    bound: set[tuple[str, str]] = set()
+    for binding in objects:
+        if binding["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        ref = binding["roleRef"]
+        assert (ref["kind"], ref["name"]) in roles, f"binding to undefined {ref}"
+        for subject in binding.get("subjects", []):
+            if subject["kind"] != "ServiceAccount":
+                continue
+            key = (subject["namespace"], subject["name"])
+            assert key in accounts, f"{binding['metadata']['name']} binds unknown account {key}"
+            bound.add(key)
+    worker_sa = _pod_spec(_deployments(objects)["sickbay-worker"])["serviceAccountName"]
+    webhook_sa = _pod_spec(_deployments(objects)["sickbay-webhook"])["serviceAccountName"]
+    assert ("sickbay", worker_sa) in bound, "the worker's ServiceAccount has no role"
+    assert ("sickbay", webhook_sa) not in bound, "the webhook needs no Kubernetes permission"
+
+
+def test_kubectl_dry_run_when_available() -> None:
+    """With kubectl on PATH, `kubectl kustomize deploy/` must build (no cluster needed)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed here; the YAML checks above still ran")
+    import subprocess
+
+    done = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
