@@ -1,0 +1,260 @@
+"""`KubeActivities`: the workflow's hands on the cluster, one method per activity name.
+
+Threading: every method is `async def`; the blocking `kubernetes` client calls run on this
+class's own bounded ThreadPoolExecutor (`KubeSettings.max_threads`), never on the event loop,
+so the worker needs no `activity_executor`. Waits keep one executor thread for their watch and
+heartbeat from the loop. Built once per worker from plain settings:
+
+    acts = KubeActivities.from_settings(settings)       # worker.settings.Settings-like
+    Worker(..., activities=acts.all())
+
+Every method lets Temporal retry transient failures (429/5xx/timeouts) and raises
+non-retryable ApplicationErrors for the rest (see client.py for the classification).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.kube import capacity, consumers, devices, events, evidence, nodes, quarantine, waits
+from activities.kube.client import ErrorKind, Kube, KubeError, KubeSettings, to_application_error
+from activities.kube.discovery import ClusterApis, Discovery
+from workflows.constants import (
+    ACT_CHECK_HEALTH,
+    ACT_CORDON,
+    ACT_COUNT_DEVICES,
+    ACT_EVICT_PODS,
+    ACT_FIND_CONSUMERS,
+    ACT_FREE_CAPACITY,
+    ACT_GATHER_EVIDENCE,
+    ACT_PREVIEW_QUARANTINE,
+    ACT_QUARANTINE,
+    ACT_RECORD_EVENT,
+    ACT_RELEASE_QUARANTINE,
+    ACT_RESOLVE_DEVICE,
+    ACT_WAIT_EVICTION,
+    ACT_WAIT_REPLACEMENT,
+    ERR_INVALID_INPUT,
+)
+from workflows.models import (
+    CheckHealthInput,
+    ConsumersResult,
+    CordonInput,
+    CordonResult,
+    CountDevicesInput,
+    DeviceCounts,
+    EvictionReport,
+    EvictPodsInput,
+    EvictPodsResult,
+    Evidence,
+    EvidenceInput,
+    FindConsumersInput,
+    FreeCapacity,
+    FreeCapacityInput,
+    HealthResult,
+    QuarantineInput,
+    QuarantineResult,
+    RecordEventInput,
+    ReleaseInput,
+    ReleaseResult,
+    ReplacementReport,
+    ResolvedDevice,
+    ResolveDeviceInput,
+    WaitEvictionInput,
+    WaitReplacementInput,
+)
+
+T = TypeVar("T")
+
+
+class KubeActivities:
+    def __init__(
+        self,
+        settings: KubeSettings | None = None,
+        *,
+        kube: Kube | None = None,
+    ) -> None:
+        self._settings = settings or KubeSettings()
+        self._kube = kube or Kube.from_settings(self._settings)
+        self._executor = ThreadPoolExecutor(
+            max_workers=self._settings.max_threads, thread_name_prefix="sickbay-kube"
+        )
+        self._discovery = Discovery(self._kube)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> KubeActivities:
+        """From worker.settings.Settings (duck-typed: kubeconfig, kube_context,
+        kube_request_timeout) or a KubeSettings."""
+        if isinstance(settings, KubeSettings):
+            return cls(settings)
+        return cls(KubeSettings.from_settings(settings))
+
+    @property
+    def kube(self) -> Kube:
+        return self._kube
+
+    def all(self) -> list[Callable[..., Any]]:
+        """Every activity method, for `Worker(activities=...)`."""
+        return [
+            self.resolve_device,
+            self.gather_evidence,
+            self.find_consumers,
+            self.count_devices,
+            self.quarantine_device,
+            self.preview_quarantine,
+            self.evict_pods,
+            self.wait_for_eviction,
+            self.wait_for_replacement,
+            self.count_free_capacity,
+            self.release_quarantine,
+            self.check_device_health,
+            self.record_event,
+            self.cordon_node,
+        ]
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._kube.api_client.close()
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking body on the executor (activity context copied), mapping errors."""
+        ctx = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, lambda: ctx.run(fn, *args))
+        except KubeError as err:
+            raise to_application_error(err) from err
+
+    def _apis(self) -> ClusterApis:
+        return self._discovery.get()
+
+    # -- activities -----------------------------------------------------------------------
+
+    @activity.defn(name=ACT_RESOLVE_DEVICE)
+    async def resolve_device(self, inp: ResolveDeviceInput) -> ResolvedDevice:
+        return await self._run(lambda: devices.resolve(self._kube, self._apis(), inp.device))
+
+    @activity.defn(name=ACT_GATHER_EVIDENCE)
+    async def gather_evidence(self, inp: EvidenceInput) -> Evidence:
+        return await self._run(evidence.gather_evidence, self._kube, inp.device)
+
+    @activity.defn(name=ACT_FIND_CONSUMERS)
+    async def find_consumers(self, inp: FindConsumersInput) -> ConsumersResult:
+        return await self._run(consumers.find_consumers, self._kube, inp)
+
+    @activity.defn(name=ACT_COUNT_DEVICES)
+    async def count_devices(self, inp: CountDevicesInput) -> DeviceCounts:
+        return await self._run(
+            lambda: quarantine.count_devices(self._kube, self._apis(), inp.node_pool)
+        )
+
+    @activity.defn(name=ACT_QUARANTINE)
+    async def quarantine_device(self, inp: QuarantineInput) -> QuarantineResult:
+        """Rule mode when DeviceTaintRule is served and the device is a DRA device; else the
+        fallback. `dry_run` -> the preview (nothing is left behind)."""
+        if inp.dry_run:
+            return await self.preview_quarantine(inp)
+
+        def body() -> QuarantineResult:
+            apis = self._apis()
+            if apis.taint_version and inp.device.devices:
+                result = quarantine.quarantine_rules(self._kube, apis, inp)
+            else:
+                result = quarantine.quarantine_fallback(self._kube, apis, inp)
+            activity.logger.info(
+                "quarantine %s: %s (%s)", inp.device.key, result.mode, result.message
+            )
+            return result
+
+        return await self._run(body)
+
+    @activity.defn(name=ACT_PREVIEW_QUARANTINE)
+    async def preview_quarantine(self, inp: QuarantineInput) -> QuarantineResult:
+        return await self._run(lambda: quarantine.preview(self._kube, self._apis(), inp))
+
+    @activity.defn(name=ACT_EVICT_PODS)
+    async def evict_pods(self, inp: EvictPodsInput) -> EvictPodsResult:
+        def body() -> EvictPodsResult:
+            result = quarantine.evict_pods(self._kube, inp)
+            activity.logger.info(
+                "evict for %s: evicted=%d deleted=%d blocked=%d gone=%d",
+                inp.workflow_id,
+                len(result.evicted),
+                len(result.deleted),
+                len(result.blocked),
+                len(result.gone),
+            )
+            return result
+
+        return await self._run(body)
+
+    @activity.defn(name=ACT_WAIT_EVICTION)
+    async def wait_for_eviction(self, inp: WaitEvictionInput) -> EvictionReport:
+        try:
+            return await waits.wait_eviction(self._kube, self._executor, inp)
+        except KubeError as err:
+            raise to_application_error(err) from err
+
+    @activity.defn(name=ACT_WAIT_REPLACEMENT)
+    async def wait_for_replacement(self, inp: WaitReplacementInput) -> ReplacementReport:
+        try:
+            return await waits.wait_replacement(self._kube, self._executor, inp)
+        except KubeError as err:
+            raise to_application_error(err) from err
+
+    @activity.defn(name=ACT_FREE_CAPACITY)
+    async def count_free_capacity(self, inp: FreeCapacityInput) -> FreeCapacity:
+        return await self._run(lambda: capacity.free_capacity(self._kube, self._apis(), inp))
+
+    @activity.defn(name=ACT_RELEASE_QUARANTINE)
+    async def release_quarantine(self, inp: ReleaseInput) -> ReleaseResult:
+        def body() -> ReleaseResult:
+            result = quarantine.release(self._kube, self._apis(), inp)
+            activity.logger.info("release %s: %s", inp.device.key, result.message)
+            return result
+
+        return await self._run(body)
+
+    @activity.defn(name=ACT_CHECK_HEALTH)
+    async def check_device_health(self, inp: CheckHealthInput) -> HealthResult:
+        return await self._run(evidence.check_health, self._kube, inp.device)
+
+    @activity.defn(name=ACT_RECORD_EVENT)
+    async def record_event(self, inp: RecordEventInput) -> int:
+        if not inp.targets:
+            return 0
+        info = activity.info()
+        # Same token on every retry of this activity -> same event names -> no duplicates.
+        token = f"{info.workflow_id}|{info.workflow_run_id}|{info.activity_id}"
+        return await self._run(events.record_events, self._kube, inp, token)
+
+    @activity.defn(name=ACT_CORDON)
+    async def cordon_node(self, inp: CordonInput) -> CordonResult:
+        if not inp.node:
+            raise ApplicationError(
+                "cordon needs a node name", type=ERR_INVALID_INPUT, non_retryable=True
+            )
+
+        def body() -> CordonResult:
+            outcome: dict[str, str] = {}
+            try:
+                _, changed = nodes.converge_node(
+                    self._kube, inp.node, nodes.cordon_change(inp.cordon, inp.workflow_id, outcome)
+                )
+            except KubeError as err:
+                if err.kind is not ErrorKind.NOT_FOUND or err.resource != "nodes":
+                    raise
+                return CordonResult(changed=False, message=f"node {inp.node} does not exist")
+            activity.logger.info("node %s: %s", inp.node, outcome.get("message", ""))
+            return CordonResult(changed=changed, message=outcome.get("message", ""))
+
+        return await self._run(body)

@@ -1,0 +1,157 @@
+"""Consumers of a physical GPU: claims allocated to any device of its group, the pods that
+reserve or use them, their owners up to the top controller, and what runbook matching needs
+(labels, namespace labels, priority class).
+
+DRA requests: 1 list of claims (all namespaces) + 1 list of the node's pods + 1 read per
+distinct ReplicaSet/Job + 1 read per distinct namespace.
+Device plugin: 1 list of the node's pods + reads for alert-named pods not found there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from activities.kube.client import ErrorKind, Kube, KubeError
+from activities.kube.pods import (
+    OwnerResolver,
+    claim_names,
+    health_reports,
+    is_terminal,
+    is_terminating,
+    meta,
+    pod_ref,
+    reports_any_status,
+    requests_gpu,
+)
+from workflows.models import Consumer, ConsumersResult, FindConsumersInput, ResolvedDevice
+
+
+def claim_devices(claim: dict[str, Any]) -> list[tuple[str, str, str]]:
+    alloc = (claim.get("status") or {}).get("allocation") or {}
+    results = (alloc.get("devices") or {}).get("results") or []
+    return [(r.get("driver", ""), r.get("pool", ""), r.get("device", "")) for r in results]
+
+
+def list_node_pods(kube: Kube, node: str) -> list[dict[str, Any]]:
+    body = kube.call(
+        kube.core.list_pod_for_all_namespaces,
+        verb="list",
+        resource="pods",
+        field_selector=f"spec.nodeName={node}",
+    )
+    return [p for p in body.get("items") or [] if (p.get("spec") or {}).get("nodeName") == node]
+
+
+def list_claims(kube: Kube) -> list[dict[str, Any]]:
+    body = kube.call(
+        kube.resource_v1.list_resource_claim_for_all_namespaces,
+        verb="list",
+        resource="resourceclaims.resource.k8s.io",
+    )
+    return body.get("items") or []
+
+
+def group_keys(device: ResolvedDevice) -> set[tuple[str, str, str]]:
+    return {(d.driver, d.pool, d.device) for d in device.devices}
+
+
+def _get_pod(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return kube.call(
+            kube.core.read_namespaced_pod, name, namespace, verb="get", resource="pods", name=name
+        )
+    except KubeError as err:
+        if err.kind is ErrorKind.NOT_FOUND:
+            return None
+        raise
+
+
+def find_consumers(kube: Kube, inp: FindConsumersInput) -> ConsumersResult:
+    device = inp.device
+    pods_by_key: dict[tuple[str, str], dict[str, Any]] = {}
+    claim_of: dict[tuple[str, str], str] = {}
+    node_pods = list_node_pods(kube, device.node)
+    index = {(meta(p).get("namespace"), meta(p).get("name")): p for p in node_pods}
+
+    if device.mode == "dra" and device.devices:
+        keys = group_keys(device)
+        for claim in list_claims(kube):
+            if not keys.intersection(claim_devices(claim)):
+                continue
+            cm = meta(claim)
+            ns, cname = cm.get("namespace", ""), cm.get("name", "")
+            reserved = [
+                r
+                for r in (claim.get("status") or {}).get("reservedFor") or []
+                if r.get("resource", "pods") == "pods"
+            ]
+            for r in reserved:
+                key = (ns, r.get("name", ""))
+                pod = index.get(key) or _get_pod(kube, *key)
+                if pod is not None:
+                    pods_by_key[key] = pod
+                    claim_of[key] = cname
+            # Pods naming the claim in their status (covers a reservedFor not yet written).
+            for key, pod in index.items():
+                if key[0] == ns and cname in claim_names(pod):
+                    pods_by_key[key] = pod
+                    claim_of.setdefault(key, cname)
+    else:
+        uuid = device.gpu_uuid
+        for ref in inp.alert_pods:
+            key = (ref.namespace, ref.name)
+            pod = index.get(key) or _get_pod(kube, *key)
+            if pod is not None:
+                pods_by_key[key] = pod
+        any_status = False
+        for key, pod in index.items():
+            if not requests_gpu(pod):
+                continue
+            any_status = any_status or reports_any_status(pod)
+            if health_reports(pod, {uuid}):
+                pods_by_key[key] = pod
+        if not pods_by_key and not any_status:
+            # Nothing ties a pod to this GPU (no alert pod mapping, no allocatedResourcesStatus):
+            # every GPU pod on the node may be using it.
+            for key, pod in index.items():
+                if requests_gpu(pod):
+                    pods_by_key[key] = pod
+
+    owners = OwnerResolver(kube)
+    ns_labels: dict[str, dict[str, str]] = {}
+    consumers: list[Consumer] = []
+    for key, pod in sorted(pods_by_key.items()):
+        if is_terminal(pod):
+            continue  # a finished pod holds nothing
+        ns = key[0]
+        if ns not in ns_labels:
+            ns_labels[ns] = _namespace_labels(kube, ns)
+        direct, top = owners.owners(pod)
+        m = meta(pod)
+        consumers.append(
+            Consumer(
+                pod=pod_ref(pod),
+                node=(pod.get("spec") or {}).get("nodeName"),
+                phase=(pod.get("status") or {}).get("phase", ""),
+                terminating=is_terminating(pod),
+                claim=claim_of.get(key),
+                owner=direct,
+                top_owner=top,
+                labels=dict(m.get("labels") or {}),
+                namespace_labels=ns_labels[ns],
+                priority_class=(pod.get("spec") or {}).get("priorityClassName"),
+            )
+        )
+    return ConsumersResult(consumers=consumers)
+
+
+def _namespace_labels(kube: Kube, namespace: str) -> dict[str, str]:
+    try:
+        ns = kube.call(
+            kube.core.read_namespace, namespace, verb="get", resource="namespaces", name=namespace
+        )
+    except KubeError as err:
+        if err.kind is ErrorKind.NOT_FOUND:
+            return {}
+        raise
+    return dict(meta(ns).get("labels") or {})

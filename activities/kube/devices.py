@@ -1,0 +1,339 @@
+"""Devices: read ResourceSlices, resolve what an alert names to a physical GPU and its group.
+
+A physical GPU is `<node>/<uuid>`. Every device sharing it (MIG slices, vGPUs, time-sliced
+replicas) is in its group: a slice device belongs to GPU P when its `uuid` attribute is P or
+its parent attribute (`parentUUID`, as the NVIDIA DRA driver publishes for MIG) is P.
+Attribute names may carry the driver's domain (`gpu.nvidia.com/uuid`); they are compared
+without it and case-insensitively.
+
+Device-plugin clusters publish no devices: a node advertising `nvidia.com/gpu` plus the UUID
+from the alert (the plugin's device ID) is the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio.exceptions import ApplicationError
+
+from activities.kube.client import ErrorKind, Kube, KubeError
+from activities.kube.discovery import ClusterApis
+from workflows.constants import ERR_DEVICE_NOT_FOUND
+from workflows.models import DeviceRef, DraDevice, ResolvedDevice
+
+GPU_RESOURCE = "nvidia.com/gpu"
+# Node labels naming a node pool, most specific first (Sickbay's own, then clouds).
+NODE_POOL_LABELS = (
+    "sickbay.dev/node-pool",
+    "cloud.google.com/gke-nodepool",
+    "kubernetes.azure.com/agentpool",
+    "eks.amazonaws.com/nodegroup",
+    "karpenter.sh/nodepool",
+    "node.kubernetes.io/pool",
+    "pool",
+)
+UUID_ATTRS = ("uuid",)
+PARENT_UUID_ATTRS = ("parentuuid", "parent_uuid", "parent-uuid", "gpuuuid")
+INDEX_ATTRS = ("index", "minor")
+PARENT_INDEX_ATTRS = ("parentindex", "parent_index", "parentminor")
+PRODUCT_ATTRS = ("productname", "product", "model")
+# DRA driver health taints (NVIDIA: gpu.nvidia.com/xid, gpu.nvidia.com/gpu-lost).
+EFFECTS = ("NoSchedule", "NoExecute", "None")
+
+
+def _attr_value(raw: Any) -> Any:
+    if isinstance(raw, dict):
+        for key in ("string", "int", "bool", "version"):
+            if key in raw:
+                return raw[key]
+        return None
+    return raw
+
+
+def _normalise_attrs(attrs: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, raw in (attrs or {}).items():
+        short = name.rsplit("/", 1)[-1].lower()
+        out[short] = _attr_value(raw)
+    return out
+
+
+def _first(attrs: dict[str, Any], names: tuple[str, ...]) -> Any:
+    for name in names:
+        value = attrs.get(name)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+@dataclass
+class SliceDevice:
+    driver: str
+    pool: str
+    device: str
+    node: str | None
+    attributes: dict[str, Any]
+    taints: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ref(self) -> DraDevice:
+        return DraDevice(driver=self.driver, pool=self.pool, device=self.device)
+
+    @property
+    def resource_id(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+    @property
+    def uuid(self) -> str | None:
+        value = _first(self.attributes, UUID_ATTRS)
+        return str(value) if value is not None else None
+
+    @property
+    def parent_uuid(self) -> str | None:
+        value = _first(self.attributes, PARENT_UUID_ATTRS)
+        return str(value) if value is not None else None
+
+    @property
+    def physical_uuid(self) -> str | None:
+        """The physical GPU this device lives on."""
+        return self.parent_uuid or self.uuid
+
+    @property
+    def is_partition(self) -> bool:
+        return self.parent_uuid is not None and self.parent_uuid != self.uuid
+
+    @property
+    def index(self) -> int | None:
+        names = PARENT_INDEX_ATTRS if self.is_partition else INDEX_ATTRS
+        value = _first(self.attributes, names)
+        try:
+            return int(value) if value is not None else None
+        except (TypeError, ValueError):
+            return None
+
+    @property
+    def product(self) -> str | None:
+        value = _first(self.attributes, PRODUCT_ATTRS)
+        return str(value) if value is not None else None
+
+
+def slice_devices(slices: list[dict[str, Any]]) -> list[SliceDevice]:
+    out: list[SliceDevice] = []
+    for item in slices:
+        spec = item.get("spec") or {}
+        driver = spec.get("driver", "")
+        pool = (spec.get("pool") or {}).get("name", "")
+        node = spec.get("nodeName")
+        for dev in spec.get("devices") or []:
+            basic = dev.get("basic") or {}  # v1beta1 shape, in case a driver still writes it
+            out.append(
+                SliceDevice(
+                    driver=driver,
+                    pool=pool,
+                    device=dev.get("name", ""),
+                    node=node,
+                    attributes=_normalise_attrs(dev.get("attributes") or basic.get("attributes")),
+                    taints=list(dev.get("taints") or basic.get("taints") or []),
+                )
+            )
+    return out
+
+
+def list_slice_devices(kube: Kube, node: str | None = None) -> list[SliceDevice]:
+    """Devices published in ResourceSlices (all, or those of one node: 1 request)."""
+    kwargs: dict[str, Any] = {}
+    if node:
+        kwargs["field_selector"] = f"spec.nodeName={node}"
+    body = kube.call(
+        kube.resource_v1.list_resource_slice, verb="list", resource="resourceslices", **kwargs
+    )
+    devices = slice_devices(body.get("items") or [])
+    if node:
+        devices = [d for d in devices if d.node == node]
+    return devices
+
+
+def group_of(devices: list[SliceDevice], node: str | None, physical_uuid: str) -> list[SliceDevice]:
+    want = physical_uuid.lower()
+    return [
+        d
+        for d in devices
+        if (node is None or d.node == node)
+        and ((d.physical_uuid or "").lower() == want or (d.uuid or "").lower() == want)
+    ]
+
+
+def physical_gpus(devices: list[SliceDevice]) -> set[tuple[str, str]]:
+    """{(node, physical uuid)}; devices without a uuid count as their own GPU."""
+    out: set[tuple[str, str]] = set()
+    for d in devices:
+        out.add((d.node or d.pool, d.physical_uuid or d.resource_id))
+    return out
+
+
+def node_pool_of(node: dict[str, Any]) -> str | None:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    for key in NODE_POOL_LABELS:
+        if labels.get(key):
+            return str(labels[key])
+    return None
+
+
+def _not_found(message: str) -> ApplicationError:
+    return ApplicationError(message, type=ERR_DEVICE_NOT_FOUND, non_retryable=True)
+
+
+def _get_node(kube: Kube, name: str) -> dict[str, Any] | None:
+    try:
+        return kube.call(kube.core.read_node, name, verb="get", resource="nodes", name=name)
+    except KubeError as err:
+        if err.kind is ErrorKind.NOT_FOUND:
+            return None
+        raise
+
+
+def _device_class_for(kube: Kube, driver: str, partition: bool) -> str | None:
+    """The DeviceClass whose selector names this driver (prefers the MIG class for slices)."""
+    body = kube.call(kube.resource_v1.list_device_class, verb="list", resource="deviceclasses")
+    candidates: list[tuple[int, str]] = []
+    for item in body.get("items") or []:
+        name = (item.get("metadata") or {}).get("name", "")
+        exprs = " ".join(
+            ((sel.get("cel") or {}).get("expression") or "")
+            for sel in (item.get("spec") or {}).get("selectors") or []
+        )
+        if f'"{driver}"' not in exprs and f"'{driver}'" not in exprs and name != driver:
+            continue
+        mig = "mig" in name.lower() or "'mig'" in exprs or '"mig"' in exprs
+        score = 0 if mig == partition else 1
+        candidates.append((score, name))
+    return sorted(candidates)[0][1] if candidates else None
+
+
+def resolve(kube: Kube, apis: ClusterApis, ref: DeviceRef) -> ResolvedDevice:
+    """DeviceRef -> ResolvedDevice, or ERR_DEVICE_NOT_FOUND (non-retryable)."""
+    if not apis.dra:
+        return _resolve_device_plugin(kube, apis, ref)
+    node_name = ref.node
+    if ref.driver and ref.pool and ref.device and not node_name:
+        devices = list_slice_devices(kube)
+    else:
+        devices = list_slice_devices(kube, node_name)
+    target: SliceDevice | None = None
+    if ref.driver and ref.pool and ref.device:
+        target = next(
+            (
+                d
+                for d in devices
+                if (d.driver, d.pool, d.device) == (ref.driver, ref.pool, ref.device)
+            ),
+            None,
+        )
+        if target is None:
+            raise _not_found(
+                f"no ResourceSlice publishes device {ref.driver}/{ref.pool}/{ref.device}"
+                + (f" on node {node_name}" if node_name else "")
+            )
+    elif ref.gpu_uuid:
+        want = ref.gpu_uuid.lower()
+        matches = [d for d in devices if (d.uuid or "").lower() == want]
+        matches = matches or [d for d in devices if (d.physical_uuid or "").lower() == want]
+        if not matches:
+            raise _not_found(
+                f"no ResourceSlice device on node {node_name} has uuid {ref.gpu_uuid}"
+                f" ({len(devices)} devices published there)"
+            )
+        target = next((d for d in matches if not d.is_partition), matches[0])
+    else:
+        matches = [d for d in devices if d.index == ref.gpu_index]
+        whole = [d for d in matches if not d.is_partition]
+        if not matches:
+            raise _not_found(
+                f"no ResourceSlice device on node {node_name} has GPU index {ref.gpu_index}"
+                f" ({len(devices)} devices published there)"
+            )
+        target = (whole or matches)[0]
+    physical = target.physical_uuid
+    if not physical:
+        raise _not_found(
+            f"device {target.resource_id} publishes no uuid attribute; Sickbay needs it to key "
+            "the physical GPU"
+        )
+    node_name = target.node or node_name or target.pool
+    group = group_of(devices, target.node, physical) or [target]
+    group.sort(key=lambda d: (d.is_partition, d.driver, d.pool, d.device))
+    node = _get_node(kube, node_name) if node_name else None
+    index = next((d.index for d in group if not d.is_partition), None)
+    if index is None:
+        index = target.index
+    return ResolvedDevice(
+        node=node_name,
+        gpu_uuid=physical,
+        gpu_index=index,
+        product=next((d.product for d in group if d.product), None),
+        mode="dra",
+        devices=[d.ref for d in group],
+        device_class=_device_class_for(kube, target.driver, target.is_partition),
+        node_pool=node_pool_of(node) if node else None,
+        taint_api_version=apis.taint_version,
+    )
+
+
+def gpu_capacity(node: dict[str, Any]) -> tuple[int | None, int | None]:
+    status = node.get("status") or {}
+    cap = (status.get("capacity") or {}).get(GPU_RESOURCE)
+    alloc = (status.get("allocatable") or {}).get(GPU_RESOURCE)
+    return (int(cap) if cap is not None else None, int(alloc) if alloc is not None else None)
+
+
+def _resolve_device_plugin(kube: Kube, apis: ClusterApis, ref: DeviceRef) -> ResolvedDevice:
+    if not ref.node:
+        raise _not_found(
+            f"device {ref.key}: this cluster serves no DRA ResourceSlices (device-plugin mode); "
+            "name the device by node + GPU UUID"
+        )
+    node = _get_node(kube, ref.node)
+    if node is None:
+        raise _not_found(f"node {ref.node} does not exist")
+    capacity, _ = gpu_capacity(node)
+    if not capacity:
+        raise _not_found(f"node {ref.node} advertises no {GPU_RESOURCE}")
+    uuid = ref.gpu_uuid
+    known = _node_gpu_uuids(node)
+    if uuid is None:
+        # An index maps to a UUID only where the node publishes its GPU list.
+        if ref.gpu_index is None or ref.gpu_index >= len(known):
+            raise _not_found(
+                f"node {ref.node}: GPU index {ref.gpu_index} cannot be mapped to a UUID in "
+                "device-plugin mode; give the GPU UUID (dcgm-exporter label UUID)"
+            )
+        uuid = known[ref.gpu_index]
+    elif known and uuid.lower() not in {u.lower() for u in known}:
+        raise _not_found(f"node {ref.node} has no GPU {uuid} (it lists {', '.join(known)})")
+    index = ref.gpu_index
+    if index is None and uuid in known:
+        index = known.index(uuid)
+    return ResolvedDevice(
+        node=ref.node,
+        gpu_uuid=uuid,
+        gpu_index=index,
+        mode="device-plugin",
+        devices=[],
+        node_pool=node_pool_of(node),
+        taint_api_version=apis.taint_version,
+    )
+
+
+# Annotation where a node may list its GPU UUIDs in index order (GPU feature discovery-like
+# tooling, and the simulator); absent on most clusters.
+GPU_UUIDS_ANNOTATION = "nvidia.com/gpu.uuids"
+
+
+def _node_gpu_uuids(node: dict[str, Any]) -> list[str]:
+    meta = node.get("metadata") or {}
+    for source in (meta.get("annotations") or {}, meta.get("labels") or {}):
+        raw = source.get(GPU_UUIDS_ANNOTATION)
+        if raw:
+            return [u.strip() for u in str(raw).split(",") if u.strip()]
+    return []

@@ -1,0 +1,86 @@
+"""Kubernetes Events for every Sickbay action, on each affected pod, rule or node.
+
+core/v1 Events (what `kubectl describe` and `kubectl get events` show), source and
+reportingComponent `sickbay`, message always carrying the workflow id. The event name is
+derived from the workflow, the activity and the target, so a retried activity re-posts the same
+name and the 409 AlreadyExists is success: no duplicate events. Cluster-scoped targets (rules,
+nodes) get their events in the `default` namespace, as the kubelet and controllers do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from datetime import UTC, datetime
+from typing import Any
+
+from activities.kube.client import ErrorKind, Kube, KubeError
+from workflows.constants import EVENT_COMPONENT
+from workflows.models import EventTarget, RecordEventInput
+
+EVENT_NAMESPACE_FOR_CLUSTER_OBJECTS = "default"
+MAX_MESSAGE = 1024  # the API server truncates longer event messages
+
+
+def _instance() -> str:
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+def event_name(target: EventTarget, reason: str, token: str) -> str:
+    digest = hashlib.sha256(f"{token}|{target.kind}|{target.name}|{reason}".encode()).hexdigest()
+    return f"{target.name[:200]}.sickbay-{digest[:16]}"
+
+
+def event_body(target: EventTarget, inp: RecordEventInput, token: str) -> dict[str, Any]:
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    namespace = target.namespace or EVENT_NAMESPACE_FOR_CLUSTER_OBJECTS
+    message = inp.message
+    if inp.workflow_id not in message:
+        message = f"{message} (workflow {inp.workflow_id})"
+    involved: dict[str, Any] = {
+        "apiVersion": target.api_version,
+        "kind": target.kind,
+        "name": target.name,
+    }
+    if target.namespace:
+        involved["namespace"] = target.namespace
+    if target.uid:
+        involved["uid"] = target.uid
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": event_name(target, inp.reason, token), "namespace": namespace},
+        "involvedObject": involved,
+        "reason": inp.reason,
+        "message": message[:MAX_MESSAGE],
+        "type": inp.type,
+        "source": {"component": EVENT_COMPONENT},
+        "reportingComponent": EVENT_COMPONENT,
+        "reportingInstance": _instance(),
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+def record_events(kube: Kube, inp: RecordEventInput, token: str) -> int:
+    """One POST per target; returns how many events exist afterwards (new or already there)."""
+    written = 0
+    for target in inp.targets:
+        body = event_body(target, inp, token)
+        namespace = body["metadata"]["namespace"]
+        try:
+            kube.call(
+                kube.core.create_namespaced_event,
+                namespace,
+                body,
+                verb="create",
+                resource="events",
+                name=body["metadata"]["name"],
+            )
+        except KubeError as err:
+            if err.kind is not ErrorKind.CONFLICT:
+                raise
+        written += 1
+    return written

@@ -1,0 +1,178 @@
+"""Evidence and health of a physical GPU: pod allocatedResourcesStatus (KEP-4680), the
+ResourceSlice entry and its driver taints, node capacity vs allocatable for `nvidia.com/gpu`
+(device plugin), recent Events.
+
+Requests: DRA 1 slice list + 1 pod list + 1-2 event lists; device plugin 1 node read +
+1 pod list + 1-2 event lists. check_health skips the events.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from activities.kube.client import Kube
+from activities.kube.consumers import list_node_pods
+from activities.kube.devices import (
+    _get_node,
+    _node_gpu_uuids,
+    gpu_capacity,
+    list_slice_devices,
+)
+from activities.kube.pods import health_reports, meta, worst_health
+from workflows.models import Evidence, HealthResult, ResolvedDevice, SliceTaint
+
+MAX_EVENTS = 10
+MAX_POD_EVENT_READS = 2  # event lists for the unhealthy pods (keeps the request count low)
+
+
+def resource_ids(device: ResolvedDevice) -> set[str]:
+    if device.mode == "dra" and device.devices:
+        return {d.resource_id for d in device.devices}
+    return {device.gpu_uuid}
+
+
+def _slice_state(kube: Kube, device: ResolvedDevice) -> tuple[bool, list[SliceTaint]]:
+    published = list_slice_devices(kube, device.node)
+    wanted = {(d.driver, d.pool, d.device) for d in device.devices}
+    present = [d for d in published if (d.driver, d.pool, d.device) in wanted]
+    taints: list[SliceTaint] = []
+    for d in present:
+        for t in d.taints:
+            effect = t.get("effect", "NoSchedule")
+            if effect not in ("None", "NoSchedule", "NoExecute"):
+                continue
+            taints.append(
+                SliceTaint(
+                    key=t.get("key", ""),
+                    value=str(t.get("value") or ""),
+                    effect=effect,
+                    device=d.resource_id,
+                )
+            )
+    return bool(present), taints
+
+
+def _event_time(ev: dict[str, Any]) -> str:
+    return str(
+        ev.get("lastTimestamp")
+        or ev.get("eventTime")
+        or ev.get("firstTimestamp")
+        or meta(ev).get("creationTimestamp")
+        or ""
+    )
+
+
+def _events_about(kube: Kube, name: str, namespace: str | None) -> list[dict[str, Any]]:
+    selector = f"involvedObject.name={name}"
+    if namespace:
+        body = kube.call(
+            kube.core.list_namespaced_event,
+            namespace,
+            verb="list",
+            resource="events",
+            field_selector=selector,
+        )
+    else:
+        body = kube.call(
+            kube.core.list_event_for_all_namespaces,
+            verb="list",
+            resource="events",
+            field_selector=selector,
+        )
+    return body.get("items") or []
+
+
+def _format_event(ev: dict[str, Any]) -> str:
+    obj = ev.get("involvedObject") or {}
+    count = ev.get("count") or 1
+    times = f" (x{count})" if count and int(count) > 1 else ""
+    return (
+        f"{_event_time(ev)} {ev.get('type', 'Normal')} {ev.get('reason', '')} "
+        f"{obj.get('kind', '')}/{obj.get('name', '')}: {ev.get('message', '')}{times}"
+    ).strip()
+
+
+def gather_evidence(kube: Kube, device: ResolvedDevice) -> Evidence:
+    ids = resource_ids(device)
+    pods = list_node_pods(kube, device.node)
+    reports = [r for p in pods for r in health_reports(p, ids)]
+    present = True
+    taints: list[SliceTaint] = []
+    capacity = allocatable = None
+    if device.mode == "dra" and device.devices:
+        present, taints = _slice_state(kube, device)
+    else:
+        node = _get_node(kube, device.node)
+        if node is None:
+            present = False
+        else:
+            capacity, allocatable = gpu_capacity(node)
+            known = _node_gpu_uuids(node)
+            present = bool(capacity) and (
+                not known or device.gpu_uuid.lower() in {u.lower() for u in known}
+            )
+    events = _events_about(kube, device.node, None)
+    unhealthy = sorted({(r.namespace, r.pod) for r in reports if r.health != "Healthy"})
+    for ns, pod in unhealthy[:MAX_POD_EVENT_READS]:
+        events += _events_about(kube, pod, ns)
+    events.sort(key=_event_time, reverse=True)
+    return Evidence(
+        health=worst_health(reports),
+        reports=reports,
+        slice_taints=taints,
+        gpu_capacity=capacity,
+        gpu_allocatable=allocatable,
+        recent_events=[_format_event(e) for e in events[:MAX_EVENTS]],
+        device_present=present,
+    )
+
+
+# Driver taints that mean the device itself is sick (NVIDIA DRA driver health checks).
+HEALTH_TAINT_KEYS = ("gpu.nvidia.com/xid", "gpu.nvidia.com/gpu-lost")
+
+
+def check_health(kube: Kube, device: ResolvedDevice) -> HealthResult:
+    """Worst health any consumer reports; without consumers (they were evicted), the
+    ResourceSlice (device published, no driver health taint) or node allocatable."""
+    ids = resource_ids(device)
+    reports = [r for p in list_node_pods(kube, device.node) for r in health_reports(p, ids)]
+    if reports:
+        worst = worst_health(reports)
+        detail = "; ".join(
+            f"{r.pod}/{r.container} {r.resource_id}: {r.health}"
+            + (f" ({r.message})" if r.message else "")
+            for r in reports
+        )
+        return HealthResult(health=worst, message=f"pod status reports {detail}")  # type: ignore[arg-type]
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    if device.mode == "dra" and device.devices:
+        present, taints = _slice_state(kube, device)
+        if not present:
+            return HealthResult(
+                health="Unhealthy", message="the driver no longer publishes the device"
+            )
+        sick = [t for t in taints if t.key in HEALTH_TAINT_KEYS or t.key.endswith("/gpu-lost")]
+        if sick:
+            return HealthResult(
+                health="Unhealthy",
+                message="driver taint " + ", ".join(f"{t.key}={t.value}" for t in sick),
+            )
+        return HealthResult(
+            health=None,
+            message=f"no pod reports this device's health at {now}; it is published without "
+            "driver health taints",
+        )
+    node = _get_node(kube, device.node)
+    if node is None:
+        return HealthResult(health="Unhealthy", message=f"node {device.node} is gone")
+    capacity, allocatable = gpu_capacity(node)
+    if capacity is not None and allocatable is not None and allocatable < capacity:
+        return HealthResult(
+            health="Unhealthy",
+            message=f"node allocatable nvidia.com/gpu {allocatable} < capacity {capacity}",
+        )
+    return HealthResult(
+        health=None,
+        message=f"no pod reports this GPU's health at {now}; node allocatable equals capacity",
+    )

@@ -1,0 +1,638 @@
+"""Quarantine a physical GPU: DeviceTaintRules (served version from discovery), or the fallback
+(Eviction API + node taint below the healthy-GPU threshold) where no rule is served.
+
+Rules: a rule's deviceSelector is exact driver/pool/device, so a group (MIG slices, vGPUs) gets
+one rule per device. Names are deterministic: `taint_rule_name(node, uuid)` for a one-device
+GPU, that name plus `-<device>` per device otherwise. Every rule carries
+`app.kubernetes.io/managed-by: sickbay` and annotations (workflow id, reason, device key);
+Sickbay never changes or deletes a rule without that label.
+
+Idempotent create: POST; 409 AlreadyExists -> GET; identical -> "unchanged"; different -> PUT
+with the read resourceVersion (409 -> re-read, converge). Happy path: 1 request per device.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from temporalio.exceptions import ApplicationError
+
+from activities.kube.client import ErrorKind, Kube, KubeError
+from activities.kube.consumers import claim_devices, group_keys, list_claims
+from activities.kube.devices import (
+    _get_node,
+    gpu_capacity,
+    list_slice_devices,
+    physical_gpus,
+)
+from activities.kube.discovery import ClusterApis
+from activities.kube.nodes import (
+    add_quarantined,
+    converge_node,
+    quarantined_on,
+    release_gpu,
+    set_node_taint,
+)
+from activities.kube.pods import meta
+from workflows.constants import (
+    ANN_DEVICE_KEY,
+    ANN_REASON,
+    ANN_WORKFLOW_ID,
+    ERR_INVALID_INPUT,
+    ERR_NO_TAINT_API,
+    LABEL_MANAGED_BY,
+    MANAGED_BY_VALUE,
+    normalise_id_part,
+    taint_rule_name,
+)
+from workflows.models import (
+    DeviceCounts,
+    DraDevice,
+    EvictPodsInput,
+    EvictPodsResult,
+    PodRef,
+    QuarantineInput,
+    QuarantineResult,
+    ReleaseInput,
+    ReleaseResult,
+    ResolvedDevice,
+)
+
+RULES = "devicetaintrules.resource.k8s.io"
+LABEL_NODE_POOL = "sickbay.dev/node-pool"
+CONFLICT_RETRIES = 3  # re-read-and-converge attempts on 409 before Temporal retries
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}"
+
+
+def rule_plan(device: ResolvedDevice) -> list[tuple[str, DraDevice]]:
+    """(rule name, device) for every device of the physical GPU."""
+    base = taint_rule_name(device.node, device.gpu_uuid)
+    if len(device.devices) == 1:
+        return [(base, device.devices[0])]
+    plan = []
+    for dev in device.devices:
+        suffix = normalise_id_part(dev.device)[:60] or "device"
+        plan.append((f"{base[: 252 - len(suffix)].rstrip('-')}-{suffix}", dev))
+    return plan
+
+
+def is_managed(obj: dict[str, Any]) -> bool:
+    return (meta(obj).get("labels") or {}).get(LABEL_MANAGED_BY) == MANAGED_BY_VALUE
+
+
+def desired_rule(
+    version: str, name: str, dev: DraDevice, inp: QuarantineInput, effect: str
+) -> dict[str, Any]:
+    labels = {LABEL_MANAGED_BY: MANAGED_BY_VALUE}
+    pool = inp.device.node_pool
+    if pool and _LABEL_VALUE.match(pool):
+        labels[LABEL_NODE_POOL] = pool
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {
+                ANN_WORKFLOW_ID: inp.workflow_id,
+                ANN_REASON: inp.reason or "unhealthy GPU",
+                ANN_DEVICE_KEY: inp.device.key,
+            },
+        },
+        "spec": {
+            "deviceSelector": {"driver": dev.driver, "pool": dev.pool, "device": dev.device},
+            "taint": {"key": inp.taint_key, "value": inp.taint_value, "effect": effect},
+        },
+    }
+
+
+def _same(existing: dict[str, Any], want: dict[str, Any]) -> bool:
+    es, ws = existing.get("spec") or {}, want["spec"]
+    et = es.get("taint") or {}
+    wt = ws["taint"]
+    sel = es.get("deviceSelector") or {}
+    annotations = meta(existing).get("annotations") or {}
+    return (
+        {k: sel.get(k) for k in ("driver", "pool", "device")} == ws["deviceSelector"]
+        and (et.get("key"), et.get("value") or "", et.get("effect"))
+        == (wt["key"], wt["value"], wt["effect"])
+        and all(annotations.get(k) == v for k, v in want["metadata"]["annotations"].items())
+        and all(
+            (meta(existing).get("labels") or {}).get(k) == v
+            for k, v in want["metadata"]["labels"].items()
+        )
+    )
+
+
+def _api(kube: Kube, version: str) -> Any:
+    return kube.resource_by_version[version]
+
+
+def read_rule(kube: Kube, version: str, name: str) -> dict[str, Any] | None:
+    try:
+        return kube.call(
+            _api(kube, version).read_device_taint_rule, name, verb="get", resource=RULES, name=name
+        )
+    except KubeError as err:
+        if err.kind is ErrorKind.NOT_FOUND:
+            return None
+        raise
+
+
+def apply_rule(kube: Kube, version: str, want: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Create or converge one rule -> ("created" | "updated" | "unchanged", rule)."""
+    api = _api(kube, version)
+    name = want["metadata"]["name"]
+    for _ in range(CONFLICT_RETRIES):
+        try:
+            created = kube.call(
+                api.create_device_taint_rule, want, verb="create", resource=RULES, name=name
+            )
+            return "created", created
+        except KubeError as err:
+            if err.kind is not ErrorKind.CONFLICT:
+                raise
+        existing = read_rule(kube, version, name)
+        if existing is None:
+            continue  # deleted between our create and read: create again
+        if not is_managed(existing):
+            raise ApplicationError(
+                f"DeviceTaintRule {name} exists but is not managed by Sickbay "
+                f"(no {LABEL_MANAGED_BY}={MANAGED_BY_VALUE}); Sickbay will not modify it. "
+                "Rename or delete it, then retry.",
+                type=ERR_INVALID_INPUT,
+                non_retryable=True,
+            )
+        if _same(existing, want):
+            return "unchanged", existing
+        body = dict(existing)
+        m = dict(meta(existing))
+        m["labels"] = {**(m.get("labels") or {}), **want["metadata"]["labels"]}
+        m["annotations"] = {**(m.get("annotations") or {}), **want["metadata"]["annotations"]}
+        body["metadata"] = m
+        spec = dict(existing.get("spec") or {})
+        taint = dict(want["spec"]["taint"])
+        old_taint = spec.get("taint") or {}
+        if old_taint.get("timeAdded") and old_taint.get("effect") == taint["effect"]:
+            taint["timeAdded"] = old_taint["timeAdded"]
+        spec["deviceSelector"] = want["spec"]["deviceSelector"]
+        spec["taint"] = taint
+        body["spec"] = spec
+        body["apiVersion"] = want["apiVersion"]
+        try:
+            updated = kube.call(
+                api.replace_device_taint_rule, name, body, verb="update", resource=RULES, name=name
+            )
+            return "updated", updated
+        except KubeError as err:
+            if err.kind is not ErrorKind.CONFLICT:
+                raise
+    raise KubeError(
+        ErrorKind.CONFLICT,
+        status=409,
+        verb="update",
+        resource=RULES,
+        name=name,
+        message="rule kept changing",
+    )
+
+
+def quarantine_rules(
+    kube: Kube, apis: ClusterApis, inp: QuarantineInput, effect: str | None = None
+) -> QuarantineResult:
+    version = apis.taint_version
+    if version is None:
+        raise ApplicationError(
+            "this cluster serves no DeviceTaintRule version",
+            type=ERR_NO_TAINT_API,
+            non_retryable=True,
+        )
+    if not inp.device.devices:
+        raise ApplicationError(
+            f"device {inp.device.key} has no DRA devices to taint",
+            type=ERR_INVALID_INPUT,
+            non_retryable=True,
+        )
+    effect = effect or inp.effect
+    if effect == "None" and not apis.effect_none:
+        raise ApplicationError(
+            f"effect None is not served by resource.k8s.io/{version} on {apis.server_version}",
+            type=ERR_INVALID_INPUT,
+            non_retryable=True,
+        )
+    actions = []
+    names = []
+    for name, dev in rule_plan(inp.device):
+        action, _ = apply_rule(kube, version, desired_rule(version, name, dev, inp, effect))
+        actions.append(action)
+        names.append(name)
+    if all(a == "unchanged" for a in actions):
+        overall = "unchanged"
+    elif all(a == "created" for a in actions):
+        overall = "created"
+    else:
+        overall = "updated"
+    return QuarantineResult(
+        mode="rule",
+        rule_name=names[0],
+        api_version=version,
+        action=overall,  # type: ignore[arg-type]
+        message=f"{effect} DeviceTaintRule(s) {', '.join(names)} ({', '.join(actions)})",
+    )
+
+
+# --- preview (effect None) -----------------------------------------------------------------
+
+_WOULD = re.compile(r"(\d+) pods? would be evicted")
+
+
+def would_evict_from_claims(kube: Kube, device: ResolvedDevice, taint_key: str) -> list[PodRef]:
+    """Pods reserving a claim on the group's devices that do not tolerate the taint key."""
+    keys = group_keys(device)
+    out: list[PodRef] = []
+    for claim in list_claims(kube):
+        alloc = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+        hit = [
+            r
+            for r in alloc.get("results") or []
+            if (r.get("driver"), r.get("pool"), r.get("device")) in keys
+        ]
+        if not hit:
+            continue
+        tolerated = all(
+            any(
+                t.get("operator") == "Exists" and not t.get("key") or t.get("key") == taint_key
+                for t in r.get("tolerations") or []
+            )
+            for r in hit
+        )
+        if tolerated:
+            continue
+        ns = meta(claim).get("namespace", "")
+        for ref in (claim.get("status") or {}).get("reservedFor") or []:
+            if ref.get("resource", "pods") == "pods":
+                out.append(PodRef(namespace=ns, name=ref.get("name", ""), uid=ref.get("uid")))
+    return out
+
+
+def preview_fallback(inp: QuarantineInput) -> QuarantineResult:
+    return QuarantineResult(
+        mode="dry-run",
+        action="skipped",
+        would_evict=list(inp.consumers),
+        message="no DeviceTaintRule served: the fallback would evict these pods through the "
+        "Eviction API (PodDisruptionBudgets honoured)",
+    )
+
+
+def parse_would_evict(conditions: list[dict[str, Any]]) -> int | None:
+    for cond in conditions:
+        match = _WOULD.search(str(cond.get("message") or ""))
+        if match:
+            return int(match.group(1))
+    return None
+
+
+# --- release -------------------------------------------------------------------------------
+
+
+def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
+    messages: list[str] = []
+    removed = False
+    version = inp.api_version or apis.taint_version
+    if version and inp.device.devices:
+        wanted = {name for name, _ in rule_plan(inp.device)}
+        if inp.rule_name:
+            wanted.add(inp.rule_name)
+        body = kube.call(
+            _api(kube, version).list_device_taint_rule,
+            verb="list",
+            resource=RULES,
+            label_selector=MANAGED_SELECTOR,
+        )
+        managed = {meta(r).get("name"): r for r in body.get("items") or []}
+        for name in sorted(wanted):
+            rule = managed.get(name)
+            if rule is None:
+                messages.append(f"rule {name} absent (or not Sickbay's): nothing to remove")
+                continue
+            try:
+                kube.call(
+                    _api(kube, version).delete_device_taint_rule,
+                    name,
+                    verb="delete",
+                    resource=RULES,
+                    name=name,
+                )
+                removed = True
+                messages.append(f"deleted rule {name}")
+            except KubeError as err:
+                if err.kind is not ErrorKind.NOT_FOUND:
+                    raise
+                messages.append(f"rule {name} already gone")
+    if inp.node_tainted or not version or not inp.device.devices:
+        node = _get_node(kube, inp.device.node)
+        if node is not None:
+            _, changed = converge_node(
+                kube, inp.device.node, release_gpu(inp.device.gpu_uuid, untaint=True), node
+            )
+            if changed:
+                removed = True
+                messages.append(f"removed Sickbay's quarantine marks from node {inp.device.node}")
+    return ReleaseResult(removed=removed, message="; ".join(messages) or "nothing to release")
+
+
+# --- budget count --------------------------------------------------------------------------
+
+
+def count_devices(kube: Kube, apis: ClusterApis, node_pool: str | None) -> DeviceCounts:
+    from activities.kube.devices import node_pool_of
+
+    counts = DeviceCounts()
+    nodes_body = kube.call(kube.core.list_node, verb="list", resource="nodes")
+    nodes = nodes_body.get("items") or []
+    pool_of = {meta(n).get("name"): node_pool_of(n) for n in nodes}
+    quarantined: set[tuple[str | None, str]] = set()  # (pool, device key)
+    if apis.dra:
+        gpus = physical_gpus(list_slice_devices(kube))
+        counts.cluster_devices = len(gpus)
+        counts.pool_devices = sum(
+            1 for node, _ in gpus if node_pool and pool_of.get(node) == node_pool
+        )
+        if apis.taint_version:
+            body = kube.call(
+                _api(kube, apis.taint_version).list_device_taint_rule,
+                verb="list",
+                resource=RULES,
+                label_selector=MANAGED_SELECTOR,
+            )
+            for rule in body.get("items") or []:
+                m = meta(rule)
+                key = (m.get("annotations") or {}).get(ANN_DEVICE_KEY) or m.get("name", "")
+                pool = (m.get("labels") or {}).get(LABEL_NODE_POOL) or pool_of.get(
+                    key.split("/")[0]
+                )
+                quarantined.add((pool, key))
+    else:
+        for n in nodes:
+            capacity, _ = gpu_capacity(n)
+            counts.cluster_devices += capacity or 0
+            if node_pool and pool_of.get(meta(n).get("name")) == node_pool:
+                counts.pool_devices += capacity or 0
+    # Fallback quarantines are recorded on nodes (any mode: the taint API may have been off).
+    for n in nodes:
+        name = meta(n).get("name", "")
+        for uuid in quarantined_on(n):
+            quarantined.add((pool_of.get(name), f"{name}/{uuid}"))
+    counts.cluster_quarantined = len({key for _, key in quarantined})
+    counts.pool_quarantined = len(
+        {key for pool, key in quarantined if node_pool and pool == node_pool}
+    )
+    return counts
+
+
+# --- eviction ------------------------------------------------------------------------------
+
+
+def evict_pods(kube: Kube, inp: EvictPodsInput) -> EvictPodsResult:
+    """Eviction API per pod: 201 evicted, 404 gone, 429 blocked by a PDB (or deleted when
+    `delete_if_blocked`), 409 on the uid precondition = a same-named replacement (gone)."""
+    result = EvictPodsResult()
+    for ref in inp.pods:
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": ref.name, "namespace": ref.namespace},
+        }
+        if ref.uid:
+            body["deleteOptions"] = {"preconditions": {"uid": ref.uid}}
+        kwargs = {"dry_run": "All"} if inp.dry_run else {}
+        try:
+            kube.call(
+                kube.core.create_namespaced_pod_eviction,
+                ref.name,
+                ref.namespace,
+                body,
+                verb="create",
+                resource="pods/eviction",
+                name=ref.name,
+                **kwargs,
+            )
+            result.evicted.append(ref)
+            continue
+        except KubeError as err:
+            if err.kind is ErrorKind.NOT_FOUND or err.kind is ErrorKind.CONFLICT:
+                result.gone.append(ref)
+                continue
+            # 429: a PDB forbids it now; 500 "more than one PodDisruptionBudget": also blocked.
+            blocked = err.kind is ErrorKind.THROTTLED or (
+                err.status == 500 and "DisruptionBudget" in err.message
+            )
+            if not blocked:
+                raise
+        if not inp.delete_if_blocked:
+            result.blocked.append(ref)
+            continue
+        try:
+            kube.call(
+                kube.core.delete_namespaced_pod,
+                ref.name,
+                ref.namespace,
+                verb="delete",
+                resource="pods",
+                name=ref.name,
+                body={"preconditions": {"uid": ref.uid}} if ref.uid else None,
+                **kwargs,
+            )
+            result.deleted.append(ref)
+        except KubeError as err:
+            if err.kind not in (ErrorKind.NOT_FOUND, ErrorKind.CONFLICT):
+                raise
+            result.gone.append(ref)
+    return result
+
+
+# --- fallback ------------------------------------------------------------------------------
+
+
+def healthy_gpus_on_node(
+    kube: Kube, apis: ClusterApis, device: ResolvedDevice, node: dict[str, Any]
+) -> int:
+    quarantined = set(quarantined_on(node)) | {device.gpu_uuid}
+    if apis.dra:
+        gpus = {uuid for _, uuid in physical_gpus(list_slice_devices(kube, device.node))}
+        return len(gpus - quarantined)
+    capacity, allocatable = gpu_capacity(node)
+    return max(0, min(allocatable or 0, (capacity or 0) - len(quarantined)))
+
+
+def quarantine_fallback(kube: Kube, apis: ClusterApis, inp: QuarantineInput) -> QuarantineResult:
+    """No DeviceTaintRule: record the GPU on its node, evict its consumers through the
+    Eviction API, and taint the node (NoSchedule) only below the healthy-GPU threshold."""
+    device = inp.device
+    node, _ = converge_node(kube, device.node, add_quarantined(device.gpu_uuid))
+    evicted = evict_pods(
+        kube, EvictPodsInput(pods=inp.consumers, workflow_id=inp.workflow_id, reason=inp.reason)
+    )
+    healthy = healthy_gpus_on_node(kube, apis, device, node)
+    tainted = False
+    if healthy < inp.fallback_node_threshold:
+        _, _ = converge_node(
+            kube, device.node, set_node_taint(inp.workflow_id, inp.taint_value), node
+        )
+        tainted = True
+    parts = [
+        f"no DeviceTaintRule served: evicted {len(evicted.evicted)} pod(s) via the Eviction API",
+    ]
+    if evicted.blocked:
+        parts.append(
+            "PodDisruptionBudget blocked "
+            + ", ".join(f"{p.namespace}/{p.name}" for p in evicted.blocked)
+        )
+    parts.append(
+        f"{healthy} healthy GPU(s) left on {device.node}; node "
+        + (
+            "tainted NoSchedule"
+            if tainted
+            else f"not tainted (threshold {inp.fallback_node_threshold})"
+        )
+    )
+    return QuarantineResult(
+        mode="fallback",
+        action="created",
+        evicted=evicted.evicted + evicted.gone,
+        blocked=evicted.blocked,
+        node_tainted=tainted,
+        message="; ".join(parts),
+    )
+
+
+def claims_on(kube: Kube, device: ResolvedDevice) -> list[dict[str, Any]]:
+    keys = group_keys(device)
+    return [c for c in list_claims(kube) if keys.intersection(claim_devices(c))]
+
+
+# --- preview and probe: rules with effect None ---------------------------------------------
+
+PREVIEW_WAIT_SECONDS = 15  # the controller writes status ~0.2 s after create; 10 s cadence
+
+
+def wait_rule_conditions(
+    kube: Kube, version: str, names: list[str], timeout: float
+) -> dict[str, list[dict[str, Any]]]:
+    """Watch rules until each has a status condition for its generation (or `timeout`)."""
+    from kubernetes import watch as k8s_watch
+
+    api = _api(kube, version)
+    kwargs: dict[str, Any] = {}
+    if len(names) == 1:
+        kwargs["field_selector"] = f"metadata.name={names[0]}"
+    else:
+        kwargs["label_selector"] = MANAGED_SELECTOR
+    found: dict[str, list[dict[str, Any]]] = {}
+
+    def take(rule: dict[str, Any]) -> None:
+        m = meta(rule)
+        if m.get("name") not in names:
+            return
+        conds = (rule.get("status") or {}).get("conditions") or []
+        current = [
+            c for c in conds if (c.get("observedGeneration") or 0) >= (m.get("generation") or 0)
+        ]
+        if current:
+            found[m["name"]] = current
+
+    body = kube.call(api.list_device_taint_rule, verb="list", resource=RULES, **kwargs)
+    for rule in body.get("items") or []:
+        take(rule)
+    if len(found) == len(names):
+        return found
+    watcher = k8s_watch.Watch(return_type="object")
+    try:
+        for event in watcher.stream(
+            api.list_device_taint_rule,
+            resource_version=(body.get("metadata") or {}).get("resourceVersion", ""),
+            timeout_seconds=max(1, int(timeout)),
+            _request_timeout=(kube.timeout, timeout + kube.timeout),
+            **kwargs,
+        ):
+            if event.get("type") in ("ADDED", "MODIFIED"):
+                take(event.get("raw_object") or {})
+            if len(found) == len(names):
+                break
+    except Exception as exc:
+        from activities.kube.client import classify
+
+        err = classify(exc, verb="watch", resource=RULES)
+        if err.kind is not ErrorKind.TRANSIENT:
+            raise err from exc
+    finally:
+        watcher.stop()
+    return found
+
+
+def delete_rule(kube: Kube, version: str, name: str) -> bool:
+    try:
+        kube.call(
+            _api(kube, version).delete_device_taint_rule,
+            name,
+            verb="delete",
+            resource=RULES,
+            name=name,
+        )
+        return True
+    except KubeError as err:
+        if err.kind is ErrorKind.NOT_FOUND:
+            return False
+        raise
+
+
+def preview(kube: Kube, apis: ClusterApis, inp: QuarantineInput) -> QuarantineResult:
+    """Dry run. With `effect: None` served: create short-lived preview rules, read the
+    controller's verdict from their status, delete them. The pods that would go are computed
+    from the claims (status messages only carry counts)."""
+    if apis.taint_version is None or not inp.device.devices:
+        return preview_fallback(inp)
+    would = would_evict_from_claims(kube, inp.device, inp.taint_key)
+    if not apis.effect_none:
+        return QuarantineResult(
+            mode="dry-run",
+            action="skipped",
+            api_version=apis.taint_version,
+            would_evict=would,
+            message=f"effect None not served on {apis.server_version}: computed from claims only",
+        )
+    version = apis.taint_version
+    names: list[str] = []
+    try:
+        for name, dev in rule_plan(inp.device):
+            pname = f"{name[:244].rstrip('-')}-preview"
+            want = desired_rule(version, pname, dev, inp, "None")
+            want["metadata"]["annotations"][ANN_REASON] = f"preview: {inp.reason or 'dry run'}"
+            apply_rule(kube, version, want)
+            names.append(pname)
+        conditions = wait_rule_conditions(kube, version, names, PREVIEW_WAIT_SECONDS)
+    finally:
+        for pname in names:
+            delete_rule(kube, version, pname)
+    messages = [c.get("message", "") for conds in conditions.values() for c in conds]
+    counts = [parse_would_evict(conds) for conds in conditions.values()]
+    if len(conditions) < len(names):
+        verdict = (
+            f"no rule status within {PREVIEW_WAIT_SECONDS} s: the device-taint eviction "
+            "controller does not seem to run (feature gate DRADeviceTaintRules off in "
+            "kube-controller-manager?)"
+        )
+    else:
+        total = sum(c or 0 for c in counts)
+        verdict = f"controller: {total} pod(s) would be evicted"
+    return QuarantineResult(
+        mode="dry-run",
+        action="skipped",
+        rule_name=rule_plan(inp.device)[0][0],
+        api_version=version,
+        would_evict=would,
+        message="; ".join([verdict, *messages]),
+    )
