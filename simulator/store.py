@@ -170,6 +170,32 @@ def _content(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
 
+# Kinds whose objects carry no metadata.generation in a real cluster.
+NO_GENERATION = frozenset(
+    {
+        "events",
+        "namespaces",
+        "nodes",
+        "configmaps",
+        "resourceclaims.resource.k8s.io",
+        "resourceclaimtemplates.resource.k8s.io",
+    }
+)
+
+# Kinds whose create ignores a client-sent status (the status subresource owns it).
+_STATUS_RESET_ON_CREATE = frozenset(
+    {
+        "pods",
+        "deployments.apps",
+        "replicasets.apps",
+        "statefulsets.apps",
+        "jobs.batch",
+        "poddisruptionbudgets.policy",
+        "resourceclaims.resource.k8s.io",
+        "devicetaintrules.resource.k8s.io",
+    }
+)
+
 # Field indexes kept for fast field-selector lookups (resource → field paths).
 _INDEXED_FIELDS: dict[str, tuple[str, ...]] = {
     "pods": ("spec.nodeName",),
@@ -467,8 +493,9 @@ class Store:
         subresource: str | None,
     ) -> None:
         if manager is None:
-            if old is not None and "managedFields" in old["metadata"]:
-                new["metadata"]["managedFields"] = old["metadata"]["managedFields"]
+            if old is not None and "managedFields" not in new["metadata"]:
+                if "managedFields" in old["metadata"]:
+                    new["metadata"]["managedFields"] = old["metadata"]["managedFields"]
             return
         from simulator import patch as patch_mod
 
@@ -637,9 +664,14 @@ class Store:
             now = self.now()
             for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
                 meta.pop(k, None)
+            if rt.storage in _STATUS_RESET_ON_CREATE:
+                new.pop("status", None)
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = format_time(now)
-            meta["generation"] = 1
+            if rt.storage not in NO_GENERATION:
+                meta["generation"] = 1
+            else:
+                meta.pop("generation", None)
             self._stamp(rt, new)
             self._admit("CREATE", rt, new, None, None)
             if rt.has_status and "status" not in new:
@@ -747,7 +779,7 @@ class Store:
         self._stamp(rt, new)
         meta = new["metadata"]
         self._admit("UPDATE", rt, new, current, subresource)
-        if _content(new) != _content(current):
+        if rt.storage not in NO_GENERATION and _content(new) != _content(current):
             meta["generation"] = int(cur_meta.get("generation", 1)) + 1
         self._managed_fields(rt, new, current, manager, operation, subresource)
         meta["resourceVersion"] = cur_meta["resourceVersion"]
@@ -853,13 +885,11 @@ class Store:
             current = self._bucket(rt).objects.get(key)
             if current is None:
                 new = patch_mod.apply_create(rt, body, name, namespace)
-                created = self.create(rt, new, namespace=namespace, dry_run=dry_run)
-                if dry_run:
-                    patch_mod.record_apply(
-                        created, None, body, manager, subresource, created["apiVersion"], self.now()
-                    )
-                    return created, True
-                return self._record_apply_after_create(rt, key, body, manager, subresource), True
+                version = body.get("apiVersion") or rt.api_version(
+                    self.api_versions.get(rt.key) or rt.versions[0]
+                )
+                patch_mod.record_apply(new, None, body, manager, subresource, version, self.now())
+                return self.create(rt, new, namespace=namespace, dry_run=dry_run), True
             work = self._out(rt, current)
             merged = patch_mod.apply_merge(rt, work, body, manager, force, subresource)
             stamped_version = body.get("apiVersion") or work["apiVersion"]
@@ -867,28 +897,6 @@ class Store:
                 merged, current, body, manager, subresource, stamped_version, self.now()
             )
             return self._commit_update(rt, key, current, merged, subresource, dry_run, None), False
-
-    def _record_apply_after_create(
-        self,
-        rt: ResourceType,
-        key: tuple[str, str],
-        body: dict[str, Any],
-        manager: str,
-        subresource: str | None,
-    ) -> dict[str, Any]:
-        from simulator import patch as patch_mod
-
-        stored = self._bucket(rt).objects[key]
-        patch_mod.record_apply(
-            stored,
-            None,
-            body,
-            manager,
-            subresource,
-            body.get("apiVersion") or stored["apiVersion"],
-            self.now(),
-        )
-        return self._out(rt, stored)
 
     def delete(
         self,
@@ -968,7 +976,8 @@ class Store:
                 m = new["metadata"]
                 m["deletionTimestamp"] = format_time(now + timedelta(seconds=grace))
                 m["deletionGracePeriodSeconds"] = grace
-                m["generation"] = int(m.get("generation", 1)) + 1
+                if "generation" in m:
+                    m["generation"] = int(m["generation"]) + 1
                 m["resourceVersion"] = str(self._next_rv())
                 self._bucket(rt).put(key, new)
                 self._emit(rt, MODIFIED, new, current)
@@ -980,7 +989,8 @@ class Store:
                 m = new["metadata"]
                 m["deletionTimestamp"] = format_time(now)
                 m["deletionGracePeriodSeconds"] = 0
-                m["generation"] = int(m.get("generation", 1)) + 1
+                if "generation" in m:
+                    m["generation"] = int(m["generation"]) + 1
                 m["resourceVersion"] = str(self._next_rv())
                 self._bucket(rt).put(key, new)
                 self._emit(rt, MODIFIED, new, current)
