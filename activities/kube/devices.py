@@ -325,15 +325,16 @@ def _resolve_device_plugin(kube: Kube, apis: ClusterApis, ref: DeviceRef) -> Res
     )
 
 
-# Annotation where a node may list its GPU UUIDs in index order (GPU feature discovery-like
-# tooling, and the simulator); absent on most clusters.
-GPU_UUIDS_ANNOTATION = "nvidia.com/gpu.uuids"
+# Annotations where a node may list its GPU UUIDs in index order (the cluster twin, and
+# GPU-feature-discovery-like tooling); absent on most clusters.
+GPU_UUIDS_ANNOTATIONS = ("sickbay.dev/gpu-uuids", "nvidia.com/gpu.uuids")
 
 
 def _node_gpu_uuids(node: dict[str, Any]) -> list[str]:
     meta = node.get("metadata") or {}
     for source in (meta.get("annotations") or {}, meta.get("labels") or {}):
-        raw = source.get(GPU_UUIDS_ANNOTATION)
-        if raw:
-            return [u.strip() for u in str(raw).split(",") if u.strip()]
+        for key in GPU_UUIDS_ANNOTATIONS:
+            raw = source.get(key)
+            if raw:
+                return [u.strip() for u in str(raw).split(",") if u.strip()]
     return []
