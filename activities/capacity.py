@@ -1,0 +1,121 @@
+"""ACT_REQUEST_CAPACITY: the engine's way to ask a node pool for more nodes.
+
+The remediation workflow calls this activity; it sends the need to the pool's scaler workflow
+(`sickbay-pool-scaler`, one per pool) with update-with-start, so the first need starts the
+scaler and later ones join it, and waits for the scaler's answer (`CapacityResult`). The
+scaler coalesces concurrent needs into one resize and replies to each caller.
+
+The update id is the request's idempotency key: when this activity is retried, Temporal hands
+back the same update's outcome instead of counting the need twice.
+
+Callers: give it a start_to_close_timeout longer than the scaler's batch window plus its
+operation timeout (a resize can take many minutes), and a heartbeat_timeout of a minute or
+more; this activity heartbeats every `heartbeat_every` while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import timedelta
+
+from temporalio import activity
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from workflows.constants import (
+    ACT_REQUEST_CAPACITY,
+    ERR_INVALID_INPUT,
+    UPD_POOL_NEED,
+    WF_POOL_SCALER,
+    pool_scaler_workflow_id,
+)
+from workflows.models import CapacityRequest, CapacityResult, PoolScalerInput
+
+
+class CapacityActivities:
+    """Holds the worker's Temporal client and the scaler knobs it starts scalers with."""
+
+    def __init__(
+        self,
+        client: Client,
+        task_queue: str,
+        *,
+        batch_window: timedelta = timedelta(seconds=10),
+        poll_interval: timedelta = timedelta(seconds=15),
+        operation_timeout: timedelta = timedelta(minutes=30),
+        idle_timeout: timedelta = timedelta(hours=1),
+        dry_run: bool = False,
+        heartbeat_every: timedelta = timedelta(seconds=10),
+    ) -> None:
+        self._client = client
+        self._task_queue = task_queue
+        self._scaler = dict(
+            batch_window=batch_window,
+            poll_interval=poll_interval,
+            operation_timeout=operation_timeout,
+            idle_timeout=idle_timeout,
+            dry_run=dry_run,
+        )
+        self._heartbeat_every = heartbeat_every.total_seconds()
+
+    @activity.defn(name=ACT_REQUEST_CAPACITY)
+    async def request_capacity(self, req: CapacityRequest) -> CapacityResult:
+        workflow_id = pool_scaler_workflow_id(req.pool.name, req.pool.cluster)
+        start = WithStartWorkflowOperation(
+            WF_POOL_SCALER,
+            PoolScalerInput(pool=req.pool, **self._scaler),
+            id=workflow_id,
+            task_queue=self._task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        activity.logger.info(
+            "asking pool scaler %s for %d node(s) for %s", workflow_id, req.need, req.requester
+        )
+        beat = asyncio.create_task(self._heartbeat())
+        try:
+            result: CapacityResult = await self._client.execute_update_with_start_workflow(
+                UPD_POOL_NEED,
+                req,
+                start_workflow_operation=start,
+                id=req.idempotency_key,
+                result_type=CapacityResult,
+            )
+        except WorkflowUpdateFailedError as exc:
+            # The scaler's validator refused the need (wrong pool for that id): permanent.
+            raise ApplicationError(
+                f"pool scaler {workflow_id} refused the need: {exc.cause or exc}",
+                type=ERR_INVALID_INPUT,
+                non_retryable=True,
+            ) from exc
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.INVALID_ARGUMENT:
+                raise ApplicationError(
+                    f"pool scaler {workflow_id}: {exc.message}",
+                    type=ERR_INVALID_INPUT,
+                    non_retryable=True,
+                ) from exc
+            raise  # unavailable / deadline: retried by the caller's policy
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+        activity.logger.info(
+            "pool scaler %s answered %s for %s: %s",
+            workflow_id,
+            result.status,
+            req.requester,
+            result.message,
+        )
+        return result
+
+    async def _heartbeat(self) -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(self._heartbeat_every)

@@ -1,0 +1,143 @@
+"""Worker-side configuration of node-pool providers: where each API lives and where its
+credentials are. Loaded from the YAML file named by `SICKBAY_CLOUD_FILE` (optional); every
+section has defaults that read well-known environment variables, so a worker with only
+`SICKBAY_GKE_TOKEN_FILE` set can already scale GKE pools.
+
+Runbooks name the pool (`NodePoolTarget`); this file says how to reach it. Secrets are
+`{env: VAR}` or `{file: PATH}` references (see `SecretRef`) and never appear in runbooks,
+workflow inputs or history.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from activities.cloud.base import ConfigError, SecretRef
+
+CLOUD_FILE_ENV = "SICKBAY_CLOUD_FILE"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GkeConfig(_Model):
+    endpoint: str = "https://container.googleapis.com"
+    # Bearer token: $SICKBAY_GKE_TOKEN, or the file named by $SICKBAY_GKE_TOKEN_FILE.
+    token: SecretRef = SecretRef(env="SICKBAY_GKE_TOKEN")
+    # Or ask the GKE metadata server (Workload Identity) when no token is configured.
+    metadata_server: bool = False
+    metadata_url: str = (
+        "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
+    )
+    # Hosts the token may be sent to when following instance-group URLs (besides `endpoint`).
+    compute_hosts: list[str] = Field(
+        default_factory=lambda: ["https://www.googleapis.com", "https://compute.googleapis.com"]
+    )
+
+
+class AksConfig(_Model):
+    endpoint: str = "https://management.azure.com"
+    api_version: str = "2024-09-01"
+    # Either a ready bearer token ($SICKBAY_AZURE_TOKEN / _FILE) ...
+    token: SecretRef = SecretRef(env="SICKBAY_AZURE_TOKEN")
+    # ... or a Microsoft Entra client-credentials login: client secret, or the federated token
+    # file of AKS workload identity. Defaults are the variables workload identity injects.
+    authority: str = "https://login.microsoftonline.com"
+    tenant_id: str | None = Field(default_factory=lambda: os.environ.get("AZURE_TENANT_ID"))
+    client_id: str | None = Field(default_factory=lambda: os.environ.get("AZURE_CLIENT_ID"))
+    client_secret: SecretRef = SecretRef(env="AZURE_CLIENT_SECRET")
+    federated_token_file: Path | None = Field(
+        default_factory=lambda: (
+            Path(os.environ["AZURE_FEDERATED_TOKEN_FILE"])
+            if os.environ.get("AZURE_FEDERATED_TOKEN_FILE")
+            else None
+        )
+    )
+
+
+class SimConfig(_Model):
+    """The cluster twin's GKE-shaped API (simulator/cloudapi.py); the pool's `endpoint` is its
+    base URL."""
+
+    token: SecretRef = SecretRef(env="SICKBAY_SIM_CLOUD_TOKEN")
+    project: str = "sim"
+    location: str = "local"
+    cluster: str = "twin"
+
+
+class HttpCall(_Model):
+    """One templated HTTP call. `url`, header values and every string in `body` may use
+    `{name}`, `{size}`, `{cluster}`, `{project}`, `{location}`, `{namespace}`, `{endpoint}`,
+    `{resource_group}`, `{subscription}`, `{idempotency_key}`, `{operation}`. A string that is
+    exactly one placeholder (`"{size}"`) keeps its type, so `{"count": "{size}"}` sends a number.
+    """
+
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "GET"
+    url: str
+    headers: dict[str, str | SecretRef] = Field(default_factory=dict)
+    body: Any = None
+    ok_status: list[int] = Field(default_factory=lambda: [200, 201, 202, 204])
+
+
+class HttpOperation(_Model):
+    """How to follow an operation: poll `call`; `done_path` (dotted JSON path) equal to one of
+    `done_values` means finished, one of `failed_values` means failed (`message_path` says why)."""
+
+    call: HttpCall
+    done_path: str = "status"
+    done_values: list[Any] = Field(default_factory=lambda: ["DONE", "Succeeded", "succeeded"])
+    failed_values: list[Any] = Field(default_factory=lambda: ["FAILED", "Failed", "failed"])
+    message_path: str = "message"
+
+
+class HttpProfile(_Model):
+    """A generic REST node-pool API (in-house, OpenStack Magnum-style, ...)."""
+
+    headers: dict[str, str | SecretRef] = Field(default_factory=dict)  # sent on every call
+    describe: HttpCall
+    size_path: str  # dotted JSON path of the current size in the describe response
+    min_path: str | None = None
+    max_path: str | None = None
+    scale: HttpCall
+    idempotency_header: str | None = "Idempotency-Key"  # None: do not send one
+    operation_id_path: str | None = None  # where the scale response names its operation
+    operation_id_header: str | None = None  # or a header (e.g. Location)
+    operation: HttpOperation | None = None  # None: the scale call is synchronous
+    # Without an operation: describe until the size is reached (the call only accepted it).
+    poll_size_after_scale: bool = True
+
+
+class CloudConfig(_Model):
+    gke: GkeConfig = Field(default_factory=GkeConfig)
+    aks: AksConfig = Field(default_factory=AksConfig)
+    sim: SimConfig = Field(default_factory=SimConfig)
+    http: dict[str, HttpProfile] = Field(default_factory=dict)  # profile name -> profile
+    request_timeout: float = 30.0  # seconds per HTTP call: ARM and GKE answer well within this
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> CloudConfig:
+        """From `path`, else `$SICKBAY_CLOUD_FILE`, else defaults (env-only)."""
+        if path is None:
+            env = os.environ.get(CLOUD_FILE_ENV)
+            path = Path(env) if env else None
+        if path is None:
+            return cls()
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read cloud config {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+            )
+            raise ConfigError(f"{path}: {problems}") from exc

@@ -1,0 +1,422 @@
+"""The twin's cloud node-pool API: GKE-shaped `setSize` with long-running operations.
+
+Served on loopback next to the twin's Kubernetes API, it speaks the public shapes of the
+Kubernetes Engine API v1 so that Sickbay's GKE provider talks to it unchanged (the `sim`
+provider is the GKE provider pointed here):
+
+    GET  /v1/projects/{p}/locations/{l}/clusters/{c}/nodePools/{np}          NodePool
+    POST /v1/projects/{p}/locations/{l}/clusters/{c}/nodePools/{np}:setSize  {"nodeCount": n}
+                                                                             -> Operation
+    GET  /v1/projects/{p}/locations/{l}/operations                           {"operations": []}
+    GET  /v1/projects/{p}/locations/{l}/operations/{op}                      Operation
+    GET  /compute/v1/projects/{p}/zones/{z}/instanceGroupManagers/{igm}      {"targetSize": n}
+
+Every call needs `Authorization: Bearer <token>` (401 UNAUTHENTICATED otherwise). Errors use
+Google's body `{"error": {"code", "message", "status"}}`.
+
+Knobs per pool (`SimPool`): `max_size` is the quota (a resize past it is refused with 403
+"Insufficient quota", or, with `quota_error="operation"`, accepted and failed in the operation
+as real GKE does when VM creation hits the quota); `latency` is how long (simulated seconds) a
+resize runs before the nodes are there; `inject(status, count)` makes the next calls fail
+(429 with Retry-After, 500, 503) for drills. While a resize runs, another one gets 400
+FAILED_PRECONDITION like GKE's "incompatible operation".
+
+Scaling adds nodes to the twin through `on_resize(pool_name, size)`, called when a resize
+finishes (sync or async callable). Wire it to the node-pool controller's resize function:
+
+    api = CloudApi(token="t", on_resize=node_pools.resize, clock=clock)
+    api.add_pool(SimPool(name="gpu-pool", size=2, max_size=4))
+    server = await CloudApiServer(api).start()      # server.url -> pool endpoint
+
+`api.requests` logs every call (method, path, status) so tests can count resize requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+log = logging.getLogger(__name__)
+
+ResizeCallback = Callable[[str, int], Awaitable[Any] | Any]
+
+_STATUS_NAMES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+}
+
+
+@dataclass
+class SimPool:
+    name: str
+    size: int = 0  # nodes (the instance group's target size)
+    max_size: int = 8  # quota: no resize past this
+    zone: str = "local-a"
+    autoscaling: tuple[int, int] | None = None  # (min, max) when enabled
+    latency: float = 5.0  # simulated seconds a resize runs
+    quota_error: Literal["sync", "operation"] = "sync"
+    quota_resource: str = "NVIDIA_H100_GPUS"
+
+
+@dataclass
+class LoggedRequest:
+    method: str
+    path: str
+    status: int
+    body: Any = None
+
+
+@dataclass
+class _Operation:
+    name: str
+    pool: str
+    target: int
+    self_link: str
+    target_link: str
+    started: datetime
+    status: str = "RUNNING"
+    ended: datetime | None = None
+    error: dict[str, Any] | None = None
+    location: str = ""
+
+    def resource(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "name": self.name,
+            "zone": self.location,
+            "location": self.location,
+            "operationType": "SET_NODE_POOL_SIZE",
+            "status": self.status,
+            "selfLink": self.self_link,
+            "targetLink": self.target_link,
+            "startTime": self.started.isoformat().replace("+00:00", "Z"),
+        }
+        if self.ended:
+            body["endTime"] = self.ended.isoformat().replace("+00:00", "Z")
+        if self.error:
+            body["error"] = self.error
+        return body
+
+
+class _RealClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def _error(code: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": code, "message": message, "status": _STATUS_NAMES.get(code, "UNKNOWN")}},
+        status_code=code,
+        headers=headers,
+    )
+
+
+class CloudApi:
+    """State and behaviour of the twin's cloud API (usable without HTTP from Python)."""
+
+    def __init__(
+        self,
+        token: str | None = None,
+        *,
+        on_resize: ResizeCallback | None = None,
+        clock: Any = None,
+        project: str = "sim",
+        location: str = "local",
+        cluster: str = "twin",
+    ) -> None:
+        self.token = token or secrets.token_urlsafe(24)
+        self.on_resize = on_resize
+        self.clock = clock or _RealClock()
+        self.project, self.location, self.cluster = project, location, cluster
+        self.pools: dict[str, SimPool] = {}
+        self.operations: dict[str, _Operation] = {}
+        self.requests: list[LoggedRequest] = []
+        self._injected: list[tuple[int, str, float | None]] = []
+        self._seq = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.base_url = ""  # set by the server once it listens
+        self.app = self._build_app()
+
+    # --- Python API ----------------------------------------------------------------------
+
+    def add_pool(self, pool: SimPool) -> SimPool:
+        self.pools[pool.name] = pool
+        return pool
+
+    def inject(
+        self, status: int, count: int = 1, message: str = "", retry_after: float | None = None
+    ) -> None:
+        """Fail the next `count` authenticated calls with `status`."""
+        text = message or f"injected {status} from the twin's cloud API"
+        self._injected.extend([(status, text, retry_after)] * count)
+
+    def resize_requests(self, pool: str | None = None) -> list[LoggedRequest]:
+        """setSize calls that reached the API (whatever their answer)."""
+        return [
+            r
+            for r in self.requests
+            if r.method == "POST"
+            and r.path.endswith(":setSize")
+            and (pool is None or f"/nodePools/{pool}:" in r.path)
+        ]
+
+    async def wait_idle(self) -> None:
+        """Wait for every running resize to finish (tests)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # --- HTTP ------------------------------------------------------------------------------
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(title="sickbay twin cloud node-pool API", openapi_url=None, docs_url=None)
+        prefix = "/v1/projects/{project}/locations/{location}"
+
+        @app.middleware("http")
+        async def _auth_and_log(request: Request, call_next: Any) -> Any:
+            body: Any = None
+            if request.method == "POST":
+                raw = await request.body()
+                body = raw.decode(errors="replace") if raw else None
+            response = self._check(request)
+            if response is None:
+                response = await call_next(request)
+            self.requests.append(
+                LoggedRequest(request.method, request.url.path, response.status_code, body)
+            )
+            return response
+
+        @app.get(prefix + "/clusters/{cluster}/nodePools/{pool}")
+        async def get_pool(project: str, location: str, cluster: str, pool: str) -> Any:
+            found = self._pool(project, location, cluster, pool)
+            if isinstance(found, JSONResponse):
+                return found
+            return self._node_pool_resource(found)
+
+        @app.post(prefix + "/clusters/{cluster}/nodePools/{pool}:setSize")
+        async def set_size(
+            project: str, location: str, cluster: str, pool: str, request: Request
+        ) -> Any:
+            found = self._pool(project, location, cluster, pool)
+            if isinstance(found, JSONResponse):
+                return found
+            try:
+                body = await request.json()
+            except ValueError:
+                return _error(400, "Invalid JSON payload received.")
+            count = body.get("nodeCount") if isinstance(body, dict) else None
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                return _error(
+                    400, "Invalid value at 'node_count': \"nodeCount\" must be an integer >= 0."
+                )
+            return await self._set_size(found, count)
+
+        @app.get(prefix + "/operations")
+        async def list_operations(project: str, location: str) -> Any:
+            return {
+                "operations": [
+                    op.resource() for op in self.operations.values() if op.location == location
+                ]
+            }
+
+        @app.get(prefix + "/operations/{name}")
+        async def get_operation(project: str, location: str, name: str) -> Any:
+            op = self.operations.get(name)
+            if op is None or op.location != location:
+                return _error(404, f"Not found: operation {name}.")
+            return op.resource()
+
+        @app.get("/compute/v1/projects/{project}/zones/{zone}/instanceGroupManagers/{igm}")
+        async def get_igm(project: str, zone: str, igm: str) -> Any:
+            for pool in self.pools.values():
+                if self._igm_name(pool) == igm and pool.zone == zone:
+                    running = self._running(pool.name)
+                    return {
+                        "kind": "compute#instanceGroupManager",
+                        "name": igm,
+                        "zone": zone,
+                        "targetSize": pool.size,
+                        "currentActions": {"creating": 1 if running else 0},
+                    }
+            return _error(404, f"The resource 'instanceGroupManagers/{igm}' was not found")
+
+        return app
+
+    def _check(self, request: Request) -> JSONResponse | None:
+        header = request.headers.get("authorization", "")
+        if not secrets.compare_digest(header, f"Bearer {self.token}"):
+            return _error(
+                401,
+                "Request had invalid authentication credentials. Expected OAuth 2 access token, "
+                "login cookie or other valid authentication credential.",
+            )
+        if self._injected:
+            status, message, retry_after = self._injected.pop(0)
+            headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
+            return _error(status, message, headers)
+        return None
+
+    def _pool(self, project: str, location: str, cluster: str, name: str) -> SimPool | JSONResponse:
+        if (project, location, cluster) != (self.project, self.location, self.cluster):
+            return _error(
+                404, f"Not found: projects/{project}/locations/{location}/clusters/{cluster}."
+            )
+        pool = self.pools.get(name)
+        if pool is None:
+            return _error(
+                404,
+                f"Not found: projects/{project}/locations/{location}/clusters/{cluster}/"
+                f"nodePools/{name}.",
+            )
+        return pool
+
+    def _igm_name(self, pool: SimPool) -> str:
+        return f"gke-{self.cluster}-{pool.name}-grp"
+
+    def _pool_link(self, pool: SimPool) -> str:
+        return (
+            f"{self.base_url}/v1/projects/{self.project}/locations/{self.location}"
+            f"/clusters/{self.cluster}/nodePools/{pool.name}"
+        )
+
+    def _node_pool_resource(self, pool: SimPool) -> dict[str, Any]:
+        igm = (
+            f"{self.base_url}/compute/v1/projects/{self.project}/zones/{pool.zone}"
+            f"/instanceGroupManagers/{self._igm_name(pool)}"
+        )
+        autoscaling: dict[str, Any] = {}
+        if pool.autoscaling:
+            autoscaling = {
+                "enabled": True,
+                "minNodeCount": pool.autoscaling[0],
+                "maxNodeCount": pool.autoscaling[1],
+            }
+        return {
+            "name": pool.name,
+            "config": {"machineType": "a3-highgpu-8g"},
+            "initialNodeCount": 1,
+            "locations": [pool.zone],
+            "autoscaling": autoscaling,
+            "instanceGroupUrls": [igm],
+            "selfLink": self._pool_link(pool),
+            "status": "RECONCILING" if self._running(pool.name) else "RUNNING",
+        }
+
+    def _running(self, pool: str) -> _Operation | None:
+        return next(
+            (op for op in self.operations.values() if op.pool == pool and op.status != "DONE"),
+            None,
+        )
+
+    async def _set_size(self, pool: SimPool, count: int) -> Any:
+        running = self._running(pool.name)
+        if running is not None:
+            return _error(
+                400,
+                f"Cluster is running incompatible operation {running.name}.",
+            )
+        quota_short = count > pool.max_size
+        if quota_short and pool.quota_error == "sync":
+            return _error(
+                403,
+                f"Insufficient regional quota to satisfy request: resource "
+                f"\"{pool.quota_resource}\": request requires '{count}.0' and is short "
+                f"'{count - pool.max_size}.0'. Quota limit is '{pool.max_size}.0'.",
+            )
+        name = f"operation-{next(self._seq)}-{secrets.token_hex(4)}"
+        op = _Operation(
+            name=name,
+            pool=pool.name,
+            target=count,
+            location=self.location,
+            self_link=f"{self.base_url}/v1/projects/{self.project}/locations/{self.location}"
+            f"/operations/{name}",
+            target_link=self._pool_link(pool),
+            started=self.clock.now(),
+        )
+        self.operations[name] = op
+        if not quota_short:
+            pool.size = count  # the instance group's target moves at once, nodes follow
+        log.info("twin cloud: pool %s resize to %d (%s)", pool.name, count, name)
+        task = asyncio.create_task(self._finish(pool, op, quota_short))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return op.resource()
+
+    async def _finish(self, pool: SimPool, op: _Operation, quota_short: bool) -> None:
+        await self.clock.sleep(pool.latency)
+        if quota_short:
+            op.error = {
+                "code": 8,
+                "message": f"Insufficient quota to satisfy the request: {pool.quota_resource} "
+                f"limit is {pool.max_size} node(s), {op.target} were requested.",
+            }
+        elif self.on_resize is not None:
+            try:
+                result = self.on_resize(pool.name, op.target)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:  # the operation fails, as a real one would
+                log.warning("twin cloud: resize callback for %s failed: %s", pool.name, exc)
+                op.error = {"code": 13, "message": f"node provisioning failed: {exc}"}
+        op.status = "DONE"
+        op.ended = self.clock.now()
+
+
+class CloudApiServer:
+    """Serve a `CloudApi` on 127.0.0.1 (free port unless given) inside the running loop."""
+
+    def __init__(self, api: CloudApi, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.api = api
+        self._config = uvicorn.Config(
+            api.app, host=host, port=port, log_level="warning", lifespan="off", access_log=False
+        )
+        self._server = uvicorn.Server(self._config)
+        self._task: asyncio.Task[None] | None = None
+        self.url = ""
+
+    async def start(self) -> CloudApiServer:
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raise the startup error
+            await asyncio.sleep(0.01)
+        host, port = self._server.servers[0].sockets[0].getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+        self.api.base_url = self.url
+        return self
+
+    async def stop(self) -> None:
+        await self.api.aclose()
+        self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+
+    async def __aenter__(self) -> CloudApiServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

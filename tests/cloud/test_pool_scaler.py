@@ -1,0 +1,246 @@
+"""Pool scaler workflow logic, on the Temporal dev server, driven the way the engine drives
+it: caller workflows run the real ACT_REQUEST_CAPACITY activity (update-with-start), the real
+CloudActivities run against an in-memory provider (`FakeNodePool`). The dev server, not the
+time-skipping one: the time-skipping server jumps to the scaler's idle timer between two
+callers (ending it), and cannot skip time while the callers' activities run anyway; so the
+scaler gets sub-second knobs (batch 0.5 s, polls 0.2 s, operation timeout 2 s) and real time.
+
+Cases:
+- two concurrent needs -> ONE resize, target = current + both needs, both satisfied;
+- step rounding: need 1 with step 2 asks +2; the spare node serves the next need without
+  another request;
+- max cap: needs beyond max -> the first gets the node, the second at-max; never above max;
+- pool already at max -> at-max, no request;
+- cool-down: a new need right after a resize -> cooldown, no request;
+- quota (provider 4xx) -> every waiter gets rejected with the provider's message;
+- provider unavailable past the retry bound -> rejected, nobody waits forever;
+- failed operation -> rejected with the operation's error;
+- a resize already running on the pool is followed first, then one resize;
+- operation outliving the timeout -> in-progress;
+- the same idempotency key twice -> counted once;
+- a need for another pool -> refused by the validator (non-retryable for the caller);
+- idle scaler completes; status query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.capacity import CapacityActivities
+from activities.cloud import CloudActivities
+from tests.cloud.callers import CapacityCaller
+from tests.cloud.fakes import FakeNodePool
+from workflows.constants import QRY_POOL_SCALER_STATUS, pool_scaler_workflow_id
+from workflows.models import (
+    CapacityRequest,
+    CapacityResult,
+    NodePoolTarget,
+    PoolOperation,
+    PoolScalerStatus,
+)
+from workflows.pool_scaler import PoolScalerWorkflow
+
+POOL = NodePoolTarget(provider="gke", name="h100", project="p", location="l", cluster="c1")
+
+
+class Harness:
+    def __init__(self, client: Client, task_queue: str, fake: FakeNodePool) -> None:
+        self.client, self.task_queue, self.fake = client, task_queue, fake
+        # a pool of its own per test: its own scaler workflow on the shared dev server
+        self.pool = POOL.model_copy(update={"name": f"h100-{uuid.uuid4().hex[:8]}"})
+        self.scaler_id = pool_scaler_workflow_id(self.pool.name, self.pool.cluster)
+
+    def request(self, key: str, need: int = 1, **kw: object) -> CapacityRequest:
+        fields: dict[str, object] = dict(
+            pool=self.pool,
+            need=need,
+            step=1,
+            max_size=6,
+            requester=f"wf-{key}",
+            idempotency_key=key,
+        )
+        fields.update(kw)
+        return CapacityRequest.model_validate(fields)
+
+    async def ask(self, req: CapacityRequest) -> CapacityResult:
+        return await self.client.execute_workflow(
+            CapacityCaller.run,
+            req,
+            id=f"caller-{req.idempotency_key}-{uuid.uuid4().hex[:6]}",
+            task_queue=self.task_queue,
+        )
+
+    async def status(self) -> PoolScalerStatus:
+        handle = self.client.get_workflow_handle(self.scaler_id)
+        return await handle.query(QRY_POOL_SCALER_STATUS, result_type=PoolScalerStatus)
+
+
+def capacity_activities(client: Client, task_queue: str, **knobs: object) -> CapacityActivities:
+    settings: dict[str, object] = dict(
+        batch_window=timedelta(seconds=0.5),  # callers started together land in one batch
+        poll_interval=timedelta(seconds=0.2),
+        operation_timeout=timedelta(seconds=2),
+        idle_timeout=timedelta(minutes=10),  # terminated at teardown
+    )
+    settings.update(knobs)
+    return CapacityActivities(client, task_queue, **settings)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def harness(
+    dev_env: WorkflowEnvironment, request: pytest.FixtureRequest
+) -> AsyncIterator[Harness]:
+    fake = FakeNodePool(size=2)
+    task_queue = f"scaler-{uuid.uuid4()}"
+    client = dev_env.client
+    cloud = CloudActivities(providers={"gke": fake})
+    marker = request.node.get_closest_marker("scaler")
+    capacity = capacity_activities(client, task_queue, **(marker.kwargs if marker else {}))
+    async with Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[PoolScalerWorkflow, CapacityCaller],
+        activities=[
+            cloud.describe_pool,
+            cloud.scale_pool,
+            cloud.wait_pool_operation,
+            capacity.request_capacity,
+        ],
+        max_cached_workflows=0,  # every task replays: determinism checked on each step
+    ):
+        harness = Harness(client, task_queue, fake)
+        yield harness
+        handle = client.get_workflow_handle(harness.scaler_id)
+        with contextlib.suppress(RPCError):
+            await handle.terminate("test over")
+    await cloud.aclose()
+
+
+async def test_two_concurrent_needs_make_one_request(harness: Harness) -> None:
+    a, b = await asyncio.gather(
+        harness.ask(harness.request("a")), harness.ask(harness.request("b"))
+    )
+    assert harness.fake.set_size_calls == [4]
+    assert (a.status, b.status) == ("satisfied", "satisfied")
+    assert a.target_size == b.target_size == 4
+    assert a.operation == b.operation == "op-1"
+    status = await harness.status()
+    assert status.provider_requests == 1 and status.rounds == 1
+
+
+async def test_step_rounding_leaves_headroom_for_the_next_need(harness: Harness) -> None:
+    first = await harness.ask(harness.request("a", step=2))
+    assert first.status == "satisfied" and first.target_size == 4
+    second = await harness.ask(harness.request("b", step=2))
+    assert second.status == "satisfied"
+    assert "covered by the resize to 4" in second.message
+    assert harness.fake.set_size_calls == [4]
+    third = await harness.ask(harness.request("c", step=2))
+    assert third.status == "cooldown"  # spare node used up, still inside the cool-down
+    assert harness.fake.set_size_calls == [4]
+
+
+async def test_cap_at_max_serves_needs_in_arrival_order(harness: Harness) -> None:
+    harness.fake.size = 3
+    a, b = await asyncio.gather(
+        harness.ask(harness.request("a", max_size=4)),
+        harness.ask(harness.request("b", max_size=4)),
+    )
+    assert harness.fake.set_size_calls == [4]
+    assert sorted([a.status, b.status]) == ["at-max", "satisfied"]
+    assert a.target_size == b.target_size == 4
+
+
+async def test_pool_at_max_asks_nothing(harness: Harness) -> None:
+    harness.fake.size = 6
+    result = await harness.ask(harness.request("a", max_size=6))
+    assert result.status == "at-max" and result.current_size == 6
+    assert harness.fake.set_size_calls == []
+
+
+async def test_provider_max_lower_than_runbook_max_wins(harness: Harness) -> None:
+    harness.fake.provider_max = 3
+    result = await harness.ask(harness.request("a", need=3, max_size=10))
+    assert harness.fake.set_size_calls == [3]
+    assert result.status == "at-max"  # only one of three nodes possible: need not met
+
+
+async def test_cooldown_blocks_a_second_resize(harness: Harness) -> None:
+    first = await harness.ask(harness.request("a", cooldown="10m"))
+    assert first.status == "satisfied"
+    second = await harness.ask(harness.request("b", cooldown="10m"))
+    assert second.status == "cooldown" and "cool-down until" in second.message
+    assert harness.fake.set_size_calls == [3]
+
+
+async def test_quota_rejection_reaches_every_waiter(harness: Harness) -> None:
+    harness.fake.reject = 'HTTP 403: Insufficient regional quota: resource "NVIDIA_H100_GPUS"'
+    a, b = await asyncio.gather(
+        harness.ask(harness.request("a")), harness.ask(harness.request("b"))
+    )
+    assert a.status == b.status == "rejected"
+    assert "NVIDIA_H100_GPUS" in a.message and "NVIDIA_H100_GPUS" in b.message
+    assert harness.fake.set_size_calls == [4]  # one try: a 4xx is never retried
+
+
+@pytest.mark.scaler(poll_interval=timedelta(seconds=0.1))
+async def test_provider_unavailable_past_retries_is_rejected(harness: Harness) -> None:
+    harness.fake.unavailable = 10
+    result = await harness.ask(harness.request("a"))
+    assert result.status == "rejected" and "503" in result.message
+    assert harness.fake.unavailable == 5  # API_ATTEMPTS: five tries, then give up
+
+
+async def test_failed_operation_is_rejected(harness: Harness) -> None:
+    harness.fake.op_error = "Insufficient quota to satisfy the request"
+    result = await harness.ask(harness.request("a"))
+    assert result.status == "rejected" and "Insufficient quota" in result.message
+
+
+async def test_running_resize_is_followed_before_asking(harness: Harness) -> None:
+    harness.fake.pending = PoolOperation(id="foreign-op")
+    harness.fake.pending_target = 3
+    result = await harness.ask(harness.request("a", need=2))
+    # the foreign resize took the pool to 3; ours asks for 3 + 2
+    assert harness.fake.set_size_calls == [5]
+    assert result.status == "satisfied" and result.target_size == 5
+
+
+async def test_operation_outliving_timeout_is_in_progress(harness: Harness) -> None:
+    harness.fake.polls_until_done = 1000  # operation_timeout 2 s at 0.2 s polls: ~10 looks
+    result = await harness.ask(harness.request("a"))
+    assert result.status == "in-progress" and result.operation == "op-1"
+
+
+async def test_same_idempotency_key_counts_once(harness: Harness) -> None:
+    a, b = await asyncio.gather(
+        harness.ask(harness.request("same", need=2)), harness.ask(harness.request("same", need=2))
+    )
+    assert a == b and a.status == "satisfied"
+    assert harness.fake.set_size_calls == [4]  # 2 + 2, not 2 + 4
+
+
+async def test_need_for_another_pool_is_refused(harness: Harness) -> None:
+    await harness.ask(harness.request("a"))  # scaler for POOL now running
+    other = harness.pool.model_copy(update={"provider": "aks"})
+    with pytest.raises(WorkflowFailureError) as info:
+        await harness.ask(harness.request("b", pool=other))
+    assert "refused the need" in str(info.value.cause.cause)  # type: ignore[union-attr]
+
+
+@pytest.mark.scaler(idle_timeout=timedelta(seconds=1))
+async def test_idle_scaler_completes(harness: Harness) -> None:
+    await harness.ask(harness.request("a", cooldown="1s"))
+    handle = harness.client.get_workflow_handle(harness.scaler_id, result_type=PoolScalerStatus)
+    status = await handle.result()  # idle 1 s, past cool-down
+    assert status.state == "idle" and status.provider_requests == 1
