@@ -327,3 +327,45 @@ def test_kubectl_dry_run_when_available() -> None:
         [kubectl, "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+_TYPED_GROUPS = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "policy/v1"}
+
+
+def _dropped_fields(original: Any, roundtrip: Any, path: str = "") -> list[str]:
+    if isinstance(original, dict):
+        out = []
+        for key, value in original.items():
+            if not isinstance(roundtrip, dict) or key not in roundtrip:
+                out.append(f"{path}.{key}")
+            else:
+                out += _dropped_fields(value, roundtrip[key], f"{path}.{key}")
+        return out
+    if isinstance(original, list):
+        return [
+            d
+            for i, (a, b) in enumerate(zip(original, roundtrip or [], strict=False))
+            for d in _dropped_fields(a, b, f"{path}[{i}]")
+        ]
+    return []
+
+
+def test_fields_exist_in_the_kubernetes_api(objects: list[dict[str, Any]]) -> None:
+    """Round-trip each built-in object through the official client's typed models: a field
+    the API does not have (a typo such as `readOnlyRootFileSystem`) is dropped, and named."""
+    import json
+
+    from kubernetes import client
+
+    api = client.ApiClient()
+    checked = 0
+    for obj in objects:
+        if obj["apiVersion"] not in _TYPED_GROUPS:
+            continue
+        model = f"V1{obj['kind']}"
+        assert hasattr(client, model), f"no typed model for {obj['kind']}"
+        typed = api.deserialize(json.dumps(obj), model, "application/json")
+        dropped = _dropped_fields(obj, api.sanitize_for_serialization(typed))
+        assert not dropped, f"{obj['kind']}/{obj['metadata']['name']}: unknown fields {dropped}"
+        checked += 1
+    assert checked >= 7
