@@ -114,7 +114,7 @@ class SweepActivities:
     def sweep(self, req: SweepClusterInput) -> SweepReport:
         report = SweepReport()
         index: dict[str, SliceDevice] = {}
-        if req.check_pods or req.check_slice_taints:
+        if req.check_pods or req.check_slice_taints or req.check_nodes:
             index, report.slices_checked = self._slice_index()
         merged: dict[str, SweepFinding] = {}
         if req.check_pods:
@@ -122,7 +122,7 @@ class SweepActivities:
         if req.check_slice_taints and not req.only_unknown:
             self._check_slice_taints(index, merged)
         if req.check_nodes and not req.only_unknown:
-            report.nodes, report.nodes_checked = self._check_nodes()
+            report.nodes, report.nodes_checked = self._check_nodes(index)
         findings = list(merged.values())
         if req.only_unknown:
             keep = set(req.only_unknown)
@@ -277,7 +277,12 @@ class SweepActivities:
                     ),
                 )
 
-    def _check_nodes(self) -> tuple[list[SweepFinding], int]:
+    def _check_nodes(self, index: dict[str, SliceDevice]) -> tuple[list[SweepFinding], int]:
+        # Physical GPUs each node publishes in ResourceSlices (DRA clusters).
+        published: dict[str, set[str]] = {}
+        for dev in index.values():
+            if dev.uuid:
+                published.setdefault(dev.node, set()).add(dev.uuid)
         out: list[SweepFinding] = []
         count = 0
         for node in self._list(self._kube.core.list_node, "nodes"):
@@ -292,13 +297,20 @@ class SweepActivities:
             if capacity is not None and allocatable is not None and allocatable < capacity:
                 problem = (
                     f"allocatable {GPU_RESOURCE} {allocatable} < capacity {capacity}: "
-                    f"{capacity - allocatable} GPU(s) reported unhealthy or gone by the device plugin"
+                    f"{capacity - allocatable} GPU(s) unhealthy or gone per the device plugin"
                 )
-            elif expected is not None and (capacity or 0) < expected:
+            elif capacity is not None and expected is not None and capacity < expected:
                 problem = (
-                    f"capacity {GPU_RESOURCE} {capacity or 0} < {expected} GPUs "
+                    f"capacity {GPU_RESOURCE} {capacity} < {expected} GPUs "
                     f"({GPU_COUNT_LABEL}): GPU(s) missing from the node"
                 )
+            elif capacity is None and index and expected is not None:
+                seen = len(published.get(name, ()))
+                if seen < expected:
+                    problem = (
+                        f"{seen} GPU(s) in ResourceSlices < {expected} ({GPU_COUNT_LABEL}): "
+                        "GPU(s) missing from the node or its DRA driver is not publishing"
+                    )
             if problem:
                 out.append(
                     SweepFinding(

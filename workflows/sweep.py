@@ -189,17 +189,18 @@ class HealthSweepWorkflow:
             node = f.node or "?"
             if not inp.notify_channels:
                 workflow.logger.warning("no notify channel configured: %s", f.message)
+            delivered = False
             for channel in inp.notify_channels:
                 incident = Incident(
-                    id=f"sickbay-node-gpus-{node}",
+                    id=f"sickbay-node-gpus-{node}",  # one incident per node: channels dedup
                     device=f"{node}/nvidia.com/gpu",
                     node=node,
                     phase=Phase.ESCALATED,
                     severity="warning",
                     summary=f.message,
                     needed=(
-                        "check the node's GPUs and driver (nvidia-smi, device plugin logs); "
-                        "Sickbay does not taint or drain for a missing GPU"
+                        "check the node's GPUs and driver (nvidia-smi, device plugin / DRA "
+                        "driver logs); Sickbay does not taint or drain for a missing GPU"
                     ),
                 )
                 try:
@@ -210,8 +211,10 @@ class HealthSweepWorkflow:
                         retry_policy=NOTIFY_RETRY,
                         result_type=NotifyResult,
                     )
+                    delivered = True
                 except ActivityError as exc:
                     workflow.logger.warning(
                         "notify %s about %s failed: %s", channel, node, exc.cause
                     )
-            self._result.notified_nodes.append(node)
+            if delivered:
+                self._result.notified_nodes.append(node)
