@@ -1,0 +1,1086 @@
+"""The Kubernetes REST API over HTTP, served from a `Simulator`'s store.
+
+A `ThreadingHTTPServer` (HTTP/1.1 keep-alive, one thread per connection) on 127.0.0.1. Paths:
+
+    /version /api /api/v1 /apis /apis/<g> /apis/<g>/<v>      discovery (per profile)
+    /api/v1/[namespaces/<ns>/]<plural>[/<name>[/<sub>]]      core resources
+    /apis/<g>/<v>/[namespaces/<ns>/]<plural>[/<name>[/<sub>]] group resources
+    /healthz /livez /readyz                                   "ok"
+    /sim/healthz                                              {"status": "ok", ...}
+    /sim/requests   GET (filters: verb, resource, namespace, name, status)  DELETE clears
+
+Verbs: get, list (labelSelector, fieldSelector, limit/continue), watch (?watch=true, chunked
+JSON lines, resourceVersion resume, timeoutSeconds, 410 as an ERROR event), create (POST,
+generateName, dryRun=All), update (PUT), patch (merge / strategic / json / apply with
+fieldManager and force), delete (gracePeriodSeconds, propagationPolicy, preconditions,
+dryRun), deletecollection; subresources status, scale, pods/eviction, pods/binding.
+Errors are `Status` bodies (or text/plain "404 page not found" for an unknown group, as a
+real server answers). With a token configured, requests without `Authorization: Bearer
+<token>` get 401.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import yaml
+
+from simulator import disruption, errors
+from simulator.resources import ResourceType
+from simulator.selectors import EVENTS_V1_FIELDS, parse_field_selector, parse_label_selector
+from simulator.store import (
+    ADDED,
+    DELETED,
+    MODIFIED,
+    format_time,
+)
+
+log = logging.getLogger(__name__)
+
+WATCH_DEFAULT_TIMEOUT = 1800  # seconds; kube-apiserver's --min-request-timeout default
+_POLL = 0.5  # how often an idle watch checks for server shutdown (seconds)
+
+PATCH_TYPES = {
+    "application/merge-patch+json": "merge",
+    "application/strategic-merge-patch+json": "strategic",
+    "application/json-patch+json": "json",
+    "application/apply-patch+yaml": "apply",
+    "application/apply-patch+cbor": "apply",
+}
+
+
+@dataclass
+class RequestRecord:
+    time: float
+    method: str
+    path: str
+    query: str
+    verb: str
+    group: str
+    version: str
+    resource: str  # plural, with "/<sub>" for subresources
+    namespace: str
+    name: str
+    status: int
+    duration_ms: float
+    user_agent: str
+
+
+class RequestLog:
+    """Every API request the server answered (bounded), for tests and RBAC checks."""
+
+    def __init__(self, maxlen: int = 200_000) -> None:
+        self._lock = threading.Lock()
+        self._items: deque[RequestRecord] = deque(maxlen=maxlen)
+
+    def add(self, rec: RequestRecord) -> None:
+        with self._lock:
+            self._items.append(rec)
+
+    def entries(self, **filters: Any) -> list[RequestRecord]:
+        """Records whose fields equal every given filter, e.g. entries(verb="create")."""
+        with self._lock:
+            items = list(self._items)
+        return [r for r in items if all(getattr(r, k) == v for k, v in filters.items())]
+
+    def count(self, **filters: Any) -> int:
+        return len(self.entries(**filters))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def as_dicts(self, **filters: Any) -> list[dict[str, Any]]:
+        return [asdict(r) for r in self.entries(**filters)]
+
+
+# ---- events.k8s.io/v1 <-> core/v1 Event ---------------------------------------------------
+
+_EV_MAP = (
+    ("involvedObject", "regarding"),
+    ("message", "note"),
+    ("source", "deprecatedSource"),
+    ("firstTimestamp", "deprecatedFirstTimestamp"),
+    ("lastTimestamp", "deprecatedLastTimestamp"),
+    ("count", "deprecatedCount"),
+    ("reportingComponent", "reportingController"),
+)
+_EV_SAME = (
+    "metadata",
+    "eventTime",
+    "series",
+    "reportingInstance",
+    "action",
+    "reason",
+    "related",
+    "type",
+)
+
+
+def event_to_v1(core: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"apiVersion": "events.k8s.io/v1", "kind": "Event"}
+    for k in _EV_SAME:
+        if k in core:
+            out[k] = core[k]
+    out.setdefault("eventTime", None)
+    for ck, vk in _EV_MAP:
+        if ck in core:
+            out[vk] = core[ck]
+    if "deprecatedSource" not in out:
+        out["deprecatedSource"] = {}
+    out.setdefault("deprecatedFirstTimestamp", None)
+    out.setdefault("deprecatedLastTimestamp", None)
+    if isinstance(out.get("series"), dict) and "lastObservedTime" in out["series"]:
+        out["series"] = {
+            "count": out["series"].get("count"),
+            "lastObservedTime": out["series"]["lastObservedTime"],
+        }
+    return out
+
+
+def event_from_v1(v1: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"apiVersion": "v1", "kind": "Event"}
+    for k in _EV_SAME:
+        if k in v1:
+            out[k] = v1[k]
+    for ck, vk in _EV_MAP:
+        if vk in v1 and v1[vk] is not None:
+            out[ck] = v1[vk]
+    if not out.get("source"):
+        out["source"] = {}
+    out.setdefault("firstTimestamp", None)
+    out.setdefault("lastTimestamp", None)
+    return out
+
+
+# ---- request handling ---------------------------------------------------------------------
+
+
+class _NotFoundText(Exception):
+    """Unknown group/version: a real server answers text/plain, not a Status."""
+
+
+@dataclass
+class Target:
+    group: str
+    version: str
+    rt: ResourceType
+    namespace: str | None
+    name: str | None
+    sub: str | None
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+class ApiServer:
+    def __init__(self, sim: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.sim = sim
+        self.store = sim.store
+        self.profile = sim.profile
+        self.request_log = RequestLog()
+        self.stopping = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._conns_lock = threading.Lock()
+        server = self
+
+        class Handler(_Handler):
+            api = server
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.request_queue_size = 256
+        self.port = self.httpd.server_address[1]
+        self.host = host
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="sim-api",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.httpd.shutdown()
+        with self._conns_lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)  # serve_forever returns within one poll interval
+
+    def track(self, conn: socket.socket, add: bool) -> None:
+        with self._conns_lock:
+            if add:
+                self._conns.add(conn)
+            else:
+                self._conns.discard(conn)
+
+    # ---- routing -------------------------------------------------------------------
+
+    def resolve(self, parts: list[str]) -> tuple[str, str, list[str]] | None:
+        """Split /api/v1/... or /apis/g/v/... into (group, version, rest)."""
+        if parts[:2] == ["api", "v1"]:
+            return "", "v1", parts[2:]
+        if len(parts) >= 3 and parts[0] == "apis":
+            group, version = parts[1], parts[2]
+            if version not in self.profile.group_versions(group):
+                raise _NotFoundText()
+            return group, version, parts[3:]
+        return None
+
+    def target(self, group: str, version: str, rest: list[str]) -> Target:
+        namespace = None
+        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in ("status", "finalize"):
+            namespace, rest = rest[1], rest[2:]
+        if not rest or len(rest) > 3:
+            raise errors.unknown_resource()
+        rt = self.profile.lookup(group, version, rest[0])
+        if rt is None:
+            raise errors.unknown_resource()
+        if rt.namespaced and namespace is None and len(rest) > 1:
+            raise errors.unknown_resource()
+        if not rt.namespaced and namespace is not None:
+            raise errors.unknown_resource()
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        if sub is not None and sub not in rt.subresources:
+            raise errors.unknown_resource()
+        return Target(group, version, rt, namespace, name, sub)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "sickbay-sim"
+    api: ApiServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.api.track(self.connection, True)
+
+    def finish(self) -> None:
+        self.api.track(self.connection, False)
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    # Every method funnels into _handle.
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+    # ---- plumbing --------------------------------------------------------------------
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            return self.rfile.read(length)
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            data = b""
+            while True:
+                size = int(self.rfile.readline().strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return data
+                data += self.rfile.read(size)
+                self.rfile.readline()
+        return b""
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-cache, private")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self._status = status
+
+    def _send_json(self, status: int, obj: Any) -> None:
+        self._send(status, _json(obj), headers=self._extra_headers)
+
+    def _handle(self, method: str) -> None:
+        start = time.perf_counter()
+        self._status = 0
+        self._extra_headers: dict[str, str] = {}
+        split = urlsplit(self.path)
+        path = split.path
+        self._query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        info = {"verb": "", "group": "", "version": "", "resource": "", "namespace": "", "name": ""}
+        self._info = info
+        body = b""
+        try:
+            body = self._read_body()
+            self._dispatch(method, path, body)
+        except _NotFoundText:
+            self._send(404, b"404 page not found\n", "text/plain; charset=utf-8")
+        except errors.ApiError as exc:
+            self._send_json(exc.code, exc.to_status())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+            self._status = self._status or 499
+        except Exception as exc:  # a bug in the twin: answer 500 and say so in the log
+            log.exception("internal error on %s %s", method, self.path)
+            try:
+                self._send_json(
+                    500,
+                    errors.ApiError(
+                        500, "InternalError", f"Internal error occurred: {exc}"
+                    ).to_status(),
+                )
+            except OSError:
+                self.close_connection = True
+        finally:
+            if not path.startswith("/sim/"):
+                self.api.request_log.add(
+                    RequestRecord(
+                        time=time.time(),
+                        method=method,
+                        path=path,
+                        query=split.query,
+                        verb=info["verb"],
+                        group=info["group"],
+                        version=info["version"],
+                        resource=info["resource"],
+                        namespace=info["namespace"],
+                        name=info["name"],
+                        status=self._status,
+                        duration_ms=(time.perf_counter() - start) * 1000.0,
+                        user_agent=self.headers.get("User-Agent", ""),
+                    )
+                )
+
+    def _authorized(self) -> bool:
+        token = self.api.sim.token
+        if not token:
+            return True
+        return self.headers.get("Authorization", "") == f"Bearer {token}"
+
+    def _dispatch(self, method: str, path: str, body: bytes) -> None:
+        parts = [unquote(p) for p in path.split("/") if p]
+        if parts and parts[0] == "sim":
+            return self._sim_endpoint(method, parts[1:])
+        if not self._authorized():
+            raise errors.ApiError(401, "Unauthorized", "Unauthorized")
+        profile = self.api.profile
+        if method == "GET":
+            if path in ("/healthz", "/livez", "/readyz"):
+                return self._send(200, b"ok", "text/plain; charset=utf-8")
+            if parts == ["version"]:
+                return self._send_json(200, profile.version_info())
+            accept = self.headers.get("Accept", "")
+            if parts == ["api"]:
+                if "as=APIGroupDiscoveryList" in accept:
+                    return self._send(
+                        200,
+                        _json(profile.aggregated(core=True)),
+                        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+                    )
+                host = f"{self.api.host}:{self.api.port}"
+                return self._send_json(200, profile.api_versions(host))
+            if parts == ["apis"]:
+                if "as=APIGroupDiscoveryList" in accept:
+                    return self._send(
+                        200,
+                        _json(profile.aggregated(core=False)),
+                        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+                    )
+                return self._send_json(200, profile.api_group_list())
+            if parts == ["api", "v1"]:
+                return self._send_json(200, profile.resource_list("", "v1"))
+            if len(parts) == 2 and parts[0] == "apis":
+                doc = profile.api_group(parts[1])
+                if doc is None:
+                    raise _NotFoundText()
+                return self._send_json(200, {"kind": "APIGroup", "apiVersion": "v1", **doc})
+            if len(parts) == 3 and parts[0] == "apis":
+                doc = profile.resource_list(parts[1], parts[2])
+                if doc is None:
+                    raise _NotFoundText()
+                return self._send_json(200, doc)
+        resolved = self.api.resolve(parts)
+        if resolved is None:
+            raise _NotFoundText()
+        group, version, rest = resolved
+        tgt = self.api.target(group, version, rest)
+        info = self._info
+        info.update(
+            group=group,
+            version=version,
+            resource=tgt.rt.plural + (f"/{tgt.sub}" if tgt.sub else ""),
+            namespace=tgt.namespace or "",
+            name=tgt.name or "",
+        )
+        warning = profile.deprecation_warning(group, version, tgt.rt)
+        if warning:
+            self._extra_headers["Warning"] = warning
+        if method == "GET":
+            if tgt.name is None:
+                if self._query.get("watch") in ("true", "1"):
+                    info["verb"] = "watch"
+                    return self._watch(tgt)
+                info["verb"] = "list"
+                return self._list(tgt)
+            info["verb"] = "get"
+            return self._get(tgt)
+        if method == "POST":
+            info["verb"] = "create"
+            return self._create(tgt, body)
+        if method == "PUT":
+            info["verb"] = "update"
+            return self._update(tgt, body)
+        if method == "PATCH":
+            info["verb"] = "patch"
+            return self._patch(tgt, body)
+        if method == "DELETE":
+            info["verb"] = "delete" if tgt.name else "deletecollection"
+            return self._delete(tgt, body)
+        raise errors.method_not_allowed(
+            "the server does not allow this method on the requested resource"
+        )
+
+    def _sim_endpoint(self, method: str, parts: list[str]) -> None:
+        if parts == ["healthz"]:
+            store = self.api.store
+            return self._send_json(
+                200,
+                {
+                    "status": "ok",
+                    "profile": self.api.profile.name,
+                    "resourceVersion": str(store.resource_version),
+                    "nodes": store.count("nodes"),
+                    "pods": store.count("pods"),
+                    "watches": store.watch_count,
+                },
+            )
+        if parts == ["requests"]:
+            if method == "DELETE":
+                self.api.request_log.clear()
+                return self._send_json(200, {"cleared": True})
+            filters: dict[str, Any] = {}
+            for key in ("verb", "resource", "namespace", "name", "group", "method"):
+                if key in self._query:
+                    filters[key] = self._query[key]
+            if "status" in self._query:
+                filters["status"] = int(self._query["status"])
+            return self._send_json(200, {"items": self.api.request_log.as_dicts(**filters)})
+        raise _NotFoundText()
+
+    # ---- representation --------------------------------------------------------------
+
+    def _present(self, tgt: Target, obj: dict[str, Any]) -> dict[str, Any]:
+        if tgt.rt.group == "events.k8s.io":
+            return event_to_v1(obj)
+        out = dict(obj)
+        out["apiVersion"] = tgt.rt.api_version(tgt.version)
+        out["kind"] = tgt.rt.kind
+        return out
+
+    def _decode(self, tgt: Target, body: bytes, yaml_ok: bool = False) -> Any:
+        if not body:
+            raise errors.bad_request("the body of the request was in an unknown format")
+        try:
+            data = yaml.safe_load(body) if yaml_ok else json.loads(body)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise errors.bad_request(
+                f"the body of the request was in an unknown format: {exc}"
+            ) from None
+        return data
+
+    def _decode_object(self, tgt: Target, body: bytes) -> dict[str, Any]:
+        data = self._decode(tgt, body)
+        if not isinstance(data, dict):
+            raise errors.bad_request("the body of the request must be a JSON object")
+        expected = tgt.rt.api_version(tgt.version)
+        if data.get("apiVersion") and data["apiVersion"] != expected:
+            raise errors.bad_request(
+                f"the API version in the data ({data['apiVersion']}) does not match the expected "
+                f"API version ({expected})"
+            )
+        if data.get("kind") and data["kind"] != tgt.rt.kind:
+            raise errors.bad_request(
+                f"the kind in the data ({data['kind']}) does not match the expected kind ({tgt.rt.kind})"
+            )
+        if not isinstance(data.get("metadata", {}), dict):
+            raise errors.bad_request("metadata must be an object")
+        if tgt.rt.group == "events.k8s.io":
+            data = event_from_v1(data)
+        return data
+
+    def _dry_run(self) -> bool:
+        value = self._query.get("dryRun")
+        if value in (None, ""):
+            return False
+        if value != "All":
+            raise errors.invalid(
+                "",
+                "",
+                [
+                    errors.cause(
+                        "dryRun",
+                        "FieldValueNotSupported",
+                        f'Unsupported value: "{value}": supported values: "All"',
+                    )
+                ],
+            )
+        return True
+
+    def _manager(self) -> str:
+        manager = self._query.get("fieldManager")
+        if manager:
+            return manager
+        agent = self.headers.get("User-Agent", "") or "unknown"
+        return agent.split("/")[0] or "unknown"
+
+    # ---- verbs -----------------------------------------------------------------------
+
+    def _get(self, tgt: Target) -> None:
+        store = self.api.store
+        assert tgt.name is not None
+        if tgt.sub in ("eviction", "binding"):
+            raise errors.method_not_allowed(
+                "the server does not allow this method on the requested resource"
+            )
+        if tgt.rt.storage == "poddisruptionbudgets.policy":
+            disruption.refresh(store, tgt.namespace or "", tgt.name)
+        obj = store.get_ref(tgt.rt, tgt.name, tgt.namespace)
+        if obj is None:
+            raise errors.not_found(tgt.rt.plural, tgt.name, tgt.rt.group)
+        if tgt.sub == "scale":
+            return self._send_json(200, self._scale(tgt, obj))
+        self._send_json(200, self._present(tgt, obj))
+
+    def _scale(self, tgt: Target, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        selector = status.get("selector")
+        if selector is None:
+            match = (spec.get("selector") or {}).get("matchLabels") or {}
+            selector = ",".join(f"{k}={v}" for k, v in sorted(match.items()))
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+                "creationTimestamp": meta.get("creationTimestamp"),
+            },
+            "spec": {"replicas": spec.get("replicas", 0)},
+            "status": {"replicas": status.get("replicas", 0), "selector": selector},
+        }
+
+    def _list(self, tgt: Target) -> None:
+        store = self.api.store
+        q = self._query
+        fs_text = q.get("fieldSelector")
+        if tgt.rt.group == "events.k8s.io" and fs_text:
+            fs = parse_field_selector("events.events.k8s.io", fs_text)
+            fs.resource_key = "events.events.k8s.io"
+        else:
+            fs = parse_field_selector(tgt.rt.key, fs_text)
+        ls = parse_label_selector(q.get("labelSelector"))
+        limit = None
+        if q.get("limit"):
+            try:
+                limit = int(q["limit"])
+            except ValueError:
+                raise errors.bad_request(f"invalid limit {q['limit']!r}") from None
+        result = store.list(
+            tgt.rt,
+            tgt.namespace,
+            ls,
+            fs,
+            limit=limit if limit and limit > 0 else None,
+            continue_token=q.get("continue") or None,
+            copy_objects=False,
+        )
+        meta: dict[str, Any] = {"resourceVersion": str(result.resource_version)}
+        if result.continue_token:
+            meta["continue"] = result.continue_token
+            meta["remainingItemCount"] = result.remaining_item_count
+        accept = self.headers.get("Accept", "")
+        if "as=PartialObjectMetadataList" in accept:
+            doc = {
+                "kind": "PartialObjectMetadataList",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": meta,
+                "items": [
+                    {
+                        "kind": "PartialObjectMetadata",
+                        "apiVersion": "meta.k8s.io/v1",
+                        "metadata": o["metadata"],
+                    }
+                    for o in result.items
+                ],
+            }
+            return self._send(
+                200,
+                _json(doc),
+                "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io",
+                self._extra_headers,
+            )
+        if "as=Table" in accept:
+            return self._send(
+                200,
+                _json(self._table(tgt, result.items, meta)),
+                "application/json;as=Table;v=v1;g=meta.k8s.io",
+                self._extra_headers,
+            )
+        items = [self._present(tgt, o) for o in result.items]
+        for item in items:
+            item.pop("apiVersion", None)
+            item.pop("kind", None)
+        doc = {
+            "kind": tgt.rt.list_kind,
+            "apiVersion": tgt.rt.api_version(tgt.version),
+            "metadata": meta,
+            "items": items,
+        }
+        self._send_json(200, doc)
+
+    def _table(
+        self, tgt: Target, items: list[dict[str, Any]], meta: dict[str, Any]
+    ) -> dict[str, Any]:
+        rows = []
+        for o in items:
+            m = o["metadata"]
+            rows.append(
+                {
+                    "cells": [m["name"], m.get("creationTimestamp")],
+                    "object": {
+                        "kind": "PartialObjectMetadata",
+                        "apiVersion": "meta.k8s.io/v1",
+                        "metadata": m,
+                    },
+                }
+            )
+        return {
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": meta["resourceVersion"]},
+            "columnDefinitions": [
+                {
+                    "name": "Name",
+                    "type": "string",
+                    "format": "name",
+                    "description": "Name must be unique within a namespace.",
+                    "priority": 0,
+                },
+                {
+                    "name": "Age",
+                    "type": "string",
+                    "format": "",
+                    "description": "CreationTimestamp is a timestamp representing the server time when this object was created.",
+                    "priority": 0,
+                },
+            ],
+            "rows": rows,
+        }
+
+    def _watch(self, tgt: Target) -> None:
+        store = self.api.store
+        q = self._query
+        if tgt.rt.group == "events.k8s.io" and q.get("fieldSelector"):
+            fs = parse_field_selector("events.events.k8s.io", q.get("fieldSelector"))
+        else:
+            fs = parse_field_selector(tgt.rt.key, q.get("fieldSelector"))
+        ls = parse_label_selector(q.get("labelSelector"))
+        try:
+            timeout = float(q.get("timeoutSeconds") or WATCH_DEFAULT_TIMEOUT)
+        except ValueError:
+            raise errors.bad_request("invalid timeoutSeconds") from None
+        rv = q.get("resourceVersion") or None
+        error_event: dict[str, Any] | None = None
+        watch = None
+        try:
+            watch = store.watch(tgt.rt, tgt.namespace, ls, fs, rv, copy_objects=False)
+        except errors.ApiError as exc:
+            if exc.code != 410:
+                raise
+            error_event = {"type": "ERROR", "object": exc.to_status()}
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        for k, v in self._extra_headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self._status = 200
+
+        def chunk(data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        try:
+            if error_event is not None:
+                chunk(_json(error_event) + b"\n")
+                return
+            assert watch is not None
+            deadline = time.monotonic() + timeout
+            stopping = self.api.stopping
+            while not stopping.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                ev = watch.get(timeout=min(_POLL, left))
+                if ev is None:
+                    if watch.closed:
+                        break
+                    continue
+                etype = ev.type if ev.type in (ADDED, MODIFIED, DELETED) else MODIFIED
+                chunk(_json({"type": etype, "object": self._present(tgt, ev.object)}) + b"\n")
+        finally:
+            if watch is not None:
+                watch.close()
+            try:
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except OSError:
+                self.close_connection = True
+
+    def _create(self, tgt: Target, body: bytes) -> None:
+        store = self.api.store
+        if tgt.name is not None:
+            if tgt.sub == "eviction":
+                data = self._decode(tgt, body)
+                disruption.evict(
+                    store,
+                    tgt.namespace or "",
+                    tgt.name,
+                    data if isinstance(data, dict) else {},
+                    self._dry_run(),
+                )
+                return self._send_json(
+                    201,
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Success",
+                        "code": 201,
+                    },
+                )
+            if tgt.sub == "binding":
+                return self._bind(tgt, body)
+            raise errors.method_not_allowed(
+                "the server does not allow this method on the requested resource"
+            )
+        obj = self._decode_object(tgt, body)
+        created = store.create(
+            tgt.rt, obj, tgt.namespace, dry_run=self._dry_run(), manager=self._manager()
+        )
+        self._send_json(201, self._present(tgt, created))
+
+    def _bind(self, tgt: Target, body: bytes) -> None:
+        data = self._decode(tgt, body)
+        node = ((data or {}).get("target") or {}).get("name") if isinstance(data, dict) else None
+        if not node:
+            raise errors.invalid("Binding", tgt.name or "", [errors.required("target.name")])
+        store = self.api.store
+        now = format_time(store.now())
+
+        def bind(pod: dict[str, Any]) -> None:
+            current = (pod.get("spec") or {}).get("nodeName")
+            if current:
+                raise errors.conflict(
+                    "pods",
+                    tgt.name or "",
+                    "",
+                    f'pod {tgt.name} is already assigned to node "{current}"',
+                )
+            pod["spec"]["nodeName"] = node
+
+        store.mutate("pods", tgt.name or "", bind, tgt.namespace, manager=self._manager())
+
+        def scheduled(pod: dict[str, Any]) -> None:
+            conds = [
+                c
+                for c in pod.setdefault("status", {}).get("conditions") or []
+                if c.get("type") != "PodScheduled"
+            ]
+            conds.append(
+                {
+                    "type": "PodScheduled",
+                    "status": "True",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": now,
+                }
+            )
+            pod["status"]["conditions"] = conds
+
+        store.mutate("pods", tgt.name or "", scheduled, tgt.namespace, subresource="status")
+        self._send_json(
+            201,
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "code": 201,
+            },
+        )
+
+    def _update(self, tgt: Target, body: bytes) -> None:
+        store = self.api.store
+        if tgt.name is None or tgt.sub in ("eviction", "binding"):
+            raise errors.method_not_allowed(
+                "the server does not allow this method on the requested resource"
+            )
+        if tgt.sub == "scale":
+            data = self._decode(tgt, body)
+            replicas = (
+                ((data or {}).get("spec") or {}).get("replicas") if isinstance(data, dict) else None
+            )
+            return self._set_replicas(
+                tgt,
+                replicas,
+                (data.get("metadata") or {}).get("resourceVersion")
+                if isinstance(data, dict)
+                else None,
+            )
+        obj = self._decode_object(tgt, body)
+        updated = store.update(
+            tgt.rt,
+            obj,
+            subresource=tgt.sub,
+            dry_run=self._dry_run(),
+            manager=self._manager(),
+            namespace=tgt.namespace,
+            name=tgt.name,
+        )
+        self._send_json(200, self._present(tgt, updated))
+
+    def _set_replicas(self, tgt: Target, replicas: Any, rv: str | None) -> None:
+        if not isinstance(replicas, int) or replicas < 0:
+            raise errors.invalid(
+                "Scale",
+                tgt.name or "",
+                [
+                    errors.cause(
+                        "spec.replicas",
+                        "FieldValueInvalid",
+                        f"Invalid value: {replicas!r}: must be greater than or equal to 0",
+                    )
+                ],
+                "autoscaling",
+            )
+        store = self.api.store
+
+        def scale(obj: dict[str, Any]) -> None:
+            if rv and rv != obj["metadata"]["resourceVersion"]:
+                raise errors.conflict(tgt.rt.plural, tgt.name or "", tgt.rt.group)
+            obj.setdefault("spec", {})["replicas"] = replicas
+
+        updated = store.mutate(
+            tgt.rt, tgt.name or "", scale, tgt.namespace, manager=self._manager()
+        )
+        self._send_json(200, self._scale(tgt, updated))
+
+    def _patch(self, tgt: Target, body: bytes) -> None:
+        store = self.api.store
+        if tgt.name is None or tgt.sub in ("eviction", "binding"):
+            raise errors.method_not_allowed(
+                "the server does not allow this method on the requested resource"
+            )
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        patch_type = PATCH_TYPES.get(ctype)
+        if patch_type is None:
+            raise errors.ApiError(415, "UnsupportedMediaType", "415: Unsupported Media Type", {})
+        dry_run = self._dry_run()
+        if patch_type == "apply":
+            data = self._decode(tgt, body, yaml_ok=True)
+            if not isinstance(data, dict):
+                raise errors.bad_request("apply patch body must be an object")
+            force = self._query.get("force") in ("true", "1")
+            obj, created = store.apply(
+                tgt.rt,
+                tgt.name,
+                data,
+                tgt.namespace,
+                manager=self._query.get("fieldManager", ""),
+                force=force,
+                subresource=tgt.sub,
+                dry_run=dry_run,
+            )
+            return self._send_json(201 if created else 200, self._present(tgt, obj))
+        data = self._decode(tgt, body)
+        if tgt.sub == "scale":
+            current = store.get(tgt.rt, tgt.name, tgt.namespace)
+            from simulator.patch import apply_patch
+
+            patched = apply_patch(
+                tgt.rt,
+                self._scale(tgt, current),
+                data,
+                "merge" if patch_type == "strategic" else patch_type,
+            )
+            return self._set_replicas(tgt, (patched.get("spec") or {}).get("replicas"), None)
+        if tgt.rt.group == "events.k8s.io":
+            current = store.get(tgt.rt, tgt.name, tgt.namespace)
+            from simulator.patch import apply_patch
+
+            patched = event_from_v1(
+                apply_patch(
+                    tgt.rt,
+                    event_to_v1(current),
+                    data,
+                    "merge" if patch_type == "strategic" else patch_type,
+                )
+            )
+            updated = store.update(
+                tgt.rt,
+                patched,
+                dry_run=dry_run,
+                manager=self._manager(),
+                namespace=tgt.namespace,
+                name=tgt.name,
+            )
+            return self._send_json(200, self._present(tgt, updated))
+        updated = store.patch(
+            tgt.rt,
+            tgt.name,
+            data,
+            tgt.namespace,
+            patch_type=patch_type,
+            subresource=tgt.sub,
+            manager=self._manager(),
+            dry_run=dry_run,
+        )
+        self._send_json(200, self._present(tgt, updated))
+
+    def _delete_options(self, tgt: Target, body: bytes) -> dict[str, Any]:
+        opts: dict[str, Any] = {}
+        if body.strip():
+            data = self._decode(tgt, body)
+            if isinstance(data, dict):
+                opts.update(data)
+        q = self._query
+        if "gracePeriodSeconds" in q:
+            try:
+                opts["gracePeriodSeconds"] = int(q["gracePeriodSeconds"])
+            except ValueError:
+                raise errors.bad_request("invalid gracePeriodSeconds") from None
+        if "propagationPolicy" in q:
+            opts["propagationPolicy"] = q["propagationPolicy"]
+        if q.get("orphanDependents") == "true" and "propagationPolicy" not in opts:
+            opts["propagationPolicy"] = "Orphan"
+        if opts.get("orphanDependents") is True and "propagationPolicy" not in opts:
+            opts["propagationPolicy"] = "Orphan"
+        if isinstance(opts.get("dryRun"), list) and opts["dryRun"]:
+            self._query["dryRun"] = opts["dryRun"][0]
+        return opts
+
+    def _delete(self, tgt: Target, body: bytes) -> None:
+        store = self.api.store
+        opts = self._delete_options(tgt, body)
+        dry_run = self._dry_run()
+        if tgt.name is None:
+            fs_text = self._query.get("fieldSelector")
+            deleted = store.delete_collection(
+                tgt.rt,
+                tgt.namespace,
+                self._query.get("labelSelector"),
+                fs_text if tgt.rt.group != "events.k8s.io" else _events_fs(fs_text),
+                opts.get("gracePeriodSeconds"),
+                opts.get("propagationPolicy"),
+                dry_run,
+            )
+            items = [self._present(tgt, o) for o in deleted]
+            return self._send_json(
+                200,
+                {
+                    "kind": tgt.rt.list_kind,
+                    "apiVersion": tgt.rt.api_version(tgt.version),
+                    "metadata": {"resourceVersion": str(store.resource_version)},
+                    "items": items,
+                },
+            )
+        if tgt.sub is not None:
+            raise errors.method_not_allowed(
+                "the server does not allow this method on the requested resource"
+            )
+        result = store.delete(
+            tgt.rt,
+            tgt.name,
+            tgt.namespace,
+            opts.get("gracePeriodSeconds"),
+            opts.get("propagationPolicy"),
+            opts.get("preconditions"),
+            dry_run,
+        )
+        if result.removed and tgt.rt.storage not in ("pods", "namespaces"):
+            meta = result.object["metadata"]
+            details: dict[str, Any] = {
+                "name": meta["name"],
+                "kind": tgt.rt.plural,
+                "uid": meta.get("uid"),
+            }
+            if tgt.rt.group:
+                details["group"] = tgt.rt.group
+            return self._send_json(
+                200,
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Success",
+                    "details": details,
+                },
+            )
+        self._send_json(200, self._present(tgt, result.object))
+
+
+def _events_fs(text: str | None) -> str | None:
+    if not text:
+        return text
+    out = []
+    for part in text.split(","):
+        for name, core in EVENTS_V1_FIELDS.items():
+            if part.startswith(name + "=") or part.startswith(name + "!="):
+                part = core + part[len(name) :]
+                break
+        out.append(part)
+    return ",".join(out)
