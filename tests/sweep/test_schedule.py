@@ -1,0 +1,110 @@
+"""The health-sweep Temporal Schedule on the dev server.
+
+Cases:
+- first `ensure_sweep_schedule` creates it: interval, workflow type, task queue, overlap SKIP,
+  and a SweepInput carrying the configured Unknown timeout and notify channels
+- calling it again (another worker replica starting) updates in place: still one schedule,
+  new interval applied
+- disabled in settings: nothing created
+- `sickbay schedule install` through the CLI dispatcher does the same
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from temporalio.client import Client, ScheduleActionStartWorkflow, ScheduleOverlapPolicy
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from worker.settings import Settings
+from worker.webhook_cli import SweepSettings, ensure_sweep_schedule
+from workflows.constants import SWEEP_SCHEDULE_ID, WF_SWEEP
+
+
+async def _delete(client: Client) -> None:
+    try:
+        await client.get_schedule_handle(SWEEP_SCHEDULE_ID).delete()
+    except RPCError:
+        pass
+
+
+async def _count_schedules(client: Client) -> int:
+    count = 0
+    async for entry in await client.list_schedules():
+        if entry.id == SWEEP_SCHEDULE_ID:
+            count += 1
+    return count
+
+
+@pytest.fixture
+async def clean(dev_env: WorkflowEnvironment):
+    await _delete(dev_env.client)
+    yield dev_env.client
+    await _delete(dev_env.client)
+
+
+def _settings(env: WorkflowEnvironment) -> Settings:
+    return Settings(
+        temporal_address=env.client.service_client.config.target_host, task_queue="sweep-sched"
+    )
+
+
+async def test_create_then_update_idempotently(dev_env: WorkflowEnvironment, clean: Client) -> None:
+    settings = _settings(dev_env)
+    sweep = SweepSettings(
+        sweep_interval="3m", sweep_unknown_timeout="90s", sweep_notify_channels="ops, pager"
+    )
+    assert await ensure_sweep_schedule(clean, settings, sweep) == "created"
+    desc = await clean.get_schedule_handle(SWEEP_SCHEDULE_ID).describe()
+    assert [i.every for i in desc.schedule.spec.intervals] == [timedelta(minutes=3)]
+    action = desc.schedule.action
+    assert isinstance(action, ScheduleActionStartWorkflow)
+    assert action.workflow == WF_SWEEP and action.task_queue == "sweep-sched"
+    assert desc.schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
+    args = await clean.data_converter.decode(action.args)  # raw JSON payload of SweepInput
+    assert args[0]["unknown_timeout"] == "90s"
+    assert args[0]["notify_channels"] == ["ops", "pager"]
+
+    faster = SweepSettings(sweep_interval="1m")
+    assert await ensure_sweep_schedule(clean, settings, faster) == "updated"
+    for _ in range(40):  # the schedule's own workflow applies the update asynchronously
+        desc = await clean.get_schedule_handle(SWEEP_SCHEDULE_ID).describe()
+        if [i.every for i in desc.schedule.spec.intervals] == [timedelta(minutes=1)]:
+            break
+        await asyncio.sleep(0.05)
+    assert [i.every for i in desc.schedule.spec.intervals] == [timedelta(minutes=1)]
+    for _ in range(40):  # list_schedules reads visibility, which lags a little
+        if await _count_schedules(clean) == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert await _count_schedules(clean) == 1
+
+
+async def test_disabled_creates_nothing(dev_env: WorkflowEnvironment, clean: Client) -> None:
+    result = await ensure_sweep_schedule(
+        clean, _settings(dev_env), SweepSettings(sweep_enabled=False)
+    )
+    assert result == "disabled"
+    with pytest.raises(RPCError):
+        await clean.get_schedule_handle(SWEEP_SCHEDULE_ID).describe()
+
+
+def test_interval_floor() -> None:
+    with pytest.raises(ValueError, match="at least 10s"):
+        SweepSettings(sweep_interval="1s")
+
+
+async def test_cli_install(
+    dev_env: WorkflowEnvironment, clean: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker.webhook_cli import _schedule
+
+    monkeypatch.setenv("SICKBAY_TEMPORAL_ADDRESS", dev_env.client.service_client.config.target_host)
+    monkeypatch.setenv("SICKBAY_SWEEP_INTERVAL", "2m")
+    assert await _schedule("install") == 0
+    desc = await clean.get_schedule_handle(SWEEP_SCHEDULE_ID).describe()
+    assert [i.every for i in desc.schedule.spec.intervals] == [timedelta(minutes=2)]
+    assert await _schedule("install") == 0  # second run: update, no error
