@@ -106,7 +106,9 @@ class Profile:
         return None
 
     def groups(self) -> list[str]:
-        seen: list[str] = []
+        """Served groups in kube-apiserver's order (built-in groups first, CRDs last)."""
+        order = ["apps", "events.k8s.io", "batch", "policy", DRA_GROUP]
+        seen = [g for g in order if self.group_versions(g)]
         for g, _v in self.served:
             if g and g not in seen and self.group_versions(g):
                 seen.append(g)
