@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from temporalio.client import Client
@@ -24,6 +25,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from workflows.constants import SEARCH_ATTRIBUTES
+
+if TYPE_CHECKING:
+    from simulator.testing import RunningSim
 
 BIN_DIR = Path(sys.executable).parent
 
@@ -92,3 +96,40 @@ def shared_dir() -> Path:
     root = Path(__file__).resolve().parents[1]
     candidate = Path(os.environ.get("SICKBAY_SHARED_DIR", root.parent / "shared"))
     return candidate
+
+
+@pytest.fixture(scope="session")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSim]:
+    """One cluster twin per session: profile 1.36 (DeviceTaintRule on), 2 nodes x 2 GPUs.
+
+    Shared by every test: create objects in your own namespace and clean up after yourself.
+    """
+    from simulator.testing import start_sim
+
+    running = start_sim(tmp_path_factory.mktemp("sim"), profile="1.36", nodes=2, gpus_per_node=2)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def sim_kubeconfig(sim: RunningSim) -> Path:
+    return sim.kubeconfig_path
+
+
+@pytest.fixture
+def sim_factory(tmp_path: Path) -> Iterator[Callable[..., RunningSim]]:
+    """Start extra twins (other profiles, seeds, tokens); all stopped after the test."""
+    from simulator.testing import start_sim
+
+    started: list[RunningSim] = []
+
+    def make(**kwargs: Any) -> RunningSim:
+        running = start_sim(tmp_path, **kwargs)
+        started.append(running)
+        return running
+
+    yield make
+    for running in started:
+        running.stop()
