@@ -1,0 +1,122 @@
+"""Finding a GPU's consumers against the twin over HTTP, every profile.
+
+Cases:
+- a Deployment's pod (ReplicaSet -> Deployment) and a Job's pod on the GPU are found with
+  direct and top owners, labels, namespace labels, priority class, claim name (DRA);
+- pods on other GPUs of the same node are not consumers (DRA: claims; device plugin:
+  allocatedResourcesStatus names the UUID);
+- device plugin: the pods the alert names are consumers even without health status;
+- a Succeeded pod holds nothing; a Terminating pod is still a consumer (marked terminating);
+- evidence: the consumer's allocatedResourcesStatus health, slice presence, recent events,
+  node capacity/allocatable in device-plugin mode.
+"""
+
+from __future__ import annotations
+
+from tests.activities.kube.conftest import Twin
+from workflows.models import (
+    DeviceRef,
+    EvidenceInput,
+    FindConsumersInput,
+    OwnerRef,
+    PodRef,
+    ResolveDeviceInput,
+)
+
+
+async def test_consumers_through_deployment_and_job(cluster: Twin) -> None:
+    t = cluster
+    node = t.node(0)
+    uuid0, uuid1 = t.uuid_of(node, 0), t.uuid_of(node, 1)
+    t.namespace("ml", labels={"team": "vision"})
+    rs = t.deployment_owner("ml", "trainer")
+    job = t.job_owner("ml", "batch")
+    t.consumer_pod(
+        "ml", "trainer-abc", node, "gpu-0", rs, {"app": "trainer"}, uuid0, priority_class="high"
+    )
+    t.consumer_pod("ml", "batch-xyz", node, "gpu-0", job, {"job-name": "batch"}, uuid0)
+    t.consumer_pod("ml", "other", node, "gpu-1", None, {"app": "other"}, uuid1)
+    done = t.consumer_pod("ml", "finished", node, "gpu-0", job, {"job-name": "batch"}, uuid0)
+    t.store.mutate(
+        "pods",
+        done["metadata"]["name"],
+        lambda p: p["status"].update(phase="Succeeded"),
+        namespace="ml",
+        subresource="status",
+    )
+    device = await t.run(
+        t.acts.resolve_device, ResolveDeviceInput(device=DeviceRef(node=node, gpu_uuid=uuid0))
+    )
+    result = await t.run(t.acts.find_consumers, FindConsumersInput(device=device))
+    by_name = {c.pod.name: c for c in result.consumers}
+    assert sorted(by_name) == ["batch-xyz", "trainer-abc"]
+    trainer = by_name["trainer-abc"]
+    assert trainer.owner == OwnerRef(
+        kind="ReplicaSet", name=rs["name"], namespace="ml", uid=rs["uid"]
+    )
+    assert trainer.top_owner is not None
+    assert (trainer.top_owner.kind, trainer.top_owner.name) == ("Deployment", "trainer")
+    assert trainer.namespace_labels["team"] == "vision"
+    assert trainer.labels == {"app": "trainer"}
+    assert trainer.priority_class == "high"
+    assert trainer.phase == "Running" and trainer.node == node and not trainer.terminating
+    batch = by_name["batch-xyz"]
+    assert (batch.top_owner.kind, batch.top_owner.name) == ("Job", "batch")
+    if t.dra:
+        assert trainer.claim and trainer.claim.startswith("trainer-abc-gpu-")
+
+
+async def test_device_plugin_alert_pods(tmp_path) -> None:
+    from tests.activities.kube.conftest import twin
+
+    with twin(tmp_path, "device-plugin") as t:
+        node = t.node(0)
+        uuid = t.uuid_of(node, 0)
+        t.consumer_pod("ml", "named", node, None, None, {"app": "x"}, gpu_uuid=None)
+        t.consumer_pod(
+            "ml", "unrelated", node, None, None, {"app": "y"}, gpu_uuid=t.uuid_of(node, 1)
+        )
+        device = await t.run(
+            t.acts.resolve_device, ResolveDeviceInput(device=DeviceRef(node=node, gpu_uuid=uuid))
+        )
+        result = await t.run(
+            t.acts.find_consumers,
+            FindConsumersInput(device=device, alert_pods=[PodRef(namespace="ml", name="named")]),
+        )
+        assert [c.pod.name for c in result.consumers] == ["named"]
+
+
+async def test_evidence_reports_health_and_presence(cluster: Twin) -> None:
+    t = cluster
+    node = t.node(0)
+    uuid = t.uuid_of(node, 0)
+    pod = t.consumer_pod("ml", "sick", node, "gpu-0", None, {"app": "x"}, uuid)
+
+    def unhealthy(p: dict) -> None:
+        res = p["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][0]
+        res.update(health="Unhealthy", message="XID 79")
+
+    t.store.mutate("pods", pod["metadata"]["name"], unhealthy, namespace="ml", subresource="status")
+    t.store.create(
+        "events",
+        {
+            "metadata": {"name": "sick.1", "namespace": "ml"},
+            "involvedObject": {"kind": "Pod", "name": "sick", "namespace": "ml"},
+            "reason": "BackOff",
+            "message": "Back-off restarting failed container",
+            "type": "Warning",
+        },
+        namespace="ml",
+    )
+    device = await t.run(
+        t.acts.resolve_device, ResolveDeviceInput(device=DeviceRef(node=node, gpu_uuid=uuid))
+    )
+    ev = await t.run(t.acts.gather_evidence, EvidenceInput(device=device))
+    assert ev.health == "Unhealthy"
+    assert [(r.pod, r.health, r.message) for r in ev.reports] == [("sick", "Unhealthy", "XID 79")]
+    assert ev.device_present
+    assert any("BackOff" in e for e in ev.recent_events)
+    if t.dra:
+        assert ev.gpu_capacity is None
+    else:
+        assert (ev.gpu_capacity, ev.gpu_allocatable) == (2, 2)
