@@ -218,7 +218,9 @@ def test_worker_gets_a_kubeconfig(compose: dict[str, Any]) -> None:
     server = kubeconfig["clusters"][0]["cluster"]["server"]
     twin_port = command_args(compose["services"]["twin"]["command"])
     port = twin_port[twin_port.index("--port") + 1]
-    assert server == f"http://twin:{port}", "the default kubeconfig must point at the twin"
+    # The twin listens on 127.0.0.1 inside the worker's network namespace.
+    assert compose["services"]["twin"]["network_mode"] == "service:worker"
+    assert server == f"http://127.0.0.1:{port}", "the default kubeconfig must point at the twin"
 
 
 @pytest.mark.parametrize("name", SICKBAY_SERVICES)

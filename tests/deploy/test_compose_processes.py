@@ -1,0 +1,218 @@
+"""The compose services' own command lines and environment, run as local processes on loopback
+(no Docker): what the container would run, with container paths mapped to the repository
+files compose mounts there, and only host/port changed to free loopback ports.
+
+Cases:
+- webhook: starts from its compose command + env (token read from the compose secret file);
+  its compose health check URL (/healthz) answers 200 while Temporal is down; an alert without
+  the token gets 401, with the token from the secret file it gets 503 (Temporal down), so
+  Alertmanager would retry; the process exits cleanly on SIGTERM;
+- worker (once `sickbay worker` exists): starts against the Temporal dev server and its
+  compose health check URL (/metrics on SICKBAY_METRICS_PORT) answers;
+- twin (once `sickbay sim up` exists): starts from its compose command and the worker's
+  default kubeconfig (deploy/compose/twin.kubeconfig, server rewritten to the loopback port)
+  lists one node whose ResourceSlice publishes two GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.deploy.helpers import (
+    COMPOSE_FILE,
+    ROOT,
+    command_args,
+    interpolate_defaults,
+    repo_path,
+)
+
+SICKBAY = str(Path(sys.executable).parent / "sickbay")
+# Start-up bound for one process: imports plus binding a port take ~1-3 s here; 30 s leaves
+# room on a loaded 2-core CI machine without hiding a hang.
+START_WITHIN = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def _host_env(name: str, **overrides: str) -> dict[str, str]:
+    """The service's environment as the container sees it, container paths of mounted files
+    and secrets replaced by the repository files compose mounts there."""
+    compose = _compose()
+    service = compose["services"][name]
+    env: dict[str, str] = {}
+    for entry in service.get("env_file") or []:
+        path = repo_path(interpolate_defaults(entry["path"] if isinstance(entry, dict) else entry))
+        for line in path.read_text().splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                key, _, value = line.partition("=")
+                env[key.strip()] = value.strip()
+    for key, value in (service.get("environment") or {}).items():
+        env[key] = interpolate_defaults(str(value))
+    mounts: dict[str, str] = {}
+    for volume in service.get("volumes") or []:
+        source, target, *_ = interpolate_defaults(volume).split(":")
+        mounts[target] = str(repo_path(source))
+    for secret in service.get("secrets") or []:
+        file = compose["secrets"][secret]["file"]
+        mounts[f"/run/secrets/{secret}"] = str(repo_path(interpolate_defaults(file)))
+    for key, value in env.items():
+        if value in mounts:
+            env[key] = mounts[value]
+    env.update(overrides)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SICKBAY_")}
+    base.pop("KUBECONFIG", None)
+    return {**base, **env}
+
+
+def _args(name: str, **replace: str) -> list[str]:
+    """The service's command with `--flag value` pairs replaced (host/port only)."""
+    argv = [interpolate_defaults(a) for a in command_args(_compose()["services"][name]["command"])]
+    for flag, value in replace.items():
+        option = "--" + flag.replace("_", "-")
+        assert option in argv, f"compose command of {name} has no {option}"
+        argv[argv.index(option) + 1] = value
+    return argv
+
+
+@contextmanager
+def _process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen([SICKBAY, *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)  # graceful shutdown is bounded at a few seconds
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path) -> httpx.Response:
+    deadline = time.monotonic() + START_WITHIN
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"{proc.args} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            return httpx.get(url, timeout=2)
+        except httpx.TransportError:
+            time.sleep(0.2)
+    pytest.fail(f"{url} did not answer within {START_WITHIN} s:\n{log.read_text()[-3000:]}")
+
+
+def _registered(command: str) -> bool:
+    from worker.cli import build_parser
+
+    parser = build_parser()
+    for action in parser._actions:
+        if hasattr(action, "choices") and isinstance(action.choices, dict):
+            return command in action.choices
+    return False
+
+
+def test_webhook_from_its_compose_definition(tmp_path: Path) -> None:
+    port = _free_port()
+    dead_temporal = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    env = _host_env(
+        "webhook", SICKBAY_TEMPORAL_ADDRESS=dead_temporal, SICKBAY_WEBHOOK_TEMPORAL_TIMEOUT="2"
+    )
+    token_file = Path(env["SICKBAY_WEBHOOK_TOKEN_FILE"])
+    assert token_file.is_file(), "the compose secret did not map to a file"
+    log = tmp_path / "webhook.log"
+    with _process(_args("webhook", host="127.0.0.1", port=str(port)), env, log) as proc:
+        health = _wait_http(f"http://127.0.0.1:{port}/healthz", proc, log)
+        assert health.status_code == 200
+        assert health.json()["temporal_connected"] is False
+        url = f"http://127.0.0.1:{port}/v1/alertmanager"
+        payload = {
+            "version": "4",
+            "groupKey": '{}:{alertname="GPUXidError"}',
+            "status": "firing",
+            "receiver": "sickbay",
+            "groupLabels": {},
+            "commonLabels": {},
+            "commonAnnotations": {},
+            "externalURL": "http://alertmanager:9093",
+            "alerts": [],
+        }
+        assert httpx.post(url, json=payload, timeout=10).status_code == 401
+        token = token_file.read_text().strip()
+        answer = httpx.post(
+            url, json=payload, headers={"Authorization": f"Bearer {token}"}, timeout=20
+        )
+        assert answer.status_code in (200, 503), answer.text  # no alerts: nothing to start
+        proc.send_signal(signal.SIGTERM)
+        # uvicorn shuts down gracefully, then re-raises the signal it caught (exit -SIGTERM).
+        assert proc.wait(timeout=15) in (0, -signal.SIGTERM)
+        assert "Finished server process" in log.read_text(), log.read_text()[-3000:]
+
+
+def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if not _registered("worker"):
+        pytest.skip("`sickbay worker` is not registered yet (worker.commands not built)")
+    dev_env = request.getfixturevalue("dev_env")  # only once there is a worker to run
+    metrics = _free_port()
+    address = dev_env.client.service_client.config.target_host
+    env = _host_env(
+        "worker",
+        SICKBAY_TEMPORAL_ADDRESS=address,
+        SICKBAY_METRICS_PORT=str(metrics),
+        SICKBAY_TASK_QUEUE=f"deploy-test-{metrics}",
+    )
+    assert Path(env["KUBECONFIG"]).is_file(), "the compose kubeconfig did not map to a file"
+    log = tmp_path / "worker.log"
+    check = " ".join(_compose()["services"]["worker"]["healthcheck"]["test"])
+    assert ":9464/metrics" in check
+    with _process(_args("worker"), env, log) as proc:
+        answer = _wait_http(f"http://127.0.0.1:{metrics}/metrics", proc, log)
+        assert answer.status_code == 200
+        assert "temporal" in answer.text or "sickbay" in answer.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=45) == 0, log.read_text()[-3000:]
+
+
+def test_twin_from_its_compose_definition(tmp_path: Path) -> None:
+    if not _registered("sim"):
+        pytest.skip("`sickbay sim` is not registered yet (simulator.cli not built)")
+    from kubernetes import client, config
+
+    port = _free_port()
+    argv = _args("twin", port=str(port))
+    if "--alert-webhook" in argv:
+        # The twin's alerts go to the webhook; nothing listens here, which must not stop it.
+        argv[argv.index("--alert-webhook") + 1] = f"http://127.0.0.1:{_free_port()}/v1/am"
+    env = _host_env("twin", HOME=str(tmp_path), SICKBAY_STATE_DIR=str(tmp_path / "state"))
+    log = tmp_path / "twin.log"
+    with _process(argv, env, log) as proc:
+        _wait_http(f"http://127.0.0.1:{port}/version", proc, log)
+        kubeconfig = yaml.safe_load((ROOT / "deploy/compose/twin.kubeconfig").read_text())
+        kubeconfig["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{port}"
+        api = config.new_client_from_config_dict(kubeconfig)
+        nodes = client.CoreV1Api(api).list_node().items
+        assert len(nodes) == 1
+        slices = client.ResourceV1Api(api).list_resource_slice().items
+        devices = [d for s in slices for d in s.spec.devices or []]
+        assert len(devices) == 2
