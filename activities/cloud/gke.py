@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from activities.cloud.base import (
+    CloudRejected,
     CloudUnavailable,
     ConfigError,
     ScaleOutcome,
@@ -92,9 +93,7 @@ class GkeNodePools:
     async def describe(self, pool: NodePoolTarget) -> PoolDescription:
         node_pool = await self._get(self._pool_url(pool))
         groups = node_pool.get("instanceGroupUrls") or []
-        size = 0
-        for url in groups:
-            size += int((await self._get(self._checked_group_url(url))).get("targetSize", 0))
+        size = await self._size(node_pool)
         zones = max(1, len(groups) or len(node_pool.get("locations") or []))
         autoscaling = node_pool.get("autoscaling") or {}
         min_size = max_size = None
@@ -122,13 +121,26 @@ class GkeNodePools:
         node_pool = await self._get(self._pool_url(pool))
         zones = max(1, len(node_pool.get("instanceGroupUrls") or node_pool.get("locations") or []))
         per_zone = per_zone_count(size, zones, max_size)
-        response = await send(
-            self._client,
-            "POST",
-            f"{self._pool_url(pool)}:setSize",
-            headers=await self._headers(),
-            json_body={"nodeCount": per_zone},
-        )
+        current = await self._size(node_pool)
+        if per_zone * zones <= current:
+            # Whole zones only: the max leaves no room for one more node in every zone.
+            return ScaleOutcome(target_size=current, operation=None)
+        try:
+            response = await send(
+                self._client,
+                "POST",
+                f"{self._pool_url(pool)}:setSize",
+                headers=await self._headers(),
+                json_body={"nodeCount": per_zone},
+            )
+        except CloudRejected as exc:
+            # GKE refuses with 400 FAILED_PRECONDITION while another operation runs on the
+            # cluster ("incompatible operation"): that passes, so retry rather than give up.
+            if exc.status == 400 and "operation" in str(exc) and (
+                "FAILED_PRECONDITION" in str(exc) or "incompatible" in str(exc)
+            ):
+                raise CloudUnavailable(str(exc)) from exc
+            raise
         operation = self._operation(json_of(response), target=per_zone * zones)
         return ScaleOutcome(target_size=per_zone * zones, operation=operation)
 
@@ -183,6 +195,13 @@ class GkeNodePools:
 
     async def _get(self, url: str) -> dict[str, Any]:
         return json_of(await send(self._client, "GET", url, headers=await self._headers()))
+
+    async def _size(self, node_pool: dict[str, Any]) -> int:
+        """Sum of the pool's instance groups' target sizes (one group per zone)."""
+        size = 0
+        for url in node_pool.get("instanceGroupUrls") or []:
+            size += int((await self._get(self._checked_group_url(url))).get("targetSize", 0))
+        return size
 
     async def _pending_operation(self, pool: NodePoolTarget) -> PoolOperation | None:
         body = await self._get(f"{self._location_url(pool)}/operations")
