@@ -191,33 +191,32 @@ class Profile:
         for g in names:
             versions = []
             for v in self.group_versions(g) if g else ["v1"]:
-                doc = self.resource_list(g, v) or {"resources": []}
                 res = []
-                for entry in doc["resources"]:
-                    if "/" in entry["name"]:
-                        continue
-                    rt = self.lookup(g, v, entry["name"])
-                    assert rt is not None
-                    res.append(
-                        {
-                            "resource": rt.plural,
-                            "responseKind": {"group": g, "version": v, "kind": rt.kind},
-                            "scope": "Namespaced" if rt.namespaced else "Cluster",
-                            "singularResource": rt.singular,
-                            "verbs": rt.verbs,
-                            **({"shortNames": list(rt.short_names)} if rt.short_names else {}),
-                            "subresources": [
-                                {
-                                    "subresource": s,
-                                    "responseKind": _sub_kind(rt, s, v),
-                                    "verbs": _sub_verbs(s),
-                                }
-                                for s in rt.subresources
-                            ],
-                        }
-                    )
+                for key in sorted(self.served.get((g, v), ()), key=lambda k: _BY_KEY[k].plural):
+                    rt = _BY_KEY[key]
+                    entry: dict[str, Any] = {
+                        "resource": rt.plural,
+                        "responseKind": {"group": "", "kind": rt.kind, "version": ""},
+                        "scope": "Namespaced" if rt.namespaced else "Cluster",
+                        "singularResource": rt.singular,
+                        "verbs": rt.verbs,
+                    }
+                    if rt.short_names:
+                        entry["shortNames"] = list(rt.short_names)
+                    if rt.categories:
+                        entry["categories"] = list(rt.categories)
+                    if rt.subresources:
+                        entry["subresources"] = [
+                            {
+                                "subresource": s,
+                                "responseKind": _sub_kind(rt, s),
+                                "verbs": _sub_verbs(s),
+                            }
+                            for s in sorted(rt.subresources)
+                        ]
+                    res.append(entry)
                 versions.append({"version": v, "resources": res, "freshness": "Current"})
-            items.append({"metadata": {"name": g, "creationTimestamp": None}, "versions": versions})
+            items.append({"metadata": {"name": g} if g else {}, "versions": versions})
         return {
             "kind": "APIGroupDiscoveryList",
             "apiVersion": "apidiscovery.k8s.io/v2",
@@ -243,14 +242,14 @@ def _sub_verbs(sub: str) -> list[str]:
     return ["get", "patch", "update"]
 
 
-def _sub_kind(rt: ResourceType, sub: str, version: str) -> dict[str, str]:
+def _sub_kind(rt: ResourceType, sub: str) -> dict[str, str]:
     if sub == "eviction":
-        return {"group": "policy", "version": "v1", "kind": "Eviction"}
+        return {"group": "policy", "kind": "Eviction", "version": "v1"}
     if sub == "binding":
-        return {"group": "", "version": "v1", "kind": "Binding"}
+        return {"group": "", "kind": "Binding", "version": ""}
     if sub == "scale":
-        return {"group": "autoscaling", "version": "v1", "kind": "Scale"}
-    return {"group": rt.group, "version": version, "kind": rt.kind}
+        return {"group": "autoscaling", "kind": "Scale", "version": "v1"}
+    return {"group": "", "kind": rt.kind, "version": ""}
 
 
 def _subresource(rt: ResourceType, sub: str) -> dict[str, Any]:
