@@ -1,0 +1,291 @@
+"""The twin's controller manager: runs every controller of the cluster twin in one thread.
+
+    from simulator.controllers.manager import ControllerManager, SimOptions
+    sim = Simulator(profile="1.36", clock=Clock(time_scale=60))
+    sim.seed(nodes=1, gpus_per_node=2)
+    manager = ControllerManager(SimOptions(alert_webhook="http://127.0.0.1:8080/alerts"))
+    sim.add_controller(manager)       # start(sim) / stop(), as simulator/runtime.py expects
+    sim.start()
+    manager.faults.fail("node-1", "0", xid=79)  # or over HTTP (fault_routes.py), or the CLI
+    manager.node_pools.resize("gpu-pool", 3)     # also what the cloud API calls
+
+Controllers are level-triggered: each pass reads the store and writes what differs from the
+desired state. A pass runs whenever the store changes (a `subscribe` callback wakes the loop)
+and when a controller's timer is due (each `sync()` returns the simulated seconds until it
+needs to look again: a grace period ending, a container restart, a DeviceTaintRule's next
+status update). All timers are on the simulator's `Clock`, so `--time-scale` speeds them up.
+
+Order of one pass: resource claims from templates -> scheduler -> workload controllers
+(Deployment, ReplicaSet, StatefulSet, Job) -> device-taint eviction -> kubelet stand-in ->
+node pools / MachineDeployments -> garbage collection. Every controller writes only through
+`sim.store`, exactly as the HTTP API would.
+
+Workload knobs for rehearsals (pod template annotations):
+    sim.sickbay.dev/run-seconds: "30"  -> each container exits after 30 simulated seconds
+    sim.sickbay.dev/exit-code:   "42"  -> ... with exit code 42 (default 0)
+Without them a container runs until deleted, or until its GPU dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulator.alerts import AlertConfig, AlertManagerSim
+from simulator.clock import Clock
+from simulator.controllers.common import EventRecorder
+
+log = logging.getLogger(__name__)
+
+# The loop never sleeps longer than this in real time, so controllers notice a changed time
+# scale (or a stop request) promptly even when no timer is due.
+MAX_IDLE_REAL = 0.5
+# Real-time batching delay after a store change: many writes in a burst make one pass.
+DEBOUNCE_REAL = 0.003
+# A due timer still waits this long, so a controller that keeps asking for 0 s cannot spin.
+MIN_SLEEP_REAL = 0.01
+# Upper bound on back-to-back passes before yielding, so a controller bug cannot spin forever.
+MAX_PASSES_PER_WAKE = 50
+
+
+@dataclass
+class SimOptions:
+    """Behaviour switches and timings (simulated seconds) for the twin's controllers."""
+
+    # Kubelet stand-in.
+    pod_startup_seconds: float = 2.0  # Pending -> Running after binding
+    crash_after_seconds: float = 3.0  # a container on a dead GPU fails this long after start
+    crash_backoff_initial: float = 10.0  # kubelet's CrashLoopBackOff: 10 s, doubling ...
+    crash_backoff_max: float = 300.0  # ... up to 5 minutes
+    # Device-taint eviction: DeviceTaintRule status is written at most this often.
+    rule_status_period: float = 10.0
+    # Node pools: time from a resize until new nodes (and their ResourceSlices) appear.
+    provisioning_delay: float = 30.0
+    # Scheduler retry backoff for unschedulable pods (kube-scheduler: 1 s doubling to 10 s).
+    schedule_backoff_initial: float = 1.0
+    schedule_backoff_max: float = 10.0
+    # Known control-plane faults (switchable at run time through fault_routes / faults.py).
+    ignore_device_taint_rules: bool = False  # kubernetes#139651: scheduler misses rule taints
+    expired_toleration_bug: bool = False  # expired NoExecute toleration still gets the device
+    # Alerts (Alertmanager stand-in).
+    alert_webhook: str | None = None
+    alert_token: str | None = field(default=None, repr=False)
+    alert_group_wait: float = 30.0
+    alert_group_interval: float = 300.0
+    alert_repeat_interval: float = 4 * 3600.0
+    # Node-pool label on nodes (the pool a node belongs to).
+    pool_label: str = "sickbay.dev/node-pool"
+
+    def alert_config(self) -> AlertConfig:
+        return AlertConfig(
+            url=self.alert_webhook,
+            token=self.alert_token,
+            group_wait=self.alert_group_wait,
+            group_interval=self.alert_group_interval,
+            repeat_interval=self.alert_repeat_interval,
+        )
+
+
+class SyncContext:
+    """What a controller gets for one pass."""
+
+    def __init__(self, manager: ControllerManager) -> None:
+        self.manager = manager
+        self.store = manager.store
+        self.clock = manager.clock
+        self.options = manager.options
+        self.events = manager.events
+        self.now = manager.clock.now()
+        self.mono = manager.clock.monotonic()
+        self.dra = manager.dra
+
+
+class ControllerManager:
+    """Owns the controllers, the fault injector and the alert notifier of one simulator."""
+
+    def __init__(self, options: SimOptions | None = None) -> None:
+        self.options = options or SimOptions()
+        self.sim: Any = None
+        self.store: Any = None
+        self.clock: Clock = Clock()
+        self.dra = True
+        self.events: EventRecorder | None = None  # type: ignore[assignment]
+        self.controllers: list[Any] = []
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._stop = threading.Event()
+        self._unsubscribe: Any = None
+        self._pass_lock = threading.RLock()
+        self.passes = 0
+        self.alerts: AlertManagerSim | None = None
+        self.faults: Any = None
+        self.node_pools: Any = None
+
+    # -- wiring --------------------------------------------------------------------------
+
+    def attach(self, sim: Any) -> None:
+        """Bind to a simulator without starting the thread (unit tests drive `run_once`)."""
+        from simulator.controllers.claims import ResourceClaimController
+        from simulator.controllers.gc import GarbageCollector
+        from simulator.controllers.kubelet import Kubelet
+        from simulator.controllers.nodepools import MachineDeploymentController, NodePools
+        from simulator.controllers.scheduler import Scheduler
+        from simulator.controllers.taints import DeviceTaintEviction
+        from simulator.controllers.workloads import (
+            DeploymentController,
+            JobController,
+            ReplicaSetController,
+            StatefulSetController,
+        )
+        from simulator.faults import FaultInjector
+
+        self.sim = sim
+        self.store = sim.store
+        clock = getattr(sim, "clock", None)
+        self.clock = clock if isinstance(clock, Clock) else Clock()
+        profile = getattr(sim, "profile", None)
+        self.dra = bool(getattr(profile, "dra", True))
+        self.events = EventRecorder(self.store, self.clock)
+        self.alerts = AlertManagerSim(self.clock, self.options.alert_config())
+        self.faults = FaultInjector(self)
+        self.node_pools = NodePools(self)
+        self.kubelet = Kubelet(self)
+        self.scheduler = Scheduler(self)
+        self.taints = DeviceTaintEviction(self)
+        self.controllers = [
+            ResourceClaimController(self),
+            self.scheduler,
+            DeploymentController(self),
+            ReplicaSetController(self),
+            StatefulSetController(self),
+            JobController(self),
+            self.taints,
+            self.kubelet,
+            self.node_pools,
+            MachineDeploymentController(self),
+            GarbageCollector(self),
+        ]
+        extensions = getattr(sim, "extensions", None)
+        if isinstance(extensions, dict):
+            extensions.update(
+                {
+                    "controllers": self,
+                    "faults": self.faults,
+                    "alerts": self.alerts,
+                    "node_pools": self.node_pools,
+                }
+            )
+
+    def start(self, sim: Any) -> None:
+        if self.sim is None:
+            self.attach(sim)
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run_thread, name="sim-controllers", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # loop already closed
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def poke(self) -> None:
+        """Ask for a pass soon (thread-safe): used after a fault or a resize."""
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:
+                pass
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def _run_thread(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._main())
+        finally:
+            loop.close()
+
+    async def _main(self) -> None:
+        self._wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        wake = self._wake
+
+        def on_change(_event: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:
+                pass
+
+        self._unsubscribe = self.store.subscribe(on_change)
+        assert self.alerts is not None
+        notifier = asyncio.create_task(self.alerts.run())
+        try:
+            while not self._stop.is_set():
+                delay = self._run_passes()
+                real = MAX_IDLE_REAL if delay is None else self.clock.real_seconds(delay)
+                real = min(MAX_IDLE_REAL, max(MIN_SLEEP_REAL, real))
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout=real)
+                except TimeoutError:
+                    pass
+                wake.clear()
+                await asyncio.sleep(DEBOUNCE_REAL)
+        finally:
+            if self._unsubscribe is not None:
+                self._unsubscribe()
+            notifier.cancel()
+            try:
+                await notifier
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def _run_passes(self) -> float | None:
+        """Passes until the store stops changing; returns the earliest timer (sim seconds)."""
+        delay: float | None = None
+        for _ in range(MAX_PASSES_PER_WAKE):
+            before = self.store.resource_version
+            delay = self.run_once()
+            if self.store.resource_version == before:
+                break
+        return delay
+
+    def run_once(self) -> float | None:
+        """One pass of every controller (thread-safe). Returns the earliest timer, if any."""
+        with self._pass_lock:
+            self.passes += 1
+            earliest: float | None = None
+            for controller in self.controllers:
+                ctx = SyncContext(self)
+                try:
+                    wanted = controller.sync(ctx)
+                except Exception:
+                    log.exception("controller %s failed", type(controller).__name__)
+                    wanted = 1.0  # retry soon rather than never
+                if wanted is not None:
+                    wanted = max(0.0, wanted)
+                    earliest = wanted if earliest is None else min(earliest, wanted)
+            return earliest
+
+    def settle(self, max_passes: int = 200) -> None:
+        """Run passes until nothing changes (unit tests with a ManualClock)."""
+        for _ in range(max_passes):
+            before = self.store.resource_version
+            self.run_once()
+            if self.store.resource_version == before:
+                return
+        raise RuntimeError("controllers did not settle")
