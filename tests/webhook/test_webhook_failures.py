@@ -10,6 +10,8 @@ Cases:
   400/413/422 (never 5xx), and nothing is started or signalled
 - hypothesis: well-formed alerts with arbitrary label values never get a 5xx
 - a webhook without a token configured refuses to start unless auth is disabled explicitly
+- overload (more alerts than Temporal answers in time): 503, every alert accepted or listed
+  as failed, and the retry completes the rest with one workflow per GPU
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import copy
 import json
 import socket
 import string
+import uuid
 from typing import Any
 
 import httpx
@@ -40,6 +43,7 @@ from tests.webhook.helpers import (
 )
 from worker.settings import Settings
 from worker.webhook import WebhookSettings, create_app
+from workflows.constants import device_workflow_id
 
 
 def _closed_port() -> int:
@@ -249,3 +253,39 @@ async def test_odd_label_values_never_5xx(
     assert resp.status_code == 200, resp.text[:300]
     body = resp.json()
     assert body["accepted"] + len(body["unmatched"]) == 1
+
+
+async def test_overload_answers_503_and_loses_nothing(dev_env: WorkflowEnvironment) -> None:
+    """More alerts than Temporal answers within the deadline: the notification gets 503 (so
+    Alertmanager retries), every alert is either accepted or listed as failed, and the retry
+    completes the rest without a second workflow for any GPU."""
+    queue = f"overload-{uuid.uuid4().hex[:8]}"
+    app = create_app(
+        settings_for(dev_env, queue),
+        dev_env.client,
+        # One call at a time and a 0.3 s deadline: a few hundred alerts cannot all make it.
+        webhook=WebhookSettings(
+            webhook_token=TOKEN, webhook_concurrency=1, webhook_temporal_timeout=0.3
+        ),
+    )
+    devices = [unique_device() for _ in range(300)]
+    body = payload(*(xid_alert(n, g) for n, g in devices))
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
+        first = await http.post("/v1/alertmanager", json=body, headers=auth())
+        assert first.status_code == 503, first.text
+        data = first.json()
+        accepted = {r["index"] for r in data["results"]}
+        failed = {f["index"] for f in data["failed"]}
+        assert accepted | failed == set(range(300)) and not accepted & failed
+        assert failed and {f["reason"] for f in data["failed"]} == {"temporal-timeout"}
+        # Alertmanager's retry: loosen the deadline the way a recovered Temporal would.
+        app.state.service.webhook = WebhookSettings(
+            webhook_token=TOKEN, webhook_concurrency=1, webhook_temporal_timeout=30
+        )
+        retry = await http.post("/v1/alertmanager", json=body, headers=auth())
+        assert retry.status_code == 200, retry.text
+        assert retry.json()["accepted"] == 300
+    runs = await count_runs(dev_env.client, f"TaskQueue = '{queue}'", expect=300)
+    assert runs == 300  # one per GPU, none twice
+    for node, gpu in devices:
+        await dev_env.client.get_workflow_handle(device_workflow_id(node, gpu)).terminate("done")
