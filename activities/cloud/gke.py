@@ -136,8 +136,10 @@ class GkeNodePools:
         except CloudRejected as exc:
             # GKE refuses with 400 FAILED_PRECONDITION while another operation runs on the
             # cluster ("incompatible operation"): that passes, so retry rather than give up.
-            if exc.status == 400 and "operation" in str(exc) and (
-                "FAILED_PRECONDITION" in str(exc) or "incompatible" in str(exc)
+            if (
+                exc.status == 400
+                and "operation" in str(exc)
+                and ("FAILED_PRECONDITION" in str(exc) or "incompatible" in str(exc))
             ):
                 raise CloudUnavailable(str(exc)) from exc
             raise
