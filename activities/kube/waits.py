@@ -221,6 +221,7 @@ class _Claims:
         self._kube = kube
         self.devices: dict[tuple[str, str], list[str]] = {}
         self.tolerations: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self.missing: set[tuple[str, str]] = set()
 
     def refresh(self, namespace: str) -> None:
         kube = self._kube
@@ -238,12 +239,20 @@ class _Claims:
                 t for r in alloc.get("results") or [] for t in r.get("tolerations") or []
             ]
 
-    def of(self, pod: dict[str, Any]) -> list[str]:
+    def of(self, pod: dict[str, Any]) -> list[str] | None:
+        """Allocated devices, or None while a claim the pod names cannot be read (a stale
+        watch event of a pod already gone with its claim, or a claim not yet allocated)."""
         ns = meta(pod).get("namespace", "")
         names = claim_names(pod)
-        if any((ns, n) not in self.devices for n in names):
+        unknown = [
+            n for n in names if not self.devices.get((ns, n)) and (ns, n) not in self.missing
+        ]
+        if unknown:
             self.refresh(ns)
-        return [d for n in names for d in self.devices.get((ns, n), [])]
+            self.missing.update((ns, n) for n in unknown if (ns, n) not in self.devices)
+        if any((ns, n) not in self.devices or not self.devices[(ns, n)] for n in names):
+            return None
+        return [d for n in names for d in self.devices[(ns, n)]]
 
     def tolerates_with_seconds(self, pod: dict[str, Any]) -> bool:
         ns = meta(pod).get("namespace", "")
@@ -301,11 +310,14 @@ async def wait_replacement(
                 continue
             status = pod.get("status") or {}
             node = (pod.get("spec") or {}).get("nodeName")
-            devices = claims.of(pod) if node and claim_names(pod) else []
+            allocated = claims.of(pod) if node and claim_names(pod) else []
+            devices = allocated or []
             phase = status.get("phase", "Pending")
             msg = _unschedulable(pod) if not node else ""
             bad = sorted(set(devices) & tainted)
-            if bad:
+            if allocated is None:
+                msg = "its resource claim is not allocated (or already gone)"
+            elif bad:
                 w.evicted.add(uid)  # placed on a device Sickbay tainted: the scheduler ignored it
                 toleration_churn[uid] = claims.tolerates_with_seconds(pod)
                 msg = f"allocated tainted device(s) {', '.join(bad)}"

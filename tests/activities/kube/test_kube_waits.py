@@ -1,0 +1,335 @@
+"""Watch-based waits against the twin over HTTP, with the cluster's state changed through the
+twin's store the way its controllers would (delete pods, create replacements, set statuses).
+
+Cases:
+- wait_for_eviction: a gracefully deleted (Terminating) pod is not gone, it still holds its
+  device; once the object is gone it is; all gone -> report without timeout; a pod that stays
+  -> timed_out with it in `remaining`; it costs one list + one watch (no polling);
+- a restarted worker resumes from heartbeat details: the original deadline and the pods
+  already gone are kept;
+- wait_for_replacement: a Deployment's replacement Running on an untainted device ->
+  "running"; a replacement Pending with PodScheduled=False/Unschedulable -> "pending" at the
+  deadline with the scheduler's message; replacements evicted again and again by the
+  device-taint manager -> "churn" naming kubernetes#139651; a replacement allocated a tainted
+  device counts as churn evidence; no owner -> "no-replacement-needed".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from temporalio.testing import ActivityEnvironment
+
+from tests.activities.kube.conftest import Twin, twin
+from workflows.models import (
+    DraDevice,
+    OwnerRef,
+    PodRef,
+    WaitEvictionInput,
+    WaitReplacementInput,
+)
+
+UNSCHEDULABLE = (
+    "0/2 nodes are available: 2 cannot allocate all claims. still not schedulable, "
+    "preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling."
+)
+
+
+def _ref(pod: dict) -> PodRef:
+    return PodRef(
+        namespace=pod["metadata"]["namespace"],
+        name=pod["metadata"]["name"],
+        uid=pod["metadata"]["uid"],
+    )
+
+
+async def _later(delay: float, fn, *args, **kwargs) -> None:
+    await asyncio.sleep(delay)
+    await asyncio.to_thread(fn, *args, **kwargs)
+
+
+async def test_wait_eviction_sees_pods_go(tmp_path: Path) -> None:
+    with twin(tmp_path, "1.37", nodes=1) as t:
+        node = t.node(0)
+        a = t.consumer_pod("ml", "a", node, "gpu-0")
+        b = t.consumer_pod("ml", "b", node, "gpu-1")
+        t.clear_requests()
+        task = asyncio.create_task(
+            t.run(
+                t.acts.wait_for_eviction,
+                WaitEvictionInput(pods=[_ref(a), _ref(b)], timeout=timedelta(seconds=20)),
+            )
+        )
+        await _later(0.3, t.store.delete, "pods", "a", "ml", grace_period_seconds=30)
+        await asyncio.sleep(0.3)
+        assert not task.done()  # Terminating: still holds the device
+        await _later(0.1, t.store.delete, "pods", "a", "ml", grace_period_seconds=0)
+        await _later(0.2, t.store.delete, "pods", "b", "ml", grace_period_seconds=0)
+        report = await asyncio.wait_for(task, 10)
+        assert [p.name for p in report.gone] == ["a", "b"]
+        assert report.remaining == [] and not report.timed_out
+        # One list, then one watch (the twin logs a watch only when its stream closes, which
+        # it notices at its next write): no polling.
+        pod_calls = [r.verb for r in t.requests() if r.resource == "pods"]
+        assert pod_calls in (["list"], ["list", "watch"])
+
+
+async def test_wait_eviction_times_out(tmp_path: Path) -> None:
+    with twin(tmp_path, "1.37", nodes=1) as t:
+        a = t.consumer_pod("ml", "stays", t.node(0), "gpu-0")
+        started = time.monotonic()
+        report = await t.run(
+            t.acts.wait_for_eviction,
+            WaitEvictionInput(
+                pods=[_ref(a), PodRef(namespace="ml", name="never-existed")],
+                timeout=timedelta(seconds=2),
+            ),
+        )
+        assert report.timed_out
+        assert [p.name for p in report.remaining] == ["stays"]
+        assert [p.name for p in report.gone] == ["never-existed"]
+        assert 1.5 < time.monotonic() - started < 6
+
+
+async def test_restart_resumes_from_heartbeat(tmp_path: Path) -> None:
+    with twin(tmp_path, "1.37", nodes=1) as t:
+        node = t.node(0)
+        a = t.consumer_pod("ml", "a", node, "gpu-0")
+        b = t.consumer_pod("ml", "b", node, "gpu-1")
+        inp = WaitEvictionInput(pods=[_ref(a), _ref(b)], timeout=timedelta(minutes=10))
+        details: list = []
+        env = ActivityEnvironment()
+        env.on_heartbeat = lambda *d: details.append(d)
+        task = asyncio.create_task(env.run(t.acts.wait_for_eviction, inp))
+        await _later(0.3, t.store.delete, "pods", "a", "ml", grace_period_seconds=0)
+        for _ in range(50):
+            if details and details[-1][0]["gone"]:
+                break
+            await asyncio.sleep(0.05)
+        env.cancel()  # the worker dies mid-wait
+        try:
+            await task
+        except BaseException:
+            pass
+        last = details[-1][0]
+        assert last["gone"] == [f"ml/a/{a['metadata']['uid']}"]
+        assert last["deadline"] > time.time() + 500  # the original 10 min deadline
+        # A new worker: same input, heartbeat details of the dead attempt, 1.5 s of deadline left.
+        resumed = ActivityEnvironment()
+        resumed.info = dataclasses.replace(
+            resumed.info, heartbeat_details=[{**last, "deadline": time.time() + 1.5}]
+        )
+        t.store.create(  # a same-named successor appears; the recorded uid says it is not "a"
+            "pods",
+            {
+                "metadata": {"name": "a", "namespace": "ml"},
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+            },
+            namespace="ml",
+        )
+        started = time.monotonic()
+        report = await resumed.run(t.acts.wait_for_eviction, inp)
+        assert time.monotonic() - started < 5  # kept the old deadline, did not start over
+        assert report.timed_out
+        assert [p.name for p in report.gone] == ["a"] and [p.name for p in report.remaining] == [
+            "b"
+        ]
+
+
+def _deployment_with_old_pod(t: Twin) -> tuple[OwnerRef, dict]:
+    node = t.node(0)
+    rs = t.deployment_owner("ml", "web", replicas=1)
+    old = t.consumer_pod("ml", "web-old", node, "gpu-0", rs, {"app": "web"})
+    return OwnerRef(kind="Deployment", name="web", namespace="ml"), old
+
+
+async def test_replacement_running_on_untainted_device(tmp_path: Path) -> None:
+    with twin(tmp_path, "1.37", nodes=2) as t:
+        owner, old = _deployment_with_old_pod(t)
+        rs = t.store.get("replicasets.apps", "web-7d9c", "ml")
+        owner_ref = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": rs["metadata"]["name"],
+            "uid": rs["metadata"]["uid"],
+            "controller": True,
+        }
+        inp = WaitReplacementInput(
+            owners=[owner],
+            old_pods=[_ref(old)],
+            tainted=[DraDevice(driver="gpu.nvidia.com", pool=t.node(0), device="gpu-0")],
+            deadline=timedelta(seconds=20),
+        )
+        task = asyncio.create_task(t.run(t.acts.wait_for_replacement, inp))
+        await _later(
+            0.3,
+            t.consumer_pod,
+            "ml",
+            "web-new",
+            t.node(1),
+            "gpu-0",
+            owner_ref,
+            {"app": "web"},
+            None,
+            False,
+        )
+        await asyncio.sleep(0.3)
+        assert not task.done()  # bound, not Running yet
+        await _later(
+            0.1,
+            t.store.mutate,
+            "pods",
+            "web-new",
+            lambda p: p["status"].update(phase="Running"),
+            namespace="ml",
+            subresource="status",
+        )
+        report = await asyncio.wait_for(task, 10)
+        assert report.status == "running"
+        new = [p for p in report.pods if p.pod.name == "web-new"][0]
+        assert new.phase == "Running" and new.devices == [f"gpu.nvidia.com/{t.node(1)}/gpu-0"]
+
+
+async def test_replacement_pending_unschedulable(tmp_path: Path) -> None:
+    with twin(tmp_path, "1.36", nodes=1) as t:
+        owner, old = _deployment_with_old_pod(t)
+        rs = t.store.get("replicasets.apps", "web-7d9c", "ml")
+        t.store.create(
+            "pods",
+            {
+                "metadata": {
+                    "name": "web-pending",
+                    "namespace": "ml",
+                    "labels": {"app": "web"},
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "apps/v1",
+                            "kind": "ReplicaSet",
+                            "name": rs["metadata"]["name"],
+                            "uid": rs["metadata"]["uid"],
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": {"containers": [{"name": "main", "image": "cuda:12"}]},
+            },
+            namespace="ml",
+        )
+        t.store.mutate(
+            "pods",
+            "web-pending",
+            lambda p: p.update(
+                status={
+                    "phase": "Pending",
+                    "conditions": [
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "reason": "Unschedulable",
+                            "message": UNSCHEDULABLE,
+                        }
+                    ],
+                }
+            ),
+            namespace="ml",
+            subresource="status",
+        )
+        report = await t.run(
+            t.acts.wait_for_replacement,
+            WaitReplacementInput(
+                owners=[owner], old_pods=[_ref(old)], deadline=timedelta(seconds=1.5)
+            ),
+        )
+        assert report.status == "pending" and report.deadline_passed
+        assert report.unschedulable_message == UNSCHEDULABLE
+        assert [(p.pod.name, p.phase, p.message) for p in report.pods] == [
+            ("web-pending", "Pending", UNSCHEDULABLE)
+        ]
+
+
+async def test_replacement_churn(tmp_path: Path) -> None:
+    with twin(tmp_path, "1.36", nodes=1) as t:
+        owner, old = _deployment_with_old_pod(t)
+        node = t.node(0)
+        rs = t.store.get("replicasets.apps", "web-7d9c", "ml")
+        ref = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": rs["metadata"]["name"],
+            "uid": rs["metadata"]["uid"],
+            "controller": True,
+        }
+        inp = WaitReplacementInput(
+            owners=[owner],
+            old_pods=[_ref(old)],
+            tainted=[DraDevice(driver="gpu.nvidia.com", pool=node, device="gpu-0")],
+            deadline=timedelta(seconds=20),
+            churn_evictions=3,
+        )
+        task = asyncio.create_task(t.run(t.acts.wait_for_replacement, inp))
+
+        def evicted_replacement(i: int) -> None:
+            # The buggy scheduler put it on the tainted device; the taint manager evicts it.
+            t.consumer_pod("ml", f"web-r{i}", node, "gpu-0", ref, {"app": "web"})
+            t.store.mutate(
+                "pods",
+                f"web-r{i}",
+                lambda p: p["status"]["conditions"].append(
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "DeletionByDeviceTaintManager",
+                        "message": "Device Taint manager: deleting due to NoExecute taint",
+                    }
+                ),
+                namespace="ml",
+                subresource="status",
+            )
+            t.store.delete("pods", f"web-r{i}", "ml", grace_period_seconds=0)
+
+        for i in range(3):
+            await _later(0.2, evicted_replacement, i)
+        report = await asyncio.wait_for(task, 10)
+        assert report.status == "churn"
+        assert report.churn is not None and report.churn.evictions == 3
+        assert "kubernetes#139651" in report.churn.diagnosis
+
+
+async def test_replacement_on_tainted_device_is_churn_evidence(tmp_path: Path) -> None:
+    with twin(tmp_path, "1.36", nodes=1) as t:
+        owner, old = _deployment_with_old_pod(t)
+        node = t.node(0)
+        rs = t.store.get("replicasets.apps", "web-7d9c", "ml")
+        ref = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": rs["metadata"]["name"],
+            "uid": rs["metadata"]["uid"],
+            "controller": True,
+        }
+        t.consumer_pod("ml", "web-bad", node, "gpu-1", ref, {"app": "web"})  # Running, but tainted
+        report = await t.run(
+            t.acts.wait_for_replacement,
+            WaitReplacementInput(
+                owners=[owner],
+                old_pods=[_ref(old)],
+                tainted=[DraDevice(driver="gpu.nvidia.com", pool=node, device="gpu-1")],
+                deadline=timedelta(seconds=1.5),
+                churn_evictions=2,
+            ),
+        )
+        assert report.status == "pending" and report.deadline_passed
+        assert "tainted" in report.pods[0].message
+
+
+async def test_no_owner_needs_no_replacement(tmp_path: Path) -> None:
+    with twin(tmp_path, "1.37", nodes=1) as t:
+        report = await t.run(
+            t.acts.wait_for_replacement,
+            WaitReplacementInput(owners=[OwnerRef(kind="Deployment", name="gone", namespace="ml")]),
+        )
+        assert report.status == "no-replacement-needed"
