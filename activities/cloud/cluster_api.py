@@ -115,12 +115,16 @@ class ClusterApiNodePools:
         return ScaleOutcome(size, PoolOperation(id=f"{_OP_PREFIX}{size}", target_size=size))
 
     async def get_operation(self, pool: NodePoolTarget, operation: str) -> PoolOperation:
-        target = _int(operation.removeprefix(_OP_PREFIX)) if operation.startswith(_OP_PREFIX) else None
+        target = (
+            _int(operation.removeprefix(_OP_PREFIX)) if operation.startswith(_OP_PREFIX) else None
+        )
         if target is None:
             raise ConfigError(f"not a Cluster API operation: {operation!r}")
         status = (await self._get(pool)).get("status") or {}
         ready = _int(status.get("readyReplicas")) or 0
         if status.get("phase") == "Failed":
             reason = status.get("failureMessage") or status.get("failureReason") or "phase Failed"
-            return PoolOperation(id=operation, done=True, error=str(reason)[:500], target_size=target)
+            return PoolOperation(
+                id=operation, done=True, error=str(reason)[:500], target_size=target
+            )
         return PoolOperation(id=operation, done=ready >= target, target_size=target)

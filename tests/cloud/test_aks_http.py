@@ -216,32 +216,32 @@ MAGNUM = "https://magnum.cloud.internal:9511"
 HTTP_POOL = NodePoolTarget(
     provider="http", name="gpu-ng", cluster="c-42", endpoint=MAGNUM, profile="magnum"
 )
-PROFILE = f"""
+PROFILE = """
 http:
   magnum:
     headers:
-      X-Auth-Token: {{env: OS_TOKEN}}
+      X-Auth-Token: {env: OS_TOKEN}
       OpenStack-API-Version: container-infra latest
     describe:
-      url: "{{endpoint}}/v1/clusters/{{cluster}}/nodegroups/{{name}}"
+      url: "{endpoint}/v1/clusters/{cluster}/nodegroups/{name}"
     size_path: node_count
     max_path: max_node_count
     scale:
       method: PATCH
-      url: "{{endpoint}}/v1/clusters/{{cluster}}/nodegroups/{{name}}"
-      body: [{{op: replace, path: /node_count, value: "{{size}}"}}]
+      url: "{endpoint}/v1/clusters/{cluster}/nodegroups/{name}"
+      body: [{op: replace, path: /node_count, value: "{size}"}]
       ok_status: [202]
     operation_id_path: uuid
     operation:
-      call: {{url: "{{endpoint}}/v1/clusters/{{cluster}}/nodegroups/{{operation}}"}}
+      call: {url: "{endpoint}/v1/clusters/{cluster}/nodegroups/{operation}"}
       done_path: status
       done_values: [UPDATE_COMPLETE]
       failed_values: [UPDATE_FAILED]
       message_path: status_reason
   sync:
-    describe: {{url: "{{endpoint}}/pools/{{name}}"}}
+    describe: {url: "{endpoint}/pools/{name}"}
     size_path: spec.size
-    scale: {{method: PUT, url: "{{endpoint}}/pools/{{name}}", body: {{size: "{{size}}"}}}}
+    scale: {method: PUT, url: "{endpoint}/pools/{name}", body: {size: "{size}"}}
 """
 
 
