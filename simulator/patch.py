@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from simulator import errors
-from simulator.resources import ResourceType
+from simulator.resources import CAPI_GROUP, ResourceType
 
 # list field name → merge key, for strategic merge patch and apply (core and DRA kinds).
 MERGE_KEYS: dict[str, str] = {
@@ -235,7 +235,7 @@ def apply_patch(rt: ResourceType, current: dict[str, Any], body: Any, patch_type
     if patch_type == "merge":
         return merge_patch(current, body)
     if patch_type == "strategic":
-        if rt.group not in ("", "apps", "batch", "policy", "events.k8s.io"):
+        if rt.group == CAPI_GROUP:  # custom resources have no strategic-merge schema
             raise errors.ApiError(
                 415,
                 "UnsupportedMediaType",

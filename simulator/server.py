@@ -49,6 +49,19 @@ log = logging.getLogger(__name__)
 WATCH_DEFAULT_TIMEOUT = 1800  # seconds; kube-apiserver's --min-request-timeout default
 _POLL = 0.5  # how often an idle watch checks for server shutdown (seconds)
 
+# Registries that answer DELETE with the deleted object (the others answer a Status).
+RETURNS_DELETED_OBJECT = frozenset(
+    {
+        "pods",
+        "namespaces",
+        "deviceclasses.resource.k8s.io",
+        "resourceslices.resource.k8s.io",
+        "resourceclaims.resource.k8s.io",
+        "resourceclaimtemplates.resource.k8s.io",
+        "devicetaintrules.resource.k8s.io",
+    }
+)
+
 PATCH_TYPES = {
     "application/merge-patch+json": "merge",
     "application/strategic-merge-patch+json": "strategic",
@@ -274,6 +287,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # Headers and body go out in separate writes: without TCP_NODELAY, Nagle plus the
+        # client's delayed ACK would add ~40 ms to every keep-alive request.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.api.track(self.connection, True)
 
     def finish(self) -> None:
@@ -1051,7 +1067,7 @@ class _Handler(BaseHTTPRequestHandler):
             opts.get("preconditions"),
             dry_run,
         )
-        if result.removed and tgt.rt.storage not in ("pods", "namespaces"):
+        if result.removed and tgt.rt.storage not in RETURNS_DELETED_OBJECT:
             meta = result.object["metadata"]
             details: dict[str, Any] = {
                 "name": meta["name"],

@@ -604,6 +604,7 @@ class Admission:
             _default_template(obj)
         elif key == "replicasets.apps" and isinstance(spec, dict):
             spec.setdefault("replicas", 1)
+            obj.setdefault("status", {"replicas": 0})
             _default_template(obj)
         elif key == "statefulsets.apps" and isinstance(spec, dict):
             spec.setdefault("replicas", 1)
@@ -616,6 +617,7 @@ class Admission:
                 "persistentVolumeClaimRetentionPolicy",
                 {"whenDeleted": "Retain", "whenScaled": "Retain"},
             )
+            obj.setdefault("status", {"replicas": 0, "availableReplicas": 0})
             _default_template(obj)
         elif key == "jobs.batch" and isinstance(spec, dict):
             self._default_job(obj)
