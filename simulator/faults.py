@@ -717,3 +717,10 @@ class ApiFaults:
         if hasattr(handler, "close_connection"):
             handler.close_connection = True
         raise ConnectionResetError("connection reset injected by the cluster twin")
+
+
+def register_sim_commands(sim_subparsers: Any) -> None:
+    """simulator/cli.py extension hook: `sickbay sim fail|recover|...` (fault_cli.py)."""
+    from simulator.fault_cli import register_fault_commands
+
+    register_fault_commands(sim_subparsers)

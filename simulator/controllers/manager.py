@@ -124,6 +124,7 @@ class ControllerManager:
         self.alerts: AlertManagerSim | None = None
         self.faults: Any = None
         self.node_pools: Any = None
+        self._fault_server: Any = None
 
     # -- wiring --------------------------------------------------------------------------
 
@@ -181,8 +182,17 @@ class ControllerManager:
             )
 
     def start(self, sim: Any) -> None:
+        from simulator.fault_routes import FaultApiServer, install_server_hooks
+
         if self.sim is None:
             self.attach(sim)
+        if not install_server_hooks(sim):
+            # The API server could not be extended: serve the fault routes on their own port.
+            self._fault_server = FaultApiServer(sim).start()
+            sim.extensions["fault_api_url"] = self._fault_server.url
+            log.warning("fault routes on their own port: %s", self._fault_server.url)
+        else:
+            sim.extensions["fault_api_url"] = sim.url
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._run_thread, name="sim-controllers", daemon=True
@@ -200,6 +210,9 @@ class ControllerManager:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        if self._fault_server is not None:
+            self._fault_server.stop()
+            self._fault_server = None
 
     def poke(self) -> None:
         """Ask for a pass soon (thread-safe): used after a fault or a resize."""
@@ -289,3 +302,86 @@ class ControllerManager:
             if self.store.resource_version == before:
                 return
         raise RuntimeError("controllers did not settle")
+
+
+# --------------------------------------------------------------------------------------------
+# `sickbay sim up` extension hooks (simulator/cli.py calls these; see its docstring)
+# --------------------------------------------------------------------------------------------
+
+
+def add_sim_up_arguments(parser: Any) -> None:
+    """Flags of `sickbay sim up` for the controllers, the clock, faults and alerts."""
+    import os
+
+    group = parser.add_argument_group("controllers, faults and alerts")
+    group.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="simulated seconds per real second (60: a 5-minute grace period takes 5 s)",
+    )
+    group.add_argument(
+        "--alert-webhook", default=None, help="post Alertmanager webhook payloads to this URL"
+    )
+    group.add_argument(
+        "--alert-token",
+        default=os.environ.get("SICKBAY_SIM_ALERT_TOKEN"),
+        help="bearer token for the alert webhook (env SICKBAY_SIM_ALERT_TOKEN)",
+    )
+    group.add_argument(
+        "--alert-repeat-interval",
+        type=float,
+        default=SimOptions.alert_repeat_interval,
+        help="simulated seconds before an unchanged firing group is sent again",
+    )
+    group.add_argument(
+        "--provisioning-delay",
+        type=float,
+        default=SimOptions.provisioning_delay,
+        help="simulated seconds until a node added to a pool registers",
+    )
+    group.add_argument(
+        "--ignore-device-taint-rules",
+        action="store_true",
+        help="known fault kubernetes#139651: the scheduler ignores DeviceTaintRules",
+    )
+    group.add_argument(
+        "--expired-toleration-bug",
+        action="store_true",
+        help="known fault: an expired NoExecute toleration still gets a tainted device",
+    )
+    group.add_argument(
+        "--no-controllers",
+        action="store_true",
+        help="serve the API only (no scheduler, kubelet, faults or alerts)",
+    )
+
+
+def make_clock(args: Any) -> Clock | None:
+    scale = getattr(args, "time_scale", None)
+    return Clock(time_scale=scale) if scale else None
+
+
+def options_from_args(args: Any) -> SimOptions:
+    options = SimOptions()
+    options.alert_webhook = getattr(args, "alert_webhook", None)
+    options.alert_token = getattr(args, "alert_token", None)
+    options.alert_repeat_interval = float(
+        getattr(args, "alert_repeat_interval", options.alert_repeat_interval)
+    )
+    options.provisioning_delay = float(
+        getattr(args, "provisioning_delay", options.provisioning_delay)
+    )
+    options.ignore_device_taint_rules = bool(getattr(args, "ignore_device_taint_rules", False))
+    options.expired_toleration_bug = bool(getattr(args, "expired_toleration_bug", False))
+    return options
+
+
+def configure_sim(sim: Any, args: Any) -> ControllerManager | None:
+    """Attach the controller manager (before start, so the cloud API can find node pools)."""
+    if getattr(args, "no_controllers", False):
+        return None
+    manager = ControllerManager(options_from_args(args))
+    manager.attach(sim)
+    sim.add_controller(manager)
+    return manager

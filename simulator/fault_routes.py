@@ -1,0 +1,360 @@
+"""HTTP routes for faults, alerts, API fault injection and node pools (`/sim/...`).
+
+All bodies are JSON; errors are Kubernetes `Status` bodies (400 bad input, 404 unknown node,
+GPU or pool), never a 500 for a client mistake.
+
+    GET    /sim/gpus[?node=N]                 physical GPUs, their devices and health
+    GET    /sim/faults                        active device faults
+    POST   /sim/faults                        {"node", "gpu", "xid": 79 | "degrade": "nvlink" |
+                                               "vanish": true, "driverTaint": false}   -> 201
+    POST   /sim/faults/recover                {"node", "gpu"?}  (no gpu: the whole node)
+    GET    /sim/known-faults                  {"ignoreDeviceTaintRules", "expiredTolerationBug"}
+    PUT    /sim/known-faults                  same body; omitted keys stay as they are
+    GET    /sim/api-faults                    injection rules
+    POST   /sim/api-faults                    {"kind": "500|429|409|timeout|reset", "verb",
+                                               "resource", "rate", "count", "timeoutSeconds"}
+    DELETE /sim/api-faults[/<id>]             remove one rule or all
+    GET    /sim/alerts                        {"active": [...], "sent": [...]} (Alertmanager)
+    GET    /sim/pools                         node pools: nodes, target, provisioning
+    POST   /sim/pools/<pool>/resize           {"size": 3, "delay"?: seconds}
+
+`dispatch(sim, method, parts, query, body)` answers one request (parts = the path after
+`/sim/`) and returns `(status, json)` or None for a path it does not serve. The controller
+manager mounts it on the simulator's API server with `install_server_hooks(sim)`: a subclass of
+the server's request handler serves these routes and runs API fault injection
+(`faults.ApiFaults.intercept`) once a request's verb and resource are known. If the server
+ever changes shape, `FaultApiServer` serves the same routes on a port of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from simulator import errors
+from simulator.faults import FaultError
+
+log = logging.getLogger(__name__)
+
+PREFIXES = ("gpus", "faults", "known-faults", "api-faults", "alerts", "pools")
+
+
+def _manager(sim: Any) -> Any:
+    manager = (getattr(sim, "extensions", None) or {}).get("controllers")
+    if manager is None:
+        raise errors.ApiError(503, "ServiceUnavailable", "the twin's controllers are not running")
+    return manager
+
+
+def _body(raw: bytes | dict[str, Any] | None) -> dict[str, Any]:
+    if raw is None or raw == b"":
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    try:
+        data = json.loads(raw)
+    except ValueError as err:
+        raise errors.bad_request(f"request body is not JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise errors.bad_request("request body must be a JSON object")
+    return data
+
+
+def _int(data: dict[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise errors.bad_request(f"{key} must be an integer")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise errors.bad_request(f"{key} must be an integer, not {value!r}") from None
+
+
+def _gpu_json(manager: Any, gpu: Any) -> dict[str, Any]:
+    devices = []
+    for resource_id in gpu.devices:
+        health, message, _fatal = manager.faults.health(gpu.node, resource_id)
+        devices.append({"resourceID": resource_id, "health": health, "message": message})
+    return {
+        "node": gpu.node,
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "model": gpu.model,
+        "pciBusID": gpu.pci_bus_id,
+        "devices": devices,
+    }
+
+
+def dispatch(
+    sim: Any,
+    method: str,
+    parts: list[str],
+    query: dict[str, str],
+    body: bytes | dict[str, Any] | None,
+) -> tuple[int, Any] | None:
+    """Serve one `/sim/<parts>` request, or return None when the path is not ours."""
+    if not parts or parts[0] not in PREFIXES:
+        return None
+    manager = _manager(sim)
+    faults = manager.faults
+    try:
+        return _route(sim, manager, faults, method, parts, query, body)
+    except FaultError as err:
+        reason = "NotFound" if err.code == 404 else "BadRequest"
+        raise errors.ApiError(err.code, reason, str(err)) from None
+    except KeyError as err:
+        raise errors.ApiError(404, "NotFound", str(err.args[0] if err.args else err)) from None
+    except ValueError as err:
+        raise errors.bad_request(str(err)) from None
+
+
+def _route(
+    sim: Any,
+    manager: Any,
+    faults: Any,
+    method: str,
+    parts: list[str],
+    query: dict[str, str],
+    body: bytes | dict[str, Any] | None,
+) -> tuple[int, Any]:
+    head, rest = parts[0], parts[1:]
+    if head == "gpus" and method == "GET" and not rest:
+        node = query.get("node")
+        nodes = (
+            [node] if node else [n["metadata"]["name"] for n in manager.store.list("nodes").items]
+        )
+        items = []
+        for name in nodes:
+            if node and manager.store.try_get("nodes", name) is None:
+                raise FaultError(f'node "{name}" not found', 404)
+            items.extend(_gpu_json(manager, g) for g in faults.gpus(name))
+        return 200, {"items": items}
+    if head == "faults":
+        if method == "GET" and not rest:
+            return 200, {"items": [f.to_json() for f in faults.faults()]}
+        data = _body(body)
+        if method == "POST" and not rest:
+            node = data.get("node")
+            if not node:
+                raise FaultError("node is required")
+            made = faults.fail(
+                str(node),
+                data.get("gpu"),
+                xid=_int(data, "xid"),
+                degrade=data.get("degrade"),
+                vanish=bool(data.get("vanish")),
+                driver_taint=bool(data.get("driverTaint")),
+            )
+            return 201, {"items": [f.to_json() for f in made]}
+        if method == "POST" and rest == ["recover"]:
+            node = data.get("node")
+            if not node:
+                raise FaultError("node is required")
+            done = faults.recover(str(node), data.get("gpu"))
+            return 200, {"items": [f.to_json() for f in done]}
+    if head == "known-faults" and not rest:
+        if method == "GET":
+            return 200, faults.known_faults()
+        if method in ("PUT", "PATCH", "POST"):
+            data = _body(body)
+            unknown = set(data) - {"ignoreDeviceTaintRules", "expiredTolerationBug"}
+            if unknown:
+                raise FaultError(f"unknown known-fault switch(es): {', '.join(sorted(unknown))}")
+            return 200, faults.set_known_faults(
+                data.get("ignoreDeviceTaintRules"), data.get("expiredTolerationBug")
+            )
+    if head == "api-faults":
+        api = faults.api
+        if method == "GET" and not rest:
+            return 200, {"items": api.rules(), "injected": api.injected}
+        if method == "POST" and not rest:
+            data = _body(body)
+            if not data.get("kind"):
+                raise FaultError("kind is required (500, 429, 409, timeout or reset)")
+            rule = api.add(
+                kind=str(data["kind"]),
+                verb=str(data.get("verb") or "*"),
+                resource=str(data.get("resource") or "*"),
+                rate=float(data.get("rate", 1.0)),
+                count=_int(data, "count"),
+                timeout_seconds=float(data.get("timeoutSeconds", 30.0)),
+            )
+            return 201, {
+                "id": rule.id,
+                "kind": rule.kind,
+                "verb": rule.verb,
+                "resource": rule.resource,
+            }
+        if method == "DELETE" and len(rest) <= 1:
+            rule_id = int(rest[0]) if rest else None
+            removed = api.remove(rule_id)
+            if rule_id is not None and not removed:
+                raise FaultError(f"api fault rule {rule_id} not found", 404)
+            return 200, {"removed": removed}
+    if head == "alerts" and method == "GET" and not rest:
+        alerts = manager.alerts
+        return 200, {
+            "active": alerts.active(),
+            "sent": alerts.sent[-50:],
+            "failures": alerts.failures,
+            "receiver": bool(alerts.config.url),
+        }
+    if head == "pools":
+        pools = manager.node_pools
+        if method == "GET" and not rest:
+            return 200, {"items": [p.to_json() for p in pools.pools()]}
+        if method == "POST" and len(rest) == 2 and rest[1] == "resize":
+            data = _body(body)
+            size = _int(data, "size")
+            if size is None:
+                raise FaultError("size is required")
+            delay = data.get("delay")
+            status = pools.resize(rest[0], size, None if delay is None else float(delay))
+            return 200, status.to_json()
+    raise errors.ApiError(
+        405 if parts[0] in PREFIXES else 404,
+        "MethodNotAllowed",
+        f"{method} /sim/{'/'.join(parts)} is not supported",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Mounting on the simulator's API server
+# --------------------------------------------------------------------------------------------
+
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+
+
+def _verb(method: str, name: str | None, query: dict[str, str]) -> str:
+    if method == "GET":
+        if name:
+            return "get"
+        return "watch" if query.get("watch") in ("true", "1") else "list"
+    if method == "DELETE":
+        return "delete" if name else "deletecollection"
+    return _VERBS.get(method, method.lower())
+
+
+def install_server_hooks(sim: Any) -> bool:
+    """Serve `/sim/...` fault routes and API fault injection on `sim.server`. True if done."""
+    server = getattr(sim, "server", None)
+    httpd = getattr(server, "httpd", None)
+    base = getattr(httpd, "RequestHandlerClass", None)
+    if base is None or not hasattr(server, "target"):
+        return False
+    if getattr(base, "_sickbay_faults", False):
+        return True  # already installed
+    if not all(hasattr(base, n) for n in ("_sim_endpoint", "_dispatch", "_send_json")):
+        return False
+    local = threading.local()
+
+    class FaultHandler(base):  # type: ignore[misc, valid-type]
+        _sickbay_faults = True
+
+        def _dispatch(self, method: str, path: str, body: bytes) -> None:
+            local.handler, local.method, self._sickbay_body = self, method, body
+            try:
+                super()._dispatch(method, path, body)
+            finally:
+                local.handler = None
+
+        def _sim_endpoint(self, method: str, parts: list[str]) -> None:
+            result = dispatch(sim, method, parts, self._query, getattr(self, "_sickbay_body", b""))
+            if result is None:
+                return super()._sim_endpoint(method, parts)
+            self._send_json(*result)
+
+    original_target = server.target
+
+    def target(group: str, version: str, rest: list[str]) -> Any:
+        tgt = original_target(group, version, rest)
+        handler = getattr(local, "handler", None)
+        api_faults = (getattr(sim, "extensions", None) or {}).get("api_faults")
+        if handler is not None and api_faults is not None:
+            verb = _verb(local.method, tgt.name, getattr(handler, "_query", {}))
+            resource = tgt.rt.plural + (f"/{tgt.sub}" if tgt.sub else "")
+            info = getattr(handler, "_info", None)
+            if isinstance(info, dict):
+                info.update(verb=verb, group=group, version=version, resource=resource)
+            api_faults.intercept(handler, verb, resource, tgt.name)
+        return tgt
+
+    server.target = target
+    httpd.RequestHandlerClass = FaultHandler
+    return True
+
+
+class FaultApiServer:
+    """The same routes on a port of their own (for a server that cannot be hooked)."""
+
+    def __init__(self, sim: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("fault api: " + format, *args)
+
+            def _serve(self, method: str) -> None:
+                split = urlsplit(self.path)
+                query = {k: v[-1] for k, v in parse_qs(split.query).items()}
+                parts = [unquote(p) for p in split.path.split("/") if p]
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                token = getattr(sim, "token", None)
+                try:
+                    if token and self.headers.get("Authorization", "") != f"Bearer {token}":
+                        raise errors.ApiError(401, "Unauthorized", "Unauthorized")
+                    result = None
+                    if parts[:1] == ["sim"]:
+                        result = dispatch(sim, method, parts[1:], query, raw)
+                    if result is None:
+                        raise errors.ApiError(404, "NotFound", "404 page not found")
+                    status, payload = result
+                except errors.ApiError as err:
+                    status, payload = err.code, err.to_status()
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._serve("GET")
+
+            def do_POST(self) -> None:
+                self._serve("POST")
+
+            def do_PUT(self) -> None:
+                self._serve("PUT")
+
+            def do_PATCH(self) -> None:
+                self._serve("PATCH")
+
+            def do_DELETE(self) -> None:
+                self._serve("DELETE")
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.host, self.port = host, self.httpd.server_address[1]
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="sim-faults", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> FaultApiServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
