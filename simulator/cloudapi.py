@@ -33,11 +33,14 @@ finishes (sync or async callable). Wire it to the node-pool controller's resize 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import inspect
 import itertools
 import logging
+import os
 import secrets
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -366,8 +369,15 @@ class CloudApi:
         task.add_done_callback(self._tasks.discard)
         return op.resource()
 
+    async def _sleep(self, seconds: float) -> None:
+        sleep = getattr(self.clock, "sleep", None)
+        if sleep is not None and inspect.iscoroutinefunction(sleep):
+            await sleep(seconds)  # simulated seconds on the twin's clock
+        else:
+            await asyncio.sleep(seconds)  # a plain wall clock
+
     async def _finish(self, pool: SimPool, op: _Operation, quota_short: bool) -> None:
-        await self.clock.sleep(pool.latency)
+        await self._sleep(pool.latency)
         if quota_short:
             op.error = {
                 "code": 8,
@@ -420,3 +430,123 @@ class CloudApiServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+# --- running inside the twin (`sickbay sim up`) ------------------------------------------------
+
+POOL_LABEL = "sickbay.dev/node-pool"
+READY_TIMEOUT = 10.0  # real seconds for the API thread to start listening
+
+
+class CloudApiController:
+    """The cloud API as a simulator controller: its own thread and event loop, started and
+    stopped with the twin (`sim.add_controller`). `sim.extensions["cloud"]` points here."""
+
+    def __init__(self, api: CloudApi, port: int = 0) -> None:
+        self.api = api
+        self.port = port
+        self.url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: CloudApiServer | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self, sim: Any) -> None:
+        self._thread = threading.Thread(target=self._run, name="sim-cloud-api", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(READY_TIMEOUT):
+            raise RuntimeError("the twin's cloud API did not start listening")
+        if self._error is not None:
+            raise RuntimeError(f"the twin's cloud API failed to start: {self._error}")
+        if hasattr(sim, "extensions"):
+            sim.extensions["cloud"] = self
+        log.info("twin cloud node-pool API (GKE-shaped) serving %s", self.url)
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            self._server = loop.run_until_complete(CloudApiServer(self.api, port=self.port).start())
+            self.url = self._server.url
+        except BaseException as exc:  # reported by start()
+            self._error = exc
+            self._ready.set()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(self._server.stop())
+            loop.close()
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def attach_cloud_api(
+    sim: Any,
+    *,
+    token: str | None = None,
+    port: int = 0,
+    max_size: int = 8,
+    latency: float = 5.0,
+) -> CloudApi:
+    """Serve the cloud API for every node pool of `sim` (nodes labelled `sickbay.dev/node-pool`),
+    resizing through the node-pool controller when it runs (`sim.extensions["node_pools"]`)."""
+    node_pools = getattr(sim, "extensions", {}).get("node_pools")
+    api = CloudApi(
+        token,
+        on_resize=node_pools.resize if node_pools is not None else None,
+        clock=getattr(sim, "clock", None),
+    )
+    sizes: dict[str, int] = {}
+    for node in sim.store.list("nodes").items:
+        pool = ((node.get("metadata") or {}).get("labels") or {}).get(POOL_LABEL)
+        if pool:
+            sizes[pool] = sizes.get(pool, 0) + 1
+    for pool, size in sorted(sizes.items()):
+        api.add_pool(SimPool(name=pool, size=size, max_size=max(max_size, size), latency=latency))
+    sim.add_controller(CloudApiController(api, port))
+    return api
+
+
+def add_sim_up_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("cloud node-pool API (GKE-shaped)")
+    group.add_argument("--no-cloud-api", action="store_true", help="do not serve the cloud API")
+    group.add_argument("--cloud-port", type=int, default=0, help="port (default: a free one)")
+    group.add_argument(
+        "--cloud-token",
+        default=os.environ.get("SICKBAY_SIM_CLOUD_TOKEN"),
+        help="bearer token it requires (env SICKBAY_SIM_CLOUD_TOKEN; default: generated, logged)",
+    )
+    group.add_argument(
+        "--cloud-max-size", type=int, default=8, help="quota: max nodes per pool (default 8)"
+    )
+    group.add_argument(
+        "--cloud-latency",
+        type=float,
+        default=5.0,
+        help="simulated seconds a resize operation runs (default 5)",
+    )
+
+
+def configure_sim(sim: Any, args: Any) -> CloudApi | None:
+    if getattr(args, "no_cloud_api", False):
+        return None
+    token = getattr(args, "cloud_token", None)
+    api = attach_cloud_api(
+        sim,
+        token=token,
+        port=int(getattr(args, "cloud_port", 0) or 0),
+        max_size=int(getattr(args, "cloud_max_size", 8)),
+        latency=float(getattr(args, "cloud_latency", 5.0)),
+    )
+    if not token:
+        log.info("twin cloud API token (generated): %s", api.token)
+    return api

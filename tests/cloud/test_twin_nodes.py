@@ -1,0 +1,118 @@
+"""Scale-up through the whole twin: the cloud API wired to the simulator's node-pool
+controller (`attach_cloud_api`), the pool scaler on the dev server, two remediation-like
+callers at once. New Nodes (and their ResourceSlices) appear in the twin's Kubernetes API.
+
+Cases:
+- two concurrent needs -> one setSize -> the pool grows 2 -> 4 Nodes with ResourceSlices,
+  seen through the official kubernetes client;
+- `sickbay sim up` wiring: `add_sim_up_arguments` + `configure_sim` serve the API for the
+  seeded pool with the token given on the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client as k8s
+from temporalio.testing import WorkflowEnvironment
+
+from activities.cloud import CloudActivities
+from simulator.clock import Clock
+from simulator.cloudapi import (
+    POOL_LABEL,
+    CloudApi,
+    add_sim_up_arguments,
+    attach_cloud_api,
+    configure_sim,
+)
+from simulator.controllers.manager import ControllerManager, SimOptions
+from simulator.testing import RunningSim, start_sim
+from tests.cloud.conftest import SIM_TOKEN
+from tests.cloud.test_twin_e2e import run_callers
+from workflows.models import NodePoolTarget
+
+TIME_SCALE = 200.0  # 30 s node provisioning passes in 0.15 s
+
+
+def eventually(check: Any, timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not reached within {timeout}s")
+
+
+@pytest.fixture
+def twin(tmp_path: Any) -> Iterator[tuple[RunningSim, CloudApi]]:
+    manager = ControllerManager(SimOptions())
+    rs = start_sim(
+        tmp_path,
+        clock=Clock(time_scale=TIME_SCALE),
+        controllers=(manager,),
+        nodes=2,
+        gpus_per_node=2,
+    )
+    try:
+        api = attach_cloud_api(rs.sim, token=SIM_TOKEN, max_size=6, latency=5.0)
+        yield rs, api
+    finally:
+        rs.stop()
+
+
+def pool_nodes(rs: RunningSim, pool: str) -> list[str]:
+    core = k8s.CoreV1Api(rs.api_client())
+    return sorted(
+        n.metadata.name for n in core.list_node(label_selector=f"{POOL_LABEL}={pool}").items
+    )
+
+
+async def test_scale_up_adds_nodes_to_the_twin(
+    dev_env: WorkflowEnvironment,
+    twin: tuple[RunningSim, CloudApi],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rs, api = twin
+    monkeypatch.setenv("SICKBAY_SIM_CLOUD_TOKEN", SIM_TOKEN)
+    (pool_name,) = api.pools
+    before = pool_nodes(rs, pool_name)
+    assert len(before) == 2
+    cloud_url = rs.sim.extensions["cloud"].url
+    pool = NodePoolTarget(provider="sim", name=pool_name, endpoint=cloud_url)
+    cloud = CloudActivities()
+    try:
+        results = await run_callers(dev_env.client, pool, cloud)
+    finally:
+        await cloud.aclose()
+    assert [r.status for r in results] == ["satisfied", "satisfied"]
+    assert len(api.resize_requests(pool_name)) == 1
+    after = eventually(lambda: (nodes := pool_nodes(rs, pool_name)) and len(nodes) == 4 and nodes)
+    assert set(before) < set(after)
+    new = set(after) - set(before)
+    slices = k8s.ResourceV1Api(rs.api_client()).list_resource_slice().items
+    assert new <= {s.spec.node_name for s in slices}  # each new node publishes its GPUs
+
+
+def test_sim_up_serves_the_cloud_api(tmp_path: Any) -> None:
+    parser = argparse.ArgumentParser()
+    add_sim_up_arguments(parser)
+    args = parser.parse_args(["--cloud-token", "cli-token", "--cloud-max-size", "5"])
+    rs = start_sim(tmp_path, nodes=1, gpus_per_node=1)
+    try:
+        api = configure_sim(rs.sim, args)
+        assert api is not None and api.token == "cli-token"
+        (pool,) = api.pools.values()
+        assert (pool.size, pool.max_size) == (1, 5)
+        url = rs.sim.extensions["cloud"].url
+        path = f"/v1/projects/sim/locations/local/clusters/twin/nodePools/{pool.name}"
+        assert httpx.get(url + path).status_code == 401
+        answer = httpx.get(url + path, headers={"Authorization": "Bearer cli-token"})
+        assert answer.status_code == 200 and answer.json()["name"] == pool.name
+    finally:
+        rs.stop()
