@@ -91,6 +91,10 @@ class Twin:
         headers = {}
         if self.rs.sim.token:
             headers["Authorization"] = f"Bearer {self.rs.sim.token}"
+        if isinstance(body, bytes):
+            return httpx.request(
+                method, self.rs.url + path, content=body, headers=headers, timeout=10.0
+            )
         return httpx.request(method, self.rs.url + path, json=body, headers=headers, timeout=10.0)
 
     def namespace(self, name: str = "demo") -> str:
