@@ -1,0 +1,164 @@
+"""Seeding, the request log, health and the `sickbay sim` command.
+
+Cases: seeded nodes carry node-pool labels and ResourceSlices shaped like the NVIDIA DRA
+driver's (uuid, index, productName, driverVersion, memory capacity); MIG / vGPU / time-slice
+topologies give several devices per physical GPU with parentUUID; a YAML description seeds
+several pools; the request log records method/verb/resource/status and is readable and
+clearable over HTTP; /sim/healthz; `sickbay sim up --detach` then `sickbay sim down`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+from kubernetes import client
+
+from simulator.testing import RunningSim
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _attrs(dev: dict[str, Any]) -> dict[str, Any]:
+    return {k: next(iter(v.values())) for k, v in dev["attributes"].items()}
+
+
+def test_seeded_cluster_shape(sim: RunningSim, api: client.ApiClient) -> None:
+    nodes = client.CoreV1Api(api).list_node(label_selector="sickbay.dev/node-pool=gpu-pool").items
+    assert [n.metadata.labels["cloud.google.com/gke-nodepool"] for n in nodes] == [
+        "gpu-pool",
+        "gpu-pool",
+    ]
+    slices = sim.store.list(
+        "resourceslices.resource.k8s.io", field_selector=f"spec.nodeName={nodes[0].metadata.name}"
+    ).items
+    assert len(slices) == 1
+    spec = slices[0]["spec"]
+    assert spec["driver"] == "gpu.nvidia.com" and spec["pool"]["name"] == nodes[0].metadata.name
+    assert [d["name"] for d in spec["devices"]] == ["gpu-0", "gpu-1"]
+    attrs = _attrs(spec["devices"][1])
+    assert attrs["type"] == "gpu" and attrs["index"] == 1 and attrs["uuid"].startswith("GPU-")
+    assert attrs["productName"] == "NVIDIA H100 80GB HBM3" and attrs["driverVersion"]
+    assert spec["devices"][1]["capacity"]["memory"]["value"] == "81559Mi"
+    classes = client.ResourceV1Api(api).list_device_class().items
+    assert [c.metadata.name for c in classes] == ["gpu.nvidia.com"]
+
+
+def test_shared_gpu_topologies(sim_factory: Any) -> None:
+    for topology, kind in (("mig", "mig"), ("vgpu", "vgpu"), ("timeslice", "gpu")):
+        rs = sim_factory(nodes=1, gpus_per_node=2, topology=topology, slices_per_gpu=3)
+        devices = rs.store.list("resourceslices.resource.k8s.io").items[0]["spec"]["devices"]
+        assert len(devices) == 6
+        parents = {_attrs(d)["parentUUID"] for d in devices}
+        assert len(parents) == 2
+        assert {_attrs(d)["type"] for d in devices} == {kind}
+        if topology == "timeslice":
+            assert all(_attrs(d)["uuid"] == _attrs(d)["parentUUID"] for d in devices)
+        else:
+            assert len({_attrs(d)["uuid"] for d in devices}) == 6
+
+
+def test_yaml_seed(tmp_path: Path) -> None:
+    from simulator.runtime import Simulator
+
+    desc = tmp_path / "cluster.yaml"
+    desc.write_text(
+        "pools:\n"
+        "  - {name: h100, nodes: 2, gpusPerNode: 8}\n"
+        "  - {name: t4, nodes: 1, gpusPerNode: 1, product: Tesla T4, topology: timeslice, slicesPerGpu: 4}\n"
+    )
+    sim = Simulator(profile="1.36")
+    info = sim.seed_file(desc)
+    assert info["pools"]["h100"]["nodes"] == ["h100-node-0", "h100-node-1"]
+    t4 = sim.store.get("resourceslices.resource.k8s.io", "t4-node-0-gpu.nvidia.com")
+    assert len(t4["spec"]["devices"]) == 4
+    assert (
+        sim.store.get("nodes", "t4-node-0")["metadata"]["labels"][
+            "node.kubernetes.io/instance-type"
+        ]
+        == "n1-standard-8-t4"
+    )
+
+
+def test_request_log_and_health(sim: RunningSim, core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(
+        ns, {"metadata": {"name": "logged"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    )
+    core.read_namespaced_pod("logged", ns)
+    try:
+        core.read_namespaced_pod("missing", ns)
+    except client.ApiException:
+        pass
+    mine = sim.requests(namespace=ns)
+    assert [(r.verb, r.resource, r.name, r.status) for r in mine] == [
+        ("create", "pods", "", 201),
+        ("get", "pods", "logged", 200),
+        ("get", "pods", "missing", 404),
+    ]
+    assert mine[0].user_agent.startswith("OpenAPI-Generator/") and mine[0].duration_ms > 0
+    over_http = httpx.get(
+        f"{sim.url}/sim/requests", params={"namespace": ns, "verb": "get"}, timeout=5
+    ).json()["items"]
+    assert [r["name"] for r in over_http] == ["logged", "missing"]
+    health = httpx.get(f"{sim.url}/sim/healthz", timeout=5).json()
+    assert health["status"] == "ok" and health["profile"] == "1.36" and health["nodes"] >= 2
+
+
+def test_request_log_clear(sim_factory: Any) -> None:
+    rs = sim_factory(nodes=1)
+    client.CoreV1Api(rs.api_client()).list_node()
+    assert rs.requests(verb="list", resource="nodes")
+    assert httpx.delete(f"{rs.url}/sim/requests", timeout=5).status_code == 200
+    assert rs.requests() == []
+
+
+def test_cli_up_detach_and_down(tmp_path: Path) -> None:
+    env = {**os.environ, "SICKBAY_STATE_DIR": str(tmp_path)}
+    cmd = [sys.executable, "-m", "worker.cli", "sim"]
+    kubeconfig = tmp_path / "kc.yaml"
+    # 60 s: a cold interpreter imports the kubernetes client and seeds before answering.
+    up = subprocess.run(
+        cmd
+        + [
+            "up",
+            "--profile",
+            "1.37",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "2",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--detach",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert up.returncode == 0, up.stderr
+    state = json.loads((tmp_path / "sim.json").read_text())
+    try:
+        from kubernetes import config
+
+        api = config.new_client_from_config(str(kubeconfig))
+        assert client.VersionApi(api).get_code().minor == "37"
+        assert len(client.ResourceV1Api(api).list_resource_slice().items) == 1
+    finally:
+        down = subprocess.run(
+            cmd + ["down"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30
+        )
+    assert down.returncode == 0, down.stderr
+    assert not (tmp_path / "sim.json").exists()
+    try:
+        os.kill(state["pid"], 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive
