@@ -9,8 +9,11 @@ The update id is the request's idempotency key: when this activity is retried, T
 back the same update's outcome instead of counting the need twice.
 
 Callers: give it a start_to_close_timeout longer than the scaler's batch window plus its
-operation timeout (a resize can take many minutes), and a heartbeat_timeout of a minute or
-more; this activity heartbeats every `heartbeat_every` while it waits.
+operation timeout (defaults 10 s + 12 min; the engine uses 15 min), and optionally a
+heartbeat_timeout of a minute or more: it heartbeats every `heartbeat_every` while it waits.
+When an attempt times out anyway, the retry re-attaches to the same update (same id) and
+gets the same answer; nothing is asked twice. After `operation_timeout` the scaler replies
+`in-progress` rather than keep the caller waiting.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import timedelta
+from typing import Any
 
 from temporalio import activity
 from temporalio.client import (
@@ -49,7 +53,7 @@ class CapacityActivities:
         *,
         batch_window: timedelta = timedelta(seconds=10),
         poll_interval: timedelta = timedelta(seconds=15),
-        operation_timeout: timedelta = timedelta(minutes=30),
+        operation_timeout: timedelta = timedelta(minutes=12),
         idle_timeout: timedelta = timedelta(hours=1),
         dry_run: bool = False,
         heartbeat_every: timedelta = timedelta(seconds=10),
@@ -64,6 +68,11 @@ class CapacityActivities:
             dry_run=dry_run,
         )
         self._heartbeat_every = heartbeat_every.total_seconds()
+
+    @classmethod
+    def from_settings(cls, client: Client, settings: Any) -> CapacityActivities:
+        """The worker's wiring: same task queue as the worker (`Settings.task_queue`)."""
+        return cls(client, settings.task_queue)
 
     @activity.defn(name=ACT_REQUEST_CAPACITY)
     async def request_capacity(self, req: CapacityRequest) -> CapacityResult:

@@ -830,7 +830,7 @@ class PoolScalerInput(Contract):
     pool: NodePoolTarget
     batch_window: Duration = timedelta(seconds=10)  # gather concurrent needs into one request
     poll_interval: Duration = timedelta(seconds=15)  # how often to look at a resize operation
-    operation_timeout: Duration = timedelta(minutes=30)
+    operation_timeout: Duration = timedelta(minutes=12)  # then reply in-progress
     idle_timeout: Duration = timedelta(hours=1)  # finish after this long with nothing to do
     dry_run: bool = False
     # carried across continue-as-new

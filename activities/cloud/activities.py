@@ -101,13 +101,19 @@ class CloudActivities:
         self._kube_api = kube_api  # kubernetes.client.ApiClient for the Cluster API provider
         self._providers: dict[str, NodePoolClient] = dict(providers or {})
 
+    @classmethod
+    def from_env(cls, kube_api: Any = None) -> CloudActivities:
+        """The worker's wiring: config from `$SICKBAY_CLOUD_FILE` (or env-only defaults) and the
+        worker's kubernetes ApiClient for Cluster API pools."""
+        return cls(CloudConfig.load(), kube_api=kube_api)
+
     async def aclose(self) -> None:
         await self._http.aclose()
 
     def provider_for(self, pool: NodePoolTarget) -> NodePoolClient:
         key = pool.provider
         if pool.provider == "sim":
-            key = f"sim:{pool.endpoint}"
+            key = f"sim:{pool.endpoint or self._config.sim.endpoint}"
         elif pool.provider == "http":
             key = f"http:{pool.profile}"
         if key in self._providers:
@@ -122,17 +128,21 @@ class CloudActivities:
         if pool.provider == "gke":
             return GkeNodePools.from_config(self._http, self._config.gke)
         if pool.provider == "sim":
-            if not pool.endpoint:
-                raise ConfigError("a `sim` pool needs `endpoint` (the twin's cloud API URL)")
-            if not _is_loopback(pool.endpoint):
+            sim = self._config.sim
+            endpoint = pool.endpoint or sim.endpoint
+            if not endpoint:
                 raise ConfigError(
-                    f"the twin's cloud API must be on loopback, not {pool.endpoint}; "
+                    "a `sim` pool needs `endpoint` (the twin's cloud API URL) in the runbook "
+                    "or SICKBAY_SIM_CLOUD_URL on the worker"
+                )
+            if not _is_loopback(endpoint):
+                raise ConfigError(
+                    f"the twin's cloud API must be on loopback, not {endpoint}; "
                     "the sim token is never sent elsewhere"
                 )
-            sim = self._config.sim
             return GkeNodePools(
                 self._http,
-                endpoint=pool.endpoint,
+                endpoint=endpoint,
                 token=sim.token,
                 defaults={"project": sim.project, "location": sim.location, "cluster": sim.cluster},
             )

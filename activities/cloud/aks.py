@@ -194,15 +194,20 @@ class AksNodePools:
     # --- helpers -------------------------------------------------------------------------
 
     def _pool_url(self, pool: NodePoolTarget) -> str:
-        missing = [f for f in ("subscription", "resource_group", "cluster") if not getattr(pool, f)]
+        parts = {
+            f: getattr(pool, f) or getattr(self._config, f)
+            for f in ("subscription", "resource_group", "cluster")
+        }
+        missing = [f for f, v in parts.items() if not v]
         if missing:
             raise ConfigError(
-                f"AKS pool {pool.name!r} needs {', '.join(missing)} in the runbook's scaleUp.pool"
+                f"AKS pool {pool.name!r} needs {', '.join(missing)} in the runbook's "
+                "scaleUp.pool (or the worker's SICKBAY_AKS_* defaults)"
             )
         return (
-            f"{self._endpoint}/subscriptions/{pool.subscription}/resourceGroups/"
-            f"{pool.resource_group}/providers/Microsoft.ContainerService/managedClusters/"
-            f"{pool.cluster}/agentPools/{pool.name}?api-version={self._config.api_version}"
+            f"{self._endpoint}/subscriptions/{parts['subscription']}/resourceGroups/"
+            f"{parts['resource_group']}/providers/Microsoft.ContainerService/managedClusters/"
+            f"{parts['cluster']}/agentPools/{pool.name}?api-version={self._config.api_version}"
         )
 
     async def _headers(self) -> dict[str, str]:

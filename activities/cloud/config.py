@@ -35,6 +35,11 @@ class GkeConfig(_Model):
     metadata_url: str = (
         "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
     )
+    # Defaults for runbooks that name only the provider (`scaleUp.provider: gke`): the pool is
+    # then the failed node's pool in this cluster.
+    project: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_GKE_PROJECT"))
+    location: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_GKE_LOCATION"))
+    cluster: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_GKE_CLUSTER"))
     # Hosts the token may be sent to when following instance-group URLs (besides `endpoint`).
     compute_hosts: list[str] = Field(
         default_factory=lambda: ["https://www.googleapis.com", "https://compute.googleapis.com"]
@@ -44,6 +49,14 @@ class GkeConfig(_Model):
 class AksConfig(_Model):
     endpoint: str = "https://management.azure.com"
     api_version: str = "2024-09-01"
+    # Defaults for runbooks that name only the provider (`scaleUp.provider: aks`).
+    subscription: str | None = Field(
+        default_factory=lambda: os.environ.get("SICKBAY_AKS_SUBSCRIPTION")
+    )
+    resource_group: str | None = Field(
+        default_factory=lambda: os.environ.get("SICKBAY_AKS_RESOURCE_GROUP")
+    )
+    cluster: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_AKS_CLUSTER"))
     # Either a ready bearer token ($SICKBAY_AZURE_TOKEN / _FILE) ...
     token: SecretRef = SecretRef(env="SICKBAY_AZURE_TOKEN")
     # ... or a Microsoft Entra client-credentials login: client secret, or the federated token
@@ -66,6 +79,8 @@ class SimConfig(_Model):
     base URL."""
 
     token: SecretRef = SecretRef(env="SICKBAY_SIM_CLOUD_TOKEN")
+    # Used when the runbook's pool has no `endpoint` (`scaleUp.provider: sim`).
+    endpoint: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_SIM_CLOUD_URL"))
     project: str = "sim"
     location: str = "local"
     cluster: str = "twin"

@@ -80,12 +80,22 @@ class GkeNodePools:
     @classmethod
     def from_config(cls, client: httpx.AsyncClient, config: GkeConfig) -> GkeNodePools:
         metadata = MetadataToken(client, config.metadata_url) if config.metadata_server else None
+        defaults = {
+            k: v
+            for k, v in (
+                ("project", config.project),
+                ("location", config.location),
+                ("cluster", config.cluster),
+            )
+            if v
+        }
         return cls(
             client,
             endpoint=config.endpoint,
             token=config.token,
             metadata=metadata,
             compute_hosts=config.compute_hosts,
+            defaults=defaults,
         )
 
     # --- NodePoolClient ------------------------------------------------------------------

@@ -62,6 +62,11 @@ class NotifyActivities:
         self._channels = channels or ChannelsConfig()
         self._http = http or httpx.AsyncClient()
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> NotifyActivities:
+        """The worker's wiring: channels from `Settings.channels_file` (none when unset)."""
+        return cls(ChannelsConfig.load(settings.channels_file))
+
     async def aclose(self) -> None:
         await self._http.aclose()
 
@@ -174,7 +179,8 @@ class NotifyActivities:
             body = response.json()
         except ValueError:
             body = {}
-        return f"PagerDuty {body.get('message', 'accepted')} (dedup_key {body.get('dedup_key', event['dedup_key'])})"
+        dedup = body.get("dedup_key", event["dedup_key"])
+        return f"PagerDuty {body.get('message', 'accepted')} (dedup_key {dedup})"
 
     async def _slack(self, channel: SlackChannel, req: NotifyInput) -> str:
         message = slack_message(req.incident, req.action, max_done=channel.max_done)

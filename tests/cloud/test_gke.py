@@ -351,3 +351,19 @@ async def test_pool_without_project_is_a_config_error(acts: CloudActivities) -> 
             acts.describe_pool, DescribePoolInput(pool=POOL.model_copy(update={"project": None}))
         )
     assert info.value.type == ERR_CONFIG and "`project`" in str(info.value)
+
+
+@respx.mock
+async def test_worker_defaults_fill_a_provider_only_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SICKBAY_GKE_TOKEN", TOKEN)
+    monkeypatch.setenv("SICKBAY_GKE_PROJECT", "proj-1")
+    monkeypatch.setenv("SICKBAY_GKE_LOCATION", "us-central1")
+    monkeypatch.setenv("SICKBAY_GKE_CLUSTER", "gpu-cluster")
+    mock_pool()
+    acts = CloudActivities(CloudConfig())
+    desc = await run(
+        acts.describe_pool, DescribePoolInput(pool=NodePoolTarget(provider="gke", name="h100-pool"))
+    )
+    assert desc.current_size == 6

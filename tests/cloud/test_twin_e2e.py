@@ -214,3 +214,20 @@ async def test_quota_inside_the_operation_rejects_every_caller(
     assert len(cloud_twin.api.resize_requests(name)) == 1
     assert cloud_twin.api.pools[name].size == 2
     assert cloud_twin.api.resized == []  # type: ignore[attr-defined]
+
+
+async def test_provider_only_runbook_uses_the_workers_twin_url(
+    cloud_twin: CloudApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`scaleUp.provider: sim` without a pool: the engine names the failed node's pool and
+    the worker knows where the twin is (SICKBAY_SIM_CLOUD_URL)."""
+    monkeypatch.setenv("SICKBAY_SIM_CLOUD_URL", cloud_twin.url)
+    acts = CloudActivities()
+    try:
+        desc = await ActivityEnvironment().run(
+            acts.describe_pool,
+            DescribePoolInput(pool=NodePoolTarget(provider="sim", name="gpu-pool")),
+        )
+    finally:
+        await acts.aclose()
+    assert desc.current_size == 2
