@@ -18,6 +18,7 @@ from activities.kube.client import Kube
 from activities.kube.consumers import claim_devices, list_claims
 from activities.kube.devices import SliceDevice, gpu_capacity, list_slice_devices, node_pool_of
 from activities.kube.discovery import ClusterApis
+from activities.kube.nodes import quarantined_on
 from activities.kube.pods import gpu_request_count, is_terminal, meta
 from activities.kube.quarantine import RULES, _api
 from workflows.constants import TAINT_KEY
@@ -92,8 +93,9 @@ def free_capacity(kube: Kube, apis: ClusterApis, inp: FreeCapacityInput) -> Free
         for n in nodes:
             name = meta(n).get("name")
             if name in usable:
-                _, alloc = gpu_capacity(n)
-                free += max(0, (alloc or 0) - used.get(name, 0))
+                cap, alloc = gpu_capacity(n)
+                healthy = min(alloc or 0, (cap or 0) - len(quarantined_on(n)))
+                free += max(0, healthy - used.get(name, 0))
         return FreeCapacity(free_devices=free)
     drivers: set[str] = set()
     attrs: dict[str, Any] = {}
@@ -108,6 +110,9 @@ def free_capacity(kube: Kube, apis: ClusterApis, inp: FreeCapacityInput) -> Free
         drivers, attrs = class_filter(cls)
     all_devices = list_slice_devices(kube)
     devices = [d for d in all_devices if d.node in usable]
+    # GPUs Sickbay quarantined without a DeviceTaintRule (fallback) are recorded on the node.
+    held = {(meta(n).get("name"), u.lower()) for n in nodes for u in quarantined_on(n)}
+    devices = [d for d in devices if (d.node, (d.physical_uuid or "").lower()) not in held]
     devices = [d for d in devices if _matches_class(d, drivers, attrs)]
     allocated = {dev for c in list_claims(kube) for dev in claim_devices(c)}
     selectors = _rule_taints(kube, apis)

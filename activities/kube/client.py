@@ -25,6 +25,8 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -225,7 +227,21 @@ class Kube:
         self.custom = k8s.CustomObjectsApi(api_client)
         self.authz = k8s.AuthorizationV1Api(api_client)
         self.version_api = k8s.VersionApi(api_client)
-        self.resource_group = k8s.ResourceApi(api_client)
+        self._cache: dict[Any, tuple[float, Any]] = {}
+        self._cache_lock = threading.Lock()
+
+    def cached(self, key: Any, ttl: float, load: Callable[[], Any]) -> Any:
+        """Per-worker cache for slow-changing reads (DeviceClasses, namespace labels), so a
+        remediation does not pay for them every time. Never used for pods, claims or rules."""
+        now = time.monotonic()
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is not None and now - hit[0] < ttl:
+                return hit[1]
+        value = load()
+        with self._cache_lock:
+            self._cache[key] = (now, value)
+        return value
 
     @classmethod
     def from_settings(cls, settings: KubeSettings) -> Kube:

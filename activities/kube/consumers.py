@@ -145,7 +145,16 @@ def find_consumers(kube: Kube, inp: FindConsumersInput) -> ConsumersResult:
     return ConsumersResult(consumers=consumers)
 
 
+NAMESPACE_TTL = 60.0  # seconds; runbook-matching labels on namespaces rarely change
+
+
 def _namespace_labels(kube: Kube, namespace: str) -> dict[str, str]:
+    return dict(
+        kube.cached(("ns", namespace), NAMESPACE_TTL, lambda: _read_ns_labels(kube, namespace))
+    )
+
+
+def _read_ns_labels(kube: Kube, namespace: str) -> dict[str, str]:
     try:
         ns = kube.call(
             kube.core.read_namespace, namespace, verb="get", resource="namespaces", name=namespace

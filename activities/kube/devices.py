@@ -40,6 +40,7 @@ PARENT_INDEX_ATTRS = ("parentindex", "parent_index", "parentminor")
 PRODUCT_ATTRS = ("productname", "product", "model")
 # DRA driver health taints (NVIDIA: gpu.nvidia.com/xid, gpu.nvidia.com/gpu-lost).
 EFFECTS = ("NoSchedule", "NoExecute", "None")
+DEVICE_CLASS_TTL = 300.0  # seconds; classes come with a driver install, not per incident
 
 
 def _attr_value(raw: Any) -> Any:
@@ -195,7 +196,13 @@ def _get_node(kube: Kube, name: str) -> dict[str, Any] | None:
 
 def _device_class_for(kube: Kube, driver: str, partition: bool) -> str | None:
     """The DeviceClass whose selector names this driver (prefers the MIG class for slices)."""
-    body = kube.call(kube.resource_v1.list_device_class, verb="list", resource="deviceclasses")
+    body = kube.cached(
+        "deviceclasses",
+        DEVICE_CLASS_TTL,
+        lambda: kube.call(
+            kube.resource_v1.list_device_class, verb="list", resource="deviceclasses"
+        ),
+    )
     candidates: list[tuple[int, str]] = []
     for item in body.get("items") or []:
         name = (item.get("metadata") or {}).get("name", "")

@@ -74,28 +74,38 @@ class Discovery:
             return self._cached
 
     def discover(self, *, every_version: bool = False) -> ClusterApis:
-        """Read discovery now. Stops at the first version serving DeviceTaintRule unless
-        `every_version` (doctor reports them all)."""
+        """Read discovery now.
+
+        Normal path (cheap): the version documents in preference order, stopping at the first
+        serving DeviceTaintRule (1.37: one GET; a device-plugin cluster: one 404); /version
+        only when v1alpha3 is chosen (its schema depends on the release). `every_version`
+        (doctor) also reads /version and the group document and checks every version.
+        """
         kube = self._kube
-        version = kube.call(kube.version_api.get_code, verb="get", resource="version")
-        try:
-            group = kube.get_path(f"/apis/{DRA_GROUP}", resource=DRA_GROUP)
-        except KubeError as err:
-            if err.kind is not ErrorKind.NOT_FOUND:
-                raise
-            group = {}
-        served = tuple(v.get("version", "") for v in group.get("versions", []) or [])
+        served: tuple[str, ...] = ()
+        if every_version:
+            try:
+                group = kube.get_path(f"/apis/{DRA_GROUP}", resource=DRA_GROUP)
+            except KubeError as err:
+                if err.kind is not ErrorKind.NOT_FOUND:
+                    raise
+                group = {}
+            served = tuple(v.get("version", "") for v in group.get("versions", []) or [])
         dra = False
         taint_versions: list[str] = []
         # v1 first: it tells both "DRA served" and "rule served in v1"; v1beta1 is never read
         # (no DeviceTaintRule there, and Sickbay reads slices and claims through v1).
-        for ver in (v for v in TAINT_VERSION_PREFERENCE if v in served):
+        for ver in TAINT_VERSION_PREFERENCE:
+            if every_version and ver not in served:
+                continue
             if taint_versions and not every_version:
                 break
             try:
                 resources = kube.get_path(f"/apis/{DRA_GROUP}/{ver}", resource=DRA_GROUP)
             except KubeError as err:
                 if err.kind is ErrorKind.NOT_FOUND:
+                    if ver == "v1" and not every_version:
+                        break  # no resource.k8s.io/v1 at all: a device-plugin cluster
                     continue
                 raise
             names = {r.get("name") for r in resources.get("resources", []) or []}
@@ -104,11 +114,14 @@ class Discovery:
             if "devicetaintrules" in names:
                 taint_versions.append(ver)
         ordered = tuple(v for v in TAINT_VERSION_PREFERENCE if v in taint_versions)
+        version: dict[str, object] = {}
+        if every_version or (ordered and ordered[0] == "v1alpha3"):
+            version = kube.call(kube.version_api.get_code, verb="get", resource="version")
         return ClusterApis(
             dra=dra,
             taint_version=ordered[0] if ordered else None,
             taint_versions=ordered,
-            served_versions=served,
+            served_versions=served or ordered,
             server_version=str(version.get("gitVersion", "")),
-            minor=parse_minor(version),
+            minor=parse_minor(version) if version else None,
         )

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from temporalio.testing import ActivityEnvironment
 
 from activities.kube import KubeActivities, KubeSettings
 from simulator.runtime import Simulator
+from tests.activities.kube.rbac_proxy import RbacProxy
 
 PROFILES = ("1.34", "1.35", "1.36", "1.37", "device-plugin")
 DRIVER = "gpu.nvidia.com"
@@ -33,6 +35,7 @@ class Twin:
     kubeconfig: Path
     env: ActivityEnvironment = field(default_factory=ActivityEnvironment)
     heartbeats: list[Any] = field(default_factory=list)
+    proxy: RbacProxy | None = None
 
     @property
     def store(self) -> Any:
@@ -286,9 +289,13 @@ def twin(
     token: str | None = None,
     kube_token: str | None = None,
     controllers: Any = None,
+    clock: Any = None,
+    proxy_rules: list[dict[str, Any]] | None = None,
     **seed: Any,
 ) -> Iterator[Twin]:
-    sim = Simulator(profile=profile, token=token)
+    """A running twin (+ controllers if given); with `proxy_rules`, the activities reach it
+    through an RBAC-enforcing proxy holding those ClusterRole rules."""
+    sim = Simulator(profile=profile, token=token, clock=clock)
     seed.setdefault("nodes", 2)
     seed.setdefault("gpus_per_node", 2)
     sim.seed(**seed)
@@ -296,12 +303,21 @@ def twin(
         sim.add_controller(controllers)
     sim.start()
     path = sim.write_kubeconfig(tmp_path / f"kubeconfig-{uuid.uuid4().hex[:6]}", token=kube_token)
-    acts = KubeActivities(KubeSettings(kubeconfig=str(path), request_timeout=5.0, max_threads=8))
-    try:
-        yield Twin(sim=sim, acts=acts, kubeconfig=path)
-    finally:
-        acts.close()
-        sim.stop()
+    with contextlib.ExitStack() as stack:
+        proxy = None
+        if proxy_rules is not None:
+            proxy = stack.enter_context(RbacProxy(sim.url, proxy_rules))
+            config = yaml.safe_load(path.read_text())
+            config["clusters"][0]["cluster"]["server"] = proxy.url
+            path.write_text(yaml.safe_dump(config))
+        acts = KubeActivities(
+            KubeSettings(kubeconfig=str(path), request_timeout=5.0, max_threads=8)
+        )
+        try:
+            yield Twin(sim=sim, acts=acts, kubeconfig=path, proxy=proxy)
+        finally:
+            acts.close()
+            sim.stop()
 
 
 @pytest.fixture(params=PROFILES)

@@ -1,0 +1,261 @@
+"""A whole remediation's activity sequence against the twin WITH its controllers (scheduler,
+workload controllers, device-taint eviction, kubelet stand-in), through an RBAC-enforcing proxy
+holding deploy/rbac.yaml, for every profile.
+
+Cases:
+- happy path (DRA with DeviceTaintRule: 1.36, 1.37): resolve -> evidence -> consumers ->
+  budget count -> quarantine (NoExecute rule) -> events -> the twin's eviction controller
+  deletes the consumer -> wait_for_eviction sees it gone -> the Deployment's replacement runs
+  on an untainted device -> wait_for_replacement "running" -> free capacity -> release;
+- fallback (1.34 without DeviceTaintRule, device plugin): quarantine evicts through the
+  Eviction API, same waits;
+- RBAC: no request is denied by the proxy, and every request in the twin's log is covered
+  by deploy/rbac.yaml; verbs granted but unused are reported (printed);
+- request count of the happy path, from the twin's request log (watches counted once),
+  printed and bounded so a regression shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from simulator.clock import Clock
+from simulator.controllers.manager import ControllerManager, SimOptions
+from tests.activities.kube.conftest import Twin, twin
+from tests.activities.kube.rbac_proxy import allows
+from workflows.models import (
+    CheckHealthInput,
+    CountDevicesInput,
+    DeviceRef,
+    EventTarget,
+    EvidenceInput,
+    FindConsumersInput,
+    FreeCapacityInput,
+    QuarantineInput,
+    RecordEventInput,
+    ReleaseInput,
+    ResolveDeviceInput,
+    WaitEvictionInput,
+    WaitReplacementInput,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+RULES = [
+    rule
+    for doc in yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text())
+    if doc["kind"] == "ClusterRole"
+    for rule in doc["rules"]
+]
+WF = "sickbay-gpu-e2e"
+USED: set[tuple[str, str, str]] = set()  # (group, resource, verb) across the module's tests
+
+
+def _workload(t: Twin, ns: str = "ml", name: str = "trainer") -> None:
+    t.namespace(ns)
+    container: dict[str, Any] = {"name": "main", "image": "cuda:12"}
+    pod_spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 2}
+    if t.dra:
+        t.store.create(
+            "resourceclaimtemplates.resource.k8s.io",
+            {
+                "metadata": {"name": "gpu", "namespace": ns},
+                "spec": {
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                            ]
+                        }
+                    }
+                },
+            },
+            namespace=ns,
+        )
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+        pod_spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+    else:
+        container["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    t.store.create(
+        "deployments.apps",
+        {
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec},
+            },
+        },
+        namespace=ns,
+    )
+
+
+async def _running_pod(t: Twin, ns: str = "ml") -> dict[str, Any]:
+    for _ in range(200):
+        pods = [
+            p
+            for p in t.store.list("pods", namespace=ns).items
+            if p.get("status", {}).get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+        if pods:
+            return pods[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError("the twin never ran the workload")
+
+
+def _gpu_of(t: Twin, pod: dict[str, Any]) -> tuple[str, int]:
+    node = pod["spec"]["nodeName"]
+    if t.dra:
+        claim = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        c = t.store.get("resourceclaims.resource.k8s.io", claim, "ml")
+        device = c["status"]["allocation"]["devices"]["results"][0]["device"]
+        return node, int(device.split("-")[1])
+    return node, 0
+
+
+@pytest.mark.parametrize("profile", ["1.36", "1.37", "1.34", "device-plugin"])
+async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
+    manager = ControllerManager(SimOptions(pod_startup_seconds=0.5))
+    with twin(
+        tmp_path, profile, controllers=manager, clock=Clock(time_scale=10), proxy_rules=RULES
+    ) as t:
+        _workload(t)
+        pod = await _running_pod(t)
+        node, index = _gpu_of(t, pod)
+        uuid = t.uuid_of(node, index)
+        t.clear_requests()
+        started = time.monotonic()
+
+        device = await t.run(
+            t.acts.resolve_device, ResolveDeviceInput(device=DeviceRef(node=node, gpu_uuid=uuid))
+        )
+        evidence = await t.run(t.acts.gather_evidence, EvidenceInput(device=device))
+        assert evidence.device_present
+        consumers = (
+            await t.run(
+                t.acts.find_consumers,
+                FindConsumersInput(
+                    device=device,
+                    alert_pods=[] if t.dra else [],
+                ),
+            )
+        ).consumers
+        assert [c.pod.name for c in consumers] == [pod["metadata"]["name"]]
+        top = consumers[0].top_owner
+        assert top is not None and (top.kind, top.name) == ("Deployment", "trainer")
+        counts = await t.run(t.acts.count_devices, CountDevicesInput(node_pool=device.node_pool))
+        assert counts.cluster_quarantined == 0 and counts.cluster_devices == 4
+        refs = [c.pod for c in consumers]
+        result = await t.run(
+            t.acts.quarantine_device,
+            QuarantineInput(
+                device=device,
+                workflow_id=WF,
+                reason="xid 79",
+                consumers=refs,
+                fallback_node_threshold=1,
+            ),
+        )
+        assert result.mode == ("rule" if device.taint_api_version else "fallback")
+        targets = [
+            EventTarget(api_version="v1", kind="Pod", name=r.name, namespace=r.namespace)
+            for r in refs
+        ]
+        if result.rule_name:
+            targets.append(
+                EventTarget(
+                    api_version=f"resource.k8s.io/{result.api_version}",
+                    kind="DeviceTaintRule",
+                    name=result.rule_name,
+                )
+            )
+        await t.run(
+            t.acts.record_event,
+            RecordEventInput(
+                targets=targets, reason="Quarantined", message="GPU quarantined", workflow_id=WF
+            ),
+        )
+        gone = await t.run(
+            t.acts.wait_for_eviction, WaitEvictionInput(pods=refs, timeout=timedelta(seconds=30))
+        )
+        assert not gone.timed_out and [p.name for p in gone.gone] == [refs[0].name]
+        replaced = await t.run(
+            t.acts.wait_for_replacement,
+            WaitReplacementInput(
+                owners=[top],
+                old_pods=refs,
+                tainted=device.devices,
+                deadline=timedelta(seconds=30),
+            ),
+        )
+        assert replaced.status == "running", replaced
+        new = [p for p in replaced.pods if p.phase == "Running"]
+        assert new and all(
+            d not in {x.resource_id for x in device.devices} for p in new for d in p.devices
+        )
+        free = await t.run(
+            t.acts.count_free_capacity,
+            FreeCapacityInput(device_class=device.device_class, node_pool=device.node_pool),
+        )
+        assert free.free_devices == 2  # 4 GPUs - 1 quarantined - 1 used by the replacement
+        health = await t.run(t.acts.check_device_health, CheckHealthInput(device=device))
+        assert health.health in (None, "Healthy", "Unhealthy", "Unknown")
+        released = await t.run(
+            t.acts.release_quarantine,
+            ReleaseInput(
+                device=device,
+                rule_name=result.rule_name,
+                api_version=result.api_version,
+                node_tainted=result.node_tainted,
+                workflow_id=WF,
+            ),
+        )
+        assert released.removed
+        elapsed = time.monotonic() - started
+
+        log = t.sim.requests
+        manager.stop()
+        t.sim.stop()  # ends open watch streams, so the log holds them
+        records = [r for r in log.entries() if r.user_agent.startswith("OpenAPI-Generator")]
+        watches = [r for r in records if r.verb == "watch"]
+        print(
+            f"\n[{profile}] happy path: {len(records)} Kubernetes requests "
+            f"({len(watches)} watches) in {elapsed:.1f} s: "
+            + ", ".join(f"{r.verb} {r.resource or r.path}" for r in records)
+        )
+        assert t.proxy is not None and t.proxy.denied == []
+        for r in records:
+            if not r.resource:
+                assert r.path.startswith(("/version", "/api")), r.path  # discovery
+                continue
+            resource, _, sub = r.resource.partition("/")
+            assert allows(RULES, r.group, resource, sub, r.verb), f"not in rbac.yaml: {r}"
+            USED.add((r.group, r.resource, r.verb))
+        assert len(records) <= 40
+
+
+def test_report_unused_grants() -> None:
+    """Runs after the sequences above (same module): verbs rbac.yaml grants that no
+    request used. Expected: paths the happy paths do not take (cordon patch, force delete,
+    preview/doctor, Cluster API scale-up)."""
+    if not USED:
+        pytest.skip("run with the remediation sequences")
+    granted = {
+        (g, r, v)
+        for rule in RULES
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    unused = sorted(granted - USED)
+    print(
+        "\ngranted but unused by the happy paths:", ", ".join(f"{v} {r}.{g}" for g, r, v in unused)
+    )
+    assert ("resource.k8s.io", "devicetaintrules", "create") not in unused
