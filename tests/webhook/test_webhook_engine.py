@@ -1,0 +1,126 @@
+"""The webhook feeding the real remediation workflow (workflows/remediation.py) on the dev server.
+
+The workflow and its runbook loader are real; `resolve-device` is a stand-in that holds the
+workflow in its first cluster step while the webhook posts, then reports the device missing so
+the workflow closes and its final state can be queried (the Kubernetes activities have their
+own tests against the twin).
+
+Cases:
+- the same Xid 79 notification 20 times: one workflow, started by the first; its status
+  counts 19 duplicates (de-duplicated by fingerprint)
+- a second alert with another fingerprint for the same GPU is new evidence (2 alerts), not a
+  new workflow
+- a resolved alert shows up in the workflow's timeline
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from temporalio import activity
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.runbooks import RunbookActivities
+from tests.webhook.helpers import (
+    TOKEN,
+    auth,
+    count_runs,
+    payload,
+    serve,
+    settings_for,
+    unique_device,
+    xid_alert,
+)
+from worker.settings import PACKAGED_RUNBOOKS
+from worker.webhook import WebhookSettings, create_app
+from workflows.constants import (
+    ACT_RESOLVE_DEVICE,
+    ERR_DEVICE_NOT_FOUND,
+    QRY_STATUS,
+    QRY_TIMELINE,
+    device_workflow_id,
+)
+from workflows.models import (
+    RemediationStatus,
+    ResolvedDevice,
+    ResolveDeviceInput,
+    TimelineEntry,
+)
+from workflows.remediation import DeviceRemediationWorkflow
+
+
+class HeldResolver:
+    """Stand-in for `resolve-device`: holds the workflow in its first cluster step until
+    released, then reports the device missing, so the workflow closes and its final state
+    (every signal it took) can be read back."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    @activity.defn(name=ACT_RESOLVE_DEVICE)
+    async def resolve(self, req: ResolveDeviceInput) -> ResolvedDevice:
+        await self.release.wait()
+        raise ApplicationError(
+            "stand-in: device not found", type=ERR_DEVICE_NOT_FOUND, non_retryable=True
+        )
+
+
+async def test_webhook_into_real_workflow(dev_env: WorkflowEnvironment) -> None:
+    client = dev_env.client
+    queue = f"engine-{uuid.uuid4().hex[:8]}"
+    app = create_app(
+        settings_for(dev_env, queue), client, webhook=WebhookSettings(webhook_token=TOKEN)
+    )
+    node, gpu = unique_device()
+    wid = device_workflow_id(node, gpu)
+    body = payload(xid_alert(node, gpu))
+    held = HeldResolver()
+    executor = ThreadPoolExecutor(max_workers=2)  # the runbook loader is a sync activity
+    async with (
+        Worker(
+            client,
+            task_queue=queue,
+            workflows=[DeviceRemediationWorkflow],
+            activities=[RunbookActivities(PACKAGED_RUNBOOKS).load_runbooks, held.resolve],
+            activity_executor=executor,
+        ),
+        serve(app) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as http,
+    ):
+        results = [
+            (await http.post("/v1/alertmanager", json=body, headers=auth())).json()
+            for _ in range(20)
+        ]
+        assert [r["started"] for r in results] == [1] + [0] * 19
+        other = xid_alert(node, gpu)
+        other["labels"]["alertname"] = "SickbayGpuEccDoubleBitError"
+        other["fingerprint"] = "ecc-" + other["fingerprint"]
+        resp = await http.post("/v1/alertmanager", json=payload(other), headers=auth())
+        assert resp.json()["signalled"] == 1
+        resolved = xid_alert(node, gpu, status="resolved", endsAt="2026-11-29T10:05:00Z")
+        resp = await http.post(
+            "/v1/alertmanager", json=payload(resolved, status="resolved"), headers=auth()
+        )
+        assert resp.json()["resolved_signalled"] == 1
+
+        held.release.set()
+        handle = client.get_workflow_handle(wid)
+        async with asyncio.timeout(30):
+            try:
+                await handle.result()
+            except WorkflowFailureError:
+                pass  # how the engine ends a missing device is its business, not this test's
+        # Queries on the closed workflow replay its history on this worker.
+        s = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+        assert (s.alerts, s.duplicate_alerts) == (2, 19)
+        assert s.node == node
+        timeline = await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
+        assert any(e.action == "alert resolved" for e in timeline)
+    executor.shutdown()
+    assert await count_runs(client, f"WorkflowId = '{wid}'", expect=1) == 1
