@@ -122,8 +122,8 @@ def _common(maps: list[dict[str, str]]) -> dict[str, str]:
 def build_payload(
     alerts: list[Alert], group_labels: dict[str, str], config: AlertConfig
 ) -> dict[str, Any]:
-    """The webhook body (version 4) for one group, alerts in a stable order."""
-    ordered = sorted(alerts, key=lambda a: (a.starts_at, a.fingerprint))
+    """The webhook body (version 4) for one group, alerts ordered by their labels."""
+    ordered = sorted(alerts, key=lambda a: sorted(a.labels.items()))
     firing = any(a.status == "firing" for a in ordered)
     return {
         "version": "4",
