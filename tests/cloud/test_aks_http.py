@@ -324,3 +324,78 @@ async def test_unknown_http_profile(http_acts: CloudActivities) -> None:
     with pytest.raises(ApplicationError) as info:
         await run(http_acts.describe_pool, DescribePoolInput(pool=pool))
     assert info.value.type == ERR_CONFIG and "configured: magnum, sync" in str(info.value)
+
+
+# --- EKS managed node groups through a SigV4 signing proxy (docs/cloud.md profile) ----------
+
+EKS_PROXY = "http://127.0.0.1:8005"
+EKS_PROFILE = """
+http:
+  eks:
+    describe: {url: "{endpoint}/clusters/{cluster}/node-groups/{name}"}
+    size_path: nodegroup.scalingConfig.desiredSize
+    min_path: nodegroup.scalingConfig.minSize
+    max_path: nodegroup.scalingConfig.maxSize
+    scale:
+      method: POST
+      url: "{endpoint}/clusters/{cluster}/node-groups/{name}/update-config"
+      body: {scalingConfig: {desiredSize: "{size}"}, clientRequestToken: "{idempotency_key}"}
+      ok_status: [200]
+    idempotency_header: null
+    operation_id_path: update.id
+    operation:
+      call: {url: "{endpoint}/clusters/{cluster}/updates/{operation}?nodegroupName={name}"}
+      done_path: update.status
+      done_values: [Successful]
+      failed_values: [Failed, Cancelled]
+      message_path: update.errors.0.errorMessage
+"""
+
+
+@respx.mock
+async def test_eks_profile_follows_the_eks_api(tmp_path: Path) -> None:
+    path = tmp_path / "cloud.yaml"
+    path.write_text(EKS_PROFILE)
+    acts = CloudActivities(CloudConfig.load(path))
+    pool = NodePoolTarget(
+        provider="http", profile="eks", name="gpu-ng", cluster="prod", endpoint=EKS_PROXY
+    )
+    respx.get(f"{EKS_PROXY}/clusters/prod/node-groups/gpu-ng").respond(
+        200,
+        json={
+            "nodegroup": {
+                "nodegroupName": "gpu-ng",
+                "status": "ACTIVE",
+                "scalingConfig": {"minSize": 1, "maxSize": 6, "desiredSize": 2},
+            }
+        },
+    )
+    update = respx.post(f"{EKS_PROXY}/clusters/prod/node-groups/gpu-ng/update-config").respond(
+        200, json={"update": {"id": "upd-1", "status": "InProgress", "type": "ConfigUpdate"}}
+    )
+    result = await run(
+        acts.scale_pool,
+        ScalePoolInput(pool=pool, target_size=3, max_size=8, idempotency_key="sickbay-r1"),
+    )
+    assert json.loads(update.calls.last.request.content) == {
+        "scalingConfig": {"desiredSize": 3},
+        "clientRequestToken": "sickbay-r1",
+    }
+    assert "idempotency-key" not in update.calls.last.request.headers
+    assert result.operation is not None and result.operation.id == "upd-1"
+    respx.get(
+        f"{EKS_PROXY}/clusters/prod/updates/upd-1", params={"nodegroupName": "gpu-ng"}
+    ).respond(
+        200,
+        json={
+            "update": {
+                "id": "upd-1",
+                "status": "Failed",
+                "errors": [
+                    {"errorCode": "NodeCreationFailure", "errorMessage": "Instances failed to join"}
+                ],
+            }
+        },
+    )
+    op = await run(acts.wait_pool_operation, PoolOperationInput(pool=pool, operation="upd-1"))
+    assert op.done and op.error == "Failed: Instances failed to join"
