@@ -49,8 +49,9 @@ class Check:
 
 
 class Doctor:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, probe_timeout: float = PROBE_TIMEOUT) -> None:
         self.kube = kube
+        self.probe_timeout = probe_timeout
         self.checks: list[Check] = []
 
     def add(self, status: str, name: str, detail: str, fix: str = "") -> None:
@@ -228,7 +229,7 @@ class Doctor:
                 resource="devicetaintrules.resource.k8s.io",
                 name=name,
             )
-            conditions = wait_rule_conditions(self.kube, version, [name], PROBE_TIMEOUT)
+            conditions = wait_rule_conditions(self.kube, version, [name], self.probe_timeout)
         except KubeError as err:
             self.add("error", "eviction controller", f"probe failed: {err}")
             return
@@ -254,7 +255,7 @@ class Doctor:
             self.add(
                 "error",
                 "eviction controller",
-                f"probe rule got no status within {PROBE_TIMEOUT:.0f} s: NoExecute rules will "
+                f"probe rule got no status within {self.probe_timeout:.0f} s: NoExecute rules will "
                 "not evict anything",
                 "enable DRADeviceTaints + DRADeviceTaintRules in kube-controller-manager (and "
                 "the scheduler); until then use runbooks with eviction mode eviction-api",
@@ -366,7 +367,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         out.write(f"{'error':<8}{'config':<28}cannot load Kubernetes config: {exc}\n")
         return 1
     try:
-        checks = Doctor(kube).run(probe=args.probe)
+        checks = Doctor(kube, args.probe_timeout).run(probe=args.probe)
     except KubeError as err:
         checks = [Check("error", "doctor", f"stopped: {err}")]
     finally:
@@ -390,6 +391,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="create and delete a no-op rule "
         "(effect None, selects nothing) to see whether the eviction controller acts",
+    )
+    parser.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=PROBE_TIMEOUT,
+        help="seconds to wait for the probe rule's status (default %(default)s)",
     )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: KUBECONFIG)")
     parser.add_argument("--context", default=None, help="kubeconfig context")

@@ -1,0 +1,105 @@
+"""`sickbay doctor` against the twin over HTTP, every profile, through the real CLI dispatcher.
+
+Cases:
+- every profile: API reachable, the served DeviceTaintRule versions (or the fallback warning
+  on 1.34 and device plugin), the known-bad 1.36.2 warning, drivers/classes, health
+  reporting; exit code 0 when nothing is an error;
+- permissions via SelfSubjectAccessReview (answered by the RBAC proxy from deploy/rbac.yaml):
+  all allowed -> ok; a role missing a required verb -> error naming it, exit code 1;
+- the twin without SelfSubjectAccessReview: a warning, not a crash;
+- --probe with the twin's controllers: the no-op effect-None rule gets a status condition
+  ("acts"), and is deleted afterwards; without the eviction controller: error with advice;
+- an unreachable API server: one error line, exit code 1.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from simulator.controllers.manager import ControllerManager
+from tests.activities.kube.conftest import PROFILES, twin
+from tests.activities.kube.test_kube_errors import RULES, without
+from worker.cli import build_parser
+
+
+def doctor(kubeconfig: Path, *extra: str) -> tuple[int, str]:
+    from worker.doctor import run
+
+    args = build_parser().parse_args(["doctor", "--kubeconfig", str(kubeconfig), *extra])
+    out = io.StringIO()
+    code = run(args, out)
+    return code, out.getvalue()
+
+
+def line(output: str, name: str) -> str:
+    found = [ln for ln in output.splitlines() if re.match(rf"^\w+\s+{re.escape(name)}\s\s", ln)]
+    assert found, f"no '{name}' line in:\n{output}"
+    return found[0]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+async def test_doctor_per_profile(tmp_path: Path, profile: str) -> None:
+    with twin(tmp_path, profile, proxy_rules=RULES) as t:
+        code, out = doctor(t.kubeconfig)
+    assert code == 0, out
+    assert line(out, "api").startswith("ok")
+    assert line(out, "permissions").startswith("ok")
+    taint = {
+        "1.34": "warning DeviceTaintRule",
+        "1.35": "warning DeviceTaintRule",
+        "1.36": "ok      DeviceTaintRule",
+        "1.37": "ok      DeviceTaintRule",
+    }
+    if profile == "device-plugin":
+        assert line(out, "DRA").startswith("warning") and "device-plugin mode" in out
+        assert line(out, "device plugin").startswith("ok")
+    else:
+        assert line(out, "DeviceTaintRule").startswith(taint[profile].split()[0])
+        assert line(out, "DRA drivers").startswith("ok")
+    if profile == "1.36":
+        assert line(out, "known-bad version").startswith("warning")
+        assert "139651" in out
+    if profile == "1.37":
+        assert "served in v1; using v1" in out
+
+
+async def test_doctor_missing_permission_is_an_error(tmp_path: Path) -> None:
+    with twin(tmp_path, "1.37", proxy_rules=without("", "pods/eviction", "create")) as t:
+        code, out = doctor(t.kubeconfig)
+    assert code == 1
+    assert line(out, "permissions").startswith("error") and "create pods/eviction" in out
+
+
+async def test_doctor_without_access_reviews_warns(tmp_path: Path) -> None:
+    with twin(tmp_path, "1.36") as t:  # straight to the twin: no SelfSubjectAccessReview there
+        code, out = doctor(t.kubeconfig)
+    assert code == 0
+    assert line(out, "permissions").startswith("warning") and "not served" in out
+
+
+async def test_doctor_probe(tmp_path: Path) -> None:
+    with twin(tmp_path, "1.37", controllers=ControllerManager()) as t:
+        code, out = doctor(t.kubeconfig, "--probe")
+        assert code == 0, out
+        assert line(out, "eviction controller").startswith("ok") and "acts" in out
+        assert t.store.list("devicetaintrules.resource.k8s.io").items == []
+    with twin(tmp_path, "1.37") as t:  # no controllers: nobody writes the status
+        code, out = doctor(t.kubeconfig, "--probe", "--probe-timeout", "1")
+        assert code == 1
+        assert line(out, "eviction controller").startswith("error")
+        assert t.store.list("devicetaintrules.resource.k8s.io").items == []
+
+
+def test_doctor_unreachable(tmp_path: Path) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    code, out = doctor(config)
+    assert code == 1 and line(out, "api").startswith("error")
