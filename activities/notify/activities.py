@@ -18,6 +18,7 @@ import hmac
 import json
 from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from temporalio import activity
@@ -57,15 +58,20 @@ def _secret(value: str | SecretRef) -> str:
 
 class NotifyActivities:
     def __init__(
-        self, channels: ChannelsConfig | None = None, *, http: httpx.AsyncClient | None = None
+        self,
+        channels: ChannelsConfig | None = None,
+        *,
+        http: httpx.AsyncClient | None = None,
+        ui_url: str | None = None,
     ) -> None:
         self._channels = channels or ChannelsConfig()
         self._http = http or httpx.AsyncClient()
+        self._ui_url = ui_url.rstrip("/") if ui_url else None  # Temporal Web UI base URL
 
     @classmethod
     def from_settings(cls, settings: Any) -> NotifyActivities:
         """The worker's wiring: channels from `Settings.channels_file` (none when unset)."""
-        return cls(ChannelsConfig.load(settings.channels_file))
+        return cls(ChannelsConfig.load(settings.channels_file), ui_url=settings.temporal_ui_url)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -87,6 +93,15 @@ class NotifyActivities:
                 f"(configured: {', '.join(self.channel_names) or 'none'}; see channels_file)",
                 type=ERR_CONFIG,
                 non_retryable=True,
+            )
+        if req.incident.ui_url is None and self._ui_url:
+            # The workflow cannot know the UI's address; the worker does.
+            link = (
+                f"{self._ui_url}/namespaces/{quote(info.workflow_namespace, safe='')}"
+                f"/workflows/{quote(req.incident.id, safe='')}"
+            )
+            req = req.model_copy(
+                update={"incident": req.incident.model_copy(update={"ui_url": link})}
             )
         try:
             detail = await self.deliver(channel, req)

@@ -325,3 +325,18 @@ async def test_failing_channel_falls_back_from_the_configured_try(
     assert not slack.called
     result = await run(acts, NotifyInput(channel="paged", incident=incident()), attempt=3)
     assert result.delivered_via == "team" and result.attempt == 3
+
+
+@respx.mock
+async def test_workflow_link_is_added_from_the_worker_ui_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    acts = NotifyActivities(channels(tmp_path, monkeypatch), ui_url="https://temporal.example/")
+    route = respx.post(SLACK_URL).respond(200, text="ok")
+    await run(acts, NotifyInput(channel="team", incident=incident(ui_url=None)))
+    text = json.dumps(json.loads(route.calls.last.request.content)["blocks"])
+    # ActivityEnvironment's namespace is "default"
+    assert (
+        "<https://temporal.example/namespaces/default/workflows/sickbay-gpu-node-a-gpu-1234|"
+        "Open the workflow in Temporal UI>"
+    ) in text
