@@ -57,10 +57,10 @@ WF = "sickbay-gpu-e2e"
 USED: set[tuple[str, str, str]] = set()  # (group, resource, verb) across the module's tests
 
 
-def _workload(t: Twin, ns: str = "ml", name: str = "trainer") -> None:
+def _workload(t: Twin, ns: str = "ml", name: str = "trainer", grace: int = 2) -> None:
     t.namespace(ns)
     container: dict[str, Any] = {"name": "main", "image": "cuda:12"}
-    pod_spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 2}
+    pod_spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": grace}
     if t.dra:
         t.store.create(
             "resourceclaimtemplates.resource.k8s.io",

@@ -1,0 +1,154 @@
+"""Waits and preview against the twin's real controllers (scheduler with DRA allocation,
+Deployment/ReplicaSet, device-taint eviction, kubelet stand-in), on a time-scaled clock.
+
+Cases:
+- a NoExecute rule: wait_for_eviction watches the pod through Terminating (it still holds
+  the device) until it is gone; wait_for_replacement sees the Deployment's new pod Running on
+  an untainted device;
+- every GPU quarantined: the replacement stays Pending; at the deadline the report is
+  "pending" with the scheduler's Unschedulable message;
+- the 1.36 scheduler fault (kubernetes#139651: rule taints ignored): replacements are placed
+  on the tainted device and evicted again and again -> "churn" with that diagnosis;
+- preview: the controller's effect-None verdict ("1 pod would be evicted") and the pod named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from pathlib import Path
+
+from simulator.clock import Clock
+from simulator.controllers.manager import ControllerManager, SimOptions
+from tests.activities.kube.conftest import twin
+from tests.activities.kube.test_kube_e2e import _gpu_of, _running_pod, _workload
+from workflows.models import (
+    DeviceRef,
+    OwnerRef,
+    PodRef,
+    QuarantineInput,
+    ResolveDeviceInput,
+    WaitEvictionInput,
+    WaitReplacementInput,
+)
+
+OWNER = OwnerRef(kind="Deployment", name="trainer", namespace="ml")
+
+
+async def _setup(t, grace: int = 2):
+    _workload(t, grace=grace)
+    pod = await _running_pod(t)
+    node, index = _gpu_of(t, pod)
+    device = await t.run(
+        t.acts.resolve_device,
+        ResolveDeviceInput(device=DeviceRef(node=node, gpu_uuid=t.uuid_of(node, index))),
+    )
+    ref = PodRef(namespace="ml", name=pod["metadata"]["name"], uid=pod["metadata"]["uid"])
+    return device, ref
+
+
+async def test_eviction_and_replacement_watched(tmp_path: Path) -> None:
+    # 30 s grace at 10x: the pod is Terminating for ~3 s of real time.
+    with twin(
+        tmp_path,
+        "1.37",
+        controllers=ControllerManager(SimOptions(pod_startup_seconds=1)),
+        clock=Clock(time_scale=10),
+    ) as t:
+        device, ref = await _setup(t, grace=30)
+        await t.run(t.acts.quarantine_device, QuarantineInput(device=device, workflow_id="wf"))
+        await asyncio.sleep(0.5)
+        terminating = t.store.try_get("pods", ref.name, "ml")
+        assert terminating is not None and terminating["metadata"].get("deletionTimestamp")
+        report = await t.run(
+            t.acts.wait_for_eviction, WaitEvictionInput(pods=[ref], timeout=timedelta(seconds=30))
+        )
+        assert report.gone == [ref] and not report.timed_out
+        assert any(h[0].get("gone") == [] for h in t.heartbeats)  # heartbeated while Terminating
+        replaced = await t.run(
+            t.acts.wait_for_replacement,
+            WaitReplacementInput(
+                owners=[OWNER],
+                old_pods=[ref],
+                tainted=device.devices,
+                deadline=timedelta(seconds=30),
+            ),
+        )
+        assert replaced.status == "running"
+        tainted = {d.resource_id for d in device.devices}
+        running = [p for p in replaced.pods if p.phase == "Running"]
+        assert running and not tainted & {d for p in running for d in p.devices}
+
+
+async def test_replacement_pending_unschedulable_when_every_gpu_is_tainted(tmp_path: Path) -> None:
+    with twin(
+        tmp_path,
+        "1.36",
+        nodes=1,
+        gpus_per_node=1,
+        controllers=ControllerManager(SimOptions(pod_startup_seconds=0.5)),
+        clock=Clock(time_scale=10),
+    ) as t:
+        device, ref = await _setup(t)
+        await t.run(t.acts.quarantine_device, QuarantineInput(device=device, workflow_id="wf"))
+        await t.run(
+            t.acts.wait_for_eviction, WaitEvictionInput(pods=[ref], timeout=timedelta(seconds=30))
+        )
+        report = await t.run(
+            t.acts.wait_for_replacement,
+            WaitReplacementInput(
+                owners=[OWNER],
+                old_pods=[ref],
+                tainted=device.devices,
+                deadline=timedelta(seconds=3),
+            ),
+        )
+        assert report.status == "pending" and report.deadline_passed
+        assert "cannot allocate all claims" in report.unschedulable_message
+        assert all(p.phase == "Pending" for p in report.pods)
+
+
+async def test_scheduler_ignoring_rules_is_churn(tmp_path: Path) -> None:
+    options = SimOptions(pod_startup_seconds=0.5, ignore_device_taint_rules=True)
+    with twin(
+        tmp_path,
+        "1.36",
+        nodes=1,
+        gpus_per_node=1,
+        controllers=ControllerManager(options),
+        clock=Clock(time_scale=10),
+    ) as t:
+        device, ref = await _setup(t, grace=1)
+        await t.run(t.acts.quarantine_device, QuarantineInput(device=device, workflow_id="wf"))
+        report = await t.run(
+            t.acts.wait_for_replacement,
+            WaitReplacementInput(
+                owners=[OWNER],
+                old_pods=[ref],
+                tainted=device.devices,
+                deadline=timedelta(seconds=20),
+                churn_evictions=3,
+            ),
+        )
+        assert report.status == "churn", report
+        assert report.churn is not None and report.churn.evictions >= 3
+        assert "kubernetes#139651" in report.churn.diagnosis
+
+
+async def test_preview_reads_the_controller_verdict(tmp_path: Path) -> None:
+    with twin(
+        tmp_path,
+        "1.36",
+        controllers=ControllerManager(SimOptions(pod_startup_seconds=0.5)),
+        clock=Clock(time_scale=10),
+    ) as t:
+        device, ref = await _setup(t)
+        result = await t.run(
+            t.acts.preview_quarantine, QuarantineInput(device=device, workflow_id="wf")
+        )
+        assert result.mode == "dry-run" and result.would_evict == [
+            PodRef(namespace="ml", name=ref.name, uid=ref.uid)
+        ]
+        assert "1 pod would be evicted" in result.message
+        assert t.store.list("devicetaintrules.resource.k8s.io").items == []
+        assert t.store.get("pods", ref.name, "ml")["metadata"].get("deletionTimestamp") is None
