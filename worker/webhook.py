@@ -466,6 +466,37 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+class TokenSource:
+    """The bearer token; a token file is re-read when it changes (a rotated Kubernetes Secret
+    shows up in the mounted file without a restart). One stat() per request."""
+
+    def __init__(self, webhook: WebhookSettings) -> None:
+        self._webhook = webhook
+        self._token = webhook.token_bytes()  # fail at start-up, not at the first alert
+        self._stamp = self._file_stamp()
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        path = self._webhook.webhook_token_file
+        if self._webhook.webhook_token is not None or path is None:
+            return None
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def current(self) -> bytes | None:
+        stamp = self._file_stamp()
+        if stamp is not None and stamp != self._stamp:
+            try:
+                self._token = self._webhook.token_bytes()
+                self._stamp = stamp
+                log.info("webhook token file changed; using the new token")
+            except RuntimeError as exc:  # mid-write or emptied: keep the last good token
+                log.warning("%s; keeping the previous token", exc)
+        return self._token
+
+
 def _authorized(request: Request, token: bytes | None) -> bool:
     if token is None:
         return True
@@ -497,8 +528,8 @@ def create_app(
     """The webhook app. `temporal` is a connected client (tests, embedding); without one the
     lifespan connects with `settings`, and requests retry the connection while it is down."""
     wh = webhook if webhook is not None else WebhookSettings()
-    token = wh.token_bytes()  # fail at start-up, not at the first alert
-    if token is None:
+    tokens = TokenSource(wh)
+    if tokens.current() is None:
         log.warning("webhook authentication is DISABLED (SICKBAY_WEBHOOK_AUTH_DISABLED)")
     metrics = WebhookMetrics()
     service = AlertService(settings, wh, metrics, temporal)
@@ -533,7 +564,7 @@ def create_app(
     async def alertmanager(request: Request) -> JSONResponse:
         started = time.perf_counter()
         try:
-            if not _authorized(request, token):
+            if not _authorized(request, tokens.current()):
                 return reply(401, {"error": "missing or wrong bearer token"}, "unauthorized")
             try:
                 raw = await _read_body(request, wh.webhook_max_body_bytes)

@@ -148,6 +148,9 @@ def _run_webhook(args: argparse.Namespace) -> int:
         log_level="info",
         # Alertmanager keeps connections open between notifications.
         timeout_keep_alive=30,
+        # In-flight notifications finish on SIGTERM (bounded by the Temporal timeout); below
+        # the Deployment's 20 s termination grace period.
+        timeout_graceful_shutdown=15,
     )
     return 0
 
