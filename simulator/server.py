@@ -348,19 +348,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache, private")
         for k, v in (headers or {}).items():
             self.send_header(k, v)
+        self._status = status
+        self._record()  # before the body leaves: a client that got the answer sees the record
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
-        self._status = status
 
     def _send_json(self, status: int, obj: Any) -> None:
         self._send(status, _json(obj), headers=self._extra_headers)
 
     def _handle(self, method: str) -> None:
-        start = time.perf_counter()
+        self._start = time.perf_counter()
         self._status = 0
+        self._recorded = False
         self._extra_headers: dict[str, str] = {}
         split = urlsplit(self.path)
+        self._split = split
         path = split.path
         self._query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
         info = {"verb": "", "group": "", "version": "", "resource": "", "namespace": "", "name": ""}
@@ -388,24 +391,31 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError:
                 self.close_connection = True
         finally:
-            if not path.startswith("/sim/"):
-                self.api.request_log.add(
-                    RequestRecord(
-                        time=time.time(),
-                        method=method,
-                        path=path,
-                        query=split.query,
-                        verb=info["verb"],
-                        group=info["group"],
-                        version=info["version"],
-                        resource=info["resource"],
-                        namespace=info["namespace"],
-                        name=info["name"],
-                        status=self._status,
-                        duration_ms=(time.perf_counter() - start) * 1000.0,
-                        user_agent=self.headers.get("User-Agent", ""),
-                    )
-                )
+            self._record()
+
+    def _record(self) -> None:
+        """Add this request to the log once (on the first answer, or at the end)."""
+        if self._recorded or self._split.path.startswith("/sim/"):
+            return
+        self._recorded = True
+        info = self._info
+        self.api.request_log.add(
+            RequestRecord(
+                time=time.time(),
+                method=self.command,
+                path=self._split.path,
+                query=self._split.query,
+                verb=info["verb"],
+                group=info["group"],
+                version=info["version"],
+                resource=info["resource"],
+                namespace=info["namespace"],
+                name=info["name"],
+                status=self._status,
+                duration_ms=(time.perf_counter() - self._start) * 1000.0,
+                user_agent=self.headers.get("User-Agent", ""),
+            )
+        )
 
     def _authorized(self) -> bool:
         token = self.api.sim.token
@@ -763,8 +773,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache, private")
         for k, v in self._extra_headers.items():
             self.send_header(k, v)
-        self.end_headers()
         self._status = 200
+        self._record()
+        self.end_headers()
 
         def chunk(data: bytes) -> None:
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
