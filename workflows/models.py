@@ -839,6 +839,8 @@ class PoolScalerInput(Contract):
     last_cooldown: Duration = timedelta(0)
     last_target: int | None = None
     headroom: int = 0  # nodes of the last resize that no need has claimed yet
+    refused_until: datetime | None = None  # provider refused (quota, auth): not asked again
+    last_refusal: str = ""  # ... before this time; needs get this message instead
     recent: dict[str, CapacityResult] = Field(default_factory=dict)  # idempotency key -> reply
 
 

@@ -10,6 +10,8 @@ it). Each update waits here until its need is answered.
                       v
        covered by the last resize's spare nodes? --yes--> reply satisfied
                       | no
+       refused by the provider within the cool-down? --yes--> reply rejected (same words)
+                      | no
        inside the cool-down of the last resize?  --yes--> reply cooldown
                       | no
        describing: size, bounds, running resize (follow it first)
@@ -106,6 +108,11 @@ def _api_retry(poll_interval: timedelta) -> RetryPolicy:
     )
 
 
+def _cause_type(err: ActivityError) -> str | None:
+    cause = err.cause
+    return cause.type if isinstance(cause, ApplicationError) else None
+
+
 def _cause_message(err: ActivityError) -> str:
     cause = err.cause
     while cause is not None and not isinstance(cause, ApplicationError):
@@ -126,6 +133,8 @@ class PoolScalerWorkflow:
         self._last_cooldown = inp.last_cooldown
         self._last_target = inp.last_target
         self._headroom = inp.headroom
+        self._refused_until = inp.refused_until
+        self._last_refusal = inp.last_refusal
         self._status = PoolScalerStatus(
             pool=inp.pool.name,
             rounds=inp.rounds,
@@ -194,6 +203,8 @@ class PoolScalerWorkflow:
                 "last_cooldown": self._last_cooldown,
                 "last_target": self._last_target,
                 "headroom": self._headroom,
+                "refused_until": self._refused_until,
+                "last_refusal": self._last_refusal,
                 "recent": recent,
             }
         )
@@ -237,12 +248,20 @@ class PoolScalerWorkflow:
             # forever, and the caller escalates with the provider's words.
             message = _cause_message(err)
             workflow.logger.warning("pool %s: round failed: %s", inp.pool.name, message)
+            if _cause_type(err) == ERR_CLOUD_REJECTED:
+                self._refused(message, max(r.cooldown for r in batch.values()))
             self._reply_all(
                 [k for k in batch if k in self._waiting],
                 CapacityResult(status="rejected", message=message),
             )
         finally:
             self._enter("idle")
+
+    def _refused(self, message: str, cooldown: timedelta) -> None:
+        """A refusal (quota, auth) holds for the cool-down: asking again at once would only be
+        refused again, once per failed GPU."""
+        self._refused_until = workflow.now() + cooldown
+        self._last_refusal = message
 
     async def _serve(self, batch: dict[str, CapacityRequest]) -> None:
         inp = self._inp
@@ -273,7 +292,19 @@ class PoolScalerWorkflow:
             if not reqs:
                 return
 
-        # 2. Cool-down: no new resize shortly after the last one.
+        # 2. A recent refusal holds: same answer, no new request.
+        if self._refused_until is not None and workflow.now() < self._refused_until:
+            self._reply_all(
+                [k for k, _ in reqs],
+                CapacityResult(
+                    status="rejected",
+                    message=f"{self._last_refusal} (not asked again before "
+                    f"{self._refused_until:%H:%M:%S}Z)",
+                ),
+            )
+            return
+
+        # 3. Cool-down: no new resize shortly after the last one.
         if self._in_cooldown(cooldown):
             assert self._last_scaled_at is not None
             until = self._last_scaled_at + max(cooldown, self._last_cooldown)
@@ -289,7 +320,7 @@ class PoolScalerWorkflow:
             return
 
         for _ in range(MAX_ADOPTIONS + 1):
-            # 3. Describe; a resize already running (ours from a lost attempt, or someone
+            # 4. Describe; a resize already running (ours from a lost attempt, or someone
             # else's) is followed before anything new is asked.
             self._enter("describing")
             desc: PoolDescription = await workflow.execute_activity(
@@ -321,7 +352,7 @@ class PoolScalerWorkflow:
             total_need = sum(r.need for _, r in reqs)
             target = min(current + math.ceil(total_need / step) * step, limit)
 
-            # 4. One resize for the whole batch.
+            # 5. One resize for the whole batch.
             self._enter("scaling")
             result: ScalePoolResult = await workflow.execute_activity(
                 ACT_SCALE_POOL,
@@ -348,7 +379,7 @@ class PoolScalerWorkflow:
             self._status.last_scaled_at = self._last_scaled_at
             self._status.last_target = result.target_size
 
-            # 5. Follow the operation.
+            # 6. Follow the operation.
             status = "satisfied"
             message = result.message
             if result.operation is not None and not result.operation.done:
@@ -368,6 +399,7 @@ class PoolScalerWorkflow:
                     return
                 if op.error:
                     self._last_target = current
+                    self._refused(op.error, cooldown)
                     self._reply_all(
                         [k for k, _ in reqs],
                         CapacityResult(
@@ -382,7 +414,7 @@ class PoolScalerWorkflow:
             elif result.operation is None and result.target_size > current:
                 status = "requested"  # accepted, nothing to follow
 
-            # 6. Hand out the new nodes in arrival order.
+            # 7. Hand out the new nodes in arrival order.
             added = max(0, result.target_size - current)
             op_id = result.operation.id if result.operation else None
             for key, req in reqs:

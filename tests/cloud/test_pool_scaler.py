@@ -12,9 +12,10 @@ Cases:
 - max cap: needs beyond max -> the first gets the node, the second at-max; never above max;
 - pool already at max -> at-max, no request;
 - cool-down: a new need right after a resize -> cooldown, no request;
-- quota (provider 4xx) -> every waiter gets rejected with the provider's message;
+- quota (provider 4xx) -> every waiter gets rejected with the provider's message; a later
+  need inside the cool-down gets the same answer without a second request;
 - provider unavailable past the retry bound -> rejected, nobody waits forever;
-- failed operation -> rejected with the operation's error;
+- failed operation -> rejected with the operation's error (and held for the cool-down);
 - a resize already running on the pool is followed first, then one resize;
 - operation outliving the timeout -> in-progress;
 - the same idempotency key twice -> counted once;
@@ -191,6 +192,10 @@ async def test_quota_rejection_reaches_every_waiter(harness: Harness) -> None:
     assert a.status == b.status == "rejected"
     assert "NVIDIA_H100_GPUS" in a.message and "NVIDIA_H100_GPUS" in b.message
     assert harness.fake.set_size_calls == [4]  # one try: a 4xx is never retried
+    later = await harness.ask(harness.request("c"))  # same cool-down: not asked again
+    assert later.status == "rejected" and "not asked again before" in later.message
+    assert "NVIDIA_H100_GPUS" in later.message
+    assert harness.fake.set_size_calls == [4]
 
 
 @pytest.mark.scaler(poll_interval=timedelta(seconds=0.1))
@@ -205,6 +210,8 @@ async def test_failed_operation_is_rejected(harness: Harness) -> None:
     harness.fake.op_error = "Insufficient quota to satisfy the request"
     result = await harness.ask(harness.request("a"))
     assert result.status == "rejected" and "Insufficient quota" in result.message
+    again = await harness.ask(harness.request("b"))
+    assert again.status == "rejected" and len(harness.fake.set_size_calls) == 1
 
 
 async def test_running_resize_is_followed_before_asking(harness: Harness) -> None:
