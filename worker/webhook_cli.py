@@ -107,7 +107,9 @@ async def ensure_sweep_schedule(
     except ScheduleAlreadyRunningError:
         pass
 
-    def update(_: ScheduleUpdateInput) -> ScheduleUpdate:
+    def update(current: ScheduleUpdateInput) -> ScheduleUpdate:
+        # Keep the operator's state (paused, note): a worker restart must not un-pause it.
+        schedule.state = current.description.schedule.state
         return ScheduleUpdate(schedule=schedule)
 
     await client.get_schedule_handle(SWEEP_SCHEDULE_ID).update(update)

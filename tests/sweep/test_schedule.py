@@ -5,6 +5,7 @@ Cases:
   and a SweepInput carrying the configured Unknown timeout and notify channels
 - calling it again (another worker replica starting) updates in place: still one schedule,
   new interval applied
+- an operator's pause survives the update a restarting worker makes
 - disabled in settings: nothing created
 - `sickbay schedule install` through the CLI dispatcher does the same
 """
@@ -90,6 +91,23 @@ async def test_disabled_creates_nothing(dev_env: WorkflowEnvironment, clean: Cli
     assert result == "disabled"
     with pytest.raises(RPCError):
         await clean.get_schedule_handle(SWEEP_SCHEDULE_ID).describe()
+
+
+async def test_update_keeps_pause(dev_env: WorkflowEnvironment, clean: Client) -> None:
+    settings = _settings(dev_env)
+    assert await ensure_sweep_schedule(clean, settings, SweepSettings()) == "created"
+    handle = clean.get_schedule_handle(SWEEP_SCHEDULE_ID)
+    await handle.pause(note="maintenance window")
+    assert await ensure_sweep_schedule(clean, settings, SweepSettings(sweep_interval="7m")) == (
+        "updated"
+    )
+    for _ in range(40):  # the schedule's own workflow applies the update asynchronously
+        desc = await handle.describe()
+        if [i.every for i in desc.schedule.spec.intervals] == [timedelta(minutes=7)]:
+            break
+        await asyncio.sleep(0.05)
+    assert [i.every for i in desc.schedule.spec.intervals] == [timedelta(minutes=7)]
+    assert desc.schedule.state.paused and desc.schedule.state.note == "maintenance window"
 
 
 def test_interval_floor() -> None:
