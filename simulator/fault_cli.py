@@ -92,8 +92,9 @@ def cmd_fail(args: argparse.Namespace) -> int:
     data = _call(args, "POST", "/sim/faults", body)
     for fault in data.get("items", []):
         print(
-            f"{fault['node']} GPU {fault['index']} ({fault['gpu_uuid']}): {fault['kind']}"
-            + (f" Xid {fault['xid']}" if fault.get("xid") else "")
+            f"{fault['node']} GPU {fault['index']} ({fault['gpu_uuid']}): "
+            + (f"Xid {fault['xid']}" if fault["kind"] == "xid" else fault["kind"])
+            + (f" ({fault['degrade']}, Xid {fault['xid']})" if fault.get("degrade") else "")
             + f" -> {fault['health']}, {len(fault['devices'])} device(s)"
         )
     return 0

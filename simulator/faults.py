@@ -233,8 +233,8 @@ class FaultInjector:
                 gpu.device_names.append(str(dev.get("name")))
         return sorted(found.values(), key=lambda g: g.index)
 
-    def _plugin_gpus(self, node: str) -> list[Gpu]:
-        obj = self.store.try_get(NODES, node)
+    def _plugin_gpus(self, node: str, obj: dict[str, Any] | None = None) -> list[Gpu]:
+        obj = obj if obj is not None else self.store.try_get(NODES, node)
         if obj is None:
             return []
         labels = meta(obj).get("labels") or {}
@@ -257,9 +257,11 @@ class FaultInjector:
             gpus.append(Gpu(node, i, gpu_uuid, model, pci_bus_id(i), ids, ids))
         return gpus
 
-    def plugin_device_ids(self, node: str, include_vanished: bool = True) -> list[str]:
+    def plugin_device_ids(
+        self, node: str, include_vanished: bool = True, obj: dict[str, Any] | None = None
+    ) -> list[str]:
         """Device-plugin device IDs of a node (the kubelet stand-in allocates from these)."""
-        ids = [d for g in self._plugin_gpus(node) for d in g.devices]
+        ids = [d for g in self._plugin_gpus(node, obj) for d in g.devices]
         if include_vanished:
             return ids
         return [d for d in ids if self.health(node, d)[0] != "Unknown"]
@@ -515,7 +517,7 @@ class FaultInjector:
             uid_of(p): p
             for p in self.store.list(PODS, field_selector=f"spec.nodeName={fault.node}").items
         }
-        for uid, runtime in runtimes.items():
+        for uid, runtime in list(runtimes.items()):  # the controller thread may change it
             if uid in by_uid and devices.intersection(runtime.gpu_ids):
                 pod = by_uid[uid]
                 for container in pod["spec"].get("containers") or []:

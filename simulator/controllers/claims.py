@@ -40,6 +40,7 @@ MANAGER = "kube-controller-manager"
 class ResourceClaimController:
     def __init__(self, manager: Any) -> None:
         self.manager = manager
+        self._reported: set[tuple[str, str]] = set()  # (pod uid, claim entry) warned about
 
     def sync(self, ctx: Any) -> float | None:
         store = ctx.store
@@ -100,7 +101,20 @@ class ResourceClaimController:
     ) -> dict[str, Any] | None:
         template = store.try_get(CLAIM_TEMPLATES, template_name, ns_of(pod))
         if template is None:
-            return None  # the scheduler reports the pod as waiting; retried on every pass
+            # Retried on every pass; the pod stays Pending. Say why, once per pod and entry.
+            key = (uid_of(pod), str(entry["name"]))
+            if key not in self._reported:
+                self._reported.add(key)
+                self.manager.events.controller(
+                    pod,
+                    "resource_claim",
+                    "FailedResourceClaimCreation",
+                    f"PodResourceClaim {entry['name']}: resource claim template "
+                    f'"{template_name}": resourceclaimtemplate.resource.k8s.io '
+                    f'"{template_name}" not found',
+                    etype="Warning",
+                )
+            return None
         tspec = template.get("spec") or {}
         tmeta = tspec.get("metadata") or {}
         claim: dict[str, Any] = {

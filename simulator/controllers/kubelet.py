@@ -456,7 +456,7 @@ class Kubelet:
     def _node_gpus(self, ctx: Any, nodes: dict[str, dict[str, Any]]) -> None:
         faults = self.manager.faults
         for node_name, node in nodes.items():
-            ids = faults.plugin_device_ids(node_name, include_vanished=True)
+            ids = faults.plugin_device_ids(node_name, include_vanished=True, obj=node)
             if not ids:
                 continue
             visible = [g for g in ids if faults.health(node_name, g)[0] != "Unknown"]

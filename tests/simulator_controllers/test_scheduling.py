@@ -13,7 +13,9 @@ Cases:
 - known fault "expired toleration": with the switch on, a pod whose NoExecute toleration
   window already passed still gets the tainted device and is evicted at once; with it off,
   the pod stays Pending instead;
-- bad fault requests get clear 4xx answers (unknown node/GPU, two fault kinds at once).
+- bad fault requests get clear 4xx answers (unknown node/GPU, two fault kinds at once);
+- a pod naming a missing ResourceClaimTemplate gets a FailedResourceClaimCreation warning and
+  runs once the template exists.
 """
 
 from __future__ import annotations
@@ -241,3 +243,21 @@ def test_bad_fault_requests_are_4xx(twin: Any) -> None:
     negative = t.sim("POST", "/sim/pools/gpu-pool/resize", {"size": -1})
     assert negative.status_code == 400
     assert t.sim("POST", "/sim/faults", b"not json").status_code in (400, 422)
+
+
+def test_missing_claim_template_is_reported_then_recovered(twin: Any) -> None:
+    t = twin()
+    ns = t.namespace()
+    t.apps.create_namespaced_deployment(ns, deployment("early", "later"))
+
+    def warned() -> Any:
+        events = t.core.list_namespaced_event(ns).items
+        (event,) = [e for e in events if e.reason == "FailedResourceClaimCreation"]
+        return event
+
+    event = eventually(warned)
+    assert event.type == "Warning" and '"later" not found' in event.message
+    (pod,) = pods(t.core, ns)
+    assert pod.status.phase == "Pending" and pod.spec.node_name is None
+    t.dra.create_namespaced_resource_claim_template(ns, claim_template("later"))
+    _running(t, ns, 1)
