@@ -1,0 +1,189 @@
+"""The health sweep against the twin with its controllers running (scheduler, kubelet stand-in,
+fault injection), on the Temporal dev server with the real activities.
+
+Cases:
+- a Deployment's pod gets a GPU; the twin kills that GPU (Xid 79) and its kubelet reports the
+  pod's device Unhealthy; another GPU of the node vanishes from the ResourceSlice. One sweep
+  starts exactly one remediation, for the killed GPU, and notifies about the node short of a
+  GPU without starting anything for it; a second sweep only signals the same workflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from temporalio import activity
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.kube.client import Kube, KubeSettings
+from activities.launch import LaunchActivities
+from activities.sweep import SweepActivities
+from simulator.clock import Clock
+from simulator.controllers.manager import ControllerManager, SimOptions
+from simulator.testing import RunningSim, start_sim
+from tests.webhook.helpers import count_runs, history_counts
+from workflows.constants import ACT_NOTIFY, device_workflow_id
+from workflows.models import NotifyInput, NotifyResult, SweepInput, SweepResult
+from workflows.sweep import HealthSweepWorkflow
+
+DRIVER = "gpu.nvidia.com"
+TIME_SCALE = 200.0  # simulated seconds per real second: container starts take milliseconds
+
+
+@pytest.fixture
+def twin(tmp_path: Path) -> Iterator[tuple[RunningSim, ControllerManager]]:
+    manager = ControllerManager(SimOptions())
+    rs = start_sim(
+        tmp_path,
+        profile="1.36",
+        nodes=1,
+        gpus_per_node=2,
+        node_prefix=f"twin-{uuid.uuid4().hex[:6]}-",
+        clock=Clock(time_scale=TIME_SCALE),
+        controllers=(manager,),
+    )
+    try:
+        yield rs, manager
+    finally:
+        rs.stop()
+
+
+def deploy_trainer(api: Any) -> None:
+    core, apps, dra = k8s.CoreV1Api(api), k8s.AppsV1Api(api), k8s.ResourceV1Api(api)
+    core.create_namespace({"metadata": {"name": "ml"}})
+    dra.create_namespaced_resource_claim_template(
+        "ml",
+        {
+            "metadata": {"name": "one-gpu"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
+                    }
+                }
+            },
+        },
+    )
+    labels = {"app": "trainer"}
+    apps.create_namespaced_deployment(
+        "ml",
+        {
+            "metadata": {"name": "trainer"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "registry.invalid/trainer:1",
+                                "resources": {"claims": [{"name": "gpu"}]},
+                            }
+                        ],
+                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                    },
+                },
+            },
+        },
+    )
+
+
+async def wait_for(check: Any, within: float = 15.0) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        result = await asyncio.to_thread(check)
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{check.__name__} not reached within {within}s")
+        await asyncio.sleep(0.05)
+
+
+async def test_twin_fault_to_one_remediation(
+    twin: tuple[RunningSim, ControllerManager], dev_env: WorkflowEnvironment
+) -> None:
+    rs, manager = twin
+    api = rs.api_client()
+    core = k8s.CoreV1Api(api)
+    (node,) = rs.sim.seed_info["nodes"]
+    deploy_trainer(api)
+
+    def allocated() -> str | None:
+        for pod in core.list_namespaced_pod("ml").items:
+            if pod.status.phase == "Running" and pod.status.resource_claim_statuses:
+                claim = k8s.ResourceV1Api(api).read_namespaced_resource_claim(
+                    pod.status.resource_claim_statuses[0].resource_claim_name, "ml"
+                )
+                return claim.status.allocation.devices.results[0].device
+        return None
+
+    device = await wait_for(allocated)  # e.g. "gpu-1"
+    index = int(device.rsplit("-", 1)[1])
+    other = 1 - index
+    gpus = {g.index: g for g in manager.faults.gpus(node)}
+    killed_uuid = gpus[index].uuid
+    manager.faults.fail(node, str(index), xid=79)
+    manager.faults.fail(node, str(other), vanish=True)
+
+    def unhealthy_reported() -> bool:
+        for pod in core.list_namespaced_pod("ml").items:
+            for cs in pod.status.container_statuses or []:
+                for entry in cs.allocated_resources_status or []:
+                    if any(r.health == "Unhealthy" for r in entry.resources or []):
+                        return True
+        return False
+
+    await wait_for(unhealthy_reported)
+
+    client = dev_env.client
+    notices: list[NotifyInput] = []
+
+    @activity.defn(name=ACT_NOTIFY)
+    async def notify(req: NotifyInput) -> NotifyResult:
+        notices.append(req)
+        return NotifyResult(channel=req.channel, delivered=True)
+
+    sweep_queue = f"twin-sweep-{uuid.uuid4().hex[:8]}"
+    device_queue = f"twin-devices-{uuid.uuid4().hex[:8]}"
+    kube = Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
+    results: list[SweepResult] = []
+    async with Worker(
+        client,
+        task_queue=sweep_queue,
+        workflows=[HealthSweepWorkflow],
+        activities=[
+            SweepActivities(kube).sweep_cluster,
+            LaunchActivities(client, device_queue).signal_with_start_remediation,
+            notify,
+        ],
+    ):
+        for i in range(2):
+            results.append(
+                await client.execute_workflow(
+                    HealthSweepWorkflow.run,
+                    SweepInput(task_queue=device_queue, notify_channels=["ops"]),
+                    id=f"twin-sweep-{uuid.uuid4().hex[:8]}-{i}",
+                    task_queue=sweep_queue,
+                    result_type=SweepResult,
+                )
+            )
+    wid = device_workflow_id(node, killed_uuid)
+    first, second = results
+    assert first.started == [wid] and first.signalled == []
+    assert second.started == [] and second.signalled == [wid]
+    assert first.notified_nodes == [node]
+    assert "GPU(s) missing" in notices[0].incident.summary and notices[0].channel == "ops"
+    assert await count_runs(client, f"TaskQueue = '{device_queue}'", expect=1) == 1
+    counts = await history_counts(client, wid)
+    assert counts == {"started": 1, "signaled": 2}
+    await client.get_workflow_handle(wid).terminate("test done")
