@@ -114,9 +114,9 @@ def _cause_type(err: ActivityError) -> str | None:
 
 
 def _cause_message(err: ActivityError) -> str:
-    cause = err.cause
+    cause: BaseException | None = err.cause
     while cause is not None and not isinstance(cause, ApplicationError):
-        cause = cause.cause
+        cause = getattr(cause, "cause", None)
     return str(cause or err)[:500]
 
 
