@@ -166,7 +166,12 @@ async def test_mig_gpu_gets_one_rule_per_slice(tmp_path: Path) -> None:
         assert t.store.list(RULES).items == []
 
 
-async def test_preview_names_would_be_evicted_and_leaves_nothing(tmp_path: Path) -> None:
+async def test_preview_names_would_be_evicted_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from activities.kube import quarantine
+
+    monkeypatch.setattr(quarantine, "PREVIEW_WAIT_SECONDS", 1)  # no controllers: no verdict
     with twin(tmp_path, "1.36") as t:
         node = t.node(0)
         t.consumer_pod("ml", "victim", node, "gpu-0")
@@ -176,6 +181,7 @@ async def test_preview_names_would_be_evicted_and_leaves_nothing(tmp_path: Path)
         )
         assert result.mode == "dry-run"
         assert [p.name for p in result.would_evict] == ["victim"]
+        assert "does not seem to run" in result.message
         assert t.store.list(RULES).items == []
         creates = [
             r for r in t.requests() if r.resource == "devicetaintrules" and r.verb == "create"
