@@ -1,0 +1,170 @@
+"""Exact controller timing on a ManualClock (in-process store, no HTTP, no waiting).
+
+Cases:
+- Pending -> Running exactly `pod_startup_seconds` after binding;
+- a NoExecute rule: PodsPendingEviction at once, unchanged 9 s later, Completed at +10 s with
+  lastTransitionTime = creation + 10 s (golden 41); the evicted pod lingers for its 30 s grace
+  period with its claim allocated, then the pod and its generated claim are gone;
+- CrashLoopBackOff: restarts follow the kubelet's 10 s, 20 s, 40 s ... backoff;
+- `sickbay sim up` wiring: the CLI's extension hooks give the simulator a scaled clock, the
+  controller manager (before start, so node pools are reachable) and the known-fault flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from typing import Any
+
+from simulator.clock import ManualClock, parse_time
+from simulator.controllers.manager import ControllerManager, SimOptions
+from simulator.runtime import Simulator
+
+NS = "demo"
+NODE = "gpu-pool-node-0"
+CLAIMS = "resourceclaims.resource.k8s.io"
+RULES = "devicetaintrules.resource.k8s.io"
+
+
+def _twin() -> tuple[Simulator, ControllerManager, ManualClock]:
+    clock = ManualClock()
+    sim = Simulator(profile="1.36", clock=clock)
+    sim.seed(nodes=1, gpus_per_node=2)
+    manager = ControllerManager(SimOptions())
+    manager.attach(sim)
+    store = sim.store
+    store.create("namespaces", {"metadata": {"name": NS}})
+    store.create(
+        "resourceclaimtemplates.resource.k8s.io",
+        {
+            "metadata": {"name": "gpu", "namespace": NS},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                        ]
+                    }
+                }
+            },
+        },
+    )
+    store.create(
+        "deployments.apps",
+        {
+            "metadata": {"name": "app", "namespace": NS},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "a"}},
+                "template": {
+                    "metadata": {"labels": {"app": "a"}},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "x",
+                                "resources": {"claims": [{"name": "gpu"}]},
+                            }
+                        ],
+                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
+                    },
+                },
+            },
+        },
+    )
+    manager.settle()
+    return sim, manager, clock
+
+
+def _step(manager: ControllerManager, clock: ManualClock, seconds: float) -> None:
+    clock.advance(seconds)
+    manager.settle()
+
+
+def _pods(sim: Simulator) -> list[dict[str, Any]]:
+    return sim.store.list("pods", namespace=NS).items
+
+
+def test_startup_delay() -> None:
+    sim, manager, clock = _twin()
+    (pod,) = _pods(sim)
+    assert pod["spec"]["nodeName"] == NODE and pod["status"]["phase"] == "Pending"
+    _step(manager, clock, 1.9)
+    assert _pods(sim)[0]["status"]["phase"] == "Pending"
+    _step(manager, clock, 0.1)
+    assert _pods(sim)[0]["status"]["phase"] == "Running"
+
+
+def test_rule_status_cadence_and_grace_period() -> None:
+    sim, manager, clock = _twin()
+    _step(manager, clock, 2)
+    (pod,) = _pods(sim)
+    claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    created = sim.store.create(
+        RULES,
+        {
+            "metadata": {"name": "r"},
+            "spec": {
+                "deviceSelector": {"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-0"},
+                "taint": {"key": "k", "effect": "NoExecute"},
+            },
+        },
+    )
+    t0 = parse_time(created["metadata"]["creationTimestamp"])
+    manager.settle()
+    cond = sim.store.get(RULES, "r")["status"]["conditions"][0]
+    assert (cond["reason"], cond["message"]) == (
+        "PodsPendingEviction",
+        "1 pod needs to be evicted in 1 namespace.",
+    )
+    old = sim.store.get("pods", pod["metadata"]["name"], NS)
+    assert parse_time(old["metadata"]["deletionTimestamp"]) == t0 + timedelta(seconds=30)
+    _step(manager, clock, 9)
+    assert sim.store.get(RULES, "r")["status"]["conditions"][0]["reason"] == "PodsPendingEviction"
+    _step(manager, clock, 1)
+    cond = sim.store.get(RULES, "r")["status"]["conditions"][0]
+    assert (cond["status"], cond["reason"]) == ("False", "Completed")
+    assert parse_time(cond["lastTransitionTime"]) == t0 + timedelta(seconds=10)
+    # Still Terminating and holding gpu-0 until the grace period ends.
+    _step(manager, clock, 19)
+    assert sim.store.try_get("pods", pod["metadata"]["name"], NS) is not None
+    held = sim.store.get(CLAIMS, claim_name, NS)
+    assert held["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+    _step(manager, clock, 1)
+    assert sim.store.try_get("pods", pod["metadata"]["name"], NS) is None
+    assert sim.store.try_get(CLAIMS, claim_name, NS) is None
+    (replacement,) = _pods(sim)
+    assert replacement["status"]["phase"] == "Running"
+
+
+def test_crash_loop_backoff_sequence() -> None:
+    sim, manager, clock = _twin()
+    _step(manager, clock, 2)
+    manager.faults.fail(NODE, "0", xid=79)
+    restarts = []
+    for _ in range(100):
+        _step(manager, clock, 1)
+        cs = _pods(sim)[0]["status"]["containerStatuses"][0]
+        if not restarts or restarts[-1][1] != cs["restartCount"]:
+            restarts.append((manager.clock.monotonic(), cs["restartCount"]))
+    # Started at 2 s; crash 3 s after each start, then wait 10, 20, 40 s before the next start.
+    assert [c for _t, c in restarts] == [0, 1, 2, 3]
+    assert [t for t, _c in restarts[1:]] == [2 + 13, 2 + 13 + 23, 2 + 13 + 23 + 43], restarts
+    waiting = _pods(sim)[0]["status"]["containerStatuses"][0]["state"]["waiting"]
+    assert waiting["reason"] == "CrashLoopBackOff"
+
+
+def test_sim_up_wiring() -> None:
+    from simulator import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(
+        ["sim", "up", "--nodes", "1", "--time-scale", "60", "--ignore-device-taint-rules"]
+    )
+    sim = cli.build_simulator(args)
+    manager = sim.extensions["controllers"]
+    assert isinstance(manager, ControllerManager)
+    assert sim.clock.time_scale == 60
+    assert manager.options.ignore_device_taint_rules is True
+    assert sim.extensions["node_pools"].status("gpu-pool").nodes == ["gpu-pool-node-0"]
