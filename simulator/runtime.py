@@ -68,6 +68,10 @@ class Simulator:
         self.server: Any = None
         self._lock = threading.Lock()
         self.extensions: dict[str, Any] = {}  # room for faults/cloud/alerts to hang state on
+        # fn(RequestInfo) -> None | ApiError | "reset" | seconds: API fault injection for drills.
+        self.request_interceptors: list[Any] = []
+        # name -> fn(method, path_parts, query, body) -> (status, json): served at /sim/<name>/...
+        self.http_handlers: dict[str, Any] = {}
         self.seed_info: dict[str, Any] = {}
         from simulator.seed import ensure_system_namespaces
 
@@ -83,6 +87,24 @@ class Simulator:
         if running:
             controller.start(self)
             self._started.append(controller)
+
+    def add_request_interceptor(self, fn: Any) -> None:
+        """Consult `fn(info)` for every API request (simulator.server.RequestInfo).
+
+        Return None to proceed, an `ApiError` to answer with it (e.g. 500, 429, 409), the
+        string "reset" to drop the connection, or a number of seconds to delay the request.
+        """
+        self.request_interceptors.append(fn)
+
+    def remove_request_interceptor(self, fn: Any) -> None:
+        if fn in self.request_interceptors:
+            self.request_interceptors.remove(fn)
+
+    def add_http_handler(self, name: str, fn: Any) -> None:
+        """Serve `fn(method, parts, query, body) -> (status, json_payload)` at /sim/<name>/..."""
+        if name in ("healthz", "requests"):
+            raise ValueError(f"/sim/{name} is reserved")
+        self.http_handlers[name] = fn
 
     def seed(self, **kwargs: Any) -> dict[str, Any]:
         from simulator.seed import seed_cluster

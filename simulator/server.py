@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 WATCH_DEFAULT_TIMEOUT = 1800  # seconds; kube-apiserver's --min-request-timeout default
 _POLL = 0.5  # how often an idle watch checks for server shutdown (seconds)
+BOOKMARK_INTERVAL = 30.0  # idle seconds between BOOKMARK events when a client allows them
 
 # Registries that answer DELETE with the deleted object (the others answer a Status).
 RETURNS_DELETED_OBJECT = frozenset(
@@ -176,6 +177,30 @@ def event_from_v1(v1: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- request handling ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """What a request interceptor sees (see Simulator.add_request_interceptor)."""
+
+    method: str
+    verb: str
+    group: str
+    version: str
+    resource: str
+    subresource: str | None
+    namespace: str | None
+    name: str | None
+
+
+def _verb(method: str, tgt: Target, query: dict[str, str]) -> str:
+    if method == "GET":
+        if tgt.name is None:
+            return "watch" if query.get("watch") in ("true", "1") else "list"
+        return "get"
+    if method == "DELETE":
+        return "delete" if tgt.name else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
 
 
 class _NotFoundText(Exception):
@@ -369,8 +394,10 @@ class _Handler(BaseHTTPRequestHandler):
         info = {"verb": "", "group": "", "version": "", "resource": "", "namespace": "", "name": ""}
         self._info = info
         body = b""
+        self._body = b""
         try:
             body = self._read_body()
+            self._body = body
             self._dispatch(method, path, body)
         except _NotFoundText:
             self._send(404, b"404 page not found\n", "text/plain; charset=utf-8")
@@ -481,6 +508,28 @@ class _Handler(BaseHTTPRequestHandler):
         warning = profile.deprecation_warning(group, version, tgt.rt)
         if warning:
             self._extra_headers["Warning"] = warning
+        verb = _verb(method, tgt, self._query)
+        for interceptor in list(self.api.sim.request_interceptors):
+            outcome = interceptor(
+                RequestInfo(
+                    method, verb, group, version, tgt.rt.plural, tgt.sub, tgt.namespace, tgt.name
+                )
+            )
+            if outcome is None:
+                continue
+            info["verb"] = verb
+            if isinstance(outcome, errors.ApiError):
+                raise outcome
+            if outcome == "reset":
+                self._status = 0
+                self.close_connection = True
+                self.connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                )
+                self.connection.close()
+                return None
+            if isinstance(outcome, int | float):
+                time.sleep(float(outcome))  # injected latency (a drill's "timeout")
         if method == "GET":
             if tgt.name is None:
                 if self._query.get("watch") in ("true", "1"):
@@ -531,6 +580,10 @@ class _Handler(BaseHTTPRequestHandler):
             if "status" in self._query:
                 filters["status"] = int(self._query["status"])
             return self._send_json(200, {"items": self.api.request_log.as_dicts(**filters)})
+        handler = self.api.sim.http_handlers.get(parts[0]) if parts else None
+        if handler is not None:
+            status, payload = handler(method, parts[1:], dict(self._query), self._body)
+            return self._send_json(status, payload)
         raise _NotFoundText()
 
     # ---- representation --------------------------------------------------------------
@@ -758,11 +811,31 @@ class _Handler(BaseHTTPRequestHandler):
             timeout = float(q.get("timeoutSeconds") or WATCH_DEFAULT_TIMEOUT)
         except ValueError:
             raise errors.bad_request("invalid timeoutSeconds") from None
-        rv = q.get("resourceVersion") or None
+        rv: str | int | None = q.get("resourceVersion") or None
+        bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
+        initial = q.get("sendInitialEvents") in ("true", "1")
+        if initial and not bookmarks:
+            raise errors.invalid(
+                "ListOptions",
+                "",
+                [
+                    errors.cause(
+                        "allowWatchBookmarks",
+                        "FieldValueForbidden",
+                        "Forbidden: sendInitialEvents requires setting allowWatchBookmarks=true",
+                    )
+                ],
+                "meta.k8s.io",
+            )
         error_event: dict[str, Any] | None = None
         watch = None
+        initial_items: list[dict[str, Any]] = []
         try:
-            watch = store.watch(tgt.rt, tgt.namespace, ls, fs, rv, copy_objects=False)
+            with store.lock:  # the initial list and the watch start at one resourceVersion
+                if initial:
+                    listed = store.list(tgt.rt, tgt.namespace, ls, fs, copy_objects=False)
+                    initial_items, rv = listed.items, listed.resource_version
+                watch = store.watch(tgt.rt, tgt.namespace, ls, fs, rv, copy_objects=False)
         except errors.ApiError as exc:
             if exc.code != 410:
                 raise
@@ -786,19 +859,44 @@ class _Handler(BaseHTTPRequestHandler):
                 chunk(_json(error_event) + b"\n")
                 return
             assert watch is not None
+            last_rv = str(rv or store.resource_version)
+
+            def bookmark(annotations: dict[str, str] | None = None) -> None:
+                meta: dict[str, Any] = {"resourceVersion": last_rv}
+                if annotations:
+                    meta["annotations"] = annotations
+                obj = {
+                    "kind": tgt.rt.kind,
+                    "apiVersion": tgt.rt.api_version(tgt.version),
+                    "metadata": meta,
+                }
+                chunk(_json({"type": "BOOKMARK", "object": obj}) + b"\n")
+
+            for item in initial_items:
+                chunk(_json({"type": ADDED, "object": self._present(tgt, item)}) + b"\n")
+            if initial:
+                bookmark({"k8s.io/initial-events-end": "true"})
             deadline = time.monotonic() + timeout
+            last_sent = time.monotonic()
             stopping = self.api.stopping
             while not stopping.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    if bookmarks:
+                        bookmark()
                     break
                 ev = watch.get(timeout=min(_POLL, left))
                 if ev is None:
                     if watch.closed:
                         break
+                    if bookmarks and time.monotonic() - last_sent > BOOKMARK_INTERVAL:
+                        bookmark()
+                        last_sent = time.monotonic()
                     continue
                 etype = ev.type if ev.type in (ADDED, MODIFIED, DELETED) else MODIFIED
+                last_rv = ev.object["metadata"]["resourceVersion"]
                 chunk(_json({"type": etype, "object": self._present(tgt, ev.object)}) + b"\n")
+                last_sent = time.monotonic()
         finally:
             if watch is not None:
                 watch.close()
