@@ -15,7 +15,9 @@ Cases:
   the pod stays Pending instead;
 - bad fault requests get clear 4xx answers (unknown node/GPU, two fault kinds at once);
 - a pod naming a missing ResourceClaimTemplate gets a FailedResourceClaimCreation warning and
-  runs once the template exists.
+  runs once the template exists;
+- a shared ResourceClaim (resourceClaimName) serves two pods from one device (both in
+  reservedFor); a NoExecute rule evicts both, then the claim is deallocated.
 """
 
 from __future__ import annotations
@@ -261,3 +263,48 @@ def test_missing_claim_template_is_reported_then_recovered(twin: Any) -> None:
     assert pod.status.phase == "Pending" and pod.spec.node_name is None
     t.dra.create_namespaced_resource_claim_template(ns, claim_template("later"))
     _running(t, ns, 1)
+
+
+def test_shared_claim_two_pods_one_device(twin: Any) -> None:
+    t = twin()
+    ns = t.namespace()
+    t.dra.create_namespaced_resource_claim(
+        ns,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "shared"},
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}
+            },
+        },
+    )
+    for name in ("reader-a", "reader-b"):
+        t.core.create_namespaced_pod(
+            ns,
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "containers": [
+                        {"name": "main", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
+                    ],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}],
+                },
+            },
+        )
+    _running(t, ns, 2)
+    claim = t.dra.read_namespaced_resource_claim("shared", ns)
+    assert len(claim.status.allocation.devices.results) == 1
+    assert sorted(r.name for r in claim.status.reserved_for) == ["reader-a", "reader-b"]
+    # Both consumers of the tainted device are evicted; the claim is released afterwards.
+    device = claim.status.allocation.devices.results[0].device
+    t.dra_beta2.create_device_taint_rule(taint_rule("shared-down", NODE, device))
+
+    def released() -> bool:
+        assert not pods(t.core, ns)
+        current = t.dra.read_namespaced_resource_claim("shared", ns)
+        return current.status is None or current.status.allocation is None
+
+    eventually(released)
+    events = t.core.list_namespaced_event(ns).items
+    assert len([e for e in events if e.reason == "DeviceTaintManagerEviction"]) == 2
