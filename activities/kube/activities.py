@@ -229,13 +229,15 @@ class KubeActivities:
         return await self._run(evidence.check_health, self._kube, inp.device)
 
     @activity.defn(name=ACT_RECORD_EVENT)
-    async def record_event(self, inp: RecordEventInput) -> int:
+    async def record_event(self, inp: RecordEventInput) -> None:
+        """One Event per target (workflows call it with result_type=type(None))."""
         if not inp.targets:
-            return 0
+            return
         info = activity.info()
         # Same token on every retry of this activity -> same event names -> no duplicates.
         token = f"{info.workflow_id}|{info.workflow_run_id}|{info.activity_id}"
-        return await self._run(events.record_events, self._kube, inp, token)
+        written = await self._run(events.record_events, self._kube, inp, token)
+        activity.logger.info("recorded %d event(s) %s for %s", written, inp.reason, inp.workflow_id)
 
     @activity.defn(name=ACT_CORDON)
     async def cordon_node(self, inp: CordonInput) -> CordonResult:

@@ -132,11 +132,18 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
         uuid = t.uuid_of(node, index)
         t.clear_requests()
         started = time.monotonic()
+        log = t.sim.requests
+        steps: list[tuple[str, int]] = []
+
+        def mark(name: str) -> None:
+            steps.append((name, log.count() - sum(n for _, n in steps)))
 
         device = await t.run(
             t.acts.resolve_device, ResolveDeviceInput(device=DeviceRef(node=node, gpu_uuid=uuid))
         )
+        mark("resolve (+discovery)")
         evidence = await t.run(t.acts.gather_evidence, EvidenceInput(device=device))
+        mark("evidence")
         assert evidence.device_present
         consumers = (
             await t.run(
@@ -147,10 +154,12 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
                 ),
             )
         ).consumers
+        mark("consumers")
         assert [c.pod.name for c in consumers] == [pod["metadata"]["name"]]
         top = consumers[0].top_owner
         assert top is not None and (top.kind, top.name) == ("Deployment", "trainer")
         counts = await t.run(t.acts.count_devices, CountDevicesInput(node_pool=device.node_pool))
+        mark("budget count")
         assert counts.cluster_quarantined == 0 and counts.cluster_devices == 4
         refs = [c.pod for c in consumers]
         result = await t.run(
@@ -163,6 +172,7 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
                 fallback_node_threshold=1,
             ),
         )
+        mark("quarantine")
         assert result.mode == ("rule" if device.taint_api_version else "fallback")
         targets = [
             EventTarget(api_version="v1", kind="Pod", name=r.name, namespace=r.namespace)
@@ -182,9 +192,11 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
                 targets=targets, reason="Quarantined", message="GPU quarantined", workflow_id=WF
             ),
         )
+        mark("events")
         gone = await t.run(
             t.acts.wait_for_eviction, WaitEvictionInput(pods=refs, timeout=timedelta(seconds=30))
         )
+        mark("wait eviction")
         assert not gone.timed_out and [p.name for p in gone.gone] == [refs[0].name]
         replaced = await t.run(
             t.acts.wait_for_replacement,
@@ -195,6 +207,7 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
                 deadline=timedelta(seconds=30),
             ),
         )
+        mark("wait replacement")
         assert replaced.status == "running", replaced
         new = [p for p in replaced.pods if p.phase == "Running"]
         assert new and all(
@@ -204,8 +217,10 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
             t.acts.count_free_capacity,
             FreeCapacityInput(device_class=device.device_class, node_pool=device.node_pool),
         )
+        mark("free capacity (not happy path)")
         assert free.free_devices == 2  # 4 GPUs - 1 quarantined - 1 used by the replacement
         health = await t.run(t.acts.check_device_health, CheckHealthInput(device=device))
+        mark("check health (holding)")
         assert health.health in (None, "Healthy", "Unhealthy", "Unknown")
         released = await t.run(
             t.acts.release_quarantine,
@@ -217,16 +232,22 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
                 workflow_id=WF,
             ),
         )
+        mark("release")
         assert released.removed
         elapsed = time.monotonic() - started
 
-        log = t.sim.requests
         manager.stop()
         t.sim.stop()  # ends open watch streams, so the log holds them
         records = [r for r in log.entries() if r.user_agent.startswith("OpenAPI-Generator")]
         watches = [r for r in records if r.verb == "watch"]
+        late_watches = len(records) - sum(n for _, n in steps)
         print(
-            f"\n[{profile}] happy path: {len(records)} Kubernetes requests "
+            "\n"
+            + "; ".join(f"{name} {n}" for name, n in steps)
+            + f"; watches logged at close {late_watches}"
+        )
+        print(
+            f"[{profile}] sequence: {len(records)} Kubernetes requests "
             f"({len(watches)} watches) in {elapsed:.1f} s: "
             + ", ".join(f"{r.verb} {r.resource or r.path}" for r in records)
         )

@@ -319,8 +319,8 @@ async def test_record_event_once_per_target(tmp_path: Path) -> None:
             message="GPU quarantined",
             workflow_id=WF,
         )
-        assert await t.run(t.acts.record_event, inp) == 2
-        assert await t.run(t.acts.record_event, inp) == 2  # a retry: same names, no duplicates
+        await t.run(t.acts.record_event, inp)
+        await t.run(t.acts.record_event, inp)  # a retry: same names, no duplicates
         events = [
             e
             for e in t.store.list("events").items
