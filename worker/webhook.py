@@ -279,7 +279,12 @@ class AlertService:
                         f"cannot reach Temporal at {self.settings.temporal_address}: {exc}"
                     ) from exc
                 try:
-                    await ensure_search_attributes(client, self.settings.temporal_namespace)
+                    await asyncio.wait_for(
+                        ensure_search_attributes(client, self.settings.temporal_namespace),
+                        self.webhook.webhook_temporal_timeout,
+                    )
+                except TimeoutError:
+                    log.warning("timed out checking search attributes; continuing")
                 except RuntimeError as exc:  # Temporal Cloud: says what to run instead
                     log.warning("%s", exc)
                 except RPCError as exc:
@@ -331,12 +336,33 @@ class AlertService:
                         if m.index not in handled:
                             self._failed(out, m, "temporal-timeout", "Temporal did not answer")
 
+        code = 200
         if out.failed:
             reasons = {f["reason"] for f in out.failed}
             transient = reasons & {"temporal-unavailable", "temporal-timeout"}
             code = 503 if transient else 502
-            return code, self._body(out, payload, "some alerts were not accepted by Temporal")
-        return 200, self._body(out, payload, "ok")
+        # One INFO line per notification that changed something or was not fully handled;
+        # plain repeats (signals only) at DEBUG, so a storm of repeats does not flood the log.
+        level = (
+            logging.INFO
+            if out.counts.get("started") or out.unmatched or out.failed
+            else logging.DEBUG
+        )
+        log.log(
+            level,
+            "notification %s: %d alerts, %d started, %d signalled, %d resolved, "
+            "%d unmatched, %d failed -> %d",
+            payload.group_key or "-",
+            len(payload.alerts),
+            out.counts.get("started", 0),
+            out.counts.get("signalled", 0),
+            out.counts.get("resolved-signalled", 0),
+            len(out.unmatched),
+            len(out.failed),
+            code,
+        )
+        status = "ok" if code == 200 else "some alerts were not accepted by Temporal"
+        return code, self._body(out, payload, status)
 
     async def _run_group(self, client: Client, group: Sequence[MappedAlert], out: Outcome) -> None:
         # Alerts of one device go one after the other, firing first, so a resolved alert in
