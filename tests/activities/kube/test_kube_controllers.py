@@ -152,3 +152,46 @@ async def test_preview_reads_the_controller_verdict(tmp_path: Path) -> None:
         assert "1 pod would be evicted" in result.message
         assert t.store.list("devicetaintrules.resource.k8s.io").items == []
         assert t.store.get("pods", ref.name, "ml")["metadata"].get("deletionTimestamp") is None
+
+
+async def test_eviction_api_mode_pieces(tmp_path: Path) -> None:
+    """Runbook mode `eviction-api`: NoSchedule rule (nothing evicted), Eviction API (a PDB
+    allowing no disruption blocks it), then NoExecute as the backstop (evicts, PDB ignored)."""
+    from workflows.models import EvictPodsInput
+
+    with twin(
+        tmp_path,
+        "1.37",
+        controllers=ControllerManager(SimOptions(pod_startup_seconds=0.5)),
+        clock=Clock(time_scale=10),
+    ) as t:
+        device, ref = await _setup(t)
+        t.store.create(
+            "poddisruptionbudgets.policy",
+            {
+                "metadata": {"name": "trainer", "namespace": "ml"},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}},
+            },
+            namespace="ml",
+        )
+        for _ in range(100):  # the disruption controller must have computed the PDB status
+            if (
+                t.store.get("poddisruptionbudgets.policy", "trainer", "ml").get("status") or {}
+            ).get("observedGeneration"):
+                break
+            await asyncio.sleep(0.05)
+        base = QuarantineInput(device=device, workflow_id="wf", consumers=[ref])
+        first = await t.run(
+            t.acts.quarantine_device, base.model_copy(update={"effect": "NoSchedule"})
+        )
+        assert first.action == "created"
+        await asyncio.sleep(0.5)
+        assert not t.store.get("pods", ref.name, "ml")["metadata"].get("deletionTimestamp")
+        evicted = await t.run(t.acts.evict_pods, EvictPodsInput(pods=[ref], workflow_id="wf"))
+        assert evicted.blocked == [ref] and not evicted.evicted
+        backstop = await t.run(t.acts.quarantine_device, base)  # NoExecute
+        assert backstop.action == "updated"
+        report = await t.run(
+            t.acts.wait_for_eviction, WaitEvictionInput(pods=[ref], timeout=timedelta(seconds=20))
+        )
+        assert report.gone == [ref]
