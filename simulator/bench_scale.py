@@ -111,13 +111,16 @@ def _watches(sim: Any, count: int) -> dict[str, Any]:
 
     def watcher(i: int) -> None:
         url = f"{sim.url}/api/v1/namespaces/bench/pods?watch=true&resourceVersion={rv}&timeoutSeconds=60"
-        with httpx.stream("GET", url, timeout=None) as resp:
-            connected.wait()
-            for line in resp.iter_lines():
-                if line:
-                    seen[i].append(json.loads(line)["object"]["metadata"]["name"])
-                if stop.is_set():
-                    break
+        try:
+            with httpx.stream("GET", url, timeout=None) as resp:
+                connected.wait()
+                for line in resp.iter_lines():
+                    if line:
+                        seen[i].append(json.loads(line)["object"]["metadata"]["name"])
+                    if stop.is_set():
+                        break
+        except (httpx.HTTPError, OSError):
+            pass  # the server closing streams at shutdown
 
     threads = [threading.Thread(target=watcher, args=(i,), daemon=True) for i in range(count)]
     for t in threads:

@@ -33,6 +33,7 @@ Python API (stable; controllers build on it)::
         # callback(StoreEvent) runs synchronously under the store lock, in commit order;
         # it must be quick, must not block and must not mutate event.object.
     store.dependents(owner_uid) -> list[(res, namespace, name)]
+    store.get_by_uid(uid) -> dict | None
     store.resource_version -> int  (global, monotonic; every write bumps it)
 
 Semantics (as kube-apiserver): `metadata.resourceVersion` on update/patch bodies is an
@@ -346,7 +347,10 @@ class AsyncWatch(Watch):
         self._aqueue: asyncio.Queue[Any] = asyncio.Queue()
 
     def _deliver(self, ev: StoreEvent) -> None:
-        self._loop.call_soon_threadsafe(self._aqueue.put_nowait, ev)
+        try:
+            self._loop.call_soon_threadsafe(self._aqueue.put_nowait, ev)
+        except RuntimeError:  # the loop is closed: nobody listens any more
+            self.closed = True
 
     def close(self) -> None:
         if not self.closed:
@@ -393,6 +397,7 @@ class Store:
             if rt.storage not in self._buckets:
                 self._buckets[rt.storage] = _Bucket(rt, history)
         self._owners: dict[str, set[tuple[str, str, str]]] = {}  # owner uid → dependents
+        self._uids: dict[str, tuple[str, str, str]] = {}  # uid → (storage, namespace, name)
         self._watches: list[Watch] = []
         self._subscribers: list[tuple[Callable[[StoreEvent], None], set[str] | None]] = []
         # apiVersion stamped on objects handed to Python callers (the server rewrites it).
@@ -606,6 +611,16 @@ class Store:
     def count(self, resource: str | ResourceType) -> int:
         return len(self._bucket(self._rt(resource)).objects)
 
+    def get_by_uid(self, uid: str) -> dict[str, Any] | None:
+        """The live object with this uid (any kind), or None."""
+        with self._lock:
+            where = self._uids.get(uid)
+            if where is None:
+                return None
+            bucket = self._buckets[where[0]]
+            obj = bucket.objects.get((where[1], where[2]))
+            return None if obj is None else self._out(bucket.rt, obj)
+
     def dependents(self, owner_uid: str) -> list[tuple[str, str, str]]:
         """(resource, namespace, name) of objects whose ownerReferences name `owner_uid`."""
         with self._lock:
@@ -681,6 +696,7 @@ class Store:
                 return self._out(rt, new)
             meta["resourceVersion"] = str(self._next_rv())
             bucket.put(key, new)
+            self._uids[meta["uid"]] = (rt.storage, key[0], key[1])
             self._track_owners(rt, new, None)
             self._emit(rt, ADDED, new, None)
             return self._out(rt, new)
@@ -1030,6 +1046,7 @@ class Store:
         gone = fast_copy(current)
         gone["metadata"]["resourceVersion"] = str(self._next_rv())
         bucket.remove(key)
+        self._uids.pop(current["metadata"].get("uid", ""), None)
         self._track_owners(rt, {"metadata": {"name": key[1], "namespace": key[0]}}, current)
         self._emit(rt, DELETED, gone, current)
         uid = current["metadata"].get("uid", "")
@@ -1076,7 +1093,7 @@ class Store:
             alive = [
                 r
                 for r in cur["metadata"].get("ownerReferences") or []
-                if r.get("uid") != uid and r.get("uid") in self._live_uids(r)
+                if r.get("uid") != uid and r.get("uid") in self._uids
             ]
             if alive:
                 continue
@@ -1084,18 +1101,6 @@ class Store:
                 self.delete(bucket.rt, name, ns or None)
             except errors.ApiError:
                 log.debug("garbage collection of %s %s/%s skipped", storage, ns, name)
-
-    def _live_uids(self, ref: dict[str, Any]) -> set[str]:
-        kind, api_version = ref.get("kind", ""), ref.get("apiVersion", "")
-        group = api_version.split("/")[0] if "/" in api_version else ""
-        for bucket in self._buckets.values():
-            if bucket.rt.kind == kind and bucket.rt.group == group:
-                return {
-                    o["metadata"].get("uid")
-                    for o in bucket.objects.values()
-                    if o["metadata"].get("uid") == ref.get("uid")
-                }
-        return set()
 
     def delete_collection(
         self,

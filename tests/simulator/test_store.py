@@ -105,7 +105,9 @@ def test_garbage_collection_and_orphans(store: Store, ns: str) -> None:
     store.create("pods", _pod("child-bound", "gpu-pool-node-0", ownerReferences=[ref]), ns)
     store.create("pods", _pod("child", ownerReferences=[ref]), ns)
     assert [d[2] for d in store.dependents(owner["metadata"]["uid"])] == ["child", "child-bound"]
+    assert store.get_by_uid(owner["metadata"]["uid"])["metadata"]["name"] == "owner"
     store.delete("configmaps", "owner", ns)
+    assert store.get_by_uid(owner["metadata"]["uid"]) is None
     assert store.try_get("pods", "child", ns) is None
     assert store.get("pods", "child-bound", ns)["metadata"]["deletionTimestamp"]  # graceful
 
