@@ -410,6 +410,9 @@ class FaultInjector:
             opts.ignore_device_taint_rules = bool(ignore_device_taint_rules)
         if expired_toleration_bug is not None:
             opts.expired_toleration_bug = bool(expired_toleration_bug)
+        scheduler = getattr(self.manager, "scheduler", None)
+        if scheduler is not None:
+            scheduler.invalidate()  # both switches change what the scheduler may allocate
         self.manager.poke()
         return self.known_faults()
 

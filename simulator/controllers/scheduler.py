@@ -143,6 +143,10 @@ class Scheduler:
 
     # -- world snapshot ------------------------------------------------------------------
 
+    def invalidate(self) -> None:
+        """Retry unschedulable pods now (a scheduler setting changed, e.g. a known fault)."""
+        self._world += 1
+
     def _on_event(self, event: Any) -> None:
         """Count changes that can make an unschedulable pod schedulable (queueing hints)."""
         res, etype, obj, old = event.resource, event.type, event.object, event.old
