@@ -56,6 +56,7 @@ class CapacityActivities:
         operation_timeout: timedelta = timedelta(minutes=12),
         idle_timeout: timedelta = timedelta(hours=1),
         dry_run: bool = False,
+        rounds_per_run: int = 100,
         heartbeat_every: timedelta = timedelta(seconds=10),
     ) -> None:
         self._client = client
@@ -66,6 +67,7 @@ class CapacityActivities:
             operation_timeout=operation_timeout,
             idle_timeout=idle_timeout,
             dry_run=dry_run,
+            rounds_per_run=rounds_per_run,
         )
         self._heartbeat_every = heartbeat_every.total_seconds()
 

@@ -833,6 +833,7 @@ class PoolScalerInput(Contract):
     operation_timeout: Duration = timedelta(minutes=12)  # then reply in-progress
     idle_timeout: Duration = timedelta(hours=1)  # finish after this long with nothing to do
     dry_run: bool = False
+    rounds_per_run: int = Field(default=100, ge=1)  # continue-as-new after this many rounds
     # carried across continue-as-new
     rounds: int = 0
     last_scaled_at: datetime | None = None

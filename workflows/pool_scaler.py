@@ -80,7 +80,6 @@ API_ATTEMPTS = 5  # then the waiters hear "rejected" with the provider's last wo
 # One look at an operation is one GET.
 WAIT_OP_TIMEOUT = timedelta(seconds=30)
 MAX_RECENT = 200  # replies remembered by idempotency key (carried across continue-as-new)
-MAX_ROUNDS_PER_RUN = 100  # continue-as-new before history grows long
 MAX_ADOPTIONS = 3  # follow at most this many foreign resizes in one round before giving up
 
 
@@ -189,12 +188,13 @@ class PoolScalerWorkflow:
             await self._round()
             self._rounds_this_run += 1
             long_history = workflow.info().is_continue_as_new_suggested()
-            if (long_history or self._rounds_this_run >= MAX_ROUNDS_PER_RUN) and not self._waiting:
+            if (long_history or self._rounds_this_run >= inp.rounds_per_run) and not self._waiting:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if not self._waiting:
                     workflow.continue_as_new(self._carry())
 
     def _carry(self) -> PoolScalerInput:
+        workflow.logger.info("pool %s: continuing as new", self._inp.pool.name)
         recent = dict(list(self._results.items())[-MAX_RECENT:])
         return self._inp.model_copy(
             update={

@@ -20,6 +20,8 @@ Cases:
 - operation outliving the timeout -> in-progress;
 - the same idempotency key twice -> counted once;
 - a need for another pool -> refused by the validator (non-retryable for the caller);
+- continue-as-new after `rounds_per_run` rounds carries the state: a retried key gets its
+  old answer, the cool-down still holds;
 - idle scaler completes; status query.
 """
 
@@ -251,3 +253,20 @@ async def test_idle_scaler_completes(harness: Harness) -> None:
     handle = harness.client.get_workflow_handle(harness.scaler_id, result_type=PoolScalerStatus)
     status = await handle.result()  # idle 1 s, past cool-down
     assert status.state == "idle" and status.provider_requests == 1
+
+
+@pytest.mark.scaler(rounds_per_run=1)
+async def test_continue_as_new_carries_replies_and_cooldown(harness: Harness) -> None:
+    first = await harness.ask(harness.request("a", cooldown="10m"))
+    assert first.status == "satisfied"
+    handle = harness.client.get_workflow_handle(harness.scaler_id)
+    desc = await handle.describe()
+    runs = {desc.run_id}
+    # a retried caller (same idempotency key) reaches the new run: same answer, no request
+    again = await harness.ask(harness.request("a", cooldown="10m"))
+    assert again == first
+    later = await harness.ask(harness.request("b", cooldown="10m"))
+    assert later.status == "cooldown"  # last_scaled_at survived continue-as-new
+    runs.add((await handle.describe()).run_id)
+    assert len(runs) == 2
+    assert harness.fake.set_size_calls == [3]
