@@ -509,7 +509,9 @@ class JobController:
 
     def sync(self, ctx: Any) -> float | None:
         earliest: float | None = None
-        for job in ctx.store.list(JOBS, copy_objects=False).items:
+        jobs = ctx.store.list(JOBS, copy_objects=False).items
+        self._release_orphans(ctx, {uid_of(j) for j in jobs if not is_deleting(j)})
+        for job in jobs:
             if is_deleting(job):
                 continue
             try:
@@ -646,6 +648,15 @@ class JobController:
         _write_status(ctx, JOBS, job, status)
         return wait
 
+    def _release_orphans(self, ctx: Any, live_jobs: set[str]) -> None:
+        """Pods whose Job is gone keep no tracking finalizer (else they would never go)."""
+        for pod in ctx.store.list(PODS, copy_objects=False).items:
+            if JOB_TRACKING_FINALIZER not in (meta(pod).get("finalizers") or []):
+                continue
+            ref = controller_ref(pod)
+            if ref is None or ref.get("kind") != "Job" or ref.get("uid") not in live_jobs:
+                self._release(ctx, pod)
+
     def _release(self, ctx: Any, pod: dict[str, Any]) -> None:
         def drop(obj: dict[str, Any]) -> None:
             rest = [
@@ -660,14 +671,3 @@ class JobController:
             ctx.store.mutate(PODS, name_of(pod), drop, ns_of(pod))
         except ApiError:
             pass
-
-
-__all__ = [
-    "DeploymentController",
-    "JobController",
-    "ReplicaSetController",
-    "StatefulSetController",
-    "controller_ref",
-    "match_failure_policy",
-    "template_hash",
-]

@@ -7,6 +7,7 @@ Cases:
 - Job succeeding: Complete with completionTime, succeeded 1, pod finalizer removed;
 - podFailurePolicy Ignore on DisruptionTarget: an evicted pod does not count as a failure and
   is replaced;
+- a deleted Job's running pod is removed (its tracking finalizer released) with its claim;
 - StatefulSet: an evicted pod comes back under the same name only once the old one is gone;
 - Deployment events have the shapes of a real cluster (golden 42): ScalingReplicaSet from the
   deployment-controller, SuccessfulCreate from the replicaset-controller (core/v1 style with
@@ -198,3 +199,17 @@ def test_deployment_event_shapes(twin: Any) -> None:
     available = condition(t.apps.read_namespaced_deployment("web", ns), "Available")
     assert available.reason == "MinimumReplicasAvailable"
     assert deploy.metadata.annotations["deployment.kubernetes.io/revision"] == "1"
+
+
+def test_deleted_job_takes_its_pods_along(twin: Any) -> None:
+    t = twin()
+    ns = t.namespace()
+    t.dra.create_namespaced_resource_claim_template(ns, claim_template("gpu"))
+    job = _job("long", 0)
+    job["spec"]["template"]["metadata"]["annotations"]["sim.sickbay.dev/run-seconds"] = "3600"
+    t.batch.create_namespaced_job(ns, job)
+    eventually(lambda: pods(t.core, ns) and pods(t.core, ns)[0].status.phase == "Running")
+    t.batch.delete_namespaced_job("long", ns, propagation_policy="Background")
+    # The pod's job-tracking finalizer is released, so it goes after its grace period.
+    eventually(lambda: not pods(t.core, ns))
+    eventually(lambda: not t.dra.list_namespaced_resource_claim(ns).items)
