@@ -608,7 +608,10 @@ class _Handler(BaseHTTPRequestHandler):
         return data
 
     def _decode_object(self, tgt: Target, body: bytes) -> dict[str, Any]:
-        data = self._decode(tgt, body)
+        ctype = (self.headers.get("Content-Type") or "application/json").split(";")[0].strip()
+        if ctype not in ("application/json", "application/yaml", "*/*"):
+            raise errors.ApiError(415, "UnsupportedMediaType", "415: Unsupported Media Type", {})
+        data = self._decode(tgt, body, yaml_ok=ctype == "application/yaml")
         if not isinstance(data, dict):
             raise errors.bad_request("the body of the request must be a JSON object")
         expected = tgt.rt.api_version(tgt.version)

@@ -4,7 +4,8 @@ Cases: PolicyV1 eviction is 429 while a PodDisruptionBudget allows no disruption
 it does (PDB status tracks Running+Ready pods); eviction of a pod no PDB covers is 201 and
 leaves the pod Terminating with DisruptionTarget; two PDBs on one pod is 500;
 delete_collection with a label selector; delete with dryRun and with a stale precondition;
-watch with sendInitialEvents + allowWatchBookmarks; request interceptors injecting 500/429,
+watch with sendInitialEvents + allowWatchBookmarks; JSON/YAML bodies, 415 and 400 for others;
+request interceptors injecting 500/429,
 latency and connection resets; /sim/<name> extension handlers.
 """
 
@@ -197,3 +198,16 @@ def test_request_interceptors_and_extension_handlers(sim_factory: Any) -> None:
         "query": {"x": "1"},
     }
     assert httpx.get(f"{rs.url}/sim/nothing", timeout=5).status_code == 404
+
+
+def test_create_content_types(sim: RunningSim, ns: str) -> None:
+    url = f"{sim.url}/api/v1/namespaces/{ns}/pods"
+    as_yaml = "metadata:\n  name: from-yaml\nspec:\n  containers:\n  - {name: c, image: i}\n"
+    created = httpx.post(url, content=as_yaml, headers={"Content-Type": "application/yaml"}, timeout=5)
+    assert created.status_code == 201 and created.json()["metadata"]["name"] == "from-yaml"
+    wrong = httpx.post(url, content=as_yaml, headers={"Content-Type": "text/plain"}, timeout=5)
+    assert wrong.status_code == 415 and wrong.json()["reason"] == "UnsupportedMediaType"
+    garbage = httpx.post(url, content=b"{not json", headers={"Content-Type": "application/json"}, timeout=5)
+    assert garbage.status_code == 400 and garbage.json()["reason"] == "BadRequest"
+    wrong_kind = httpx.post(url, json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}}, timeout=5)
+    assert wrong_kind.status_code == 400
