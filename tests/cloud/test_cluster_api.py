@@ -9,22 +9,28 @@ Cases:
   (the twin's MachineDeployment controller does that when it runs; here the status is
   written through the status subresource as a controller would), then done;
 - phase Failed -> the operation fails with the MachineDeployment's failure message;
-- a missing MachineDeployment -> ERR_CLOUD_REJECTED (404), non-retryable.
+- a missing MachineDeployment -> ERR_CLOUD_REJECTED (404), non-retryable;
+- with the twin's controllers running, the MachineDeployment controller adds the Node and
+  reports it ready: the operation finishes by itself and the pool has one more Node.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes.client import CustomObjectsApi
+from kubernetes.client import CoreV1Api, CustomObjectsApi
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.cloud import CloudActivities
 from activities.cloud.cluster_api import ANN_MAX, ANN_MIN, ANN_SCALE_REQUEST, GROUP, PLURAL, VERSION
+from simulator.clock import Clock
+from simulator.controllers.manager import ControllerManager, SimOptions
+from simulator.testing import start_sim
 from workflows.constants import ERR_CLOUD_REJECTED, ERR_STILL_WAITING
 from workflows.models import DescribePoolInput, NodePoolTarget, PoolOperationInput, ScalePoolInput
 
@@ -142,3 +148,61 @@ async def test_missing_machine_deployment_is_rejected(
         )
     assert info.value.type == ERR_CLOUD_REJECTED and info.value.non_retryable
     assert "404" in str(info.value)
+
+
+async def test_machine_deployment_controller_brings_the_nodes(tmp_path: Any) -> None:
+    """With the twin's controllers running, the MachineDeployment controller grows the node
+    pool and reports readyReplicas; the operation finishes on its own."""
+    manager = ControllerManager(SimOptions())
+    rs = start_sim(tmp_path, clock=Clock(time_scale=200.0), controllers=(manager,), nodes=2)
+    try:
+        api_client = rs.api_client()
+        custom = CustomObjectsApi(api_client)
+        core = CoreV1Api(api_client)
+        pool_name = core.list_node().items[0].metadata.labels["sickbay.dev/node-pool"]
+        custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            NS,
+            PLURAL,
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "MachineDeployment",
+                "metadata": {"name": "gpu-md"},
+                "spec": {
+                    "clusterName": "twin",
+                    "replicas": 2,
+                    "selector": {"matchLabels": {"sickbay.dev/node-pool": pool_name}},
+                    "template": {
+                        "metadata": {"labels": {"sickbay.dev/node-pool": pool_name}},
+                        "spec": {
+                            "clusterName": "twin",
+                            "bootstrap": {"dataSecretName": "b"},
+                            "infrastructureRef": {"kind": "DockerMachineTemplate", "name": "t"},
+                        },
+                    },
+                },
+            },
+        )
+        acts = CloudActivities(kube_api=api_client)
+        pool = NodePoolTarget(provider="cluster-api", name="gpu-md", namespace=NS)
+        env = ActivityEnvironment()
+        result = await env.run(
+            acts.scale_pool,
+            ScalePoolInput(pool=pool, target_size=3, max_size=4, idempotency_key="k"),
+        )
+        assert result.operation is not None
+        req = PoolOperationInput(pool=pool, operation=result.operation.id)
+        op = None
+        for _ in range(200):
+            try:
+                op = await env.run(acts.wait_pool_operation, req)
+                break
+            except ApplicationError as err:
+                assert err.type == ERR_STILL_WAITING
+                await asyncio.sleep(0.05)
+        assert op is not None and op.done and op.error is None
+        nodes = core.list_node(label_selector=f"sickbay.dev/node-pool={pool_name}").items
+        assert len(nodes) == 3
+    finally:
+        rs.stop()
