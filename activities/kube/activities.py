@@ -167,7 +167,14 @@ class KubeActivities:
         def body() -> QuarantineResult:
             apis = self._apis()
             if apis.taint_version and inp.device.devices:
-                result = quarantine.quarantine_rules(self._kube, apis, inp)
+                try:
+                    result = quarantine.quarantine_rules(self._kube, apis, inp)
+                except KubeError as err:
+                    if err.kind is ErrorKind.NOT_FOUND and err.resource == quarantine.RULES:
+                        # The version stopped being served (control plane changed under a
+                        # running worker): re-discover on the retry.
+                        self._discovery.invalidate()
+                    raise
             else:
                 result = quarantine.quarantine_fallback(self._kube, apis, inp)
             activity.logger.info(

@@ -185,7 +185,7 @@ def _not_found(message: str) -> ApplicationError:
     return ApplicationError(message, type=ERR_DEVICE_NOT_FOUND, non_retryable=True)
 
 
-def _get_node(kube: Kube, name: str) -> dict[str, Any] | None:
+def get_node(kube: Kube, name: str) -> dict[str, Any] | None:
     try:
         return kube.call(kube.core.read_node, name, verb="get", resource="nodes", name=name)
     except KubeError as err:
@@ -270,7 +270,7 @@ def resolve(kube: Kube, apis: ClusterApis, ref: DeviceRef) -> ResolvedDevice:
     node_name = target.node or node_name or target.pool
     group = group_of(devices, target.node, physical) or [target]
     group.sort(key=lambda d: (d.is_partition, d.driver, d.pool, d.device))
-    node = _get_node(kube, node_name) if node_name else None
+    node = get_node(kube, node_name) if node_name else None
     index = next((d.index for d in group if not d.is_partition), None)
     if index is None:
         index = target.index
@@ -300,14 +300,14 @@ def _resolve_device_plugin(kube: Kube, apis: ClusterApis, ref: DeviceRef) -> Res
             f"device {ref.key}: this cluster serves no DRA ResourceSlices (device-plugin mode); "
             "name the device by node + GPU UUID"
         )
-    node = _get_node(kube, ref.node)
+    node = get_node(kube, ref.node)
     if node is None:
         raise _not_found(f"node {ref.node} does not exist")
     capacity, _ = gpu_capacity(node)
     if not capacity:
         raise _not_found(f"node {ref.node} advertises no {GPU_RESOURCE}")
     uuid = ref.gpu_uuid
-    known = _node_gpu_uuids(node)
+    known = node_gpu_uuids(node)
     if uuid is None:
         # An index maps to a UUID only where the node publishes its GPU list.
         if ref.gpu_index is None or ref.gpu_index >= len(known):
@@ -337,7 +337,7 @@ def _resolve_device_plugin(kube: Kube, apis: ClusterApis, ref: DeviceRef) -> Res
 GPU_UUIDS_ANNOTATIONS = ("sickbay.dev/gpu-uuids", "nvidia.com/gpu.uuids")
 
 
-def _node_gpu_uuids(node: dict[str, Any]) -> list[str]:
+def node_gpu_uuids(node: dict[str, Any]) -> list[str]:
     meta = node.get("metadata") or {}
     for source in (meta.get("annotations") or {}, meta.get("labels") or {}):
         for key in GPU_UUIDS_ANNOTATIONS:

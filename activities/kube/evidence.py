@@ -14,10 +14,10 @@ from typing import Any
 from activities.kube.client import Kube
 from activities.kube.consumers import list_node_pods
 from activities.kube.devices import (
-    _get_node,
-    _node_gpu_uuids,
+    get_node,
     gpu_capacity,
     list_slice_devices,
+    node_gpu_uuids,
 )
 from activities.kube.pods import health_reports, meta, worst_health
 from workflows.models import Evidence, HealthResult, ResolvedDevice, SliceTaint
@@ -103,12 +103,12 @@ def gather_evidence(kube: Kube, device: ResolvedDevice) -> Evidence:
     if device.mode == "dra" and device.devices:
         present, taints = _slice_state(kube, device)
     else:
-        node = _get_node(kube, device.node)
+        node = get_node(kube, device.node)
         if node is None:
             present = False
         else:
             capacity, allocatable = gpu_capacity(node)
-            known = _node_gpu_uuids(node)
+            known = node_gpu_uuids(node)
             present = bool(capacity) and (
                 not known or device.gpu_uuid.lower() in {u.lower() for u in known}
             )
@@ -163,7 +163,7 @@ def check_health(kube: Kube, device: ResolvedDevice) -> HealthResult:
             message=f"no pod reports this device's health at {now}; it is published without "
             "driver health taints",
         )
-    node = _get_node(kube, device.node)
+    node = get_node(kube, device.node)
     if node is None:
         return HealthResult(health="Unhealthy", message=f"node {device.node} is gone")
     capacity, allocatable = gpu_capacity(node)

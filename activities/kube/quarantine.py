@@ -19,11 +19,12 @@ from typing import Any
 from temporalio.exceptions import ApplicationError
 
 from activities.kube.client import ErrorKind, Kube, KubeError
-from activities.kube.consumers import claim_devices, group_keys, list_claims
+from activities.kube.consumers import group_keys, list_claims
 from activities.kube.devices import (
-    _get_node,
+    get_node,
     gpu_capacity,
     list_slice_devices,
+    node_pool_of,
     physical_gpus,
 )
 from activities.kube.discovery import ClusterApis
@@ -333,7 +334,7 @@ def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
                     raise
                 messages.append(f"rule {name} already gone")
     if inp.node_tainted or not version or not inp.device.devices:
-        node = _get_node(kube, inp.device.node)
+        node = get_node(kube, inp.device.node)
         if node is not None:
             _, changed = converge_node(
                 kube, inp.device.node, release_gpu(inp.device.gpu_uuid, untaint=True), node
@@ -348,8 +349,6 @@ def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
 
 
 def count_devices(kube: Kube, apis: ClusterApis, node_pool: str | None) -> DeviceCounts:
-    from activities.kube.devices import node_pool_of
-
     counts = DeviceCounts()
     nodes_body = kube.call(kube.core.list_node, verb="list", resource="nodes")
     nodes = nodes_body.get("items") or []
@@ -507,11 +506,6 @@ def quarantine_fallback(kube: Kube, apis: ClusterApis, inp: QuarantineInput) -> 
         node_tainted=tainted,
         message="; ".join(parts),
     )
-
-
-def claims_on(kube: Kube, device: ResolvedDevice) -> list[dict[str, Any]]:
-    keys = group_keys(device)
-    return [c for c in list_claims(kube) if keys.intersection(claim_devices(c))]
 
 
 # --- preview and probe: rules with effect None ---------------------------------------------
