@@ -5,8 +5,7 @@ it does (PDB status tracks Running+Ready pods); eviction of a pod no PDB covers 
 leaves the pod Terminating with DisruptionTarget; two PDBs on one pod is 500;
 delete_collection with a label selector; delete with dryRun and with a stale precondition;
 watch with sendInitialEvents + allowWatchBookmarks; JSON/YAML bodies, 415 and 400 for others;
-request interceptors injecting 500/429,
-latency and connection resets; /sim/<name> extension handlers.
+request interceptors injecting 500/429 and connection resets; /sim/<name> extension handlers.
 """
 
 from __future__ import annotations
