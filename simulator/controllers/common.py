@@ -233,8 +233,10 @@ class EventRecorder:
         message: str,
         etype: str = "Normal",
         with_version: bool = True,
+        host: str | None = None,
     ) -> None:
-        """A core/v1 event as kube-controller-manager's recorders write it."""
+        """A core/v1 event as kube-controller-manager's (or a kubelet's, with `host`) recorders
+        write it."""
         now = rfc3339(self.clock.now())
         involved = self._involved(obj)
         if not with_version:
@@ -253,9 +255,9 @@ class EventRecorder:
                 "firstTimestamp": now,
                 "lastTimestamp": now,
                 "eventTime": None,
-                "source": {"component": component},
+                "source": {"component": component, **({"host": host} if host else {})},
                 "reportingComponent": component,
-                "reportingInstance": "",
+                "reportingInstance": host or "",
             },
             namespace,
         )

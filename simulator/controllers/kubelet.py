@@ -81,6 +81,7 @@ class _Pod:
     containers: dict[str, _Container] = field(default_factory=dict)
     gpu_ids: list[str] = field(default_factory=list)
     ip: str = ""
+    killing: bool = False  # the Killing event was recorded
 
 
 class Kubelet:
@@ -291,6 +292,16 @@ class Kubelet:
             }
             backoff = min(opts.crash_backoff_max, opts.crash_backoff_initial * 2**c.restarts)
             c.state, c.retry_mono = "backoff", ctx.mono + backoff
+            ctx.events.controller(
+                pod,
+                "kubelet",
+                "BackOff",
+                f"Back-off restarting failed container {c.name} in pod "
+                f"{name_of(pod)}_{ns_of(pod)}({uid_of(pod)})",
+                etype="Warning",
+                with_version=False,
+                host=pod["spec"].get("nodeName"),
+            )
             return backoff
         return None
 
@@ -411,6 +422,17 @@ class Kubelet:
     # -- graceful deletion -----------------------------------------------------------------
 
     def _terminate(self, ctx: Any, pod: dict[str, Any], runtime: _Pod) -> float | None:
+        if runtime.started and not runtime.killing and not is_terminal(pod):
+            runtime.killing = True
+            for name in runtime.containers:
+                ctx.events.controller(
+                    pod,
+                    "kubelet",
+                    "Killing",
+                    f"Stopping container {name}",
+                    with_version=False,
+                    host=pod["spec"].get("nodeName"),
+                )
         deadline = parse_time(meta(pod)["deletionTimestamp"])
         if ctx.now < deadline:
             return (deadline - ctx.now).total_seconds()

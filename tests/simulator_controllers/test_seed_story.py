@@ -3,14 +3,15 @@
 Cases (one twin: 1 node x 2 GPUs, Kubernetes 1.36, time scale 200):
 1. A Deployment's pod gets a generated claim (owner = pod, pod-claim-name annotation,
    status.resourceClaimStatuses), runs on gpu-0; `POST /sim/faults` (Xid 79) -> the container
-   restarts in a loop (restartCount grows, CrashLoopBackOff) and allocatedResourcesStatus
-   says Unhealthy "XID 79" for `claim:gpu` / `gpu.nvidia.com/<node>/gpu-0`.
+   restarts in a loop (restartCount grows, CrashLoopBackOff, kubelet BackOff events) and
+   allocatedResourcesStatus says Unhealthy "XID 79" for `claim:gpu` /
+   `gpu.nvidia.com/<node>/gpu-0`.
 2. A NoExecute DeviceTaintRule (v1beta2) on gpu-0 -> rule status PodsPendingEviction with the
    real message, the pod gets DisruptionTarget/DeletionByDeviceTaintManager and a graceful
    deletionTimestamp, a DeviceTaintManagerEviction "Marking for deletion" event; while it is
    Terminating its claim stays allocated; the ReplicaSet's replacement runs on gpu-1; the
    rule turns Completed "1 pod evicted since starting the controller."; after the grace
-   period the old pod and its generated claim are gone.
+   period the old pod and its generated claim are gone (kubelet Killing event).
 3. gpu-1 dies too and gets a rule -> the next replacement is Pending, PodScheduled=False,
    Unschedulable with the real scheduler message, FailedScheduling events (events.k8s.io/v1
    shape); resizing the pool through /sim/pools adds a node (and its ResourceSlice) after the
@@ -89,6 +90,14 @@ def test_seed_incident_three_acts(twin: Any) -> None:
         return waiting is not None and waiting.reason == "CrashLoopBackOff"
 
     eventually(in_backoff)
+    backoffs = [
+        e
+        for e in t.core.list_namespaced_event(ns).items
+        if e.reason == "BackOff" and e.involved_object.name == pod.metadata.name
+    ]
+    assert backoffs and backoffs[0].type == "Warning"
+    assert backoffs[0].message.startswith("Back-off restarting failed container main in pod ")
+    assert (backoffs[0].source.component, backoffs[0].source.host) == ("kubelet", NODE)
 
     # --- Act 2: quarantine gpu-0 with a NoExecute rule ----------------------------------
     t.dra_beta2.create_device_taint_rule(taint_rule("gpu0-down", NODE, "gpu-0"))
@@ -152,6 +161,12 @@ def test_seed_incident_three_acts(twin: Any) -> None:
         return pod.metadata.name not in names and old_claim.metadata.name not in claims
 
     eventually(old_gone)
+    killing = [
+        e
+        for e in t.core.list_namespaced_event(ns).items
+        if e.reason == "Killing" and e.involved_object.name == pod.metadata.name
+    ]
+    assert killing and killing[0].message == "Stopping container main"
 
     # --- Act 3: the second GPU dies too; scale the pool -----------------------------------
     assert t.sim("POST", "/sim/faults", {"node": NODE, "gpu": "1", "xid": 79}).status_code == 201
