@@ -115,6 +115,11 @@ class HttpProfile(_Model):
     """A generic REST node-pool API (in-house, OpenStack Magnum-style, ...)."""
 
     headers: dict[str, str | SecretRef] = Field(default_factory=dict)  # sent on every call
+    # Base URL used when the runbook's pool gives no `endpoint`; and the origins a runbook's
+    # `endpoint` may point at (default: just `endpoint`), so the profile's credentials are
+    # never sent to a host the worker's operator did not list.
+    endpoint: str | None = None
+    allowed_endpoints: list[str] = Field(default_factory=list)
     describe: HttpCall
     size_path: str  # dotted JSON path of the current size in the describe response
     min_path: str | None = None

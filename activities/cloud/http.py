@@ -57,11 +57,21 @@ class HttpNodePools:
 
     # --- templating -------------------------------------------------------------------------
 
-    @staticmethod
-    def _values(pool: NodePoolTarget, **extra: Any) -> dict[str, Any]:
+    def _values(self, pool: NodePoolTarget, **extra: Any) -> dict[str, Any]:
         values: dict[str, Any] = {
             k: v for k, v in pool.model_dump().items() if isinstance(v, str | int) and v is not None
         }
+        endpoint = pool.endpoint or self._profile.endpoint
+        allowed = self._profile.allowed_endpoints or (
+            [self._profile.endpoint] if self._profile.endpoint else []
+        )
+        if endpoint and allowed and not any(same_origin(endpoint, a) for a in allowed):
+            raise ConfigError(
+                f"pool endpoint {endpoint} is not among the profile's allowed endpoints; "
+                "its credentials are not sent there"
+            )
+        if endpoint:
+            values["endpoint"] = endpoint.rstrip("/")
         values.update({k: v for k, v in extra.items() if v is not None})
         return values
 

@@ -399,3 +399,28 @@ async def test_eks_profile_follows_the_eks_api(tmp_path: Path) -> None:
     )
     op = await run(acts.wait_pool_operation, PoolOperationInput(pool=pool, operation="upd-1"))
     assert op.done and op.error == "Failed: Instances failed to join"
+
+
+@respx.mock
+async def test_http_profile_keeps_its_credentials_on_its_endpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OS_TOKEN", "gAAAAos-token")
+    path = tmp_path / "cloud.yaml"
+    path.write_text(PROFILE.replace("  magnum:\n", f"  magnum:\n    endpoint: {MAGNUM}\n", 1))
+    acts = CloudActivities(CloudConfig.load(path))
+    evil = respx.get(url__startswith="https://evil.example.com")
+    with pytest.raises(ApplicationError) as info:
+        await run(
+            acts.describe_pool,
+            DescribePoolInput(
+                pool=HTTP_POOL.model_copy(update={"endpoint": "https://evil.example.com"})
+            ),
+        )
+    assert info.value.type == ERR_CONFIG and not evil.called
+    # without an endpoint in the runbook the profile's own is used
+    respx.get(f"{MAGNUM}/v1/clusters/c-42/nodegroups/gpu-ng").respond(200, json={"node_count": 1})
+    desc = await run(
+        acts.describe_pool, DescribePoolInput(pool=HTTP_POOL.model_copy(update={"endpoint": None}))
+    )
+    assert desc.current_size == 1
