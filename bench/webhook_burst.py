@@ -16,7 +16,9 @@ Reports:
 - alerts/s accepted: alerts in notifications answered 200, over the burst's wall time;
 - webhook-to-workflow-start latency: for each GPU, the workflow's start time as Temporal
   recorded it minus the moment its first notification was sent (same machine clock), p50/p99;
-- checks: one workflow per GPU, and as many `alert` signals in total as alerts sent.
+- checks: one workflow per GPU, and every alert (workflow id + fingerprint) recorded as an
+  `alert` signal: nothing lost, also when 503s made the sender retry (`--temporal-timeout`
+  lowered on purpose, `--retries` re-posts like Alertmanager).
 Everything it starts is stopped at the end; the burst is bounded by --alerts.
 """
 
@@ -126,6 +128,15 @@ async def main() -> int:
     parser.add_argument("--devices", type=int, default=250)
     parser.add_argument("--per-request", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument(
+        "--retries", type=int, default=5, help="re-posts of a notification answered 503"
+    )
+    parser.add_argument(
+        "--temporal-timeout",
+        type=float,
+        default=None,
+        help="SICKBAY_WEBHOOK_TEMPORAL_TIMEOUT for the webhook (lower it to force 503s)",
+    )
     args = parser.parse_args()
     if not 0 < args.devices <= args.alerts <= 5000:
         parser.error("need 0 < devices <= alerts <= 5000")
@@ -139,7 +150,7 @@ async def main() -> int:
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=str(bin_dir / "temporal"),
-        dev_server_extra_args=["--log-level", "error"]
+        dev_server_extra_args=["--log-level", "never"]
         + [a for n in SEARCH_ATTRIBUTES for a in ("--search-attribute", f"{n}=Keyword")],
         ui=False,
     )
@@ -151,6 +162,8 @@ async def main() -> int:
         "SICKBAY_TASK_QUEUE": queue,
         "SICKBAY_WEBHOOK_TOKEN": TOKEN,
     }
+    if args.temporal_timeout is not None:
+        proc_env["SICKBAY_WEBHOOK_TEMPORAL_TIMEOUT"] = str(args.temporal_timeout)
     webhook = await asyncio.create_subprocess_exec(
         str(bin_dir / "sickbay"),
         *("webhook", "--host", "127.0.0.1", "--port", str(port)),
@@ -172,7 +185,7 @@ async def main() -> int:
         ]
         first_sent: dict[str, float] = {}  # workflow id -> wall time of first notification
         codes: list[int] = []
-        started_total = signalled_total = 0
+        started_total = signalled_total = retried = 0
         sem = asyncio.Semaphore(args.concurrency)
         limits = httpx.Limits(max_connections=args.concurrency)
 
@@ -181,18 +194,24 @@ async def main() -> int:
             await http.get("/healthz")
 
             async def send(batch: list[dict[str, Any]]) -> None:
-                nonlocal started_total, signalled_total
+                nonlocal started_total, signalled_total, retried
                 body = {"version": "4", "status": "firing", "receiver": "sickbay", "alerts": batch}
                 async with sem:
                     sent = time.time()
                     for a in batch:
                         wid = device_workflow_id(a["labels"]["Hostname"], a["labels"]["UUID"])
                         first_sent.setdefault(wid, sent)
-                    resp = await http.post(
-                        "/v1/alertmanager",
-                        json=body,
-                        headers={"Authorization": f"Bearer {TOKEN}"},
-                    )
+                    # Like Alertmanager: a 5xx is retried with backoff, the whole notification.
+                    for attempt in range(args.retries + 1):
+                        resp = await http.post(
+                            "/v1/alertmanager",
+                            json=body,
+                            headers={"Authorization": f"Bearer {TOKEN}"},
+                        )
+                        if resp.status_code < 500 or attempt == args.retries:
+                            break
+                        retried += 1
+                        await asyncio.sleep(0.2 * 2**attempt)
                 codes.append(resp.status_code)
                 if resp.status_code == 200:
                     data = resp.json()
@@ -207,17 +226,23 @@ async def main() -> int:
         ok = codes.count(200)
         latencies: list[float] = []
         signals = 0
+        expected = {
+            (device_workflow_id(a["labels"]["Hostname"], a["labels"]["UUID"]), a["fingerprint"])
+            for a in alerts
+        }
+        recorded: set[tuple[str, str]] = set()
         client = env.client
         for wid, sent in first_sent.items():
             desc = await client.get_workflow_handle(wid).describe()
             start: datetime = desc.start_time
             latencies.append((start.timestamp() - sent) * 1000)
             history = await client.get_workflow_handle(wid).fetch_history()
-            signals += sum(
-                1
-                for e in history.events
-                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-            )
+            for e in history.events:
+                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+                    signals += 1
+                    attrs = e.workflow_execution_signaled_event_attributes
+                    evidence = json.loads(attrs.input.payloads[0].data)
+                    recorded.add((wid, evidence["fingerprint"]))
         runs = 0
         for _ in range(60):  # visibility lags the writes a little
             runs = (await client.count_workflows(f"TaskQueue = '{queue}'")).count
@@ -229,12 +254,16 @@ async def main() -> int:
             f"burst: {args.alerts} alerts, {args.devices} GPUs, {len(batches)} notifications "
             f"of {args.per_request}, {args.concurrency} in flight"
         )
-        print(f"responses: {ok}/{len(codes)} x 200; others: {sorted(set(codes) - {200})}")
+        print(
+            f"responses: {ok}/{len(codes)} x 200 in the end; others: "
+            f"{sorted(set(codes) - {200})}; 503s retried: {retried}"
+        )
         print(f"wall time: {wall * 1000:.0f} ms -> {accepted / wall:.0f} alerts/s accepted")
         print(f"started {started_total}, signalled {signalled_total} (per responses)")
         print(
             f"workflows in Temporal: {runs} (expected {args.devices}); "
-            f"alert signals recorded: {signals} (expected {args.alerts})"
+            f"alert signals recorded: {signals} (>= {args.alerts}; retries re-send); "
+            f"alerts lost: {len(expected - recorded)}"
         )
         print(
             "webhook-to-workflow-start latency: "
@@ -244,7 +273,7 @@ async def main() -> int:
         print(
             f"measured at {datetime.now(UTC).isoformat(timespec='seconds')} on {os.cpu_count()} CPUs"
         )
-        good = ok == len(codes) and runs == args.devices and signals == args.alerts
+        good = ok == len(codes) and runs == args.devices and not expected - recorded
         return 0 if good else 1
     finally:
         webhook.send_signal(signal.SIGTERM)

@@ -260,6 +260,7 @@ class AlertService:
         self._client = client
         self._lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(webhook.webhook_concurrency)
+        self._inflight: set[asyncio.Future[str]] = set()
 
     @property
     def connected(self) -> bool:
@@ -369,11 +370,19 @@ class AlertService:
         # the same notification finds the workflow the firing one started.
         for m in group:
             started = time.perf_counter()
+            # Waiting for a slot is where the notification's deadline cancels: an alert that
+            # never reached Temporal costs nothing. A call that did reach it is shielded and
+            # left to finish (keeping its slot until then), so an overloaded server does not
+            # redo work that a cancellation would have thrown away; the sender's retry then
+            # only signals.
+            await self._slots.acquire()
+            call = asyncio.ensure_future(
+                self._fire(client, m) if m.status == "firing" else self._resolve(client, m)
+            )
+            self._inflight.add(call)
+            call.add_done_callback(self._call_done)
             try:
-                async with self._slots:
-                    result = await (
-                        self._fire(client, m) if m.status == "firing" else self._resolve(client, m)
-                    )
+                result = await asyncio.shield(call)
             except RPCError as exc:
                 reason = "temporal-unavailable" if exc.status in _TRANSIENT else "temporal-error"
                 self._failed(out, m, reason, f"{exc.status.name if exc.status else ''}: {exc}")
@@ -396,6 +405,21 @@ class AlertService:
                     "result": result,
                 }
             )
+
+    def _call_done(self, call: asyncio.Future[str]) -> None:
+        self._slots.release()
+        self._inflight.discard(call)
+        if not call.cancelled():
+            # Mark any error retrieved: the waiting request reported it, or it came after the
+            # request's deadline, when the sender is already retrying.
+            call.exception()
+
+    async def drain(self, within: float) -> None:
+        """On shutdown: let calls already sent to Temporal finish, for a bounded time."""
+        if self._inflight:
+            _done, pending = await asyncio.wait(set(self._inflight), timeout=within)
+            for call in pending:
+                call.cancel()
 
     async def _fire(self, client: Client, m: MappedAlert) -> str:
         assert m.evidence is not None
@@ -569,6 +593,7 @@ def create_app(
             # Keep serving: requests answer 503 until Temporal is back, and Alertmanager retries.
             log.warning("%s; will retry on the next notification", exc)
         yield
+        await service.drain(wh.webhook_temporal_timeout)
 
     app = FastAPI(
         title="Sickbay Alertmanager webhook",
