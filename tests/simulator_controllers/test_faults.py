@@ -14,7 +14,9 @@ Cases:
 - API fault injection switched at run time: 429 (with Retry-After) on list pods once, 500 on
   create, 409 on patch, a reset connection, a timeout answered 504; removing the rules
   restores normal answers; the request log still records the injected failures;
-- `sickbay sim fail / recover / gpus / api-fault` run against the twin over HTTP.
+- `sickbay sim fail / recover / gpus / api-fault` run against the twin over HTTP;
+- `driverTaint`: the DRA driver publishes gpu.nvidia.com/xid=79:NoSchedule on the device in its
+  ResourceSlice, new pods avoid it; recovery removes the taint and the Pending pod runs.
 """
 
 from __future__ import annotations
@@ -236,3 +238,32 @@ def test_cli_commands(twin: Any, capsys: pytest.CaptureFixture[str]) -> None:
     assert run("api-fault", "clear") == 0
     assert run("resize", "gpu-pool", "2") == 0
     eventually(lambda: len(t.core.list_node().items) == 2)
+
+
+def test_driver_taint_on_slice_blocks_new_pods(twin: Any) -> None:
+    t = twin()
+    ns = t.namespace()
+    made = t.sim("POST", "/sim/faults", {"node": NODE, "gpu": "0", "xid": 79, "driverTaint": True})
+    assert made.status_code == 201 and made.json()["items"][0]["driver_taint"] is True
+    (piece,) = t.dra.list_resource_slice().items
+    taints = {d.name: d.taints for d in piece.spec.devices}
+    assert [(x.key, x.value, x.effect) for x in taints["gpu-0"]] == [
+        ("gpu.nvidia.com/xid", "79", "NoSchedule")
+    ]
+    assert not taints["gpu-1"]
+    t.dra.create_namespaced_resource_claim_template(ns, claim_template("gpu"))
+    t.apps.create_namespaced_deployment(ns, deployment("app", "gpu", replicas=2))
+
+    def one_running_one_pending() -> bool:
+        ps = pods(t.core, ns)
+        phases = sorted((p.spec.node_name is not None, p.status.phase) for p in ps)
+        assert phases == [(False, "Pending"), (True, "Running")], phases
+        running = next(p for p in ps if p.spec.node_name)
+        assert _health(running)[0][1].endswith("/gpu-1")
+        return True
+
+    eventually(one_running_one_pending)
+    t.sim("POST", "/sim/faults/recover", {"node": NODE, "gpu": "0"})
+    (piece,) = t.dra.list_resource_slice().items
+    assert not any(d.taints for d in piece.spec.devices)
+    eventually(lambda: [p.status.phase for p in pods(t.core, ns)] == ["Running", "Running"])

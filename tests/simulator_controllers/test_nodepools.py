@@ -8,7 +8,8 @@ Cases:
 - scaling it down removes only idle nodes, newest first; a node running a pod stays even
   when the target is 0, and goes once it is idle;
 - `setSize` on the cloud API (bearer token, long-running operation) ends in
-  `node_pools.resize`, and the new node registers only after the provisioning delay.
+  `node_pools.resize`, and the new node registers only after the provisioning delay;
+- pods bound to a node that is deleted are collected (pod GC) and replaced elsewhere.
 """
 
 from __future__ import annotations
@@ -120,3 +121,19 @@ async def test_cloud_api_set_size_adds_nodes(twin: Any) -> None:
     finally:
         await server.stop()
         await api.aclose()
+
+
+def test_pods_on_a_deleted_node_are_collected(twin: Any) -> None:
+    t = twin(nodes=2)
+    ns = t.namespace()
+    t.dra.create_namespaced_resource_claim_template(ns, claim_template("gpu"))
+    t.apps.create_namespaced_deployment(ns, deployment("app", "gpu"))
+    pod = eventually(lambda: pods(t.core, ns)[0].status.phase == "Running" and pods(t.core, ns)[0])
+    t.core.delete_node(pod.spec.node_name)
+
+    def moved() -> bool:
+        (p,) = pods(t.core, ns)
+        assert p.metadata.name != pod.metadata.name
+        return p.status.phase == "Running" and p.spec.node_name != pod.spec.node_name
+
+    eventually(moved)

@@ -4,6 +4,8 @@ Cases:
 - Job with podFailurePolicy FailJob on exit code 42: one pod, exits 42, the Job fails at once
   (reason PodFailurePolicy, the real message), no retry despite backoffLimit 6;
 - Job without a policy: exit 1 twice with backoffLimit 1 -> Failed, BackoffLimitExceeded;
+- Job with restartPolicy OnFailure: the container restarts in place and the restarts count
+  toward backoffLimit;
 - Job succeeding: Complete with completionTime, succeeded 1, pod finalizer removed;
 - podFailurePolicy Ignore on DisruptionTarget: an evicted pod does not count as a failure and
   is replaced;
@@ -213,3 +215,16 @@ def test_deleted_job_takes_its_pods_along(twin: Any) -> None:
     # The pod's job-tracking finalizer is released, so it goes after its grace period.
     eventually(lambda: not pods(t.core, ns))
     eventually(lambda: not t.dra.list_namespaced_resource_claim(ns).items)
+
+
+def test_job_on_failure_counts_restarts(twin: Any) -> None:
+    t = twin()
+    ns = t.namespace()
+    t.dra.create_namespaced_resource_claim_template(ns, claim_template("gpu"))
+    job = _job("retry-in-place", 1, backoff=2)
+    job["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
+    t.batch.create_namespaced_job(ns, job)
+    job_obj, cond = eventually(lambda: _job_condition(t, ns, "retry-in-place", "Failed"))
+    assert cond.reason == "BackoffLimitExceeded"
+    (pod,) = pods(t.core, ns)  # restarted in place, never replaced
+    assert pod.status.container_statuses[0].restart_count >= 2
