@@ -126,6 +126,7 @@ class PoolScalerWorkflow:
         self._inp = inp
         self._waiting: dict[str, CapacityRequest] = {}
         self._results: dict[str, CapacityResult] = dict(inp.recent)
+        self._unread: set[str] = set()  # replied, handler not yet returned: never pruned
         self._rounds = inp.rounds
         self._rounds_this_run = 0
         self._last_scaled_at = inp.last_scaled_at
@@ -151,6 +152,7 @@ class PoolScalerWorkflow:
         self._waiting.setdefault(key, req)
         self._status.waiting = len(self._waiting)
         await workflow.wait_condition(lambda: key in self._results)
+        self._unread.discard(key)
         return self._results[key]
 
     @need_capacity.validator
@@ -222,8 +224,13 @@ class PoolScalerWorkflow:
 
     def _reply(self, key: str, result: CapacityResult) -> None:
         self._results[key] = result
-        while len(self._results) > MAX_RECENT:
-            self._results.pop(next(iter(self._results)))
+        self._unread.add(key)
+        if len(self._results) > MAX_RECENT:
+            # forget the oldest answers, but never one a waiting handler has yet to read
+            for old in [k for k in self._results if k not in self._unread]:
+                if len(self._results) <= MAX_RECENT:
+                    break
+                del self._results[old]
         self._waiting.pop(key, None)
         self._status.waiting = len(self._waiting)
         self._status.last_result = result

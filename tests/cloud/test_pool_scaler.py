@@ -270,3 +270,20 @@ async def test_continue_as_new_carries_replies_and_cooldown(harness: Harness) ->
     runs.add((await handle.describe()).run_id)
     assert len(runs) == 2
     assert harness.fake.set_size_calls == [3]
+
+
+def test_remembered_replies_are_bounded_but_never_drop_an_unread_one() -> None:
+    """More waiters in one round than MAX_RECENT: every waiter still finds its answer; once
+    read, the oldest answers are forgotten down to the bound."""
+    from workflows.models import PoolScalerInput
+    from workflows.pool_scaler import MAX_RECENT
+
+    scaler = PoolScalerWorkflow(PoolScalerInput(pool=POOL))
+    keys = [f"k{i}" for i in range(MAX_RECENT + 5)]
+    for key in keys:
+        scaler._reply(key, CapacityResult(status="satisfied"))
+    assert all(key in scaler._results for key in keys)  # nobody has read theirs yet
+    scaler._unread.clear()  # every handler returned
+    scaler._reply("late", CapacityResult(status="cooldown"))
+    assert len(scaler._results) == MAX_RECENT
+    assert "late" in scaler._results and "k0" not in scaler._results
