@@ -164,3 +164,25 @@ def assert_cli_accepts(argv: list[str], where: str) -> None:
 def repo_path(text: str) -> Path:
     """A path written relative to the repository root (`./x`, `x`) as an absolute path."""
     return (ROOT / text).resolve()
+
+
+SHELL_ENTRYPOINTS = (["/bin/sh", "-c"], ["sh", "-c"])
+
+
+def compose_script(service: dict[str, Any]) -> str | None:
+    """A service's shell script (entrypoint `sh -c`) as the shell receives it, or None."""
+    if service.get("entrypoint") not in SHELL_ENTRYPOINTS:
+        return None
+    script = " ".join(command_args(service.get("command")))
+    return interpolate_defaults(script).replace("$$", "$")
+
+
+def service_argv(service: dict[str, Any]) -> list[str]:
+    """The `sickbay` arguments a compose service runs (its command, or the `exec sickbay ...`
+    inside its `sh -c` script), with compose defaults filled in."""
+    script = compose_script(service)
+    if script is None:
+        return [interpolate_defaults(a) for a in command_args(service.get("command"))]
+    _, found, rest = script.partition("exec sickbay ")
+    assert found, f"the shell script does not `exec sickbay ...`: {script}"
+    return shlex.split(rest)

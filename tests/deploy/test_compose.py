@@ -31,10 +31,11 @@ from tests.deploy.helpers import (
     ROOT,
     assert_cli_accepts,
     assert_known_env,
-    command_args,
+    compose_script,
     interpolate_defaults,
     repo_path,
     required_variables,
+    service_argv,
 )
 
 SICKBAY_SERVICES = ("worker", "webhook", "twin")
@@ -177,7 +178,7 @@ def test_health_checks_probe_what_the_service_serves(compose: dict[str, Any]) ->
     assert ":9464/metrics" in worker_check
     assert _env(services["worker"])["SICKBAY_METRICS_PORT"] == "9464"
     webhook_check = " ".join(services["webhook"]["healthcheck"]["test"])
-    port = command_args(services["webhook"]["command"])
+    port = service_argv(services["webhook"])
     assert f":{port[port.index('--port') + 1]}/healthz" in webhook_check
 
 
@@ -193,6 +194,18 @@ def test_sickbay_env_names_are_read_by_the_code(compose: dict[str, Any]) -> None
                 if line.strip() and not line.lstrip().startswith("#")
             }
             assert_known_env(keys, str(file.relative_to(ROOT)))
+
+
+def test_twin_sends_alerts_to_the_webhook_with_the_secret_token(compose: dict[str, Any]) -> None:
+    twin = compose["services"]["twin"]
+    argv = service_argv(twin)
+    webhook_port = service_argv(compose["services"]["webhook"])
+    port = webhook_port[webhook_port.index("--port") + 1]
+    assert argv[argv.index("--alert-webhook") + 1] == f"http://webhook:{port}/v1/alertmanager"
+    script = compose_script(twin) or ""
+    assert 'SICKBAY_SIM_ALERT_TOKEN="$(cat /run/secrets/webhook_token)"' in script
+    assert "webhook_token" in twin["secrets"]
+    assert_known_env({"SICKBAY_SIM_ALERT_TOKEN"}, "the twin's start script")
 
 
 def test_no_secret_values_inline(compose: dict[str, Any]) -> None:
@@ -216,7 +229,7 @@ def test_worker_gets_a_kubeconfig(compose: dict[str, Any]) -> None:
     default = repo_path(sources[0])
     kubeconfig = yaml.safe_load(default.read_text())
     server = kubeconfig["clusters"][0]["cluster"]["server"]
-    twin_port = command_args(compose["services"]["twin"]["command"])
+    twin_port = service_argv(compose["services"]["twin"])
     port = twin_port[twin_port.index("--port") + 1]
     # The twin listens on 127.0.0.1 inside the worker's network namespace.
     assert compose["services"]["twin"]["network_mode"] == "service:worker"
@@ -225,7 +238,7 @@ def test_worker_gets_a_kubeconfig(compose: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("name", SICKBAY_SERVICES)
 def test_commands_are_accepted_by_the_cli(compose: dict[str, Any], name: str) -> None:
-    argv = [interpolate_defaults(a) for a in command_args(compose["services"][name]["command"])]
+    argv = service_argv(compose["services"][name])
     assert_cli_accepts(argv, f"docker-compose.yml service {name}")
 
 

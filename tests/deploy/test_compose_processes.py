@@ -9,9 +9,10 @@ Cases:
   Alertmanager would retry; the process exits cleanly on SIGTERM;
 - worker (once `sickbay worker` exists): starts against the Temporal dev server and its
   compose health check URL (/metrics on SICKBAY_METRICS_PORT) answers;
-- twin (once `sickbay sim up` exists): starts from its compose command and the worker's
-  default kubeconfig (deploy/compose/twin.kubeconfig, server rewritten to the loopback port)
-  lists one node whose ResourceSlice publishes two GPUs.
+- twin: its compose shell script, run by /bin/sh, starts the twin; the worker's default
+  kubeconfig (deploy/compose/twin.kubeconfig, server rewritten to the loopback port) lists one
+  node whose ResourceSlice publishes two GPUs; an Xid 79 fault makes the twin post an
+  Alertmanager notification to the webhook URL with the token from the compose secret file.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ import yaml
 from tests.deploy.helpers import (
     COMPOSE_FILE,
     ROOT,
-    command_args,
+    compose_script,
     interpolate_defaults,
     repo_path,
+    service_argv,
 )
 
 SICKBAY = str(Path(sys.executable).parent / "sickbay")
@@ -87,7 +89,7 @@ def _host_env(name: str, **overrides: str) -> dict[str, str]:
 
 def _args(name: str, **replace: str) -> list[str]:
     """The service's command with `--flag value` pairs replaced (host/port only)."""
-    argv = [interpolate_defaults(a) for a in command_args(_compose()["services"][name]["command"])]
+    argv = service_argv(_compose()["services"][name])
     for flag, value in replace.items():
         option = "--" + flag.replace("_", "-")
         assert option in argv, f"compose command of {name} has no {option}"
@@ -96,9 +98,12 @@ def _args(name: str, **replace: str) -> list[str]:
 
 
 @contextmanager
-def _process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _process(
+    argv: list[str], env: dict[str, str], log: Path, program: str | None = SICKBAY
+) -> Iterator[subprocess.Popen[bytes]]:
+    cmd = [program, *argv] if program else argv
     with log.open("wb") as out:
-        proc = subprocess.Popen([SICKBAY, *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         yield proc
     finally:
@@ -195,24 +200,80 @@ def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.Fixt
 
 
 def test_twin_from_its_compose_definition(tmp_path: Path) -> None:
+    """The twin's compose shell script itself, run by /bin/sh: secret file and ports mapped."""
     if not _registered("sim"):
         pytest.skip("`sickbay sim` is not registered yet (simulator.cli not built)")
     from kubernetes import client, config
 
+    compose = _compose()
+    script = compose_script(compose["services"]["twin"])
+    assert script is not None
     port = _free_port()
-    argv = _args("twin", port=str(port))
-    if "--alert-webhook" in argv:
-        # The twin's alerts go to the webhook; nothing listens here, which must not stop it.
-        argv[argv.index("--alert-webhook") + 1] = f"http://127.0.0.1:{_free_port()}/v1/am"
-    env = _host_env("twin", HOME=str(tmp_path), SICKBAY_STATE_DIR=str(tmp_path / "state"))
-    log = tmp_path / "twin.log"
-    with _process(argv, env, log) as proc:
-        _wait_http(f"http://127.0.0.1:{port}/version", proc, log)
-        kubeconfig = yaml.safe_load((ROOT / "deploy/compose/twin.kubeconfig").read_text())
-        kubeconfig["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{port}"
-        api = config.new_client_from_config_dict(kubeconfig)
-        nodes = client.CoreV1Api(api).list_node().items
-        assert len(nodes) == 1
-        slices = client.ResourceV1Api(api).list_resource_slice().items
-        devices = [d for s in slices for d in s.spec.devices or []]
-        assert len(devices) == 2
+    secret = repo_path(interpolate_defaults(compose["secrets"]["webhook_token"]["file"]))
+    with _alert_sink() as (sink_url, received):
+        script = (
+            script.replace("/run/secrets/webhook_token", str(secret))
+            .replace("--port 6443", f"--port {port}")
+            # 60: Alertmanager's group_wait passes in well under a second.
+            .replace("--time-scale 1 ", "--time-scale 60 ")
+            .replace("http://webhook:8080/v1/alertmanager", sink_url)
+        )
+        env = _host_env("twin", HOME=str(tmp_path), SICKBAY_STATE_DIR=str(tmp_path / "state"))
+        env["PATH"] = f"{Path(SICKBAY).parent}{os.pathsep}{env.get('PATH', '')}"
+        log = tmp_path / "twin.log"
+        with _process(["/bin/sh", "-c", script], env, log, program=None) as proc:
+            _wait_http(f"http://127.0.0.1:{port}/version", proc, log)
+            kubeconfig = yaml.safe_load((ROOT / "deploy/compose/twin.kubeconfig").read_text())
+            kubeconfig["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{port}"
+            api = config.new_client_from_config_dict(kubeconfig)
+            nodes = client.CoreV1Api(api).list_node().items
+            assert len(nodes) == 1
+            slices = client.ResourceV1Api(api).list_resource_slice().items
+            devices = [d for s in slices for d in s.spec.devices or []]
+            assert len(devices) == 2
+            # A fault makes the twin post an alert to the webhook URL with the secret token.
+            node = nodes[0].metadata.name
+            fault = httpx.post(
+                f"http://127.0.0.1:{port}/sim/faults",
+                json={"node": node, "gpu": 0, "xid": 79},
+                timeout=10,
+            )
+            assert fault.status_code == 201, fault.text
+            deadline = time.monotonic() + START_WITHIN
+            while not received and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert received, f"no alert reached the webhook URL:\n{log.read_text()[-3000:]}"
+            authorization, body = received[0]
+            assert authorization == f"Bearer {secret.read_text().strip()}"
+            assert body["alerts"][0]["labels"]["Hostname"] == node
+
+
+@contextmanager
+def _alert_sink() -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
+    """A loopback HTTP server standing in for the webhook: records (Authorization, body)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    received: list[tuple[str, dict[str, Any]]] = []
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            body = json.loads(self.rfile.read(length) or b"{}")
+            received.append((self.headers.get("Authorization", ""), body))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/alertmanager", received
+    finally:
+        server.shutdown()
+        server.server_close()
