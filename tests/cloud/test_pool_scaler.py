@@ -49,9 +49,10 @@ from workflows.models import (
     CapacityResult,
     NodePoolTarget,
     PoolOperation,
+    PoolScalerInput,
     PoolScalerStatus,
 )
-from workflows.pool_scaler import PoolScalerWorkflow
+from workflows.pool_scaler import MAX_RECENT, PoolScalerWorkflow
 
 POOL = NodePoolTarget(provider="gke", name="h100", project="p", location="l", cluster="c1")
 
@@ -275,9 +276,6 @@ async def test_continue_as_new_carries_replies_and_cooldown(harness: Harness) ->
 def test_remembered_replies_are_bounded_but_never_drop_an_unread_one() -> None:
     """More waiters in one round than MAX_RECENT: every waiter still finds its answer; once
     read, the oldest answers are forgotten down to the bound."""
-    from workflows.models import PoolScalerInput
-    from workflows.pool_scaler import MAX_RECENT
-
     scaler = PoolScalerWorkflow(PoolScalerInput(pool=POOL))
     keys = [f"k{i}" for i in range(MAX_RECENT + 5)]
     for key in keys:
