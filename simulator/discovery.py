@@ -225,7 +225,7 @@ class Profile:
         }
 
     def deprecation_warning(self, group: str, version: str, rt: ResourceType) -> str | None:
-        if group == DRA_GROUP and version == "v1alpha3":
+        if group == DRA_GROUP and version == "v1alpha3" and int(self.minor) >= 36:
             return (
                 f'299 - "resource.k8s.io/v1alpha3 {rt.kind} is deprecated in v1.{self.minor}+, '
                 'unavailable in v1.39+"'

@@ -766,12 +766,26 @@ class _Handler(BaseHTTPRequestHandler):
     def _table(
         self, tgt: Target, items: list[dict[str, Any]], meta: dict[str, Any]
     ) -> dict[str, Any]:
+        """meta.k8s.io/v1 Table (kubectl get): pod columns as kube-apiserver prints them."""
+        now = self.api.store.now()
+        columns: list[tuple[str, str, int]] = [("Name", "name", 0)]
+        if tgt.rt.storage == "pods":
+            columns += [("Ready", "", 0), ("Status", "", 0), ("Restarts", "", 0), ("Age", "", 0)]
+            columns += [("IP", "", 1), ("Node", "", 1), ("Nominated Node", "", 1)]
+            columns += [("Readiness Gates", "", 1)]
+        else:
+            columns.append(("Age", "", 0))
         rows = []
         for o in items:
             m = o["metadata"]
+            age = _age(now, m.get("creationTimestamp"))
+            if tgt.rt.storage == "pods":
+                cells = [m["name"], *_pod_cells(o, age)]
+            else:
+                cells = [m["name"], age]
             rows.append(
                 {
-                    "cells": [m["name"], m.get("creationTimestamp")],
+                    "cells": cells,
                     "object": {
                         "kind": "PartialObjectMetadata",
                         "apiVersion": "meta.k8s.io/v1",
@@ -784,20 +798,8 @@ class _Handler(BaseHTTPRequestHandler):
             "apiVersion": "meta.k8s.io/v1",
             "metadata": {"resourceVersion": meta["resourceVersion"]},
             "columnDefinitions": [
-                {
-                    "name": "Name",
-                    "type": "string",
-                    "format": "name",
-                    "description": "Name must be unique within a namespace.",
-                    "priority": 0,
-                },
-                {
-                    "name": "Age",
-                    "type": "string",
-                    "format": "",
-                    "description": "CreationTimestamp is a timestamp representing the server time when this object was created.",
-                    "priority": 0,
-                },
+                {"name": n, "type": "string", "format": f, "description": n, "priority": p}
+                for n, f, p in columns
             ],
             "rows": rows,
         }
@@ -1199,6 +1201,46 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
         self._send_json(200, self._present(tgt, result.object))
+
+
+def _age(now: Any, created: str | None) -> str:
+    if not created:
+        return "<unknown>"
+    from simulator.store import parse_time
+
+    secs = max(0, int((now - parse_time(created)).total_seconds()))
+    if secs < 120:
+        return f"{secs}s"
+    if secs < 7200:
+        return f"{secs // 60}m"
+    if secs < 172800:
+        return f"{secs // 3600}h"
+    return f"{secs // 86400}d"
+
+
+def _pod_cells(pod: dict[str, Any], age: str) -> list[Any]:
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    statuses = status.get("containerStatuses") or []
+    ready = sum(1 for c in statuses if c.get("ready"))
+    restarts = sum(int(c.get("restartCount", 0)) for c in statuses)
+    shown = status.get("reason") or status.get("phase") or "Unknown"
+    for c in statuses:
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            shown = waiting["reason"]
+    if pod["metadata"].get("deletionTimestamp"):
+        shown = "Terminating"
+    gates = spec.get("readinessGates") or []
+    return [
+        f"{ready}/{len(spec.get('containers') or [])}",
+        shown,
+        str(restarts),
+        age,
+        status.get("podIP") or "<none>",
+        spec.get("nodeName") or "<none>",
+        status.get("nominatedNodeName") or "<none>",
+        f"0/{len(gates)}" if gates else "<none>",
+    ]
 
 
 def _events_fs(text: str | None) -> str | None:

@@ -202,11 +202,17 @@ def test_request_interceptors_and_extension_handlers(sim_factory: Any) -> None:
 def test_create_content_types(sim: RunningSim, ns: str) -> None:
     url = f"{sim.url}/api/v1/namespaces/{ns}/pods"
     as_yaml = "metadata:\n  name: from-yaml\nspec:\n  containers:\n  - {name: c, image: i}\n"
-    created = httpx.post(url, content=as_yaml, headers={"Content-Type": "application/yaml"}, timeout=5)
+    created = httpx.post(
+        url, content=as_yaml, headers={"Content-Type": "application/yaml"}, timeout=5
+    )
     assert created.status_code == 201 and created.json()["metadata"]["name"] == "from-yaml"
     wrong = httpx.post(url, content=as_yaml, headers={"Content-Type": "text/plain"}, timeout=5)
     assert wrong.status_code == 415 and wrong.json()["reason"] == "UnsupportedMediaType"
-    garbage = httpx.post(url, content=b"{not json", headers={"Content-Type": "application/json"}, timeout=5)
+    garbage = httpx.post(
+        url, content=b"{not json", headers={"Content-Type": "application/json"}, timeout=5
+    )
     assert garbage.status_code == 400 and garbage.json()["reason"] == "BadRequest"
-    wrong_kind = httpx.post(url, json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}}, timeout=5)
+    wrong_kind = httpx.post(
+        url, json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}}, timeout=5
+    )
     assert wrong_kind.status_code == 400
