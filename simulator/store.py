@@ -36,6 +36,11 @@ Python API (stable; controllers build on it)::
     store.get_by_uid(uid) -> dict | None
     store.resource_version -> int  (global, monotonic; every write bumps it)
 
+Create ignores a client-sent `status` for kinds whose status belongs to a subresource (pods,
+workloads, PDBs, ResourceClaims, DeviceTaintRules): write it afterwards with update_status /
+mutate(subresource="status"). Nodes, namespaces and MachineDeployments keep theirs.
+Defaults and validation (simulator/validation.py) apply to Python writes too (422 ApiError).
+
 Semantics (as kube-apiserver): `metadata.resourceVersion` on update/patch bodies is an
 optimistic-concurrency precondition (409 Conflict when stale); create of an existing name is
 409 AlreadyExists; `generateName` gets a 5-character random suffix; generation bumps when
@@ -47,7 +52,8 @@ kubelet stand-in finishes it with `grace_period_seconds=0`. Unbound pods go at o
 then DELETED, as a real watch shows). Objects with finalizers stay until the last finalizer is
 removed. When an object is removed its dependents (ownerReferences) are deleted too
 (background propagation) or orphaned (`propagation_policy="Orphan"`). Deleting a namespace
-removes everything in it.
+removes everything in it at once (no Terminating phase). `Foreground` propagation is treated
+as `Background`.
 
 Watches see every event after `resource_version` (exclusive); a resource version older than the
 retained history gives 410 Expired ("too old resource version"). `compact()` drops history (the
