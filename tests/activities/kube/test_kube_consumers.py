@@ -120,3 +120,47 @@ async def test_evidence_reports_health_and_presence(cluster: Twin) -> None:
         assert ev.gpu_capacity is None
     else:
         assert (ev.gpu_capacity, ev.gpu_allocatable) == (2, 2)
+
+
+async def test_statefulset_and_jobset_owners(tmp_path) -> None:
+    """StatefulSet is a top controller itself; a Job created by a JobSet reports the JobSet."""
+    from tests.activities.kube.conftest import twin
+
+    with twin(tmp_path, "1.37", nodes=1) as t:
+        node = t.node(0)
+        t.namespace("train")
+        sts = {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "name": "db",
+            "uid": "uid-sts",
+            "controller": True,
+        }
+        t.consumer_pod("train", "db-0", node, "gpu-0", sts, {"app": "db"})
+        job = t.job_owner("train", "js-workers-0")
+        t.store.mutate(
+            "jobs.batch",
+            "js-workers-0",
+            lambda j: j["metadata"].update(
+                ownerReferences=[
+                    {
+                        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+                        "kind": "JobSet",
+                        "name": "js",
+                        "uid": "uid-js",
+                        "controller": True,
+                    }
+                ]
+            ),
+            namespace="train",
+        )
+        t.consumer_pod("train", "js-workers-0-0", node, "gpu-0", job, {"job-name": "js-workers-0"})
+        device = await t.run(
+            t.acts.resolve_device,
+            ResolveDeviceInput(
+                device=DeviceRef(driver="gpu.nvidia.com", pool=node, device="gpu-0")
+            ),
+        )
+        result = await t.run(t.acts.find_consumers, FindConsumersInput(device=device))
+        tops = {c.pod.name: (c.top_owner.kind, c.top_owner.name) for c in result.consumers}
+        assert tops == {"db-0": ("StatefulSet", "db"), "js-workers-0-0": ("JobSet", "js")}

@@ -21,7 +21,7 @@ from pathlib import Path
 from simulator.clock import Clock
 from simulator.controllers.manager import ControllerManager, SimOptions
 from tests.activities.kube.conftest import twin
-from tests.activities.kube.test_kube_e2e import _gpu_of, _running_pod, _workload
+from tests.activities.kube.test_kube_e2e import RULES, _gpu_of, _running_pod, _workload
 from workflows.models import (
     DeviceRef,
     OwnerRef,
@@ -141,6 +141,7 @@ async def test_preview_reads_the_controller_verdict(tmp_path: Path) -> None:
         "1.36",
         controllers=ControllerManager(SimOptions(pod_startup_seconds=0.5)),
         clock=Clock(time_scale=10),
+        proxy_rules=RULES,
     ) as t:
         device, ref = await _setup(t)
         result = await t.run(
@@ -152,6 +153,7 @@ async def test_preview_reads_the_controller_verdict(tmp_path: Path) -> None:
         assert "1 pod would be evicted" in result.message
         assert t.store.list("devicetaintrules.resource.k8s.io").items == []
         assert t.store.get("pods", ref.name, "ml")["metadata"].get("deletionTimestamp") is None
+        assert t.proxy is not None and t.proxy.denied == []  # deploy/rbac.yaml covers it
 
 
 async def test_eviction_api_mode_pieces(tmp_path: Path) -> None:
@@ -164,6 +166,7 @@ async def test_eviction_api_mode_pieces(tmp_path: Path) -> None:
         "1.37",
         controllers=ControllerManager(SimOptions(pod_startup_seconds=0.5)),
         clock=Clock(time_scale=10),
+        proxy_rules=RULES,
     ) as t:
         device, ref = await _setup(t)
         t.store.create(
@@ -195,3 +198,4 @@ async def test_eviction_api_mode_pieces(tmp_path: Path) -> None:
             t.acts.wait_for_eviction, WaitEvictionInput(pods=[ref], timeout=timedelta(seconds=20))
         )
         assert report.gone == [ref]
+        assert t.proxy is not None and t.proxy.denied == []  # deploy/rbac.yaml covers it

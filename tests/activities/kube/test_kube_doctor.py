@@ -45,6 +45,7 @@ def line(output: str, name: str) -> str:
 async def test_doctor_per_profile(tmp_path: Path, profile: str) -> None:
     with twin(tmp_path, profile, proxy_rules=RULES) as t:
         code, out = doctor(t.kubeconfig)
+        assert t.proxy is not None and t.proxy.denied == []  # rbac.yaml covers the doctor
     assert code == 0, out
     assert line(out, "api").startswith("ok")
     assert line(out, "permissions").startswith("ok")
