@@ -231,14 +231,19 @@ def test_twin_from_its_compose_definition(tmp_path: Path) -> None:
             slices = client.ResourceV1Api(api).list_resource_slice().items
             devices = [d for s in slices for d in s.spec.devices or []]
             assert len(devices) == 2
-            # A fault makes the twin post an alert to the webhook URL with the secret token.
+            # docs/deploy.md's demo step, as `docker compose exec twin ...` would run it (the
+            # same env: the state file under SICKBAY_STATE_DIR tells the CLI where the twin is).
             node = nodes[0].metadata.name
-            fault = httpx.post(
-                f"http://127.0.0.1:{port}/sim/faults",
-                json={"node": node, "gpu": 0, "xid": 79},
-                timeout=10,
+            assert node == "gpu-pool-node-0", "docs/deploy.md names the twin's node"
+            fail = subprocess.run(
+                [SICKBAY, "sim", "fail", node, "0", "--xid", "79"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=START_WITHIN,
             )
-            assert fault.status_code == 201, fault.text
+            assert fail.returncode == 0, fail.stdout + fail.stderr
+            # The fault makes the twin post an alert to the webhook URL with the secret token.
             deadline = time.monotonic() + START_WITHIN
             while not received and time.monotonic() < deadline:
                 time.sleep(0.2)
