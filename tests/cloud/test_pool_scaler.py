@@ -22,7 +22,8 @@ Cases:
 - a need for another pool -> refused by the validator (non-retryable for the caller);
 - continue-as-new after `rounds_per_run` rounds carries the state: a retried key gets its
   old answer, the cool-down still holds;
-- idle scaler completes; status query.
+- idle scaler completes; status query;
+- the remembered replies stay bounded without dropping one a waiter has not read (unit).
 """
 
 from __future__ import annotations
