@@ -207,7 +207,9 @@ def map_alert(
     workflow_id = device_workflow_id(node, uuid)
 
     index_text = _first(labels, mapping.index_labels)
-    gpu_index = int(index_text) if index_text.isdigit() and len(index_text) < 6 else None
+    # isascii(): str.isdigit() is also true for "²", which int() refuses.
+    ok = index_text.isascii() and index_text.isdigit() and len(index_text) < 6
+    gpu_index = int(index_text) if ok else None
     device = DeviceRef(node=node, gpu_uuid=uuid, gpu_index=gpu_index)
 
     if alert.status == "resolved":

@@ -3,6 +3,7 @@
 Cases:
 - dcgm-exporter defaults: Hostname + UUID -> workflow id, gpu index, Xid from err_code, pod
   from namespace/pod labels, modelName kept, summary from annotations
+- a gpu index label that is not a small ASCII number is ignored (`²` would break int())
 - Xid from the `value` annotation when no err_code label; `7.9e+01` -> 79; junk -> None
 - relabelled series: node/uuid label names configured through SICKBAY_ env (JSON or commas)
 - `*` accepts any alert name; an unconfigured name is unmatched
@@ -78,6 +79,12 @@ def test_relabelled_names_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert got.workflow_id == device_workflow_id("k8s-node-7", "GPU-abc")
     # The default name is no longer accepted with this configuration.
     assert isinstance(map_alert(0, am(), mapping), Unmapped)
+
+
+@pytest.mark.parametrize("gpu", ["²", "-1", "abc", "1234567", ""])
+def test_odd_gpu_index_is_ignored(gpu: str) -> None:
+    got = map_alert(0, am(gpu=gpu), AlertMapping())
+    assert isinstance(got, MappedAlert) and got.device.gpu_index is None
 
 
 def test_wildcard_and_unconfigured_names() -> None:

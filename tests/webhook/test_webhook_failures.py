@@ -232,7 +232,11 @@ async def test_fuzzing_started_no_workflow(served: Served) -> None:
     assert await count_runs(served.client, query) == 0
 
 
-label_text = st.text(max_size=40)
+# Any text, plus short runs of Unicode digits/numbers ("²", "٣", "Ⅻ"): the values most
+# likely to confuse number parsing of the gpu index and the Xid.
+label_text = st.text(max_size=40) | st.text(
+    alphabet=st.characters(categories=("Nd", "No", "Nl")), min_size=1, max_size=6
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
