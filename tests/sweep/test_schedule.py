@@ -7,12 +7,13 @@ Cases:
   new interval applied
 - an operator's pause survives the update a restarting worker makes
 - disabled in settings: nothing created
-- `sickbay schedule install` through the CLI dispatcher does the same
+- `sickbay schedule install` does the same; `trigger` starts a sweep now; `delete` removes it
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -20,6 +21,7 @@ from temporalio.client import Client, ScheduleActionStartWorkflow, ScheduleOverl
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from tests.webhook.helpers import count_runs
 from worker.settings import Settings
 from worker.webhook_cli import SweepSettings, ensure_sweep_schedule
 from workflows.constants import SWEEP_SCHEDULE_ID, WF_SWEEP
@@ -122,7 +124,15 @@ async def test_cli_install(
 
     monkeypatch.setenv("SICKBAY_TEMPORAL_ADDRESS", dev_env.client.service_client.config.target_host)
     monkeypatch.setenv("SICKBAY_SWEEP_INTERVAL", "2m")
+    queue = f"sched-cli-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("SICKBAY_TASK_QUEUE", queue)
     assert await _schedule("install") == 0
     desc = await clean.get_schedule_handle(SWEEP_SCHEDULE_ID).describe()
     assert [i.every for i in desc.schedule.spec.intervals] == [timedelta(minutes=2)]
     assert await _schedule("install") == 0  # second run: update, no error
+    assert await _schedule("trigger") == 0
+    query = f"WorkflowType = '{WF_SWEEP}' AND TaskQueue = '{queue}'"
+    assert await count_runs(clean, query, expect=1) == 1  # a sweep started now
+    assert await _schedule("delete") == 0
+    with pytest.raises(RPCError):
+        await clean.get_schedule_handle(SWEEP_SCHEDULE_ID).describe()
