@@ -39,6 +39,7 @@ from temporalio.service import RPCError
 from worker.stack import Stack
 from workflows.constants import LABEL_WORKLOAD_CLASS, WF_REMEDIATE, device_workflow_id
 from workflows.models import (
+    AbortRequest,
     Phase,
     RemediationResult,
     RemediationStatus,
@@ -49,7 +50,8 @@ from workflows.remediation import DeviceRemediationWorkflow
 
 T = TypeVar("T")
 
-DEVICE_CLASS = "gpu.nvidia.com"
+DEVICE_CLASS = "gpu.nvidia.com"  # the twin's (and NVIDIA DRA driver's) whole-GPU class
+VGPU_CLASS = "vgpu.nvidia.com"  # made by the vgpu scenario, as an admin would
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 # How long one observable step may take, in real seconds. Most take 1-3 s; the limits allow
@@ -98,6 +100,7 @@ class Incident:
     device: str
     title: str
     result: RemediationResult | None = None
+    status: RemediationStatus | None = None  # last seen by the watcher
 
 
 @dataclass
@@ -171,7 +174,9 @@ class Demo:
             raise DemoFailure(f"{method} {path} -> {response.status_code}: {response.text[:300]}")
         return response.json() if response.content else None
 
-    async def namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+    async def namespace(
+        self, name: str, labels: dict[str, str] | None = None, device_class: str = DEVICE_CLASS
+    ) -> None:
         await self.k(
             "POST",
             "/api/v1/namespaces",
@@ -189,7 +194,7 @@ class Demo:
                     "spec": {
                         "devices": {
                             "requests": [
-                                {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS}}
+                                {"name": "gpu", "exactly": {"deviceClassName": device_class}}
                             ]
                         }
                     }
@@ -360,15 +365,18 @@ class Demo:
         return incident
 
     async def _watch(self, incident: Incident) -> None:
-        """Print each phase change of a remediation with what it waits for."""
+        """The one poller of a remediation's `status` query: prints each phase change with
+        what it waits for, and caches the status for `phase()` (one query per POLL, however
+        many steps wait on it, so a busy workflow is not flooded with queries)."""
         last: tuple[Phase, str] | None = None
         short = "GPU " + incident.device.split("/")[-1][:12]
         while True:
             try:
                 st = await self.status(incident.workflow_id)
             except RPCError:
-                await asyncio.sleep(POLL)
+                await asyncio.sleep(POLL * 2)
                 continue
+            incident.status = st
             now = (st.phase, st.awaiting)
             if now != last:
                 extra = f" - waiting for {st.awaiting}" if st.awaiting else ""
@@ -383,11 +391,13 @@ class Demo:
         self, incident: Incident, phases: set[Phase], within: float = STEP_TIMEOUT
     ) -> RemediationStatus:
         async def probe() -> RemediationStatus | None:
-            st = await self.status(incident.workflow_id)
+            st = incident.status
+            if st is None:
+                return None
             if st.phase is Phase.CLOSED and Phase.CLOSED not in phases:
                 raise DemoFailure(
-                    f"{incident.workflow_id} closed ({st.outcome}) before reaching "
-                    f"{'/'.join(sorted(p.value for p in phases))}"
+                    f"{incident.workflow_id} closed ({st.outcome}: {st.escalation_reason or ''}) "
+                    f"before reaching {'/'.join(sorted(p.value for p in phases))}"
                 )
             return st if st.phase in phases else None
 
@@ -401,14 +411,16 @@ class Demo:
         )
 
     async def closed(self, incident: Incident, within: float = STEP_TIMEOUT) -> RemediationResult:
-        handle = self.handle(incident.workflow_id)
+        handle = self.client.get_workflow_handle(
+            incident.workflow_id, result_type=RemediationResult
+        )
 
         async def probe() -> bool:
             desc = await handle.describe()
             return desc.status != WorkflowExecutionStatus.RUNNING
 
         await self.until(f"{incident.workflow_id} to close", probe, within)
-        result: RemediationResult = await handle.result(result_type=RemediationResult)
+        result: RemediationResult = await handle.result()
         incident.result = result
         return result
 
@@ -431,7 +443,14 @@ class Demo:
             if incident.result is None:
                 desc = await self.handle(incident.workflow_id).describe()
                 if desc.status == WorkflowExecutionStatus.RUNNING:
-                    await self.repaired(incident, actor="sickbay-demo cleanup")
+                    st = await self.status(incident.workflow_id)
+                    if st.phase is Phase.HOLDING:
+                        await self.repaired(incident, actor="sickbay-demo cleanup")
+                    else:  # mid-wait (e.g. a Pending deadline): undo and close
+                        await self.handle(incident.workflow_id).signal(
+                            DeviceRemediationWorkflow.abort,
+                            AbortRequest(reason="demo scenario finished", actor="sickbay-demo"),
+                        )
                 await self.closed(incident)
         if ns:
             await self.delete_namespace(ns)
@@ -566,7 +585,20 @@ async def vgpu_correlated(demo: Demo) -> None:
     say = demo.say
     ns = _ns("vdi")
     say(f"two desktops ({ns}/desktop, 2 replicas) on vGPUs", tag="vgpu")
-    await demo.namespace(ns)
+    driver = DEVICE_CLASS  # the driver's name doubles as its whole-GPU class name
+    expr = f"device.driver == '{driver}' && device.attributes['{driver}'].type == 'vgpu'"
+    await demo.k(
+        "POST",
+        f"{RESOURCE_API}/deviceclasses",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": VGPU_CLASS},
+            "spec": {"selectors": [{"cel": {"expression": expr}}]},
+        },
+        ok=(409,),
+    )
+    await demo.namespace(ns, device_class=VGPU_CLASS)
     await demo.deployment(ns, "desktop", replicas=2)
     running = await demo.running(ns, "desktop", count=2)
     gpus = {}
@@ -643,6 +675,12 @@ async def budget_exhausted(demo: Demo) -> None:
     demo.check(
         f"escalation delivered: {pages[0]['body'].get('payload', {}).get('summary', '')[:100]}"
     )
+    say("the team moves svc-b away and GPU B recovers: svc-a's replacement gets GPU B")
+    await demo.k("DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/svc-b")
+    await demo.recover(gpu_b)
+    await demo.phase(first, {Phase.HOLDING})
+    [(_pa2, dev_a2)] = await demo.running(ns, "svc-a")
+    demo.check(f"the first GPU stays quarantined; svc-a's replacement runs on {dev_a2}")
     await demo.cleanup(ns)
 
 
@@ -705,7 +743,11 @@ async def scheduler_churn(demo: Demo) -> None:
         raise DemoFailure(
             f"expected a churn escalation, got {st.phase.value} ({st.escalation_reason})"
         )
-    demo.check("eviction churn detected -> escalated (churn), the timeline names kubernetes#139651")
+    demo.check(f"eviction churn detected -> escalated (churn) while {st.phase.value}")
+    entries = await demo.timeline(incident)
+    said = next((e for e in entries if e.action == "escalate"), None)
+    if said is not None:
+        demo.check(f"the escalation says: {said.reason[:140]}")
     await demo.cleanup(ns)
 
 

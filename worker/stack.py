@@ -306,6 +306,7 @@ class StackConfig:
     task_queue: str = DEFAULT_TASK_QUEUE
     namespace: str = DEFAULT_NAMESPACE
     engine: bool = True  # False: no worker/webhook (bring your own, e.g. in-process)
+    worker_argv: list[str] = field(default_factory=lambda: ["-m", "worker.cli", "worker"])
     notes: Callable[[str], None] = field(default=lambda text: log.info("%s", text), repr=False)
 
 
@@ -499,7 +500,7 @@ class Stack:
         env["SICKBAY_WEBHOOK_TOKEN_FILE"] = str(webhook_token)
         env["SICKBAY_SIM_CLOUD_TOKEN_FILE"] = str(cloud_token)
         env["SICKBAY_METRICS_PORT"] = str(free_port())
-        self._spawn("worker", [sys.executable, "-m", "worker.cli", "worker"], env)
+        self._spawn("worker", [sys.executable, *cfg.worker_argv], env)
         self._spawn(
             "webhook",
             [sys.executable, "-m", "worker.cli", "webhook", "--port", str(webhook_port)],
