@@ -177,6 +177,7 @@ class FaultInjector:
         self._lock = threading.RLock()
         self._faults: dict[str, Fault] = {}  # key -> fault
         self._by_resource: dict[tuple[str, str], Fault] = {}  # (node, resource id) -> fault
+        self.epoch = 0  # bumped on every fail/recover: lets the kubelet skip unchanged pods
         self.api = ApiFaults()
         extensions = getattr(manager.sim, "extensions", None)
         if isinstance(extensions, dict):
@@ -344,6 +345,7 @@ class FaultInjector:
                     driver_taint=driver_taint and self.manager.dra and code is not None,
                 )
                 self._faults[fault.key] = fault
+                self.epoch += 1
                 for resource_id in fault.devices:
                     self._by_resource[(node, resource_id)] = fault
                 if vanish and self.manager.dra:
@@ -373,6 +375,7 @@ class FaultInjector:
 
     def _clear(self, fault: Fault) -> None:
         self._faults.pop(fault.key, None)
+        self.epoch += 1
         for resource_id in fault.devices:
             if self._by_resource.get((fault.node, resource_id)) is fault:
                 del self._by_resource[(fault.node, resource_id)]

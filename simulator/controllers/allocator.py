@@ -156,6 +156,9 @@ class Inventory:
     ) -> None:
         self.devices: dict[DeviceId, Device] = {}
         self.by_node: dict[str | None, list[Device]] = {}
+        # Selector results per (device, expression): attributes only change with a new
+        # inventory, so a scheduling pass over many pods evaluates each CEL program once.
+        self.match_cache: dict[tuple[DeviceId, str], bool] = {}
         for piece in slices:
             spec = piece.get("spec") or {}
             driver = spec.get("driver", "")
@@ -274,15 +277,21 @@ class Allocator:
     expired_toleration_bug: bool = False
 
     def _matches(self, device: Device, selectors: list[dict[str, Any]]) -> bool:
+        cache = self.inventory.match_cache
         for selector in selectors:
             expression = (selector.get("cel") or {}).get("expression")
             if not expression:
                 continue
-            try:
-                if not compile_expr(expression).matches(device.env):
-                    return False
-            except (CelError, ValueError) as err:
-                log.info("selector %r on %s: %s", expression, device.id, err)
+            key = (device.id, expression)
+            hit = cache.get(key)
+            if hit is None:
+                try:
+                    hit = compile_expr(expression).matches(device.env)
+                except (CelError, ValueError) as err:
+                    log.info("selector %r on %s: %s", expression, device.id, err)
+                    hit = False
+                cache[key] = hit
+            if not hit:
                 return False
         return True
 

@@ -82,6 +82,10 @@ class _Pod:
     gpu_ids: list[str] = field(default_factory=list)
     ip: str = ""
     killing: bool = False  # the Killing event was recorded
+    # What the last full sync saw (pod resourceVersion, fault epoch, claim changes) and when
+    # it needs to look again: an unchanged running pod is skipped until then.
+    seen: tuple[str, int, int] | None = None
+    next_due: float = float("inf")
 
 
 class Kubelet:
@@ -89,6 +93,11 @@ class Kubelet:
         self.manager = manager
         self._pods: dict[str, _Pod] = {}
         self._ip_counter = 0
+        self._claim_changes = 0
+        manager.store.subscribe(self._on_claim, [CLAIMS])
+
+    def _on_claim(self, _event: Any) -> None:
+        self._claim_changes += 1
 
     # -- device health ---------------------------------------------------------------------
 
@@ -197,7 +206,17 @@ class Kubelet:
                 runtime.containers[container["name"]] = _Container(
                     container["name"], started_at=ctx.now, started_mono=ctx.mono
                 )
-        return self._run(ctx, pod, claims, runtime)
+        seen = (
+            str(meta(pod).get("resourceVersion")),
+            getattr(self.manager.faults, "epoch", 0),
+            self._claim_changes,
+        )
+        if runtime.seen == seen and ctx.mono < runtime.next_due:
+            return runtime.next_due - ctx.mono if runtime.next_due != float("inf") else None
+        wait = self._run(ctx, pod, claims, runtime)
+        runtime.seen = seen
+        runtime.next_due = ctx.mono + wait if wait is not None else float("inf")
+        return wait
 
     def _assign_gpus(self, ctx: Any, pod: dict[str, Any], runtime: _Pod) -> bool:
         need = pod_gpu_request(pod)

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.controllers.allocator import (
     AllocationError,
     Allocator,
+    DeviceId,
     Inventory,
     allocated_devices,
     allocation_node,
@@ -132,6 +134,16 @@ def _affinity_matches(pod: dict[str, Any], node: dict[str, Any]) -> bool:
     return False
 
 
+@dataclass
+class _PassState:
+    nodes: list[dict[str, Any]]
+    inventory: Inventory
+    classes: dict[str, dict[str, Any]]
+    in_use: set[DeviceId]
+    pods_on: dict[str, int] = field(default_factory=dict)
+    gpu_used: dict[str, int] = field(default_factory=dict)
+
+
 class Scheduler:
     def __init__(self, manager: Any) -> None:
         self.manager = manager
@@ -139,6 +151,7 @@ class Scheduler:
         self._inventory_key: tuple[Any, ...] | None = None
         self._inventory: Inventory | None = None
         self._world = 0
+        self._state: _PassState | None = None  # per pass, built on first use
         manager.store.subscribe(self._on_event)
 
     # -- world snapshot ------------------------------------------------------------------
@@ -177,6 +190,7 @@ class Scheduler:
 
     def sync(self, ctx: Any) -> float | None:
         store = ctx.store
+        self._state = None
         pending = [
             p
             for p in store.list(PODS, field_selector="spec.nodeName=", copy_objects=False).items
@@ -218,6 +232,39 @@ class Scheduler:
             earliest = backoff if earliest is None else min(earliest, backoff)
         return earliest
 
+    def _pass_state(self, ctx: Any) -> _PassState:
+        """Cluster state shared by every pod of one pass, built on first use."""
+        if self._state is not None:
+            return self._state
+        store = ctx.store
+        rules: list[dict[str, Any]] = []
+        if ctx.dra and not ctx.options.ignore_device_taint_rules:
+            try:
+                rules = store.list(TAINT_RULES, copy_objects=False).items
+            except ApiError:
+                rules = []
+        slices = store.list(SLICES, copy_objects=False).items if ctx.dra else []
+        state = _PassState(
+            nodes=sorted(store.list(NODES, copy_objects=False).items, key=name_of),
+            inventory=self._inventory_for(ctx, slices, rules),
+            classes={name_of(c): c for c in store.list(DEVICE_CLASSES, copy_objects=False).items}
+            if ctx.dra
+            else {},
+            in_use=allocated_devices(store.list(CLAIMS, copy_objects=False).items)
+            if ctx.dra
+            else set(),
+        )
+        for other in store.list(PODS, copy_objects=False).items:
+            node_name = other["spec"].get("nodeName")
+            if node_name and not is_terminal(other):
+                state.pods_on[node_name] = state.pods_on.get(node_name, 0) + 1
+                if not ctx.dra:
+                    state.gpu_used[node_name] = state.gpu_used.get(node_name, 0) + pod_gpu_request(
+                        other
+                    )
+        self._state = state
+        return state
+
     def _schedule(self, ctx: Any, pod: dict[str, Any]) -> bool:
         store = ctx.store
         pod_claims: list[dict[str, Any]] = []
@@ -227,39 +274,22 @@ class Scheduler:
             if claim is None or is_deleting(claim):
                 return False  # the claim controller has not created it yet; try again later
             pod_claims.append(claim)
-        nodes = store.list(NODES, copy_objects=False).items
+        state = self._pass_state(ctx)
         reasons: Counter[str] = Counter()
-        allocator: Allocator | None = None
         gpu_need = pod_gpu_request(pod) if not ctx.dra else 0
-        gpu_used: dict[str, int] = {}
-        if gpu_need:
-            for other in store.list(PODS, copy_objects=False).items:
-                node_name = other["spec"].get("nodeName")
-                if node_name and not is_terminal(other):
-                    gpu_used[node_name] = gpu_used.get(node_name, 0) + pod_gpu_request(other)
         unallocated = [c for c in pod_claims if not (c.get("status") or {}).get("allocation")]
-        if pod_claims:
-            rules: list[dict[str, Any]] = []
-            if not ctx.options.ignore_device_taint_rules:
-                try:
-                    rules = store.list(TAINT_RULES, copy_objects=False).items
-                except ApiError:
-                    rules = []
-            slices = store.list(SLICES, copy_objects=False).items
-            classes = {name_of(c): c for c in store.list(DEVICE_CLASSES, copy_objects=False).items}
-            in_use = allocated_devices(store.list(CLAIMS, copy_objects=False).items)
-            allocator = Allocator(
-                self._inventory_for(ctx, slices, rules),
-                classes,
-                in_use,
-                ctx.now,
-                expired_toleration_bug=ctx.options.expired_toleration_bug,
-            )
-        for node in sorted(nodes, key=name_of):
-            reason = self._filter_node(pod, node, gpu_need, gpu_used, ctx.now)
+        allocator = Allocator(
+            state.inventory,
+            state.classes,
+            state.in_use,
+            ctx.now,
+            expired_toleration_bug=ctx.options.expired_toleration_bug,
+        )
+        for node in state.nodes:
+            node_name = name_of(node)
+            reason = self._filter_node(pod, node, gpu_need, state, ctx.now)
+            plan: dict[str, dict[str, Any]] | None = {}
             if reason is None and pod_claims:
-                assert allocator is not None
-                node_name = name_of(node)
                 if any(
                     allocation_node(c) not in (None, node_name)
                     for c in pod_claims
@@ -270,16 +300,24 @@ class Scheduler:
                     try:
                         plan = allocator.allocate(unallocated, node_name) if unallocated else {}
                     except AllocationError as err:
-                        reason = str(err)
-                        plan = None
+                        reason, plan = str(err), None
                     if plan is None:
                         reason = reason or CANNOT_ALLOCATE
-                    else:
-                        return self._bind(ctx, pod, node, pod_claims, plan)
-            elif reason is None:
-                return self._bind(ctx, pod, node, pod_claims, {})
+            if reason is None and plan is not None:
+                if not self._bind(ctx, pod, node, pod_claims, plan):
+                    return False
+                for allocation in plan.values():
+                    for result in allocation["devices"]["results"]:
+                        if not result.get("adminAccess"):
+                            state.in_use.add(
+                                DeviceId(result["driver"], result["pool"], result["device"])
+                            )
+                state.pods_on[node_name] = state.pods_on.get(node_name, 0) + 1
+                state.gpu_used[node_name] = state.gpu_used.get(node_name, 0) + gpu_need
+                return True
+            assert reason is not None
             reasons[reason] += 1
-        self._unschedulable(ctx, pod, unschedulable_message(len(nodes), reasons))
+        self._unschedulable(ctx, pod, unschedulable_message(len(state.nodes), reasons))
         return False
 
     @staticmethod
@@ -287,11 +325,15 @@ class Scheduler:
         pod: dict[str, Any],
         node: dict[str, Any],
         gpu_need: int,
-        gpu_used: dict[str, int],
+        state: _PassState,
         now: Any,
     ) -> str | None:
         if node["spec"].get("unschedulable"):
             return "node(s) were unschedulable"
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        max_pods = quantity_int(allocatable.get("pods")) if "pods" in allocatable else None
+        if max_pods is not None and state.pods_on.get(name_of(node), 0) >= max_pods:
+            return "Too many pods"
         if not _node_ready(node):
             return "node(s) had untolerated taint {node.kubernetes.io/not-ready: }"
         taints = node["spec"].get("taints") or []
@@ -306,10 +348,8 @@ class Scheduler:
         if not _affinity_matches(pod, node):
             return "node(s) didn't match Pod's node affinity/selector"
         if gpu_need:
-            allocatable = quantity_int(
-                ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)
-            )
-            if gpu_used.get(name_of(node), 0) + gpu_need > allocatable:
+            gpus = quantity_int(allocatable.get(GPU_RESOURCE))
+            if state.gpu_used.get(name_of(node), 0) + gpu_need > gpus:
                 return f"Insufficient {GPU_RESOURCE}"
         return None
 
