@@ -231,8 +231,9 @@ class Kube:
         self._cache_lock = threading.Lock()
 
     def cached(self, key: Any, ttl: float, load: Callable[[], Any]) -> Any:
-        """Per-worker cache for slow-changing reads (DeviceClasses, namespace labels), so a
-        remediation does not pay for them every time. Never used for pods, claims or rules."""
+        """Per-worker cache for slow-changing reads (DeviceClasses, namespace labels,
+        ResourceSlice inventory), so a remediation does not pay for them in every activity.
+        Never used for pods, claims, nodes or rules."""
         now = time.monotonic()
         with self._cache_lock:
             hit = self._cache.get(key)
@@ -242,6 +243,10 @@ class Kube:
         with self._cache_lock:
             self._cache[key] = (now, value)
         return value
+
+    def store_cached(self, key: Any, value: Any) -> None:
+        with self._cache_lock:
+            self._cache[key] = (time.monotonic(), value)
 
     @classmethod
     def from_settings(cls, settings: KubeSettings) -> Kube:

@@ -141,18 +141,33 @@ def slice_devices(slices: list[dict[str, Any]]) -> list[SliceDevice]:
     return out
 
 
-def list_slice_devices(kube: Kube, node: str | None = None) -> list[SliceDevice]:
-    """Devices published in ResourceSlices (all, or those of one node: 1 request)."""
-    kwargs: dict[str, Any] = {}
-    if node:
-        kwargs["field_selector"] = f"spec.nodeName={node}"
-    body = kube.call(
-        kube.resource_v1.list_resource_slice, verb="list", resource="resourceslices", **kwargs
-    )
-    devices = slice_devices(body.get("items") or [])
+# ResourceSlices are inventory: they change when nodes come and go or a driver flips a health
+# taint. A remediation reads them in several consecutive activities (resolve, evidence, budget
+# count), so one cluster-wide list is shared for a few seconds. Anything that would conclude
+# "not found" from a cached list re-reads first (`fresh=True`).
+SLICE_TTL = 10.0  # seconds
+
+
+def list_slice_devices(
+    kube: Kube, node: str | None = None, *, fresh: bool = False, max_age: float = SLICE_TTL
+) -> list[SliceDevice]:
+    """Devices published in ResourceSlices (all, or one node's), from one cluster-wide list
+    at most `max_age` seconds old (0 or `fresh`: read now)."""
+
+    def load() -> list[SliceDevice]:
+        body = kube.call(
+            kube.resource_v1.list_resource_slice, verb="list", resource="resourceslices"
+        )
+        return slice_devices(body.get("items") or [])
+
+    if fresh or max_age <= 0:
+        devices = load()
+        kube.store_cached("resourceslices", devices)
+    else:
+        devices = kube.cached("resourceslices", max_age, load)
     if node:
         devices = [d for d in devices if d.node == node]
-    return devices
+    return list(devices)
 
 
 def group_of(devices: list[SliceDevice], node: str | None, physical_uuid: str) -> list[SliceDevice]:
@@ -222,11 +237,19 @@ def resolve(kube: Kube, apis: ClusterApis, ref: DeviceRef) -> ResolvedDevice:
     """DeviceRef -> ResolvedDevice, or ERR_DEVICE_NOT_FOUND (non-retryable)."""
     if not apis.dra:
         return _resolve_device_plugin(kube, apis, ref)
+    try:
+        return _resolve_dra(kube, apis, ref, list_slice_devices(kube, ref.node))
+    except ApplicationError as err:
+        if err.type != ERR_DEVICE_NOT_FOUND:
+            raise
+    # Never conclude "not found" from a cached list: a node may have just joined.
+    return _resolve_dra(kube, apis, ref, list_slice_devices(kube, ref.node, fresh=True))
+
+
+def _resolve_dra(
+    kube: Kube, apis: ClusterApis, ref: DeviceRef, devices: list[SliceDevice]
+) -> ResolvedDevice:
     node_name = ref.node
-    if ref.driver and ref.pool and ref.device and not node_name:
-        devices = list_slice_devices(kube)
-    else:
-        devices = list_slice_devices(kube, node_name)
     target: SliceDevice | None = None
     if ref.driver and ref.pool and ref.device:
         target = next(
