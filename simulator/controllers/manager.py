@@ -238,7 +238,9 @@ class ControllerManager:
         loop = asyncio.get_running_loop()
         wake = self._wake
 
-        def on_change(_event: Any) -> None:
+        def on_change(event: Any) -> None:
+            if event.resource == "events":
+                return  # no controller acts on Events: writing them must not cause a pass
             try:
                 loop.call_soon_threadsafe(wake.set)
             except RuntimeError:
