@@ -70,6 +70,7 @@ async def watch_until(
             return True
         rv = _rv(body) or ""
         relist = False
+        failures = 0  # consecutive broken watches; the second one fails the attempt
         while not relist:
             remaining = deadline - time.time()
             if remaining <= 0:
@@ -114,8 +115,10 @@ async def watch_until(
                         if err.status == 410:
                             relist = True
                             break
-                        if err.kind is ErrorKind.TRANSIENT:
-                            break  # reconnect from the last resourceVersion
+                        failures += 1
+                        if err.kind is ErrorKind.TRANSIENT and failures < 2:
+                            break  # reconnect once from the last resourceVersion
+                        # Let Temporal retry with backoff; heartbeat details keep progress.
                         raise err
                     obj = item.get("raw_object") or item.get("object") or {}
                     kind = item.get("type")
@@ -132,6 +135,7 @@ async def watch_until(
                             message=str(obj.get("message", "")) if isinstance(obj, dict) else "",
                         )
                     rv = _rv(obj) or rv
+                    failures = 0
                     if kind == "BOOKMARK":
                         continue
                     done = await _off_loop(loop, executor, on_event, str(kind), obj)

@@ -333,3 +333,29 @@ async def test_no_owner_needs_no_replacement(tmp_path: Path) -> None:
             WaitReplacementInput(owners=[OwnerRef(kind="Deployment", name="gone", namespace="ml")]),
         )
         assert report.status == "no-replacement-needed"
+
+
+async def test_api_server_gone_mid_wait_is_retryable(tmp_path: Path) -> None:
+    """The API server disappears during the watch: one reconnect, then a retryable error
+    (Temporal backs off; the heartbeat details keep the progress for the next attempt)."""
+    from temporalio.exceptions import ApplicationError
+
+    from activities.kube.client import ERR_KUBE_UNAVAILABLE
+
+    with twin(tmp_path, "1.37", nodes=1) as t:
+        a = t.consumer_pod("ml", "a", t.node(0), "gpu-0")
+        task = asyncio.create_task(
+            t.run(
+                t.acts.wait_for_eviction,
+                WaitEvictionInput(pods=[_ref(a)], timeout=timedelta(seconds=30)),
+            )
+        )
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(t.sim.stop)
+        try:
+            await asyncio.wait_for(task, 15)
+        except ApplicationError as err:
+            assert err.type == ERR_KUBE_UNAVAILABLE and not err.non_retryable
+        else:
+            raise AssertionError("the wait should fail retryably without an API server")
+        assert t.heartbeats and t.heartbeats[-1][0]["deadline"]
