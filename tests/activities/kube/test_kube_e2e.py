@@ -3,7 +3,7 @@ workload controllers, device-taint eviction, kubelet stand-in), through an RBAC-
 holding deploy/rbac.yaml, for every profile.
 
 Cases:
-- happy path (DRA with DeviceTaintRule: 1.36, 1.37): resolve -> evidence -> consumers ->
+- happy path (DRA with DeviceTaintRule: 1.35, 1.36, 1.37): resolve -> evidence -> consumers ->
   budget count -> quarantine (NoExecute rule) -> events -> the twin's eviction controller
   deletes the consumer -> wait_for_eviction sees it gone -> the Deployment's replacement runs
   on an untainted device -> wait_for_replacement "running" -> free capacity -> release;
@@ -120,7 +120,7 @@ def _gpu_of(t: Twin, pod: dict[str, Any]) -> tuple[str, int]:
     return node, 0
 
 
-@pytest.mark.parametrize("profile", ["1.36", "1.37", "1.34", "device-plugin"])
+@pytest.mark.parametrize("profile", ["1.35", "1.36", "1.37", "1.34", "device-plugin"])
 async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
     manager = ControllerManager(SimOptions(pod_startup_seconds=0.5))
     with twin(
@@ -260,7 +260,7 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
             resource, _, sub = r.resource.partition("/")
             assert allows(RULES, r.group, resource, sub, r.verb), f"not in rbac.yaml: {r}"
             USED.add((r.group, r.resource, r.verb))
-        assert happy <= 24  # regression bound; the figure is reported in the notes
+        assert happy <= 26  # regression bound (1.35 pays 4 discovery reads); figures in notes
 
 
 def test_report_unused_grants() -> None:
