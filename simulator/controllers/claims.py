@@ -2,7 +2,7 @@
 
 - For each pod entry `spec.resourceClaims[] {name, resourceClaimTemplateName}` not yet in
   `pod.status.resourceClaimStatuses`, create a ResourceClaim from the template: generateName
-  `<pod>-<entry>-` (random suffix), ownerReference to the pod (controller, blockOwnerDeletion),
+  `<pod>-<entry>-` (random suffix), ownerReference to the pod (controller),
   annotation `resource.kubernetes.io/pod-claim-name: <entry>`; then record
   `{name, resourceClaimName}` in the pod's status (tests/k8s_golden/32 and 33).
 - Keep `status.reservedFor` honest: drop pods that are gone (uid changed) or finished.
@@ -131,8 +131,7 @@ class ResourceClaimController:
                         "kind": "Pod",
                         "name": name_of(pod),
                         "uid": uid_of(pod),
-                        "controller": True,
-                        "blockOwnerDeletion": True,
+                        "controller": True,  # no blockOwnerDeletion, as in golden 32
                     }
                 ],
             },
