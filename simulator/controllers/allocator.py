@@ -5,8 +5,8 @@ that already hold devices, `Allocator.allocate(claims, node)` finds devices on o
 pod's unallocated claims, the way kube-scheduler's DRA plugin does:
 
 - a request (`exactly`, or the v1beta1 flat form) takes `count` devices (`allocationMode:
-  ExactCount`) or every matching device on the node (`All`), each matching the DeviceClass's
-  CEL selectors and the request's own;
+  ExactCount`) or every matching device on the node (`All`: fails if any of them is in use),
+  each matching the DeviceClass's CEL selectors and the request's own;
 - `firstAvailable` tries its sub-requests in order and records the winner as `main/sub`;
 - `constraints[].matchAttribute` makes the listed requests' devices agree on an attribute;
 - a device already in another claim's allocation is busy (`adminAccess` requests excepted);
@@ -295,16 +295,18 @@ class Allocator:
                 return False
         return True
 
-    def _candidates(self, sub: _Sub, node: str, taken: set[DeviceId]) -> list[Device]:
+    def _candidates(
+        self, sub: _Sub, node: str, taken: set[DeviceId], free_only: bool = True
+    ) -> list[Device]:
         device_class = self.classes.get(sub.class_name)
         if device_class is None:
             raise AllocationError(f"device class {sub.class_name} does not exist")
         class_selectors = list((device_class.get("spec") or {}).get("selectors") or [])
         out: list[Device] = []
         for device in self.inventory.on_node(node):
-            if device.id in taken:
+            if free_only and device.id in taken:
                 continue
-            if device.id in self.busy and not sub.admin:
+            if free_only and device.id in self.busy and not sub.admin:
                 continue
             if untolerated(
                 device.taints,
@@ -348,6 +350,10 @@ class Allocator:
         claim_name, _request, alternatives = plan[index]
         for sub in alternatives:
             candidates = self._candidates(sub, node, taken)
+            if sub.mode == "All" and len(candidates) != len(
+                self._candidates(sub, node, taken, free_only=False)
+            ):
+                continue  # All means every matching device, and some are in use
             for devices in _combinations(sub, candidates):
                 ids = {d.id for d in devices}
                 chosen.append((claim_name, sub, devices))
