@@ -282,7 +282,10 @@ class AlertManagerSim:
         try:
             while stop is None or not stop.is_set():
                 async with self._lock:
-                    await self.flush()
+                    try:
+                        await self.flush()
+                    except Exception:  # keep notifying: one bad group must not stop the rest
+                        log.exception("alert notification failed")
                 # At least 20 ms real between ticks so a huge time scale does not spin.
                 await asyncio.sleep(max(0.02, self.clock.real_seconds(1.0)))
         finally:
