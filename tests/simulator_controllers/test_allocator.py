@@ -6,7 +6,7 @@ Cases:
 - quantities compare by value across suffixes;
 - a request takes a free matching device; a busy one is skipped; no device -> None;
 - firstAvailable falls back to the second sub-request and names the result `main/sub`;
-- count 2 and allocationMode All; matchAttribute constraint keeps devices on one parent GPU;
+- count 2 and allocationMode All (fails when one matching device is busy); matchAttribute constraint keeps devices on one parent GPU;
 - DeviceTaintRule taints block allocation (NoSchedule and NoExecute, not None), are merged in
   memory only, and request tolerations are copied into the result;
 - an expired NoExecute toleration no longer tolerates, unless the 1.36 bug switch is on;
@@ -201,8 +201,11 @@ def test_count_all_and_match_attribute() -> None:
     same_parent = [{"requests": ["gpu"], "matchAttribute": f"{DRIVER}/parentUUID"}]
     got = allocator(slices).allocate([claim("c", [exactly("gpu", count=2)], same_parent)], "node-a")
     assert [r["device"] for r in got["c"]["devices"]["results"]] == ["mig-1", "mig-2"]
-    got = allocator(slices).allocate([claim("c", [exactly("gpu", allocationMode="All")])], "node-a")
+    everything = [claim("c", [exactly("gpu", allocationMode="All")])]
+    got = allocator(slices).allocate(everything, "node-a")
     assert len(got["c"]["devices"]["results"]) == 3
+    busy = {DeviceId(DRIVER, "node-a", "mig-2")}
+    assert allocator(slices, busy=busy).allocate(everything, "node-a") is None
 
 
 def test_taint_rules_block_unless_tolerated() -> None:
