@@ -687,6 +687,13 @@ class ApiFaults:
         `errors.ApiError` (500 / 429 with Retry-After / 409 / 504 after the hang), or, for
         `reset`, shuts the socket and raises ConnectionResetError so the handler stops.
         """
+        # Once per request, even if both the server and a hook call this (the server makes a
+        # fresh `_info` dict for every request it handles).
+        marker = id(getattr(handler, "_info", None)) if hasattr(handler, "_info") else None
+        if marker is not None:
+            if getattr(handler, "_sickbay_fault_checked", None) == marker:
+                return
+            handler._sickbay_fault_checked = marker
         rule = self.decide(verb, resource)
         if rule is None:
             return
