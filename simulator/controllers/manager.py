@@ -331,6 +331,18 @@ def add_sim_up_arguments(parser: Any) -> None:
         help="bearer token for the alert webhook (env SICKBAY_SIM_ALERT_TOKEN)",
     )
     group.add_argument(
+        "--alert-group-wait",
+        type=float,
+        default=SimOptions.alert_group_wait,
+        help="simulated seconds before a new alert group is first sent (Alertmanager: 30)",
+    )
+    group.add_argument(
+        "--alert-group-interval",
+        type=float,
+        default=SimOptions.alert_group_interval,
+        help="simulated seconds between sends of a changed group (Alertmanager: 300)",
+    )
+    group.add_argument(
         "--alert-repeat-interval",
         type=float,
         default=SimOptions.alert_repeat_interval,
@@ -368,6 +380,10 @@ def options_from_args(args: Any) -> SimOptions:
     options = SimOptions()
     options.alert_webhook = getattr(args, "alert_webhook", None)
     options.alert_token = getattr(args, "alert_token", None)
+    options.alert_group_wait = float(getattr(args, "alert_group_wait", options.alert_group_wait))
+    options.alert_group_interval = float(
+        getattr(args, "alert_group_interval", options.alert_group_interval)
+    )
     options.alert_repeat_interval = float(
         getattr(args, "alert_repeat_interval", options.alert_repeat_interval)
     )

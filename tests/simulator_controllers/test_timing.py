@@ -160,11 +160,25 @@ def test_sim_up_wiring() -> None:
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
     args = parser.parse_args(
-        ["sim", "up", "--nodes", "1", "--time-scale", "60", "--ignore-device-taint-rules"]
+        [
+            "sim",
+            "up",
+            "--nodes",
+            "1",
+            "--time-scale",
+            "60",
+            "--ignore-device-taint-rules",
+            "--alert-webhook",
+            "http://127.0.0.1:9/alerts",
+            "--alert-group-wait",
+            "5",
+        ]
     )
     sim = cli.build_simulator(args)
     manager = sim.extensions["controllers"]
     assert isinstance(manager, ControllerManager)
     assert sim.clock.time_scale == 60
     assert manager.options.ignore_device_taint_rules is True
+    assert manager.alerts.config.url == "http://127.0.0.1:9/alerts"
+    assert manager.alerts.config.group_wait == 5
     assert sim.extensions["node_pools"].status("gpu-pool").nodes == ["gpu-pool-node-0"]
