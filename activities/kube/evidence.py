@@ -23,6 +23,7 @@ from activities.kube.pods import health_reports, meta, worst_health
 from workflows.models import Evidence, HealthResult, ResolvedDevice, SliceTaint
 
 MAX_EVENTS = 10
+EVIDENCE_SLICE_MAX_AGE = 2.0  # seconds
 MAX_POD_EVENT_READS = 2  # event lists for the unhealthy pods (keeps the request count low)
 
 
@@ -33,7 +34,9 @@ def resource_ids(device: ResolvedDevice) -> set[str]:
 
 
 def _slice_state(kube: Kube, device: ResolvedDevice) -> tuple[bool, list[SliceTaint]]:
-    published = list_slice_devices(kube, device.node)
+    # Driver health taints matter here: reuse the inventory only if it was read moments ago
+    # (by resolve, in the same remediation), never the 10 s inventory window.
+    published = list_slice_devices(kube, device.node, max_age=EVIDENCE_SLICE_MAX_AGE)
     wanted = {(d.driver, d.pool, d.device) for d in device.devices}
     present = [d for d in published if (d.driver, d.pool, d.device) in wanted]
     taints: list[SliceTaint] = []

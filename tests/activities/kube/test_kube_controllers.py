@@ -199,3 +199,31 @@ async def test_eviction_api_mode_pieces(tmp_path: Path) -> None:
         )
         assert report.gone == [ref]
         assert t.proxy is not None and t.proxy.denied == []  # deploy/rbac.yaml covers it
+
+
+async def test_evidence_and_health_from_an_injected_fault(tmp_path: Path) -> None:
+    """The twin's fault injector kills the GPU (Xid 79, driver taint): the kubelet stand-in
+    reports it Unhealthy in the pod's allocatedResourcesStatus and the driver taints the slice
+    device; evidence and check_device_health read both. Device plugin: allocatable drops."""
+    from workflows.models import CheckHealthInput, EvidenceInput
+
+    for profile in ("1.36", "device-plugin"):
+        manager = ControllerManager(SimOptions(pod_startup_seconds=0.5))
+        with twin(tmp_path, profile, controllers=manager, clock=Clock(time_scale=10)) as t:
+            device, ref = await _setup(t)
+            manager.faults.fail(device.node, device.gpu_uuid, xid=79, driver_taint=True)
+            evidence = None
+            for _ in range(60):
+                evidence = await t.run(t.acts.gather_evidence, EvidenceInput(device=device))
+                if evidence.health == "Unhealthy" and (evidence.slice_taints or not t.dra):
+                    break
+                await asyncio.sleep(0.25)
+            assert evidence is not None and evidence.health == "Unhealthy", evidence
+            assert any(r.pod == ref.name and "79" in r.message for r in evidence.reports)
+            if t.dra:
+                assert evidence.slice_taints, evidence
+            else:
+                assert evidence.gpu_allocatable is not None
+                assert evidence.gpu_allocatable < (evidence.gpu_capacity or 0)
+            health = await t.run(t.acts.check_device_health, CheckHealthInput(device=device))
+            assert health.health == "Unhealthy"
