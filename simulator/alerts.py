@@ -49,7 +49,7 @@ ALERT_ROW_REMAP = "SickbayGpuRowRemapFailure"
 class AlertConfig:
     """Where and how often to notify. `url=None` disables notifications (alerts still kept)."""
 
-    url: str | None = None
+    url: str | None = None  # None: alerts are kept, nothing is sent until a URL is set
     token: str | None = field(default=None, repr=False)
     receiver: str = "sickbay"
     group_by: tuple[str, ...] = ("alertname", "Hostname")
@@ -245,10 +245,9 @@ class AlertManagerSim:
     async def flush(self) -> int:
         """Send every due group once; returns how many posts succeeded."""
         ok = 0
+        if self.config.url is None:
+            return 0  # no receiver yet: groups wait, and go out once one is configured
         for key, payload in self.due():
-            if self.config.url is None:
-                self.mark_sent(key, payload)
-                continue
             if await self._post(payload):
                 self.mark_sent(key, payload)
                 ok += 1

@@ -15,6 +15,8 @@ GPU or pool), never a 500 for a client mistake.
                                                "resource", "rate", "count", "timeoutSeconds"}
     DELETE /sim/api-faults[/<id>]             remove one rule or all
     GET    /sim/alerts                        {"active": [...], "sent": [...]} (Alertmanager)
+    PUT    /sim/alerts                        {"url", "token", "groupWait", "groupInterval",
+                                               "repeatInterval"}: where and how often to notify
     GET    /sim/pools                         node pools: nodes, target, provisioning
     POST   /sim/pools/<pool>/resize           {"size": 3, "delay"?: seconds}
 
@@ -28,6 +30,7 @@ ever changes shape, `FaultApiServer` serves the same routes on a port of its own
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -197,13 +200,30 @@ def _route(
             if rule_id is not None and not removed:
                 raise FaultError(f"api fault rule {rule_id} not found", 404)
             return 200, {"removed": removed}
-    if head == "alerts" and method == "GET" and not rest:
+    if head == "alerts" and not rest and method in ("GET", "PUT"):
         alerts = manager.alerts
+        if method == "PUT":
+            data = _body(body)
+            allowed = {"url", "token", "groupWait", "groupInterval", "repeatInterval"}
+            unknown = set(data) - allowed
+            if unknown:
+                raise FaultError(f"unknown alert setting(s): {', '.join(sorted(unknown))}")
+            config = alerts.config
+            alerts.configure(
+                dataclasses.replace(
+                    config,
+                    url=data.get("url", config.url),
+                    token=data.get("token", config.token),
+                    group_wait=float(data.get("groupWait", config.group_wait)),
+                    group_interval=float(data.get("groupInterval", config.group_interval)),
+                    repeat_interval=float(data.get("repeatInterval", config.repeat_interval)),
+                )
+            )
         return 200, {
             "active": alerts.active(),
             "sent": alerts.sent[-50:],
             "failures": alerts.failures,
-            "receiver": bool(alerts.config.url),
+            "receiver": alerts.config.url,  # the token is never shown
         }
     if head == "pools":
         pools = manager.node_pools

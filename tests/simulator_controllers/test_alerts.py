@@ -10,12 +10,15 @@ Cases:
 - end to end: a GPU fault on a node whose pod uses it posts a grouped v4 payload with the
   DCGM labels (Hostname, gpu, UUID, modelName, pci_bus_id, err_code) and the consumer's pod,
   namespace and container to the receiver with the bearer token; it repeats; recovery sends
-  `resolved`; a receiver answering 500 gets the notification again later.
+  `resolved`; a receiver answering 500 gets the notification again later;
+- the receiver can be set at run time (PUT /sim/alerts): alerts raised before that are
+  delivered then; the token is never echoed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from simulator.alerts import AlertConfig, AlertManagerSim, fingerprint
@@ -156,7 +159,24 @@ def test_fault_alerts_reach_receiver_and_resolve(twin: Any, receiver: Receiver) 
     assert last["alerts"][0]["endsAt"] != "0001-01-01T00:00:00Z"
     count = len(receiver.posts)
     eventually(lambda: t.sim("GET", "/sim/alerts").json()["active"] == [])
-    import time
-
     time.sleep(0.5)  # 100 simulated seconds: a resolved group is not sent again
     assert len(receiver.posts) == count
+
+
+def test_receiver_configured_at_run_time(twin: Any, receiver: Receiver) -> None:
+    t = twin()
+    assert t.sim("POST", "/sim/faults", {"node": NODE, "gpu": "1", "xid": 95}).status_code == 201
+    time.sleep(0.3)  # 60 simulated seconds: past group_wait, with nowhere to send yet
+    configured = t.sim(
+        "PUT", "/sim/alerts", {"url": receiver.url, "token": "tok-123", "groupWait": 1}
+    )
+    assert configured.status_code == 200 and configured.json()["receiver"] == receiver.url
+    assert "tok-123" not in configured.text
+    (alert,) = configured.json()["active"]
+    assert alert["labels"]["alertname"] == "SickbayGpuEccDoubleBitError"
+    assert "pod" not in alert["labels"]  # nothing used that GPU
+    path, headers, payload = eventually(lambda: receiver.posts and receiver.posts[0])
+    assert headers["Authorization"] == "Bearer tok-123"
+    assert payload["alerts"][0]["labels"]["gpu"] == "1"
+    bad = t.sim("PUT", "/sim/alerts", {"webhook": "x"})
+    assert bad.status_code == 400
