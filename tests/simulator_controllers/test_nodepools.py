@@ -51,13 +51,14 @@ def _machine_deployment(replicas: int) -> dict[str, Any]:
 
 
 def test_machine_deployment_grows_and_shrinks_idle_nodes(twin: Any) -> None:
-    t = twin(SimOptions(provisioning_delay=60))  # 60 simulated seconds = 0.3 s real
+    # 200 simulated seconds = 1 s real: room to see the pool still provisioning on a busy box.
+    t = twin(SimOptions(provisioning_delay=200))
     custom = client.CustomObjectsApi(t.api)
     assert _nodes(t) == ["gpu-pool-node-0"]  # (also loads the client's API modules first)
     custom.create_namespaced_custom_object(
         "cluster.x-k8s.io", "v1beta1", "default", "machinedeployments", _machine_deployment(3)
     )
-    time.sleep(0.1)  # 20 simulated seconds: still provisioning
+    time.sleep(0.2)  # 40 simulated seconds: still provisioning
     assert _nodes(t) == ["gpu-pool-node-0"]
     eventually(lambda: _nodes(t) == ["gpu-pool-node-0", "gpu-pool-node-1", "gpu-pool-node-2"])
     slices = t.dra.list_resource_slice().items
@@ -98,7 +99,7 @@ def test_machine_deployment_grows_and_shrinks_idle_nodes(twin: Any) -> None:
 
 
 async def test_cloud_api_set_size_adds_nodes(twin: Any) -> None:
-    t = twin(SimOptions(provisioning_delay=60))
+    t = twin(SimOptions(provisioning_delay=200))
     api = CloudApi(
         token="cloud-token", on_resize=t.manager.node_pools.resize, clock=t.manager.clock
     )
