@@ -177,7 +177,7 @@ async def test_eviction_api_mode_pieces(tmp_path: Path) -> None:
             },
             namespace="ml",
         )
-        for _ in range(100):  # the disruption controller must have computed the PDB status
+        for _ in range(300):  # the disruption controller must have computed the PDB status
             if (
                 t.store.get("poddisruptionbudgets.policy", "trainer", "ml").get("status") or {}
             ).get("observedGeneration"):
@@ -213,7 +213,7 @@ async def test_evidence_and_health_from_an_injected_fault(tmp_path: Path) -> Non
             device, ref = await _setup(t)
             manager.faults.fail(device.node, device.gpu_uuid, xid=79, driver_taint=True)
             evidence = None
-            for _ in range(60):
+            for _ in range(120):
                 evidence = await t.run(t.acts.gather_evidence, EvidenceInput(device=device))
                 if evidence.health == "Unhealthy" and (evidence.slice_taints or not t.dra):
                     break

@@ -97,7 +97,7 @@ def _workload(t: Twin, ns: str = "ml", name: str = "trainer", grace: int = 2) ->
 
 
 async def _running_pod(t: Twin, ns: str = "ml") -> dict[str, Any]:
-    for _ in range(200):
+    for _ in range(600):
         pods = [
             p
             for p in t.store.list("pods", namespace=ns).items

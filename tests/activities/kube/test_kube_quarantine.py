@@ -261,7 +261,7 @@ async def test_fallback_eviction_with_and_without_pdb(tmp_path: Path, profile: s
 async def _wait_pdb_status(t: Twin, ns: str, name: str) -> None:
     import asyncio
 
-    for _ in range(100):
+    for _ in range(300):
         pdb = t.store.get("poddisruptionbudgets.policy", name, ns)
         if (pdb.get("status") or {}).get("observedGeneration"):
             return

@@ -72,7 +72,7 @@ async def test_restart_mid_wait_resumes(tmp_path: Path, dev_client: Client) -> N
         await asyncio.sleep(1.0)
         t.store.delete("pods", "a", "ml", grace_period_seconds=0)
         details = None
-        for _ in range(100):  # until A's heartbeat with "a gone" reached the server
+        for _ in range(300):  # until A's heartbeat with "a gone" reached the server
             desc = await handle.describe()
             pending = desc.raw_description.pending_activities
             if pending and pending[0].heartbeat_details.payloads:
@@ -91,7 +91,7 @@ async def test_restart_mid_wait_resumes(tmp_path: Path, dev_client: Client) -> N
         b = worker()
         async with b:
             resumed = None
-            for _ in range(150):  # B's attempt started and heartbeated its own details
+            for _ in range(400):  # B's attempt started and heartbeated its own details
                 desc = await handle.describe()
                 pending = desc.raw_description.pending_activities
                 if (
