@@ -20,6 +20,13 @@ Order of one pass: resource claims from templates -> scheduler -> workload contr
 node pools / MachineDeployments -> garbage collection. Every controller writes only through
 `sim.store`, exactly as the HTTP API would.
 
+At start the manager also mounts the `/sim/...` fault, alert, API-fault and pool routes on
+the simulator's API server and enables API fault injection there
+(simulator/fault_routes.py `install_server_hooks`). `sickbay sim up` uses the module-level
+hooks below (`add_sim_up_arguments`, `make_clock`, `configure_sim`): --time-scale,
+--alert-webhook/--alert-token/--alert-*, --provisioning-delay, --ignore-device-taint-rules,
+--expired-toleration-bug, --no-controllers.
+
 Workload knobs for rehearsals (pod template annotations):
     sim.sickbay.dev/run-seconds: "30"  -> each container exits after 30 simulated seconds
     sim.sickbay.dev/exit-code:   "42"  -> ... with exit code 42 (default 0)
