@@ -1,0 +1,45 @@
+"""The embedded stack each benchmark runs on: worker/stack.py's Stack, unchanged.
+
+`open_stack()` starts the dev server, sink, twin, `sickbay worker` and `sickbay webhook` as
+child processes on free loopback ports (no Web UI) and returns the Stack; `webhook_token()`
+reads the bearer token the stack wrote. SICKBAY_BENCH_WORKER may name a worker script to run
+instead of `sickbay worker` (only while the worker process is being built).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from worker.stack import Stack, StackConfig, free_port
+
+log = logging.getLogger("bench")
+
+
+def worker_argv() -> list[str]:
+    override = os.environ.get("SICKBAY_BENCH_WORKER")
+    return [override] if override else ["-m", "worker.cli", "worker"]
+
+
+def open_stack(**overrides: Any) -> Stack:
+    config = StackConfig(
+        temporal_port=free_port(),
+        ui=False,
+        worker_argv=worker_argv(),
+        notes=lambda text: log.info("stack: %s", text),
+        **overrides,
+    )
+    stack = Stack(config)
+    stack.__enter__()
+    return stack
+
+
+def webhook_token(stack: Stack) -> str:
+    return (Path(stack.dir) / "secrets" / "webhook-token").read_text().strip()
+
+
+def worker_pid(stack: Stack) -> int:
+    assert stack.info is not None
+    return stack.info.pids["worker"]
