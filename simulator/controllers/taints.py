@@ -164,15 +164,16 @@ class DeviceTaintEviction:
         claims: list[dict[str, Any]],
         pods: dict[tuple[str, str], dict[str, Any]],
         slice_taints: dict[DeviceId, list[dict[str, Any]]],
-    ) -> tuple[dict[str, _Candidate], dict[str, list[tuple[dict[str, Any], DeviceId]]]]:
-        """Pods to evict (uid -> candidate) and, per rule uid, the (pod, device) it selects."""
+    ) -> tuple[dict[str, _Candidate], dict[str, list[tuple[dict[str, Any], dict[str, Any]]]]]:
+        """Pods to evict (uid -> candidate) and, per rule uid, the (pod, allocation result) pairs
+        it selects."""
         effect_rules = [
             (r, rule_taint(r))
             for r in rules
             if (r.get("spec") or {}).get("taint", {}).get("effect")
         ]
         out: dict[str, _Candidate] = {}
-        consumers: dict[str, list[tuple[dict[str, Any], DeviceId]]] = {}
+        consumers: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
         for claim in claims:
             devices = claim_devices(claim)
             if not devices:
@@ -189,7 +190,7 @@ class DeviceTaintEviction:
                     ]
                     for rule, taint in effect_rules:
                         if rule_selects(rule, dev_id):
-                            consumers.setdefault(uid_of(rule), []).append((pod, dev_id))
+                            consumers.setdefault(uid_of(rule), []).append((pod, result))
                             taints.append((taint, uid_of(rule)))
                     for taint, rule_uid in taints:
                         if taint.get("effect") != "NoExecute":
@@ -276,7 +277,7 @@ class DeviceTaintEviction:
         published: list[DeviceId],
         claims: list[dict[str, Any]],
         candidates: dict[str, _Candidate],
-        consumers: dict[str, list[tuple[dict[str, Any], DeviceId]]],
+        consumers: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]],
     ) -> float | None:
         earliest: float | None = None
         period = ctx.options.rule_status_period
@@ -295,8 +296,14 @@ class DeviceTaintEviction:
                     allocated = {
                         d for c in claims for d, _ in claim_devices(c) if rule_selects(rule, d)
                     }
-                    hit = consumers.get(rule_uid, [])
-                    pods = {uid_of(p): p for p, _ in hit}
+                    # Pods that would go if the effect was NoExecute: not tolerating it forever.
+                    as_noexecute = {**rule_taint(rule), "effect": "NoExecute"}
+                    pods = {
+                        uid_of(p): p
+                        for p, result in consumers.get(rule_uid, [])
+                        if self._due(as_noexecute, result.get("tolerations") or [], ctx.now)
+                        is not False
+                    }
                     namespaces = {ns_of(p) for p in pods.values()}
                     reason = "NoEffect"
                     message = no_effect_message(

@@ -4,7 +4,8 @@ Cases:
 - firstAvailable: with one H100 and two L4s, the first pod gets the H100 (`gpu/big`), the
   second falls back to an L4 (`gpu/small`), on the node that has it;
 - a request toleration for the taint keeps the pod through a NoExecute rule (rule Completed
-  with "0 pods evicted"), and is copied into the allocation result;
+  with "0 pods evicted"; an effect None preview already says 0 pods would go), and is copied
+  into the allocation result;
 - tolerationSeconds: the pod stays until timeAdded + seconds, then is evicted;
 - effect None and NoSchedule rules get the golden NoEffect / OtherEffect statuses, and a
   NoSchedule rule keeps new pods off the device without evicting the running one;
@@ -96,6 +97,15 @@ def test_toleration_keeps_pod_and_is_copied(twin: Any) -> None:
     result = claim_of(t.dra, pod).status.allocation.devices.results[0]
     assert result.tolerations[0].key == "sickbay.dev/unhealthy"
     assert result.tolerations[0].effect == "NoExecute"
+    t.dra_beta2.create_device_taint_rule(taint_rule("dry-run", None, None, effect="None"))
+
+    def dry_run() -> bool:
+        cond = t.dra_beta2.read_device_taint_rule("dry-run").status.conditions[0]
+        assert cond.reason == "NoEffect"
+        assert "1 allocated device selected. 0 pods would be evicted" in cond.message, cond.message
+        return True
+
+    eventually(dry_run)  # the preview knows the toleration would keep the pod
     t.dra_beta2.create_device_taint_rule(taint_rule("all-down", None, None))
 
     def completed() -> bool:
