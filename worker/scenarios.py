@@ -112,6 +112,7 @@ class Demo:
     incidents: list[Incident] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
     _watchers: list[asyncio.Task[None]] = field(default_factory=list)
+    _earlier_run: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     async def open(cls, stack: Stack, say: Progress | None = None) -> Demo:
@@ -306,6 +307,13 @@ class Demo:
         raise DemoFailure(f"no GPU in the twin holds device {device}")
 
     async def fail(self, gpu: dict[str, Any], xid: int = 79) -> None:
+        # A GPU keeps its workflow id across incidents: remember the run before this fault,
+        # so `incident()` waits for the run this fault starts, not a closed earlier one.
+        try:
+            before = await self.handle(self.workflow_id(gpu)).describe()
+            self._earlier_run[gpu["uuid"]] = before.run_id
+        except RPCError:  # never remediated before
+            self._earlier_run.pop(gpu["uuid"], None)
         await self.k("POST", "/sim/faults", {"node": gpu["node"], "gpu": gpu["uuid"], "xid": xid})
 
     async def recover(self, gpu: dict[str, Any]) -> None:
@@ -354,9 +362,11 @@ class Demo:
         """Wait for the device's remediation to exist and follow its phases on screen."""
         wf_id = self.workflow_id(gpu)
 
+        earlier = self._earlier_run.get(gpu["uuid"])
+
         async def probe() -> bool:
             desc = await self.handle(wf_id).describe()
-            return desc.workflow_type == WF_REMEDIATE
+            return desc.workflow_type == WF_REMEDIATE and desc.run_id != earlier
 
         await self.until(f"remediation {wf_id} to start", probe)
         incident = Incident(wf_id, f"{gpu['node']}/{gpu['uuid']}", title)
@@ -474,84 +484,117 @@ def _ns(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:5]}"
 
 
-async def seed_story(demo: Demo) -> None:
+@dataclass
+class SeedState:
+    """What one act of the seed story hands to the next."""
+
+    ns: str = "serving"
+    app: str = "llm"
+    pod: str = ""  # the first pod, on the first GPU
+    device: str = ""  # its device
+    gpu1: dict[str, Any] = field(default_factory=dict)
+    first: Incident | None = None
+    replacement: str = ""  # the pod on the second GPU
+    device2: str = ""
+    gpu2: dict[str, Any] = field(default_factory=dict)
+    second: Incident | None = None
+    new_nodes: list[str] = field(default_factory=list)
+    device3: str = ""  # the replacement's device on the new node
+
+
+async def act1_gpu_dies(demo: Demo, st: SeedState) -> None:
+    """An inference Deployment runs; its GPU dies (Xid 79): restart loop, Unhealthy in status."""
     say = demo.say
-    ns = "serving"
-    # Act 1 -------------------------------------------------------------------------------
-    say("an inference Deployment serving/llm (1 replica, 1 GPU through DRA)", tag="act 1/4")
-    await demo.namespace(ns)
-    await demo.deployment(ns, "llm")
-    [(pod, device)] = await demo.running(ns, "llm")
-    gpu1 = await demo.gpu(device)
-    say(f"pod {pod['metadata']['name']} Running on {device}")
-    say(f"GPU {gpu1['index']} ({gpu1['uuid']}) dies: Xid 79, fell off the bus")
-    await demo.fail(gpu1, xid=79)
-    loop = await demo.crash_looping(ns, "llm")
+    say(f"an inference Deployment {st.ns}/{st.app} (1 replica, 1 GPU through DRA)", tag="act 1/4")
+    await demo.namespace(st.ns)
+    await demo.deployment(st.ns, st.app)
+    [(pod, device)] = await demo.running(st.ns, st.app)
+    st.pod, st.device = pod["metadata"]["name"], device
+    st.gpu1 = await demo.gpu(device)
+    say(f"pod {st.pod} Running on {device}")
+    say(f"GPU {st.gpu1['index']} ({st.gpu1['uuid']}) dies: Xid 79, fell off the bus")
+    await demo.fail(st.gpu1, xid=79)
+    loop = await demo.crash_looping(st.ns, st.app)
     demo.check(
         f"restart loop: {loop['pod']['metadata']['name']} restarts "
         f"{loop['status']['restartCount']}, pod status says {loop['health']['resourceID']} "
         f"{loop['health']['health']} ({loop['health'].get('message', '')})"
     )
 
-    # Act 2 -------------------------------------------------------------------------------
-    say("the twin's Alertmanager posts the alert to the Sickbay webhook", tag="act 2/4")
-    first = await demo.incident(gpu1, "GPU 1 of the seed incident")
-    st = await demo.phase(first, {Phase.HOLDING})
-    rule = await demo.taint_rule(st.rule_name or "")
+
+async def act2_quarantine(demo: Demo, st: SeedState) -> None:
+    """The alert reaches the webhook: taint, eviction, replacement Running on the 2nd GPU."""
+    demo.say("the twin's Alertmanager posts the alert to the Sickbay webhook", tag="act 2/4")
+    st.first = await demo.incident(st.gpu1, "the seed incident, first GPU")
+    status = await demo.phase(st.first, {Phase.HOLDING})
+    rule = await demo.taint_rule(status.rule_name or "")
     if rule is None:
-        raise DemoFailure(f"no DeviceTaintRule {st.rule_name} in the twin")
+        raise DemoFailure(f"no DeviceTaintRule {status.rule_name} in the twin")
     demo.check(
         f"DeviceTaintRule {rule['metadata']['name']} effect {rule['spec']['taint']['effect']}"
     )
-    [(replacement, device2)] = await demo.running(ns, "llm")
-    if device2 == device:
-        raise DemoFailure(f"the replacement runs on the quarantined device {device}")
-    if replacement["metadata"]["name"] == pod["metadata"]["name"]:
+    [(replacement, device2)] = await demo.running(st.ns, st.app)
+    if device2 == st.device:
+        raise DemoFailure(f"the replacement runs on the quarantined device {st.device}")
+    if replacement["metadata"]["name"] == st.pod:
         raise DemoFailure("the pod on the failed GPU was not evicted")
-    demo.check(
-        f"{pod['metadata']['name']} evicted; replacement {replacement['metadata']['name']} "
-        f"Running on {device2}"
-    )
+    st.replacement, st.device2 = replacement["metadata"]["name"], device2
+    demo.check(f"{st.pod} evicted; replacement {st.replacement} Running on {device2}")
 
-    # Act 3 -------------------------------------------------------------------------------
-    gpu2 = await demo.gpu(device2)
-    say(f"GPU {gpu2['index']} ({gpu2['uuid']}) dies too: Xid 48, double-bit ECC", tag="act 3/4")
-    nodes_before = await demo.nodes()
-    await demo.fail(gpu2, xid=48)
-    second = await demo.incident(gpu2, "GPU 2 of the seed incident")
-    await demo.phase(second, {Phase.AWAITING_REPLACEMENT, Phase.SCALING})
-    say("no healthy GPU is free: the replacement stays Pending until the deadline")
-    await demo.phase(second, {Phase.SCALING}, within=SCALE_TIMEOUT)
-    say("Pending deadline passed: asking the node pool for one more node (GKE-shaped API)")
-    await demo.phase(second, {Phase.HOLDING}, within=SCALE_TIMEOUT)
-    nodes_after = await demo.nodes()
-    new_nodes = sorted(set(nodes_after) - set(nodes_before))
-    if not new_nodes:
-        raise DemoFailure("the remediation is holding but no node was added to the pool")
-    [(third, device3)] = await demo.running(ns, "llm")
-    if not any(f"/{n}/" in device3 for n in new_nodes):
-        raise DemoFailure(f"the replacement runs on {device3}, not on the new node {new_nodes}")
-    demo.check(f"node pool grew: new node {', '.join(new_nodes)}")
-    demo.check(f"replacement {third['metadata']['name']} Running on {device3}")
-    escalations = [n for n in await demo.notifications() if n["kind"] == "pagerduty"]
-    if escalations:
-        say(f"{len(escalations)} notification(s) reached the sink (PagerDuty-shaped)")
 
-    # Act 4 -------------------------------------------------------------------------------
+async def act3_scale_up(demo: Demo, st: SeedState) -> None:
+    """The 2nd GPU dies: no free device, Pending deadline, node-pool scale-up, new node."""
+    say = demo.say
+    st.gpu2 = await demo.gpu(st.device2)
     say(
+        f"GPU {st.gpu2['index']} ({st.gpu2['uuid']}) dies too: Xid 48, double-bit ECC",
+        tag="act 3/4",
+    )
+    nodes_before = await demo.nodes()
+    await demo.fail(st.gpu2, xid=48)
+    st.second = await demo.incident(st.gpu2, "the seed incident, second GPU")
+    await demo.phase(st.second, {Phase.AWAITING_REPLACEMENT, Phase.SCALING})
+    say("no healthy GPU is free: the replacement stays Pending until the deadline")
+    await demo.phase(st.second, {Phase.SCALING}, within=SCALE_TIMEOUT)
+    say("Pending deadline passed: asking the node pool for one more node (GKE-shaped API)")
+    await demo.phase(st.second, {Phase.HOLDING}, within=SCALE_TIMEOUT)
+    st.new_nodes = sorted(set(await demo.nodes()) - set(nodes_before))
+    if not st.new_nodes:
+        raise DemoFailure("the remediation is holding but no node was added to the pool")
+    [(third, device3)] = await demo.running(st.ns, st.app)
+    if not any(f"/{n}/" in device3 for n in st.new_nodes):
+        raise DemoFailure(f"the replacement runs on {device3}, not on the new node {st.new_nodes}")
+    st.device3 = device3
+    demo.check(f"node pool grew: new node {', '.join(st.new_nodes)}")
+    demo.check(f"replacement {third['metadata']['name']} Running on {device3}")
+
+
+async def act4_repair(demo: Demo, st: SeedState) -> None:
+    """Both GPUs are repaired: quarantines lifted, remediations closed as released."""
+    demo.say(
         "both GPUs are replaced: the twin reports them healthy, an operator marks them repaired",
         tag="act 4/4",
     )
-    for gpu, incident in ((gpu1, first), (gpu2, second)):
+    assert st.first is not None and st.second is not None
+    for gpu, incident in ((st.gpu1, st.first), (st.gpu2, st.second)):
         await demo.recover(gpu)
         await demo.repaired(incident)
-    for incident in (first, second):
+    for incident in (st.first, st.second):
         result = await demo.closed(incident)
         if result.outcome != "released":
             raise DemoFailure(f"{incident.workflow_id} closed {result.outcome}: {result.reason}")
         if await demo.taint_rule(result.status.rule_name or ""):
             raise DemoFailure(f"DeviceTaintRule {result.status.rule_name} is still there")
     demo.check("both quarantines lifted (DeviceTaintRules removed), remediations closed: released")
+
+
+SEED_ACTS = (act1_gpu_dies, act2_quarantine, act3_scale_up, act4_repair)
+
+
+async def seed_story(demo: Demo) -> None:
+    st = SeedState()
+    for act in SEED_ACTS:
+        await act(demo, st)
 
 
 async def training_job(demo: Demo) -> None:

@@ -1,0 +1,79 @@
+"""`sickbay demo --scenario ...` on one embedded stack (scenarios clean up after themselves):
+
+- training: a Job pinned to the `training` runbook -> handled by `training`, its new pod on the
+  healthy GPU, released after repair;
+- budget: two GPUs fail under the shipped 50% budget -> the second is NOT tainted, closes
+  `escalated` (budget-exhausted) and its PagerDuty-shaped page reaches the sink; the first
+  stays quarantined;
+- app-xid: Xid 13 -> classified `application`, no DeviceTaintRule, the pod keeps running,
+  closes `not-quarantined`;
+- churn: the scheduler ignores DeviceTaintRules -> replacements land on the tainted device
+  again -> escalated with reason `churn`, page delivered.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.scenarios import (
+    Demo,
+    application_xid,
+    budget_exhausted,
+    scheduler_churn,
+    training_job,
+)
+
+pytestmark = pytest.mark.devserver
+
+
+async def test_training_job(demo: Demo) -> None:
+    await training_job(demo)
+    [incident] = demo.incidents[-1:]
+    assert incident.result is not None
+    assert incident.result.status.runbook == "training"
+    assert incident.result.outcome == "released"
+    owners = {c.name for c in incident.result.status.consumers}
+    assert owners and all(name.startswith("train-") for name in owners)
+
+
+async def test_budget_exhausted(demo: Demo) -> None:
+    before, sent = len(demo.incidents), len(await demo.notifications())
+    await budget_exhausted(demo)
+    first, second = demo.incidents[before:]
+    assert second.result is not None and second.result.outcome == "escalated"
+    assert second.result.status.escalation_reason == "budget-exhausted"
+    assert second.result.status.rule_name is None  # never tainted
+    assert first.result is not None and first.result.outcome == "released"
+    pages = [
+        n["body"]
+        for n in await demo.notifications(since=sent)
+        if n["kind"] == "pagerduty" and n["body"]["dedup_key"] == second.workflow_id
+    ]
+    assert pages[0]["event_action"] == "trigger"
+    assert "budget" in pages[0]["payload"]["summary"]
+    assert pages[0]["routing_key"] == "<redacted>"  # the sink never stores the key
+
+
+async def test_application_xid_no_quarantine(demo: Demo) -> None:
+    await application_xid(demo)
+    incident = demo.incidents[-1]
+    assert incident.result is not None
+    assert incident.result.outcome == "not-quarantined"
+    assert incident.result.status.failure_class == "application"
+    assert incident.result.status.rule_name is None
+
+
+async def test_scheduler_ignoring_taints_churn(demo: Demo) -> None:
+    sent = len(await demo.notifications())
+    await scheduler_churn(demo)
+    incident = demo.incidents[-1]
+    assert incident.result is not None
+    assert incident.result.status.escalation_reason == "churn"
+    assert (await demo.k("GET", "/sim/known-faults"))["ignoreDeviceTaintRules"] is False
+    pages = [
+        n["body"]
+        for n in await demo.notifications(since=sent)
+        if n["kind"] == "pagerduty" and n["body"]["dedup_key"] == incident.workflow_id
+    ]
+    assert [p["event_action"] for p in pages][:1] == ["trigger"]
+    assert "churn" in pages[0]["payload"]["summary"]

@@ -1,0 +1,120 @@
+"""The four acts of `make demo` (the seed incident) as integration tests on the embedded stack:
+Temporal dev server + cluster twin + real worker + webhook, driven over HTTP like a user would.
+
+- act 1: a GPU dies under an inference Deployment -> restart loop, Unhealthy (XID 79) in the
+  pod's allocatedResourcesStatus, the twin's Alertmanager holds a firing alert for that GPU;
+- act 2: the alert reaches the webhook -> one workflow per GPU (started by the alert), search
+  attributes set, a NoExecute DeviceTaintRule selecting exactly the failed device, the pod
+  evicted, the replacement Running on the second GPU;
+- act 3: the second GPU dies -> the replacement stays Pending past the (scaled) deadline ->
+  one node-pool resize -> a new node with its ResourceSlice -> the replacement Running there;
+  the timeline shows pending before the capacity request;
+- act 4: both GPUs repaired -> both rules removed, both workflows closed `released`, the
+  blast-radius budget holds no lease any more.
+
+Acts share one stack and build on each other, in file order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from worker.scenarios import (
+    TAINT_RULE_VERSIONS,
+    Demo,
+    SeedState,
+    act1_gpu_dies,
+    act2_quarantine,
+    act3_scale_up,
+    act4_repair,
+)
+from workflows.budget import BudgetWorkflow
+from workflows.constants import BUDGET_WORKFLOW_ID, SA_DEVICE, SA_PHASE
+
+pytestmark = pytest.mark.devserver
+
+STATE = SeedState()
+
+
+def _need(*attrs: str) -> None:
+    for attr in attrs:
+        if not getattr(STATE, attr):
+            pytest.skip(f"an earlier act failed ({attr} missing)")
+
+
+async def _rules(demo: Demo) -> list[dict[str, Any]]:
+    for version in TAINT_RULE_VERSIONS:
+        r = await demo.kube.get(f"/apis/resource.k8s.io/{version}/devicetaintrules")
+        if r.status_code == 200:
+            return list(r.json()["items"])
+    return []
+
+
+async def test_act1_gpu_dies_restart_loop(demo: Demo) -> None:
+    await act1_gpu_dies(demo, STATE)
+    pods = await demo.pods(STATE.ns, STATE.app)
+    [pod] = [p for p in pods if p["metadata"]["name"] == STATE.pod]
+    [cs] = pod["status"]["containerStatuses"]
+    assert cs["restartCount"] >= 1
+    [res] = [r for a in cs["allocatedResourcesStatus"] for r in a["resources"]]
+    assert res == {"resourceID": STATE.device, "health": "Unhealthy", "message": "XID 79"}
+    alerts = (await demo.k("GET", "/sim/alerts"))["active"]
+    mine = [a for a in alerts if a["labels"]["UUID"] == STATE.gpu1["uuid"]]
+    assert mine and mine[0]["labels"]["err_code"] == "79"
+    assert mine[0]["labels"]["pod"] == STATE.pod
+
+
+async def test_act2_alert_taint_eviction_replacement(demo: Demo) -> None:
+    _need("gpu1")
+    await act2_quarantine(demo, STATE)
+    assert STATE.first is not None
+    # The alert, not anything else, started the workflow: its first evidence came from
+    # Alertmanager through the webhook.
+    timeline = await demo.timeline(STATE.first)
+    assert timeline[0].actor == "alertmanager" and "Xid 79" in timeline[0].outcome
+    sent = (await demo.k("GET", "/sim/alerts"))["sent"]
+    assert any(a["labels"]["UUID"] == STATE.gpu1["uuid"] for p in sent for a in p["alerts"])
+    desc = await demo.handle(STATE.first.workflow_id).describe()
+    attrs = desc.search_attributes
+    assert attrs[SA_DEVICE] == [f"{STATE.gpu1['node']}/{STATE.gpu1['uuid']}"]
+    assert attrs[SA_PHASE] == ["holding"]
+    # Exactly the failed device is tainted.
+    [rule] = await _rules(demo)
+    driver, pool, device = STATE.device.split("/")
+    assert rule["spec"]["deviceSelector"] == {"driver": driver, "pool": pool, "device": device}
+    assert rule["spec"]["taint"]["effect"] == "NoExecute"
+    names = [p["metadata"]["name"] for p in await demo.pods(STATE.ns, STATE.app)]
+    assert names == [STATE.replacement]
+    assert STATE.device2.split("/")[-1] != device
+
+
+async def test_act3_second_gpu_pending_deadline_scale_up(demo: Demo) -> None:
+    _need("device2", "first")
+    await act3_scale_up(demo, STATE)
+    assert STATE.second is not None
+    actions = [(e.action, e.outcome) for e in await demo.timeline(STATE.second)]
+    pending = actions.index(("replacement wait", "pending"))
+    capacity = next(i for i, (a, _o) in enumerate(actions) if a == "capacity requested")
+    assert pending < capacity
+    assert actions[capacity][1] in ("satisfied", "requested", "in-progress")
+    pools = (await demo.k("GET", "/sim/pools"))["items"]
+    [pool] = [p for p in pools if p["name"] == "gpu-pool"]
+    assert sorted(pool["nodes"]) == sorted([STATE.gpu1["node"], *STATE.new_nodes])
+    slices = (await demo.k("GET", "/apis/resource.k8s.io/v1/resourceslices"))["items"]
+    assert any(s["spec"]["nodeName"] == STATE.new_nodes[0] for s in slices)
+    assert len(await _rules(demo)) == 2
+
+
+async def test_act4_repair_lifts_quarantine(demo: Demo) -> None:
+    _need("second")
+    await act4_repair(demo, STATE)
+    assert STATE.first is not None and STATE.second is not None
+    for incident in (STATE.first, STATE.second):
+        assert incident.result is not None
+        assert incident.result.outcome == "released"
+        assert incident.result.timeline[-1].action == "closed"
+    assert await _rules(demo) == []
+    state = await demo.client.get_workflow_handle(BUDGET_WORKFLOW_ID).query(BudgetWorkflow.state)
+    assert state.leases == []
