@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -157,6 +158,8 @@ class AlertManagerSim:
         self.config = config or AlertConfig()
         self._groups: dict[str, _Group] = {}
         self._lock = asyncio.Lock()
+        # fire/resolve come from API threads while the notifier runs on the controller loop.
+        self._state = threading.RLock()
         self.sent: list[dict[str, Any]] = []  # payloads posted (newest last, capped)
         self.failures = 0
         self._client: httpx.AsyncClient | None = None
@@ -168,79 +171,84 @@ class AlertManagerSim:
 
     def fire(self, labels: dict[str, str], annotations: dict[str, str]) -> str:
         """Start (or keep) a firing alert; returns its fingerprint."""
-        alert = Alert(dict(labels), dict(annotations), self.clock.now())
-        key = group_key(group_labels_of(alert.labels, self.config.group_by))
-        group = self._groups.get(key)
-        if group is None:
-            now = self.clock.monotonic()
-            group = _Group(group_labels_of(alert.labels, self.config.group_by), created=now)
-            group.next_tick = now + self.config.group_wait
-            self._groups[key] = group
-        existing = group.alerts.get(alert.fingerprint)
-        if existing is not None and existing.ends_at is None:
+        with self._state:
+            alert = Alert(dict(labels), dict(annotations), self.clock.now())
+            key = group_key(group_labels_of(alert.labels, self.config.group_by))
+            group = self._groups.get(key)
+            if group is None:
+                now = self.clock.monotonic()
+                group = _Group(group_labels_of(alert.labels, self.config.group_by), created=now)
+                group.next_tick = now + self.config.group_wait
+                self._groups[key] = group
+            existing = group.alerts.get(alert.fingerprint)
+            if existing is not None and existing.ends_at is None:
+                return alert.fingerprint
+            group.alerts[alert.fingerprint] = alert
+            group.dirty = True
+            log.info("alert firing: %s %s", alert.labels.get("alertname"), alert.fingerprint)
             return alert.fingerprint
-        group.alerts[alert.fingerprint] = alert
-        group.dirty = True
-        log.info("alert firing: %s %s", alert.labels.get("alertname"), alert.fingerprint)
-        return alert.fingerprint
 
     def resolve(self, fingerprints: Iterable[str]) -> int:
         """Mark alerts resolved (sent once more with endsAt); returns how many changed."""
-        wanted = set(fingerprints)
-        changed = 0
-        for group in self._groups.values():
-            for fp, alert in group.alerts.items():
-                if fp in wanted and alert.ends_at is None:
-                    alert.ends_at = self.clock.now()
-                    group.dirty = True
-                    changed += 1
-        return changed
+        with self._state:
+            wanted = set(fingerprints)
+            changed = 0
+            for group in self._groups.values():
+                for fp, alert in group.alerts.items():
+                    if fp in wanted and alert.ends_at is None:
+                        alert.ends_at = self.clock.now()
+                        group.dirty = True
+                        changed += 1
+            return changed
 
     def active(self) -> list[dict[str, Any]]:
         """Alerts as Alertmanager's API would list them (firing and not yet sent resolved)."""
-        return [a.to_json() for g in self._groups.values() for a in g.alerts.values()]
+        with self._state:
+            return [a.to_json() for g in self._groups.values() for a in g.alerts.values()]
 
     # -- notification ------------------------------------------------------------------------
 
     def due(self) -> list[tuple[str, dict[str, Any]]]:
         """Groups to send now, as (group key, payload). Pure with respect to I/O."""
-        now = self.clock.monotonic()
-        out: list[tuple[str, dict[str, Any]]] = []
-        for key, group in self._groups.items():
-            if now < group.next_tick or not group.alerts:
-                continue
-            repeat = (
-                group.last_sent is not None
-                and now - group.last_sent >= self.config.repeat_interval
-                and any(a.ends_at is None for a in group.alerts.values())
-            )
-            if group.dirty or repeat:
-                out.append(
-                    (key, build_payload(list(group.alerts.values()), group.labels, self.config))
+        with self._state:
+            now = self.clock.monotonic()
+            out: list[tuple[str, dict[str, Any]]] = []
+            for key, group in self._groups.items():
+                if now < group.next_tick or not group.alerts:
+                    continue
+                repeat = (
+                    group.last_sent is not None
+                    and now - group.last_sent >= self.config.repeat_interval
+                    and any(a.ends_at is None for a in group.alerts.values())
                 )
-            else:
-                group.next_tick = now + self.config.group_interval
-        return out
+                if group.dirty or repeat:
+                    out.append(
+                        (key, build_payload(list(group.alerts.values()), group.labels, self.config))
+                    )
+                else:
+                    group.next_tick = now + self.config.group_interval
+            return out
 
     def mark_sent(self, key: str, payload: dict[str, Any]) -> None:
-        group = self._groups.get(key)
-        if group is None:
-            return
-        now = self.clock.monotonic()
-        group.last_sent = now
-        group.next_tick = now + self.config.group_interval
-        sent = {a["fingerprint"] for a in payload["alerts"] if a["status"] == "resolved"}
-        for fp in sent:
-            alert = group.alerts.get(fp)
-            if alert is not None and alert.ends_at is not None:
-                del group.alerts[fp]
-        # Dirty again only if something changed after this payload was built.
-        seen = {(a["fingerprint"], a["status"]) for a in payload["alerts"]}
-        group.dirty = any((fp, a.status) not in seen for fp, a in group.alerts.items())
-        if not group.alerts:
-            del self._groups[key]
-        self.sent.append(payload)
-        del self.sent[:-200]
+        with self._state:
+            group = self._groups.get(key)
+            if group is None:
+                return
+            now = self.clock.monotonic()
+            group.last_sent = now
+            group.next_tick = now + self.config.group_interval
+            sent = {a["fingerprint"] for a in payload["alerts"] if a["status"] == "resolved"}
+            for fp in sent:
+                alert = group.alerts.get(fp)
+                if alert is not None and alert.ends_at is not None:
+                    del group.alerts[fp]
+            # Dirty again only if something changed after this payload was built.
+            seen = {(a["fingerprint"], a["status"]) for a in payload["alerts"]}
+            group.dirty = any((fp, a.status) not in seen for fp, a in group.alerts.items())
+            if not group.alerts:
+                del self._groups[key]
+            self.sent.append(payload)
+            del self.sent[:-200]
 
     async def flush(self) -> int:
         """Send every due group once; returns how many posts succeeded."""
@@ -252,10 +260,11 @@ class AlertManagerSim:
                 self.mark_sent(key, payload)
                 ok += 1
             else:
-                self.failures += 1
-                group = self._groups.get(key)
-                if group is not None:  # retry at the next tick, not in a tight loop
-                    group.next_tick = self.clock.monotonic() + min(10.0, self.config.group_wait)
+                with self._state:
+                    self.failures += 1
+                    group = self._groups.get(key)
+                    if group is not None:  # retry at the next tick, not in a tight loop
+                        group.next_tick = self.clock.monotonic() + min(10.0, self.config.group_wait)
         return ok
 
     async def _post(self, payload: dict[str, Any]) -> bool:
