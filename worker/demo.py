@@ -111,8 +111,24 @@ def _positive(text: str) -> float:
 
 
 def _default_state_dir() -> Path:
-    base = Path(os.environ.get("SICKBAY_STATE_DIR") or Path.home() / ".sickbay")
-    return base / "stack"
+    """Where `up` / `demo --keep` keep their stack: the state directory `sickbay sim ...`
+    reads (its sim.json), so `sickbay sim fail` finds the twin without flags."""
+    return Path(os.environ.get("SICKBAY_STATE_DIR") or Path.home() / ".sickbay")
+
+
+def _busy(state_dir: Path) -> str | None:
+    """Why the state directory cannot host a stack now, or None."""
+    if _live_stack(state_dir):
+        return f"a stack is already running from {state_dir}: stop it with `sickbay down` first"
+    try:
+        pid = int(json.loads((state_dir / "sim.json").read_text())["pid"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (
+        f"a cluster twin (pid {pid}) already runs from {state_dir}: stop it with "
+        "`sickbay sim down`, or set SICKBAY_STATE_DIR to another directory"
+    )
 
 
 @contextlib.contextmanager
@@ -145,6 +161,7 @@ def _print_stack(say: Progress, stack: Stack) -> None:
     )
     say(f"worker (pid {info.pids.get('worker')}) and webhook {info.webhook_url}")
     say(f"notification sink {info.sink_url} (escalations land here: {info.notifications})")
+    say(f"{len(info.pids)} processes in process group {info.pgid}; logs in {info.state_dir}/logs")
 
 
 def _print_runbooks(write: Callable[[str], None], stack: Stack) -> None:
@@ -171,8 +188,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"(twin time x{args.time_scale:g})"
     )
     state_dir = _default_state_dir() if args.keep else None
-    if state_dir is not None and _live_stack(state_dir):
-        write(f"a stack is already running from {state_dir}: stop it with `sickbay down` first")
+    busy = _busy(state_dir) if state_dir is not None else None
+    if busy:
+        write(busy)
         return 2
     stack = Stack(
         StackConfig(
@@ -329,8 +347,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     write = _printer()
     say = Progress(write)
     state_dir = _default_state_dir()
-    if _live_stack(state_dir):
-        write(f"a stack is already running from {state_dir}: stop it with `sickbay down` first")
+    busy = _busy(state_dir)
+    if busy:
+        write(busy)
         return 2
     stack = Stack(
         StackConfig(

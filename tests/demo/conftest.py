@@ -2,7 +2,7 @@
 `sickbay worker` + webhook + notification sink, all child processes on loopback), one per test
 module, and a `Demo` (worker/scenarios.py) talking to it over HTTP and gRPC.
 
-The stack runs the twin 30x faster and the demo runbooks 30x shorter, as `sickbay demo` does;
+The stack runs the twin 60x faster and the demo runbooks 60x shorter (the demo uses 30x);
 free ports everywhere (no Web UI), so a developer's own dev server on 7233 is never touched.
 """
 
@@ -19,7 +19,7 @@ import pytest
 from worker.scenarios import Demo, Progress
 from worker.stack import Stack, StackConfig, free_port
 
-TIME_SCALE = 30.0
+TIME_SCALE = 60.0  # tests: twice the demo's pace; the runbook floors (MIN_SECONDS) keep it sound
 
 
 def worker_argv() -> list[str]:

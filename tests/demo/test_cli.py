@@ -1,0 +1,162 @@
+"""The commands a user types, as subprocesses (what `make demo` / `make up` run):
+
+- `sickbay demo --list` names every scenario; a bad --time-scale is refused by argparse;
+- `sickbay demo --scenario app-xid`: exit 0, progress lines with elapsed time, the incident's
+  timeline, the summary and the wall time printed, and afterwards no process of the stack's
+  process group is alive;
+- `sickbay demo --scenario churn --keep`: exit 0, prints how to stop; the stack still answers;
+  `sickbay down` stops every process of the group;
+- `sickbay up`: prints the Web UI / env / `sickbay sim fail` help; `sickbay sim fail` works
+  against it from another process; Ctrl-C (SIGINT) stops all of it, exit 0;
+- `sickbay down` with nothing running says so and exits 1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.devserver
+
+SICKBAY = [sys.executable, "-m", "worker.cli"]
+# A demo run on a loaded 2-core machine: stack start ~10 s + scenario; generous, never hit.
+RUN_TIMEOUT = 150
+
+
+def _need_worker() -> None:
+    if importlib.util.find_spec("worker.main") is None:
+        pytest.skip("the worker process (worker/main.py, `sickbay worker`) is not built yet")
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = os.environ.copy()
+    env["SICKBAY_STATE_DIR"] = str(tmp_path / "state")  # never the user's ~/.sickbay
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _pgid(output: str) -> int:
+    match = re.search(r"process group (\d+)", output)
+    assert match, output
+    return int(match.group(1))
+
+
+def test_list_and_bad_arguments(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*SICKBAY, "demo", "--list"], capture_output=True, text=True, env=_env(tmp_path)
+    )
+    assert out.returncode == 0
+    for name in ("seed", "training", "vgpu", "budget", "app-xid", "churn"):
+        assert re.search(rf"^{name}\s", out.stdout, re.M), out.stdout
+    bad = subprocess.run(
+        [*SICKBAY, "demo", "--time-scale", "0"], capture_output=True, text=True, env=_env(tmp_path)
+    )
+    assert bad.returncode == 2 and "must be > 0" in bad.stderr
+    down = subprocess.run([*SICKBAY, "down"], capture_output=True, text=True, env=_env(tmp_path))
+    assert down.returncode == 1 and "no running stack" in down.stdout
+
+
+def test_demo_runs_and_leaves_nothing(tmp_path: Path) -> None:
+    _need_worker()
+    out = subprocess.run(
+        [*SICKBAY, "demo", "--scenario", "app-xid", "--time-scale", "60"],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        timeout=RUN_TIMEOUT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    assert re.search(r"^\[\s+\d+\.\ds\] stack\s+up in", text, re.M)
+    assert "Timeline of sickbay-gpu-" in text
+    assert "scenario app-xid: all" in text and "checks passed" in text
+    assert re.search(r"wall time \d+\.\d s", text)
+    assert "Demo runbooks" in text and "pendingDeadline 5m->8s" in text
+    assert not _group_alive(_pgid(text))
+
+
+def test_demo_keep_then_down(tmp_path: Path) -> None:
+    _need_worker()
+    env = _env(tmp_path)
+    out = subprocess.run(
+        [*SICKBAY, "demo", "--scenario", "churn", "--keep", "--time-scale", "60"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=RUN_TIMEOUT,
+    )
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "sickbay down" in out.stdout
+        pgid = _pgid(out.stdout)
+        assert _group_alive(pgid)
+        gpus = subprocess.run(
+            [*SICKBAY, "sim", "gpus"], capture_output=True, text=True, env=env, timeout=30
+        )
+        assert gpus.returncode == 0, gpus.stderr  # found through $SICKBAY_STATE_DIR
+    finally:
+        down = subprocess.run(
+            [*SICKBAY, "down"], capture_output=True, text=True, env=env, timeout=60
+        )
+    assert down.returncode == 0, down.stdout
+    assert not _group_alive(pgid)
+
+
+def test_up_until_ctrl_c(tmp_path: Path) -> None:
+    _need_worker()
+    env = _env(tmp_path)
+    proc = subprocess.Popen(
+        [*SICKBAY, "up", "--time-scale", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "Ctrl-C stops all of it" in line:
+                break
+        text = "".join(lines)
+        assert "The stack is up" in text, text
+        node = re.search(r"sickbay sim fail (\S+) 0 --xid 79", text)
+        assert node, text
+        fail = subprocess.run(
+            [*SICKBAY, "sim", "fail", node.group(1), "0", "--xid", "79"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+        )
+        assert fail.returncode == 0, fail.stdout + fail.stderr
+        pgid = _pgid(text)
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, rest
+    assert "stopped: nothing left running" in rest
+    assert not _group_alive(pgid)

@@ -1,0 +1,156 @@
+"""The embedded stack's pieces without playing a scenario:
+
+- demo runbooks: every shipped runbook written, durations divided by the time scale with the
+  floors of MIN_SECONDS, the inference scale-up aimed at the twin's cloud API (provider sim,
+  the pool, its max), the widened inference budget; every change listed; the generated set
+  loads with the worker's loader; a runbook the loader rejects fails loudly;
+- channels file: valid for the worker (ChannelsConfig), secrets only as file references;
+- notification sink: PagerDuty-shaped 202 with the dedup key, Slack "ok", webhook JSON, 400
+  for a body that is not JSON, 404 elsewhere, routing key redacted, JSON lines on disk;
+- ports: a taken preferred port is reported and a free one used;
+- lifecycle: start without the engine, `sickbay sim fail` against it via the stack's env,
+  stop leaves no child alive and removes the temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from activities.notify.config import ChannelsConfig
+from activities.runbooks import load_dir
+from worker.sink import Sink, serve
+from worker.stack import (
+    MIN_SECONDS,
+    PACKAGED_RUNBOOKS,
+    Stack,
+    StackConfig,
+    channels_file,
+    demo_runbooks,
+    free_port,
+    port_free,
+)
+
+
+def test_demo_runbooks_scaled_and_wired(tmp_path: Path) -> None:
+    changes = demo_runbooks(tmp_path, 30, "http://127.0.0.1:4321", "gpu-pool", 2)
+    shipped = {r.name: r for r in load_dir(PACKAGED_RUNBOOKS).runbooks}
+    demo = {r.name: r for r in load_dir(tmp_path).runbooks}
+    assert demo.keys() == shipped.keys()
+    inf, inf0 = demo["inference"].spec, shipped["inference"].spec
+    assert inf.replacement.pending_deadline == timedelta(seconds=10)  # 5m / 30
+    assert inf0.replacement.pending_deadline == timedelta(minutes=5)
+    assert inf.release.cooldown == inf0.release.cooldown / 30
+    assert inf.eviction.timeout == timedelta(seconds=MIN_SECONDS["timeout"])  # 2m/30 = 4 s
+    assert inf.confirm.stale_after == timedelta(seconds=60)  # 30m/30
+    pool = inf.scale_up.pool
+    assert pool is not None and pool.provider == "sim"
+    assert (pool.name, pool.endpoint, pool.node_pool_label) == (
+        "gpu-pool",
+        "http://127.0.0.1:4321",
+        "gpu-pool",
+    )
+    assert inf.scale_up.max_size == 2
+    assert (inf.budget.max_per_pool, inf.budget.max_per_cluster) == ("100%", "100%")
+    assert shipped["default"].spec.budget == demo["default"].spec.budget  # only inference
+    assert demo["training"].spec.eviction.timeout == timedelta(seconds=20)  # 10m / 30
+    assert any(line.startswith("inference: budget 100%") for line in changes)
+    assert any("pendingDeadline 5m->10s" in line for line in changes)
+
+
+def test_demo_runbooks_floor_at_high_scale(tmp_path: Path) -> None:
+    demo_runbooks(tmp_path, 600, None)
+    inf = {r.name: r for r in load_dir(tmp_path).runbooks}["inference"].spec
+    assert inf.replacement.pending_deadline == timedelta(seconds=MIN_SECONDS["pendingDeadline"])
+    assert inf.scale_up.pool is None  # no cloud endpoint: left as shipped
+
+
+def test_demo_runbooks_reject_a_broken_source(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    bad = (PACKAGED_RUNBOOKS / "inference.yaml").read_text().replace("timeout: 2m", "timeout: soon")
+    (src / "inference.yaml").write_text(bad)
+    with pytest.raises(ValueError, match="inference.yaml"):
+        demo_runbooks(tmp_path / "out", 30, None, source=src)
+
+
+def test_channels_file_is_valid_for_the_worker(tmp_path: Path) -> None:
+    key = tmp_path / "pagerduty-key"
+    key.write_text("k\n")
+    path = channels_file(tmp_path / "channels.yaml", "http://127.0.0.1:9", key)
+    config = ChannelsConfig.load(path)
+    assert set(config.channels) == {"pagerduty", "slack", "webhook"}
+    assert config.channels["pagerduty"].url == "http://127.0.0.1:9/v2/enqueue"
+    assert "k" not in path.read_text().split()  # the key is referenced, never inlined
+
+
+def _post(url: str, body: bytes) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method="POST")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_sink_answers_like_the_services(tmp_path: Path) -> None:
+    sink = Sink(tmp_path / "n.jsonl")
+    server = serve("127.0.0.1", 0, sink)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        event = {"routing_key": "secret", "event_action": "trigger", "dedup_key": "wf-1"}
+        status, body = _post(base + "/v2/enqueue", json.dumps(event).encode())
+        assert status == 202 and json.loads(body)["dedup_key"] == "wf-1"
+        assert _post(base + "/slack", b'{"text": "hi"}') == (200, b"ok")
+        assert _post(base + "/webhook", b"{}")[0] == 200
+        assert _post(base + "/v2/enqueue", b"not json")[0] == 400
+        assert _post(base + "/nowhere", b"{}")[0] == 404
+        lines = [json.loads(x) for x in (tmp_path / "n.jsonl").read_text().splitlines()]
+        assert [x["kind"] for x in lines] == ["pagerduty", "slack", "webhook"]
+        assert lines[0]["body"]["routing_key"] == "<redacted>"
+        assert "secret" not in (tmp_path / "n.jsonl").read_text()
+    finally:
+        server.shutdown()
+
+
+def test_engine_less_stack_lifecycle(tmp_path: Path) -> None:
+    notes: list[str] = []
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        assert not port_free(busy)
+        stack = Stack(StackConfig(temporal_port=busy, ui=False, engine=False, notes=notes.append))
+        with stack:
+            info = stack.info
+            assert info is not None
+            assert any(f"port {busy} is taken" in n for n in notes)
+            assert info.temporal_address != f"127.0.0.1:{busy}"
+            assert len(info.gpus) == 2 and info.node
+            env = stack.sickbay_env()
+            fail = subprocess.run(
+                [sys.executable, "-m", "worker.cli", "sim", "fail", info.node, "1", "--xid", "79"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert fail.returncode == 0, fail.stderr
+            faults = stack.twin("GET", "/sim/faults")["items"]
+            assert [f["gpu_uuid"] for f in faults] == [info.gpus[1]]
+            children = list(stack.children)
+            directory = stack.dir
+        assert all(not c.alive() for c in children)
+        assert not directory.exists()
+
+
+def test_free_port_is_free() -> None:
+    assert port_free(free_port())
