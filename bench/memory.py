@@ -1,0 +1,80 @@
+"""Benchmark 4: the worker's memory with `count` remediations in flight.
+
+A twin of count/8 nodes x 8 GPUs, budget widened to 100%, time scale 1 (the shipped
+runbooks' real durations: each remediation quarantines, finds no consumers and holds,
+waiting on its release timers). Alerts go to the webhook in notifications of 50; the worker's
+RSS (from /proc) is sampled before, during and once every GPU holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import httpx
+
+from bench.common import dcgm_alert, gpus, notification, rss_mb, set_budget, until
+from bench.stacks import open_stack, webhook_token, worker_pid
+from workflows.constants import WF_REMEDIATE
+
+
+async def run(count: int = 1000, per_notification: int = 50) -> dict[str, Any]:
+    from worker.settings import Settings
+    from worker.temporal import connect
+
+    nodes = max(1, (count + 7) // 8)
+    stack = await asyncio.to_thread(open_stack, nodes=nodes, gpus_per_node=8, time_scale=1.0)
+    try:
+        info = stack.info
+        assert info is not None
+        set_budget(info.runbooks_dir, "100%", "100%")
+        pid = worker_pid(stack)
+        idle = rss_mb(pid)
+        chosen = gpus(info.kube_url)[:count]
+        alerts = [dcgm_alert(g["node"], g["uuid"], g["index"]) for g in chosen]
+        token = webhook_token(stack)
+        client = await connect(
+            Settings(temporal_address=info.temporal_address, temporal_namespace=info.namespace)
+        )
+        samples: list[tuple[float, float]] = [(0.0, idle)]
+        t0 = time.monotonic()
+        async with httpx.AsyncClient(timeout=60.0) as http:
+            for i in range(0, len(alerts), per_notification):
+                await http.post(
+                    info.webhook_url,
+                    json=notification(alerts[i : i + per_notification]),
+                    headers={"Authorization": f"Bearer {token}"},
+                )
+                samples.append((time.monotonic() - t0, rss_mb(pid)))
+
+        async def holding() -> bool:
+            samples.append((time.monotonic() - t0, rss_mb(pid)))
+            c = await client.count_workflows(
+                f"WorkflowType = '{WF_REMEDIATE}' AND SickbayPhase = 'holding'"
+            )
+            return c.count >= count
+
+        with contextlib.suppress(TimeoutError):
+            await until(f"{count} remediations holding", holding, 300.0, 1.0)
+        held = (
+            await client.count_workflows(
+                f"WorkflowType = '{WF_REMEDIATE}' AND SickbayPhase = 'holding'"
+            )
+        ).count
+        all_in = time.monotonic() - t0
+        await asyncio.sleep(5.0)  # settle: the cache holds every workflow now
+        in_flight = rss_mb(pid)
+        samples.append((time.monotonic() - t0, in_flight))
+        return {
+            "remediations": count,
+            "holding": held,
+            "seconds_to_all_holding": round(all_in, 1),
+            "rss_idle_mb": round(idle, 1),
+            "rss_in_flight_mb": round(in_flight, 1),
+            "rss_peak_mb": round(max(v for _, v in samples), 1),
+            "samples": samples,
+        }
+    finally:
+        await asyncio.to_thread(stack.stop)

@@ -1,0 +1,260 @@
+"""Benchmark 3: an alert storm on a 1,000-node x 8-GPU twin.
+
+`alerts` firing alerts in `seconds` seconds (2,000/s by default) over `devices` distinct
+physical GPUs, as Alertmanager would deliver them: `per_notification` alerts per POST, paced
+evenly, at most `concurrency` POSTs in flight, a 5xx answer retried with backoff (Alertmanager
+re-sends the whole notification). Per GPU the alerts cycle through four label sets: the
+whole GPU (repeated: same fingerprint), two MIG slices of it (dcgm-exporter labels a MIG
+series with the parent GPU's UUID plus GPU_I_ID, so they are siblings of one physical GPU) and
+a second alert rule naming the same GPU. The twin is seeded with the `mig` topology.
+
+The blast-radius budget is made binding: every generated runbook gets maxPerCluster 1%
+(80 of the 8,000 GPUs), so the storm races 200 remediations for 80 leases. Measured:
+
+- workflows started (goal: exactly one per physical GPU), alerts lost (every (workflow,
+  fingerprint) pair must be recorded as an `alert` signal in the workflow's history),
+- webhook latency per POST (p50/p99), notifications retried,
+- time from the first alert until every GPU within budget is quarantined (the twin's request
+  log), and the number of rules ever created vs the budget (never exceeded),
+- progress over time (alerts acknowledged, workflows started, rules created) for the plot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from typing import Any
+
+import httpx
+from temporalio.api.enums.v1 import EventType
+
+from bench.common import dcgm_alert, gpus, notification, rule_creations, set_budget, summary, until
+from bench.stacks import open_stack, webhook_token
+from workflows.constants import (
+    ANN_DEVICE_KEY,
+    LABEL_MANAGED_BY,
+    MANAGED_BY_VALUE,
+    WF_REMEDIATE,
+    device_workflow_id,
+)
+
+log = logging.getLogger("bench.storm")
+
+RETRIES = 5  # Alertmanager keeps retrying; five re-sends with backoff cover a 10 s storm
+
+
+def storm_alerts(devices: list[dict[str, Any]], total: int) -> list[dict[str, Any]]:
+    out = []
+    for k in range(total):
+        g = devices[k % len(devices)]
+        variant = (k // len(devices)) % 4
+        node, uuid, index = g["node"], g["uuid"], g["index"]
+        if variant == 0:
+            out.append(dcgm_alert(node, uuid, index, fingerprint=f"{node}-{uuid}-gpu"))
+        elif variant in (1, 2):
+            out.append(
+                dcgm_alert(
+                    node,
+                    uuid,
+                    index,
+                    fingerprint=f"{node}-{uuid}-mig{variant}",
+                    mig_instance=variant,
+                )
+            )
+        else:
+            a = dcgm_alert(node, uuid, index, xid=48, fingerprint=f"{node}-{uuid}-ecc")
+            a["labels"]["alertname"] = "SickbayGpuEccDoubleBitError"
+            out.append(a)
+    random.Random(7).shuffle(out)
+    return out
+
+
+def quarantined_gpus(kube_url: str, creates: list[dict[str, Any]]) -> int:
+    """Distinct physical GPUs with a Sickbay DeviceTaintRule (a MIG GPU gets one rule per
+    slice, so rules outnumber GPUs)."""
+    if not creates:
+        return 0
+    body = httpx.get(kube_url + creates[0]["path"], timeout=60.0).json()
+    keys = {
+        (r["metadata"].get("annotations") or {}).get(ANN_DEVICE_KEY)
+        for r in body.get("items", [])
+        if (r["metadata"].get("labels") or {}).get(LABEL_MANAGED_BY) == MANAGED_BY_VALUE
+    }
+    return len(keys - {None})
+
+
+async def recorded_fingerprints(client: Any, wf_id: str, run_id: str | None = None) -> set[str]:
+    history = await client.get_workflow_handle(wf_id, run_id=run_id).fetch_history()
+    seen: set[str] = set()
+    for e in history.events:
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            for p in e.workflow_execution_signaled_event_attributes.input.payloads:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    seen.add(json.loads(p.data)["fingerprint"])
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            for p in e.workflow_execution_started_event_attributes.input.payloads:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    for a in json.loads(p.data).get("alerts") or []:
+                        seen.add(a["fingerprint"])
+    return seen
+
+
+async def run(
+    nodes: int = 1000,
+    gpus_per_node: int = 8,
+    devices: int = 200,
+    alerts: int = 20_000,
+    seconds: float = 10.0,
+    per_notification: int = 20,
+    concurrency: int = 64,
+    cluster_budget: str = "1%",
+) -> dict[str, Any]:
+    from worker.settings import Settings
+    from worker.temporal import connect
+
+    t_boot = time.monotonic()
+    stack = await asyncio.to_thread(
+        open_stack,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        topology="mig",
+        slices_per_gpu=2,
+        time_scale=1.0,
+    )
+    boot_s = time.monotonic() - t_boot
+    try:
+        info = stack.info
+        assert info is not None
+        set_budget(info.runbooks_dir, "50%", cluster_budget)
+        all_gpus = gpus(info.kube_url)
+        chosen = random.Random(11).sample(all_gpus, devices)
+        storm = storm_alerts(chosen, alerts)
+        batches = [storm[i : i + per_notification] for i in range(0, len(storm), per_notification)]
+        interval = seconds / len(batches)
+        token = webhook_token(stack)
+        headers = {"Authorization": f"Bearer {token}"}
+        post_ms: list[float] = []
+        acked: list[tuple[float, int]] = []  # (time, alerts) of each 200
+        codes: dict[int, int] = {}
+        retried = 0
+        failed_batches = 0
+        sem = asyncio.Semaphore(concurrency)
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(timeout=30.0, limits=limits) as http:
+            await http.get(info.webhook_url.rsplit("/v1/", 1)[0] + "/healthz")
+            t_start = time.time()
+
+            async def send(i: int, batch: list[dict[str, Any]]) -> None:
+                nonlocal retried, failed_batches
+                await asyncio.sleep(max(0.0, t_start + i * interval - time.time()))
+                body = notification(batch)
+                async with sem:
+                    for attempt in range(RETRIES + 1):
+                        t0 = time.time()
+                        try:
+                            r = await http.post(info.webhook_url, json=body, headers=headers)
+                            code = r.status_code
+                        except httpx.HTTPError:
+                            code = 599
+                        t1 = time.time()
+                        post_ms.append((t1 - t0) * 1000)
+                        codes[code] = codes.get(code, 0) + 1
+                        if code == 200:
+                            acked.append((t1, len(batch)))
+                            return
+                        if attempt < RETRIES:
+                            retried += 1
+                            await asyncio.sleep(0.5 * 2**attempt)
+                failed_batches += 1
+
+            await asyncio.gather(*(send(i, b) for i, b in enumerate(batches)))
+            t_sent = time.time()
+
+        client = await connect(
+            Settings(temporal_address=info.temporal_address, temporal_namespace=info.namespace)
+        )
+        ids = sorted({device_workflow_id(g["node"], g["uuid"]) for g in chosen})
+
+        async def settled() -> bool:
+            # Every remediation has left guarding (quarantined or refused by the budget).
+            count = await client.count_workflows(
+                f"WorkflowType = '{WF_REMEDIATE}' AND SickbayPhase IN "
+                "('holding', 'evicting', 'awaiting-replacement', 'closed', 'escalated')"
+            )
+            return count.count >= len(ids)
+
+        with contextlib.suppress(TimeoutError):
+            await until("every remediation past the budget guard", settled, 120.0, 1.0)
+        await asyncio.sleep(2.0)  # stragglers: a late create would show a budget breach
+        creates = [r for r in rule_creations(info.kube_url) if r["time"] >= t_start]
+        started = (await client.count_workflows(f"WorkflowType = '{WF_REMEDIATE}'")).count
+        # Alerts lost: every (workflow, fingerprint) pair must be in that workflow's history.
+        expected: dict[str, set[str]] = {}
+        for a in storm:
+            wid = device_workflow_id(a["labels"]["Hostname"], a["labels"]["UUID"])
+            expected.setdefault(wid, set()).add(a["fingerprint"])
+        lost = 0
+        start_times: list[float] = []
+        runs_total = 0
+        for wid in ids:
+            got: set[str] = set()
+            runs = [r async for r in client.list_workflows(f"WorkflowId = '{wid}'")]
+            runs_total += len(runs)
+            for run_ in runs:
+                got |= await recorded_fingerprints(client, wid, run_.run_id)
+            if runs:
+                start_times.append(min(r.start_time.timestamp() for r in runs))
+            lost += len(expected.get(wid, set()) - got)
+        quarantined = quarantined_gpus(info.kube_url, creates)
+        pages = len(stack.notifications())
+        state = await client.get_workflow_handle("sickbay-budget").query("state")
+        leases = len(state.get("leases", [])) if isinstance(state, dict) else None
+        outcomes: dict[str, int] = {}
+        for phase in ("holding", "closed", "escalated", "guarding", "confirming", "quarantining"):
+            c = await client.count_workflows(
+                f"WorkflowType = '{WF_REMEDIATE}' AND SickbayPhase = '{phase}'"
+            )
+            if c.count:
+                outcomes[phase] = c.count
+        budget_limit = round(nodes * gpus_per_node * float(cluster_budget.rstrip("%")) / 100)
+        quarantine_s = (max(r["time"] for r in creates) - t_start) if creates else None
+        return {
+            "twin": f"{nodes} nodes x {gpus_per_node} GPUs (mig, 2 slices each)",
+            "boot_seconds": round(boot_s, 1),
+            "alerts": alerts,
+            "devices": devices,
+            "notifications": len(batches),
+            "per_notification": per_notification,
+            "send_seconds": round(t_sent - t_start, 2),
+            "offered_rate": round(alerts / seconds),
+            "achieved_rate": round(sum(n for _, n in acked) / max(1e-9, t_sent - t_start)),
+            "codes": codes,
+            "retried": retried,
+            "failed_notifications": failed_batches,
+            "webhook_ms": summary(post_ms),
+            "workflow_ids": len([1 for t in start_times]),
+            "workflow_runs": runs_total,
+            "runs_visible": started,
+            "escalation_notifications": pages,
+            "alerts_lost": lost,
+            "distinct_alerts": sum(len(v) for v in expected.values()),
+            "budget": f"maxPerCluster {cluster_budget} = {budget_limit} GPUs",
+            "budget_limit": budget_limit,
+            "rules_created": len(creates),
+            "gpus_quarantined": quarantined,
+            "budget_leases_held": leases,
+            "budget_exceeded": quarantined > budget_limit,
+            "phases": outcomes,
+            "quarantine_all_in_budget_s": quarantine_s,
+            "progress": {
+                "acked": sorted((t - t_start, n) for t, n in acked),
+                "started": sorted(t - t_start for t in start_times),
+                "rules": sorted(r["time"] - t_start for r in creates),
+            },
+        }
+    finally:
+        await asyncio.to_thread(stack.stop)
