@@ -214,6 +214,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             except StackError as err:
                 code = 2
                 write(f"\nthe stack did not start: {err}")
+                write(f"logs of every process: {stack.dir}/logs/ (kept)")
                 return code
             say(f"up in {time.monotonic() - started:.1f} s", tag="stack")
             _print_stack(say, stack)
@@ -230,7 +231,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 _print_keep(write, stack)
             else:
                 say("stopping the stack", tag="stack")
-                stack.stop()
+                stack.stop(keep_files=code != 0)
                 say("stopped: nothing left running", tag="stack")
     write(f"\nwall time {say.elapsed():.1f} s")
     return code
@@ -247,7 +248,8 @@ async def _play(stack: Stack, name: str, say: Progress, write: Callable[[str], N
             code = 1
             write(f"\nFAILED: {err}")
             assert stack.info is not None
-            write(f"logs: {stack.info.state_dir}/logs/ (kept only with --keep)")
+            write(f"logs of every process: {stack.info.state_dir}/logs/ (kept)")
+        await demo.settle()
         await _report(demo, write)
     finally:
         await demo.close()

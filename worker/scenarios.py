@@ -128,6 +128,11 @@ class Demo:
         kube = httpx.AsyncClient(base_url=info.kube_url, timeout=10.0)
         return cls(stack, client, kube, say or Progress())
 
+    async def settle(self, within: float = 3.0) -> None:
+        """Let the phase watchers print their last change (they end at `closed`)."""
+        if self._watchers:
+            await asyncio.wait(self._watchers, timeout=within)
+
     async def close(self) -> None:
         for task in self._watchers:
             task.cancel()
@@ -435,9 +440,14 @@ class Demo:
         return result
 
     async def timeline(self, incident: Incident) -> list[TimelineEntry]:
-        if incident.result is not None:
-            return incident.result.timeline
-        return await self.handle(incident.workflow_id).query(DeviceRemediationWorkflow.timeline)
+        """The workflow's `timeline` query (answered by the worker, closed runs too); the
+        result's copy if the query cannot be answered."""
+        try:
+            return await self.handle(incident.workflow_id).query(DeviceRemediationWorkflow.timeline)
+        except RPCError:
+            if incident.result is not None:
+                return incident.result.timeline
+            raise
 
     async def notifications(self, since: int = 0) -> list[dict[str, Any]]:
         return (await asyncio.to_thread(self.stack.notifications))[since:]

@@ -515,14 +515,15 @@ class Stack:
         (self.dir / "stack.json").write_text(json.dumps(asdict(info), indent=2))
         return info
 
-    def stop(self) -> None:
-        """Stop every child (reverse order), then remove a temporary state directory."""
+    def stop(self, keep_files: bool = False) -> None:
+        """Stop every child (reverse order), then remove a temporary state directory (unless
+        `keep_files`: after a failure its logs explain what happened)."""
         if self._stopped:
             return
         self._stopped = True
         for child in reversed(self.children):
             child.stop()
-        if self._owned_dir and not self.config.keep:
+        if self._owned_dir and not self.config.keep and not keep_files:
             shutil.rmtree(self.dir, ignore_errors=True)
         else:
             with contextlib.suppress(OSError):
