@@ -120,7 +120,8 @@ def known_env_names() -> frozenset[str]:
                 and value is not BaseSettings
             ):
                 names |= _settings_env_names(value)
-    for package in ("worker", "activities", "simulator"):
+    # tests/containers reads SICKBAY_REQUIRE_DOCKER / SICKBAY_TEST_K3S_IMAGE.
+    for package in ("worker", "activities", "simulator", "tests/containers"):
         for path in (ROOT / package).rglob("*.py"):
             names |= set(_ENV_LITERAL.findall(path.read_text()))
     names |= set(_ENV_LITERAL.findall(DOCKERFILE.read_text()))
