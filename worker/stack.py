@@ -186,14 +186,15 @@ def _http(
 # --------------------------------------------------------------------------------------------
 
 
-def _scaled(key: str, value: Any, scale: float) -> tuple[str, float] | None:
+def _scaled(key: str, value: Any, scale: float) -> str | None:
+    """`value` (a runbook duration) divided by `scale`, at least MIN_SECONDS[key], as `"10s"`."""
     from workflows.models import parse_duration
 
     td = parse_duration(value)
     if not isinstance(td, timedelta):
         return None
     seconds = max(MIN_SECONDS[key], round(td.total_seconds() / scale, 1))
-    return (f"{seconds:g}s", td.total_seconds())
+    return f"{seconds:g}s"
 
 
 def demo_runbooks(
@@ -223,8 +224,8 @@ def demo_runbooks(
                 if key in DURATION_KEYS and isinstance(value, str | int | float):
                     scaled = _scaled(key, value, scale)
                     if scaled is not None:
-                        node[key] = scaled[0]
-                        durations.append(f"{where}{key} {value}->{scaled[0]}")
+                        node[key] = scaled
+                        durations.append(f"{where}{key} {value}->{scaled}")
                 else:
                     walk(value, f"{where}{key}.")
 
@@ -234,6 +235,7 @@ def demo_runbooks(
         scale_up = spec.get("scaleUp") or {}
         if scale_up.get("enabled") and cloud_endpoint:
             shipped_provider = scale_up.get("provider") or "pool " + str(scale_up.get("pool"))
+            shipped_max = scale_up.get("maxSize", "unset")
             scale_up["pool"] = {
                 "provider": "sim",
                 "name": pool,
@@ -244,8 +246,7 @@ def demo_runbooks(
             scale_up["maxSize"] = pool_max
             changes.append(
                 f"{name}: scale-up via the twin's GKE-shaped cloud API, pool {pool}, "
-                f"max {pool_max} nodes (shipped: provider {shipped_provider}, "
-                "max 8)"
+                f"max {pool_max} nodes (shipped: provider {shipped_provider}, max {shipped_max})"
             )
         if name == "inference":
             spec["budget"] = {"maxPerPool": "100%", "maxPerCluster": "100%"}
