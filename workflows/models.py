@@ -42,16 +42,19 @@ def parse_duration(value: Any) -> Any:
     """Accept `90`, `"90s"`, `"5m"`, `"1h30m"`, `"2d"` as well as ISO 8601 / timedelta."""
     if isinstance(value, timedelta):
         return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return timedelta(seconds=value)
-    if isinstance(value, str):
-        text = value.strip()
-        if re.fullmatch(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+", text):
-            unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-            total = sum(float(n) * unit[u] for n, u in _DURATION_PART.findall(text))
-            return timedelta(seconds=total)
-        if re.fullmatch(r"\d+(?:\.\d+)?", text):
-            return timedelta(seconds=float(text))
+    try:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return timedelta(seconds=value)
+        if isinstance(value, str):
+            text = value.strip()
+            if re.fullmatch(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+", text):
+                unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+                total = sum(float(n) * unit[u] for n, u in _DURATION_PART.findall(text))
+                return timedelta(seconds=total)
+            if re.fullmatch(r"\d+(?:\.\d+)?", text):
+                return timedelta(seconds=float(text))
+    except OverflowError:  # e.g. 1e20 seconds: a validation error, not a crash
+        raise ValueError(f"duration {value!r} is out of range") from None
     return value  # let pydantic try ISO 8601 and report a clear error
 
 
