@@ -1,0 +1,167 @@
+"""Fixtures for the fault drills: the embedded stack (worker/stack.py) with a worker the drill
+can SIGKILL and replace, and counters read from the twin's request log, the twin's cloud API
+and the notification sink.
+
+A drill stack runs the twin and the demo runbooks 30x faster (as `sickbay demo`), on free
+ports, without the Web UI. `Drill.kill_worker()` sends SIGKILL (no graceful shutdown: the
+in-flight workflow task and activities are simply lost) and `Drill.start_worker()` starts a
+fresh `sickbay worker` with the stack's environment (optionally another kubeconfig).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from worker.scenarios import Demo, Progress
+from worker.stack import Child, Stack, StackConfig, free_port
+
+TIME_SCALE = 30.0
+
+
+def worker_argv() -> list[str]:
+    # Local override while the worker process lands (a script path run with this Python).
+    override = os.environ.get("SICKBAY_DRILLS_WORKER")
+    if override:
+        return [override]
+    if importlib.util.find_spec("worker.main") is None:
+        pytest.skip("the worker process (worker/main.py, `sickbay worker`) is not built yet")
+    return ["-m", "worker.cli", "worker"]
+
+
+def start_stack(tmp: Path, **overrides: Any) -> Stack:
+    config = StackConfig(
+        time_scale=TIME_SCALE,
+        temporal_port=free_port(),
+        ui=False,
+        state_dir=tmp,
+        worker_argv=worker_argv(),
+        notes=lambda text: print(text, file=sys.stderr),
+        **overrides,
+    )
+    stack = Stack(config)
+    stack.__enter__()
+    return stack
+
+
+@dataclass
+class Drill:
+    stack: Stack
+    demo: Demo
+
+    @property
+    def info(self) -> Any:
+        assert self.stack.info is not None
+        return self.stack.info
+
+    # -- the worker ----------------------------------------------------------------------------
+
+    def workers(self) -> list[Child]:
+        return [c for c in self.stack.children if c.name == "worker"]
+
+    def kill_worker(self) -> int:
+        """SIGKILL every running worker; returns how many were killed."""
+        killed = 0
+        for child in self.workers():
+            if child.alive():
+                os.kill(child.pid, signal.SIGKILL)
+                child.popen.wait(10)
+                killed += 1
+            self.stack.children.remove(child)  # dead on purpose: not a stack failure
+        return killed
+
+    def start_worker(self, kubeconfig: str | None = None) -> Child:
+        env = self.stack.sickbay_env()
+        secrets = Path(self.stack.dir) / "secrets"
+        env["SICKBAY_WEBHOOK_TOKEN_FILE"] = str(secrets / "webhook-token")
+        env["SICKBAY_SIM_CLOUD_TOKEN_FILE"] = str(secrets / "cloud-token")
+        env["SICKBAY_METRICS_PORT"] = str(free_port())
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = kubeconfig
+        n = len(list((Path(self.stack.dir) / "logs").glob("worker*.log")))
+        log_path = Path(self.stack.dir) / "logs" / f"worker-{n + 1}.log"
+        with open(log_path, "ab") as out:
+            popen = subprocess.Popen(
+                [sys.executable, *self.stack.config.worker_argv],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=str(Path(__file__).resolve().parents[2]),
+            )
+        child = Child("worker", popen, log_path)
+        self.stack.children.append(child)  # stopped with the stack
+        return child
+
+    # -- what the world saw ----------------------------------------------------------------------
+
+    def kube_requests(self, **filters: str) -> list[dict[str, Any]]:
+        resp = httpx.get(f"{self.info.kube_url}/sim/requests", params=filters, timeout=30)
+        resp.raise_for_status()
+        return list(resp.json()["items"])
+
+    def rule_creates(self) -> list[dict[str, Any]]:
+        """Successful DeviceTaintRule creates (each one a taint put on a device)."""
+        return [
+            r
+            for r in self.kube_requests(verb="create", resource="devicetaintrules")
+            if r["status"] < 300
+        ]
+
+    def rules(self) -> list[dict[str, Any]]:
+        for version in ("v1", "v1beta2", "v1alpha3"):
+            r = httpx.get(
+                f"{self.info.kube_url}/apis/resource.k8s.io/{version}/devicetaintrules",
+                timeout=30,
+            )
+            if r.status_code == 200:
+                return list(r.json()["items"])
+        return []
+
+    def resize_operations(self) -> list[dict[str, Any]]:
+        """The twin cloud API's resize operations (one per accepted setSize request)."""
+        token = (Path(self.stack.dir) / "secrets" / "cloud-token").read_text().strip()
+        r = httpx.get(
+            f"{self.info.cloud_url}/v1/projects/sim/locations/local/operations",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+        r.raise_for_status()
+        return list(r.json().get("operations") or [])
+
+    def notifications(self) -> list[dict[str, Any]]:
+        return self.stack.notifications()
+
+    def api_fault(self, kind: str, verb: str = "*", resource: str = "*", **extra: Any) -> int:
+        body = {"kind": kind, "verb": verb, "resource": resource, **extra}
+        return int(self.stack.twin("POST", "/sim/api-faults", body)["id"])
+
+    def api_faults(self) -> list[dict[str, Any]]:
+        return list(self.stack.twin("GET", "/sim/api-faults")["items"])
+
+    def clear_api_faults(self) -> None:
+        self.stack.twin("DELETE", "/sim/api-faults")
+
+
+@contextlib.asynccontextmanager
+async def drill_stack(tmp: Path, **overrides: Any) -> AsyncIterator[Drill]:
+    stack = start_stack(tmp, **overrides)
+    demo = None
+    try:
+        demo = await Demo.open(stack, Progress(lambda line: print(line, file=sys.stderr)))
+        yield Drill(stack, demo)
+    finally:
+        if demo is not None:
+            await demo.close()
+        stack.stop()
