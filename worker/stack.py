@@ -44,6 +44,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -155,6 +156,20 @@ class Child:
             with contextlib.suppress(ProcessLookupError):
                 self.popen.kill()
             self.popen.wait(5)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Ignore SIGINT/SIGTERM while stopping children (main thread only; others cannot)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _http(
@@ -518,15 +533,20 @@ class Stack:
 
     def stop(self, keep_files: bool = False) -> None:
         """Stop every child (reverse order), then remove a temporary state directory (unless
-        `keep_files`: after a failure its logs explain what happened)."""
+        `keep_files`: after a failure its logs explain what happened). A second Ctrl-C while
+        stopping does not interrupt the shutdown."""
         if self._stopped:
             return
         self._stopped = True
-        for child in reversed(self.children):
-            child.stop()
+        with _signals_deferred():
+            for child in reversed(self.children):
+                child.stop()
         if self._owned_dir and not self.config.keep and not keep_files:
             shutil.rmtree(self.dir, ignore_errors=True)
         else:
+            # A kept directory (`up`, `--keep`, a failure) keeps logs, runbooks and kubeconfig;
+            # the tokens of processes that no longer run go.
+            shutil.rmtree(self.dir / "secrets", ignore_errors=True)
             with contextlib.suppress(OSError):
                 (self.dir / "stack.json").unlink()
 
