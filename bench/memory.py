@@ -20,7 +20,7 @@ from bench.stacks import open_stack, webhook_token, worker_pid
 from workflows.constants import WF_REMEDIATE
 
 
-async def run(count: int = 1000, per_notification: int = 50) -> dict[str, Any]:
+async def run(count: int = 1000, per_notification: int = 20, rate: float = 20.0) -> dict[str, Any]:
     from worker.settings import Settings
     from worker.temporal import connect
 
@@ -42,6 +42,9 @@ async def run(count: int = 1000, per_notification: int = 50) -> dict[str, Any]:
         t0 = time.monotonic()
         async with httpx.AsyncClient(timeout=60.0) as http:
             for i in range(0, len(alerts), per_notification):
+                # Paced (`rate` alerts/s): this measures memory in flight; the storm measures
+                # arrival at 2,000/s.
+                await asyncio.sleep(max(0.0, t0 + i / rate - time.monotonic()))
                 await http.post(
                     info.webhook_url,
                     json=notification(alerts[i : i + per_notification]),
@@ -49,27 +52,37 @@ async def run(count: int = 1000, per_notification: int = 50) -> dict[str, Any]:
                 )
                 samples.append((time.monotonic() - t0, rss_mb(pid)))
 
-        async def holding() -> bool:
+        async def settled() -> bool:
             samples.append((time.monotonic() - t0, rss_mb(pid)))
-            c = await client.count_workflows(
+            held = await client.count_workflows(
                 f"WorkflowType = '{WF_REMEDIATE}' AND SickbayPhase = 'holding'"
             )
-            return c.count >= count
+            ended = await client.count_workflows(
+                f"WorkflowType = '{WF_REMEDIATE}' AND ExecutionStatus != 'Running'"
+            )
+            return held.count + ended.count >= count
 
         with contextlib.suppress(TimeoutError):
-            await until(f"{count} remediations holding", holding, 300.0, 1.0)
+            await until(f"{count} remediations holding or ended", settled, 240.0, 1.0)
         held = (
             await client.count_workflows(
                 f"WorkflowType = '{WF_REMEDIATE}' AND SickbayPhase = 'holding'"
             )
         ).count
         all_in = time.monotonic() - t0
+        failed = (
+            await client.count_workflows(
+                f"WorkflowType = '{WF_REMEDIATE}' AND ExecutionStatus = 'Failed'"
+            )
+        ).count
         await asyncio.sleep(5.0)  # settle: the cache holds every workflow now
         in_flight = rss_mb(pid)
         samples.append((time.monotonic() - t0, in_flight))
         return {
             "remediations": count,
             "holding": held,
+            "failed": failed,
+            "alert_rate": rate,
             "seconds_to_all_holding": round(all_in, 1),
             "rss_idle_mb": round(idle, 1),
             "rss_in_flight_mb": round(in_flight, 1),

@@ -31,13 +31,25 @@ from typing import Any
 
 import httpx
 from temporalio.api.enums.v1 import EventType
+from temporalio.service import RPCError
 
-from bench.common import dcgm_alert, gpus, notification, rule_creations, set_budget, summary, until
-from bench.stacks import open_stack, webhook_token
+from bench.common import (
+    dcgm_alert,
+    gpus,
+    notification,
+    rss_mb,
+    rule_creations,
+    set_budget,
+    summary,
+    until,
+)
+from bench.stacks import open_stack, webhook_token, worker_pid
 from workflows.constants import (
     ANN_DEVICE_KEY,
+    BUDGET_WORKFLOW_ID,
     LABEL_MANAGED_BY,
     MANAGED_BY_VALUE,
+    QRY_BUDGET_STATE,
     WF_REMEDIATE,
     device_workflow_id,
 )
@@ -112,6 +124,7 @@ async def run(
     per_notification: int = 20,
     concurrency: int = 64,
     cluster_budget: str = "1%",
+    settle: float = 180.0,
 ) -> dict[str, Any]:
     from worker.settings import Settings
     from worker.temporal import connect
@@ -135,6 +148,17 @@ async def run(
         storm = storm_alerts(chosen, alerts)
         batches = [storm[i : i + per_notification] for i in range(0, len(storm), per_notification)]
         interval = seconds / len(batches)
+        pid = worker_pid(stack)
+        rss: list[tuple[float, float]] = []
+        t_origin = time.time()
+
+        async def sample_rss() -> None:
+            while True:
+                with contextlib.suppress(OSError):
+                    rss.append((time.time() - t_origin, rss_mb(pid)))
+                await asyncio.sleep(1.0)
+
+        rss_task = asyncio.create_task(sample_rss())
         token = webhook_token(stack)
         headers = {"Authorization": f"Bearer {token}"}
         post_ms: list[float] = []
@@ -188,7 +212,7 @@ async def run(
             return count.count >= len(ids)
 
         with contextlib.suppress(TimeoutError):
-            await until("every remediation past the budget guard", settled, 120.0, 1.0)
+            await until("every remediation past the budget guard", settled, settle, 1.0)
         await asyncio.sleep(2.0)  # stragglers: a late create would show a budget breach
         creates = [r for r in rule_creations(info.kube_url) if r["time"] >= t_start]
         started = (await client.count_workflows(f"WorkflowType = '{WF_REMEDIATE}'")).count
@@ -211,8 +235,12 @@ async def run(
             lost += len(expected.get(wid, set()) - got)
         quarantined = quarantined_gpus(info.kube_url, creates)
         pages = len(stack.notifications())
-        state = await client.get_workflow_handle("sickbay-budget").query("state")
-        leases = len(state.get("leases", [])) if isinstance(state, dict) else None
+        try:
+            state = await client.get_workflow_handle(BUDGET_WORKFLOW_ID).query(QRY_BUDGET_STATE)
+            leases = len(state.get("leases", [])) if isinstance(state, dict) else None
+        except RPCError:  # no remediation reached the budget guard
+            leases = None
+        rss_task.cancel()
         outcomes: dict[str, int] = {}
         for phase in ("holding", "closed", "escalated", "guarding", "confirming", "quarantining"):
             c = await client.count_workflows(
@@ -220,6 +248,11 @@ async def run(
             )
             if c.count:
                 outcomes[phase] = c.count
+        failed_runs = (
+            await client.count_workflows(
+                f"WorkflowType = '{WF_REMEDIATE}' AND ExecutionStatus = 'Failed'"
+            )
+        ).count
         budget_limit = round(nodes * gpus_per_node * float(cluster_budget.rstrip("%")) / 100)
         quarantine_s = (max(r["time"] for r in creates) - t_start) if creates else None
         return {
@@ -249,7 +282,11 @@ async def run(
             "budget_leases_held": leases,
             "budget_exceeded": quarantined > budget_limit,
             "phases": outcomes,
+            "failed_runs": failed_runs,
             "quarantine_all_in_budget_s": quarantine_s,
+            "settle_bound_s": settle,
+            "worker_rss_peak_mb": round(max((v for _, v in rss), default=0.0), 1),
+            "worker_rss": [(round(t - (t_start - t_origin), 1), round(v, 1)) for t, v in rss],
             "progress": {
                 "acked": sorted((t - t_start, n) for t, n in acked),
                 "started": sorted(t - t_start for t in start_times),
