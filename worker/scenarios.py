@@ -662,7 +662,7 @@ async def vgpu_correlated(demo: Demo) -> None:
     await demo.namespace(ns, device_class=VGPU_CLASS)
     await demo.deployment(ns, "desktop", replicas=2)
     running = await demo.running(ns, "desktop", count=2)
-    gpus = {}
+    gpus: dict[str, dict[str, Any]] = {}
     for _pod, device in running:
         gpu = await demo.gpu(device)
         gpus.setdefault(gpu["uuid"], gpu)

@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sink = Sink(args.out)
     server = serve(args.host, args.port, sink)
-    host, port = server.server_address[:2]
-    print(f"notification sink listening on http://{host}:{port}", flush=True)
+    port = server.server_address[1]
+    print(f"notification sink listening on http://{args.host}:{port}", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
