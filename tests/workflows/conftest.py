@@ -1,0 +1,31 @@
+"""Workflow-test fixtures: the time-skipping server knows Sickbay's search attributes.
+
+The Java test server implements AddSearchAttributes but not ListSearchAttributes, so
+worker.temporal.ensure_search_attributes cannot be used there; register them directly.
+"""
+
+from __future__ import annotations
+
+import pytest
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from workflows.constants import DEFAULT_NAMESPACE, SEARCH_ATTRIBUTES
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def _search_attributes(time_skipping_env: WorkflowEnvironment) -> None:
+    try:
+        await time_skipping_env.client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(
+                namespace=DEFAULT_NAMESPACE,
+                search_attributes={
+                    name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for name in SEARCH_ATTRIBUTES
+                },
+            )
+        )
+    except RPCError as exc:  # already registered by another test module's fixture
+        if "already" not in exc.message.lower():
+            raise

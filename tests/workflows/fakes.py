@@ -1,0 +1,363 @@
+"""Name-matched activity fakes for the remediation workflow tests.
+
+`FakeWorld` plays the cluster, the budget, the node pool and the channels: each activity is an
+`@activity.defn(name=<constant>)` closure that records its call and answers from the scripted
+state, so a test changes one field (e.g. `eviction_reports`) to drive one branch.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity
+from temporalio.client import Client, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
+
+from activities.runbooks import load_dir
+from workflows.budget import BudgetWorkflow
+from workflows.constants import (
+    ACT_ACQUIRE_BUDGET,
+    ACT_CHECK_HEALTH,
+    ACT_COUNT_DEVICES,
+    ACT_EVICT_PODS,
+    ACT_FIND_CONSUMERS,
+    ACT_GATHER_EVIDENCE,
+    ACT_LOAD_RUNBOOKS,
+    ACT_NOTIFY,
+    ACT_PREVIEW_QUARANTINE,
+    ACT_QUARANTINE,
+    ACT_RECORD_EVENT,
+    ACT_RELEASE_BUDGET,
+    ACT_RELEASE_QUARANTINE,
+    ACT_REQUEST_CAPACITY,
+    ACT_RESOLVE_DEVICE,
+    ACT_WAIT_EVICTION,
+    ACT_WAIT_REPLACEMENT,
+    QRY_STATUS,
+    WF_REMEDIATE,
+    device_workflow_id,
+    taint_rule_name,
+)
+from workflows.models import (
+    AlertEvidence,
+    BudgetDecision,
+    BudgetLeaseRequest,
+    BudgetReleaseRequest,
+    CapacityRequest,
+    CapacityResult,
+    CheckHealthInput,
+    Consumer,
+    ConsumersResult,
+    CountDevicesInput,
+    DeviceCounts,
+    DeviceRef,
+    DraDevice,
+    EvictionReport,
+    EvictPodsInput,
+    EvictPodsResult,
+    Evidence,
+    EvidenceInput,
+    FindConsumersInput,
+    HealthResult,
+    NotifyInput,
+    NotifyResult,
+    OwnerRef,
+    Phase,
+    PodRef,
+    QuarantineInput,
+    QuarantineResult,
+    RecordEventInput,
+    ReleaseInput,
+    ReleaseResult,
+    RemediationInput,
+    RemediationResult,
+    RemediationStatus,
+    ResolvedDevice,
+    ResolveDeviceInput,
+    Runbook,
+    RunbookSet,
+    WaitEvictionInput,
+    WaitReplacementInput,
+)
+from workflows.remediation import DeviceRemediationWorkflow
+
+RUNBOOKS_DIR = Path(__file__).resolve().parents[2] / "runbooks"
+NODE = "gpu-node-1"
+
+
+def shipped_runbooks() -> list[Runbook]:
+    return load_dir(RUNBOOKS_DIR).runbooks
+
+
+def make_runbook(name: str, precedence: int = 10, **spec: Any) -> Runbook:
+    """A runbook from camelCase spec keys, as it would be written in YAML."""
+    return Runbook.model_validate(
+        {
+            "apiVersion": "sickbay/v1",
+            "kind": "Runbook",
+            "metadata": {"name": name},
+            "spec": {"precedence": precedence, **spec},
+        }
+    )
+
+
+def xid_alert(xid: int = 79, fingerprint: str = "fp-79", **kw: Any) -> AlertEvidence:
+    return AlertEvidence(
+        source="alertmanager",
+        alertname="GpuXidError",
+        fingerprint=fingerprint,
+        xid=xid,
+        labels={"Hostname": NODE},
+        **kw,
+    )
+
+
+def deployment_consumer(name: str = "llm-7d9f-abcde", ns: str = "serving") -> Consumer:
+    return Consumer(
+        pod=PodRef(namespace=ns, name=name, uid=f"uid-{name}"),
+        node=NODE,
+        phase="Running",
+        claim=f"{name}-gpu",
+        owner=OwnerRef(kind="ReplicaSet", name="llm-7d9f", namespace=ns),
+        top_owner=OwnerRef(kind="Deployment", name="llm", namespace=ns),
+    )
+
+
+@dataclass
+class FakeWorld:
+    node: str = NODE
+    gpu_uuid: str = field(default_factory=lambda: f"GPU-{uuid.uuid4()}")  # unique per test
+    node_pool: str = "pool-a"
+    health: str | None = "Unhealthy"
+    later_health: str | None = "Unhealthy"  # check-device-health during the hold
+    consumers: list[Consumer] = field(default_factory=lambda: [deployment_consumer()])
+    runbooks: list[Runbook] = field(default_factory=shipped_runbooks)
+    counts: DeviceCounts = field(
+        default_factory=lambda: DeviceCounts(pool_devices=8, cluster_devices=16)
+    )
+    budget_granted: bool = True
+    use_real_budget: bool = False
+    eviction_reports: list[EvictionReport] = field(default_factory=list)  # consumed in order
+    replacement_reports: list[Any] = field(default_factory=list)  # consumed in order
+    capacity: CapacityResult | ApplicationError = field(
+        default_factory=lambda: CapacityResult(status="requested", current_size=2, target_size=3)
+    )
+    notify_failures: int = 0  # first N notify calls raise a retryable error
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+
+    @property
+    def device(self) -> ResolvedDevice:
+        return ResolvedDevice(
+            node=self.node,
+            gpu_uuid=self.gpu_uuid,
+            node_pool=self.node_pool,
+            devices=[DraDevice(driver="gpu.nvidia.com", pool=self.node, device="gpu-0")],
+            device_class="gpu.nvidia.com",
+            taint_api_version="v1",
+        )
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+    def args(self, name: str) -> list[Any]:
+        return [arg for n, arg in self.calls if n == name]
+
+    def activities(self) -> list[Callable[..., Any]]:
+        world = self
+
+        @activity.defn(name=ACT_LOAD_RUNBOOKS)
+        async def load_runbooks() -> RunbookSet:
+            world.calls.append((ACT_LOAD_RUNBOOKS, None))
+            return RunbookSet(runbooks=world.runbooks, source="test")
+
+        @activity.defn(name=ACT_RESOLVE_DEVICE)
+        async def resolve(req: ResolveDeviceInput) -> ResolvedDevice:
+            world.calls.append((ACT_RESOLVE_DEVICE, req))
+            if req.device.gpu_uuid and req.device.gpu_uuid != world.gpu_uuid:
+                # Several devices in one test (budget race): echo what was asked for.
+                return world.device.model_copy(
+                    update={"node": req.device.node, "gpu_uuid": req.device.gpu_uuid}
+                )
+            return world.device
+
+        @activity.defn(name=ACT_GATHER_EVIDENCE)
+        async def evidence(req: EvidenceInput) -> Evidence:
+            world.calls.append((ACT_GATHER_EVIDENCE, req))
+            return Evidence(health=world.health)  # type: ignore[arg-type]
+
+        @activity.defn(name=ACT_FIND_CONSUMERS)
+        async def consumers(req: FindConsumersInput) -> ConsumersResult:
+            world.calls.append((ACT_FIND_CONSUMERS, req))
+            return ConsumersResult(consumers=world.consumers)
+
+        @activity.defn(name=ACT_COUNT_DEVICES)
+        async def count(req: CountDevicesInput) -> DeviceCounts:
+            world.calls.append((ACT_COUNT_DEVICES, req))
+            return world.counts
+
+        @activity.defn(name=ACT_ACQUIRE_BUDGET)
+        async def acquire(req: BudgetLeaseRequest) -> BudgetDecision:
+            world.calls.append((ACT_ACQUIRE_BUDGET, req))
+            if world.budget_granted:
+                return BudgetDecision(granted=True, pool_in_use=1, cluster_in_use=1)
+            return BudgetDecision(
+                granted=False, reason="pool pool-a has 4 of 4 allowed", pool_in_use=4
+            )
+
+        @activity.defn(name=ACT_RELEASE_BUDGET)
+        async def release_budget(req: BudgetReleaseRequest) -> BudgetDecision:
+            world.calls.append((ACT_RELEASE_BUDGET, req))
+            return BudgetDecision(granted=True, reason="released")
+
+        @activity.defn(name=ACT_QUARANTINE)
+        async def quarantine(req: QuarantineInput) -> QuarantineResult:
+            world.calls.append((ACT_QUARANTINE, req))
+            return QuarantineResult(
+                mode="rule",
+                rule_name=taint_rule_name(req.device.node, req.device.gpu_uuid),
+                api_version="resource.k8s.io/v1",
+                action="created",
+            )
+
+        @activity.defn(name=ACT_PREVIEW_QUARANTINE)
+        async def preview(req: QuarantineInput) -> QuarantineResult:
+            world.calls.append((ACT_PREVIEW_QUARANTINE, req))
+            return QuarantineResult(
+                mode="dry-run", action="skipped", would_evict=[c.pod for c in world.consumers]
+            )
+
+        @activity.defn(name=ACT_EVICT_PODS)
+        async def evict(req: EvictPodsInput) -> EvictPodsResult:
+            world.calls.append((ACT_EVICT_PODS, req))
+            if req.delete_if_blocked:
+                return EvictPodsResult(deleted=req.pods)
+            return EvictPodsResult(evicted=req.pods)
+
+        @activity.defn(name=ACT_WAIT_EVICTION)
+        async def wait_eviction(req: WaitEvictionInput) -> EvictionReport:
+            world.calls.append((ACT_WAIT_EVICTION, req))
+            if world.eviction_reports:
+                return world.eviction_reports.pop(0)
+            return EvictionReport(gone=req.pods)
+
+        @activity.defn(name=ACT_WAIT_REPLACEMENT)
+        async def wait_replacement(req: WaitReplacementInput) -> Any:
+            world.calls.append((ACT_WAIT_REPLACEMENT, req))
+            from workflows.models import ReplacementReport
+
+            if world.replacement_reports:
+                return world.replacement_reports.pop(0)
+            return ReplacementReport(status="running")
+
+        @activity.defn(name=ACT_REQUEST_CAPACITY)
+        async def request_capacity(req: CapacityRequest) -> CapacityResult:
+            world.calls.append((ACT_REQUEST_CAPACITY, req))
+            if isinstance(world.capacity, ApplicationError):
+                raise world.capacity
+            return world.capacity
+
+        @activity.defn(name=ACT_NOTIFY)
+        async def notify(req: NotifyInput) -> NotifyResult:
+            world.calls.append((ACT_NOTIFY, req))
+            attempt = activity.info().attempt
+            if attempt <= world.notify_failures:
+                raise ApplicationError(f"channel {req.channel} answered 503 (try {attempt})")
+            return NotifyResult(channel=req.channel, delivered=True, attempt=attempt)
+
+        @activity.defn(name=ACT_RECORD_EVENT)
+        async def record_event(req: RecordEventInput) -> None:
+            world.calls.append((ACT_RECORD_EVENT, req))
+
+        @activity.defn(name=ACT_RELEASE_QUARANTINE)
+        async def release(req: ReleaseInput) -> ReleaseResult:
+            world.calls.append((ACT_RELEASE_QUARANTINE, req))
+            return ReleaseResult(removed=True)
+
+        @activity.defn(name=ACT_CHECK_HEALTH)
+        async def check_health(req: CheckHealthInput) -> HealthResult:
+            world.calls.append((ACT_CHECK_HEALTH, req))
+            return HealthResult(health=world.later_health)  # type: ignore[arg-type]
+
+        acts: list[Callable[..., Any]] = [
+            load_runbooks,
+            resolve,
+            evidence,
+            consumers,
+            count,
+            quarantine,
+            preview,
+            evict,
+            wait_eviction,
+            wait_replacement,
+            request_capacity,
+            notify,
+            record_event,
+            release,
+            check_health,
+        ]
+        if not self.use_real_budget:
+            acts += [acquire, release_budget]
+        return acts
+
+
+def new_worker(
+    client: Client,
+    world: FakeWorld,
+    extra_activities: Sequence[Callable[..., Any]] = (),
+    task_queue: str | None = None,
+    replay_every_task: bool = False,
+) -> Worker:
+    return Worker(
+        client,
+        task_queue=task_queue or f"tq-{uuid.uuid4()}",
+        workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
+        activities=[*world.activities(), *extra_activities],
+        # 0: every task replays from history, which catches non-determinism (costs a 10 s
+        # task timeout when a signal races an eviction on the test server; used selectively).
+        **({"max_cached_workflows": 0} if replay_every_task else {}),
+    )
+
+
+async def start(
+    client: Client,
+    worker: Worker,
+    world: FakeWorld,
+    *,
+    alerts: list[AlertEvidence] | None = None,
+    gpu_uuid: str | None = None,
+    **kw: Any,
+) -> WorkflowHandle[Any, RemediationResult]:
+    node, gpu_uuid = world.node, gpu_uuid or world.gpu_uuid
+    inp = RemediationInput(
+        device=DeviceRef(node=node, gpu_uuid=gpu_uuid),
+        alerts=alerts if alerts is not None else [xid_alert()],
+        trigger="alert",
+        **kw,
+    )
+    return await client.start_workflow(
+        WF_REMEDIATE,
+        inp,
+        id=device_workflow_id(node, gpu_uuid),
+        task_queue=worker.task_queue,
+        result_type=RemediationResult,
+    )
+
+
+async def wait_phase(
+    handle: WorkflowHandle[Any, Any], phase: Phase, attempts: int = 200
+) -> RemediationStatus:
+    """Poll the status query until the workflow reaches `phase` (real time, ~10 ms steps)."""
+    import asyncio
+
+    status: RemediationStatus | None = None
+    for _ in range(attempts):
+        status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+        if status.phase is phase:
+            return status
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"workflow never reached {phase}; last status {status}")

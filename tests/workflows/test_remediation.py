@@ -1,0 +1,501 @@
+"""DeviceRemediationWorkflow on the time-skipping server with name-matched activity fakes.
+
+Cases (one per branch of the procedure):
+- happy path: Xid 79 under a Deployment -> inference runbook -> NoExecute rule -> consumers
+  gone -> replacement Running -> hold -> repaired -> rule removed, lease released; history
+  event count <= 60; search attributes kept current;
+- healthy for the cool-down releases without a person;
+- application Xid 13: no taint, owner told (Event + notification), closes not-quarantined;
+- stale evidence: an alert that started hours ago for a device now Healthy -> no taint;
+- budget exhausted: no taint, escalated once, timeline says why;
+- approval: timeout -> escalate (no taint); approve update -> quarantine; approve rejected by
+  the validator outside the approval phase;
+- eviction timeout -> force (delete) -> gone -> continue;
+- eviction-api mode: NoSchedule rule, Eviction API, NoExecute backstop after the timeout;
+- Pending deadline -> scale-up -> capacity -> replacement Running;
+- scale-up at max -> escalate no-capacity;
+- eviction churn reported -> escalate churn;
+- abort while holding -> rule removed, lease released, aborted;
+- failing notification channel: retried, each try in the timeline, one escalation;
+- a non-retryable quarantine error ends in escalation, not a silent stop;
+- dry run: preview only, nothing tainted.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+
+from tests.workflows.fakes import (
+    FakeWorld,
+    deployment_consumer,
+    make_runbook,
+    new_worker,
+    shipped_runbooks,
+    start,
+    wait_phase,
+    xid_alert,
+)
+from tests.workflows.histories import save_history
+from workflows.constants import (
+    ACT_ACQUIRE_BUDGET,
+    ACT_CHECK_HEALTH,
+    ACT_EVICT_PODS,
+    ACT_NOTIFY,
+    ACT_PREVIEW_QUARANTINE,
+    ACT_QUARANTINE,
+    ACT_RECORD_EVENT,
+    ACT_RELEASE_BUDGET,
+    ACT_RELEASE_QUARANTINE,
+    ACT_REQUEST_CAPACITY,
+    ACT_WAIT_EVICTION,
+    ACT_WAIT_REPLACEMENT,
+    ERR_FORBIDDEN,
+    ERR_POOL_AT_MAX,
+    QRY_TIMELINE,
+    SIG_ABORT,
+    SIG_REPAIRED,
+    UPD_APPROVE,
+)
+from workflows.models import (
+    AbortRequest,
+    ApprovalDecision,
+    ApprovalResult,
+    CapacityResult,
+    ChurnDiagnosis,
+    EvictionReport,
+    OwnerRef,
+    Phase,
+    RepairedRequest,
+    ReplacementReport,
+    TimelineEntry,
+)
+
+
+def actions(result_timeline: list[TimelineEntry]) -> list[str]:
+    return [e.action for e in result_timeline]
+
+
+def with_spec(name: str, **spec: object) -> list:
+    """Shipped runbooks with `name` replaced by one built from `spec`."""
+    others = [r for r in shipped_runbooks() if r.name != name]
+    base = next(r for r in shipped_runbooks() if r.name == name)
+    return [
+        *others,
+        make_runbook(name, base.spec.precedence, match={"ownerKinds": ["Deployment"]}, **spec),
+    ]
+
+
+async def test_happy_path(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld()
+    async with new_worker(client, world, replay_every_task=True) as worker:
+        handle = await start(client, worker, world)
+        status = await wait_phase(handle, Phase.HOLDING)
+        assert status.runbook == "inference" and status.failure_class == "unhealthy"
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="GPU reseated"))
+        result = await handle.result()
+
+    assert result.outcome == "released"
+    q = world.args(ACT_QUARANTINE)
+    assert len(q) == 1 and q[0].effect == "NoExecute" and q[0].taint_value == "unhealthy"
+    assert q[0].consumers[0].name == "llm-7d9f-abcde"
+    assert world.args(ACT_WAIT_EVICTION)[0].timeout == timedelta(minutes=2)  # inference runbook
+    assert world.args(ACT_WAIT_REPLACEMENT)[0].deadline == timedelta(minutes=5)
+    assert world.args(ACT_WAIT_REPLACEMENT)[0].owners[0].kind == "Deployment"
+    assert world.names().index(ACT_RELEASE_QUARANTINE) < world.names().index(ACT_RELEASE_BUDGET)
+    assert ACT_NOTIFY not in world.names() and ACT_EVICT_PODS not in world.names()
+    acts = actions(result.timeline)
+    assert acts[0] == "evidence" and acts[-1] == "closed"
+    assert "marked repaired" in acts and "quarantine released" in acts
+    assert result.status.phase is Phase.CLOSED
+
+    history = await handle.fetch_history()
+    events = history.events
+    assert len(events) <= 60, f"happy path took {len(events)} history events"
+    upserts = [
+        e.upsert_workflow_search_attributes_event_attributes
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+    ]
+    assert upserts, "search attributes never upserted"
+    first = upserts[0].search_attributes.indexed_fields
+    assert set(first) >= {"SickbayPhase", "SickbayDevice", "SickbayNode", "SickbayWorkloadClass"}
+    last = upserts[-1].search_attributes.indexed_fields
+    assert last["SickbayPhase"].data == b'"closed"'
+    save_history("happy_path", history)
+    print(f"happy path: {len(events)} history events")
+
+
+async def test_healthy_for_cooldown_releases(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(later_health="Healthy")
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        result = await handle.result()  # time skips through the 5m checks and 30m cool-down
+    assert result.outcome == "released"
+    assert "healthy for the cool-down" in actions(result.timeline)
+    checks = world.args(ACT_CHECK_HEALTH)
+    assert 7 <= len(checks) <= 8  # 30m cool-down at a 5m interval: first Healthy + 6 more
+    assert ACT_RELEASE_QUARANTINE in world.names()
+
+
+async def test_application_xid_does_not_taint(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(health="Healthy")
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(13, "fp-13")])
+        result = await handle.result()
+    assert result.outcome == "not-quarantined"
+    assert result.status.failure_class == "application"
+    assert ACT_QUARANTINE not in world.names() and ACT_ACQUIRE_BUDGET not in world.names()
+    event = world.args(ACT_RECORD_EVENT)[0]
+    assert event.type == "Warning" and event.targets[0].name == "llm-7d9f-abcde"
+    assert "NOT quarantined" in event.message
+    notes = world.args(ACT_NOTIFY)
+    assert [n.channel for n in notes] == ["pagerduty"] and notes[0].incident.severity == "warning"
+
+
+async def test_unhealthy_status_overrides_application_xid(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(health="Unhealthy")
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(13, "fp-13")])
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="bob"))
+        result = await handle.result()
+    assert result.status.failure_class == "unhealthy"
+    assert len(world.args(ACT_QUARANTINE)) == 1
+
+
+async def test_stale_evidence_does_not_taint(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(health="Healthy")
+    old = datetime.now(UTC) - timedelta(hours=6)
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(79, starts_at=old)])
+        result = await handle.result()
+    assert result.outcome == "not-quarantined"
+    assert result.reason.startswith("stale evidence")
+    assert ACT_QUARANTINE not in world.names()
+
+
+async def test_budget_exhausted(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(budget_granted=False)
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    assert result.status.escalation_reason == "budget-exhausted"
+    assert ACT_QUARANTINE not in world.names()
+    assert ACT_RELEASE_BUDGET not in world.names()  # nothing was held
+    assert len(world.args(ACT_NOTIFY)) == 1  # one escalation, one channel
+    denied = next(e for e in result.timeline if e.action == "budget denied")
+    assert "device NOT tainted" in denied.reason and "pool pool-a" in denied.reason
+
+
+async def test_approval_timeout_escalates(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(
+        runbooks=with_spec(
+            "inference",
+            approval={"required": True, "timeout": "10m", "onTimeout": "escalate"},
+            escalation={"channels": ["pagerduty"]},
+        )
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    assert result.status.escalation_reason == "approval-timeout"
+    assert ACT_QUARANTINE not in world.names()
+    assert world.args(ACT_RELEASE_BUDGET), "the lease taken before approval is given back"
+
+
+async def test_approve_update_then_quarantine(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=with_spec("inference", approval={"required": True, "timeout": "1h"}))
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.AWAITING_APPROVAL)
+        reply = await handle.execute_update(
+            UPD_APPROVE,
+            ApprovalDecision(approve=True, actor="carol", reason="go"),
+            result_type=ApprovalResult,
+        )
+        assert reply.accepted
+        await wait_phase(handle, Phase.HOLDING)
+        # The validator refuses a second decision outside the approval phase.
+        try:
+            await handle.execute_update(
+                UPD_APPROVE,
+                ApprovalDecision(approve=True, actor="dave"),
+                result_type=ApprovalResult,
+            )
+            raise AssertionError("update outside awaiting-approval was accepted")
+        except WorkflowUpdateFailedError as exc:
+            assert "not awaiting-approval" in str(exc.cause)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="carol"))
+        result = await handle.result()
+    assert result.outcome == "released"
+    assert len(world.args(ACT_QUARANTINE)) == 1
+    approved = next(e for e in result.timeline if e.action == "approved")
+    assert approved.actor == "carol"
+
+
+async def test_eviction_timeout_then_force(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    pod = deployment_consumer().pod
+    world = FakeWorld(
+        eviction_reports=[
+            EvictionReport(remaining=[pod], timed_out=True),
+            EvictionReport(gone=[pod]),
+        ]
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        result = await handle.result()
+    assert result.outcome == "released"  # forcing worked, no escalation
+    forced = world.args(ACT_EVICT_PODS)
+    assert len(forced) == 1 and forced[0].delete_if_blocked  # inference: force: delete
+    assert ACT_WAIT_REPLACEMENT in world.names()
+
+
+async def test_eviction_timeout_force_fails_escalates(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    pod = deployment_consumer().pod
+    world = FakeWorld(
+        eviction_reports=[
+            EvictionReport(remaining=[pod], timed_out=True),
+            EvictionReport(remaining=[pod], timed_out=True),
+        ]
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    assert result.status.escalation_reason == "eviction-timeout"
+    assert ACT_WAIT_REPLACEMENT not in world.names()
+    assert ACT_RELEASE_QUARANTINE in world.names()
+
+
+async def test_eviction_api_mode_with_backstop(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    pod = deployment_consumer().pod
+    world = FakeWorld(
+        runbooks=with_spec("inference", eviction={"mode": "eviction-api", "timeout": "5m"}),
+        eviction_reports=[
+            EvictionReport(remaining=[pod], timed_out=True),
+            EvictionReport(gone=[pod]),
+        ],
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        result = await handle.result()
+    assert result.outcome == "released"
+    effects = [q.effect for q in world.args(ACT_QUARANTINE)]
+    assert effects == ["NoSchedule", "NoExecute"]  # rule, then the backstop
+    evictions = world.args(ACT_EVICT_PODS)
+    assert len(evictions) == 1 and not evictions[0].delete_if_blocked
+    names = world.names()
+    assert names.index(ACT_EVICT_PODS) < names.index(ACT_WAIT_EVICTION)
+
+
+async def test_pending_deadline_scale_up_success(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(
+        replacement_reports=[
+            ReplacementReport(
+                status="pending",
+                deadline_passed=True,
+                unschedulable_message="0/2 nodes are available: 2 cannot allocate all claims",
+            ),
+            ReplacementReport(status="running"),
+        ]
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="frank"))
+        result = await handle.result()
+    assert result.outcome == "released"
+    req = world.args(ACT_REQUEST_CAPACITY)[0]
+    assert req.pool.provider == "http" and req.pool.name == "pool-a"
+    assert req.max_size == 8 and req.step == 1 and req.idempotency_key
+    waits = world.args(ACT_WAIT_REPLACEMENT)
+    assert [w.deadline for w in waits] == [timedelta(minutes=5), timedelta(minutes=15)]
+    assert ACT_NOTIFY not in world.names()
+
+
+async def test_scale_up_at_max_escalates(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(
+        replacement_reports=[ReplacementReport(status="pending", deadline_passed=True)],
+        capacity=CapacityResult(status="at-max", current_size=8, target_size=8),
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="gina"))
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    assert result.status.escalation_reason == "no-capacity"
+    assert len(world.args(ACT_WAIT_REPLACEMENT)) == 1
+    page = world.args(ACT_NOTIFY)[0]
+    assert page.action == "trigger" and page.incident.severity == "critical"
+    assert "max size" in page.incident.summary
+    # Released later: the page is resolved.
+    assert [n.action for n in world.args(ACT_NOTIFY)] == ["trigger", "resolve"]
+
+
+async def test_scale_up_error_at_max_type_escalates(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(
+        replacement_reports=[ReplacementReport(status="pending", deadline_passed=True)],
+        capacity=ApplicationError("pool at 8/8", type=ERR_POOL_AT_MAX, non_retryable=True),
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_ABORT, AbortRequest(reason="done testing", actor="gina"))
+        result = await handle.result()
+    assert result.outcome == "aborted"
+    assert any(e.action == "escalate" and e.outcome == "no-capacity" for e in result.timeline)
+
+
+async def test_churn_escalates(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    owner = OwnerRef(kind="Deployment", name="llm", namespace="serving")
+    world = FakeWorld(
+        replacement_reports=[
+            ReplacementReport(
+                status="churn",
+                churn=ChurnDiagnosis(
+                    owner=owner,
+                    evictions=3,
+                    diagnosis="DeviceTaintManagerEviction x3: the scheduler ignores the rule",
+                ),
+            )
+        ]
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="hank"))
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    assert result.status.escalation_reason == "churn"
+    assert ACT_REQUEST_CAPACITY not in world.names()
+    assert "scheduler ignores" in world.args(ACT_NOTIFY)[0].incident.summary
+
+
+async def test_abort_while_holding_undoes(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld()
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_ABORT, AbortRequest(reason="false positive", actor="ivy"))
+        result = await handle.result()
+    assert result.outcome == "aborted"
+    assert "false positive" in result.reason
+    assert ACT_RELEASE_QUARANTINE in world.names() and ACT_RELEASE_BUDGET in world.names()
+
+
+async def test_abort_during_approval(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=with_spec("inference", approval={"required": True}))
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.AWAITING_APPROVAL)
+        await handle.signal(SIG_ABORT, AbortRequest(reason="not now", actor="ivy"))
+        result = await handle.result()
+    assert result.outcome == "aborted"
+    assert ACT_QUARANTINE not in world.names()
+    assert ACT_RELEASE_QUARANTINE not in world.names()  # nothing to undo
+    assert ACT_RELEASE_BUDGET in world.names()
+
+
+async def test_failing_channel_retried_and_recorded(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(budget_granted=False, notify_failures=2)
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    assert len(world.args(ACT_NOTIFY)) == 3  # two failures, then delivered
+    delivered = [e for e in result.timeline if e.action.startswith("notify pagerduty")]
+    assert delivered[-1].outcome == "delivered (try 3)"
+
+
+async def test_non_retryable_quarantine_error_escalates(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld()
+    acts = world.activities()
+    from temporalio import activity as act
+
+    @act.defn(name=ACT_QUARANTINE)
+    async def forbidden(req: object) -> None:
+        raise ApplicationError(
+            "cannot create devicetaintrules: forbidden", type=ERR_FORBIDDEN, non_retryable=True
+        )
+
+    from temporalio.worker import Worker
+
+    from workflows.budget import BudgetWorkflow
+    from workflows.remediation import DeviceRemediationWorkflow
+
+    acts = [a for a in acts if getattr(a, "__temporal_activity_definition").name != ACT_QUARANTINE]
+    async with Worker(
+        client,
+        task_queue="tq-forbidden",
+        workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
+        activities=[*acts, forbidden],
+    ) as worker:
+        handle = await start(client, worker, world)
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    assert result.status.escalation_reason == "error"
+    assert "KubeForbidden" in result.reason
+    assert ACT_RELEASE_BUDGET in world.names()
+
+
+async def test_dry_run_previews_only(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld()
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world, dry_run=True)
+        result = await handle.result()
+    assert result.outcome == "dry-run"
+    assert ACT_PREVIEW_QUARANTINE in world.names() and ACT_QUARANTINE not in world.names()
+    assert "serving/llm-7d9f-abcde" in result.reason
+
+
+async def test_timeline_query(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld()
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        timeline = await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
+        await handle.signal(SIG_ABORT, AbortRequest(reason="cleanup", actor="t"))
+        await handle.result()
+    assert [e.action for e in timeline][:3] == ["evidence", "runbook chosen", "classified"]
+    assert all(a.at <= b.at for a, b in zip(timeline, timeline[1:], strict=False))

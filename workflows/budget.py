@@ -1,0 +1,161 @@
+"""`sickbay-budget`: the blast-radius budget, one long-running workflow per namespace.
+
+Every remediation asks it for a lease before tainting a device (update `acquire`) and gives
+the lease back when it releases the device (update `release`). Updates run one at a time on
+the workflow's single thread, so two remediations can never both take the last slot, and the
+leases live in Temporal history, so a worker crash loses nothing.
+
+    start (update-with-start) --> serve acquire/release updates
+        every `reconcile_interval`: ask which holders' workflows have closed
+        (reconcile-budget-leases activity) and drop their leases
+        after `max_updates_per_run` updates or when Temporal suggests it: continue-as-new
+        with the leases as input
+
+Limits come with each request (resolved by the remediation from its runbook and the device
+counts), so one budget workflow serves every runbook; a request is granted only when both the
+holder's pool and the whole cluster stay within the limits the request carries.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.constants import (
+        ACT_RECONCILE_LEASES,
+        QRY_BUDGET_STATE,
+        UPD_BUDGET_ACQUIRE,
+        UPD_BUDGET_RELEASE,
+        WF_BUDGET,
+    )
+    from workflows.models import (
+        BudgetDecision,
+        BudgetLease,
+        BudgetLeaseRequest,
+        BudgetReleaseRequest,
+        BudgetState,
+        ReconcileLeasesInput,
+        ReconcileLeasesResult,
+    )
+
+# Reconcile calls describe each holder (a few RPCs); 30 s covers a slow frontend, 3 attempts,
+# and a failed reconcile is just tried again next interval.
+RECONCILE_TIMEOUT = timedelta(seconds=30)
+RECONCILE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_attempts=3)
+
+
+@workflow.defn(name=WF_BUDGET)
+class BudgetWorkflow:
+    @workflow.init
+    def __init__(self, state: BudgetState) -> None:
+        self._leases: dict[str, BudgetLease] = {lease.holder: lease for lease in state.leases}
+        self._state = state
+        self._updates = 0
+
+    @workflow.update(name=UPD_BUDGET_ACQUIRE)
+    def acquire(self, req: BudgetLeaseRequest) -> BudgetDecision:
+        self._updates += 1
+        held = self._leases.get(req.holder)
+        pool_in_use = sum(1 for lease in self._leases.values() if lease.node_pool == req.node_pool)
+        cluster_in_use = len(self._leases)
+        if held is not None:
+            # Idempotent: an activity retry of the same holder gets the same answer.
+            return BudgetDecision(
+                granted=True,
+                reason="already held",
+                pool_in_use=pool_in_use,
+                cluster_in_use=cluster_in_use,
+            )
+        if pool_in_use >= req.pool_limit:
+            return BudgetDecision(
+                granted=False,
+                reason=f"pool {req.node_pool} has {pool_in_use} of {req.pool_limit} allowed",
+                pool_in_use=pool_in_use,
+                cluster_in_use=cluster_in_use,
+            )
+        if cluster_in_use >= req.cluster_limit:
+            return BudgetDecision(
+                granted=False,
+                reason=f"cluster has {cluster_in_use} of {req.cluster_limit} allowed",
+                pool_in_use=pool_in_use,
+                cluster_in_use=cluster_in_use,
+            )
+        self._leases[req.holder] = BudgetLease(
+            holder=req.holder,
+            device_key=req.device_key,
+            node_pool=req.node_pool,
+            acquired_at=workflow.now(),
+        )
+        workflow.logger.info("budget lease granted to %s (%s)", req.holder, req.device_key)
+        return BudgetDecision(
+            granted=True, pool_in_use=pool_in_use + 1, cluster_in_use=cluster_in_use + 1
+        )
+
+    @acquire.validator
+    def _validate_acquire(self, req: BudgetLeaseRequest) -> None:
+        if not req.holder.strip() or not req.device_key.strip():
+            raise ValueError("a budget lease needs a holder workflow id and a device key")
+
+    @workflow.update(name=UPD_BUDGET_RELEASE)
+    def release(self, req: BudgetReleaseRequest) -> BudgetDecision:
+        self._updates += 1
+        lease = self._leases.pop(req.holder, None)
+        if lease is not None:
+            workflow.logger.info("budget lease of %s released", req.holder)
+        return BudgetDecision(
+            granted=lease is not None,
+            reason="released" if lease is not None else "no lease held",
+            cluster_in_use=len(self._leases),
+        )
+
+    @release.validator
+    def _validate_release(self, req: BudgetReleaseRequest) -> None:
+        if not req.holder.strip():
+            raise ValueError("a budget release needs the holder workflow id")
+
+    @workflow.query(name=QRY_BUDGET_STATE)
+    def state(self) -> BudgetState:
+        return self._snapshot()
+
+    def _snapshot(self) -> BudgetState:
+        return self._state.model_copy(update={"leases": list(self._leases.values())})
+
+    @workflow.run
+    async def run(self, state: BudgetState) -> None:
+        while True:
+            try:
+                await workflow.wait_condition(
+                    lambda: (
+                        self._updates >= state.max_updates_per_run
+                        or workflow.info().is_continue_as_new_suggested()
+                    ),
+                    timeout=state.reconcile_interval,
+                )
+                break  # time to continue as new
+            except TimeoutError:
+                await self._reconcile()
+        # Let in-flight updates finish so their callers get an answer, then start fresh.
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(self._snapshot())
+
+    async def _reconcile(self) -> None:
+        if not self._leases:
+            return
+        try:
+            result = await workflow.execute_activity(
+                ACT_RECONCILE_LEASES,
+                ReconcileLeasesInput(holders=sorted(self._leases)),
+                result_type=ReconcileLeasesResult,
+                start_to_close_timeout=RECONCILE_TIMEOUT,
+                retry_policy=RECONCILE_RETRY,
+            )
+        except ActivityError as err:
+            workflow.logger.warning("lease reconcile failed, retrying next interval: %s", err)
+            return
+        for holder in result.closed:
+            if self._leases.pop(holder, None) is not None:
+                workflow.logger.info("dropped the lease of %s: its workflow is closed", holder)

@@ -1,0 +1,1166 @@
+"""`remediate-gpu-device`: one durable remediation per physical GPU.
+
+State machine (each step a runbook knob; phases are the `SickbayPhase` search attribute):
+
+    received -> confirming --stale / application / ignore / dry-run----------------> closed
+                    | resolve-device, gather-evidence, find-consumers, classify,
+                    | pick runbook (strictest of the consumers')
+                    v
+                guarding --budget exhausted--> escalated -------------------------> closed
+                    | budget lease (sickbay-budget workflow)
+                    v
+          [awaiting-approval] --rejected / timeout per runbook--> escalated / closed
+                    v
+              quarantining   DeviceTaintRule (taint: NoExecute; eviction-api: NoSchedule,
+                    |        Eviction API, NoExecute backstop after the eviction timeout)
+                    v
+                evicting --timeout--> force per policy --still there--> escalated --+
+                    v                                                              |
+         awaiting-replacement --Pending past deadline--> scaling                   |
+                    |   churn -> escalated                 | request-capacity      |
+                    |                                      | at-max / no capacity  |
+                    v                                      v  -> escalated         |
+                 holding <-------------------------------------------------------+
+                    | repaired (signal) or Healthy for release.cooldown
+                    v
+                releasing (remove rule, release lease, resolve page) -> closed
+
+`abort` interrupts any wait: what Sickbay did is undone (rule removed, lease released) and the
+remediation closes as `aborted`. One escalation per incident; escalation is a normal result,
+never an exception. Non-retryable activity errors end in escalation too.
+
+Cheap happy path: the short calls (load-runbooks, resolve, evidence, consumers, budget,
+quarantine, release) are local activities, so alert -> DeviceTaintRule runs inside the first
+workflow task, and a happy remediation stays well under 60 history events.
+
+Versioning: once deployed, any change to the command sequence goes behind
+`workflow.patched("<kebab-id>")` and refreshes tests/histories/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.classify import classify, is_stale, merge_evidence
+    from workflows.constants import (
+        ACT_ACQUIRE_BUDGET,
+        ACT_CHECK_HEALTH,
+        ACT_COUNT_DEVICES,
+        ACT_EVICT_PODS,
+        ACT_FIND_CONSUMERS,
+        ACT_GATHER_EVIDENCE,
+        ACT_LOAD_RUNBOOKS,
+        ACT_NOTIFY,
+        ACT_PREVIEW_QUARANTINE,
+        ACT_QUARANTINE,
+        ACT_RECORD_EVENT,
+        ACT_RELEASE_BUDGET,
+        ACT_RELEASE_QUARANTINE,
+        ACT_REQUEST_CAPACITY,
+        ACT_RESOLVE_DEVICE,
+        ACT_SIGNAL_WITH_START,
+        ACT_WAIT_EVICTION,
+        ACT_WAIT_REPLACEMENT,
+        ERR_POOL_AT_MAX,
+        QRY_STATUS,
+        QRY_TIMELINE,
+        SA_DEVICE,
+        SA_NODE,
+        SA_PHASE,
+        SA_WORKLOAD_CLASS,
+        SIG_ABORT,
+        SIG_ALERT,
+        SIG_ALERT_RESOLVED,
+        SIG_REPAIRED,
+        UPD_APPROVE,
+        WF_REMEDIATE,
+    )
+    from workflows.models import (
+        AbortRequest,
+        AlertEvidence,
+        AlertResolved,
+        ApprovalDecision,
+        ApprovalResult,
+        BudgetDecision,
+        BudgetLeaseRequest,
+        BudgetPolicy,
+        BudgetReleaseRequest,
+        CapacityRequest,
+        CapacityResult,
+        CheckHealthInput,
+        Consumer,
+        ConsumersResult,
+        CountDevicesInput,
+        DeviceCounts,
+        EscalationReason,
+        EventTarget,
+        EvictionReport,
+        EvictPodsInput,
+        EvictPodsResult,
+        Evidence,
+        EvidenceInput,
+        FindConsumersInput,
+        HealthResult,
+        Incident,
+        LaunchRequest,
+        LaunchResult,
+        NodePoolTarget,
+        NotifyInput,
+        NotifyResult,
+        Outcome,
+        OwnerRef,
+        Phase,
+        PodRef,
+        QuarantineInput,
+        QuarantineResult,
+        RecordEventInput,
+        ReleaseInput,
+        ReleaseResult,
+        RemediationCarry,
+        RemediationInput,
+        RemediationResult,
+        RemediationStatus,
+        RepairedRequest,
+        ReplacementReport,
+        ResolvedDevice,
+        ResolveDeviceInput,
+        Runbook,
+        RunbookSet,
+        TimelineEntry,
+        WaitEvictionInput,
+        WaitReplacementInput,
+    )
+    from workflows.runbook_match import select_runbook
+
+T = TypeVar("T")
+
+# --- transport options (operational knobs live in the runbook) --------------------------------
+# Local activities: one Kubernetes/Temporal call each, milliseconds when healthy. 10 s covers a
+# slow API server (the kube client's own request timeout is 10 s); 5 attempts with backoff up
+# to 5 s ride out an API-server restart (~30 s) before the step counts as failed and escalates.
+LOCAL_TIMEOUT = timedelta(seconds=10)
+LOCAL_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=5),
+    maximum_attempts=5,
+)
+# Long waits (watch-based activities): they heartbeat, so a dead worker is noticed within a
+# minute and another worker resumes from the heartbeat details; 3 attempts, then escalate.
+WAIT_HEARTBEAT = timedelta(seconds=60)
+WAIT_MARGIN = timedelta(minutes=2)  # the activity's own deadline fires first and reports
+WAIT_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=5),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=3,
+)
+# Eviction through the API: each pod gets a few 429 (PDB) retries inside the activity.
+EVICT_TIMEOUT = timedelta(minutes=2)
+# After forcing, how long the pods get to go before we escalate.
+FORCE_GRACE = timedelta(minutes=2)
+# Capacity requests go to the pool scaler workflow, which may hold the call while it batches
+# concurrent needs and follows the provider's operation.
+CAPACITY_TIMEOUT = timedelta(minutes=15)
+CAPACITY_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=10),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(minutes=1),
+    maximum_attempts=4,
+)
+# Notifications: a channel failing is retried with backoff for ~10 minutes (6 tries); each
+# try is reported back in NotifyResult and lands in the timeline.
+NOTIFY_TIMEOUT = timedelta(seconds=30)
+NOTIFY_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=10),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(minutes=3),
+    maximum_attempts=6,
+)
+# Continue-as-new during a long hold once history grows past this (periodic health checks).
+HOLD_HISTORY_LIMIT = 2_000
+
+SA_DEVICE_KEY = SearchAttributeKey.for_keyword(SA_DEVICE)
+SA_NODE_KEY = SearchAttributeKey.for_keyword(SA_NODE)
+SA_WORKLOAD_KEY = SearchAttributeKey.for_keyword(SA_WORKLOAD_CLASS)
+SA_PHASE_KEY = SearchAttributeKey.for_keyword(SA_PHASE)
+
+
+# What a failed activity raises in the workflow: ActivityError wrapping the cause for regular
+# activities; local activity failures surface as their cause (ApplicationError / timeout).
+ACTIVITY_FAILED = (ActivityError, ApplicationError, TemporalTimeoutError)
+
+
+class _Aborted(Exception):
+    """Raised inside the workflow when an `abort` signal interrupts a wait."""
+
+
+class _Done(Exception):
+    """Ends the procedure early with an outcome (e.g. after an escalation without taint)."""
+
+    def __init__(self, outcome: Outcome, reason: str) -> None:
+        super().__init__(reason)
+        self.outcome = outcome
+        self.reason = reason
+
+
+def _error_text(err: BaseException) -> str:
+    cause = err.cause if isinstance(err, ActivityError) else err
+    if isinstance(cause, ApplicationError):
+        return f"{cause.type or 'error'}: {cause.message}"
+    if cause is not None:
+        return f"{type(cause).__name__}: {cause}"
+    return str(err)
+
+
+def _error_type(err: BaseException) -> str | None:
+    cause = err.cause if isinstance(err, ActivityError) else err
+    return cause.type if isinstance(cause, ApplicationError) else None
+
+
+@workflow.defn(name=WF_REMEDIATE)
+class DeviceRemediationWorkflow:
+    @workflow.init
+    def __init__(self, inp: RemediationInput) -> None:
+        self._inp = inp
+        info = workflow.info()
+        carry = inp.resume
+        if carry is not None:
+            self._status = carry.status
+            self._timeline = list(carry.timeline)
+            self._alerts = list(carry.alerts)
+        else:
+            self._status = RemediationStatus(
+                workflow_id=info.workflow_id,
+                device=inp.device.key,
+                node=inp.device.node,
+                started_at=workflow.now(),
+                updated_at=workflow.now(),
+                dry_run=inp.dry_run,
+            )
+            self._timeline = []
+            self._alerts = []
+        self._device: ResolvedDevice | None = carry.device if carry else None
+        self._runbook: Runbook | None = carry.runbook if carry else None
+        self._quarantine: QuarantineResult | None = carry.quarantine if carry else None
+        self._lease_held = carry.lease_held if carry else False
+        self._escalated = carry.escalated if carry else False
+        self._healthy_since = carry.healthy_since if carry else None
+        self._consumers: list[Consumer] = []
+        self._abort: AbortRequest | None = None
+        self._undoing = False  # set once an abort is being handled: undo steps run to the end
+        self._repaired: RepairedRequest | None = None
+        self._decision: ApprovalDecision | None = None
+        self._sa_phase: Phase | None = None
+        self._metrics = workflow.metric_meter()
+        if carry is None:
+            self._add_alerts(inp.alerts, initial=True)
+
+    # ---------------------------------------------------------------- messages -------------
+
+    @workflow.signal(name=SIG_ALERT)
+    def alert(self, evidence: AlertEvidence) -> None:
+        self._add_alerts([evidence])
+
+    @workflow.signal(name=SIG_ALERT_RESOLVED)
+    def alert_resolved(self, resolved: AlertResolved) -> None:
+        self._log(
+            "alert resolved",
+            outcome=resolved.alertname or resolved.fingerprint,
+            actor="alertmanager",
+        )
+
+    @workflow.signal(name=SIG_ABORT)
+    def abort(self, req: AbortRequest) -> None:
+        if self._abort is None:
+            self._abort = req
+            self._log("abort requested", actor=req.actor, reason=req.reason)
+
+    @workflow.signal(name=SIG_REPAIRED)
+    def repaired(self, req: RepairedRequest) -> None:
+        if self._repaired is None:
+            self._repaired = req
+            self._log("marked repaired", actor=req.actor, reason=req.note)
+
+    @workflow.update(name=UPD_APPROVE)
+    def approve(self, decision: ApprovalDecision) -> ApprovalResult:
+        self._decision = decision
+        self._log(
+            "approved" if decision.approve else "rejected",
+            actor=decision.actor,
+            reason=decision.reason,
+        )
+        return ApprovalResult(accepted=True, phase=self._status.phase)
+
+    @approve.validator
+    def _validate_approve(self, decision: ApprovalDecision) -> None:
+        if self._status.phase is not Phase.AWAITING_APPROVAL:
+            raise ValueError(
+                f"nothing to approve: the remediation is {self._status.phase.value}, "
+                "not awaiting-approval"
+            )
+        if self._decision is not None:
+            raise ValueError("already decided by " + self._decision.actor)
+
+    @workflow.query(name=QRY_TIMELINE)
+    def timeline(self) -> list[TimelineEntry]:
+        return self._timeline
+
+    @workflow.query(name=QRY_STATUS)
+    def status(self) -> RemediationStatus:
+        return self._status
+
+    # ---------------------------------------------------------------- run ------------------
+
+    @workflow.run
+    async def run(self, inp: RemediationInput) -> RemediationResult:
+        try:
+            if inp.resume is not None:
+                self._log("continued as new", outcome="holding")
+                outcome, reason = await self._hold_and_release()
+            else:
+                outcome, reason = await self._guarded()
+        except _Aborted:
+            outcome, reason = await self._undo_after_abort()
+        except _Done as done:
+            outcome, reason = done.outcome, done.reason
+            await self._release_lease()
+        self._status.outcome = outcome
+        self._enter(Phase.CLOSED, awaiting="")
+        self._log("closed", outcome=outcome, reason=reason)
+        self._metrics.create_counter(
+            "sickbay_remediations_closed", "Remediations closed, by outcome"
+        ).with_additional_attributes(
+            {"outcome": outcome, "workload_class": self._status.workload_class or ""}
+        ).add(1)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return RemediationResult(
+            outcome=outcome, reason=reason, status=self._status, timeline=self._timeline
+        )
+
+    async def _guarded(self) -> tuple[Outcome, str]:
+        """The procedure; a step that fails for good escalates instead of failing the run."""
+        try:
+            return await self._remediate()
+        except ACTIVITY_FAILED as err:
+            why = f"step failed: {_error_text(err)}"
+            await self._escalate("error", why)
+            if self._quarantine is not None:
+                return await self._hold_and_release()
+            raise _Done("escalated", why) from err
+
+    async def _remediate(self) -> tuple[Outcome, str]:
+        inp = self._inp
+        # 1. confirm and classify --------------------------------------------------------
+        self._enter(Phase.CONFIRMING, awaiting="cluster evidence")
+        runbooks = await self._local(ACT_LOAD_RUNBOOKS, None, RunbookSet, "load runbooks")
+        device = await self._local(
+            ACT_RESOLVE_DEVICE, ResolveDeviceInput(device=inp.device), ResolvedDevice, "resolve"
+        )
+        self._device = device
+        self._status.device, self._status.node = device.key, device.node
+        wf_id = workflow.info().workflow_id
+        if device.workflow_id() != wf_id:
+            return await self._hand_over(device)
+        evidence = await self._local(
+            ACT_GATHER_EVIDENCE, EvidenceInput(device=device), Evidence, "gather evidence"
+        )
+        alert_pods = [a.pod for a in self._alerts if a.pod is not None]
+        consumers = await self._local(
+            ACT_FIND_CONSUMERS,
+            FindConsumersInput(device=device, alert_pods=alert_pods),
+            ConsumersResult,
+            "find consumers",
+        )
+        self._consumers = consumers.consumers
+        self._status.consumers = [c.pod for c in self._consumers]
+        selection = select_runbook(runbooks.runbooks, self._consumers, inp.runbook)
+        runbook = self._runbook = selection.runbook
+        self._status.runbook = self._status.workload_class = runbook.name
+        for note in selection.notes:
+            self._log("runbook note", reason=note)
+        self._log("runbook chosen", outcome=runbook.name, reason=selection.why)
+
+        failure_class, why = classify(self._alerts, evidence)
+        self._status.failure_class = failure_class
+        self._log("classified", outcome=failure_class, reason=why)
+        spec = runbook.spec
+        stale, stale_why = is_stale(
+            self._alerts, evidence, workflow.now(), spec.confirm.stale_after
+        )
+        if stale:
+            return "not-quarantined", f"stale evidence: {stale_why}"
+        if (
+            spec.confirm.require_unhealthy_status
+            and inp.trigger not in ("manual", "maintenance")
+            and evidence.health != "Unhealthy"
+        ):
+            return "not-quarantined", (
+                f"runbook {runbook.name} acts only on an Unhealthy pod status; "
+                f"the device reports {evidence.health or 'nothing'}"
+            )
+        action = getattr(spec.on, failure_class)
+        if action == "ignore":
+            return "not-quarantined", f"runbook {runbook.name}: {failure_class} -> ignore"
+        if action == "notify":
+            await self._notify_owner(failure_class, why)
+            return "not-quarantined", (
+                f"runbook {runbook.name}: {failure_class} -> notify the owner, no quarantine"
+            )
+        if inp.dry_run or spec.dry_run:
+            return await self._dry_run(device)
+
+        # 2. blast-radius guard ------------------------------------------------------------
+        self._enter(Phase.GUARDING, awaiting="budget lease")
+        await self._acquire_lease(device, runbook)
+
+        # 3. optional approval ---------------------------------------------------------------
+        if spec.approval.required:
+            await self._await_approval()
+
+        # 4. quarantine ----------------------------------------------------------------------
+        self._enter(Phase.QUARANTINING, awaiting="DeviceTaintRule")
+        eviction_api = spec.eviction.mode == "eviction-api"
+        effect = "NoSchedule" if eviction_api else spec.quarantine.effect
+        try:
+            self._quarantine = await self._apply_quarantine(effect, "quarantine")
+        except ACTIVITY_FAILED as err:
+            await self._escalate("error", f"quarantine failed: {_error_text(err)}")
+            raise _Done("escalated", f"quarantine failed: {_error_text(err)}") from err
+        self._metrics.create_histogram_timedelta(
+            "sickbay_time_to_quarantine",
+            "From the remediation's start to the device's quarantine",
+        ).with_additional_attributes({"workload_class": runbook.name}).record(
+            workflow.now() - workflow.info().start_time
+        )
+
+        # 5-8. evict, replace, scale ------------------------------------------------------------
+        try:
+            await self._evict_and_replace(effect, eviction_api)
+        except ACTIVITY_FAILED as err:
+            await self._escalate("error", f"activity failed: {_error_text(err)}")
+        return await self._hold_and_release()
+
+    # ---------------------------------------------------------------- steps ----------------
+
+    async def _hand_over(self, device: ResolvedDevice) -> tuple[Outcome, str]:
+        """Launched under a non-canonical id (e.g. by DRA name from the UI): give the evidence
+        to the device's canonical workflow so every trigger meets one remediation."""
+        launch = await self._local(
+            ACT_SIGNAL_WITH_START,
+            LaunchRequest(
+                remediation=self._inp.model_copy(
+                    update={
+                        "device": self._inp.device.model_copy(
+                            update={"node": device.node, "gpu_uuid": device.gpu_uuid}
+                        )
+                    }
+                ),
+                evidence=self._alerts[-1] if self._alerts else None,
+                task_queue=workflow.info().task_queue,
+            ),
+            LaunchResult,
+            "hand over",
+        )
+        return "not-quarantined", f"handed over to {launch.workflow_id}"
+
+    async def _dry_run(self, device: ResolvedDevice) -> tuple[Outcome, str]:
+        preview = await self._local(
+            ACT_PREVIEW_QUARANTINE,
+            self._quarantine_input("None", dry_run=True),
+            QuarantineResult,
+            "preview quarantine",
+        )
+        would = ", ".join(f"{p.namespace}/{p.name}" for p in preview.would_evict) or "no pods"
+        self._log("dry run: would quarantine", outcome=preview.mode, reason=f"would evict {would}")
+        return "dry-run", f"dry run: would quarantine {device.key} and evict {would}"
+
+    async def _acquire_lease(self, device: ResolvedDevice, runbook: Runbook) -> None:
+        counts = await self._local(
+            ACT_COUNT_DEVICES,
+            CountDevicesInput(node_pool=device.node_pool),
+            DeviceCounts,
+            "count devices",
+        )
+        budget = runbook.spec.budget
+        pool_limit = BudgetPolicy.limit(budget.max_per_pool, counts.pool_devices)
+        cluster_limit = BudgetPolicy.limit(budget.max_per_cluster, counts.cluster_devices)
+        decision = await self._local(
+            ACT_ACQUIRE_BUDGET,
+            BudgetLeaseRequest(
+                holder=workflow.info().workflow_id,
+                device_key=device.key,
+                node_pool=device.node_pool,
+                pool_limit=pool_limit,
+                cluster_limit=cluster_limit,
+            ),
+            BudgetDecision,
+            "acquire budget lease",
+        )
+        if not decision.granted:
+            why = (
+                f"blast-radius budget exhausted: {decision.reason} (pool {device.node_pool}: "
+                f"{decision.pool_in_use}/{pool_limit} of {counts.pool_devices} devices, cluster: "
+                f"{decision.cluster_in_use}/{cluster_limit} of {counts.cluster_devices}); "
+                "device NOT tainted"
+            )
+            self._log("budget denied", outcome="no taint", reason=why)
+            await self._escalate("budget-exhausted", why)
+            raise _Done("escalated", why)
+        self._lease_held = True
+        self._log(
+            "budget lease acquired",
+            outcome=f"pool {decision.pool_in_use}/{pool_limit}, "
+            f"cluster {decision.cluster_in_use}/{cluster_limit}",
+        )
+
+    async def _await_approval(self) -> None:
+        policy = self._spec.approval
+        self._enter(Phase.AWAITING_APPROVAL, awaiting=f"approval (timeout {policy.timeout})")
+        self._upsert()
+        try:
+            await self._wait(lambda: self._decision is not None, limit=policy.timeout)
+        except TimeoutError:
+            self._log("approval timed out", outcome=policy.on_timeout)
+            if policy.on_timeout == "proceed":
+                return
+            if policy.on_timeout == "abort":
+                raise _Done("not-quarantined", "approval timed out; runbook says abort") from None
+            why = f"no approval within {policy.timeout}; device NOT tainted"
+            await self._escalate("approval-timeout", why)
+            raise _Done("escalated", why) from None
+        decision = self._decision
+        assert decision is not None
+        if not decision.approve:
+            why = f"rejected by {decision.actor}: {decision.reason or 'no reason given'}"
+            await self._escalate("approval-rejected", why)
+            raise _Done("escalated", why)
+
+    async def _apply_quarantine(self, effect: str, label: str) -> QuarantineResult:
+        result = await self._local(
+            ACT_QUARANTINE, self._quarantine_input(effect), QuarantineResult, label
+        )
+        self._status.rule_name = result.rule_name or self._status.rule_name
+        self._log(
+            f"quarantined ({effect})",
+            outcome=f"{result.mode} {result.action} {result.rule_name or ''}".strip(),
+            reason=result.message,
+        )
+        if self._quarantine is not None and self._quarantine.node_tainted:
+            result = result.model_copy(update={"node_tainted": True})
+        return result
+
+    def _quarantine_input(self, effect: str, dry_run: bool = False) -> QuarantineInput:
+        assert self._device is not None and self._runbook is not None
+        spec = self._runbook.spec
+        return QuarantineInput(
+            device=self._device,
+            effect=effect,  # type: ignore[arg-type]
+            taint_key=spec.quarantine.taint_key,
+            taint_value=self._status.failure_class or "unhealthy",
+            workflow_id=workflow.info().workflow_id,
+            reason=f"{self._status.failure_class}: runbook {self._runbook.name}",
+            consumers=[c.pod for c in self._consumers],
+            fallback_node_threshold=spec.fallback.node_taint_below_healthy,
+            dry_run=dry_run,
+        )
+
+    async def _evict_and_replace(self, effect: str, eviction_api: bool) -> None:
+        pods = [c.pod for c in self._consumers if not c.terminating] or [
+            c.pod for c in self._consumers
+        ]
+        if not pods:
+            self._log("no consumers", reason="nothing to evict or replace")
+            return
+        if effect == "NoSchedule" and not eviction_api:
+            self._log(
+                "consumers keep running",
+                reason="NoSchedule only blocks new pods on the device (runbook "
+                f"{self._runbook.name if self._runbook else ''})",
+            )
+            return
+        if not await self._evict(pods, eviction_api):
+            return  # escalated
+        await self._replace()
+
+    async def _evict(self, pods: list[PodRef], eviction_api: bool) -> bool:
+        """True once the consumers are gone; False after escalating."""
+        policy = self._spec.eviction
+        self._enter(Phase.EVICTING, awaiting=f"{len(pods)} consumer(s) to go")
+        self._upsert()
+        if eviction_api:
+            await self._evict_pods(pods, force=False, label="evict via Eviction API")
+        report = await self._wait_eviction(pods, policy.timeout)
+        if report.remaining and eviction_api:
+            # Backstop: the PDB-respecting path did not finish in time.
+            self._quarantine = await self._apply_quarantine("NoExecute", "NoExecute backstop")
+            report = await self._wait_eviction(report.remaining, FORCE_GRACE)
+        if report.remaining and policy.force != "none":
+            await self._evict_pods(
+                report.remaining,
+                force=policy.force == "delete",
+                label=f"force ({policy.force})",
+            )
+            report = await self._wait_eviction(report.remaining, FORCE_GRACE)
+        if report.remaining:
+            names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
+            await self._escalate(
+                "eviction-timeout",
+                f"consumers still on the device after {policy.timeout} "
+                f"(force: {policy.force}): {names}",
+            )
+            return False
+        return True
+
+    async def _evict_pods(self, pods: list[PodRef], *, force: bool, label: str) -> None:
+        result = await self._activity(
+            ACT_EVICT_PODS,
+            EvictPodsInput(
+                pods=pods,
+                workflow_id=workflow.info().workflow_id,
+                reason=f"GPU {self._status.device} quarantined",
+                delete_if_blocked=force,
+            ),
+            EvictPodsResult,
+            start_to_close=EVICT_TIMEOUT,
+            retry=WAIT_RETRY,
+        )
+        self._log(
+            label,
+            outcome=f"evicted {len(result.evicted)}, deleted {len(result.deleted)}, "
+            f"blocked {len(result.blocked)}, gone {len(result.gone)}",
+        )
+
+    async def _wait_eviction(self, pods: list[PodRef], limit: timedelta) -> EvictionReport:
+        report = await self._activity(
+            ACT_WAIT_EVICTION,
+            WaitEvictionInput(pods=pods, timeout=limit),
+            EvictionReport,
+            start_to_close=limit + WAIT_MARGIN,
+            heartbeat=WAIT_HEARTBEAT,
+            retry=WAIT_RETRY,
+        )
+        self._log(
+            "eviction wait",
+            outcome=f"gone {len(report.gone)}, remaining {len(report.remaining)}",
+            reason="timed out" if report.timed_out else "",
+        )
+        return report
+
+    async def _replace(self) -> None:
+        spec = self._spec
+        owners = self._owners()
+        if not owners:
+            self._log("no owners", reason="bare pods: nothing will replace them")
+            return
+        self._enter(
+            Phase.AWAITING_REPLACEMENT,
+            awaiting=f"replacements Running (Pending deadline {spec.replacement.pending_deadline})",
+        )
+        self._upsert()
+        report = await self._wait_replacement(owners, spec.replacement.pending_deadline)
+        if report.status == "pending":
+            if not spec.scale_up.enabled:
+                await self._escalate(
+                    "pending-deadline",
+                    f"replacements still Pending after {spec.replacement.pending_deadline}: "
+                    f"{report.unschedulable_message or 'unschedulable'}; scale-up is off",
+                )
+                return
+            scaled = await self._scale_up(owners, report)
+            if scaled is None:
+                return
+            report = scaled
+        if report.status == "churn":
+            diag = report.churn.diagnosis if report.churn else "repeated evictions"
+            await self._escalate("churn", f"eviction churn: {diag}")
+            return
+        if report.status in ("running", "no-replacement-needed"):
+            self._metrics.create_histogram_timedelta(
+                "sickbay_time_to_recovery",
+                "From the remediation's start to the workload Running on healthy devices",
+            ).with_additional_attributes(
+                {"workload_class": self._status.workload_class or ""}
+            ).record(workflow.now() - workflow.info().start_time)
+
+    async def _wait_replacement(
+        self, owners: list[OwnerRef], deadline: timedelta
+    ) -> ReplacementReport:
+        report = await self._activity(
+            ACT_WAIT_REPLACEMENT,
+            WaitReplacementInput(
+                owners=owners,
+                old_pods=[c.pod for c in self._consumers],
+                tainted=self._device.devices if self._device else [],
+                deadline=deadline,
+                churn_evictions=self._spec.replacement.churn_evictions,
+            ),
+            ReplacementReport,
+            start_to_close=deadline + WAIT_MARGIN,
+            heartbeat=WAIT_HEARTBEAT,
+            retry=WAIT_RETRY,
+        )
+        self._log(
+            "replacement wait",
+            outcome=report.status,
+            reason=report.unschedulable_message or (report.churn.diagnosis if report.churn else ""),
+        )
+        return report
+
+    async def _scale_up(
+        self, owners: list[OwnerRef], report: ReplacementReport
+    ) -> ReplacementReport | None:
+        """The report after capacity arrived, or None once escalated."""
+        policy = self._spec.scale_up
+        device = self._device
+        assert device is not None
+        self._enter(Phase.SCALING, awaiting="node-pool capacity")
+        self._upsert()
+        pool = policy.pool or NodePoolTarget(
+            provider=policy.provider or "http",
+            name=device.node_pool or device.node,
+            node_pool_label=device.node_pool,
+        )
+        if policy.approval:
+            self._decision = None
+            await self._await_approval()
+            self._enter(Phase.SCALING, awaiting="node-pool capacity")
+        wf_id = workflow.info().workflow_id
+        try:
+            result = await self._activity(
+                ACT_REQUEST_CAPACITY,
+                CapacityRequest(
+                    pool=pool,
+                    need=1,
+                    step=policy.step,
+                    max_size=policy.max_size,
+                    cooldown=policy.cooldown,
+                    requester=wf_id,
+                    idempotency_key=f"{wf_id}-{workflow.info().run_id}-scale",
+                ),
+                CapacityResult,
+                start_to_close=CAPACITY_TIMEOUT,
+                retry=CAPACITY_RETRY,
+            )
+        except ACTIVITY_FAILED as err:
+            kind: EscalationReason = (
+                "no-capacity" if _error_type(err) == ERR_POOL_AT_MAX else "scale-up-failed"
+            )
+            await self._escalate(kind, f"scale-up of pool {pool.name} failed: {_error_text(err)}")
+            return None
+        self._log(
+            "capacity requested",
+            outcome=result.status,
+            reason=f"pool {pool.name} size {result.current_size} -> {result.target_size}"
+            + (f"; {result.message}" if result.message else ""),
+        )
+        if result.status == "at-max":
+            await self._escalate(
+                "no-capacity",
+                f"no healthy GPU free and pool {pool.name} is at its max size "
+                f"({result.current_size or policy.max_size}); replacements Pending",
+            )
+            return None
+        if result.status == "rejected":
+            await self._escalate("scale-up-failed", f"pool {pool.name}: {result.message}")
+            return None
+        self._enter(
+            Phase.SCALING,
+            awaiting=f"replacements Running (capacity deadline {policy.capacity_deadline})",
+        )
+        after = await self._wait_replacement(owners, policy.capacity_deadline)
+        if after.status == "pending":
+            await self._escalate(
+                "no-capacity",
+                f"replacements still Pending {policy.capacity_deadline} after the scale-up "
+                f"request: {after.unschedulable_message or 'unschedulable'}",
+            )
+            return None
+        return after
+
+    async def _hold_and_release(self) -> tuple[Outcome, str]:
+        release = self._spec.release
+        auto = release.mode in ("healthy-cooldown", "either")
+        self._enter(
+            Phase.HOLDING,
+            awaiting="marked repaired" + (f" or Healthy for {release.cooldown}" if auto else ""),
+        )
+        self._upsert()
+        while self._repaired is None:
+            try:
+                await self._wait(
+                    lambda: self._repaired is not None,
+                    limit=release.health_check_interval if auto else None,
+                )
+                break
+            except TimeoutError:
+                pass
+            health = await self._local(
+                ACT_CHECK_HEALTH,
+                CheckHealthInput(device=self._device),
+                HealthResult,
+                "check health",
+            )
+            now = workflow.now()
+            if health.health == "Healthy":
+                if self._healthy_since is None:
+                    self._healthy_since = now
+                    self._log("device Healthy", reason=f"cool-down {release.cooldown} starts")
+                if now - self._healthy_since >= release.cooldown:
+                    self._log("healthy for the cool-down", outcome=str(release.cooldown))
+                    break
+            elif self._healthy_since is not None:
+                self._healthy_since = None
+                self._log("device not Healthy again", outcome=health.health or "unknown")
+            if workflow.info().get_current_history_length() > HOLD_HISTORY_LIMIT:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(self._carry())
+        return await self._release()
+
+    async def _release(self) -> tuple[Outcome, str]:
+        self._enter(Phase.RELEASING, awaiting="quarantine removal")
+        reason = (
+            f"repaired ({self._repaired.actor})" if self._repaired else "healthy for the cool-down"
+        )
+        await self._remove_quarantine(reason)
+        await self._release_lease()
+        if self._escalated:
+            await self._notify_all("resolve", f"released: {reason}")
+            return "escalated", f"escalated ({self._status.escalation_reason}); released: {reason}"
+        return "released", reason
+
+    async def _remove_quarantine(self, reason: str) -> None:
+        if self._quarantine is None or self._device is None:
+            return
+        result = await self._local(
+            ACT_RELEASE_QUARANTINE,
+            ReleaseInput(
+                device=self._device,
+                rule_name=self._quarantine.rule_name,
+                api_version=self._quarantine.api_version,
+                node_tainted=self._quarantine.node_tainted,
+                workflow_id=workflow.info().workflow_id,
+                reason=reason,
+            ),
+            ReleaseResult,
+            "release quarantine",
+        )
+        self._log(
+            "quarantine released",
+            outcome="removed" if result.removed else "absent",
+            reason=result.message,
+        )
+        self._quarantine = None
+
+    async def _release_lease(self) -> None:
+        if not self._lease_held or self._device is None:
+            return
+        await self._local(
+            ACT_RELEASE_BUDGET,
+            BudgetReleaseRequest(holder=workflow.info().workflow_id, device_key=self._device.key),
+            BudgetDecision,
+            "release budget lease",
+        )
+        self._lease_held = False
+        self._log("budget lease released")
+
+    async def _undo_after_abort(self) -> tuple[Outcome, str]:
+        req = self._abort
+        assert req is not None
+        self._undoing = True
+        self._enter(Phase.RELEASING, awaiting="undo after abort")
+        reason = f"aborted by {req.actor}: {req.reason}"
+        try:
+            await self._remove_quarantine(reason)
+        except ACTIVITY_FAILED as err:
+            await self._escalate(
+                "error", f"abort could not remove the quarantine: {_error_text(err)}"
+            )
+            await self._release_lease()
+            return "escalated", f"{reason}; quarantine removal failed"
+        await self._release_lease()
+        return "aborted", reason
+
+    # ---------------------------------------------------------------- notifications --------
+
+    async def _notify_owner(self, failure_class: str, why: str) -> None:
+        targets = [
+            EventTarget(
+                api_version="v1",
+                kind="Pod",
+                name=c.pod.name,
+                namespace=c.pod.namespace,
+                uid=c.pod.uid,
+            )
+            for c in self._consumers
+        ]
+        message = (
+            f"GPU {self._status.device}: {why}. Sickbay classified this as {failure_class}: "
+            "the device was NOT quarantined; check the workload."
+        )
+        if targets:
+            try:
+                await self._local(
+                    ACT_RECORD_EVENT,
+                    RecordEventInput(
+                        targets=targets,
+                        reason="GPUApplicationError"
+                        if failure_class == "application"
+                        else "GPUFaultNotQuarantined",
+                        message=message,
+                        type="Warning",
+                        workflow_id=workflow.info().workflow_id,
+                    ),
+                    type(None),
+                    "record event",
+                )
+                self._log("owner notified (Event)", outcome=f"{len(targets)} pod(s)")
+            except ACTIVITY_FAILED as err:
+                self._log("owner Event failed", outcome="failed", reason=_error_text(err))
+        await self._escalate("application-error", message, severity="warning")
+
+    async def _escalate(
+        self, reason: EscalationReason, summary: str, severity: str | None = None
+    ) -> None:
+        if self._escalated:
+            self._log("already escalated", reason=f"{reason}: {summary}")
+            return
+        self._escalated = True
+        self._status.escalation_reason = reason
+        self._enter(Phase.ESCALATED, awaiting="people")
+        self._log("escalate", outcome=reason, reason=summary)
+        self._upsert()
+        policy = self._spec.escalation
+        if reason not in policy.on:
+            self._log(
+                "escalation not sent",
+                reason=f"runbook {self._status.runbook} escalates only on {policy.on}",
+            )
+        elif not policy.channels:
+            self._log("escalation not sent", reason="the runbook names no channels")
+        else:
+            await self._notify_all("trigger", summary, severity=severity, needed=_NEEDED[reason])
+        self._metrics.create_counter(
+            "sickbay_escalations", "Escalations, by reason"
+        ).with_additional_attributes({"reason": reason}).add(1)
+
+    async def _notify_all(
+        self, action: str, summary: str, severity: str | None = None, needed: str = ""
+    ) -> None:
+        policy = self._spec.escalation
+        if action == "resolve" and not policy.channels:
+            return
+        incident = Incident(
+            id=workflow.info().workflow_id,
+            device=self._status.device,
+            node=self._status.node,
+            workload=", ".join(f"{p.namespace}/{p.name}" for p in self._status.consumers) or None,
+            phase=self._status.phase,
+            severity=severity or policy.severity,  # type: ignore[arg-type]
+            summary=f"GPU {self._status.device}: {summary}",
+            done=[f"{e.action}: {e.outcome}".rstrip(": ") for e in self._timeline],
+            needed=needed,
+            timeline=self._timeline,
+        )
+        for channel in policy.channels:
+            try:
+                result = await self._activity(
+                    ACT_NOTIFY,
+                    NotifyInput(channel=channel, action=action, incident=incident),  # type: ignore[arg-type]
+                    NotifyResult,
+                    start_to_close=NOTIFY_TIMEOUT,
+                    retry=NOTIFY_RETRY,
+                    interruptible=False,
+                )
+            except ACTIVITY_FAILED as err:
+                self._log(
+                    f"notify {channel} ({action})",
+                    outcome="failed",
+                    reason=f"gave up after {NOTIFY_RETRY.maximum_attempts} tries: "
+                    f"{_error_text(err)}",
+                )
+                continue
+            tries = getattr(result, "attempt", 1)
+            earlier = getattr(result, "earlier_failures", [])
+            for i, failure in enumerate(earlier, start=1):
+                self._log(f"notify {channel} ({action})", outcome=f"try {i} failed", reason=failure)
+            self._log(
+                f"notify {channel} ({action})",
+                outcome=("delivered" if result.delivered else "not delivered") + f" (try {tries})",
+                reason=result.detail,
+            )
+
+    # ---------------------------------------------------------------- helpers --------------
+
+    @property
+    def _spec(self) -> Any:
+        assert self._runbook is not None
+        return self._runbook.spec
+
+    def _owners(self) -> list[OwnerRef]:
+        seen: dict[tuple[str, str, str], OwnerRef] = {}
+        for c in self._consumers:
+            owner = c.top_owner or c.owner
+            if owner is not None:
+                seen.setdefault((owner.kind, owner.namespace, owner.name), owner)
+        return list(seen.values())
+
+    def _add_alerts(self, alerts: list[AlertEvidence], initial: bool = False) -> None:
+        merged, added = merge_evidence(self._alerts, alerts)
+        self._alerts = merged
+        self._status.alerts = len(merged)
+        self._status.duplicate_alerts += len(alerts) - len(added)
+        for alert in added:
+            self._log(
+                "evidence" if initial else "alert received",
+                outcome=f"Xid {alert.xid}" if alert.xid is not None else alert.alertname,
+                actor=alert.source,
+                reason=alert.summary,
+            )
+
+    def _log(
+        self, action: str, outcome: str = "", actor: str = "sickbay", reason: str = ""
+    ) -> None:
+        self._timeline.append(
+            TimelineEntry(
+                at=workflow.now(),
+                phase=self._status.phase,
+                action=action,
+                outcome=outcome,
+                actor=actor,
+                reason=reason,
+            )
+        )
+
+    def _enter(self, phase: Phase, awaiting: str) -> None:
+        if phase is not self._status.phase:
+            workflow.logger.info(
+                "remediation %s: %s -> %s",
+                self._status.device,
+                self._status.phase.value,
+                phase.value,
+            )
+            self._metrics.create_counter(
+                "sickbay_remediation_phase_entered", "Remediations entering each phase"
+            ).with_additional_attributes({"phase": phase.value}).add(1)
+        self._status.phase = phase
+        self._status.awaiting = awaiting
+        self._status.updated_at = workflow.now()
+        if phase is Phase.CLOSED:
+            self._upsert()
+
+    def _upsert(self) -> None:
+        """Search attributes, only at durable waits and at the end (one event each)."""
+        if self._sa_phase is self._status.phase:
+            return
+        pairs: list[SearchAttributePair[str]] = [
+            SearchAttributePair(SA_PHASE_KEY, self._status.phase.value)
+        ]
+        if self._sa_phase is None:
+            pairs.append(SearchAttributePair(SA_DEVICE_KEY, self._status.device))
+            if self._status.node:
+                pairs.append(SearchAttributePair(SA_NODE_KEY, self._status.node))
+        if self._status.workload_class:
+            pairs.append(SearchAttributePair(SA_WORKLOAD_KEY, self._status.workload_class))
+        workflow.upsert_search_attributes([p.key.value_set(p.value) for p in pairs])
+        self._sa_phase = self._status.phase
+
+    async def _local(self, name: str, arg: Any, result_type: type[T], label: str) -> T:
+        if self._abort is not None and not self._undoing:
+            raise _Aborted()
+        return await workflow.execute_local_activity(
+            name,
+            *([arg] if arg is not None else []),
+            result_type=result_type,
+            start_to_close_timeout=LOCAL_TIMEOUT,
+            retry_policy=LOCAL_RETRY,
+            summary=label,
+        )
+
+    async def _activity(
+        self,
+        name: str,
+        arg: Any,
+        result_type: type[T],
+        *,
+        start_to_close: timedelta,
+        retry: RetryPolicy,
+        heartbeat: timedelta | None = None,
+        interruptible: bool = True,
+    ) -> T:
+        interruptible = interruptible and not self._undoing
+        if interruptible and self._abort is not None:
+            raise _Aborted()
+        call = workflow.execute_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=start_to_close,
+            heartbeat_timeout=heartbeat,
+            retry_policy=retry,
+        )
+        if not interruptible:
+            return await call
+        return await self._race(call)
+
+    async def _race(self, awaitable: Awaitable[T]) -> T:
+        """Await `awaitable` unless an abort arrives first (then cancel it, raise _Aborted)."""
+        task: asyncio.Future[T] = asyncio.ensure_future(awaitable)
+        stop = asyncio.ensure_future(workflow.wait_condition(lambda: self._abort is not None))
+        await workflow.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            stop.cancel()
+            return task.result()
+        task.cancel()
+        raise _Aborted()
+
+    async def _wait(self, done: Callable[[], bool], limit: timedelta | None) -> None:
+        """wait_condition that also ends on abort; TimeoutError when `limit` passes."""
+        await workflow.wait_condition(lambda: done() or self._abort is not None, timeout=limit)
+        if self._abort is not None:
+            raise _Aborted()
+
+    def _carry(self) -> RemediationInput:
+        assert self._device is not None and self._runbook is not None
+        return self._inp.model_copy(
+            update={
+                "alerts": [],
+                "resume": RemediationCarry(
+                    device=self._device,
+                    runbook=self._runbook,
+                    quarantine=self._quarantine,
+                    lease_held=self._lease_held,
+                    escalated=self._escalated,
+                    status=self._status,
+                    timeline=self._timeline,
+                    alerts=self._alerts,
+                    healthy_since=self._healthy_since,
+                ),
+            }
+        )
+
+
+_NEEDED: dict[str, str] = {
+    "budget-exhausted": "decide whether to quarantine beyond the blast-radius budget "
+    "(sickbay approve/abort) or fix the other quarantined devices first",
+    "approval-timeout": "approve or abort the remediation",
+    "approval-rejected": "nothing, unless the rejection was a mistake",
+    "eviction-timeout": "find out why the pods do not leave the device (PDB, finalizers) "
+    "and remove them",
+    "pending-deadline": "add GPU capacity or free a healthy device for the replacements",
+    "no-capacity": "add GPU capacity; the node pool is at its limit or did not deliver",
+    "scale-up-failed": "check the cloud provider (quota, credentials) and add capacity",
+    "churn": "the scheduler keeps placing pods on the tainted device: check the "
+    "DeviceTaintRule support of the scheduler (kubernetes#139651) and the pods' tolerations",
+    "application-error": "check the workload: the GPU looked fine, the program failed",
+    "error": "look at the timeline: a step failed and automation stopped",
+}
