@@ -258,6 +258,8 @@ class DisruptionController:
                         refresh(self._store, namespace, pdb["metadata"]["name"])
                 except errors.ApiError as exc:
                     log.debug("pdb refresh in %s failed: %s", namespace, exc.message)
+                except Exception:  # the controller thread must outlive one bad budget
+                    log.exception("pdb refresh in %s failed", namespace)
 
     def stop(self) -> None:
         if self._unsubscribe is not None:

@@ -186,6 +186,8 @@ def selector_from_label_selector_object(sel: dict[str, Any] | None) -> LabelSele
     """
     if sel is None:
         return None
+    if not isinstance(sel, dict):
+        return LabelSelector([Requirement("", "in", ())])  # malformed: selects nothing
     reqs = [Requirement(k, "=", (str(v),)) for k, v in (sel.get("matchLabels") or {}).items()]
     ops = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!"}
     for expr in sel.get("matchExpressions") or []:

@@ -84,6 +84,7 @@ from simulator.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
+from simulator.validation import check_types
 
 log = logging.getLogger(__name__)
 
@@ -643,6 +644,7 @@ class Store:
         manager: str | None = None,
     ) -> dict[str, Any]:
         rt = self._rt(resource)
+        check_types(rt, obj)
         new = fast_copy(obj)
         meta = _meta(new)
         if rt.namespaced:
@@ -728,6 +730,7 @@ class Store:
     ) -> dict[str, Any]:
         """Replace an object (PUT). `subresource="status"` replaces only its status."""
         rt = self._rt(resource)
+        check_types(rt, obj)
         body = fast_copy(obj)
         meta = _meta(body)
         name = name or meta.get("name")
@@ -864,6 +867,7 @@ class Store:
             patched = patch_mod.apply_patch(rt, work, body, patch_type)
             if not isinstance(patched, dict):
                 raise errors.ApiError(422, "Invalid", "the patch did not produce an object", {})
+            check_types(rt, patched)
             pmeta = _meta(patched)
             rv = pmeta.get("resourceVersion")
             if rv and rv != current["metadata"]["resourceVersion"]:
@@ -902,6 +906,7 @@ class Store:
                     "kind": "PatchOptions",
                 },
             )
+        check_types(rt, body)
         with self._lock:
             key = self._key(rt, name, namespace)
             current = self._bucket(rt).objects.get(key)

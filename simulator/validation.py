@@ -323,14 +323,25 @@ def _validate_pdb(obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         return [_req("spec")]
+    sel = spec.get("selector")
+    if sel is not None and (
+        not isinstance(sel, dict)
+        or not isinstance(sel.get("matchLabels") or {}, dict)
+        or not isinstance(sel.get("matchExpressions") or [], list)
+    ):
+        return [_inv("spec.selector", sel, "must be a label selector")]
     if "minAvailable" in spec and "maxUnavailable" in spec:
         return [
             _inv("spec", spec, "minAvailable and maxUnavailable cannot be both set"),
         ]
     causes: Causes = []
     for f in ("minAvailable", "maxUnavailable"):
+        if f in spec and spec[f] is None:
+            del spec[f]  # an explicit null means "unset"
         v = spec.get(f)
-        if isinstance(v, int) and v < 0:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | str)):
+            causes.append(_inv(f"spec.{f}", v, "must be an integer or a percentage"))
+        elif isinstance(v, int) and v < 0:
             causes.append(_inv(f"spec.{f}", v, "must be greater than or equal to 0"))
         elif isinstance(v, str) and not re.match(r"^\d+%$", v):
             causes.append(
@@ -552,6 +563,66 @@ def _format(now: datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_GO_TYPES = {
+    dict: "object",
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "bool",
+}
+
+
+def _type_error(
+    rt: ResourceType, version: str, field: str, value: Any, want: str
+) -> errors.ApiError:
+    got = _GO_TYPES.get(type(value), "null" if value is None else type(value).__name__)
+    return errors.bad_request(
+        f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: json: cannot '
+        f"unmarshal {got} into Go struct field {field} of type {want}"
+    )
+
+
+def check_types(rt: ResourceType, obj: Any) -> None:
+    """Reject bodies whose well-known fields have the wrong JSON type (400, as decoding does)."""
+    version = "v1"
+    if isinstance(obj, dict) and isinstance(obj.get("apiVersion"), str):
+        version = obj["apiVersion"].rsplit("/", 1)[-1]
+    if not isinstance(obj, dict):
+        raise errors.bad_request(f"the body of the request must be a {rt.kind} object")
+    meta = obj.get("metadata", {})
+    if not isinstance(meta, dict):
+        raise _type_error(rt, version, "ObjectMeta.metadata", meta, "v1.ObjectMeta")
+    for f in ("name", "generateName", "namespace", "resourceVersion", "uid"):
+        if f in meta and meta[f] is not None and not isinstance(meta[f], str):
+            raise _type_error(rt, version, f"ObjectMeta.metadata.{f}", meta[f], "string")
+    for f in ("labels", "annotations"):
+        value = meta.get(f)
+        if value is None:
+            continue
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise _type_error(rt, version, f"ObjectMeta.metadata.{f}", value, "map[string]string")
+    finalizers = meta.get("finalizers")
+    if finalizers is not None and (
+        not isinstance(finalizers, list) or not all(isinstance(x, str) for x in finalizers)
+    ):
+        raise _type_error(rt, version, "ObjectMeta.metadata.finalizers", finalizers, "[]string")
+    refs = meta.get("ownerReferences")
+    if refs is not None and (
+        not isinstance(refs, list) or not all(isinstance(r, dict) for r in refs)
+    ):
+        raise _type_error(
+            rt, version, "ObjectMeta.metadata.ownerReferences", refs, "[]v1.OwnerReference"
+        )
+    for f in ("spec", "status"):
+        if f in obj and obj[f] is not None and not isinstance(obj[f], dict):
+            raise _type_error(
+                rt, version, f"{rt.kind}.{f}", obj[f], f"v1.{rt.kind}{f.capitalize()}"
+            )
+
+
 class Admission:
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
@@ -565,17 +636,25 @@ class Admission:
         subresource: str | None,
         now: datetime,
     ) -> None:
+        check_types(rt, new)
         meta = new.get("metadata") or {}
-        if op == "CREATE":
-            self._default(rt, new, now)
-        elif rt.storage == "devicetaintrules.resource.k8s.io" and subresource is None:
-            self._dtr_time_added(new, old, now)
-        if subresource == "status":
-            return  # status writes keep the validated spec
-        causes = _object_meta(rt, meta)
-        validator = _VALIDATORS.get(rt.storage)
-        if validator is not None and isinstance(new, dict):
-            causes += validator(new, old)
+        try:
+            if op == "CREATE":
+                self._default(rt, new, now)
+            elif rt.storage == "devicetaintrules.resource.k8s.io" and subresource is None:
+                self._dtr_time_added(new, old, now)
+            if subresource == "status":
+                return  # status writes keep the validated spec
+            causes = _object_meta(rt, meta)
+            validator = _VALIDATORS.get(rt.storage)
+            if validator is not None and isinstance(new, dict):
+                causes += validator(new, old)
+        except (AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
+            # A field deeper down has the wrong JSON type: decoding would have failed (400).
+            version = str(new.get("apiVersion", "v1")).rsplit("/", 1)[-1]
+            raise errors.bad_request(
+                f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: {exc}'
+            ) from None
         if causes:
             raise errors.invalid(rt.kind, meta.get("name", ""), causes, rt.group)
 

@@ -5,6 +5,7 @@ it does (PDB status tracks Running+Ready pods); eviction of a pod no PDB covers 
 leaves the pod Terminating with DisruptionTarget; two PDBs on one pod is 500;
 delete_collection with a label selector; delete with dryRun and with a stale precondition;
 watch with sendInitialEvents + allowWatchBookmarks; JSON/YAML bodies, 415 and 400 for others;
+wrongly typed fields give 400/422, never 500;
 request interceptors injecting 500/429 and connection resets; /sim/<name> extension handlers.
 """
 
@@ -216,3 +217,44 @@ def test_create_content_types(sim: RunningSim, ns: str) -> None:
         url, json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}}, timeout=5
     )
     assert wrong_kind.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/api/v1/namespaces/{ns}/pods",
+            {
+                "metadata": {"name": "x", "labels": ["a"]},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            },
+        ),
+        ("/api/v1/namespaces/{ns}/pods", {"metadata": "x", "spec": {}}),
+        ("/api/v1/namespaces/{ns}/pods", {"metadata": {"name": "x"}, "spec": "containers"}),
+        (
+            "/api/v1/namespaces/{ns}/pods",
+            {
+                "metadata": {"name": "x"},
+                "spec": {"containers": [{"name": "c", "image": "i", "resources": []}]},
+            },
+        ),
+        (
+            "/apis/apps/v1/namespaces/{ns}/deployments",
+            {"metadata": {"name": "x"}, "spec": {"template": "t", "selector": {}}},
+        ),
+        (
+            "/apis/resource.k8s.io/v1beta2/devicetaintrules",
+            {"metadata": {"name": "x"}, "spec": {"taint": "NoExecute"}},
+        ),
+        (
+            "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+            {"metadata": {"name": "x"}, "spec": {"selector": ["a"], "minAvailable": [1]}},
+        ),
+    ],
+)
+def test_wrongly_typed_bodies_are_client_errors(
+    sim: RunningSim, ns: str, path: str, body: dict[str, Any]
+) -> None:
+    resp = httpx.post(sim.url + path.format(ns=ns), json=body, timeout=5)
+    assert resp.status_code in (400, 422), resp.text
+    assert resp.json()["kind"] == "Status"
