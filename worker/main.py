@@ -1,0 +1,332 @@
+"""The Temporal worker process (`sickbay worker`): the one WORKFLOWS / ACTIVITIES registration.
+
+- `WORKFLOWS`: every workflow type Sickbay runs. The remediation, budget and maintenance
+  workflows are the core; the pool scaler (`workflows.pool_scaler`) and the health sweep
+  (`workflows.sweep`) join when their modules exist.
+- `build_activities(client, settings)` builds each activity class once from `Settings`
+  (Kubernetes from `activities.kube`, cloud from `activities.cloud`, notifications from
+  `activities.notify`, the sweep, capacity requests, budget leases, launches, runbooks) and
+  returns their activity callables. A module that is missing is skipped by name; then
+  `missing_activities()` names every activity a registered workflow calls that nobody
+  provides, and the worker refuses to start, listing them.
+- `run_worker(settings)`: registers search attributes (or prints exactly what to run where
+  the server does not allow it), serves Prometheus metrics on `Settings.metrics_port` (the
+  SDK's own plus the workflows' `sickbay_*` counters and time-to-quarantine / time-to-recovery
+  histograms, emitted replay-safely through the workflow metric meter), installs the sweep
+  Schedule when that module exists, and shuts down gracefully on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.worker import Worker
+
+from activities.budget import BudgetActivities
+from activities.launch import LaunchActivities
+from activities.runbooks import RunbookActivities
+from worker.settings import Settings
+from workflows.budget import BudgetWorkflow
+from workflows.constants import (
+    ACT_ACQUIRE_BUDGET,
+    ACT_AWAIT_REMEDIATION,
+    ACT_CHECK_HEALTH,
+    ACT_COUNT_DEVICES,
+    ACT_DESCRIBE_POOL,
+    ACT_EVICT_PODS,
+    ACT_FIND_CONSUMERS,
+    ACT_GATHER_EVIDENCE,
+    ACT_LOAD_RUNBOOKS,
+    ACT_NOTIFY,
+    ACT_PREVIEW_QUARANTINE,
+    ACT_QUARANTINE,
+    ACT_RECONCILE_LEASES,
+    ACT_RECORD_EVENT,
+    ACT_RELEASE_BUDGET,
+    ACT_RELEASE_QUARANTINE,
+    ACT_REQUEST_CAPACITY,
+    ACT_RESOLVE_DEVICE,
+    ACT_SCALE_POOL,
+    ACT_SELECT_DEVICES,
+    ACT_SIGNAL_WITH_START,
+    ACT_SWEEP_CLUSTER,
+    ACT_WAIT_EVICTION,
+    ACT_WAIT_POOL_OPERATION,
+    ACT_WAIT_REPLACEMENT,
+    WF_BUDGET,
+    WF_MAINTENANCE,
+    WF_POOL_SCALER,
+    WF_REMEDIATE,
+    WF_SWEEP,
+)
+from workflows.maintenance import MaintenanceWorkflow
+from workflows.remediation import DeviceRemediationWorkflow
+
+log = logging.getLogger(__name__)
+
+
+def _optional(module: str, name: str) -> Any | None:
+    """`module.name`, or None when that module is not part of this build."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module.startswith(exc.name):
+            log.warning("%s is not available (%s); skipping %s", module, exc, name)
+            return None
+        raise
+
+
+def _workflows() -> list[type]:
+    found: list[type] = [DeviceRemediationWorkflow, BudgetWorkflow, MaintenanceWorkflow]
+    for module, name in (
+        ("workflows.pool_scaler", "PoolScalerWorkflow"),
+        ("workflows.sweep", "HealthSweepWorkflow"),
+    ):
+        wf = _optional(module, name)
+        if wf is not None:
+            found.append(wf)
+    return found
+
+
+WORKFLOWS: list[type] = _workflows()
+
+# Activities each workflow type calls; the worker refuses to start when one is missing.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    WF_REMEDIATE: (
+        ACT_LOAD_RUNBOOKS,
+        ACT_RESOLVE_DEVICE,
+        ACT_GATHER_EVIDENCE,
+        ACT_FIND_CONSUMERS,
+        ACT_COUNT_DEVICES,
+        ACT_ACQUIRE_BUDGET,
+        ACT_RELEASE_BUDGET,
+        ACT_QUARANTINE,
+        ACT_PREVIEW_QUARANTINE,
+        ACT_EVICT_PODS,
+        ACT_WAIT_EVICTION,
+        ACT_WAIT_REPLACEMENT,
+        ACT_REQUEST_CAPACITY,
+        ACT_NOTIFY,
+        ACT_RECORD_EVENT,
+        ACT_RELEASE_QUARANTINE,
+        ACT_CHECK_HEALTH,
+        ACT_SIGNAL_WITH_START,
+    ),
+    WF_BUDGET: (ACT_RECONCILE_LEASES,),
+    WF_MAINTENANCE: (ACT_SELECT_DEVICES, ACT_SIGNAL_WITH_START, ACT_AWAIT_REMEDIATION),
+    WF_POOL_SCALER: (ACT_DESCRIBE_POOL, ACT_SCALE_POOL, ACT_WAIT_POOL_OPERATION),
+    WF_SWEEP: (ACT_SWEEP_CLUSTER, ACT_SIGNAL_WITH_START),
+}
+
+
+def activity_name(fn: Callable[..., Any]) -> str | None:
+    defn = getattr(fn, "__temporal_activity_definition", None)
+    return defn.name if defn is not None else None
+
+
+def activities_of(obj: Any) -> list[Callable[..., Any]]:
+    """Every `@activity.defn` method of an activity-class instance."""
+    out = []
+    for attr in dir(type(obj)):
+        if attr.startswith("__"):
+            continue
+        fn = getattr(obj, attr, None)
+        if callable(fn) and activity_name(fn) is not None:
+            out.append(fn)
+    return out
+
+
+def workflow_name(wf: type) -> str:
+    defn = getattr(wf, "__temporal_workflow_definition", None)
+    return defn.name if defn is not None and defn.name else wf.__name__
+
+
+def missing_activities(
+    workflows: list[type], activities: list[Callable[..., Any]]
+) -> dict[str, list[str]]:
+    have = {activity_name(a) for a in activities}
+    missing: dict[str, list[str]] = {}
+    for wf in workflows:
+        gaps = [a for a in REQUIRED.get(workflow_name(wf), ()) if a not in have]
+        if gaps:
+            missing[workflow_name(wf)] = gaps
+    return missing
+
+
+@dataclass
+class Built:
+    activities: list[Callable[..., Any]]
+    closers: list[Callable[[], Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def build_activities(client: Client, settings: Settings, *, kube_activities: Any = None) -> Built:
+    """Every activity, each class built once from the settings."""
+    runbooks = RunbookActivities(settings.runbooks_dir)
+    runbooks.current()  # invalid runbooks stop the worker here, with file:line errors
+    built = Built(
+        activities=[
+            runbooks.load_runbooks,
+            *activities_of(LaunchActivities(client, settings.task_queue)),
+            *activities_of(BudgetActivities(client, settings.task_queue)),
+        ]
+    )
+    kube = kube_activities
+    if kube is None:
+        kube_cls = _optional("activities.kube", "KubeActivities")
+        if kube_cls is not None:
+            kube = kube_cls.from_settings(settings)
+    if kube is not None:
+        built.activities += activities_of(kube)
+        if hasattr(kube, "close"):
+            built.closers.append(kube.close)
+        maint_cls = _optional("activities.maintenance", "MaintenanceActivities")
+        if maint_cls is not None:
+            built.activities += activities_of(maint_cls(kube.kube, client))
+        sweep_cls = _optional("activities.sweep", "SweepActivities")
+        if sweep_cls is not None:
+            built.activities += activities_of(sweep_cls(kube.kube))
+    else:
+        built.notes.append("no Kubernetes activities (activities.kube missing)")
+    capacity_cls = _optional("activities.capacity", "CapacityActivities")
+    if capacity_cls is not None:
+        built.activities += activities_of(capacity_cls.from_settings(client, settings))
+    cloud_cls = _optional("activities.cloud", "CloudActivities")
+    if cloud_cls is not None:
+        cloud = cloud_cls.from_env(kube_api=kube.kube.api_client if kube is not None else None)
+        built.activities += activities_of(cloud)
+        built.closers.append(cloud.aclose)
+    notify_cls = _optional("activities.notify", "NotifyActivities")
+    if notify_cls is not None:
+        notify = notify_cls.from_settings(settings)
+        built.activities += activities_of(notify)
+        built.closers.append(notify.aclose)
+    # One registration per name: the first provider wins (core before optional modules).
+    seen: set[str | None] = set()
+    unique = []
+    for fn in built.activities:
+        name = activity_name(fn)
+        if name not in seen:
+            seen.add(name)
+            unique.append(fn)
+    built.activities = unique
+    return built
+
+
+async def build_worker(
+    client: Client,
+    settings: Settings,
+    *,
+    kube_activities: Any = None,
+    built: Built | None = None,
+) -> Worker:
+    """The production worker for `settings.task_queue`; raises RuntimeError naming every
+    activity a registered workflow needs but nothing provides."""
+    built = built or build_activities(client, settings, kube_activities=kube_activities)
+    missing = missing_activities(WORKFLOWS, built.activities)
+    if missing:
+        lines = [f"  {wf}: {', '.join(names)}" for wf, names in missing.items()]
+        raise RuntimeError(
+            "refusing to start: workflows call activities nothing registers:\n" + "\n".join(lines)
+        )
+    return Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=WORKFLOWS,
+        activities=built.activities,
+        # Sync activities (runbook loading) run here; Kubernetes calls use their own pool.
+        activity_executor=ThreadPoolExecutor(max_workers=8, thread_name_prefix="sickbay-act"),
+        max_concurrent_activities=settings.max_concurrent_activities,
+        graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+    )
+
+
+def metrics_runtime(port: int) -> Runtime | None:
+    """A Temporal runtime exporting SDK + workflow metrics for Prometheus on `port`."""
+    if port <= 0:
+        return None
+    return Runtime(
+        telemetry=TelemetryConfig(
+            metrics=PrometheusConfig(bind_address=f"0.0.0.0:{port}"),
+        )
+    )
+
+
+async def run_worker(settings: Settings) -> int:
+    from worker.temporal import connect, ensure_search_attributes
+
+    runtime = metrics_runtime(settings.metrics_port)
+    if runtime is not None:
+        # The default runtime serves every client this process makes, so connect() uses it.
+        Runtime.set_default(runtime, error_if_already_set=False)
+    client = await connect(settings)
+    try:
+        added = await ensure_search_attributes(client, settings.temporal_namespace)
+        if added:
+            log.info("registered search attributes %s", added)
+    except RuntimeError as exc:
+        # Temporal Cloud / restricted namespace: say exactly what to run, then stop - without
+        # the attributes every remediation's first upsert would fail its workflow task.
+        log.error("%s", exc)
+        return 3
+    try:
+        built = build_activities(client, settings)
+    except Exception as exc:  # noqa: BLE001 - report any configuration problem, then stop
+        log.error("cannot build the activities: %s: %s", type(exc).__name__, exc)
+        return 5
+    for note in built.notes:
+        log.warning("%s", note)
+    try:
+        worker = await build_worker(client, settings, built=built)
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        return 4
+    ensure = _optional("worker.webhook_cli", "ensure_sweep_schedule")
+    if ensure is not None and any(workflow_name(w) == WF_SWEEP for w in WORKFLOWS):
+        try:
+            log.info("sweep schedule: %s", await ensure(client, settings))
+        except Exception as exc:
+            log.warning("could not install the sweep schedule: %s", exc)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "worker polling %s on %s/%s (%d workflows, %d activities, metrics :%s)",
+        settings.task_queue,
+        settings.temporal_address,
+        settings.temporal_namespace,
+        len(WORKFLOWS),
+        len(built.activities),
+        settings.metrics_port or "off",
+    )
+    run = asyncio.create_task(worker.run())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({run, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if stopper.done():
+        log.info(
+            "stopping: waiting up to %ss for running activities", settings.graceful_shutdown_seconds
+        )
+        await worker.shutdown()
+    stopper.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await run
+    for close in built.closers:
+        result = close()
+        if asyncio.iscoroutine(result):
+            await result
+    log.info("worker stopped")
+    return 0

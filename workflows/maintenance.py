@@ -1,0 +1,151 @@
+"""`sickbay-maintenance-drain`: drain every device a selector chooses, a few at a time.
+
+    select-devices (selector -> physical GPUs)
+      -> for each device, at most `max_parallel` at once:
+           signal-with-start its remediation (runbook `maintenance`, trigger `maintenance`)
+           await-remediation-phase until it is drained (holding), escalated or closed
+      -> result: devices, launches, how each ended
+
+Each device's remediation is the ordinary `remediate-gpu-device` workflow under the device's
+canonical id, so an alert for a device being drained meets the same workflow. `max_parallel`
+comes from the runbook's `maintenance.maxParallel` (looked up through load-runbooks) unless
+the input is a dry run, which launches dry-run remediations (previews) for every device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.constants import (
+        ACT_AWAIT_REMEDIATION,
+        ACT_LOAD_RUNBOOKS,
+        ACT_SELECT_DEVICES,
+        ACT_SIGNAL_WITH_START,
+        WF_MAINTENANCE,
+    )
+    from workflows.models import (
+        AlertEvidence,
+        AwaitRemediationInput,
+        AwaitRemediationResult,
+        DeviceRef,
+        LaunchRequest,
+        LaunchResult,
+        MaintenanceInput,
+        MaintenanceResult,
+        Phase,
+        RemediationInput,
+        RunbookSet,
+        SelectDevicesInput,
+        SelectedDevices,
+    )
+
+# Selecting lists nodes and ResourceSlices: one or two API calls; a minute with retries covers
+# an API-server blip. Launch is one Temporal RPC.
+SHORT = timedelta(seconds=30)
+SHORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=5)
+# A drain may take as long as the runbook's eviction timeout plus force; the wait heartbeats,
+# so a worker crash is noticed within a minute and the wait resumes elsewhere.
+DRAIN_TIMEOUT = timedelta(hours=6)
+DRAIN_HEARTBEAT = timedelta(seconds=60)
+DRAIN_RETRY = RetryPolicy(initial_interval=timedelta(seconds=5), maximum_attempts=3)
+DRAINED = [Phase.HOLDING, Phase.ESCALATED, Phase.CLOSED]
+
+
+@workflow.defn(name=WF_MAINTENANCE)
+class MaintenanceWorkflow:
+    def __init__(self) -> None:
+        self._result = MaintenanceResult()
+
+    @workflow.query(name="progress")
+    def progress(self) -> MaintenanceResult:
+        return self._result
+
+    @workflow.run
+    async def run(self, inp: MaintenanceInput) -> MaintenanceResult:
+        self._result.dry_run = inp.dry_run
+        selected = await workflow.execute_activity(
+            ACT_SELECT_DEVICES,
+            SelectDevicesInput(selector=inp.selector),
+            result_type=SelectedDevices,
+            start_to_close_timeout=SHORT,
+            retry_policy=SHORT_RETRY,
+        )
+        self._result.devices = [d.key for d in selected.devices]
+        if not selected.devices:
+            workflow.logger.info("maintenance selector matched no device")
+            return self._result
+        max_parallel = await self._max_parallel(inp.runbook)
+        slots = asyncio.Semaphore(max_parallel)
+        workflow.logger.info(
+            "draining %d device(s), %d at a time", len(selected.devices), max_parallel
+        )
+
+        async def drain(index: int) -> None:
+            device = selected.devices[index]
+            async with slots:
+                launch = await workflow.execute_activity(
+                    ACT_SIGNAL_WITH_START,
+                    LaunchRequest(
+                        remediation=RemediationInput(
+                            device=DeviceRef(node=device.node, gpu_uuid=device.gpu_uuid),
+                            trigger="maintenance",
+                            runbook=inp.runbook,
+                            dry_run=inp.dry_run,
+                            requested_by=inp.requested_by,
+                            reason=inp.reason,
+                        ),
+                        evidence=AlertEvidence(
+                            source="manual",
+                            alertname="sickbay-maintenance",
+                            fingerprint=f"maintenance-{workflow.info().workflow_id}",
+                            summary=inp.reason,
+                            received_at=workflow.now(),
+                            labels={"requested_by": inp.requested_by},
+                        ),
+                        task_queue=workflow.info().task_queue,
+                    ),
+                    result_type=LaunchResult,
+                    start_to_close_timeout=SHORT,
+                    retry_policy=SHORT_RETRY,
+                )
+                self._result.launched.append(launch)
+                done = await workflow.execute_activity(
+                    ACT_AWAIT_REMEDIATION,
+                    AwaitRemediationInput(workflow_id=launch.workflow_id, phases=DRAINED),
+                    result_type=AwaitRemediationResult,
+                    start_to_close_timeout=DRAIN_TIMEOUT,
+                    heartbeat_timeout=DRAIN_HEARTBEAT,
+                    retry_policy=DRAIN_RETRY,
+                )
+                self._result.finished.append(done)
+
+        results = await asyncio.gather(
+            *(drain(i) for i in range(len(selected.devices))), return_exceptions=True
+        )
+        failures = [r for r in results if isinstance(r, BaseException)]
+        for failure in failures:
+            workflow.logger.warning("a drain failed: %s", failure)
+        if failures and len(failures) == len(results):
+            raise ApplicationError(
+                f"every drain failed; first: {failures[0]}", type="MaintenanceFailed"
+            )
+        return self._result
+
+    async def _max_parallel(self, runbook: str) -> int:
+        try:
+            runbooks = await workflow.execute_local_activity(
+                ACT_LOAD_RUNBOOKS,
+                result_type=RunbookSet,
+                start_to_close_timeout=timedelta(seconds=10),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+            )
+        except (ActivityError, ApplicationError):
+            return 1
+        found = runbooks.get(runbook)
+        return found.spec.maintenance.max_parallel if found else 1
