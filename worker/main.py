@@ -282,7 +282,7 @@ async def run_worker(settings: Settings) -> int:
         return 3
     try:
         built = build_activities(client, settings)
-    except Exception as exc:  # noqa: BLE001 - report any configuration problem, then stop
+    except Exception as exc:  # any configuration problem: report, then stop
         log.error("cannot build the activities: %s: %s", type(exc).__name__, exc)
         return 5
     for note in built.notes:
