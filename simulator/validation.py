@@ -186,6 +186,19 @@ def _default_claim_spec(spec: dict[str, Any]) -> None:
 # ---- per-kind validators ------------------------------------------------------------------
 
 
+_CONTAINER_FIELD_TYPES: dict[str, type] = {
+    "name": str,
+    "image": str,
+    "resources": dict,
+    "env": list,
+    "ports": list,
+    "command": list,
+    "args": list,
+    "volumeMounts": list,
+}
+_TYPE_WORDS: dict[type, str] = {str: "a string", dict: "an object", list: "a list"}
+
+
 def _pod_spec(spec: Any, path: str) -> Causes:
     causes: Causes = []
     if not isinstance(spec, dict):
@@ -214,6 +227,9 @@ def _pod_spec(spec: Any, path: str) -> Causes:
             names.add(name)
         if not c.get("image"):
             causes.append(_req(f"{cp}.image"))
+        for field, typ in _CONTAINER_FIELD_TYPES.items():
+            if field in c and c[field] is not None and not isinstance(c[field], typ):
+                causes.append(_inv(f"{cp}.{field}", c[field], f"must be {_TYPE_WORDS[typ]}"))
     rp = spec.get("restartPolicy", "Always")
     if rp not in ("Always", "OnFailure", "Never"):
         causes.append(_unsupported(f"{path}.restartPolicy", rp, ("Always", "OnFailure", "Never")))
