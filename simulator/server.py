@@ -116,6 +116,21 @@ class RequestLog:
     def as_dicts(self, **filters: Any) -> list[dict[str, Any]]:
         return [asdict(r) for r in self.entries(**filters)]
 
+    def rbac_rules(self, **filters: Any) -> list[dict[str, list[str]]]:
+        """The RBAC rules the logged API calls needed, one per (group, resource), sorted.
+
+        Compare with a ClusterRole's rules to prove it grants what a remediation used;
+        `resource` includes the subresource ("pods/eviction") as RBAC spells it.
+        """
+        needed: dict[tuple[str, str], set[str]] = {}
+        for r in self.entries(**filters):
+            if r.verb and r.resource:
+                needed.setdefault((r.group, r.resource), set()).add(r.verb)
+        return [
+            {"apiGroups": [group], "resources": [resource], "verbs": sorted(verbs)}
+            for (group, resource), verbs in sorted(needed.items())
+        ]
+
 
 # ---- events.k8s.io/v1 <-> core/v1 Event ---------------------------------------------------
 

@@ -3,8 +3,9 @@
 Cases: seeded nodes carry node-pool labels and ResourceSlices shaped like the NVIDIA DRA
 driver's (uuid, index, productName, driverVersion, memory capacity); MIG / vGPU / time-slice
 topologies give several devices per physical GPU with parentUUID; a YAML description seeds
-several pools; the request log records method/verb/resource/status and is readable and
-clearable over HTTP; /sim/healthz; `sickbay sim up --detach` then `sickbay sim down`.
+several pools; the request log records method/verb/resource/status, sums up the RBAC rules the
+calls needed, and is readable and clearable over HTTP; /sim/healthz; `sickbay sim up --detach`
+then `sickbay sim down`.
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def test_request_log_and_health(sim: RunningSim, core: client.CoreV1Api, ns: str
         f"{sim.url}/sim/requests", params={"namespace": ns, "verb": "get"}, timeout=5
     ).json()["items"]
     assert [r["name"] for r in over_http] == ["logged", "missing"]
+    assert sim.sim.requests.rbac_rules(namespace=ns) == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get"]}
+    ]
     health = httpx.get(f"{sim.url}/sim/healthz", timeout=5).json()
     assert health["status"] == "ok" and health["profile"] == "1.36" and health["nodes"] >= 2
 
