@@ -154,6 +154,27 @@ class Drill:
         self.stack.twin("DELETE", "/sim/api-faults")
 
 
+def _chain(err: BaseException | None) -> str:
+    parts = []
+    while err is not None:
+        parts.append(f"{type(err).__name__}: {err}")
+        err = getattr(err, "cause", None) or err.__cause__
+    return " <- ".join(parts)
+
+
+async def closed(demo: Demo, incident: Any, within: float = 60.0) -> Any:
+    """The remediation's result; a *failed* workflow (no escalation, nobody told) is an
+    assertion error naming the failure chain."""
+    from temporalio.client import WorkflowFailureError
+
+    try:
+        return await demo.closed(incident, within=within)
+    except WorkflowFailureError as err:
+        raise AssertionError(
+            f"{incident.workflow_id} FAILED instead of escalating: {_chain(err)}"
+        ) from err
+
+
 @contextlib.asynccontextmanager
 async def drill_stack(tmp: Path, **overrides: Any) -> AsyncIterator[Drill]:
     stack = start_stack(tmp, **overrides)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.drills.conftest import drill_stack
+from tests.drills.conftest import closed, drill_stack
 from workflows.models import Phase
 
 pytestmark = [pytest.mark.slow, pytest.mark.devserver]
@@ -59,7 +59,7 @@ async def test_twenty_percent_api_faults(tmp_path: Path) -> None:
         for inc, st in zip(incidents, settled, strict=True):
             if st.phase is Phase.HOLDING:
                 await demo.repaired(inc, actor="drill")
-        results = await asyncio.gather(*(demo.closed(i, within=BOUND) for i in incidents))
+        results = await asyncio.gather(*(closed(demo, i, within=BOUND) for i in incidents))
         injected = sum(r["injected"] for r in d.api_faults())
         d.clear_api_faults()
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.activities.kube.rbac_proxy import RbacProxy
-from tests.drills.conftest import drill_stack
+from tests.drills.conftest import closed, drill_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.devserver]
 
@@ -74,7 +74,7 @@ async def test_missing_create_permission_escalates_once_naming_it(tmp_path: Path
             gpu = await demo.gpu(device)
             await demo.fail(gpu)
             incident = await demo.incident(gpu, "drill: RBAC gap")
-            result = await demo.closed(incident, within=90)
+            result = await closed(demo, incident, within=90)
 
             assert result.outcome == "escalated", (result.outcome, result.reason)
             reason = result.reason.lower()

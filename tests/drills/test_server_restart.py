@@ -88,7 +88,7 @@ async def test_dev_server_restart_mid_remediation(
         await demo.phase(incident, {Phase.HOLDING}, within=150)
         await demo.running(ns, "serve", count=2)
         await demo.repaired(incident, actor="drill")
-        result = await demo.closed(incident, within=60)
+        result = await drills.closed(demo, incident, within=60)
         assert result.outcome == "released", (result.outcome, result.reason)
         runs = [
             r async for r in demo.client.list_workflows(f"WorkflowId = '{incident.workflow_id}'")

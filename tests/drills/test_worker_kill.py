@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.drills.conftest import drill_stack
+from tests.drills.conftest import closed, drill_stack
 from workflows.models import Phase
 
 pytestmark = [pytest.mark.slow, pytest.mark.devserver]
@@ -80,7 +80,7 @@ async def test_sigkill_at_quarantine_and_in_pending_wait(tmp_path: Path) -> None
         # Release both; they close as released, nothing Sickbay made is left.
         for inc in (inc_a, inc_b):
             await demo.repaired(inc, actor="drill")
-        results = [await demo.closed(inc, within=60) for inc in (inc_a, inc_b)]
+        results = [await closed(demo, inc, within=60) for inc in (inc_a, inc_b)]
         assert [r.outcome for r in results] == ["released", "released"], [
             (r.outcome, r.reason) for r in results
         ]
