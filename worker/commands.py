@@ -1,0 +1,610 @@
+"""CLI subcommands of the engine: worker, launch, status, timeline, approve / reject / abort /
+repaired, runbooks validate / explain.
+
+Every command reads the same `Settings` (env `SICKBAY_*`, overridden by flags) and talks to
+Temporal through `worker.temporal.connect`. Devices are named `node/GPU-uuid` (or the workflow
+id itself); `launch` also takes node + GPU index or a DRA name and resolves them with the
+Kubernetes activities' code before the one signal-with-start path (`activities.launch`).
+Exit codes: 0 ok, 1 failed / not found, 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import logging
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from workflows.constants import (
+    QRY_STATUS,
+    QRY_TIMELINE,
+    SA_DEVICE,
+    SA_NODE,
+    SA_PHASE,
+    SA_WORKLOAD_CLASS,
+    SIG_ABORT,
+    SIG_REPAIRED,
+    UPD_APPROVE,
+    WF_MAINTENANCE,
+    WF_REMEDIATE,
+    device_workflow_id,
+)
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------ helpers ----
+
+
+def _kv(text: str) -> tuple[str, str]:
+    if "=" not in text or text.startswith("="):
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    key, value = text.split("=", 1)
+    return key, value
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip() or "\x00" in text:
+        raise argparse.ArgumentTypeError("must be a non-empty string")
+    return text
+
+
+def _dra(text: str) -> tuple[str, str, str]:
+    parts = text.split("/")
+    if len(parts) != 3 or not all(parts):
+        raise argparse.ArgumentTypeError(f"expected driver/pool/device, got {text!r}")
+    return parts[0], parts[1], parts[2]
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from worker.settings import Settings
+
+    overrides = {
+        k: v
+        for k, v in {
+            "temporal_address": getattr(args, "address", None),
+            "temporal_namespace": getattr(args, "namespace", None),
+            "task_queue": getattr(args, "task_queue", None),
+            "runbooks_dir": getattr(args, "runbooks_dir", None),
+            "metrics_port": getattr(args, "metrics_port", None),
+        }.items()
+        if v is not None
+    }
+    return Settings(**overrides)
+
+
+def _add_connection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", help="Temporal address (SICKBAY_TEMPORAL_ADDRESS)")
+    p.add_argument("--namespace", help="Temporal namespace (SICKBAY_TEMPORAL_NAMESPACE)")
+    p.add_argument("--task-queue", help="task queue (SICKBAY_TASK_QUEUE)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def workflow_id_for(target: str) -> str:
+    """`sickbay-...` ids pass through; `node/GPU-uuid` becomes the device's workflow id."""
+    if target.startswith("sickbay-"):
+        return target
+    if target.count("/") == 1:
+        node, gpu = target.split("/")
+        if node and gpu:
+            return device_workflow_id(node, gpu)
+    raise ValueError(
+        f"{target!r} is neither a workflow id (sickbay-...) nor a device (node/GPU-uuid)"
+    )
+
+
+def _run(coro: Any) -> int:
+    try:
+        return int(asyncio.run(coro) or 0)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ConnectionError as exc:
+        print(f"error: cannot reach Temporal: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _client(args: argparse.Namespace) -> Any:
+    from worker.temporal import connect
+
+    return await connect(_settings(args))
+
+
+def _out(args: argparse.Namespace, payload: Any, text: str) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(payload, indent=2, default=str))
+    else:
+        print(text)
+
+
+# ------------------------------------------------------------------------------ worker -----
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from worker.main import run_worker
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return asyncio.run(run_worker(_settings(args)))
+
+
+# ------------------------------------------------------------------------------ launch -----
+
+
+async def _resolve(settings: Any, ref: Any) -> Any:
+    """node + index / DRA name -> node + GPU UUID, with the resolve-device activity's code."""
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.kube import KubeActivities
+    from workflows.models import ResolveDeviceInput
+
+    kube = KubeActivities.from_settings(settings)
+    try:
+        resolved = await ActivityEnvironment().run(
+            kube.resolve_device, ResolveDeviceInput(device=ref)
+        )
+    finally:
+        kube.close()
+    return ref.model_copy(update={"node": resolved.node, "gpu_uuid": resolved.gpu_uuid})
+
+
+async def _launch(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from activities.launch import signal_with_start
+    from workflows.models import (
+        DeviceRef,
+        MaintenanceInput,
+        MaintenanceSelector,
+        RemediationInput,
+    )
+
+    settings = _settings(args)
+    actor = args.requested_by or getpass.getuser()
+    selector_given = bool(args.select_node or args.select_label or args.select_attr)
+    try:
+        if selector_given:
+            selector = MaintenanceSelector(
+                nodes=args.select_node or [],
+                node_labels=dict(args.select_label or []),
+                device_attributes=dict(args.select_attr or []),
+            )
+            maint = MaintenanceInput(
+                selector=selector,
+                runbook=args.runbook or "maintenance",
+                reason=args.reason or "planned maintenance",
+                requested_by=actor,
+                dry_run=args.dry_run,
+            )
+        else:
+            dra = args.device or (None, None, None)
+            ref = DeviceRef(
+                node=args.node,
+                gpu_uuid=args.uuid,
+                gpu_index=args.gpu,
+                driver=dra[0],
+                pool=dra[1],
+                device=dra[2],
+            )
+    except ValidationError as exc:
+        raise ValueError("; ".join(e["msg"] for e in exc.errors())) from exc
+
+    from worker.temporal import connect
+
+    client = await connect(settings)
+    if selector_given:
+        wf_id = f"sickbay-maintenance-{uuid.uuid4().hex[:10]}"
+        handle = await client.start_workflow(
+            WF_MAINTENANCE, maint, id=wf_id, task_queue=settings.task_queue
+        )
+        _out(
+            args,
+            {"workflow_id": handle.id, "run_id": handle.result_run_id, "started": True},
+            f"started maintenance drain {handle.id}"
+            + (" (dry run)" if args.dry_run else "")
+            + f"\n  follow: sickbay status; UI {settings.temporal_ui_url}",
+        )
+        return 0
+    if not ref.canonical:
+        ref = await _resolve(settings, ref)
+    inp = RemediationInput(
+        device=ref,
+        trigger="manual",
+        runbook=args.runbook,
+        dry_run=args.dry_run,
+        requested_by=actor,
+        reason=args.reason or "",
+    )
+    result = await signal_with_start(client, inp, task_queue=settings.task_queue)
+    verb = "started" if result.started else "signalled running"
+    _out(
+        args,
+        result.model_dump(mode="json"),
+        f"{verb} remediation {result.workflow_id} for {result.device}"
+        + (" (dry run)" if args.dry_run else ""),
+    )
+    return 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    has_device = args.node or args.device or args.uuid or args.gpu is not None
+    has_selector = args.select_node or args.select_label or args.select_attr
+    if bool(has_device) == bool(has_selector):
+        print(
+            "error: give a device (--node with --uuid or --gpu, or --device driver/pool/device) "
+            "or a maintenance selector (--select-node / --select-label / --select-attr)",
+            file=sys.stderr,
+        )
+        return 2
+    return _run(_launch(args))
+
+
+# ------------------------------------------------------------------------------ status -----
+
+
+async def _status(args: argparse.Namespace) -> int:
+    client = await _client(args)
+    query = f"WorkflowType = '{WF_REMEDIATE}' AND ExecutionStatus = 'Running'"
+    rows = []
+    async for wf in client.list_workflows(query):
+        sa = wf.search_attributes or {}
+
+        def first(name: str, attrs: dict[str, Any] = sa) -> str:
+            value = attrs.get(name) or [""]
+            return str(value[0]) if isinstance(value, list) else str(value)
+
+        rows.append(
+            {
+                "workflow_id": wf.id,
+                "device": first(SA_DEVICE),
+                "node": first(SA_NODE),
+                "workload_class": first(SA_WORKLOAD_CLASS),
+                "phase": first(SA_PHASE),
+                "started": wf.start_time.isoformat() if wf.start_time else "",
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no open incidents")
+        return 0
+    print(f"{'PHASE':<22} {'CLASS':<14} {'DEVICE':<50} WORKFLOW")
+    for r in rows:
+        print(
+            f"{r['phase'] or '-':<22} {r['workload_class'] or '-':<14} {r['device']:<50} {r['workflow_id']}"
+        )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    return _run(_status(args))
+
+
+# ------------------------------------------------------------------------------ timeline ---
+
+
+async def _timeline(args: argparse.Namespace) -> int:
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from workflows.models import RemediationStatus, TimelineEntry
+
+    wf_id = workflow_id_for(args.target)
+    client = await _client(args)
+    handle = client.get_workflow_handle(wf_id)
+    try:
+        entries = await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
+        status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            print(f"no remediation {wf_id}", file=sys.stderr)
+            return 1
+        raise
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "status": status.model_dump(mode="json"),
+                    "timeline": [e.model_dump(mode="json") for e in entries],
+                },
+                indent=2,
+            )
+        )
+        return 0
+    print(f"{wf_id}  device {status.device}  phase {status.phase.value}  runbook {status.runbook}")
+    for e in entries:
+        line = f"{e.at:%Y-%m-%d %H:%M:%S}  {e.phase.value:<20} {e.action}"
+        if e.outcome:
+            line += f" -> {e.outcome}"
+        if e.actor != "sickbay":
+            line += f"  [{e.actor}]"
+        if e.reason:
+            line += f"  ({e.reason})"
+        print(line)
+    return 0
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    return _run(_timeline(args))
+
+
+# ------------------------------------------------------------------------------ decisions --
+
+
+async def _decide(args: argparse.Namespace) -> int:
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from workflows.models import AbortRequest, ApprovalDecision, ApprovalResult, RepairedRequest
+
+    wf_id = workflow_id_for(args.target)
+    actor = args.actor or getpass.getuser()
+    client = await _client(args)
+    handle = client.get_workflow_handle(wf_id)
+    try:
+        if args.command in ("approve", "reject"):
+            try:
+                result = await handle.execute_update(
+                    UPD_APPROVE,
+                    ApprovalDecision(
+                        approve=args.command == "approve", actor=actor, reason=args.reason or ""
+                    ),
+                    result_type=ApprovalResult,
+                )
+            except WorkflowUpdateFailedError as exc:
+                print(f"refused: {exc.cause}", file=sys.stderr)
+                return 1
+            print(f"{args.command}d {wf_id} (phase {result.phase.value})")
+        elif args.command == "abort":
+            if not args.reason:
+                print("error: abort needs --reason", file=sys.stderr)
+                return 2
+            await handle.signal(SIG_ABORT, AbortRequest(reason=args.reason, actor=actor))
+            print(f"abort sent to {wf_id}")
+        else:
+            await handle.signal(SIG_REPAIRED, RepairedRequest(actor=actor, note=args.reason or ""))
+            print(f"marked {wf_id} repaired")
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            print(f"no running remediation {wf_id}", file=sys.stderr)
+            return 1
+        raise
+    return 0
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    return _run(_decide(args))
+
+
+# ------------------------------------------------------------------------------ runbooks ---
+
+
+def cmd_runbooks_validate(args: argparse.Namespace) -> int:
+    from activities.runbooks import RunbookError, load_dir
+
+    path = Path(args.path) if args.path else _settings(args).runbooks_dir
+    try:
+        loaded = load_dir(path)
+    except RunbookError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    for rb in loaded.runbooks:
+        print(f"ok  {rb.name:<14} precedence {rb.spec.precedence:<4} {rb.metadata.description}")
+    if loaded.get("default") is None:
+        print("warning: no 'default' runbook; built-in safe defaults apply", file=sys.stderr)
+    return 0
+
+
+def explain_steps(runbook: Any, failure_class: str) -> list[str]:
+    """What the workflow would do with `runbook` for a device of `failure_class`, in order."""
+    spec = runbook.spec
+    action = getattr(spec.on, failure_class)
+    steps = [
+        f"confirm: gather evidence; an Alertmanager alert older than {spec.confirm.stale_after} "
+        "for a device that reports Healthy is stale -> nothing is done",
+    ]
+    if spec.confirm.require_unhealthy_status:
+        steps.append("confirm: act only when pod status reports the device Unhealthy")
+    if action == "ignore":
+        return [*steps, f"{failure_class}: ignore -> close, nothing tainted"]
+    if action == "notify":
+        return [
+            *steps,
+            f"{failure_class}: notify -> Warning Event on the consumer pods and "
+            f"{spec.escalation.channels or 'no channels'}; nothing tainted",
+        ]
+    if spec.dry_run:
+        steps.append("dry run: preview the DeviceTaintRule (effect None); nothing tainted")
+        return steps
+    budget = spec.budget
+    steps.append(
+        f"guard: budget lease, at most {budget.max_per_pool} of the pool and "
+        f"{budget.max_per_cluster} of the cluster quarantined; over budget -> no taint, escalate"
+    )
+    if spec.approval.required:
+        steps.append(
+            f"approve: wait up to {spec.approval.timeout} for `sickbay approve`; "
+            f"then {spec.approval.on_timeout}"
+        )
+    ev = spec.eviction
+    if ev.mode == "eviction-api":
+        steps.append(
+            "quarantine: DeviceTaintRule NoSchedule, then the Eviction API (honours PDBs), "
+            f"then NoExecute as a backstop after {ev.timeout}"
+        )
+    else:
+        steps.append(f"quarantine: DeviceTaintRule {spec.quarantine.effect}")
+    if spec.quarantine.effect == "NoSchedule" and ev.mode == "taint":
+        steps.append("consumers keep running (NoSchedule blocks only new pods)")
+    else:
+        force = {
+            "none": "escalate",
+            "eviction-api": "evict again, then escalate",
+            "delete": "delete the pods, then escalate",
+        }[ev.force]
+        steps.append(f"evict: wait up to {ev.timeout} for the consumers to go; then {force}")
+        steps.append(
+            f"replace: wait up to {spec.replacement.pending_deadline} for replacements to run; "
+            f"{spec.replacement.churn_evictions}+ evictions of one owner = churn -> escalate"
+        )
+        su = spec.scale_up
+        if su.enabled:
+            pool = su.pool.name if su.pool else f"the device's node pool ({su.provider})"
+            steps.append(
+                f"scale up: ask {pool} for +{su.step} (max {su.max_size}, cool-down "
+                f"{su.cooldown}{', after approval' if su.approval else ''}); wait "
+                f"{su.capacity_deadline} for capacity; at max -> escalate"
+            )
+        else:
+            steps.append("scale up: off -> escalate when the Pending deadline passes")
+    esc = spec.escalation
+    steps.append(
+        f"escalate (once): {esc.channels or 'no channels'} severity {esc.severity}, on "
+        f"{', '.join(esc.on)}"
+    )
+    rel = spec.release
+    how = {
+        "repaired": "only when marked repaired",
+        "healthy-cooldown": f"when Healthy for {rel.cooldown}",
+        "either": f"when marked repaired or Healthy for {rel.cooldown}",
+    }[rel.mode]
+    steps.append(f"hold and release: {how} (checked every {rel.health_check_interval})")
+    return steps
+
+
+def cmd_runbooks_explain(args: argparse.Namespace) -> int:
+    from activities.runbooks import RunbookError, load_dir
+    from workflows.classify import classify_xid
+    from workflows.models import Consumer, OwnerRef, PodRef
+    from workflows.runbook_match import select_runbook
+
+    path = Path(args.path) if args.path else _settings(args).runbooks_dir
+    try:
+        loaded = load_dir(path)
+    except RunbookError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    owner = (
+        OwnerRef(kind=args.owner_kind, name="workload", namespace=args.namespace)
+        if args.owner_kind
+        else None
+    )
+    consumer = Consumer(
+        pod=PodRef(namespace=args.namespace, name=args.pod or "pod"),
+        labels=dict(args.label or []),
+        namespace_labels=dict(args.namespace_label or []),
+        top_owner=owner,
+        priority_class=args.priority_class,
+    )
+    selection = select_runbook(loaded.runbooks, [consumer], args.runbook)
+    failure_class = args.failure_class or (
+        classify_xid(args.xid) if args.xid is not None else "unhealthy"
+    )
+    steps = explain_steps(selection.runbook, failure_class)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "runbook": selection.runbook.name,
+                    "why": selection.why,
+                    "notes": selection.notes,
+                    "class": failure_class,
+                    "steps": steps,
+                },
+                indent=2,
+            )
+        )
+        return 0
+    print(f"runbook: {selection.runbook.name}  ({selection.why})")
+    for note in selection.notes:
+        print(f"note: {note}")
+    print(f"failure class: {failure_class}")
+    for i, step in enumerate(steps, 1):
+        print(f"  {i}. {step}")
+    return 0
+
+
+# ------------------------------------------------------------------------------ register ---
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("worker", help="run the Temporal worker")
+    _add_connection(p)
+    p.add_argument("--runbooks-dir", help="runbook directory (SICKBAY_RUNBOOKS_DIR)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus port, 0 = off")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser(
+        "launch",
+        help="start (or signal) a device's remediation, or a maintenance drain",
+        description="Device: --node with --uuid or --gpu INDEX, or --device driver/pool/device. "
+        "Maintenance drain: --select-node / --select-label / --select-attr.",
+    )
+    _add_connection(p)
+    p.add_argument("--node", type=_nonempty)
+    p.add_argument("--uuid", type=_nonempty, help="GPU UUID (dcgm-exporter's UUID label)")
+    p.add_argument("--gpu", type=int, help="GPU index on the node")
+    p.add_argument("--device", type=_dra, help="DRA device driver/pool/device")
+    p.add_argument("--select-node", action="append", type=_nonempty, help="maintenance: node")
+    p.add_argument("--select-label", action="append", type=_kv, help="maintenance: node label k=v")
+    p.add_argument(
+        "--select-attr", action="append", type=_kv, help="maintenance: device attribute k=v"
+    )
+    p.add_argument("--runbook", type=_nonempty, help="pin a runbook by name")
+    p.add_argument("--reason", type=_nonempty)
+    p.add_argument("--requested-by", type=_nonempty)
+    p.add_argument("--dry-run", action="store_true", help="preview only: nothing is tainted")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("status", help="open incidents with their phase")
+    _add_connection(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("timeline", help="a remediation's timeline")
+    _add_connection(p)
+    p.add_argument("target", type=_nonempty, help="node/GPU-uuid or workflow id")
+    p.set_defaults(func=cmd_timeline)
+
+    for name, text in (
+        ("approve", "approve a remediation waiting for approval"),
+        ("reject", "reject a remediation waiting for approval"),
+        ("abort", "stop a remediation and undo its quarantine"),
+        ("repaired", "mark the device repaired: release the quarantine"),
+    ):
+        p = sub.add_parser(name, help=text)
+        _add_connection(p)
+        p.add_argument("target", type=_nonempty, help="node/GPU-uuid or workflow id")
+        p.add_argument("--actor", type=_nonempty)
+        p.add_argument("--reason", type=_nonempty)
+        p.set_defaults(func=cmd_decide)
+
+    p = sub.add_parser("runbooks", help="validate or explain runbooks")
+    rsub = p.add_subparsers(dest="runbooks_command", metavar="ACTION", required=True)
+    v = rsub.add_parser("validate", help="check runbook YAML; errors as file:line: field: problem")
+    v.add_argument("path", nargs="?", help="file or directory (default SICKBAY_RUNBOOKS_DIR)")
+    v.set_defaults(func=cmd_runbooks_validate)
+    e = rsub.add_parser("explain", help="which runbook applies to a workload, step by step")
+    e.add_argument("--path", help="runbook file or directory (default SICKBAY_RUNBOOKS_DIR)")
+    e.add_argument("--namespace", default="default")
+    e.add_argument("--pod")
+    e.add_argument("--label", action="append", type=_kv, help="pod label k=v")
+    e.add_argument("--namespace-label", action="append", type=_kv, help="namespace label k=v")
+    e.add_argument("--owner-kind", help="top owner kind (Deployment, Job, JobSet, ...)")
+    e.add_argument("--priority-class")
+    e.add_argument("--runbook", help="as if the launch pinned this runbook")
+    e.add_argument("--xid", type=int, help="classify this Xid code")
+    e.add_argument(
+        "--class", dest="failure_class", choices=["unhealthy", "degraded", "application", "unknown"]
+    )
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_runbooks_explain)
