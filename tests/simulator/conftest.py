@@ -24,6 +24,11 @@ from simulator.testing import RunningSim
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "k8s_golden"
 
+# Bounds for waits in these tests: the twin answers from memory in milliseconds, watches end by
+# their timeoutSeconds (1-2 s); these limits only turn a hang into a failure.
+HTTP_TIMEOUT = 5.0
+JOIN_TIMEOUT = 10.0
+
 # Keys whose values are compared exactly by assert_shape (the rest only by presence/type).
 COMPARED_VALUES = frozenset(
     {"reason", "code", "status", "kind", "apiVersion", "type", "field", "effect", "phase"}

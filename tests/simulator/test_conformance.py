@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from simulator.testing import RunningSim, start_sim
-from tests.simulator.conftest import assert_shape, golden, raw, replay
+from tests.simulator.conftest import JOIN_TIMEOUT, assert_shape, golden, raw, replay
 
 NAMESPACES = (
     "golden-errors",
@@ -298,9 +298,9 @@ def _watch_during(rs: RunningSim, ns: str, actions: Any) -> list[dict[str, Any]]
         ),
     )
     t.start()
-    ready.wait(5)
+    ready.wait(JOIN_TIMEOUT)
     actions()
-    t.join(10)
+    t.join(JOIN_TIMEOUT)
     return events
 
 

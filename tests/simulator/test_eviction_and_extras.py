@@ -24,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from simulator.errors import ApiError
 from simulator.server import RequestInfo
 from simulator.testing import RunningSim
+from tests.simulator.conftest import HTTP_TIMEOUT
 
 
 def _pod(name: str, labels: dict[str, str], node: str = "gpu-pool-node-0") -> dict[str, Any]:
@@ -150,10 +151,12 @@ def test_watch_initial_events_and_bookmark(
 ) -> None:
     core.create_namespaced_pod(ns, _pod("existing", {"a": "b"}))
     url = f"{sim.url}/api/v1/namespaces/{ns}/pods?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=1"
-    events = [json.loads(line) for line in httpx.get(url, timeout=10).text.splitlines() if line]
+    events = [
+        json.loads(line) for line in httpx.get(url, timeout=HTTP_TIMEOUT).text.splitlines() if line
+    ]
     assert [e["type"] for e in events] == ["ADDED", "BOOKMARK", "BOOKMARK"]
     assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
-    bad = httpx.get(url.replace("&allowWatchBookmarks=true", ""), timeout=10)
+    bad = httpx.get(url.replace("&allowWatchBookmarks=true", ""), timeout=HTTP_TIMEOUT)
     assert bad.status_code == 422
 
 
@@ -192,29 +195,36 @@ def test_request_interceptors_and_extension_handlers(sim_factory: Any) -> None:
             {"method": method, "parts": parts, "query": query},
         ),
     )
-    assert httpx.post(f"{rs.url}/sim/echo/a/b?x=1", timeout=5).json() == {
+    assert httpx.post(f"{rs.url}/sim/echo/a/b?x=1", timeout=HTTP_TIMEOUT).json() == {
         "method": "POST",
         "parts": ["a", "b"],
         "query": {"x": "1"},
     }
-    assert httpx.get(f"{rs.url}/sim/nothing", timeout=5).status_code == 404
+    assert httpx.get(f"{rs.url}/sim/nothing", timeout=HTTP_TIMEOUT).status_code == 404
 
 
 def test_create_content_types(sim: RunningSim, ns: str) -> None:
     url = f"{sim.url}/api/v1/namespaces/{ns}/pods"
     as_yaml = "metadata:\n  name: from-yaml\nspec:\n  containers:\n  - {name: c, image: i}\n"
     created = httpx.post(
-        url, content=as_yaml, headers={"Content-Type": "application/yaml"}, timeout=5
+        url, content=as_yaml, headers={"Content-Type": "application/yaml"}, timeout=HTTP_TIMEOUT
     )
     assert created.status_code == 201 and created.json()["metadata"]["name"] == "from-yaml"
-    wrong = httpx.post(url, content=as_yaml, headers={"Content-Type": "text/plain"}, timeout=5)
+    wrong = httpx.post(
+        url, content=as_yaml, headers={"Content-Type": "text/plain"}, timeout=HTTP_TIMEOUT
+    )
     assert wrong.status_code == 415 and wrong.json()["reason"] == "UnsupportedMediaType"
     garbage = httpx.post(
-        url, content=b"{not json", headers={"Content-Type": "application/json"}, timeout=5
+        url,
+        content=b"{not json",
+        headers={"Content-Type": "application/json"},
+        timeout=HTTP_TIMEOUT,
     )
     assert garbage.status_code == 400 and garbage.json()["reason"] == "BadRequest"
     wrong_kind = httpx.post(
-        url, json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}}, timeout=5
+        url,
+        json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}},
+        timeout=HTTP_TIMEOUT,
     )
     assert wrong_kind.status_code == 400
 
@@ -255,6 +265,6 @@ def test_create_content_types(sim: RunningSim, ns: str) -> None:
 def test_wrongly_typed_bodies_are_client_errors(
     sim: RunningSim, ns: str, path: str, body: dict[str, Any]
 ) -> None:
-    resp = httpx.post(sim.url + path.format(ns=ns), json=body, timeout=5)
+    resp = httpx.post(sim.url + path.format(ns=ns), json=body, timeout=HTTP_TIMEOUT)
     assert resp.status_code in (400, 422), resp.text
     assert resp.json()["kind"] == "Status"

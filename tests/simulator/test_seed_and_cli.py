@@ -21,6 +21,7 @@ import httpx
 from kubernetes import client
 
 from simulator.testing import RunningSim
+from tests.simulator.conftest import HTTP_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,13 +104,13 @@ def test_request_log_and_health(sim: RunningSim, core: client.CoreV1Api, ns: str
     ]
     assert mine[0].user_agent.startswith("OpenAPI-Generator/") and mine[0].duration_ms > 0
     over_http = httpx.get(
-        f"{sim.url}/sim/requests", params={"namespace": ns, "verb": "get"}, timeout=5
+        f"{sim.url}/sim/requests", params={"namespace": ns, "verb": "get"}, timeout=HTTP_TIMEOUT
     ).json()["items"]
     assert [r["name"] for r in over_http] == ["logged", "missing"]
     assert sim.sim.requests.rbac_rules(namespace=ns) == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get"]}
     ]
-    health = httpx.get(f"{sim.url}/sim/healthz", timeout=5).json()
+    health = httpx.get(f"{sim.url}/sim/healthz", timeout=HTTP_TIMEOUT).json()
     assert health["status"] == "ok" and health["profile"] == "1.36" and health["nodes"] >= 2
 
 
@@ -117,7 +118,7 @@ def test_request_log_clear(sim_factory: Any) -> None:
     rs = sim_factory(nodes=1)
     client.CoreV1Api(rs.api_client()).list_node()
     assert rs.requests(verb="list", resource="nodes")
-    assert httpx.delete(f"{rs.url}/sim/requests", timeout=5).status_code == 200
+    assert httpx.delete(f"{rs.url}/sim/requests", timeout=HTTP_TIMEOUT).status_code == 200
     assert rs.requests() == []
 
 
@@ -156,7 +157,13 @@ def test_cli_up_detach_and_down(tmp_path: Path) -> None:
         assert len(client.ResourceV1Api(api).list_resource_slice().items) == 1
     finally:
         down = subprocess.run(
-            cmd + ["down"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30
+            # 30 s: down waits up to 10 s for the process, plus interpreter start-up.
+            cmd + ["down"],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     assert down.returncode == 0, down.stderr
     assert not (tmp_path / "sim.json").exists()

@@ -18,6 +18,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from simulator.testing import RunningSim
+from tests.simulator.conftest import JOIN_TIMEOUT
 
 POD = {
     "metadata": {"name": "w", "labels": {"app": "w"}},
@@ -41,9 +42,9 @@ def _watch_while(core: client.CoreV1Api, ns: str, action: Any, **kwargs: Any) ->
     kwargs.setdefault("resource_version", rv)
     t = threading.Thread(target=_stream, args=(core, ns, events, ready), kwargs=kwargs)
     t.start()
-    ready.wait(5)
+    ready.wait(JOIN_TIMEOUT)
     action()
-    t.join(10)
+    t.join(JOIN_TIMEOUT)
     return events
 
 
@@ -143,10 +144,10 @@ def test_many_concurrent_watches_all_receive_the_event(
     for t in threads:
         t.start()
     for r in readies:
-        r.wait(5)
+        r.wait(JOIN_TIMEOUT)
     core.create_namespaced_pod(ns, POD)
     for t in threads:
-        t.join(10)
+        t.join(JOIN_TIMEOUT)
     assert all([e[:2] for e in r] == [("ADDED", "w")] for r in results)
 
 
