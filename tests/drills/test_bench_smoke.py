@@ -1,0 +1,63 @@
+"""The benchmark code runs: `python -m bench --quick` end to end (figures not judged).
+
+Case: the quick mode (small counts: 8 latency pairs, one happy path, a 240-alert storm on a
+20-node twin, 16 remediations in flight) writes its markdown, three PNG plots and
+results.json; every benchmark produced its figures (no `errors` entry), the latency pairs
+were all matched, and the cost run ended released. Nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.drills.conftest import worker_argv
+
+pytestmark = [pytest.mark.slow, pytest.mark.devserver]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_quick_runs(tmp_path: Path) -> None:
+    argv = worker_argv()
+    env = dict(os.environ)
+    if argv[0] != "-m":
+        env["SICKBAY_BENCH_WORKER"] = argv[0]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--out",
+            str(tmp_path / "BENCHMARKS.md"),
+            "--plots",
+            str(tmp_path / "plots"),
+            "--results",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,  # the quick run takes about a minute on 2 busy cores
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert "errors" not in results, results.get("errors")
+    assert results["latency"]["measured"] == results["latency"]["pairs"] == 8
+    assert results["cost"]["outcome"] == "released"
+    assert results["storm"]["alerts"] == 240
+    assert results["memory"]["remediations"] == 16
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "## Summary" in text and "Quick mode" in text
+    for name in ("latency", "storm", "memory"):
+        png = tmp_path / "plots" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"plots/{name}.png" in text
