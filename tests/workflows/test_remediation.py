@@ -150,6 +150,7 @@ async def test_application_xid_does_not_taint(time_skipping_env: WorkflowEnviron
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world, alerts=[xid_alert(13, "fp-13")])
         result = await handle.result()
+        save_history("application_xid", await handle.fetch_history())
     assert result.outcome == "not-quarantined"
     assert result.status.failure_class == "application"
     assert ACT_QUARANTINE not in world.names() and ACT_ACQUIRE_BUDGET not in world.names()
@@ -192,6 +193,7 @@ async def test_budget_exhausted(time_skipping_env: WorkflowEnvironment) -> None:
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
         result = await handle.result()
+        save_history("budget_exhausted", await handle.fetch_history())
     assert result.outcome == "escalated"
     assert result.status.escalation_reason == "budget-exhausted"
     assert ACT_QUARANTINE not in world.names()
@@ -244,6 +246,7 @@ async def test_approve_update_then_quarantine(time_skipping_env: WorkflowEnviron
             assert "not awaiting-approval" in str(exc.cause)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="carol"))
         result = await handle.result()
+        save_history("approval", await handle.fetch_history())
     assert result.outcome == "released"
     assert len(world.args(ACT_QUARANTINE)) == 1
     approved = next(e for e in result.timeline if e.action == "approved")
@@ -264,6 +267,7 @@ async def test_eviction_timeout_then_force(time_skipping_env: WorkflowEnvironmen
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
         result = await handle.result()
+        save_history("eviction_force", await handle.fetch_history())
     assert result.outcome == "released"  # forcing worked, no escalation
     forced = world.args(ACT_EVICT_PODS)
     assert len(forced) == 1 and forced[0].delete_if_blocked  # inference: force: delete
@@ -333,6 +337,7 @@ async def test_pending_deadline_scale_up_success(time_skipping_env: WorkflowEnvi
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="frank"))
         result = await handle.result()
+        save_history("scale_up_success", await handle.fetch_history())
     assert result.outcome == "released"
     req = world.args(ACT_REQUEST_CAPACITY)[0]
     assert req.pool.provider == "http" and req.pool.name == "pool-a"
@@ -398,6 +403,7 @@ async def test_churn_escalates(time_skipping_env: WorkflowEnvironment) -> None:
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="hank"))
         result = await handle.result()
+        save_history("churn", await handle.fetch_history())
     assert result.outcome == "escalated"
     assert result.status.escalation_reason == "churn"
     assert ACT_REQUEST_CAPACITY not in world.names()
@@ -412,6 +418,7 @@ async def test_abort_while_holding_undoes(time_skipping_env: WorkflowEnvironment
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_ABORT, AbortRequest(reason="false positive", actor="ivy"))
         result = await handle.result()
+        save_history("abort", await handle.fetch_history())
     assert result.outcome == "aborted"
     assert "false positive" in result.reason
     assert ACT_RELEASE_QUARANTINE in world.names() and ACT_RELEASE_BUDGET in world.names()
