@@ -22,6 +22,7 @@ from workflows.constants import device_workflow_id
 
 HISTORIES = Path(__file__).resolve().parents[1] / "histories"
 RECORDED = sorted(HISTORIES.glob("*.json"))
+TEXTS = {path: path.read_text() for path in RECORDED}
 
 
 def test_histories_recorded() -> None:
@@ -39,7 +40,7 @@ def recorded_workflow_id(text: str) -> str:
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
 async def test_replay(path: Path) -> None:
-    text = path.read_text()
+    text = TEXTS[path]
     workflow_id = recorded_workflow_id(text)
     replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(WorkflowHistory.from_json(workflow_id, text))
