@@ -44,7 +44,10 @@ def latency(result: dict[str, Any], path: Path) -> Path:
 
 def storm(result: dict[str, Any], path: Path) -> Path:
     prog = result["progress"]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    rss = result.get("worker_rss") or []
+    fig, (ax, ax3) = plt.subplots(
+        2, 1, figsize=(10, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]}
+    )
     acked, total = [], 0
     for t, n in prog["acked"]:
         total += n
@@ -71,6 +74,11 @@ def storm(result: dict[str, Any], path: Path) -> Path:
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="center right")
     ax.grid(True, alpha=0.3)
+    if rss:
+        ax3.plot([t for t, _ in rss], [v for _, v in rss], color="tab:purple", linewidth=1)
+    ax3.set_ylabel("worker RSS (MiB)")
+    ax3.set_xlabel("seconds since the first alert")
+    ax3.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
