@@ -193,9 +193,18 @@ def node_object(
     }
 
 
-def resource_slice(node: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+def resource_slice(
+    node: str, devices: list[dict[str, Any]], node_uid: str | None = None
+) -> dict[str, Any]:
+    """The driver's slice for one node; owned by the Node (as the kubelet plugin sets it), so
+    deleting the node garbage-collects its slice."""
+    meta: dict[str, Any] = {"name": f"{node}-{DRIVER}"}
+    if node_uid:
+        meta["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
+        ]
     return {
-        "metadata": {"name": f"{node}-{DRIVER}"},
+        "metadata": meta,
         "spec": {
             "driver": DRIVER,
             "nodeName": node,
@@ -242,7 +251,10 @@ def add_node(
     node = store.create("nodes", node_object(name, pool, gpus, product, profile))
     if profile.dra and gpus > 0:
         devices = _devices(name, gpus, product, mem, topology, slices_per_gpu)
-        store.create("resourceslices.resource.k8s.io", resource_slice(name, devices))
+        store.create(
+            "resourceslices.resource.k8s.io",
+            resource_slice(name, devices, node["metadata"]["uid"]),
+        )
     return node
 
 
@@ -282,12 +294,13 @@ def seed_cluster(
         prefix = spec.get("nodePrefix") or f"{pname}-node-"
         count = int(spec.get("nodes", 1))
         gpus = int(spec.get("gpusPerNode", spec.get("gpus_per_node", 1)))
-        pool_nodes = []
-        start = len(
-            store.list("nodes", label_selector=f"{POOL_LABEL}={pname}", copy_objects=False).items
-        )
-        for i in range(start, start + count):
+        pool_nodes: list[str] = []
+        i = 0
+        while len(pool_nodes) < count:
             name = f"{prefix}{i}"
+            i += 1
+            if store.try_get("nodes", name) is not None:
+                continue  # seeding again grows the pool with the next free names
             add_node(
                 store,
                 profile,

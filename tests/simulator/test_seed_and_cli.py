@@ -3,7 +3,7 @@
 Cases: seeded nodes carry node-pool labels and ResourceSlices shaped like the NVIDIA DRA
 driver's (uuid, index, productName, driverVersion, memory capacity); MIG / vGPU / time-slice
 topologies give several devices per physical GPU with parentUUID; a YAML description seeds
-several pools; the request log records method/verb/resource/status, sums up the RBAC rules the
+several pools and seeding again grows a pool; the request log records method/verb/resource/status, sums up the RBAC rules the
 calls needed, and is readable and clearable over HTTP; /sim/healthz; `sickbay sim up --detach`
 then `sickbay sim down`.
 """
@@ -85,6 +85,10 @@ def test_yaml_seed(tmp_path: Path) -> None:
         ]
         == "n1-standard-8-t4"
     )
+    sim.store.delete("nodes", "h100-node-0")
+    assert sim.store.try_get("resourceslices.resource.k8s.io", "h100-node-0-gpu.nvidia.com") is None
+    grown = sim.seed(pool="h100", nodes=2, gpus_per_node=8)  # scale-up fills the free names
+    assert grown["pools"]["h100"]["nodes"] == ["h100-node-0", "h100-node-2"]
 
 
 def test_request_log_and_health(sim: RunningSim, core: client.CoreV1Api, ns: str) -> None:
