@@ -8,6 +8,7 @@ where tests/k8s_golden/ recorded it. It runs for every store write, from HTTP or
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Callable
 from datetime import datetime
@@ -128,11 +129,72 @@ def default_pod_spec(spec: dict[str, Any]) -> None:
         c.setdefault("resources", {})
 
 
+SA_MOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+_SUFFIX = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def _inject_service_account_volume(spec: dict[str, Any]) -> None:
+    """The ServiceAccount admission plugin's projected token volume (kube-api-access-xxxxx)."""
+    if spec.get("automountServiceAccountToken") is False:
+        return
+    containers = [
+        c
+        for c in (spec.get("containers") or []) + (spec.get("initContainers") or [])
+        if isinstance(c, dict)
+    ]
+    if any(
+        m.get("mountPath") == SA_MOUNT_PATH
+        for c in containers
+        for m in c.get("volumeMounts") or []
+        if isinstance(m, dict)
+    ):
+        return
+    name = "kube-api-access-" + "".join(random.choices(_SUFFIX, k=5))
+    volumes = spec.setdefault("volumes", [])
+    if not isinstance(volumes, list):
+        return
+    volumes.append(
+        {
+            "name": name,
+            "projected": {
+                "defaultMode": 420,
+                "sources": [
+                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                    {
+                        "configMap": {
+                            "name": "kube-root-ca.crt",
+                            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                        }
+                    },
+                    {
+                        "downwardAPI": {
+                            "items": [
+                                {
+                                    "path": "namespace",
+                                    "fieldRef": {
+                                        "apiVersion": "v1",
+                                        "fieldPath": "metadata.namespace",
+                                    },
+                                }
+                            ]
+                        }
+                    },
+                ],
+            },
+        }
+    )
+    for c in containers:
+        mounts = c.setdefault("volumeMounts", [])
+        if isinstance(mounts, list):
+            mounts.append({"name": name, "mountPath": SA_MOUNT_PATH, "readOnly": True})
+
+
 def _default_pod(pod: dict[str, Any]) -> None:
     spec = pod.setdefault("spec", {})
     if not isinstance(spec, dict):
         return
     default_pod_spec(spec)
+    _inject_service_account_volume(spec)
     spec.setdefault("enableServiceLinks", True)
     spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
     spec.setdefault("priority", 0)

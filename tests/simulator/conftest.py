@@ -33,8 +33,8 @@ JOIN_TIMEOUT = 10.0
 COMPARED_VALUES = frozenset(
     {"reason", "code", "status", "kind", "apiVersion", "type", "field", "effect", "phase"}
 )
-# Keys the twin does not model (service-account token volumes, storage hashes, field sets).
-NOT_MODELLED = frozenset({"volumes", "volumeMounts", "storageVersionHash", "managedFields"})
+# Keys the twin does not model exactly (storage hashes, field sets).
+NOT_MODELLED = frozenset({"storageVersionHash", "managedFields"})
 
 
 def golden(number: int) -> dict[str, Any]:
