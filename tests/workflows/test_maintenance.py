@@ -1,0 +1,193 @@
+"""Maintenance drain: selector -> devices -> one remediation per device, at most N at a time.
+
+Cases:
+- the drain workflow launches a `maintenance` remediation (signal-with-start, real
+  LaunchActivities) for each selected device, never more than the runbook's maxParallel (2)
+  drains at once, and reports every device finished (holding);
+- `select()` (the select-devices activity body) picks devices by node name, node label and
+  device attribute from ResourceSlices, groups MIG slices under their physical GPU, adds
+  device-plugin GPUs from the node annotation, and refuses unknown node names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.launch import LaunchActivities
+from activities.maintenance import select
+from tests.workflows.fakes import FakeWorld
+from workflows.budget import BudgetWorkflow
+from workflows.constants import (
+    ACT_AWAIT_REMEDIATION,
+    ACT_QUARANTINE,
+    ACT_SELECT_DEVICES,
+    QRY_STATUS,
+    SIG_ABORT,
+    WF_MAINTENANCE,
+)
+from workflows.maintenance import MaintenanceWorkflow
+from workflows.models import (
+    AbortRequest,
+    AwaitRemediationInput,
+    AwaitRemediationResult,
+    MaintenanceInput,
+    MaintenanceResult,
+    MaintenanceSelector,
+    RemediationStatus,
+    ResolvedDevice,
+    SelectDevicesInput,
+    SelectedDevices,
+)
+from workflows.remediation import DeviceRemediationWorkflow
+
+
+async def test_drain_respects_max_parallel(time_skipping_env: WorkflowEnvironment) -> None:
+    client: Client = time_skipping_env.client
+    world = FakeWorld(consumers=[])
+    queue = f"tq-{uuid.uuid4()}"
+    devices = [
+        ResolvedDevice(node=world.node, gpu_uuid=f"GPU-{uuid.uuid4()}", node_pool="pool-a")
+        for _ in range(3)
+    ]
+    in_flight = 0
+    peak = 0
+
+    @activity.defn(name=ACT_SELECT_DEVICES)
+    async def select_devices(req: SelectDevicesInput) -> SelectedDevices:
+        assert req.selector.nodes == [world.node]
+        return SelectedDevices(devices=devices)
+
+    @activity.defn(name=ACT_AWAIT_REMEDIATION)
+    async def await_phase(req: AwaitRemediationInput) -> AwaitRemediationResult:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            handle = client.get_workflow_handle(req.workflow_id)
+            for _ in range(200):
+                status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+                if status.phase in req.phases:
+                    await asyncio.sleep(0.05)  # hold the slot a moment: overlap shows up
+                    return AwaitRemediationResult(workflow_id=req.workflow_id, phase=status.phase)
+                await asyncio.sleep(0.02)
+            raise AssertionError(f"{req.workflow_id} never drained")
+        finally:
+            in_flight -= 1
+
+    launch = LaunchActivities(client, queue)
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[DeviceRemediationWorkflow, BudgetWorkflow, MaintenanceWorkflow],
+        activities=[
+            *world.activities(),
+            select_devices,
+            await_phase,
+            launch.signal_with_start_remediation,
+        ],
+    ):
+        result = await client.execute_workflow(
+            WF_MAINTENANCE,
+            MaintenanceInput(selector=MaintenanceSelector(nodes=[world.node]), requested_by="ops"),
+            id=f"maint-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
+            result_type=MaintenanceResult,
+        )
+        for launched in result.launched:
+            handle = client.get_workflow_handle(launched.workflow_id)
+            status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+            assert status.runbook == "maintenance"
+            await handle.signal(SIG_ABORT, AbortRequest(reason="test done", actor="t"))
+    assert len(result.devices) == 3 and len(result.launched) == 3
+    assert {f.phase.value for f in result.finished if f.phase} == {"holding"}
+    assert peak <= 2, f"{peak} drains at once; the maintenance runbook allows 2"
+    assert peak == 2
+    assert len(world.args(ACT_QUARANTINE)) == 3
+
+
+class FakeKube:
+    """Just enough of activities.kube.client.Kube for select(): list nodes and slices."""
+
+    def __init__(self, nodes: list[dict[str, Any]], slices: list[dict[str, Any]]) -> None:
+        self.core = type("Core", (), {"list_node": lambda _s: {"items": nodes}})()
+        self.resource_v1 = type("Res", (), {"list_resource_slice": lambda _s: {"items": slices}})()
+
+    def call(self, fn: Any, **_: Any) -> Any:
+        return fn()
+
+    def store_cached(self, key: Any, value: Any) -> None:
+        pass
+
+    def cached(self, key: Any, ttl: float, load: Any) -> Any:
+        return load()
+
+
+def _node(name: str, labels: dict[str, str] | None = None, uuids: str = "") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": labels or {}}
+    if uuids:
+        meta["annotations"] = {"sickbay.dev/gpu-uuids": uuids}
+    return {"metadata": meta}
+
+
+def _slice(node: str, devices: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    return {
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "pool": {"name": node},
+            "nodeName": node,
+            "devices": [
+                {"name": n, "attributes": {k: {"string": v} for k, v in a.items()}}
+                for n, a in devices
+            ],
+        }
+    }
+
+
+def test_select_by_node_label_and_attribute() -> None:
+    kube = FakeKube(
+        nodes=[
+            _node("n1", {"sickbay.dev/node-pool": "a100"}),
+            _node("n2", {"sickbay.dev/node-pool": "a100"}),
+            _node("n3", {"sickbay.dev/node-pool": "t4"}, uuids="GPU-dp-0,GPU-dp-1"),
+        ],
+        slices=[
+            _slice(
+                "n1",
+                [
+                    ("gpu-0", {"uuid": "GPU-A", "driverVersion": "550"}),
+                    (
+                        "gpu-0-mig-1",
+                        {"uuid": "MIG-1", "parentUUID": "GPU-A", "driverVersion": "550"},
+                    ),
+                    ("gpu-1", {"uuid": "GPU-B", "driverVersion": "535"}),
+                ],
+            ),
+            _slice("n2", [("gpu-0", {"uuid": "GPU-C", "driverVersion": "550"})]),
+        ],
+    )
+    by_label = select(
+        kube,
+        MaintenanceSelector(
+            node_labels={"sickbay.dev/node-pool": "a100"},
+            device_attributes={"gpu.nvidia.com/driverVersion": "550"},
+        ),
+    )
+    assert [(d.node, d.gpu_uuid) for d in by_label] == [("n1", "GPU-A"), ("n2", "GPU-C")]
+    assert {x.device for x in by_label[0].devices} == {"gpu-0", "gpu-0-mig-1"}
+    assert by_label[0].node_pool == "a100"
+    plugin = select(kube, MaintenanceSelector(nodes=["n3"]))
+    assert [(d.gpu_uuid, d.mode, d.gpu_index) for d in plugin] == [
+        ("GPU-dp-0", "device-plugin", 0),
+        ("GPU-dp-1", "device-plugin", 1),
+    ]
+    with pytest.raises(ApplicationError, match="do not exist: nope"):
+        select(kube, MaintenanceSelector(nodes=["nope"]))
