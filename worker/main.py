@@ -207,7 +207,7 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
         cloud = cloud_cls.from_env(kube_api=kube.kube.api_client if kube is not None else None)
         built.activities += activities_of(cloud)
         built.closers.append(cloud.aclose)
-    notify_cls = _optional("activities.notify", "NotifyActivities")
+    notify_cls = _optional("activities.notify.activities", "NotifyActivities")
     if notify_cls is not None:
         notify = notify_cls.from_settings(settings)
         built.activities += activities_of(notify)

@@ -1,0 +1,84 @@
+"""worker/main.py registration: one WORKFLOWS / ACTIVITIES list, nothing a workflow calls missing.
+
+Cases:
+- WORKFLOWS holds the remediation, budget and maintenance workflows (plus the pool scaler and
+  sweep when their modules exist) under their constant names;
+- with the Kubernetes activities built (on a fake client) every activity any registered
+  workflow calls is registered exactly once;
+- without them, build_worker refuses to start and names the missing activities;
+- the Prometheus runtime is only built for a non-zero metrics port.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from worker import main as worker_main
+from worker.settings import Settings
+from workflows.constants import (
+    ACT_QUARANTINE,
+    ACT_RESOLVE_DEVICE,
+    WF_BUDGET,
+    WF_MAINTENANCE,
+    WF_REMEDIATE,
+)
+
+
+def test_workflows_registered_by_name() -> None:
+    names = [worker_main.workflow_name(w) for w in worker_main.WORKFLOWS]
+    assert names[:3] == [WF_REMEDIATE, WF_BUDGET, WF_MAINTENANCE]
+    assert len(names) == len(set(names))
+
+
+class _FakeApi:
+    def close(self) -> None:
+        pass
+
+
+class _FakeKube:
+    api_client = _FakeApi()
+
+
+def _kube_activities() -> Any:
+    from activities.kube import KubeActivities
+
+    return KubeActivities(kube=_FakeKube())  # type: ignore[arg-type]
+
+
+async def test_every_required_activity_is_registered(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Any
+) -> None:
+    settings = Settings(metrics_port=0, channels_file=None)
+    built = worker_main.build_activities(
+        time_skipping_env.client, settings, kube_activities=_kube_activities()
+    )
+    names = [worker_main.activity_name(a) for a in built.activities]
+    assert len(names) == len(set(names)), "an activity name is registered twice"
+    assert worker_main.missing_activities(worker_main.WORKFLOWS, built.activities) == {}
+    worker = await worker_main.build_worker(time_skipping_env.client, settings, built=built)
+    assert worker.task_queue == settings.task_queue
+
+
+async def test_missing_kube_activities_refuse_to_start(
+    time_skipping_env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings(metrics_port=0)
+    real = worker_main._optional
+    monkeypatch.setattr(
+        worker_main,
+        "_optional",
+        lambda module, name: None if module == "activities.kube" else real(module, name),
+    )
+    built = worker_main.build_activities(time_skipping_env.client, settings)
+    assert "no Kubernetes activities" in built.notes[0]
+    with pytest.raises(RuntimeError) as err:
+        await worker_main.build_worker(time_skipping_env.client, settings, built=built)
+    assert WF_REMEDIATE in str(err.value)
+    assert ACT_QUARANTINE in str(err.value) and ACT_RESOLVE_DEVICE in str(err.value)
+
+
+def test_metrics_runtime_only_with_a_port() -> None:
+    assert worker_main.metrics_runtime(0) is None
