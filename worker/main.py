@@ -246,7 +246,9 @@ async def build_worker(
         workflows=WORKFLOWS,
         activities=built.activities,
         # Sync activities (runbook loading) run here; Kubernetes calls use their own pool.
-        activity_executor=ThreadPoolExecutor(max_workers=8, thread_name_prefix="sickbay-act"),
+        activity_executor=ThreadPoolExecutor(
+            max_workers=settings.max_concurrent_activities, thread_name_prefix="sickbay-act"
+        ),
         max_concurrent_activities=settings.max_concurrent_activities,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
     )

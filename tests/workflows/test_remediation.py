@@ -70,6 +70,7 @@ from workflows.models import (
     EvictionReport,
     OwnerRef,
     Phase,
+    RemediationResult,
     RepairedRequest,
     ReplacementReport,
     TimelineEntry,
@@ -506,3 +507,28 @@ async def test_timeline_query(time_skipping_env: WorkflowEnvironment) -> None:
         await handle.result()
     assert [e.action for e in timeline][:3] == ["evidence", "runbook chosen", "classified"]
     assert all(a.at <= b.at for a, b in zip(timeline, timeline[1:], strict=False))
+
+
+async def test_long_hold_continues_as_new(time_skipping_env: WorkflowEnvironment) -> None:
+    """A device that stays Unhealthy for days: the hold loop continues-as-new before its
+    history grows past the limit, keeps timeline and quarantine, and still releases."""
+    client = time_skipping_env.client
+    world = FakeWorld(later_health="Unhealthy")
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        first_run = (await handle.describe()).run_id
+        latest = client.get_workflow_handle(handle.id, result_type=RemediationResult)
+        for _ in range(40):  # 5m checks, ~6 events each: the limit falls within ~2 days
+            await time_skipping_env.sleep(timedelta(hours=2))
+            if (await latest.describe()).run_id != first_run:
+                break
+        assert (await latest.describe()).run_id != first_run, "never continued as new"
+        await latest.signal(SIG_REPAIRED, RepairedRequest(actor="tech"))
+        result = await latest.result()
+    assert result.outcome == "released"
+    acts = actions(result.timeline)
+    assert acts[0] == "evidence" and "continued as new" in acts
+    assert len(world.args(ACT_QUARANTINE)) == 1  # not re-quarantined by the new run
+    release = world.args(ACT_RELEASE_QUARANTINE)[0]
+    assert release.rule_name and release.rule_name.startswith("sickbay-gpu-")
