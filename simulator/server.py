@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 WATCH_DEFAULT_TIMEOUT = 1800  # seconds; kube-apiserver's --min-request-timeout default
 _POLL = 0.5  # how often an idle watch checks for server shutdown (seconds)
+ENCODE_CACHE_SIZE = 50_000  # encoded objects kept (keyed by uid + resourceVersion)
 BOOKMARK_INTERVAL = 30.0  # idle seconds between BOOKMARK events when a client allows them
 
 # Registries that answer DELETE with the deleted object (the others answer a Status).
@@ -236,12 +237,25 @@ def _json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Dropped connections (clients gone, shutdown) are routine: log them quietly."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            log.debug("connection from %s dropped: %s", client_address, exc)
+            return
+        log.exception("error serving %s", client_address)
+
+
 class ApiServer:
     def __init__(self, sim: Any, host: str = "127.0.0.1", port: int = 0) -> None:
         self.sim = sim
         self.store = sim.store
         self.profile = sim.profile
         self.request_log = RequestLog()
+        self.encode_cache: dict[tuple[Any, ...], bytes] = {}
         self.stopping = threading.Event()
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
@@ -250,7 +264,7 @@ class ApiServer:
         class Handler(_Handler):
             api = server
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd = _Server((host, port), Handler)
         self.httpd.daemon_threads = True
         self.httpd.request_queue_size = 256
         self.port = self.httpd.server_address[1]
@@ -766,17 +780,40 @@ class _Handler(BaseHTTPRequestHandler):
                 "application/json;as=Table;v=v1;g=meta.k8s.io",
                 self._extra_headers,
             )
-        items = [self._present(tgt, o) for o in result.items]
-        for item in items:
-            item.pop("apiVersion", None)
-            item.pop("kind", None)
-        doc = {
-            "kind": tgt.rt.list_kind,
-            "apiVersion": tgt.rt.api_version(tgt.version),
-            "metadata": meta,
-            "items": items,
-        }
-        self._send_json(200, doc)
+        # Objects are immutable per resourceVersion, so their encoding is cached: a list is a
+        # join of cached item bytes (json.dumps of 1,000 pods alone takes ~30 ms).
+        items = b",".join(self._encoded(tgt, o, in_list=True) for o in result.items)
+        head = _json(
+            {
+                "kind": tgt.rt.list_kind,
+                "apiVersion": tgt.rt.api_version(tgt.version),
+                "metadata": meta,
+            }
+        )
+        self._send(200, head[:-1] + b',"items":[' + items + b"]}", headers=self._extra_headers)
+
+    def _encoded(self, tgt: Target, obj: dict[str, Any], in_list: bool = False) -> bytes:
+        meta = obj["metadata"]
+        key = (
+            tgt.rt.group,
+            tgt.rt.storage,
+            tgt.version,
+            meta.get("uid"),
+            meta.get("resourceVersion"),
+            in_list,
+        )
+        cache = self.api.encode_cache
+        data = cache.get(key)
+        if data is None:
+            shown = self._present(tgt, obj)
+            if in_list:
+                shown.pop("apiVersion", None)
+                shown.pop("kind", None)
+            data = _json(shown)
+            if len(cache) >= ENCODE_CACHE_SIZE:
+                cache.clear()  # crude bound: re-encoding is cheap compared to a leak
+            cache[key] = data
+        return data
 
     def _table(
         self, tgt: Target, items: list[dict[str, Any]], meta: dict[str, Any]
@@ -915,7 +952,13 @@ class _Handler(BaseHTTPRequestHandler):
                     continue
                 etype = ev.type if ev.type in (ADDED, MODIFIED, DELETED) else MODIFIED
                 last_rv = ev.object["metadata"]["resourceVersion"]
-                chunk(_json({"type": etype, "object": self._present(tgt, ev.object)}) + b"\n")
+                chunk(
+                    b'{"type":"'
+                    + etype.encode()
+                    + b'","object":'
+                    + self._encoded(tgt, ev.object)
+                    + b"}\n"
+                )
                 last_sent = time.monotonic()
         finally:
             if watch is not None:
