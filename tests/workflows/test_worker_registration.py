@@ -6,7 +6,8 @@ Cases:
 - with the Kubernetes activities built (on a fake client) every activity any registered
   workflow calls is registered exactly once;
 - without them, build_worker refuses to start and names the missing activities;
-- the Prometheus runtime is only built for a non-zero metrics port.
+- the Prometheus runtime is only built for a non-zero metrics port, and it serves the SDK
+  metrics plus the workflows' sickbay_* counters (remediations by outcome, phases entered).
 """
 
 from __future__ import annotations
@@ -82,3 +83,44 @@ async def test_missing_kube_activities_refuse_to_start(
 
 def test_metrics_runtime_only_with_a_port() -> None:
     assert worker_main.metrics_runtime(0) is None
+
+
+async def test_workflow_metrics_reach_prometheus(time_skipping_env: WorkflowEnvironment) -> None:
+    """The worker's runtime exports the SDK metrics and the workflows' sickbay_* metrics."""
+    import asyncio
+    import socket
+    import urllib.request
+
+    from temporalio.client import Client
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    from tests.workflows.fakes import FakeWorld, new_worker, start, xid_alert
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    runtime = worker_main.metrics_runtime(port)
+    assert runtime is not None
+    client = await Client.connect(
+        time_skipping_env.client.service_client.config.target_host,
+        data_converter=pydantic_data_converter,
+        runtime=runtime,
+    )
+    world = FakeWorld(health="Healthy")
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(13, "fp-13")])
+        assert (await handle.result()).outcome == "not-quarantined"
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+    text = ""
+    for _ in range(50):
+        text = await asyncio.to_thread(scrape)
+        if "sickbay_remediations_closed" in text:
+            break
+        await asyncio.sleep(0.1)
+    assert "sickbay_remediations_closed{" in text and 'outcome="not-quarantined"' in text
+    assert "sickbay_remediation_phase_entered" in text
+    assert "temporal_workflow_completed" in text or "temporal_request" in text  # SDK's own
