@@ -16,6 +16,14 @@ simulator/clock.py provides a time-scaled one; pass it as `Simulator(clock=...)`
 asyncio task). `stop()` is called in reverse order on shutdown.
 
 A built-in disruption controller keeps PodDisruptionBudget status current (simulator/disruption.py).
+
+Extension points for fault injection and extra HTTP routes (no need to touch the server):
+- `sim.add_request_interceptor(fn)`: fn(simulator.server.RequestInfo) returns None (proceed),
+  an ApiError (answer it: 500, 429, 409...), "reset" (drop the connection) or seconds to delay.
+- `sim.add_http_handler(name, fn)`: fn(method, path_parts, query, body) -> (status, json),
+  served at /sim/<name>/... next to /sim/healthz and /sim/requests.
+- `sim.requests` (simulator.server.RequestLog): entries(**filters), count(), clear(),
+  rbac_rules() - every API call the server answered.
 """
 
 from __future__ import annotations
