@@ -117,7 +117,7 @@ def is_stale(
         started = alert.starts_at or alert.received_at
         if started is None or started >= oldest_allowed:
             return False, ""
-    newest = max((a.starts_at or a.received_at) for a in alerts)  # type: ignore[type-var]
+    newest = max(t for a in alerts if (t := a.starts_at or a.received_at) is not None)
     return True, (
         f"every alert started more than {stale_after} ago (newest {newest.isoformat()}) "
         "and the device reports Healthy now"

@@ -883,7 +883,7 @@ EscalationReason = Literal[
     "application-error",
     "error",
 ]
-ALL_ESCALATION_REASONS: tuple[str, ...] = EscalationReason.__args__  # type: ignore[attr-defined]
+ALL_ESCALATION_REASONS: tuple[EscalationReason, ...] = EscalationReason.__args__  # type: ignore[attr-defined]
 
 
 class RunbookMatch(RunbookModel):

@@ -1115,8 +1115,10 @@ class DeviceRemediationWorkflow:
     async def _race(self, awaitable: Awaitable[T]) -> T:
         """Await `awaitable` unless an abort arrives first (then cancel it, raise _Aborted)."""
         task: asyncio.Future[T] = asyncio.ensure_future(awaitable)
-        stop = asyncio.ensure_future(workflow.wait_condition(lambda: self._abort is not None))
-        await workflow.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
+        stop: asyncio.Future[Any] = asyncio.ensure_future(
+            workflow.wait_condition(lambda: self._abort is not None)
+        )
+        await workflow.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
         if task.done():
             stop.cancel()
             return task.result()

@@ -538,3 +538,59 @@ async def test_long_hold_continues_as_new(time_skipping_env: WorkflowEnvironment
     assert len(world.args(ACT_QUARANTINE)) == 1  # not re-quarantined by the new run
     release = world.args(ACT_RELEASE_QUARANTINE)[0]
     assert release.rule_name and release.rule_name.startswith("sickbay-gpu-")
+
+
+async def test_non_canonical_launch_hands_over(time_skipping_env: WorkflowEnvironment) -> None:
+    """Started from the UI by DRA name under another id: the evidence goes to the device's
+    canonical workflow (signal-with-start), so later alerts meet the same remediation."""
+    import uuid as _uuid
+
+    from activities.launch import LaunchActivities
+    from workflows.constants import WF_REMEDIATE, device_workflow_id
+    from workflows.models import DeviceRef, RemediationInput, RemediationStatus
+
+    client = time_skipping_env.client
+    world = FakeWorld()
+    queue = f"tq-{_uuid.uuid4()}"
+    launch = LaunchActivities(client, queue)
+    async with new_worker(
+        client, world, extra_activities=[launch.signal_with_start_remediation], task_queue=queue
+    ):
+        result = await client.execute_workflow(
+            WF_REMEDIATE,
+            RemediationInput(
+                device=DeviceRef(driver="gpu.nvidia.com", pool=world.node, device="gpu-0"),
+                alerts=[xid_alert(79, "fp-ui")],
+            ),
+            id=f"ui-launch-{_uuid.uuid4().hex[:6]}",
+            task_queue=queue,
+            result_type=RemediationResult,
+        )
+        canonical = client.get_workflow_handle(device_workflow_id(world.node, world.gpu_uuid))
+        status = await wait_phase(canonical, Phase.HOLDING)
+        await canonical.signal(SIG_ABORT, AbortRequest(reason="test done", actor="t"))
+        await canonical.result()
+    assert result.outcome == "not-quarantined"
+    assert result.reason == f"handed over to {canonical.id}"
+    assert status.alerts == 1 and isinstance(status, RemediationStatus)
+    assert len(world.args(ACT_QUARANTINE)) == 1  # only the canonical workflow tainted
+
+
+async def test_escalation_filtered_by_runbook(time_skipping_env: WorkflowEnvironment) -> None:
+    """training pages only without capacity: a budget denial is recorded, not paged."""
+    client = time_skipping_env.client
+    world = FakeWorld(
+        budget_granted=False,
+        consumers=[
+            deployment_consumer().model_copy(
+                update={"top_owner": OwnerRef(kind="JobSet", name="train", namespace="ml")}
+            )
+        ],
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        result = await handle.result()
+    assert result.status.runbook == "training"
+    assert result.outcome == "escalated" and ACT_NOTIFY not in world.names()
+    skipped = next(e for e in result.timeline if e.action == "escalation not sent")
+    assert "escalates only on" in skipped.reason
