@@ -8,6 +8,8 @@ Cases:
   payload decodes as AlertEvidence
 - the workflow type and task queue the docs name are the constants
 - a RemediationInput needs nothing but the device (what the Web UI form relies on)
+- every `sickbay launch` example parses with the real CLI; the single-GPU one, run against
+  the dev server, starts that GPU's workflow with the documented reason and dry run
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import json
 import re
 import shlex
+import sys
 import uuid
 from pathlib import Path
 
@@ -96,3 +99,59 @@ def test_only_device_required() -> None:
         '{"device": {"node": "n", "gpu_uuid": "GPU-1"}}'
     )
     assert value.device.key == "n/GPU-1" and value.alerts == [] and not value.dry_run
+
+
+def _launch_lines() -> list[list[str]]:
+    block = re.search(r"<!-- cli: sickbay -->\s*```bash\n(.*?)```", DOC.read_text(), re.S)
+    assert block, "the sickbay launch examples are gone"
+    return [
+        shlex.split(line)
+        for line in block.group(1).splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def test_launch_examples_parse() -> None:
+    from worker.cli import build_parser
+
+    parser = build_parser()
+    lines = _launch_lines()
+    assert len(lines) >= 4
+    for argv in lines:
+        assert argv[0] == "sickbay"
+        args = parser.parse_args(argv[1:])  # SystemExit (exit 2) on a flag that does not exist
+        assert args.command == "launch"
+
+
+async def test_launch_example_runs(dev_env: WorkflowEnvironment) -> None:
+    argv = _launch_lines()[0]  # the single-GPU launch: no cluster call needed
+    queue = f"docs-launch-{uuid.uuid4().hex[:8]}"
+    address = dev_env.client.service_client.config.target_host
+    sickbay = str(Path(sys.executable).parent / "sickbay")
+    proc = await asyncio.create_subprocess_exec(
+        sickbay,
+        *argv[1:],
+        "--address",
+        address,
+        "--task-queue",
+        queue,
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, (out, err)
+    result = json.loads(out)
+    node, gpu = argv[argv.index("--node") + 1], argv[argv.index("--uuid") + 1]
+    assert result["workflow_id"] == models.DeviceRef(node=node, gpu_uuid=gpu).workflow_id()
+    assert result["started"] is True
+    handle = dev_env.client.get_workflow_handle(result["workflow_id"])
+    try:
+        desc = await handle.describe()
+        assert desc.workflow_type == WF_REMEDIATE and desc.task_queue == queue
+        history = await handle.fetch_history()
+        start = history.events[0].workflow_execution_started_event_attributes
+        inp = models.RemediationInput.model_validate_json(start.input.payloads[0].data)
+        assert inp.dry_run and inp.trigger == "manual" and inp.reason == "Xid 79 seen by hand"
+    finally:
+        await handle.terminate("docs test done")
