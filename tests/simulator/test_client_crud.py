@@ -6,7 +6,8 @@ subresource, binding, delete); core events read back through events.k8s.io/v1 wi
 selectors; deployments/replicasets/statefulsets (+ scale subresource); jobs (generated
 selector, 422 for restartPolicy Always); PodDisruptionBudgets; DeviceClass, ResourceSlice,
 ResourceClaim (+status), ResourceClaimTemplate (v1 and v1beta2); DeviceTaintRule (create
-v1beta2, read v1alpha3, replace status, delete); MachineDeployment through CustomObjectsApi
+v1beta2, read v1alpha3, replace status, delete; server-side apply through the client: create,
+idempotent re-apply, 409 for another manager, force); MachineDeployment through CustomObjectsApi
 (+scale); 422 causes for missing required fields; 404 for unknown names; dryRun=All.
 """
 
@@ -503,3 +504,48 @@ def test_machine_deployment_custom_objects(api: client.ApiClient, ns: str) -> No
     with pytest.raises(ApiException) as gone:
         custom.get_namespaced_custom_object(group, version, ns, plural, "gpu-md")
     assert gone.value.status == 404
+
+
+def test_server_side_apply_through_the_client(api: client.ApiClient) -> None:
+    beta = client.ResourceV1beta2Api(api)
+    rule = {
+        "apiVersion": "resource.k8s.io/v1beta2",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": "ssa-rule", "labels": {"sickbay.dev/workflow": "wf-1"}},
+        "spec": {
+            "deviceSelector": {
+                "driver": "gpu.nvidia.com",
+                "pool": "gpu-pool-node-1",
+                "device": "gpu-1",
+            },
+            "taint": {"key": "sickbay.dev/unhealthy", "value": "xid-79", "effect": "NoSchedule"},
+        },
+    }
+    created = beta.patch_device_taint_rule(
+        "ssa-rule", rule, field_manager="sickbay", _content_type="application/apply-patch+yaml"
+    )
+    assert created.metadata.managed_fields[0].manager == "sickbay"
+    assert created.metadata.managed_fields[0].operation == "Apply"
+    again = beta.patch_device_taint_rule(
+        "ssa-rule", rule, field_manager="sickbay", _content_type="application/apply-patch+yaml"
+    )
+    assert again.metadata.resource_version == created.metadata.resource_version  # idempotent
+    rule["spec"]["taint"]["effect"] = "NoExecute"
+    with pytest.raises(ApiException) as conflict:
+        beta.patch_device_taint_rule(
+            "ssa-rule",
+            rule,
+            field_manager="someone-else",
+            _content_type="application/apply-patch+yaml",
+        )
+    assert conflict.value.status == 409
+    forced = beta.patch_device_taint_rule(
+        "ssa-rule",
+        rule,
+        field_manager="someone-else",
+        force=True,
+        _content_type="application/apply-patch+yaml",
+    )
+    assert forced.spec.taint.effect == "NoExecute"
+    assert forced.spec.taint.time_added >= created.spec.taint.time_added
+    beta.delete_device_taint_rule("ssa-rule")
