@@ -726,12 +726,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _list(self, tgt: Target) -> None:
         store = self.api.store
         q = self._query
-        fs_text = q.get("fieldSelector")
-        if tgt.rt.group == "events.k8s.io" and fs_text:
-            fs = parse_field_selector("events.events.k8s.io", fs_text)
-            fs.resource_key = "events.events.k8s.io"
-        else:
-            fs = parse_field_selector(tgt.rt.key, fs_text)
+        fs = parse_field_selector(tgt.rt.key, q.get("fieldSelector"))  # events.k8s.io: regarding.*
         ls = parse_label_selector(q.get("labelSelector"))
         limit = None
         if q.get("limit"):
@@ -859,10 +854,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _watch(self, tgt: Target) -> None:
         store = self.api.store
         q = self._query
-        if tgt.rt.group == "events.k8s.io" and q.get("fieldSelector"):
-            fs = parse_field_selector("events.events.k8s.io", q.get("fieldSelector"))
-        else:
-            fs = parse_field_selector(tgt.rt.key, q.get("fieldSelector"))
+        fs = parse_field_selector(tgt.rt.key, q.get("fieldSelector"))
         ls = parse_label_selector(q.get("labelSelector"))
         try:
             timeout = float(q.get("timeoutSeconds") or WATCH_DEFAULT_TIMEOUT)
