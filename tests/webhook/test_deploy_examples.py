@@ -3,6 +3,7 @@
 Cases:
 - every rule has an alert name, an expression and `sickbay: device|node`; the device alerts
   are exactly the webhook's default alert names (and the twin's), node alerts are not
+- every expression is valid PromQL (promql-parser)
 - device alerts carry a summary; the Xid alert copies `{{ $value }}` into the annotation the
   webhook reads the Xid from
 - a sample firing device alert shaped like these rules' output maps to a GPU
@@ -15,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlparse
 
+import promql_parser
 import yaml
 
 from simulator import alerts as twin_alerts
@@ -45,6 +47,15 @@ def test_rules_match_webhook_alert_names() -> None:
         twin_alerts.ALERT_ROW_REMAP,
     }
     assert twin <= device
+
+
+def test_rule_expressions_parse() -> None:
+    # The PromQL parser promtool uses, as a Rust port: a typo fails here, not in Prometheus.
+    for rule in _rules():
+        try:
+            promql_parser.parse(rule["expr"])
+        except ValueError as exc:
+            raise AssertionError(f"{rule['alert']}: {exc}") from exc
 
 
 def test_device_rules_annotations() -> None:
