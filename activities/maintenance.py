@@ -21,7 +21,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kube.client import Kube, KubeError, to_application_error
+from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.devices import list_slice_devices, node_gpu_uuids, node_pool_of
 from workflows.constants import (
     ACT_AWAIT_REMEDIATION,
@@ -66,7 +66,13 @@ def select(kube: Kube, selector: MaintenanceSelector) -> list[ResolvedDevice]:
         k.rsplit("/", 1)[-1].lower(): str(v) for k, v in selector.device_attributes.items()
     }
     groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
-    for dev in list_slice_devices(kube, fresh=True):
+    try:
+        slice_devices = list_slice_devices(kube, fresh=True)
+    except KubeError as err:
+        if err.kind != ErrorKind.NOT_FOUND:
+            raise
+        slice_devices = []  # resource.k8s.io not served: a device-plugin cluster
+    for dev in slice_devices:
         node = dev.node or dev.pool
         if node not in chosen:
             continue

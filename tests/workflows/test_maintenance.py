@@ -4,7 +4,8 @@ Cases:
 - the drain workflow launches a `maintenance` remediation (signal-with-start, real
   LaunchActivities) for each selected device, never more than the runbook's maxParallel (2)
   drains at once, and reports every device finished (holding);
-- `select()` (the select-devices activity body) picks devices by node name, node label and
+- `select()` (the select-devices activity body), with a fake client and over HTTP against
+  the cluster twin (1.36 full GPUs and MIG, device-plugin profile), picks devices by node name, node label and
   device attribute from ResourceSlices, groups MIG slices under their physical GPU, adds
   device-plugin GPUs from the node annotation, and refuses unknown node names.
 """
@@ -191,3 +192,49 @@ def test_select_by_node_label_and_attribute() -> None:
     ]
     with pytest.raises(ApplicationError, match="do not exist: nope"):
         select(kube, MaintenanceSelector(nodes=["nope"]))
+
+
+@pytest.mark.parametrize("topology", ["full", "mig"])
+def test_select_against_the_twin(tmp_path: Any, topology: str) -> None:
+    """select-devices' body over real HTTP against the cluster twin (profile 1.36)."""
+    from activities.kube.client import Kube, KubeSettings
+    from simulator.seed import DRIVER_VERSION, gpu_uuid
+    from simulator.testing import running_sim
+
+    with running_sim(tmp_path, profile="1.36", nodes=2, gpus_per_node=2, topology=topology) as rs:
+        kube = Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
+        node = "gpu-pool-node-1"
+        picked = select(kube, MaintenanceSelector(nodes=[node]))
+        by_attr = select(
+            kube,
+            MaintenanceSelector(
+                node_labels={"sickbay.dev/node-pool": "gpu-pool"},
+                device_attributes={"driverVersion": DRIVER_VERSION},
+            ),
+        )
+        none = select(
+            kube,
+            MaintenanceSelector(
+                device_attributes={"driverVersion": "1.0"},
+                node_labels={"sickbay.dev/node-pool": "gpu-pool"},
+            ),
+        )
+    assert [(d.node, d.gpu_uuid) for d in picked] == sorted(
+        (node, gpu_uuid(node, i)) for i in range(2)
+    )
+    assert len(by_attr) == 4 and none == []
+    if topology == "mig":
+        assert all(len(d.devices) == 2 for d in picked)  # both MIG slices of each GPU
+
+
+def test_select_device_plugin_twin(tmp_path: Any) -> None:
+    from activities.kube.client import Kube, KubeSettings
+    from simulator.seed import gpu_uuid
+    from simulator.testing import running_sim
+
+    with running_sim(tmp_path, profile="device-plugin", nodes=1, gpus_per_node=2) as rs:
+        kube = Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
+        picked = select(kube, MaintenanceSelector(nodes=["gpu-pool-node-0"]))
+    assert [(d.gpu_uuid, d.mode) for d in picked] == [
+        (gpu_uuid("gpu-pool-node-0", i), "device-plugin") for i in range(2)
+    ]
