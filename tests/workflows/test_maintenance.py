@@ -7,13 +7,15 @@ Cases:
 - `select()` (the select-devices activity body), with a fake client and over HTTP against
   the cluster twin (1.36 full GPUs and MIG, device-plugin profile), picks devices by node name, node label and
   device attribute from ResourceSlices, groups MIG slices under their physical GPU, adds
-  device-plugin GPUs from the node annotation, and refuses unknown node names.
+  device-plugin GPUs from the node annotation, and refuses unknown node names;
+- the await-remediation-phase activity returns on the wanted phase and on a closed run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -43,6 +45,7 @@ from workflows.models import (
     MaintenanceInput,
     MaintenanceResult,
     MaintenanceSelector,
+    Phase,
     RemediationStatus,
     ResolvedDevice,
     SelectDevicesInput,
@@ -238,3 +241,32 @@ def test_select_device_plugin_twin(tmp_path: Any) -> None:
     assert [(d.gpu_uuid, d.mode) for d in picked] == [
         (gpu_uuid("gpu-pool-node-0", i), "device-plugin") for i in range(2)
     ]
+
+
+async def test_await_remediation_phase_activity(time_skipping_env: WorkflowEnvironment) -> None:
+    """The real await-remediation-phase activity against a running and a closed remediation."""
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.maintenance import MaintenanceActivities
+    from tests.workflows.fakes import new_worker, start
+
+    client = time_skipping_env.client
+    world = FakeWorld()
+    acts = MaintenanceActivities(None, client)  # type: ignore[arg-type]  # no Kubernetes needed
+    env = ActivityEnvironment()
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        drained = await env.run(
+            acts.await_remediation_phase,
+            AwaitRemediationInput(
+                workflow_id=handle.id, phases=[Phase.HOLDING], poll_interval=timedelta(seconds=0.05)
+            ),
+        )
+        await handle.signal(SIG_ABORT, AbortRequest(reason="test done", actor="t"))
+        await handle.result()
+        closed = await env.run(
+            acts.await_remediation_phase,
+            AwaitRemediationInput(workflow_id=handle.id, phases=[Phase.HOLDING]),
+        )
+    assert drained.phase is Phase.HOLDING and not drained.closed
+    assert closed.closed and closed.outcome == "completed"
