@@ -804,12 +804,17 @@ class DeviceRemediationWorkflow:
                 break
             except TimeoutError:
                 pass
-            health = await self._local(
-                ACT_CHECK_HEALTH,
-                CheckHealthInput(device=self._device),
-                HealthResult,
-                "check health",
-            )
+            try:
+                health = await self._local(
+                    ACT_CHECK_HEALTH,
+                    CheckHealthInput(device=self._device),
+                    HealthResult,
+                    "check health",
+                )
+            except ACTIVITY_FAILED as err:
+                # Not knowing is not Healthy: keep holding, try again next interval.
+                health = HealthResult(health=None, message=_error_text(err))
+                self._log("health check failed", outcome="unknown", reason=health.message)
             now = workflow.now()
             if health.health == "Healthy":
                 if self._healthy_since is None:
