@@ -18,7 +18,10 @@ Cases (one per branch of the procedure):
 - abort while holding -> rule removed, lease released, aborted;
 - failing notification channel: retried, each try in the timeline, one escalation;
 - a non-retryable quarantine error ends in escalation, not a silent stop;
-- dry run: preview only, nothing tainted.
+- dry run: preview only, nothing tainted;
+- approval rejected -> escalated, no taint, lease returned; scale-up waits for its approval;
+- a long hold continues-as-new and still releases; a non-canonical launch hands over to the
+  canonical workflow; a runbook's escalation filter suppresses pages it does not want.
 """
 
 from __future__ import annotations
@@ -594,3 +597,49 @@ async def test_escalation_filtered_by_runbook(time_skipping_env: WorkflowEnviron
     assert result.outcome == "escalated" and ACT_NOTIFY not in world.names()
     skipped = next(e for e in result.timeline if e.action == "escalation not sent")
     assert "escalates only on" in skipped.reason
+
+
+async def test_reject_escalates_without_taint(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=with_spec("inference", approval={"required": True}))
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.AWAITING_APPROVAL)
+        await handle.execute_update(
+            UPD_APPROVE,
+            ApprovalDecision(approve=False, actor="kim", reason="GPU is fine"),
+            result_type=ApprovalResult,
+        )
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    assert result.status.escalation_reason == "approval-rejected"
+    assert "kim" in result.reason and ACT_QUARANTINE not in world.names()
+    assert ACT_RELEASE_BUDGET in world.names()
+
+
+async def test_scale_up_waits_for_approval(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(
+        runbooks=with_spec(
+            "inference",
+            replacement={"pendingDeadline": "5m"},
+            scaleUp={"enabled": True, "provider": "sim", "maxSize": 4, "approval": True},
+        ),
+        replacement_reports=[
+            ReplacementReport(status="pending", deadline_passed=True),
+            ReplacementReport(status="running"),
+        ],
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.AWAITING_APPROVAL)
+        assert ACT_REQUEST_CAPACITY not in world.names()  # nothing bought before approval
+        await handle.execute_update(
+            UPD_APPROVE, ApprovalDecision(approve=True, actor="lee"), result_type=ApprovalResult
+        )
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="lee"))
+        result = await handle.result()
+    assert result.outcome == "released"
+    req = world.args(ACT_REQUEST_CAPACITY)[0]
+    assert req.pool.provider == "sim" and req.max_size == 4
