@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from simulator.testing import RunningSim, start_sim
-from tests.simulator.conftest import JOIN_TIMEOUT, assert_shape, golden, raw, replay
+from tests.simulator.helpers import JOIN_TIMEOUT, assert_shape, golden, raw, replay
 
 NAMESPACES = (
     "golden-errors",

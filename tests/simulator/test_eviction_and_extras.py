@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from simulator.errors import ApiError
 from simulator.server import RequestInfo
 from simulator.testing import RunningSim
-from tests.simulator.conftest import HTTP_TIMEOUT
+from tests.simulator.helpers import HTTP_TIMEOUT
 
 
 def _pod(name: str, labels: dict[str, str], node: str = "gpu-pool-node-0") -> dict[str, Any]:

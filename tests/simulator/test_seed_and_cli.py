@@ -21,7 +21,7 @@ import httpx
 from kubernetes import client
 
 from simulator.testing import RunningSim
-from tests.simulator.conftest import HTTP_TIMEOUT
+from tests.simulator.helpers import HTTP_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from simulator.testing import RunningSim
-from tests.simulator.conftest import JOIN_TIMEOUT
+from tests.simulator.helpers import JOIN_TIMEOUT
 
 POD = {
     "metadata": {"name": "w", "labels": {"app": "w"}},
