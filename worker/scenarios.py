@@ -248,7 +248,9 @@ class Demo:
 
     async def job(self, ns: str, name: str, labels: dict[str, str] | None = None) -> None:
         template = self.pod_template(name, labels)
-        template["spec"]["restartPolicy"] = "Never"
+        # OnFailure, as training operators run their workers: a dead GPU makes the container
+        # crash-loop in place (the pod keeps its claim) rather than fail the pod at once.
+        template["spec"]["restartPolicy"] = "OnFailure"
         await self.k(
             "POST",
             f"/apis/batch/v1/namespaces/{ns}/jobs",
