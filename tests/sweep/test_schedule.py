@@ -26,6 +26,8 @@ from worker.settings import Settings
 from worker.webhook_cli import SweepSettings, ensure_sweep_schedule
 from workflows.constants import SWEEP_SCHEDULE_ID, WF_SWEEP
 
+pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)
+
 
 async def _delete(client: Client) -> None:
     try:

@@ -236,6 +236,7 @@ def dra_unique(tmp_path: Path) -> Iterator[RunningSim]:
         yield rs
 
 
+@pytest.mark.devserver
 async def test_sweep_workflow_starts_exactly_one(
     dra_unique: RunningSim, dev_env: WorkflowEnvironment
 ) -> None:

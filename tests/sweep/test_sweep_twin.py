@@ -34,6 +34,8 @@ from workflows.constants import ACT_NOTIFY, device_workflow_id
 from workflows.models import NotifyInput, NotifyResult, SweepInput, SweepResult
 from workflows.sweep import HealthSweepWorkflow
 
+pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)
+
 DRIVER = "gpu.nvidia.com"
 TIME_SCALE = 200.0  # simulated seconds per real second: container starts take milliseconds
 

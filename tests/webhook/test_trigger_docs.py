@@ -22,6 +22,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from tests.webhook.helpers import signal_names
@@ -59,6 +60,7 @@ def _cli_example() -> list[str]:
     return shlex.split(block.group(1).replace("\\\n", " "))
 
 
+@pytest.mark.devserver
 async def test_cli_example_runs(dev_env: WorkflowEnvironment, temporal_cli_path: str) -> None:
     argv = _cli_example()
     queue = f"docs-{uuid.uuid4().hex[:8]}"
@@ -123,6 +125,7 @@ def test_launch_examples_parse() -> None:
         assert args.command == "launch"
 
 
+@pytest.mark.devserver
 async def test_launch_example_runs(dev_env: WorkflowEnvironment) -> None:
     argv = _launch_lines()[0]  # the single-GPU launch: no cluster call needed
     queue = f"docs-launch-{uuid.uuid4().hex[:8]}"

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from tests.webhook.helpers import (
@@ -28,6 +29,8 @@ from tests.webhook.helpers import (
     xid_alert,
 )
 from workflows.constants import device_workflow_id
+
+pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)
 
 SICKBAY = str(Path(sys.executable).parent / "sickbay")
 

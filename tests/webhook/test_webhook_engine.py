@@ -20,6 +20,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 from temporalio import activity
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
@@ -53,6 +54,8 @@ from workflows.models import (
     TimelineEntry,
 )
 from workflows.remediation import DeviceRemediationWorkflow
+
+pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)
 
 
 class HeldResolver:

@@ -76,6 +76,7 @@ async def test_temporal_unreachable_503() -> None:
         assert 'sickbay_webhook_requests_total{code="503"} 1.0' in metrics
 
 
+@pytest.mark.devserver
 async def test_temporal_goes_away_503(temporal_cli_path: str) -> None:
     from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -212,6 +213,7 @@ async def _workflow_calls(http: httpx.AsyncClient) -> float:
     return total
 
 
+@pytest.mark.devserver
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=malformed)
 async def test_malformed_payloads_are_4xx_and_start_nothing(served: Served, body: bytes) -> None:
@@ -226,6 +228,7 @@ async def test_malformed_payloads_are_4xx_and_start_nothing(served: Served, body
     assert await _workflow_calls(served.http) == before
 
 
+@pytest.mark.devserver
 async def test_fuzzing_started_no_workflow(served: Served) -> None:
     # Runs after the property test in this module (file order): nothing reached Temporal.
     query = f"TaskQueue = '{served.settings.task_queue}'"
@@ -239,6 +242,7 @@ label_text = st.text(max_size=40) | st.text(
 )
 
 
+@pytest.mark.devserver
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     labels=st.dictionaries(
@@ -259,6 +263,7 @@ async def test_odd_label_values_never_5xx(
     assert body["accepted"] + len(body["unmatched"]) == 1
 
 
+@pytest.mark.devserver
 async def test_overload_answers_503_and_loses_nothing(dev_env: WorkflowEnvironment) -> None:
     """More alerts than Temporal answers within the deadline: the notification gets 503 (so
     Alertmanager retries), every alert is either accepted or listed as failed, and the retry

@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from tests.webhook.helpers import (
     Served,
     auth,
@@ -31,6 +33,8 @@ from tests.webhook.helpers import (
     xid_alert,
 )
 from workflows.constants import SIG_ALERT, SIG_ALERT_RESOLVED, device_workflow_id
+
+pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)
 
 
 def _metric(text: str, name: str, **labels: str) -> float:
