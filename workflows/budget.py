@@ -60,8 +60,13 @@ class BudgetWorkflow:
     def acquire(self, req: BudgetLeaseRequest) -> BudgetDecision:
         self._updates += 1
         held = self._leases.get(req.holder)
-        pool_in_use = sum(1 for lease in self._leases.values() if lease.node_pool == req.node_pool)
-        cluster_in_use = len(self._leases)
+        # Leases are the truth between remediations; quarantines seen in the cluster that no
+        # lease covers (lost state, terminated holders) still count: the larger number wins.
+        pool_in_use = max(
+            sum(1 for lease in self._leases.values() if lease.node_pool == req.node_pool),
+            req.observed_pool_quarantined,
+        )
+        cluster_in_use = max(len(self._leases), req.observed_cluster_quarantined)
         if held is not None:
             # Idempotent: an activity retry of the same holder gets the same answer.
             return BudgetDecision(

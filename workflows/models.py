@@ -551,6 +551,10 @@ class BudgetLeaseRequest(Contract):
     node_pool: str | None = None
     pool_limit: int = Field(ge=0)
     cluster_limit: int = Field(ge=0)
+    # Quarantines the cluster shows right now (count-devices): rules whose lease was lost
+    # (budget workflow reset, terminated remediation) still count against the budget.
+    observed_pool_quarantined: int = Field(default=0, ge=0)
+    observed_cluster_quarantined: int = Field(default=0, ge=0)
 
 
 class BudgetDecision(Contract):

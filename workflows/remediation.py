@@ -502,6 +502,8 @@ class DeviceRemediationWorkflow:
                 node_pool=device.node_pool,
                 pool_limit=pool_limit,
                 cluster_limit=cluster_limit,
+                observed_pool_quarantined=counts.pool_quarantined,
+                observed_cluster_quarantined=counts.cluster_quarantined,
             ),
             BudgetDecision,
             "acquire budget lease",

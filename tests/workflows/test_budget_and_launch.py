@@ -4,7 +4,8 @@ Cases:
 - two remediations race for the last budget slot of a pool: exactly one taints, the other is
   escalated budget-exhausted without a taint; the winner's release frees the slot;
 - the budget workflow grants idempotently per holder, refuses over the pool and the cluster
-  limits, validates updates (empty holder rejected);
+  limits, counts quarantines the cluster shows without a lease, validates updates (empty
+  holder rejected);
 - leases survive continue-as-new (after max_updates_per_run updates);
 - periodic reconcile drops a lease whose holder workflow no longer exists;
 - 20 duplicate alerts through activities/launch.signal_with_start -> one workflow, one piece
@@ -158,12 +159,19 @@ async def test_budget_limits_idempotence_and_validation(
             BudgetReleaseRequest(holder="wf-a", device_key="wf-a/gpu")
         )
         after = await budget.acquire_budget_lease(_req("wf-b"))
+        # Two rules in pool-q that no lease knows about (lost budget state): still counted.
+        orphaned = await budget.acquire_budget_lease(
+            _req("wf-e", pool="pool-q", pool_limit=2, cluster_limit=9).model_copy(
+                update={"observed_pool_quarantined": 2}
+            )
+        )
         await handle.terminate("test done")
     assert first.granted and again.granted and again.reason == "already held"
     assert not pool_full.granted and "pool pool-a" in pool_full.reason
     assert other_pool.granted
     assert not cluster_full.granted and "cluster" in cluster_full.reason
     assert released.granted and after.granted
+    assert not orphaned.granted and orphaned.pool_in_use == 2
 
 
 async def test_leases_survive_continue_as_new(time_skipping_env: WorkflowEnvironment) -> None:
