@@ -7,8 +7,9 @@ Cases:
   its compose health check URL (/healthz) answers 200 while Temporal is down; an alert without
   the token gets 401, with the token from the secret file it gets 503 (Temporal down), so
   Alertmanager would retry; the process exits cleanly on SIGTERM;
-- worker (once `sickbay worker` exists): starts against the Temporal dev server and its
-  compose health check URL (/metrics on SICKBAY_METRICS_PORT) answers;
+- worker: starts from its compose command + env (kubeconfig mount mapped) against the
+  Temporal dev server; its compose health check URL (/metrics on SICKBAY_METRICS_PORT)
+  answers; SIGTERM (what `docker stop` sends) ends it cleanly with exit 0;
 - twin: its compose shell script, run by /bin/sh, starts the twin; the worker's default
   kubeconfig (deploy/compose/twin.kubeconfig, server rewritten to the loopback port) lists one
   node whose ResourceSlice publishes two GPUs; an Xid 79 fault makes the twin post an
@@ -186,6 +187,8 @@ def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.Fixt
         SICKBAY_TEMPORAL_ADDRESS=address,
         SICKBAY_METRICS_PORT=str(metrics),
         SICKBAY_TASK_QUEUE=f"deploy-test-{metrics}",
+        # The dev server is shared by the session: leave its sweep Schedule alone.
+        SICKBAY_SWEEP_ENABLED="false",
     )
     assert Path(env["KUBECONFIG"]).is_file(), "the compose kubeconfig did not map to a file"
     log = tmp_path / "worker.log"
@@ -195,8 +198,16 @@ def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.Fixt
         answer = _wait_http(f"http://127.0.0.1:{metrics}/metrics", proc, log)
         assert answer.status_code == 200
         assert "temporal" in answer.text or "sickbay" in answer.text
+        # Metrics come up with the runtime, before the Temporal connection: wait until the
+        # worker says it polls (signal handlers installed), then stop it as Docker would.
+        deadline = time.monotonic() + START_WITHIN
+        while "worker polling" not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        assert "worker polling" in log.read_text(), log.read_text()[-3000:]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=45) == 0, log.read_text()[-3000:]
+        assert "worker stopped" in log.read_text()
 
 
 def test_twin_from_its_compose_definition(tmp_path: Path) -> None:
