@@ -899,6 +899,37 @@ class DeviceRemediationWorkflow:
 
     # ---------------------------------------------------------------- notifications --------
 
+    async def _pod_event(self, reason: str, message: str) -> None:
+        """A Warning Event on each consumer pod for a workflow decision no kube activity makes
+        (escalation); failing to write it never stops the remediation."""
+        targets = [
+            EventTarget(
+                api_version="v1",
+                kind="Pod",
+                name=c.pod.name,
+                namespace=c.pod.namespace,
+                uid=c.pod.uid,
+            )
+            for c in self._consumers
+        ]
+        if not targets:
+            return
+        try:
+            await self._local(
+                ACT_RECORD_EVENT,
+                RecordEventInput(
+                    targets=targets,
+                    reason=reason,
+                    message=f"GPU {self._status.device}: {message}"[:1000],
+                    type="Warning",
+                    workflow_id=workflow.info().workflow_id,
+                ),
+                type(None),
+                "record event",
+            )
+        except ACTIVITY_FAILED as err:
+            self._log("Event not recorded", outcome="failed", reason=_error_text(err))
+
     async def _notify_owner(self, failure_class: str, why: str) -> None:
         targets = [
             EventTarget(
@@ -946,6 +977,10 @@ class DeviceRemediationWorkflow:
         self._enter(Phase.ESCALATED, awaiting="people")
         self._log("escalate", outcome=reason, reason=summary)
         self._upsert()
+        if reason != "application-error":  # that path already put its own Event on the pods
+            await self._pod_event(
+                "GPURemediationEscalated", f"{summary}. Needed: {_NEEDED[reason]}"
+            )
         policy = self._spec.escalation
         if reason not in policy.on:
             self._log(

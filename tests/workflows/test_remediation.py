@@ -643,3 +643,14 @@ async def test_scale_up_waits_for_approval(time_skipping_env: WorkflowEnvironmen
     assert result.outcome == "released"
     req = world.args(ACT_REQUEST_CAPACITY)[0]
     assert req.pool.provider == "sim" and req.max_size == 4
+
+
+async def test_escalation_puts_an_event_on_the_pods(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(budget_granted=False)
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await handle.result()
+    (event,) = world.args(ACT_RECORD_EVENT)
+    assert event.reason == "GPURemediationEscalated" and event.type == "Warning"
+    assert event.targets[0].name == "llm-7d9f-abcde" and "Needed:" in event.message
