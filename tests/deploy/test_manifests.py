@@ -163,6 +163,22 @@ def test_deployment_selectors_match_pod_labels(objects: list[dict[str, Any]]) ->
         assert selector.items() <= labels.items(), f"{name}: selector does not match its pods"
 
 
+def test_disruption_budgets_select_their_deployment(objects: list[dict[str, Any]]) -> None:
+    budgets = _by_kind(objects, "PodDisruptionBudget")
+    assert set(budgets) == {"sickbay-worker", "sickbay-webhook"}
+    for name, budget in budgets.items():
+        selector = budget["spec"]["selector"]["matchLabels"]
+        selected = [
+            d
+            for d, dep in _deployments(objects).items()
+            if selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert selected == [name], f"PodDisruptionBudget {name} selects {selected}"
+        replicas = _deployments(objects)[name]["spec"]["replicas"]
+        if "minAvailable" in budget["spec"]:
+            assert budget["spec"]["minAvailable"] < replicas, f"{name} could never be drained"
+
+
 def test_webhook_service_selects_webhook_pods(objects: list[dict[str, Any]]) -> None:
     service = _by_kind(objects, "Service")["sickbay-webhook"]
     selector = service["spec"]["selector"]
