@@ -292,16 +292,27 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 async def _timeline(args: argparse.Namespace) -> int:
+    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
     from temporalio.service import RPCError, RPCStatusCode
 
-    from workflows.models import RemediationStatus, TimelineEntry
+    from workflows.models import RemediationResult, RemediationStatus, TimelineEntry
 
     wf_id = workflow_id_for(args.target)
     client = await _client(args)
-    handle = client.get_workflow_handle(wf_id)
+    handle = client.get_workflow_handle(wf_id, result_type=RemediationResult)
     try:
-        entries = await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
-        status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+        desc = await handle.describe()
+        if desc.status is not None and desc.status != WorkflowExecutionStatus.RUNNING:
+            # Closed: the result in history holds the timeline; no worker needed to answer.
+            try:
+                done = await handle.result(follow_runs=False)
+                entries, status = done.timeline, done.status
+            except WorkflowFailureError as exc:
+                print(f"{wf_id} ended {desc.status.name.lower()}: {exc.cause}", file=sys.stderr)
+                return 1
+        else:
+            entries = await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
+            status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             print(f"no remediation {wf_id}", file=sys.stderr)

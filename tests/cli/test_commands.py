@@ -4,7 +4,8 @@ Cases:
 - `launch --node --uuid` starts the device's remediation; the same launch again signals it
   (started false, same workflow id): the dev server reports signal-with-start's `started`;
 - `status` lists the open incident with its phase from the search attributes;
-- `timeline node/uuid` prints the ordered entries (quarantined, ...);
+- `timeline node/uuid` prints the ordered entries (quarantined, ...), also for a closed
+  remediation with no worker running (from the result in history);
 - `approve` outside the approval phase is refused by the update validator (exit 1);
 - `repaired node/uuid` releases the quarantine and the workflow closes `released`;
 - `launch` with neither device nor selector, or with both, exits 2 before connecting;
@@ -92,6 +93,9 @@ async def test_launch_status_timeline_repaired(
     assert result.outcome == "released"
     repaired = next(e for e in result.timeline if e.action == "marked repaired")
     assert repaired.actor == "alice"
+    # Closed and no worker running: the timeline comes from the result in history.
+    code, out, _ = await _cli(capsys, "timeline", *conn, device)
+    assert code == 0 and "phase closed" in out and "closed -> released" in out
 
 
 async def test_launch_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
