@@ -828,7 +828,11 @@ class DeviceRemediationWorkflow:
             elif self._healthy_since is not None:
                 self._healthy_since = None
                 self._log("device not Healthy again", outcome=health.health or "unknown")
-            if workflow.info().get_current_history_length() > HOLD_HISTORY_LIMIT:
+            info = workflow.info()
+            if (
+                info.get_current_history_length() > HOLD_HISTORY_LIMIT
+                or info.is_continue_as_new_suggested()
+            ):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._carry())
         return await self._release()
