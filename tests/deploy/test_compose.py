@@ -13,12 +13,14 @@ Cases:
   (secret), never from a literal in the file;
 - the worker/webhook/twin commands are accepted by the `sickbay` CLI;
 - the Temporal Cloud overrides set address, namespace and credentials files, all required;
-- the schema and namespace scripts are executable POSIX sh with `set -eu`.
+- the schema and namespace scripts are executable POSIX sh with `set -eu` that `sh -n`
+  parses, each mounted by a service.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +274,8 @@ def test_setup_scripts(script: str, compose: dict[str, Any]) -> None:
     assert text.startswith("#!/bin/sh\n")
     assert "set -eu" in text
     assert os.access(path, os.X_OK), f"{path} is not executable"
+    syntax = subprocess.run(["sh", "-n", str(path)], capture_output=True, text=True, timeout=10)
+    assert syntax.returncode == 0, f"{script}: {syntax.stderr}"
     mounted = [
         v
         for service in compose["services"].values()
