@@ -139,7 +139,7 @@ with workflow.unsafe.imports_passed_through():
         WaitEvictionInput,
         WaitReplacementInput,
     )
-    from workflows.runbook_match import select_runbook
+    from workflows.runbook_match import DEFAULT_RUNBOOK, builtin_default, select_runbook
 
 T = TypeVar("T")
 
@@ -256,6 +256,7 @@ class DeviceRemediationWorkflow:
         self._escalated = carry.escalated if carry else False
         self._healthy_since = carry.healthy_since if carry else None
         self._consumers: list[Consumer] = []
+        self._fallback: Runbook = builtin_default()
         self._abort: AbortRequest | None = None
         self._undoing = False  # set once an abort is being handled: undo steps run to the end
         self._repaired: RepairedRequest | None = None
@@ -363,6 +364,7 @@ class DeviceRemediationWorkflow:
         # 1. confirm and classify --------------------------------------------------------
         self._enter(Phase.CONFIRMING, awaiting="cluster evidence")
         runbooks = await self._local(ACT_LOAD_RUNBOOKS, None, RunbookSet, "load runbooks")
+        self._fallback = runbooks.get(DEFAULT_RUNBOOK) or self._fallback
         device = await self._local(
             ACT_RESOLVE_DEVICE, ResolveDeviceInput(device=inp.device), ResolvedDevice, "resolve"
         )
@@ -1049,8 +1051,8 @@ class DeviceRemediationWorkflow:
 
     @property
     def _spec(self) -> Any:
-        assert self._runbook is not None
-        return self._runbook.spec
+        # Before a runbook is chosen (a step failed early), `default` decides how to escalate.
+        return (self._runbook or self._fallback).spec
 
     def _owners(self) -> list[OwnerRef]:
         seen: dict[tuple[str, str, str], OwnerRef] = {}

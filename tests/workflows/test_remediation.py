@@ -17,7 +17,8 @@ Cases (one per branch of the procedure):
 - eviction churn reported -> escalate churn;
 - abort while holding -> rule removed, lease released, aborted;
 - failing notification channel: retried, each try in the timeline, one escalation;
-- a non-retryable quarantine error ends in escalation, not a silent stop;
+- a non-retryable quarantine error ends in escalation, not a silent stop; so does an unknown
+  device (before any runbook is chosen: escalated through `default`);
 - dry run: preview only, nothing tainted;
 - approval rejected -> escalated, no taint, lease returned; scale-up waits for its approval;
 - a long hold continues-as-new and still releases; a non-canonical launch hands over to the
@@ -654,3 +655,41 @@ async def test_escalation_puts_an_event_on_the_pods(time_skipping_env: WorkflowE
     (event,) = world.args(ACT_RECORD_EVENT)
     assert event.reason == "GPURemediationEscalated" and event.type == "Warning"
     assert event.targets[0].name == "llm-7d9f-abcde" and "Needed:" in event.message
+
+
+async def test_unknown_device_escalates_with_default_runbook(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """A step failing before any runbook is chosen still escalates (through `default`)."""
+    from temporalio import activity as act
+    from temporalio.worker import Worker
+
+    from workflows.budget import BudgetWorkflow
+    from workflows.constants import ACT_RESOLVE_DEVICE, ERR_DEVICE_NOT_FOUND
+    from workflows.remediation import DeviceRemediationWorkflow
+
+    client = time_skipping_env.client
+    world = FakeWorld()
+
+    @act.defn(name=ACT_RESOLVE_DEVICE)
+    async def not_found(req: object) -> None:
+        raise ApplicationError(
+            "no ResourceSlice device has uuid GPU-x", type=ERR_DEVICE_NOT_FOUND, non_retryable=True
+        )
+
+    acts = [
+        a
+        for a in world.activities()
+        if getattr(a, "__temporal_activity_definition").name != ACT_RESOLVE_DEVICE
+    ]
+    async with Worker(
+        client,
+        task_queue="tq-not-found",
+        workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
+        activities=[*acts, not_found],
+    ) as worker:
+        handle = await start(client, worker, world)
+        result = await handle.result()
+    assert result.outcome == "escalated" and "DeviceNotFound" in result.reason
+    assert [n.channel for n in world.args(ACT_NOTIFY)] == ["pagerduty"]  # default's channel
+    assert ACT_QUARANTINE not in world.names()
