@@ -42,14 +42,17 @@ def compose_stack(docker_engine: None) -> Iterator[tuple[Any, str]]:
         env_file=str(env_file),
         wait=False,
     )
-    stack.start()
-    try:
-        address = f"127.0.0.1:{port}"
-        _wait_for_temporal(address, timeout=180)  # 180 s: image pulls and schema migrations
-        yield stack, address
-    finally:
-        stack.stop(down=True)  # also removes the volume (docker compose down -v)
-        env_file.unlink(missing_ok=True)
+    with pytest.MonkeyPatch.context() as env:
+        # Also in the environment: it outranks the file's top-level `name:` for sure.
+        env.setenv("COMPOSE_PROJECT_NAME", "sickbay-test")
+        stack.start()
+        try:
+            address = f"127.0.0.1:{port}"
+            _wait_for_temporal(address, timeout=180)  # 180 s: image pulls and schema migrations
+            yield stack, address
+        finally:
+            stack.stop(down=True)  # also removes the volume (docker compose down -v)
+            env_file.unlink(missing_ok=True)
 
 
 def test_namespace_and_search_attributes(compose_stack: tuple[Any, str]) -> None:
