@@ -37,6 +37,9 @@ UPD_BUDGET_ACQUIRE = "acquire"
 UPD_BUDGET_RELEASE = "release"
 QRY_BUDGET_STATE = "state"
 
+# --- maintenance drain workflow -------------------------------------------------------------
+QRY_MAINTENANCE_PROGRESS = "progress"  # -> MaintenanceResult so far
+
 # --- pool scaler workflow --------------------------------------------------------------------
 UPD_POOL_NEED = "need-capacity"
 QRY_POOL_SCALER_STATUS = "pool-status"

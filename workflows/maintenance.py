@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         ACT_LOAD_RUNBOOKS,
         ACT_SELECT_DEVICES,
         ACT_SIGNAL_WITH_START,
+        QRY_MAINTENANCE_PROGRESS,
         WF_MAINTENANCE,
     )
     from workflows.models import (
@@ -62,7 +63,7 @@ class MaintenanceWorkflow:
     def __init__(self) -> None:
         self._result = MaintenanceResult()
 
-    @workflow.query(name="progress")
+    @workflow.query(name=QRY_MAINTENANCE_PROGRESS)
     def progress(self) -> MaintenanceResult:
         return self._result
 
