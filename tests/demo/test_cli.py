@@ -4,7 +4,7 @@
 - `sickbay demo --scenario app-xid`: exit 0, progress lines with elapsed time, the incident's
   timeline, the summary and the wall time printed, and afterwards no process of the stack's
   process group is alive;
-- `sickbay demo --scenario churn --keep`: exit 0, prints how to stop; the stack still answers;
+- `sickbay demo --scenario app-xid --keep`: exit 0, prints how to stop; the stack still answers;
   `sickbay down` stops every process of the group;
 - `sickbay up`: prints the Web UI / env / `sickbay sim fail` help; `sickbay sim fail` works
   against it from another process; Ctrl-C (SIGINT) stops all of it, exit 0;
@@ -57,19 +57,21 @@ def _pgid(output: str) -> int:
     return int(match.group(1))
 
 
-def test_list_and_bad_arguments(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [*SICKBAY, "demo", "--list"], capture_output=True, text=True, env=_env(tmp_path)
-    )
-    assert out.returncode == 0
+def test_list_and_bad_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker.cli import main
+
+    monkeypatch.setenv("SICKBAY_STATE_DIR", str(tmp_path))
+    assert main(["demo", "--list"]) == 0
+    listed = capsys.readouterr().out
     for name in ("seed", "training", "vgpu", "budget", "app-xid", "churn"):
-        assert re.search(rf"^{name}\s", out.stdout, re.M), out.stdout
-    bad = subprocess.run(
-        [*SICKBAY, "demo", "--time-scale", "0"], capture_output=True, text=True, env=_env(tmp_path)
-    )
-    assert bad.returncode == 2 and "must be > 0" in bad.stderr
-    down = subprocess.run([*SICKBAY, "down"], capture_output=True, text=True, env=_env(tmp_path))
-    assert down.returncode == 1 and "no running stack" in down.stdout
+        assert re.search(rf"^{name}\s", listed, re.M), listed
+    with pytest.raises(SystemExit) as bad:
+        main(["demo", "--time-scale", "0"])
+    assert bad.value.code == 2 and "must be > 0" in capsys.readouterr().err
+    assert main(["down"]) == 1
+    assert "no running stack" in capsys.readouterr().out
 
 
 def test_demo_runs_and_leaves_nothing(tmp_path: Path) -> None:
@@ -95,7 +97,7 @@ def test_demo_keep_then_down(tmp_path: Path) -> None:
     _need_worker()
     env = _env(tmp_path)
     out = subprocess.run(
-        [*SICKBAY, "demo", "--scenario", "churn", "--keep", "--time-scale", "60"],
+        [*SICKBAY, "demo", "--scenario", "app-xid", "--keep", "--time-scale", "60"],
         capture_output=True,
         text=True,
         env=env,
