@@ -57,6 +57,20 @@ def findings(results: dict[str, Any]) -> list[str]:
             f"answering {b['kube_calls']['p50']:.0f} calls; the rest is worker-side."
         )
     st = results.get("storm")
+    if st and not st.get("rules_created"):
+        out.append(
+            f"Storm: no GPU was quarantined within {st.get('settle_bound_s', 0):.0f} s of the "
+            f"storm; worker log: {st.get('worker_log')}; worker RSS peaked at "
+            f"{st.get('worker_rss_peak_mb', 0):.0f} MiB."
+        )
+    mem = results.get("memory")
+    if mem and mem["holding"] < mem["remediations"]:
+        out.append(
+            f"Memory: at {mem.get('alert_rate', 0):.0f} alerts/s only {mem['holding']} of "
+            f"{mem['remediations']} remediations were holding after "
+            f"{mem['seconds_to_all_holding']} s ({mem.get('failed', 0)} failed); worker log: "
+            f"{mem.get('worker_log')}."
+        )
     if st:
         if st["workflow_runs"] > st["workflow_ids"]:
             out.append(
@@ -136,6 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads(results_file.read_text())
     else:
         results = asyncio.run(run_all(which, args.quick))
+        if set(which) != set(ALL) and results_file.exists():
+            # A subset re-run keeps the other benchmarks' last figures.
+            previous = json.loads(results_file.read_text())
+            if previous.get("quick") == args.quick:
+                for name in set(ALL) - set(which):
+                    if name in previous:
+                        results[name] = previous[name]
+                results["findings"] = findings(results)
         results_file.write_text(json.dumps(results, indent=1, default=str))
     render(results, out, plot_dir)
     print(f"wrote {out} and plots in {plot_dir}; raw results {results_file}")

@@ -189,3 +189,20 @@ async def until(what: str, probe: Any, within: float, every: float = 0.25) -> An
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {within:.0f} s waiting for {what}")
         await asyncio.sleep(every)
+
+
+WORKER_LOG_SIGNS = {
+    "budget update refused (in-flight update limit)": "limit on number of concurrent in-flight updates",
+    "workflow task over 5 s": "Workflow task duration exceeded",
+    "workflow task lost (timed out)": "Workflow task not found",
+    "local activity timed out": "Local Activity timed out",
+}
+
+
+def worker_log_signs(stack_dir: str | Path) -> dict[str, int]:
+    """How often the worker logged each known sign of overload (worker.log of the stack)."""
+    try:
+        text = (Path(stack_dir) / "logs" / "worker.log").read_text(errors="replace")
+    except OSError:
+        return {}
+    return {label: text.count(needle) for label, needle in WORKER_LOG_SIGNS.items()}

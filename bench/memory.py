@@ -15,15 +15,16 @@ from typing import Any
 
 import httpx
 
-from bench.common import dcgm_alert, gpus, notification, rss_mb, set_budget, until
+from bench.common import dcgm_alert, gpus, notification, rss_mb, set_budget, until, worker_log_signs
 from bench.stacks import open_stack, webhook_token, worker_pid
 from workflows.constants import WF_REMEDIATE
 
 
-async def run(count: int = 1000, per_notification: int = 20, rate: float = 20.0) -> dict[str, Any]:
+async def run(count: int = 1000, per_notification: int = 20, rate: float = 5.0) -> dict[str, Any]:
     from worker.settings import Settings
     from worker.temporal import connect
 
+    signs: dict[str, int] = {}  # filled from the worker's log when the stack stops
     nodes = max(1, (count + 7) // 8)
     stack = await asyncio.to_thread(open_stack, nodes=nodes, gpus_per_node=8, time_scale=1.0)
     try:
@@ -83,6 +84,7 @@ async def run(count: int = 1000, per_notification: int = 20, rate: float = 20.0)
             "holding": held,
             "failed": failed,
             "alert_rate": rate,
+            "worker_log": signs,
             "seconds_to_all_holding": round(all_in, 1),
             "rss_idle_mb": round(idle, 1),
             "rss_in_flight_mb": round(in_flight, 1),
@@ -90,4 +92,5 @@ async def run(count: int = 1000, per_notification: int = 20, rate: float = 20.0)
             "samples": samples,
         }
     finally:
+        signs.update(worker_log_signs(stack.dir))
         await asyncio.to_thread(stack.stop)

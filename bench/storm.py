@@ -42,6 +42,7 @@ from bench.common import (
     set_budget,
     summary,
     until,
+    worker_log_signs,
 )
 from bench.stacks import open_stack, webhook_token, worker_pid
 from workflows.constants import (
@@ -124,11 +125,12 @@ async def run(
     per_notification: int = 20,
     concurrency: int = 64,
     cluster_budget: str = "1%",
-    settle: float = 180.0,
+    settle: float = 120.0,
 ) -> dict[str, Any]:
     from worker.settings import Settings
     from worker.temporal import connect
 
+    signs: dict[str, int] = {}  # filled from the worker's log when the stack stops
     t_boot = time.monotonic()
     stack = await asyncio.to_thread(
         open_stack,
@@ -285,6 +287,7 @@ async def run(
             "failed_runs": failed_runs,
             "quarantine_all_in_budget_s": quarantine_s,
             "settle_bound_s": settle,
+            "worker_log": signs,
             "worker_rss_peak_mb": round(max((v for _, v in rss), default=0.0), 1),
             "worker_rss": [(round(t - (t_start - t_origin), 1), round(v, 1)) for t, v in rss],
             "progress": {
@@ -294,4 +297,5 @@ async def run(
             },
         }
     finally:
+        signs.update(worker_log_signs(stack.dir))
         await asyncio.to_thread(stack.stop)
