@@ -8,6 +8,7 @@ Cases:
   remediation with no worker running (from the result in history);
 - `approve` outside the approval phase is refused by the update validator (exit 1);
 - `repaired node/uuid` releases the quarantine and the workflow closes `released`;
+- `launch --select-node --select-attr --dry-run` starts a maintenance drain with that selector;
 - `launch` with neither device nor selector, or with both, exits 2 before connecting;
 - `runbooks validate` passes the shipped runbooks and reports file:line errors (exit 1);
 - `runbooks explain` names the runbook and the steps for a Deployment.
@@ -22,12 +23,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio import activity
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from tests.workflows.fakes import FakeWorld, new_worker
 from worker.cli import main as cli_main
-from workflows.constants import device_workflow_id
-from workflows.models import Phase, RemediationResult
+from workflows.constants import ACT_SELECT_DEVICES, device_workflow_id
+from workflows.maintenance import MaintenanceWorkflow
+from workflows.models import (
+    MaintenanceResult,
+    Phase,
+    RemediationResult,
+    SelectDevicesInput,
+    SelectedDevices,
+)
 
 pytestmark = pytest.mark.devserver
 
@@ -134,3 +144,42 @@ async def test_runbooks_validate_and_explain(
     assert explained["runbook"] == "inference" and explained["class"] == "unhealthy"
     assert any("DeviceTaintRule NoExecute" in s for s in explained["steps"])
     assert any("scale up" in s and "max 8" in s for s in explained["steps"])
+
+
+async def test_launch_maintenance_selector(
+    dev_env: WorkflowEnvironment, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[SelectDevicesInput] = []
+
+    @activity.defn(name=ACT_SELECT_DEVICES)
+    async def select_devices(req: SelectDevicesInput) -> SelectedDevices:
+        seen.append(req)
+        return SelectedDevices()
+
+    client = dev_env.client
+    queue = f"cli-{uuid.uuid4().hex[:8]}"
+    world = FakeWorld()
+    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue]
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[MaintenanceWorkflow],
+        activities=[select_devices, *world.activities()],
+    ):
+        code, out, err = await _cli(
+            capsys,
+            "launch",
+            *conn,
+            "--select-node",
+            "gpu-node-7",
+            "--select-attr",
+            "driverVersion=550.54",
+            "--dry-run",
+            "--json",
+        )
+        assert code == 0, err
+        wf_id = json.loads(out)["workflow_id"]
+        result = await client.get_workflow_handle(wf_id, result_type=MaintenanceResult).result()
+    assert wf_id.startswith("sickbay-maintenance-") and result.dry_run and result.devices == []
+    assert seen[0].selector.nodes == ["gpu-node-7"]
+    assert seen[0].selector.device_attributes == {"driverVersion": "550.54"}
