@@ -56,6 +56,28 @@ def findings(results: dict[str, Any]) -> list[str]:
             f"activities), of which the twin spends {b['kube_server_ms']['p50']:.1f} ms "
             f"answering {b['kube_calls']['p50']:.0f} calls; the rest is worker-side."
         )
+        gaps = sorted(
+            ((v["p50"], k) for k, v in lat["gap_before_call_ms"].items() if v.get("n")),
+            reverse=True,
+        )[:2]
+        out.append(
+            "Largest worker-side gaps in the hot path (median): "
+            + "; ".join(f"{ms:.0f} ms before `{k}`" for ms, k in gaps)
+            + ". The first is the workflow task starting and the load-runbooks and "
+            "resolve-device local activities being scheduled; the one before the create holds "
+            "count-devices and the budget lease's update round trip to the `sickbay-budget` "
+            "workflow. The peer makes 3 calls and no Temporal round trip."
+        )
+    cost_ = results.get("cost")
+    if cost_ and cost_["kube_requests"] > 15:
+        top = ", ".join(
+            f"{k.strip() or '(discovery)'} x{v}" for k, v in cost_["kube_by_call"].items() if v > 1
+        )
+        out.append(
+            f"Happy path: {cost_['kube_requests']} Kubernetes requests (goal 15); repeated: "
+            f"{top}. One pods list could serve both evidence and consumers, the events list "
+            "can leave the hot path, and discovery can be cached across activities."
+        )
     st = results.get("storm")
     if st and not st.get("rules_created"):
         out.append(
@@ -70,6 +92,22 @@ def findings(results: dict[str, Any]) -> list[str]:
             f"{mem['remediations']} remediations were holding after "
             f"{mem['seconds_to_all_holding']} s ({mem.get('failed', 0)} failed); worker log: "
             f"{mem.get('worker_log')}."
+        )
+    refused = sum(
+        (r or {}).get("worker_log", {}).get("budget update refused (in-flight update limit)", 0)
+        for r in (st, mem)
+    )
+    if refused:
+        out.append(
+            f"Cause ({refused} log lines): every remediation takes its lease with an update on "
+            "the one `sickbay-budget` workflow; Temporal accepts at most 10 in-flight updates "
+            "per workflow, so past ~10 concurrent remediations the update-with-start is "
+            "refused and retried, the `acquire-budget-lease` local activity runs into its 10 s "
+            "timeout, the remediation's workflow task exceeds its timeout and is lost and "
+            "redone. Fix: cap in-flight lease updates per worker (a semaphore of ~8 in "
+            "activities/budget.py, queue the rest), retry RESOURCE_EXHAUSTED with jitter, give "
+            "the lease call a long schedule-to-close (regular activity), and escalate — never "
+            "fail — when the budget cannot be reached."
         )
     if st:
         if st["workflow_runs"] > st["workflow_ids"]:
@@ -148,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     results_file = results_dir / "results.json"
     if args.render_only:
         results = json.loads(results_file.read_text())
+        results["findings"] = findings(results)
     else:
         results = asyncio.run(run_all(which, args.quick))
         if set(which) != set(ALL) and results_file.exists():

@@ -193,6 +193,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             f"{storm['escalation_notifications']}; phases at the end: {storm['phases']}.",
             f"- Alerts lost: {storm['alerts_lost']} of {storm['distinct_alerts']} distinct "
             "(workflow, fingerprint) pairs, checked in every run's history.",
+            f"- Worker: RSS peak {storm.get('worker_rss_peak_mb', 0):.0f} MiB; failed runs "
+            f"{storm.get('failed_runs', 0)}; phases still open after the "
+            f"{storm.get('settle_bound_s', 0):.0f} s bound: {storm['phases'] or 'none visible'}; "
+            f"overload signs in its log: {storm.get('worker_log') or {}}.",
             f"- Quarantined: {storm['gpus_quarantined']} GPUs ({storm['rules_created']} rules: "
             "one per MIG slice) against a budget of "
             f"{storm['budget_limit']}; leases held {storm['budget_leases_held']}; the last "
@@ -204,10 +208,13 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         out += [
             "## 4. Memory",
             "",
-            f"{mem['remediations']} remediations (one per GPU, no workloads) holding on their "
-            f"release timers; all holding after {mem['seconds_to_all_holding']} s "
-            f"({mem['holding']} holding). Worker RSS: idle {mem['rss_idle_mb']} MiB, in flight "
-            f"{mem['rss_in_flight_mb']} MiB, peak {mem['rss_peak_mb']} MiB.",
+            f"{mem['remediations']} remediations (one per GPU, no workloads), alerts paced at "
+            f"{mem.get('alert_rate', 0):g}/s, each meant to hold on its release timers. After "
+            f"{mem['seconds_to_all_holding']} s: {mem['holding']} holding, "
+            f"{mem.get('failed', 0)} failed, the rest still running (in flight). Worker RSS: "
+            f"idle {mem['rss_idle_mb']} MiB, with all {mem['remediations']} in flight "
+            f"{mem['rss_in_flight_mb']} MiB, peak {mem['rss_peak_mb']} MiB. Overload signs in "
+            f"the worker's log: {mem.get('worker_log') or {}}.",
             "",
             f"![memory]({plots.get('memory', '')})",
             "",
