@@ -73,9 +73,7 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
         await client.operator_service.add_search_attributes(
             AddSearchAttributesRequest(
                 namespace=namespace,
-                search_attributes={
-                    n: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for n in missing
-                },
+                search_attributes={n: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for n in missing},
             )
         )
         log.info("registered search attributes %s on namespace %s", missing, namespace)
