@@ -127,6 +127,7 @@ class Child:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
+    signalled: bool = False
 
     @property
     def pid(self) -> int:
@@ -142,11 +143,18 @@ class Child:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def terminate(self) -> None:
+        """Ask the child to stop (one SIGTERM: a second one makes uvicorn skip its graceful
+        shutdown) without waiting."""
+        if self.alive() and not self.signalled:
+            self.signalled = True
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(signal.SIGTERM)
+
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         if not self.alive():
             return
-        with contextlib.suppress(ProcessLookupError):
-            self.popen.send_signal(signal.SIGTERM)
+        self.terminate()
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -539,6 +547,11 @@ class Stack:
             return
         self._stopped = True
         with _signals_deferred():
+            # Everything that talks to Temporal first, together (each finishes its own
+            # in-flight work), then the dev server they talk to.
+            clients = [c for c in self.children if c.name != "temporal"]
+            for child in clients:
+                child.terminate()
             for child in reversed(self.children):
                 child.stop()
         if self._owned_dir and not self.config.keep and not keep_files:
