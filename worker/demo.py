@@ -321,12 +321,12 @@ def _print_use(write: Callable[[str], None], stack: Stack) -> None:
         write(f"    export {key}={env[key]}")
     gpus = ", ".join(f"{i} ({u})" for i, u in enumerate(info.gpus))
     write(f"  GPUs of {info.node}: {gpus}")
+    gpu0 = f"{info.node}/{info.gpus[0]}" if info.gpus else f"{info.node}/<GPU uuid>"
     write(f"  break one:    sickbay sim fail {info.node} 0 --xid 79")
-    write(f"  repair it:    sickbay sim recover {info.node} 0")
-    write(
-        "  what runs:    sickbay status   |   temporal workflow list --address "
-        f"{info.temporal_address}"
-    )
+    write("  watch it:     sickbay status    |    sickbay timeline " + gpu0)
+    write(f"  repair it:    sickbay sim recover {info.node} 0 && sickbay repaired {gpu0}")
+    write(f"  more faults:  sickbay sim fail {info.node} 1 --xid 13   (the program's fault)")
+    write("                sickbay sim known-fault ignore-device-taint-rules on")
     write(f"  logs:         {info.state_dir}/logs/   notifications: {info.notifications}")
 
 

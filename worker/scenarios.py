@@ -814,7 +814,7 @@ async def scheduler_churn(demo: Demo) -> None:
     entries = await demo.timeline(incident)
     said = next((e for e in entries if e.action == "escalate"), None)
     if said is not None:
-        demo.check(f"the escalation says: {said.reason[:140]}")
+        demo.check(f"the escalation says: {said.reason[:240]}")
     await demo.cleanup(ns)
 
 
