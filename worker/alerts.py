@@ -137,6 +137,25 @@ class MappedAlert:
     workflow_id: str
     evidence: AlertEvidence | None = None  # firing
     resolved: AlertResolved | None = None  # resolved
+    # Alertmanager's startsAt: constant over one firing episode, so repeats of the same alert
+    # share it and a re-fire after resolution does not (the webhook's delivery key).
+    starts_at: datetime | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        if self.evidence is not None:
+            return self.evidence.fingerprint
+        return self.resolved.fingerprint if self.resolved is not None else ""
+
+    def delivery_key(self) -> tuple[str, str, str, str]:
+        """What makes two alerts the same delivery: (workflow id, status, fingerprint,
+        startsAt). Identical keys are one Alertmanager alert seen again (repeat notification,
+        retry, overlapping groups); the workflow would ignore the second one anyway."""
+        start = ""
+        if self.starts_at is not None:  # one instant, one key, whatever offset it was sent in
+            at = self.starts_at
+            start = (at.astimezone(UTC) if at.tzinfo is not None else at).isoformat()
+        return (self.workflow_id, self.status, self.fingerprint, start)
 
 
 def _first(labels: dict[str, str], names: tuple[str, ...]) -> str:
@@ -215,7 +234,9 @@ def map_alert(
     if alert.status == "resolved":
         ends_at = alert.ends_at if alert.ends_at and alert.ends_at.year > 1 else None
         resolved = AlertResolved(fingerprint=fingerprint, alertname=alertname, ends_at=ends_at)
-        return MappedAlert(index, "resolved", device, workflow_id, resolved=resolved)
+        return MappedAlert(
+            index, "resolved", device, workflow_id, resolved=resolved, starts_at=alert.starts_at
+        )
 
     xid = parse_xid(_first(labels, mapping.xid_labels))
     if xid is None and mapping.value_annotation:
@@ -241,7 +262,9 @@ def map_alert(
         labels={k: v[:MAX_LABEL_VALUE] for k, v in kept.items()},
         pod=pod,
     )
-    return MappedAlert(index, "firing", device, workflow_id, evidence=evidence)
+    return MappedAlert(
+        index, "firing", device, workflow_id, evidence=evidence, starts_at=alert.starts_at
+    )
 
 
 def _has_id_chars(node: str, uuid: str) -> bool:

@@ -24,11 +24,13 @@ run concurrently, bounded process-wide by `webhook_concurrency`, over one shared
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -89,6 +91,13 @@ class WebhookSettings(BaseSettings):
     # Upper bound for all Temporal calls of one notification. Past it we answer 503 and
     # Alertmanager retries; below Alertmanager's usual 10 s+ webhook timeout.
     webhook_temporal_timeout: float = Field(default=8.0, gt=0)
+    # Recent-delivery window: an alert identical to one Temporal accepted this many seconds ago
+    # or less (same workflow, status, fingerprint, startsAt) is acknowledged without another
+    # call. Covers Alertmanager's retries and overlapping groups during a storm; 0 turns the
+    # cache off (identical alerts in flight at the same moment still share one call).
+    webhook_dedup_seconds: float = Field(default=60.0, ge=0)
+    # At most this many remembered deliveries (~0.5 KB each): the oldest go first.
+    webhook_dedup_entries: int = Field(default=50_000, ge=1)
     # Mapping alert labels to a device (defaults: dcgm-exporter, deploy/prometheus-rules.yaml)
     alert_names: StrList = Field(default_factory=lambda: list(DEFAULT_ALERT_NAMES))
     alert_node_labels: StrList = Field(default_factory=lambda: ["Hostname"])
@@ -206,6 +215,19 @@ class WebhookMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+        self.alerts_deduplicated = Counter(
+            "sickbay_webhook_alerts_deduplicated",
+            "Alerts acknowledged without a Temporal call of their own, because an identical "
+            "delivery was in the same notification, in flight, or accepted recently",
+            ["via"],
+            registry=r,
+        )
+        self.temporal_calls = Counter(
+            "sickbay_webhook_temporal_calls",
+            "Temporal RPCs issued for alerts, by kind (signal-with-start, signal)",
+            ["call"],
+            registry=r,
+        )
         self.call_latency = Histogram(
             "sickbay_webhook_temporal_call_seconds",
             "Time of one signal-with-start / signal call, including the wait for a slot",
@@ -217,6 +239,60 @@ class WebhookMetrics:
 # --------------------------------------------------------------------------------------------
 # The service behind the routes
 # --------------------------------------------------------------------------------------------
+
+
+DeliveryKey = tuple[str, str, str, str]  # MappedAlert.delivery_key()
+DUPLICATE = "duplicate"  # result of an alert acknowledged through an identical delivery
+# Results worth remembering: Temporal recorded the alert. "resolved-no-workflow" is not: a
+# workflow may start in the meantime, and asking again is cheap.
+CACHEABLE = frozenset({"started", "signalled", "resolved-signalled"})
+
+
+class RecentDeliveries:
+    """Deliveries Temporal accepted in the last `ttl` seconds, and the ones in flight.
+
+    - `inflight`: delivery key -> the one call delivering it now (single-flight: an identical
+      alert arriving meanwhile awaits that call and shares its outcome, success or failure).
+    - accepted keys, oldest first: `recent(key)` is true for `ttl` seconds after Temporal
+      accepted it (a hit does not extend the window, so an alert that keeps firing reaches
+      Temporal again at least once per window). At most `max_entries` keys; past that the
+      oldest are forgotten, which only costs a repeated, harmless call.
+    A failed call is never remembered: the sender's retry calls Temporal again.
+    """
+
+    def __init__(
+        self, ttl: float, max_entries: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._clock = clock
+        self._accepted: OrderedDict[DeliveryKey, float] = OrderedDict()
+        self.inflight: dict[DeliveryKey, asyncio.Future[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self._accepted)
+
+    def recent(self, key: DeliveryKey) -> bool:
+        at = self._accepted.get(key)
+        if at is None:
+            return False
+        if self._clock() - at >= self.ttl:
+            del self._accepted[key]
+            return False
+        return True
+
+    def remember(self, key: DeliveryKey) -> None:
+        if self.ttl <= 0:
+            return
+        now = self._clock()
+        self._accepted[key] = now
+        self._accepted.move_to_end(key)
+        # Oldest first, so expiry and the size bound both trim from the front.
+        while self._accepted:
+            oldest_key, oldest_at = next(iter(self._accepted.items()))
+            if len(self._accepted) <= self.max_entries and now - oldest_at < self.ttl:
+                break
+            del self._accepted[oldest_key]
 
 
 class TemporalUnavailable(Exception):
@@ -260,7 +336,7 @@ class AlertService:
         self._client = client
         self._lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(webhook.webhook_concurrency)
-        self._inflight: set[asyncio.Future[str]] = set()
+        self.recent = RecentDeliveries(webhook.webhook_dedup_seconds, webhook.webhook_dedup_entries)
 
     @property
     def connected(self) -> bool:
@@ -297,7 +373,8 @@ class AlertService:
     async def handle(self, payload: AmPayload) -> tuple[int, dict[str, Any]]:
         received_at = datetime.now(UTC)
         out = Outcome()
-        by_workflow: dict[str, list[MappedAlert]] = {}
+        # workflow id -> delivery key -> the alerts of this notification with that key
+        by_workflow: dict[str, dict[DeliveryKey, list[MappedAlert]]] = {}
         for index, alert in enumerate(payload.alerts):
             self.metrics.alerts_received.labels(alert.status).inc()
             mapped = map_alert(index, alert, self.mapping, received_at=received_at)
@@ -305,7 +382,8 @@ class AlertService:
                 self.metrics.alerts_rejected.labels(mapped.reason).inc()
                 out.unmatched.append(_unmapped_json(mapped))
                 continue
-            by_workflow.setdefault(mapped.workflow_id, []).append(mapped)
+            group = by_workflow.setdefault(mapped.workflow_id, {})
+            group.setdefault(mapped.delivery_key(), []).append(mapped)
         if payload.truncated_alerts:
             log.warning(
                 "Alertmanager truncated %d alerts of group %s (raise max_alerts)",
@@ -318,11 +396,17 @@ class AlertService:
                 client = await self.client()
             except TemporalUnavailable as exc:
                 log.warning("%s", exc)
-                for alerts in by_workflow.values():
-                    for m in alerts:
-                        self._failed(out, m, "temporal-unavailable", str(exc))
+                for group in by_workflow.values():
+                    for same in group.values():
+                        for m in same:
+                            self._failed(out, m, "temporal-unavailable", str(exc))
                 return 503, self._body(out, payload, "temporal unavailable")
-            groups = [sorted(a, key=lambda m: m.status != "firing") for a in by_workflow.values()]
+            # Firing first, so a resolved alert in the same notification finds the workflow
+            # the firing one started.
+            groups = [
+                sorted(g.values(), key=lambda same: same[0].status != "firing")
+                for g in by_workflow.values()
+            ]
             tasks = [asyncio.ensure_future(self._run_group(client, g, out)) for g in groups]
             _done, pending = await asyncio.wait(
                 tasks, timeout=self.webhook.webhook_temporal_timeout
@@ -332,10 +416,11 @@ class AlertService:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
                 handled = {r["index"] for r in out.results} | {f["index"] for f in out.failed}
-                for group in groups:
-                    for m in group:
-                        if m.index not in handled:
-                            self._failed(out, m, "temporal-timeout", "Temporal did not answer")
+                for group_items in groups:
+                    for same in group_items:
+                        for m in same:
+                            if m.index not in handled:
+                                self._failed(out, m, "temporal-timeout", "Temporal did not answer")
 
         code = 200
         if out.failed:
@@ -352,12 +437,13 @@ class AlertService:
         log.log(
             level,
             "notification %s: %d alerts, %d started, %d signalled, %d resolved, "
-            "%d unmatched, %d failed -> %d",
+            "%d duplicates, %d unmatched, %d failed -> %d",
             payload.group_key or "-",
             len(payload.alerts),
             out.counts.get("started", 0),
             out.counts.get("signalled", 0),
             out.counts.get("resolved-signalled", 0),
+            out.counts.get(DUPLICATE, 0),
             len(out.unmatched),
             len(out.failed),
             code,
@@ -365,61 +451,114 @@ class AlertService:
         status = "ok" if code == 200 else "some alerts were not accepted by Temporal"
         return code, self._body(out, payload, status)
 
-    async def _run_group(self, client: Client, group: Sequence[MappedAlert], out: Outcome) -> None:
-        # Alerts of one device go one after the other, firing first, so a resolved alert in
-        # the same notification finds the workflow the firing one started.
-        for m in group:
+    async def _run_group(
+        self, client: Client, group: Sequence[list[MappedAlert]], out: Outcome
+    ) -> None:
+        """The deliveries of one workflow, one after the other (firing first).
+
+        Each entry is one delivery key with every alert of this notification that has it:
+        one RPC serves them all. A key Temporal accepted within the dedup window is answered
+        from memory; a key another notification is delivering right now is awaited, not sent
+        twice. Only the key's own RPC succeeding acknowledges it.
+        """
+        recent = self.recent
+        for same in group:
+            m = same[0]
+            key = m.delivery_key()
+            if recent.recent(key):
+                self._accepted(out, same, None, via="recent")
+                continue
+            call = recent.inflight.get(key)
+            own = call is None
+            if call is None:
+                # Waiting for a slot is where the notification's deadline cancels: an alert
+                # that never reached Temporal costs nothing. A call that did reach it is
+                # shielded and left to finish (keeping its slot until then), so an overloaded
+                # server does not redo work that a cancellation would have thrown away; the
+                # sender's retry then finds it delivered (or in flight).
+                await self._slots.acquire()
+                # While this waited, another notification may have delivered or sent the key.
+                if recent.recent(key):
+                    self._slots.release()
+                    self._accepted(out, same, None, via="recent")
+                    continue
+                call = recent.inflight.get(key)
+                own = call is None
+                if call is None:
+                    call = asyncio.ensure_future(self._deliver(client, m))
+                    recent.inflight[key] = call
+                    call.add_done_callback(functools.partial(self._call_done, key))
+                else:
+                    self._slots.release()
             started = time.perf_counter()
-            # Waiting for a slot is where the notification's deadline cancels: an alert that
-            # never reached Temporal costs nothing. A call that did reach it is shielded and
-            # left to finish (keeping its slot until then), so an overloaded server does not
-            # redo work that a cancellation would have thrown away; the sender's retry then
-            # only signals.
-            await self._slots.acquire()
-            call = asyncio.ensure_future(
-                self._fire(client, m) if m.status == "firing" else self._resolve(client, m)
-            )
-            self._inflight.add(call)
-            call.add_done_callback(self._call_done)
             try:
                 result = await asyncio.shield(call)
             except RPCError as exc:
                 reason = "temporal-unavailable" if exc.status in _TRANSIENT else "temporal-error"
-                self._failed(out, m, reason, f"{exc.status.name if exc.status else ''}: {exc}")
+                for a in same:
+                    self._failed(out, a, reason, f"{exc.status.name if exc.status else ''}: {exc}")
                 continue
             except Exception as exc:  # the SDK raises RuntimeError on a dropped connection
                 log.warning("Temporal call for %s failed: %r", m.workflow_id, exc)
-                self._failed(out, m, "temporal-unavailable", repr(exc))
+                for a in same:
+                    self._failed(out, a, "temporal-unavailable", repr(exc))
                 continue
             finally:
-                self.metrics.call_latency.observe(time.perf_counter() - started)
-            self.metrics.workflows.labels(result).inc()
-            self.metrics.alerts_accepted.labels(m.status).inc()
-            out.bump(result)
-            out.results.append(
-                {
-                    "index": m.index,
-                    "fingerprint": _fingerprint(m),
-                    "device": m.device.key,
-                    "workflow_id": m.workflow_id,
-                    "result": result,
-                }
-            )
+                if own:
+                    self.metrics.call_latency.observe(time.perf_counter() - started)
+            if own:
+                self.metrics.workflows.labels(result).inc()
+                self._accepted(out, same[:1], result)
+                self._accepted(out, same[1:], None, via="notification")
+            else:
+                self._accepted(out, same, None, via="in-flight")
 
-    def _call_done(self, call: asyncio.Future[str]) -> None:
+    def _accepted(
+        self, out: Outcome, alerts: Sequence[MappedAlert], result: str | None, via: str = ""
+    ) -> None:
+        """Record alerts Temporal has (`result`: this RPC's answer; None: a duplicate of a
+        delivery that Temporal accepted, found `via` the notification, an in-flight call or
+        the recent-delivery cache)."""
+        for m in alerts:
+            self.metrics.alerts_accepted.labels(m.status).inc()
+            if result is None:
+                self.metrics.alerts_deduplicated.labels(via).inc()
+            out.bump(result or DUPLICATE)
+            entry: dict[str, Any] = {
+                "index": m.index,
+                "fingerprint": m.fingerprint,
+                "device": m.device.key,
+                "workflow_id": m.workflow_id,
+                "result": result or DUPLICATE,
+            }
+            if result is None:
+                entry["via"] = via
+            out.results.append(entry)
+
+    def _call_done(self, key: DeliveryKey, call: asyncio.Future[str]) -> None:
         self._slots.release()
-        self._inflight.discard(call)
-        if not call.cancelled():
-            # Mark any error retrieved: the waiting request reported it, or it came after the
-            # request's deadline, when the sender is already retrying.
-            call.exception()
+        if self.recent.inflight.get(key) is call:
+            del self.recent.inflight[key]
+        if call.cancelled():
+            return
+        # Retrieving the error marks it seen: the waiting requests reported it, or it came
+        # after their deadline, when the sender is already retrying. A failure is never
+        # remembered, so the retry sends again.
+        if call.exception() is None and call.result() in CACHEABLE:
+            self.recent.remember(key)
 
     async def drain(self, within: float) -> None:
         """On shutdown: let calls already sent to Temporal finish, for a bounded time."""
-        if self._inflight:
-            _done, pending = await asyncio.wait(set(self._inflight), timeout=within)
+        calls = set(self.recent.inflight.values())
+        if calls:
+            _done, pending = await asyncio.wait(calls, timeout=within)
             for call in pending:
                 call.cancel()
+
+    async def _deliver(self, client: Client, m: MappedAlert) -> str:
+        if m.status == "firing":
+            return await self._fire(client, m)
+        return await self._resolve(client, m)
 
     async def _fire(self, client: Client, m: MappedAlert) -> str:
         assert m.evidence is not None
@@ -429,6 +568,9 @@ class AlertService:
             requested_by="alertmanager",
             reason=m.evidence.summary or m.evidence.alertname,
         )
+        # Every firing delivery is a signal-with-start (USE_EXISTING): a plain signal would
+        # fail if the run closed since the previous one, and costs the server the same.
+        self.metrics.temporal_calls.labels("signal-with-start").inc()
         res = await signal_with_start(
             client, inp, task_queue=self.settings.task_queue, evidence=m.evidence
         )
@@ -437,6 +579,7 @@ class AlertService:
     async def _resolve(self, client: Client, m: MappedAlert) -> str:
         assert m.resolved is not None
         handle = client.get_workflow_handle(m.workflow_id)
+        self.metrics.temporal_calls.labels("signal").inc()
         try:
             await handle.signal(SIG_ALERT_RESOLVED, m.resolved)
         except RPCError as exc:
@@ -450,7 +593,7 @@ class AlertService:
         out.failed.append(
             {
                 "index": m.index,
-                "fingerprint": _fingerprint(m),
+                "fingerprint": m.fingerprint,
                 "workflow_id": m.workflow_id,
                 "reason": reason,
                 "detail": detail[:500],
@@ -468,17 +611,12 @@ class AlertService:
             "signalled": out.counts.get("signalled", 0),
             "resolved_signalled": out.counts.get("resolved-signalled", 0),
             "resolved_no_workflow": out.counts.get("resolved-no-workflow", 0),
+            "duplicates": out.counts.get(DUPLICATE, 0),
             "unmatched": sorted(out.unmatched, key=lambda u: u["index"]),
             "failed": sorted(out.failed, key=lambda f: f["index"]),
             "results": sorted(out.results, key=lambda r: r["index"]),
             "truncated_alerts": payload.truncated_alerts,
         }
-
-
-def _fingerprint(m: MappedAlert) -> str:
-    if m.evidence is not None:
-        return m.evidence.fingerprint
-    return m.resolved.fingerprint if m.resolved is not None else ""
 
 
 def _unmapped_json(u: Unmapped) -> dict[str, Any]:

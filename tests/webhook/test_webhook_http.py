@@ -2,8 +2,10 @@
 
 Cases:
 - a DCGM Xid 79 notification starts exactly one workflow, with the evidence as its start signal
-- the same notification 20 times: one workflow, 20 `alert` signals (1 start + 19), responses
-  say started once and signalled 19 times
+- the same notification 20 times: one workflow; with the recent-delivery cache (default) one
+  `alert` signal and 19 answers from the cache; with the cache off (0 s) 20 signals (1 start
+  + 19), the responses saying started once and signalled 19 times
+- the same notification 10 times at once: one workflow, one signal (single-flight + cache)
 - a resolved alert signals `alert-resolved` to the running workflow
 - a resolved alert for a device with no workflow starts nothing and is reported as such
 - an alert whose name is not configured, and one without UUID, are listed under `unmatched`
@@ -19,19 +21,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
+import httpx
 import pytest
+from temporalio.testing import WorkflowEnvironment
 
 from tests.webhook.helpers import (
+    TOKEN,
     Served,
     auth,
     count_runs,
     history_counts,
     payload,
+    serve,
+    settings_for,
     signal_names,
     unique_device,
     xid_alert,
 )
+from worker.webhook import WebhookSettings, create_app
 from workflows.constants import SIG_ALERT, SIG_ALERT_RESOLVED, device_workflow_id
 
 pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)
@@ -87,12 +96,36 @@ async def test_same_payload_twenty_times_one_workflow(served: Served) -> None:
         resp = await served.http.post("/v1/alertmanager", json=body, headers=auth())
         assert resp.status_code == 200, resp.text
         results.append(resp.json())
-    assert sum(r["started"] for r in results) == 1
-    assert sum(r["signalled"] for r in results) == 19
-    assert results[0]["started"] == 1
-    assert await history_counts(served.client, wid) == {"started": 1, "signaled": 20}
+    assert [r["started"] for r in results] == [1] + [0] * 19
+    assert sum(r["signalled"] for r in results) == 0
+    assert [r["duplicates"] for r in results] == [0] + [1] * 19
+    assert {r["results"][0]["via"] for r in results[1:]} == {"recent"}
+    assert await history_counts(served.client, wid) == {"started": 1, "signaled": 1}
     assert await count_runs(served.client, f"WorkflowId = '{wid}'", expect=1) == 1
     await served.client.get_workflow_handle(wid).terminate("test done")
+
+
+async def test_same_payload_twenty_times_cache_off(dev_env: WorkflowEnvironment) -> None:
+    settings = settings_for(dev_env, f"webhook-test-{uuid.uuid4().hex[:8]}")
+    app = create_app(
+        settings,
+        dev_env.client,
+        webhook=WebhookSettings(webhook_token=TOKEN, webhook_dedup_seconds=0),
+    )
+    node, gpu = unique_device()
+    body = payload(xid_alert(node, gpu))
+    wid = device_workflow_id(node, gpu)
+    results = []
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
+        for _ in range(20):
+            resp = await http.post("/v1/alertmanager", json=body, headers=auth())
+            assert resp.status_code == 200, resp.text
+            results.append(resp.json())
+    assert sum(r["started"] for r in results) == 1 and results[0]["started"] == 1
+    assert sum(r["signalled"] for r in results) == 19
+    assert await history_counts(dev_env.client, wid) == {"started": 1, "signaled": 20}
+    assert await count_runs(dev_env.client, f"WorkflowId = '{wid}'", expect=1) == 1
+    await dev_env.client.get_workflow_handle(wid).terminate("test done")
 
 
 async def test_concurrent_duplicates_still_one_workflow(served: Served) -> None:
@@ -104,7 +137,9 @@ async def test_concurrent_duplicates_still_one_workflow(served: Served) -> None:
     )
     assert [r.status_code for r in resps] == [200] * 10
     assert sum(r.json()["started"] for r in resps) == 1
-    assert await history_counts(served.client, wid) == {"started": 1, "signaled": 10}
+    assert sum(r.json()["duplicates"] for r in resps) == 9
+    # One delivery reached Temporal; the others joined it in flight or found it delivered.
+    assert await history_counts(served.client, wid) == {"started": 1, "signaled": 1}
     assert await count_runs(served.client, f"WorkflowId = '{wid}'", expect=1) == 1
     await served.client.get_workflow_handle(wid).terminate("test done")
 
@@ -235,19 +270,24 @@ async def test_healthz_and_metrics(served: Served) -> None:
     assert resp.status_code == 200 and resp.json() == {"status": "ok", "temporal_connected": True}
     node, gpu = unique_device()
     before = (await served.http.get("/metrics")).text
-    body = payload(xid_alert(node, gpu))
-    for _ in range(2):
+    first = xid_alert(node, gpu)
+    second = xid_alert(node, gpu, fingerprint="second-rule")
+    for body in (payload(first), payload(second), payload(first)):
         assert (
             await served.http.post("/v1/alertmanager", json=body, headers=auth())
         ).status_code == 200
     after = (await served.http.get("/metrics")).text
+
+    def delta(name: str, **labels: str) -> float:
+        return _metric(after, name, **labels) - _metric(before, name, **labels)
+
     name = "sickbay_webhook_workflows_total"
-    assert _metric(after, name, result="started") - _metric(before, name, result="started") == 1
-    assert _metric(after, name, result="signalled") - _metric(before, name, result="signalled") == 1
+    assert delta(name, result="started") == 1
+    assert delta(name, result="signalled") == 1
+    assert delta("sickbay_webhook_alerts_deduplicated_total", via="recent") == 1
+    assert delta("sickbay_webhook_temporal_calls_total", call="signal-with-start") == 2
     received = "sickbay_webhook_alerts_received_total"
-    assert (
-        _metric(after, received, status="firing") - _metric(before, received, status="firing") == 2
-    )
+    assert delta(received, status="firing") == 3
     count = "sickbay_webhook_request_seconds_count"
-    assert _metric(after, count) >= _metric(before, count) + 2
+    assert _metric(after, count) >= _metric(before, count) + 3
     await served.client.get_workflow_handle(device_workflow_id(node, gpu)).terminate("test done")
