@@ -6,8 +6,11 @@ State machine (each step a runbook knob; phases are the `SickbayPhase` search at
                     | resolve-device, gather-evidence, find-consumers, classify,
                     | pick runbook (strictest of the consumers')
                     v
-                guarding --budget exhausted--> escalated -------------------------> closed
-                    | budget lease (sickbay-budget workflow)
+                guarding --budget exhausted / unreachable--> escalated (once), stays open:
+                    |   retries the lease every minute (then 5 min), absorbs repeat alerts;
+                    |   ends on abort, repaired, alert resolved + Healthy -> closed,
+                    |   or a granted lease -> on to approval / quarantine
+                    | budget lease (sickbay-budget workflow; `budget-wait` patch)
                     v
           [awaiting-approval] --rejected / timeout per runbook--> escalated / closed
                     v
@@ -154,6 +157,18 @@ LOCAL_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=5),
     maximum_attempts=5,
 )
+# Budget lease updates (local activities): the activity itself retries a refused update (the
+# 10-in-flight limit under a storm) with jittered backoff for up to 25 s, so one attempt gets
+# 30 s; 2 attempts, then the remediation escalates "budget service unavailable" and waits.
+BUDGET_TIMEOUT = timedelta(seconds=30)
+BUDGET_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=2)
+# Over budget or budget unreachable: escalate once, then retry the lease every minute for the
+# first hour (a slot frees when another GPU is released), then every 5 minutes so a wait of
+# days stays a few thousand history events.
+BUDGET_RETRY_FIRST = timedelta(minutes=1)
+BUDGET_RETRY_LATER = timedelta(minutes=5)
+BUDGET_RETRY_SWITCH = 60
+BUDGET_AWAITING = "a budget slot, repaired, alert resolved + Healthy, or abort"
 # Long waits (watch-based activities): they heartbeat, so a dead worker is noticed within a
 # minute and another worker resumes from the heartbeat details; 3 attempts, then escalate.
 WAIT_HEARTBEAT = timedelta(seconds=60)
@@ -260,6 +275,7 @@ class DeviceRemediationWorkflow:
         self._abort: AbortRequest | None = None
         self._undoing = False  # set once an abort is being handled: undo steps run to the end
         self._repaired: RepairedRequest | None = None
+        self._resolved_pending = False  # an alert-resolved not yet checked against health
         self._decision: ApprovalDecision | None = None
         self._sa_phase: Phase | None = None
         self._metrics = workflow.metric_meter()
@@ -274,6 +290,7 @@ class DeviceRemediationWorkflow:
 
     @workflow.signal(name=SIG_ALERT_RESOLVED)
     def alert_resolved(self, resolved: AlertResolved) -> None:
+        self._resolved_pending = True
         self._log(
             "alert resolved",
             outcome=resolved.alertname or resolved.fingerprint,
@@ -487,6 +504,131 @@ class DeviceRemediationWorkflow:
         return "dry-run", f"dry run: would quarantine {device.key} and evict {would}"
 
     async def _acquire_lease(self, device: ResolvedDevice, runbook: Runbook) -> None:
+        if not workflow.patched("budget-wait"):
+            return await self._acquire_lease_once(device, runbook)
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                granted, kind, why = await self._try_lease(device, runbook)
+            except ACTIVITY_FAILED as err:
+                # The budget workflow could not be reached within the bounded retries (update
+                # limit under a storm, server down): never fail the run, escalate and retry.
+                granted, kind = False, "error"
+                why = f"budget service unavailable: {_error_text(err)}; device NOT tainted"
+            if granted:
+                return
+            if tries == 1:
+                self._log(
+                    "budget denied" if kind != "error" else "budget unavailable",
+                    outcome="no taint",
+                    reason=why,
+                )
+                await self._escalate(
+                    kind,
+                    f"{why}; waiting for a budget slot (retrying every "
+                    f"{BUDGET_RETRY_FIRST}, then every {BUDGET_RETRY_LATER})",
+                    awaiting=BUDGET_AWAITING,
+                )
+            else:
+                self._log(
+                    "budget still unavailable" if kind == "error" else "budget still full",
+                    outcome=f"try {tries}",
+                    reason=why,
+                )
+            self._enter(Phase.ESCALATED, awaiting=BUDGET_AWAITING)
+            self._upsert()
+            interval = BUDGET_RETRY_FIRST if tries < BUDGET_RETRY_SWITCH else BUDGET_RETRY_LATER
+            try:
+                await self._wait(
+                    lambda: self._repaired is not None or self._resolved_pending, limit=interval
+                )
+            except TimeoutError:
+                pass
+            if self._repaired is not None:
+                await self._resolve_page("repaired while waiting for budget")
+                raise _Done(
+                    "not-quarantined",
+                    f"repaired ({self._repaired.actor}) while waiting for a budget slot; "
+                    "never quarantined",
+                )
+            if self._resolved_pending:
+                self._resolved_pending = False
+                if await self._healthy_now():
+                    await self._resolve_page("alert resolved, device Healthy")
+                    raise _Done(
+                        "not-quarantined",
+                        "alert resolved and the device is Healthy while waiting for a budget "
+                        "slot; never quarantined",
+                    )
+
+    async def _resolve_page(self, summary: str) -> None:
+        """Resolve the incident, if the escalation paged anyone (the runbook may filter it)."""
+        if self._escalated and self._status.escalation_reason in self._spec.escalation.on:
+            await self._notify_all("resolve", summary)
+
+    async def _healthy_now(self) -> bool:
+        try:
+            health = await self._local(
+                ACT_CHECK_HEALTH,
+                CheckHealthInput(device=self._device),
+                HealthResult,
+                "check health",
+            )
+        except ACTIVITY_FAILED as err:
+            self._log("health check failed", outcome="unknown", reason=_error_text(err))
+            return False
+        self._log("health checked", outcome=health.health or "unknown")
+        return health.health == "Healthy"
+
+    async def _try_lease(
+        self, device: ResolvedDevice, runbook: Runbook
+    ) -> tuple[bool, EscalationReason, str]:
+        """(granted, escalation kind, why not); raises when the budget cannot be reached."""
+        counts = await self._local(
+            ACT_COUNT_DEVICES,
+            CountDevicesInput(node_pool=device.node_pool),
+            DeviceCounts,
+            "count devices",
+        )
+        budget = runbook.spec.budget
+        pool_limit = BudgetPolicy.limit(budget.max_per_pool, counts.pool_devices)
+        cluster_limit = BudgetPolicy.limit(budget.max_per_cluster, counts.cluster_devices)
+        decision = await self._local(
+            ACT_ACQUIRE_BUDGET,
+            BudgetLeaseRequest(
+                holder=workflow.info().workflow_id,
+                device_key=device.key,
+                node_pool=device.node_pool,
+                pool_limit=pool_limit,
+                cluster_limit=cluster_limit,
+                observed_pool_quarantined=counts.pool_quarantined,
+                observed_cluster_quarantined=counts.cluster_quarantined,
+            ),
+            BudgetDecision,
+            "acquire budget lease",
+            budget=True,
+        )
+        if not decision.granted:
+            return (
+                False,
+                "budget-exhausted",
+                (
+                    f"blast-radius budget exhausted: {decision.reason} (pool {device.node_pool}: "
+                    f"{decision.pool_in_use}/{pool_limit} of {counts.pool_devices} devices, cluster: "
+                    f"{decision.cluster_in_use}/{cluster_limit} of {counts.cluster_devices}); "
+                    "device NOT tainted"
+                ),
+            )
+        self._lease_held = True
+        self._log(
+            "budget lease acquired",
+            outcome=f"pool {decision.pool_in_use}/{pool_limit}, "
+            f"cluster {decision.cluster_in_use}/{cluster_limit}",
+        )
+        return True, "budget-exhausted", ""
+
+    async def _acquire_lease_once(self, device: ResolvedDevice, runbook: Runbook) -> None:
         counts = await self._local(
             ACT_COUNT_DEVICES,
             CountDevicesInput(node_pool=device.node_pool),
@@ -882,6 +1024,7 @@ class DeviceRemediationWorkflow:
             BudgetReleaseRequest(holder=workflow.info().workflow_id, device_key=self._device.key),
             BudgetDecision,
             "release budget lease",
+            budget=True,
         )
         self._lease_held = False
         self._log("budget lease released")
@@ -973,14 +1116,18 @@ class DeviceRemediationWorkflow:
         await self._escalate("application-error", message, severity="warning")
 
     async def _escalate(
-        self, reason: EscalationReason, summary: str, severity: str | None = None
+        self,
+        reason: EscalationReason,
+        summary: str,
+        severity: str | None = None,
+        awaiting: str = "people",
     ) -> None:
         if self._escalated:
             self._log("already escalated", reason=f"{reason}: {summary}")
             return
         self._escalated = True
         self._status.escalation_reason = reason
-        self._enter(Phase.ESCALATED, awaiting="people")
+        self._enter(Phase.ESCALATED, awaiting=awaiting)
         self._log("escalate", outcome=reason, reason=summary)
         self._upsert()
         if reason != "application-error":  # that path already put its own Event on the pods
@@ -1122,15 +1269,17 @@ class DeviceRemediationWorkflow:
         workflow.upsert_search_attributes([p.key.value_set(p.value) for p in pairs])
         self._sa_phase = self._status.phase
 
-    async def _local(self, name: str, arg: Any, result_type: type[T], label: str) -> T:
+    async def _local(
+        self, name: str, arg: Any, result_type: type[T], label: str, budget: bool = False
+    ) -> T:
         if self._abort is not None and not self._undoing:
             raise _Aborted()
         return await workflow.execute_local_activity(
             name,
             *([arg] if arg is not None else []),
             result_type=result_type,
-            start_to_close_timeout=LOCAL_TIMEOUT,
-            retry_policy=LOCAL_RETRY,
+            start_to_close_timeout=BUDGET_TIMEOUT if budget else LOCAL_TIMEOUT,
+            retry_policy=BUDGET_RETRY if budget else LOCAL_RETRY,
             summary=label,
         )
 

@@ -2,7 +2,8 @@
 
 Cases:
 - two remediations race for the last budget slot of a pool: exactly one taints, the other is
-  escalated budget-exhausted without a taint; the winner's release frees the slot;
+  escalated budget-exhausted without a taint and waits; the winner's release frees the slot,
+  the waiting one's next lease retry takes it and quarantines (one escalation in all);
 - the budget workflow grants idempotently per holder, refuses over the pool and the cluster
   limits, counts quarantines the cluster shows without a lease, validates updates (empty
   holder rejected);
@@ -101,19 +102,20 @@ async def test_two_workflows_race_for_the_last_slot(time_skipping_env: WorkflowE
                 for u in uuids
             )
         )
-        loser_result = None
-        winner = None
+        winner = loser = None
+        phases: list[Phase] = []
         for _ in range(300):
             statuses = [await h.query(QRY_STATUS, result_type=RemediationStatus) for h in handles]
             phases = [s.phase for s in statuses]
-            if Phase.CLOSED in phases and Phase.HOLDING in phases:
+            if Phase.ESCALATED in phases and Phase.HOLDING in phases:
                 winner = handles[phases.index(Phase.HOLDING)]
-                loser_result = await handles[phases.index(Phase.CLOSED)].result()
+                loser = handles[phases.index(Phase.ESCALATED)]
+                loser_status = statuses[phases.index(Phase.ESCALATED)]
                 break
             await asyncio.sleep(0.02)
-        assert winner is not None and loser_result is not None, f"phases: {phases}"
-        assert loser_result.outcome == "escalated"
-        assert loser_result.status.escalation_reason == "budget-exhausted"
+        assert winner is not None and loser is not None, f"phases: {phases}"
+        assert loser_status.escalation_reason == "budget-exhausted"
+        assert "budget slot" in loser_status.awaiting  # open, waiting for the slot
         assert len(world.args(ACT_QUARANTINE)) == 1  # exactly one device tainted
         state = await client.get_workflow_handle(budget._workflow_id).query(
             QRY_BUDGET_STATE, result_type=BudgetState
@@ -122,6 +124,17 @@ async def test_two_workflows_race_for_the_last_slot(time_skipping_env: WorkflowE
 
         await winner.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         assert (await winner.result()).outcome == "released"
+        # The waiting remediation retries its lease on the minute, takes the freed slot.
+        await time_skipping_env.sleep(timedelta(minutes=2))
+        await wait_phase(loser, Phase.HOLDING)
+        assert len(world.args(ACT_QUARANTINE)) == 2
+        state = await client.get_workflow_handle(budget._workflow_id).query(
+            QRY_BUDGET_STATE, result_type=BudgetState
+        )
+        assert [lease.holder for lease in state.leases] == [loser.id]
+        await loser.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+        loser_result = await loser.result()
+        assert loser_result.outcome == "escalated" and "released" in loser_result.reason
         state = await client.get_workflow_handle(budget._workflow_id).query(
             QRY_BUDGET_STATE, result_type=BudgetState
         )

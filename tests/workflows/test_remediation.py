@@ -7,7 +7,13 @@ Cases (one per branch of the procedure):
 - healthy for the cool-down releases without a person;
 - application Xid 13: no taint, owner told (Event + notification), closes not-quarantined;
 - stale evidence: an alert that started hours ago for a device now Healthy -> no taint;
-- budget exhausted: no taint, escalated once, timeline says why;
+- budget exhausted: no taint, escalated once, timeline says why; the run stays open waiting
+  for a slot, absorbs repeated alerts as signals (no second escalation), retries the lease
+  every minute and closes on repaired (never quarantined, nothing released);
+- budget freed while waiting: the lease is retried, granted, and the procedure continues to
+  quarantine; alert resolved + Healthy while waiting closes it; abort while waiting closes it;
+- budget service unreachable (the acquire activity keeps failing): escalated "budget service
+  unavailable", the run waits instead of failing, and proceeds once the budget answers;
 - approval: timeout -> escalate (no taint); approve update -> quarantine; approve rejected by
   the validator outside the approval phase;
 - eviction timeout -> force (delete) -> gone -> continue;
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
@@ -63,13 +70,17 @@ from workflows.constants import (
     ERR_POOL_AT_MAX,
     QRY_TIMELINE,
     SIG_ABORT,
+    SIG_ALERT,
+    SIG_ALERT_RESOLVED,
     SIG_REPAIRED,
     UPD_APPROVE,
 )
 from workflows.models import (
     AbortRequest,
+    AlertResolved,
     ApprovalDecision,
     ApprovalResult,
+    BudgetDecision,
     CapacityResult,
     ChurnDiagnosis,
     EvictionReport,
@@ -130,6 +141,9 @@ async def test_happy_path(time_skipping_env: WorkflowEnvironment) -> None:
         e.upsert_workflow_search_attributes_event_attributes
         for e in events
         if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+        # workflow.patched() has the SDK upsert TemporalChangeVersion on its own
+        and "TemporalChangeVersion"
+        not in e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
     ]
     assert upserts, "search attributes never upserted"
     first = upserts[0].search_attributes.indexed_fields
@@ -198,20 +212,129 @@ async def test_stale_evidence_does_not_taint(time_skipping_env: WorkflowEnvironm
     assert ACT_QUARANTINE not in world.names()
 
 
+async def _close_waiting(handle: Any) -> RemediationResult:
+    """A remediation waiting for budget: wait for its escalation, mark repaired, result."""
+    await wait_phase(handle, Phase.ESCALATED)
+    await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+    return await handle.result()
+
+
 async def test_budget_exhausted(time_skipping_env: WorkflowEnvironment) -> None:
     client = time_skipping_env.client
     world = FakeWorld(budget_granted=False)
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
+        status = await wait_phase(handle, Phase.ESCALATED)
+        assert "budget slot" in status.awaiting
+        for _ in range(5):  # repeats of the alert while waiting: signals, no new escalation
+            await handle.signal(SIG_ALERT, xid_alert())
+        await time_skipping_env.sleep(timedelta(minutes=3))  # lease retried every minute
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         result = await handle.result()
-        save_history("budget_exhausted", await handle.fetch_history())
-    assert result.outcome == "escalated"
+        save_history("budget_wait", await handle.fetch_history())
+    assert result.outcome == "not-quarantined" and "never quarantined" in result.reason
     assert result.status.escalation_reason == "budget-exhausted"
     assert ACT_QUARANTINE not in world.names()
     assert ACT_RELEASE_BUDGET not in world.names()  # nothing was held
-    assert len(world.args(ACT_NOTIFY)) == 1  # one escalation, one channel
+    assert len(world.args(ACT_ACQUIRE_BUDGET)) >= 3  # first try + retries on the interval
+    assert [n.action for n in world.args(ACT_NOTIFY)] == ["trigger", "resolve"]  # one page
+    assert result.status.duplicate_alerts >= 5
     denied = next(e for e in result.timeline if e.action == "budget denied")
     assert "device NOT tainted" in denied.reason and "pool pool-a" in denied.reason
+    assert sum(e.action == "escalate" for e in result.timeline) == 1
+
+
+async def test_budget_freed_while_waiting_then_quarantine(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(budget_granted=False)
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.ESCALATED)
+        world.budget_granted = True
+        await time_skipping_env.sleep(timedelta(minutes=2))
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+        result = await handle.result()
+    assert len(world.args(ACT_QUARANTINE)) == 1
+    assert ACT_RELEASE_BUDGET in world.names()
+    assert result.outcome == "escalated" and "released" in result.reason
+    assert sum(e.action == "escalate" for e in result.timeline) == 1
+
+
+async def test_budget_wait_ends_on_resolved_healthy_or_abort(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(budget_granted=False, later_health="Healthy")
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.ESCALATED)
+        await handle.signal(SIG_ALERT_RESOLVED, AlertResolved(fingerprint="fp-79"))
+        result = await handle.result()
+        assert result.outcome == "not-quarantined" and "Healthy" in result.reason
+        assert ACT_CHECK_HEALTH in world.names()
+
+        other = FakeWorld(budget_granted=False)
+        handle = await start(client, worker, other)
+        await wait_phase(handle, Phase.ESCALATED)
+        await handle.signal(SIG_ABORT, AbortRequest(actor="ops", reason="not now"))
+        result = await handle.result()
+    assert result.outcome == "aborted"
+    assert ACT_QUARANTINE not in other.names() and ACT_RELEASE_BUDGET not in other.names()
+
+
+async def test_budget_unreachable_escalates_and_waits(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """The acquire activity keeps failing (update limit, server down): never Failed."""
+    from temporalio import activity as act
+    from temporalio.service import RPCError, RPCStatusCode
+    from temporalio.worker import Worker
+
+    from workflows.budget import BudgetWorkflow
+    from workflows.remediation import DeviceRemediationWorkflow
+
+    client = time_skipping_env.client
+    world = FakeWorld()
+    failures = {"left": 2}  # two lease attempts (the workflow's bounded retries), then up
+
+    @act.defn(name=ACT_ACQUIRE_BUDGET)
+    async def refused(req: Any) -> BudgetDecision:
+        world.calls.append((ACT_ACQUIRE_BUDGET, req))
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise RPCError(
+                "limit on number of concurrent in-flight updates has been reached (10)",
+                RPCStatusCode.RESOURCE_EXHAUSTED,
+                b"",
+            )
+        return BudgetDecision(granted=True, pool_in_use=1, cluster_in_use=1)
+
+    acts = [
+        a
+        for a in world.activities()
+        if getattr(a, "__temporal_activity_definition").name != ACT_ACQUIRE_BUDGET
+    ]
+    async with Worker(
+        client,
+        task_queue=f"tq-budget-down-{world.gpu_uuid}",
+        workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
+        activities=[*acts, refused],
+    ) as worker:
+        handle = await start(client, worker, world)
+        status = await wait_phase(handle, Phase.ESCALATED, attempts=500)
+        assert status.escalation_reason == "error"
+        await time_skipping_env.sleep(timedelta(minutes=2))
+        await wait_phase(handle, Phase.HOLDING, attempts=500)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+        result = await handle.result()
+    unavailable = next(e for e in result.timeline if e.action == "budget unavailable")
+    assert "budget service unavailable" in unavailable.reason
+    assert "in-flight updates" in unavailable.reason
+    assert result.outcome == "escalated"  # one escalation, then quarantined and released
+    assert len(world.args(ACT_QUARANTINE)) == 1
 
 
 async def test_approval_timeout_escalates(time_skipping_env: WorkflowEnvironment) -> None:
@@ -454,9 +577,10 @@ async def test_failing_channel_retried_and_recorded(time_skipping_env: WorkflowE
     world = FakeWorld(budget_granted=False, notify_failures=2)
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
-        result = await handle.result()
-    assert result.outcome == "escalated"
-    assert len(world.args(ACT_NOTIFY)) == 3  # two failures, then delivered
+        result = await _close_waiting(handle)
+    assert result.status.escalation_reason == "budget-exhausted"
+    triggers = [n for n in world.args(ACT_NOTIFY) if n.action == "trigger"]
+    assert len(triggers) == 3  # two failures, then delivered
     delivered = [e for e in result.timeline if e.action.startswith("notify pagerduty")]
     assert delivered[-1].outcome == "delivered (try 3)"
 
@@ -593,9 +717,10 @@ async def test_escalation_filtered_by_runbook(time_skipping_env: WorkflowEnviron
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
-        result = await handle.result()
+        result = await _close_waiting(handle)
     assert result.status.runbook == "training"
-    assert result.outcome == "escalated" and ACT_NOTIFY not in world.names()
+    assert result.status.escalation_reason == "budget-exhausted"
+    assert ACT_NOTIFY not in world.names()
     skipped = next(e for e in result.timeline if e.action == "escalation not sent")
     assert "escalates only on" in skipped.reason
 
@@ -651,7 +776,7 @@ async def test_escalation_puts_an_event_on_the_pods(time_skipping_env: WorkflowE
     world = FakeWorld(budget_granted=False)
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
-        await handle.result()
+        await _close_waiting(handle)
     (event,) = world.args(ACT_RECORD_EVENT)
     assert event.reason == "GPURemediationEscalated" and event.type == "Warning"
     assert event.targets[0].name == "llm-7d9f-abcde" and "Needed:" in event.message
