@@ -64,9 +64,9 @@ def findings(results: dict[str, Any]) -> list[str]:
             "Largest worker-side gaps in the hot path (median): "
             + "; ".join(f"{ms:.0f} ms before `{k}`" for ms, k in gaps)
             + ". The first is the workflow task starting and the load-runbooks and "
-            "resolve-device local activities being scheduled; the one before the create holds "
-            "count-devices and the budget lease's update round trip to the `sickbay-budget` "
-            "workflow. The peer makes 3 calls and no Temporal round trip."
+            "resolve-device local activities being scheduled; the one before the create is "
+            "the budget lease's update round trip to the `sickbay-budget` workflow (count-"
+            "devices' calls come just before it). The peer makes 3 calls and no Temporal round trip."
         )
     cost_ = results.get("cost")
     if cost_ and cost_["kube_requests"] > 15:
@@ -85,6 +85,18 @@ def findings(results: dict[str, Any]) -> list[str]:
             f"storm; worker log: {st.get('worker_log')}; worker RSS peaked at "
             f"{st.get('worker_rss_peak_mb', 0):.0f} MiB."
         )
+        if st.get("slice_inventory_ms"):
+            out.append(
+                f"Cause: one cluster-wide ResourceSlice inventory ({st['slice_inventory_devices']} "
+                f"devices) costs the worker {st['slice_inventory_ms']} ms of CPU "
+                "(activities/kube/devices.py `list_slice_devices`: every slice listed and "
+                "converted, even to resolve one node's GPU). `Kube.cached` is not single-flight, "
+                "so when its 10 s entry expires every concurrent remediation reloads it: with "
+                f"{st['devices']} remediations that is minutes of CPU on 2 cores, workflow tasks "
+                "overrun their timeout and are redone (a livelock). Fix: resolve with a "
+                "`spec.nodeName` field selector (one node's slices, milliseconds), make the "
+                "cache single-flight, and count devices from a cached per-node summary."
+            )
     mem = results.get("memory")
     if mem and mem["holding"] < mem["remediations"]:
         out.append(

@@ -86,6 +86,19 @@ def storm_alerts(devices: list[dict[str, Any]], total: int) -> list[dict[str, An
     return out
 
 
+def slice_inventory_cost(info: Any) -> tuple[float, int]:
+    """Worker CPU for one cluster-wide ResourceSlice inventory (activities/kube/devices.py
+    `list_slice_devices`, what resolve-device and count-devices read), measured here with
+    the worker's own client code against the same twin: (ms, devices)."""
+    from activities.kube.client import Kube, KubeSettings
+    from activities.kube.devices import list_slice_devices
+
+    kube = Kube.from_settings(KubeSettings(kubeconfig=info.kubeconfig))
+    t0 = time.perf_counter()
+    devices = list_slice_devices(kube, fresh=True)
+    return (time.perf_counter() - t0) * 1000, len(devices)
+
+
 def quarantined_gpus(kube_url: str, creates: list[dict[str, Any]]) -> int:
     """Distinct physical GPUs with a Sickbay DeviceTaintRule (a MIG GPU gets one rule per
     slice, so rules outnumber GPUs)."""
@@ -145,6 +158,7 @@ async def run(
         info = stack.info
         assert info is not None
         set_budget(info.runbooks_dir, "50%", cluster_budget)
+        inventory_ms, inventory_devices = await asyncio.to_thread(slice_inventory_cost, info)
         all_gpus = gpus(info.kube_url)
         chosen = random.Random(11).sample(all_gpus, devices)
         storm = storm_alerts(chosen, alerts)
@@ -287,6 +301,8 @@ async def run(
             "failed_runs": failed_runs,
             "quarantine_all_in_budget_s": quarantine_s,
             "settle_bound_s": settle,
+            "slice_inventory_ms": round(inventory_ms),
+            "slice_inventory_devices": inventory_devices,
             "worker_log": signs,
             "worker_rss_peak_mb": round(max((v for _, v in rss), default=0.0), 1),
             "worker_rss": [(round(t - (t_start - t_origin), 1), round(v, 1)) for t, v in rss],
