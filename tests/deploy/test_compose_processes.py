@@ -13,7 +13,10 @@ Cases:
 - twin: its compose shell script, run by /bin/sh, starts the twin; the worker's default
   kubeconfig (deploy/compose/twin.kubeconfig, server rewritten to the loopback port) lists one
   node whose ResourceSlice publishes two GPUs; an Xid 79 fault makes the twin post an
-  Alertmanager notification to the webhook URL with the token from the compose secret file.
+  Alertmanager notification to the webhook URL with the token from the compose secret file;
+- the `twin` profile end to end (twin + webhook + worker from their compose definitions, the
+  dev server as Temporal): `sim fail` -> alert -> webhook -> remediation -> a DeviceTaintRule
+  in the twin; `sickbay repaired` -> the rule is gone.
 """
 
 from __future__ import annotations
@@ -293,3 +296,109 @@ def _alert_sink() -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _managed_rules(api: Any) -> list[Any]:
+    from kubernetes import client
+
+    from workflows.constants import LABEL_MANAGED_BY, MANAGED_BY_VALUE
+
+    return (
+        client.ResourceV1beta2Api(api)
+        .list_device_taint_rule(label_selector=f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}")
+        .items
+    )
+
+
+def _until(check: Any, within: float, what: str, logs: list[Path]) -> Any:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.5)
+    tails = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in logs)
+    pytest.fail(f"{what} did not happen within {within:.0f} s\n{tails}")
+
+
+def test_twin_profile_remediates_end_to_end(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """`docker compose --profile twin up` as processes: twin, webhook and worker from their
+    compose definitions (one shared token file, the worker's default kubeconfig), the dev
+    server as Temporal. docs/deploy.md's steps: `sim fail` -> the twin's alert -> webhook ->
+    remediation -> DeviceTaintRule in the twin; `sickbay repaired` -> the rule is gone."""
+    if not (_registered("worker") and _registered("sim") and _registered("repaired")):
+        pytest.skip("needs `sickbay worker`, `sim` and `repaired`")
+    from kubernetes import client, config
+
+    dev_env = request.getfixturevalue("dev_env")
+    temporal = dev_env.client.service_client.config.target_host
+    compose = _compose()
+    twin_port, webhook_port, metrics = _free_port(), _free_port(), _free_port()
+    queue = f"deploy-twin-{twin_port}"
+    common = {
+        "SICKBAY_TEMPORAL_ADDRESS": temporal,
+        "SICKBAY_TASK_QUEUE": queue,
+        "SICKBAY_SWEEP_ENABLED": "false",
+    }
+    secret = repo_path(interpolate_defaults(compose["secrets"]["webhook_token"]["file"]))
+    script = compose_script(compose["services"]["twin"])
+    assert script is not None
+    script = (
+        script.replace("/run/secrets/webhook_token", str(secret))
+        .replace("--port 6443", f"--port {twin_port}")
+        .replace("--time-scale 1 ", "--time-scale 60 ")
+        .replace("http://webhook:8080/", f"http://127.0.0.1:{webhook_port}/")
+    )
+    kubeconfig = yaml.safe_load((ROOT / "deploy/compose/twin.kubeconfig").read_text())
+    kubeconfig["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{twin_port}"
+    kubeconfig_path = tmp_path / "kubeconfig"
+    kubeconfig_path.write_text(yaml.safe_dump(kubeconfig))
+
+    twin_env = _host_env("twin", HOME=str(tmp_path), SICKBAY_STATE_DIR=str(tmp_path / "state"))
+    twin_env["PATH"] = f"{Path(SICKBAY).parent}{os.pathsep}{twin_env.get('PATH', '')}"
+    webhook_env = _host_env("webhook", **common)
+    worker_env = _host_env(
+        "worker", **common, SICKBAY_METRICS_PORT=str(metrics), KUBECONFIG=str(kubeconfig_path)
+    )
+    cli_env = {**worker_env, "SICKBAY_METRICS_PORT": "0"}
+    logs = [tmp_path / "twin.log", tmp_path / "webhook.log", tmp_path / "worker.log"]
+    webhook_argv = _args("webhook", host="127.0.0.1", port=str(webhook_port))
+    with (
+        _process(["/bin/sh", "-c", script], twin_env, logs[0], program=None) as twin,
+        _process(webhook_argv, webhook_env, logs[1]) as webhook,
+        _process(_args("worker"), worker_env, logs[2]) as worker,
+    ):
+        _wait_http(f"http://127.0.0.1:{twin_port}/version", twin, logs[0])
+        _wait_http(f"http://127.0.0.1:{webhook_port}/healthz", webhook, logs[1])
+        _until(lambda: "worker polling" in logs[2].read_text(), START_WITHIN, "worker", logs)
+        assert worker.poll() is None
+
+        api = config.new_client_from_config_dict(kubeconfig)
+        devices = [
+            d for s in client.ResourceV1Api(api).list_resource_slice().items for d in s.spec.devices
+        ]
+        gpu0 = next(d for d in devices if d.name == "gpu-0")
+        uuid = gpu0.attributes["uuid"].string
+        fail = subprocess.run(
+            [SICKBAY, "sim", "fail", "gpu-pool-node-0", "0", "--xid", "79"],
+            env=twin_env,
+            capture_output=True,
+            text=True,
+            timeout=START_WITHIN,
+        )
+        assert fail.returncode == 0, fail.stdout + fail.stderr
+
+        # 60 s: alert group_wait (scaled), one workflow task, one rule create.
+        (rule,) = _until(lambda: _managed_rules(api), 60, "a DeviceTaintRule", logs)
+        assert rule.spec.device_selector.device == "gpu-0"
+        assert rule.spec.taint.effect == "NoExecute"
+
+        repaired = subprocess.run(
+            [SICKBAY, "repaired", f"gpu-pool-node-0/{uuid}", "--actor", "tests/deploy"],
+            env=cli_env,
+            capture_output=True,
+            text=True,
+            timeout=START_WITHIN,
+        )
+        assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+        _until(lambda: not _managed_rules(api), 60, "the release of the rule", logs)
