@@ -17,8 +17,24 @@ Status codes, so that Alertmanager's retry does the right thing:
          is harmless because the workflow de-duplicates evidence by alert fingerprint
     502  Temporal refused a call for another reason (also retried)
 
-Per-alert work is small (pydantic parse, a dict lookup, one RPC); the RPCs of one notification
-run concurrently, bounded process-wide by `webhook_concurrency`, over one shared client.
+One Temporal call per *distinct* alert, not per alert. A delivery is identified by
+(workflow id, status, fingerprint, startsAt): Alertmanager repeats an alert with the same
+fingerprint and startsAt for as long as it fires, and a re-fire after resolution gets a new
+startsAt. For each delivery key:
+
+    accepted by Temporal <= SICKBAY_WEBHOOK_DEDUP_SECONDS ago (60 s)  -> acknowledged, no call
+    being delivered right now (any notification)      -> await that call, share its outcome
+    otherwise                                         -> one call (signal-with-start / signal)
+and identical alerts inside one notification are one delivery. Only a call Temporal accepted
+is remembered (bounded: SICKBAY_WEBHOOK_DEDUP_ENTRIES, oldest dropped first); a failed call
+fails every alert waiting on it (503), and the sender's retry calls again. Skipping a repeat is
+safe because the workflow de-duplicates evidence by fingerprint anyway; the window is
+measured from acceptance (a hit does not extend it), so an alert that keeps firing reaches
+Temporal again at least once per window (a remediation that closed meanwhile restarts then).
+
+Per-alert work is small (pydantic parse, a dict lookup, at most one RPC); the calls of one
+notification run concurrently per workflow (one workflow's in order, firing first), bounded
+process-wide by `webhook_concurrency`, over one shared client.
 """
 
 from __future__ import annotations
