@@ -181,11 +181,18 @@ WAIT_RETRY = RetryPolicy(
 )
 # Eviction through the API: each pod gets a few 429 (PDB) retries inside the activity.
 EVICT_TIMEOUT = timedelta(minutes=2)
+# evict-pods heartbeats every 10 s; a killed worker is noticed after 30 s, not 2 min (evicting
+# again is harmless: pods already gone are reported gone).
+EVICT_HEARTBEAT = timedelta(seconds=30)
 # After forcing, how long the pods get to go before we escalate.
 FORCE_GRACE = timedelta(minutes=2)
 # Capacity requests go to the pool scaler workflow, which may hold the call while it batches
 # concurrent needs and follows the provider's operation.
 CAPACITY_TIMEOUT = timedelta(minutes=15)
+# request-capacity heartbeats every 10 s while the scaler holds the call; a worker killed
+# mid-call is noticed after 45 s (not the 15 min start-to-close) and the retry re-attaches to
+# the same scaler update (same id), so nothing is asked twice.
+CAPACITY_HEARTBEAT = timedelta(seconds=45)
 CAPACITY_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=10),
     backoff_coefficient=2.0,
@@ -778,6 +785,7 @@ class DeviceRemediationWorkflow:
             ),
             EvictPodsResult,
             start_to_close=EVICT_TIMEOUT,
+            heartbeat=EVICT_HEARTBEAT,
             retry=WAIT_RETRY,
         )
         self._log(
@@ -895,6 +903,7 @@ class DeviceRemediationWorkflow:
                 ),
                 CapacityResult,
                 start_to_close=CAPACITY_TIMEOUT,
+                heartbeat=CAPACITY_HEARTBEAT,
                 retry=CAPACITY_RETRY,
             )
         except ACTIVITY_FAILED as err:

@@ -72,6 +72,8 @@ from workflows.models import (
 )
 
 T = TypeVar("T")
+# evict-pods heartbeats at this pace (seconds); the workflow gives it a 30 s heartbeat_timeout.
+EVICT_HEARTBEAT_EVERY = 10.0
 
 
 class KubeActivities:
@@ -125,12 +127,22 @@ class KubeActivities:
 
     # -- plumbing -------------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a blocking body on the executor (activity context copied), mapping errors."""
+    async def _run(
+        self, fn: Callable[..., T], *args: Any, heartbeat_every: float | None = None
+    ) -> T:
+        """Run a blocking body on the executor (activity context copied), mapping errors;
+        with `heartbeat_every`, heartbeat from the loop at that pace until the body ends."""
         ctx = contextvars.copy_context()
         loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, lambda: ctx.run(fn, *args))
         try:
-            return await loop.run_in_executor(self._executor, lambda: ctx.run(fn, *args))
+            if heartbeat_every is None:
+                return await future
+            while True:
+                activity.heartbeat()
+                done, _ = await asyncio.wait({future}, timeout=heartbeat_every)
+                if done:
+                    return future.result()
         except KubeError as err:
             raise to_application_error(err) from err
 
@@ -202,7 +214,9 @@ class KubeActivities:
             )
             return result
 
-        return await self._run(body)
+        # Heartbeats while the evictions run (PDB 429 retries can take a minute), so the
+        # workflow's heartbeat_timeout notices a killed worker long before start-to-close.
+        return await self._run(body, heartbeat_every=EVICT_HEARTBEAT_EVERY)
 
     @activity.defn(name=ACT_WAIT_EVICTION)
     async def wait_for_eviction(self, inp: WaitEvictionInput) -> EvictionReport:

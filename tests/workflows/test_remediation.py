@@ -818,3 +818,87 @@ async def test_unknown_device_escalates_with_default_runbook(
     assert result.outcome == "escalated" and "DeviceNotFound" in result.reason
     assert [n.channel for n in world.args(ACT_NOTIFY)] == ["pagerduty"]  # default's channel
     assert ACT_QUARANTINE not in world.names()
+
+
+async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_timeout(
+    time_skipping_env: WorkflowEnvironment, monkeypatch: Any
+) -> None:
+    """The first request-capacity attempt hangs without heartbeating (its worker was killed):
+    the heartbeat timeout ends it and the retry answers, long before the 15 min
+    start-to-close. The test server does not skip time while an activity runs, so the
+    heartbeat timeout is shortened to 2 s here (unsandboxed runner, patched constant); the
+    shipped value is checked separately (45 s, 4.5 beats of the activity's 10 s)."""
+    import asyncio
+
+    from temporalio import activity as act
+    from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+    from activities.capacity import CapacityActivities
+    from workflows import remediation
+    from workflows.budget import BudgetWorkflow
+    from workflows.remediation import DeviceRemediationWorkflow
+
+    assert remediation.CAPACITY_HEARTBEAT == timedelta(seconds=45)
+    beat = CapacityActivities.__init__.__kwdefaults__["heartbeat_every"]
+    assert remediation.CAPACITY_HEARTBEAT >= 3 * beat
+    monkeypatch.setattr(remediation, "CAPACITY_HEARTBEAT", timedelta(seconds=2))
+    monkeypatch.setattr(
+        remediation,
+        "CAPACITY_RETRY",
+        remediation.CAPACITY_RETRY.__class__(initial_interval=timedelta(milliseconds=100)),
+    )
+    client = time_skipping_env.client
+    world = FakeWorld(
+        replacement_reports=[
+            ReplacementReport(status="pending", deadline_passed=True),
+            ReplacementReport(status="running"),
+        ]
+    )
+    attempts: list[int] = []
+
+    @act.defn(name=ACT_REQUEST_CAPACITY)
+    async def dies_first(req: Any) -> CapacityResult:
+        attempts.append(act.info().attempt)
+        if act.info().attempt == 1:
+            await asyncio.sleep(3600)  # a dead worker: no heartbeat, no answer
+        return CapacityResult(status="requested", current_size=2, target_size=3)
+
+    acts = [
+        a
+        for a in world.activities()
+        if getattr(a, "__temporal_activity_definition").name != ACT_REQUEST_CAPACITY
+    ]
+    async with Worker(
+        client,
+        task_queue=f"tq-capacity-dead-{world.gpu_uuid}",
+        workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
+        activities=[*acts, dies_first],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING, attempts=1500)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+        result = await handle.result()
+        history = await handle.fetch_history()
+    assert attempts == [1, 2]
+    assert result.outcome == "released"
+    scheduled = {
+        e.activity_task_scheduled_event_attributes.activity_type.name: (
+            e.activity_task_scheduled_event_attributes.heartbeat_timeout.ToTimedelta()
+        )
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    }
+    assert scheduled[ACT_REQUEST_CAPACITY] == timedelta(seconds=2)
+    timed_out = [
+        e
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        and e.activity_task_started_event_attributes.attempt == 2
+    ]
+    assert timed_out, "the capacity call was not retried"
+    # Workflow time from start to the retry: about the heartbeat timeout plus backoff (10 s),
+    # not the 15 minute start-to-close.
+    started_at = history.events[0].event_time.ToDatetime()
+    retried_at = timed_out[0].event_time.ToDatetime()
+    assert retried_at - started_at < timedelta(minutes=3), retried_at - started_at

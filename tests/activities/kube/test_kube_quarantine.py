@@ -12,7 +12,8 @@ Cases:
 - fallback (1.34, device plugin): consumers evicted through the Eviction API; a PDB that
   allows no disruption blocks (429) and is reported; the node is tainted only below the
   healthy-GPU threshold, and release removes exactly Sickbay's taint and marks;
-- evict_pods: 201 evicted, 404 gone, 429 blocked, force delete when blocked; dry run
+- evict_pods: 201 evicted, 404 gone, 429 blocked, force delete when blocked, heartbeats
+  while it works; dry run
   (server-side dryRun=All) changes nothing;
 - cordon/uncordon only undo Sickbay's own cordon;
 - record_event: one Event per target, source sickbay, message with the workflow id, no
@@ -282,7 +283,9 @@ async def test_evict_pods_outcomes(tmp_path: Path) -> None:
         )
         assert [p.name for p in dry.evicted] == ["a"]  # the server says it would be allowed
         assert not t.store.get("pods", "a", "ml")["metadata"].get("deletionTimestamp")
+        beats = len(t.heartbeats)
         result = await t.run(t.acts.evict_pods, EvictPodsInput(pods=pods, workflow_id=WF))
+        assert len(t.heartbeats) > beats  # heartbeats while evicting (30 s heartbeat_timeout)
         assert ([p.name for p in result.evicted], [p.name for p in result.blocked]) == (
             ["a"],
             ["b"],
