@@ -1,13 +1,18 @@
-"""Fixtures for the deployment-artefact tests: the parsed compose file and manifests."""
+"""Fixtures for the deployment-artefact tests: the parsed compose file and manifests, and a
+Temporal dev server of the module's own for the tests that run Sickbay processes."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
 
+from tests.conftest import dev_server_args
 from tests.deploy.helpers import (
     COMPOSE_FILE,
     is_kubernetes_object,
@@ -31,3 +36,21 @@ def manifests() -> dict[Path, list[dict[str, Any]]]:
 @pytest.fixture(scope="module")
 def objects(manifests: dict[Path, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return [doc for docs in manifests.values() for doc in docs if is_kubernetes_object(doc)]
+
+
+@pytest.fixture(scope="module")
+async def own_dev_server(temporal_cli_path: str) -> AsyncIterator[WorkflowEnvironment]:
+    """A Temporal dev server for this module alone. Sickbay keeps singletons per namespace
+    (the `sickbay-budget` workflow, the sweep Schedule) bound to the task queue of the worker
+    that started them; a worker process that stops would leave them on a queue nobody polls
+    for every later test of a shared server. A server of our own isolates both ways."""
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=temporal_cli_path,
+        dev_server_extra_args=dev_server_args(),
+        ui=False,
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()

@@ -182,7 +182,7 @@ def test_webhook_from_its_compose_definition(tmp_path: Path) -> None:
 def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if not _registered("worker"):
         pytest.skip("`sickbay worker` is not registered yet (worker.commands not built)")
-    dev_env = request.getfixturevalue("dev_env")  # only once there is a worker to run
+    dev_env = request.getfixturevalue("own_dev_server")  # only once there is a worker
     metrics = _free_port()
     address = dev_env.client.service_client.config.target_host
     env = _host_env(
@@ -190,8 +190,7 @@ def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.Fixt
         SICKBAY_TEMPORAL_ADDRESS=address,
         SICKBAY_METRICS_PORT=str(metrics),
         SICKBAY_TASK_QUEUE=f"deploy-test-{metrics}",
-        # The dev server is shared by the session: leave its sweep Schedule alone.
-        SICKBAY_SWEEP_ENABLED="false",
+        SICKBAY_SWEEP_ENABLED="false",  # nothing to sweep; keep the test to the worker
     )
     assert Path(env["KUBECONFIG"]).is_file(), "the compose kubeconfig did not map to a file"
     log = tmp_path / "worker.log"
@@ -330,7 +329,7 @@ def test_twin_profile_remediates_end_to_end(tmp_path: Path, request: pytest.Fixt
         pytest.skip("needs `sickbay worker`, `sim` and `repaired`")
     from kubernetes import client, config
 
-    dev_env = request.getfixturevalue("dev_env")
+    dev_env = request.getfixturevalue("own_dev_server")
     temporal = dev_env.client.service_client.config.target_host
     compose = _compose()
     twin_port, webhook_port, metrics = _free_port(), _free_port(), _free_port()
