@@ -25,9 +25,10 @@ namespace deleted), so tests can run several on one stack.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -462,6 +463,20 @@ class Demo:
     async def notifications(self, since: int = 0) -> list[dict[str, Any]]:
         return (await asyncio.to_thread(self.stack.notifications))[since:]
 
+    @contextlib.asynccontextmanager
+    async def scene(self, ns: str) -> AsyncIterator[None]:
+        """Run a scenario's body; afterwards clean up - best effort after a failure, so one
+        failing scenario does not break the next one on a shared stack."""
+        try:
+            yield
+        except BaseException:
+            try:
+                await self.cleanup(ns)
+            except Exception as err:  # the original failure is what matters
+                self.say(f"cleanup after the failure incomplete: {err}")
+            raise
+        await self.cleanup(ns)
+
     async def cleanup(self, ns: str | None = None) -> None:
         """Recover every fault, release open remediations, delete the namespace."""
         for fault in (await self.k("GET", "/sim/faults"))["items"]:
@@ -620,135 +635,145 @@ async def seed_story(demo: Demo) -> None:
 async def training_job(demo: Demo) -> None:
     say = demo.say
     ns = _ns("training")
-    say(f"a training Job {ns}/train pinned to the `training` runbook", tag="training")
-    await demo.namespace(ns)
-    await demo.job(ns, "train", labels={LABEL_WORKLOAD_CLASS: "training"})
-    [(pod, device)] = await demo.running(ns, "train")
-    gpu = await demo.gpu(device)
-    say(f"GPU {gpu['index']} under {pod['metadata']['name']} dies (Xid 79)")
-    await demo.fail(gpu)
-    incident = await demo.incident(gpu, "training Job")
-    st = await demo.phase(incident, {Phase.HOLDING})
-    if st.runbook != "training":
-        raise DemoFailure(f"the Job was handled by runbook {st.runbook}, not training")
-    [(again, device2)] = await demo.running(ns, "train")
-    if device2 == device or again["metadata"]["name"] == pod["metadata"]["name"]:
-        raise DemoFailure("the Job's pod did not move off the failed GPU")
-    demo.check(f"runbook training; the Job's new pod {again['metadata']['name']} runs on {device2}")
-    await demo.recover(gpu)
-    await demo.repaired(incident)
-    result = await demo.closed(incident)
-    if result.outcome != "released":
-        raise DemoFailure(f"closed {result.outcome}: {result.reason}")
-    demo.check("repaired -> quarantine lifted, closed: released")
-    await demo.cleanup(ns)
+    async with demo.scene(ns):
+        say(f"a training Job {ns}/train pinned to the `training` runbook", tag="training")
+        await demo.namespace(ns)
+        await demo.job(ns, "train", labels={LABEL_WORKLOAD_CLASS: "training"})
+        [(pod, device)] = await demo.running(ns, "train")
+        gpu = await demo.gpu(device)
+        say(f"GPU {gpu['index']} under {pod['metadata']['name']} dies (Xid 79)")
+        await demo.fail(gpu)
+        incident = await demo.incident(gpu, "training Job")
+        st = await demo.phase(incident, {Phase.HOLDING})
+        if st.runbook != "training":
+            raise DemoFailure(f"the Job was handled by runbook {st.runbook}, not training")
+        [(again, device2)] = await demo.running(ns, "train")
+        if device2 == device or again["metadata"]["name"] == pod["metadata"]["name"]:
+            raise DemoFailure("the Job's pod did not move off the failed GPU")
+        demo.check(
+            f"runbook training; the Job's new pod {again['metadata']['name']} runs on {device2}"
+        )
+        await demo.recover(gpu)
+        await demo.repaired(incident)
+        result = await demo.closed(incident)
+        if result.outcome != "released":
+            raise DemoFailure(f"closed {result.outcome}: {result.reason}")
+        demo.check("repaired -> quarantine lifted, closed: released")
 
 
 async def vgpu_correlated(demo: Demo) -> None:
     say = demo.say
     ns = _ns("vdi")
-    say(f"two desktops ({ns}/desktop, 2 replicas) on vGPUs", tag="vgpu")
-    driver = DEVICE_CLASS  # the driver's name doubles as its whole-GPU class name
-    expr = f"device.driver == '{driver}' && device.attributes['{driver}'].type == 'vgpu'"
-    await demo.k(
-        "POST",
-        f"{RESOURCE_API}/deviceclasses",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": VGPU_CLASS},
-            "spec": {"selectors": [{"cel": {"expression": expr}}]},
-        },
-        ok=(409,),
-    )
-    await demo.namespace(ns, device_class=VGPU_CLASS)
-    await demo.deployment(ns, "desktop", replicas=2)
-    running = await demo.running(ns, "desktop", count=2)
-    gpus: dict[str, dict[str, Any]] = {}
-    for _pod, device in running:
-        gpu = await demo.gpu(device)
-        gpus.setdefault(gpu["uuid"], gpu)
-    shared = next(
-        (
-            g
-            for g in gpus.values()
-            if sum(1 for _p, d in running if d in {x["resourceID"] for x in g["devices"]}) >= 2
-        ),
-        None,
-    )
-    if shared is None:
-        raise DemoFailure(f"the two desktops did not share one physical GPU: {running}")
-    siblings = [d["resourceID"] for d in shared["devices"]]
-    say(f"both run on vGPUs of GPU {shared['index']}: {', '.join(siblings)}; it fails (Xid 79)")
-    await demo.fail(shared)
-    incident = await demo.incident(shared, "vGPU correlated failure")
-    st = await demo.phase(incident, {Phase.HOLDING})
-    tainted = sorted(
-        "{driver}/{pool}/{device}".format(**r["spec"]["deviceSelector"])
-        for r in await demo.taint_rules()
-    )
-    if tainted != sorted(siblings):
-        raise DemoFailure(f"tainted {tainted}, expected every vGPU of the GPU: {siblings}")
-    demo.check(f"one remediation for the physical GPU tainted all its vGPUs: {', '.join(tainted)}")
-    moved = await demo.running(ns, "desktop", count=2)
-    if any(d in siblings for _p, d in moved):
-        raise DemoFailure(f"a desktop still runs on a vGPU of the failed GPU: {moved}")
-    demo.check(
-        "both desktops replaced on the other GPU's vGPUs: " + ", ".join(d for _p, d in moved)
-    )
-    st = await demo.status(incident.workflow_id)
-    demo.check(
-        f"{st.alerts} distinct alert(s) for {len(st.consumers)} desktop(s) went to this one "
-        f"workflow ({st.duplicate_alerts} repeat(s) ignored)"
-    )
-    await demo.recover(shared)
-    await demo.repaired(incident)
-    await demo.closed(incident)
-    await demo.cleanup(ns)
+    async with demo.scene(ns):
+        say(f"two desktops ({ns}/desktop, 2 replicas) on vGPUs", tag="vgpu")
+        driver = DEVICE_CLASS  # the driver's name doubles as its whole-GPU class name
+        expr = f"device.driver == '{driver}' && device.attributes['{driver}'].type == 'vgpu'"
+        await demo.k(
+            "POST",
+            f"{RESOURCE_API}/deviceclasses",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": VGPU_CLASS},
+                "spec": {"selectors": [{"cel": {"expression": expr}}]},
+            },
+            ok=(409,),
+        )
+        await demo.namespace(ns, device_class=VGPU_CLASS)
+        await demo.deployment(ns, "desktop", replicas=2)
+        running = await demo.running(ns, "desktop", count=2)
+        gpus: dict[str, dict[str, Any]] = {}
+        for _pod, device in running:
+            gpu = await demo.gpu(device)
+            gpus.setdefault(gpu["uuid"], gpu)
+        shared = next(
+            (
+                g
+                for g in gpus.values()
+                if sum(1 for _p, d in running if d in {x["resourceID"] for x in g["devices"]}) >= 2
+            ),
+            None,
+        )
+        if shared is None:
+            raise DemoFailure(f"the two desktops did not share one physical GPU: {running}")
+        siblings = [d["resourceID"] for d in shared["devices"]]
+        say(f"both run on vGPUs of GPU {shared['index']}: {', '.join(siblings)}; it fails (Xid 79)")
+        await demo.fail(shared)
+        incident = await demo.incident(shared, "vGPU correlated failure")
+        st = await demo.phase(incident, {Phase.HOLDING})
+        tainted = sorted(
+            "{driver}/{pool}/{device}".format(**r["spec"]["deviceSelector"])
+            for r in await demo.taint_rules()
+        )
+        if tainted != sorted(siblings):
+            raise DemoFailure(f"tainted {tainted}, expected every vGPU of the GPU: {siblings}")
+        demo.check(
+            f"one remediation for the physical GPU tainted all its vGPUs: {', '.join(tainted)}"
+        )
+        moved = await demo.running(ns, "desktop", count=2)
+        if any(d in siblings for _p, d in moved):
+            raise DemoFailure(f"a desktop still runs on a vGPU of the failed GPU: {moved}")
+        demo.check(
+            "both desktops replaced on the other GPU's vGPUs: " + ", ".join(d for _p, d in moved)
+        )
+        st = await demo.status(incident.workflow_id)
+        demo.check(
+            f"{st.alerts} distinct alert(s) for {len(st.consumers)} desktop(s) went to this one "
+            f"workflow ({st.duplicate_alerts} repeat(s) ignored)"
+        )
+        await demo.recover(shared)
+        await demo.repaired(incident)
+        await demo.closed(incident)
 
 
 async def budget_exhausted(demo: Demo) -> None:
     say = demo.say
     ns = _ns("budget")
-    say(
-        "two services pinned to the `default` runbook (shipped budget: 50% of a pool)",
-        tag="budget",
-    )
-    await demo.namespace(ns)
-    await demo.deployment(ns, "svc-a", labels={LABEL_WORKLOAD_CLASS: "default"})
-    [(_pa, dev_a)] = await demo.running(ns, "svc-a")
-    await demo.deployment(ns, "svc-b", labels={LABEL_WORKLOAD_CLASS: "default"})
-    [(_pb, dev_b)] = await demo.running(ns, "svc-b")
-    gpu_a, gpu_b = await demo.gpu(dev_a), await demo.gpu(dev_b)
-    sent_before = len(await demo.notifications())
-    say("GPU A fails; its remediation takes the pool's only budget slot (1 of 2 GPUs)")
-    await demo.fail(gpu_a)
-    first = await demo.incident(gpu_a, "budget: first GPU")
-    await demo.phase(first, {Phase.HOLDING, Phase.AWAITING_REPLACEMENT, Phase.ESCALATED})
-    say("GPU B fails while A is quarantined")
-    await demo.fail(gpu_b)
-    second = await demo.incident(gpu_b, "budget: second GPU")
-    result = await demo.closed(second)
-    if result.outcome != "escalated" or result.status.escalation_reason != "budget-exhausted":
-        raise DemoFailure(f"second GPU: {result.outcome} ({result.status.escalation_reason})")
-    rule_name = device_workflow_id(gpu_b["node"], gpu_b["uuid"])
-    if await demo.taint_rule(rule_name):
-        raise DemoFailure("the over-budget GPU was tainted anyway")
-    demo.check("second GPU NOT tainted: closed escalated (budget-exhausted)")
-    pages = await demo.until(
-        "the budget escalation to reach the sink",
-        lambda: _pages(demo, sent_before, second.workflow_id),
-    )
-    demo.check(
-        f"escalation delivered: {pages[0]['body'].get('payload', {}).get('summary', '')[:100]}"
-    )
-    say("the team moves svc-b away and GPU B recovers: svc-a's replacement gets GPU B")
-    await demo.k("DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/svc-b")
-    await demo.recover(gpu_b)
-    await demo.phase(first, {Phase.HOLDING})
-    [(_pa2, dev_a2)] = await demo.running(ns, "svc-a")
-    demo.check(f"the first GPU stays quarantined; svc-a's replacement runs on {dev_a2}")
-    await demo.cleanup(ns)
+    async with demo.scene(ns):
+        say(
+            "two services pinned to the `default` runbook (shipped budget: 50% of a pool)",
+            tag="budget",
+        )
+        await demo.namespace(ns)
+        await demo.deployment(ns, "svc-a", labels={LABEL_WORKLOAD_CLASS: "default"})
+        [(_pa, dev_a)] = await demo.running(ns, "svc-a")
+        await demo.deployment(ns, "svc-b", labels={LABEL_WORKLOAD_CLASS: "default"})
+        [(_pb, dev_b)] = await demo.running(ns, "svc-b")
+        gpu_a, gpu_b = await demo.gpu(dev_a), await demo.gpu(dev_b)
+        sent_before = len(await demo.notifications())
+        say("GPU A fails; its remediation takes the pool's only budget slot (1 of 2 GPUs)")
+        await demo.fail(gpu_a)
+        first = await demo.incident(gpu_a, "budget: first GPU")
+        await demo.phase(first, {Phase.HOLDING, Phase.AWAITING_REPLACEMENT, Phase.ESCALATED})
+        say("GPU B fails while A is quarantined")
+        await demo.fail(gpu_b)
+        second = await demo.incident(gpu_b, "budget: second GPU")
+        st = await demo.phase(second, {Phase.ESCALATED, Phase.CLOSED})
+        if st.escalation_reason != "budget-exhausted":
+            raise DemoFailure(f"second GPU: {st.phase.value} ({st.escalation_reason})")
+        rule_name = device_workflow_id(gpu_b["node"], gpu_b["uuid"])
+        if await demo.taint_rule(rule_name):
+            raise DemoFailure("the over-budget GPU was tainted anyway")
+        demo.check(
+            f"second GPU NOT tainted: escalated (budget-exhausted), waiting for {st.awaiting}"
+        )
+        pages = await demo.until(
+            "the budget escalation to reach the sink",
+            lambda: _pages(demo, sent_before, second.workflow_id),
+        )
+        demo.check(
+            f"escalation delivered: {pages[0]['body'].get('payload', {}).get('summary', '')[:100]}"
+        )
+        say("the team moves svc-b away and GPU B recovers (its alert resolves)")
+        await demo.k("DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/svc-b")
+        await demo.recover(gpu_b)
+        result = await demo.closed(second)
+        if result.outcome != "not-quarantined":
+            raise DemoFailure(f"second GPU closed {result.outcome}: {result.reason}")
+        demo.check(f"second GPU closed without a quarantine: {result.reason}")
+        await demo.phase(first, {Phase.HOLDING})
+        [(_pa2, dev_a2)] = await demo.running(ns, "svc-a")
+        demo.check(f"the first GPU stays quarantined; svc-a's replacement runs on {dev_a2}")
 
 
 async def _pages(demo: Demo, since: int, workflow_id: str) -> list[dict[str, Any]]:
@@ -762,60 +787,65 @@ async def _pages(demo: Demo, since: int, workflow_id: str) -> list[dict[str, Any
 async def application_xid(demo: Demo) -> None:
     say = demo.say
     ns = _ns("app")
-    say(
-        f"a service {ns}/model; its program triggers Xid 13 (graphics engine exception)",
-        tag="app-xid",
-    )
-    await demo.namespace(ns)
-    await demo.deployment(ns, "model")
-    [(pod, device)] = await demo.running(ns, "model")
-    gpu = await demo.gpu(device)
-    await demo.fail(gpu, xid=13)
-    incident = await demo.incident(gpu, "application Xid")
-    result = await demo.closed(incident)
-    if result.outcome != "not-quarantined" or result.status.failure_class != "application":
-        raise DemoFailure(f"closed {result.outcome} ({result.status.failure_class})")
-    if await demo.taint_rule(device_workflow_id(gpu["node"], gpu["uuid"])):
-        raise DemoFailure("an application error quarantined the GPU")
-    [(still, device2)] = await demo.running(ns, "model")
-    if still["metadata"]["name"] != pod["metadata"]["name"]:
-        raise DemoFailure("the pod was evicted for an application error")
-    demo.check("classified application: no DeviceTaintRule, the pod keeps running")
-    events = await demo.k("GET", f"/api/v1/namespaces/{ns}/events")
-    reasons = {e.get("reason") for e in events["items"]}
-    if "GPUApplicationError" in reasons:
-        demo.check("Warning Event GPUApplicationError on the pod for its owner")
-    await demo.cleanup(ns)
+    async with demo.scene(ns):
+        say(
+            f"a service {ns}/model; its program triggers Xid 13 (graphics engine exception)",
+            tag="app-xid",
+        )
+        await demo.namespace(ns)
+        await demo.deployment(ns, "model")
+        [(pod, device)] = await demo.running(ns, "model")
+        gpu = await demo.gpu(device)
+        await demo.fail(gpu, xid=13)
+        incident = await demo.incident(gpu, "application Xid")
+        result = await demo.closed(incident)
+        if result.outcome != "not-quarantined" or result.status.failure_class != "application":
+            raise DemoFailure(f"closed {result.outcome} ({result.status.failure_class})")
+        if await demo.taint_rule(device_workflow_id(gpu["node"], gpu["uuid"])):
+            raise DemoFailure("an application error quarantined the GPU")
+        [(still, device2)] = await demo.running(ns, "model")
+        if still["metadata"]["name"] != pod["metadata"]["name"]:
+            raise DemoFailure("the pod was evicted for an application error")
+        demo.check("classified application: no DeviceTaintRule, the pod keeps running")
+        events = await demo.k("GET", f"/api/v1/namespaces/{ns}/events")
+        reasons = {e.get("reason") for e in events["items"]}
+        if "GPUApplicationError" in reasons:
+            demo.check("Warning Event GPUApplicationError on the pod for its owner")
 
 
 async def scheduler_churn(demo: Demo) -> None:
     say = demo.say
     ns = _ns("churn")
-    say("known fault on: the scheduler ignores DeviceTaintRules (kubernetes#139651)", tag="churn")
-    await demo.k("PUT", "/sim/known-faults", {"ignoreDeviceTaintRules": True})
-    await demo.namespace(ns)
-    await demo.deployment(ns, "api")
-    [(_pod, device)] = await demo.running(ns, "api")
-    gpu = await demo.gpu(device)
-    # Keep every other GPU busy, so the only free device is the one Sickbay taints.
-    free = len((await demo.k("GET", "/sim/gpus"))["items"]) - 1
-    if free:
-        await demo.deployment(ns, "filler", replicas=free)
-        await demo.running(ns, "filler", count=free)
-    say(f"GPU {gpu['index']} fails; the only free device for the replacement is the tainted one")
-    await demo.fail(gpu)
-    incident = await demo.incident(gpu, "scheduler ignores DeviceTaintRules")
-    st = await demo.phase(incident, {Phase.ESCALATED, Phase.HOLDING}, within=SCALE_TIMEOUT)
-    if st.escalation_reason != "churn":
-        raise DemoFailure(
-            f"expected a churn escalation, got {st.phase.value} ({st.escalation_reason})"
+    async with demo.scene(ns):
+        say(
+            "known fault on: the scheduler ignores DeviceTaintRules (kubernetes#139651)",
+            tag="churn",
         )
-    demo.check(f"eviction churn detected -> escalated (churn) while {st.phase.value}")
-    entries = await demo.timeline(incident)
-    said = next((e for e in entries if e.action == "escalate"), None)
-    if said is not None:
-        demo.check(f"the escalation says: {said.reason[:240]}")
-    await demo.cleanup(ns)
+        await demo.k("PUT", "/sim/known-faults", {"ignoreDeviceTaintRules": True})
+        await demo.namespace(ns)
+        await demo.deployment(ns, "api")
+        [(_pod, device)] = await demo.running(ns, "api")
+        gpu = await demo.gpu(device)
+        # Keep every other GPU busy, so the only free device is the one Sickbay taints.
+        free = len((await demo.k("GET", "/sim/gpus"))["items"]) - 1
+        if free:
+            await demo.deployment(ns, "filler", replicas=free)
+            await demo.running(ns, "filler", count=free)
+        say(
+            f"GPU {gpu['index']} fails; the only free device for the replacement is the tainted one"
+        )
+        await demo.fail(gpu)
+        incident = await demo.incident(gpu, "scheduler ignores DeviceTaintRules")
+        st = await demo.phase(incident, {Phase.ESCALATED, Phase.HOLDING}, within=SCALE_TIMEOUT)
+        if st.escalation_reason != "churn":
+            raise DemoFailure(
+                f"expected a churn escalation, got {st.phase.value} ({st.escalation_reason})"
+            )
+        demo.check(f"eviction churn detected -> escalated (churn) while {st.phase.value}")
+        entries = await demo.timeline(incident)
+        said = next((e for e in entries if e.action == "escalate"), None)
+        if said is not None:
+            demo.check(f"the escalation says: {said.reason[:240]}")
 
 
 SCENARIOS: dict[str, Scenario] = {

@@ -8,8 +8,6 @@ free ports everywhere (no Web UI), so a developer's own dev server on 7233 is ne
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,23 +20,12 @@ from worker.stack import Stack, StackConfig, free_port
 TIME_SCALE = 60.0  # tests: twice the demo's pace; the runbook floors (MIN_SECONDS) keep it sound
 
 
-def worker_argv() -> list[str]:
-    # Local override while the worker process lands (a script path run with this Python).
-    override = os.environ.get("SICKBAY_DEMO_TEST_WORKER")
-    if override:
-        return [override]
-    if importlib.util.find_spec("worker.main") is None:
-        pytest.skip("the worker process (worker/main.py, `sickbay worker`) is not built yet")
-    return ["-m", "worker.cli", "worker"]
-
-
 def start_stack(tmp: Path, **overrides: object) -> Stack:
     config = StackConfig(
         time_scale=TIME_SCALE,
         temporal_port=free_port(),
         ui=False,
         state_dir=tmp,
-        worker_argv=worker_argv(),
         notes=lambda text: print(text, file=sys.stderr),
         **overrides,  # type: ignore[arg-type]
     )

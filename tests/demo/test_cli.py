@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
@@ -29,11 +28,6 @@ pytestmark = pytest.mark.devserver
 SICKBAY = [sys.executable, "-m", "worker.cli"]
 # A demo run on a loaded 2-core machine: stack start ~10 s + scenario; generous, never hit.
 RUN_TIMEOUT = 150
-
-
-def _need_worker() -> None:
-    if importlib.util.find_spec("worker.main") is None:
-        pytest.skip("the worker process (worker/main.py, `sickbay worker`) is not built yet")
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -75,7 +69,6 @@ def test_list_and_bad_arguments(
 
 
 def test_demo_runs_and_leaves_nothing(tmp_path: Path) -> None:
-    _need_worker()
     out = subprocess.run(
         [*SICKBAY, "demo", "--scenario", "app-xid", "--time-scale", "60"],
         capture_output=True,
@@ -94,7 +87,6 @@ def test_demo_runs_and_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_demo_keep_then_down(tmp_path: Path) -> None:
-    _need_worker()
     env = _env(tmp_path)
     out = subprocess.run(
         [*SICKBAY, "demo", "--scenario", "app-xid", "--keep", "--time-scale", "60"],
@@ -121,7 +113,6 @@ def test_demo_keep_then_down(tmp_path: Path) -> None:
 
 
 def test_up_until_ctrl_c(tmp_path: Path) -> None:
-    _need_worker()
     env = _env(tmp_path)
     proc = subprocess.Popen(
         [*SICKBAY, "up", "--time-scale", "60"],

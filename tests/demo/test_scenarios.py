@@ -2,9 +2,9 @@
 
 - training: a Job pinned to the `training` runbook -> handled by `training`, its new pod on the
   healthy GPU, released after repair;
-- budget: two GPUs fail under the shipped 50% budget -> the second is NOT tainted, closes
-  `escalated` (budget-exhausted) and its PagerDuty-shaped page reaches the sink; the first
-  stays quarantined;
+- budget: two GPUs fail under the shipped 50% budget -> the second is NOT tainted, waits
+  escalated (budget-exhausted), its PagerDuty-shaped page reaches the sink; when it recovers
+  it closes `not-quarantined` and the page is resolved; the first stays quarantined;
 - app-xid: Xid 13 -> classified `application`, no DeviceTaintRule, the pod keeps running,
   closes `not-quarantined`;
 - churn: the scheduler ignores DeviceTaintRules -> replacements land on the tainted device
@@ -40,7 +40,7 @@ async def test_budget_exhausted(demo: Demo) -> None:
     before, sent = len(demo.incidents), len(await demo.notifications())
     await budget_exhausted(demo)
     first, second = demo.incidents[before:]
-    assert second.result is not None and second.result.outcome == "escalated"
+    assert second.result is not None and second.result.outcome == "not-quarantined"
     assert second.result.status.escalation_reason == "budget-exhausted"
     assert second.result.status.rule_name is None  # never tainted
     assert first.result is not None and first.result.outcome == "released"
@@ -49,7 +49,7 @@ async def test_budget_exhausted(demo: Demo) -> None:
         for n in await demo.notifications(since=sent)
         if n["kind"] == "pagerduty" and n["body"]["dedup_key"] == second.workflow_id
     ]
-    assert pages[0]["event_action"] == "trigger"
+    assert [p["event_action"] for p in pages] == ["trigger", "resolve"]
     assert "budget" in pages[0]["payload"]["summary"]
     assert pages[0]["routing_key"] == "<redacted>"  # the sink never stores the key
 
