@@ -398,8 +398,12 @@ class AlertService:
                 self.metrics.alerts_rejected.labels(mapped.reason).inc()
                 out.unmatched.append(_unmapped_json(mapped))
                 continue
+            key = mapped.delivery_key()
+            if self.recent.recent(key):  # fast path for a storm's repeats: no task, no call
+                self._accepted(out, [mapped], None, via="recent")
+                continue
             group = by_workflow.setdefault(mapped.workflow_id, {})
-            group.setdefault(mapped.delivery_key(), []).append(mapped)
+            group.setdefault(key, []).append(mapped)
         if payload.truncated_alerts:
             log.warning(
                 "Alertmanager truncated %d alerts of group %s (raise max_alerts)",
