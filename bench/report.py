@@ -40,7 +40,14 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         f"| Python | {m['python']} |",
         f"| Temporal | SDK temporalio {m['temporalio']}; {m['temporal_cli']} |",
         f"| kubernetes client | {m['kubernetes_client']} |",
-        f"| worker | `{results.get('worker', 'sickbay worker')}` |",
+        f"| worker | `{results.get('worker', 'sickbay worker')}`"
+        + (
+            " (a stand-in script registering the product's workflows and activities, named by "
+            "SICKBAY_BENCH_WORKER; `make bench` runs `sickbay worker`)"
+            if not results.get("worker", "").startswith("-m ")
+            else ""
+        )
+        + " |",
         f"| wall time of the run | {results.get('wall_seconds', 0):.0f} s |",
         "",
         "## Summary",
@@ -86,7 +93,8 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             f"{'—' if q is None else f'{q:.1f} s'} | <= 30 s | {_ok(q is not None and q <= 30)} |",
             f"| storm: budget ({storm['budget_limit']} GPUs) exceeded | "
             f"{'yes' if storm['budget_exceeded'] else 'no'} ({storm['gpus_quarantined']} "
-            f"quarantined) | never | {_ok(not storm['budget_exceeded'])} |",
+            f"quarantined) | never | "
+            f"{_ok(not storm['budget_exceeded'] if storm['gpus_quarantined'] else None)} |",
         ]
     if mem:
         out += [
