@@ -23,8 +23,8 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -222,8 +222,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             code = asyncio.run(_play(stack, scenario.name, say, write))
         except KeyboardInterrupt:
             code = 130
-            write("\ninterrupted: stopping everything")
-            stack.stop()
+            write("\ninterrupted")
             return code
         finally:
             if args.keep and code == 0 and stack.info is not None:
@@ -231,7 +230,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 _print_keep(write, stack)
             else:
                 say("stopping the stack", tag="stack")
-                stack.stop(keep_files=code != 0)
+                stack.stop(keep_files=code not in (0, 130))
                 say("stopped: nothing left running", tag="stack")
     write(f"\nwall time {say.elapsed():.1f} s")
     return code
@@ -249,6 +248,9 @@ async def _play(stack: Stack, name: str, say: Progress, write: Callable[[str], N
             write(f"\nFAILED: {err}")
             assert stack.info is not None
             write(f"logs of every process: {stack.info.state_dir}/logs/ (kept)")
+        except Exception:  # a bug in a scenario or a piece: say so, still report and stop
+            code = 1
+            write("\nFAILED with an unexpected error:\n" + traceback.format_exc())
         await demo.settle()
         await _report(demo, write)
     finally:
@@ -416,10 +418,3 @@ def cmd_down(args: argparse.Namespace) -> int:
         (state_dir / "stack.json").unlink()
     print(f"stopped the stack (process group {pgid})")
     return 0
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="sickbay")
-    register(parser.add_subparsers())
-    ns = parser.parse_args()
-    sys.exit(ns.func(ns))
