@@ -9,7 +9,9 @@
   for a body that is not JSON, 404 elsewhere, routing key redacted, JSON lines on disk;
 - ports: a taken preferred port is reported and a free one used;
 - lifecycle: start without the engine, `sickbay sim fail` against it via the stack's env,
-  stop leaves no child alive and removes the temporary directory.
+  stop leaves no child alive and removes the temporary directory;
+- a piece that fails at start-up: StackError naming it with the end of its log, and every
+  child already started is stopped.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from worker.stack import (
     PACKAGED_RUNBOOKS,
     Stack,
     StackConfig,
+    StackError,
     channels_file,
     demo_runbooks,
     free_port,
@@ -154,3 +157,19 @@ def test_engine_less_stack_lifecycle(tmp_path: Path) -> None:
 
 def test_free_port_is_free() -> None:
     assert port_free(free_port())
+
+
+def test_a_piece_failing_at_start_stops_everything(tmp_path: Path) -> None:
+    stack = Stack(
+        StackConfig(
+            temporal_port=free_port(),
+            ui=False,
+            worker_argv=["-c", "import sys; print('worker config broken'); sys.exit(3)"],
+        )
+    )
+    with pytest.raises(StackError, match=r"worker exited during start-up \(code 3\)") as err:
+        with stack:
+            pass
+    assert "worker config broken" in str(err.value)  # the end of its log is quoted
+    assert [c.name for c in stack.children][:3] == ["temporal", "sink", "twin"]
+    assert all(not c.alive() for c in stack.children)
