@@ -74,6 +74,9 @@ from workflows.maintenance import MaintenanceWorkflow
 from workflows.remediation import DeviceRemediationWorkflow
 
 log = logging.getLogger(__name__)
+# Warm-up reads a few Kubernetes objects; an API server slower than this is left to the first
+# remediation (the caches fill on demand), so a slow cluster never delays polling much.
+WARM_UP_TIMEOUT = 15.0  # seconds
 
 
 def _optional(module: str, name: str) -> Any | None:
@@ -169,6 +172,8 @@ class Built:
     activities: list[Callable[..., Any]]
     closers: list[Callable[[], Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Run once before polling (best effort): per-worker caches such as Kubernetes discovery.
+    warmers: list[Callable[[], Any]] = field(default_factory=list)
 
 
 def build_activities(client: Client, settings: Settings, *, kube_activities: Any = None) -> Built:
@@ -191,6 +196,8 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
         built.activities += activities_of(kube)
         if hasattr(kube, "close"):
             built.closers.append(kube.close)
+        if hasattr(kube, "warm_up"):
+            built.warmers.append(kube.warm_up)
         maint_cls = _optional("activities.maintenance", "MaintenanceActivities")
         if maint_cls is not None:
             built.activities += activities_of(maint_cls(kube.kube, client))
@@ -294,6 +301,11 @@ async def run_worker(settings: Settings) -> int:
     except RuntimeError as exc:
         log.error("%s", exc)
         return 4
+    for warm in built.warmers:
+        try:
+            await asyncio.wait_for(warm(), timeout=WARM_UP_TIMEOUT)
+        except Exception as exc:  # the first remediation then pays for it; never fatal
+            log.warning("warm-up %s failed: %s: %s", warm, type(exc).__name__, exc)
     ensure = _optional("worker.webhook_cli", "ensure_sweep_schedule")
     if ensure is not None and any(workflow_name(w) == WF_SWEEP for w in WORKFLOWS):
         try:

@@ -233,7 +233,9 @@ class Kube:
     def cached(self, key: Any, ttl: float, load: Callable[[], Any]) -> Any:
         """Per-worker cache for slow-changing reads (DeviceClasses, namespace labels,
         ResourceSlice inventory), so a remediation does not pay for them in every activity.
-        Never used for pods, claims, nodes or rules."""
+        Pods and nodes only with a max age of seconds, to share one list between consecutive
+        steps of one remediation (consumers.list_node_pods, devices.list_nodes); node writes
+        drop the node list. Never used for claims or rules."""
         now = time.monotonic()
         with self._cache_lock:
             hit = self._cache.get(key)
@@ -247,6 +249,11 @@ class Kube:
     def store_cached(self, key: Any, value: Any) -> None:
         with self._cache_lock:
             self._cache[key] = (time.monotonic(), value)
+
+    def forget(self, key: Any) -> None:
+        """Drop a cached value after this worker changed what it describes."""
+        with self._cache_lock:
+            self._cache.pop(key, None)
 
     @classmethod
     def from_settings(cls, settings: KubeSettings) -> Kube:

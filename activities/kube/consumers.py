@@ -32,14 +32,31 @@ def claim_devices(claim: dict[str, Any]) -> list[tuple[str, str, str]]:
     return [(r.get("driver", ""), r.get("pool", ""), r.get("device", "")) for r in results]
 
 
-def list_node_pods(kube: Kube, node: str) -> list[dict[str, Any]]:
-    body = kube.call(
-        kube.core.list_pod_for_all_namespaces,
-        verb="list",
-        resource="pods",
-        field_selector=f"spec.nodeName={node}",
-    )
-    return [p for p in body.get("items") or [] if (p.get("spec") or {}).get("nodeName") == node]
+# One remediation reads the node's pods in two consecutive local activities (evidence, then
+# consumers, milliseconds apart in one workflow task): the second may reuse the first's list if
+# it is at most this old. Waits and health checks always read fresh (max_age 0).
+NODE_PODS_MAX_AGE = 2.0  # seconds
+
+
+def list_node_pods(kube: Kube, node: str, *, max_age: float = 0.0) -> list[dict[str, Any]]:
+    """Pods bound to `node`; with `max_age`, a list read by this worker at most that many
+    seconds ago is reused (the list is always stored for the next reader)."""
+
+    def load() -> list[dict[str, Any]]:
+        body = kube.call(
+            kube.core.list_pod_for_all_namespaces,
+            verb="list",
+            resource="pods",
+            field_selector=f"spec.nodeName={node}",
+        )
+        items = body.get("items") or []
+        return [p for p in items if (p.get("spec") or {}).get("nodeName") == node]
+
+    if max_age <= 0:
+        pods = load()
+        kube.store_cached(("node-pods", node), pods)
+        return pods
+    return list(kube.cached(("node-pods", node), max_age, load))
 
 
 def list_claims(kube: Kube) -> list[dict[str, Any]]:
@@ -70,7 +87,7 @@ def find_consumers(kube: Kube, inp: FindConsumersInput) -> ConsumersResult:
     device = inp.device
     pods_by_key: dict[tuple[str, str], dict[str, Any]] = {}
     claim_of: dict[tuple[str, str], str] = {}
-    node_pods = list_node_pods(kube, device.node)
+    node_pods = list_node_pods(kube, device.node, max_age=NODE_PODS_MAX_AGE)
     index = {(meta(p).get("namespace"), meta(p).get("name")): p for p in node_pods}
 
     if device.mode == "dra" and device.devices:

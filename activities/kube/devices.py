@@ -209,15 +209,47 @@ def get_node(kube: Kube, name: str) -> dict[str, Any] | None:
         raise
 
 
-def _device_class_for(kube: Kube, driver: str, partition: bool) -> str | None:
-    """The DeviceClass whose selector names this driver (prefers the MIG class for slices)."""
-    body = kube.cached(
+# Resolve needs one node's pool label and the budget count, a few milliseconds later in the
+# same workflow task, needs every node: one list serves both if it is at most this old (a
+# quarantine made meanwhile by another remediation is covered by its budget lease).
+NODES_MAX_AGE = 2.0  # seconds
+
+
+def list_nodes(kube: Kube, *, max_age: float = 0.0) -> list[dict[str, Any]]:
+    """Every node; with `max_age`, this worker's list from at most that long ago."""
+
+    def load() -> list[dict[str, Any]]:
+        return kube.call(kube.core.list_node, verb="list", resource="nodes").get("items") or []
+
+    if max_age <= 0:
+        nodes = load()
+        kube.store_cached("nodes", nodes)
+        return nodes
+    return list(kube.cached("nodes", max_age, load))
+
+
+def node_from_list(kube: Kube, name: str) -> dict[str, Any] | None:
+    """One node out of a fresh (or seconds-old) node list, stored for the budget count."""
+    for node in list_nodes(kube, max_age=NODES_MAX_AGE):
+        if (node.get("metadata") or {}).get("name") == name:
+            return node
+    return get_node(kube, name)  # not in a list that may be old: ask for it directly
+
+
+def device_classes(kube: Kube) -> dict[str, Any]:
+    """The DeviceClass list, cached DEVICE_CLASS_TTL (the worker warms it at start)."""
+    return kube.cached(
         "deviceclasses",
         DEVICE_CLASS_TTL,
         lambda: kube.call(
             kube.resource_v1.list_device_class, verb="list", resource="deviceclasses"
         ),
     )
+
+
+def _device_class_for(kube: Kube, driver: str, partition: bool) -> str | None:
+    """The DeviceClass whose selector names this driver (prefers the MIG class for slices)."""
+    body = device_classes(kube)
     candidates: list[tuple[int, str]] = []
     for item in body.get("items") or []:
         name = (item.get("metadata") or {}).get("name", "")
@@ -293,7 +325,7 @@ def _resolve_dra(
     node_name = target.node or node_name or target.pool
     group = group_of(devices, target.node, physical) or [target]
     group.sort(key=lambda d: (d.is_partition, d.driver, d.pool, d.device))
-    node = get_node(kube, node_name) if node_name else None
+    node = node_from_list(kube, node_name) if node_name else None
     index = next((d.index for d in group if not d.is_partition), None)
     if index is None:
         index = target.index

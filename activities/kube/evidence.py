@@ -2,8 +2,11 @@
 ResourceSlice entry and its driver taints, node capacity vs allocatable for `nvidia.com/gpu`
 (device plugin), recent Events.
 
-Requests: DRA 1 slice list + 1 pod list + 1-2 event lists; device plugin 1 node read +
-1 pod list + 1-2 event lists. check_health skips the events.
+Requests: DRA 1 slice list (shared with resolve) + 1 pod list (reused by find-consumers)
++ 0-3 event lists; device plugin 1 node read + 1 pod list + 0-3 event lists. Events are
+context only (no decision reads them): they are listed only when no pod status reports the
+device Unhealthy, i.e. when a person reading the evidence needs more than the pod status.
+check_health skips the events.
 """
 
 from __future__ import annotations
@@ -115,13 +118,16 @@ def gather_evidence(kube: Kube, device: ResolvedDevice) -> Evidence:
             present = bool(capacity) and (
                 not known or device.gpu_uuid.lower() in {u.lower() for u in known}
             )
-    events = _events_about(kube, device.node, None)
-    unhealthy = sorted({(r.namespace, r.pod) for r in reports if r.health != "Healthy"})
-    for ns, pod in unhealthy[:MAX_POD_EVENT_READS]:
-        events += _events_about(kube, pod, ns)
+    health = worst_health(reports)
+    events: list[dict[str, Any]] = []
+    if health != "Unhealthy":
+        events = _events_about(kube, device.node, None)
+        unhealthy = sorted({(r.namespace, r.pod) for r in reports if r.health != "Healthy"})
+        for ns, pod in unhealthy[:MAX_POD_EVENT_READS]:
+            events += _events_about(kube, pod, ns)
     events.sort(key=_event_time, reverse=True)
     return Evidence(
-        health=worst_health(reports),
+        health=health,
         reports=reports,
         slice_taints=taints,
         gpu_capacity=capacity,

@@ -55,6 +55,7 @@ def converge_node(
             updated = kube.call(
                 kube.core.patch_node, name, patch, verb="patch", resource="nodes", name=name
             )
+            kube.forget("nodes")  # the shared node list (budget count) must see this mark
             return updated, True
         except KubeError as err:
             if err.kind is not ErrorKind.CONFLICT:

@@ -21,8 +21,10 @@ from temporalio.exceptions import ApplicationError
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.consumers import group_keys, list_claims
 from activities.kube.devices import (
+    NODES_MAX_AGE,
     get_node,
     gpu_capacity,
+    list_nodes,
     list_slice_devices,
     node_pool_of,
     physical_gpus,
@@ -350,8 +352,7 @@ def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
 
 def count_devices(kube: Kube, apis: ClusterApis, node_pool: str | None) -> DeviceCounts:
     counts = DeviceCounts()
-    nodes_body = kube.call(kube.core.list_node, verb="list", resource="nodes")
-    nodes = nodes_body.get("items") or []
+    nodes = list_nodes(kube, max_age=NODES_MAX_AGE)  # usually resolve's list, ms old
     pool_of = {meta(n).get("name"): node_pool_of(n) for n in nodes}
     quarantined: set[tuple[str | None, str]] = set()  # (pool, device key)
     if apis.dra:

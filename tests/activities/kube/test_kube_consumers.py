@@ -7,8 +7,10 @@ Cases:
   allocatedResourcesStatus names the UUID);
 - device plugin: the pods the alert names are consumers even without health status;
 - a Succeeded pod holds nothing; a Terminating pod is still a consumer (marked terminating);
-- evidence: the consumer's allocatedResourcesStatus health, slice presence, recent events,
-  node capacity/allocatable in device-plugin mode.
+- evidence: the consumer's allocatedResourcesStatus health, slice presence, node
+  capacity/allocatable in device-plugin mode; recent Events are listed only when no pod
+  status says Unhealthy (context for an inconclusive status; no Event list on the hot path);
+- find_consumers reuses the pod list evidence read moments before (one pod list for both).
 """
 
 from __future__ import annotations
@@ -115,11 +117,26 @@ async def test_evidence_reports_health_and_presence(cluster: Twin) -> None:
     assert ev.health == "Unhealthy"
     assert [(r.pod, r.health, r.message) for r in ev.reports] == [("sick", "Unhealthy", "XID 79")]
     assert ev.device_present
-    assert any("BackOff" in e for e in ev.recent_events)
+    assert ev.recent_events == []  # the pod status is conclusive: no Event lists
     if t.dra:
         assert ev.gpu_capacity is None
     else:
         assert (ev.gpu_capacity, ev.gpu_allocatable) == (2, 2)
+
+    def unknown(p: dict) -> None:
+        res = p["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][0]
+        res.update(health="Unknown", message="")
+
+    t.store.mutate("pods", pod["metadata"]["name"], unknown, namespace="ml", subresource="status")
+    ev = await t.run(t.acts.gather_evidence, EvidenceInput(device=device))
+    assert ev.health == "Unknown"
+    assert any("BackOff" in e for e in ev.recent_events)  # inconclusive: Events for context
+
+    before = len([r for r in t.requests() if r.resource == "pods" and r.verb == "list"])
+    result = await t.run(t.acts.find_consumers, FindConsumersInput(device=device, alert_pods=[]))
+    after = len([r for r in t.requests() if r.resource == "pods" and r.verb == "list"])
+    assert "sick" in [c.pod.name for c in result.consumers]
+    assert after == before  # the evidence's pod list, moments old, was reused
 
 
 async def test_statefulset_and_jobset_owners(tmp_path) -> None:

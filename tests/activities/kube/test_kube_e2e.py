@@ -11,8 +11,10 @@ Cases:
   Eviction API, same waits;
 - RBAC: no request is denied by the proxy, and every request in the twin's log is covered
   by deploy/rbac.yaml; verbs granted but unused are reported (printed);
-- request count of the happy path, from the twin's request log (watches counted once),
-  printed and bounded so a regression shows.
+- request count of the happy path (the GPU fails with Xid 79 first, so the consumer reports
+  it Unhealthy as in a real remediation), from the twin's request log (watches counted once),
+  after the worker's start-up warm-up (discovery, DeviceClasses; counted and printed apart):
+  at most 15 per remediation.
 """
 
 from __future__ import annotations
@@ -110,6 +112,19 @@ async def _running_pod(t: Twin, ns: str = "ml") -> dict[str, Any]:
     raise AssertionError("the twin never ran the workload")
 
 
+async def _reports_unhealthy(t: Twin, pod: dict[str, Any]) -> None:
+    name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
+    for _ in range(400):
+        current = t.store.try_get("pods", name, ns) or {}
+        statuses = (current.get("status") or {}).get("containerStatuses") or []
+        for c in statuses:
+            for res in c.get("allocatedResourcesStatus") or []:
+                if any(r.get("health") == "Unhealthy" for r in res.get("resources") or []):
+                    return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the twin's kubelet never reported the failed GPU Unhealthy")
+
+
 def _gpu_of(t: Twin, pod: dict[str, Any]) -> tuple[str, int]:
     node = pod["spec"]["nodeName"]
     if t.dra:
@@ -130,6 +145,14 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
         pod = await _running_pod(t)
         node, index = _gpu_of(t, pod)
         uuid = t.uuid_of(node, index)
+        # The trigger of a real remediation: the GPU fails (Xid 79) and the kubelet reports
+        # its consumer's device Unhealthy (KEP-4680) before the alert arrives.
+        manager.faults.fail(node, index, xid=79)
+        await _reports_unhealthy(t, pod)
+        # What the worker does once at start (worker/main.py): discovery + DeviceClasses.
+        t.clear_requests()
+        await t.acts.warm_up()
+        warm_up = t.sim.requests.count()
         t.clear_requests()
         started = time.monotonic()
         log = t.sim.requests
@@ -141,10 +164,11 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
         device = await t.run(
             t.acts.resolve_device, ResolveDeviceInput(device=DeviceRef(node=node, gpu_uuid=uuid))
         )
-        mark("resolve (+discovery)")
+        mark("resolve")
         evidence = await t.run(t.acts.gather_evidence, EvidenceInput(device=device))
         mark("evidence")
         assert evidence.device_present
+        assert evidence.health == "Unhealthy"  # so no Event lists on the hot path
         consumers = (
             await t.run(
                 t.acts.find_consumers,
@@ -192,7 +216,9 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
                 targets=targets, reason="Quarantined", message="GPU quarantined", workflow_id=WF
             ),
         )
-        mark("events")
+        # The workflow records Events only when it escalates (not on the happy path); this
+        # checks the activity and RBAC, outside the happy-path count.
+        mark("events (not happy path)")
         gone = await t.run(
             t.acts.wait_for_eviction, WaitEvictionInput(pods=refs, timeout=timedelta(seconds=30))
         )
@@ -244,7 +270,8 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
         happy += late_watches
         print(
             f"\n[{profile}] happy path (resolve .. replacement Running, + release): {happy} "
-            "Kubernetes requests, cold worker, watches counted once: "
+            f"Kubernetes requests per remediation (+{warm_up} once per worker start: "
+            "discovery, DeviceClasses), watches counted once: "
             + "; ".join(f"{name} {n}" for name, n in steps)
             + f"; watches logged at close {late_watches}"
         )
@@ -260,7 +287,12 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
             resource, _, sub = r.resource.partition("/")
             assert allows(RULES, r.group, resource, sub, r.verb), f"not in rbac.yaml: {r}"
             USED.add((r.group, r.resource, r.verb))
-        assert happy <= 26  # regression bound (1.35 pays 4 discovery reads); figures in notes
+        # Goal <= 15 per remediation (BENCHMARKS.md section 2 measured 22 before the shared
+        # pod/node lists, Event lists only without an Unhealthy pod status, and warm-up).
+        # The fallback (1.34 / device plugin: Eviction API, node marks) is not that path; it
+        # measured 15-16 and keeps a bound just above.
+        goal = 15 if result.mode == "rule" else 17
+        assert happy <= goal, f"{happy} Kubernetes requests on the happy path (goal <= {goal})"
 
 
 def test_report_unused_grants() -> None:
