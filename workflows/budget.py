@@ -10,6 +10,10 @@ leases live in Temporal history, so a worker crash loses nothing.
         (reconcile-budget-leases activity) and drop their leases
         after `max_updates_per_run` updates or when Temporal suggests it: continue-as-new
         with the leases as input
+        a refused holder is remembered as a waiter; when a lease is released (or dropped by
+        reconcile) the oldest waiter of that pool (else the oldest) gets the `budget-freed`
+        signal, one per freed slot, and retries at once (its own 1-minute retry is the
+        backstop). Behind `workflow.patched("budget-wake")`.
 
 Limits come with each request (resolved by the remediation from its runbook and the device
 counts), so one budget workflow serves every runbook; a request is granted only when both the
@@ -28,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.constants import (
         ACT_RECONCILE_LEASES,
         QRY_BUDGET_STATE,
+        SIG_BUDGET_FREED,
         UPD_BUDGET_ACQUIRE,
         UPD_BUDGET_RELEASE,
         WF_BUDGET,
@@ -38,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         BudgetLeaseRequest,
         BudgetReleaseRequest,
         BudgetState,
+        BudgetWaiter,
         ReconcileLeasesInput,
         ReconcileLeasesResult,
     )
@@ -55,6 +61,9 @@ class BudgetWorkflow:
         self._leases: dict[str, BudgetLease] = {lease.holder: lease for lease in state.leases}
         self._state = state
         self._updates = 0
+        self._waiters: dict[str, BudgetWaiter] = {w.holder: w for w in state.waiters}
+        self._freed: list[str | None] = []  # pools of slots freed since the last wake-up
+        self._wake: bool | None = None  # the budget-wake patch, decided on first use
 
     @workflow.update(name=UPD_BUDGET_ACQUIRE)
     def acquire(self, req: BudgetLeaseRequest) -> BudgetDecision:
@@ -75,6 +84,8 @@ class BudgetWorkflow:
                 pool_in_use=pool_in_use,
                 cluster_in_use=cluster_in_use,
             )
+        if pool_in_use >= req.pool_limit or cluster_in_use >= req.cluster_limit:
+            self._remember(req)
         if pool_in_use >= req.pool_limit:
             return BudgetDecision(
                 granted=False,
@@ -89,6 +100,7 @@ class BudgetWorkflow:
                 pool_in_use=pool_in_use,
                 cluster_in_use=cluster_in_use,
             )
+        self._waiters.pop(req.holder, None)
         self._leases[req.holder] = BudgetLease(
             holder=req.holder,
             device_key=req.device_key,
@@ -109,8 +121,10 @@ class BudgetWorkflow:
     def release(self, req: BudgetReleaseRequest) -> BudgetDecision:
         self._updates += 1
         lease = self._leases.pop(req.holder, None)
+        self._waiters.pop(req.holder, None)
         if lease is not None:
             workflow.logger.info("budget lease of %s released", req.holder)
+            self._slot_freed(lease)
         return BudgetDecision(
             granted=lease is not None,
             reason="released" if lease is not None else "no lease held",
@@ -127,33 +141,90 @@ class BudgetWorkflow:
         return self._snapshot()
 
     def _snapshot(self) -> BudgetState:
-        return self._state.model_copy(update={"leases": list(self._leases.values())})
+        return self._state.model_copy(
+            update={"leases": list(self._leases.values()), "waiters": list(self._waiters.values())}
+        )
+
+    def _wake_enabled(self) -> bool:
+        if self._wake is None:
+            self._wake = workflow.patched("budget-wake")
+        return self._wake
+
+    def _remember(self, req: BudgetLeaseRequest) -> None:
+        if self._wake_enabled() and req.holder not in self._waiters:
+            self._waiters[req.holder] = BudgetWaiter(holder=req.holder, node_pool=req.node_pool)
+
+    def _slot_freed(self, lease: BudgetLease) -> None:
+        if self._wake_enabled() and self._waiters:
+            self._freed.append(lease.node_pool)
+
+    async def _wake_waiters(self) -> None:
+        """One `budget-freed` signal per freed slot: the oldest waiter of the freed pool,
+        else the oldest waiter. A woken waiter that is refused again waits anew."""
+        freed, self._freed = self._freed, []
+        for pool in freed:
+            if not self._waiters:
+                return
+            chosen = next(
+                (w for w in self._waiters.values() if w.node_pool == pool),
+                next(iter(self._waiters.values())),
+            )
+            del self._waiters[chosen.holder]
+            try:
+                await workflow.get_external_workflow_handle(chosen.holder).signal(SIG_BUDGET_FREED)
+            except Exception as err:  # closed meanwhile (aborted, repaired): nobody to wake
+                workflow.logger.info("could not wake %s: %s", chosen.holder, err)
 
     @workflow.run
     async def run(self, state: BudgetState) -> None:
+        if self._wake_enabled():
+            await self._serve(state)
+        else:  # histories from before budget-wake
+            while True:
+                try:
+                    await workflow.wait_condition(
+                        lambda: (
+                            self._updates >= state.max_updates_per_run
+                            or workflow.info().is_continue_as_new_suggested()
+                        ),
+                        timeout=state.reconcile_interval,
+                    )
+                    break  # time to continue as new
+                except TimeoutError:
+                    await self._reconcile()
+        # Let in-flight updates finish so their callers get an answer, then start fresh.
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(self._snapshot())
+
+    async def _serve(self, state: BudgetState) -> None:
+        """Until continue-as-new is due: wake waiters when slots free, reconcile on time."""
+        due = workflow.now() + state.reconcile_interval
         while True:
             try:
                 await workflow.wait_condition(
                     lambda: (
                         self._updates >= state.max_updates_per_run
                         or workflow.info().is_continue_as_new_suggested()
+                        or bool(self._freed)
                     ),
-                    timeout=state.reconcile_interval,
+                    timeout=max(due - workflow.now(), timedelta(seconds=1)),
                 )
-                break  # time to continue as new
             except TimeoutError:
                 await self._reconcile()
-        # Let in-flight updates finish so their callers get an answer, then start fresh.
-        await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(self._snapshot())
+                due = workflow.now() + state.reconcile_interval
+                continue
+            if self._freed:
+                await self._wake_waiters()
+                continue
+            return  # time to continue as new
 
     async def _reconcile(self) -> None:
-        if not self._leases:
+        if not self._leases and not self._waiters:
             return
         try:
             result = await workflow.execute_activity(
                 ACT_RECONCILE_LEASES,
-                ReconcileLeasesInput(holders=sorted(self._leases)),
+                ReconcileLeasesInput(holders=sorted({*self._leases, *self._waiters})),
                 result_type=ReconcileLeasesResult,
                 start_to_close_timeout=RECONCILE_TIMEOUT,
                 retry_policy=RECONCILE_RETRY,
@@ -162,5 +233,8 @@ class BudgetWorkflow:
             workflow.logger.warning("lease reconcile failed, retrying next interval: %s", err)
             return
         for holder in result.closed:
-            if self._leases.pop(holder, None) is not None:
+            self._waiters.pop(holder, None)
+            lease = self._leases.pop(holder, None)
+            if lease is not None:
                 workflow.logger.info("dropped the lease of %s: its workflow is closed", holder)
+                self._slot_freed(lease)

@@ -28,6 +28,7 @@ SIG_ALERT = "alert"  # more evidence (AlertEvidence)
 SIG_ALERT_RESOLVED = "alert-resolved"  # AlertResolved
 SIG_ABORT = "abort"  # AbortRequest
 SIG_REPAIRED = "repaired"  # RepairedRequest
+SIG_BUDGET_FREED = "budget-freed"  # from sickbay-budget: a slot freed, retry the lease now
 UPD_APPROVE = "approve"  # ApprovalDecision -> ApprovalResult (validated)
 QRY_TIMELINE = "timeline"
 QRY_STATUS = "status"

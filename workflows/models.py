@@ -350,10 +350,18 @@ class BudgetLease(Contract):
     acquired_at: datetime | None = None
 
 
+class BudgetWaiter(Contract):
+    """A remediation refused by the budget, told (signal) when a slot frees."""
+
+    holder: str  # remediation workflow id
+    node_pool: str | None = None
+
+
 class BudgetState(Contract):
     """Input of the `sickbay-budget` workflow and its continue-as-new state."""
 
     leases: list[BudgetLease] = Field(default_factory=list)
+    waiters: list[BudgetWaiter] = Field(default_factory=list)  # oldest first
     reconcile_interval: Duration = timedelta(minutes=5)
     max_updates_per_run: int = Field(default=500, ge=1)  # continue-as-new after this many
 

@@ -83,6 +83,7 @@ with workflow.unsafe.imports_passed_through():
         SIG_ABORT,
         SIG_ALERT,
         SIG_ALERT_RESOLVED,
+        SIG_BUDGET_FREED,
         SIG_REPAIRED,
         UPD_APPROVE,
         WF_REMEDIATE,
@@ -283,6 +284,7 @@ class DeviceRemediationWorkflow:
         self._undoing = False  # set once an abort is being handled: undo steps run to the end
         self._repaired: RepairedRequest | None = None
         self._resolved_pending = False  # an alert-resolved not yet checked against health
+        self._budget_freed = False  # set by the budget workflow's wake-up signal
         self._decision: ApprovalDecision | None = None
         self._sa_phase: Phase | None = None
         self._metrics = workflow.metric_meter()
@@ -303,6 +305,11 @@ class DeviceRemediationWorkflow:
             outcome=resolved.alertname or resolved.fingerprint,
             actor="alertmanager",
         )
+
+    @workflow.signal(name=SIG_BUDGET_FREED)
+    def budget_freed(self) -> None:
+        """From sickbay-budget: a slot freed while this remediation waits for one."""
+        self._budget_freed = True
 
     @workflow.signal(name=SIG_ABORT)
     def abort(self, req: AbortRequest) -> None:
@@ -516,6 +523,7 @@ class DeviceRemediationWorkflow:
         tries = 0
         while True:
             tries += 1
+            self._budget_freed = False  # a wake-up arriving from here on is for this try
             try:
                 granted, kind, why = await self._try_lease(device, runbook)
             except ACTIVITY_FAILED as err:
@@ -548,10 +556,15 @@ class DeviceRemediationWorkflow:
             interval = BUDGET_RETRY_FIRST if tries < BUDGET_RETRY_SWITCH else BUDGET_RETRY_LATER
             try:
                 await self._wait(
-                    lambda: self._repaired is not None or self._resolved_pending, limit=interval
+                    lambda: (
+                        self._repaired is not None or self._resolved_pending or self._budget_freed
+                    ),
+                    limit=interval,
                 )
             except TimeoutError:
                 pass
+            if self._budget_freed and self._repaired is None:
+                self._log("budget slot freed", actor="sickbay-budget", reason="retrying now")
             if self._repaired is not None:
                 await self._resolve_page("repaired while waiting for budget")
                 raise _Done(

@@ -3,11 +3,13 @@
 Cases:
 - two remediations race for the last budget slot of a pool: exactly one taints, the other is
   escalated budget-exhausted without a taint and waits; the winner's release frees the slot,
-  the waiting one's next lease retry takes it and quarantines (one escalation in all);
+  the budget workflow wakes the waiting one (budget-freed signal), which takes the slot at
+  once and quarantines (one escalation in all);
 - the budget workflow grants idempotently per holder, refuses over the pool and the cluster
   limits, counts quarantines the cluster shows without a lease, validates updates (empty
   holder rejected);
-- leases survive continue-as-new (after max_updates_per_run updates);
+- leases and waiters (refused holders to wake) survive continue-as-new (after
+  max_updates_per_run updates);
 - periodic reconcile drops a lease whose holder workflow no longer exists;
 - 20 duplicate alerts through activities/launch.signal_with_start -> one workflow, one piece
   of evidence, 19 duplicates counted;
@@ -34,6 +36,7 @@ from workflows.constants import (
     ACT_RESOLVE_DEVICE,
     QRY_BUDGET_STATE,
     QRY_STATUS,
+    QRY_TIMELINE,
     SIG_ABORT,
     SIG_REPAIRED,
     UPD_BUDGET_ACQUIRE,
@@ -55,6 +58,7 @@ from workflows.models import (
     RemediationResult,
     RemediationStatus,
     RepairedRequest,
+    TimelineEntry,
 )
 from workflows.remediation import DeviceRemediationWorkflow
 
@@ -124,9 +128,11 @@ async def test_two_workflows_race_for_the_last_slot(time_skipping_env: WorkflowE
 
         await winner.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         assert (await winner.result()).outcome == "released"
-        # The waiting remediation retries its lease on the minute, takes the freed slot.
-        await time_skipping_env.sleep(timedelta(minutes=2))
+        # The budget workflow wakes the waiting remediation (budget-freed signal): it retries
+        # at once, without waiting for its 1-minute retry, and takes the freed slot.
         await wait_phase(loser, Phase.HOLDING)
+        timeline = await loser.query(QRY_TIMELINE, result_type=list[TimelineEntry])
+        assert any(e.action == "budget slot freed" for e in timeline)
         assert len(world.args(ACT_QUARANTINE)) == 2
         state = await client.get_workflow_handle(budget._workflow_id).query(
             QRY_BUDGET_STATE, result_type=BudgetState
@@ -202,6 +208,8 @@ async def test_leases_survive_continue_as_new(time_skipping_env: WorkflowEnviron
         first_run = (await handle.describe()).run_id
         for holder in ("wf-2", "wf-3"):
             assert (await budget.acquire_budget_lease(_req(holder, pool=holder))).granted
+        refused = await budget.acquire_budget_lease(_req("wf-4", pool="wf-1"))  # pool full
+        assert not refused.granted
         for _ in range(100):
             desc = await handle.describe()
             if desc.run_id != first_run:
@@ -211,6 +219,7 @@ async def test_leases_survive_continue_as_new(time_skipping_env: WorkflowEnviron
         await handle.terminate("test done")
     assert desc.run_id != first_run, "never continued as new"
     assert sorted(lease.holder for lease in state.leases) == ["wf-1", "wf-2", "wf-3"]
+    assert [w.holder for w in state.waiters] == ["wf-4"]  # the refused one, to wake later
 
 
 async def test_reconcile_drops_leases_of_closed_holders(
