@@ -599,6 +599,9 @@ class QuarantineResult(Contract):
     node_tainted: bool = False
     would_evict: list[PodRef] = Field(default_factory=list)  # preview
     message: str = ""
+    # rule name -> uid of the rule(s) this quarantine made or adopted: release deletes with a
+    # uid precondition (one request, only that very rule) instead of list-then-delete.
+    rule_uids: dict[str, str] = Field(default_factory=dict)
 
 
 class EvictPodsInput(Contract):
@@ -673,6 +676,7 @@ class ReleaseInput(Contract):
     node_tainted: bool = False
     workflow_id: str
     reason: str = ""
+    rule_uids: dict[str, str] = Field(default_factory=dict)  # from QuarantineResult
 
 
 class ReleaseResult(Contract):

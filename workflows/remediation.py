@@ -1027,6 +1027,7 @@ class DeviceRemediationWorkflow:
                 node_tainted=self._quarantine.node_tainted,
                 workflow_id=workflow.info().workflow_id,
                 reason=reason,
+                rule_uids=self._quarantine.rule_uids,
             ),
             ReleaseResult,
             "release quarantine",

@@ -227,10 +227,13 @@ def quarantine_rules(
         )
     actions = []
     names = []
+    uids: dict[str, str] = {}
     for name, dev in rule_plan(inp.device):
-        action, _ = apply_rule(kube, version, desired_rule(version, name, dev, inp, effect))
+        action, rule = apply_rule(kube, version, desired_rule(version, name, dev, inp, effect))
         actions.append(action)
         names.append(name)
+        if meta(rule).get("uid"):
+            uids[name] = str(meta(rule)["uid"])
     if all(a == "unchanged" for a in actions):
         overall = "unchanged"
     elif all(a == "created" for a in actions):
@@ -243,6 +246,7 @@ def quarantine_rules(
         api_version=version,
         action=overall,  # type: ignore[arg-type]
         message=f"{effect} DeviceTaintRule(s) {', '.join(names)} ({', '.join(actions)})",
+        rule_uids=uids,
     )
 
 
@@ -309,14 +313,45 @@ def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
         wanted = {name for name, _ in rule_plan(inp.device)}
         if inp.rule_name:
             wanted.add(inp.rule_name)
-        body = kube.call(
-            _api(kube, version).list_device_taint_rule,
-            verb="list",
-            resource=RULES,
-            label_selector=MANAGED_SELECTOR,
+        # Rules whose uid the quarantine recorded: delete with a uid precondition, one request
+        # that can only remove that very rule (ours). 404: gone already; 409: the name now
+        # belongs to another object, decided by the managed-label check below.
+        unverified: set[str] = set()
+        for name in sorted(wanted):
+            uid = inp.rule_uids.get(name)
+            if not uid:
+                unverified.add(name)
+                continue
+            try:
+                kube.call(
+                    _api(kube, version).delete_device_taint_rule,
+                    name,
+                    verb="delete",
+                    resource=RULES,
+                    name=name,
+                    body={"preconditions": {"uid": uid}},
+                )
+                removed = True
+                messages.append(f"deleted rule {name}")
+            except KubeError as err:
+                if err.kind is ErrorKind.NOT_FOUND:
+                    messages.append(f"rule {name} already gone")
+                elif err.kind is ErrorKind.CONFLICT:
+                    unverified.add(name)
+                else:
+                    raise
+        body = (
+            kube.call(
+                _api(kube, version).list_device_taint_rule,
+                verb="list",
+                resource=RULES,
+                label_selector=MANAGED_SELECTOR,
+            )
+            if unverified
+            else {}
         )
         managed = {meta(r).get("name"): r for r in body.get("items") or []}
-        for name in sorted(wanted):
+        for name in sorted(unverified):
             rule = managed.get(name)
             if rule is None:
                 messages.append(f"rule {name} absent (or not Sickbay's): nothing to remove")

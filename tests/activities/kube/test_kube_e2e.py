@@ -256,6 +256,7 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
                 api_version=result.api_version,
                 node_tainted=result.node_tainted,
                 workflow_id=WF,
+                rule_uids=result.rule_uids,
             ),
         )
         mark("release")

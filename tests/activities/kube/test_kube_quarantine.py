@@ -15,6 +15,8 @@ Cases:
 - evict_pods: 201 evicted, 404 gone, 429 blocked, force delete when blocked, heartbeats
   while it works; dry run
   (server-side dryRun=All) changes nothing;
+- release deletes by the recorded rule uid (precondition; one request, no list); a rule
+  replaced by a foreign one under the same name is left alone;
 - cordon/uncordon only undo Sickbay's own cordon;
 - record_event: one Event per target, source sickbay, message with the workflow id, no
   duplicate on retry.
@@ -338,3 +340,51 @@ async def test_record_event_once_per_target(tmp_path: Path) -> None:
         assert len(events) == 2
         assert {e["metadata"]["namespace"] for e in events} == {"ml", "default"}
         assert all(WF in e["message"] and e["reportingComponent"] == "sickbay" for e in events)
+
+
+async def test_release_by_uid_precondition(tmp_path: Path) -> None:
+    """The quarantine records its rule's uid; release deletes with that uid as precondition:
+    one request, no list. A rule replaced under the same name by someone else (other uid,
+    not Sickbay's) is left alone."""
+    with twin(tmp_path, "1.37") as t:
+        node = t.node(0)
+        device = await _resolved(t, node, 0)
+        result = await t.run(
+            t.acts.quarantine_device, QuarantineInput(device=device, workflow_id=WF)
+        )
+        name = result.rule_name
+        assert name and result.rule_uids[name] == t.store.get(RULES, name)["metadata"]["uid"]
+        t.clear_requests()
+        released = await t.run(
+            t.acts.release_quarantine,
+            ReleaseInput(
+                device=device,
+                rule_name=name,
+                api_version=result.api_version,
+                workflow_id=WF,
+                rule_uids=result.rule_uids,
+            ),
+        )
+        assert released.removed and t.store.try_get(RULES, name) is None
+        assert [(r.verb, r.resource) for r in t.requests()] == [("delete", "devicetaintrules")]
+
+        again = await t.run(
+            t.acts.quarantine_device, QuarantineInput(device=device, workflow_id=WF)
+        )
+        t.store.delete(RULES, name)
+        t.store.create(
+            RULES,
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "deviceSelector": {"driver": "gpu.nvidia.com", "pool": node, "device": "gpu-0"},
+                    "taint": {"key": "admin.example/broken", "effect": "NoSchedule"},
+                },
+            },
+        )
+        stale = await t.run(
+            t.acts.release_quarantine,
+            ReleaseInput(device=device, rule_name=name, workflow_id=WF, rule_uids=again.rule_uids),
+        )
+        assert not stale.removed
+        assert t.store.get(RULES, name)["spec"]["taint"]["key"] == "admin.example/broken"
