@@ -4,7 +4,8 @@ Cases:
 - the channels.yaml example loads with the worker's channel loader and defines every channel
   the shipped runbooks escalate to;
 - every SICKBAY_* name the docs mention is read by the code;
-- the compose services and deploy/ files the docs list exist.
+- the compose services and deploy/ files the docs list exist;
+- the RBAC table lists every rule of deploy/rbac.yaml with its verbs.
 """
 
 from __future__ import annotations
@@ -57,3 +58,24 @@ def test_files_the_docs_list_exist() -> None:
         assert (DEPLOY / name).exists(), f"docs/deploy.md mentions deploy/{name}"
     for name in re.findall(r"^\| `([a-z-]+\.yaml)`", TEXT, re.M):
         assert (DEPLOY / name).exists(), f"docs/deploy.md lists {name}"
+
+
+def test_rbac_table_matches_the_role() -> None:
+    """docs/deploy.md's "What the RBAC grants" table lists each rule of deploy/rbac.yaml with
+    exactly its verbs (update the table when the role changes)."""
+    role = next(
+        d
+        for d in yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text())
+        if d["kind"] == "ClusterRole"
+    )
+    rows = [line for line in TEXT.splitlines() if line.startswith("| ")]
+    for rule in role["rules"]:
+        group = rule["apiGroups"][0] or "core"
+        verbs = ", ".join(rule["verbs"])
+        for resource in rule["resources"]:
+            matching = [
+                r
+                for r in rows
+                if r.startswith(f"| {group} |") and resource in r and f"| {verbs} |" in r
+            ]
+            assert matching, f"docs/deploy.md's RBAC table lacks {group} {resource}: {verbs}"
