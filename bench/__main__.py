@@ -61,12 +61,13 @@ def findings(results: dict[str, Any]) -> list[str]:
             reverse=True,
         )[:2]
         out.append(
-            "Largest worker-side gaps in the hot path (median): "
+            "Largest worker-side gaps in the hot path (median time between the previous "
+            "call's answer, or the workflow task's start, and the call): "
             + "; ".join(f"{ms:.0f} ms before `{k}`" for ms, k in gaps)
-            + ". The first is the workflow task starting and the load-runbooks and "
-            "resolve-device local activities being scheduled; the one before the create is "
-            "the budget lease's update round trip to the `sickbay-budget` workflow (count-"
-            "devices' calls come just before it). The peer makes 3 calls and no Temporal round trip."
+            + ". That time is the worker's: local activities being scheduled and completed "
+            "within the workflow task, the budget lease's update round trip to the "
+            "`sickbay-budget` workflow, and client-side parsing; the peer makes 3 calls and "
+            "no Temporal round trip."
         )
     cost_ = results.get("cost")
     if cost_ and cost_["kube_requests"] > 15:
@@ -79,10 +80,12 @@ def findings(results: dict[str, Any]) -> list[str]:
             "can leave the hot path, and discovery can be cached across activities."
         )
     st = results.get("storm")
-    if st and not st.get("rules_created"):
+    in_budget = min(st["budget_limit"], st["devices"]) if st else 0
+    if st and st.get("gpus_quarantined", 0) < in_budget:
         out.append(
-            f"Storm: no GPU was quarantined within {st.get('settle_bound_s', 0):.0f} s of the "
-            f"storm; worker log: {st.get('worker_log')}; worker RSS peaked at "
+            f"Storm: only {st.get('gpus_quarantined', 0)} of the {in_budget} GPUs within "
+            f"budget were quarantined by the end ({st.get('settle_bound_s', 0):.0f} s bound "
+            f"after the last alert); worker log: {st.get('worker_log')}; worker RSS peaked at "
             f"{st.get('worker_rss_peak_mb', 0):.0f} MiB."
         )
         if st.get("slice_inventory_ms"):
@@ -98,6 +101,16 @@ def findings(results: dict[str, Any]) -> list[str]:
                 "cache single-flight, and count devices from a cached per-node summary."
             )
     mem = results.get("memory")
+    if mem and mem["rss_in_flight_mb"] > 300 and mem["remediations"] > 0:
+        per = (mem["rss_in_flight_mb"] - mem["rss_idle_mb"]) * 1024 / mem["remediations"]
+        out.append(
+            f"Memory: the worker grows ~{per:.0f} KiB per remediation in flight "
+            f"({mem['rss_idle_mb']:.0f} -> {mem['rss_in_flight_mb']:.0f} MiB for "
+            f"{mem['remediations']}): the SDK's sticky cache keeps every running workflow "
+            "(max_cached_workflows defaults to 1,000). Capping it (e.g. 200 in worker/main.py) "
+            "bounds RSS; a holding remediation wakes rarely, so the replay it then costs is "
+            "small."
+        )
     if mem and mem["holding"] < mem["remediations"]:
         out.append(
             f"Memory: at {mem.get('alert_rate', 0):.0f} alerts/s only {mem['holding']} of "
