@@ -4,7 +4,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-PYTEST_ARGS ?=
+# Most tests wait on servers and timers rather than the CPU: four workers, one test file each at
+# a time (files share session-scoped servers), keep the suite at a few minutes on 2 cores.
+PYTEST_ARGS ?= -n 4 --dist loadfile
 
 .PHONY: venv test lint typecheck demo up bench drills clean
 
