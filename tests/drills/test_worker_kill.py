@@ -1,7 +1,7 @@
 """Drill: SIGKILL the worker mid-remediation; a new worker finishes the job, nothing doubled.
 
 One embedded stack (1 node x 2 GPUs, pool may grow to 2 nodes; twin and runbooks 30x), the
-seed incident's path, with the worker killed (SIGKILL: no graceful shutdown) at two points:
+seed incident's path, with the worker killed (SIGKILL: no graceful shutdown) at three points:
 
 1. confirm + quarantine: the twin holds the DeviceTaintRule create (API fault `timeout`, once)
    while the worker runs the hot path's local activities (resolve, evidence, consumers,
@@ -12,12 +12,16 @@ seed incident's path, with the worker killed (SIGKILL: no graceful shutdown) at 
    waits for it under the Pending deadline; the worker is killed in that wait. After the
    activity's heartbeat timeout a new worker resumes the wait, the deadline passes, the pool is
    scaled (exactly one resize request), the replacement runs on the new node.
-Then both GPUs are marked repaired: both remediations release (rules removed) and close.
+3. release: GPU A is marked repaired and the twin holds the rule's delete (API fault
+   `timeout`, once) while the worker releases it; the worker is killed there. A new worker
+   redoes the release: the rule is deleted once, the lease returned, the remediation closes.
+GPU B is marked repaired too: both close as released.
 
 Counted from the twin: successful DeviceTaintRule creates (one per GPU), rules left (none),
 resize operations of the twin's cloud API (one), escalations at the sink (none: a happy path).
-Kill points not drilled here (each costs a 60 s heartbeat or longer on a 2-core budget):
-eviction wait, the scale-up call itself, escalation, release; see docs/reliability.md.
+Kill points not drilled here (each costs a heartbeat timeout of 45-60 s or a notification's
+30 s start-to-close on a 2-core time budget): eviction wait, the scale-up call itself,
+escalation; see docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.devserver]
 AFTER_KILL = 150.0
 
 
-async def test_sigkill_at_quarantine_and_in_pending_wait(tmp_path: Path) -> None:
+async def test_sigkill_at_quarantine_pending_wait_and_release(tmp_path: Path) -> None:
     async with drill_stack(tmp_path) as d:
         demo = d.demo
         ns = "drill-kill"
@@ -77,14 +81,29 @@ async def test_sigkill_at_quarantine_and_in_pending_wait(tmp_path: Path) -> None
         resumed_after = time.monotonic() - killed_at
         await demo.running(ns, "serve")  # on the node the scale-up added
 
-        # Release both; they close as released, nothing Sickbay made is left.
-        for inc in (inc_a, inc_b):
-            await demo.repaired(inc, actor="drill")
-        results = [await closed(demo, inc, within=60) for inc in (inc_a, inc_b)]
+        # 3. kill inside the release of GPU A (the rule's delete is held by the twin).
+        fault = d.api_fault("timeout", "delete", "devicetaintrules", count=1, timeoutSeconds=8)
+        await demo.repaired(inc_a, actor="drill")
+
+        async def delete_held() -> bool:
+            rules = {r["id"]: r for r in d.api_faults()}
+            return rules.get(fault, {}).get("injected", 0) >= 1
+
+        await demo.until("the rule delete to be held by the twin", delete_held, within=60)
+        assert d.kill_worker() == 1
+        d.start_worker()
+        await demo.repaired(inc_b, actor="drill")
+        results = [await closed(demo, inc, within=AFTER_KILL) for inc in (inc_a, inc_b)]
         assert [r.outcome for r in results] == ["released", "released"], [
             (r.outcome, r.reason) for r in results
         ]
         assert len(d.rule_creates()) == 2, "exactly one taint per GPU"
+        deletes = [
+            r
+            for r in d.kube_requests(verb="delete", resource="devicetaintrules")
+            if r["status"] < 300
+        ]
+        assert len(deletes) == 2, f"one successful delete per rule: {deletes}"
         assert d.rules() == []
         assert len(d.resize_operations()) == 1, d.resize_operations()
         assert d.notifications() == [], "a happy path escalates nothing"
