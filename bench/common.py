@@ -90,6 +90,11 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
+# Alertmanager keeps an alert's startsAt for as long as it fires; a re-fire gets a new one.
+# Repeats of one fingerprint therefore carry the startsAt of its first notification.
+_STARTS_AT: dict[str, str] = {}
+
+
 def dcgm_alert(
     node: str,
     uuid: str,
@@ -113,13 +118,17 @@ def dcgm_alert(
     if mig_instance is not None:
         labels["GPU_I_ID"] = str(mig_instance)
         labels["GPU_I_PROFILE"] = "3g.40gb"
+    fingerprint = fingerprint or f"{node}-{uuid}-{mig_instance or 0}"
+    starts_at = _STARTS_AT.setdefault(
+        fingerprint, datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    )
     return {
         "status": "firing",
         "labels": labels,
         "annotations": {"summary": f"Xid {xid} on {node}", "value": str(xid)},
-        "startsAt": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        "startsAt": starts_at,
         "endsAt": "0001-01-01T00:00:00Z",
-        "fingerprint": fingerprint or f"{node}-{uuid}-{mig_instance or 0}",
+        "fingerprint": fingerprint,
     }
 
 

@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     # Worker
     metrics_port: int = 9464  # Prometheus metrics of the worker; 0 disables
     max_concurrent_activities: int = 200
+    # Workflows kept in the worker's memory between tasks (~0.5 MiB each). A remediation that
+    # falls out of the cache is replayed from its (short) history on its next task, so a
+    # bounded cache keeps RSS flat with thousands of remediations holding.
+    max_cached_workflows: int = 200
     graceful_shutdown_seconds: float = 30.0
 
     # Notification channels and cloud credentials: see activities/notify and activities/cloud
