@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,6 +230,10 @@ class Kube:
         self.version_api = k8s.VersionApi(api_client)
         self._cache: dict[Any, tuple[float, Any]] = {}
         self._cache_lock = threading.Lock()
+        # Loads under way, per key: concurrent readers of an expired entry wait for one load
+        # instead of all re-reading it (a storm of remediations must not list the cluster's
+        # ResourceSlices once each).
+        self._inflight: dict[Any, Future[Any]] = {}
 
     def cached(self, key: Any, ttl: float, load: Callable[[], Any]) -> Any:
         """Per-worker cache for slow-changing reads (DeviceClasses, namespace labels,
@@ -241,10 +246,32 @@ class Kube:
             hit = self._cache.get(key)
             if hit is not None and now - hit[0] < ttl:
                 return hit[1]
-        value = load()
+            flight = self._inflight.get(key)
+            leader = flight is None
+            if flight is None:
+                flight = self._inflight[key] = Future()
+        if not leader:
+            return flight.result()  # started after we asked: at least as fresh as we need
+        try:
+            value = load()
+        except BaseException as exc:
+            with self._cache_lock:
+                self._inflight.pop(key, None)
+            flight.set_exception(exc)
+            raise
         with self._cache_lock:
             self._cache[key] = (now, value)
+            self._inflight.pop(key, None)
+        flight.set_result(value)
         return value
+
+    def peek(self, key: Any, ttl: float) -> Any | None:
+        """The cached value if it is younger than `ttl`, without loading it."""
+        with self._cache_lock:
+            hit = self._cache.get(key)
+        if hit is not None and time.monotonic() - hit[0] < ttl:
+            return hit[1]
+        return None
 
     def store_cached(self, key: Any, value: Any) -> None:
         with self._cache_lock:

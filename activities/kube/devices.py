@@ -151,22 +151,40 @@ SLICE_TTL = 10.0  # seconds
 def list_slice_devices(
     kube: Kube, node: str | None = None, *, fresh: bool = False, max_age: float = SLICE_TTL
 ) -> list[SliceDevice]:
-    """Devices published in ResourceSlices (all, or one node's), from one cluster-wide list
-    at most `max_age` seconds old (0 or `fresh`: read now)."""
+    """Devices published in ResourceSlices, all or one node's, from a list at most `max_age`
+    seconds old (0 or `fresh`: read now).
+
+    One node's devices come from a cluster-wide list still young enough, else from a list of
+    that node's slices only (field selector `spec.nodeName`, served by every API server that
+    serves ResourceSlices): on a 1,000-node cluster that is milliseconds instead of a list of
+    every slice. Concurrent readers share one load (`Kube.cached` is single-flight)."""
+    if fresh or max_age <= 0:
+        max_age = 0.0
+    if node is None:
+        key: Any = "resourceslices"
+        selector = None
+    else:
+        whole = kube.peek("resourceslices", max_age) if max_age > 0 else None
+        if whole is not None:
+            return [d for d in whole if d.node == node]
+        key = ("resourceslices", node)
+        selector = f"spec.nodeName={node}"
 
     def load() -> list[SliceDevice]:
+        kwargs = {"field_selector": selector} if selector else {}
         body = kube.call(
-            kube.resource_v1.list_resource_slice, verb="list", resource="resourceslices"
+            kube.resource_v1.list_resource_slice,
+            verb="list",
+            resource="resourceslices",
+            **kwargs,
         )
         return slice_devices(body.get("items") or [])
 
-    if fresh or max_age <= 0:
+    if max_age <= 0:
         devices = load()
-        kube.store_cached("resourceslices", devices)
+        kube.store_cached(key, devices)
     else:
-        devices = kube.cached("resourceslices", max_age, load)
-    if node:
-        devices = [d for d in devices if d.node == node]
+        devices = kube.cached(key, max_age, load)
     return list(devices)
 
 
