@@ -169,6 +169,7 @@ BUDGET_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attemp
 BUDGET_RETRY_FIRST = timedelta(minutes=1)
 BUDGET_RETRY_LATER = timedelta(minutes=5)
 BUDGET_RETRY_SWITCH = 60
+BUDGET_RECOUNT_EVERY = 5  # waiting: count devices again on every 5th lease retry
 BUDGET_AWAITING = "a budget slot, repaired, alert resolved + Healthy, or abort"
 # Long waits (watch-based activities): they heartbeat, so a dead worker is noticed within a
 # minute and another worker resumes from the heartbeat details; 3 attempts, then escalate.
@@ -521,15 +522,21 @@ class DeviceRemediationWorkflow:
         if not workflow.patched("budget-wait"):
             return await self._acquire_lease_once(device, runbook)
         tries = 0
+        counts: DeviceCounts | None = None
         while True:
             tries += 1
+            # Retries while waiting reuse the device counts (two cluster-wide lists) except
+            # after a wake-up and every BUDGET_RECOUNT_EVERY-th try, so a storm of waiters does
+            # not list every node each minute; the budget's own leases are always current.
+            if self._budget_freed or tries % BUDGET_RECOUNT_EVERY == 1:
+                counts = None
             self._budget_freed = False  # a wake-up arriving from here on is for this try
             try:
-                granted, kind, why = await self._try_lease(device, runbook)
+                granted, kind, why, counts = await self._try_lease(device, runbook, counts)
             except ACTIVITY_FAILED as err:
                 # The budget workflow could not be reached within the bounded retries (update
                 # limit under a storm, server down): never fail the run, escalate and retry.
-                granted, kind = False, "error"
+                granted, kind, counts = False, "error", None
                 why = f"budget service unavailable: {_error_text(err)}; device NOT tainted"
             if granted:
                 return
@@ -602,15 +609,17 @@ class DeviceRemediationWorkflow:
         return health.health == "Healthy"
 
     async def _try_lease(
-        self, device: ResolvedDevice, runbook: Runbook
-    ) -> tuple[bool, EscalationReason, str]:
-        """(granted, escalation kind, why not); raises when the budget cannot be reached."""
-        counts = await self._local(
-            ACT_COUNT_DEVICES,
-            CountDevicesInput(node_pool=device.node_pool),
-            DeviceCounts,
-            "count devices",
-        )
+        self, device: ResolvedDevice, runbook: Runbook, counts: DeviceCounts | None = None
+    ) -> tuple[bool, EscalationReason, str, DeviceCounts]:
+        """(granted, escalation kind, why not, the counts used); raises when the budget
+        cannot be reached. `counts` given: reused instead of counting again."""
+        if counts is None:
+            counts = await self._local(
+                ACT_COUNT_DEVICES,
+                CountDevicesInput(node_pool=device.node_pool),
+                DeviceCounts,
+                "count devices",
+            )
         budget = runbook.spec.budget
         pool_limit = BudgetPolicy.limit(budget.max_per_pool, counts.pool_devices)
         cluster_limit = BudgetPolicy.limit(budget.max_per_cluster, counts.cluster_devices)
@@ -639,6 +648,7 @@ class DeviceRemediationWorkflow:
                     f"{decision.cluster_in_use}/{cluster_limit} of {counts.cluster_devices}); "
                     "device NOT tainted"
                 ),
+                counts,
             )
         self._lease_held = True
         self._log(
@@ -646,7 +656,7 @@ class DeviceRemediationWorkflow:
             outcome=f"pool {decision.pool_in_use}/{pool_limit}, "
             f"cluster {decision.cluster_in_use}/{cluster_limit}",
         )
-        return True, "budget-exhausted", ""
+        return True, "budget-exhausted", "", counts
 
     async def _acquire_lease_once(self, device: ResolvedDevice, runbook: Runbook) -> None:
         counts = await self._local(
