@@ -35,10 +35,10 @@ from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
     ACT_RECONCILE_LEASES,
     ACT_RELEASE_BUDGET,
-    BUDGET_WORKFLOW_ID,
     UPD_BUDGET_ACQUIRE,
     UPD_BUDGET_RELEASE,
     WF_BUDGET,
+    budget_workflow_id,
 )
 from workflows.models import (
     BudgetDecision,
@@ -97,7 +97,7 @@ class BudgetActivities:
         self,
         client: Client,
         task_queue: str,
-        workflow_id: str = BUDGET_WORKFLOW_ID,
+        workflow_id: str | None = None,
         initial_state: BudgetState | None = None,
         *,
         max_in_flight: int = MAX_IN_FLIGHT,
@@ -105,7 +105,7 @@ class BudgetActivities:
     ) -> None:
         self._client = client
         self._task_queue = task_queue
-        self._workflow_id = workflow_id
+        self._workflow_id = workflow_id or budget_workflow_id(task_queue)
         self._initial = initial_state or BudgetState()
         self._slots = asyncio.Semaphore(max_in_flight)
         self._deadline = deadline

@@ -1,4 +1,5 @@
-"""`sickbay-budget`: the blast-radius budget, one long-running workflow per namespace.
+"""`sickbay-budget`: the blast-radius budget, one long-running workflow per namespace and
+task queue (`constants.budget_workflow_id`).
 
 Every remediation asks it for a lease before tainting a device (update `acquire`) and gives
 the lease back when it releases the device (update `release`). Updates run one at a time on

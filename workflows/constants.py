@@ -133,6 +133,19 @@ def pool_scaler_workflow_id(pool_name: str, cluster: str | None = None) -> str:
     return "sickbay-pool-" + "-".join([*parts, normalise_id_part(pool_name)])
 
 
+def budget_workflow_id(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
+    """The blast-radius budget workflow of the workers on `task_queue`.
+
+    The budget runs on the task queue of the workers that serve it, so its id is scoped to that
+    queue: `sickbay-budget` on the default queue, `sickbay-budget-<queue>` elsewhere. A budget
+    started by one deployment (or test) is never left waiting for pollers of another queue.
+    Quarantines seen in the cluster without a lease still count against every budget.
+    """
+    if task_queue == DEFAULT_TASK_QUEUE:
+        return BUDGET_WORKFLOW_ID
+    return f"{BUDGET_WORKFLOW_ID}-{normalise_id_part(task_queue)}"
+
+
 def taint_rule_name(node: str, gpu_uuid: str) -> str:
     """DeviceTaintRule name for a physical GPU (a DNS-1123 subdomain, <= 253 chars)."""
     return device_workflow_id(node, gpu_uuid)[:253].rstrip("-")
