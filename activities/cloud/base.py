@@ -19,11 +19,12 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import BaseModel, ConfigDict, model_validator
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from workflows.models import NodePoolTarget, PoolDescription, PoolOperation
 
@@ -51,6 +52,27 @@ class CloudUnavailable(Exception):
 
 class ConfigError(Exception):
     """The worker is not configured for this pool (credentials, profile, endpoint)."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_yaml_model(model: type[M], path: Path, what: str) -> M:
+    """A worker configuration file (cloud providers, notification channels): YAML validated by
+    `model`; any problem is one ConfigError naming the file and each `field: problem`."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"{path}: {problems}") from exc
 
 
 @dataclass(frozen=True)

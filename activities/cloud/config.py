@@ -14,10 +14,9 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from activities.cloud.base import ConfigError, SecretRef
+from activities.cloud.base import SecretRef, load_yaml_model
 
 CLOUD_FILE_ENV = "SICKBAY_CLOUD_FILE"
 
@@ -148,16 +147,4 @@ class CloudConfig(_Model):
             path = Path(env) if env else None
         if path is None:
             return cls()
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except OSError as exc:
-            raise ConfigError(f"cannot read cloud config {path}: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
-        try:
-            return cls.model_validate(raw)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-            )
-            raise ConfigError(f"{path}: {problems}") from exc
+        return load_yaml_model(cls, path, "cloud config")

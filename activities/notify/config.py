@@ -25,11 +25,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from activities.cloud.base import ConfigError, SecretRef
+from activities.cloud.base import SecretRef, load_yaml_model
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 
@@ -89,16 +88,4 @@ class ChannelsConfig(_Model):
     def load(cls, path: Path | None) -> ChannelsConfig:
         if path is None:
             return cls()
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except OSError as exc:
-            raise ConfigError(f"cannot read channels file {path}: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
-        try:
-            return cls.model_validate(raw)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-            )
-            raise ConfigError(f"{path}: {problems}") from exc
+        return load_yaml_model(cls, path, "channels file")
