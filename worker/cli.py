@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -49,5 +51,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(func(args) or 0)
 
 
+def entrypoint() -> None:
+    """The `sickbay` console script and `python -m worker.cli`: run `main`, then leave without
+    interpreter finalisation. The Temporal SDK's runtime threads can outlive the event loop and
+    abort the interpreter while it finalises (`PyGILState_Release ... finalizing`, SIGABRT),
+    turning a command that succeeded into exit code -6; flushing and `os._exit` avoids that."""
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse errors, --help
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        code = 130
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entrypoint()
