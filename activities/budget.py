@@ -2,7 +2,10 @@
 
 Workflows cannot send updates to other workflows, so these activities do it with the Temporal
 client: update-with-start (the budget workflow is created on first use, `USE_EXISTING`
-afterwards), which also survives the budget workflow continuing-as-new between calls.
+afterwards), which also survives the budget workflow continuing-as-new between calls. The
+budget workflow runs on its own task queue (`budget_task_queue`: `<queue>-budget`, polled by
+every worker of `<queue>` with separate pollers), so a lease update is answered without waiting
+for a poller busy with remediation workflow tasks; its id stays `budget_workflow_id(<queue>)`.
 `reconcile-budget-leases` tells the budget workflow which lease holders have closed, so a
 remediation that died without releasing (terminated, bug) does not hold a slot forever.
 
@@ -38,6 +41,7 @@ from workflows.constants import (
     UPD_BUDGET_ACQUIRE,
     UPD_BUDGET_RELEASE,
     WF_BUDGET,
+    budget_task_queue,
     budget_workflow_id,
 )
 from workflows.models import (
@@ -104,7 +108,9 @@ class BudgetActivities:
         deadline: float = RETRY_DEADLINE,
     ) -> None:
         self._client = client
-        self._task_queue = task_queue
+        # The id is keyed by the remediation queue; the workflow runs on its own queue, which
+        # the same workers poll with their own pollers (worker.main.build_worker).
+        self._task_queue = budget_task_queue(task_queue)
         self._workflow_id = workflow_id or budget_workflow_id(task_queue)
         self._initial = initial_state or BudgetState()
         self._slots = asyncio.Semaphore(max_in_flight)

@@ -9,6 +9,8 @@
   returns their activity callables. A module that is missing is skipped by name; then
   `missing_activities()` names every activity a registered workflow calls that nobody
   provides, and the worker refuses to start, listing them.
+- `build_worker(client, settings)`: a `SickbayWorker`, the remediation-queue worker plus a
+  small worker for the budget workflow's own queue (`budget_task_queue`), run together.
 - `run_worker(settings)`: registers search attributes (or prints exactly what to run where
   the server does not allow it), serves Prometheus metrics on `Settings.metrics_port` (the
   SDK's own plus the workflows' `sickbay_*` counters and time-to-quarantine / time-to-recovery
@@ -69,6 +71,7 @@ from workflows.constants import (
     WF_POOL_SCALER,
     WF_REMEDIATE,
     WF_SWEEP,
+    budget_task_queue,
 )
 from workflows.maintenance import MaintenanceWorkflow
 from workflows.remediation import DeviceRemediationWorkflow
@@ -231,15 +234,69 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
     return built
 
 
+class SickbayWorker:
+    """The remediation-queue worker and the budget-queue worker, run and stopped together.
+
+    The budget workflow polls its own queue (`budget_task_queue`), so its update tasks never
+    wait for a workflow-task poller busy with remediations. Used like a `Worker`: `run()`,
+    `shutdown()`, `async with`, `task_queue` (the remediation queue).
+    """
+
+    def __init__(self, main: Worker, budget: Worker) -> None:
+        self.main = main
+        self.budget = budget
+        self._running: asyncio.Task[None] | None = None
+
+    @property
+    def task_queue(self) -> str:
+        return self.main.task_queue
+
+    @property
+    def workers(self) -> tuple[Worker, Worker]:
+        return (self.main, self.budget)
+
+    async def run(self) -> None:
+        """Until shutdown; if one worker stops with an error, the other is shut down too."""
+        runs = [asyncio.ensure_future(w.run()) for w in self.workers]
+        try:
+            await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
+            results = await asyncio.gather(*runs, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                raise result
+
+    async def shutdown(self) -> None:
+        await asyncio.gather(*(w.shutdown() for w in self.workers))
+
+    async def __aenter__(self) -> SickbayWorker:
+        self._running = asyncio.create_task(self.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+        if self._running is not None:
+            await self._running
+
+
+# The budget queue carries one workflow (a few updates per remediation) and its reconcile
+# activity: two workflow-task pollers (the SDK's minimum with a sticky queue) and one
+# activity poller are plenty, and a small cache since there is one budget per queue.
+BUDGET_WORKFLOW_POLLS = 2
+BUDGET_ACTIVITY_POLLS = 1
+BUDGET_CACHED_WORKFLOWS = 10
+
+
 async def build_worker(
     client: Client,
     settings: Settings,
     *,
     kube_activities: Any = None,
     built: Built | None = None,
-) -> Worker:
-    """The production worker for `settings.task_queue`; raises RuntimeError naming every
-    activity a registered workflow needs but nothing provides."""
+) -> SickbayWorker:
+    """The production workers for `settings.task_queue` (and its budget queue); raises
+    RuntimeError naming every activity a registered workflow needs but nothing provides."""
     built = built or build_activities(client, settings, kube_activities=kube_activities)
     missing = missing_activities(WORKFLOWS, built.activities)
     if missing:
@@ -247,6 +304,22 @@ async def build_worker(
         raise RuntimeError(
             "refusing to start: workflows call activities nothing registers:\n" + "\n".join(lines)
         )
+    budget = Worker(
+        client,
+        task_queue=budget_task_queue(settings.task_queue),
+        workflows=[BudgetWorkflow],
+        activities=[fn for fn in built.activities if activity_name(fn) in REQUIRED[WF_BUDGET]],
+        max_concurrent_workflow_task_polls=BUDGET_WORKFLOW_POLLS,
+        max_concurrent_activity_task_polls=BUDGET_ACTIVITY_POLLS,
+        max_cached_workflows=BUDGET_CACHED_WORKFLOWS,
+        graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+    )
+    return SickbayWorker(_main_worker(client, settings, built), budget)
+
+
+def _main_worker(client: Client, settings: Settings, built: Built) -> Worker:
+    # BudgetWorkflow stays registered here: a budget started before it had its own queue keeps
+    # running on this one until its next continue-as-new moves it (patch `budget-queue`).
     return Worker(
         client,
         task_queue=settings.task_queue,
@@ -320,8 +393,9 @@ async def run_worker(settings: Settings) -> int:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     log.info(
-        "worker polling %s on %s/%s (%d workflows, %d activities, metrics :%s)",
+        "worker polling %s (+ %s) on %s/%s (%d workflows, %d activities, metrics :%s)",
         settings.task_queue,
+        budget_task_queue(settings.task_queue),
         settings.temporal_address,
         settings.temporal_namespace,
         len(WORKFLOWS),

@@ -10,7 +10,8 @@ leases live in Temporal history, so a worker crash loses nothing.
         every `reconcile_interval`: ask which holders' workflows have closed
         (reconcile-budget-leases activity) and drop their leases
         after `max_updates_per_run` updates or when Temporal suggests it: continue-as-new
-        with the leases as input
+        with the leases as input, on the budget's own task queue (`budget_task_queue`; a
+        budget from before that queue existed moves there, patch `budget-queue`)
         a refused holder is remembered as a waiter; when a lease is released (or dropped by
         reconcile) the oldest waiter of that pool (else the oldest) gets the `budget-freed`
         signal, one per freed slot, and retries at once (its own 1-minute retry is the
@@ -37,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         UPD_BUDGET_ACQUIRE,
         UPD_BUDGET_RELEASE,
         WF_BUDGET,
+        budget_task_queue,
     )
     from workflows.models import (
         BudgetDecision,
@@ -195,6 +197,12 @@ class BudgetWorkflow:
                     await self._reconcile()
         # Let in-flight updates finish so their callers get an answer, then start fresh.
         await workflow.wait_condition(workflow.all_handlers_finished)
+        if workflow.patched("budget-queue"):
+            # A budget started on the remediation queue (before it had its own) moves to its
+            # own queue here; one already there stays.
+            workflow.continue_as_new(
+                self._snapshot(), task_queue=budget_task_queue(workflow.info().task_queue)
+            )
         workflow.continue_as_new(self._snapshot())
 
     async def _serve(self, state: BudgetState) -> None:

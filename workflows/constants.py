@@ -146,6 +146,21 @@ def budget_workflow_id(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
     return f"{BUDGET_WORKFLOW_ID}-{normalise_id_part(task_queue)}"
 
 
+BUDGET_QUEUE_SUFFIX = "-budget"
+
+
+def budget_task_queue(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
+    """The task queue the budget workflow of the workers on `task_queue` runs on.
+
+    Its own queue (`<task_queue>-budget`, polled by the same worker processes with their own
+    pollers), so a lease update never waits behind remediation workflow tasks. Idempotent:
+    a queue that already is a budget queue maps to itself.
+    """
+    if task_queue.endswith(BUDGET_QUEUE_SUFFIX):
+        return task_queue
+    return task_queue + BUDGET_QUEUE_SUFFIX
+
+
 def taint_rule_name(node: str, gpu_uuid: str) -> str:
     """DeviceTaintRule name for a physical GPU (a DNS-1123 subdomain, <= 253 chars)."""
     return device_workflow_id(node, gpu_uuid)[:253].rstrip("-")

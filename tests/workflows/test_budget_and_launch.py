@@ -10,6 +10,8 @@ Cases:
   holder rejected);
 - leases and waiters (refused holders to wake) survive continue-as-new (after
   max_updates_per_run updates);
+- the budget runs on its own task queue; one started on the remediation queue (before that
+  queue existed) is still served there and moves to its own queue at its next continue-as-new;
 - periodic reconcile drops a lease whose holder workflow no longer exists;
 - 20 duplicate alerts through activities/launch.signal_with_start -> one workflow, one piece
   of evidence, 19 duplicates counted;
@@ -42,6 +44,7 @@ from workflows.constants import (
     UPD_BUDGET_ACQUIRE,
     WF_BUDGET,
     WF_REMEDIATE,
+    budget_task_queue,
     device_workflow_id,
 )
 from workflows.models import (
@@ -79,15 +82,14 @@ async def test_two_workflows_race_for_the_last_slot(time_skipping_env: WorkflowE
     world = FakeWorld(use_real_budget=True, counts=DeviceCounts(pool_devices=2, cluster_devices=40))
     queue = f"tq-{uuid.uuid4()}"
     budget = BudgetActivities(client, queue, workflow_id=f"sickbay-budget-{uuid.uuid4().hex[:8]}")
-    async with new_worker(
-        client,
-        world,
-        extra_activities=[
-            budget.acquire_budget_lease,
-            budget.release_budget_lease,
-            budget.reconcile_budget_leases,
-        ],
-        task_queue=queue,
+    async with (
+        new_worker(
+            client,
+            world,
+            extra_activities=[budget.acquire_budget_lease, budget.release_budget_lease],
+            task_queue=queue,
+        ),
+        await _budget_worker(client, queue, budget),
     ):
         uuids = [f"GPU-{uuid.uuid4()}", f"GPU-{uuid.uuid4()}"]
         handles = await asyncio.gather(
@@ -149,9 +151,10 @@ async def test_two_workflows_race_for_the_last_slot(time_skipping_env: WorkflowE
 
 
 async def _budget_worker(client, queue: str, budget: BudgetActivities) -> Worker:
+    """The budget's own queue for remediations on `queue` (as worker.main runs it)."""
     return Worker(
         client,
-        task_queue=queue,
+        task_queue=budget_task_queue(queue),
         workflows=[BudgetWorkflow],
         activities=[budget.reconcile_budget_leases],
     )
@@ -222,6 +225,38 @@ async def test_leases_survive_continue_as_new(time_skipping_env: WorkflowEnviron
     assert [w.holder for w in state.waiters] == ["wf-4"]  # the refused one, to wake later
 
 
+async def test_budget_on_the_remediation_queue_moves_to_its_own(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """A budget started before it had its own queue (on the remediation queue) is still found
+    and served there, and its next continue-as-new moves it, leases and all (budget-queue)."""
+    client = time_skipping_env.client
+    queue = f"tq-{uuid.uuid4()}"
+    wf_id = f"sickbay-budget-{uuid.uuid4().hex[:8]}"
+    budget = BudgetActivities(client, queue, workflow_id=wf_id)
+    legacy = Worker(client, task_queue=queue, workflows=[BudgetWorkflow])
+    async with legacy, await _budget_worker(client, queue, budget):
+        handle = await client.start_workflow(
+            WF_BUDGET, BudgetState(max_updates_per_run=2), id=wf_id, task_queue=queue
+        )
+        assert (await budget.acquire_budget_lease(_req("wf-1", pool="p1"))).granted
+        assert (await budget.acquire_budget_lease(_req("wf-2", pool="p2"))).granted
+        desc = await handle.describe()
+        for _ in range(100):
+            desc = await client.get_workflow_handle(wf_id).describe()
+            if desc.run_id != handle.result_run_id:
+                break
+            await asyncio.sleep(0.02)
+        assert desc.run_id != handle.result_run_id, "never continued as new"
+        assert desc.task_queue == budget_task_queue(queue)
+        assert (await budget.acquire_budget_lease(_req("wf-3", pool="p3"))).granted
+        state = await client.get_workflow_handle(wf_id).query(
+            QRY_BUDGET_STATE, result_type=BudgetState
+        )
+        await client.get_workflow_handle(wf_id).terminate("test done")
+    assert sorted(lease.holder for lease in state.leases) == ["wf-1", "wf-2", "wf-3"]
+
+
 async def test_reconcile_drops_leases_of_closed_holders(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
@@ -237,7 +272,7 @@ async def test_reconcile_drops_leases_of_closed_holders(
                 reconcile_interval=timedelta(minutes=1),
             ),
             id=wf_id,
-            task_queue=queue,
+            task_queue=budget_task_queue(queue),
         )
         await time_skipping_env.sleep(timedelta(minutes=2))
         state = None

@@ -25,6 +25,7 @@ from temporalio.worker import Worker
 
 from activities.budget import BudgetActivities, is_retryable
 from workflows.budget import BudgetWorkflow
+from workflows.constants import budget_task_queue
 from workflows.models import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
 
 BURST = 100
@@ -45,7 +46,9 @@ async def test_hundred_concurrent_acquirers_all_answered(dev_env: WorkflowEnviro
     queue = f"budget-burst-{uuid.uuid4().hex[:8]}"
     budget_id = f"sickbay-budget-{queue}"
     workers = [BudgetActivities(dev_env.client, queue, workflow_id=budget_id) for _ in range(3)]
-    async with Worker(dev_env.client, task_queue=queue, workflows=[BudgetWorkflow]):
+    async with Worker(
+        dev_env.client, task_queue=budget_task_queue(queue), workflows=[BudgetWorkflow]
+    ):
         started = time.monotonic()
         decisions = await asyncio.gather(
             *(workers[i % 3].acquire_budget_lease(_req(i)) for i in range(BURST))

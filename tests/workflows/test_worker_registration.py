@@ -4,7 +4,7 @@ Cases:
 - WORKFLOWS holds the remediation, budget and maintenance workflows (plus the pool scaler and
   sweep when their modules exist) under their constant names;
 - with the Kubernetes activities built (on a fake client) every activity any registered
-  workflow calls is registered exactly once;
+  workflow calls is registered exactly once; build_worker also polls the budget's own queue;
 - without them, build_worker refuses to start and names the missing activities;
 - the Prometheus runtime is only built for a non-zero metrics port, and it serves the SDK
   metrics plus the workflows' sickbay_* counters (remediations by outcome, phases entered).
@@ -25,6 +25,7 @@ from workflows.constants import (
     WF_BUDGET,
     WF_MAINTENANCE,
     WF_REMEDIATE,
+    budget_task_queue,
 )
 
 
@@ -61,6 +62,8 @@ async def test_every_required_activity_is_registered(
     assert worker_main.missing_activities(worker_main.WORKFLOWS, built.activities) == {}
     worker = await worker_main.build_worker(time_skipping_env.client, settings, built=built)
     assert worker.task_queue == settings.task_queue
+    # The budget workflow polls its own queue, with the reconcile activity it calls.
+    assert worker.budget.task_queue == budget_task_queue(settings.task_queue)
 
 
 async def test_missing_kube_activities_refuse_to_start(
