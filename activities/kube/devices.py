@@ -52,11 +52,26 @@ def _attr_value(raw: Any) -> Any:
     return raw
 
 
+# Attribute name as a driver spells it -> the short lower-case form devices are compared by.
+# A cluster has a few dozen distinct names across thousands of devices, so each is worked out
+# once per worker (bounded, in case a driver invents names per device).
+_SHORT_NAMES: dict[str, str] = {}
+_SHORT_NAMES_MAX = 4096
+
+
+def _short_name(name: str) -> str:
+    short = _SHORT_NAMES.get(name)
+    if short is None:
+        short = name.rsplit("/", 1)[-1].lower()
+        if len(_SHORT_NAMES) < _SHORT_NAMES_MAX:
+            _SHORT_NAMES[name] = short
+    return short
+
+
 def _normalise_attrs(attrs: dict[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, raw in (attrs or {}).items():
-        short = name.rsplit("/", 1)[-1].lower()
-        out[short] = _attr_value(raw)
+        out[_short_name(name)] = _attr_value(raw)
     return out
 
 
@@ -204,6 +219,70 @@ def physical_gpus(devices: list[SliceDevice]) -> set[tuple[str, str]]:
     for d in devices:
         out.add((d.node or d.pool, d.physical_uuid or d.resource_id))
     return out
+
+
+_KEY_ATTRS = frozenset(UUID_ATTRS + PARENT_UUID_ATTRS)
+
+
+def _physical_id(driver: str, pool: str, dev: dict[str, Any]) -> str:
+    """`SliceDevice.physical_uuid or SliceDevice.resource_id` of one raw slice device, without
+    building the device: only the uuid attributes are normalised."""
+    basic = dev.get("basic") or {}
+    keys: dict[str, Any] = {}
+    for name, raw in (dev.get("attributes") or basic.get("attributes") or {}).items():
+        short = _short_name(name)
+        if short in _KEY_ATTRS:
+            keys[short] = _attr_value(raw)
+    value = _first(keys, PARENT_UUID_ATTRS)
+    if value is None:
+        value = _first(keys, UUID_ATTRS)
+    if value is not None:
+        return str(value)
+    return f"{driver}/{pool}/{dev.get('name', '')}"
+
+
+def gpus_per_node(slices: list[dict[str, Any]]) -> dict[str, int]:
+    """{node: physical GPUs} from raw ResourceSlices: the same GPUs `physical_gpus` finds in
+    their devices (keyed by node, or pool for a slice without one), a fraction of the CPU."""
+    found: dict[str, set[str]] = {}
+    for item in slices:
+        spec = item.get("spec") or {}
+        driver = spec.get("driver", "")
+        pool = (spec.get("pool") or {}).get("name", "")
+        ids = found.setdefault(spec.get("nodeName") or pool, set())
+        for dev in spec.get("devices") or []:
+            ids.add(_physical_id(driver, pool, dev))
+    return {node: len(ids) for node, ids in found.items() if ids}
+
+
+def count_by_node(devices: list[SliceDevice]) -> dict[str, int]:
+    """`gpus_per_node` of devices already converted."""
+    out: dict[str, int] = {}
+    for node, _ in physical_gpus(devices):
+        out[node] = out.get(node, 0) + 1
+    return out
+
+
+def gpu_inventory(kube: Kube, *, max_age: float = SLICE_TTL) -> dict[str, int]:
+    """{node: physical GPUs} across the cluster, at most `max_age` seconds old: the budget's
+    denominator. A young cluster-wide device list is reused; otherwise one ResourceSlice list
+    is reduced to this summary (no device objects) and cached single-flight, so a storm of
+    remediations counting at once pays for one list per `max_age`."""
+    whole = kube.peek("resourceslices", max_age) if max_age > 0 else None
+    if whole is not None:
+        return count_by_node(whole)
+
+    def load() -> dict[str, int]:
+        body = kube.call(
+            kube.resource_v1.list_resource_slice, verb="list", resource="resourceslices"
+        )
+        return gpus_per_node(body.get("items") or [])
+
+    if max_age <= 0:
+        summary = load()
+        kube.store_cached("gpu-inventory", summary)
+        return dict(summary)
+    return dict(kube.cached("gpu-inventory", max_age, load))
 
 
 def node_pool_of(node: dict[str, Any]) -> str | None:

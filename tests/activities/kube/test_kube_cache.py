@@ -5,21 +5,42 @@ Cases:
 - a failing load fails every waiter and is not cached: the next reader loads again;
 - one node's devices are read with a `spec.nodeName` field selector: one request, only that
   node's slices (against the cluster twin);
-- a young cluster-wide list serves a node's devices without another request.
+- a young cluster-wide list serves a node's devices without another request;
+- the budget's GPU inventory (`gpus_per_node`, read without building devices) finds exactly
+  the physical GPUs `physical_gpus` finds in the converted devices: on a twin mixing MIG,
+  vGPU, time-sliced and whole GPUs, and on hand-written slices (driver-domain and upper-case
+  attribute names, the v1beta1 `basic` shape, GPU-UUID parents, devices without a uuid,
+  a slice without nodeName, empty values);
+- count_devices against that twin: cluster and pool totals per physical GPU;
+- a storm of concurrent counts lists the ResourceSlices once, a count within the TTL not at
+  all, and a young cluster-wide device list is reused without a request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from urllib.parse import unquote
 
 import pytest
+from temporalio.testing import ActivityEnvironment
 
+from activities.kube import KubeActivities
 from activities.kube.client import Kube, KubeSettings
-from activities.kube.devices import list_slice_devices
+from activities.kube.devices import (
+    count_by_node,
+    gpu_inventory,
+    gpus_per_node,
+    list_slice_devices,
+    physical_gpus,
+    slice_devices,
+)
+from activities.kube.quarantine import count_devices
 from simulator.testing import RunningSim
+from workflows.models import CountDevicesInput
 
 
 def _kube(sim: RunningSim) -> Kube:
@@ -82,3 +103,105 @@ def test_young_cluster_list_serves_a_node_without_a_request(sim: RunningSim) -> 
     devices = list_slice_devices(kube, node)
     assert sim.requests(resource="resourceslices") == []
     assert devices == [d for d in everything if d.node == node]
+
+
+# Pools of every shape the twin seeds: MIG (slices name their parent), vGPU, time-sliced
+# replicas sharing the GPU's uuid, whole GPUs. 3*2 + 2*4 + 1*2 + 2*3 = 22 physical GPUs.
+MIXED = [
+    {"name": "mig", "nodes": 3, "gpusPerNode": 2, "topology": "mig", "slicesPerGpu": 3},
+    {"name": "vgpu", "nodes": 2, "gpusPerNode": 4, "topology": "vgpu", "slicesPerGpu": 2},
+    {"name": "ts", "nodes": 1, "gpusPerNode": 2, "topology": "timeslice", "slicesPerGpu": 4},
+    {"name": "full", "nodes": 2, "gpusPerNode": 3, "topology": "full"},
+]
+
+
+def _slices(kube: Kube) -> list[dict[str, Any]]:
+    body = kube.call(kube.resource_v1.list_resource_slice, verb="list", resource="resourceslices")
+    return body["items"]
+
+
+def test_inventory_matches_device_semantics_on_mixed_twin(sim_factory: Any) -> None:
+    twin = sim_factory(profile="1.36", pools=MIXED)
+    kube = _kube(twin)
+    items = _slices(kube)
+    light = gpus_per_node(items)
+    assert light == count_by_node(slice_devices(items))
+    assert sum(light.values()) == len(physical_gpus(slice_devices(items))) == 22
+    assert light["mig-node-0"] == 2 and light["vgpu-node-1"] == 4 and light["ts-node-0"] == 2
+
+
+def _dev(name: str, **attrs: Any) -> dict[str, Any]:
+    return {"name": name, "attributes": attrs}
+
+
+def test_inventory_matches_device_semantics_on_odd_slices() -> None:
+    items = [
+        {  # domain-qualified and upper-case names; a MIG slice naming its parent
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": "n1",
+                "pool": {"name": "n1"},
+                "devices": [
+                    _dev("gpu-0", **{"gpu.nvidia.com/UUID": {"string": "GPU-A"}}),
+                    _dev(
+                        "gpu-0-mig-0",
+                        uuid={"string": "MIG-1"},
+                        **{"gpu.nvidia.com/parentUUID": {"string": "GPU-A"}},
+                    ),
+                    _dev("mig-orphan", uuid={"string": "MIG-2"}, gpuUUID={"string": "GPU-B"}),
+                    _dev("no-uuid", index={"int": 3}),  # counts as its own GPU
+                    _dev("empty", uuid={"string": ""}),  # empty counts as absent
+                    _dev("int-uuid", uuid={"int": 7}),
+                    {"name": "beta", "basic": {"attributes": {"uuid": {"string": "GPU-C"}}}},
+                    _dev("dup", uuid={"string": "GPU-C"}),  # same GPU as "beta"
+                ],
+            }
+        },
+        {  # a network-attached pool: no nodeName, keyed by the pool
+            "spec": {
+                "driver": "gpu.example.com",
+                "pool": {"name": "fabric"},
+                "devices": [_dev("x", uuid={"string": "GPU-X"}), _dev("y")],
+            }
+        },
+        {"spec": {"driver": "d", "nodeName": "n2", "pool": {"name": "n2"}, "devices": []}},
+        {"spec": {}},
+    ]
+    light = gpus_per_node(items)
+    assert light == count_by_node(slice_devices(items))
+    assert light == {"n1": 6, "fabric": 2}
+
+
+def test_count_devices_on_mixed_twin(sim_factory: Any) -> None:
+    twin = sim_factory(profile="1.36", pools=MIXED)
+    acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
+    env = ActivityEnvironment()
+    counts = asyncio.run(env.run(acts.count_devices, CountDevicesInput(node_pool="vgpu")))
+    assert (counts.cluster_devices, counts.pool_devices) == (22, 8)
+    assert (counts.cluster_quarantined, counts.pool_quarantined) == (0, 0)
+    counts = asyncio.run(env.run(acts.count_devices, CountDevicesInput(node_pool=None)))
+    assert (counts.cluster_devices, counts.pool_devices) == (22, 0)
+
+
+def test_concurrent_counts_list_slices_once(sim_factory: Any) -> None:
+    twin = sim_factory(profile="1.36", pools=MIXED)
+    acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
+    kube, apis = acts._kube, acts._apis()
+    twin.clear_requests()
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(lambda _: count_devices(kube, apis, "mig"), range(12)))
+    assert {(c.cluster_devices, c.pool_devices) for c in results} == {(22, 6)}
+    assert len(twin.requests(resource="resourceslices")) == 1
+    twin.clear_requests()
+    assert count_devices(kube, apis, "mig").cluster_devices == 22  # within the TTL
+    assert twin.requests(resource="resourceslices") == []
+    assert sum(gpu_inventory(kube, max_age=0).values()) == 22  # max_age 0 reads now
+    assert len(twin.requests(resource="resourceslices")) == 1
+
+
+def test_inventory_reuses_young_device_list(sim: RunningSim) -> None:
+    kube = _kube(sim)
+    everything = list_slice_devices(kube, fresh=True)
+    sim.clear_requests()
+    assert gpu_inventory(kube) == count_by_node(everything)
+    assert sim.requests(resource="resourceslices") == []
