@@ -12,13 +12,16 @@ GPU or pool), never a 500 for a client mistake.
     PUT    /sim/known-faults                  same body; omitted keys stay as they are
     GET    /sim/api-faults                    injection rules
     POST   /sim/api-faults                    {"kind": "500|429|409|timeout|reset", "verb",
-                                               "resource", "rate", "count", "timeoutSeconds"}
+                                               "resource", "rate", "count", "timeoutSeconds",
+                                               "match": text the decoded path+query contains}
     DELETE /sim/api-faults[/<id>]             remove one rule or all
     GET    /sim/alerts                        {"active": [...], "sent": [...]} (Alertmanager)
     PUT    /sim/alerts                        {"url", "token", "groupWait", "groupInterval",
                                                "repeatInterval"}: where and how often to notify
     GET    /sim/pools                         node pools: nodes, target, provisioning
     POST   /sim/pools/<pool>/resize           {"size": 3, "delay"?: seconds}
+    PUT    /sim/pools/<pool>/cloud            {"latency": seconds}: how long (simulated) the
+                                               twin cloud API's next resize operations run
 
 `dispatch(sim, method, parts, query, body)` answers one request (parts = the path after
 `/sim/`) and returns `(status, json)` or None for a path it does not serve. The controller
@@ -92,6 +95,25 @@ def _gpu_json(manager: Any, gpu: Any) -> dict[str, Any]:
         "pciBusID": gpu.pci_bus_id,
         "devices": devices,
     }
+
+
+def _cloud_pool(sim: Any, name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Set the twin cloud API's knobs for one pool (a slow resize for drills)."""
+    cloud = (getattr(sim, "extensions", None) or {}).get("cloud")
+    if cloud is None:
+        raise FaultError("the twin serves no cloud API (sim up --no-cloud-api)", 404)
+    pool = cloud.api.pools.get(name)
+    if pool is None:
+        raise FaultError(f'the twin cloud API has no node pool "{name}"', 404)
+    unknown = set(data) - {"latency"}
+    if unknown:
+        raise FaultError(f"unknown cloud pool setting(s): {', '.join(sorted(unknown))}")
+    if "latency" in data:
+        latency = data["latency"]
+        if isinstance(latency, bool) or not isinstance(latency, int | float) or latency < 0:
+            raise FaultError(f"latency must be a number of seconds >= 0, not {latency!r}")
+        pool.latency = float(latency)
+    return {"pool": pool.name, "latency": pool.latency, "size": pool.size, "maxSize": pool.max_size}
 
 
 def dispatch(
@@ -187,12 +209,14 @@ def _route(
                 rate=float(data.get("rate", 1.0)),
                 count=_int(data, "count"),
                 timeout_seconds=float(data.get("timeoutSeconds", 30.0)),
+                match=str(data.get("match") or ""),
             )
             return 201, {
                 "id": rule.id,
                 "kind": rule.kind,
                 "verb": rule.verb,
                 "resource": rule.resource,
+                "match": rule.match,
             }
         if method == "DELETE" and len(rest) <= 1:
             rule_id = int(rest[0]) if rest else None
@@ -237,6 +261,8 @@ def _route(
             delay = data.get("delay")
             status = pools.resize(rest[0], size, None if delay is None else float(delay))
             return 200, status.to_json()
+        if method == "PUT" and len(rest) == 2 and rest[1] == "cloud":
+            return 200, _cloud_pool(sim, rest[0], _body(body))
     raise errors.ApiError(
         405 if parts[0] in PREFIXES else 404,
         "MethodNotAllowed",

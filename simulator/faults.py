@@ -33,7 +33,10 @@ resolve on recovery.
 
 API fault injection (`ApiFaults`): rules of (verb, resource, kind, rate, count) where kind is
 `500`, `429` (with Retry-After), `409` (Conflict), `timeout` (the request hangs, then 504) or
-`reset` (the connection is closed without an answer). The API server calls, once it knows the
+`reset` (the connection is closed without an answer). A rule's optional `match` narrows it to
+requests whose URL-decoded path and query contain that text (one node's pod list:
+`spec.nodeName=<node>`; one object: its name), so a drill can hold one remediation's request
+while the others go through. The API server calls, once it knows the
 verb and resource of a request (see `ApiFaults.intercept` for the exact hook)::
 
     api_faults = sim.extensions.get("api_faults")
@@ -52,6 +55,7 @@ import time
 import uuid as uuidlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from simulator import errors
 from simulator.alerts import (
@@ -606,9 +610,12 @@ class ApiFaultRule:
     timeout_seconds: float = 30.0  # real seconds a `timeout` request hangs before its 504
     injected: int = 0
     id: int = 0
+    match: str = ""  # text the URL-decoded path + query must contain ("" = any request)
 
-    def matches(self, verb: str, resource: str) -> bool:
+    def matches(self, verb: str, resource: str, target: str = "") -> bool:
         if self.verb not in ("*", verb):
+            return False
+        if self.match and self.match not in target:
             return False
         return self.resource in ("*", resource)
 
@@ -631,6 +638,7 @@ class ApiFaults:
         rate: float = 1.0,
         count: int | None = None,
         timeout_seconds: float = 30.0,
+        match: str = "",
     ) -> ApiFaultRule:
         kind = str(kind)
         if kind not in API_FAULT_KINDS:
@@ -648,6 +656,7 @@ class ApiFaults:
                 None if count is None else int(count),
                 float(timeout_seconds),
                 id=self._next_id,
+                match=str(match or ""),
             )
             self._next_id += 1
             self._rules.append(rule)
@@ -664,11 +673,12 @@ class ApiFaults:
         with self._lock:
             return [asdict(r) for r in self._rules]
 
-    def decide(self, verb: str, resource: str) -> ApiFaultRule | None:
-        """The rule that fires for this request, if any (counts it)."""
+    def decide(self, verb: str, resource: str, target: str = "") -> ApiFaultRule | None:
+        """The rule that fires for this request, if any (counts it); `target` is the request's
+        URL-decoded path and query, for rules with a `match`."""
         with self._lock:
             for rule in self._rules:
-                if not rule.matches(verb, resource):
+                if not rule.matches(verb, resource, target):
                     continue
                 if rule.count is not None and rule.injected >= rule.count:
                     continue
@@ -694,7 +704,7 @@ class ApiFaults:
             if getattr(handler, "_sickbay_fault_checked", None) == marker:
                 return
             handler._sickbay_fault_checked = marker
-        rule = self.decide(verb, resource)
+        rule = self.decide(verb, resource, unquote(str(getattr(handler, "path", "") or "")))
         if rule is None:
             return
         plural = resource.split("/")[0]

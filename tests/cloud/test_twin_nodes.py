@@ -7,6 +7,9 @@ Cases:
   seen through the official kubernetes client;
 - `sickbay sim up` wiring: `add_sim_up_arguments` + `configure_sim` serve the API for the
   seeded pool with the token given on the command line.
+- `PUT /sim/pools/<pool>/cloud {"latency"}` (drills: a slow resize): the next setSize
+  operation stays RUNNING for that many simulated seconds, then is DONE; a bad latency or an
+  unknown setting is 400, an unknown pool 404.
 """
 
 from __future__ import annotations
@@ -116,3 +119,37 @@ def test_sim_up_serves_the_cloud_api(tmp_path: Any) -> None:
         assert answer.status_code == 200 and answer.json()["name"] == pool.name
     finally:
         rs.stop()
+
+
+def test_slow_resize_knob(twin: tuple[RunningSim, CloudApi]) -> None:
+    rs, api = twin
+    (pool_name,) = api.pools
+    token = {"Authorization": f"Bearer {SIM_TOKEN}"}
+
+    def put(name: str, body: Any) -> httpx.Response:
+        return httpx.put(f"{rs.url}/sim/pools/{name}/cloud", json=body, timeout=10)
+
+    answer = put(pool_name, {"latency": 400})  # 400 simulated s = 2 real s at 200x
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["latency"] == 400 and api.pools[pool_name].latency == 400
+    assert put(pool_name, {"latency": -1}).status_code == 400
+    assert put(pool_name, {"latency": "slow"}).status_code == 400
+    assert put(pool_name, {"speed": 1}).status_code == 400
+    assert put("no-such-pool", {"latency": 1}).status_code == 404
+    url = rs.sim.extensions["cloud"].url
+    base = f"{url}/v1/projects/sim/locations/local"
+    op = httpx.post(
+        f"{base}/clusters/twin/nodePools/{pool_name}:setSize",
+        json={"nodeCount": 3},
+        headers=token,
+        timeout=10,
+    ).json()
+    time.sleep(0.5)  # 100 simulated s: the default latency (5 s) would be long over
+    status = httpx.get(f"{base}/operations/{op['name']}", headers=token, timeout=10).json()
+    assert status["status"] == "RUNNING"
+    eventually(
+        lambda: (
+            httpx.get(f"{base}/operations/{op['name']}", headers=token, timeout=10).json()["status"]
+            == "DONE"
+        )
+    )

@@ -7,6 +7,9 @@
 - channels file: valid for the worker (ChannelsConfig), secrets only as file references;
 - notification sink: PagerDuty-shaped 202 with the dedup key, Slack "ok", webhook JSON, 400
   for a body that is not JSON, 404 elsewhere, routing key redacted, JSON lines on disk;
+- sink fault rules (drills): the next `count` POSTs to a path are held `holdSeconds` (seen as
+  `holding` meanwhile), answered 503 and not recorded; then delivery is normal again; a bad
+  rule is a 400 naming the field; DELETE /faults removes the rules;
 - ports: a taken preferred port is reported and a free one used;
 - lifecycle: start without the engine, `sickbay sim fail` against it via the stack's env,
   stop leaves no child alive and removes the temporary directory;
@@ -20,9 +23,12 @@ import json
 import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,6 +126,55 @@ def test_sink_answers_like_the_services(tmp_path: Path) -> None:
         assert [x["kind"] for x in lines] == ["pagerduty", "slack", "webhook"]
         assert lines[0]["body"]["routing_key"] == "<redacted>"
         assert "secret" not in (tmp_path / "n.jsonl").read_text()
+    finally:
+        server.shutdown()
+
+
+def test_sink_fault_holds_then_fails_without_recording(tmp_path: Path) -> None:
+    sink = Sink(tmp_path / "n.jsonl")
+    server = serve("127.0.0.1", 0, sink)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def faults() -> list[dict[str, Any]]:
+        with urllib.request.urlopen(base + "/faults", timeout=5) as r:
+            return list(json.loads(r.read())["items"])
+
+    try:
+        status, body = _post(
+            base + "/faults", json.dumps({"path": "/v2/enqueue", "holdSeconds": 0.5}).encode()
+        )
+        assert status == 201 and json.loads(body)["count"] == 1
+        answers: list[tuple[int, bytes]] = []
+        held = threading.Thread(
+            target=lambda: answers.append(_post(base + "/v2/enqueue", b'{"dedup_key": "a"}'))
+        )
+        started = time.monotonic()
+        held.start()
+        deadline = time.monotonic() + 5
+        while not faults()[0]["holding"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert faults()[0]["holding"] == 1, "the request is held while it hangs"
+        held.join(5)
+        assert answers and answers[0][0] == 503
+        assert time.monotonic() - started >= 0.5
+        assert [(f["held"], f["holding"]) for f in faults()] == [(1, 0)]
+        assert sink.events == [], "a failed (held) delivery is not a notification"
+        assert _post(base + "/v2/enqueue", b'{"dedup_key": "a"}')[0] == 202  # count 1: spent
+        assert [e["body"]["dedup_key"] for e in sink.events] == ["a"]
+        for bad, field in (
+            ({"path": "/nowhere"}, "path"),
+            ({"path": "/slack", "count": 0}, "count"),
+            ({"path": "/slack", "holdSeconds": "long"}, "holdSeconds"),
+            ({"path": "/slack", "status": 200}, "status"),
+            ({"path": "/slack", "colour": "red"}, "colour"),
+        ):
+            status, body = _post(base + "/faults", json.dumps(bad).encode())
+            assert status == 400 and field in json.loads(body)["error"], (bad, body)
+        assert _post(base + "/faults", b"[1]")[0] == 400
+        req = urllib.request.Request(base + "/faults", method="DELETE")
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert json.loads(r.read()) == {"removed": 1}
+        assert faults() == []
     finally:
         server.shutdown()
 

@@ -14,6 +14,8 @@ Cases:
 - API fault injection switched at run time: 429 (with Retry-After) on list pods once, 500 on
   create, 409 on patch, a reset connection, a timeout answered 504; removing the rules
   restores normal answers; the request log still records the injected failures;
+- an API fault with `match` fires only on requests whose decoded path + query contain the text
+  (one node's pod list, one object by name); other requests of the same verb go through;
 - `sickbay sim fail / recover / gpus / api-fault` run against the twin over HTTP;
 - `driverTaint`: the DRA driver publishes gpu.nvidia.com/xid=79:NoSchedule on the device in its
   ResourceSlice, new pods avoid it; recovery removes the taint and the Pending pod runs.
@@ -214,6 +216,30 @@ def test_api_fault_injection(twin: Any) -> None:
     assert t.rs.requests(verb="create", resource="configmaps", status=429)
     bad = t.sim("POST", "/sim/api-faults", {"kind": "418"})
     assert bad.status_code == 400 and "kind must be one of" in bad.json()["message"]
+
+
+def test_api_fault_match_narrows_a_rule(twin: Any) -> None:
+    t = twin(nodes=2)
+    ns = t.namespace()
+    made = t.sim(
+        "POST",
+        "/sim/api-faults",
+        {"kind": "500", "verb": "list", "resource": "pods", "match": f"spec.nodeName={NODE}"},
+    )
+    assert made.status_code == 201 and made.json()["match"] == f"spec.nodeName={NODE}"
+    with pytest.raises(client.ApiException) as caught:
+        t.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={NODE}")
+    assert caught.value.status == 500
+    other = "gpu-pool-node-1"
+    assert t.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={other}").items == []
+    assert t.core.list_namespaced_pod(ns).items == []
+    t.sim("POST", "/sim/api-faults", {"kind": "409", "verb": "patch", "match": "/nodes/" + other})
+    with pytest.raises(client.ApiException) as caught:
+        t.core.patch_node(other, {"metadata": {"labels": {"a": "b"}}})
+    assert caught.value.status == 409
+    t.core.patch_node(NODE, {"metadata": {"labels": {"a": "b"}}})  # not matched: applied
+    listed = t.sim("GET", "/sim/api-faults").json()
+    assert [r["injected"] for r in listed["items"]] == [1, 1]
 
 
 def test_cli_commands(twin: Any, capsys: pytest.CaptureFixture[str]) -> None:
