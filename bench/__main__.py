@@ -92,26 +92,8 @@ def findings(results: dict[str, Any]) -> list[str]:
             "can leave the hot path, and discovery can be cached across activities."
         )
     st = results.get("storm")
-    in_budget = min(st["budget_limit"], st["devices"]) if st else 0
-    if st and st.get("gpus_quarantined", 0) < in_budget:
-        out.append(
-            f"Storm: only {st.get('gpus_quarantined', 0)} of the {in_budget} GPUs within "
-            f"budget were quarantined by the end ({st.get('settle_bound_s', 0):.0f} s bound "
-            f"after the last alert); worker log: {st.get('worker_log')}; worker RSS peaked at "
-            f"{st.get('worker_rss_peak_mb', 0):.0f} MiB."
-        )
-        if st.get("slice_inventory_ms"):
-            out.append(
-                f"Cause: one cluster-wide ResourceSlice inventory ({st['slice_inventory_devices']} "
-                f"devices) costs the worker {st['slice_inventory_ms']} ms of CPU "
-                "(activities/kube/devices.py `list_slice_devices`: every slice listed and "
-                "converted, even to resolve one node's GPU). `Kube.cached` is not single-flight, "
-                "so when its 10 s entry expires every concurrent remediation reloads it: with "
-                f"{st['devices']} remediations that is minutes of CPU on 2 cores, workflow tasks "
-                "overrun their timeout and are redone (a livelock). Fix: resolve with a "
-                "`spec.nodeName` field selector (one node's slices, milliseconds), make the "
-                "cache single-flight, and count devices from a cached per-node summary."
-            )
+    if st:
+        out.extend(storm.findings(st))
     mem = results.get("memory")
     if mem and mem["rss_in_flight_mb"] > 300 and mem["remediations"] > 0:
         per = (mem["rss_in_flight_mb"] - mem["rss_idle_mb"]) * 1024 / mem["remediations"]
@@ -146,20 +128,6 @@ def findings(results: dict[str, Any]) -> list[str]:
             "the lease call a long schedule-to-close (regular activity), and escalate — never "
             "fail — when the budget cannot be reached."
         )
-    if st:
-        if st["workflow_runs"] > st["workflow_ids"]:
-            out.append(
-                f"Storm: {st['workflow_runs']} runs for {st['workflow_ids']} GPUs and "
-                f"{st['escalation_notifications']} escalations: a remediation refused by the "
-                "budget closes, and the next repeat of its alert starts a new run that is "
-                "refused and escalates again (one escalation per incident is not kept)."
-            )
-        if st["webhook_ms"].get("p99", 0) > 1000:
-            out.append(
-                f"Storm: the webhook acknowledged {st['achieved_rate']} alerts/s of the "
-                f"{st['offered_rate']}/s offered (p99 {st['webhook_ms'].get('p99', 0) / 1000:.1f} s per "
-                "notification) on a machine also running the twin, the worker and Temporal."
-            )
     return out
 
 

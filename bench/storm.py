@@ -16,7 +16,12 @@ The blast-radius budget is made binding: every generated runbook gets maxPerClus
 - webhook latency per POST (p50/p99), notifications retried,
 - time from the first alert until every GPU within budget is quarantined (the twin's request
   log), and the number of rules ever created vs the budget (never exceeded),
-- progress over time (alerts acknowledged, workflows started, rules created) for the plot.
+- progress over time (alerts acknowledged, workflows started, rules created) for the plot,
+- where the machine's time went: CPU seconds of every process of the stack (and of this load
+  generator) from the first alert until the storm settled, the webhook's own counters (Temporal
+  calls per kind, alerts deduplicated, server-side handling time vs what the sender saw), and
+  the worker's CPU for one budget-count inventory (the per-node summary count_devices reads)
+  next to a full device conversion, so the findings can name the bottleneck from figures.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -86,17 +93,111 @@ def storm_alerts(devices: list[dict[str, Any]], total: int) -> list[dict[str, An
     return out
 
 
-def slice_inventory_cost(info: Any) -> tuple[float, int]:
-    """Worker CPU for one cluster-wide ResourceSlice inventory (activities/kube/devices.py
-    `list_slice_devices`, what resolve-device and count-devices read), measured here with
-    the worker's own client code against the same twin: (ms, devices)."""
+def slice_inventory_cost(info: Any) -> dict[str, Any]:
+    """CPU of the cluster-wide ResourceSlice reads, measured with the worker's own client code
+    against the same twin (best of 3, process CPU time so other processes do not count):
+    `summary_ms` for the per-node GPU summary count-devices reads (activities/kube/devices.py
+    `gpu_inventory`), `devices_ms` for converting every device (`list_slice_devices`, what the
+    count read before), `devices` and `gpus` found."""
     from activities.kube.client import Kube, KubeSettings
-    from activities.kube.devices import list_slice_devices
+    from activities.kube.devices import gpu_inventory, list_slice_devices
 
     kube = Kube.from_settings(KubeSettings(kubeconfig=info.kubeconfig))
-    t0 = time.perf_counter()
-    devices = list_slice_devices(kube, fresh=True)
-    return (time.perf_counter() - t0) * 1000, len(devices)
+
+    def cpu_ms(fn: Any) -> tuple[float, Any]:
+        best, value = float("inf"), None
+        for _ in range(3):
+            t0 = time.process_time()
+            value = fn()
+            best = min(best, (time.process_time() - t0) * 1000)
+        return best, value
+
+    devices_ms, devices = cpu_ms(lambda: list_slice_devices(kube, fresh=True))
+    summary_ms, per_node = cpu_ms(lambda: gpu_inventory(kube, max_age=0))
+    return {
+        "devices_ms": round(devices_ms),
+        "summary_ms": round(summary_ms),
+        "devices": len(devices),
+        "gpus": sum(per_node.values()),
+    }
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of one process so far (/proc), None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
+    out = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    t = os.times()
+    out["load generator"] = t.user + t.system
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def webhook_metrics(url: str) -> dict[str, Any]:
+    """The webhook's Prometheus counters that explain its latency: Temporal calls by kind,
+    alerts deduplicated by route, mean call time, and the server-side handling-time histogram
+    (cumulative counts per upper bound in seconds)."""
+    try:
+        text = httpx.get(url, timeout=10.0).text
+    except httpx.HTTPError:
+        return {}
+    calls: dict[str, float] = {}
+    dedup: dict[str, float] = {}
+    handled: dict[str, float] = {}
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        label = name.split('"')[1] if '"' in name else ""
+        if name.startswith("sickbay_webhook_temporal_calls_total"):
+            calls[label] = float(value)
+        elif name.startswith("sickbay_webhook_alerts_deduplicated_total"):
+            dedup[label] = float(value)
+        elif name.startswith("sickbay_webhook_request_seconds_bucket"):
+            handled[label] = float(value)
+        elif name.split("{")[0] in (
+            "sickbay_webhook_temporal_call_seconds_sum",
+            "sickbay_webhook_temporal_call_seconds_count",
+            "sickbay_webhook_request_seconds_sum",
+            "sickbay_webhook_request_seconds_count",
+        ):
+            sums[name.split("{")[0]] = float(value)
+    n_calls = sums.get("sickbay_webhook_temporal_call_seconds_count", 0.0)
+    n_req = sums.get("sickbay_webhook_request_seconds_count", 0.0)
+    return {
+        "temporal_calls": {k: int(v) for k, v in calls.items()},
+        "deduplicated": {k: int(v) for k, v in dedup.items()},
+        "call_mean_ms": round(
+            1000 * sums.get("sickbay_webhook_temporal_call_seconds_sum", 0.0) / n_calls, 1
+        )
+        if n_calls
+        else None,
+        "handling_mean_ms": round(
+            1000 * sums.get("sickbay_webhook_request_seconds_sum", 0.0) / n_req, 1
+        )
+        if n_req
+        else None,
+        "handling_buckets": {k: int(v) for k, v in handled.items()},
+    }
+
+
+def bucket_percentile(buckets: dict[str, int], q: float) -> float | None:
+    """Upper bound (seconds) of the histogram bucket holding the q-quantile."""
+    total = buckets.get("+Inf", 0)
+    if not total:
+        return None
+    for bound, count in sorted(
+        ((float(k), v) for k, v in buckets.items() if k != "+Inf"), key=lambda kv: kv[0]
+    ):
+        if count >= q * total:
+            return bound
+    return float("inf")
 
 
 def quarantined_gpus(kube_url: str, creates: list[dict[str, Any]]) -> int:
@@ -158,7 +259,7 @@ async def run(
         info = stack.info
         assert info is not None
         set_budget(info.runbooks_dir, "50%", cluster_budget)
-        inventory_ms, inventory_devices = await asyncio.to_thread(slice_inventory_cost, info)
+        inventory = await asyncio.to_thread(slice_inventory_cost, info)
         all_gpus = gpus(info.kube_url)
         chosen = random.Random(11).sample(all_gpus, devices)
         storm = storm_alerts(chosen, alerts)
@@ -184,8 +285,10 @@ async def run(
         failed_batches = 0
         sem = asyncio.Semaphore(concurrency)
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        webhook_base = info.webhook_url.rsplit("/v1/", 1)[0]
         async with httpx.AsyncClient(timeout=30.0, limits=limits) as http:
-            await http.get(info.webhook_url.rsplit("/v1/", 1)[0] + "/healthz")
+            await http.get(webhook_base + "/healthz")
+            cpu_before = cpu_snapshot(info.pids)
             t_start = time.time()
 
             async def send(i: int, batch: list[dict[str, Any]]) -> None:
@@ -229,6 +332,9 @@ async def run(
 
         with contextlib.suppress(TimeoutError):
             await until("every remediation past the budget guard", settled, settle, 1.0)
+        t_settled = time.time()
+        cpu_after = cpu_snapshot(info.pids)
+        hook = await asyncio.to_thread(webhook_metrics, webhook_base + "/metrics")
         await asyncio.sleep(2.0)  # stragglers: a late create would show a budget breach
         creates = [r for r in rule_creations(info.kube_url) if r["time"] >= t_start]
         started = (await client.count_workflows(f"WorkflowType = '{WF_REMEDIATE}'")).count
@@ -301,8 +407,24 @@ async def run(
             "failed_runs": failed_runs,
             "quarantine_all_in_budget_s": quarantine_s,
             "settle_bound_s": settle,
-            "slice_inventory_ms": round(inventory_ms),
-            "slice_inventory_devices": inventory_devices,
+            "slice_inventory_ms": inventory["summary_ms"],
+            "slice_inventory_devices_ms": inventory["devices_ms"],
+            "slice_inventory_devices": inventory["devices"],
+            "slice_inventory_gpus": inventory["gpus"],
+            # CPU seconds per process from the first alert until every remediation was past
+            # the budget guard (or the settle bound), over `cpu_window_s` wall seconds.
+            "cpu_window_s": round(t_settled - t_start, 1),
+            "cpu_seconds": {
+                k: round(cpu_after[k] - cpu_before[k], 1)
+                for k in sorted(cpu_after, key=lambda k: cpu_before.get(k, 0.0) - cpu_after[k])
+                if k in cpu_before
+            },
+            "cores": os.cpu_count(),
+            "webhook": {
+                **hook,
+                "handling_p50_s": bucket_percentile(hook.get("handling_buckets", {}), 0.5),
+                "handling_p99_s": bucket_percentile(hook.get("handling_buckets", {}), 0.99),
+            },
             "worker_log": signs,
             "worker_rss_peak_mb": round(max((v for _, v in rss), default=0.0), 1),
             "worker_rss": [(round(t - (t_start - t_origin), 1), round(v, 1)) for t, v in rss],
@@ -315,3 +437,90 @@ async def run(
     finally:
         signs.update(worker_log_signs(stack.dir))
         await asyncio.to_thread(stack.stop)
+
+
+def findings(st: dict[str, Any]) -> list[str]:
+    """Plain statements of what the storm's figures say against its goals, and where the time
+    went, all computed from the measured results (older results lack some figures: those
+    statements are left out)."""
+    from activities.kube.devices import SLICE_TTL
+
+    out: list[str] = []
+    in_budget = min(st["budget_limit"], st["devices"])
+    q_s = st.get("quarantine_all_in_budget_s")
+    w = st.get("webhook_ms") or {}
+    quarantined = st.get("gpus_quarantined", 0)
+    when = f"the last in-budget rule {q_s:.1f} s after the first alert" if q_s else "no rule"
+    out.append(
+        f"Storm: {quarantined} of the {in_budget} GPUs within budget quarantined, {when} "
+        f"(goal 30 s); the webhook acknowledged {st['achieved_rate']} alerts/s of the "
+        f"{st['offered_rate']}/s offered, p50 {w.get('p50', 0):.0f} ms / p99 "
+        f"{w.get('p99', 0):.0f} ms per notification (goal p99 1 s); {st['workflow_ids']} "
+        f"workflow ids, {st['workflow_runs']} runs, {st['alerts_lost']} alerts lost; budget "
+        f"{'EXCEEDED' if st.get('budget_exceeded') else 'never exceeded'}."
+    )
+    if quarantined < in_budget:
+        out.append(
+            f"Storm: {in_budget - quarantined} GPUs within budget were still not quarantined "
+            f"{st.get('settle_bound_s', 0):.0f} s after the last alert."
+        )
+    cpu = st.get("cpu_seconds") or {}
+    window = st.get("cpu_window_s") or 0
+    if cpu and window:
+        cores = st.get("cores") or 2
+        used = sum(cpu.values())
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in cpu.items())
+        top = next(iter(cpu))
+        out.append(
+            f"Storm CPU, first alert until every remediation was past the budget guard "
+            f"({window:.0f} s, {cores} cores = {cores * window:.0f} CPU-s): {parts}; "
+            f"{100 * used / (cores * window):.0f}% of the machine, the largest share "
+            f"({100 * cpu[top] / max(used, 1e-9):.0f}%) in the {top}."
+        )
+    signs = {k: v for k, v in (st.get("worker_log") or {}).items() if v}
+    if signs:
+        out.append(
+            f"Storm: worker overload signs in its log: {signs}; worker RSS peak "
+            f"{st.get('worker_rss_peak_mb', 0):.0f} MiB."
+        )
+    if st.get("slice_inventory_devices_ms") is not None:
+        out.append(
+            f"Storm: one budget count reads a per-node GPU summary of the cluster's "
+            f"ResourceSlices: {st['slice_inventory_ms']} ms of worker CPU for "
+            f"{st['slice_inventory_devices']} devices ({st.get('slice_inventory_gpus')} GPUs), "
+            f"against {st['slice_inventory_devices_ms']} ms to convert every device; loaded "
+            f"at most once per {SLICE_TTL:.0f} s and shared by concurrent counts."
+        )
+    hook = st.get("webhook") or {}
+    if w.get("p99", 0) > 1000 and hook.get("temporal_calls") is not None:
+        calls = hook["temporal_calls"]
+        dedup = hook.get("deduplicated") or {}
+        served = sum(calls.values())
+        text = (
+            f"Storm webhook: {served} Temporal calls ({calls}) for {st['alerts']} alerts; "
+            f"{sum(dedup.values())} alerts answered without a call of their own ({dedup}); "
+            f"mean call {hook.get('call_mean_ms')} ms including the wait for a call slot. "
+        )
+        hp99 = hook.get("handling_p99_s")
+        if hp99 is not None:
+            inside = hp99 * 1000 >= 0.5 * w["p99"]
+            text += (
+                f"Handling inside the webhook: mean {hook.get('handling_mean_ms')} ms, p99 "
+                f"<= {hp99:g} s (histogram bucket) against the {w['p99'] / 1000:.1f} s the "
+                "sender saw: "
+                + (
+                    "the time is spent inside the handler, waiting for Temporal's answers."
+                    if inside
+                    else "most of it passes before the handler runs (connection accept and "
+                    "the event loop of a process sharing the cores)."
+                )
+            )
+        out.append(text)
+    if st["workflow_runs"] > st["workflow_ids"]:
+        out.append(
+            f"Storm: {st['workflow_runs']} runs for {st['workflow_ids']} GPUs and "
+            f"{st['escalation_notifications']} escalations: a remediation refused by the "
+            "budget closes, and the next repeat of its alert starts a new run that is "
+            "refused and escalates again (one escalation per incident is not kept)."
+        )
+    return out
