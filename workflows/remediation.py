@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
@@ -210,6 +210,8 @@ NOTIFY_RETRY = RetryPolicy(
     maximum_interval=timedelta(minutes=3),
     maximum_attempts=6,
 )
+# Patch: independent confirm steps (and the budget lease) run concurrently.
+PATCH_CONCURRENT_CONFIRM = "concurrent-confirm"
 # Continue-as-new during a long hold once history grows past this (periodic health checks).
 HOLD_HISTORY_LIMIT = 2_000
 
@@ -222,6 +224,17 @@ SA_PHASE_KEY = SearchAttributeKey.for_keyword(SA_PHASE)
 # What a failed activity raises in the workflow: ActivityError wrapping the cause for regular
 # activities; local activity failures surface as their cause (ApplicationError / timeout).
 ACTIVITY_FAILED = (ActivityError, ApplicationError, TemporalTimeoutError)
+
+
+class _EarlyLease(NamedTuple):
+    """A budget lease request already answered: the decision and what it was computed from."""
+
+    device_key: str
+    decision: BudgetDecision | None = None
+    counts: DeviceCounts | None = None
+    pool_limit: int = 0
+    cluster_limit: int = 0
+    error: BaseException | None = None  # the request failed (counts or budget unreachable)
 
 
 class _Aborted(Exception):
@@ -395,26 +408,45 @@ class DeviceRemediationWorkflow:
         inp = self._inp
         # 1. confirm and classify --------------------------------------------------------
         self._enter(Phase.CONFIRMING, awaiting="cluster evidence")
-        runbooks = await self._local(ACT_LOAD_RUNBOOKS, None, RunbookSet, "load runbooks")
-        self._fallback = runbooks.get(DEFAULT_RUNBOOK) or self._fallback
-        device = await self._local(
+        # Concurrent confirm: independent local activities run side by side (runbooks with
+        # resolve; evidence with consumers, the device counts and, once the runbook is known,
+        # the budget lease), so alert -> rule costs 3 local-activity round trips, not 7.
+        concurrent = workflow.patched(PATCH_CONCURRENT_CONFIRM)
+        load_runbooks = self._local(ACT_LOAD_RUNBOOKS, None, RunbookSet, "load runbooks")
+        resolve = self._local(
             ACT_RESOLVE_DEVICE, ResolveDeviceInput(device=inp.device), ResolvedDevice, "resolve"
         )
+        if concurrent:
+            tasks = [asyncio.ensure_future(load_runbooks), asyncio.ensure_future(resolve)]
+            await workflow.wait(tasks)  # type: ignore[type-var]
+            if tasks[0].exception() is None:  # a failed resolve escalates through `default`
+                self._fallback = tasks[0].result().get(DEFAULT_RUNBOOK) or self._fallback
+            runbooks, device = await self._all(*tasks)
+        else:
+            runbooks = await load_runbooks
+            device = await resolve
+        self._fallback = runbooks.get(DEFAULT_RUNBOOK) or self._fallback
         self._device = device
         self._status.device, self._status.node = device.key, device.node
         wf_id = workflow.info().workflow_id
         if device.workflow_id() != wf_id:
             return await self._hand_over(device)
-        evidence = await self._local(
-            ACT_GATHER_EVIDENCE, EvidenceInput(device=device), Evidence, "gather evidence"
-        )
         alert_pods = [a.pod for a in self._alerts if a.pod is not None]
-        consumers = await self._local(
-            ACT_FIND_CONSUMERS,
-            FindConsumersInput(device=device, alert_pods=alert_pods),
-            ConsumersResult,
-            "find consumers",
-        )
+        early: _EarlyLease | None = None
+        if concurrent:
+            evidence, consumers, early = await self._confirm_concurrently(
+                device, runbooks, alert_pods
+            )
+        else:
+            evidence = await self._local(
+                ACT_GATHER_EVIDENCE, EvidenceInput(device=device), Evidence, "gather evidence"
+            )
+            consumers = await self._local(
+                ACT_FIND_CONSUMERS,
+                FindConsumersInput(device=device, alert_pods=alert_pods),
+                ConsumersResult,
+                "find consumers",
+            )
         self._consumers = consumers.consumers
         self._status.consumers = [c.pod for c in self._consumers]
         selection = select_runbook(runbooks.runbooks, self._consumers, inp.runbook)
@@ -432,30 +464,34 @@ class DeviceRemediationWorkflow:
             self._alerts, evidence, workflow.now(), spec.confirm.stale_after
         )
         if stale:
-            return "not-quarantined", f"stale evidence: {stale_why}"
+            return await self._no_quarantine(early, f"stale evidence: {stale_why}")
         if (
             spec.confirm.require_unhealthy_status
             and inp.trigger not in ("manual", "maintenance")
             and evidence.health != "Unhealthy"
         ):
-            return "not-quarantined", (
+            return await self._no_quarantine(
+                early,
                 f"runbook {runbook.name} acts only on an Unhealthy pod status; "
-                f"the device reports {evidence.health or 'nothing'}"
+                f"the device reports {evidence.health or 'nothing'}",
             )
         action = getattr(spec.on, failure_class)
         if action == "ignore":
-            return "not-quarantined", f"runbook {runbook.name}: {failure_class} -> ignore"
+            return await self._no_quarantine(
+                early, f"runbook {runbook.name}: {failure_class} -> ignore"
+            )
         if action == "notify":
             await self._notify_owner(failure_class, why)
-            return "not-quarantined", (
-                f"runbook {runbook.name}: {failure_class} -> notify the owner, no quarantine"
+            return await self._no_quarantine(
+                early,
+                f"runbook {runbook.name}: {failure_class} -> notify the owner, no quarantine",
             )
         if inp.dry_run or spec.dry_run:
             return await self._dry_run(device)
 
         # 2. blast-radius guard ------------------------------------------------------------
         self._enter(Phase.GUARDING, awaiting="budget lease")
-        await self._acquire_lease(device, runbook)
+        await self._acquire_lease(device, runbook, early)
 
         # 3. optional approval ---------------------------------------------------------------
         if spec.approval.required:
@@ -485,6 +521,85 @@ class DeviceRemediationWorkflow:
         return await self._hold_and_release()
 
     # ---------------------------------------------------------------- steps ----------------
+
+    async def _all(self, *calls: Awaitable[Any]) -> list[Any]:
+        """Run `calls` side by side; every one finishes (none left running behind a failure,
+        e.g. a lease still being granted) before the first error, in call order, is raised."""
+        tasks = [asyncio.ensure_future(c) for c in calls]
+        await workflow.wait(tasks)  # type: ignore[type-var]
+        for task in tasks:
+            err = task.exception()
+            if err is not None:
+                raise err
+        return [task.result() for task in tasks]
+
+    async def _confirm_concurrently(
+        self, device: ResolvedDevice, runbooks: RunbookSet, alert_pods: list[PodRef]
+    ) -> tuple[Evidence, ConsumersResult, _EarlyLease | None]:
+        """Evidence, consumers and device counts at once; the budget lease as soon as the
+        consumers fix the runbook (its limits), while the evidence may still be coming. The
+        lease is only asked for here; it is reported (and a refusal escalated) at the guard
+        step, and given back if the procedure then decides not to quarantine."""
+        consumers_task = asyncio.ensure_future(
+            self._local(
+                ACT_FIND_CONSUMERS,
+                FindConsumersInput(device=device, alert_pods=alert_pods),
+                ConsumersResult,
+                "find consumers",
+            )
+        )
+        counts_task: asyncio.Future[DeviceCounts] | None = None
+        if not self._inp.dry_run:
+            counts_task = asyncio.ensure_future(
+                self._local(
+                    ACT_COUNT_DEVICES,
+                    CountDevicesInput(node_pool=device.node_pool),
+                    DeviceCounts,
+                    "count devices",
+                )
+            )
+
+        async def lease() -> _EarlyLease | None:
+            consumers = await consumers_task
+            if counts_task is None:
+                return None
+            try:
+                counts = await counts_task
+                runbook = select_runbook(runbooks.runbooks, consumers.consumers, self._inp.runbook)
+                if runbook.runbook.spec.dry_run:
+                    return None
+                return await self._ask_lease(device, runbook.runbook, counts)
+            except ACTIVITY_FAILED as err:
+                # Counts or budget unreachable: the guard step reports it as its first try
+                # ("budget service unavailable", escalate, retry) as without the early request.
+                return _EarlyLease(device.key, error=err)
+
+        evidence, consumers, early = await self._all(
+            self._local(
+                ACT_GATHER_EVIDENCE, EvidenceInput(device=device), Evidence, "gather evidence"
+            ),
+            consumers_task,
+            lease(),
+        )
+        return evidence, consumers, early
+
+    async def _no_quarantine(self, early: _EarlyLease | None, reason: str) -> tuple[Outcome, str]:
+        """Close without a taint; a lease taken early is given back (a refused early request
+        is withdrawn too, so the budget does not keep this run as a waiter to wake)."""
+        if early is not None and early.error is None:
+            if self._lease_held:
+                await self._release_lease()
+            else:
+                await self._local(
+                    ACT_RELEASE_BUDGET,
+                    BudgetReleaseRequest(
+                        holder=workflow.info().workflow_id, device_key=early.device_key
+                    ),
+                    BudgetDecision,
+                    "withdraw budget request",
+                    budget=True,
+                )
+        return "not-quarantined", reason
 
     async def _hand_over(self, device: ResolvedDevice) -> tuple[Outcome, str]:
         """Launched under a non-canonical id (e.g. by DRA name from the UI): give the evidence
@@ -518,7 +633,9 @@ class DeviceRemediationWorkflow:
         self._log("dry run: would quarantine", outcome=preview.mode, reason=f"would evict {would}")
         return "dry-run", f"dry run: would quarantine {device.key} and evict {would}"
 
-    async def _acquire_lease(self, device: ResolvedDevice, runbook: Runbook) -> None:
+    async def _acquire_lease(
+        self, device: ResolvedDevice, runbook: Runbook, early: _EarlyLease | None = None
+    ) -> None:
         if not workflow.patched("budget-wait"):
             return await self._acquire_lease_once(device, runbook)
         tries = 0
@@ -530,9 +647,13 @@ class DeviceRemediationWorkflow:
             # not list every node each minute; the budget's own leases are always current.
             if self._budget_freed or tries % BUDGET_RECOUNT_EVERY == 1:
                 counts = None
-            self._budget_freed = False  # a wake-up arriving from here on is for this try
+            # A wake-up arriving from here on is for this try; one that arrived after an early
+            # request was answered is for the next try (it stays set).
+            self._budget_freed = self._budget_freed and early is not None and tries == 1
             try:
-                granted, kind, why, counts = await self._try_lease(device, runbook, counts)
+                granted, kind, why, counts = await self._try_lease(
+                    device, runbook, counts, early if tries == 1 else None
+                )
             except ACTIVITY_FAILED as err:
                 # The budget workflow could not be reached within the bounded retries (update
                 # limit under a storm, server down): never fail the run, escalate and retry.
@@ -608,11 +729,11 @@ class DeviceRemediationWorkflow:
         self._log("health checked", outcome=health.health or "unknown")
         return health.health == "Healthy"
 
-    async def _try_lease(
-        self, device: ResolvedDevice, runbook: Runbook, counts: DeviceCounts | None = None
-    ) -> tuple[bool, EscalationReason, str, DeviceCounts]:
-        """(granted, escalation kind, why not, the counts used); raises when the budget
-        cannot be reached. `counts` given: reused instead of counting again."""
+    async def _ask_lease(
+        self, device: ResolvedDevice, runbook: Runbook, counts: DeviceCounts | None
+    ) -> _EarlyLease:
+        """Count the devices (unless `counts` given) and ask the budget for a lease; marks the
+        lease held as soon as it is granted (so every way out gives it back)."""
         if counts is None:
             counts = await self._local(
                 ACT_COUNT_DEVICES,
@@ -638,6 +759,27 @@ class DeviceRemediationWorkflow:
             "acquire budget lease",
             budget=True,
         )
+        if decision.granted:
+            self._lease_held = True
+        return _EarlyLease(device.key, decision, counts, pool_limit, cluster_limit)
+
+    async def _try_lease(
+        self,
+        device: ResolvedDevice,
+        runbook: Runbook,
+        counts: DeviceCounts | None = None,
+        asked: _EarlyLease | None = None,
+    ) -> tuple[bool, EscalationReason, str, DeviceCounts]:
+        """(granted, escalation kind, why not, the counts used); raises when the budget
+        cannot be reached. `counts` given: reused instead of counting again; `asked` given:
+        the answer of a request already made (concurrent confirm)."""
+        if asked is None:
+            asked = await self._ask_lease(device, runbook, counts)
+        if asked.error is not None:
+            raise asked.error
+        decision, counts = asked.decision, asked.counts
+        assert decision is not None and counts is not None
+        pool_limit, cluster_limit = asked.pool_limit, asked.cluster_limit
         if not decision.granted:
             return (
                 False,
@@ -650,7 +792,6 @@ class DeviceRemediationWorkflow:
                 ),
                 counts,
             )
-        self._lease_held = True
         self._log(
             "budget lease acquired",
             outcome=f"pool {decision.pool_in_use}/{pool_limit}, "

@@ -7,10 +7,12 @@ state, so a test changes one field (e.g. `eviction_reports`) to drive one branch
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +150,7 @@ class FakeWorld:
     capacity: CapacityResult | ApplicationError = field(
         default_factory=lambda: CapacityResult(status="requested", current_size=2, target_size=3)
     )
+    evidence_delay: timedelta | None = None  # gather-evidence answers after this (real time)
     notify_failures: int = 0  # first N notify calls raise a retryable error
     calls: list[tuple[str, Any]] = field(default_factory=list)
     quarantined_at: float | None = None  # time.monotonic() of the first quarantine call
@@ -189,6 +192,8 @@ class FakeWorld:
 
         @activity.defn(name=ACT_GATHER_EVIDENCE)
         async def evidence(req: EvidenceInput) -> Evidence:
+            if world.evidence_delay:  # recorded when it answers, after the delay
+                await asyncio.sleep(world.evidence_delay.total_seconds())
             world.calls.append((ACT_GATHER_EVIDENCE, req))
             return Evidence(health=world.health)  # type: ignore[arg-type]
 

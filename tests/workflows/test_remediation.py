@@ -6,6 +6,8 @@ Cases (one per branch of the procedure):
   event count <= 60; search attributes kept current;
 - healthy for the cool-down releases without a person;
 - application Xid 13: no taint, owner told (Event + notification), closes not-quarantined;
+  the lease asked for concurrently is given back; a refused one is withdrawn, no escalation;
+- concurrent confirm: the lease is asked while the evidence is still coming;
 - stale evidence: an alert that started hours ago for a device now Healthy -> no taint;
 - budget exhausted: no taint, escalated once, timeline says why; the run stays open waiting
   for a slot, absorbs repeated alerts as signals (no second escalation), retries the lease
@@ -58,6 +60,7 @@ from workflows.constants import (
     ACT_CHECK_HEALTH,
     ACT_COUNT_DEVICES,
     ACT_EVICT_PODS,
+    ACT_GATHER_EVIDENCE,
     ACT_NOTIFY,
     ACT_PREVIEW_QUARANTINE,
     ACT_QUARANTINE,
@@ -151,7 +154,7 @@ async def test_happy_path(time_skipping_env: WorkflowEnvironment) -> None:
     assert set(first) >= {"SickbayPhase", "SickbayDevice", "SickbayNode", "SickbayWorkloadClass"}
     last = upserts[-1].search_attributes.indexed_fields
     assert last["SickbayPhase"].data == b'"closed"'
-    save_history("happy_path", history)
+    save_history("concurrent_happy_path", history)
     print(f"happy path: {len(events)} history events; start -> quarantine call {to_rule_ms:.0f} ms")
     # Loose bound for a shared CI box; typically well under 100 ms (local activities).
     assert to_rule_ms < 1000
@@ -176,10 +179,14 @@ async def test_application_xid_does_not_taint(time_skipping_env: WorkflowEnviron
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world, alerts=[xid_alert(13, "fp-13")])
         result = await handle.result()
-        save_history("application_xid", await handle.fetch_history())
+        save_history("concurrent_application_xid", await handle.fetch_history())
     assert result.outcome == "not-quarantined"
     assert result.status.failure_class == "application"
-    assert ACT_QUARANTINE not in world.names() and ACT_ACQUIRE_BUDGET not in world.names()
+    assert ACT_QUARANTINE not in world.names()
+    # The lease asked for concurrently with the evidence is given back, once.
+    assert len(world.args(ACT_ACQUIRE_BUDGET)) == 1
+    assert [r.holder for r in world.args(ACT_RELEASE_BUDGET)] == [handle.id]
+    assert "budget lease released" in actions(result.timeline)
     event = world.args(ACT_RECORD_EVENT)[0]
     assert event.type == "Warning" and event.targets[0].name == "llm-7d9f-abcde"
     assert "NOT quarantined" in event.message
@@ -213,6 +220,40 @@ async def test_stale_evidence_does_not_taint(time_skipping_env: WorkflowEnvironm
     assert ACT_QUARANTINE not in world.names()
 
 
+async def test_refused_early_lease_request_is_withdrawn_without_escalation(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """Over budget, but the evidence says no quarantine: the refused early request is withdrawn
+    (the budget forgets the waiter), nobody is paged and the run closes."""
+    client = time_skipping_env.client
+    world = FakeWorld(health="Healthy", budget_granted=False)
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(13, "fp-13")])
+        result = await handle.result()
+    assert result.outcome == "not-quarantined"
+    assert result.status.escalation_reason == "application-error"  # the owner's notice only
+    assert "budget denied" not in actions(result.timeline)
+    assert [r.holder for r in world.args(ACT_RELEASE_BUDGET)] == [handle.id]
+    assert [n.incident.severity for n in world.args(ACT_NOTIFY)] == ["warning"]  # owner only
+
+
+async def test_confirm_steps_run_concurrently(time_skipping_env: WorkflowEnvironment) -> None:
+    """Runbooks with resolve, then evidence, consumers, counts and the lease side by side: the
+    lease is asked before the evidence answers (and the happy path still quarantines once)."""
+    client = time_skipping_env.client
+    world = FakeWorld(evidence_delay=timedelta(milliseconds=300))
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="bob"))
+        result = await handle.result()
+    names = world.names()
+    assert names.index(ACT_ACQUIRE_BUDGET) < names.index(ACT_GATHER_EVIDENCE)
+    assert len(world.args(ACT_ACQUIRE_BUDGET)) == 1 and len(world.args(ACT_QUARANTINE)) == 1
+    timeline = actions(result.timeline)
+    assert timeline.index("classified") < timeline.index("budget lease acquired")
+
+
 async def _close_waiting(handle: Any) -> RemediationResult:
     """A remediation waiting for budget: wait for its escalation, mark repaired, result."""
     await wait_phase(handle, Phase.ESCALATED)
@@ -232,7 +273,7 @@ async def test_budget_exhausted(time_skipping_env: WorkflowEnvironment) -> None:
         await time_skipping_env.sleep(timedelta(minutes=3))  # lease retried every minute
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         result = await handle.result()
-        save_history("budget_wait", await handle.fetch_history())
+        save_history("concurrent_budget_wait", await handle.fetch_history())
     assert result.outcome == "not-quarantined" and "never quarantined" in result.reason
     assert result.status.escalation_reason == "budget-exhausted"
     assert ACT_QUARANTINE not in world.names()
