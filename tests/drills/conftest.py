@@ -6,6 +6,12 @@ A drill stack runs the twin and the demo runbooks 30x faster (as `sickbay demo`)
 ports, without the Web UI. `Drill.kill_worker()` sends SIGKILL (no graceful shutdown: the
 in-flight workflow task and activities are simply lost) and `Drill.start_worker()` starts a
 fresh `sickbay worker` with the stack's environment (optionally another kubeconfig).
+
+Knobs to park a remediation at a step: twin API faults (`api_fault`, optionally narrowed by
+`match`), sink fault rules that hold a notification (`sink_fault`), the twin cloud API's
+resize latency (`cloud_latency`), extra runbooks in the stack's runbook directory
+(`write_runbook`; the worker reloads the directory when a file changes), and each
+workflow's history (`history_facts`) to prove a kill interrupted a step.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
+from temporalio.api.enums.v1 import EventType
 
 from worker.scenarios import Demo, Progress
 from worker.stack import Child, Stack, StackConfig, free_port
@@ -152,6 +160,86 @@ class Drill:
 
     def clear_api_faults(self) -> None:
         self.stack.twin("DELETE", "/sim/api-faults")
+
+    def api_fault_hits(self, rule_id: int) -> int:
+        """How many requests a twin API fault rule has taken so far (0 once removed)."""
+        return next((int(r["injected"]) for r in self.api_faults() if r["id"] == rule_id), 0)
+
+    # -- the notification sink's fault rules (worker/sink.py) ---------------------------------
+
+    def sink_fault(self, path: str, count: int = 1, hold_seconds: float = 0.0) -> int:
+        r = httpx.post(
+            f"{self.info.sink_url}/faults",
+            json={"path": path, "count": count, "holdSeconds": hold_seconds},
+            timeout=30,
+        )
+        r.raise_for_status()
+        return int(r.json()["id"])
+
+    def sink_faults(self) -> list[dict[str, Any]]:
+        r = httpx.get(f"{self.info.sink_url}/faults", timeout=30)
+        r.raise_for_status()
+        return list(r.json()["items"])
+
+    def clear_sink_faults(self) -> None:
+        httpx.delete(f"{self.info.sink_url}/faults", timeout=30).raise_for_status()
+
+    # -- runbooks and the cloud API ----------------------------------------------------------------
+
+    def write_runbook(self, name: str, spec: dict[str, Any]) -> None:
+        doc = {"apiVersion": "sickbay/v1", "kind": "Runbook", "metadata": {"name": name}}
+        doc["spec"] = spec
+        path = Path(self.info.runbooks_dir) / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def sim_pool(self) -> dict[str, Any]:
+        """The twin cloud API's target for the stack's pool (a runbook's scaleUp.pool)."""
+        from worker.stack import POOL
+
+        return {
+            "provider": "sim",
+            "name": POOL,
+            "node_pool_label": POOL,
+            "endpoint": self.info.cloud_url,
+        }
+
+    def cloud_latency(self, seconds: float) -> None:
+        """Simulated seconds the twin cloud API's next resize operations run."""
+        from worker.stack import POOL
+
+        self.stack.twin("PUT", f"/sim/pools/{POOL}/cloud", {"latency": seconds})
+
+
+@dataclass
+class HistoryFacts:
+    workflow_task_timeouts: int  # workflow tasks a dead worker never finished
+    attempts: dict[str, int]  # activity type -> highest attempt that ran to an end
+
+
+async def history_facts(demo: Demo, workflow_id: str) -> HistoryFacts:
+    """What a remediation's history says about interrupted steps: a killed worker leaves a
+    timed-out workflow task (local activities, e.g. the hot path and the release) or an
+    activity whose finishing attempt is > 1 (heartbeat / start-to-close timeout, retried)."""
+    history = await demo.handle(workflow_id).fetch_history()
+    names: dict[int, str] = {}
+    attempts: dict[str, int] = {}
+    timeouts = 0
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+            timeouts += 1
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            names[event.event_id] = attrs.activity_type.name
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            started = event.activity_task_started_event_attributes
+            name = names.get(started.scheduled_event_id, "?")
+            attempts[name] = max(attempts.get(name, 0), started.attempt)
+    return HistoryFacts(timeouts, attempts)
+
+
+async def run_count(demo: Demo, workflow_id: str) -> int:
+    """Runs (executions) of one workflow id: 1 means nothing was started twice."""
+    return len([w async for w in demo.client.list_workflows(f"WorkflowId = '{workflow_id}'")])
 
 
 def _chain(err: BaseException | None) -> str:
