@@ -386,6 +386,31 @@ def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
 # --- budget count --------------------------------------------------------------------------
 
 
+def managed_rule_keys(kube: Kube, version: str) -> list[tuple[str | None, str]]:
+    """(node-pool label, device key) of every DeviceTaintRule Sickbay manages, read now.
+
+    Never served from a cache: counts running at the same moment share the list one of them
+    has under way (single flight), which can predate a caller by the milliseconds of one
+    request; a rule created meanwhile belongs to a remediation holding a budget lease, and
+    the budget counts leases too."""
+
+    def load() -> list[tuple[str | None, str]]:
+        body = kube.call(
+            _api(kube, version).list_device_taint_rule,
+            verb="list",
+            resource=RULES,
+            label_selector=MANAGED_SELECTOR,
+        )
+        out: list[tuple[str | None, str]] = []
+        for rule in body.get("items") or []:
+            m = meta(rule)
+            key = (m.get("annotations") or {}).get(ANN_DEVICE_KEY) or m.get("name", "")
+            out.append(((m.get("labels") or {}).get(LABEL_NODE_POOL), key))
+        return out
+
+    return list(kube.cached(("managed-rules", version), 0.0, load))
+
+
 def count_devices(kube: Kube, apis: ClusterApis, node_pool: str | None) -> DeviceCounts:
     counts = DeviceCounts()
     nodes = list_nodes(kube, max_age=NODES_MAX_AGE)  # usually resolve's list, ms old
@@ -400,19 +425,8 @@ def count_devices(kube: Kube, apis: ClusterApis, node_pool: str | None) -> Devic
             n for node, n in per_node.items() if node_pool and pool_of.get(node) == node_pool
         )
         if apis.taint_version:
-            body = kube.call(
-                _api(kube, apis.taint_version).list_device_taint_rule,
-                verb="list",
-                resource=RULES,
-                label_selector=MANAGED_SELECTOR,
-            )
-            for rule in body.get("items") or []:
-                m = meta(rule)
-                key = (m.get("annotations") or {}).get(ANN_DEVICE_KEY) or m.get("name", "")
-                pool = (m.get("labels") or {}).get(LABEL_NODE_POOL) or pool_of.get(
-                    key.split("/")[0]
-                )
-                quarantined.add((pool, key))
+            for pool, key in managed_rule_keys(kube, apis.taint_version):
+                quarantined.add((pool or pool_of.get(key.split("/")[0]), key))
     else:
         for n in nodes:
             capacity, _ = gpu_capacity(n)

@@ -13,7 +13,10 @@ Cases:
   a slice without nodeName, empty values);
 - count_devices against that twin: cluster and pool totals per physical GPU;
 - a storm of concurrent counts lists the ResourceSlices once, a count within the TTL not at
-  all, and a young cluster-wide device list is reused without a request.
+  all, and a young cluster-wide device list is reused without a request;
+- Sickbay's DeviceTaintRules are never cached for a count: concurrent counts share the list
+  one of them has under way (held 1 s by the twin here), and a count after a quarantine sees
+  the new rule.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from activities.kube.devices import (
 )
 from activities.kube.quarantine import count_devices
 from simulator.testing import RunningSim
-from workflows.models import CountDevicesInput
+from workflows.models import CountDevicesInput, DeviceRef, QuarantineInput, ResolveDeviceInput
 
 
 def _kube(sim: RunningSim) -> Kube:
@@ -205,3 +208,31 @@ def test_inventory_reuses_young_device_list(sim: RunningSim) -> None:
     sim.clear_requests()
     assert gpu_inventory(kube) == count_by_node(everything)
     assert sim.requests(resource="resourceslices") == []
+
+
+def test_counts_share_an_inflight_rule_list_but_never_cache_it(sim_factory: Any) -> None:
+    twin = sim_factory(profile="1.36", pools=MIXED)
+    acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
+    kube, apis = acts._kube, acts._apis()
+    env = ActivityEnvironment()
+    node = "mig-node-1"
+    device = asyncio.run(
+        env.run(acts.resolve_device, ResolveDeviceInput(device=DeviceRef(node=node, gpu_index=1)))
+    )
+    assert count_devices(kube, apis, "mig").cluster_quarantined == 0
+    asyncio.run(env.run(acts.quarantine_device, QuarantineInput(device=device, workflow_id="wf-1")))
+    after = count_devices(kube, apis, "mig")  # right after: read again, not remembered
+    assert (after.cluster_quarantined, after.pool_quarantined) == (1, 1)
+
+    def slow_rule_list(info: Any) -> float | None:
+        listing = info.verb == "list" and info.resource == "devicetaintrules"
+        return 1.0 if listing else None
+
+    twin.sim.add_request_interceptor(slow_rule_list)
+    twin.clear_requests()
+    callers = 12
+    with ThreadPoolExecutor(callers) as pool:
+        results = list(pool.map(lambda _: count_devices(kube, apis, "mig"), range(callers)))
+    assert {(c.cluster_quarantined, c.pool_quarantined) for c in results} == {(1, 1)}
+    # Without sharing every count lists once; each list is held 1 s, so they overlap.
+    assert len(twin.requests(verb="list", resource="devicetaintrules")) < callers // 2
