@@ -490,10 +490,11 @@ def findings(st: dict[str, Any]) -> list[str]:
     if st.get("slice_inventory_devices_ms") is not None:
         out.append(
             f"Storm: one budget count reads a per-node GPU summary of the cluster's "
-            f"ResourceSlices: {st['slice_inventory_ms']} ms of worker CPU for "
-            f"{st['slice_inventory_devices']} devices ({st.get('slice_inventory_gpus')} GPUs), "
-            f"against {st['slice_inventory_devices_ms']} ms to convert every device; loaded "
-            f"at most once per {SLICE_TTL:.0f} s and shared by concurrent counts."
+            f"ResourceSlices: {st['slice_inventory_ms']} ms of worker CPU to list, parse and "
+            f"summarise {st['slice_inventory_devices']} devices "
+            f"({st.get('slice_inventory_gpus')} GPUs), against "
+            f"{st['slice_inventory_devices_ms']} ms to list them as device objects; loaded at "
+            f"most once per {SLICE_TTL:.0f} s and shared by concurrent counts."
         )
     hook = st.get("webhook") or {}
     if w.get("p99", 0) > 1000 and hook.get("temporal_calls") is not None:
