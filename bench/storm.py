@@ -35,6 +35,7 @@ import random
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from temporalio.api.enums.v1 import EventType
@@ -65,6 +66,7 @@ from workflows.constants import (
 log = logging.getLogger("bench.storm")
 
 RETRIES = 5  # Alertmanager keeps retrying; five re-sends with backoff cover a 10 s storm
+POST_TIMEOUT = 30.0  # seconds per POST; a webhook answer slower than that counts as a failure
 
 
 def storm_alerts(devices: list[dict[str, Any]], total: int) -> list[dict[str, Any]]:
@@ -214,6 +216,77 @@ def quarantined_gpus(kube_url: str, creates: list[dict[str, Any]]) -> int:
     return len(keys - {None})
 
 
+class Lane:
+    """One keep-alive HTTP/1.1 connection to the webhook: the load generator's own minimal
+    client. Alertmanager does not run on Sickbay's cores, but this generator does: httpx's
+    pool re-checks every one of its 64 connections on each request (a socket poll each), which
+    cost the generator ~5 CPU-s per storm that the webhook and Temporal then lacked. Requests
+    are written pre-encoded and the answer read by Content-Length (or chunked)."""
+
+    def __init__(self, url: str, token: str) -> None:
+        parts = urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.head = (
+            f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            "Content-Length: "
+        ).encode()
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def connect(self) -> None:
+        self.close()
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+    async def post(self, body: bytes) -> int:
+        """Status code of one POST (at most POST_TIMEOUT); raises OSError, TimeoutError,
+        EOFError or ValueError on a failure."""
+        reused = self.writer is not None
+        if not reused:
+            await self.connect()
+        try:
+            return await asyncio.wait_for(self._exchange(body), POST_TIMEOUT)
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            self.close()
+            if not (reused and isinstance(exc, asyncio.IncompleteReadError) and not exc.partial):
+                raise
+        # The server closed an idle keep-alive connection as we reused it, before reading a
+        # byte of the request: send it again on a new one (Alertmanager would too).
+        await self.connect()
+        return await asyncio.wait_for(self._exchange(body), POST_TIMEOUT)
+
+    async def _exchange(self, body: bytes) -> int:
+        assert self.reader is not None and self.writer is not None
+        self.writer.write(self.head + str(len(body)).encode() + b"\r\n\r\n" + body)
+        await self.writer.drain()
+        status = int((await self.reader.readuntil(b"\r\n")).split()[1])
+        length, chunked, close = 0, False, False
+        while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
+            name, _, value = line.decode("latin-1").partition(":")
+            name, value = name.strip().lower(), value.strip().lower()
+            if name == "content-length":
+                length = int(value)
+            elif name == "transfer-encoding" and "chunked" in value:
+                chunked = True
+            elif name == "connection" and value == "close":
+                close = True
+        if chunked:
+            while size := int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16):
+                await self.reader.readexactly(size + 2)
+            await self.reader.readuntil(b"\r\n")
+        else:
+            await self.reader.readexactly(length)
+        if close:
+            self.close()
+        return status
+
+
 async def recorded_fingerprints(client: Any, wf_id: str, run_id: str | None = None) -> set[str]:
     history = await client.get_workflow_handle(wf_id, run_id=run_id).fetch_history()
     seen: set[str] = set()
@@ -282,45 +355,52 @@ async def run(
 
         rss_task = asyncio.create_task(sample_rss())
         token = webhook_token(stack)
-        headers = {"Authorization": f"Bearer {token}"}
         post_ms: list[float] = []
         acked: list[tuple[float, int]] = []  # (time, alerts) of each 200
         codes: dict[int, int] = {}
         retried = 0
         failed_batches = 0
-        sem = asyncio.Semaphore(concurrency)
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         webhook_base = info.webhook_url.rsplit("/v1/", 1)[0]
-        async with httpx.AsyncClient(timeout=30.0, limits=limits) as http:
+        lanes: asyncio.Queue[Lane] = asyncio.Queue()
+        for _ in range(concurrency):
+            lane = Lane(info.webhook_url, token)
+            await lane.connect()  # Alertmanager's connections are open before a storm
+            lanes.put_nowait(lane)
+        async with httpx.AsyncClient(timeout=30.0) as http:
             await http.get(webhook_base + "/healthz")
-            cpu_before = cpu_snapshot(info.pids)
-            t_start = time.time()
+        bodies = [json.dumps(notification(b)).encode() for b in batches]
+        cpu_before = cpu_snapshot(info.pids)
+        t_start = time.time()
 
-            async def send(i: int, batch: list[dict[str, Any]]) -> None:
-                nonlocal retried, failed_batches
-                await asyncio.sleep(max(0.0, t_start + i * interval - time.time()))
-                body = notification(batch)
-                async with sem:
-                    for attempt in range(RETRIES + 1):
-                        t0 = time.time()
-                        try:
-                            r = await http.post(info.webhook_url, json=body, headers=headers)
-                            code = r.status_code
-                        except httpx.HTTPError:
-                            code = 599
-                        t1 = time.time()
-                        post_ms.append((t1 - t0) * 1000)
-                        codes[code] = codes.get(code, 0) + 1
-                        if code == 200:
-                            acked.append((t1, len(batch)))
-                            return
-                        if attempt < RETRIES:
-                            retried += 1
-                            await asyncio.sleep(0.5 * 2**attempt)
+        async def send(i: int, batch: list[dict[str, Any]]) -> None:
+            nonlocal retried, failed_batches
+            await asyncio.sleep(max(0.0, t_start + i * interval - time.time()))
+            lane = await lanes.get()  # at most `concurrency` notifications in flight
+            try:
+                for attempt in range(RETRIES + 1):
+                    t0 = time.time()
+                    try:
+                        code = await lane.post(bodies[i])
+                    except (OSError, EOFError, ValueError, IndexError, TimeoutError):
+                        lane.close()  # reconnects on the next use
+                        code = 599
+                    t1 = time.time()
+                    post_ms.append((t1 - t0) * 1000)
+                    codes[code] = codes.get(code, 0) + 1
+                    if code == 200:
+                        acked.append((t1, len(batch)))
+                        return
+                    if attempt < RETRIES:
+                        retried += 1
+                        await asyncio.sleep(0.5 * 2**attempt)
                 failed_batches += 1
+            finally:
+                lanes.put_nowait(lane)
 
-            await asyncio.gather(*(send(i, b) for i, b in enumerate(batches)))
-            t_sent = time.time()
+        await asyncio.gather(*(send(i, b) for i, b in enumerate(batches)))
+        t_sent = time.time()
+        while not lanes.empty():
+            lanes.get_nowait().close()
 
         client = await connect(
             Settings(temporal_address=info.temporal_address, temporal_namespace=info.namespace)
