@@ -234,6 +234,7 @@ class Lane:
         ).encode()
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.body = b""  # the last answer's body
 
     async def connect(self) -> None:
         self.close()
@@ -277,11 +278,13 @@ class Lane:
             elif name == "connection" and value == "close":
                 close = True
         if chunked:
+            chunks = []
             while size := int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16):
-                await self.reader.readexactly(size + 2)
+                chunks.append((await self.reader.readexactly(size + 2))[:-2])
             await self.reader.readuntil(b"\r\n")
+            self.body = b"".join(chunks)
         else:
-            await self.reader.readexactly(length)
+            self.body = await self.reader.readexactly(length)
         if close:
             self.close()
         return status

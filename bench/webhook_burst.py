@@ -52,6 +52,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: find bench
+from bench.storm import Lane
 from workflows.constants import SEARCH_ATTRIBUTES, device_workflow_id
 
 TOKEN = "bench-token"
@@ -228,19 +230,33 @@ async def main() -> int:
         codes: list[int] = []
         post_ms: list[float] = []
         interval = args.per_request / args.rate if args.rate else 0.0
-        started_total = signalled_total = retried = 0
-        sem = asyncio.Semaphore(args.concurrency)
+        started_total = signalled_total = retried = accepted = 0
         limits = httpx.Limits(max_connections=args.concurrency)
 
         async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as http:
             # Warm up one connection and the webhook's Temporal client.
             await http.get("/healthz")
 
+            # The notifications go over the generator's own keep-alive lanes (bench/storm.py
+            # `Lane`), pre-encoded: httpx's pool would cost this process CPU the webhook and
+            # Temporal need on the same cores.
+            lanes: asyncio.Queue[Lane] = asyncio.Queue()
+            for _ in range(args.concurrency):
+                lane = Lane(f"{base}/v1/alertmanager", TOKEN)
+                await lane.connect()
+                lanes.put_nowait(lane)
+            bodies = [
+                json.dumps(
+                    {"version": "4", "status": "firing", "receiver": "sickbay", "alerts": b}
+                ).encode()
+                for b in batches
+            ]
+
             async def send(i: int, batch: list[dict[str, Any]]) -> None:
-                nonlocal started_total, signalled_total, retried
-                body = {"version": "4", "status": "firing", "receiver": "sickbay", "alerts": batch}
+                nonlocal started_total, signalled_total, retried, accepted
                 await asyncio.sleep(max(0.0, t0 + i * interval - time.perf_counter()))
-                async with sem:
+                lane = await lanes.get()
+                try:
                     sent = time.time()
                     for a in batch:
                         wid = device_workflow_id(a["labels"]["Hostname"], a["labels"]["UUID"])
@@ -248,28 +264,32 @@ async def main() -> int:
                     # Like Alertmanager: a 5xx is retried with backoff, the whole notification.
                     for attempt in range(args.retries + 1):
                         posted = time.perf_counter()
-                        resp = await http.post(
-                            "/v1/alertmanager",
-                            json=body,
-                            headers={"Authorization": f"Bearer {TOKEN}"},
-                        )
+                        try:
+                            code = await lane.post(bodies[i])
+                        except (OSError, EOFError, ValueError, IndexError, TimeoutError):
+                            lane.close()
+                            code = 599
                         post_ms.append((time.perf_counter() - posted) * 1000)
-                        if resp.status_code < 500 or attempt == args.retries:
+                        if code < 500 or attempt == args.retries:
                             break
                         retried += 1
                         await asyncio.sleep(0.2 * 2**attempt)
-                codes.append(resp.status_code)
-                if resp.status_code == 200:
-                    data = resp.json()
-                    started_total += data["started"]
-                    signalled_total += data["signalled"]
+                    codes.append(code)
+                    if code == 200:
+                        accepted += len(batch)
+                        data = json.loads(lane.body)
+                        started_total += data["started"]
+                        signalled_total += data["signalled"]
+                finally:
+                    lanes.put_nowait(lane)
 
             t0 = time.perf_counter()
             await asyncio.gather(*(send(i, b) for i, b in enumerate(batches)))
             wall = time.perf_counter() - t0
             metrics = (await http.get("/metrics")).text
+            while not lanes.empty():
+                lanes.get_nowait().close()
 
-        accepted = sum(len(b) for b, c in zip(batches, codes, strict=False) if c == 200)
         ok = codes.count(200)
         latencies: list[float] = []
         signals = 0
