@@ -257,10 +257,12 @@ class Lane:
             return await asyncio.wait_for(self._exchange(body), POST_TIMEOUT)
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             self.close()
-            if not (reused and isinstance(exc, asyncio.IncompleteReadError) and not exc.partial):
+            dropped = not isinstance(exc, asyncio.IncompleteReadError) or not exc.partial
+            if not (reused and dropped):
                 raise
-        # The server closed an idle keep-alive connection as we reused it, before reading a
-        # byte of the request: send it again on a new one (Alertmanager would too).
+        # A connection opened before this request failed before any answer: the server closed
+        # it while idle (keep-alive timeout). Send once more on a new one, as Alertmanager
+        # would; a repeat is deduplicated by the webhook.
         await self.connect()
         return await asyncio.wait_for(self._exchange(body), POST_TIMEOUT)
 
