@@ -57,7 +57,11 @@ RECONCILE_TIMEOUT = timedelta(seconds=30)
 RECONCILE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_attempts=3)
 
 
-@workflow.defn(name=WF_BUDGET)
+# Not sandboxed, like the remediation workflow: every lease update is a workflow task of this
+# one workflow, so the sandbox's per-activation cost sits on every remediation's hot path.
+# Deterministic by construction (state from updates, time from workflow.now()); the imports
+# contract and the replay tests guard it.
+@workflow.defn(name=WF_BUDGET, sandboxed=False)
 class BudgetWorkflow:
     @workflow.init
     def __init__(self, state: BudgetState) -> None:
