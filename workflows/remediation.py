@@ -34,7 +34,12 @@ never an exception. Non-retryable activity errors end in escalation too.
 
 Cheap happy path: the short calls (load-runbooks, resolve, evidence, consumers, budget,
 quarantine, release) are local activities, so alert -> DeviceTaintRule runs inside the first
-workflow task, and a happy remediation stays well under 60 history events.
+workflow task, and a happy remediation stays well under 60 history events. Independent calls
+run side by side (patch `concurrent-confirm`): load-runbooks with resolve-device, then
+gather-evidence with find-consumers and count-devices; the budget lease is asked as soon as
+the consumers fix the runbook, while the evidence may still be coming, and given back (a
+refused request withdrawn) when the procedure then decides not to quarantine. A refusal is
+only reported and escalated at the guard step, as before.
 
 Versioning: once deployed, any change to the command sequence goes behind
 `workflow.patched("<kebab-id>")` and refreshes tests/histories/.
@@ -415,22 +420,28 @@ class DeviceRemediationWorkflow:
         self._enter(Phase.CONFIRMING, awaiting="cluster evidence")
         # Concurrent confirm: independent local activities run side by side (runbooks with
         # resolve; evidence with consumers, the device counts and, once the runbook is known,
-        # the budget lease), so alert -> rule costs 3 local-activity round trips, not 7.
+        # the budget lease), so alert -> rule waits for 4 local activities in a row, not 7.
         concurrent = workflow.patched(PATCH_CONCURRENT_CONFIRM)
-        load_runbooks = self._local(ACT_LOAD_RUNBOOKS, None, RunbookSet, "load runbooks")
-        resolve = self._local(
-            ACT_RESOLVE_DEVICE, ResolveDeviceInput(device=inp.device), ResolvedDevice, "resolve"
-        )
+
+        def load_runbooks() -> Awaitable[RunbookSet]:
+            return self._local(ACT_LOAD_RUNBOOKS, None, RunbookSet, "load runbooks")
+
+        def resolve() -> Awaitable[ResolvedDevice]:
+            return self._local(
+                ACT_RESOLVE_DEVICE, ResolveDeviceInput(device=inp.device), ResolvedDevice, "resolve"
+            )
+
         if concurrent:
-            tasks = [asyncio.ensure_future(load_runbooks), asyncio.ensure_future(resolve)]
-            await workflow.wait(tasks)  # type: ignore[type-var]
-            if tasks[0].exception() is None:  # a failed resolve escalates through `default`
-                self._fallback = tasks[0].result().get(DEFAULT_RUNBOOK) or self._fallback
-            runbooks, device = await self._all(*tasks)
+            loading = asyncio.ensure_future(load_runbooks())
+            resolving = asyncio.ensure_future(resolve())
+            await workflow.wait([loading, resolving])  # type: ignore[type-var]
+            if loading.exception() is None:  # a failed resolve escalates through `default`
+                self._fallback = loading.result().get(DEFAULT_RUNBOOK) or self._fallback
+            runbooks, device = await self._all(loading, resolving)
         else:
-            runbooks = await load_runbooks
-            device = await resolve
-        self._fallback = runbooks.get(DEFAULT_RUNBOOK) or self._fallback
+            runbooks = await load_runbooks()
+            self._fallback = runbooks.get(DEFAULT_RUNBOOK) or self._fallback
+            device = await resolve()
         self._device = device
         self._status.device, self._status.node = device.key, device.node
         wf_id = workflow.info().workflow_id
