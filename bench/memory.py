@@ -84,6 +84,7 @@ async def run(count: int = 1000, per_notification: int = 20, rate: float = 5.0) 
             "holding": held,
             "failed": failed,
             "alert_rate": rate,
+            "max_cached_workflows": Settings().max_cached_workflows,
             "worker_log": signs,
             "seconds_to_all_holding": round(all_in, 1),
             "rss_idle_mb": round(idle, 1),

@@ -99,8 +99,8 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
     if mem:
         out += [
             f"| worker RSS, {mem['remediations']} remediations in flight | "
-            f"{mem['rss_in_flight_mb']:.0f} MiB | <= 300 MB | "
-            f"{_ok(mem['rss_in_flight_mb'] <= 300)} |",
+            f"{mem['rss_in_flight_mb'] * 1.048576:.0f} MB ({mem['rss_in_flight_mb']:.0f} MiB) "
+            f"| <= 300 MB | {_ok(mem['rss_in_flight_mb'] * 1.048576 <= 300)} |",
         ]
     out.append("")
     if lat and lat["sickbay"].get("n"):

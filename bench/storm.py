@@ -27,7 +27,6 @@ The blast-radius budget is made binding: every generated runbook gets maxPerClus
 from __future__ import annotations
 
 import asyncio
-import compileall
 import contextlib
 import json
 import logging
@@ -43,7 +42,6 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError
 
 from bench.common import (
-    ROOT,
     dcgm_alert,
     gpus,
     notification,
@@ -329,11 +327,6 @@ async def run(
     # worker would refuse must not silently leave the generated runbooks' default in force.
     policy = BudgetPolicy.model_validate({"maxPerPool": "50%", "maxPerCluster": cluster_budget})
     budget_limit = BudgetPolicy.limit(policy.max_per_cluster, nodes * gpus_per_node)
-    # Installed images carry bytecode (pip compiles at install); a checkout run with
-    # PYTHONDONTWRITEBYTECODE=1 has none, and the worker's workflow sandbox then compiles
-    # workflows/remediation.py for every workflow instance it creates (~8 ms of CPU each, on
-    # the storm's hot path). Compile once, as an install would.
-    await asyncio.to_thread(compileall.compile_dir, ROOT / "workflows", quiet=1)
     signs: dict[str, int] = {}  # filled from the worker's log when the stack stops
     t_boot = time.monotonic()
     stack = await asyncio.to_thread(
