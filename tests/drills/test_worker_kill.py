@@ -12,6 +12,8 @@ lands where is known. Drill runbooks (written next to the demo runbooks, pinned 
 label `sickbay.dev/workload-class`): `drill-hold` (long eviction timeout and Pending deadline,
 no scale-up, release only when marked repaired), `drill-scale` (Pending deadline 3 s, scale-up
 through the twin cloud API) and `drill-budget` (budget of 1 GPU per pool).
+The twin's Alertmanager group interval is 1 s (alerts of one node are grouped; a GPU failing
+next to an earlier one would otherwise wait 10 s for its group's next notification).
 
 Parked at the kill, one GPU each:
 
@@ -25,7 +27,7 @@ Parked at the kill, one GPU each:
 | Pending wait | P's replacement is pinned to P's node, whose other GPU a filler pod holds;    |
 |              | `wait-replacement` (300 s deadline) runs                                      |
 | scale-up     | S's Pending deadline (3 s) passed; `request-capacity` waits on the pool       |
-|              | scaler while the twin cloud API's resize runs (latency set to 80 s)           |
+|              | scaler while the twin cloud API's resize runs (latency set to 50 s)           |
 | escalation   | N's budget (1 GPU per pool) is exhausted: it escalates; the sink holds the    |
 |              | page (fault rule: held 8 s, then 503, nothing recorded)                       |
 | release      | R is marked repaired; the twin holds the delete of R's rule                   |
@@ -79,10 +81,10 @@ HELD_SECONDS = 12.0
 # The page is held for 8 s, below the notify client's 10 s timeout: the kill lands while the
 # sink still holds it (the drill kills within a poll, 0.2 s, of seeing it held).
 PAGE_HOLD_SECONDS = 8.0
-# The twin cloud API's resize runs 80 s (2,400 simulated s at 30x): long enough to park the
-# other boundaries after S's resize started; its end is about when S's request-capacity is
-# retried anyway (45 s heartbeat timeout + 10 s backoff after the kill).
-RESIZE_SECONDS = 80.0
+# The twin cloud API's resize runs 50 s (1,500 simulated s at 30x): the other boundaries are
+# parked within seconds of S's resize starting (15 s under load), and it ends before S's
+# request-capacity is retried anyway (45 s heartbeat timeout + 10 s backoff after the kill).
+RESIZE_SECONDS = 50.0
 # A killed wait is retried after its 60 s heartbeat timeout (+5 s backoff), request-capacity
 # after 45 s (+10 s) and the resize's end, the page after 30 s (+10 s); plus worker start-up
 # on a loaded 2-core machine.
@@ -238,6 +240,10 @@ async def test_one_sigkill_at_every_phase_boundary(tmp_path: Path) -> None:
     async with drill_stack(tmp_path, nodes=5, gpus_per_node=2, pool_max=6) as d:
         demo = d.demo
         drill_runbooks(d)
+        # The twin's Alertmanager groups alerts per (alertname, node): a GPU failing on a node
+        # with an earlier alert waits for the group interval (5 simulated min = 10 s here).
+        # 1 s instead, so the short parks below take seconds.
+        d.stack.twin("PUT", "/sim/alerts", {"groupInterval": 30})
         for ns in ("drill-r", "drill-e", "drill-p", "drill-s", "drill-q", "drill-c", "drill-n"):
             await demo.namespace(ns)
         # Placement: node-0 R (+ its replacement), node-1 E (+ its replacement), node-2 P and
@@ -304,10 +310,12 @@ async def test_one_sigkill_at_every_phase_boundary(tmp_path: Path) -> None:
         )
         await demo.repaired(_Incident(wf_r), actor="drill")
         await demo.until("R's rule delete to be held", _hit(d, hold_r), PARKING)
+        short_from = time.monotonic()
         hold_q = d.api_fault("timeout", "create", "devicetaintrules", timeoutSeconds=HELD_SECONDS)
         await demo.fail(gpu_q)
         wf_q = await started(demo, gpu_q)
         await demo.until("Q's rule create to be held", _hit(d, hold_q), PARKING)
+        print(f"[{time.monotonic() - t0:5.0f}s] R, Q held", flush=True)
         hold_c = d.api_fault(
             "timeout",
             "list",
@@ -340,7 +348,11 @@ async def test_one_sigkill_at_every_phase_boundary(tmp_path: Path) -> None:
         await demo.until("N's page to be held by the sink", page_held, PARKING)
         assert d.kill_worker() == 1
         killed_at = time.monotonic()
-        print(f"[{killed_at - t0:5.0f}s] SIGKILL", flush=True)
+        print(
+            f"[{killed_at - t0:5.0f}s] C, N held; SIGKILL {killed_at - short_from:.0f} s after "
+            "the first held local activity (it gives up after ~50 s)",
+            flush=True,
+        )
 
         # -- still parked at the kill? (nothing can move without a worker) -------------------
         assert [f["holding"] for f in d.sink_faults()] == [1], "the page was in flight"
@@ -434,6 +446,8 @@ async def test_one_sigkill_at_every_phase_boundary(tmp_path: Path) -> None:
             f"[{time.monotonic() - t0:5.0f}s] seven boundaries, one kill: all closed; "
             f"resumed {recovered:.0f} s after SIGKILL"
         )
+        for wf_id, f in facts.items():
+            print(f"  {wf_id[:40]}: {f.workflow_task_timeouts} WFT timeout(s), {f.attempts}")
 
 
 class _Incident:
