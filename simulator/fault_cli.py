@@ -163,6 +163,8 @@ def cmd_api_fault(args: argparse.Namespace) -> int:
         }
         if args.count is not None:
             body["count"] = args.count
+        if args.match:
+            body["match"] = args.match
         _print(_call(args, "POST", "/sim/api-faults", body))
     return 0
 
@@ -233,6 +235,11 @@ def register_fault_commands(sim_subparsers: Any) -> None:
     api.add_argument("--count", type=int, default=None, help="stop after this many")
     api.add_argument(
         "--timeout-seconds", type=float, default=30.0, help="how long a timeout request hangs"
+    )
+    api.add_argument(
+        "--match",
+        default="",
+        help="only requests whose decoded path+query contain this, e.g. spec.nodeName=node-1",
     )
     _common(api)
     api.set_defaults(func=_run(cmd_api_fault))

@@ -261,6 +261,9 @@ def test_cli_commands(twin: Any, capsys: pytest.CaptureFixture[str]) -> None:
     assert run("fail", NODE, "9", "--xid", "79") == 1
     assert "not found" in capsys.readouterr().err
     assert run("api-fault", "add", "500", "--verb", "delete") == 0
+    assert run("api-fault", "add", "409", "--verb", "patch", "--match", "/nodes/x") == 0
+    rules = t.sim("GET", "/sim/api-faults").json()["items"]
+    assert [r["match"] for r in rules] == ["", "/nodes/x"]
     assert run("api-fault", "clear") == 0
     assert run("resize", "gpu-pool", "2") == 0
     eventually(lambda: len(t.core.list_node().items) == 2)
