@@ -57,7 +57,7 @@ from typing import Any
 import pytest
 
 from tests.drills.conftest import Drill, closed, drill_stack, history_facts, run_count
-from worker.scenarios import Demo
+from worker.scenarios import Demo, Incident
 from workflows.constants import (
     ACT_NOTIFY,
     ACT_REQUEST_CAPACITY,
@@ -308,7 +308,7 @@ async def test_one_sigkill_at_every_phase_boundary(tmp_path: Path) -> None:
         hold_r = d.api_fault(
             "timeout", "delete", "devicetaintrules", timeoutSeconds=HELD_SECONDS, match=rule_r
         )
-        await demo.repaired(_Incident(wf_r), actor="drill")
+        await demo.repaired(_incident(wf_r), actor="drill")
         await demo.until("R's rule delete to be held", _hit(d, hold_r), PARKING)
         short_from = time.monotonic()
         hold_q = d.api_fault("timeout", "create", "devicetaintrules", timeoutSeconds=HELD_SECONDS)
@@ -376,7 +376,7 @@ async def test_one_sigkill_at_every_phase_boundary(tmp_path: Path) -> None:
         await merge_patch(demo, e_path, {"metadata": {"finalizers": None}})
         await demo.k("DELETE", "/api/v1/namespaces/drill-p/pods/filler")
 
-        st_r_closed = await closed(demo, _Incident(wf_r), within=AFTER_KILL)
+        st_r_closed = await closed(demo, _incident(wf_r), within=AFTER_KILL)
         assert st_r_closed.outcome == "released", (st_r_closed.outcome, st_r_closed.reason)
         for wf_id in (wf_q, wf_c, wf_e, wf_p, wf_s):
             await reach(demo, wf_id, {Phase.HOLDING}, AFTER_KILL)
@@ -394,12 +394,12 @@ async def test_one_sigkill_at_every_phase_boundary(tmp_path: Path) -> None:
         await demo.running("drill-e", "e")
 
         # N first: once the others release, a budget slot would free up for it.
-        await demo.repaired(_Incident(wf_n), actor="drill")
-        results = {wf_r: st_r_closed, wf_n: await closed(demo, _Incident(wf_n), within=60)}
+        await demo.repaired(_incident(wf_n), actor="drill")
+        results = {wf_r: st_r_closed, wf_n: await closed(demo, _incident(wf_n), within=60)}
         for wf_id in (wf_q, wf_c, wf_e, wf_p, wf_s):
-            await demo.repaired(_Incident(wf_id), actor="drill")
+            await demo.repaired(_incident(wf_id), actor="drill")
         for wf_id in (wf_q, wf_c, wf_e, wf_p, wf_s):
-            results[wf_id] = await closed(demo, _Incident(wf_id), within=60)
+            results[wf_id] = await closed(demo, _incident(wf_id), within=60)
 
         # -- the invariants ---------------------------------------------------------------------
         outcomes = {wf_id: r.outcome for wf_id, r in results.items()}
@@ -446,16 +446,16 @@ async def test_one_sigkill_at_every_phase_boundary(tmp_path: Path) -> None:
             f"[{time.monotonic() - t0:5.0f}s] seven boundaries, one kill: all closed; "
             f"resumed {recovered:.0f} s after SIGKILL"
         )
+        names = {wf_r: "R", wf_q: "Q", wf_c: "C", wf_e: "E", wf_p: "P", wf_s: "S", wf_n: "N"}
         for wf_id, f in facts.items():
-            print(f"  {wf_id[:40]}: {f.workflow_task_timeouts} WFT timeout(s), {f.attempts}")
+            print(
+                f"  {names[wf_id]}: {f.workflow_task_timeouts} workflow task(s) timed out, {f.attempts}"
+            )
 
 
-class _Incident:
-    """What Demo.repaired / conftest.closed need: a workflow id."""
-
-    def __init__(self, workflow_id: str) -> None:
-        self.workflow_id = workflow_id
-        self.result: Any = None
+def _incident(workflow_id: str) -> Incident:
+    """What Demo.repaired / conftest.closed need (no phase watcher: the drill polls itself)."""
+    return Incident(workflow_id, device="", title="")
 
 
 def _hit(d: Drill, rule_id: int) -> Any:
