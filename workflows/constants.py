@@ -25,6 +25,7 @@ SWEEP_SCHEDULE_ID = "sickbay-health-sweep"
 
 # --- signals / updates / queries on the remediation workflow ---------------------------------
 SIG_ALERT = "alert"  # more evidence (AlertEvidence)
+SIG_ALERTS = "alerts"  # several alerts at once (list[AlertEvidence]), each as SIG_ALERT
 SIG_ALERT_RESOLVED = "alert-resolved"  # AlertResolved
 SIG_ABORT = "abort"  # AbortRequest
 SIG_REPAIRED = "repaired"  # RepairedRequest

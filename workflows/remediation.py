@@ -88,6 +88,7 @@ with workflow.unsafe.imports_passed_through():
         SIG_ABORT,
         SIG_ALERT,
         SIG_ALERT_RESOLVED,
+        SIG_ALERTS,
         SIG_BUDGET_FREED,
         SIG_REPAIRED,
         UPD_APPROVE,
@@ -320,6 +321,13 @@ class DeviceRemediationWorkflow:
     @workflow.signal(name=SIG_ALERT)
     def alert(self, evidence: AlertEvidence) -> None:
         self._add_alerts([evidence])
+
+    @workflow.signal(name=SIG_ALERTS)
+    def alert_batch(self, evidence: list[AlertEvidence]) -> None:
+        """Several alerts in one signal (the webhook coalesces a storm's deliveries for one
+        workflow): each is handled exactly as its own `alert` signal would be."""
+        for one in evidence:
+            self._add_alerts([one])
 
     @workflow.signal(name=SIG_ALERT_RESOLVED)
     def alert_resolved(self, resolved: AlertResolved) -> None:
