@@ -8,7 +8,9 @@ every trigger reaches the same workflow for a physical GPU:
 - `id_conflict_policy=USE_EXISTING`: a second trigger for a running remediation signals it
   instead of starting another; after a remediation closed, a new alert starts a new run;
 - `start_signal=alert` carries the evidence; the workflow de-duplicates it by fingerprint,
-  so Alertmanager's repeated notifications are harmless.
+  so Alertmanager's repeated notifications are harmless. Several alerts for one device go as
+  ONE call with `start_signal=alerts` (a list, each applied as its own `alert`): the webhook
+  coalesces a storm's deliveries this way.
 
 `signal_with_start()` is the plain async function (webhook and CLI call it with their client);
 `LaunchActivities.signal_with_start_remediation` wraps it as the `signal-with-start-remediation`
@@ -18,6 +20,7 @@ activity for workflows (sweep, maintenance), which must not talk to Temporal the
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from temporalio import activity
@@ -29,6 +32,7 @@ from workflows.constants import (
     ACT_SIGNAL_WITH_START,
     ERR_INVALID_INPUT,
     SIG_ALERT,
+    SIG_ALERTS,
     WF_REMEDIATE,
 )
 from workflows.models import (
@@ -60,19 +64,31 @@ async def signal_with_start(
     *,
     task_queue: str,
     evidence: AlertEvidence | None = None,
+    evidence_list: Sequence[AlertEvidence] | None = None,
 ) -> LaunchResult:
     """Start the device's remediation, or signal the running one with `evidence`.
 
+    `evidence_list` instead sends several alerts in one call: one is an `alert` signal as
+    with `evidence`, more are one `alerts` signal carrying the list (never both arguments).
     The device must be canonical (node + GPU UUID); resolve other forms first (the CLI does
     it through the resolve-device activity code). Raises ValueError otherwise.
     """
+    if evidence_list is not None and (evidence is not None or not evidence_list):
+        raise ValueError("pass either evidence or a non-empty evidence_list, not both")
     if not inp.device.canonical:
         raise ValueError(
             f"device {inp.device.key} has no node + GPU UUID; resolve it before launching "
             "(the workflow id is derived from node + UUID so every trigger meets one workflow)"
         )
     workflow_id = inp.device.workflow_id()
-    ev = evidence if evidence is not None else manual_evidence(inp)
+    signal_args: list[AlertEvidence] | list[list[AlertEvidence]]
+    if evidence_list is not None and len(evidence_list) > 1:
+        batch = list(evidence_list)
+        signal, signal_args, what = SIG_ALERTS, [batch], f"{len(batch)} alerts"
+    else:
+        one = evidence_list[0] if evidence_list else evidence
+        ev = one if one is not None else manual_evidence(inp)
+        signal, signal_args, what = SIG_ALERT, [ev], f"alert {ev.fingerprint or ev.alertname}"
     handle = await client.start_workflow(
         WF_REMEDIATE,
         inp,
@@ -83,19 +99,19 @@ async def signal_with_start(
         # A closed remediation may be followed by a new one for the same GPU (it failed
         # again after release), so closed ids are reusable.
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        start_signal=SIG_ALERT,
-        start_signal_args=[ev],
+        start_signal=signal,
+        start_signal_args=signal_args,
     )
     # SignalWithStartWorkflowExecutionResponse.started says whether this call created the
     # run. (The time-skipping test server leaves it unset, so there it always reads False.)
     resp = getattr(handle, "_start_workflow_response", None)
     started = bool(getattr(resp, "started", False))
     log.info(
-        "%s remediation %s for %s (alert %s)",
+        "%s remediation %s for %s (%s)",
         "started" if started else "signalled",
         workflow_id,
         inp.device.key,
-        ev.fingerprint or ev.alertname,
+        what,
     )
     return LaunchResult(
         workflow_id=workflow_id,

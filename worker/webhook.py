@@ -17,24 +17,34 @@ Status codes, so that Alertmanager's retry does the right thing:
          is harmless because the workflow de-duplicates evidence by alert fingerprint
     502  Temporal refused a call for another reason (also retried)
 
-One Temporal call per *distinct* alert, not per alert. A delivery is identified by
+At most one Temporal call per *workflow* at a time, and one per *distinct* alert at most.
+A delivery is identified by
 (workflow id, status, fingerprint, startsAt): Alertmanager repeats an alert with the same
 fingerprint and startsAt for as long as it fires, and a re-fire after resolution gets a new
 startsAt. For each delivery key:
 
     accepted by Temporal <= SICKBAY_WEBHOOK_DEDUP_SECONDS ago (60 s)  -> acknowledged, no call
-    being delivered right now (any notification)      -> await that call, share its outcome
-    otherwise                                         -> one call (signal-with-start / signal)
-and identical alerts inside one notification are one delivery. Only a call Temporal accepted
+    queued or being delivered (any notification)      -> await that delivery, share its outcome
+    otherwise                                         -> queued on its workflow's lane
+and identical alerts inside one notification are one delivery. Each workflow id has a lane:
+one call in flight at a time; deliveries arriving meanwhile (from this or any other
+notification) wait and go together as ONE call when it finishes, so a storm costs about one
+call per workflow per call time, not one per distinct alert. A lane's call sends every queued
+firing delivery as one signal-with-start (`alert` for one, `alerts` with the list for more),
+then the queued resolved ones as `alert-resolved` signals (firing first, so a resolved alert
+finds the workflow its firing one started). Only a call Temporal accepted
 is remembered (bounded: SICKBAY_WEBHOOK_DEDUP_ENTRIES, oldest dropped first); a failed call
 fails every alert waiting on it (503), and the sender's retry calls again. Skipping a repeat is
 safe because the workflow de-duplicates evidence by fingerprint anyway; the window is
 measured from acceptance (a hit does not extend it), so an alert that keeps firing reaches
 Temporal again at least once per window (a remediation that closed meanwhile restarts then).
 
-Per-alert work is small (pydantic parse, a dict lookup, at most one RPC); the calls of one
-notification run concurrently per workflow (one workflow's in order, firing first), bounded
-process-wide by `webhook_concurrency`, over one shared client.
+A POST is acknowledged (200) only when Temporal accepted every one of its alerts; a failed
+call fails every delivery it carried (503/502 as above), and a queued delivery whose every
+waiting notification gave up (deadline) before its call took a slot is dropped unsent, so an
+overloaded server is not sent work nobody waits for (the sender's retry queues it again).
+Per-alert work is small (pydantic parse, a dict lookup); calls of different workflows run
+concurrently, bounded process-wide by `webhook_concurrency`, over one shared client.
 """
 
 from __future__ import annotations
@@ -250,6 +260,17 @@ class WebhookMetrics:
             buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             registry=r,
         )
+        self.call_alerts = Histogram(
+            "sickbay_webhook_temporal_call_alerts",
+            "Distinct alerts (delivery keys) carried by one Temporal call",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
+            registry=r,
+        )
+        self.deliveries_dropped = Counter(
+            "sickbay_webhook_deliveries_dropped",
+            "Queued deliveries not sent because every notification waiting for them gave up",
+            registry=r,
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -267,8 +288,8 @@ CACHEABLE = frozenset({"started", "signalled", "resolved-signalled"})
 class RecentDeliveries:
     """Deliveries Temporal accepted in the last `ttl` seconds, and the ones in flight.
 
-    - `inflight`: delivery key -> the one call delivering it now (single-flight: an identical
-      alert arriving meanwhile awaits that call and shares its outcome, success or failure).
+    - `inflight`: delivery key -> the one delivery queued or being sent now (single-flight: an
+      identical alert arriving meanwhile awaits it and shares its outcome, success or failure).
     - accepted keys, oldest first: `recent(key)` is true for `ttl` seconds after Temporal
       accepted it (a hit does not extend the window, so an alert that keeps firing reaches
       Temporal again at least once per window). At most `max_entries` keys; past that the
@@ -283,7 +304,7 @@ class RecentDeliveries:
         self.max_entries = max_entries
         self._clock = clock
         self._accepted: OrderedDict[DeliveryKey, float] = OrderedDict()
-        self.inflight: dict[DeliveryKey, asyncio.Future[str]] = {}
+        self.inflight: dict[DeliveryKey, Delivery] = {}
 
     def __len__(self) -> int:
         return len(self._accepted)
@@ -309,6 +330,27 @@ class RecentDeliveries:
             if len(self._accepted) <= self.max_entries and now - oldest_at < self.ttl:
                 break
             del self._accepted[oldest_key]
+
+
+@dataclass(eq=False)
+class Delivery:
+    """One distinct alert on its way to Temporal. `call` resolves to the result for this key
+    (started, signalled, resolved-signalled, resolved-no-workflow) or the call's error;
+    `waiters`: notifications awaiting it now (0 before its call: nobody wants it sent)."""
+
+    key: DeliveryKey
+    alert: MappedAlert
+    call: asyncio.Future[str]
+    waiters: int = 0
+
+
+@dataclass(eq=False)
+class Lane:
+    """One workflow id's deliveries: `queued` wait for the next call; `task` sends them, one
+    call at a time, until none are left (then the lane is dropped)."""
+
+    queued: dict[DeliveryKey, Delivery] = field(default_factory=dict)
+    task: asyncio.Future[None] | None = None
 
 
 class TemporalUnavailable(Exception):
@@ -353,6 +395,7 @@ class AlertService:
         self._lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(webhook.webhook_concurrency)
         self.recent = RecentDeliveries(webhook.webhook_dedup_seconds, webhook.webhook_dedup_entries)
+        self.lanes: dict[str, Lane] = {}  # workflow id -> its lane, while it has deliveries
 
     @property
     def connected(self) -> bool:
@@ -474,64 +517,141 @@ class AlertService:
     async def _run_group(
         self, client: Client, group: Sequence[list[MappedAlert]], out: Outcome
     ) -> None:
-        """The deliveries of one workflow, one after the other (firing first).
+        """The deliveries of one workflow in this notification (firing first).
 
-        Each entry is one delivery key with every alert of this notification that has it:
-        one RPC serves them all. A key Temporal accepted within the dedup window is answered
-        from memory; a key another notification is delivering right now is awaited, not sent
-        twice. Only the key's own RPC succeeding acknowledges it.
+        Each entry is one delivery key with every alert of this notification that has it. A
+        key Temporal accepted within the dedup window is answered from memory; a key already
+        queued or in flight (any notification) is awaited, not sent twice; the rest are queued
+        on the workflow's lane together, so they go in one call. Only the call that carried a
+        key succeeding acknowledges it.
         """
+        waiting = self._enqueue(client, group, out)
+        try:
+            for same, d, own in waiting:
+                try:
+                    result = await asyncio.shield(d.call)
+                except RPCError as exc:
+                    reason = (
+                        "temporal-unavailable" if exc.status in _TRANSIENT else "temporal-error"
+                    )
+                    detail = f"{exc.status.name if exc.status else ''}: {exc}"
+                    for a in same:
+                        self._failed(out, a, reason, detail)
+                    continue
+                except asyncio.CancelledError:
+                    if not d.call.cancelled():
+                        raise  # this notification's deadline: handle() reports it
+                    for a in same:  # dropped unsent, or cut off by shutdown
+                        self._failed(out, a, "temporal-unavailable", "delivery cancelled")
+                    continue
+                except Exception as exc:  # the SDK raises RuntimeError on a dropped connection
+                    log.warning("Temporal call for %s failed: %r", same[0].workflow_id, exc)
+                    for a in same:
+                        self._failed(out, a, "temporal-unavailable", repr(exc))
+                    continue
+                if own:
+                    self._accepted(out, same[:1], result)
+                    self._accepted(out, same[1:], None, via="notification")
+                else:
+                    self._accepted(out, same, None, via="in-flight")
+        finally:
+            for _same, d, _own in waiting:
+                d.waiters -= 1
+
+    def _enqueue(
+        self, client: Client, group: Sequence[list[MappedAlert]], out: Outcome
+    ) -> list[tuple[list[MappedAlert], Delivery, bool]]:
+        """Queue this notification's new deliveries for one workflow, all at once (no await
+        in here, so they land in the same call), and join the ones already on their way.
+        Returns (alerts, delivery, queued by this notification) to await."""
         recent = self.recent
+        waiting: list[tuple[list[MappedAlert], Delivery, bool]] = []
+        lane: Lane | None = None
         for same in group:
             m = same[0]
             key = m.delivery_key()
             if recent.recent(key):
                 self._accepted(out, same, None, via="recent")
                 continue
-            call = recent.inflight.get(key)
-            own = call is None
-            if call is None:
-                # Waiting for a slot is where the notification's deadline cancels: an alert
-                # that never reached Temporal costs nothing. A call that did reach it is
-                # shielded and left to finish (keeping its slot until then), so an overloaded
-                # server does not redo work that a cancellation would have thrown away; the
-                # sender's retry then finds it delivered (or in flight).
-                await self._slots.acquire()
-                # While this waited, another notification may have delivered or sent the key.
-                if recent.recent(key):
-                    self._slots.release()
-                    self._accepted(out, same, None, via="recent")
-                    continue
-                call = recent.inflight.get(key)
-                own = call is None
-                if call is None:
-                    call = asyncio.ensure_future(self._deliver(client, m))
-                    recent.inflight[key] = call
-                    call.add_done_callback(functools.partial(self._call_done, key))
+            d = recent.inflight.get(key)
+            if d is not None and d.call.done():
+                # It just ended (its done callback has not run yet): join a success, but never
+                # a failed or dropped one, which the sender's retry must send again.
+                if d.call.cancelled() or d.call.exception() is not None:
+                    d = None
+            own = d is None
+            if d is None:
+                if lane is None:
+                    lane = self.lanes.setdefault(m.workflow_id, Lane())
+                d = Delivery(key, m, asyncio.get_running_loop().create_future())
+                recent.inflight[key] = d
+                d.call.add_done_callback(functools.partial(self._delivery_done, d))
+                lane.queued[key] = d
+            d.waiters += 1
+            waiting.append((same, d, own))
+        if lane is not None and lane.task is None:
+            lane.task = asyncio.ensure_future(self._drive(client, group[0][0].workflow_id, lane))
+        return waiting
+
+    async def _drive(self, client: Client, workflow_id: str, lane: Lane) -> None:
+        """Send the lane's queued deliveries, one call at a time, until none are left."""
+        batch: list[Delivery] = []
+        try:
+            while lane.queued:
+                batch = list(lane.queued.values())
+                lane.queued = {}
+                await self._send(client, batch)
+        finally:
+            # No await since the loop saw the queue empty: nothing was queued meanwhile.
+            for d in [*batch, *lane.queued.values()]:
+                if not d.call.done():  # cancelled (shutdown) part-way
+                    d.call.cancel()
+            lane.queued = {}
+            if self.lanes.get(workflow_id) is lane:
+                del self.lanes[workflow_id]
+
+    async def _send(self, client: Client, batch: list[Delivery]) -> None:
+        """One call for the batch's firing deliveries (signal-with-start), then one signal per
+        resolved delivery; each delivery's future gets its own outcome."""
+        queued_at = time.perf_counter()
+        # Waiting for a slot is where an overloaded server sheds load: a delivery whose every
+        # notification gave up meanwhile is dropped unsent (the sender's retry queues it again).
+        async with self._slots:
+            live = []
+            for d in batch:
+                if d.waiters > 0:
+                    live.append(d)
                 else:
-                    self._slots.release()
-            started = time.perf_counter()
-            try:
-                result = await asyncio.shield(call)
-            except RPCError as exc:
-                reason = "temporal-unavailable" if exc.status in _TRANSIENT else "temporal-error"
-                for a in same:
-                    self._failed(out, a, reason, f"{exc.status.name if exc.status else ''}: {exc}")
-                continue
-            except Exception as exc:  # the SDK raises RuntimeError on a dropped connection
-                log.warning("Temporal call for %s failed: %r", m.workflow_id, exc)
-                for a in same:
-                    self._failed(out, a, "temporal-unavailable", repr(exc))
-                continue
-            finally:
-                if own:
+                    self.metrics.deliveries_dropped.inc()
+                    d.call.cancel()
+            firing = [d for d in live if d.alert.status == "firing"]
+            if firing:
+                self.metrics.call_alerts.observe(len(firing))
+                try:
+                    result = await self._fire(client, [d.alert for d in firing])
+                except Exception as exc:
+                    for d in firing:
+                        d.call.set_exception(exc)
+                else:
+                    self.metrics.workflows.labels(result).inc()
+                    for i, d in enumerate(firing):  # the first one started it, if this did
+                        d.call.set_result(result if i == 0 else "signalled")
+                finally:
+                    self.metrics.call_latency.observe(time.perf_counter() - queued_at)
+            for d in live:
+                if d.alert.status == "firing":
+                    continue
+                started = time.perf_counter()
+                self.metrics.call_alerts.observe(1)
+                try:
+                    result = await self._resolve(client, d.alert)
+                except Exception as exc:
+                    d.call.set_exception(exc)
+                else:
+                    self.metrics.workflows.labels(result).inc()
+                    d.call.set_result(result)
+                finally:
                     self.metrics.call_latency.observe(time.perf_counter() - started)
-            if own:
-                self.metrics.workflows.labels(result).inc()
-                self._accepted(out, same[:1], result)
-                self._accepted(out, same[1:], None, via="notification")
-            else:
-                self._accepted(out, same, None, via="in-flight")
 
     def _accepted(
         self, out: Outcome, alerts: Sequence[MappedAlert], result: str | None, via: str = ""
@@ -555,44 +675,46 @@ class AlertService:
                 entry["via"] = via
             out.results.append(entry)
 
-    def _call_done(self, key: DeliveryKey, call: asyncio.Future[str]) -> None:
-        self._slots.release()
-        if self.recent.inflight.get(key) is call:
-            del self.recent.inflight[key]
+    def _delivery_done(self, d: Delivery, call: asyncio.Future[str]) -> None:
+        if self.recent.inflight.get(d.key) is d:
+            del self.recent.inflight[d.key]
         if call.cancelled():
             return
         # Retrieving the error marks it seen: the waiting requests reported it, or it came
         # after their deadline, when the sender is already retrying. A failure is never
         # remembered, so the retry sends again.
         if call.exception() is None and call.result() in CACHEABLE:
-            self.recent.remember(key)
+            self.recent.remember(d.key)
 
     async def drain(self, within: float) -> None:
-        """On shutdown: let calls already sent to Temporal finish, for a bounded time."""
-        calls = set(self.recent.inflight.values())
-        if calls:
-            _done, pending = await asyncio.wait(calls, timeout=within)
-            for call in pending:
-                call.cancel()
+        """On shutdown: let calls already queued or sent to Temporal finish, for a bounded
+        time; what is left is cancelled (its senders get 503 and retry elsewhere)."""
+        tasks = {lane.task for lane in self.lanes.values() if lane.task is not None}
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=within)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _deliver(self, client: Client, m: MappedAlert) -> str:
-        if m.status == "firing":
-            return await self._fire(client, m)
-        return await self._resolve(client, m)
-
-    async def _fire(self, client: Client, m: MappedAlert) -> str:
-        assert m.evidence is not None
+    async def _fire(self, client: Client, alerts: Sequence[MappedAlert]) -> str:
+        """One signal-with-start carrying every firing alert in `alerts` (one workflow)."""
+        m = alerts[0]
+        assert all(a.evidence is not None for a in alerts)
         inp = RemediationInput(
             device=m.device,
             trigger="alert",
             requested_by="alertmanager",
-            reason=m.evidence.summary or m.evidence.alertname,
+            reason=m.evidence.summary or m.evidence.alertname if m.evidence else "",
         )
         # Every firing delivery is a signal-with-start (USE_EXISTING): a plain signal would
         # fail if the run closed since the previous one, and costs the server the same.
         self.metrics.temporal_calls.labels("signal-with-start").inc()
         res = await signal_with_start(
-            client, inp, task_queue=self.settings.task_queue, evidence=m.evidence
+            client,
+            inp,
+            task_queue=self.settings.task_queue,
+            evidence_list=[a.evidence for a in alerts if a.evidence is not None],
         )
         return "started" if res.started else "signalled"
 
