@@ -22,6 +22,10 @@ Cases:
   call fail, every notification whose alerts rode them gets 503 with each of its alerts
   failed (none accepted, none cached); re-posting them makes real calls and every alert
   reaches the workflow
+- deadline passed while queued (one call slot, held by workflow A's call; 0.5 s deadline):
+  both notifications 503; on release A's call, already sent, completes and is remembered
+  (A's re-post is a cache hit), B's delivery, which nobody waits for any more, is dropped
+  unsent (`deliveries_dropped` metric, no RPC); B's re-post sends it and it is recorded
 - Temporal refusing calls (UNAVAILABLE injected at the RPC): the same notification posted
   5 times at once -> all 503 listing the alert as temporal-unavailable, nothing cached;
   once Temporal answers again the retry makes a real call (result "started", not a
@@ -372,6 +376,45 @@ async def test_failed_batch_fails_every_alert_it_carried(dev_env: WorkflowEnviro
         assert sum(r.json()["started"] for r in again) == 1
     assert sorted(await recorded(dev_env.client, wid)) == sorted(a["fingerprint"] for a in alerts)
     await dev_env.client.get_workflow_handle(wid).terminate("test done")
+
+
+async def test_queued_delivery_nobody_waits_for_is_dropped(dev_env: WorkflowEnvironment) -> None:
+    client = await own_client(dev_env)
+    rpc = CountingRpc(client)
+    app = create_app(
+        settings_for(dev_env, f"dropped-{uuid.uuid4().hex[:8]}"),
+        client,
+        # One call slot, so B queues behind A; 0.5 s: both notifications give up while A is
+        # held at the RPC (the hold, not the clock, decides what happens next).
+        webhook=WebhookSettings(
+            webhook_token=TOKEN, webhook_concurrency=1, webhook_temporal_timeout=0.5
+        ),
+    )
+    service = app.state.service
+    (node_a, gpu_a), (node_b, gpu_b) = unique_device(), unique_device()
+    body_a, body_b = payload(xid_alert(node_a, gpu_a)), payload(xid_alert(node_b, gpu_b))
+    wid_a, wid_b = device_workflow_id(node_a, gpu_a), device_workflow_id(node_b, gpu_b)
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=60) as http:
+        rpc.hold = True
+        post_a = asyncio.ensure_future(http.post("/v1/alertmanager", json=body_a, headers=auth()))
+        await _until(lambda: rpc.total == 1, "A's call reached the RPC")
+        resp_b = await http.post("/v1/alertmanager", json=body_b, headers=auth())
+        resp_a = await post_a
+        assert (resp_a.status_code, resp_b.status_code) == (503, 503)
+        assert [f["reason"] for f in resp_b.json()["failed"]] == ["temporal-timeout"]
+        rpc.release()
+        await _until(lambda: not service.lanes, "both lanes finished")
+        metrics = (await http.get("/metrics")).text
+        assert "sickbay_webhook_deliveries_dropped_total 1.0" in metrics
+        assert rpc.total == 1  # B was never sent
+        again_a = await http.post("/v1/alertmanager", json=body_a, headers=auth())
+        assert again_a.status_code == 200 and again_a.json()["duplicates"] == 1  # remembered
+        again_b = await http.post("/v1/alertmanager", json=body_b, headers=auth())
+        assert again_b.status_code == 200 and again_b.json()["started"] == 1, again_b.text
+        assert rpc.total == 2
+    for wid, body in ((wid_a, body_a), (wid_b, body_b)):
+        assert await recorded(dev_env.client, wid) == [body["alerts"][0]["fingerprint"]]
+        await dev_env.client.get_workflow_handle(wid).terminate("test done")
 
 
 def _free_port() -> int:
