@@ -299,7 +299,9 @@ async def recorded_fingerprints(client: Any, wf_id: str, run_id: str | None = No
         if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             for p in e.workflow_execution_signaled_event_attributes.input.payloads:
                 with contextlib.suppress(ValueError, KeyError, TypeError):
-                    seen.add(json.loads(p.data)["fingerprint"])
+                    data = json.loads(p.data)  # one alert, or a batched 'alerts' list
+                    for ev in data if isinstance(data, list) else [data]:
+                        seen.add(ev["fingerprint"])
         elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
             for p in e.workflow_execution_started_event_attributes.input.payloads:
                 with contextlib.suppress(ValueError, KeyError, TypeError):

@@ -309,7 +309,8 @@ async def main() -> int:
                     signals += 1
                     attrs = e.workflow_execution_signaled_event_attributes
                     evidence = json.loads(attrs.input.payloads[0].data)
-                    recorded.add((wid, evidence["fingerprint"]))
+                    for ev in evidence if isinstance(evidence, list) else [evidence]:
+                        recorded.add((wid, ev["fingerprint"]))
         runs = 0
         for _ in range(60):  # visibility lags the writes a little
             runs = (await client.count_workflows(f"TaskQueue = '{queue}'")).count
