@@ -598,12 +598,20 @@ class DeviceRemediationWorkflow:
                 # ("budget service unavailable", escalate, retry) as without the early request.
                 return _EarlyLease(device.key, error=err)
 
-        evidence, consumers, early = await self._all(
+        async def counted() -> None:
+            # Never leave the count running (or its error unread) behind a failed step.
+            if counts_task is not None:
+                await workflow.wait([counts_task])  # type: ignore[type-var]
+                if not counts_task.cancelled():
+                    counts_task.exception()
+
+        evidence, consumers, early, _ = await self._all(
             self._local(
                 ACT_GATHER_EVIDENCE, EvidenceInput(device=device), Evidence, "gather evidence"
             ),
             consumers_task,
             lease(),
+            counted(),
         )
         return evidence, consumers, early
 
@@ -611,17 +619,27 @@ class DeviceRemediationWorkflow:
         """Close without a taint; a lease taken early is given back (a refused early request
         is withdrawn too, so the budget does not keep this run as a waiter to wake)."""
         if early is not None and early.error is None:
-            if self._lease_held:
-                await self._release_lease()
-            else:
-                await self._local(
-                    ACT_RELEASE_BUDGET,
-                    BudgetReleaseRequest(
-                        holder=workflow.info().workflow_id, device_key=early.device_key
-                    ),
-                    BudgetDecision,
-                    "withdraw budget request",
-                    budget=True,
+            try:
+                if self._lease_held:
+                    await self._release_lease()
+                else:
+                    await self._local(
+                        ACT_RELEASE_BUDGET,
+                        BudgetReleaseRequest(
+                            holder=workflow.info().workflow_id, device_key=early.device_key
+                        ),
+                        BudgetDecision,
+                        "withdraw budget request",
+                        budget=True,
+                    )
+            except ACTIVITY_FAILED as err:
+                # Nothing was tainted: no page for this. The budget's reconcile drops the lease
+                # (or waiter) of a closed remediation within its interval.
+                self._lease_held = False
+                self._log(
+                    "budget lease not given back",
+                    outcome="reconcile will drop it",
+                    reason=_error_text(err),
                 )
         return "not-quarantined", reason
 

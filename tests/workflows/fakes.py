@@ -145,6 +145,7 @@ class FakeWorld:
     )
     budget_granted: bool = True
     use_real_budget: bool = False
+    budget_release_fails: bool = False  # release-budget-lease raises (non-retryable)
     eviction_reports: list[EvictionReport] = field(default_factory=list)  # consumed in order
     replacement_reports: list[Any] = field(default_factory=list)  # consumed in order
     capacity: CapacityResult | ApplicationError = field(
@@ -219,6 +220,8 @@ class FakeWorld:
         @activity.defn(name=ACT_RELEASE_BUDGET)
         async def release_budget(req: BudgetReleaseRequest) -> BudgetDecision:
             world.calls.append((ACT_RELEASE_BUDGET, req))
+            if world.budget_release_fails:
+                raise ApplicationError("budget workflow unreachable", non_retryable=True)
             return BudgetDecision(granted=True, reason="released")
 
         @activity.defn(name=ACT_QUARANTINE)

@@ -7,6 +7,7 @@ Cases (one per branch of the procedure):
 - healthy for the cool-down releases without a person;
 - application Xid 13: no taint, owner told (Event + notification), closes not-quarantined;
   the lease asked for concurrently is given back; a refused one is withdrawn, no escalation;
+  a failed give-back is logged and left to the budget's reconcile (no page);
 - concurrent confirm: the lease is asked while the evidence is still coming;
 - stale evidence: an alert that started hours ago for a device now Healthy -> no taint;
 - budget exhausted: no taint, escalated once, timeline says why; the run stays open waiting
@@ -237,6 +238,21 @@ async def test_refused_early_lease_request_is_withdrawn_without_escalation(
     assert [n.incident.severity for n in world.args(ACT_NOTIFY)] == ["warning"]  # owner only
 
 
+async def test_lease_not_given_back_is_left_to_reconcile_without_a_page(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """No quarantine, and giving the early lease back fails: the run still closes as
+    not-quarantined (the budget's reconcile drops the lease of a closed run), nobody paged."""
+    client = time_skipping_env.client
+    world = FakeWorld(health="Healthy", budget_release_fails=True)
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(13, "fp-13")])
+        result = await handle.result()
+    assert result.outcome == "not-quarantined"
+    assert "budget lease not given back" in actions(result.timeline)
+    assert [n.incident.severity for n in world.args(ACT_NOTIFY)] == ["warning"]  # owner only
+
+
 async def test_confirm_steps_run_concurrently(time_skipping_env: WorkflowEnvironment) -> None:
     """Runbooks with resolve, then evidence, consumers, counts and the lease side by side: the
     lease is asked before the evidence answers (and the happy path still quarantines once)."""
@@ -270,7 +286,10 @@ async def test_budget_exhausted(time_skipping_env: WorkflowEnvironment) -> None:
         assert "budget slot" in status.awaiting
         for _ in range(5):  # repeats of the alert while waiting: signals, no new escalation
             await handle.signal(SIG_ALERT, xid_alert())
-        await time_skipping_env.sleep(timedelta(minutes=3))  # lease retried every minute
+        # Lease retried every minute: 2.5 min = first try + 2 retries. Mid-interval on purpose:
+        # a signal landing the instant a retry timer fires trips the time-skipping test
+        # server ("invalid history builder state for action") and the run never closes.
+        await time_skipping_env.sleep(timedelta(minutes=2, seconds=30))
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         result = await handle.result()
         save_history("concurrent_budget_wait", await handle.fetch_history())
