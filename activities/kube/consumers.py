@@ -40,7 +40,9 @@ NODE_PODS_MAX_AGE = 2.0  # seconds
 
 def list_node_pods(kube: Kube, node: str, *, max_age: float = 0.0) -> list[dict[str, Any]]:
     """Pods bound to `node`; with `max_age`, a list read by this worker at most that many
-    seconds ago is reused (the list is always stored for the next reader)."""
+    seconds ago is reused (the list is always stored for the next reader). A fresh read
+    (`max_age` 0) still joins a list of this node already being loaded: the evidence and
+    consumer steps of one remediation run side by side and share one request."""
 
     def load() -> list[dict[str, Any]]:
         body = kube.call(
@@ -52,11 +54,7 @@ def list_node_pods(kube: Kube, node: str, *, max_age: float = 0.0) -> list[dict[
         items = body.get("items") or []
         return [p for p in items if (p.get("spec") or {}).get("nodeName") == node]
 
-    if max_age <= 0:
-        pods = load()
-        kube.store_cached(("node-pods", node), pods)
-        return pods
-    return list(kube.cached(("node-pods", node), max_age, load))
+    return list(kube.cached(("node-pods", node), max(max_age, 0.0), load))
 
 
 def list_claims(kube: Kube) -> list[dict[str, Any]]:

@@ -14,6 +14,8 @@ Cases:
 - count_devices against that twin: cluster and pool totals per physical GPU;
 - a storm of concurrent counts lists the ResourceSlices once, a count within the TTL not at
   all, and a young cluster-wide device list is reused without a request;
+- evidence and consumers running side by side share one node pod list (held 1 s by the twin);
+  a later fresh read lists again;
 - Sickbay's DeviceTaintRules are never cached for a count: concurrent counts share the list
   one of them has under way (held 1 s by the twin here), and a count after a quarantine sees
   the new rule.
@@ -236,3 +238,37 @@ def test_counts_share_an_inflight_rule_list_but_never_cache_it(sim_factory: Any)
     assert {(c.cluster_quarantined, c.pool_quarantined) for c in results} == {(1, 1)}
     # Without sharing every count lists once; each list is held 1 s, so they overlap.
     assert len(twin.requests(verb="list", resource="devicetaintrules")) < callers // 2
+
+
+def test_evidence_and_consumers_side_by_side_share_one_pod_list(sim_factory: Any) -> None:
+    """The workflow runs gather-evidence (a fresh read) and find-consumers (a read of at most
+    a few seconds) at once: while one node's pod list is under way (held 1 s by the twin),
+    the other joins it instead of listing again; a later fresh read lists again."""
+    from activities.kube.consumers import find_consumers
+    from activities.kube.evidence import gather_evidence
+    from workflows.models import FindConsumersInput
+
+    twin = sim_factory(profile="1.36", pools=MIXED)
+    acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
+    kube = acts._kube
+    env = ActivityEnvironment()
+    device = asyncio.run(
+        env.run(
+            acts.resolve_device,
+            ResolveDeviceInput(device=DeviceRef(node="mig-node-1", gpu_index=1)),
+        )
+    )
+
+    def slow_pod_list(info: Any) -> float | None:
+        return 1.0 if info.verb == "list" and info.resource == "pods" else None
+
+    twin.sim.add_request_interceptor(slow_pod_list)
+    twin.clear_requests()
+    with ThreadPoolExecutor(2) as pool:
+        evidence = pool.submit(gather_evidence, kube, device)
+        time.sleep(0.2)  # the evidence list is under way (held 1 s)
+        consumers = pool.submit(find_consumers, kube, FindConsumersInput(device=device))
+        evidence.result(), consumers.result()
+    assert len(twin.requests(verb="list", resource="pods")) == 1
+    gather_evidence(kube, device)  # fresh: never served from the cache
+    assert len(twin.requests(verb="list", resource="pods")) == 2
