@@ -70,20 +70,40 @@ def findings(results: dict[str, Any]) -> list[str]:
         if first:
             text += (
                 f"{steps[first]['p50']:.0f} ms (p99 {steps[first]['p99']:.0f}) before the first "
-                f"call (`{first}`): the task starting and the load-runbooks and resolve-device "
-                "local activities (the slice inventory is cached); "
+                f"call (`{first}`): the task starting, then the load-runbooks and resolve-device "
+                "local activities side by side; "
             )
         if create:
             text += (
                 f"{create['p50']:.0f} ms (p99 {create['p99']:.0f}) just before the create: the "
-                "acquire-budget-lease local activity, an update-with-start on the one "
-                "`sickbay-budget` workflow, whose own workflow task must run first. That tail is "
-                "what misses the p99 goal; polling the budget workflow on its own task queue "
-                "(own pollers, not queued behind remediation tasks) and merging load-runbooks "
-                "into resolve-device are the two changes that cut most. The peer makes 3 calls "
-                "and no Temporal round trip."
+                "budget lease, an update on the `sickbay-budget` workflow (its own task queue) "
+                "that the quarantine waits for."
             )
         out.append(text)
+        samples = sorted(lat.get("sickbay_ms") or [])
+        if samples:
+            slow = [v for v in samples if v > 3 * lat["sickbay"]["p50"]]
+            verdict = "met" if lat["sickbay"]["p99"] <= 250 else "missed"
+            out.append(
+                f"Tail: p99 {lat['sickbay']['p99']:.0f} ms ({verdict}; goal 250 ms); "
+                f"{len(slow)} of {len(samples)} remediations took over 3x the median"
+                + (f" (max {samples[-1]:.0f} ms)." if slow else ".")
+            )
+        peer = lat["peer"]["p50"]
+        ratio = lat["ratio_summary"]["p50"]
+        hops = b["webhook_to_started"]["p50"] + b["started_to_task"]["p50"]
+        if ratio > 3:
+            out.append(
+                f"Ratio {ratio:.1f} (goal 3): the script ({peer:.1f} ms) makes 3 calls and keeps "
+                f"no state. Sickbay's two Temporal round trips before any work (start, then the "
+                f"first workflow task: {hops:.1f} ms) are alone {hops / peer:.1f}x the script, and "
+                + (f"the durable budget lease adds {create['p50']:.0f} ms. " if create else "")
+                + f"A ratio of 3 means the whole path in {3 * peer:.0f} ms: eager workflow start "
+                "(the webhook process running the first workflow task with its local "
+                "activities) and a lease without a round trip — that is, Kubernetes write "
+                "credentials in the internet-facing webhook. Sickbay keeps the webhook "
+                "credential-free and the budget durable instead."
+            )
     cost_ = results.get("cost")
     if cost_ and cost_["kube_requests"] > 15:
         top = ", ".join(
