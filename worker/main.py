@@ -347,7 +347,7 @@ def metrics_runtime(port: int) -> Runtime | None:
 
 
 async def run_worker(settings: Settings) -> int:
-    from worker.temporal import connect, ensure_search_attributes
+    from worker.temporal import connect, ensure_search_attributes, freeze_startup_heap
 
     runtime = metrics_runtime(settings.metrics_port)
     if runtime is not None:
@@ -380,6 +380,7 @@ async def run_worker(settings: Settings) -> int:
             await asyncio.wait_for(warm(), timeout=WARM_UP_TIMEOUT)
         except Exception as exc:  # the first remediation then pays for it; never fatal
             log.warning("warm-up %s failed: %s: %s", warm, type(exc).__name__, exc)
+    log.info("start-up heap frozen: %d objects out of full collections", freeze_startup_heap())
     ensure = _optional("worker.webhook_cli", "ensure_sweep_schedule")
     if ensure is not None and any(workflow_name(w) == WF_SWEEP for w in WORKFLOWS):
         try:

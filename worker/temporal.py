@@ -1,7 +1,9 @@
-"""Connecting to Temporal the same way from every process, and registering search attributes."""
+"""Connecting to Temporal the same way from every process, registering search attributes, and
+keeping the long-lived start-up heap out of the garbage collector's full scans."""
 
 from __future__ import annotations
 
+import gc
 import logging
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -90,3 +92,15 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
                 f"({exc.status.name}: {exc.message}). Register them once, e.g.:\n  {howto}"
             ) from exc
         raise
+
+
+def freeze_startup_heap() -> int:
+    """Collect once, then move every object alive now (imported modules, the SDK, the
+    Kubernetes client's models, runbooks, warmed caches) into the collector's permanent
+    generation, so a full (generation 2) collection no longer walks them. Measured on the
+    latency benchmark's worker: gen-2 collections that freed nothing paused the process for
+    70-165 ms, the slowest alert -> taint times. Call once, when start-up is done; returns
+    the number of objects frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

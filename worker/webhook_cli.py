@@ -125,6 +125,7 @@ async def ensure_sweep_schedule(
 def _run_webhook(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from worker.temporal import freeze_startup_heap
     from worker.webhook import WebhookSettings, create_app
 
     settings = Settings()
@@ -142,6 +143,7 @@ def _run_webhook(args: argparse.Namespace) -> int:
     except RuntimeError as exc:  # e.g. no token configured
         log.error("%s", exc)
         return 2
+    log.info("start-up heap frozen: %d objects out of full collections", freeze_startup_heap())
     uvicorn.run(
         app,
         host=webhook.webhook_host,
