@@ -772,10 +772,16 @@ class DeviceRemediationWorkflow:
         return health.health == "Healthy"
 
     async def _ask_lease(
-        self, device: ResolvedDevice, runbook: Runbook, counts: DeviceCounts | None
+        self,
+        device: ResolvedDevice,
+        runbook: Runbook,
+        counts: DeviceCounts | None,
+        *,
+        budget_retries: bool = True,
     ) -> _EarlyLease:
         """Count the devices (unless `counts` given) and ask the budget for a lease; marks the
-        lease held as soon as it is granted (so every way out gives it back)."""
+        lease held as soon as it is granted (so every way out gives it back).
+        `budget_retries=False`: the lease call's options before the `budget-wait` patch."""
         if counts is None:
             counts = await self._local(
                 ACT_COUNT_DEVICES,
@@ -799,11 +805,30 @@ class DeviceRemediationWorkflow:
             ),
             BudgetDecision,
             "acquire budget lease",
-            budget=True,
+            budget=budget_retries,
         )
         if decision.granted:
             self._lease_held = True
         return _EarlyLease(device.key, decision, counts, pool_limit, cluster_limit)
+
+    def _lease_refusal(self, device: ResolvedDevice, asked: _EarlyLease) -> str | None:
+        """Why the answered request was refused (None: granted, and logged so)."""
+        decision, counts = asked.decision, asked.counts
+        assert decision is not None and counts is not None
+        pool_limit, cluster_limit = asked.pool_limit, asked.cluster_limit
+        if not decision.granted:
+            return (
+                f"blast-radius budget exhausted: {decision.reason} (pool {device.node_pool}: "
+                f"{decision.pool_in_use}/{pool_limit} of {counts.pool_devices} devices, cluster: "
+                f"{decision.cluster_in_use}/{cluster_limit} of {counts.cluster_devices}); "
+                "device NOT tainted"
+            )
+        self._log(
+            "budget lease acquired",
+            outcome=f"pool {decision.pool_in_use}/{pool_limit}, "
+            f"cluster {decision.cluster_in_use}/{cluster_limit}",
+        )
+        return None
 
     async def _try_lease(
         self,
@@ -819,68 +844,21 @@ class DeviceRemediationWorkflow:
             asked = await self._ask_lease(device, runbook, counts)
         if asked.error is not None:
             raise asked.error
-        decision, counts = asked.decision, asked.counts
-        assert decision is not None and counts is not None
-        pool_limit, cluster_limit = asked.pool_limit, asked.cluster_limit
-        if not decision.granted:
-            return (
-                False,
-                "budget-exhausted",
-                (
-                    f"blast-radius budget exhausted: {decision.reason} (pool {device.node_pool}: "
-                    f"{decision.pool_in_use}/{pool_limit} of {counts.pool_devices} devices, cluster: "
-                    f"{decision.cluster_in_use}/{cluster_limit} of {counts.cluster_devices}); "
-                    "device NOT tainted"
-                ),
-                counts,
-            )
-        self._log(
-            "budget lease acquired",
-            outcome=f"pool {decision.pool_in_use}/{pool_limit}, "
-            f"cluster {decision.cluster_in_use}/{cluster_limit}",
-        )
-        return True, "budget-exhausted", "", counts
+        assert asked.counts is not None
+        why = self._lease_refusal(device, asked)
+        if why is not None:
+            return False, "budget-exhausted", why, asked.counts
+        return True, "budget-exhausted", "", asked.counts
 
     async def _acquire_lease_once(self, device: ResolvedDevice, runbook: Runbook) -> None:
-        counts = await self._local(
-            ACT_COUNT_DEVICES,
-            CountDevicesInput(node_pool=device.node_pool),
-            DeviceCounts,
-            "count devices",
-        )
-        budget = runbook.spec.budget
-        pool_limit = BudgetPolicy.limit(budget.max_per_pool, counts.pool_devices)
-        cluster_limit = BudgetPolicy.limit(budget.max_per_cluster, counts.cluster_devices)
-        decision = await self._local(
-            ACT_ACQUIRE_BUDGET,
-            BudgetLeaseRequest(
-                holder=workflow.info().workflow_id,
-                device_key=device.key,
-                node_pool=device.node_pool,
-                pool_limit=pool_limit,
-                cluster_limit=cluster_limit,
-                observed_pool_quarantined=counts.pool_quarantined,
-                observed_cluster_quarantined=counts.cluster_quarantined,
-            ),
-            BudgetDecision,
-            "acquire budget lease",
-        )
-        if not decision.granted:
-            why = (
-                f"blast-radius budget exhausted: {decision.reason} (pool {device.node_pool}: "
-                f"{decision.pool_in_use}/{pool_limit} of {counts.pool_devices} devices, cluster: "
-                f"{decision.cluster_in_use}/{cluster_limit} of {counts.cluster_devices}); "
-                "device NOT tainted"
-            )
+        """Before the `budget-wait` patch: one request, escalate when refused (kept for runs
+        started before it; remove with `workflow.deprecate_patch`)."""
+        asked = await self._ask_lease(device, runbook, None, budget_retries=False)
+        why = self._lease_refusal(device, asked)
+        if why is not None:
             self._log("budget denied", outcome="no taint", reason=why)
             await self._escalate("budget-exhausted", why)
             raise _Done("escalated", why)
-        self._lease_held = True
-        self._log(
-            "budget lease acquired",
-            outcome=f"pool {decision.pool_in_use}/{pool_limit}, "
-            f"cluster {decision.cluster_in_use}/{cluster_limit}",
-        )
 
     async def _await_approval(self) -> None:
         policy = self._spec.approval
