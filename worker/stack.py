@@ -101,10 +101,38 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+# Ports handed to children come from below the kernel's ephemeral range: a port the kernel
+# picked for bind(0) is free only until the child binds it, and any outgoing connection (the
+# dev server and the SDKs open many) may take it as its source port in between - a child then
+# dies with "Address already in use". Below the range only another listener can take it.
+_PORTS_LOW = 15000
+_handed_out: set[int] = set()
+_ports_lock = threading.Lock()
+
+
+def _ephemeral_low(default: int = 32768) -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nobody listens on, outside the ephemeral range when the system's range
+    leaves room (else one the kernel picks), never the same one twice in this process."""
+    high = _ephemeral_low()
+    rng = secrets.SystemRandom()
+    with _ports_lock:
+        for _ in range(200 if high - _PORTS_LOW >= 1000 else 0):
+            port = rng.randrange(_PORTS_LOW, high)
+            if port not in _handed_out and port_free(port):
+                _handed_out.add(port)
+                return port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        _handed_out.add(port)
+        return port
 
 
 def _pdeathsig() -> Callable[[], None]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,13 +22,9 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from worker.stack import free_port
+
 pytestmark = pytest.mark.devserver
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env(dev_env: WorkflowEnvironment, kubeconfig: Path, **extra: str) -> dict[str, str]:
@@ -52,7 +47,7 @@ async def test_worker_starts_serves_metrics_and_stops(
 ) -> None:
     from simulator.testing import running_sim
 
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "worker.log"
     with running_sim(tmp_path, profile="1.36", nodes=1, gpus_per_node=1) as rs:
         env = _env(dev_env, rs.kubeconfig_path, SICKBAY_METRICS_PORT=str(port))

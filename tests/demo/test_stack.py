@@ -210,8 +210,13 @@ def test_engine_less_stack_lifecycle(tmp_path: Path) -> None:
         assert not directory.exists()
 
 
-def test_free_port_is_free() -> None:
-    assert port_free(free_port())
+def test_free_port_is_free_and_outside_the_ephemeral_range() -> None:
+    ports = [free_port() for _ in range(50)]
+    assert all(port_free(p) for p in ports)
+    assert len(set(ports)) == 50, "a port is never handed out twice"
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low > 16000:  # room below the range: outgoing connections can never take these
+        assert all(15000 <= p < low for p in ports), ports
 
 
 def test_a_piece_failing_at_start_stops_everything(tmp_path: Path) -> None:

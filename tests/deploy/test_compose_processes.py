@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,17 +43,12 @@ from tests.deploy.helpers import (
     repo_path,
     service_argv,
 )
+from worker.stack import free_port
 
 SICKBAY = str(Path(sys.executable).parent / "sickbay")
 # Start-up bound for one process: imports plus binding a port take ~1-3 s here; 30 s leaves
 # room on a loaded 2-core CI machine without hiding a hang.
 START_WITHIN = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _compose() -> dict[str, Any]:
@@ -143,8 +137,8 @@ def _registered(command: str) -> bool:
 
 
 def test_webhook_from_its_compose_definition(tmp_path: Path) -> None:
-    port = _free_port()
-    dead_temporal = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    port = free_port()
+    dead_temporal = f"127.0.0.1:{free_port()}"  # nothing listens there
     env = _host_env(
         "webhook", SICKBAY_TEMPORAL_ADDRESS=dead_temporal, SICKBAY_WEBHOOK_TEMPORAL_TIMEOUT="2"
     )
@@ -183,7 +177,7 @@ def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.Fixt
     if not _registered("worker"):
         pytest.skip("`sickbay worker` is not registered yet (worker.commands not built)")
     dev_env = request.getfixturevalue("own_dev_server")  # only once there is a worker
-    metrics = _free_port()
+    metrics = free_port()
     address = dev_env.client.service_client.config.target_host
     env = _host_env(
         "worker",
@@ -221,7 +215,7 @@ def test_twin_from_its_compose_definition(tmp_path: Path) -> None:
     compose = _compose()
     script = compose_script(compose["services"]["twin"])
     assert script is not None
-    port = _free_port()
+    port = free_port()
     secret = repo_path(interpolate_defaults(compose["secrets"]["webhook_token"]["file"]))
     with _alert_sink() as (sink_url, received):
         script = (
@@ -332,7 +326,7 @@ def test_twin_profile_remediates_end_to_end(tmp_path: Path, request: pytest.Fixt
     dev_env = request.getfixturevalue("own_dev_server")
     temporal = dev_env.client.service_client.config.target_host
     compose = _compose()
-    twin_port, webhook_port, metrics = _free_port(), _free_port(), _free_port()
+    twin_port, webhook_port, metrics = free_port(), free_port(), free_port()
     queue = f"deploy-twin-{twin_port}"
     common = {
         "SICKBAY_TEMPORAL_ADDRESS": temporal,

@@ -43,7 +43,6 @@ import asyncio
 import collections
 import json
 import random
-import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -67,6 +66,7 @@ from tests.webhook.helpers import (
     unique_device,
     xid_alert,
 )
+from worker.stack import free_port
 from worker.webhook import RecentDeliveries, WebhookSettings, create_app
 from workflows.constants import SIG_ALERT, SIG_ALERT_RESOLVED, SIG_ALERTS, device_workflow_id
 
@@ -417,12 +417,6 @@ async def test_queued_delivery_nobody_waits_for_is_dropped(dev_env: WorkflowEnvi
         await dev_env.client.get_workflow_handle(wid).terminate("test done")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 async def _start_dev_server(path: str, port: int) -> WorkflowEnvironment:
     return await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
@@ -434,7 +428,7 @@ async def _start_dev_server(path: str, port: int) -> WorkflowEnvironment:
 
 
 async def test_temporal_down_then_back_delivers(temporal_cli_path: str) -> None:
-    port = _free_port()
+    port = free_port()
     env = await _start_dev_server(temporal_cli_path, port)
     app = create_app(
         settings_for(env, "down-and-back"),
