@@ -24,6 +24,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from worker.stack import free_port
 from workflows.constants import SEARCH_ATTRIBUTES
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ def temporal_cli_path() -> str:
 @pytest.fixture(scope="session")
 async def time_skipping_env(temporal_test_server_path: str) -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
+        port=free_port(),  # below the ephemeral range: see worker.stack.free_port
         data_converter=pydantic_data_converter,
         test_server_existing_path=temporal_test_server_path,
     )
@@ -74,6 +76,7 @@ def dev_server_args() -> list[str]:
 @pytest.fixture(scope="session")
 async def dev_env(temporal_cli_path: str) -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),  # below the ephemeral range: see worker.stack.free_port
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_cli_path,
         dev_server_extra_args=dev_server_args(),

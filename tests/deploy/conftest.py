@@ -19,6 +19,7 @@ from tests.deploy.helpers import (
     load_yaml_documents,
     manifest_files,
 )
+from worker.stack import free_port
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,7 @@ async def own_dev_server(temporal_cli_path: str) -> AsyncIterator[WorkflowEnviro
     that started them; a worker process that stops would leave them on a queue nobody polls
     for every later test of a shared server. A server of our own isolates both ways."""
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),  # below the ephemeral range: see worker.stack.free_port
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_cli_path,
         dev_server_extra_args=dev_server_args(),

@@ -42,6 +42,7 @@ from tests.webhook.helpers import (
     xid_alert,
 )
 from worker.settings import Settings
+from worker.stack import free_port
 from worker.webhook import WebhookSettings, create_app
 from workflows.constants import device_workflow_id
 
@@ -81,6 +82,7 @@ async def test_temporal_goes_away_503(temporal_cli_path: str) -> None:
     from temporalio.contrib.pydantic import pydantic_data_converter
 
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),  # below the ephemeral range: see worker.stack.free_port
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_cli_path,
         dev_server_extra_args=dev_server_args(),
