@@ -173,7 +173,8 @@ class FakeWorld:
     def args(self, name: str) -> list[Any]:
         return [arg for n, arg in self.calls if n == name]
 
-    def activities(self) -> list[Callable[..., Any]]:
+    def activities(self, *replace: Callable[..., Any]) -> list[Callable[..., Any]]:
+        """The fake activities; each of `replace` stands in for the fake of the same name."""
         world = self
 
         @activity.defn(name=ACT_LOAD_RUNBOOKS)
@@ -314,7 +315,8 @@ class FakeWorld:
         ]
         if not self.use_real_budget:
             acts += [acquire, release_budget]
-        return acts
+        replaced = {_activity_name(a) for a in replace}
+        return [a for a in acts if _activity_name(a) not in replaced] + list(replace)
 
 
 def new_worker(
@@ -373,3 +375,7 @@ async def wait_phase(
             return status
         await asyncio.sleep(0.02)
     raise AssertionError(f"workflow never reached {phase}; last status {status}")
+
+
+def _activity_name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__temporal_activity_definition").name)

@@ -375,16 +375,11 @@ async def test_budget_unreachable_escalates_and_waits(
             )
         return BudgetDecision(granted=True, pool_in_use=1, cluster_in_use=1)
 
-    acts = [
-        a
-        for a in world.activities()
-        if getattr(a, "__temporal_activity_definition").name != ACT_ACQUIRE_BUDGET
-    ]
     async with Worker(
         client,
         task_queue=f"tq-budget-down-{world.gpu_uuid}",
         workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
-        activities=[*acts, refused],
+        activities=world.activities(refused),
     ) as worker:
         handle = await start(client, worker, world)
         status = await wait_phase(handle, Phase.ESCALATED, attempts=500)
@@ -653,7 +648,6 @@ async def test_non_retryable_quarantine_error_escalates(
 ) -> None:
     client = time_skipping_env.client
     world = FakeWorld()
-    acts = world.activities()
     from temporalio import activity as act
 
     @act.defn(name=ACT_QUARANTINE)
@@ -667,12 +661,11 @@ async def test_non_retryable_quarantine_error_escalates(
     from workflows.budget import BudgetWorkflow
     from workflows.remediation import DeviceRemediationWorkflow
 
-    acts = [a for a in acts if getattr(a, "__temporal_activity_definition").name != ACT_QUARANTINE]
     async with Worker(
         client,
         task_queue="tq-forbidden",
         workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
-        activities=[*acts, forbidden],
+        activities=world.activities(forbidden),
     ) as worker:
         handle = await start(client, worker, world)
         result = await handle.result()
@@ -865,16 +858,11 @@ async def test_unknown_device_escalates_with_default_runbook(
             "no ResourceSlice device has uuid GPU-x", type=ERR_DEVICE_NOT_FOUND, non_retryable=True
         )
 
-    acts = [
-        a
-        for a in world.activities()
-        if getattr(a, "__temporal_activity_definition").name != ACT_RESOLVE_DEVICE
-    ]
     async with Worker(
         client,
         task_queue="tq-not-found",
         workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
-        activities=[*acts, not_found],
+        activities=world.activities(not_found),
     ) as worker:
         handle = await start(client, worker, world)
         result = await handle.result()
@@ -926,16 +914,11 @@ async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_tim
             await asyncio.sleep(3600)  # a dead worker: no heartbeat, no answer
         return CapacityResult(status="requested", current_size=2, target_size=3)
 
-    acts = [
-        a
-        for a in world.activities()
-        if getattr(a, "__temporal_activity_definition").name != ACT_REQUEST_CAPACITY
-    ]
     async with Worker(
         client,
         task_queue=f"tq-capacity-dead-{world.gpu_uuid}",
         workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
-        activities=[*acts, dies_first],
+        activities=world.activities(dies_first),
         workflow_runner=UnsandboxedWorkflowRunner(),
     ) as worker:
         handle = await start(client, worker, world)
