@@ -73,15 +73,21 @@ def dev_server_args() -> list[str]:
     return args
 
 
-@pytest.fixture(scope="session")
-async def dev_env(temporal_cli_path: str) -> AsyncIterator[WorkflowEnvironment]:
-    env = await WorkflowEnvironment.start_local(
-        port=free_port(),  # below the ephemeral range: see worker.stack.free_port
+async def start_dev_server(cli_path: str, port: int | None = None) -> WorkflowEnvironment:
+    """A Temporal dev server with Sickbay's search attributes, on `port` or a fresh one from
+    below the ephemeral range (see worker.stack.free_port)."""
+    return await WorkflowEnvironment.start_local(
+        port=port or free_port(),
         data_converter=pydantic_data_converter,
-        dev_server_existing_path=temporal_cli_path,
+        dev_server_existing_path=cli_path,
         dev_server_extra_args=dev_server_args(),
         ui=False,
     )
+
+
+@pytest.fixture(scope="session")
+async def dev_env(temporal_cli_path: str) -> AsyncIterator[WorkflowEnvironment]:
+    env = await start_dev_server(temporal_cli_path)
     try:
         yield env
     finally:

@@ -9,17 +9,15 @@ from typing import Any
 
 import pytest
 import yaml
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import dev_server_args
+from tests.conftest import start_dev_server
 from tests.deploy.helpers import (
     COMPOSE_FILE,
     is_kubernetes_object,
     load_yaml_documents,
     manifest_files,
 )
-from worker.stack import free_port
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +43,7 @@ async def own_dev_server(temporal_cli_path: str) -> AsyncIterator[WorkflowEnviro
     (the `sickbay-budget` workflow, the sweep Schedule) bound to the task queue of the worker
     that started them; a worker process that stops would leave them on a queue nobody polls
     for every later test of a shared server. A server of our own isolates both ways."""
-    env = await WorkflowEnvironment.start_local(
-        port=free_port(),  # below the ephemeral range: see worker.stack.free_port
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=temporal_cli_path,
-        dev_server_extra_args=dev_server_args(),
-        ui=False,
-    )
+    env = await start_dev_server(temporal_cli_path)
     try:
         yield env
     finally:

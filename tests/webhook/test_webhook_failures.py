@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import dev_server_args
+from tests.conftest import start_dev_server
 from tests.webhook.helpers import (
     TOKEN,
     Served,
@@ -42,7 +42,6 @@ from tests.webhook.helpers import (
     xid_alert,
 )
 from worker.settings import Settings
-from worker.stack import free_port
 from worker.webhook import WebhookSettings, create_app
 from workflows.constants import device_workflow_id
 
@@ -79,15 +78,7 @@ async def test_temporal_unreachable_503() -> None:
 
 @pytest.mark.devserver
 async def test_temporal_goes_away_503(temporal_cli_path: str) -> None:
-    from temporalio.contrib.pydantic import pydantic_data_converter
-
-    env = await WorkflowEnvironment.start_local(
-        port=free_port(),  # below the ephemeral range: see worker.stack.free_port
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=temporal_cli_path,
-        dev_server_extra_args=dev_server_args(),
-        ui=False,
-    )
+    env = await start_dev_server(temporal_cli_path)
     settings = settings_for(env, "goes-away")
     app = create_app(
         settings,

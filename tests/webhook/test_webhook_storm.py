@@ -55,7 +55,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import dev_server_args
+from tests.conftest import start_dev_server
 from tests.webhook.helpers import (
     TOKEN,
     auth,
@@ -417,19 +417,9 @@ async def test_queued_delivery_nobody_waits_for_is_dropped(dev_env: WorkflowEnvi
         await dev_env.client.get_workflow_handle(wid).terminate("test done")
 
 
-async def _start_dev_server(path: str, port: int) -> WorkflowEnvironment:
-    return await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=path,
-        dev_server_extra_args=dev_server_args(),
-        port=port,
-        ui=False,
-    )
-
-
 async def test_temporal_down_then_back_delivers(temporal_cli_path: str) -> None:
     port = free_port()
-    env = await _start_dev_server(temporal_cli_path, port)
+    env = await start_dev_server(temporal_cli_path, port)
     app = create_app(
         settings_for(env, "down-and-back"),
         env.client,
@@ -448,7 +438,7 @@ async def test_temporal_down_then_back_delivers(temporal_cli_path: str) -> None:
             await env.shutdown()
             resp = await http.post("/v1/alertmanager", json=body, headers=auth())
             assert resp.status_code == 503, resp.text
-            env = await _start_dev_server(temporal_cli_path, port)  # empty: in-memory store
+            env = await start_dev_server(temporal_cli_path, port)  # empty: in-memory store
             async with asyncio.timeout(30):  # Alertmanager retries until it gets a 200
                 while resp.status_code != 200:
                     await asyncio.sleep(0.2)
