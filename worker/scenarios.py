@@ -230,8 +230,15 @@ class Demo:
         }
 
     async def deployment(
-        self, ns: str, name: str, replicas: int = 1, labels: dict[str, str] | None = None
+        self,
+        ns: str,
+        name: str,
+        replicas: int = 1,
+        labels: dict[str, str] | None = None,
+        template: dict[str, Any] | None = None,
     ) -> None:
+        """A Deployment of `pod_template(name, labels)`, or of `template` when given (its
+        metadata labels must carry `app: name`)."""
         await self.k(
             "POST",
             f"/apis/apps/v1/namespaces/{ns}/deployments",
@@ -242,7 +249,7 @@ class Demo:
                 "spec": {
                     "replicas": replicas,
                     "selector": {"matchLabels": {"app": name}},
-                    "template": self.pod_template(name, labels),
+                    "template": template or self.pod_template(name, labels),
                 },
             },
         )

@@ -150,20 +150,7 @@ async def deployment(
                 }
             }
         }
-    await demo.k(
-        "POST",
-        f"/apis/apps/v1/namespaces/{ns}/deployments",
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": app},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": app}},
-                "template": template,
-            },
-        },
-    )
+    await demo.deployment(ns, app, template=template)
 
 
 async def bare_pod(demo: Demo, ns: str, app: str, runbook: str, node: str) -> None:
