@@ -306,6 +306,19 @@ def parse_would_evict(conditions: list[dict[str, Any]]) -> int | None:
 # --- release -------------------------------------------------------------------------------
 
 
+def _delete_rule(kube: Kube, version: str, name: str, uid: str | None = None) -> None:
+    """Delete one DeviceTaintRule; with `uid`, only if the name still holds that very rule."""
+    kwargs: dict[str, Any] = {"body": {"preconditions": {"uid": uid}}} if uid else {}
+    kube.call(
+        _api(kube, version).delete_device_taint_rule,
+        name,
+        verb="delete",
+        resource=RULES,
+        name=name,
+        **kwargs,
+    )
+
+
 def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
     messages: list[str] = []
     removed = False
@@ -324,14 +337,7 @@ def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
                 unverified.add(name)
                 continue
             try:
-                kube.call(
-                    _api(kube, version).delete_device_taint_rule,
-                    name,
-                    verb="delete",
-                    resource=RULES,
-                    name=name,
-                    body={"preconditions": {"uid": uid}},
-                )
+                _delete_rule(kube, version, name, uid)
                 removed = True
                 messages.append(f"deleted rule {name}")
             except KubeError as err:
@@ -358,13 +364,7 @@ def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
                 messages.append(f"rule {name} absent (or not Sickbay's): nothing to remove")
                 continue
             try:
-                kube.call(
-                    _api(kube, version).delete_device_taint_rule,
-                    name,
-                    verb="delete",
-                    resource=RULES,
-                    name=name,
-                )
+                _delete_rule(kube, version, name)
                 removed = True
                 messages.append(f"deleted rule {name}")
             except KubeError as err:
