@@ -1,16 +1,21 @@
-"""Benchmark 1: alert -> DeviceTaintRule created, Sickbay vs a straight-line script.
+"""Benchmark 1: alert -> DeviceTaintRule created: Sickbay, a straight-line script, the floor.
 
 On one embedded stack (dev server + twin + `sickbay worker` + `sickbay webhook`) with a twin of
-`nodes` x 8 GPUs and no workloads, for each of `pairs` GPUs:
+`nodes` x 8 GPUs and no workloads, for each of `pairs` GPUs (a triple of sends per GPU):
 
 1. POST one Alertmanager notification naming the GPU to Sickbay's webhook (time t0);
 2. after `gap` seconds, POST the same notification to the peer (bench/peer.py: resolve the
    device with the same client calls, create the rule named `peer-<name>`) (time t1);
-3. after `gap` seconds, the next GPU.
+3. after `gap` seconds, POST it to the floor (bench/floor.py: the peer's calls as two local
+   activities of a tiny workflow, eagerly started by the receiving process on the stack's
+   dev server, rule `floor-<name>`) (time t2);
+4. after `gap` seconds, the next GPU.
 
 Latency = the twin's answer time of the successful DeviceTaintRule create (its request log)
-minus the POST's send time; both clocks are this machine's. The ratio is taken per pair
-(same GPU, same seconds of machine load).
+minus the POST's send time; both clocks are this machine's. Ratios are taken per triple
+(same GPU, same seconds of machine load): Sickbay / script, floor / script (what any
+Temporal-based pipeline costs at least, against the script) and Sickbay / floor (what
+Sickbay adds on top of that floor).
 
 Where the time goes (per remediation, from the workflow's history and the request log):
 webhook -> WorkflowExecutionStarted, started -> first workflow task picked up, the task's
@@ -32,6 +37,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -55,6 +61,9 @@ log = logging.getLogger("bench.latency")
 
 PEER_PREFIX = "peer-"
 PEER_AGENT = "sickbay-bench-peer/1"
+FLOOR_PREFIX = "floor-"
+FLOOR_AGENT = "sickbay-bench-floor/1"
+BENCH_AGENTS = (PEER_AGENT, FLOOR_AGENT)
 
 
 def _ts(event: Any) -> float:
@@ -76,59 +85,81 @@ async def breakdown(client: Any, wf_id: str) -> dict[str, float]:
     return out
 
 
+def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """A receiver process whose errors land next to the stack's own logs (one that never
+    listens says why there)."""
+    with open(log_path, "wb") as errors:
+        return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+
+
 async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, Any]:
     from worker.settings import Settings
     from worker.temporal import connect
 
     stack = await asyncio.to_thread(open_stack, nodes=nodes, gpus_per_node=8, time_scale=1.0)
-    peer: subprocess.Popen[bytes] | None = None
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         info = stack.info
         assert info is not None
         set_budget(info.runbooks_dir, "100%", "100%")
-        peer_port = free_port()
-        peer = await asyncio.to_thread(
-            subprocess.Popen,
-            [
-                sys.executable,
-                "-m",
-                "bench.peer",
-                "--port",
-                str(peer_port),
-                "--kubeconfig",
-                info.kubeconfig,
-                "--prefix",
-                PEER_PREFIX,
-            ],
-            env={**os.environ, "PYTHONPATH": str(stack.sickbay_env()["PYTHONPATH"])},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+
+        async def spawn(module: str, *args: str) -> str:
+            port = free_port()
+            proc = await asyncio.to_thread(
+                _spawn,
+                [sys.executable, "-m", module, "--port", str(port), *args],
+                {**os.environ, "PYTHONPATH": str(stack.sickbay_env()["PYTHONPATH"])},
+                Path(stack.dir) / "logs" / f"{module}.log",
+            )
+            procs.append(proc)
+            return f"http://127.0.0.1:{port}"
+
+        peer_url = await spawn(
+            "bench.peer", "--kubeconfig", info.kubeconfig, "--prefix", PEER_PREFIX
         )
-        peer_url = f"http://127.0.0.1:{peer_port}"
+        floor_url = await spawn(
+            "bench.floor",
+            "--kubeconfig",
+            info.kubeconfig,
+            "--temporal",
+            info.temporal_address,
+            "--namespace",
+            info.namespace,
+            "--prefix",
+            FLOOR_PREFIX,
+        )
         devices = gpus(info.kube_url)[:pairs]
         token = webhook_token(stack)
         client = await connect(
             Settings(temporal_address=info.temporal_address, temporal_namespace=info.namespace)
         )
-        sent: dict[str, tuple[float, float]] = {}  # rule name -> (sickbay t0, peer t1)
+        # rule name -> (sickbay t0, peer t1, floor t2)
+        sent: dict[str, tuple[float, float, float]] = {}
         codes: list[int] = []
         async with httpx.AsyncClient(timeout=30.0) as http:
 
-            async def peer_up() -> bool:
-                try:
-                    return (await http.get(peer_url)).status_code == 200
-                except httpx.HTTPError:
-                    return False
+            def listening(url: str) -> Any:
+                async def probe() -> bool:
+                    try:
+                        return (await http.get(url)).status_code == 200
+                    except httpx.HTTPError:
+                        return False
 
-            await until("the peer script to listen", peer_up, 30.0, 0.1)
-            # Warm both paths once (imports, connection pools, discovery) on a GPU not counted.
+                return probe
+
+            await until("the peer script to listen", listening(peer_url), 30.0, 0.1)
+            await until("the floor receiver to listen", listening(floor_url), 60.0, 0.1)
+            # Warm the three paths once (imports, connection pools, discovery) on a GPU not
+            # counted.
             warm = gpus(info.kube_url)[-1]
             warm_body = notification([dcgm_alert(warm["node"], warm["uuid"], warm["index"])])
             await http.post(
                 info.webhook_url, json=warm_body, headers={"Authorization": f"Bearer {token}"}
             )
             await http.post(peer_url, json=warm_body)
+            await http.post(floor_url, json=warm_body)
             await asyncio.sleep(2.0)
+            floor_before = (await http.get(floor_url)).json()
             first_t0 = time.time()
             for gpu in devices:
                 body = notification([dcgm_alert(gpu["node"], gpu["uuid"], gpu["index"])])
@@ -141,41 +172,78 @@ async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, 
                 t1 = time.time()
                 r = await http.post(peer_url, json=body)
                 codes.append(r.status_code)
-                sent[taint_rule_name(gpu["node"], gpu["uuid"])] = (t0, t1)
                 await asyncio.sleep(gap)
+                t2 = time.time()
+                r = await http.post(floor_url, json=body)
+                codes.append(r.status_code)
+                sent[taint_rule_name(gpu["node"], gpu["uuid"])] = (t0, t1, t2)
+                await asyncio.sleep(gap)
+            floor_after = (await http.get(floor_url)).json()
 
         n = len(sent)
 
-        def split() -> tuple[list[float], list[float]]:
+        def split() -> tuple[list[float], list[float], list[float]]:
             recs = [r for r in rule_creations(info.kube_url) if r["time"] >= first_t0]
-            mine = [r["time"] for r in recs if r["user_agent"] != PEER_AGENT]
+            mine = [r["time"] for r in recs if r["user_agent"] not in BENCH_AGENTS]
             theirs = [r["time"] for r in recs if r["user_agent"] == PEER_AGENT]
-            return mine, theirs
+            floors = [r["time"] for r in recs if r["user_agent"] == FLOOR_AGENT]
+            return mine, theirs, floors
 
         async def all_created() -> bool:
-            mine, theirs = split()
-            return len(mine) >= n and len(theirs) >= n
+            return all(len(side) >= n for side in split())
 
         with contextlib.suppress(TimeoutError):
             await until("every rule", all_created, 60.0, 0.5)
-        mine, theirs = split()
+        mine, theirs, floors = split()
         # Sends are sequential with `gap` between them, so the k-th create of each side
         # answers the k-th alert (checked: a create before its own send means a mismatch).
         sickbay_ms: list[float] = []
         peer_ms: list[float] = []
+        floor_ms: list[float] = []
         ratios: list[float] = []
+        floor_ratios: list[float] = []
+        over_floor: list[float] = []
         mismatched = 0
         created: dict[str, float] = {}
-        for (name, (t0, t1)), ts, tp in zip(sent.items(), mine, theirs, strict=False):
-            if ts < t0 or tp < t1:
+        floor_created: dict[str, float] = {}
+
+        def ratio(a: float, b: float) -> float:
+            return a / b if b > 0 else float("inf")
+
+        for (name, (t0, t1, t2)), ts, tp, tf in zip(
+            sent.items(), mine, theirs, floors, strict=False
+        ):
+            if ts < t0 or tp < t1 or tf < t2:
                 mismatched += 1
                 continue
             created[name] = ts
-            s, p = (ts - t0) * 1000, (tp - t1) * 1000
+            floor_created[name] = tf
+            s, p, f = (ts - t0) * 1000, (tp - t1) * 1000, (tf - t2) * 1000
             sickbay_ms.append(s)
             peer_ms.append(p)
-            ratios.append(s / p if p > 0 else float("inf"))
-        missing = n - min(len(mine), len(theirs))
+            floor_ms.append(f)
+            ratios.append(ratio(s, p))
+            floor_ratios.append(ratio(f, p))
+            over_floor.append(ratio(s, f))
+        missing = n - min(len(mine), len(theirs), len(floors))
+
+        # The floor's own moments, from its workflows' histories: eager start shows as the
+        # first workflow task starting in the same instant as the execution.
+        floor_phases: dict[str, list[float]] = {
+            "post_to_started": [],
+            "started_to_task": [],
+            "task_to_rule": [],
+        }
+        for gpu in devices:
+            name = taint_rule_name(gpu["node"], gpu["uuid"])
+            if name not in floor_created:
+                continue
+            b = await breakdown(client, FLOOR_PREFIX + name)
+            if "started" not in b or "task_started" not in b:
+                continue
+            floor_phases["post_to_started"].append((b["started"] - sent[name][2]) * 1000)
+            floor_phases["started_to_task"].append((b["task_started"] - b["started"]) * 1000)
+            floor_phases["task_to_rule"].append((floor_created[name] - b["task_started"]) * 1000)
 
         # Where the time goes.
         log_all = requests_log(info.kube_url)
@@ -204,7 +272,7 @@ async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, 
                 r
                 for r in log_all
                 if b["started"] <= r["time"] <= created[name] + 1e-6
-                and r["user_agent"] != PEER_AGENT
+                and r["user_agent"] not in BENCH_AGENTS
                 and not r["user_agent"].startswith("python-httpx")
             ]
             phases["kube_calls"].append(float(len(window)))
@@ -227,6 +295,7 @@ async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, 
                 prev = r["time"]
         return {
             "pairs": len(sent),
+            "gap_s": gap,
             "measured": len(sickbay_ms),
             "missing": missing,
             "mismatched": mismatched,
@@ -239,6 +308,17 @@ async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, 
             "sickbay": summary(sickbay_ms),
             "peer": summary(peer_ms),
             "ratio_summary": summary(ratios),
+            "floor_ms": floor_ms,
+            "floor": summary(floor_ms),
+            "floor_ratio": floor_ratios,
+            "floor_ratio_summary": summary(floor_ratios),
+            "sickbay_floor_ratio": over_floor,
+            "sickbay_floor_ratio_summary": summary(over_floor),
+            "floor_breakdown": {k: summary(v) for k, v in floor_phases.items()},
+            # Starts in the measured loop, and how many the server started eagerly (the SDK's
+            # flag on each start response, counted by the floor process).
+            "floor_starts": int(floor_after["started"]) - int(floor_before["started"]),
+            "floor_eager_starts": int(floor_after["eager"]) - int(floor_before["eager"]),
             "breakdown": {k: summary(v) for k, v in phases.items()},
             # In hot-path order: by the median position at which each call is made.
             "gap_before_call_ms": {
@@ -247,10 +327,10 @@ async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, 
             },
         }
     finally:
-        if peer is not None:
-            peer.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
             try:
-                peer.wait(10)
+                await asyncio.to_thread(proc.wait, 10)
             except subprocess.TimeoutExpired:
-                peer.kill()
+                proc.kill()
         await asyncio.to_thread(stack.stop)

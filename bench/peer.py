@@ -25,6 +25,7 @@ from workflows.constants import taint_rule_name
 
 log = logging.getLogger("bench.peer")
 GROUP = "resource.k8s.io"
+AGENT = "sickbay-bench-peer/1"
 
 
 def taint_version(api: client.ApiClient) -> str:
@@ -41,9 +42,9 @@ def taint_version(api: client.ApiClient) -> str:
 
 
 class Peer:
-    def __init__(self, kubeconfig: str, prefix: str) -> None:
+    def __init__(self, kubeconfig: str, prefix: str, user_agent: str = AGENT) -> None:
         self.api = config.new_client_from_config(kubeconfig)
-        self.api.user_agent = "sickbay-bench-peer/1"  # told apart in the twin's request log
+        self.api.user_agent = user_agent  # told apart in the twin's request log
         self.core = client.CoreV1Api(self.api)
         self.resource = client.ResourceV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
@@ -52,6 +53,12 @@ class Peer:
 
     def remediate(self, labels: dict[str, str]) -> str:
         node, uuid = labels["Hostname"], labels["UUID"]
+        return self.create(node, uuid, self.resolve(node, uuid))
+
+    def resolve(self, node: str, uuid: str) -> tuple[str, str, str]:
+        """(driver, pool, device) of the GPU whose uuid attribute is `uuid` on `node`: the
+        node's ResourceSlices (field selector), then the node (its pool label, as Sickbay
+        reads it). LookupError when no device has that uuid."""
         slices = self.resource.list_resource_slice(field_selector=f"spec.nodeName={node}")
         target = None
         for s in slices.items:
@@ -63,6 +70,11 @@ class Peer:
         if target is None:
             raise LookupError(f"no device with uuid {uuid} on {node}")
         self.core.read_node(node)  # the node pool label, as Sickbay reads it
+        return target
+
+    def create(self, node: str, uuid: str, target: tuple[str, str, str]) -> str:
+        """Create the DeviceTaintRule `<prefix><sickbay rule name>` for the resolved device;
+        one that already exists (409) is fine. Returns the rule's name."""
         driver, pool, device = target
         name = self.prefix + taint_rule_name(node, uuid)
         body: dict[str, Any] = {
