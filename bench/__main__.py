@@ -104,6 +104,9 @@ def findings(results: dict[str, Any]) -> list[str]:
                 "credentials in the internet-facing webhook. Sickbay keeps the webhook "
                 "credential-free and the budget durable instead."
             )
+        floor = lat.get("floor") or {}
+        if floor.get("n"):
+            out.append(floor_finding(lat))
     cost_ = results.get("cost")
     if cost_ and cost_["kube_requests"] > 15:
         top = ", ".join(
@@ -138,6 +141,37 @@ def findings(results: dict[str, Any]) -> list[str]:
             "the updates one worker has in flight); each refusal is a retry, not a loss."
         )
     return out
+
+
+def floor_finding(lat: dict[str, Any]) -> str:
+    """What the floor (bench/floor.py) measured in the same run, against the script and the
+    ratio goal of 3."""
+    f, fr, sf = lat["floor"], lat["floor_ratio_summary"], lat["sickbay_floor_ratio_summary"]
+    fb = lat["floor_breakdown"]
+    peer = lat["peer"]["p50"]
+    text = (
+        f"Floor: a workflow doing only the script's three calls, eagerly started by the "
+        f"receiving process ({lat['floor_eager_starts']} of {lat['floor_starts']} starts "
+        f"eager), the calls as two local activities: p50 {f['p50']:.1f} ms (p99 "
+        f"{f['p99']:.1f}) = {fr['p50']:.1f}x the script per triple (median; p90 "
+        f"{fr['p90']:.1f}). Of it, the durable start (POST -> WorkflowExecutionStarted) is "
+        f"{fb['post_to_started']['p50']:.1f} ms and the first task's two local activities with "
+        f"the SDK's hand-offs {fb['task_to_rule']['p50']:.1f} ms, where the script needs "
+        f"{peer:.1f} ms for everything. Sickbay is {sf['p50']:.1f}x this floor. "
+    )
+    if fr["p50"] >= 3:
+        text += (
+            "The ratio goal of 3 is below this floor: even the minimal Temporal pipeline "
+            "(eager start, local activities, no workflow sandbox, a bare ASGI receiver) misses "
+            "it on this machine, before any of what Sickbay adds."
+        )
+    else:
+        text += (
+            f"A ratio of 3 ({3 * peer:.0f} ms) leaves {3 * peer - f['p50']:.0f} ms above this "
+            "floor for everything Sickbay adds to it (runbooks, budget lease, confirmation, "
+            "search attributes)."
+        )
+    return text
 
 
 def memory_finding(mem: dict[str, Any]) -> str:

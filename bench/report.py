@@ -70,6 +70,14 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             f"| Sickbay / script per pair, median (p90) | {r['p50']:.1f} ({r['p90']:.1f}) | <= 3 | "
             f"{_ok(r['p50'] <= 3)} |",
         ]
+        f, fr = lat.get("floor") or {}, lat.get("floor_ratio_summary") or {}
+        if f.get("n"):
+            out += [
+                f"| floor (eager start, local activities), p50 / p99 | {_ms(f['p50'])} / "
+                f"{_ms(f['p99'])} | | |",
+                f"| floor / script per triple, median (p90) | {fr['p50']:.1f} ({fr['p90']:.1f}) "
+                "| | |",
+            ]
     if cost:
         out += [
             f"| history events, happy path | {cost['history_events']} | <= 60 | "
@@ -105,26 +113,72 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
     out.append("")
     if lat and lat["sickbay"].get("n"):
         s, p = lat["sickbay"], lat["peer"]
+        f = lat.get("floor") or {}
         b = lat["breakdown"]
+        gap = lat.get("gap_s", 0.2)
+        if f.get("n"):
+            sends = (
+                f"{lat['pairs']} triples: one notification to Sickbay's webhook, {gap:g} s later "
+                "the same notification to the peer (`bench/peer.py`: a straight-line, "
+                "non-durable receiver making the same calls with the same `kubernetes` client: "
+                "list the node's ResourceSlices, read the node, create the rule), "
+                f"{gap:g} s later to the floor (`bench/floor.py`: the peer's calls made durable "
+                "the minimal way — a receiver that starts a two-step workflow with eager start, "
+                "its Worker in the same process, the steps as local activities; no budget, no "
+                "confirmation, no search attributes), "
+                f"{gap:g} s later the next GPU."
+            )
+        else:  # results from before the floor existed
+            sends = (
+                f"{lat['pairs']} pairs: one notification to Sickbay's webhook, {gap:g} s later "
+                "the same notification to the peer (`bench/peer.py`: a straight-line, "
+                "non-durable receiver making the same calls with the same `kubernetes` client: "
+                "list the node's ResourceSlices, read the node, create the rule), "
+                f"{gap:g} s later the next GPU."
+            )
+        rows = [("Sickbay", s), ("script", p)] + ([("floor", f)] if f.get("n") else [])
         out += [
             "## 1. Alert -> DeviceTaintRule created",
             "",
-            f"Twin: {lat['twin']}. {lat['pairs']} pairs: one notification to Sickbay's webhook, "
-            "0.2 s later the same notification to the peer (`bench/peer.py`: a straight-line, "
-            "non-durable receiver making the same calls with the same `kubernetes` client: "
-            "list the node's ResourceSlices, read the node, create the rule), 0.2 s later the "
-            "next GPU. Latency = the twin's answer to the successful create (its request log) "
-            "minus the POST's send time. "
+            f"Twin: {lat['twin']}. {sends} Latency = the twin's answer to the successful "
+            "create (its request log) minus the POST's send time. "
             f"Measured {lat['measured']}, missing {lat['missing']}, non-2xx answers "
             f"{lat['non_2xx']}. Budget widened to 100% for this run (the storm measures it).",
             "",
             f"![latency]({plots.get('latency', '')})",
             "",
-            "| | p50 | p90 | p99 | max |",
+            "| ms | p50 | p90 | p99 | max |",
             "|---|---|---|---|---|",
-            f"| Sickbay | {s['p50']:.1f} | {s['p90']:.1f} | {s['p99']:.1f} | {s['max']:.1f} |",
-            f"| script | {p['p50']:.1f} | {p['p90']:.1f} | {p['p99']:.1f} | {p['max']:.1f} |",
-            "",
+        ]
+        out += [
+            f"| {name} | {v['p50']:.1f} | {v['p90']:.1f} | {v['p99']:.1f} | {v['max']:.1f} |"
+            for name, v in rows
+        ]
+        out.append("")
+        if f.get("n"):
+            fb = lat["floor_breakdown"]
+            out += [
+                "| ratio per triple | median | p90 | p99 |",
+                "|---|---|---|---|",
+            ]
+            for label, key in (
+                ("Sickbay / script", "ratio_summary"),
+                ("floor / script", "floor_ratio_summary"),
+                ("Sickbay / floor", "sickbay_floor_ratio_summary"),
+            ):
+                v = lat[key]
+                out.append(f"| {label} | {v['p50']:.1f} | {v['p90']:.1f} | {v['p99']:.1f} |")
+            out += [
+                "",
+                f"The floor's time (ms, from its workflows' histories): POST -> "
+                f"WorkflowExecutionStarted p50 {fb['post_to_started']['p50']:.1f}; started -> "
+                f"first workflow task started p50 {fb['started_to_task']['p50']:.2f} (eager: "
+                f"{lat['floor_eager_starts']} of {lat['floor_starts']} start responses carried "
+                "the task); task -> rule created (the two local activities and the SDK's "
+                f"hand-offs) p50 {fb['task_to_rule']['p50']:.1f}.",
+                "",
+            ]
+        out += [
             "Where Sickbay's time goes (ms, per remediation, from the workflow's history and "
             "the twin's request log):",
             "",
