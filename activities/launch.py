@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from temporalio import activity
 from temporalio.client import Client
@@ -65,13 +65,15 @@ async def signal_with_start(
     task_queue: str,
     evidence: AlertEvidence | None = None,
     evidence_list: Sequence[AlertEvidence] | None = None,
+    rpc_timeout: timedelta | None = None,
 ) -> LaunchResult:
     """Start the device's remediation, or signal the running one with `evidence`.
 
     `evidence_list` instead sends several alerts in one call: one is an `alert` signal as
     with `evidence`, more are one `alerts` signal carrying the list (never both arguments).
     The device must be canonical (node + GPU UUID); resolve other forms first (the CLI does
-    it through the resolve-device activity code). Raises ValueError otherwise.
+    it through the resolve-device activity code). Raises ValueError otherwise. `rpc_timeout`
+    bounds the call (the SDK's default otherwise).
     """
     if evidence_list is not None and (evidence is not None or not evidence_list):
         raise ValueError("pass either evidence or a non-empty evidence_list, not both")
@@ -101,6 +103,7 @@ async def signal_with_start(
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         start_signal=signal,
         start_signal_args=signal_args,
+        rpc_timeout=rpc_timeout,
     )
     # SignalWithStartWorkflowExecutionResponse.started says whether this call created the
     # run. (The time-skipping test server leaves it unset, so there it always reads False.)

@@ -39,7 +39,11 @@ safe because the workflow de-duplicates evidence by fingerprint anyway; the wind
 measured from acceptance (a hit does not extend it), so an alert that keeps firing reaches
 Temporal again at least once per window (a remediation that closed meanwhile restarts then).
 
-A POST is acknowledged (200) only when Temporal accepted every one of its alerts; a failed
+With a delivery spool (SICKBAY_WEBHOOK_SPOOL_DIR, worker/spool.py), a notification waits for
+Temporal at most SICKBAY_WEBHOOK_ACK_SECONDS: the deliveries still on their way then are
+journaled to disk (fsync) and acknowledged as `queued`; the spool keeps them wanted until
+Temporal accepts them and sends failed ones again, also after a restart. Without one:
+a POST is acknowledged (200) only when Temporal accepted every one of its alerts; a failed
 call fails every delivery it carried (503/502 as above), and a queued delivery whose every
 waiting notification gave up (deadline) before its call took a slot is dropped unsent, so an
 overloaded server is not sent work nobody waits for (the sender's retry queues it again).
@@ -59,7 +63,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -69,6 +73,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -87,6 +92,7 @@ from worker.alerts import (
     map_alert,
 )
 from worker.settings import Settings
+from worker.spool import Spool
 from worker.temporal import connect, ensure_search_attributes
 from workflows.constants import SIG_ALERT_RESOLVED
 from workflows.models import RemediationInput
@@ -124,6 +130,20 @@ class WebhookSettings(BaseSettings):
     webhook_dedup_seconds: float = Field(default=60.0, ge=0)
     # At most this many remembered deliveries (~0.5 KB each): the oldest go first.
     webhook_dedup_entries: int = Field(default=50_000, ge=1)
+    # Delivery spool (worker/spool.py). Set: a notification waits for Temporal at most
+    # webhook_ack_seconds; the alerts Temporal has not accepted by then are journaled to this
+    # directory (flushed to disk) before the 200, and delivered in the background, across
+    # restarts. One directory per webhook process (locked). Unset: a notification is answered
+    # only once Temporal accepted every alert (or 503 past webhook_temporal_timeout).
+    webhook_spool_dir: Path | None = None
+    # 0.5 s: well under Alertmanager's webhook timeout and the 1 s a storm's sender should
+    # wait; a healthy Temporal answers in milliseconds, so only a slow one reaches the spool.
+    webhook_ack_seconds: float = Field(default=0.5, gt=0)
+    # Past this many pending alerts the spool takes no more: notifications wait for Temporal
+    # (503 past the deadline) as without a spool, so a long outage cannot fill the disk.
+    webhook_spool_max: int = Field(default=100_000, ge=1)
+    # How often spooled alerts whose call failed are sent again (Temporal down: every round).
+    webhook_spool_retry_seconds: float = Field(default=2.0, gt=0)
     # Mapping alert labels to a device (defaults: dcgm-exporter, deploy/prometheus-rules.yaml)
     alert_names: StrList = Field(default_factory=lambda: list(DEFAULT_ALERT_NAMES))
     alert_node_labels: StrList = Field(default_factory=lambda: ["Hostname"])
@@ -271,6 +291,26 @@ class WebhookMetrics:
             "Queued deliveries not sent because every notification waiting for them gave up",
             registry=r,
         )
+        self.spooled = Counter(
+            "sickbay_webhook_alerts_spooled",
+            "Alerts acknowledged before Temporal accepted them: journaled to the spool",
+            registry=r,
+        )
+        self.spool_pending = Gauge(
+            "sickbay_webhook_spool_pending",
+            "Spooled alerts Temporal has not accepted yet",
+            registry=r,
+        )
+        self.spool_redelivered = Counter(
+            "sickbay_webhook_spool_redelivered",
+            "Spooled alerts sent again (after a failed call, or left by a previous process)",
+            registry=r,
+        )
+        self.spool_given_up = Counter(
+            "sickbay_webhook_spool_given_up",
+            "Spooled alerts dropped after Temporal refused them for good (logged at ERROR)",
+            registry=r,
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -280,6 +320,10 @@ class WebhookMetrics:
 
 DeliveryKey = tuple[str, str, str, str]  # MappedAlert.delivery_key()
 DUPLICATE = "duplicate"  # result of an alert acknowledged through an identical delivery
+QUEUED = "queued"  # result of an alert acknowledged through the spool (worker/spool.py)
+# A spooled alert Temporal refuses this many times for a non-transient reason (e.g. invalid
+# argument) is dropped with an ERROR log; transient failures (Temporal down) retry forever.
+SPOOL_GIVE_UP = 5
 # Results worth remembering: Temporal recorded the alert. "resolved-no-workflow" is not: a
 # workflow may start in the meantime, and asking again is cheap.
 CACHEABLE = frozenset({"started", "signalled", "resolved-signalled"})
@@ -396,6 +440,11 @@ class AlertService:
         self._slots = asyncio.Semaphore(webhook.webhook_concurrency)
         self.recent = RecentDeliveries(webhook.webhook_dedup_seconds, webhook.webhook_dedup_entries)
         self.lanes: dict[str, Lane] = {}  # workflow id -> its lane, while it has deliveries
+        # The delivery spool (opened by create_app) and the spooled deliveries with a call on
+        # its way, which the spool keeps wanted (a waiter) until the call ends.
+        self.spool: Spool | None = None
+        self._held: dict[DeliveryKey, Delivery] = {}
+        self._refusals: dict[DeliveryKey, int] = {}
 
     @property
     def connected(self) -> bool:
@@ -470,19 +519,40 @@ class AlertService:
                 sorted(g.values(), key=lambda same: same[0].status != "firing")
                 for g in by_workflow.values()
             ]
-            tasks = [asyncio.ensure_future(self._run_group(client, g, out)) for g in groups]
-            _done, pending = await asyncio.wait(
-                tasks, timeout=self.webhook.webhook_temporal_timeout
-            )
+            # Queued all at once (no await in between), so one workflow's alerts share a call.
+            waitings = [self._enqueue(client, g, out) for g in groups]
+            tasks: list[asyncio.Future[None]] = [
+                asyncio.ensure_future(self._await_group(w, out)) for w in waitings
+            ]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.webhook.webhook_temporal_timeout
+            pending: set[asyncio.Future[None]] = set(tasks)
+            queued: set[DeliveryKey] = set()
+            if self.spool is not None:
+                _done, pending = await asyncio.wait(
+                    tasks,
+                    timeout=min(self.webhook.webhook_ack_seconds, deadline - loop.time()),
+                )
+                if pending:
+                    queued = await self._spool_waiting(waitings, tasks)
+            if pending and not queued:
+                _done, pending = await asyncio.wait(
+                    pending, timeout=max(0.0, deadline - loop.time())
+                )
             for task in pending:
                 task.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
                 handled = {r["index"] for r in out.results} | {f["index"] for f in out.failed}
-                for group_items in groups:
-                    for same in group_items:
-                        for m in same:
-                            if m.index not in handled:
+                for waiting, task in zip(waitings, tasks, strict=True):
+                    if task not in pending:
+                        continue
+                    for same, d, _own in waiting:
+                        todo = [m for m in same if m.index not in handled]
+                        if d.key in queued:
+                            self._queued(out, todo)
+                        else:
+                            for m in todo:
                                 self._failed(out, m, "temporal-timeout", "Temporal did not answer")
 
         code = 200
@@ -500,13 +570,14 @@ class AlertService:
         log.log(
             level,
             "notification %s: %d alerts, %d started, %d signalled, %d resolved, "
-            "%d duplicates, %d unmatched, %d failed -> %d",
+            "%d duplicates, %d spooled, %d unmatched, %d failed -> %d",
             payload.group_key or "-",
             len(payload.alerts),
             out.counts.get("started", 0),
             out.counts.get("signalled", 0),
             out.counts.get("resolved-signalled", 0),
             out.counts.get(DUPLICATE, 0),
+            out.counts.get(QUEUED, 0),
             len(out.unmatched),
             len(out.failed),
             code,
@@ -514,18 +585,12 @@ class AlertService:
         status = "ok" if code == 200 else "some alerts were not accepted by Temporal"
         return code, self._body(out, payload, status)
 
-    async def _run_group(
-        self, client: Client, group: Sequence[list[MappedAlert]], out: Outcome
+    async def _await_group(
+        self, waiting: list[tuple[list[MappedAlert], Delivery, bool]], out: Outcome
     ) -> None:
-        """The deliveries of one workflow in this notification (firing first).
-
-        Each entry is one delivery key with every alert of this notification that has it. A
-        key Temporal accepted within the dedup window is answered from memory; a key already
-        queued or in flight (any notification) is awaited, not sent twice; the rest are queued
-        on the workflow's lane together, so they go in one call. Only the call that carried a
-        key succeeding acknowledges it.
-        """
-        waiting = self._enqueue(client, group, out)
+        """Await the deliveries `_enqueue` queued or joined for one workflow of this
+        notification, and record each one's outcome for its alerts. Only the call that carried
+        a key succeeding acknowledges it."""
         try:
             for same, d, own in waiting:
                 try:
@@ -561,8 +626,14 @@ class AlertService:
     def _enqueue(
         self, client: Client, group: Sequence[list[MappedAlert]], out: Outcome
     ) -> list[tuple[list[MappedAlert], Delivery, bool]]:
-        """Queue this notification's new deliveries for one workflow, all at once (no await
-        in here, so they land in the same call), and join the ones already on their way.
+        """Queue this notification's new deliveries for one workflow (firing first), all at
+        once (no await in here, so they land in the same call), and join the ones already on
+        their way.
+
+        Each entry of `group` is one delivery key with every alert of this notification that
+        has it. A key Temporal accepted within the dedup window is answered from memory; a key
+        already queued or in flight (any notification) is joined, not sent twice; the rest are
+        queued on the workflow's lane together, so they go in one call.
         Returns (alerts, delivery, queued by this notification) to await."""
         recent = self.recent
         waiting: list[tuple[list[MappedAlert], Delivery, bool]] = []
@@ -675,6 +746,145 @@ class AlertService:
                 entry["via"] = via
             out.results.append(entry)
 
+    def _queued(self, out: Outcome, alerts: Sequence[MappedAlert]) -> None:
+        """Record alerts acknowledged through the spool: on disk, Temporal not told yet."""
+        for m in alerts:
+            out.bump(QUEUED)
+            out.results.append(
+                {
+                    "index": m.index,
+                    "fingerprint": m.fingerprint,
+                    "device": m.device.key,
+                    "workflow_id": m.workflow_id,
+                    "result": QUEUED,
+                }
+            )
+
+    # ------------------------------------------------------------------ spool ----------------
+
+    async def _spool_waiting(
+        self,
+        waitings: list[list[tuple[list[MappedAlert], Delivery, bool]]],
+        tasks: list[asyncio.Future[None]],
+    ) -> set[DeliveryKey]:
+        """The ack deadline passed: journal the deliveries this notification still waits for
+        (flushed to disk) and keep them wanted until Temporal accepts them. Returns their keys;
+        empty when nothing could be spooled (full, disk error): the notification then waits for
+        Temporal as without a spool."""
+        assert self.spool is not None
+        todo: dict[DeliveryKey, Delivery] = {}
+        for waiting, task in zip(waitings, tasks, strict=True):
+            if task.done():
+                continue
+            for _same, d, _own in waiting:
+                if not d.call.done():
+                    todo[d.key] = d
+        if not todo:
+            return set()
+        if not self.spool.room(len(todo)):
+            log.warning(
+                "webhook spool full (%d pending, SICKBAY_WEBHOOK_SPOOL_MAX): waiting for "
+                "Temporal instead",
+                len(self.spool.pending),
+            )
+            return set()
+        try:
+            await asyncio.to_thread(self.spool.add, [d.alert for d in todo.values()])
+        except OSError as exc:
+            log.error(
+                "webhook spool: cannot journal %d alert(s), waiting for Temporal instead: %s",
+                len(todo),
+                exc,
+            )
+            return set()
+        self.metrics.spooled.inc(len(todo))
+        for d in todo.values():
+            self._hold(d)
+        self.metrics.spool_pending.set(len(self.spool.pending))
+        return set(todo)
+
+    def _hold(self, d: Delivery) -> None:
+        """The spool stands in for the notifications already answered: `d` stays wanted (never
+        dropped unsent) until its call ends, and leaves the spool if Temporal accepted it."""
+        if self._held.get(d.key) is d:
+            return
+        if d.call.done():
+            self._spool_outcome(d, d.call)
+            return
+        self._held[d.key] = d
+        d.waiters += 1
+        d.call.add_done_callback(functools.partial(self._unhold, d))
+
+    def _unhold(self, d: Delivery, call: asyncio.Future[str]) -> None:
+        if self._held.get(d.key) is d:
+            del self._held[d.key]
+        d.waiters -= 1
+        self._spool_outcome(d, call)
+
+    def _spool_outcome(self, d: Delivery, call: asyncio.Future[str]) -> None:
+        assert self.spool is not None
+        if not call.cancelled():
+            exc = call.exception()
+            if exc is None:
+                self._refusals.pop(d.key, None)
+                self.spool.done(d.key)
+            elif isinstance(exc, RPCError) and exc.status not in _TRANSIENT:
+                refused = self._refusals[d.key] = self._refusals.get(d.key, 0) + 1
+                if refused >= SPOOL_GIVE_UP:
+                    log.error(
+                        "webhook spool: Temporal refused alert %s for %s %d times (%s); "
+                        "dropping it",
+                        d.alert.fingerprint,
+                        d.alert.workflow_id,
+                        refused,
+                        exc,
+                    )
+                    del self._refusals[d.key]
+                    self.spool.done(d.key)
+                    self.metrics.spool_given_up.inc()
+        # Otherwise (failed, cancelled by shutdown) it stays for the next redelivery round.
+        self.metrics.spool_pending.set(len(self.spool.pending))
+
+    async def redeliver(self) -> int:
+        """One round: send every spooled alert that has no call on its way (its call failed,
+        or a previous process left it). Returns how many were sent."""
+        assert self.spool is not None
+        todo = [(k, m) for k, m in self.spool.pending.items() if k not in self._held]
+        if not todo:
+            return 0
+        try:
+            client = await self.client()
+        except TemporalUnavailable as exc:
+            log.warning("webhook spool: %d alert(s) wait for Temporal: %s", len(todo), exc)
+            return 0
+        by_workflow: dict[str, list[list[MappedAlert]]] = {}
+        for key, m in todo:
+            if self.recent.recent(key):
+                self.spool.done(key)
+                continue
+            by_workflow.setdefault(m.workflow_id, []).append([m])
+        sent = 0
+        for group in by_workflow.values():
+            group.sort(key=lambda same: same[0].status != "firing")
+            for _same, d, _own in self._enqueue(client, group, Outcome()):
+                self._hold(d)
+                d.waiters -= 1  # _enqueue counted a waiter; the hold is the one that stays
+                sent += 1
+        self.metrics.spool_redelivered.inc(sent)
+        self.metrics.spool_pending.set(len(self.spool.pending))
+        return sent
+
+    async def redeliver_forever(self) -> None:
+        assert self.spool is not None
+        while True:
+            try:
+                sent = await self.redeliver()
+                if sent:
+                    log.info("webhook spool: sent %d spooled alert(s) again", sent)
+            except Exception:
+                log.exception("webhook spool: redelivery round failed; trying again")
+            await asyncio.sleep(self.webhook.webhook_spool_retry_seconds)
+
     def _delivery_done(self, d: Delivery, call: asyncio.Future[str]) -> None:
         if self.recent.inflight.get(d.key) is d:
             del self.recent.inflight[d.key]
@@ -697,6 +907,12 @@ class AlertService:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
 
+    @property
+    def _rpc_timeout(self) -> timedelta:
+        # A call stuck on a half-dead connection must end (and its alerts be retried or
+        # reported), not hold its workflow's lane until the connection's keepalive gives up.
+        return timedelta(seconds=self.webhook.webhook_temporal_timeout)
+
     async def _fire(self, client: Client, alerts: Sequence[MappedAlert]) -> str:
         """One signal-with-start carrying every firing alert in `alerts` (one workflow)."""
         m = alerts[0]
@@ -715,6 +931,7 @@ class AlertService:
             inp,
             task_queue=self.settings.task_queue,
             evidence_list=[a.evidence for a in alerts if a.evidence is not None],
+            rpc_timeout=self._rpc_timeout,
         )
         return "started" if res.started else "signalled"
 
@@ -723,7 +940,7 @@ class AlertService:
         handle = client.get_workflow_handle(m.workflow_id)
         self.metrics.temporal_calls.labels("signal").inc()
         try:
-            await handle.signal(SIG_ALERT_RESOLVED, m.resolved)
+            await handle.signal(SIG_ALERT_RESOLVED, m.resolved, rpc_timeout=self._rpc_timeout)
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:  # none, or already closed: nothing to do
                 return "resolved-no-workflow"
@@ -867,13 +1084,35 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.service = service
+        redelivery: asyncio.Task[None] | None = None
+        if wh.webhook_spool_dir is not None:
+            # Locked for this process (SpoolError: another webhook uses it) and replayed: what a
+            # previous process acknowledged but never got into Temporal goes out first.
+            service.spool = Spool(wh.webhook_spool_dir, wh.webhook_spool_max)
+            left = service.spool.open()
+            metrics.spool_pending.set(len(left))
+            log.info(
+                "webhook spool %s: acknowledging after %.2f s at most, %d alert(s) pending",
+                wh.webhook_spool_dir,
+                wh.webhook_ack_seconds,
+                len(left),
+            )
         try:
             await service.client()
         except TemporalUnavailable as exc:
             # Keep serving: requests answer 503 until Temporal is back, and Alertmanager retries.
             log.warning("%s; will retry on the next notification", exc)
-        yield
-        await service.drain(wh.webhook_temporal_timeout)
+        if service.spool is not None:
+            redelivery = asyncio.ensure_future(service.redeliver_forever())
+        try:
+            yield
+        finally:
+            if redelivery is not None:
+                redelivery.cancel()
+                await asyncio.gather(redelivery, return_exceptions=True)
+            await service.drain(wh.webhook_temporal_timeout)
+            if service.spool is not None:
+                service.spool.close()
 
     app = FastAPI(
         title="Sickbay Alertmanager webhook",

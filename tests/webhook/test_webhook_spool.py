@@ -1,0 +1,327 @@
+"""The webhook's delivery spool (worker/spool.py): bounded acknowledgement, nothing lost.
+
+Cases:
+- the journal: deliveries added are pending after a reopen (a new process), done ones are not;
+  a torn last line (crash mid-write) is skipped; once nothing is pending the file is empty;
+  firing and resolved alerts round-trip intact
+- a second process cannot open a spool in use (clear error naming the directory)
+- Temporal stalls (a TCP proxy stops forwarding): the notification is answered 200 within
+  the ack deadline with its alert `queued` and journaled; once Temporal answers again the
+  same call completes, the workflow has the alert, and the journal is empty
+- with Temporal answering, nothing is spooled (acknowledged as started, as without a spool)
+- crash: `sickbay webhook` acknowledges through the spool while Temporal stalls and is
+  SIGKILLed; its connections are dropped unsent, so only the spool has the alert; a new
+  webhook on the same spool delivers it (one workflow, the alert's signal) and empties it
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from bench.common import until
+from tests.webhook.helpers import (
+    TOKEN,
+    auth,
+    count_runs,
+    free_socket,
+    payload,
+    serve,
+    settings_for,
+    signal_names,
+    unique_device,
+    xid_alert,
+)
+from tests.webhook.test_webhook_cli import SICKBAY, clean_env, wait_healthy
+from worker.alerts import MappedAlert
+from worker.settings import Settings
+from worker.spool import JOURNAL, Spool, SpoolError
+from worker.webhook import WebhookSettings, create_app
+from workflows.constants import SIG_ALERT, device_workflow_id
+from workflows.models import AlertEvidence, AlertResolved, DeviceRef
+
+
+def _alert(i: int, status: str = "firing") -> MappedAlert:
+    node, gpu = f"node-{i}", f"GPU-{i:08d}"
+    device = DeviceRef(node=node, gpu_uuid=gpu)
+    at = datetime(2026, 11, 29, 10, i % 60, tzinfo=UTC)
+    return MappedAlert(
+        index=i,
+        status="firing" if status == "firing" else "resolved",
+        device=device,
+        workflow_id=device_workflow_id(node, gpu),
+        evidence=AlertEvidence(source="alertmanager", fingerprint=f"fp{i}", alertname="Xid", xid=79)
+        if status == "firing"
+        else None,
+        resolved=AlertResolved(fingerprint=f"fp{i}", alertname="Xid", ends_at=at)
+        if status != "firing"
+        else None,
+        starts_at=at,
+    )
+
+
+def test_journal_replays_pending_and_skips_torn_lines(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    assert spool.open() == []
+    a, b, c = _alert(1), _alert(2), _alert(3, "resolved")
+    spool.add([a, b])
+    spool.add([c, a])  # a again: journaled once
+    spool.done(b.delivery_key())
+    spool.close()
+    # A crash mid-write leaves half a line at the end.
+    with (tmp_path / JOURNAL).open("ab") as f:
+        f.write(b'{"op": "add", "alert": {"ind')
+
+    again = Spool(tmp_path)
+    left = again.open()
+    assert sorted(m.delivery_key() for m in left) == sorted([a.delivery_key(), c.delivery_key()])
+    got = {m.delivery_key(): m for m in left}
+    assert got[a.delivery_key()] == a and got[c.delivery_key()] == c  # intact round trip
+    # Compacted on open: only the two pending adds remain, the torn line is gone.
+    lines = (tmp_path / JOURNAL).read_text().splitlines()
+    assert [json.loads(x)["op"] for x in lines] == ["add", "add"]
+    again.done(a.delivery_key())
+    again.done(c.delivery_key())
+    assert again.pending == {} and (tmp_path / JOURNAL).read_bytes() == b""
+    again.close()
+    assert Spool(tmp_path).open() == []
+
+
+def test_second_process_cannot_share_a_spool(tmp_path: Path) -> None:
+    first = Spool(tmp_path)
+    first.open()
+    try:
+        with pytest.raises(SpoolError, match=str(tmp_path)):
+            Spool(tmp_path).open()
+    finally:
+        first.close()
+    second = Spool(tmp_path)  # free again once the first closed
+    second.open()
+    second.close()
+
+
+def test_spool_is_bounded(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_pending=2)
+    spool.open()
+    spool.add([_alert(1)])
+    assert spool.room(1) and not spool.room(2)
+    spool.close()
+
+
+class StallProxy:
+    """TCP proxy in front of Temporal that can stall (stop forwarding, data stays queued) and
+    drop (close every connection, discarding what is queued)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.conns: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.conns.append((writer, up_w))
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                while data := await src.read(65536):
+                    await self.flowing.wait()
+                    if dst.is_closing():
+                        return
+                    dst.write(data)
+                    await dst.drain()
+            with contextlib.suppress(OSError):
+                dst.close()
+
+        await asyncio.gather(pump(reader, up_w), pump(up_r, writer))
+
+    def stall(self) -> None:
+        self.flowing.clear()
+
+    def resume(self) -> None:
+        self.flowing.set()
+
+    def drop(self) -> None:
+        for a, b in self.conns:
+            a.transport.abort()
+            b.transport.abort()
+        self.conns.clear()
+        self.flowing.set()
+
+    async def stop(self) -> None:
+        self.drop()
+        if self.server is not None:
+            self.server.close()
+
+
+@contextlib.asynccontextmanager
+async def proxied(env: WorkflowEnvironment) -> AsyncIterator[StallProxy]:
+    target = int(env.client.service_client.config.target_host.rsplit(":", 1)[1])
+    proxy = StallProxy(target)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
+
+
+@pytest.mark.devserver
+async def test_stalled_temporal_is_acknowledged_through_the_spool(
+    dev_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    queue = f"spool-{uuid.uuid4().hex[:8]}"
+    async with proxied(dev_env) as proxy:
+        from worker.temporal import connect
+
+        settings = settings_for(dev_env, queue).model_copy(
+            update={"temporal_address": f"127.0.0.1:{proxy.port}"}
+        )
+        client = await connect(settings)
+        app = create_app(
+            settings,
+            client,
+            webhook=WebhookSettings(
+                webhook_token=TOKEN,
+                webhook_spool_dir=tmp_path,
+                webhook_ack_seconds=0.3,
+                webhook_temporal_timeout=20,
+                webhook_spool_retry_seconds=0.2,
+            ),
+        )
+        async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
+            # Temporal answering: acknowledged as accepted, nothing spooled.
+            n1, g1 = unique_device()
+            ok = await http.post(
+                "/v1/alertmanager", json=payload(xid_alert(n1, g1)), headers=auth()
+            )
+            assert ok.status_code == 200 and ok.json()["started"] == 1, ok.text
+            assert (tmp_path / JOURNAL).read_bytes() == b""
+
+            proxy.stall()
+            n2, g2 = unique_device()
+            t0 = time.monotonic()
+            resp = await http.post(
+                "/v1/alertmanager", json=payload(xid_alert(n2, g2)), headers=auth()
+            )
+            took = time.monotonic() - t0
+            body = resp.json()
+            assert resp.status_code == 200, resp.text
+            assert [r["result"] for r in body["results"]] == ["queued"]
+            assert took < 10  # answered by the ack deadline, not Temporal's 20 s timeout
+            journal = (tmp_path / JOURNAL).read_text()
+            assert f"fp-{n2}" in journal  # on disk before the answer
+            wid = device_workflow_id(n2, g2)
+            assert await count_runs(dev_env.client, f"WorkflowId = '{wid}'") == 0
+
+            proxy.resume()
+
+            async def delivered() -> bool:
+                return (tmp_path / JOURNAL).read_bytes() == b""
+
+            await until("the spooled alert to be delivered", delivered, 30, 0.1)
+            assert await count_runs(dev_env.client, f"WorkflowId = '{wid}'", expect=1) == 1
+            assert await signal_names(dev_env.client, wid) == [SIG_ALERT]
+            metrics = (await http.get("/metrics")).text
+            assert "sickbay_webhook_alerts_spooled_total 1.0" in metrics
+            assert "sickbay_webhook_spool_pending 0.0" in metrics
+        for n, g in ((n1, g1), (n2, g2)):
+            await dev_env.client.get_workflow_handle(device_workflow_id(n, g)).terminate("done")
+
+
+@pytest.mark.devserver
+async def test_crashed_webhook_spool_is_delivered_by_the_next(
+    dev_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    queue = f"spool-crash-{uuid.uuid4().hex[:8]}"
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    spool_dir = tmp_path / "spool"
+
+    async def webhook(proxy: StallProxy) -> tuple[asyncio.subprocess.Process, str]:
+        sock = free_socket()
+        port = sock.getsockname()[1]
+        sock.close()
+        proc = await asyncio.create_subprocess_exec(
+            SICKBAY,
+            *("webhook", "--host", "127.0.0.1", "--port", str(port)),
+            env=clean_env(
+                SICKBAY_TEMPORAL_ADDRESS=f"127.0.0.1:{proxy.port}",
+                SICKBAY_TASK_QUEUE=queue,
+                SICKBAY_WEBHOOK_TOKEN_FILE=str(token_file),
+                SICKBAY_WEBHOOK_SPOOL_DIR=str(spool_dir),
+                SICKBAY_WEBHOOK_ACK_SECONDS="0.3",
+                SICKBAY_WEBHOOK_SPOOL_RETRY_SECONDS="0.2",
+            ),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        assert (await wait_healthy(url))["temporal_connected"] is True
+        return proc, url
+
+    node, gpu = unique_device()
+    wid = device_workflow_id(node, gpu)
+    async with proxied(dev_env) as proxy:
+        first, url = await webhook(proxy)
+        try:
+            proxy.stall()
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                resp = await http.post(
+                    "/v1/alertmanager", json=payload(xid_alert(node, gpu)), headers=auth()
+                )
+            assert resp.status_code == 200 and resp.json()["results"][0]["result"] == "queued"
+        finally:
+            first.send_signal(signal.SIGKILL)
+            await first.wait()
+        proxy.drop()  # the dead process's call never reaches Temporal
+        await asyncio.sleep(0.5)
+        assert await count_runs(dev_env.client, f"WorkflowId = '{wid}'") == 0
+
+        second, url = await webhook(proxy)
+        try:
+
+            async def delivered() -> bool:
+                return (spool_dir / JOURNAL).read_bytes() == b""
+
+            await until("the next webhook to deliver the spool", delivered, 30, 0.1)
+            assert await count_runs(dev_env.client, f"WorkflowId = '{wid}'", expect=1) == 1
+            assert await signal_names(dev_env.client, wid) == [SIG_ALERT]
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                metrics = (await http.get("/metrics")).text
+            assert "sickbay_webhook_spool_redelivered_total 1.0" in metrics
+        finally:
+            second.send_signal(signal.SIGTERM)
+            await second.wait()
+    await dev_env.client.get_workflow_handle(wid).terminate("done")
+
+
+async def test_spool_in_use_refuses_to_serve(tmp_path: Path) -> None:
+    held = Spool(tmp_path)
+    held.open()
+    try:
+        app = create_app(
+            Settings(temporal_address="127.0.0.1:1", task_queue="nowhere"),
+            webhook=WebhookSettings(webhook_token=TOKEN, webhook_spool_dir=tmp_path),
+        )
+        with pytest.raises(SpoolError, match="in use by another process"):
+            async with app.router.lifespan_context(app):
+                pass
+    finally:
+        held.close()
