@@ -553,10 +553,13 @@ class Stack:
         env["SICKBAY_SIM_CLOUD_TOKEN_FILE"] = str(cloud_token)
         env["SICKBAY_METRICS_PORT"] = str(free_port())
         self._spawn("worker", [sys.executable, *cfg.worker_argv], env)
+        # The webhook answers Alertmanager within SICKBAY_WEBHOOK_ACK_SECONDS even when
+        # Temporal is slow: what Temporal has not taken by then waits in this spool (on disk).
+        webhook_env = {**env, "SICKBAY_WEBHOOK_SPOOL_DIR": str(self.dir / "webhook-spool")}
         self._spawn(
             "webhook",
             [sys.executable, "-m", "worker.cli", "webhook", "--port", str(webhook_port)],
-            env,
+            webhook_env,
         )
         self._wait("worker", lambda: self._worker_polling(info))
         self._wait(
