@@ -13,7 +13,9 @@ The blast-radius budget is made binding: every generated runbook gets maxPerClus
 
 - workflows started (goal: exactly one per physical GPU), alerts lost (every (workflow,
   fingerprint) pair must be recorded as an `alert` signal in the workflow's history),
-- webhook latency per POST (p50/p99), notifications retried,
+- webhook latency per POST (p50/p99), notifications retried (the stack's webhook runs with
+  its delivery spool: past SICKBAY_WEBHOOK_ACK_SECONDS, what Temporal has not accepted is
+  journaled to disk and acknowledged, then delivered; the lost-alert check covers those too),
 - time from the first alert until every GPU within budget is quarantined (the twin's request
   log), and the number of rules ever created vs the budget (never exceeded),
 - progress over time (alerts acknowledged, workflows started, rules created) for the plot,
@@ -164,6 +166,9 @@ def webhook_metrics(url: str) -> dict[str, Any]:
         elif name.startswith("sickbay_webhook_request_seconds_bucket"):
             handled[label] = float(value)
         elif name.split("{")[0] in (
+            "sickbay_webhook_alerts_spooled_total",
+            "sickbay_webhook_spool_pending",
+            "sickbay_webhook_spool_redelivered_total",
             "sickbay_webhook_temporal_call_seconds_sum",
             "sickbay_webhook_temporal_call_seconds_count",
             "sickbay_webhook_request_seconds_sum",
@@ -186,6 +191,11 @@ def webhook_metrics(url: str) -> dict[str, Any]:
         if n_req
         else None,
         "handling_buckets": {k: int(v) for k, v in handled.items()},
+        # Delivery spool: alerts acknowledged before Temporal took them (journaled on disk),
+        # still pending when read, and sent again after a failed call.
+        "spooled": int(sums.get("sickbay_webhook_alerts_spooled_total", 0)),
+        "spool_pending": int(sums.get("sickbay_webhook_spool_pending", 0)),
+        "spool_redelivered": int(sums.get("sickbay_webhook_spool_redelivered_total", 0)),
     }
 
 
@@ -584,6 +594,15 @@ def findings(st: dict[str, Any]) -> list[str]:
             f"most once per {SLICE_TTL:.0f} s and shared by concurrent counts."
         )
     hook = st.get("webhook") or {}
+    if hook.get("spooled"):
+        out.append(
+            f"Storm webhook: {hook['spooled']} alerts Temporal had not accepted within the "
+            "webhook's ack deadline (SICKBAY_WEBHOOK_ACK_SECONDS) were journaled to its "
+            "delivery spool (flushed to disk) and acknowledged, then delivered in the "
+            f"background ({hook.get('spool_redelivered', 0)} sent again after a failed call, "
+            f"{hook.get('spool_pending', 0)} still pending when the run ended); the "
+            "alerts-lost check above counts them in the workflows' histories."
+        )
     if w.get("p99", 0) > 1000 and hook.get("temporal_calls") is not None:
         calls = hook["temporal_calls"]
         dedup = hook.get("deduplicated") or {}
