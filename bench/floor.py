@@ -159,6 +159,7 @@ async def serve(
     import uvicorn
     from temporalio.client import Client
     from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
     peer = Peer(kubeconfig, prefix, user_agent=AGENT)
     acts = FloorActivities(peer)
@@ -170,7 +171,7 @@ async def serve(
             workflows=[FloorWorkflow],
             activities=[acts.resolve, acts.create],
             activity_executor=pool,
-            **({} if sandbox else {"workflow_runner": UnsandboxedWorkflowRunner()}),
+            workflow_runner=SandboxedWorkflowRunner() if sandbox else UnsandboxedWorkflowRunner(),
         )
         server = uvicorn.Server(
             uvicorn.Config(

@@ -71,13 +71,16 @@ def _ts(event: Any) -> float:
 
 
 async def breakdown(client: Any, wf_id: str) -> dict[str, float]:
-    """Server-side timestamps of a remediation's first moments (epoch seconds)."""
+    """Server-side timestamps of a remediation's first moments (epoch seconds), and `eager`:
+    1.0 when the server started its first workflow task in the start request."""
     history = await client.get_workflow_handle(wf_id).fetch_history()
     out: dict[str, float] = {}
     for e in history.events:
         t = e.event_type
         if t == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED and "started" not in out:
             out["started"] = _ts(e)
+            attrs = e.workflow_execution_started_event_attributes
+            out["eager"] = 1.0 if attrs.eager_execution_accepted else 0.0
         elif t == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED and "task_started" not in out:
             out["task_started"] = _ts(e)
         elif t == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED and "task_completed" not in out:
@@ -234,11 +237,13 @@ async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, 
             "started_to_task": [],
             "task_to_rule": [],
         }
+        floor_eager_histories = 0
         for gpu in devices:
             name = taint_rule_name(gpu["node"], gpu["uuid"])
             if name not in floor_created:
                 continue
             b = await breakdown(client, FLOOR_PREFIX + name)
+            floor_eager_histories += int(b.get("eager", 0.0))
             if "started" not in b or "task_started" not in b:
                 continue
             floor_phases["post_to_started"].append((b["started"] - sent[name][2]) * 1000)
@@ -319,6 +324,9 @@ async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, 
             # flag on each start response, counted by the floor process).
             "floor_starts": int(floor_after["started"]) - int(floor_before["started"]),
             "floor_eager_starts": int(floor_after["eager"]) - int(floor_before["eager"]),
+            # Measured floor workflows whose history says the server accepted eager execution
+            # (eager_execution_accepted on WorkflowExecutionStarted).
+            "floor_eager_histories": floor_eager_histories,
             "breakdown": {k: summary(v) for k, v in phases.items()},
             # In hot-path order: by the median position at which each call is made.
             "gap_before_call_ms": {

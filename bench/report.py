@@ -174,7 +174,9 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
                 f"WorkflowExecutionStarted p50 {fb['post_to_started']['p50']:.1f}; started -> "
                 f"first workflow task started p50 {fb['started_to_task']['p50']:.2f} (eager: "
                 f"{lat['floor_eager_starts']} of {lat['floor_starts']} start responses carried "
-                "the task); task -> rule created (the two local activities and the SDK's "
+                f"the task, {lat.get('floor_eager_histories', 0)} of "
+                f"{fb['started_to_task']['n']} histories record eager_execution_accepted); "
+                "task -> rule created (the two local activities and the SDK's "
                 f"hand-offs) p50 {fb['task_to_rule']['p50']:.1f}.",
                 "",
             ]
