@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,7 +73,10 @@ def _host_env(name: str, **overrides: str) -> dict[str, str]:
     mounts: dict[str, str] = {}
     for volume in service.get("volumes") or []:
         source, target, *_ = interpolate_defaults(volume).split(":")
-        mounts[target] = str(repo_path(source))
+        if source in (compose.get("volumes") or {}):  # a named volume: a fresh directory
+            mounts[target] = tempfile.mkdtemp(prefix=f"compose-{source}-")
+        else:
+            mounts[target] = str(repo_path(source))
     for secret in service.get("secrets") or []:
         file = compose["secrets"][secret]["file"]
         mounts[f"/run/secrets/{secret}"] = str(repo_path(interpolate_defaults(file)))
