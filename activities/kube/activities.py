@@ -168,7 +168,12 @@ class KubeActivities:
 
     @activity.defn(name=ACT_GATHER_EVIDENCE)
     async def gather_evidence(self, inp: EvidenceInput) -> Evidence:
-        return await self._run(evidence.gather_evidence, self._kube, inp.device)
+        # A node pod list loaded since this step was scheduled is as fresh as the step asked
+        # for: find-consumers, scheduled with it, may have read it a moment before.
+        fresh_since = activity.info().current_attempt_scheduled_time.timestamp()
+        return await self._run(
+            lambda: evidence.gather_evidence(self._kube, inp.device, fresh_since=fresh_since)
+        )
 
     @activity.defn(name=ACT_FIND_CONSUMERS)
     async def find_consumers(self, inp: FindConsumersInput) -> ConsumersResult:

@@ -11,11 +11,12 @@ check_health skips the events.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 from activities.kube.client import Kube
-from activities.kube.consumers import list_node_pods
+from activities.kube.consumers import NODE_PODS_MAX_AGE, list_node_pods
 from activities.kube.devices import (
     get_node,
     gpu_capacity,
@@ -99,9 +100,17 @@ def _format_event(ev: dict[str, Any]) -> str:
     ).strip()
 
 
-def gather_evidence(kube: Kube, device: ResolvedDevice) -> Evidence:
+def gather_evidence(
+    kube: Kube, device: ResolvedDevice, *, fresh_since: float | None = None
+) -> Evidence:
+    """`fresh_since` (epoch seconds, when the step was scheduled): a pod list of the node
+    this worker loaded since then is used instead of listing again (at most
+    NODE_PODS_MAX_AGE old). None: a fresh read (joining one under way)."""
     ids = resource_ids(device)
-    pods = list_node_pods(kube, device.node)
+    max_age = 0.0
+    if fresh_since is not None:
+        max_age = min(NODE_PODS_MAX_AGE, max(0.0, time.time() - fresh_since))
+    pods = list_node_pods(kube, device.node, max_age=max_age)
     reports = [r for p in pods for r in health_reports(p, ids)]
     present = True
     taints: list[SliceTaint] = []

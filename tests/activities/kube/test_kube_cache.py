@@ -272,3 +272,30 @@ def test_evidence_and_consumers_side_by_side_share_one_pod_list(sim_factory: Any
     assert len(twin.requests(verb="list", resource="pods")) == 1
     gather_evidence(kube, device)  # fresh: never served from the cache
     assert len(twin.requests(verb="list", resource="pods")) == 2
+
+
+def test_evidence_reuses_a_pod_list_loaded_since_it_was_scheduled(sim_factory: Any) -> None:
+    """find-consumers finished its list before gather-evidence (scheduled with it) started:
+    the evidence uses that list, loaded after the step was scheduled, instead of listing
+    again; a list loaded before the step was scheduled is never used."""
+    from activities.kube.consumers import find_consumers
+    from activities.kube.evidence import gather_evidence
+    from workflows.models import FindConsumersInput
+
+    twin = sim_factory(profile="1.36", pools=MIXED)
+    acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
+    kube = acts._kube
+    device = asyncio.run(
+        ActivityEnvironment().run(
+            acts.resolve_device,
+            ResolveDeviceInput(device=DeviceRef(node="mig-node-1", gpu_index=1)),
+        )
+    )
+    twin.clear_requests()
+    scheduled = time.time()
+    find_consumers(kube, FindConsumersInput(device=device))
+    assert len(twin.requests(verb="list", resource="pods")) == 1
+    gather_evidence(kube, device, fresh_since=scheduled)
+    assert len(twin.requests(verb="list", resource="pods")) == 1  # reused
+    gather_evidence(kube, device, fresh_since=time.time())  # scheduled after that list
+    assert len(twin.requests(verb="list", resource="pods")) == 2
