@@ -177,20 +177,22 @@ class Spool:
     def room(self, n: int) -> bool:
         return len(self.pending) + n <= self.max_pending
 
-    def add(self, alerts: list[MappedAlert]) -> None:
-        """Journal `alerts` and flush to disk; raises OSError (nothing spooled) on failure."""
+    def add(self, alerts: list[MappedAlert]) -> int:
+        """Journal `alerts` and flush to disk; returns how many were not pending already.
+        Raises OSError (nothing spooled) on failure."""
         with self._lock:
             if self._file is None:
                 raise OSError("the webhook spool is closed")
             new = [m for m in alerts if m.delivery_key() not in self.pending]
             if not new:
-                return
+                return 0
             data = b"".join(_line({"op": "add", "alert": alert_to_json(m)}) for m in new)
             self._file.write(data)
             self._file.flush()
             os.fsync(self._file.fileno())
             for m in new:
                 self.pending[m.delivery_key()] = m
+            return len(new)
 
     def done(self, key: DeliveryKey) -> None:
         """Temporal accepted `key`: forget it (compacting once the journal is mostly done)."""

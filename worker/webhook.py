@@ -789,7 +789,7 @@ class AlertService:
             )
             return set()
         try:
-            await asyncio.to_thread(self.spool.add, [d.alert for d in todo.values()])
+            added = await asyncio.to_thread(self.spool.add, [d.alert for d in todo.values()])
         except OSError as exc:
             log.error(
                 "webhook spool: cannot journal %d alert(s), waiting for Temporal instead: %s",
@@ -797,7 +797,7 @@ class AlertService:
                 exc,
             )
             return set()
-        self.metrics.spooled.inc(len(todo))
+        self.metrics.spooled.inc(added)  # alerts another notification spooled count once
         for d in todo.values():
             self._hold(d)
         self.metrics.spool_pending.set(len(self.spool.pending))

@@ -75,8 +75,8 @@ def test_journal_replays_pending_and_skips_torn_lines(tmp_path: Path) -> None:
     spool = Spool(tmp_path)
     assert spool.open() == []
     a, b, c = _alert(1), _alert(2), _alert(3, "resolved")
-    spool.add([a, b])
-    spool.add([c, a])  # a again: journaled once
+    assert spool.add([a, b]) == 2
+    assert spool.add([c, a]) == 1  # a again: journaled once
     spool.done(b.delivery_key())
     spool.close()
     # A crash mid-write leaves half a line at the end.
