@@ -866,10 +866,10 @@ class AlertService:
         sent = 0
         for group in by_workflow.values():
             group.sort(key=lambda same: same[0].status != "firing")
-            for _same, d, _own in self._enqueue(client, group, Outcome()):
+            for _same, d, own in self._enqueue(client, group, Outcome()):
                 self._hold(d)
                 d.waiters -= 1  # _enqueue counted a waiter; the hold is the one that stays
-                sent += 1
+                sent += own  # joining a call already on its way (being spooled) sends nothing
         self.metrics.spool_redelivered.inc(sent)
         self.metrics.spool_pending.set(len(self.spool.pending))
         return sent
