@@ -6,8 +6,8 @@ On one embedded stack (dev server + twin + `sickbay worker` + `sickbay webhook`)
 1. POST one Alertmanager notification naming the GPU to Sickbay's webhook (time t0);
 2. after `gap` seconds, POST the same notification to the peer (bench/peer.py: resolve the
    device with the same client calls, create the rule named `peer-<name>`) (time t1);
-3. after `gap` seconds, POST it to the floor (bench/floor.py: the peer's calls as two local
-   activities of a tiny workflow, eagerly started by the receiving process on the stack's
+3. after `gap` seconds, POST it to the floor (bench/floor.py: the peer's calls as one local
+   activity of a tiny workflow, eagerly started by the receiving process on the stack's
    dev server, rule `floor-<name>`) (time t2);
 4. after `gap` seconds, the next GPU.
 

@@ -123,9 +123,9 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
                 "non-durable receiver making the same calls with the same `kubernetes` client: "
                 "list the node's ResourceSlices, read the node, create the rule), "
                 f"{gap:g} s later to the floor (`bench/floor.py`: the peer's calls made durable "
-                "the minimal way — a receiver that starts a two-step workflow with eager start, "
-                "its Worker in the same process, the steps as local activities; no budget, no "
-                "confirmation, no search attributes), "
+                "the minimal way — a receiver that starts a workflow with eager start, its "
+                "Worker in the same process, resolve and create in one local activity; no "
+                "budget, no confirmation, no search attributes), "
                 f"{gap:g} s later the next GPU."
             )
         else:  # results from before the floor existed
@@ -176,7 +176,7 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
                 f"{lat['floor_eager_starts']} of {lat['floor_starts']} start responses carried "
                 f"the task, {lat.get('floor_eager_histories', 0)} of "
                 f"{fb['started_to_task']['n']} histories record eager_execution_accepted); "
-                "task -> rule created (the two local activities and the SDK's "
+                "task -> rule created (the local activity and the SDK's "
                 f"hand-offs) p50 {fb['task_to_rule']['p50']:.1f}.",
                 "",
             ]

@@ -4,9 +4,9 @@ against the session's Temporal dev server and cluster twin.
 Cases:
 - a notification with one firing and one resolved alert starts exactly one workflow, eagerly
   (the receiver's count of the SDK's eager flag on the start response, and the history's
-  `eager_execution_accepted` on WorkflowExecutionStarted), with no activity task events and two
-  local-activity markers in its history; the workflow completes with the rule's name, the rule exists in the twin and its
-  create carries the floor's user agent;
+  `eager_execution_accepted` on WorkflowExecutionStarted), with no activity task events and
+  one local-activity marker in its history; the workflow completes with the rule's name, the
+  rule exists in the twin and its create carries the floor's user agent;
 - a body that is not an Alertmanager notification gets a 400 naming the problem and starts
   nothing.
 """
@@ -149,8 +149,7 @@ async def test_firing_alert_starts_one_eager_workflow_that_creates_the_rule(
                 EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
                 EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
                 EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
-                EventType.EVENT_TYPE_MARKER_RECORDED,  # local activity: resolve
-                EventType.EVENT_TYPE_MARKER_RECORDED,  # local activity: create
+                EventType.EVENT_TYPE_MARKER_RECORDED,  # the local activity: resolve + create
                 EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
             ]
             # The server's own record that it started the first task in the start request.
