@@ -971,6 +971,7 @@ class AlertService:
             "resolved_signalled": out.counts.get("resolved-signalled", 0),
             "resolved_no_workflow": out.counts.get("resolved-no-workflow", 0),
             "duplicates": out.counts.get(DUPLICATE, 0),
+            "queued": out.counts.get(QUEUED, 0),
             "unmatched": sorted(out.unmatched, key=lambda u: u["index"]),
             "failed": sorted(out.failed, key=lambda f: f["index"]),
             "results": sorted(out.results, key=lambda r: r["index"]),

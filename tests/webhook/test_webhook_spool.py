@@ -224,6 +224,7 @@ async def test_stalled_temporal_is_acknowledged_through_the_spool(
             body = resp.json()
             assert resp.status_code == 200, resp.text
             assert [r["result"] for r in body["results"]] == ["queued"]
+            assert body["queued"] == 1 and body["started"] == 0
             assert took < 10  # answered by the ack deadline, not Temporal's 20 s timeout
             journal = (tmp_path / JOURNAL).read_text()
             assert f"fp-{n2}" in journal  # on disk before the answer
