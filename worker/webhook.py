@@ -547,10 +547,17 @@ class AlertService:
                 for waiting, task in zip(waitings, tasks, strict=True):
                     if task not in pending:
                         continue
-                    for same, d, _own in waiting:
+                    for same, d, own in waiting:
                         todo = [m for m in same if m.index not in handled]
-                        if d.key in queued:
+                        if not todo:
+                            continue
+                        call = d.call
+                        if call.done() and not call.cancelled() and call.exception() is None:
+                            self._record(out, todo, d, own)  # answered, not yet recorded
+                        elif d.key in queued:
                             self._queued(out, todo)
+                        elif call.done():
+                            self._record(out, todo, d, own)
                         else:
                             for m in todo:
                                 self._failed(out, m, "temporal-timeout", "Temporal did not answer")
@@ -570,7 +577,7 @@ class AlertService:
         log.log(
             level,
             "notification %s: %d alerts, %d started, %d signalled, %d resolved, "
-            "%d duplicates, %d spooled, %d unmatched, %d failed -> %d",
+            "%d duplicates, %d spooled, %d unmatched, %d failed%s -> %d",
             payload.group_key or "-",
             len(payload.alerts),
             out.counts.get("started", 0),
@@ -580,6 +587,7 @@ class AlertService:
             out.counts.get(QUEUED, 0),
             len(out.unmatched),
             len(out.failed),
+            f" ({', '.join(sorted({f['reason'] for f in out.failed}))})" if out.failed else "",
             code,
         )
         status = "ok" if code == 200 else "some alerts were not accepted by Temporal"
@@ -594,34 +602,40 @@ class AlertService:
         try:
             for same, d, own in waiting:
                 try:
-                    result = await asyncio.shield(d.call)
-                except RPCError as exc:
-                    reason = (
-                        "temporal-unavailable" if exc.status in _TRANSIENT else "temporal-error"
-                    )
-                    detail = f"{exc.status.name if exc.status else ''}: {exc}"
-                    for a in same:
-                        self._failed(out, a, reason, detail)
-                    continue
+                    await asyncio.shield(d.call)
                 except asyncio.CancelledError:
                     if not d.call.cancelled():
                         raise  # this notification's deadline: handle() reports it
-                    for a in same:  # dropped unsent, or cut off by shutdown
-                        self._failed(out, a, "temporal-unavailable", "delivery cancelled")
-                    continue
-                except Exception as exc:  # the SDK raises RuntimeError on a dropped connection
-                    log.warning("Temporal call for %s failed: %r", same[0].workflow_id, exc)
-                    for a in same:
-                        self._failed(out, a, "temporal-unavailable", repr(exc))
-                    continue
-                if own:
-                    self._accepted(out, same[:1], result)
-                    self._accepted(out, same[1:], None, via="notification")
-                else:
-                    self._accepted(out, same, None, via="in-flight")
+                except Exception:
+                    pass  # the call's error: recorded just below
+                self._record(out, same, d, own)
         finally:
             for _same, d, _own in waiting:
                 d.waiters -= 1
+
+    def _record(self, out: Outcome, same: Sequence[MappedAlert], d: Delivery, own: bool) -> None:
+        """Record the outcome of `d`'s finished call for this notification's alerts `same`
+        (`own`: this notification queued it, so the first alert gets the call's result)."""
+        call = d.call
+        if call.cancelled():
+            for a in same:  # dropped unsent, or cut off by shutdown
+                self._failed(out, a, "temporal-unavailable", "delivery cancelled")
+            return
+        exc = call.exception()
+        if isinstance(exc, RPCError):
+            reason = "temporal-unavailable" if exc.status in _TRANSIENT else "temporal-error"
+            detail = f"{exc.status.name if exc.status else ''}: {exc}"
+            for a in same:
+                self._failed(out, a, reason, detail)
+        elif exc is not None:  # the SDK raises RuntimeError on a dropped connection
+            log.warning("Temporal call for %s failed: %r", same[0].workflow_id, exc)
+            for a in same:
+                self._failed(out, a, "temporal-unavailable", repr(exc))
+        elif own:
+            self._accepted(out, same[:1], call.result())
+            self._accepted(out, same[1:], None, via="notification")
+        else:
+            self._accepted(out, same, None, via="in-flight")
 
     def _enqueue(
         self, client: Client, group: Sequence[list[MappedAlert]], out: Outcome

@@ -25,6 +25,7 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -44,12 +45,12 @@ from tests.webhook.helpers import (
     xid_alert,
 )
 from tests.webhook.test_webhook_cli import SICKBAY, clean_env, wait_healthy
-from worker.alerts import MappedAlert
+from worker.alerts import AmPayload, MappedAlert, map_alert
 from worker.settings import Settings
 from worker.spool import JOURNAL, Spool, SpoolError
-from worker.webhook import WebhookSettings, create_app
+from worker.webhook import AlertService, WebhookMetrics, WebhookSettings, create_app
 from workflows.constants import SIG_ALERT, device_workflow_id
-from workflows.models import AlertEvidence, AlertResolved, DeviceRef
+from workflows.models import AlertEvidence, AlertResolved, DeviceRef, LaunchResult
 
 
 def _alert(i: int, status: str = "firing") -> MappedAlert:
@@ -326,3 +327,74 @@ async def test_spool_in_use_refuses_to_serve(tmp_path: Path) -> None:
                 pass
     finally:
         held.close()
+
+
+class ControlledTemporal:
+    """Stands in for `signal_with_start`: every call waits until the test answers it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, asyncio.Future[None]]] = []
+
+    async def __call__(self, client: object, inp: Any, **kw: Any) -> LaunchResult:
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.calls.append((inp.device.workflow_id(), answered))
+        await answered
+        return LaunchResult(workflow_id=inp.device.workflow_id(), started=len(self.calls) == 1)
+
+
+@pytest.mark.parametrize("spooled", [False, True], ids=["deadline", "spool"])
+async def test_answered_call_behind_a_slow_one_is_acknowledged(
+    spooled: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notification whose first delivery waits behind its GPU's call in flight, and whose
+    second delivery joined that call: when the call is answered but the queued one is not by
+    the notification's deadline, the joined alert is acknowledged, not failed; only the
+    queued one is failed (deadline, no spool: 503) or queued (spool: 200)."""
+    temporal = ControlledTemporal()
+    monkeypatch.setattr("worker.webhook.signal_with_start", temporal)
+    wh = WebhookSettings(
+        webhook_token=TOKEN,
+        webhook_temporal_timeout=0.5,
+        webhook_ack_seconds=0.2,
+        webhook_spool_dir=tmp_path if spooled else None,
+    )
+    service = AlertService(Settings(task_queue="controlled"), wh, WebhookMetrics(), object())  # type: ignore[arg-type]
+    if spooled:
+        service.spool = Spool(tmp_path)
+        service.spool.open()
+    node, gpu = unique_device()
+    x = xid_alert(node, gpu)
+    y = xid_alert(node, gpu, fingerprint="fp-second-rule")
+    first = asyncio.ensure_future(service.handle(AmPayload.model_validate(payload(x))))
+    await until("the first call", lambda: _true(len(temporal.calls) == 1), 5, 0.01)
+    # Y queues behind the call in flight; X joins it.
+    second = asyncio.ensure_future(service.handle(AmPayload.model_validate(payload(y, x))))
+    await asyncio.sleep(0.05)
+    temporal.calls[0][1].set_result(None)  # the call carrying X is answered
+    code1, _ = await first
+    assert code1 == 200
+    await until("Y's call", lambda: _true(len(temporal.calls) == 2), 5, 0.01)
+    code2, body = await second  # Y's call is never answered in time
+    by_index = {r["index"]: r for r in body["results"]}
+    assert by_index[1]["result"] == "duplicate" and by_index[1]["via"] == "in-flight"
+    if spooled:
+        assert code2 == 200 and by_index[0]["result"] == "queued" and not body["failed"]
+        assert list(service.spool.pending) == [service_key(service, y)]  # type: ignore[union-attr]
+    else:
+        assert code2 == 503
+        assert [(f["index"], f["reason"]) for f in body["failed"]] == [(0, "temporal-timeout")]
+    temporal.calls[1][1].set_result(None)
+    await service.drain(5)
+    if spooled:
+        assert service.spool is not None and service.spool.pending == {}
+        service.spool.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+def service_key(service: AlertService, alert: dict[str, Any]) -> tuple[str, str, str, str]:
+    m = map_alert(0, AmPayload.model_validate(payload(alert)).alerts[0], service.mapping)
+    assert isinstance(m, MappedAlert)
+    return m.delivery_key()
