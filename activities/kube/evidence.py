@@ -104,12 +104,14 @@ def gather_evidence(
     kube: Kube, device: ResolvedDevice, *, fresh_since: float | None = None
 ) -> Evidence:
     """`fresh_since` (epoch seconds, when the step was scheduled): a pod list of the node
-    this worker loaded since then is used instead of listing again (at most
-    NODE_PODS_MAX_AGE old). None: a fresh read (joining one under way)."""
+    this worker loaded since then is used instead of listing again. None, or a time more than
+    NODE_PODS_MAX_AGE ago or in the future (no usable schedule time): a fresh read (joining
+    one under way)."""
     ids = resource_ids(device)
     max_age = 0.0
     if fresh_since is not None:
-        max_age = min(NODE_PODS_MAX_AGE, max(0.0, time.time() - fresh_since))
+        since = time.time() - fresh_since
+        max_age = since if 0.0 <= since <= NODE_PODS_MAX_AGE else 0.0
     pods = list_node_pods(kube, device.node, max_age=max_age)
     reports = [r for p in pods for r in health_reports(p, ids)]
     present = True

@@ -299,3 +299,5 @@ def test_evidence_reuses_a_pod_list_loaded_since_it_was_scheduled(sim_factory: A
     assert len(twin.requests(verb="list", resource="pods")) == 1  # reused
     gather_evidence(kube, device, fresh_since=time.time())  # scheduled after that list
     assert len(twin.requests(verb="list", resource="pods")) == 2
+    gather_evidence(kube, device, fresh_since=0.0)  # no usable schedule time: a fresh read
+    assert len(twin.requests(verb="list", resource="pods")) == 3
