@@ -34,9 +34,12 @@ FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="sickbay" \
       org.opencontainers.image.description="Remediates failed GPUs in Kubernetes clusters as durable Temporal workflows" \
       org.opencontainers.image.licenses="Apache-2.0"
+# /var/lib/sickbay/spool: the webhook's delivery spool. A named volume mounted there starts
+# as a copy of this directory, so it must exist and belong to the non-root user.
 RUN groupadd --system --gid 10001 sickbay \
     && useradd --system --uid 10001 --gid sickbay --home-dir /home/sickbay --create-home \
-       --shell /usr/sbin/nologin sickbay
+       --shell /usr/sbin/nologin sickbay \
+    && install -d -o 10001 -g 10001 -m 0750 /var/lib/sickbay /var/lib/sickbay/spool
 COPY --from=build /opt/sickbay /opt/sickbay
 ENV PATH=/opt/sickbay/bin:$PATH \
     PYTHONUNBUFFERED=1 \

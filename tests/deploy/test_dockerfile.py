@@ -4,6 +4,8 @@ Cases:
 - ENTRYPOINT is exactly the console script pyproject.toml declares, and that script's target
   is importable and callable (so `docker run sickbay --help` works);
 - multi-stage on a slim Python 3.11 base; the runtime stage runs as a non-root uid;
+- every named volume the compose file mounts into a service of this image is a directory the
+  runtime stage creates for the non-root user (a new named volume copies its ownership);
 - it has a HEALTHCHECK whose URL variable the image sets;
 - every path it COPYs from the build context exists and is not excluded by .dockerignore,
   and every package pyproject.toml ships is copied;
@@ -19,8 +21,9 @@ import re
 import tomllib
 
 import pytest
+import yaml
 
-from tests.deploy.helpers import DOCKERFILE, ROOT, assert_cli_accepts
+from tests.deploy.helpers import COMPOSE_FILE, DOCKERFILE, ROOT, assert_cli_accepts
 
 TEXT = DOCKERFILE.read_text()
 # Join continuation lines so each instruction is one line.
@@ -90,6 +93,30 @@ def test_runtime_runs_as_non_root() -> None:
         if line.strip().startswith("runAsUser:")
     }
     assert manifest_uids <= {uid}, f"manifests run as {manifest_uids}, the image as {uid}"
+
+
+def test_named_volume_mounts_belong_to_the_runtime_user() -> None:
+    """A named volume starts as a copy of the image's directory: every one the compose file
+    mounts into a service of this image must be a directory the image creates for the
+    non-root runtime user, or the service could not write it."""
+    compose = yaml.safe_load(COMPOSE_FILE.read_text())
+    named = set(compose.get("volumes") or {})
+    runtime = " ".join(_stages()[-1])
+    uid = [line.split(None, 1)[1] for line in _stages()[-1] if line.upper().startswith("USER ")]
+    owner = uid[-1].split(":")[0]
+    targets = [
+        str(v).split(":")[1]
+        for svc in compose["services"].values()
+        if "build" in svc or str(svc.get("image", "")).startswith("sickbay")
+        for v in svc.get("volumes") or []
+        if isinstance(v, str) and v.split(":")[0] in named
+    ]
+    assert targets, "expected the webhook's spool volume"
+    for target in targets:
+        made = re.search(
+            rf"install -d -o {owner} -g \S+ -m \S+[^&]*\s{re.escape(target)}\b", runtime
+        )
+        assert made, f"{target}: not created for uid {owner} in the runtime stage"
 
 
 def test_healthcheck_present() -> None:
