@@ -9,6 +9,10 @@ Cases:
   the ack deadline with its alert `queued` and journaled; once Temporal answers again the
   same call completes, the workflow has the alert, and the journal is empty
 - with Temporal answering, nothing is spooled (acknowledged as started, as without a spool)
+- a full spool takes no more: the notification waits for Temporal (503 past the deadline)
+- a spooled alert whose call fails stays journaled and the next redelivery round sends it
+- at the deadline, an alert whose call was answered behind a slower call of the same GPU is
+  acknowledged, not failed (with and without a spool)
 - crash: `sickbay webhook` acknowledges through the spool while Temporal stalls and is
   SIGKILLed; its connections are dropped unsent, so only the spool has the alert; a new
   webhook on the same spool delivers it (one workflow, the alert's signal) and empties it
@@ -29,6 +33,7 @@ from typing import Any
 
 import httpx
 import pytest
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from bench.common import until
@@ -398,3 +403,59 @@ def service_key(service: AlertService, alert: dict[str, Any]) -> tuple[str, str,
     m = map_alert(0, AmPayload.model_validate(payload(alert)).alerts[0], service.mapping)
     assert isinstance(m, MappedAlert)
     return m.delivery_key()
+
+
+async def test_full_spool_waits_for_temporal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past SICKBAY_WEBHOOK_SPOOL_MAX pending alerts the spool takes no more: the notification
+    waits for Temporal as without a spool, and fails (503) past the deadline."""
+    temporal = ControlledTemporal()
+    monkeypatch.setattr("worker.webhook.signal_with_start", temporal)
+    wh = WebhookSettings(
+        webhook_token=TOKEN,
+        webhook_temporal_timeout=0.6,
+        webhook_ack_seconds=0.1,
+        webhook_spool_dir=tmp_path,
+        webhook_spool_max=1,
+    )
+    service = AlertService(Settings(task_queue="controlled"), wh, WebhookMetrics(), object())  # type: ignore[arg-type]
+    service.spool = Spool(tmp_path, max_pending=wh.webhook_spool_max)
+    service.spool.open()
+    (n1, g1), (n2, g2) = unique_device(), unique_device()
+    code, body = await service.handle(
+        AmPayload.model_validate(payload(xid_alert(n1, g1), xid_alert(n2, g2)))
+    )
+    assert code == 503 and not body["queued"]
+    assert {f["reason"] for f in body["failed"]} == {"temporal-timeout"}
+    assert service.spool.pending == {}
+    for _wf, answered in temporal.calls:
+        answered.set_result(None)
+    await service.drain(5)
+    service.spool.close()
+
+
+async def test_failed_spooled_call_is_sent_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spooled alert whose call fails stays in the journal; the next redelivery round sends
+    it again, and once Temporal accepts it the journal is empty."""
+    temporal = ControlledTemporal()
+    monkeypatch.setattr("worker.webhook.signal_with_start", temporal)
+    wh = WebhookSettings(webhook_token=TOKEN, webhook_ack_seconds=0.1, webhook_spool_dir=tmp_path)
+    service = AlertService(Settings(task_queue="controlled"), wh, WebhookMetrics(), object())  # type: ignore[arg-type]
+    service.spool = Spool(tmp_path)
+    service.spool.open()
+    node, gpu = unique_device()
+    code, body = await service.handle(AmPayload.model_validate(payload(xid_alert(node, gpu))))
+    assert code == 200 and body["queued"] == 1
+    temporal.calls[0][1].set_exception(RPCError("unavailable", RPCStatusCode.UNAVAILABLE, b""))
+    await until("the failed call to end", lambda: _true(not service.lanes), 5, 0.01)
+    assert len(service.spool.pending) == 1  # still journaled
+    assert await service.redeliver() == 1
+    await until("the call sent again", lambda: _true(len(temporal.calls) == 2), 5, 0.01)
+    temporal.calls[1][1].set_result(None)
+    await service.drain(5)
+    assert service.spool.pending == {}
+    assert (tmp_path / JOURNAL).read_bytes() == b""
+    service.spool.close()
