@@ -1189,7 +1189,10 @@ def create_app(
     async def healthz() -> JSONResponse:
         # Liveness: the process serves. Temporal's state is reported, not judged: restarting
         # the webhook would not bring Temporal back.
-        return JSONResponse({"status": "ok", "temporal_connected": service.connected})
+        body: dict[str, Any] = {"status": "ok", "temporal_connected": service.connected}
+        if service.spool is not None:  # acknowledged alerts Temporal does not have yet
+            body["spool_pending"] = len(service.spool.pending)
+        return JSONResponse(body)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

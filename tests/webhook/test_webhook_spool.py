@@ -234,6 +234,7 @@ async def test_stalled_temporal_is_acknowledged_through_the_spool(
             assert took < 10  # answered by the ack deadline, not Temporal's 20 s timeout
             journal = (tmp_path / JOURNAL).read_text()
             assert f"fp-{n2}" in journal  # on disk before the answer
+            assert (await http.get("/healthz")).json()["spool_pending"] == 1
             wid = device_workflow_id(n2, g2)
             assert await count_runs(dev_env.client, f"WorkflowId = '{wid}'") == 0
 
@@ -245,6 +246,7 @@ async def test_stalled_temporal_is_acknowledged_through_the_spool(
             await until("the spooled alert to be delivered", delivered, 30, 0.1)
             assert await count_runs(dev_env.client, f"WorkflowId = '{wid}'", expect=1) == 1
             assert await signal_names(dev_env.client, wid) == [SIG_ALERT]
+            assert (await http.get("/healthz")).json()["spool_pending"] == 0
             metrics = (await http.get("/metrics")).text
             assert "sickbay_webhook_alerts_spooled_total 1.0" in metrics
             assert "sickbay_webhook_spool_pending 0.0" in metrics
