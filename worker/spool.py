@@ -88,9 +88,12 @@ class Spool:
 
     # -------------------------------------------------------------------- open / close ------
 
-    def open(self) -> list[MappedAlert]:
-        """Lock the directory, replay the journal, compact it; returns the pending deliveries
-        (what a previous process acknowledged but did not get into Temporal)."""
+    def check(self) -> None:
+        """Raise SpoolError unless the directory can be used now (created, writable, not
+        locked by another process); changes nothing else."""
+        self._take_lock().close()
+
+    def _take_lock(self) -> BinaryIO:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             lock_file = (self.directory / LOCK).open("ab")
@@ -104,7 +107,12 @@ class Spool:
                 f"the webhook spool {self.directory} is in use by another process; give each "
                 "webhook replica a spool directory of its own"
             ) from exc
-        self._lock_file = lock_file
+        return lock_file
+
+    def open(self) -> list[MappedAlert]:
+        """Lock the directory, replay the journal, compact it; returns the pending deliveries
+        (what a previous process acknowledged but did not get into Temporal)."""
+        self._lock_file = self._take_lock()
         path = self.directory / JOURNAL
         skipped = 0
         if path.exists():

@@ -140,7 +140,13 @@ def _run_webhook(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         app = create_app(settings, webhook=webhook)
-    except RuntimeError as exc:  # e.g. no token configured
+        if webhook.webhook_spool_dir is not None:
+            # Fail here with one clear line rather than in the server's start-up (a traceback):
+            # the directory must be writable and not in use by another webhook.
+            from worker.spool import Spool
+
+            Spool(webhook.webhook_spool_dir).check()
+    except RuntimeError as exc:  # e.g. no token configured, spool in use
         log.error("%s", exc)
         return 2
     log.info("start-up heap frozen: %d objects out of full collections", freeze_startup_heap())

@@ -4,7 +4,8 @@ Cases:
 - the journal: deliveries added are pending after a reopen (a new process), done ones are not;
   a torn last line (crash mid-write) is skipped; once nothing is pending the file is empty;
   firing and resolved alerts round-trip intact
-- a second process cannot open a spool in use (clear error naming the directory)
+- a second process cannot open a spool in use (clear error naming the directory), and
+  `sickbay webhook` on one exits 2 with that line, no traceback
 - Temporal stalls (a TCP proxy stops forwarding): the notification is answered 200 within
   the ack deadline with its alert `queued` and journaled; once Temporal answers again the
   same call completes, the workflow has the alert, and the journal is empty
@@ -110,8 +111,13 @@ def test_second_process_cannot_share_a_spool(tmp_path: Path) -> None:
     try:
         with pytest.raises(SpoolError, match=str(tmp_path)):
             Spool(tmp_path).open()
+        with pytest.raises(SpoolError, match="in use by another process"):
+            Spool(tmp_path).check()
     finally:
         first.close()
+    Spool(tmp_path).check()  # free again
+    with pytest.raises(SpoolError, match="cannot use the webhook spool"):
+        Spool(tmp_path / JOURNAL / "below-a-file").check()
     second = Spool(tmp_path)  # free again once the first closed
     second.open()
     second.close()
@@ -461,3 +467,27 @@ async def test_failed_spooled_call_is_sent_again(
     assert service.spool.pending == {}
     assert (tmp_path / JOURNAL).read_bytes() == b""
     service.spool.close()
+
+
+async def test_cli_refuses_a_spool_in_use(tmp_path: Path) -> None:
+    """`sickbay webhook` on a spool another process holds exits 2 with one clear line."""
+    held = Spool(tmp_path)
+    held.open()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            SICKBAY,
+            "webhook",
+            env=clean_env(
+                SICKBAY_TEMPORAL_ADDRESS="127.0.0.1:1",
+                SICKBAY_WEBHOOK_TOKEN=TOKEN,
+                SICKBAY_WEBHOOK_SPOOL_DIR=str(tmp_path),
+            ),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        async with asyncio.timeout(30):
+            _, err = await proc.communicate()
+    finally:
+        held.close()
+    assert proc.returncode == 2
+    assert b"in use by another process" in err and b"Traceback" not in err
