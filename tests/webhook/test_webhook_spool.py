@@ -355,6 +355,20 @@ class ControlledTemporal:
         return LaunchResult(workflow_id=inp.device.workflow_id(), started=len(self.calls) == 1)
 
 
+def controlled(
+    wh: WebhookSettings, monkeypatch: pytest.MonkeyPatch
+) -> tuple[AlertService, ControlledTemporal]:
+    """An AlertService (no HTTP) whose Temporal calls wait for the test, with the spool of
+    `wh` opened when it has one."""
+    temporal = ControlledTemporal()
+    monkeypatch.setattr("worker.webhook.signal_with_start", temporal)
+    service = AlertService(Settings(task_queue="controlled"), wh, WebhookMetrics(), object())  # type: ignore[arg-type]
+    if wh.webhook_spool_dir is not None:
+        service.spool = Spool(wh.webhook_spool_dir, max_pending=wh.webhook_spool_max)
+        service.spool.open()
+    return service, temporal
+
+
 @pytest.mark.parametrize("spooled", [False, True], ids=["deadline", "spool"])
 async def test_answered_call_behind_a_slow_one_is_acknowledged(
     spooled: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -363,18 +377,13 @@ async def test_answered_call_behind_a_slow_one_is_acknowledged(
     second delivery joined that call: when the call is answered but the queued one is not by
     the notification's deadline, the joined alert is acknowledged, not failed; only the
     queued one is failed (deadline, no spool: 503) or queued (spool: 200)."""
-    temporal = ControlledTemporal()
-    monkeypatch.setattr("worker.webhook.signal_with_start", temporal)
     wh = WebhookSettings(
         webhook_token=TOKEN,
         webhook_temporal_timeout=0.5,
         webhook_ack_seconds=0.2,
         webhook_spool_dir=tmp_path if spooled else None,
     )
-    service = AlertService(Settings(task_queue="controlled"), wh, WebhookMetrics(), object())  # type: ignore[arg-type]
-    if spooled:
-        service.spool = Spool(tmp_path)
-        service.spool.open()
+    service, temporal = controlled(wh, monkeypatch)
     node, gpu = unique_device()
     x = xid_alert(node, gpu)
     y = xid_alert(node, gpu, fingerprint="fp-second-rule")
@@ -418,8 +427,6 @@ async def test_full_spool_waits_for_temporal(
 ) -> None:
     """Past SICKBAY_WEBHOOK_SPOOL_MAX pending alerts the spool takes no more: the notification
     waits for Temporal as without a spool, and fails (503) past the deadline."""
-    temporal = ControlledTemporal()
-    monkeypatch.setattr("worker.webhook.signal_with_start", temporal)
     wh = WebhookSettings(
         webhook_token=TOKEN,
         webhook_temporal_timeout=0.6,
@@ -427,9 +434,8 @@ async def test_full_spool_waits_for_temporal(
         webhook_spool_dir=tmp_path,
         webhook_spool_max=1,
     )
-    service = AlertService(Settings(task_queue="controlled"), wh, WebhookMetrics(), object())  # type: ignore[arg-type]
-    service.spool = Spool(tmp_path, max_pending=wh.webhook_spool_max)
-    service.spool.open()
+    service, temporal = controlled(wh, monkeypatch)
+    assert service.spool is not None
     (n1, g1), (n2, g2) = unique_device(), unique_device()
     code, body = await service.handle(
         AmPayload.model_validate(payload(xid_alert(n1, g1), xid_alert(n2, g2)))
@@ -448,12 +454,9 @@ async def test_failed_spooled_call_is_sent_again(
 ) -> None:
     """A spooled alert whose call fails stays in the journal; the next redelivery round sends
     it again, and once Temporal accepts it the journal is empty."""
-    temporal = ControlledTemporal()
-    monkeypatch.setattr("worker.webhook.signal_with_start", temporal)
     wh = WebhookSettings(webhook_token=TOKEN, webhook_ack_seconds=0.1, webhook_spool_dir=tmp_path)
-    service = AlertService(Settings(task_queue="controlled"), wh, WebhookMetrics(), object())  # type: ignore[arg-type]
-    service.spool = Spool(tmp_path)
-    service.spool.open()
+    service, temporal = controlled(wh, monkeypatch)
+    assert service.spool is not None
     node, gpu = unique_device()
     code, body = await service.handle(AmPayload.model_validate(payload(xid_alert(node, gpu))))
     assert code == 200 and body["queued"] == 1
