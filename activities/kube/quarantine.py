@@ -621,14 +621,9 @@ def wait_rule_conditions(
 
 
 def delete_rule(kube: Kube, version: str, name: str) -> bool:
+    """Delete one DeviceTaintRule; False if it was already gone."""
     try:
-        kube.call(
-            _api(kube, version).delete_device_taint_rule,
-            name,
-            verb="delete",
-            resource=RULES,
-            name=name,
-        )
+        _delete_rule(kube, version, name)
         return True
     except KubeError as err:
         if err.kind is ErrorKind.NOT_FOUND:

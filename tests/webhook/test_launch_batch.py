@@ -13,11 +13,11 @@ Cases:
 from __future__ import annotations
 
 import pytest
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities.launch import signal_with_start
+from tests.webhook.helpers import signal_names
 from tests.workflows.conftest import _search_attributes  # noqa: F401  (autouse: SAs registered)
 from tests.workflows.fakes import FakeWorld, new_worker, wait_phase, xid_alert
 from workflows.constants import QRY_TIMELINE, SIG_ABORT, SIG_ALERT, SIG_ALERTS
@@ -32,15 +32,6 @@ from workflows.models import (
 )
 
 ALERT_ACTIONS = ("evidence", "alert received")
-
-
-async def _signal_names(client: Client, workflow_id: str) -> list[str]:
-    history = await client.get_workflow_handle(workflow_id).fetch_history()
-    return [
-        e.workflow_execution_signaled_event_attributes.signal_name
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-    ]
 
 
 async def _run(
@@ -69,7 +60,7 @@ async def _run(
     alerts = [
         (t.action, t.outcome, t.actor, t.reason) for t in timeline if t.action in ALERT_ACTIONS
     ]
-    return status, alerts, await _signal_names(client, res.workflow_id), runs
+    return status, alerts, await signal_names(client, res.workflow_id), runs
 
 
 async def test_alert_list_is_applied_like_single_alerts(
