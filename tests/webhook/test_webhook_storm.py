@@ -49,6 +49,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -131,6 +132,19 @@ async def own_client(env: WorkflowEnvironment) -> Client:
     )
 
 
+async def counted_app(
+    env: WorkflowEnvironment, queue: str, **webhook: Any
+) -> tuple[FastAPI, CountingRpc]:
+    """The webhook app on `queue` over a client of its own whose RPCs are counted (and can be
+    held); `webhook`: WebhookSettings fields besides the token."""
+    client = await own_client(env)
+    rpc = CountingRpc(client)
+    app = create_app(
+        settings_for(env, queue), client, webhook=WebhookSettings(webhook_token=TOKEN, **webhook)
+    )
+    return app, rpc
+
+
 async def recorded(client: Client, workflow_id: str) -> list[str]:
     """Fingerprints of the `alert` / `alerts` signals in the workflow's history, in order."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
@@ -166,12 +180,8 @@ def storm_alerts(devices: list[tuple[str, str]], total: int) -> list[dict[str, A
 
 
 async def test_storm_coalesces_calls_per_workflow(dev_env: WorkflowEnvironment) -> None:
-    client = await own_client(dev_env)
-    rpc = CountingRpc(client)
     queue = f"storm-{uuid.uuid4().hex[:8]}"
-    app = create_app(
-        settings_for(dev_env, queue), client, webhook=WebhookSettings(webhook_token=TOKEN)
-    )
+    app, rpc = await counted_app(dev_env, queue)
     devices = [unique_device() for _ in range(10)]
     alerts = storm_alerts(devices, 1000)
     # A re-fire: same fingerprint, later startsAt (resolved and fired again) is a new delivery.
@@ -212,12 +222,8 @@ async def test_storm_coalesces_calls_per_workflow(dev_env: WorkflowEnvironment) 
 
 
 async def test_failed_delivery_is_never_cached(dev_env: WorkflowEnvironment) -> None:
-    client = await own_client(dev_env)
-    rpc = CountingRpc(client)
-    app = create_app(
-        settings_for(dev_env, f"refused-{uuid.uuid4().hex[:8]}"),
-        client,
-        webhook=WebhookSettings(webhook_token=TOKEN, webhook_temporal_timeout=5.0),
+    app, rpc = await counted_app(
+        dev_env, f"refused-{uuid.uuid4().hex[:8]}", webhook_temporal_timeout=5.0
     )
     node, gpu = unique_device()
     wid = device_workflow_id(node, gpu)
@@ -265,12 +271,8 @@ async def _until(check: Callable[[], bool], what: str) -> None:
 
 
 async def test_held_call_coalesces_the_next_deliveries(dev_env: WorkflowEnvironment) -> None:
-    client = await own_client(dev_env)
-    rpc = CountingRpc(client)
-    app = create_app(
-        settings_for(dev_env, f"coalesce-{uuid.uuid4().hex[:8]}"),
-        client,
-        webhook=WebhookSettings(webhook_token=TOKEN, webhook_temporal_timeout=60.0),
+    app, rpc = await counted_app(
+        dev_env, f"coalesce-{uuid.uuid4().hex[:8]}", webhook_temporal_timeout=60.0
     )
     service = app.state.service
     node, gpu = unique_device()
@@ -327,12 +329,8 @@ async def test_held_call_coalesces_the_next_deliveries(dev_env: WorkflowEnvironm
 
 
 async def test_failed_batch_fails_every_alert_it_carried(dev_env: WorkflowEnvironment) -> None:
-    client = await own_client(dev_env)
-    rpc = CountingRpc(client)
-    app = create_app(
-        settings_for(dev_env, f"batch-fail-{uuid.uuid4().hex[:8]}"),
-        client,
-        webhook=WebhookSettings(webhook_token=TOKEN, webhook_temporal_timeout=60.0),
+    app, rpc = await counted_app(
+        dev_env, f"batch-fail-{uuid.uuid4().hex[:8]}", webhook_temporal_timeout=60.0
     )
     service = app.state.service
     node, gpu = unique_device()
@@ -379,16 +377,13 @@ async def test_failed_batch_fails_every_alert_it_carried(dev_env: WorkflowEnviro
 
 
 async def test_queued_delivery_nobody_waits_for_is_dropped(dev_env: WorkflowEnvironment) -> None:
-    client = await own_client(dev_env)
-    rpc = CountingRpc(client)
-    app = create_app(
-        settings_for(dev_env, f"dropped-{uuid.uuid4().hex[:8]}"),
-        client,
-        # One call slot, so B queues behind A; 0.5 s: both notifications give up while A is
-        # held at the RPC (the hold, not the clock, decides what happens next).
-        webhook=WebhookSettings(
-            webhook_token=TOKEN, webhook_concurrency=1, webhook_temporal_timeout=0.5
-        ),
+    # One call slot, so B queues behind A; 0.5 s: both notifications give up while A is held
+    # at the RPC (the hold, not the clock, decides what happens next).
+    app, rpc = await counted_app(
+        dev_env,
+        f"dropped-{uuid.uuid4().hex[:8]}",
+        webhook_concurrency=1,
+        webhook_temporal_timeout=0.5,
     )
     service = app.state.service
     (node_a, gpu_a), (node_b, gpu_b) = unique_device(), unique_device()
