@@ -61,8 +61,13 @@ def test_machine_deployment_grows_and_shrinks_idle_nodes(twin: Any) -> None:
     time.sleep(0.2)  # 40 simulated seconds: still provisioning
     assert _nodes(t) == ["gpu-pool-node-0"]
     eventually(lambda: _nodes(t) == ["gpu-pool-node-0", "gpu-pool-node-1", "gpu-pool-node-2"])
-    slices = t.dra.list_resource_slice().items
-    assert sorted(s.spec.node_name for s in slices) == _nodes(t)
+
+    def slices_match_nodes() -> bool:
+        # A new node is visible a moment before its driver publishes its ResourceSlices.
+        slices = t.dra.list_resource_slice().items
+        return sorted(s.spec.node_name for s in slices) == _nodes(t)
+
+    eventually(slices_match_nodes)
 
     def md_running() -> bool:
         md = custom.get_namespaced_custom_object(
