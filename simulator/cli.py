@@ -177,7 +177,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"sickbay sim up: {exc}", file=sys.stderr)
         return 2
-    sim.start()
+    try:
+        sim.start()
+    except (OSError, RuntimeError) as exc:  # a port in use, a controller that cannot start
+        sim.stop()
+        print(f"sickbay sim up: {exc}", file=sys.stderr)
+        return 2
     sim.write_kubeconfig(kubeconfig)
     state = {
         "pid": os.getpid(),

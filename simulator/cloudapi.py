@@ -469,6 +469,11 @@ class CloudApiController:
         try:
             self._server = loop.run_until_complete(CloudApiServer(self.api, port=self.port).start())
             self.url = self._server.url
+        except SystemExit:  # uvicorn's answer to a failed bind (it logged the errno)
+            self._error = OSError(f"cannot listen on 127.0.0.1:{self.port} (logged above)")
+            self._ready.set()
+            loop.close()
+            return
         except BaseException as exc:  # reported by start()
             self._error = exc
             self._ready.set()

@@ -264,7 +264,12 @@ class ApiServer:
         class Handler(_Handler):
             api = server
 
-        self.httpd = _Server((host, port), Handler)
+        try:
+            self.httpd = _Server((host, port), Handler)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"the Kubernetes API cannot listen on {host}:{port}: {exc.strerror}"
+            ) from exc
         self.httpd.daemon_threads = True
         self.httpd.request_queue_size = 256
         self.port = self.httpd.server_address[1]

@@ -104,9 +104,15 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
 # Ports handed to children come from below the kernel's ephemeral range: a port the kernel
 # picked for bind(0) is free only until the child binds it, and any outgoing connection (the
 # dev server and the SDKs open many) may take it as its source port in between - a child then
-# dies with "Address already in use". Below the range only another listener can take it.
+# dies with "Address already in use". Below the range only another listener can take it, and
+# until the child listens this process holds the port: a socket bound to it (SO_REUSEADDR, not
+# listening), which every server used here (Python's http.server, uvicorn, Go) binds beside,
+# but which makes another process's pick (a bind without SO_REUSEADDR) and the kernel's
+# choice of a source port pass it by. `release_port` (the stack does at stop) lets it go.
 _PORTS_LOW = 15000
+_RESERVATIONS_MAX = 256  # past this, the oldest reservation goes (its child listens by now)
 _handed_out: set[int] = set()
+_reserved: dict[int, socket.socket] = {}
 _ports_lock = threading.Lock()
 
 
@@ -117,15 +123,39 @@ def _ephemeral_low(default: int = 32768) -> int:
         return default
 
 
+def _reserve(port: int) -> bool:
+    """Hold `port` if nothing at all is bound to it (no listener, no reservation of another
+    process, no connection lingering in TIME_WAIT)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.bind(("127.0.0.1", port))  # no SO_REUSEADDR: fails on anything bound there
+    except OSError:
+        probe.close()
+        return False
+    probe.close()
+    hold = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        hold.bind(("127.0.0.1", port))
+    except OSError:
+        hold.close()
+        return False
+    _reserved[port] = hold
+    while len(_reserved) > _RESERVATIONS_MAX:
+        _reserved.pop(next(iter(_reserved))).close()
+    return True
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on, outside the ephemeral range when the system's range
-    leaves room (else one the kernel picks), never the same one twice in this process."""
+    """A loopback port nobody uses, outside the ephemeral range when the system's range leaves
+    room (else one the kernel picks), never the same one twice in this process, and held for
+    the caller's server until `release_port` (see above)."""
     high = _ephemeral_low()
     rng = secrets.SystemRandom()
     with _ports_lock:
         for _ in range(200 if high - _PORTS_LOW >= 1000 else 0):
             port = rng.randrange(_PORTS_LOW, high)
-            if port not in _handed_out and port_free(port):
+            if port not in _handed_out and _reserve(port):
                 _handed_out.add(port)
                 return port
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -133,6 +163,14 @@ def free_port() -> int:
             port = int(s.getsockname()[1])
         _handed_out.add(port)
         return port
+
+
+def release_port(port: int) -> None:
+    """Let go of a port `free_port` holds (its server listens by now, or never will)."""
+    with _ports_lock:
+        hold = _reserved.pop(port, None)
+    if hold is not None:
+        hold.close()
 
 
 def _pdeathsig() -> Callable[[], None]:
@@ -396,6 +434,7 @@ class Stack:
     def __init__(self, config: StackConfig | None = None) -> None:
         self.config = config or StackConfig()
         self.children: list[Child] = []
+        self._ports: list[int] = []  # held by free_port until stop
         self._owned_dir = self.config.state_dir is None
         self.dir = Path(self.config.state_dir or tempfile.mkdtemp(prefix="sickbay-stack-"))
         self.info: StackInfo | None = None
@@ -428,12 +467,12 @@ class Stack:
         # 1. Temporal dev server --------------------------------------------------------------
         grpc, ui = cfg.temporal_port, cfg.ui_port
         if not port_free(grpc):
-            grpc = free_port()
+            grpc = self._port()
             cfg.notes(f"port {cfg.temporal_port} is taken: Temporal gRPC on {grpc} instead")
         if cfg.ui and not port_free(ui):
-            ui = free_port()
+            ui = self._port()
             cfg.notes(f"port {cfg.ui_port} is taken: Temporal Web UI on {ui} instead")
-        http_port = free_port()
+        http_port = self._port()
         argv = [
             self._temporal_binary(),
             "server",
@@ -465,7 +504,7 @@ class Stack:
         )
 
         # 2. notification sink ---------------------------------------------------------------
-        sink_port = free_port()
+        sink_port = self._port()
         info.sink_url = f"http://127.0.0.1:{sink_port}"
         info.notifications = str(self.dir / "notifications.jsonl")
         self._spawn(
@@ -483,9 +522,9 @@ class Stack:
         )
 
         # 3. cluster twin ----------------------------------------------------------------------
-        webhook_port = free_port()
+        webhook_port = self._port()
         info.webhook_url = f"http://127.0.0.1:{webhook_port}/v1/alertmanager"
-        kube_port, cloud_port = free_port(), free_port()
+        kube_port, cloud_port = self._port(), self._port()
         info.kube_url = f"http://127.0.0.1:{kube_port}"
         info.cloud_url = f"http://127.0.0.1:{cloud_port}"
         info.kubeconfig = str(self.dir / "kubeconfig")
@@ -551,7 +590,7 @@ class Stack:
         env = self.sickbay_env()
         env["SICKBAY_WEBHOOK_TOKEN_FILE"] = str(webhook_token)
         env["SICKBAY_SIM_CLOUD_TOKEN_FILE"] = str(cloud_token)
-        env["SICKBAY_METRICS_PORT"] = str(free_port())
+        env["SICKBAY_METRICS_PORT"] = str(self._port())
         self._spawn("worker", [sys.executable, *cfg.worker_argv], env)
         # The webhook answers Alertmanager within SICKBAY_WEBHOOK_ACK_SECONDS even when
         # Temporal is slow: what Temporal has not taken by then waits in this spool (on disk).
@@ -585,6 +624,8 @@ class Stack:
                 child.terminate()
             for child in reversed(self.children):
                 child.stop()
+        for port in self._ports:
+            release_port(port)
         if self._owned_dir and not self.config.keep and not keep_files:
             shutil.rmtree(self.dir, ignore_errors=True)
         else:
@@ -668,6 +709,11 @@ class Stack:
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
+
+    def _port(self) -> int:
+        port = free_port()
+        self._ports.append(port)
+        return port
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
         log_path = self.dir / "logs" / f"{name}.log"

@@ -45,6 +45,7 @@ from worker.stack import (
     demo_runbooks,
     free_port,
     port_free,
+    release_port,
 )
 
 
@@ -212,11 +213,41 @@ def test_engine_less_stack_lifecycle(tmp_path: Path) -> None:
 
 def test_free_port_is_free_and_outside_the_ephemeral_range() -> None:
     ports = [free_port() for _ in range(50)]
-    assert all(port_free(p) for p in ports)
-    assert len(set(ports)) == 50, "a port is never handed out twice"
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    if low > 16000:  # room below the range: outgoing connections can never take these
-        assert all(15000 <= p < low for p in ports), ports
+    try:
+        assert all(port_free(p) for p in ports)
+        assert len(set(ports)) == 50, "a port is never handed out twice"
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        if low > 16000:  # room below the range: outgoing connections can never take these
+            assert all(15000 <= p < low for p in ports), ports
+    finally:
+        for p in ports:
+            release_port(p)
+
+
+def test_free_port_holds_the_port_until_its_server_listens() -> None:
+    """Between the pick and the child's bind (seconds for a Python child) no other process's
+    pick may take the port - the twin once died with "Address already in use" in CI - while
+    the server it is meant for binds and listens beside the hold."""
+    port = free_port()
+    other_pick = [
+        sys.executable,
+        "-c",
+        "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1])))",
+        str(port),
+    ]
+    taken = subprocess.run(other_pick, capture_output=True, text=True, timeout=30)
+    assert taken.returncode != 0 and "Address already in use" in taken.stderr, taken.stderr
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server, uvicorn, Go
+    server.bind(("127.0.0.1", port))
+    server.listen()
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)
+    conn, _ = server.accept()
+    client.close()  # the client first: no TIME_WAIT left on the server's port
+    conn.close()
+    server.close()
+    release_port(port)
+    assert subprocess.run(other_pick, capture_output=True, timeout=30).returncode == 0
 
 
 def test_a_piece_failing_at_start_stops_everything(tmp_path: Path) -> None:

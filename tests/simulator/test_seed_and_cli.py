@@ -5,13 +5,14 @@ driver's (uuid, index, productName, driverVersion, memory capacity); MIG / vGPU 
 topologies give several devices per physical GPU with parentUUID; a YAML description seeds
 several pools and seeding again grows a pool; the request log records method/verb/resource/status, sums up the RBAC rules the
 calls needed, and is readable and clearable over HTTP; /sim/healthz; `sickbay sim up --detach`
-then `sickbay sim down`.
+then `sickbay sim down`; `sickbay sim up` on a port in use.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -177,3 +178,28 @@ def test_cli_up_detach_and_down(tmp_path: Path) -> None:
     except ProcessLookupError:
         alive = False
     assert not alive
+
+
+def test_cli_up_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
+    """A port another program listens on: exit 2 and one line naming the address, for the
+    Kubernetes API and for the cloud API, never a traceback or a twin left half-started."""
+    env = {**os.environ, "SICKBAY_STATE_DIR": str(tmp_path)}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for flag, what in (("--port", "Kubernetes API"), ("--cloud-port", "127.0.0.1")):
+            up = subprocess.run(
+                [sys.executable, "-m", "worker.cli", "sim", "up", "--nodes", "1", flag, str(port)],
+                env=env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,  # a cold interpreter imports the kubernetes client first
+            )
+            assert up.returncode == 2, up.stdout + up.stderr
+            last = up.stderr.strip().splitlines()[-1]
+            assert last.startswith("sickbay sim up: "), up.stderr
+            assert what in last and f"127.0.0.1:{port}" in last, last
+            assert "Traceback" not in up.stderr
+            assert not (tmp_path / "sim.json").exists()
