@@ -5,7 +5,7 @@
   client's APIs, the manager, and `sim(method, path, body)` for the /sim fault routes. Every
   twin started in a test is stopped after it.
 - `eventually(check, timeout)`: polls `check()` until it returns a truthy value or raises
-  nothing, failing with the last error after `timeout` real seconds.
+  nothing (assertion, API, lookup and attribute errors are retried), failing with the last error after `timeout` real seconds.
 - `Receiver`: a loopback HTTP server that records posted JSON bodies and headers (the alert
   receiver).
 """
@@ -46,6 +46,7 @@ def eventually(check: Callable[[], Any], timeout: float = WAIT, interval: float 
             last = AssertionError(f"{getattr(check, '__name__', 'check')} returned {result!r}")
         except (
             AssertionError,
+            AttributeError,  # e.g. a condition not set yet: `condition(...)` is None
             client.ApiException,
             KeyError,
             IndexError,
