@@ -937,7 +937,20 @@ class ConfirmPolicy(RunbookModel):
 class QuarantinePolicy(RunbookModel):
     effect: Literal["NoExecute", "NoSchedule"] = "NoExecute"
     taint_key: str = TAINT_KEY
-    correlate_siblings: bool = True  # MIG slices / vGPUs of the GPU go together
+    # Every device of the physical GPU (MIG slices, vGPUs, time-slices) goes together: one
+    # remediation per physical GPU, one budget unit. Only `true` is accepted; the field stays
+    # so runbooks that spell it out keep loading.
+    correlate_siblings: bool = True
+
+    @field_validator("correlate_siblings")
+    @classmethod
+    def _siblings_together(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError(
+                "false is not supported: a failed GPU takes all its MIG slices / vGPUs with it, "
+                "so Sickbay always quarantines every device of the physical GPU"
+            )
+        return value
 
 
 class ApprovalPolicy(RunbookModel):

@@ -110,6 +110,18 @@ def test_scale_up_needs_a_pool_or_provider() -> None:
         load_text(text, "x.yaml")
 
 
+def test_siblings_always_go_together() -> None:
+    """`quarantine.correlateSiblings: false` would be silently ignored (one remediation per
+    physical GPU): it is refused by name instead; `true` still loads."""
+    head = "apiVersion: sickbay/v1\nkind: Runbook\nmetadata: {name: x}\nspec:\n  quarantine:\n"
+    (rb,) = load_text(head + "    correlateSiblings: true\n", "x.yaml")
+    assert rb.spec.quarantine.correlate_siblings
+    with pytest.raises(
+        RunbookError, match=r"x.yaml:6: spec.quarantine.correlateSiblings: .*false is not supported"
+    ):
+        load_text(head + "    correlateSiblings: false\n", "x.yaml")
+
+
 def test_on_is_a_key_not_a_boolean() -> None:
     text = "apiVersion: sickbay/v1\nkind: Runbook\nmetadata: {name: x}\nspec:\n  on:\n    degraded: ignore\n"
     (rb,) = load_text(text, "x.yaml")
