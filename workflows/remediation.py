@@ -218,6 +218,7 @@ NOTIFY_RETRY = RetryPolicy(
 )
 # Patch: independent confirm steps (and the budget lease) run concurrently.
 PATCH_CONCURRENT_CONFIRM = "concurrent-confirm"
+PATCH_HEALTH_ONLY_RELEASE = "healthy-cooldown-needs-health"
 # Continue-as-new during a long hold once history grows past this (periodic health checks).
 HOLD_HISTORY_LIMIT = 2_000
 
@@ -308,6 +309,7 @@ class DeviceRemediationWorkflow:
         self._abort: AbortRequest | None = None
         self._undoing = False  # set once an abort is being handled: undo steps run to the end
         self._repaired: RepairedRequest | None = None
+        self._released_by_health = False
         self._resolved_pending = False  # an alert-resolved not yet checked against health
         self._budget_freed = False  # set by the budget workflow's wake-up signal
         self._decision: ApprovalDecision | None = None
@@ -1129,18 +1131,35 @@ class DeviceRemediationWorkflow:
     async def _hold_and_release(self) -> tuple[Outcome, str]:
         release = self._spec.release
         auto = release.mode in ("healthy-cooldown", "either")
-        self._enter(
-            Phase.HOLDING,
-            awaiting="marked repaired" + (f" or Healthy for {release.cooldown}" if auto else ""),
+        # release.mode healthy-cooldown: only the device's health releases it; a `repaired`
+        # mark is recorded and the device still has to stay Healthy for the cool-down.
+        health_only = release.mode == "healthy-cooldown" and workflow.patched(
+            PATCH_HEALTH_ONLY_RELEASE
         )
+        if health_only:
+            awaiting = f"Healthy for {release.cooldown}"
+        else:
+            awaiting = "marked repaired" + (f" or Healthy for {release.cooldown}" if auto else "")
+        self._enter(Phase.HOLDING, awaiting=awaiting)
         self._upsert()
-        while self._repaired is None:
+        repair_noted = False
+        while health_only or self._repaired is None:
+            if health_only and self._repaired is not None and not repair_noted:
+                repair_noted = True
+                self._log(
+                    "repair noted",
+                    actor=self._repaired.actor,
+                    reason=f"release.mode healthy-cooldown: released once Healthy for "
+                    f"{release.cooldown}",
+                )
             try:
                 await self._wait(
-                    lambda: self._repaired is not None,
+                    lambda: self._repaired is not None and not (health_only and repair_noted),
                     limit=release.health_check_interval if auto else None,
                 )
-                break
+                if not health_only:
+                    break
+                continue  # the repair mark arrived: note it, keep checking health
             except TimeoutError:
                 pass
             try:
@@ -1161,6 +1180,7 @@ class DeviceRemediationWorkflow:
                     self._log("device Healthy", reason=f"cool-down {release.cooldown} starts")
                 if now - self._healthy_since >= release.cooldown:
                     self._log("healthy for the cool-down", outcome=str(release.cooldown))
+                    self._released_by_health = True
                     break
             elif self._healthy_since is not None:
                 self._healthy_since = None
@@ -1177,7 +1197,9 @@ class DeviceRemediationWorkflow:
     async def _release(self) -> tuple[Outcome, str]:
         self._enter(Phase.RELEASING, awaiting="quarantine removal")
         reason = (
-            f"repaired ({self._repaired.actor})" if self._repaired else "healthy for the cool-down"
+            f"repaired ({self._repaired.actor})"
+            if self._repaired and not self._released_by_health
+            else "healthy for the cool-down"
         )
         await self._remove_quarantine(reason)
         await self._release_lease()

@@ -41,7 +41,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
@@ -172,6 +172,37 @@ async def test_healthy_for_cooldown_releases(time_skipping_env: WorkflowEnvironm
     checks = world.args(ACT_CHECK_HEALTH)
     assert 7 <= len(checks) <= 8  # 30m cool-down at a 5m interval: first Healthy + 6 more
     assert ACT_RELEASE_QUARANTINE in world.names()
+
+
+async def test_healthy_cooldown_mode_releases_only_on_health(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """release.mode healthy-cooldown: a `repaired` mark does not release a device that still
+    reports Unhealthy (it is noted in the timeline); the device staying Healthy for the
+    cool-down does. (Mode `either` releases on the mark: test_happy_path.)"""
+    client = time_skipping_env.client
+    world = FakeWorld(
+        runbooks=with_spec("inference", release={"mode": "healthy-cooldown", "cooldown": "30m"}),
+        later_health="Unhealthy",
+    )
+    async with new_worker(client, world, replay_every_task=True) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="reseated"))
+        await time_skipping_env.sleep(timedelta(hours=2))
+        timeline = await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
+        assert "repair noted" in actions(timeline)
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        assert ACT_RELEASE_QUARANTINE not in world.names()
+        checks_while_unhealthy = len(world.args(ACT_CHECK_HEALTH))
+        assert checks_while_unhealthy >= 20  # still checked every 5m after the mark
+        world.later_health = "Healthy"
+        result = await handle.result()
+        save_history("healthy_cooldown_mode", await handle.fetch_history())
+    assert result.outcome == "released"
+    assert result.reason == "healthy for the cool-down"
+    assert len(world.args(ACT_CHECK_HEALTH)) >= checks_while_unhealthy + 7
+    assert world.args(ACT_RELEASE_QUARANTINE)[0].reason == "healthy for the cool-down"
 
 
 async def test_application_xid_does_not_taint(time_skipping_env: WorkflowEnvironment) -> None:
