@@ -1152,9 +1152,10 @@ class DeviceRemediationWorkflow:
                     reason=f"release.mode healthy-cooldown: released once Healthy for "
                     f"{release.cooldown}",
                 )
+            wake_on_repair = not (health_only and repair_noted)
             try:
                 await self._wait(
-                    lambda: self._repaired is not None and not (health_only and repair_noted),
+                    lambda wake=wake_on_repair: wake and self._repaired is not None,
                     limit=release.health_check_interval if auto else None,
                 )
                 if not health_only:
