@@ -153,8 +153,7 @@ class DeviceRef(Contract):
     def workflow_id(self) -> str:
         if not (self.node and self.gpu_uuid):
             raise ValueError(
-                f"device {self.key} must be resolved to node + GPU UUID before it has a "
-                "workflow id"
+                f"device {self.key} must be resolved to node + GPU UUID before it has a workflow id"
             )
         return device_workflow_id(self.node, self.gpu_uuid)
 
