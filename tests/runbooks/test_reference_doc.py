@@ -1,0 +1,77 @@
+"""docs/runbooks.md matches the Runbook schema: every field of `spec` has exactly one row, no row
+names a field that does not exist, each row's default is the model's default, and the example
+runbook in it loads."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic.alias_generators import to_camel
+
+from activities.runbooks import load_text
+from workflows.models import ALL_ESCALATION_REASONS, RunbookModel, RunbookSpec, parse_duration
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "runbooks.md"
+ROW = re.compile(r"^\| `([A-Za-z.]+)` \| (.+?) \| .+ \|$")
+
+
+def schema_defaults(model: type[RunbookModel] = RunbookSpec, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        path = prefix + to_camel(name)
+        if isinstance(field.annotation, type) and issubclass(field.annotation, RunbookModel):
+            out.update(schema_defaults(field.annotation, path + "."))
+        else:
+            out[path] = field.get_default(call_default_factory=True)
+    return out
+
+
+def documented() -> dict[str, str]:
+    rows: dict[str, str] = {}
+    for line in DOC.read_text().splitlines():
+        m = ROW.match(line)
+        if m:
+            assert m.group(1) not in rows, f"{m.group(1)} documented twice"
+            rows[m.group(1)] = m.group(2)
+    return rows
+
+
+def as_value(text: str, like: Any) -> Any:
+    """The doc's default column read as the model's type."""
+    if text == "none":
+        return None
+    if text == "every reason":
+        return list(ALL_ESCALATION_REASONS)
+    raw = text.strip("`")
+    if isinstance(like, timedelta):
+        return parse_duration(raw)
+    return yaml.safe_load(raw)
+
+
+def test_every_field_documented_once_and_nothing_else() -> None:
+    schema, doc = schema_defaults(), documented()
+    assert sorted(set(schema) - set(doc)) == [], "fields missing from docs/runbooks.md"
+    assert sorted(set(doc) - set(schema)) == [], "docs/runbooks.md names fields that do not exist"
+
+
+def test_documented_defaults_are_the_schema_defaults() -> None:
+    schema, doc = schema_defaults(), documented()
+    wrong = {
+        path: (doc[path], default)
+        for path, default in schema.items()
+        if path in doc and as_value(doc[path], default) != default
+    }
+    assert wrong == {}
+
+
+def test_the_example_runbook_loads() -> None:
+    text = DOC.read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (runbook,) = load_text(block, "docs/runbooks.md")
+    assert runbook.name == "inference"
+    assert runbook.spec.eviction.force == "delete"
+    assert runbook.spec.eviction.timeout == timedelta(minutes=2)
