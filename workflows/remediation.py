@@ -1153,11 +1153,12 @@ class DeviceRemediationWorkflow:
                     f"{release.cooldown}",
                 )
             wake_on_repair = not (health_only and repair_noted)
+
+            def repaired(wake: bool = wake_on_repair) -> bool:
+                return wake and self._repaired is not None
+
             try:
-                await self._wait(
-                    lambda wake=wake_on_repair: wake and self._repaired is not None,
-                    limit=release.health_check_interval if auto else None,
-                )
+                await self._wait(repaired, limit=release.health_check_interval if auto else None)
                 if not health_only:
                     break
                 continue  # the repair mark arrived: note it, keep checking health
