@@ -1096,7 +1096,9 @@ class RunbookSet(Contract):
 
 
 class RemediationCarry(Contract):
-    """What a remediation carries into its next run when a long hold continues-as-new."""
+    """What a remediation carries into its next run when it continues-as-new: during a long
+    hold (the next run goes on holding), or while it waits for a budget slot
+    (`waiting_for_budget`: the next run confirms afresh and asks again, without a new page)."""
 
     device: ResolvedDevice
     runbook: Runbook
@@ -1107,6 +1109,7 @@ class RemediationCarry(Contract):
     timeline: list[TimelineEntry] = Field(default_factory=list)
     alerts: list[AlertEvidence] = Field(default_factory=list)
     healthy_since: datetime | None = None
+    waiting_for_budget: bool = False
 
 
 RemediationInput.model_rebuild()

@@ -9,7 +9,8 @@ State machine (each step a runbook knob; phases are the `SickbayPhase` search at
                 guarding --budget exhausted / unreachable--> escalated (once), stays open:
                     |   retries the lease every minute (then 5 min), absorbs repeat alerts;
                     |   ends on abort, repaired, alert resolved + Healthy -> closed,
-                    |   or a granted lease -> on to approval / quarantine
+                    |   or a granted lease -> on to approval / quarantine; a wait of days
+                    |   continues-as-new and confirms afresh (patch budget-wait-continue-as-new)
                     | budget lease (sickbay-budget workflow; `budget-wait` patch)
                     v
           [awaiting-approval] --rejected / timeout per runbook--> escalated / closed
@@ -24,7 +25,8 @@ State machine (each step a runbook knob; phases are the `SickbayPhase` search at
                     |                                      | at-max / no capacity  |
                     v                                      v  -> escalated         |
                  holding <-------------------------------------------------------+
-                    | repaired (signal) or Healthy for release.cooldown
+                    | per release.mode: repaired (signal), Healthy for release.cooldown, or
+                    | either (healthy-cooldown: patch healthy-cooldown-needs-health)
                     v
                 releasing (remove rule, release lease, resolve page) -> closed
 
@@ -219,6 +221,9 @@ NOTIFY_RETRY = RetryPolicy(
 # Patch: independent confirm steps (and the budget lease) run concurrently.
 PATCH_CONCURRENT_CONFIRM = "concurrent-confirm"
 PATCH_HEALTH_ONLY_RELEASE = "healthy-cooldown-needs-health"
+# A remediation waiting weeks for a budget slot (the quarantined GPUs it waits on are away for
+# RMA) continues-as-new like a long hold, instead of growing its history to Temporal's limit.
+PATCH_BUDGET_WAIT_CAN = "budget-wait-continue-as-new"
 # Continue-as-new during a long hold once history grows past this (periodic health checks).
 HOLD_HISTORY_LIMIT = 2_000
 
@@ -390,7 +395,12 @@ class DeviceRemediationWorkflow:
     @workflow.run
     async def run(self, inp: RemediationInput) -> RemediationResult:
         try:
-            if inp.resume is not None:
+            if inp.resume is not None and inp.resume.waiting_for_budget:
+                # Weeks may have passed: confirm afresh (evidence, consumers, runbook), then
+                # ask for the lease again; still escalated, so no second page.
+                self._log("continued as new", outcome="waiting for budget")
+                outcome, reason = await self._guarded()
+            elif inp.resume is not None:
                 self._log("continued as new", outcome="holding")
                 outcome, reason = await self._hold_and_release()
             else:
@@ -718,14 +728,19 @@ class DeviceRemediationWorkflow:
                     awaiting=BUDGET_AWAITING,
                 )
             else:
+                # One timeline entry for a run of retries (the latest), not one per minute.
                 self._log(
                     "budget still unavailable" if kind == "error" else "budget still full",
                     outcome=f"try {tries}",
                     reason=why,
+                    replace_same=True,
                 )
             self._enter(Phase.ESCALATED, awaiting=BUDGET_AWAITING)
             self._upsert()
-            interval = BUDGET_RETRY_FIRST if tries < BUDGET_RETRY_SWITCH else BUDGET_RETRY_LATER
+            # A run continued from a long wait goes on at the slower pace.
+            resumed = self._inp.resume is not None and self._inp.resume.waiting_for_budget
+            first = tries < BUDGET_RETRY_SWITCH and not resumed
+            interval = BUDGET_RETRY_FIRST if first else BUDGET_RETRY_LATER
             try:
                 await self._wait(
                     lambda: (
@@ -753,6 +768,9 @@ class DeviceRemediationWorkflow:
                         "alert resolved and the device is Healthy while waiting for a budget "
                         "slot; never quarantined",
                     )
+            if self._history_full() and workflow.patched(PATCH_BUDGET_WAIT_CAN):
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(self._carry(waiting_for_budget=True))
 
     async def _resolve_page(self, summary: str) -> None:
         """Resolve the incident, if the escalation paged anyone (the runbook may filter it)."""
@@ -1187,14 +1205,18 @@ class DeviceRemediationWorkflow:
             elif self._healthy_since is not None:
                 self._healthy_since = None
                 self._log("device not Healthy again", outcome=health.health or "unknown")
-            info = workflow.info()
-            if (
-                info.get_current_history_length() > HOLD_HISTORY_LIMIT
-                or info.is_continue_as_new_suggested()
-            ):
+            if self._history_full():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._carry())
         return await self._release()
+
+    @staticmethod
+    def _history_full() -> bool:
+        info = workflow.info()
+        return (
+            info.get_current_history_length() > HOLD_HISTORY_LIMIT
+            or info.is_continue_as_new_suggested()
+        )
 
     async def _release(self) -> tuple[Outcome, str]:
         self._enter(Phase.RELEASING, awaiting="quarantine removal")
@@ -1441,8 +1463,17 @@ class DeviceRemediationWorkflow:
             )
 
     def _log(
-        self, action: str, outcome: str = "", actor: str = "sickbay", reason: str = ""
+        self,
+        action: str,
+        outcome: str = "",
+        actor: str = "sickbay",
+        reason: str = "",
+        replace_same: bool = False,
     ) -> None:
+        """Add a timeline entry; `replace_same`: it replaces the last entry when that one is
+        the same action (a run of identical retries stays one entry, the latest)."""
+        if replace_same and self._timeline and self._timeline[-1].action == action:
+            self._timeline.pop()
         self._timeline.append(
             TimelineEntry(
                 at=workflow.now(),
@@ -1546,7 +1577,7 @@ class DeviceRemediationWorkflow:
         if self._abort is not None:
             raise _Aborted()
 
-    def _carry(self) -> RemediationInput:
+    def _carry(self, waiting_for_budget: bool = False) -> RemediationInput:
         assert self._device is not None and self._runbook is not None
         return self._inp.model_copy(
             update={
@@ -1561,6 +1592,7 @@ class DeviceRemediationWorkflow:
                     timeline=self._timeline,
                     alerts=self._alerts,
                     healthy_since=self._healthy_since,
+                    waiting_for_budget=waiting_for_budget,
                 ),
             }
         )

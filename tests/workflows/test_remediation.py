@@ -363,6 +363,47 @@ async def test_budget_freed_while_waiting_then_quarantine(
     assert sum(e.action == "escalate" for e in result.timeline) == 1
 
 
+async def test_long_budget_wait_continues_as_new(time_skipping_env: WorkflowEnvironment) -> None:
+    """Waiting days for a budget slot (the GPUs holding it are away for repair): the wait
+    continues-as-new before its history grows past the limit, keeps one timeline entry for the
+    run of retries, pages once, confirms afresh in the new run and quarantines once the slot
+    frees."""
+    client = time_skipping_env.client
+    world = FakeWorld(budget_granted=False)
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        try:
+            await wait_phase(handle, Phase.ESCALATED)
+            first_run = (await handle.describe()).run_id
+            latest = client.get_workflow_handle(handle.id, result_type=RemediationResult)
+            for _ in range(20):  # 1m, then 5m retries: the limit falls within ~a day
+                await time_skipping_env.sleep(timedelta(hours=2))
+                if (await latest.describe()).run_id != first_run:
+                    break
+            assert (await latest.describe()).run_id != first_run, "never continued as new"
+            evidence_calls = len(world.args(ACT_GATHER_EVIDENCE))
+            world.budget_granted = True
+            await time_skipping_env.sleep(timedelta(minutes=7, seconds=30))
+            await wait_phase(latest, Phase.HOLDING)
+            await latest.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+            result = await latest.result()
+            save_history("budget_wait_resumed", await latest.fetch_history())
+        except BaseException:  # leave the shared test server skipping time
+            await client.get_workflow_handle(handle.id).terminate("test failed")
+            raise
+    acts = actions(result.timeline)
+    assert ("continued as new", "waiting for budget") in [
+        (e.action, e.outcome) for e in result.timeline
+    ]
+    assert acts.count("budget still full") <= 2 * acts.count("continued as new") + 1, acts
+    assert len(result.timeline) < 60, len(result.timeline)
+    assert evidence_calls >= 2  # the new run confirmed again before asking
+    assert len(world.args(ACT_QUARANTINE)) == 1
+    assert [n.action for n in world.args(ACT_NOTIFY)] == ["trigger", "resolve"]  # one page
+    assert sum(e.action == "escalate" for e in result.timeline) == 1
+    assert result.outcome == "escalated" and "released" in result.reason
+
+
 async def test_budget_wait_ends_on_resolved_healthy_or_abort(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
