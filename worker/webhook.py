@@ -324,6 +324,9 @@ QUEUED = "queued"  # result of an alert acknowledged through the spool (worker/s
 # A spooled alert Temporal refuses this many times for a non-transient reason (e.g. invalid
 # argument) is dropped with an ERROR log; transient failures (Temporal down) retry forever.
 SPOOL_GIVE_UP = 5
+# While Temporal stays unreachable, the redelivery rounds (every few seconds) say so at most
+# this often; the first round that reaches it again says so once.
+SPOOL_WAIT_LOG_SECONDS = 60.0
 # Results worth remembering: Temporal recorded the alert. "resolved-no-workflow" is not: a
 # workflow may start in the meantime, and asking again is cheap.
 CACHEABLE = frozenset({"started", "signalled", "resolved-signalled"})
@@ -445,6 +448,7 @@ class AlertService:
         self.spool: Spool | None = None
         self._held: dict[DeliveryKey, Delivery] = {}
         self._refusals: dict[DeliveryKey, int] = {}
+        self._unreachable_logged: float | None = None  # monotonic time of the last warning
 
     @property
     def connected(self) -> bool:
@@ -869,8 +873,22 @@ class AlertService:
         try:
             client = await self.client()
         except TemporalUnavailable as exc:
-            log.warning("webhook spool: %d alert(s) wait for Temporal: %s", len(todo), exc)
+            now = time.monotonic()
+            last = self._unreachable_logged
+            if last is None or now - last >= SPOOL_WAIT_LOG_SECONDS:
+                self._unreachable_logged = now
+                log.warning(
+                    "webhook spool: %d alert(s) wait for Temporal (trying every %g s; said "
+                    "again every %g s while it lasts): %s",
+                    len(todo),
+                    self.webhook.webhook_spool_retry_seconds,
+                    SPOOL_WAIT_LOG_SECONDS,
+                    exc,
+                )
             return 0
+        if self._unreachable_logged is not None:
+            self._unreachable_logged = None
+            log.info("webhook spool: Temporal reachable again; sending %d alert(s)", len(todo))
         by_workflow: dict[str, list[list[MappedAlert]]] = {}
         for key, m in todo:
             if self.recent.recent(key):

@@ -54,7 +54,13 @@ from tests.webhook.test_webhook_cli import SICKBAY, clean_env, wait_healthy
 from worker.alerts import AmPayload, MappedAlert, map_alert
 from worker.settings import Settings
 from worker.spool import JOURNAL, Spool, SpoolError
-from worker.webhook import AlertService, WebhookMetrics, WebhookSettings, create_app
+from worker.webhook import (
+    AlertService,
+    TemporalUnavailable,
+    WebhookMetrics,
+    WebhookSettings,
+    create_app,
+)
 from workflows.constants import SIG_ALERT, device_workflow_id
 from workflows.models import AlertEvidence, AlertResolved, DeviceRef, LaunchResult
 
@@ -494,3 +500,43 @@ async def test_cli_refuses_a_spool_in_use(tmp_path: Path) -> None:
         held.close()
     assert proc.returncode == 2
     assert b"in use by another process" in err and b"Traceback" not in err
+
+
+async def test_unreachable_temporal_is_reported_once_a_minute_not_every_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redelivery rounds run every few seconds; while Temporal cannot be reached the log says
+    so once (then at most once a minute), and once when it can be reached again."""
+    wh = WebhookSettings(webhook_token=TOKEN, webhook_spool_dir=tmp_path)
+    service, temporal = controlled(wh, monkeypatch)
+    assert service.spool is not None
+    service.spool.add([_alert(1), _alert(2)])
+    reachable = False
+
+    async def client() -> object:
+        if not reachable:
+            raise TemporalUnavailable("cannot reach Temporal at nowhere:7233: refused")
+        return object()
+
+    monkeypatch.setattr(service, "client", client)
+    caplog.set_level("INFO", logger="worker.webhook")
+    for _ in range(5):
+        assert await service.redeliver() == 0
+    waits = [r for r in caplog.records if "wait for Temporal" in r.getMessage()]
+    assert len(waits) == 1 and waits[0].levelname == "WARNING"
+    assert "2 alert(s)" in waits[0].getMessage() and "nowhere:7233" in waits[0].getMessage()
+
+    monkeypatch.setattr("worker.webhook.SPOOL_WAIT_LOG_SECONDS", 0.0)  # a minute later
+    assert await service.redeliver() == 0
+    assert len([r for r in caplog.records if "wait for Temporal" in r.getMessage()]) == 2
+
+    reachable = True
+    assert await service.redeliver() == 2
+    again = [r for r in caplog.records if "reachable again" in r.getMessage()]
+    assert len(again) == 1 and again[0].levelname == "INFO"
+    await until("both calls made", lambda: _true(len(temporal.calls) == 2), 5, 0.01)
+    for _wf, answered in temporal.calls:
+        answered.set_result(None)
+    await service.drain(5)
+    assert service.spool.pending == {}
+    service.spool.close()
