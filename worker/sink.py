@@ -198,7 +198,11 @@ def make_handler(sink: Sink) -> type[BaseHTTPRequestHandler]:
         def _fail_held(self, rule: FaultRule) -> None:
             try:
                 time.sleep(rule.hold_seconds)
-                # The sender may be gone (a killed worker): nothing to answer then.
+            finally:
+                # No longer held once the answer goes out: a sender that has it and asks
+                # /faults next sees holding 0.
+                sink.release(rule)
+            try:
                 self._reply(
                     rule.status,
                     {
@@ -206,10 +210,8 @@ def make_handler(sink: Sink) -> type[BaseHTTPRequestHandler]:
                         "message": f"held and failed by sink fault {rule.id}",
                     },
                 )
-            except OSError:
+            except OSError:  # the sender may be gone (a killed worker): nothing to answer
                 self.close_connection = True
-            finally:
-                sink.release(rule)
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
