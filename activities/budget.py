@@ -23,6 +23,7 @@ import asyncio
 import logging
 import random
 import time
+from typing import Any
 
 from temporalio import activity
 from temporalio.client import (
@@ -144,7 +145,7 @@ class BudgetActivities:
                 await asyncio.sleep(delay)
 
     async def _update_once(self, update: str, arg: object) -> BudgetDecision:
-        start = WithStartWorkflowOperation(
+        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             WF_BUDGET,
             self._initial,
             id=self._workflow_id,

@@ -79,7 +79,7 @@ class CapacityActivities:
     @activity.defn(name=ACT_REQUEST_CAPACITY)
     async def request_capacity(self, req: CapacityRequest) -> CapacityResult:
         workflow_id = pool_scaler_workflow_id(req.pool.name, req.pool.cluster)
-        start = WithStartWorkflowOperation(
+        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             WF_POOL_SCALER,
             PoolScalerInput(pool=req.pool, **self._scaler),
             id=workflow_id,

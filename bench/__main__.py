@@ -33,13 +33,13 @@ MIB = 1024 * 1024
 MEMORY_GOAL_MB = 300
 
 ALL = ("latency", "cost", "storm", "memory")
-FULL = {
+FULL: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 200, "nodes": 26},
     "storm": {},
     "memory": {"count": 1000},
     "cost": {},
 }
-QUICK = {
+QUICK: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 8, "nodes": 2},
     "storm": {"nodes": 20, "devices": 6, "alerts": 240, "seconds": 2.0, "cluster_budget": "2%"},
     "memory": {"count": 16},

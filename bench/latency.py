@@ -286,18 +286,18 @@ async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, 
             prev = b["task_started"]
             seen: dict[str, int] = {}
             pos = 0
-            for r in sorted(window, key=lambda r: r["time"]):
-                key = f"{r['verb']} {r['resource']}"
+            for req in sorted(window, key=lambda r: r["time"]):
+                key = f"{req['verb']} {req['resource']}"
                 calls[key] = calls.get(key, 0) + 1
                 seen[key] = seen.get(key, 0) + 1
                 # Time since the previous call answered (or the task started), server clock
                 # of the twin's answer minus its own duration: the worker's time before it.
-                began = r["time"] - r["duration_ms"] / 1000
+                began = req["time"] - req["duration_ms"] / 1000
                 label = f"{key} #{seen[key]}"
                 steps.setdefault(label, []).append((began - prev) * 1000)
                 order.setdefault(label, []).append(pos)
                 pos += 1
-                prev = r["time"]
+                prev = req["time"]
         return {
             "pairs": len(sent),
             "gap_s": gap,

@@ -218,10 +218,10 @@ async def main() -> int:
         devices = [
             (f"bench-{tag}-node-{i // 8}", f"GPU-{tag}-{i:05d}") for i in range(args.devices)
         ]
-        alerts = [
-            alert(*devices[i % args.devices], i // args.devices, args.fingerprints)
-            for i in range(args.alerts)
-        ]
+        alerts = []
+        for i in range(args.alerts):
+            node, gpu = devices[i % args.devices]
+            alerts.append(alert(node, gpu, i // args.devices, args.fingerprints))
         random.Random(7).shuffle(alerts)
         batches = [
             alerts[i : i + args.per_request] for i in range(0, len(alerts), args.per_request)

@@ -75,6 +75,7 @@ def run(
             items = core.list_pod_for_all_namespaces().items
             list_times.append(time.perf_counter() - t0)
         assert len(items) == out["pods"]
+        names = [str(pod.metadata.name) for pod in items[: gets or len(items)] if pod.metadata]
         out["client_list_all_pods_median_ms"] = _ms(statistics.median(list_times))
         raw_times = []
         with httpx.Client(base_url=sim.url, timeout=30.0) as http:
@@ -84,15 +85,15 @@ def run(
                 raw_times.append(time.perf_counter() - t0)
             out["http_list_all_pods_median_ms"] = _ms(statistics.median(raw_times))
             get_raw = []
-            for pod in items[: gets or len(items)]:
+            for name in names:
                 t0 = time.perf_counter()
-                http.get(f"/api/v1/namespaces/bench/pods/{pod.metadata.name}").raise_for_status()
+                http.get(f"/api/v1/namespaces/bench/pods/{name}").raise_for_status()
                 get_raw.append(time.perf_counter() - t0)
             out["http_get_pod_median_ms"] = _ms(statistics.median(get_raw))
         get_times = []
-        for pod in items[: gets or len(items)]:
+        for name in names:
             t0 = time.perf_counter()
-            core.read_namespaced_pod(pod.metadata.name, "bench")
+            core.read_namespaced_pod(name, "bench")
             get_times.append(time.perf_counter() - t0)
         out["client_get_pod_median_ms"] = _ms(statistics.median(get_times))
         out["client_get_pod_p95_ms"] = _ms(sorted(get_times)[int(len(get_times) * 0.95) - 1])

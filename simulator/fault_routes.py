@@ -154,7 +154,7 @@ def _route(
         nodes = (
             [node] if node else [n["metadata"]["name"] for n in manager.store.list("nodes").items]
         )
-        items = []
+        items: list[dict[str, Any]] = []
         for name in nodes:
             if node and manager.store.try_get("nodes", name) is None:
                 raise FaultError(f'node "{name}" not found', 404)
@@ -289,8 +289,8 @@ def _verb(method: str, name: str | None, query: dict[str, str]) -> str:
 
 def install_server_hooks(sim: Any) -> bool:
     """Serve `/sim/...` fault routes and API fault injection on `sim.server`. True if done."""
-    server = getattr(sim, "server", None)
-    httpd = getattr(server, "httpd", None)
+    server: Any = getattr(sim, "server", None)
+    httpd: Any = getattr(server, "httpd", None)
     base = getattr(httpd, "RequestHandlerClass", None)
     if base is None or not hasattr(server, "target"):
         return False

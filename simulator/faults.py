@@ -439,7 +439,8 @@ class FaultInjector:
         names = set(gpu.device_names)
         for piece in self._slices_of(fault.node):
             spec = piece.get("spec") or {}
-            kept, gone = [], []
+            kept: list[dict[str, Any]] = []
+            gone: list[dict[str, Any]] = []
             for dev in spec.get("devices") or []:
                 (gone if dev.get("name") in names else kept).append(dev)
             if not gone:

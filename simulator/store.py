@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import json
 import logging
 import queue
@@ -628,7 +629,7 @@ class Store:
             obj = bucket.objects.get((where[1], where[2]))
             return None if obj is None else self._out(bucket.rt, obj)
 
-    def dependents(self, owner_uid: str) -> list[tuple[str, str, str]]:
+    def dependents(self, owner_uid: str) -> builtins.list[tuple[str, str, str]]:
         """(resource, namespace, name) of objects whose ownerReferences name `owner_uid`."""
         with self._lock:
             return sorted(self._owners.get(owner_uid, ()))
@@ -1122,7 +1123,7 @@ class Store:
         grace_period_seconds: int | None = None,
         propagation_policy: str | None = None,
         dry_run: bool = False,
-    ) -> list[dict[str, Any]]:
+    ) -> builtins.list[dict[str, Any]]:
         rt = self._rt(resource)
         with self._lock:
             listed = self.list(rt, namespace, label_selector, field_selector)
@@ -1148,7 +1149,7 @@ class Store:
     def _make_watch(
         self,
         cls: type[Watch],
-        resource: str | ResourceType | list[str] | None,
+        resource: str | ResourceType | builtins.list[str] | None,
         namespace: str | None,
         label_selector: str | LabelSelector | None,
         field_selector: str | FieldSelector | None,
@@ -1214,7 +1215,7 @@ class Store:
 
     def watch(
         self,
-        resource: str | ResourceType | list[str] | None = None,
+        resource: str | ResourceType | builtins.list[str] | None = None,
         namespace: str | None = None,
         label_selector: str | LabelSelector | None = None,
         field_selector: str | FieldSelector | None = None,
@@ -1234,7 +1235,7 @@ class Store:
 
     def watch_async(
         self,
-        resource: str | ResourceType | list[str] | None = None,
+        resource: str | ResourceType | builtins.list[str] | None = None,
         namespace: str | None = None,
         label_selector: str | LabelSelector | None = None,
         field_selector: str | FieldSelector | None = None,
@@ -1257,7 +1258,7 @@ class Store:
         return len(self._watches)
 
     def subscribe(
-        self, callback: Callable[[StoreEvent], None], resources: list[str] | None = None
+        self, callback: Callable[[StoreEvent], None], resources: builtins.list[str] | None = None
     ) -> Callable[[], None]:
         storages = None if resources is None else {self._rt(r).storage for r in resources}
         entry = (callback, storages)

@@ -111,7 +111,7 @@ class CloudActivities:
         await self._http.aclose()
 
     def provider_for(self, pool: NodePoolTarget) -> NodePoolClient:
-        key = pool.provider
+        key: str = pool.provider
         if pool.provider == "sim":
             key = f"sim:{pool.endpoint or self._config.sim.endpoint}"
         elif pool.provider == "http":

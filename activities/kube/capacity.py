@@ -87,12 +87,12 @@ def free_capacity(kube: Kube, apis: ClusterApis, inp: FreeCapacityInput) -> Free
         used: dict[str, int] = {}
         for pod in pods.get("items") or []:
             node = (pod.get("spec") or {}).get("nodeName")
-            if node in usable and not is_terminal(pod):
+            if isinstance(node, str) and node in usable and not is_terminal(pod):
                 used[node] = used.get(node, 0) + gpu_request_count(pod)
         free = 0
         for n in nodes:
             name = meta(n).get("name")
-            if name in usable:
+            if isinstance(name, str) and name in usable:
                 cap, alloc = gpu_capacity(n)
                 healthy = min(alloc or 0, (cap or 0) - len(quarantined_on(n)))
                 free += max(0, healthy - used.get(name, 0))

@@ -186,7 +186,7 @@ def list_slice_devices(
         selector = f"spec.nodeName={node}"
 
     def load() -> list[SliceDevice]:
-        kwargs = {"field_selector": selector} if selector else {}
+        kwargs: dict[str, Any] = {"field_selector": selector} if selector else {}
         body = kube.call(
             kube.resource_v1.list_resource_slice,
             verb="list",

@@ -460,7 +460,7 @@ def evict_pods(kube: Kube, inp: EvictPodsInput) -> EvictPodsResult:
         }
         if ref.uid:
             body["deleteOptions"] = {"preconditions": {"uid": ref.uid}}
-        kwargs = {"dry_run": "All"} if inp.dry_run else {}
+        kwargs: dict[str, Any] = {"dry_run": "All"} if inp.dry_run else {}
         try:
             kube.call(
                 kube.core.create_namespaced_pod_eviction,

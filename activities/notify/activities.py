@@ -97,7 +97,7 @@ class NotifyActivities:
         if req.incident.ui_url is None and self._ui_url:
             # The workflow cannot know the UI's address; the worker does.
             link = (
-                f"{self._ui_url}/namespaces/{quote(info.workflow_namespace, safe='')}"
+                f"{self._ui_url}/namespaces/{quote(info.namespace, safe='')}"
                 f"/workflows/{quote(req.incident.id, safe='')}"
             )
             req = req.model_copy(

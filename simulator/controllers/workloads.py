@@ -427,8 +427,8 @@ class StatefulSetController:
             elif ordered and (is_deleting(pod) or not pod_ready(pod)):
                 break
         for pod_name, pod in sorted(by_name.items(), reverse=True):
-            ordinal = pod_name.rsplit("-", 1)[-1]
-            if ordinal.isdigit() and int(ordinal) >= desired and not is_deleting(pod):
+            suffix = pod_name.rsplit("-", 1)[-1]
+            if suffix.isdigit() and int(suffix) >= desired and not is_deleting(pod):
                 store.delete(PODS, pod_name, ns_of(sts))
                 ctx.events.controller(
                     sts,
