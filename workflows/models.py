@@ -765,6 +765,10 @@ class Incident(Contract):
     workload: str | None = None
     phase: Phase
     severity: Literal["critical", "error", "warning", "info"] = "error"
+    # Why people are told (the escalation reason: budget-exhausted, no-capacity, ...) and the
+    # device's node pool: what a channel can group a storm of incidents by.
+    reason: str | None = None
+    node_pool: str | None = None
     summary: str
     done: list[str] = Field(default_factory=list)
     needed: str = ""

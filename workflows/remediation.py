@@ -1401,6 +1401,8 @@ class DeviceRemediationWorkflow:
             workload=", ".join(f"{p.namespace}/{p.name}" for p in self._status.consumers) or None,
             phase=self._status.phase,
             severity=severity or policy.severity,  # type: ignore[arg-type]
+            reason=self._status.escalation_reason,
+            node_pool=self._device.node_pool if self._device else None,
             summary=f"GPU {self._status.device}: {summary}",
             done=[f"{e.action}: {e.outcome}".rstrip(": ") for e in self._timeline],
             needed=needed,

@@ -62,7 +62,9 @@ def pagerduty_event(
     details: dict[str, Any] = {
         "device": incident.device,
         "node": incident.node,
+        "node_pool": incident.node_pool,
         "workload": incident.workload,
+        "reason": incident.reason,
         "phase": incident.phase.value,
         "done": incident.done,
         "needed": incident.needed,
@@ -106,6 +108,10 @@ def slack_message(incident: Incident, action: str, *, max_done: int = 8) -> dict
         ("Phase", incident.phase.value),
         ("Severity", incident.severity),
     ]
+    if incident.reason:
+        fields.append(("Reason", incident.reason))
+    if incident.node_pool:
+        fields.append(("Node pool", incident.node_pool))
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": title[:150], "emoji": True}},
         {

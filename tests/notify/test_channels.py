@@ -56,6 +56,8 @@ def incident(**kw: object) -> Incident:
         workload="inference/llm-server",
         phase=Phase.ESCALATED,
         severity="critical",
+        reason="no-capacity",
+        node_pool="h100",
         summary="GPU GPU-1234 on node-a fell off the bus (Xid 79); no capacity for the replacement",
         done=["quarantined GPU-1234 (DeviceTaintRule, NoExecute)", "evicted llm-server-abc"],
         needed="Replacement pod Pending: approve a scale-up or free a GPU in pool h100",
@@ -134,6 +136,8 @@ async def test_pagerduty_trigger_shape(acts: NotifyActivities) -> None:
     assert payload["class"] == "gpu-remediation"
     details = payload["custom_details"]
     assert details["phase"] == "escalated"
+    # what PagerDuty's content-based grouping can merge a storm of incidents by
+    assert (details["reason"], details["node_pool"]) == ("no-capacity", "h100")
     assert details["needed"].startswith("Replacement pod Pending")
     assert details["timeline"] == [
         "09:00:00Z quarantining: taint -> created",
@@ -229,6 +233,8 @@ async def test_slack_message_is_readable(acts: NotifyActivities) -> None:
         "*Node*\\nnode-a",
         "*Workload*\\ninference/llm-server",
         "*Phase*\\nescalated",
+        "*Reason*\\nno-capacity",
+        "*Node pool*\\nh100",
         "*What was done*",
         "evicted &lt;pod&gt; &amp; friends",
         "*What is needed*\\nReplacement pod Pending",

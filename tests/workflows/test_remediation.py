@@ -338,6 +338,8 @@ async def test_budget_exhausted(time_skipping_env: WorkflowEnvironment) -> None:
     assert acquires >= 3  # first try + retries on the interval
     assert len(world.args(ACT_COUNT_DEVICES)) < acquires  # retries reuse the device counts
     assert [n.action for n in world.args(ACT_NOTIFY)] == ["trigger", "resolve"]  # one page
+    page = world.args(ACT_NOTIFY)[0].incident
+    assert (page.reason, page.node_pool) == ("budget-exhausted", "pool-a")  # to group a storm
     assert result.status.duplicate_alerts >= 5
     denied = next(e for e in result.timeline if e.action == "budget denied")
     assert "device NOT tainted" in denied.reason and "pool pool-a" in denied.reason
