@@ -438,7 +438,8 @@ def explain_steps(runbook: Any, failure_class: str) -> list[str]:
     budget = spec.budget
     steps.append(
         f"guard: budget lease, at most {budget.max_per_pool} of the pool and "
-        f"{budget.max_per_cluster} of the cluster quarantined; over budget -> no taint, escalate"
+        f"{budget.max_per_cluster} of the cluster quarantined; over budget -> no taint, escalate "
+        "and wait for a free slot"
     )
     if spec.approval.required:
         steps.append(
