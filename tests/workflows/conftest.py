@@ -15,7 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 from workflows.constants import DEFAULT_NAMESPACE, SEARCH_ATTRIBUTES
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 async def _search_attributes(time_skipping_env: WorkflowEnvironment) -> None:
     try:
         await time_skipping_env.client.operator_service.add_search_attributes(
