@@ -120,6 +120,9 @@ async def test_drain_respects_max_parallel(time_skipping_env: WorkflowEnvironmen
                         await handle.signal(SIG_ABORT, AbortRequest(reason="test done", actor="t"))
                     except RPCError as err:  # closed between describe and signal
                         assert "completed" in str(err).lower(), err
+                # Closed before the worker goes: an undo step left running without a worker
+                # would hold back time skipping for whatever runs next on this server.
+                await asyncio.wait_for(handle.result(), 30)
     assert len(result.devices) == 3 and len(result.launched) == 3
     assert {f.phase.value for f in result.finished if f.phase} == {"holding"}
     assert peak <= 2, f"{peak} drains at once; the maintenance runbook allows 2"
