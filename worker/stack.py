@@ -126,20 +126,14 @@ def _ephemeral_low(default: int = 32768) -> int:
 def _reserve(port: int) -> bool:
     """Hold `port` if nothing at all is bound to it (no listener, no reservation of another
     process, no connection lingering in TIME_WAIT)."""
-    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        probe.bind(("127.0.0.1", port))  # no SO_REUSEADDR: fails on anything bound there
-    except OSError:
-        probe.close()
-        return False
-    probe.close()
     hold = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        hold.bind(("127.0.0.1", port))
+        hold.bind(("127.0.0.1", port))  # no SO_REUSEADDR yet: fails on anything bound there
     except OSError:
         hold.close()
         return False
+    # Set after the bind: the child's server (SO_REUSEADDR too) can now bind beside it.
+    hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     _reserved[port] = hold
     while len(_reserved) > _RESERVATIONS_MAX:
         _reserved.pop(next(iter(_reserved))).close()
