@@ -29,12 +29,12 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from pydantic import TypeAdapter
+
 from worker.alerts import MappedAlert
-from workflows.models import AlertEvidence, AlertResolved, DeviceRef
 
 log = logging.getLogger(__name__)
 
@@ -47,28 +47,16 @@ class SpoolError(RuntimeError):
     """The spool cannot be used (directory not writable, locked by another process)."""
 
 
+# A journal record's "alert": MappedAlert as JSON (pydantic, via the dataclass's fields).
+_ALERT: TypeAdapter[MappedAlert] = TypeAdapter(MappedAlert)
+
+
 def alert_to_json(m: MappedAlert) -> dict[str, Any]:
-    return {
-        "index": m.index,
-        "status": m.status,
-        "device": m.device.model_dump(mode="json"),
-        "workflow_id": m.workflow_id,
-        "evidence": m.evidence.model_dump(mode="json") if m.evidence is not None else None,
-        "resolved": m.resolved.model_dump(mode="json") if m.resolved is not None else None,
-        "starts_at": m.starts_at.isoformat() if m.starts_at is not None else None,
-    }
+    return _ALERT.dump_python(m, mode="json")  # type: ignore[no-any-return]
 
 
 def alert_from_json(data: dict[str, Any]) -> MappedAlert:
-    return MappedAlert(
-        index=int(data["index"]),
-        status=data["status"],
-        device=DeviceRef.model_validate(data["device"]),
-        workflow_id=str(data["workflow_id"]),
-        evidence=AlertEvidence.model_validate(data["evidence"]) if data["evidence"] else None,
-        resolved=AlertResolved.model_validate(data["resolved"]) if data["resolved"] else None,
-        starts_at=datetime.fromisoformat(data["starts_at"]) if data["starts_at"] else None,
-    )
+    return _ALERT.validate_python(data)
 
 
 class Spool:
@@ -161,7 +149,7 @@ class Spool:
                 self.pending[m.delivery_key()] = m
             elif record.get("op") == "done":
                 self.pending.pop(tuple(record["key"]), None)  # type: ignore[arg-type]
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:  # ValidationError is a ValueError
             log.warning("webhook spool: ignoring a malformed journal record: %s", exc)
 
     def _compact(self) -> None:
