@@ -425,6 +425,20 @@ class Outcome:
     def bump(self, key: str) -> None:
         self.counts[key] = self.counts.get(key, 0) + 1
 
+    def result(self, m: MappedAlert, result: str, via: str = "") -> None:
+        """Count and list one acknowledged alert (`via`: how a duplicate was answered)."""
+        self.bump(result)
+        entry: dict[str, Any] = {
+            "index": m.index,
+            "fingerprint": m.fingerprint,
+            "device": m.device.key,
+            "workflow_id": m.workflow_id,
+            "result": result,
+        }
+        if via:
+            entry["via"] = via
+        self.results.append(entry)
+
 
 class AlertService:
     def __init__(
@@ -752,31 +766,14 @@ class AlertService:
             self.metrics.alerts_accepted.labels(m.status).inc()
             if result is None:
                 self.metrics.alerts_deduplicated.labels(via).inc()
-            out.bump(result or DUPLICATE)
-            entry: dict[str, Any] = {
-                "index": m.index,
-                "fingerprint": m.fingerprint,
-                "device": m.device.key,
-                "workflow_id": m.workflow_id,
-                "result": result or DUPLICATE,
-            }
-            if result is None:
-                entry["via"] = via
-            out.results.append(entry)
+                out.result(m, DUPLICATE, via)
+            else:
+                out.result(m, result)
 
     def _queued(self, out: Outcome, alerts: Sequence[MappedAlert]) -> None:
         """Record alerts acknowledged through the spool: on disk, Temporal not told yet."""
         for m in alerts:
-            out.bump(QUEUED)
-            out.results.append(
-                {
-                    "index": m.index,
-                    "fingerprint": m.fingerprint,
-                    "device": m.device.key,
-                    "workflow_id": m.workflow_id,
-                    "result": QUEUED,
-                }
-            )
+            out.result(m, QUEUED)
 
     # ------------------------------------------------------------------ spool ----------------
 
