@@ -315,6 +315,7 @@ class DeviceRemediationWorkflow:
         self._undoing = False  # set once an abort is being handled: undo steps run to the end
         self._repaired: RepairedRequest | None = None
         self._released_by_health = False
+        self._health_only = False  # holding under release.mode healthy-cooldown
         self._resolved_pending = False  # an alert-resolved not yet checked against health
         self._budget_freed = False  # set by the budget workflow's wake-up signal
         self._decision: ApprovalDecision | None = None
@@ -361,6 +362,8 @@ class DeviceRemediationWorkflow:
         if self._repaired is None:
             self._repaired = req
             self._log("marked repaired", actor=req.actor, reason=req.note)
+            if self._health_only:
+                self._note_repair()
 
     @workflow.update(name=UPD_APPROVE)
     def approve(self, decision: ApprovalDecision) -> ApprovalResult:
@@ -1160,26 +1163,16 @@ class DeviceRemediationWorkflow:
             awaiting = "marked repaired" + (f" or Healthy for {release.cooldown}" if auto else "")
         self._enter(Phase.HOLDING, awaiting=awaiting)
         self._upsert()
-        repair_noted = False
+        self._health_only = health_only
+        if health_only and self._repaired is not None:  # marked before the hold began
+            self._note_repair()
         while health_only or self._repaired is None:
-            if health_only and self._repaired is not None and not repair_noted:
-                repair_noted = True
-                self._log(
-                    "repair noted",
-                    actor=self._repaired.actor,
-                    reason=f"release.mode healthy-cooldown: released once Healthy for "
-                    f"{release.cooldown}",
-                )
-            wake_on_repair = not (health_only and repair_noted)
-
-            def repaired(wake: bool = wake_on_repair) -> bool:
-                return wake and self._repaired is not None
-
             try:
-                await self._wait(repaired, limit=release.health_check_interval if auto else None)
-                if not health_only:
-                    break
-                continue  # the repair mark arrived: note it, keep checking health
+                await self._wait(
+                    lambda: not health_only and self._repaired is not None,
+                    limit=release.health_check_interval if auto else None,
+                )
+                break  # marked repaired (never woken so when only health releases)
             except TimeoutError:
                 pass
             try:
@@ -1209,6 +1202,16 @@ class DeviceRemediationWorkflow:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._carry())
         return await self._release()
+
+    def _note_repair(self) -> None:
+        """Under release.mode healthy-cooldown a repair mark does not release the device."""
+        assert self._repaired is not None
+        self._log(
+            "repair noted",
+            actor=self._repaired.actor,
+            reason="release.mode healthy-cooldown: released once Healthy for "
+            f"{self._spec.release.cooldown}",
+        )
 
     @staticmethod
     def _history_full() -> bool:
