@@ -314,7 +314,6 @@ class DeviceRemediationWorkflow:
         self._abort: AbortRequest | None = None
         self._undoing = False  # set once an abort is being handled: undo steps run to the end
         self._repaired: RepairedRequest | None = None
-        self._released_by_health = False
         self._health_only = False  # holding under release.mode healthy-cooldown
         self._resolved_pending = False  # an alert-resolved not yet checked against health
         self._budget_freed = False  # set by the budget workflow's wake-up signal
@@ -697,6 +696,8 @@ class DeviceRemediationWorkflow:
             return await self._acquire_lease_once(device, runbook)
         tries = 0
         counts: DeviceCounts | None = None
+        # A run continued from a long wait goes on at the slower pace.
+        resumed = self._inp.resume is not None and self._inp.resume.waiting_for_budget
         while True:
             tries += 1
             # Retries while waiting reuse the device counts (two cluster-wide lists) except
@@ -740,8 +741,6 @@ class DeviceRemediationWorkflow:
                 )
             self._enter(Phase.ESCALATED, awaiting=BUDGET_AWAITING)
             self._upsert()
-            # A run continued from a long wait goes on at the slower pace.
-            resumed = self._inp.resume is not None and self._inp.resume.waiting_for_budget
             first = tries < BUDGET_RETRY_SWITCH and not resumed
             interval = BUDGET_RETRY_FIRST if first else BUDGET_RETRY_LATER
             try:
@@ -1193,15 +1192,14 @@ class DeviceRemediationWorkflow:
                     self._log("device Healthy", reason=f"cool-down {release.cooldown} starts")
                 if now - self._healthy_since >= release.cooldown:
                     self._log("healthy for the cool-down", outcome=str(release.cooldown))
-                    self._released_by_health = True
-                    break
+                    return await self._release(by_health=True)
             elif self._healthy_since is not None:
                 self._healthy_since = None
                 self._log("device not Healthy again", outcome=health.health or "unknown")
             if self._history_full():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._carry())
-        return await self._release()
+        return await self._release(by_health=False)
 
     def _note_repair(self) -> None:
         """Under release.mode healthy-cooldown a repair mark does not release the device."""
@@ -1221,12 +1219,12 @@ class DeviceRemediationWorkflow:
             or info.is_continue_as_new_suggested()
         )
 
-    async def _release(self) -> tuple[Outcome, str]:
+    async def _release(self, by_health: bool) -> tuple[Outcome, str]:
         self._enter(Phase.RELEASING, awaiting="quarantine removal")
         reason = (
-            f"repaired ({self._repaired.actor})"
-            if self._repaired and not self._released_by_health
-            else "healthy for the cool-down"
+            "healthy for the cool-down"
+            if by_health or self._repaired is None
+            else f"repaired ({self._repaired.actor})"
         )
         await self._remove_quarantine(reason)
         await self._release_lease()
