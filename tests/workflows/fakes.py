@@ -8,7 +8,6 @@ state, so a test changes one field (e.g. `eviction_reports`) to drive one branch
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -154,7 +153,6 @@ class FakeWorld:
     evidence_delay: timedelta | None = None  # gather-evidence answers after this (real time)
     notify_failures: int = 0  # first N notify calls raise a retryable error
     calls: list[tuple[str, Any]] = field(default_factory=list)
-    quarantined_at: float | None = None  # time.monotonic() of the first quarantine call
 
     @property
     def device(self) -> ResolvedDevice:
@@ -228,8 +226,6 @@ class FakeWorld:
         @activity.defn(name=ACT_QUARANTINE)
         async def quarantine(req: QuarantineInput) -> QuarantineResult:
             world.calls.append((ACT_QUARANTINE, req))
-            if world.quarantined_at is None:
-                world.quarantined_at = time.monotonic()
             return QuarantineResult(
                 mode="rule",
                 rule_name=taint_rule_name(req.device.node, req.device.gpu_uuid),

@@ -36,7 +36,6 @@ Cases (one per branch of the procedure):
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -116,11 +115,8 @@ async def test_happy_path(time_skipping_env: WorkflowEnvironment) -> None:
     client = time_skipping_env.client
     world = FakeWorld()
     async with new_worker(client, world, replay_every_task=True) as worker:
-        started = time.monotonic()
         handle = await start(client, worker, world)
         status = await wait_phase(handle, Phase.HOLDING)
-        assert world.quarantined_at is not None
-        to_rule_ms = (world.quarantined_at - started) * 1000
         assert status.runbook == "inference" and status.failure_class == "unhealthy"
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="GPU reseated"))
         result = await handle.result()
@@ -156,9 +152,6 @@ async def test_happy_path(time_skipping_env: WorkflowEnvironment) -> None:
     last = upserts[-1].search_attributes.indexed_fields
     assert last["SickbayPhase"].data == b'"closed"'
     save_history("concurrent_happy_path", history)
-    print(f"happy path: {len(events)} history events; start -> quarantine call {to_rule_ms:.0f} ms")
-    # Loose bound for a shared CI box; typically well under 100 ms (local activities).
-    assert to_rule_ms < 1000
 
 
 async def test_healthy_for_cooldown_releases(time_skipping_env: WorkflowEnvironment) -> None:
