@@ -3,10 +3,10 @@
 Cases:
 - at scale 60, one real second is a simulated minute (monotonic and now() agree);
 - sleep(300) at scale 600 sleeps 0.5 real seconds;
-  (real time is a stand-in the tests move, so nothing here depends on the machine's speed)
 - changing the scale at run time keeps simulated time continuous (no jump back or forward);
 - a non-positive scale is refused; ManualClock only moves when advanced;
 - Kubernetes timestamp formats round-trip through parse_time.
+Real time is a stand-in the tests move, so nothing here depends on the machine's speed.
 """
 
 from __future__ import annotations
