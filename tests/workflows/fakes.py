@@ -384,18 +384,20 @@ async def start(
 
 
 async def wait_phase(
-    handle: WorkflowHandle[Any, Any], phase: Phase, attempts: int = 200
+    handle: WorkflowHandle[Any, Any], phase: Phase, within: float = 120.0
 ) -> RemediationStatus:
-    """Poll the status query until the workflow reaches `phase` (real time, ~10 ms steps)."""
-    import asyncio
-
+    """Poll the status query until the workflow reaches `phase` (real time, 20 ms steps), for
+    at most `within` seconds: a deadline, not a count of polls, since each query slows down on
+    a busy machine."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + within
     status: RemediationStatus | None = None
-    for _ in range(attempts):
+    while loop.time() < give_up:
         status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
         if status.phase is phase:
             return status
         await asyncio.sleep(0.02)
-    raise AssertionError(f"workflow never reached {phase}; last status {status}")
+    raise AssertionError(f"workflow never reached {phase} in {within:.0f} s; last status {status}")
 
 
 def _activity_name(fn: Callable[..., Any]) -> str:

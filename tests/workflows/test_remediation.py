@@ -455,10 +455,10 @@ async def test_budget_unreachable_escalates_and_waits(
         activities=world.activities(refused),
     ) as worker:
         handle = await start(client, worker, world)
-        status = await wait_phase(handle, Phase.ESCALATED, attempts=500)
+        status = await wait_phase(handle, Phase.ESCALATED)
         assert status.escalation_reason == "error"
         await time_skipping_env.sleep(timedelta(minutes=2))
-        await wait_phase(handle, Phase.HOLDING, attempts=500)
+        await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         result = await handle.result()
     unavailable = next(e for e in result.timeline if e.action == "budget unavailable")
@@ -995,7 +995,7 @@ async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_tim
         workflow_runner=UnsandboxedWorkflowRunner(),
     ) as worker:
         handle = await start(client, worker, world)
-        await wait_phase(handle, Phase.HOLDING, attempts=1500)
+        await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         result = await handle.result()
         history = await handle.fetch_history()
