@@ -71,6 +71,8 @@ def _format_duration(value: timedelta) -> str:
     return f"{seconds}s"
 
 
+format_duration = _format_duration  # `5m`, `1h`, `30s`: how durations read in the Web UI
+
 Duration = Annotated[
     timedelta,
     BeforeValidator(parse_duration),

@@ -157,6 +157,7 @@ with workflow.unsafe.imports_passed_through():
         TimelineEntry,
         WaitEvictionInput,
         WaitReplacementInput,
+        format_duration,
         input_problems,
     )
     from workflows.runbook_match import DEFAULT_RUNBOOK, builtin_default, select_runbook
@@ -348,18 +349,24 @@ class DeviceRemediationWorkflow:
 
     # ---------------------------------------------------------------- messages -------------
 
-    @workflow.signal(name=SIG_ALERT)
+    @workflow.signal(
+        name=SIG_ALERT, description="internal: more evidence, sent by the webhook, sweep and CLI"
+    )
     def alert(self, evidence: AlertEvidence) -> None:
         self._add_alerts([evidence])
 
-    @workflow.signal(name=SIG_ALERTS)
+    @workflow.signal(
+        name=SIG_ALERTS, description="internal: several alerts at once, sent by the webhook"
+    )
     def alert_batch(self, evidence: list[AlertEvidence]) -> None:
         """Several alerts in one signal (the webhook coalesces a storm's deliveries for one
         workflow): each is handled exactly as its own `alert` signal would be."""
         for one in evidence:
             self._add_alerts([one])
 
-    @workflow.signal(name=SIG_ALERT_RESOLVED)
+    @workflow.signal(
+        name=SIG_ALERT_RESOLVED, description="internal: Alertmanager resolved the alert (webhook)"
+    )
     def alert_resolved(self, resolved: AlertResolved) -> None:
         self._resolved_pending = True
         self._log(
@@ -368,18 +375,27 @@ class DeviceRemediationWorkflow:
             actor="alertmanager",
         )
 
-    @workflow.signal(name=SIG_BUDGET_FREED)
+    @workflow.signal(
+        name=SIG_BUDGET_FREED,
+        description="internal: sent by the sickbay-budget workflow when a slot frees; not for people",
+    )
     def budget_freed(self) -> None:
         """From sickbay-budget: a slot freed while this remediation waits for one."""
         self._budget_freed = True
 
-    @workflow.signal(name=SIG_ABORT)
+    @workflow.signal(
+        name=SIG_ABORT,
+        description='for people: stop and undo the quarantine. Input: {"reason": "why", "actor": "you"}',
+    )
     def abort(self, req: AbortRequest) -> None:
         if self._abort is None:
             self._abort = req
             self._log("abort requested", actor=req.actor, reason=req.reason)
 
-    @workflow.signal(name=SIG_REPAIRED)
+    @workflow.signal(
+        name=SIG_REPAIRED,
+        description='for people: the GPU is repaired, release it. Input: {"actor": "you", "note": "what was done"}',
+    )
     def repaired(self, req: RepairedRequest) -> None:
         if self._repaired is None:
             self._repaired = req
@@ -387,7 +403,10 @@ class DeviceRemediationWorkflow:
             if self._health_only:
                 self._note_repair()
 
-    @workflow.update(name=UPD_APPROVE)
+    @workflow.update(
+        name=UPD_APPROVE,
+        description='for people, while awaiting-approval. Input: {"approve": true, "actor": "you", "reason": "why"}',
+    )
     def approve(self, decision: ApprovalDecision) -> ApprovalResult:
         self._decision = decision
         self._log(
@@ -407,11 +426,11 @@ class DeviceRemediationWorkflow:
         if self._decision is not None:
             raise ValueError("already decided by " + self._decision.actor)
 
-    @workflow.query(name=QRY_TIMELINE)
+    @workflow.query(name=QRY_TIMELINE, description="the ordered timeline of decisions")
     def timeline(self) -> list[TimelineEntry]:
         return self._timeline
 
-    @workflow.query(name=QRY_STATUS)
+    @workflow.query(name=QRY_STATUS, description="phase, what it waits for, until when, next")
     def status(self) -> RemediationStatus:
         return self._status
 
@@ -809,7 +828,7 @@ class DeviceRemediationWorkflow:
                         self._repaired is not None or self._resolved_pending or self._budget_freed
                     ),
                     limit=interval,
-                    summary=f"budget lease retry {tries + 1} ({interval})",
+                    summary=f"budget lease retry {tries + 1} ({format_duration(interval)})",
                 )
             except TimeoutError:
                 pass
@@ -958,7 +977,7 @@ class DeviceRemediationWorkflow:
         )
         self._log(
             "awaiting approval",
-            outcome=f"timeout {policy.timeout}",
+            outcome=f"timeout {format_duration(policy.timeout)}",
             reason=f"then {policy.on_timeout}: {on_timeout}",
         )
         self._upsert()
@@ -966,7 +985,7 @@ class DeviceRemediationWorkflow:
             await self._wait(
                 lambda: self._decision is not None,
                 limit=policy.timeout,
-                summary=f"approval timeout ({policy.timeout}, then {policy.on_timeout})",
+                summary=f"approval timeout ({format_duration(policy.timeout)}, then {policy.on_timeout})",
             )
         except TimeoutError:
             self._log("approval timed out", outcome=policy.on_timeout)
@@ -1274,7 +1293,9 @@ class DeviceRemediationWorkflow:
                 await self._wait(
                     lambda: not health_only and self._repaired is not None,
                     limit=release.health_check_interval if auto else None,
-                    summary=f"health check ({release.health_check_interval})" if auto else None,
+                    summary=f"health check ({format_duration(release.health_check_interval)})"
+                    if auto
+                    else None,
                 )
                 break  # marked repaired (never woken so when only health releases)
             except TimeoutError:
