@@ -291,7 +291,14 @@ async def _launch(args: argparse.Namespace) -> int:
     if selector_given:
         wf_id = f"sickbay-maintenance-{uuid.uuid4().hex[:10]}"
         handle = await client.start_workflow(
-            WF_MAINTENANCE, maint, id=wf_id, task_queue=settings.task_queue
+            WF_MAINTENANCE,
+            maint,
+            id=wf_id,
+            task_queue=settings.task_queue,
+            static_summary=f"maintenance drain: {maint.reason}"[:200]
+            + (" (dry run)" if maint.dry_run else ""),
+            static_details=f"selector `{maint.selector.model_dump_json(exclude_defaults=True)}`, "
+            f"runbook {maint.runbook}, requested by {maint.requested_by}",
         )
         _out(
             args,

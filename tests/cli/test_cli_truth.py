@@ -225,3 +225,35 @@ async def test_launch_without_known_ui_prints_no_guess(
         assert "localhost:8233" not in out and "set SICKBAY_TEMPORAL_UI_URL" in out
         handle = client.get_workflow_handle(device_workflow_id(world.node, world.gpu_uuid))
         await handle.result()
+
+
+async def test_launch_sets_static_summary_details_and_memo(
+    dev_env: WorkflowEnvironment, capsys: pytest.CaptureFixture[str], no_stack: None
+) -> None:
+    client = dev_env.client
+    world = FakeWorld()
+    queue = f"cli-{uuid.uuid4().hex[:8]}"
+    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue]
+    argv = ["--node", world.node, "--uuid", world.gpu_uuid, "--runbook", "inference"]
+    async with new_worker(client, world, task_queue=queue):
+        code, _, err = await _cli(
+            capsys, "launch", *conn, *argv, "--reason", "Xid 79 by hand", "--requested-by", "bob"
+        )
+        assert code == 0, err
+        handle = client.get_workflow_handle(device_workflow_id(world.node, world.gpu_uuid))
+        desc = await handle.describe()
+        summary, details, memo = (
+            await desc.static_summary(),
+            await desc.static_details(),
+            await desc.memo(),
+        )
+        await handle.signal("abort", {"reason": "test done", "actor": "t"})
+        await handle.result()
+    device = f"{world.node}/{world.gpu_uuid}"
+    assert summary == f"GPU {device}: manual - Xid 79 by hand"
+    assert details is not None
+    assert f"`{device}`" in details and "requested by bob" in details
+    assert "runbook: inference (pinned)" in details and "dry run: no" in details
+    assert (
+        memo["device"] == device and memo["trigger"] == "manual" and memo["runbook"] == "inference"
+    )
