@@ -60,7 +60,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import ValidationError
+    from pydantic import BaseModel, ValidationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.classify import classify, is_stale, merge_evidence
@@ -163,6 +163,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.runbook_match import DEFAULT_RUNBOOK, builtin_default, select_runbook
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 # --- transport options (operational knobs live in the runbook) --------------------------------
 # Local activities: one Kubernetes/Temporal call each, milliseconds when healthy. 10 s covers a
@@ -387,8 +388,9 @@ class DeviceRemediationWorkflow:
         name=SIG_ABORT,
         description='for people: stop and undo the quarantine. Input: {"reason": "why", "actor": "you"}',
     )
-    def abort(self, req: AbortRequest) -> None:
-        if self._abort is None:
+    def abort(self, raw: Any = None) -> None:
+        req = self._message(SIG_ABORT, AbortRequest, raw)
+        if req is not None and self._abort is None:
             self._abort = req
             self._log("abort requested", actor=req.actor, reason=req.reason)
 
@@ -396,12 +398,24 @@ class DeviceRemediationWorkflow:
         name=SIG_REPAIRED,
         description='for people: the GPU is repaired, release it. Input: {"actor": "you", "note": "what was done"}',
     )
-    def repaired(self, req: RepairedRequest) -> None:
-        if self._repaired is None:
+    def repaired(self, raw: Any = None) -> None:
+        req = self._message(SIG_REPAIRED, RepairedRequest, raw)
+        if req is not None and self._repaired is None:
             self._repaired = req
             self._log("marked repaired", actor=req.actor, reason=req.note)
             if self._health_only:
                 self._note_repair()
+
+    def _message(self, name: str, model: type[M], raw: Any) -> M | None:
+        """Decode a signal typed by a person (Web UI): the SDK would drop an undecodable one
+        with only a worker log line; here the refusal, naming the field, is in the timeline."""
+        try:
+            return model.model_validate(raw)
+        except ValidationError as err:
+            problems = input_problems(err, model)
+            self._log(f"{name} signal refused", outcome="invalid input", reason=problems)
+            workflow.logger.warning("%s signal refused: %s", name, problems)
+            return None
 
     @workflow.update(
         name=UPD_APPROVE,

@@ -213,3 +213,21 @@ async def test_current_details_and_named_timers(time_skipping_env: WorkflowEnvir
     assert any(t.startswith("health check (") for t in timers)
     scheduled = _summaries(events, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
     assert scheduled and all(scheduled), scheduled
+
+
+async def test_mistyped_abort_is_refused_in_the_timeline(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """An `abort` typed by hand without its `reason` (the SDK would drop it with only a worker
+    log line) is refused in the timeline, naming the field; a well-formed one then works."""
+    client = time_skipping_env.client
+    world = FakeWorld()
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_ABORT, {"why": "typo", "actor": "alice"})
+        await handle.signal(SIG_ABORT, {"reason": "GPU swapped", "actor": "alice"})
+        result = await handle.result()
+    refused = next(e for e in result.timeline if e.action == "abort signal refused")
+    assert "reason: Field required" in refused.reason and "why: unknown field" in refused.reason
+    assert result.outcome == "aborted" and "GPU swapped" in result.reason
