@@ -140,3 +140,30 @@ async def test_documented_ui_input_still_starts(time_skipping_env: WorkflowEnvir
         assert await wait_closed(handle) == WorkflowExecutionStatus.COMPLETED
         result = await handle.result()
     assert result["outcome"] == "dry-run"
+
+
+async def test_bad_maintenance_input_fails_the_run_at_once(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """The drain's Web UI input too: `"dry_run": "yes"` and a missing selector name the fields."""
+    from temporalio.worker import Worker
+
+    from workflows.constants import WF_MAINTENANCE
+    from workflows.maintenance import MaintenanceWorkflow
+
+    client = time_skipping_env.client
+    queue = f"tq-{uuid.uuid4()}"
+    async with Worker(client, task_queue=queue, workflows=[MaintenanceWorkflow]):
+        handle = await client.start_workflow(
+            WF_MAINTENANCE,
+            {"runbook": "maintenance", "dry_run": "yes"},
+            id=f"maintenance-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
+        )
+        assert await wait_closed(handle) == WorkflowExecutionStatus.FAILED
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == ERR_INVALID_INPUT
+    assert "selector: Field required" in cause.message
+    assert "dry_run: Input should be a valid boolean, got 'yes'" in cause.message
