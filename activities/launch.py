@@ -60,7 +60,7 @@ def manual_evidence(inp: RemediationInput) -> AlertEvidence:
 
 def start_summary(inp: RemediationInput, evidence: AlertEvidence | None = None) -> str:
     """The Web UI list view's one-line summary of a remediation, fixed at its start."""
-    what = inp.trigger
+    what: str = inp.trigger
     if evidence is not None and evidence.xid is not None:
         what += f" Xid {evidence.xid}"
     elif evidence is not None and evidence.alertname and inp.trigger == "alert":
