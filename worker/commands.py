@@ -128,8 +128,15 @@ def ui_url(settings: Any) -> str | None:
         return str(settings.temporal_ui_url).rstrip("/") or None
     from worker.demo import _default_state_dir, _live_stack
 
+    def same(address: str) -> str:
+        return address.replace("localhost:", "127.0.0.1:", 1)
+
     info = _live_stack(_default_state_dir())
-    if info and info.get("ui_url") and info.get("temporal_address") == settings.temporal_address:
+    if (
+        info
+        and info.get("ui_url")
+        and same(str(info.get("temporal_address"))) == same(settings.temporal_address)
+    ):
         return str(info["ui_url"]).rstrip("/")
     return None
 

@@ -257,3 +257,24 @@ async def test_launch_sets_static_summary_details_and_memo(
     assert (
         memo["device"] == device and memo["trigger"] == "manual" and memo["runbook"] == "inference"
     )
+
+
+def test_ui_url_comes_from_the_running_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sickbay up` moved the UI off 8233: the CLI links to where it really is, for the stack
+    on this Temporal address only (localhost and 127.0.0.1 are the same address)."""
+    import os
+
+    from worker.commands import ui_url
+    from worker.settings import Settings
+
+    monkeypatch.setenv("SICKBAY_STATE_DIR", str(tmp_path))
+    monkeypatch.delenv("SICKBAY_TEMPORAL_UI_URL", raising=False)
+    stack = {"pgid": os.getpgrp(), "ui_url": "http://localhost:28233", "temporal_address": ""}
+    stack["temporal_address"] = "127.0.0.1:7233"
+    (tmp_path / "stack.json").write_text(json.dumps(stack))
+    assert ui_url(Settings(temporal_address="localhost:7233")) == "http://localhost:28233"
+    assert ui_url(Settings(temporal_address="127.0.0.1:17233")) is None  # another server
+    monkeypatch.setenv("SICKBAY_TEMPORAL_UI_URL", "https://temporal.example/")
+    assert ui_url(Settings(temporal_address="localhost:7233")) == "https://temporal.example"
