@@ -1147,7 +1147,8 @@ class DeviceRemediationWorkflow:
             return
         self._enter(
             Phase.AWAITING_REPLACEMENT,
-            awaiting=f"replacements Running (Pending deadline {spec.replacement.pending_deadline})",
+            awaiting="replacements Running (Pending deadline "
+            f"{format_duration(spec.replacement.pending_deadline)})",
             until=spec.replacement.pending_deadline,
             next_action="hold the device; still Pending at the deadline: "
             + ("scale up the node pool" if spec.scale_up.enabled else "escalate"),
@@ -1266,7 +1267,8 @@ class DeviceRemediationWorkflow:
             return None
         self._enter(
             Phase.SCALING,
-            awaiting=f"replacements Running (capacity deadline {policy.capacity_deadline})",
+            awaiting="replacements Running (capacity deadline "
+            f"{format_duration(policy.capacity_deadline)})",
             until=policy.capacity_deadline,
             next_action="hold the device; still Pending at the deadline: escalate",
         )
@@ -1289,9 +1291,11 @@ class DeviceRemediationWorkflow:
             PATCH_HEALTH_ONLY_RELEASE
         )
         if health_only:
-            awaiting = f"Healthy for {release.cooldown}"
+            awaiting = f"Healthy for {format_duration(release.cooldown)}"
         else:
-            awaiting = "marked repaired" + (f" or Healthy for {release.cooldown}" if auto else "")
+            awaiting = "marked repaired" + (
+                f" or Healthy for {format_duration(release.cooldown)}" if auto else ""
+            )
         self._enter(
             Phase.HOLDING,
             awaiting=awaiting,

@@ -140,8 +140,9 @@ async def _start_from_form(
     return str(await page.inner_text("body"))
 
 
-async def _run_page(page: Any, status: str) -> str:
-    """The run's page once it shows `status` (reloaded if the run closed after it loaded)."""
+async def _run_page(page: Any, status: str, shows: str = "") -> str:
+    """The run's page once it shows `status` and the text `shows` (the page loads its parts
+    one after the other; reloaded if the run closed after it loaded)."""
     from playwright.async_api import TimeoutError as PageTimeout
 
     for _ in range(3):
@@ -149,10 +150,17 @@ async def _run_page(page: Any, status: str) -> str:
             # The badge's DOM text is "Completed"/"Failed"; CSS shows it upper-case.
             badge = page.get_by_text(re.compile(f"^{status}$", re.I))
             await badge.first.wait_for(timeout=WAIT_MS / 3)
-            return str(await page.inner_text("body"))
+            for _ in range(int(WAIT_MS / 3 / 250)):
+                text = str(await page.inner_text("body"))
+                if shows in text:
+                    return text
+                await page.wait_for_timeout(250)
         except PageTimeout:
-            await page.reload()
-    raise AssertionError(f"{page.url} never showed {status}:\n{await page.inner_text('body')}")
+            pass
+        await page.reload()
+    raise AssertionError(
+        f"{page.url} never showed {status} {shows!r}:\n{await page.inner_text('body')}"
+    )
 
 
 async def test_readme_launch_from_the_form(ui_env: tuple[Any, str], page: Any) -> None:
@@ -163,7 +171,7 @@ async def test_readme_launch_from_the_form(ui_env: tuple[Any, str], page: Any) -
     queue = f"ui-{uuid.uuid4().hex[:8]}"
     async with new_worker(env.client, world, task_queue=queue):
         await _start_from_form(env.client, page, ui, wf_id, queue, json.dumps(body, indent=2))
-        text = await _run_page(page, "COMPLETED")
+        text = await _run_page(page, "COMPLETED", '"outcome": "dry-run"')
         result = await env.client.get_workflow_handle(wf_id).result()
     assert '"outcome": "dry-run"' in text
     assert result["outcome"] == "dry-run" and result["status"]["dry_run"] is True
@@ -178,6 +186,41 @@ async def test_mistyped_launch_fails_visibly(ui_env: tuple[Any, str], page: Any)
     body = {"device": {"node": world.node, "gpu_uuid": world.gpu_uuid}, "dryrun": True}
     async with new_worker(env.client, world, task_queue=queue):
         await _start_from_form(env.client, page, ui, wf_id, queue, json.dumps(body))
-        text = await _run_page(page, "FAILED")
+        text = await _run_page(page, "FAILED", "invalid input for")
     assert f"invalid input for {WF_REMEDIATE}: dryrun: unknown field" in text
     assert world.names() == []
+
+
+async def test_running_remediation_shows_current_details(
+    ui_env: tuple[Any, str], page: Any
+) -> None:
+    """The UI's *User Metadata* tab shows the current details the workflow keeps: phase, what
+    it waits for and until when, what comes next."""
+    env, ui = ui_env
+    world = FakeWorld()
+    queue = f"ui-{uuid.uuid4().hex[:8]}"
+    wf_id = f"sickbay-gpu-{world.node}-{world.gpu_uuid.lower()}"
+    body = {
+        "device": {"node": world.node, "gpu_uuid": world.gpu_uuid},
+        "alerts": [{"source": "alertmanager", "alertname": "GpuXidError", "xid": 79}],
+        "requested_by": "alice",
+    }
+    async with new_worker(env.client, world, task_queue=queue):
+        await _start_from_form(env.client, page, ui, wf_id, queue, json.dumps(body))
+        await _run_page(page, "RUNNING")
+        await page.get_by_text("User Metadata", exact=True).click()
+        shown = ""
+        for _ in range(int(WAIT_MS / 500)):
+            # The details are rendered as markdown, in a frame of their own.
+            texts = [await f.locator("body").inner_text() for f in page.frames]
+            shown = "\n".join(texts)
+            if "waiting for: marked repaired" in shown:
+                break
+            await page.keyboard.press("r")  # the tab's own refresh key
+            await page.wait_for_timeout(500)
+        handle = env.client.get_workflow_handle(wf_id)
+        await handle.signal("abort", {"reason": "test done", "actor": "t"})
+        await handle.result()
+    assert "holding" in shown and f"device {world.node}/{world.gpu_uuid}" in shown, shown
+    assert "waiting for: marked repaired or Healthy for 30m until" in shown, shown
+    assert "next: check the device’s health" in shown, shown  # the markdown's typographic ’
