@@ -36,6 +36,7 @@ from workflows.models import CapacityResult, ReplacementReport
 
 pytestmark = pytest.mark.devserver
 
+README = Path(__file__).resolve().parents[2] / "README.md"
 DEADLINE_S = 60.0  # generous: every wait below ends in well under a second when healthy
 
 
@@ -208,6 +209,19 @@ async def test_status_shows_escalation_and_aligns(
 
     row_json = await _eventually(closed_row, "status --all shows the aborted outcome")
     assert row_json["escalation"] == "no-capacity" and row_json["phase"] == "closed"
+
+    # The README's list-view queries for escalated incidents find it.
+    readme = README.read_text()
+    assert "`SickbayEscalation IS NOT NULL`" in readme
+    for query in (
+        f"WorkflowType = '{WF_REMEDIATE}' AND SickbayEscalation IS NOT NULL",
+        f"WorkflowType = '{WF_REMEDIATE}' AND SickbayOutcome = 'aborted'",
+    ):
+
+        async def found(q: str = query) -> bool:
+            return any([wf.id == wf_id async for wf in client.list_workflows(q)])
+
+        await _eventually(found, f"the list view query {query!r} finds the incident")
 
 
 async def test_launch_without_known_ui_prints_no_guess(
