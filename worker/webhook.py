@@ -84,7 +84,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.launch import signal_with_start
 from worker.alerts import (
+    DEFAULT_ALERT_CLASSES,
     DEFAULT_ALERT_NAMES,
+    DEFAULT_NODE_LABELS,
+    AlertKind,
     AlertMapping,
     AmPayload,
     MappedAlert,
@@ -146,7 +149,10 @@ class WebhookSettings(BaseSettings):
     webhook_spool_retry_seconds: float = Field(default=2.0, gt=0)
     # Mapping alert labels to a device (defaults: dcgm-exporter, deploy/prometheus-rules.yaml)
     alert_names: StrList = Field(default_factory=lambda: list(DEFAULT_ALERT_NAMES))
-    alert_node_labels: StrList = Field(default_factory=lambda: ["Hostname"])
+    # Your own alert names -> failure class (or `xid`), JSON: {"MyGpuDead": "unhealthy"};
+    # merged over the shipped rules' classes, and accepted like `alert_names`.
+    alert_classes: dict[str, AlertKind] = Field(default_factory=dict)
+    alert_node_labels: StrList = Field(default_factory=lambda: list(DEFAULT_NODE_LABELS))
     alert_uuid_labels: StrList = Field(default_factory=lambda: ["UUID"])
     alert_index_labels: StrList = Field(default_factory=lambda: ["gpu"])
     alert_model_labels: StrList = Field(default_factory=lambda: ["modelName"])
@@ -173,7 +179,8 @@ class WebhookSettings(BaseSettings):
 
     def mapping(self) -> AlertMapping:
         return AlertMapping(
-            alert_names=frozenset(self.alert_names),
+            alert_names=frozenset(self.alert_names) | frozenset(self.alert_classes),
+            alert_classes={**DEFAULT_ALERT_CLASSES, **self.alert_classes},
             node_labels=tuple(self.alert_node_labels),
             uuid_labels=tuple(self.alert_uuid_labels),
             index_labels=tuple(self.alert_index_labels),

@@ -220,6 +220,9 @@ class AlertEvidence(Contract):
     summary: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
     pod: PodRef | None = None  # dcgm-exporter's pod mapping, when present
+    # The class the alert itself stands for (its rule: ECC double-bit -> unhealthy, NVLink ->
+    # degraded, ...); None: classified by `xid`. Never derived from a counter's value.
+    failure_class: FailureClass | None = None
 
 
 class AlertResolved(Contract):
