@@ -79,7 +79,7 @@ from prometheus_client import (
 )
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.launch import signal_with_start
@@ -98,7 +98,7 @@ from worker.settings import Settings
 from worker.spool import Spool
 from worker.temporal import connect, ensure_search_attributes
 from workflows.constants import SIG_ALERT_RESOLVED
-from workflows.models import RemediationInput
+from workflows.models import HandledAlert, RemediationInput, RemediationResult, instance_key
 
 log = logging.getLogger(__name__)
 
@@ -334,9 +334,16 @@ SPOOL_GIVE_UP = 5
 # While Temporal stays unreachable, the redelivery rounds (every few seconds) say so at most
 # this often; the first round that reaches it again says so once.
 SPOOL_WAIT_LOG_SECONDS = 60.0
+# Result of a firing alert whose instance (fingerprint + startsAt) the device's last, closed
+# run already handled: no new run, no page, no quarantine (decided from that run's result).
+ALREADY_HANDLED = "already-handled"
 # Results worth remembering: Temporal recorded the alert. "resolved-no-workflow" is not: a
 # workflow may start in the meantime, and asking again is cheap.
-CACHEABLE = frozenset({"started", "signalled", "resolved-signalled"})
+CACHEABLE = frozenset({"started", "signalled", "resolved-signalled", ALREADY_HANDLED})
+
+
+def _instance(m: MappedAlert) -> tuple[str, str]:
+    return instance_key(m.fingerprint, m.starts_at)
 
 
 class RecentDeliveries:
@@ -738,14 +745,27 @@ class AlertService:
             if firing:
                 self.metrics.call_alerts.observe(len(firing))
                 try:
-                    result = await self._fire(client, [d.alert for d in firing])
+                    handled = await self._handled_before(client, firing[0].alert.workflow_id)
+                    done = {h.key() for h in handled}
+                    repeats = [d for d in firing if _instance(d.alert) in done]
+                    fresh = [d for d in firing if _instance(d.alert) not in done]
+                    result = (
+                        await self._fire(client, [d.alert for d in fresh], handled)
+                        if fresh
+                        else None
+                    )
                 except Exception as exc:
                     for d in firing:
                         d.call.set_exception(exc)
                 else:
-                    self.metrics.workflows.labels(result).inc()
-                    for i, d in enumerate(firing):  # the first one started it, if this did
-                        d.call.set_result(result if i == 0 else "signalled")
+                    if repeats:
+                        self.metrics.workflows.labels(ALREADY_HANDLED).inc(len(repeats))
+                    for d in repeats:
+                        d.call.set_result(ALREADY_HANDLED)
+                    if result is not None:
+                        self.metrics.workflows.labels(result).inc()
+                    for i, d in enumerate(fresh):  # the first one started it, if this did
+                        d.call.set_result(result if i == 0 and result else "signalled")
                 finally:
                     self.metrics.call_latency.observe(time.perf_counter() - queued_at)
             for d in live:
@@ -949,8 +969,36 @@ class AlertService:
         # reported), not hold its workflow's lane until the connection's keepalive gives up.
         return timedelta(seconds=self.webhook.webhook_temporal_timeout)
 
-    async def _fire(self, client: Client, alerts: Sequence[MappedAlert]) -> str:
-        """One signal-with-start carrying every firing alert in `alerts` (one workflow)."""
+    async def _handled_before(self, client: Client, workflow_id: str) -> list[HandledAlert]:
+        """The alert instances the device's last run handled, when that run is closed (a
+        running one de-duplicates its own evidence). Asked of Temporal, not of this process's
+        memory, so every webhook replica and restart answers the same. A run that closed
+        without a result (terminated, failed) lists nothing: its alerts may start a new one."""
+        handle = client.get_workflow_handle(workflow_id)
+        self.metrics.temporal_calls.labels("describe").inc()
+        try:
+            desc = await handle.describe(rpc_timeout=self._rpc_timeout)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:  # never ran (or its history expired)
+                return []
+            raise
+        if desc.status != WorkflowExecutionStatus.COMPLETED:
+            return []
+        last = client.get_workflow_handle(
+            workflow_id, run_id=desc.run_id, result_type=RemediationResult
+        )
+        self.metrics.temporal_calls.labels("result").inc()
+        result = await last.result(follow_runs=False, rpc_timeout=self._rpc_timeout)
+        return list(result.handled_alerts)
+
+    async def _fire(
+        self,
+        client: Client,
+        alerts: Sequence[MappedAlert],
+        handled: Sequence[HandledAlert] = (),
+    ) -> str:
+        """One signal-with-start carrying every firing alert in `alerts` (one workflow);
+        `handled`: what the closed run before handled (a new run carries it on)."""
         m = alerts[0]
         assert all(a.evidence is not None for a in alerts)
         inp = RemediationInput(
@@ -958,6 +1006,7 @@ class AlertService:
             trigger="alert",
             requested_by="alertmanager",
             reason=m.evidence.summary or m.evidence.alertname if m.evidence else "",
+            handled_before=list(handled),
         )
         # Every firing delivery is a signal-with-start (USE_EXISTING): a plain signal would
         # fail if the run closed since the previous one, and costs the server the same.
@@ -1007,6 +1056,7 @@ class AlertService:
             "resolved_signalled": out.counts.get("resolved-signalled", 0),
             "resolved_no_workflow": out.counts.get("resolved-no-workflow", 0),
             "duplicates": out.counts.get(DUPLICATE, 0),
+            "already_handled": out.counts.get(ALREADY_HANDLED, 0),
             "queued": out.counts.get(QUEUED, 0),
             "unmatched": sorted(out.unmatched, key=lambda u: u["index"]),
             "failed": sorted(out.failed, key=lambda f: f["index"]),

@@ -13,7 +13,7 @@ through `temporalio.contrib.pydantic.pydantic_data_converter`. Rules:
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -225,6 +225,25 @@ class AlertEvidence(Contract):
     failure_class: FailureClass | None = None
 
 
+class HandledAlert(Contract):
+    """One Alertmanager alert instance a run handled: its fingerprint and startsAt (constant
+    over one firing episode; a new firing after resolution gets a new startsAt)."""
+
+    fingerprint: str
+    starts_at: datetime | None = None
+
+    def key(self) -> tuple[str, str]:
+        return instance_key(self.fingerprint, self.starts_at)
+
+
+def instance_key(fingerprint: str, starts_at: datetime | None) -> tuple[str, str]:
+    """(fingerprint, startsAt in UTC): one instant is one key, whatever offset it came in."""
+    if starts_at is None:
+        return (fingerprint, "")
+    at = starts_at.astimezone(UTC) if starts_at.tzinfo is not None else starts_at
+    return (fingerprint, at.isoformat())
+
+
 class AlertResolved(Contract):
     fingerprint: str = ""
     alertname: str = ""
@@ -289,6 +308,9 @@ class RemediationInput(Contract):
     reason: str = ""
     # Set only by the workflow itself when it continues-as-new during a long hold.
     resume: RemediationCarry | None = None
+    # Alert instances an earlier run of this device handled (the webhook reads them from that
+    # run's result): never evidence again, and listed in this run's result too.
+    handled_before: list[HandledAlert] = Field(default_factory=list)
 
 
 class MaintenanceInput(Contract):
@@ -479,6 +501,9 @@ class RemediationResult(Contract):
     reason: str = ""
     status: RemediationStatus
     timeline: list[TimelineEntry] = Field(default_factory=list)
+    # Alertmanager alert instances this run (and the ones before it) handled: a repeat of one
+    # of them never starts another run (the webhook answers `already-handled`).
+    handled_alerts: list[HandledAlert] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------

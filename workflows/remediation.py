@@ -121,6 +121,7 @@ with workflow.unsafe.imports_passed_through():
         Evidence,
         EvidenceInput,
         FindConsumersInput,
+        HandledAlert,
         HealthResult,
         Incident,
         LaunchRequest,
@@ -150,6 +151,7 @@ with workflow.unsafe.imports_passed_through():
         TimelineEntry,
         WaitEvictionInput,
         WaitReplacementInput,
+        instance_key,
     )
     from workflows.runbook_match import DEFAULT_RUNBOOK, builtin_default, select_runbook
 
@@ -281,6 +283,10 @@ def _error_type(err: BaseException) -> str | None:
 # alert -> rule p50 61 -> 44 ms). Determinism is kept the same ways as before: the module
 # imports only stdlib, temporalio and the contract (lint-imports), time/ids/randomness come
 # from workflow.now()/uuid4(), and the recorded histories replay (tests/workflows/test_replay).
+# A result lists at most this many handled alert instances (they add up over a GPU's runs).
+MAX_HANDLED_ALERTS = 500
+
+
 @workflow.defn(name=WF_REMEDIATE, sandboxed=False)
 class DeviceRemediationWorkflow:
     @workflow.init
@@ -422,7 +428,11 @@ class DeviceRemediationWorkflow:
         ).add(1)
         await workflow.wait_condition(workflow.all_handlers_finished)
         return RemediationResult(
-            outcome=outcome, reason=reason, status=self._status, timeline=self._timeline
+            outcome=outcome,
+            reason=reason,
+            status=self._status,
+            timeline=self._timeline,
+            handled_alerts=self._handled_alerts(),
         )
 
     async def _guarded(self) -> tuple[Outcome, str]:
@@ -1452,7 +1462,21 @@ class DeviceRemediationWorkflow:
                 seen.setdefault((owner.kind, owner.namespace, owner.name), owner)
         return list(seen.values())
 
+    def _handled_alerts(self) -> list[HandledAlert]:
+        """Alertmanager alert instances this run and the ones before it handled."""
+        seen: dict[tuple[str, str], HandledAlert] = {h.key(): h for h in self._inp.handled_before}
+        for a in self._alerts:
+            if a.source == "alertmanager" and a.fingerprint:
+                h = HandledAlert(fingerprint=a.fingerprint, starts_at=a.starts_at)
+                seen.setdefault(h.key(), h)
+        return list(seen.values())[-MAX_HANDLED_ALERTS:]  # newest last: the oldest go first
+
     def _add_alerts(self, alerts: list[AlertEvidence], initial: bool = False) -> None:
+        before = {h.key() for h in self._inp.handled_before}
+        if before:  # an earlier run handled these: repeats, not evidence
+            fresh = [a for a in alerts if instance_key(a.fingerprint, a.starts_at) not in before]
+            self._status.duplicate_alerts += len(alerts) - len(fresh)
+            alerts = fresh
         merged, added = merge_evidence(self._alerts, alerts)
         self._alerts = merged
         self._status.alerts = len(merged)

@@ -232,6 +232,37 @@ async def test_application_xid_does_not_taint(time_skipping_env: WorkflowEnviron
     assert [n.channel for n in notes] == ["pagerduty"] and notes[0].incident.severity == "warning"
 
 
+async def test_result_lists_the_alert_instances_it_handled(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """The closed run's result says which Alertmanager alert instances (fingerprint +
+    startsAt) it handled, including the ones an earlier run handled (`handled_before`, which
+    are not new evidence): what the webhook asks Temporal before starting another run."""
+    from workflows.models import HandledAlert
+
+    client = time_skipping_env.client
+    world = FakeWorld(health="Healthy")
+    at = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+    older = HandledAlert(fingerprint="fp-ecc", starts_at=at - timedelta(hours=1))
+    async with new_worker(client, world) as worker:
+        handle = await start(
+            client,
+            worker,
+            world,
+            alerts=[
+                xid_alert(13, "fp-13", starts_at=at),
+                # Already handled by the previous run: not evidence again.
+                xid_alert(79, "fp-ecc", starts_at=older.starts_at),
+            ],
+            handled_before=[older],
+        )
+        result = await handle.result()
+    assert result.status.failure_class == "application"  # the handled Xid 79 did not count
+    assert result.status.alerts == 1
+    keys = {(h.fingerprint, h.starts_at) for h in result.handled_alerts}
+    assert keys == {("fp-13", at), ("fp-ecc", older.starts_at)}
+
+
 async def test_unhealthy_status_overrides_application_xid(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
