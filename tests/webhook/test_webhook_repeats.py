@@ -22,9 +22,9 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from tests.webhook.helpers import TOKEN, auth, count_runs, payload, serve, settings_for, xid_alert
-from tests.workflows.fakes import FakeWorld, new_worker
+from tests.workflows.fakes import FakeWorld, new_worker, wait_phase
 from workflows.constants import ACT_NOTIFY, ACT_QUARANTINE, SIG_REPAIRED, device_workflow_id
-from workflows.models import RemediationResult, RepairedRequest
+from workflows.models import Phase, RemediationResult, RepairedRequest
 
 pytestmark = pytest.mark.devserver
 
@@ -87,15 +87,15 @@ async def test_ecc_repeat_after_repaired_does_not_requarantine(
     alert["labels"]["alertname"] = "SickbayGpuEccDoubleBitError"
     del alert["labels"]["err_code"]
     alert["annotations"]["value"] = "2.0028987341772155"
-    async with new_worker(client, world) as worker, serve(app_for(dev_env, worker.task_queue)) as url:
+    async with (
+        new_worker(client, world) as worker,
+        serve(app_for(dev_env, worker.task_queue)) as url,
+    ):
         assert (await post(url, alert))["started"] == 1
         handle = client.get_workflow_handle(wid, result_type=RemediationResult)
         # Quarantined and holding: a person marks it repaired, the run closes.
-        import asyncio
-
-        async with asyncio.timeout(60):
-            while ACT_QUARANTINE not in world.names():
-                await asyncio.sleep(0.05)
+        await wait_phase(handle, Phase.HOLDING, attempts=3000)
+        assert ACT_QUARANTINE in world.names()
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="test"))
         result = await handle.result()
         assert result.status.failure_class == "unhealthy"
