@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -206,6 +207,20 @@ def parse_xid(text: str) -> int | None:
     return int(value)
 
 
+# A float as Prometheus prints `{{ $value }}` (2.0028987341772155), standing alone: not part
+# of a word, a version or an id (GPU-1.23456).
+_LONG_FIGURE = re.compile(r"(?<![\w.-])(\d+\.\d{3,})(?![\w.])")
+
+
+def tidy_figures(text: str) -> str:
+    """Long floats in a summary -> at most two decimals (`2.0028987341772155` -> `2`)."""
+
+    def short(m: re.Match[str]) -> str:
+        return f"{float(m.group(1)):.2f}".rstrip("0").rstrip(".")
+
+    return _LONG_FIGURE.sub(short, text)
+
+
 def alert_fingerprint(alert: AmAlert) -> str:
     """Alertmanager's fingerprint, or a stable hash of the labels when a sender omits it, so
     the workflow can still de-duplicate repeated notifications."""
@@ -282,7 +297,9 @@ def map_alert(
         if pod_name and namespace:
             pod = PodRef(namespace=namespace, name=pod_name)
             break
-    summary = alert.annotations.get("summary") or alert.annotations.get("description") or ""
+    summary = tidy_figures(
+        alert.annotations.get("summary") or alert.annotations.get("description") or ""
+    )
     kept = dict(sorted(labels.items())[:MAX_EVIDENCE_LABELS])
     model = _first(labels, mapping.model_labels)
     if model:

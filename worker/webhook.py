@@ -599,29 +599,28 @@ class AlertService:
             reasons = {f["reason"] for f in out.failed}
             transient = reasons & {"temporal-unavailable", "temporal-timeout"}
             code = 503 if transient else 502
-        # One INFO line per notification that changed something or was not fully handled;
-        # plain repeats (signals only) at DEBUG, so a storm of repeats does not flood the log.
-        level = (
-            logging.INFO
-            if out.counts.get("started") or out.unmatched or out.failed
-            else logging.DEBUG
-        )
+        # One summary line per notification, also one that held only duplicates or signals
+        # (what Alertmanager sent is always visible); WARNING when some alerts were not used.
+        level = logging.WARNING if out.unmatched or out.failed else logging.INFO
         log.log(
             level,
             "notification %s: %d alerts, %d started, %d signalled, %d resolved, "
-            "%d duplicates, %d spooled, %d unmatched, %d failed%s -> %d",
+            "%d duplicates, %d already handled, %d spooled, %d unmatched, %d failed%s -> %d",
             payload.group_key or "-",
             len(payload.alerts),
             out.counts.get("started", 0),
             out.counts.get("signalled", 0),
             out.counts.get("resolved-signalled", 0),
             out.counts.get(DUPLICATE, 0),
+            out.counts.get(ALREADY_HANDLED, 0),
             out.counts.get(QUEUED, 0),
             len(out.unmatched),
             len(out.failed),
             f" ({', '.join(sorted({f['reason'] for f in out.failed}))})" if out.failed else "",
             code,
         )
+        if out.unmatched:
+            _warn_unmatched(payload, out.unmatched)
         status = "ok" if code == 200 else "some alerts were not accepted by Temporal"
         return code, self._body(out, payload, status)
 
@@ -1065,6 +1064,31 @@ class AlertService:
         }
 
 
+# At most this many unusable alerts are spelled out per notification (the rest are counted).
+UNMATCHED_LOG_EXAMPLES = 3
+
+
+def _warn_unmatched(payload: AmPayload, unmatched: list[dict[str, Any]]) -> None:
+    """Alerts Sickbay cannot use are said loudly: by reason, with examples."""
+    by_reason: dict[str, list[dict[str, Any]]] = {}
+    for u in sorted(unmatched, key=lambda u: u["index"]):
+        by_reason.setdefault(u["reason"], []).append(u)
+    for reason, items in sorted(by_reason.items()):
+        examples = "; ".join(
+            f"{u['alertname'] or '(no alertname)'} ({u['fingerprint']}): {u['detail']}"
+            for u in items[:UNMATCHED_LOG_EXAMPLES]
+        )
+        more = len(items) - UNMATCHED_LOG_EXAMPLES
+        log.warning(
+            "notification %s: %d alert(s) not used, %s: %s%s",
+            payload.group_key or "-",
+            len(items),
+            reason,
+            examples,
+            f" (+{more} more)" if more > 0 else "",
+        )
+
+
 def _unmapped_json(u: Unmapped) -> dict[str, Any]:
     return {
         "index": u.index,
@@ -1129,6 +1153,37 @@ class TokenSource:
             except RuntimeError as exc:  # mid-write or emptied: keep the last good token
                 log.warning("%s; keeping the previous token", exc)
         return self._token
+
+
+# A wrong token is said at most once per this many seconds (Alertmanager retries every flush).
+UNAUTHORIZED_LOG_SECONDS = 60.0
+
+
+class _Unauthorized:
+    """Logs refused notifications (401), rate-limited: the first at once, then at most one
+    line per UNAUTHORIZED_LOG_SECONDS with how many were refused meanwhile. Never the token."""
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+        self._quiet = 0
+
+    def note(self, request: Request) -> None:
+        now = time.monotonic()
+        if self._last is not None and now - self._last < UNAUTHORIZED_LOG_SECONDS:
+            self._quiet += 1
+            return
+        header = request.headers.get("authorization", "")
+        scheme = header.partition(" ")[0] or "no Authorization header"
+        peer = request.client.host if request.client else "unknown"
+        since = f" ({self._quiet} more since the last line)" if self._quiet else ""
+        log.warning(
+            "refused a notification from %s with 401: missing or wrong bearer token (%s); "
+            "check the receiver's credentials_file%s",
+            peer,
+            scheme,
+            since,
+        )
+        self._last, self._quiet = now, 0
 
 
 def _authorized(request: Request, token: bytes | None) -> bool:
@@ -1210,6 +1265,8 @@ def create_app(
     )
     app.state.service = service
 
+    unauthorized = _Unauthorized()
+
     def reply(code: int, body: dict[str, Any], reason: str | None = None) -> JSONResponse:
         metrics.requests.labels(str(code)).inc()
         if reason:
@@ -1222,6 +1279,7 @@ def create_app(
         started = time.perf_counter()
         try:
             if not _authorized(request, tokens.current()):
+                unauthorized.note(request)
                 return reply(401, {"error": "missing or wrong bearer token"}, "unauthorized")
             try:
                 raw = await _read_body(request, wh.webhook_max_body_bytes)

@@ -273,6 +273,15 @@ def _error_text(err: BaseException) -> str:
     return str(err)
 
 
+def _gave_up(err: BaseException) -> str:
+    """Why a notification was given up: a permanent error (configuration, rejected) is tried
+    once, not NOTIFY_RETRY's six times, and the timeline says so."""
+    cause = err.cause if isinstance(err, ActivityError) else err
+    if isinstance(cause, ApplicationError) and cause.non_retryable:
+        return f"not retried: {_error_text(err)}"
+    return f"gave up after {NOTIFY_RETRY.maximum_attempts} tries: {_error_text(err)}"
+
+
 def _error_type(err: BaseException) -> str | None:
     cause = err.cause if isinstance(err, ActivityError) else err
     return cause.type if isinstance(cause, ApplicationError) else None
@@ -1430,12 +1439,7 @@ class DeviceRemediationWorkflow:
                     interruptible=False,
                 )
             except ACTIVITY_FAILED as err:
-                self._log(
-                    f"notify {channel} ({action})",
-                    outcome="failed",
-                    reason=f"gave up after {NOTIFY_RETRY.maximum_attempts} tries: "
-                    f"{_error_text(err)}",
-                )
+                self._log(f"notify {channel} ({action})", outcome="failed", reason=_gave_up(err))
                 continue
             tries = getattr(result, "attempt", 1)
             earlier = getattr(result, "earlier_failures", [])

@@ -246,3 +246,19 @@ def test_node_label_either_spelling(label: str) -> None:
         "Hostname",
         "hostname",
     )
+
+
+def test_figures_in_summaries_are_formatted() -> None:
+    """A rule without printf puts the raw float into its summary; Sickbay's text does not."""
+    alert = named("SickbayGpuEccDoubleBitError", "2.0028987341772155")
+    raw = alert.model_dump(by_alias=True)
+    raw["annotations"]["summary"] = (
+        "GPU 3 on gpu-node-1: 2.0028987341772155 uncorrectable ECC errors in 10m, "
+        "8.888888888888888 NVLink errors, link 1.5, Xid 79, UUID GPU-1.23456"
+    )
+    got = map_alert(0, AmAlert.model_validate(raw), AlertMapping())
+    assert isinstance(got, MappedAlert) and got.evidence is not None
+    assert got.evidence.summary == (
+        "GPU 3 on gpu-node-1: 2 uncorrectable ECC errors in 10m, 8.89 NVLink errors, "
+        "link 1.5, Xid 79, UUID GPU-1.23456"
+    )

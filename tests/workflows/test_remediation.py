@@ -754,6 +754,48 @@ async def test_failing_channel_retried_and_recorded(time_skipping_env: WorkflowE
     assert delivered[-1].outcome == "delivered (try 3)"
 
 
+async def test_channel_configuration_error_is_not_retried(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """A channel that is not configured fails once; the timeline says it was not retried
+    (not "gave up after 6 tries")."""
+    from temporalio import activity as act
+
+    from workflows.constants import ERR_CONFIG
+
+    client = time_skipping_env.client
+    world = FakeWorld(health="Healthy")
+    tries: list[int] = []
+
+    @act.defn(name=ACT_NOTIFY)
+    async def unconfigured(req: object) -> None:
+        tries.append(act.info().attempt)
+        raise ApplicationError(
+            "notification channel 'pagerduty' is not configured on this worker",
+            type=ERR_CONFIG,
+            non_retryable=True,
+        )
+
+    from temporalio.worker import Worker
+
+    from workflows.budget import BudgetWorkflow
+    from workflows.remediation import DeviceRemediationWorkflow
+
+    async with Worker(
+        client,
+        task_queue="tq-unconfigured-channel",
+        workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
+        activities=world.activities(unconfigured),
+    ) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(13, "fp-13")])
+        result = await handle.result()
+    assert tries == [1]
+    failed = [e for e in result.timeline if e.action.startswith("notify pagerduty")]
+    assert failed and failed[-1].outcome == "failed"
+    assert "not retried" in failed[-1].reason and "6 tries" not in failed[-1].reason
+    assert "ConfigurationError" in failed[-1].reason
+
+
 async def test_non_retryable_quarantine_error_escalates(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
