@@ -390,6 +390,64 @@ class BudgetState(Contract):
     max_updates_per_run: int = Field(default=500, ge=1)  # continue-as-new after this many
 
 
+class RejectedAlerts(Contract):
+    """Alerts a webhook process could not use since its last report (signal `rejected`)."""
+
+    at: datetime
+    counts: dict[str, int] = Field(default_factory=dict)  # reason -> alerts
+    examples: dict[str, list[str]] = Field(default_factory=dict)  # reason -> a few, in words
+
+
+class RejectionCount(Contract):
+    reason: str
+    count: int = 0
+    first_at: datetime
+    last_at: datetime
+    examples: list[str] = Field(default_factory=list)  # the latest few
+
+
+class EscalationClaim(Contract):
+    """A remediation asking to page for a cause on a node (unresolvable devices): the first
+    in `window` pages, the others are told who did."""
+
+    cause: str
+    node: str
+    holder: str  # the asking workflow's id
+    window: Duration = timedelta(minutes=30)
+    detail: str = ""
+
+
+class EscalationClaimRecord(Contract):
+    cause: str
+    node: str
+    holder: str
+    at: datetime
+    window: Duration = timedelta(minutes=30)
+    suppressed: int = 0
+    detail: str = ""
+
+
+class EscalationClaimResult(Contract):
+    granted: bool
+    holder: str = ""  # who pages (this caller when granted)
+    since: datetime | None = None
+    suppressed: int = 0  # pages not sent for this cause and node in the window so far
+
+
+class RejectionsState(Contract):
+    """Input of `sickbay-rejections` and its continue-as-new state."""
+
+    reasons: list[RejectionCount] = Field(default_factory=list)
+    claims: list[EscalationClaimRecord] = Field(default_factory=list)
+    keep: Duration = timedelta(hours=24)  # a reason not seen for this long is forgotten
+    max_events_per_run: int = Field(default=1000, ge=1)
+
+
+class RejectionsSummary(Contract):
+    reasons: list[RejectionCount] = Field(default_factory=list)
+    claims: list[EscalationClaimRecord] = Field(default_factory=list)
+
+
 class ReconcileLeasesInput(Contract):
     holders: list[str] = Field(default_factory=list)
 

@@ -64,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.constants import (
         ACT_ACQUIRE_BUDGET,
         ACT_CHECK_HEALTH,
+        ACT_CLAIM_ESCALATION,
         ACT_COUNT_DEVICES,
         ACT_EVICT_PODS,
         ACT_FIND_CONSUMERS,
@@ -80,6 +81,7 @@ with workflow.unsafe.imports_passed_through():
         ACT_SIGNAL_WITH_START,
         ACT_WAIT_EVICTION,
         ACT_WAIT_REPLACEMENT,
+        ERR_DEVICE_NOT_FOUND,
         ERR_POOL_AT_MAX,
         QRY_STATUS,
         QRY_TIMELINE,
@@ -113,6 +115,8 @@ with workflow.unsafe.imports_passed_through():
         ConsumersResult,
         CountDevicesInput,
         DeviceCounts,
+        EscalationClaim,
+        EscalationClaimResult,
         EscalationReason,
         EventTarget,
         EvictionReport,
@@ -220,6 +224,12 @@ NOTIFY_RETRY = RetryPolicy(
     maximum_interval=timedelta(minutes=3),
     maximum_attempts=6,
 )
+# Alerts about devices the cluster does not have: one page per node per window, whatever the
+# number of made-up UUIDs (the rejections workflow keeps count). Its update answers in
+# milliseconds; 3 tries, then this run pages rather than stay silent.
+UNRESOLVABLE_PAGE_WINDOW = timedelta(minutes=30)
+CLAIM_TIMEOUT = timedelta(seconds=10)
+CLAIM_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
 # Patch: independent confirm steps (and the budget lease) run concurrently.
 PATCH_CONCURRENT_CONFIRM = "concurrent-confirm"
 PATCH_HEALTH_ONLY_RELEASE = "healthy-cooldown-needs-health"
@@ -450,6 +460,11 @@ class DeviceRemediationWorkflow:
             return await self._remediate()
         except ACTIVITY_FAILED as err:
             why = f"step failed: {_error_text(err)}"
+            paged = await self._paged_elsewhere(err, why)
+            if paged is not None:  # this node's same cause was paged: say who, page nobody
+                self._status.escalation_reason = "error"
+                self._log("escalation not sent", reason=paged)
+                raise _Done("escalated", f"{why}; {paged}") from err
             await self._escalate("error", why)
             if self._quarantine is not None:
                 return await self._hold_and_release()
@@ -1465,6 +1480,40 @@ class DeviceRemediationWorkflow:
             if owner is not None:
                 seen.setdefault((owner.kind, owner.namespace, owner.name), owner)
         return list(seen.values())
+
+    async def _paged_elsewhere(self, err: BaseException, why: str) -> str | None:
+        """For an alert about a device the cluster does not have (made up, or gone): None when
+        this run pages, else who already paged for that on this node within the window. Asked
+        of the rejections workflow; when it cannot answer, this run pages (loud, not lost)."""
+        if _error_type(err) != ERR_DEVICE_NOT_FOUND or self._inp.trigger != "alert":
+            return None
+        node = self._inp.device.node or "-"
+        claim = EscalationClaim(
+            cause="device-not-found",
+            node=node,
+            holder=workflow.info().workflow_id,
+            window=UNRESOLVABLE_PAGE_WINDOW,
+            detail=why[:300],
+        )
+        try:
+            got = await self._activity(
+                ACT_CLAIM_ESCALATION,
+                claim,
+                EscalationClaimResult,
+                start_to_close=CLAIM_TIMEOUT,
+                retry=CLAIM_RETRY,
+                interruptible=False,
+            )
+        except ACTIVITY_FAILED as claim_err:
+            self._log("escalation claim failed", reason=_error_text(claim_err))
+            return None
+        if got.granted:
+            return None
+        since = got.since.isoformat() if got.since else "earlier"
+        return (
+            f"not paged: {got.holder} paged for device-not-found on node {node} at {since} "
+            f"({got.suppressed} such alerts since, within {UNRESOLVABLE_PAGE_WINDOW})"
+        )
 
     def _handled_alerts(self) -> list[HandledAlert]:
         """Alertmanager alert instances this run and the ones before it handled."""

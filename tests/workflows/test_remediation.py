@@ -37,6 +37,7 @@ Cases (one per branch of the procedure):
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -1022,6 +1023,80 @@ async def test_unknown_device_escalates_with_default_runbook(
     assert result.outcome == "escalated" and "DeviceNotFound" in result.reason
     assert [n.channel for n in world.args(ACT_NOTIFY)] == ["pagerduty"]  # default's channel
     assert ACT_QUARANTINE not in world.names()
+
+
+async def test_made_up_devices_page_once_per_node(time_skipping_env: WorkflowEnvironment) -> None:
+    """Alerts naming GPUs the cluster does not have (5,000 fabricated UUIDs paged 5,000 times):
+    the first remediation of a node pages, the others say who did and page nobody; the
+    rejections workflow counts them. Another node pages once for itself; a person's launch
+    always pages."""
+    from temporalio import activity as act
+    from temporalio.worker import Worker
+
+    from activities.launch import LaunchActivities
+    from workflows.budget import BudgetWorkflow
+    from workflows.constants import (
+        ACT_RESOLVE_DEVICE,
+        ERR_DEVICE_NOT_FOUND,
+        QRY_REJECTIONS,
+        WF_REMEDIATE,
+        device_workflow_id,
+        rejections_workflow_id,
+    )
+    from workflows.models import DeviceRef, RejectionsSummary, RemediationInput, RemediationResult
+    from workflows.rejections import RejectionsWorkflow
+    from workflows.remediation import DeviceRemediationWorkflow
+
+    client = time_skipping_env.client
+    world = FakeWorld()
+    queue = f"tq-made-up-{uuid.uuid4().hex[:6]}"
+
+    @act.defn(name=ACT_RESOLVE_DEVICE)
+    async def not_found(req: object) -> None:
+        raise ApplicationError(
+            "no ResourceSlice device has that uuid", type=ERR_DEVICE_NOT_FOUND, non_retryable=True
+        )
+
+    claims = LaunchActivities(client, queue)
+    # Real time: the rejections workflow's hourly housekeeping timer must not be skipped to
+    # (the window is 30 minutes).
+    with time_skipping_env.auto_time_skipping_disabled():
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[DeviceRemediationWorkflow, BudgetWorkflow, RejectionsWorkflow],
+            activities=world.activities(not_found, claims.claim_escalation),
+        ) as worker:
+            results = []
+            for i in range(4):
+                handle = await start(client, worker, world, gpu_uuid=f"GPU-made-up-{i}")
+                results.append(await handle.result())
+            other = FakeWorld(node="gpu-node-other")
+            results.append(await (await start(client, worker, other, gpu_uuid="GPU-x")).result())
+            by_hand = await client.start_workflow(
+                WF_REMEDIATE,
+                RemediationInput(
+                    device=DeviceRef(node=world.node, gpu_uuid="GPU-made-up-9"), trigger="manual"
+                ),
+                id=device_workflow_id(world.node, "GPU-made-up-9"),
+                task_queue=queue,
+                result_type=RemediationResult,
+            )
+            results.append(await by_hand.result())
+            summary = await client.get_workflow_handle(rejections_workflow_id(queue)).query(
+                QRY_REJECTIONS, result_type=RejectionsSummary
+            )
+    assert all(r.outcome == "escalated" for r in results)
+    pages = [n for n in world.args(ACT_NOTIFY) if n.action == "trigger"]
+    assert len(pages) == 3  # node 1 once, the other node once, the person's launch
+    first = device_workflow_id(world.node, "GPU-made-up-0")
+    for r in results[1:4]:
+        assert "not paged" in r.reason and first in r.reason
+        assert "escalation not sent" in actions(r.timeline)
+    (counted,) = [x for x in summary.reasons if x.reason == "device-not-found"]
+    assert counted.count == 5  # every alert-triggered one asked; the manual one did not
+    by_node = {c.node: c.suppressed for c in summary.claims}
+    assert by_node == {world.node: 3, "gpu-node-other": 0}
 
 
 async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_timeout(
