@@ -54,6 +54,7 @@ concurrently, bounded process-wide by `webhook_concurrency`, over one shared cli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import json
@@ -82,7 +83,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.launch import signal_with_start
+from activities.launch import report_rejected, signal_with_start
 from worker.alerts import (
     DEFAULT_ALERT_CLASSES,
     DEFAULT_ALERT_NAMES,
@@ -98,7 +99,13 @@ from worker.settings import Settings
 from worker.spool import Spool
 from worker.temporal import connect, ensure_search_attributes
 from workflows.constants import SIG_ALERT_RESOLVED
-from workflows.models import HandledAlert, RemediationInput, RemediationResult, instance_key
+from workflows.models import (
+    HandledAlert,
+    RejectedAlerts,
+    RemediationInput,
+    RemediationResult,
+    instance_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +349,12 @@ ALREADY_HANDLED = "already-handled"
 CACHEABLE = frozenset({"started", "signalled", "resolved-signalled", ALREADY_HANDLED})
 
 
+# Unusable alerts go to the rejections workflow (for `sickbay status`) this often, as one
+# signal per webhook process whatever their number; a few examples per reason travel along.
+REJECTED_REPORT_SECONDS = 5.0
+REJECTED_EXAMPLES = 5
+
+
 def _instance(m: MappedAlert) -> tuple[str, str]:
     return instance_key(m.fingerprint, m.starts_at)
 
@@ -477,6 +490,10 @@ class AlertService:
         self._held: dict[DeliveryKey, Delivery] = {}
         self._refusals: dict[DeliveryKey, int] = {}
         self._unreachable_logged: float | None = None  # monotonic time of the last warning
+        # Unusable alerts not yet reported to the rejections workflow: reason -> count, and a
+        # few examples (report_rejected sends them every REJECTED_REPORT_SECONDS).
+        self.rejected: dict[str, int] = {}
+        self._rejected_examples: dict[str, list[str]] = {}
 
     @property
     def connected(self) -> bool:
@@ -521,6 +538,7 @@ class AlertService:
             if isinstance(mapped, Unmapped):
                 self.metrics.alerts_rejected.labels(mapped.reason).inc()
                 out.unmatched.append(_unmapped_json(mapped))
+                self._note_rejected(mapped)
                 continue
             key = mapped.delivery_key()
             if self.recent.recent(key):  # fast path for a storm's repeats: no task, no call
@@ -623,6 +641,45 @@ class AlertService:
             _warn_unmatched(payload, out.unmatched)
         status = "ok" if code == 200 else "some alerts were not accepted by Temporal"
         return code, self._body(out, payload, status)
+
+    def _note_rejected(self, u: Unmapped) -> None:
+        self.rejected[u.reason] = self.rejected.get(u.reason, 0) + 1
+        examples = self._rejected_examples.setdefault(u.reason, [])
+        if len(examples) < REJECTED_EXAMPLES:
+            examples.append(f"{u.alertname or '(no alertname)'} ({u.fingerprint}): {u.detail}")
+
+    async def report_rejected(self) -> int:
+        """Hand the unusable alerts counted since the last report to the rejections workflow
+        (so `sickbay status` shows them, whichever replica refused them). Kept for the next
+        round when Temporal cannot take them. Returns how many were reported."""
+        if not self.rejected:
+            return 0
+        counts, examples = self.rejected, self._rejected_examples
+        self.rejected, self._rejected_examples = {}, {}
+        batch = RejectedAlerts(at=datetime.now(UTC), counts=counts, examples=examples)
+        try:
+            client = await self.client()
+            await asyncio.wait_for(
+                report_rejected(client, self.settings.task_queue, batch),
+                self.webhook.webhook_temporal_timeout,
+            )
+        except (TemporalUnavailable, RPCError, TimeoutError, RuntimeError) as exc:
+            for reason, n in counts.items():  # not lost: next round
+                self.rejected[reason] = self.rejected.get(reason, 0) + n
+                kept = self._rejected_examples.setdefault(reason, [])
+                kept[:0] = examples.get(reason, [])
+                del kept[REJECTED_EXAMPLES:]
+            log.debug("could not report %d rejected alert(s) yet: %s", sum(counts.values()), exc)
+            return 0
+        return sum(counts.values())
+
+    async def report_rejected_forever(self) -> None:
+        while True:
+            await asyncio.sleep(REJECTED_REPORT_SECONDS)
+            try:
+                await self.report_rejected()
+            except Exception:
+                log.exception("reporting rejected alerts failed; trying again")
 
     async def _await_group(
         self, waiting: list[tuple[list[MappedAlert], Delivery, bool]], out: Outcome
@@ -1246,13 +1303,18 @@ def create_app(
             log.warning("%s; will retry on the next notification", exc)
         if service.spool is not None:
             redelivery = asyncio.ensure_future(service.redeliver_forever())
+        reporting = asyncio.ensure_future(service.report_rejected_forever())
         try:
             yield
         finally:
+            reporting.cancel()
+            await asyncio.gather(reporting, return_exceptions=True)
             if redelivery is not None:
                 redelivery.cancel()
                 await asyncio.gather(redelivery, return_exceptions=True)
             await service.drain(wh.webhook_temporal_timeout)
+            with contextlib.suppress(Exception):  # the last ones, if Temporal takes them
+                await service.report_rejected()
             if service.spool is not None:
                 service.spool.close()
 

@@ -85,3 +85,52 @@ async def test_summary_line_for_duplicates_and_warning_for_unusable(
     warned = [r for r in lines(caplog, "missing-uuid") if r.levelno == logging.WARNING]
     assert warned and "SickbayGpuXidError" in warned[0].getMessage()
     await dev_env.client.get_workflow_handle(device_workflow_id(node, gpu)).terminate("done")
+
+
+async def test_rejected_alerts_reach_temporal_and_sickbay_status(
+    dev_env: WorkflowEnvironment, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unusable alerts are counted by reason in the sickbay-rejections workflow (whichever
+    webhook replica saw them) and `sickbay status` shows the summary."""
+    import asyncio
+
+    from temporalio.worker import Worker
+
+    from worker.cli import main as cli_main
+    from workflows.constants import QRY_REJECTIONS, rejections_workflow_id
+    from workflows.models import RejectionsSummary
+    from workflows.rejections import RejectionsWorkflow
+
+    queue = f"rejected-{uuid.uuid4().hex[:8]}"
+    node, gpu = unique_device()
+    no_uuid = xid_alert(node, gpu)
+    del no_uuid["labels"]["UUID"]
+    other = xid_alert(node, gpu, fingerprint="fp-other")
+    other["labels"]["alertname"] = "NodeDiskFull"
+    replicas = [
+        create_app(
+            settings_for(dev_env, queue),
+            dev_env.client,
+            webhook=WebhookSettings(webhook_token=TOKEN),
+        )
+        for _ in range(2)
+    ]
+    async with Worker(dev_env.client, task_queue=queue, workflows=[RejectionsWorkflow]):
+        for app, alerts in zip(replicas, ([no_uuid, other], [no_uuid]), strict=True):
+            async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
+                resp = await http.post("/v1/alertmanager", json=payload(*alerts), headers=auth())
+                assert resp.status_code == 200
+                assert await app.state.service.report_rejected() == len(alerts)
+        handle = dev_env.client.get_workflow_handle(rejections_workflow_id(queue))
+        summary = await handle.query(QRY_REJECTIONS, result_type=RejectionsSummary)
+        counts = {r.reason: r.count for r in summary.reasons}
+        assert counts == {"missing-uuid": 2, "alertname-not-configured": 1}
+        address = dev_env.client.service_client.config.target_host
+        code = await asyncio.to_thread(
+            cli_main, ["status", "--address", address, "--task-queue", queue]
+        )
+        out = capsys.readouterr().out
+    assert code == 0
+    assert "rejected alerts" in out
+    assert "missing-uuid" in out and "alertname-not-configured" in out
+    assert "NodeDiskFull" in out
