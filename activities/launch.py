@@ -193,7 +193,15 @@ class LaunchActivities:
     @activity.defn(name=ACT_CLAIM_ESCALATION)
     async def claim_escalation(self, req: EscalationClaim) -> EscalationClaimResult:
         result = await claim_escalation(self._client, self._task_queue, req)
-        if not result.granted:
+        if result.granted:
+            log.warning(
+                "an alert names a device the cluster does not have (%s on node %s, %s): "
+                "paging once for this node",
+                req.cause,
+                req.node,
+                req.holder,
+            )
+        else:
             log.warning(
                 "not paging for %s on node %s (%s): %s paged for it at %s (%d suppressed)",
                 req.cause,

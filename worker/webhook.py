@@ -3,10 +3,14 @@
 One request = one Alertmanager notification (payload version 4). For each alert:
 
     firing + configured alert name + node + UUID  -> signal-with-start of the device workflow
-                                                     (activities.launch.signal_with_start)
+                                                     (activities.launch.signal_with_start),
+                                                     unless its last, closed run handled this
+                                                     alert instance (`already-handled`)
     resolved + node + UUID                        -> signal `alert-resolved` to a *running*
                                                      workflow (never starts one)
-    anything else                                 -> reported under `unmatched` and counted
+    anything else                                 -> reported under `unmatched`, counted,
+                                                     logged at WARNING and reported to the
+                                                     sickbay-rejections workflow
 
 Status codes, so that Alertmanager's retry does the right thing:
 
@@ -37,7 +41,10 @@ is remembered (bounded: SICKBAY_WEBHOOK_DEDUP_ENTRIES, oldest dropped first); a 
 fails every alert waiting on it (503), and the sender's retry calls again. Skipping a repeat is
 safe because the workflow de-duplicates evidence by fingerprint anyway; the window is
 measured from acceptance (a hit does not extend it), so an alert that keeps firing reaches
-Temporal again at least once per window (a remediation that closed meanwhile restarts then).
+Temporal again at least once per window. Before each signal-with-start the lane asks Temporal
+whether the GPU's last run is closed and, if so, which alert instances (fingerprint +
+startsAt) it handled (its result): those are answered `already-handled` and start nothing, so
+a repeat never restarts a closed remediation, whichever replica or restart receives it.
 
 With a delivery spool (SICKBAY_WEBHOOK_SPOOL_DIR, worker/spool.py), a notification waits for
 Temporal at most SICKBAY_WEBHOOK_ACK_SECONDS: the deliveries still on their way then are
