@@ -81,6 +81,8 @@ with workflow.unsafe.imports_passed_through():
         ACT_SIGNAL_WITH_START,
         ACT_WAIT_EVICTION,
         ACT_WAIT_REPLACEMENT,
+        ERR_CHANNEL_REJECTED,
+        ERR_CONFIG,
         ERR_DEVICE_NOT_FOUND,
         ERR_POOL_AT_MAX,
         QRY_STATUS,
@@ -223,6 +225,8 @@ NOTIFY_RETRY = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(minutes=3),
     maximum_attempts=6,
+    # A channel that is not configured, or that refused the event, fails the same way again.
+    non_retryable_error_types=[ERR_CONFIG, ERR_CHANNEL_REJECTED],
 )
 # Alerts about devices the cluster does not have: one page per node per window, whatever the
 # number of made-up UUIDs (the rejections workflow keeps count). Its update answers in
@@ -287,7 +291,8 @@ def _gave_up(err: BaseException) -> str:
     """Why a notification was given up: a permanent error (configuration, rejected) is tried
     once, not NOTIFY_RETRY's six times, and the timeline says so."""
     cause = err.cause if isinstance(err, ActivityError) else err
-    if isinstance(cause, ApplicationError) and cause.non_retryable:
+    permanent = NOTIFY_RETRY.non_retryable_error_types or []
+    if isinstance(cause, ApplicationError) and (cause.non_retryable or cause.type in permanent):
         return f"not retried: {_error_text(err)}"
     return f"gave up after {NOTIFY_RETRY.maximum_attempts} tries: {_error_text(err)}"
 

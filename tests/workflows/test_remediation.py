@@ -771,10 +771,8 @@ async def test_channel_configuration_error_is_not_retried(
     @act.defn(name=ACT_NOTIFY)
     async def unconfigured(req: object) -> None:
         tries.append(act.info().attempt)
-        raise ApplicationError(
-            "notification channel 'pagerduty' is not configured on this worker",
-            type=ERR_CONFIG,
-            non_retryable=True,
+        raise ApplicationError(  # even without the flag: the type is never retried
+            "notification channel 'pagerduty' is not configured on this worker", type=ERR_CONFIG
         )
 
     from temporalio.worker import Worker
