@@ -22,6 +22,7 @@ Cases (one GPU each; each test stops its own alert when it ends):
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -136,6 +137,11 @@ def taint_rules(stack: Stack) -> list[str]:
     return [item["metadata"]["name"] for item in body.get("items") or []]
 
 
+def pages(stack: Stack, wid: str) -> int:
+    """Notifications about this remediation that reached the stack's sink."""
+    return sum(wid in json.dumps(event) for event in stack.notifications())
+
+
 async def runs(client: Client, wid: str) -> int:
     return (await client.count_workflows(f"WorkflowId = '{wid}'")).count
 
@@ -189,8 +195,10 @@ async def test_xid79_one_remediation_and_no_requarantine_after_repaired(
             SIG_REPAIRED, RepairedRequest(actor="test", note="GPU replaced")
         )
         await until("the remediation closed", lambda: closed(temporal, wid))
+        paged = pages(stack, wid)
         await repeats_answered_already_handled(stack, mon)
         assert await runs(temporal, wid) == 1  # the still-firing alert started nothing
+        assert pages(stack, wid) == paged  # and paged nobody again
         final = await status(temporal, wid)
         assert final is not None and final.outcome == "released"
         assert taint_rules(stack) == []  # released, and never re-created by a repeat
@@ -212,8 +220,11 @@ async def test_xid13_no_remediation_and_no_new_run_on_repeats(
         assert final is not None
         assert final.failure_class == "application" and final.rule_name is None
         assert final.outcome == "not-quarantined"
+        paged = pages(stack, wid)
+        assert paged >= 1  # the owner was told once
         await repeats_answered_already_handled(stack, mon)
         assert await runs(temporal, wid) == 1
+        assert pages(stack, wid) == paged
     finally:
         mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", labels)
 
