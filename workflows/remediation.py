@@ -469,6 +469,10 @@ class DeviceRemediationWorkflow:
             if paged is not None:  # this node's same cause was paged: say who, page nobody
                 self._status.escalation_reason = "error"
                 self._log("escalation not sent", reason=paged)
+                self._metrics.create_counter(
+                    "sickbay_pages_suppressed",
+                    "Escalations not paged because one was paged for the cause and node",
+                ).with_additional_attributes({"cause": "device-not-found"}).add(1)
                 raise _Done("escalated", f"{why}; {paged}") from err
             await self._escalate("error", why)
             if self._quarantine is not None:
