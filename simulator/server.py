@@ -21,6 +21,7 @@ real server answers). With a token configured, requests without `Authorization: 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import socket
@@ -34,7 +35,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
-from simulator import disruption, errors
+from simulator import disruption, errors, openapi, printing, protobuf
 from simulator.resources import ResourceType
 from simulator.selectors import EVENTS_V1_FIELDS, parse_field_selector, parse_label_selector
 from simulator.store import (
@@ -231,6 +232,10 @@ class Target:
     namespace: str | None
     name: str | None
     sub: str | None
+
+
+def _content_type(headers: Any) -> str:
+    return str(headers.get("Content-Type") or "").split(";")[0].strip().lower()
 
 
 def _json(obj: Any) -> bytes:
@@ -496,6 +501,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, b"ok", "text/plain; charset=utf-8")
             if parts == ["version"]:
                 return self._send_json(200, profile.version_info())
+            if parts[:2] == ["openapi", "v3"]:
+                return self._openapi(parts[2:])
             accept = self.headers.get("Accept", "")
             if parts == ["api"]:
                 if "as=APIGroupDiscoveryList" in accept:
@@ -589,6 +596,31 @@ class _Handler(BaseHTTPRequestHandler):
             "the server does not allow this method on the requested resource"
         )
 
+    def _openapi(self, parts: list[str]) -> None:
+        profile = self.api.profile
+        if not parts:  # the real server answers the index as text/plain (k8s_golden/112)
+            return self._send(200, _json(openapi.root(profile)), "text/plain; charset=utf-8")
+        doc = openapi.lookup(profile, parts)
+        if doc is None:
+            raise _NotFoundText()
+        pinned = "hash" in self._query
+        cache = {"Cache-Control": "public, immutable"} if pinned else {}
+        self._send(
+            200,
+            doc,
+            "application/json",
+            {"Etag": '"' + hashlib.sha512(doc).hexdigest().upper() + '"', **cache},
+        )
+
+    def _validate_fields(self, tgt: Target, data: Any) -> None:
+        """fieldValidation=Strict refuses unknown fields (400); Warn adds Warning headers."""
+        warnings = openapi.validate(
+            self.api.profile, tgt.rt, tgt.version, data, self._query.get("fieldValidation")
+        )
+        if warnings:
+            known = self._extra_headers.get("Warning")
+            self._extra_headers["Warning"] = ", ".join(([known] if known else []) + warnings)
+
     def _sim_endpoint(self, method: str, parts: list[str]) -> None:
         if parts == ["healthz"]:
             store = self.api.store
@@ -633,6 +665,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _decode(self, tgt: Target, body: bytes, yaml_ok: bool = False) -> Any:
         if not body:
             raise errors.bad_request("the body of the request was in an unknown format")
+        if _content_type(self.headers) == protobuf.CONTENT_TYPE:
+            return protobuf.decode(body)  # kubectl's typed clients (create, drain, auth)
         try:
             data = yaml.safe_load(body) if yaml_ok else json.loads(body)
         except (ValueError, yaml.YAMLError) as exc:
@@ -642,8 +676,8 @@ class _Handler(BaseHTTPRequestHandler):
         return data
 
     def _decode_object(self, tgt: Target, body: bytes) -> dict[str, Any]:
-        ctype = (self.headers.get("Content-Type") or "application/json").split(";")[0].strip()
-        if ctype not in ("application/json", "application/yaml", "*/*"):
+        ctype = _content_type(self.headers) or "application/json"
+        if ctype not in ("application/json", "application/yaml", "*/*", protobuf.CONTENT_TYPE):
             raise errors.ApiError(415, "UnsupportedMediaType", "415: Unsupported Media Type", {})
         data = self._decode(tgt, body, yaml_ok=ctype == "application/yaml")
         if not isinstance(data, dict):
@@ -818,43 +852,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _table(
         self, tgt: Target, items: list[dict[str, Any]], meta: dict[str, Any]
     ) -> dict[str, Any]:
-        """meta.k8s.io/v1 Table (kubectl get): pod columns as kube-apiserver prints them."""
-        now = self.api.store.now()
-        columns: list[tuple[str, str, int]] = [("Name", "name", 0)]
-        if tgt.rt.storage == "pods":
-            columns += [("Ready", "", 0), ("Status", "", 0), ("Restarts", "", 0), ("Age", "", 0)]
-            columns += [("IP", "", 1), ("Node", "", 1), ("Nominated Node", "", 1)]
-            columns += [("Readiness Gates", "", 1)]
-        else:
-            columns.append(("Age", "", 0))
-        rows = []
-        for o in items:
-            m = o["metadata"]
-            age = _age(now, m.get("creationTimestamp"))
-            if tgt.rt.storage == "pods":
-                cells = [m["name"], *_pod_cells(o, age)]
-            else:
-                cells = [m["name"], age]
-            rows.append(
-                {
-                    "cells": cells,
-                    "object": {
-                        "kind": "PartialObjectMetadata",
-                        "apiVersion": "meta.k8s.io/v1",
-                        "metadata": m,
-                    },
-                }
-            )
-        return {
-            "kind": "Table",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": {"resourceVersion": meta["resourceVersion"]},
-            "columnDefinitions": [
-                {"name": n, "type": "string", "format": f, "description": n, "priority": p}
-                for n, f, p in columns
-            ],
-            "rows": rows,
-        }
+        """meta.k8s.io/v1 Table (kubectl get): columns as kube-apiserver prints them."""
+        return printing.table(
+            tgt.rt,
+            items,
+            self.api.store.now(),
+            meta["resourceVersion"],
+            lambda o: self._present(tgt, o),
+        )
 
     def _watch(self, tgt: Target) -> None:
         store = self.api.store
@@ -926,8 +931,26 @@ class _Handler(BaseHTTPRequestHandler):
                 }
                 chunk(_json({"type": "BOOKMARK", "object": obj}) + b"\n")
 
+            as_table = "as=Table" in self.headers.get("Accept", "")
+            headers_sent = [False]
+
+            def encoded(obj: dict[str, Any]) -> bytes:
+                """The event's object; a one-row Table for `kubectl get -w` (columns once)."""
+                if not as_table:
+                    return self._encoded(tgt, obj)
+                doc = printing.table(
+                    tgt.rt,
+                    [obj],
+                    store.now(),
+                    obj["metadata"].get("resourceVersion", ""),
+                    lambda o: self._present(tgt, o),
+                    with_columns=not headers_sent[0],
+                )
+                headers_sent[0] = True
+                return _json(doc)
+
             for item in initial_items:
-                chunk(_json({"type": ADDED, "object": self._present(tgt, item)}) + b"\n")
+                chunk(b'{"type":"ADDED","object":' + encoded(item) + b"}\n")
             if initial:
                 bookmark({"k8s.io/initial-events-end": "true"})
             deadline = time.monotonic() + timeout
@@ -949,13 +972,7 @@ class _Handler(BaseHTTPRequestHandler):
                     continue
                 etype = ev.type if ev.type in (ADDED, MODIFIED, DELETED) else MODIFIED
                 last_rv = ev.object["metadata"]["resourceVersion"]
-                chunk(
-                    b'{"type":"'
-                    + etype.encode()
-                    + b'","object":'
-                    + self._encoded(tgt, ev.object)
-                    + b"}\n"
-                )
+                chunk(b'{"type":"' + etype.encode() + b'","object":' + encoded(ev.object) + b"}\n")
                 last_sent = time.monotonic()
         finally:
             if watch is not None:
@@ -994,6 +1011,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "the server does not allow this method on the requested resource"
             )
         obj = self._decode_object(tgt, body)
+        self._validate_fields(tgt, obj)
         created = store.create(
             tgt.rt, obj, tgt.namespace, dry_run=self._dry_run(), manager=self._manager()
         )
@@ -1067,6 +1085,7 @@ class _Handler(BaseHTTPRequestHandler):
                 else None,
             )
         obj = self._decode_object(tgt, body)
+        self._validate_fields(tgt, obj)
         updated = store.update(
             tgt.rt,
             obj,
@@ -1119,6 +1138,7 @@ class _Handler(BaseHTTPRequestHandler):
             data = self._decode(tgt, body, yaml_ok=True)
             if not isinstance(data, dict):
                 raise errors.bad_request("apply patch body must be an object")
+            self._validate_fields(tgt, data)
             force = self._query.get("force") in ("true", "1")
             obj, created = store.apply(
                 tgt.rt,
@@ -1132,6 +1152,8 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return self._send_json(201 if created else 200, self._present(tgt, obj))
         data = self._decode(tgt, body)
+        if patch_type in ("merge", "strategic") and tgt.sub != "scale":
+            self._validate_fields(tgt, data)
         if tgt.sub == "scale":
             current = store.get(tgt.rt, tgt.name, tgt.namespace)
             from simulator.patch import apply_patch
@@ -1256,46 +1278,6 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
         self._send_json(200, self._present(tgt, result.object))
-
-
-def _age(now: Any, created: str | None) -> str:
-    if not created:
-        return "<unknown>"
-    from simulator.store import parse_time
-
-    secs = max(0, int((now - parse_time(created)).total_seconds()))
-    if secs < 120:
-        return f"{secs}s"
-    if secs < 7200:
-        return f"{secs // 60}m"
-    if secs < 172800:
-        return f"{secs // 3600}h"
-    return f"{secs // 86400}d"
-
-
-def _pod_cells(pod: dict[str, Any], age: str) -> list[Any]:
-    spec, status = pod.get("spec") or {}, pod.get("status") or {}
-    statuses = status.get("containerStatuses") or []
-    ready = sum(1 for c in statuses if c.get("ready"))
-    restarts = sum(int(c.get("restartCount", 0)) for c in statuses)
-    shown = status.get("reason") or status.get("phase") or "Unknown"
-    for c in statuses:
-        waiting = (c.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason"):
-            shown = waiting["reason"]
-    if pod["metadata"].get("deletionTimestamp"):
-        shown = "Terminating"
-    gates = spec.get("readinessGates") or []
-    return [
-        f"{ready}/{len(spec.get('containers') or [])}",
-        shown,
-        str(restarts),
-        age,
-        status.get("podIP") or "<none>",
-        spec.get("nodeName") or "<none>",
-        status.get("nominatedNodeName") or "<none>",
-        f"0/{len(gates)}" if gates else "<none>",
-    ]
 
 
 def _events_fs(text: str | None) -> str | None:

@@ -716,6 +716,9 @@ class Admission:
     ) -> None:
         check_types(rt, new)
         meta = new.get("metadata") or {}
+        for empty in ("labels", "annotations"):  # omitempty maps: `{}` decodes to absent
+            if meta.get(empty) == {}:
+                del meta[empty]
         try:
             if op == "CREATE":
                 self._default(rt, new, now)
