@@ -339,6 +339,28 @@ def _pdb(pdb: Obj, now: datetime) -> list[Any]:
     ]
 
 
+def _binding(obj: Obj, now: datetime) -> list[Any]:
+    ref = obj.get("roleRef") or {}
+    subjects = obj.get("subjects") or []
+
+    def names(kind: str) -> str:
+        if kind == "ServiceAccount":
+            return ", ".join(
+                f"{s.get('namespace', '')}/{s.get('name', '')}"
+                for s in subjects
+                if s.get("kind") == kind
+            )
+        return ", ".join(s.get("name", "") for s in subjects if s.get("kind") == kind)
+
+    return [
+        f"{ref.get('kind', '')}/{ref.get('name', '')}",
+        since(now, obj["metadata"].get("creationTimestamp")),
+        names("User"),
+        names("Group"),
+        names("ServiceAccount"),
+    ]
+
+
 def _age_only(obj: Obj, now: datetime) -> list[Any]:
     return [since(now, obj["metadata"].get("creationTimestamp"))]
 
@@ -429,6 +451,14 @@ PRINTERS: dict[str, tuple[list[Column], Callable[[Obj, datetime], list[Any]]]] =
         + [_s("Source", 1), _s("Message"), _s("First Seen", 1), _s("Count", 1)]
         + [("Name", "string", "name", 1)],
         _event,
+    ),
+    "rolebindings.rbac.authorization.k8s.io": (
+        [_s("Role"), _AGE, _s("Users", 1), _s("Groups", 1), _s("ServiceAccounts", 1)],
+        _binding,
+    ),
+    "clusterrolebindings.rbac.authorization.k8s.io": (
+        [_s("Role"), _AGE, _s("Users", 1), _s("Groups", 1), _s("ServiceAccounts", 1)],
+        _binding,
     ),
     "deviceclasses.resource.k8s.io": ([_AGE], _age_only),
     "resourceclaimtemplates.resource.k8s.io": ([_AGE], _age_only),

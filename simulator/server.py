@@ -35,7 +35,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
-from simulator import disruption, errors, openapi, printing, protobuf
+from simulator import authz, disruption, errors, logs, openapi, printing, protobuf
 from simulator.resources import ResourceType
 from simulator.selectors import EVENTS_V1_FIELDS, parse_field_selector, parse_label_selector
 from simulator.store import (
@@ -483,18 +483,11 @@ class _Handler(BaseHTTPRequestHandler):
             )
         )
 
-    def _authorized(self) -> bool:
-        token = self.api.sim.token
-        if not token:
-            return True
-        return self.headers.get("Authorization", "") == f"Bearer {token}"
-
     def _dispatch(self, method: str, path: str, body: bytes) -> None:
         parts = [unquote(p) for p in path.split("/") if p]
         if parts and parts[0] == "sim":
             return self._sim_endpoint(method, parts[1:])
-        if not self._authorized():
-            raise errors.ApiError(401, "Unauthorized", "Unauthorized")
+        self._who = authz.authenticate(self.api.sim.token, self.headers)
         profile = self.api.profile
         if method == "GET":
             if path in ("/healthz", "/livez", "/readyz"):
@@ -550,6 +543,18 @@ class _Handler(BaseHTTPRequestHandler):
         if warning:
             self._extra_headers["Warning"] = warning
         verb = _verb(method, tgt, self._query)
+        if not self._who.unrestricted:
+            attrs = {
+                "verb": verb,
+                "group": group,
+                "resource": tgt.rt.plural,
+                "subresource": tgt.sub or "",
+                "namespace": tgt.namespace or "",
+                "name": tgt.name or "",
+            }
+            if not authz.authorize(self.api.store, self._who, attrs)[0]:
+                info["verb"] = verb
+                raise authz.forbidden(self._who, attrs)
         for interceptor in list(self.api.sim.request_interceptors):
             outcome = interceptor(
                 RequestInfo(
@@ -571,6 +576,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return None
             if isinstance(outcome, int | float):
                 time.sleep(float(outcome))  # injected latency (a drill's "timeout")
+        if tgt.rt.create_only:
+            return self._review(method, tgt, body)
         if method == "GET":
             if tgt.name is None:
                 if self._query.get("watch") in ("true", "1"):
@@ -595,6 +602,16 @@ class _Handler(BaseHTTPRequestHandler):
         raise errors.method_not_allowed(
             "the server does not allow this method on the requested resource"
         )
+
+    def _review(self, method: str, tgt: Target, body: bytes) -> None:
+        """SelfSubject{Access,Rules}Review / SelfSubjectReview: answered, never stored."""
+        self._info["verb"] = "create"
+        if method != "POST" or tgt.name is not None:
+            raise errors.method_not_allowed(
+                "the server does not allow this method on the requested resource"
+            )
+        data = self._decode_object(tgt, body)
+        self._send_json(201, authz.review(self.api.store, self._who, tgt.rt.plural, data))
 
     def _openapi(self, parts: list[str]) -> None:
         profile = self.api.profile
@@ -739,6 +756,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise errors.not_found(tgt.rt.plural, tgt.name, tgt.rt.group)
         if tgt.sub == "scale":
             return self._send_json(200, self._scale(tgt, obj))
+        if tgt.sub == "log":
+            text = logs.pod_log(obj, self._query, self.api.store.now())
+            return self._send(200, text.encode(), "text/plain", self._extra_headers)
         self._send_json(200, self._present(tgt, obj))
 
     def _scale(self, tgt: Target, obj: dict[str, Any]) -> dict[str, Any]:
