@@ -264,6 +264,7 @@ def access_review(store: Any, who: Identity, body: dict[str, Any]) -> dict[str, 
             for k in ("verb", "group", "resource", "subresource", "namespace", "name")
         }
     else:
+        nra = nra or {}
         attrs = {"verb": str(nra.get("verb") or ""), "path": str(nra.get("path") or "")}
     allowed, reason = authorize(store, who, attrs)
     status: dict[str, Any] = {"allowed": allowed}

@@ -417,6 +417,18 @@ PRINTERS: dict[str, tuple[list[Column], Callable[[Obj, datetime], list[Any]]]] =
         [_s("Data"), _AGE],
         _with_age(lambda o: len(o.get("data") or {}) + len(o.get("binaryData") or {})),
     ),
+    "secrets": (
+        [_s("Type"), _s("Data"), _AGE],
+        lambda o, now: [
+            o.get("type", ""),
+            len(o.get("data") or {}),
+            since(now, o["metadata"].get("creationTimestamp")),
+        ],
+    ),
+    "serviceaccounts": (
+        [_s("Secrets"), _AGE],
+        _with_age(lambda o: len(o.get("secrets") or [])),
+    ),
     "services": (
         [_s("Type"), _s("Cluster-IP"), _s("External-IP"), _s("Port(s)"), _AGE]
         + [_s("Selector", 1)],

@@ -1,7 +1,8 @@
 """Request bodies in `application/vnd.kubernetes.protobuf`, as kubectl's typed clients send them.
 
-kubectl v1.32 sends built-in kinds (`create namespace|configmap|secret|deployment`, the
-Eviction of `drain`, the reviews of `auth can-i` / `auth whoami`) as protobuf: the 4-byte magic
+kubectl v1.32 sends built-in kinds (`create namespace|configmap|secret|serviceaccount|
+deployment|job|service|poddisruptionbudget|role|rolebinding|clusterrole|clusterrolebinding`,
+the Eviction of `drain`, the reviews of `auth can-i` / `auth whoami`) as protobuf: the 4-byte magic
 `k8s\\0`, then a `runtime.Unknown` {typeMeta {apiVersion, kind}, raw, contentEncoding,
 contentType} whose `raw` is the object in the field numbering of k8s.io/api's generated.proto.
 A real kube-apiserver decodes every built-in kind; the twin decodes the kinds in `KINDS`
@@ -177,6 +178,105 @@ SCHEMAS: dict[str, dict[int, F]] = {
         f1=("type", "string"), f2=("rollingUpdate", "msg:RollingUpdateDeployment")
     ),
     "RollingUpdateDeployment": _msg(f1=("maxUnavailable", "ios"), f2=("maxSurge", "ios")),
+    "Service": _msg(
+        f1=("metadata", "msg:ObjectMeta"),
+        f2=("spec", "msg:ServiceSpec"),
+        f3=("status", "skip"),
+    ),
+    "ServiceSpec": _msg(
+        f1=("ports", "list:ServicePort"),
+        f2=("selector", "map"),
+        f3=("clusterIP", "string"),
+        f4=("type", "string"),
+        f5=("externalIPs", "strings"),
+        f7=("sessionAffinity", "string"),
+        f8=("loadBalancerIP", "string"),
+        f9=("loadBalancerSourceRanges", "strings"),
+        f10=("externalName", "string"),
+        f11=("externalTrafficPolicy", "string"),
+        f12=("healthCheckNodePort", "int"),
+        f13=("publishNotReadyAddresses", "bool"),
+        f17=("ipFamilyPolicy", "string", True),
+        f18=("clusterIPs", "strings"),
+        f19=("ipFamilies", "strings"),
+        f20=("allocateLoadBalancerNodePorts", "bool", True),
+        f21=("loadBalancerClass", "string", True),
+        f22=("internalTrafficPolicy", "string", True),
+        f23=("trafficDistribution", "string", True),
+    ),
+    "ServicePort": _msg(
+        f1=("name", "string"),
+        f2=("protocol", "string"),
+        f3=("port", "int"),
+        f4=("targetPort", "ios"),
+        f5=("nodePort", "int"),
+        f6=("appProtocol", "string", True),
+    ),
+    "ServiceAccount": _msg(
+        f1=("metadata", "msg:ObjectMeta"),
+        f4=("automountServiceAccountToken", "bool", True),
+    ),
+    # batch/v1
+    "Job": _msg(
+        f1=("metadata", "msg:ObjectMeta"),
+        f2=("spec", "msg:JobSpec"),
+        f3=("status", "skip"),
+    ),
+    "JobSpec": _msg(
+        f1=("parallelism", "int", True),
+        f2=("completions", "int", True),
+        f3=("activeDeadlineSeconds", "int", True),
+        f4=("selector", "msg:LabelSelector"),
+        f5=("manualSelector", "bool", True),
+        f6=("template", "msg:PodTemplateSpec"),
+        f7=("backoffLimit", "int", True),
+        f8=("ttlSecondsAfterFinished", "int", True),
+        f9=("completionMode", "string", True),
+        f10=("suspend", "bool", True),
+    ),
+    # policy/v1
+    "PodDisruptionBudget": _msg(
+        f1=("metadata", "msg:ObjectMeta"),
+        f2=("spec", "msg:PodDisruptionBudgetSpec"),
+        f3=("status", "skip"),
+    ),
+    "PodDisruptionBudgetSpec": _msg(
+        f1=("minAvailable", "ios"),
+        f2=("selector", "msg:LabelSelector"),
+        f3=("maxUnavailable", "ios"),
+        f4=("unhealthyPodEvictionPolicy", "string", True),
+    ),
+    # rbac.authorization.k8s.io/v1
+    "Role": _msg(f1=("metadata", "msg:ObjectMeta"), f2=("rules", "list:PolicyRule")),
+    "ClusterRole": _msg(
+        f1=("metadata", "msg:ObjectMeta"),
+        f2=("rules", "list:PolicyRule"),
+        f3=("aggregationRule", "skip"),
+    ),
+    "PolicyRule": _msg(
+        f1=("verbs", "strings"),
+        f2=("apiGroups", "strings"),
+        f3=("resources", "strings"),
+        f4=("resourceNames", "strings"),
+        f5=("nonResourceURLs", "strings"),
+    ),
+    "RoleBinding": _msg(
+        f1=("metadata", "msg:ObjectMeta"),
+        f2=("subjects", "list:Subject"),
+        f3=("roleRef", "msg:RoleRef"),
+    ),
+    "ClusterRoleBinding": _msg(
+        f1=("metadata", "msg:ObjectMeta"),
+        f2=("subjects", "list:Subject"),
+        f3=("roleRef", "msg:RoleRef"),
+    ),
+    "Subject": _msg(
+        f1=("kind", "string"),
+        f2=("apiGroup", "string"),
+        f3=("name", "string"),
+        f4=("namespace", "string"),
+    ),
+    "RoleRef": _msg(f1=("apiGroup", "string"), f2=("kind", "string"), f3=("name", "string")),
     # policy/v1
     "Eviction": _msg(f1=("metadata", "msg:ObjectMeta"), f2=("deleteOptions", "msg:DeleteOptions")),
     "DeleteOptions": _msg(
@@ -224,8 +324,16 @@ KINDS = {
     ("v1", "Namespace"),
     ("v1", "ConfigMap"),
     ("v1", "Secret"),
+    ("v1", "Service"),
+    ("v1", "ServiceAccount"),
     ("apps/v1", "Deployment"),
+    ("batch/v1", "Job"),
     ("policy/v1", "Eviction"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
     ("authorization.k8s.io/v1", "SelfSubjectAccessReview"),
     ("authorization.k8s.io/v1", "SelfSubjectRulesReview"),
     ("authentication.k8s.io/v1", "SelfSubjectReview"),
@@ -256,6 +364,7 @@ def _fields(data: bytes) -> list[tuple[int, int, Any]]:
     while pos < len(data):
         key, pos = _varint(data, pos)
         num, wire = key >> 3, key & 7
+        value: int | bytes
         if wire == 0:
             value, pos = _varint(data, pos)
         elif wire == 2:

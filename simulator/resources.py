@@ -82,6 +82,8 @@ CATALOGUE: tuple[ResourceType, ...] = (
     ),
     ResourceType("", "events", "Event", True, ("v1",), "event", ("ev",)),
     ResourceType("", "configmaps", "ConfigMap", True, ("v1",), "configmap", ("cm",)),
+    ResourceType("", "secrets", "Secret", True, ("v1",), "secret"),
+    ResourceType("", "serviceaccounts", "ServiceAccount", True, ("v1",), "serviceaccount", ("sa",)),
     ResourceType(
         "", "services", "Service", True, ("v1",), "service", ("svc",), ("all",), ("status",)
     ),

@@ -759,6 +759,14 @@ class _Handler(BaseHTTPRequestHandler):
         if tgt.sub == "log":
             text = logs.pod_log(obj, self._query, self.api.store.now())
             return self._send(200, text.encode(), "text/plain", self._extra_headers)
+        if tgt.sub is None and "as=Table" in self.headers.get("Accept", ""):
+            meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
+            return self._send(
+                200,
+                _json(self._table(tgt, [obj], meta)),
+                "application/json;as=Table;v=v1;g=meta.k8s.io",
+                self._extra_headers,
+            )
         self._send_json(200, self._present(tgt, obj))
 
     def _scale(self, tgt: Target, obj: dict[str, Any]) -> dict[str, Any]:

@@ -637,6 +637,36 @@ _VALIDATORS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None], Causes]
 }
 
 
+def _default_secret(secret: dict[str, Any]) -> None:
+    """stringData is write-only: merged into data (base64), as the apiserver does."""
+    import base64
+
+    secret.setdefault("type", "Opaque")
+    for k, v in (secret.pop("stringData", None) or {}).items():
+        secret.setdefault("data", {})[k] = base64.b64encode(str(v).encode()).decode()
+
+
+def _default_service(svc: dict[str, Any]) -> None:
+    """ClusterIP allocation (10.96.0.0/12, derived from the uid) and the usual defaults."""
+    spec = svc["spec"]
+    spec.setdefault("type", "ClusterIP")
+    spec.setdefault("sessionAffinity", "None")
+    if spec["type"] != "ExternalName":
+        if not spec.get("clusterIP"):
+            n = int(svc["metadata"]["uid"].replace("-", "")[:8], 16) % 65000 + 2
+            spec["clusterIP"] = f"10.96.{n // 256}.{n % 256}"
+        if spec["clusterIP"] != "None":
+            spec.setdefault("clusterIPs", [spec["clusterIP"]])
+        spec.setdefault("ipFamilies", ["IPv4"])
+        spec.setdefault("ipFamilyPolicy", "SingleStack")
+        spec.setdefault("internalTrafficPolicy", "Cluster")
+    for port in spec.get("ports") or []:
+        if isinstance(port, dict):
+            port.setdefault("protocol", "TCP")
+            port.setdefault("targetPort", port.get("port"))
+    svc.setdefault("status", {"loadBalancer": {}})
+
+
 def _format(now: datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -815,6 +845,10 @@ class Admission:
         elif key == "nodes":
             obj.setdefault("spec", {})
             obj.setdefault("status", {})
+        elif key == "secrets":
+            _default_secret(obj)
+        elif key == "services" and isinstance(spec, dict):
+            _default_service(obj)
         elif key == "events":
             obj.setdefault("count", 1) if obj.get("firstTimestamp") else None
             obj.setdefault("type", "Normal")

@@ -134,12 +134,44 @@ def test_create_commands_send_protobuf(kubectl: Kubectl, twin: Simulator) -> Non
     assert dep["spec"]["selector"] == {"matchLabels": {"app": "api"}}
 
 
+def test_more_create_commands(kubectl: Kubectl, twin: Simulator, ns: str) -> None:
+    made = [
+        ("secret", "generic", "creds", "--from-literal=user=alice"),
+        ("serviceaccount", "runner"),
+        ("job", "once", "--image=busybox:1.36"),
+        ("service", "clusterip", "web", "--tcp=80:8080"),
+        ("poddisruptionbudget", "keep", "--selector=app=web", "--min-available=1"),
+        ("role", "reader", "--verb=get,list", "--resource=pods"),
+        ("rolebinding", "reader", "--role=reader", "--user=bob"),
+    ]
+    for args in made:
+        done = kubectl("create", *args, "-n", ns)
+        assert done.stdout.strip().endswith(" created"), done.stdout
+    store = twin.store
+    assert store.get("secrets", "creds", ns)["data"] == {"user": "YWxpY2U="}
+    assert store.get("secrets", "creds", ns)["type"] == "Opaque"
+    job = store.get("jobs.batch", "once", ns)
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    svc = store.get("services", "web", ns)["spec"]
+    assert svc["ports"] == [{"name": "80-8080", "port": 80, "protocol": "TCP", "targetPort": 8080}]
+    assert svc["type"] == "ClusterIP" and svc["clusterIP"].startswith("10.96.")
+    pdb = store.get("poddisruptionbudgets.policy", "keep", ns)["spec"]
+    assert pdb["minAvailable"] == 1 and pdb["selector"] == {"matchLabels": {"app": "web"}}
+    role = store.get("roles.rbac.authorization.k8s.io", "reader", ns)
+    assert role["rules"] == [{"verbs": ["get", "list"], "apiGroups": [""], "resources": ["pods"]}]
+    assert kubectl("auth", "can-i", "list", "pods", "-n", ns, "--as", "bob").stdout.strip() == "yes"
+    svc_table = kubectl("get", "svc", "web", "-n", ns).stdout
+    assert row(svc_table, "web")[4] == "80/TCP"
+
+
 # ---- server-side printing ----------------------------------------------------------------
 
 
 def test_get_nodes_prints_status_roles_version(kubectl: Kubectl) -> None:
     out = kubectl("get", "nodes").stdout
     assert header(out) == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
+    one = kubectl("get", "node", "gpu-pool-node-0").stdout  # a single object: a one-row Table
+    assert header(one) == header(out) and row(one, "gpu-pool-node-0")[1] == "Ready"
     cells = row(out, "gpu-pool-node-0")
     assert cells[1:3] == ["Ready", "<none>"] and re.match(r"v1\.36\.\d+$", cells[4])
     wide = kubectl("get", "nodes", "-o", "wide").stdout
