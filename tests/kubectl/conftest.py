@@ -14,6 +14,7 @@ that hint; SICKBAY_REQUIRE_KUBECTL=1 (set by .ci/run) turns the skip into a fail
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -37,14 +38,35 @@ def kubectl_binary() -> str | None:
     return shutil.which("kubectl")
 
 
+MIN_MINOR = 28  # `kubectl auth whoami` (SelfSubjectReview) is GA from 1.28
+
+
+def _client_minor(path: str) -> int | None:
+    done = subprocess.run(
+        [path, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=60
+    )
+    try:
+        minor = json.loads(done.stdout)["clientVersion"]["minor"]
+        return int("".join(ch for ch in minor if ch.isdigit()))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 @pytest.fixture(scope="module")
 def kubectl_path() -> str:
     found = kubectl_binary()
+    reason = ""
     if found is None:
         reason = "kubectl is not installed: apt-get install kubectl"
+    else:
+        minor = _client_minor(found)
+        if minor is None or minor < MIN_MINOR:
+            reason = f"kubectl at {found} is older than v1.{MIN_MINOR}: apt-get install kubectl"
+    if reason:
         if os.environ.get(REQUIRE_ENV, "").lower() in ("1", "true", "yes"):
             pytest.fail(f"{REQUIRE_ENV} is set but {reason}")
         pytest.skip(reason)
+    assert found is not None
     return found
 
 
