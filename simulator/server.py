@@ -5,6 +5,7 @@ A `ThreadingHTTPServer` (HTTP/1.1 keep-alive, one thread per connection) on 127.
     /version /api /api/v1 /apis /apis/<g> /apis/<g>/<v>      discovery (per profile)
     /api/v1/[namespaces/<ns>/]<plural>[/<name>[/<sub>]]      core resources
     /apis/<g>/<v>/[namespaces/<ns>/]<plural>[/<name>[/<sub>]] group resources
+    /openapi/v3 /openapi/v3/api/v1 /openapi/v3/apis/<g>/<v>  OpenAPI v3 (simulator/openapi.py)
     /healthz /livez /readyz                                   "ok"
     /sim/healthz                                              {"status": "ok", ...}
     /sim/requests   GET (filters: verb, resource, namespace, name, status)  DELETE clears
@@ -13,10 +14,15 @@ Verbs: get, list (labelSelector, fieldSelector, limit/continue), watch (?watch=t
 JSON lines, resourceVersion resume, timeoutSeconds, 410 as an ERROR event), create (POST,
 generateName, dryRun=All), update (PUT), patch (merge / strategic / json / apply with
 fieldManager and force), delete (gracePeriodSeconds, propagationPolicy, preconditions,
-dryRun), deletecollection; subresources status, scale, pods/eviction, pods/binding.
+dryRun), deletecollection; subresources status, scale, pods/eviction, pods/binding, pods/log
+(simulator/logs.py). Bodies are JSON, YAML or, for the built-in kinds kubectl's typed clients
+send, protobuf (simulator/protobuf.py); answers are JSON. `fieldValidation` is honoured from
+the OpenAPI schemas. `Accept: ...;as=Table` gets server-side printing (simulator/printing.py)
+for get, list and watch. SelfSubjectAccessReview/RulesReview and SelfSubjectReview are
+answered, never stored; impersonated users are held to RBAC (simulator/authz.py).
 Errors are `Status` bodies (or text/plain "404 page not found" for an unknown group, as a
 real server answers). With a token configured, requests without `Authorization: Bearer
-<token>` get 401.
+<token>` get 401 (kubectl never sends a token over plain HTTP: use a token-less twin).
 """
 
 from __future__ import annotations

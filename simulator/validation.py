@@ -784,13 +784,14 @@ class Admission:
             spec.setdefault("replicas", 1)
             spec.setdefault("revisionHistoryLimit", 10)
             spec.setdefault("progressDeadlineSeconds", 600)
-            spec.setdefault(
-                "strategy",
-                {
-                    "type": "RollingUpdate",
-                    "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"},
-                },
-            )
+            strategy = spec.setdefault("strategy", {})
+            if isinstance(strategy, dict):  # `strategy: {}` (kubectl create) is defaulted too
+                strategy.setdefault("type", "RollingUpdate")
+                if strategy["type"] == "RollingUpdate":
+                    rolling = strategy.setdefault("rollingUpdate", {})
+                    if isinstance(rolling, dict):
+                        rolling.setdefault("maxSurge", "25%")
+                        rolling.setdefault("maxUnavailable", "25%")
             _default_template(obj)
         elif key == "replicasets.apps" and isinstance(spec, dict):
             spec.setdefault("replicas", 1)

@@ -132,6 +132,11 @@ def test_create_commands_send_protobuf(kubectl: Kubectl, twin: Simulator) -> Non
     assert dep["spec"]["replicas"] == 2
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "nginx:1.27"
     assert dep["spec"]["selector"] == {"matchLabels": {"app": "api"}}
+    # kubectl sends `strategy: {}`; the apiserver defaults it (describe shows RollingUpdate)
+    assert dep["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"},
+    }
 
 
 def test_more_create_commands(kubectl: Kubectl, twin: Simulator, ns: str) -> None:
