@@ -297,25 +297,36 @@ def _path(group: str, version: str) -> str:
     return f"apis/{group}/{version}" if group else "api/v1"
 
 
+def digest(profile: Any, group: str, version: str) -> str:
+    """The document's pin: a SHA-512 of what determines it (served kinds, release, client
+    models), so the index needs no document built (kubectl fetches only the ones it uses)."""
+    import kubernetes
+
+    keys = sorted(profile.served.get((group, version)) or ())
+    basis = f"{group}/{version}:{','.join(keys)}:{profile.version_info()['gitVersion']}"
+    return hashlib.sha512(f"{basis}:{kubernetes.__version__}".encode()).hexdigest().upper()
+
+
 def root(profile: Any) -> dict[str, Any]:
     """The /openapi/v3 index: one hash-pinned URL per served group-version."""
     paths: dict[str, Any] = {}
     for group, version, _keys in _served(profile):
-        doc = document(profile, group, version)
-        assert doc is not None
-        digest = hashlib.sha512(doc).hexdigest().upper()
         path = _path(group, version)
-        paths[path] = {"serverRelativeURL": f"/openapi/v3/{path}?hash={digest}"}
+        pin = digest(profile, group, version)
+        paths[path] = {"serverRelativeURL": f"/openapi/v3/{path}?hash={pin}"}
     return {"paths": dict(sorted(paths.items()))}
 
 
-def lookup(profile: Any, parts: list[str]) -> bytes | None:
-    """/openapi/v3/<parts> → the document, or None for an unknown path."""
+def lookup(profile: Any, parts: list[str]) -> tuple[bytes, str] | None:
+    """/openapi/v3/<parts> → (document, its pin), or None for an unknown path."""
     if parts == ["api", "v1"]:
-        return document(profile, "", "v1")
-    if len(parts) == 3 and parts[0] == "apis":
-        return document(profile, parts[1], parts[2])
-    return None
+        group, version = "", "v1"
+    elif len(parts) == 3 and parts[0] == "apis":
+        group, version = parts[1], parts[2]
+    else:
+        return None
+    doc = document(profile, group, version)
+    return None if doc is None else (doc, digest(profile, group, version))
 
 
 # ---- field validation ----------------------------------------------------------------------

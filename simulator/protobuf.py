@@ -7,7 +7,9 @@ the Eviction of `drain`, the reviews of `auth can-i` / `auth whoami`) as protobu
 contentType} whose `raw` is the object in the field numbering of k8s.io/api's generated.proto.
 A real kube-apiserver decodes every built-in kind; the twin decodes the kinds in `KINDS`
 into the dict its JSON path would have produced, and answers JSON (clients send
-`Accept: application/vnd.kubernetes.protobuf, application/json`, so JSON is acceptable).
+`Accept: application/vnd.kubernetes.protobuf, application/json` and decode an answer by its
+Content-Type). Refusing the body is no way out: client-go falls back to JSON after a 415 only
+for CBOR (KEP-4222), never for protobuf, so a 415 here is kubectl's error.
 
 Go's protobuf encoding writes every non-pointer field, zero or not; JSON omits empty ones
 (`omitempty`). So a zero scalar is dropped unless the schema marks it `opt` (a Go pointer,
