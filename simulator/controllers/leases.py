@@ -70,6 +70,10 @@ class NodeLeases:
         store, now = ctx.store, ctx.now
         nodes = store.list(NODES, copy_objects=False).items
         names = {name_of(n) for n in nodes}
+        leases = {
+            name_of(lease): lease
+            for lease in store.list(LEASES, LEASE_NAMESPACE, copy_objects=False).items
+        }
         for node in nodes:
             name = name_of(node)
             ready = next(
@@ -82,7 +86,7 @@ class NodeLeases:
             )
             if ready is None or ready.get("status") != "True":
                 continue  # a node whose kubelet is down stops renewing
-            lease = store.try_get(LEASES, name, LEASE_NAMESPACE)
+            lease = leases.get(name)
             if lease is None:
                 if not self._due(name):
                     continue
