@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from simulator import errors
 from simulator.resources import ResourceType
 from simulator.store import parse_time
 
@@ -507,20 +508,27 @@ def columns(rt: ResourceType) -> list[dict[str, Any]]:
     ]
 
 
-def row(rt: ResourceType, obj: Obj, now: datetime, shown: Obj) -> dict[str, Any]:
-    """One TableRow; `shown` is the object as the client's API version presents it."""
+INCLUDE_OBJECT = ("None", "Metadata", "Object")  # the `includeObject` query parameter
+
+
+def row(
+    rt: ResourceType, obj: Obj, now: datetime, shown: Obj, include: str = "Metadata"
+) -> dict[str, Any]:
+    """One TableRow; `shown` is the object as the client's API version presents it, carried
+    whole (`includeObject=Object`: kubectl get --sort-by), as metadata (default) or not."""
     _cols, cells = _printer(rt)
     values = cells(obj, now)
     if rt.storage != "events":
         values = [obj["metadata"]["name"], *values]
-    out: dict[str, Any] = {
-        "cells": values,
-        "object": {
+    out: dict[str, Any] = {"cells": values}
+    if include == "Object":
+        out["object"] = shown
+    elif include == "Metadata":
+        out["object"] = {
             "kind": "PartialObjectMetadata",
             "apiVersion": "meta.k8s.io/v1",
             "metadata": shown["metadata"],
-        },
-    }
+        }
     phase = (obj.get("status") or {}).get("phase") if rt.storage == "pods" else None
     if phase in ("Succeeded", "Failed"):
         out["conditions"] = [
@@ -543,12 +551,17 @@ def table(
     resource_version: str,
     present: Callable[[Obj], Obj],
     with_columns: bool = True,
+    include: str = "Metadata",
 ) -> dict[str, Any]:
+    if include not in INCLUDE_OBJECT:
+        raise errors.bad_request(
+            f'includeObject must be one of {", ".join(INCLUDE_OBJECT)}, not "{include}"'
+        )
     doc: dict[str, Any] = {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": {"resourceVersion": resource_version},
         "columnDefinitions": columns(rt) if with_columns else None,
-        "rows": [row(rt, o, now, present(o)) for o in items],
+        "rows": [row(rt, o, now, present(o), include) for o in items],
     }
     return doc

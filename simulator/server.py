@@ -889,6 +889,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.api.store.now(),
             meta["resourceVersion"],
             lambda o: self._present(tgt, o),
+            include=self._query.get("includeObject") or "Metadata",
         )
 
     def _watch(self, tgt: Target) -> None:
@@ -975,6 +976,7 @@ class _Handler(BaseHTTPRequestHandler):
                     obj["metadata"].get("resourceVersion", ""),
                     lambda o: self._present(tgt, o),
                     with_columns=not headers_sent[0],
+                    include=self._query.get("includeObject") or "Metadata",
                 )
                 headers_sent[0] = True
                 return _json(doc)

@@ -202,6 +202,12 @@ def test_get_workloads_print_their_columns(kubectl: Kubectl, ns: str) -> None:
     pods = kubectl("get", "pods", "-n", ns).stdout
     assert header(pods) == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
     assert all(line.split()[1:3] == ["1/1", "Running"] for line in pods.splitlines()[1:])
+    # --sort-by on a field outside metadata: kubectl asks for whole objects in the rows
+    by_node = kubectl("get", "pods", "-n", ns, "--sort-by=.spec.nodeName", "-o", "wide").stdout
+    nodes = [
+        row_cells[6] for row_cells in (re.split(r"\s{2,}", x) for x in by_node.splitlines()[1:])
+    ]
+    assert nodes == sorted(nodes) and len(nodes) == 2
 
 
 def test_get_dra_objects_and_events(kubectl: Kubectl, twin: Simulator, ns: str) -> None:
