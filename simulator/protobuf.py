@@ -1,6 +1,6 @@
 """Request bodies in `application/vnd.kubernetes.protobuf`, as kubectl's typed clients send them.
 
-kubectl v1.32 sends built-in kinds (`create namespace|configmap|secret|serviceaccount|
+kubectl v1.32 sends built-in kinds (`run`, `create namespace|configmap|secret|serviceaccount|
 deployment|job|service|poddisruptionbudget|role|rolebinding|clusterrole|clusterrolebinding`,
 the Eviction of `drain`, the reviews of `auth can-i` / `auth whoami`) as protobuf: the 4-byte magic
 `k8s\\0`, then a `runtime.Unknown` {typeMeta {apiVersion, kind}, raw, contentEncoding,
@@ -106,6 +106,11 @@ SCHEMAS: dict[str, dict[int, F]] = {
         f3=("type", "string"),
         f4=("stringData", "map"),
         f5=("immutable", "bool", True),
+    ),
+    "Pod": _msg(
+        f1=("metadata", "msg:ObjectMeta"),
+        f2=("spec", "msg:PodSpec"),
+        f3=("status", "skip"),
     ),
     "PodTemplateSpec": _msg(f1=("metadata", "msg:ObjectMeta"), f2=("spec", "msg:PodSpec")),
     "PodSpec": _msg(
@@ -324,6 +329,7 @@ SCHEMAS: dict[str, dict[int, F]] = {
 # (apiVersion, kind) of the top-level objects the twin decodes.
 KINDS = {
     ("v1", "Namespace"),
+    ("v1", "Pod"),
     ("v1", "ConfigMap"),
     ("v1", "Secret"),
     ("v1", "Service"),

@@ -152,6 +152,9 @@ def test_more_create_commands(kubectl: Kubectl, twin: Simulator, ns: str) -> Non
     for args in made:
         done = kubectl("create", *args, "-n", ns)
         assert done.stdout.strip().endswith(" created"), done.stdout
+    run = kubectl("run", "shell", "-n", ns, "--image=busybox:1.36", "--labels=app=shell")
+    assert run.stdout.strip() == "pod/shell created"
+    assert twin.store.get("pods", "shell", ns)["spec"]["containers"][0]["image"] == "busybox:1.36"
     store = twin.store
     assert store.get("secrets", "creds", ns)["data"] == {"user": "YWxpY2U="}
     assert store.get("secrets", "creds", ns)["type"] == "Opaque"
