@@ -3,11 +3,13 @@
 Cases, one per row of what used to fail, asserting on kubectl's own output:
 - `apply -f` with default (strict) validation, `apply --server-side`, `diff`, `explain`
   (OpenAPI v3 served per group-version);
-- `create namespace|configmap|deployment` (kubectl sends protobuf bodies);
-- server-side printing: nodes (and `-o wide`), deployments, replicasets, resourceclaims,
+- `create namespace|configmap|deployment|secret|...`, `run` (kubectl sends protobuf bodies);
+- server-side printing: nodes (`-o wide`, one node), deployments, replicasets, pods
+  (`--sort-by`), services, resourceclaims,
   devicetaintrules (the default convertor), events;
 - `get -w` lines;
-- `patch` (strategic, merge, json), `scale`, `rollout status`, `cordon`/`drain`, `wait`.
+- `patch` (strategic, merge, json), `scale`, `rollout status`, `cordon`/`drain`, `wait`;
+- day-two edits: `expose`, `set image`, `rollout undo`, `taint` (and its removal).
 """
 
 from __future__ import annotations
@@ -343,3 +345,27 @@ def test_cordon_and_drain(kubectl: Kubectl, twin: Simulator, ns: str) -> None:
         assert all(node not in line for line in wide.splitlines()[1:] if "Running" in line)
     finally:
         assert kubectl("uncordon", node).stdout.strip() == f"node/{node} uncordoned"
+
+
+def test_day_two_edits(kubectl: Kubectl, twin: Simulator, ns: str) -> None:
+    kubectl("create", "deployment", "t", "-n", ns, "--image=nginx:1.27", "--port=80")
+    kubectl("rollout", "status", "deployment/t", "-n", ns, f"--timeout={int(WAIT)}s")
+    assert kubectl("expose", "deployment", "t", "-n", ns, "--port=80").stdout.strip() == (
+        "service/t exposed"
+    )
+    assert twin.store.get("services", "t", ns)["spec"]["selector"] == {"app": "t"}
+    done = kubectl("set", "image", "deployment/t", "nginx=nginx:1.28", "-n", ns)
+    assert done.stdout.strip() == "deployment.apps/t image updated"
+    kubectl("rollout", "status", "deployment/t", "-n", ns, f"--timeout={int(WAIT)}s")
+    undo = kubectl("rollout", "undo", "deployment/t", "-n", ns)
+    assert undo.stdout.strip() == "deployment.apps/t rolled back"
+    image = "jsonpath={.spec.template.spec.containers[0].image}"
+    assert kubectl("get", "deploy", "t", "-n", ns, "-o", image).stdout == "nginx:1.27"
+    node = "gpu-pool-node-0"
+    tainted = kubectl("taint", "nodes", node, f"example.com/{ns}=x:NoSchedule")
+    assert tainted.stdout.strip() == f"node/{node} tainted"
+    taints = twin.store.get("nodes", node)["spec"]["taints"]
+    assert {"key": f"example.com/{ns}", "value": "x", "effect": "NoSchedule"} in taints
+    kubectl("taint", "nodes", node, f"example.com/{ns}=x:NoSchedule-")
+    left = twin.store.get("nodes", node)["spec"].get("taints") or []
+    assert all(t["key"] != f"example.com/{ns}" for t in left)
