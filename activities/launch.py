@@ -22,23 +22,34 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.constants import (
+    ACT_CLAIM_ESCALATION,
     ACT_SIGNAL_WITH_START,
     ERR_INVALID_INPUT,
     SIG_ALERT,
     SIG_ALERTS,
+    SIG_REJECTED,
+    UPD_CLAIM_ESCALATION,
+    WF_REJECTIONS,
     WF_REMEDIATE,
+    rejections_workflow_id,
 )
 from workflows.models import (
     AlertEvidence,
+    EscalationClaim,
+    EscalationClaimResult,
     LaunchRequest,
     LaunchResult,
+    RejectedAlerts,
+    RejectionsState,
     RemediationInput,
     RemediationResult,
 )
@@ -183,12 +194,83 @@ async def signal_with_start(
     )
 
 
+async def claim_escalation(
+    client: Client, task_queue: str, req: EscalationClaim
+) -> EscalationClaimResult:
+    """Ask the rejections workflow whether `req.holder` pages for this cause and node
+    (update-with-start: the workflow is created on first use)."""
+    wid = rejections_workflow_id(task_queue)
+    start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+        WF_REJECTIONS,
+        RejectionsState(),
+        id=wid,
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    try:
+        return await client.execute_update_with_start_workflow(
+            UPD_CLAIM_ESCALATION,
+            req,
+            start_workflow_operation=start,
+            result_type=EscalationClaimResult,
+        )
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.UNIMPLEMENTED:
+            raise
+    # Servers without multi-operation (the time-skipping test server): start, then update.
+    handle = await client.start_workflow(
+        WF_REJECTIONS,
+        RejectionsState(),
+        id=wid,
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    return await handle.execute_update(UPD_CLAIM_ESCALATION, req, result_type=EscalationClaimResult)
+
+
+async def report_rejected(client: Client, task_queue: str, batch: RejectedAlerts) -> None:
+    """Hand the webhook's unusable alerts to the rejections workflow (signal-with-start)."""
+    await client.start_workflow(
+        WF_REJECTIONS,
+        RejectionsState(),
+        id=rejections_workflow_id(task_queue),
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        start_signal=SIG_REJECTED,
+        start_signal_args=[batch],
+    )
+
+
 class LaunchActivities:
-    """Activity wrapper for workflows that launch remediations (sweep, maintenance)."""
+    """Activity wrapper for workflows that launch remediations (sweep, maintenance) or ask
+    the rejections workflow whether to page (remediations of unresolvable devices)."""
 
     def __init__(self, client: Client, task_queue: str) -> None:
         self._client = client
         self._task_queue = task_queue
+
+    @activity.defn(name=ACT_CLAIM_ESCALATION)
+    async def claim_escalation(self, req: EscalationClaim) -> EscalationClaimResult:
+        result = await claim_escalation(self._client, self._task_queue, req)
+        if result.granted:
+            log.warning(
+                "an alert names a device the cluster does not have (%s on node %s, %s): "
+                "paging once for this node",
+                req.cause,
+                req.node,
+                req.holder,
+            )
+        else:
+            log.warning(
+                "not paging for %s on node %s (%s): %s paged for it at %s (%d suppressed)",
+                req.cause,
+                req.node,
+                req.holder,
+                result.holder,
+                result.since.isoformat() if result.since else "?",
+                result.suppressed,
+            )
+        return result
 
     @activity.defn(name=ACT_SIGNAL_WITH_START)
     async def signal_with_start_remediation(self, req: LaunchRequest) -> LaunchResult:

@@ -130,6 +130,14 @@ class _InstantTemporal:
         resp = SimpleNamespace(started=True)
         return SimpleNamespace(_start_workflow_response=resp, result_run_id="stub")
 
+    def get_workflow_handle(self, *args: Any, **kwargs: Any) -> Any:
+        async def describe(**_kw: Any) -> Any:  # no earlier run of any device
+            from temporalio.service import RPCError, RPCStatusCode
+
+            raise RPCError("not found", RPCStatusCode.NOT_FOUND, b"")
+
+        return SimpleNamespace(describe=describe)
+
 
 async def cpu_ceiling(n: int) -> float:
     from worker.alerts import AmPayload

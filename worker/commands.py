@@ -384,6 +384,7 @@ async def _status(args: argparse.Namespace) -> int:
                 "outcome": first(SA_OUTCOME) or (status if status not in ("running", "") else ""),
                 "escalation": first(SA_ESCALATION),
                 "since": wf.start_time.isoformat() if wf.start_time else "",
+                "started": wf.start_time.isoformat() if wf.start_time else "",
                 "status": status,
             }
         )
@@ -392,7 +393,13 @@ async def _status(args: argparse.Namespace) -> int:
         return 0
     if not rows:
         print("no open incidents" if not args.all else "no remediations")
-        return 0
+    else:
+        _print_table(rows)
+    await _print_rejections(client, _settings(args).task_queue)
+    return 0
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
     table = [
         {
             "PHASE": r["phase"] or "-",
@@ -409,7 +416,40 @@ async def _status(args: argparse.Namespace) -> int:
     print("  ".join(k.ljust(widths[k]) for k in widths).rstrip())
     for t in table:
         print("  ".join(t[k].ljust(widths[k]) for k in widths).rstrip())
-    return 0
+
+
+async def _print_rejections(client: Any, task_queue: str) -> None:
+    """The `rejected alerts` summary: what Sickbay was told but could not use (kept by the
+    sickbay-rejections workflow), and the pages not sent because one was already sent."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from workflows.constants import QRY_REJECTIONS, rejections_workflow_id
+    from workflows.models import RejectionsSummary
+
+    wid = rejections_workflow_id(task_queue)
+    try:
+        summary = await client.get_workflow_handle(wid).query(
+            QRY_REJECTIONS, result_type=RejectionsSummary
+        )
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            print("\nrejected alerts: none recorded")
+            return
+        print(f"\nrejected alerts: cannot ask {wid}: {exc}", file=sys.stderr)
+        return
+    if not summary.reasons:
+        print("\nrejected alerts: none in the last 24 h")
+        return
+    print("\nrejected alerts (last 24 h; alerts Sickbay was told about but could not use):")
+    for r in summary.reasons:
+        example = f"  e.g. {r.examples[-1]}" if r.examples else ""
+        print(f"  {r.reason:<26} {r.count:>6}  last {r.last_at:%Y-%m-%d %H:%M:%S}Z{example}")
+    for c in summary.claims:
+        if c.suppressed:
+            print(
+                f"  not paged: {c.suppressed} {c.cause} on node {c.node} "
+                f"(paged once, by {c.holder}, at {c.at:%H:%M:%S}Z)"
+            )
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -742,7 +782,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser(
-        "status", help="open incidents: phase, outcome, escalation, since when, device"
+        "status",
+        help="open incidents (phase, outcome, escalation, since when), and the alerts Sickbay "
+        "rejected",
     )
     _add_connection(p)
     p.add_argument("--all", action="store_true", help="closed remediations too (with outcome)")

@@ -44,6 +44,7 @@ from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
     ACT_AWAIT_REMEDIATION,
     ACT_CHECK_HEALTH,
+    ACT_CLAIM_ESCALATION,
     ACT_COUNT_DEVICES,
     ACT_DESCRIBE_POOL,
     ACT_EVICT_PODS,
@@ -74,6 +75,7 @@ from workflows.constants import (
     budget_task_queue,
 )
 from workflows.maintenance import MaintenanceWorkflow
+from workflows.rejections import RejectionsWorkflow
 from workflows.remediation import DeviceRemediationWorkflow
 
 log = logging.getLogger(__name__)
@@ -94,7 +96,12 @@ def _optional(module: str, name: str) -> Any | None:
 
 
 def _workflows() -> list[type]:
-    found: list[type] = [DeviceRemediationWorkflow, BudgetWorkflow, MaintenanceWorkflow]
+    found: list[type] = [
+        DeviceRemediationWorkflow,
+        BudgetWorkflow,
+        MaintenanceWorkflow,
+        RejectionsWorkflow,
+    ]
     for module, name in (
         ("workflows.pool_scaler", "PoolScalerWorkflow"),
         ("workflows.sweep", "HealthSweepWorkflow"),
@@ -128,6 +135,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
         ACT_RELEASE_QUARANTINE,
         ACT_CHECK_HEALTH,
         ACT_SIGNAL_WITH_START,
+        ACT_CLAIM_ESCALATION,
     ),
     WF_BUDGET: (ACT_RECONCILE_LEASES,),
     WF_MAINTENANCE: (ACT_SELECT_DEVICES, ACT_SIGNAL_WITH_START, ACT_AWAIT_REMEDIATION),

@@ -18,6 +18,7 @@ WF_BUDGET = "sickbay-budget"
 WF_SWEEP = "sickbay-health-sweep"
 WF_POOL_SCALER = "sickbay-pool-scaler"
 WF_MAINTENANCE = "sickbay-maintenance-drain"
+WF_REJECTIONS = "sickbay-rejections"
 
 # Singleton workflow ids.
 BUDGET_WORKFLOW_ID = "sickbay-budget"
@@ -41,6 +42,11 @@ QRY_BUDGET_STATE = "state"
 
 # --- maintenance drain workflow -------------------------------------------------------------
 QRY_MAINTENANCE_PROGRESS = "progress"  # -> MaintenanceResult so far
+
+# --- rejections workflow: alerts Sickbay could not use, and one page per cause and node -----
+SIG_REJECTED = "rejected"  # RejectedAlerts, from the webhook
+UPD_CLAIM_ESCALATION = "claim-escalation"  # EscalationClaim -> EscalationClaimResult
+QRY_REJECTIONS = "rejections"  # -> RejectionsSummary
 
 # --- pool scaler workflow --------------------------------------------------------------------
 UPD_POOL_NEED = "need-capacity"
@@ -71,6 +77,7 @@ ACT_WAIT_POOL_OPERATION = "wait-node-pool-operation"  # polls: ERR_STILL_WAITING
 ACT_NOTIFY = "send-notification"
 ACT_SWEEP_CLUSTER = "sweep-cluster"
 ACT_SIGNAL_WITH_START = "signal-with-start-remediation"
+ACT_CLAIM_ESCALATION = "claim-escalation"  # engine -> rejections workflow
 ACT_RECONCILE_LEASES = "reconcile-budget-leases"
 ACT_SELECT_DEVICES = "select-devices"  # maintenance selector -> physical GPUs
 ACT_AWAIT_REMEDIATION = "await-remediation-phase"  # maintenance: wait for a drain to finish
@@ -150,6 +157,14 @@ def budget_workflow_id(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
 
 
 BUDGET_QUEUE_SUFFIX = "-budget"
+
+
+def rejections_workflow_id(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
+    """The rejections workflow of the workers on `task_queue` (scoped like the budget's):
+    `sickbay-rejections`, or `sickbay-rejections-<queue>` on another queue."""
+    if task_queue == DEFAULT_TASK_QUEUE:
+        return WF_REJECTIONS
+    return f"{WF_REJECTIONS}-{task_queue}"
 
 
 def budget_task_queue(task_queue: str = DEFAULT_TASK_QUEUE) -> str:

@@ -13,7 +13,7 @@ through `temporalio.contrib.pydantic.pydantic_data_converter`. Rules:
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -227,6 +227,28 @@ class AlertEvidence(Contract):
     summary: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
     pod: PodRef | None = None  # dcgm-exporter's pod mapping, when present
+    # The class the alert itself stands for (its rule: ECC double-bit -> unhealthy, NVLink ->
+    # degraded, ...); None: classified by `xid`. Never derived from a counter's value.
+    failure_class: FailureClass | None = None
+
+
+class HandledAlert(Contract):
+    """One Alertmanager alert instance a run handled: its fingerprint and startsAt (constant
+    over one firing episode; a new firing after resolution gets a new startsAt)."""
+
+    fingerprint: str
+    starts_at: datetime | None = None
+
+    def key(self) -> tuple[str, str]:
+        return instance_key(self.fingerprint, self.starts_at)
+
+
+def instance_key(fingerprint: str, starts_at: datetime | None) -> tuple[str, str]:
+    """(fingerprint, startsAt in UTC): one instant is one key, whatever offset it came in."""
+    if starts_at is None:
+        return (fingerprint, "")
+    at = starts_at.astimezone(UTC) if starts_at.tzinfo is not None else starts_at
+    return (fingerprint, at.isoformat())
 
 
 class AlertResolved(Contract):
@@ -293,6 +315,9 @@ class RemediationInput(Contract):
     reason: str = ""
     # Set only by the workflow itself when it continues-as-new during a long hold.
     resume: RemediationCarry | None = None
+    # Alert instances an earlier run of this device handled (the webhook reads them from that
+    # run's result): never evidence again, and listed in this run's result too.
+    handled_before: list[HandledAlert] = Field(default_factory=list)
 
 
 class MaintenanceInput(Contract):
@@ -370,6 +395,64 @@ class BudgetState(Contract):
     waiters: list[BudgetWaiter] = Field(default_factory=list)  # oldest first
     reconcile_interval: Duration = timedelta(minutes=5)
     max_updates_per_run: int = Field(default=500, ge=1)  # continue-as-new after this many
+
+
+class RejectedAlerts(Contract):
+    """Alerts a webhook process could not use since its last report (signal `rejected`)."""
+
+    at: datetime
+    counts: dict[str, int] = Field(default_factory=dict)  # reason -> alerts
+    examples: dict[str, list[str]] = Field(default_factory=dict)  # reason -> a few, in words
+
+
+class RejectionCount(Contract):
+    reason: str
+    count: int = 0
+    first_at: datetime
+    last_at: datetime
+    examples: list[str] = Field(default_factory=list)  # the latest few
+
+
+class EscalationClaim(Contract):
+    """A remediation asking to page for a cause on a node (unresolvable devices): the first
+    in `window` pages, the others are told who did."""
+
+    cause: str
+    node: str
+    holder: str  # the asking workflow's id
+    window: Duration = timedelta(minutes=30)
+    detail: str = ""
+
+
+class EscalationClaimRecord(Contract):
+    cause: str
+    node: str
+    holder: str
+    at: datetime
+    window: Duration = timedelta(minutes=30)
+    suppressed: int = 0
+    detail: str = ""
+
+
+class EscalationClaimResult(Contract):
+    granted: bool
+    holder: str = ""  # who pages (this caller when granted)
+    since: datetime | None = None
+    suppressed: int = 0  # pages not sent for this cause and node in the window so far
+
+
+class RejectionsState(Contract):
+    """Input of `sickbay-rejections` and its continue-as-new state."""
+
+    reasons: list[RejectionCount] = Field(default_factory=list)
+    claims: list[EscalationClaimRecord] = Field(default_factory=list)
+    keep: Duration = timedelta(hours=24)  # a reason not seen for this long is forgotten
+    max_events_per_run: int = Field(default=1000, ge=1)
+
+
+class RejectionsSummary(Contract):
+    reasons: list[RejectionCount] = Field(default_factory=list)
+    claims: list[EscalationClaimRecord] = Field(default_factory=list)
 
 
 class ReconcileLeasesInput(Contract):
@@ -485,6 +568,9 @@ class RemediationResult(Contract):
     reason: str = ""
     status: RemediationStatus
     timeline: list[TimelineEntry] = Field(default_factory=list)
+    # Alertmanager alert instances this run (and the ones before it) handled: a repeat of one
+    # of them never starts another run (the webhook answers `already-handled`).
+    handled_alerts: list[HandledAlert] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------

@@ -67,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.constants import (
         ACT_ACQUIRE_BUDGET,
         ACT_CHECK_HEALTH,
+        ACT_CLAIM_ESCALATION,
         ACT_COUNT_DEVICES,
         ACT_EVICT_PODS,
         ACT_FIND_CONSUMERS,
@@ -83,6 +84,9 @@ with workflow.unsafe.imports_passed_through():
         ACT_SIGNAL_WITH_START,
         ACT_WAIT_EVICTION,
         ACT_WAIT_REPLACEMENT,
+        ERR_CHANNEL_REJECTED,
+        ERR_CONFIG,
+        ERR_DEVICE_NOT_FOUND,
         ERR_INVALID_INPUT,
         ERR_POOL_AT_MAX,
         QRY_STATUS,
@@ -120,6 +124,8 @@ with workflow.unsafe.imports_passed_through():
         CountDevicesInput,
         DeviceCounts,
         DeviceRef,
+        EscalationClaim,
+        EscalationClaimResult,
         EscalationReason,
         EventTarget,
         EvictionReport,
@@ -128,6 +134,7 @@ with workflow.unsafe.imports_passed_through():
         Evidence,
         EvidenceInput,
         FindConsumersInput,
+        HandledAlert,
         HealthResult,
         Incident,
         LaunchRequest,
@@ -159,6 +166,7 @@ with workflow.unsafe.imports_passed_through():
         WaitReplacementInput,
         format_duration,
         input_problems,
+        instance_key,
     )
     from workflows.runbook_match import DEFAULT_RUNBOOK, builtin_default, select_runbook
 
@@ -227,7 +235,15 @@ NOTIFY_RETRY = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(minutes=3),
     maximum_attempts=6,
+    # A channel that is not configured, or that refused the event, fails the same way again.
+    non_retryable_error_types=[ERR_CONFIG, ERR_CHANNEL_REJECTED],
 )
+# Alerts about devices the cluster does not have: one page per node per window, whatever the
+# number of made-up UUIDs (the rejections workflow keeps count). Its update answers in
+# milliseconds; 3 tries, then this run pages rather than stay silent.
+UNRESOLVABLE_PAGE_WINDOW = timedelta(minutes=30)
+CLAIM_TIMEOUT = timedelta(seconds=10)
+CLAIM_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
 # Patch: independent confirm steps (and the budget lease) run concurrently.
 PATCH_CONCURRENT_CONFIRM = "concurrent-confirm"
 PATCH_HEALTH_ONLY_RELEASE = "healthy-cooldown-needs-health"
@@ -283,6 +299,16 @@ def _error_text(err: BaseException) -> str:
     return str(err)
 
 
+def _gave_up(err: BaseException) -> str:
+    """Why a notification was given up: a permanent error (configuration, rejected) is tried
+    once, not NOTIFY_RETRY's six times, and the timeline says so."""
+    cause = err.cause if isinstance(err, ActivityError) else err
+    permanent = NOTIFY_RETRY.non_retryable_error_types or []
+    if isinstance(cause, ApplicationError) and (cause.non_retryable or cause.type in permanent):
+        return f"not retried: {_error_text(err)}"
+    return f"gave up after {NOTIFY_RETRY.maximum_attempts} tries: {_error_text(err)}"
+
+
 def _error_type(err: BaseException) -> str | None:
     cause = err.cause if isinstance(err, ActivityError) else err
     return cause.type if isinstance(cause, ApplicationError) else None
@@ -293,6 +319,10 @@ def _error_type(err: BaseException) -> str | None:
 # alert -> rule p50 61 -> 44 ms). Determinism is kept the same ways as before: the module
 # imports only stdlib, temporalio and the contract (lint-imports), time/ids/randomness come
 # from workflow.now()/uuid4(), and the recorded histories replay (tests/workflows/test_replay).
+# A result lists at most this many handled alert instances (they add up over a GPU's runs).
+MAX_HANDLED_ALERTS = 500
+
+
 @workflow.defn(name=WF_REMEDIATE, sandboxed=False)
 class DeviceRemediationWorkflow:
     @workflow.init
@@ -486,7 +516,11 @@ class DeviceRemediationWorkflow:
         ).add(1)
         await workflow.wait_condition(workflow.all_handlers_finished)
         return RemediationResult(
-            outcome=outcome, reason=reason, status=self._status, timeline=self._timeline
+            outcome=outcome,
+            reason=reason,
+            status=self._status,
+            timeline=self._timeline,
+            handled_alerts=self._handled_alerts(),
         )
 
     async def _refuse_input(self, problems: str) -> None:
@@ -506,6 +540,15 @@ class DeviceRemediationWorkflow:
             return await self._remediate()
         except ACTIVITY_FAILED as err:
             why = f"step failed: {_error_text(err)}"
+            paged = await self._paged_elsewhere(err, why)
+            if paged is not None:  # this node's same cause was paged: say who, page nobody
+                self._status.escalation_reason = "error"
+                self._log("escalation not sent", reason=paged)
+                self._metrics.create_counter(
+                    "sickbay_pages_suppressed",
+                    "Escalations not paged because one was paged for the cause and node",
+                ).with_additional_attributes({"cause": "device-not-found"}).add(1)
+                raise _Done("escalated", f"{why}; {paged}") from err
             await self._escalate("error", why)
             if self._quarantine is not None:
                 return await self._hold_and_release()
@@ -1596,12 +1639,7 @@ class DeviceRemediationWorkflow:
                     interruptible=False,
                 )
             except ACTIVITY_FAILED as err:
-                self._log(
-                    f"notify {channel} ({action})",
-                    outcome="failed",
-                    reason=f"gave up after {NOTIFY_RETRY.maximum_attempts} tries: "
-                    f"{_error_text(err)}",
-                )
+                self._log(f"notify {channel} ({action})", outcome="failed", reason=_gave_up(err))
                 continue
             tries = getattr(result, "attempt", 1)
             earlier = getattr(result, "earlier_failures", [])
@@ -1628,7 +1666,57 @@ class DeviceRemediationWorkflow:
                 seen.setdefault((owner.kind, owner.namespace, owner.name), owner)
         return list(seen.values())
 
+    async def _paged_elsewhere(self, err: BaseException, why: str) -> str | None:
+        """For an alert about a device the cluster does not have (made up, or gone): None when
+        this run pages, else who already paged for that on this node within the window. Asked
+        of the rejections workflow; when it cannot answer, this run pages (loud, not lost)."""
+        if _error_type(err) != ERR_DEVICE_NOT_FOUND or self._inp.trigger != "alert":
+            return None
+        if self._dry:  # a dry run claims nothing: it must not suppress a real page later
+            return None
+        node = self._inp.device.node or "-"
+        claim = EscalationClaim(
+            cause="device-not-found",
+            node=node,
+            holder=workflow.info().workflow_id,
+            window=UNRESOLVABLE_PAGE_WINDOW,
+            detail=why[:300],
+        )
+        try:
+            got = await self._activity(
+                ACT_CLAIM_ESCALATION,
+                claim,
+                EscalationClaimResult,
+                start_to_close=CLAIM_TIMEOUT,
+                retry=CLAIM_RETRY,
+                interruptible=False,
+            )
+        except ACTIVITY_FAILED as claim_err:
+            self._log("escalation claim failed", reason=_error_text(claim_err))
+            return None
+        if got.granted:
+            return None
+        since = got.since.isoformat() if got.since else "earlier"
+        return (
+            f"not paged: {got.holder} paged for device-not-found on node {node} at {since} "
+            f"({got.suppressed} such alerts since, within {UNRESOLVABLE_PAGE_WINDOW})"
+        )
+
+    def _handled_alerts(self) -> list[HandledAlert]:
+        """Alertmanager alert instances this run and the ones before it handled."""
+        seen: dict[tuple[str, str], HandledAlert] = {h.key(): h for h in self._inp.handled_before}
+        for a in self._alerts:
+            if a.source == "alertmanager" and a.fingerprint:
+                h = HandledAlert(fingerprint=a.fingerprint, starts_at=a.starts_at)
+                seen.setdefault(h.key(), h)
+        return list(seen.values())[-MAX_HANDLED_ALERTS:]  # newest last: the oldest go first
+
     def _add_alerts(self, alerts: list[AlertEvidence], initial: bool = False) -> None:
+        before = {h.key() for h in self._inp.handled_before}
+        if before:  # an earlier run handled these: repeats, not evidence
+            fresh = [a for a in alerts if instance_key(a.fingerprint, a.starts_at) not in before]
+            self._status.duplicate_alerts += len(alerts) - len(fresh)
+            alerts = fresh
         merged, added = merge_evidence(self._alerts, alerts)
         self._alerts = merged
         self._status.alerts = len(merged)

@@ -4,7 +4,7 @@ reserve or use them, their owners up to the top controller, and what runbook mat
 
 DRA requests: 1 list of claims (all namespaces) + 1 list of the node's pods + 1 read per
 distinct ReplicaSet/Job + 1 read per distinct namespace.
-Device plugin: 1 list of the node's pods + reads for alert-named pods not found there.
+Device plugin: 1 list of the node's pods (alert-named pods count only when found there).
 """
 
 from __future__ import annotations
@@ -81,6 +81,19 @@ def _get_pod(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
         raise
 
 
+def _may_hold(pod: dict[str, Any], uuid: str | None) -> bool:
+    """False only when the pod reports device health and none of it is for this GPU (the
+    device plugin's id is the UUID; time-sliced replicas add `::<n>`)."""
+    reports = health_reports(pod, None)
+    if not reports or not uuid:
+        return True
+    want = uuid.lower()
+    return any(
+        r.resource_id.lower() == want or r.resource_id.lower().startswith(want + "::")
+        for r in reports
+    )
+
+
 def find_consumers(kube: Kube, inp: FindConsumersInput) -> ConsumersResult:
     device = inp.device
     pods_by_key: dict[tuple[str, str], dict[str, Any]] = {}
@@ -113,10 +126,14 @@ def find_consumers(kube: Kube, inp: FindConsumersInput) -> ConsumersResult:
                     claim_of.setdefault(key, cname)
     else:
         uuid = device.gpu_uuid
+        # Alert labels are hints only: a named pod is a consumer when the API shows it on
+        # this node (the node's pod list, never a read by name), requesting a GPU, and not
+        # reporting health for other GPUs only. dcgm-exporter's own pod (which a Prometheus
+        # Operator scrape labels `pod`) requests no GPU, so it never qualifies.
         for ref in inp.alert_pods:
             key = (ref.namespace, ref.name)
-            pod = index.get(key) or _get_pod(kube, *key)
-            if pod is not None:
+            pod = index.get(key)
+            if pod is not None and requests_gpu(pod) and _may_hold(pod, uuid):
                 pods_by_key[key] = pod
         any_status = False
         for key, pod in index.items():

@@ -16,7 +16,8 @@ needs to look again: a grace period ending, a container restart, a DeviceTaintRu
 status update). All timers are on the simulator's `Clock`, so `--time-scale` speeds them up.
 
 Order of one pass: resource claims from templates -> scheduler -> workload controllers
-(Deployment, ReplicaSet, StatefulSet, Job) -> device-taint eviction -> kubelet stand-in ->
+(Deployment, ReplicaSet, StatefulSet, Job) -> device-taint eviction -> kubelet stand-in
+-> node Leases and heartbeats (controllers/leases.py) ->
 node pools / MachineDeployments -> garbage collection. Every controller writes only through
 `sim.store`, exactly as the HTTP API would.
 
@@ -140,6 +141,7 @@ class ControllerManager:
         from simulator.controllers.claims import ResourceClaimController
         from simulator.controllers.gc import GarbageCollector
         from simulator.controllers.kubelet import Kubelet
+        from simulator.controllers.leases import NodeLeases
         from simulator.controllers.nodepools import MachineDeploymentController, NodePools
         from simulator.controllers.scheduler import Scheduler
         from simulator.controllers.taints import DeviceTaintEviction
@@ -173,6 +175,7 @@ class ControllerManager:
             JobController(self),
             self.taints,
             self.kubelet,
+            NodeLeases(self),
             self.node_pools,
             MachineDeploymentController(self),
             GarbageCollector(self),

@@ -26,6 +26,7 @@ from workflows.budget import BudgetWorkflow
 from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
     ACT_CHECK_HEALTH,
+    ACT_CLAIM_ESCALATION,
     ACT_COUNT_DEVICES,
     ACT_EVICT_PODS,
     ACT_FIND_CONSUMERS,
@@ -60,6 +61,8 @@ from workflows.models import (
     DeviceCounts,
     DeviceRef,
     DraDevice,
+    EscalationClaim,
+    EscalationClaimResult,
     EvictionReport,
     EvictPodsInput,
     EvictPodsResult,
@@ -87,6 +90,7 @@ from workflows.models import (
     WaitEvictionInput,
     WaitReplacementInput,
 )
+from workflows.rejections import RejectionsWorkflow
 from workflows.remediation import DeviceRemediationWorkflow
 
 RUNBOOKS_DIR = Path(__file__).resolve().parents[2] / "runbooks"
@@ -291,6 +295,11 @@ class FakeWorld:
             world.calls.append((ACT_RELEASE_QUARANTINE, req))
             return ReleaseResult(removed=True)
 
+        @activity.defn(name=ACT_CLAIM_ESCALATION)
+        async def claim_escalation(req: EscalationClaim) -> EscalationClaimResult:
+            world.calls.append((ACT_CLAIM_ESCALATION, req))
+            return EscalationClaimResult(granted=True, holder=req.holder)
+
         @activity.defn(name=ACT_CHECK_HEALTH)
         async def check_health(req: CheckHealthInput) -> HealthResult:
             world.calls.append((ACT_CHECK_HEALTH, req))
@@ -312,6 +321,7 @@ class FakeWorld:
             record_event,
             release,
             check_health,
+            claim_escalation,
         ]
         if not self.use_real_budget:
             acts += [acquire, release_budget]
@@ -329,7 +339,7 @@ def new_worker(
     return Worker(
         client,
         task_queue=task_queue or f"tq-{uuid.uuid4()}",
-        workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
+        workflows=[DeviceRemediationWorkflow, BudgetWorkflow, RejectionsWorkflow],
         activities=[*world.activities(), *extra_activities],
         # 0: every task replays from history, which catches non-determinism (costs a 10 s
         # task timeout when a signal races an eviction on the test server; used selectively).

@@ -37,6 +37,7 @@ Cases (one per branch of the procedure):
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -230,6 +231,37 @@ async def test_application_xid_does_not_taint(time_skipping_env: WorkflowEnviron
     assert "NOT quarantined" in event.message
     notes = world.args(ACT_NOTIFY)
     assert [n.channel for n in notes] == ["pagerduty"] and notes[0].incident.severity == "warning"
+
+
+async def test_result_lists_the_alert_instances_it_handled(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """The closed run's result says which Alertmanager alert instances (fingerprint +
+    startsAt) it handled, including the ones an earlier run handled (`handled_before`, which
+    are not new evidence): what the webhook asks Temporal before starting another run."""
+    from workflows.models import HandledAlert
+
+    client = time_skipping_env.client
+    world = FakeWorld(health="Healthy")
+    at = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+    older = HandledAlert(fingerprint="fp-ecc", starts_at=at - timedelta(hours=1))
+    async with new_worker(client, world) as worker:
+        handle = await start(
+            client,
+            worker,
+            world,
+            alerts=[
+                xid_alert(13, "fp-13", starts_at=at),
+                # Already handled by the previous run: not evidence again.
+                xid_alert(79, "fp-ecc", starts_at=older.starts_at),
+            ],
+            handled_before=[older],
+        )
+        result = await handle.result()
+    assert result.status.failure_class == "application"  # the handled Xid 79 did not count
+    assert result.status.alerts == 1
+    keys = {(h.fingerprint, h.starts_at) for h in result.handled_alerts}
+    assert keys == {("fp-13", at), ("fp-ecc", older.starts_at)}
 
 
 async def test_unhealthy_status_overrides_application_xid(
@@ -723,6 +755,46 @@ async def test_failing_channel_retried_and_recorded(time_skipping_env: WorkflowE
     assert delivered[-1].outcome == "delivered (try 3)"
 
 
+async def test_channel_configuration_error_is_not_retried(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """A channel that is not configured fails once; the timeline says it was not retried
+    (not "gave up after 6 tries")."""
+    from temporalio import activity as act
+
+    from workflows.constants import ERR_CONFIG
+
+    client = time_skipping_env.client
+    world = FakeWorld(health="Healthy")
+    tries: list[int] = []
+
+    @act.defn(name=ACT_NOTIFY)
+    async def unconfigured(req: object) -> None:
+        tries.append(act.info().attempt)
+        raise ApplicationError(  # even without the flag: the type is never retried
+            "notification channel 'pagerduty' is not configured on this worker", type=ERR_CONFIG
+        )
+
+    from temporalio.worker import Worker
+
+    from workflows.budget import BudgetWorkflow
+    from workflows.remediation import DeviceRemediationWorkflow
+
+    async with Worker(
+        client,
+        task_queue="tq-unconfigured-channel",
+        workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
+        activities=world.activities(unconfigured),
+    ) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(13, "fp-13")])
+        result = await handle.result()
+    assert tries == [1]
+    failed = [e for e in result.timeline if e.action.startswith("notify pagerduty")]
+    assert failed and failed[-1].outcome == "failed"
+    assert "not retried" in failed[-1].reason and "6 tries" not in failed[-1].reason
+    assert "ConfigurationError" in failed[-1].reason
+
+
 async def test_non_retryable_quarantine_error_escalates(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
@@ -949,6 +1021,80 @@ async def test_unknown_device_escalates_with_default_runbook(
     assert result.outcome == "escalated" and "DeviceNotFound" in result.reason
     assert [n.channel for n in world.args(ACT_NOTIFY)] == ["pagerduty"]  # default's channel
     assert ACT_QUARANTINE not in world.names()
+
+
+async def test_made_up_devices_page_once_per_node(time_skipping_env: WorkflowEnvironment) -> None:
+    """Alerts naming GPUs the cluster does not have (5,000 fabricated UUIDs paged 5,000 times):
+    the first remediation of a node pages, the others say who did and page nobody; the
+    rejections workflow counts them. Another node pages once for itself; a person's launch
+    always pages."""
+    from temporalio import activity as act
+    from temporalio.worker import Worker
+
+    from activities.launch import LaunchActivities
+    from workflows.budget import BudgetWorkflow
+    from workflows.constants import (
+        ACT_RESOLVE_DEVICE,
+        ERR_DEVICE_NOT_FOUND,
+        QRY_REJECTIONS,
+        WF_REMEDIATE,
+        device_workflow_id,
+        rejections_workflow_id,
+    )
+    from workflows.models import DeviceRef, RejectionsSummary, RemediationInput, RemediationResult
+    from workflows.rejections import RejectionsWorkflow
+    from workflows.remediation import DeviceRemediationWorkflow
+
+    client = time_skipping_env.client
+    world = FakeWorld()
+    queue = f"tq-made-up-{uuid.uuid4().hex[:6]}"
+
+    @act.defn(name=ACT_RESOLVE_DEVICE)
+    async def not_found(req: object) -> None:
+        raise ApplicationError(
+            "no ResourceSlice device has that uuid", type=ERR_DEVICE_NOT_FOUND, non_retryable=True
+        )
+
+    claims = LaunchActivities(client, queue)
+    # Real time: the rejections workflow's hourly housekeeping timer must not be skipped to
+    # (the window is 30 minutes).
+    with time_skipping_env.auto_time_skipping_disabled():
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[DeviceRemediationWorkflow, BudgetWorkflow, RejectionsWorkflow],
+            activities=world.activities(not_found, claims.claim_escalation),
+        ) as worker:
+            results = []
+            for i in range(4):
+                handle = await start(client, worker, world, gpu_uuid=f"GPU-made-up-{i}")
+                results.append(await handle.result())
+            other = FakeWorld(node="gpu-node-other")
+            results.append(await (await start(client, worker, other, gpu_uuid="GPU-x")).result())
+            by_hand = await client.start_workflow(
+                WF_REMEDIATE,
+                RemediationInput(
+                    device=DeviceRef(node=world.node, gpu_uuid="GPU-made-up-9"), trigger="manual"
+                ),
+                id=device_workflow_id(world.node, "GPU-made-up-9"),
+                task_queue=queue,
+                result_type=RemediationResult,
+            )
+            results.append(await by_hand.result())
+            summary = await client.get_workflow_handle(rejections_workflow_id(queue)).query(
+                QRY_REJECTIONS, result_type=RejectionsSummary
+            )
+    assert all(r.outcome == "escalated" for r in results)
+    pages = [n for n in world.args(ACT_NOTIFY) if n.action == "trigger"]
+    assert len(pages) == 3  # node 1 once, the other node once, the person's launch
+    first = device_workflow_id(world.node, "GPU-made-up-0")
+    for r in results[1:4]:
+        assert "not paged" in r.reason and first in r.reason
+        assert "escalation not sent" in actions(r.timeline)
+    (counted,) = [x for x in summary.reasons if x.reason == "device-not-found"]
+    assert counted.count == 5  # every alert-triggered one asked; the manual one did not
+    by_node = {c.node: c.suppressed for c in summary.claims}
+    assert by_node == {world.node: 3, "gpu-node-other": 0}
 
 
 async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_timeout(

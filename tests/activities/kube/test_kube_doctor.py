@@ -6,7 +6,7 @@ Cases:
   reporting; exit code 0 when nothing is an error;
 - permissions via SelfSubjectAccessReview (answered by the RBAC proxy from deploy/rbac.yaml):
   all allowed -> ok; a role missing a required verb -> error naming it, exit code 1;
-- the twin without SelfSubjectAccessReview: a warning, not a crash;
+- a cluster without SelfSubjectAccessReview (404): a warning, not a crash;
 - --probe with the twin's controllers: the no-op effect-None rule gets a status condition
   ("acts"), and is deleted afterwards; without the eviction controller: error with advice;
 - an unreachable API server: one error line, exit code 1.
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from simulator import errors
 from simulator.controllers.manager import ControllerManager
 from tests.activities.kube.conftest import PROFILES, twin
 from tests.activities.kube.test_kube_errors import RULES, without
@@ -76,7 +77,13 @@ async def test_doctor_missing_permission_is_an_error(tmp_path: Path) -> None:
 
 
 async def test_doctor_without_access_reviews_warns(tmp_path: Path) -> None:
-    with twin(tmp_path, "1.36") as t:  # straight to the twin: no SelfSubjectAccessReview there
+    with twin(tmp_path, "1.36") as t:
+        # A cluster that does not serve SelfSubjectAccessReview answers 404 for it.
+        t.sim.add_request_interceptor(
+            lambda info: (
+                errors.unknown_resource() if info.resource == "selfsubjectaccessreviews" else None
+            )
+        )
         code, out = doctor(t.kubeconfig)
     assert code == 0
     assert line(out, "permissions").startswith("warning") and "not served" in out
