@@ -34,6 +34,7 @@ from tests.workflows.fakes import (
     xid_alert,
 )
 from workflows.constants import (
+    ACT_CLAIM_ESCALATION,
     ACT_NOTIFY,
     ACT_QUARANTINE,
     ACT_RECORD_EVENT,
@@ -53,7 +54,9 @@ from workflows.models import (
     RepairedRequest,
 )
 
-SIDE_EFFECTS = (ACT_NOTIFY, ACT_RECORD_EVENT, ACT_QUARANTINE)
+# A dry run pages nobody, writes no Event, taints nothing and claims no page (a claim would
+# suppress a real page for the same cause on the node later).
+SIDE_EFFECTS = (ACT_NOTIFY, ACT_RECORD_EVENT, ACT_QUARANTINE, ACT_CLAIM_ESCALATION)
 
 
 async def _history(handle: WorkflowHandle[Any, Any]) -> list[Any]:
