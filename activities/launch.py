@@ -69,6 +69,59 @@ def manual_evidence(inp: RemediationInput) -> AlertEvidence:
     )
 
 
+def start_summary(inp: RemediationInput, evidence: AlertEvidence | None = None) -> str:
+    """The Web UI list view's one-line summary of a remediation, fixed at its start."""
+    what: str = inp.trigger
+    if evidence is not None and evidence.xid is not None:
+        what += f" Xid {evidence.xid}"
+    elif evidence is not None and evidence.alertname and inp.trigger == "alert":
+        what += f" {evidence.alertname}"
+    text = f"GPU {inp.device.key}: {what}"
+    reason = inp.reason or (evidence.summary if evidence is not None else "")
+    if reason:
+        text += f" - {reason}"
+    if inp.dry_run:
+        text += " (dry run)"
+    return text[:200]
+
+
+def start_details(inp: RemediationInput, evidence: AlertEvidence | None = None) -> str:
+    """The static details (markdown) of a remediation: who asked for what, and why."""
+    lines = [
+        f"**GPU** `{inp.device.key}`",
+        f"- node: {inp.device.node or 'resolved by the workflow'}",
+        f"- trigger: {inp.trigger}, requested by {inp.requested_by}",
+    ]
+    if evidence is not None and (evidence.alertname or evidence.xid is not None):
+        xid = f" (Xid {evidence.xid})" if evidence.xid is not None else ""
+        lines.append(f"- evidence: {evidence.source} {evidence.alertname}{xid}")
+    if inp.reason:
+        lines.append(f"- reason: {inp.reason}")
+    lines.append(
+        f"- runbook: {inp.runbook} (pinned)"
+        if inp.runbook
+        else "- runbook: chosen from the consumers (see the timeline)"
+    )
+    lines.append(
+        "- dry run: nothing is changed, nobody is paged" if inp.dry_run else "- dry run: no"
+    )
+    return "\n".join(lines)
+
+
+def start_memo(inp: RemediationInput) -> dict[str, str]:
+    """The memo shown with the run: the launch facts, no secrets."""
+    memo = {
+        "device": inp.device.key,
+        "node": inp.device.node or "",
+        "trigger": inp.trigger,
+        "requested_by": inp.requested_by,
+        "reason": inp.reason,
+        "runbook": inp.runbook or "",
+        "dry_run": "yes" if inp.dry_run else "no",
+    }
+    return {k: v for k, v in memo.items() if v}
+
+
 async def signal_with_start(
     client: Client,
     inp: RemediationInput,
@@ -98,10 +151,12 @@ async def signal_with_start(
     if evidence_list is not None and len(evidence_list) > 1:
         batch = list(evidence_list)
         signal, signal_args, what = SIG_ALERTS, [batch], f"{len(batch)} alerts"
+        first = batch[0]
     else:
         one = evidence_list[0] if evidence_list else evidence
         ev = one if one is not None else manual_evidence(inp)
         signal, signal_args, what = SIG_ALERT, [ev], f"alert {ev.fingerprint or ev.alertname}"
+        first = ev
     handle = await client.start_workflow(
         WF_REMEDIATE,
         inp,
@@ -115,6 +170,10 @@ async def signal_with_start(
         start_signal=signal,
         start_signal_args=signal_args,
         rpc_timeout=rpc_timeout,
+        # Only taken when this call starts the run (the list view's summary and details).
+        static_summary=start_summary(inp, first),
+        static_details=start_details(inp, first),
+        memo=start_memo(inp),
     )
     # SignalWithStartWorkflowExecutionResponse.started says whether this call created the
     # run. (The time-skipping test server leaves it unset, so there it always reads False.)

@@ -101,7 +101,9 @@ SA_DEVICE = "SickbayDevice"
 SA_NODE = "SickbayNode"
 SA_WORKLOAD_CLASS = "SickbayWorkloadClass"
 SA_PHASE = "SickbayPhase"
-SEARCH_ATTRIBUTES = (SA_DEVICE, SA_NODE, SA_WORKLOAD_CLASS, SA_PHASE)
+SA_OUTCOME = "SickbayOutcome"  # set when the run closes: released, escalated, aborted, ...
+SA_ESCALATION = "SickbayEscalation"  # the escalation reason, set when the run escalates
+SEARCH_ATTRIBUTES = (SA_DEVICE, SA_NODE, SA_WORKLOAD_CLASS, SA_PHASE, SA_OUTCOME, SA_ESCALATION)
 
 # --- Kubernetes labels and annotations -----------------------------------------------------
 LABEL_WORKLOAD_CLASS = "sickbay.dev/workload-class"

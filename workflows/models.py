@@ -24,6 +24,8 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    Strict,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -69,6 +71,8 @@ def _format_duration(value: timedelta) -> str:
     return f"{seconds}s"
 
 
+format_duration = _format_duration  # `5m`, `1h`, `30s`: how durations read in the Web UI
+
 Duration = Annotated[
     timedelta,
     BeforeValidator(parse_duration),
@@ -81,6 +85,9 @@ FailureClass = Literal["unhealthy", "degraded", "application", "unknown"]
 TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
 ClusterMode = Literal["dra", "device-plugin"]
 Trigger = Literal["alert", "sweep", "manual", "ui", "maintenance"]
+# A JSON boolean only: `"dry_run": "true"` (or "yes", 1) is refused with a clear error rather
+# than coerced, so a launch typed by hand in the Web UI means exactly what it says.
+StrictBool = Annotated[bool, Strict()]
 
 
 class Phase(StrEnum):
@@ -303,7 +310,7 @@ class RemediationInput(Contract):
     alerts: list[AlertEvidence] = Field(default_factory=list)
     trigger: Trigger = "ui"
     runbook: str | None = None  # pin a runbook by name; else matched from consumers
-    dry_run: bool = False
+    dry_run: StrictBool = False
     requested_by: str = "unknown"
     reason: str = ""
     # Set only by the workflow itself when it continues-as-new during a long hold.
@@ -318,7 +325,7 @@ class MaintenanceInput(Contract):
     runbook: str = "maintenance"
     reason: str = Field(default="planned maintenance", min_length=1)
     requested_by: str = "unknown"
-    dry_run: bool = False
+    dry_run: StrictBool = False
 
 
 class LaunchRequest(Contract):
@@ -545,6 +552,8 @@ class RemediationStatus(Contract):
     rule_name: str | None = None
     consumers: list[PodRef] = Field(default_factory=list)
     awaiting: str = ""  # what the workflow waits for, in words
+    until: datetime | None = None  # when that wait ends by itself (timeout, deadline, retry)
+    next_action: str = ""  # what the workflow does next, in words
     started_at: datetime | None = None
     updated_at: datetime | None = None
     outcome: Outcome | None = None
@@ -1203,3 +1212,25 @@ class RemediationCarry(Contract):
 
 
 RemediationInput.model_rebuild()
+
+
+def input_problems(err: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One line naming every bad field of a workflow input and its problem, e.g.
+    `device: Field required; dryrun: unknown field (fields: device, alerts, ...)`."""
+    problems = []
+    for e in err.errors():
+        where = ".".join(str(part) for part in e["loc"]) or "input"
+        if e["type"] == "extra_forbidden":
+            known = (
+                f" (fields: {', '.join(f for f in model.model_fields if f != 'resume')})"
+                if model and len(e["loc"]) == 1
+                else ""
+            )
+            problems.append(f"{where}: unknown field{known}")
+        elif e["type"] == "model_type" and not e["loc"]:
+            problems.append(f"input: must be a JSON object, got {e.get('input')!r}")
+        elif e["type"] in ("bool_type", "string_type", "int_type", "model_type", "dict_type"):
+            problems.append(f"{where}: {e['msg']}, got {e.get('input')!r}")
+        else:
+            problems.append(f"{where}: {e['msg']}")
+    return "; ".join(problems)

@@ -60,6 +60,9 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import BaseModel, ValidationError
+
+with workflow.unsafe.imports_passed_through():
     from workflows.classify import classify, is_stale, merge_evidence
     from workflows.constants import (
         ACT_ACQUIRE_BUDGET,
@@ -84,11 +87,14 @@ with workflow.unsafe.imports_passed_through():
         ERR_CHANNEL_REJECTED,
         ERR_CONFIG,
         ERR_DEVICE_NOT_FOUND,
+        ERR_INVALID_INPUT,
         ERR_POOL_AT_MAX,
         QRY_STATUS,
         QRY_TIMELINE,
         SA_DEVICE,
+        SA_ESCALATION,
         SA_NODE,
+        SA_OUTCOME,
         SA_PHASE,
         SA_WORKLOAD_CLASS,
         SIG_ABORT,
@@ -117,6 +123,7 @@ with workflow.unsafe.imports_passed_through():
         ConsumersResult,
         CountDevicesInput,
         DeviceCounts,
+        DeviceRef,
         EscalationClaim,
         EscalationClaimResult,
         EscalationReason,
@@ -157,11 +164,14 @@ with workflow.unsafe.imports_passed_through():
         TimelineEntry,
         WaitEvictionInput,
         WaitReplacementInput,
+        format_duration,
+        input_problems,
         instance_key,
     )
     from workflows.runbook_match import DEFAULT_RUNBOOK, builtin_default, select_runbook
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 # --- transport options (operational knobs live in the runbook) --------------------------------
 # Local activities: one Kubernetes/Temporal call each, milliseconds when healthy. 10 s covers a
@@ -247,6 +257,8 @@ SA_DEVICE_KEY = SearchAttributeKey.for_keyword(SA_DEVICE)
 SA_NODE_KEY = SearchAttributeKey.for_keyword(SA_NODE)
 SA_WORKLOAD_KEY = SearchAttributeKey.for_keyword(SA_WORKLOAD_CLASS)
 SA_PHASE_KEY = SearchAttributeKey.for_keyword(SA_PHASE)
+SA_OUTCOME_KEY = SearchAttributeKey.for_keyword(SA_OUTCOME)
+SA_ESCALATION_KEY = SearchAttributeKey.for_keyword(SA_ESCALATION)
 
 
 # What a failed activity raises in the workflow: ActivityError wrapping the cause for regular
@@ -314,7 +326,17 @@ MAX_HANDLED_ALERTS = 500
 @workflow.defn(name=WF_REMEDIATE, sandboxed=False)
 class DeviceRemediationWorkflow:
     @workflow.init
-    def __init__(self, inp: RemediationInput) -> None:
+    def __init__(self, raw: Any = None) -> None:
+        # The input is decoded here, not by the SDK: a payload the SDK cannot decode fails the
+        # workflow *task* on every retry, so a mistyped Web UI launch would stay Running
+        # forever under the device's id, swallowing its alerts. Bad input instead fails the
+        # run at once (in `run`), naming the field; the next trigger starts a fresh run.
+        self._input_error: str | None = None
+        try:
+            inp = RemediationInput.model_validate(raw)
+        except ValidationError as err:
+            self._input_error = input_problems(err, RemediationInput)
+            inp = RemediationInput(device=DeviceRef(node="invalid-input", gpu_uuid="invalid"))
         self._inp = inp
         info = workflow.info()
         carry = inp.resume
@@ -325,8 +347,8 @@ class DeviceRemediationWorkflow:
         else:
             self._status = RemediationStatus(
                 workflow_id=info.workflow_id,
-                device=inp.device.key,
-                node=inp.device.node,
+                device=inp.device.key if self._input_error is None else "unknown (invalid input)",
+                node=inp.device.node if self._input_error is None else None,
                 started_at=workflow.now(),
                 updated_at=workflow.now(),
                 dry_run=inp.dry_run,
@@ -348,25 +370,34 @@ class DeviceRemediationWorkflow:
         self._resolved_pending = False  # an alert-resolved not yet checked against health
         self._budget_freed = False  # set by the budget workflow's wake-up signal
         self._decision: ApprovalDecision | None = None
+        self._would_have: EscalationReason | None = None  # a dry run's escalation
         self._sa_phase: Phase | None = None
         self._metrics = workflow.metric_meter()
         if carry is None:
             self._add_alerts(inp.alerts, initial=True)
+        if self._input_error is None:
+            workflow.set_current_details(self._details())
 
     # ---------------------------------------------------------------- messages -------------
 
-    @workflow.signal(name=SIG_ALERT)
+    @workflow.signal(
+        name=SIG_ALERT, description="internal: more evidence, sent by the webhook, sweep and CLI"
+    )
     def alert(self, evidence: AlertEvidence) -> None:
         self._add_alerts([evidence])
 
-    @workflow.signal(name=SIG_ALERTS)
+    @workflow.signal(
+        name=SIG_ALERTS, description="internal: several alerts at once, sent by the webhook"
+    )
     def alert_batch(self, evidence: list[AlertEvidence]) -> None:
         """Several alerts in one signal (the webhook coalesces a storm's deliveries for one
         workflow): each is handled exactly as its own `alert` signal would be."""
         for one in evidence:
             self._add_alerts([one])
 
-    @workflow.signal(name=SIG_ALERT_RESOLVED)
+    @workflow.signal(
+        name=SIG_ALERT_RESOLVED, description="internal: Alertmanager resolved the alert (webhook)"
+    )
     def alert_resolved(self, resolved: AlertResolved) -> None:
         self._resolved_pending = True
         self._log(
@@ -375,26 +406,51 @@ class DeviceRemediationWorkflow:
             actor="alertmanager",
         )
 
-    @workflow.signal(name=SIG_BUDGET_FREED)
+    @workflow.signal(
+        name=SIG_BUDGET_FREED,
+        description="internal: sent by the sickbay-budget workflow when a slot frees; not for people",
+    )
     def budget_freed(self) -> None:
         """From sickbay-budget: a slot freed while this remediation waits for one."""
         self._budget_freed = True
 
-    @workflow.signal(name=SIG_ABORT)
-    def abort(self, req: AbortRequest) -> None:
-        if self._abort is None:
+    @workflow.signal(
+        name=SIG_ABORT,
+        description='for people: stop and undo the quarantine. Input: {"reason": "why", "actor": "you"}',
+    )
+    def abort(self, raw: Any = None) -> None:
+        req = self._message(SIG_ABORT, AbortRequest, raw)
+        if req is not None and self._abort is None:
             self._abort = req
             self._log("abort requested", actor=req.actor, reason=req.reason)
 
-    @workflow.signal(name=SIG_REPAIRED)
-    def repaired(self, req: RepairedRequest) -> None:
-        if self._repaired is None:
+    @workflow.signal(
+        name=SIG_REPAIRED,
+        description='for people: the GPU is repaired, release it. Input: {"actor": "you", "note": "what was done"}',
+    )
+    def repaired(self, raw: Any = None) -> None:
+        req = self._message(SIG_REPAIRED, RepairedRequest, raw)
+        if req is not None and self._repaired is None:
             self._repaired = req
             self._log("marked repaired", actor=req.actor, reason=req.note)
             if self._health_only:
                 self._note_repair()
 
-    @workflow.update(name=UPD_APPROVE)
+    def _message(self, name: str, model: type[M], raw: Any) -> M | None:
+        """Decode a signal typed by a person (Web UI): the SDK would drop an undecodable one
+        with only a worker log line; here the refusal, naming the field, is in the timeline."""
+        try:
+            return model.model_validate(raw)
+        except ValidationError as err:
+            problems = input_problems(err, model)
+            self._log(f"{name} signal refused", outcome="invalid input", reason=problems)
+            workflow.logger.warning("%s signal refused: %s", name, problems)
+            return None
+
+    @workflow.update(
+        name=UPD_APPROVE,
+        description='for people, while awaiting-approval. Input: {"approve": true, "actor": "you", "reason": "why"}',
+    )
     def approve(self, decision: ApprovalDecision) -> ApprovalResult:
         self._decision = decision
         self._log(
@@ -414,18 +470,21 @@ class DeviceRemediationWorkflow:
         if self._decision is not None:
             raise ValueError("already decided by " + self._decision.actor)
 
-    @workflow.query(name=QRY_TIMELINE)
+    @workflow.query(name=QRY_TIMELINE, description="the ordered timeline of decisions")
     def timeline(self) -> list[TimelineEntry]:
         return self._timeline
 
-    @workflow.query(name=QRY_STATUS)
+    @workflow.query(name=QRY_STATUS, description="phase, what it waits for, until when, next")
     def status(self) -> RemediationStatus:
         return self._status
 
     # ---------------------------------------------------------------- run ------------------
 
     @workflow.run
-    async def run(self, inp: RemediationInput) -> RemediationResult:
+    async def run(self, raw: Any = None) -> RemediationResult:
+        if self._input_error is not None:
+            await self._refuse_input(self._input_error)
+        inp = self._inp
         try:
             if inp.resume is not None and inp.resume.waiting_for_budget:
                 # Weeks may have passed: confirm afresh (evidence, consumers, runbook), then
@@ -442,6 +501,11 @@ class DeviceRemediationWorkflow:
         except _Done as done:
             outcome, reason = done.outcome, done.reason
             await self._release_lease()
+        if self._dry and outcome != "dry-run":
+            # Whatever a dry run found, it changed nothing: outcome dry-run, and the reason
+            # says what a real run would have done.
+            would = f" (would escalate: {self._would_have})" if self._would_have else ""
+            outcome, reason = "dry-run", f"dry run, nothing changed{would}: {reason}"
         self._status.outcome = outcome
         self._enter(Phase.CLOSED, awaiting="")
         self._log("closed", outcome=outcome, reason=reason)
@@ -458,6 +522,17 @@ class DeviceRemediationWorkflow:
             timeline=self._timeline,
             handled_alerts=self._handled_alerts(),
         )
+
+    async def _refuse_input(self, problems: str) -> None:
+        """Fail the run at once: nothing was done, and the Web UI shows why."""
+        why = f"invalid input for {WF_REMEDIATE}: {problems}"
+        self._status.phase, self._status.outcome = Phase.CLOSED, None
+        self._log("input refused", outcome="failed", reason=why)
+        workflow.set_current_details(f"**failed: invalid input**\n\n{problems}")
+        workflow.upsert_search_attributes(
+            [SA_PHASE_KEY.value_set(Phase.CLOSED.value), SA_OUTCOME_KEY.value_set("invalid-input")]
+        )
+        raise ApplicationError(why, type=ERR_INVALID_INPUT, non_retryable=True)
 
     async def _guarded(self) -> tuple[Outcome, str]:
         """The procedure; a step that fails for good escalates instead of failing the run."""
@@ -482,7 +557,11 @@ class DeviceRemediationWorkflow:
     async def _remediate(self) -> tuple[Outcome, str]:
         inp = self._inp
         # 1. confirm and classify --------------------------------------------------------
-        self._enter(Phase.CONFIRMING, awaiting="cluster evidence")
+        self._enter(
+            Phase.CONFIRMING,
+            awaiting="cluster evidence",
+            next_action="classify the failure and choose a runbook",
+        )
         # Concurrent confirm: independent local activities run side by side (runbooks with
         # resolve; evidence with consumers, the device counts and, once the runbook is known,
         # the budget lease), so alert -> rule waits for 4 local activities in a row, not 7.
@@ -533,6 +612,7 @@ class DeviceRemediationWorkflow:
         selection = select_runbook(runbooks.runbooks, self._consumers, inp.runbook)
         runbook = self._runbook = selection.runbook
         self._status.runbook = self._status.workload_class = runbook.name
+        self._status.dry_run = self._dry
         for note in selection.notes:
             self._log("runbook note", reason=note)
         self._log("runbook chosen", outcome=runbook.name, reason=selection.why)
@@ -571,7 +651,11 @@ class DeviceRemediationWorkflow:
             return await self._dry_run(device)
 
         # 2. blast-radius guard ------------------------------------------------------------
-        self._enter(Phase.GUARDING, awaiting="budget lease")
+        self._enter(
+            Phase.GUARDING,
+            awaiting="budget lease",
+            next_action="approval" if spec.approval.required else "quarantine the device",
+        )
         await self._acquire_lease(device, runbook, early)
 
         # 3. optional approval ---------------------------------------------------------------
@@ -579,7 +663,11 @@ class DeviceRemediationWorkflow:
             await self._await_approval()
 
         # 4. quarantine ----------------------------------------------------------------------
-        self._enter(Phase.QUARANTINING, awaiting="DeviceTaintRule")
+        self._enter(
+            Phase.QUARANTINING,
+            awaiting="DeviceTaintRule",
+            next_action="wait for the consumers to leave the device",
+        )
         eviction_api = spec.eviction.mode == "eviction-api"
         effect = "NoSchedule" if eviction_api else spec.quarantine.effect
         try:
@@ -782,16 +870,22 @@ class DeviceRemediationWorkflow:
                     reason=why,
                     replace_same=True,
                 )
-            self._enter(Phase.ESCALATED, awaiting=BUDGET_AWAITING)
-            self._upsert()
             first = tries < BUDGET_RETRY_SWITCH and not resumed
             interval = BUDGET_RETRY_FIRST if first else BUDGET_RETRY_LATER
+            self._enter(
+                Phase.ESCALATED,
+                awaiting=BUDGET_AWAITING,
+                until=interval,
+                next_action=f"ask the budget for a lease again (try {tries + 1})",
+            )
+            self._upsert()
             try:
                 await self._wait(
                     lambda: (
                         self._repaired is not None or self._resolved_pending or self._budget_freed
                     ),
                     limit=interval,
+                    summary=f"budget lease retry {tries + 1} ({format_duration(interval)})",
                 )
             except TimeoutError:
                 pass
@@ -927,10 +1021,29 @@ class DeviceRemediationWorkflow:
 
     async def _await_approval(self) -> None:
         policy = self._spec.approval
-        self._enter(Phase.AWAITING_APPROVAL, awaiting=f"approval (timeout {policy.timeout})")
+        on_timeout = {
+            "proceed": "quarantine anyway",
+            "abort": "close without quarantine",
+            "escalate": "escalate, no quarantine",
+        }[policy.on_timeout]
+        self._enter(
+            Phase.AWAITING_APPROVAL,
+            awaiting=f"approval: the `{UPD_APPROVE}` update or `sickbay approve|reject`",
+            until=policy.timeout,
+            next_action=f"approved: quarantine; rejected: escalate; timed out: {on_timeout}",
+        )
+        self._log(
+            "awaiting approval",
+            outcome=f"timeout {format_duration(policy.timeout)}",
+            reason=f"then {policy.on_timeout}: {on_timeout}",
+        )
         self._upsert()
         try:
-            await self._wait(lambda: self._decision is not None, limit=policy.timeout)
+            await self._wait(
+                lambda: self._decision is not None,
+                limit=policy.timeout,
+                summary=f"approval timeout ({format_duration(policy.timeout)}, then {policy.on_timeout})",
+            )
         except TimeoutError:
             self._log("approval timed out", outcome=policy.on_timeout)
             if policy.on_timeout == "proceed":
@@ -997,7 +1110,17 @@ class DeviceRemediationWorkflow:
     async def _evict(self, pods: list[PodRef], eviction_api: bool) -> bool:
         """True once the consumers are gone; False after escalating."""
         policy = self._spec.eviction
-        self._enter(Phase.EVICTING, awaiting=f"{len(pods)} consumer(s) to go")
+        self._enter(
+            Phase.EVICTING,
+            awaiting=f"{len(pods)} consumer(s) to go",
+            until=policy.timeout,
+            next_action="wait for the replacements"
+            + (
+                f"; still there at the timeout: force ({policy.force})"
+                if policy.force != "none"
+                else "; still there at the timeout: escalate"
+            ),
+        )
         self._upsert()
         if eviction_api:
             await self._evict_pods(pods, force=False, label="evict via Eviction API")
@@ -1067,7 +1190,11 @@ class DeviceRemediationWorkflow:
             return
         self._enter(
             Phase.AWAITING_REPLACEMENT,
-            awaiting=f"replacements Running (Pending deadline {spec.replacement.pending_deadline})",
+            awaiting="replacements Running (Pending deadline "
+            f"{format_duration(spec.replacement.pending_deadline)})",
+            until=spec.replacement.pending_deadline,
+            next_action="hold the device; still Pending at the deadline: "
+            + ("scale up the node pool" if spec.scale_up.enabled else "escalate"),
         )
         self._upsert()
         report = await self._wait_replacement(owners, spec.replacement.pending_deadline)
@@ -1126,7 +1253,11 @@ class DeviceRemediationWorkflow:
         policy = self._spec.scale_up
         device = self._device
         assert device is not None
-        self._enter(Phase.SCALING, awaiting="node-pool capacity")
+        self._enter(
+            Phase.SCALING,
+            awaiting="node-pool capacity",
+            next_action="approval of the scale-up" if policy.approval else "wait for capacity",
+        )
         self._upsert()
         pool = policy.pool or NodePoolTarget(
             provider=policy.provider or "http",
@@ -1179,7 +1310,10 @@ class DeviceRemediationWorkflow:
             return None
         self._enter(
             Phase.SCALING,
-            awaiting=f"replacements Running (capacity deadline {policy.capacity_deadline})",
+            awaiting="replacements Running (capacity deadline "
+            f"{format_duration(policy.capacity_deadline)})",
+            until=policy.capacity_deadline,
+            next_action="hold the device; still Pending at the deadline: escalate",
         )
         after = await self._wait_replacement(owners, policy.capacity_deadline)
         if after.status == "pending":
@@ -1200,10 +1334,17 @@ class DeviceRemediationWorkflow:
             PATCH_HEALTH_ONLY_RELEASE
         )
         if health_only:
-            awaiting = f"Healthy for {release.cooldown}"
+            awaiting = f"Healthy for {format_duration(release.cooldown)}"
         else:
-            awaiting = "marked repaired" + (f" or Healthy for {release.cooldown}" if auto else "")
-        self._enter(Phase.HOLDING, awaiting=awaiting)
+            awaiting = "marked repaired" + (
+                f" or Healthy for {format_duration(release.cooldown)}" if auto else ""
+            )
+        self._enter(
+            Phase.HOLDING,
+            awaiting=awaiting,
+            until=release.health_check_interval if auto else None,
+            next_action="check the device's health" if auto else "release once marked repaired",
+        )
         self._upsert()
         self._health_only = health_only
         if health_only and self._repaired is not None:  # marked before the hold began
@@ -1213,6 +1354,9 @@ class DeviceRemediationWorkflow:
                 await self._wait(
                     lambda: not health_only and self._repaired is not None,
                     limit=release.health_check_interval if auto else None,
+                    summary=f"health check ({format_duration(release.health_check_interval)})"
+                    if auto
+                    else None,
                 )
                 break  # marked repaired (never woken so when only health releases)
             except TimeoutError:
@@ -1263,7 +1407,9 @@ class DeviceRemediationWorkflow:
         )
 
     async def _release(self, by_health: bool) -> tuple[Outcome, str]:
-        self._enter(Phase.RELEASING, awaiting="quarantine removal")
+        self._enter(
+            Phase.RELEASING, awaiting="quarantine removal", next_action="release the budget lease"
+        )
         reason = (
             "healthy for the cool-down"
             if by_health or self._repaired is None
@@ -1378,7 +1524,13 @@ class DeviceRemediationWorkflow:
             f"GPU {self._status.device}: {why}. Sickbay classified this as {failure_class}: "
             "the device was NOT quarantined; check the workload."
         )
-        if targets:
+        if targets and self._dry:
+            self._log(
+                "dry run: would record Event",
+                outcome=f"Warning on {len(targets)} pod(s)",
+                reason=message,
+            )
+        elif targets:
             try:
                 await self._local(
                     ACT_RECORD_EVENT,
@@ -1409,9 +1561,11 @@ class DeviceRemediationWorkflow:
         if self._escalated:
             self._log("already escalated", reason=f"{reason}: {summary}")
             return
+        if self._dry:
+            return self._would_escalate(reason, summary)
         self._escalated = True
         self._status.escalation_reason = reason
-        self._enter(Phase.ESCALATED, awaiting=awaiting)
+        self._enter(Phase.ESCALATED, awaiting=awaiting, next_action=_NEEDED[reason])
         self._log("escalate", outcome=reason, reason=summary)
         self._upsert()
         if reason != "application-error":  # that path already put its own Event on the pods
@@ -1432,11 +1586,33 @@ class DeviceRemediationWorkflow:
             "sickbay_escalations", "Escalations, by reason"
         ).with_additional_attributes({"reason": reason}).add(1)
 
+    def _would_escalate(self, reason: EscalationReason, summary: str) -> None:
+        """A dry run never pages and writes no Event: it says what it would have done."""
+        self._escalated = True  # once per incident, as for real
+        self._would_have = reason
+        policy = self._spec.escalation
+        if reason not in policy.on:
+            send = f"no page (runbook {self._status.runbook} escalates only on {policy.on})"
+        elif not policy.channels:
+            send = "no page (the runbook names no channels)"
+        else:
+            send = f"page {', '.join(policy.channels)} ({policy.severity})"
+        pods = len(self._consumers)
+        events = f", a Warning Event on {pods} pod(s)" if pods else ""
+        self._log(
+            "dry run: would escalate",
+            outcome=reason,
+            reason=f"{summary}; would send: {send}{events}; nothing was sent",
+        )
+
     async def _notify_all(
         self, action: str, summary: str, severity: str | None = None, needed: str = ""
     ) -> None:
         policy = self._spec.escalation
         if action == "resolve" and not policy.channels:
+            return
+        if self._dry:  # never reached by the procedure; a last guard against paging
+            self._log(f"dry run: would notify ({action})", reason=summary)
             return
         incident = Incident(
             id=workflow.info().workflow_id,
@@ -1495,6 +1671,8 @@ class DeviceRemediationWorkflow:
         this run pages, else who already paged for that on this node within the window. Asked
         of the rejections workflow; when it cannot answer, this run pages (loud, not lost)."""
         if _error_type(err) != ERR_DEVICE_NOT_FOUND or self._inp.trigger != "alert":
+            return None
+        if self._dry:  # a dry run claims nothing: it must not suppress a real page later
             return None
         node = self._inp.device.node or "-"
         claim = EscalationClaim(
@@ -1574,7 +1752,16 @@ class DeviceRemediationWorkflow:
             )
         )
 
-    def _enter(self, phase: Phase, awaiting: str) -> None:
+    def _enter(
+        self,
+        phase: Phase,
+        awaiting: str,
+        *,
+        until: timedelta | None = None,
+        next_action: str = "",
+    ) -> None:
+        """Change phase; `until`: the wait ends by itself that long from now (timeout,
+        deadline, retry); `next_action`: what happens then, in words (current details)."""
         if phase is not self._status.phase:
             workflow.logger.info(
                 "remediation %s: %s -> %s",
@@ -1588,16 +1775,46 @@ class DeviceRemediationWorkflow:
         self._status.phase = phase
         self._status.awaiting = awaiting
         self._status.updated_at = workflow.now()
+        self._status.until = workflow.now() + until if until is not None else None
+        self._status.next_action = next_action
+        workflow.set_current_details(self._details())
         if phase is Phase.CLOSED:
             self._upsert()
 
+    def _details(self) -> str:
+        """The Web UI's current details: phase, what it waits for and until when, what comes
+        next, the escalation (markdown)."""
+        st = self._status
+        lines = [f"**{st.phase.value}**" + (" (dry run: nothing is changed)" if self._dry else "")]
+        lines.append(f"device {st.device}" + (f" on node {st.node}" if st.node else ""))
+        if st.awaiting:
+            until = f" until {st.until:%Y-%m-%d %H:%M:%S} UTC" if st.until else ""
+            lines.append(f"waiting for: {st.awaiting}{until}")
+        if st.next_action:
+            lines.append(f"next: {st.next_action}")
+        if st.escalation_reason:
+            lines.append(f"escalated: {st.escalation_reason}")
+        if st.runbook:
+            lines.append(f"runbook: {st.runbook}, failure class {st.failure_class or '?'}")
+        if st.outcome:
+            lines.append(f"outcome: {st.outcome}")
+        return "\n\n".join(lines)
+
+    @property
+    def _dry(self) -> bool:
+        """A dry run (input or runbook): nothing is created, nobody is paged."""
+        return self._inp.dry_run or bool(self._runbook and self._runbook.spec.dry_run)
+
     def _upsert(self) -> None:
         """Search attributes, only at durable waits and at the end (one event each)."""
-        if self._sa_phase is self._status.phase:
+        st = self._status
+        if self._sa_phase is st.phase:
             return
-        pairs: list[SearchAttributePair[str]] = [
-            SearchAttributePair(SA_PHASE_KEY, self._status.phase.value)
-        ]
+        pairs: list[SearchAttributePair[str]] = [SearchAttributePair(SA_PHASE_KEY, st.phase.value)]
+        if st.escalation_reason:
+            pairs.append(SearchAttributePair(SA_ESCALATION_KEY, st.escalation_reason))
+        if st.outcome:
+            pairs.append(SearchAttributePair(SA_OUTCOME_KEY, st.outcome))
         if self._sa_phase is None:
             pairs.append(SearchAttributePair(SA_DEVICE_KEY, self._status.device))
             if self._status.node:
@@ -1631,6 +1848,7 @@ class DeviceRemediationWorkflow:
         retry: RetryPolicy,
         heartbeat: timedelta | None = None,
         interruptible: bool = True,
+        summary: str | None = None,
     ) -> T:
         interruptible = interruptible and not self._undoing
         if interruptible and self._abort is not None:
@@ -1642,6 +1860,7 @@ class DeviceRemediationWorkflow:
             start_to_close_timeout=start_to_close,
             heartbeat_timeout=heartbeat,
             retry_policy=retry,
+            summary=summary or name,
         )
         if not interruptible:
             return await call
@@ -1660,9 +1879,14 @@ class DeviceRemediationWorkflow:
         task.cancel()
         raise _Aborted()
 
-    async def _wait(self, done: Callable[[], bool], limit: timedelta | None) -> None:
-        """wait_condition that also ends on abort; TimeoutError when `limit` passes."""
-        await workflow.wait_condition(lambda: done() or self._abort is not None, timeout=limit)
+    async def _wait(
+        self, done: Callable[[], bool], limit: timedelta | None, summary: str | None = None
+    ) -> None:
+        """wait_condition that also ends on abort; TimeoutError when `limit` passes.
+        `summary` names the timer in the Web UI (instead of "1 (15m)")."""
+        await workflow.wait_condition(
+            lambda: done() or self._abort is not None, timeout=limit, timeout_summary=summary
+        )
         if self._abort is not None:
             raise _Aborted()
 
