@@ -91,6 +91,7 @@ from worker.alerts import (
     Unmapped,
     map_alert,
 )
+from worker.security import check_webhook_token
 from worker.settings import Settings
 from worker.spool import Spool
 from worker.temporal import connect, ensure_search_attributes
@@ -205,8 +206,12 @@ class WebhookSettings(BaseSettings):
                 "SICKBAY_WEBHOOK_TOKEN_FILE (or SICKBAY_WEBHOOK_AUTH_DISABLED=true / "
                 "--no-auth for a loopback demo)"
             )
-        if not token:
-            raise RuntimeError("the configured webhook token is empty")
+        source = (
+            "SICKBAY_WEBHOOK_TOKEN"
+            if self.webhook_token is not None
+            else f"SICKBAY_WEBHOOK_TOKEN_FILE {self.webhook_token_file}"
+        )
+        check_webhook_token(token, source)  # WeakTokenError (a RuntimeError) names the problem
         return token.encode()
 
 
