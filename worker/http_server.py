@@ -11,8 +11,13 @@ here adds, per connection (settings `SICKBAY_WEBHOOK_*`):
                            408 and the connection is closed
     body_timeout     30 s  the body complete within this long of the headers; else closed
                            (a request being handled sees the client disconnect)
-    max_connections  256   connections open at once; one more is answered 503 and closed
-                           before a byte of it is read (Alertmanager retries a 503)
+    max_connections  256   connections open at once. One more evicts the connection that
+                           has waited longest for its headers or idled longest between
+                           requests (408 / closed): a real client sends its headers in
+                           milliseconds, so slow clients at the cap give way to it. When every
+                           connection is busy (a request read or handled), the new one is
+                           answered 503 and closed before a byte of it is read (Alertmanager
+                           retries a 503)
 
 Headers are at most 16 KiB (h11's bound; past it: 400). Idle kept-alive connections close after
 30 s (uvicorn's keep-alive timeout). Closed connections are counted and logged at most once a
@@ -101,9 +106,20 @@ class ConnectionLimits:
     header_timeout: float
     body_timeout: float
     max_connections: int
-    closed: dict[str, int] = field(default_factory=lambda: {"headers": 0, "body": 0, "busy": 0})
+    closed: dict[str, int] = field(
+        default_factory=lambda: {"headers": 0, "body": 0, "busy": 0, "evicted": 0}
+    )
+    # Connections that may give way to a new one (waiting for headers, or idle between
+    # requests), with the monotonic time since when; oldest first.
+    evictable: dict[BoundedH11Protocol, float] = field(default_factory=dict)
     _logged: dict[str, int] = field(default_factory=dict)
     _logged_at: float = 0.0
+
+    def victim(self, newcomer: BoundedH11Protocol) -> BoundedH11Protocol | None:
+        for protocol in self.evictable:  # insertion order: the oldest first
+            if protocol is not newcomer and not protocol.transport.is_closing():
+                return protocol
+        return None
 
     def note(self, reason: str) -> None:
         self.closed[reason] += 1
@@ -114,12 +130,14 @@ class ConnectionLimits:
         self._logged, self._logged_at = dict(self.closed), now
         log.warning(
             "webhook closed slow or surplus connections: %d with headers not complete in %g s, "
-            "%d with a body not complete in %g s, %d past %d open connections (since the last "
-            "such line; said at most every %g s)",
+            "%d with a body not complete in %g s, %d slow or idle ones to make room and %d new "
+            "ones (503) past %d open connections (since the last such line; said at most "
+            "every %g s)",
             new["headers"],
             self.header_timeout,
             new["body"],
             self.body_timeout,
+            new["evicted"],
             new["busy"],
             self.max_connections,
             LOG_EVERY_SECONDS,
@@ -140,10 +158,14 @@ class BoundedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
-            self.limits.note("busy")
-            transport.write(_BUSY)
-            transport.close()
-            return
+            victim = self.limits.victim(self)
+            if victim is None:  # every connection is busy with a request
+                self.limits.note("busy")
+                transport.write(_BUSY)
+                transport.close()
+                return
+            self.limits.note("evicted")
+            victim._close_slow()
         self._arm("headers")
 
     def data_received(self, data: bytes) -> None:
@@ -156,15 +178,19 @@ class BoundedH11Protocol(H11Protocol):
         super().on_response_complete()
         if self.conn.their_state is h11.IDLE:
             self._disarm()  # idle between requests: uvicorn's keep-alive timeout applies
+            self.limits.evictable[self] = time.monotonic()
         else:
             self._follow()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.limits.evictable.pop(self, None)
         super().connection_lost(exc)
 
     def _follow(self) -> None:
         state = self.conn.their_state
+        if state is not h11.IDLE:
+            self.limits.evictable.pop(self, None)  # a request is in: never evicted now
         if state is h11.SEND_BODY:
             if self._waiting_for != "body":
                 self._arm("body")
@@ -174,6 +200,9 @@ class BoundedH11Protocol(H11Protocol):
 
     def _arm(self, what: str) -> None:
         self._disarm()
+        if what == "headers":
+            self.limits.evictable.pop(self, None)
+            self.limits.evictable[self] = time.monotonic()  # to the end: the newest
         timeout = self.limits.header_timeout if what == "headers" else self.limits.body_timeout
         self._waiting_for = what
         self._deadline = self.loop.call_later(timeout, self._expired, what)
@@ -190,7 +219,13 @@ class BoundedH11Protocol(H11Protocol):
         if self.transport.is_closing():
             return
         self.limits.note(what)
-        if what == "headers" and self.conn.our_state is h11.IDLE:
+        self._close_slow()
+
+    def _close_slow(self) -> None:
+        """Close a connection whose request is not in (408 when it had started one)."""
+        self._disarm()
+        self.limits.evictable.pop(self, None)
+        if self.conn.our_state is h11.IDLE and self.conn.their_state is h11.IDLE:
             self.transport.write(_TOO_SLOW)
         self.transport.close()
 

@@ -7,8 +7,10 @@ Cases:
 - a request whose headers are complete but whose body trickles is closed too (with or without
   the token: the deadline is the server's, not the route's);
 - while they are held, and after, a normal request is served;
-- past SICKBAY_WEBHOOK_MAX_CONNECTIONS open connections one more is answered 503 at once and
-  closed; once the slow ones are gone, new connections are served again;
+- at SICKBAY_WEBHOOK_MAX_CONNECTIONS open connections that are slow (headers not in), a new
+  client is served and the oldest slow connection gives way (408, closed);
+- at the cap with every connection busy (a request being read), one more is answered 503 at
+  once and closed, no busy one is touched; once they are gone, new connections are served;
 - the settings are refused when out of range or when only half of the TLS pair is set.
 """
 
@@ -166,28 +168,50 @@ def test_slow_headers_silent_and_slow_bodies_are_closed(tmp_path: Path) -> None:
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
 
 
-def test_connections_past_the_cap_get_503_until_slow_ones_are_gone(tmp_path: Path) -> None:
-    # Long enough a header deadline that the held connections are still open while the extra
-    # ones try; they are closed by it afterwards.
-    with _webhook(tmp_path, SICKBAY_WEBHOOK_HEADER_TIMEOUT="15") as port:
-        held = {_connect(port): HEADERS for _ in range(MAX_CONNECTIONS)}
-        # Each held connection has been accepted once it has been sent a byte and not closed.
+def test_at_the_cap_slow_connections_give_way_to_new_ones(tmp_path: Path) -> None:
+    # A header deadline long enough that only the cap can close the held connections.
+    with _webhook(tmp_path, SICKBAY_WEBHOOK_HEADER_TIMEOUT="60") as port:
+        held = [_connect(port) for _ in range(MAX_CONNECTIONS)]
         for s in held:
             s.send(HEADERS[:1])
-        deadline = time.monotonic() + CLOSED_WITHIN
-        refused = b""
-        while not refused.startswith(b"HTTP/1.1 503"):
-            assert time.monotonic() < deadline, f"no 503 past the cap: {refused!r}"
-            extra = socket.create_connection(("127.0.0.1", port), timeout=10)
-            try:
-                extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: sickbay\r\n\r\n")
-                refused = extra.recv(4096)
-            except (ConnectionResetError, BrokenPipeError):
-                refused = b""
-            finally:
-                extra.close()
-        assert b"too many open connections" in refused
-        _trickle_until_closed({s: HEADERS[1:] for s in held})
+        # Accepted in order: the held ones before each client below.
+        # Each new client is served (and kept open); the oldest slow connection makes room
+        # for it (408, closed).
+        clients = []
+        for _ in range(3):
+            c = socket.create_connection(("127.0.0.1", port), timeout=10)
+            c.sendall(b"GET /healthz HTTP/1.1\r\nHost: sickbay\r\n\r\n")
+            answer = c.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            clients.append(c)
+        evicted = _closed(held, within=CLOSED_WITHIN, at_least=3)
+        assert evicted[:3] == held[:3], "the oldest slow connections give way first"
+        for s in held + clients:
+            s.close()
+
+
+def test_past_the_cap_of_busy_connections_new_ones_get_503(tmp_path: Path) -> None:
+    # Busy: headers complete, the body on its way (a request in progress is never evicted).
+    with _webhook(tmp_path, SICKBAY_WEBHOOK_BODY_TIMEOUT="60") as port:
+        held = [_connect(port) for _ in range(MAX_CONNECTIONS)]
+        for s in held:
+            s.sendall(
+                b"POST /v1/alertmanager HTTP/1.1\r\nHost: sickbay\r\nContent-Length: 100\r\n"
+                + f"Authorization: Bearer {TOKEN}\r\nExpect: 100-continue\r\n\r\n".encode()
+            )
+        _wait_continue(held)
+        for s in held:
+            s.send(b"{")
+        extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: sickbay\r\n\r\n")
+            refused = extra.recv(4096)
+        finally:
+            extra.close()
+        assert refused.startswith(b"HTTP/1.1 503") and b"too many open connections" in refused
+        assert _closed(held, within=0.5, at_least=0) == [], "a busy connection was closed"
+        for s in held:
+            s.close()
         deadline = time.monotonic() + CLOSED_WITHIN
         while True:  # the server notices the closed sockets as they go: wait for a 200
             resp = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10)
@@ -195,6 +219,56 @@ def test_connections_past_the_cap_get_503_until_slow_ones_are_gone(tmp_path: Pat
                 break
             assert time.monotonic() < deadline, resp.text
             time.sleep(0.2)
+
+
+def _wait_continue(held: list[socket.socket]) -> None:
+    """Until the server answered every held request's `Expect: 100-continue`: it then has
+    read their headers and is reading their bodies (busy)."""
+    waiting = set(held)
+    deadline = time.monotonic() + CLOSED_WITHIN
+    sel = selectors.DefaultSelector()
+    for s in held:
+        sel.register(s, selectors.EVENT_READ)
+    try:
+        while waiting:
+            assert time.monotonic() < deadline, f"{len(waiting)} requests never got 100 Continue"
+            for key, _ in sel.select(timeout=0.2):
+                s = key.fileobj
+                assert isinstance(s, socket.socket)
+                chunk = s.recv(4096)
+                assert chunk.startswith(b"HTTP/1.1 100"), chunk
+                waiting.discard(s)
+                sel.unregister(s)
+    finally:
+        sel.close()
+
+
+def _closed(socks: list[socket.socket], within: float, at_least: int) -> list[socket.socket]:
+    """The sockets of `socks` the server closed, in the order it closed them, waiting up to
+    `within` seconds for at least `at_least` of them."""
+    closed: list[socket.socket] = []
+    sel = selectors.DefaultSelector()
+    for s in socks:
+        sel.register(s, selectors.EVENT_READ)
+    deadline = time.monotonic() + within
+    try:
+        while time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=0.1):
+                s = key.fileobj
+                assert isinstance(s, socket.socket)
+                try:
+                    chunk = s.recv(4096)
+                except (BlockingIOError, ConnectionResetError):
+                    chunk = b""
+                if not chunk or chunk.startswith(b"HTTP/1.1 408"):
+                    closed.append(s)
+                    sel.unregister(s)
+            if at_least and len(closed) >= at_least:
+                break
+    finally:
+        sel.close()
+    assert len(closed) >= at_least, f"only {len(closed)} of {at_least} closed in {within} s"
+    return closed
 
 
 @pytest.mark.parametrize(
