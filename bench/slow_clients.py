@@ -82,16 +82,16 @@ def run(connections: int, interval: float, seconds: float) -> dict[str, Any]:
         next_probe = started + 1.0
         while time.monotonic() - started < seconds and len(closed_at) < len(socks):
             for key, _ in sel.select(timeout=0.2):
-                s = key.fileobj
-                assert isinstance(s, socket.socket)
+                conn = key.fileobj
+                assert isinstance(conn, socket.socket)
                 try:
-                    chunk = s.recv(4096)
+                    chunk = conn.recv(4096)
                 except (BlockingIOError, ConnectionResetError):
                     chunk = b""
-                received[s] += chunk
+                received[conn] += chunk
                 if not chunk:
-                    closed_at[s] = time.monotonic() - started
-                    sel.unregister(s)
+                    closed_at[conn] = time.monotonic() - started
+                    sel.unregister(conn)
             now = time.monotonic()
             if now >= next_byte:
                 next_byte += interval
