@@ -79,6 +79,7 @@ from prometheus_client import (
 )
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from starlette.requests import ClientDisconnect
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -1201,6 +1202,8 @@ def create_app(
                 )
             except ValueError as exc:
                 return reply(400, {"error": str(exc)}, "bad-request")
+            except ClientDisconnect:  # gone, or cut off by the body deadline (http_server.py)
+                return reply(408, {"error": "the body did not arrive in time"}, "body-timeout")
             try:
                 payload = AmPayload.model_validate_json(raw)
             except ValidationError as exc:

@@ -5,7 +5,8 @@ Cases:
 - connections trickling header bytes (one every 0.3 s, never finishing) are answered 408 and
   closed by the server, as are connections that open and send nothing;
 - a request whose headers are complete but whose body trickles is closed too (with or without
-  the token: the deadline is the server's, not the route's);
+  the token: the deadline is the server's, not the route's); the route that was reading the
+  body counts it (`requests_rejected{reason="body-timeout"}`) and logs no traceback;
 - while they are held, and after, a normal request is served;
 - at SICKBAY_WEBHOOK_MAX_CONNECTIONS open connections that are slow (headers not in), a new
   client is served and the oldest slow connection gives way (408, closed);
@@ -166,6 +167,10 @@ def test_slow_headers_silent_and_slow_bodies_are_closed(tmp_path: Path) -> None:
         slow_headers = [r for s, r in received.items() if socks[s] == HEADERS]
         assert all(r.startswith(b"HTTP/1.1 408") for r in slow_headers), slow_headers
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        # The authenticated slow body reached the route: counted, not a traceback.
+        assert 'sickbay_webhook_requests_rejected_total{reason="body-timeout"} 1.0' in metrics
+    assert "Traceback" not in (tmp_path / "webhook.log").read_text()
 
 
 def test_at_the_cap_slow_connections_give_way_to_new_ones(tmp_path: Path) -> None:
