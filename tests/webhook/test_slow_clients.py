@@ -190,7 +190,7 @@ def test_at_the_cap_slow_connections_give_way_to_new_ones(tmp_path: Path) -> Non
             assert answer.startswith(b"HTTP/1.1 200"), answer
             clients.append(c)
         evicted = _closed(held, within=CLOSED_WITHIN, at_least=3)
-        assert evicted[:3] == held[:3], "the oldest slow connections give way first"
+        assert set(evicted) == set(held[:3]), "the oldest slow connections give way first"
         for s in held + clients:
             s.close()
 
