@@ -13,7 +13,10 @@ Cases:
   files named as droppable;
 - a cluster serving no DeviceTaintRule (device plugin) without deploy/rbac-node-fallback.yaml:
   error, the fallback needs nodes patch;
-- runbooks that do not load: error naming the problem.
+- runbooks that do not load: error naming the problem;
+- `needed()` per optional grant: pods delete only for `eviction.force: delete` runbooks, nodes
+  patch only without DeviceTaintRule, DeviceTaintRule verbs only with it, Cluster API verbs
+  only for a `cluster-api` scale-up runbook.
 """
 
 from __future__ import annotations
@@ -85,3 +88,36 @@ async def test_runbooks_that_do_not_load_are_an_error(tmp_path: Path) -> None:
         code, out = doctor(t.kubeconfig, "--runbooks", str(bad))
     assert code == 1
     assert line(out, "runbooks").startswith("error") and "x.yaml" in out
+
+
+def test_needed_names_the_runbook_choice_of_each_optional_grant() -> None:
+    from activities.kube.permissions import PERMISSIONS, needed
+    from workflows.models import Runbook
+
+    def runbook(name: str, spec: dict[str, object]) -> Runbook:
+        return Runbook.model_validate(
+            {
+                "apiVersion": "sickbay/v1",
+                "kind": "Runbook",
+                "metadata": {"name": name},
+                "spec": spec,
+            }
+        )
+
+    plain = runbook("plain", {})
+    forcing = runbook("forcing", {"eviction": {"force": "delete"}})
+    capi = runbook("capi", {"scaleUp": {"enabled": True, "provider": "cluster-api", "maxSize": 4}})
+    by_resource = {p.resource: p for p in PERMISSIONS if not p.required}
+    assert set(by_resource) == {"nodes", "pods", "devicetaintrules", "machinedeployments"}
+    assert needed(by_resource["pods"], [plain, capi], True) == []
+    assert needed(by_resource["pods"], [plain, forcing], True) == [
+        "runbook forcing (eviction.force: delete)"
+    ]
+    assert needed(by_resource["nodes"], [forcing], True) == []
+    assert needed(by_resource["nodes"], [plain], False)  # the fallback patches nodes
+    assert needed(by_resource["devicetaintrules"], [plain], False) == []
+    assert needed(by_resource["machinedeployments"], [plain, forcing], True) == []
+    assert needed(by_resource["machinedeployments"], [capi], True) == [
+        "runbook capi (scaleUp provider cluster-api)"
+    ]
+    assert all(needed(p, [], True) == ["always"] for p in PERMISSIONS if p.required)
