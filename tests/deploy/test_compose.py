@@ -19,7 +19,9 @@ Cases:
   set; no password or token has a default (the PostgreSQL password and the webhook token
   secret are required variables), no example token file ships; the worker's metrics listen on
   0.0.0.0 only inside its container (published on loopback); the UI auth override turns on
-  OIDC with its client secret required from the operator's environment.
+  OIDC with its client secret required from the operator's environment; the webhook TLS
+  override sets the cert/key settings the code reads to mounted secrets of required files and
+  probes HTTPS.
 """
 
 from __future__ import annotations
@@ -354,3 +356,20 @@ def test_ui_auth_override() -> None:
         assert required_variables(env[key]) == [key], f"{path.name}: {key} must be required"
     docs = (ROOT / "docs" / "deploy.md").read_text()
     assert "temporal-ui-oidc.yml" in docs, "docs/deploy.md must show how to put the UI behind auth"
+
+
+def test_webhook_tls_override() -> None:
+    path = DEPLOY / "compose" / "webhook-tls.yml"
+    override = yaml.safe_load(path.read_text())
+    webhook = override["services"]["webhook"]
+    env = _env(webhook)
+    assert_known_env(set(env), path.name)
+    secrets = set(webhook["secrets"])
+    for key in ("SICKBAY_WEBHOOK_TLS_CERT_FILE", "SICKBAY_WEBHOOK_TLS_KEY_FILE"):
+        target = env[key]
+        assert target.startswith("/run/secrets/") and target.split("/")[-1] in secrets
+    for name in secrets:
+        assert required_variables(override["secrets"][name]["file"]), f"{name} must be required"
+    probe = " ".join(webhook["healthcheck"]["test"])
+    assert "https://127.0.0.1:8080/healthz" in probe
+    assert "webhook-tls.yml" in (ROOT / "docs" / "deploy.md").read_text()
