@@ -124,6 +124,8 @@ class AlertMapping:
         ("exported_namespace", "exported_pod"),
         ("namespace", "pod"),
     )
+    # Labels + annotations (names and values, UTF-8 bytes) past this: refused as `too-large`.
+    max_alert_bytes: int = 16 * 1024
 
     def accepts(self, alertname: str) -> bool:
         return "*" in self.alert_names or alertname in self.alert_names
@@ -143,6 +145,7 @@ UnmappedReason = Literal[
     "missing-node",
     "missing-uuid",
     "invalid-label",
+    "too-large",
 ]
 
 
@@ -264,6 +267,13 @@ def map_alert(
         return unmapped("invalid-label", f"node or UUID label longer than {MAX_ID_PART} chars")
     if not _has_id_chars(node, uuid):
         return unmapped("invalid-label", "node or UUID label has no ASCII letters or digits")
+    size = alert_bytes(alert)
+    if size > mapping.max_alert_bytes:
+        return unmapped(
+            "too-large",
+            f"labels and annotations are {size} bytes, over SICKBAY_WEBHOOK_MAX_ALERT_BYTES "
+            f"({mapping.max_alert_bytes}); not acted on",
+        )
     workflow_id = device_workflow_id(node, uuid)
 
     index_text = _first(labels, mapping.index_labels)
@@ -318,6 +328,15 @@ def map_alert(
     )
     return MappedAlert(
         index, "firing", device, workflow_id, evidence=evidence, starts_at=alert.starts_at
+    )
+
+
+def alert_bytes(alert: AmAlert) -> int:
+    """Bytes of an alert's labels and annotations: names and values, UTF-8."""
+    return sum(
+        len(k.encode()) + len(v.encode())
+        for part in (alert.labels, alert.annotations)
+        for k, v in part.items()
     )
 
 

@@ -4,6 +4,10 @@ Checks, one line each, `ok` / `warning` / `error` plus what to do:
 - API reachable, server version; known-bad releases (1.36.0-1.36.2: the scheduler ignores
   DeviceTaintRules, kubernetes#139651, fixed by the #139681 back-port);
 - every permission Sickbay needs (activities/kube/permissions.py), by SelfSubjectAccessReview;
+- `grants`: which optional grants the loaded runbooks (`--runbooks`, default
+  SICKBAY_RUNBOOKS_DIR) and this cluster need: pods delete for `eviction.force: delete`
+  runbooks, nodes patch where no DeviceTaintRule is served, ...; one that is needed and not
+  granted is an error naming the runbook, one nothing needs can be dropped (its file named);
 - which resource.k8s.io versions serve DeviceTaintRule (else: the Eviction API fallback);
 - with `--probe` only: whether the device-taint eviction controller acts. A short-lived rule
   with effect None that selects no device (a driver name no device has) gets a status condition
@@ -21,15 +25,17 @@ import re
 import sys
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 from activities.kube.client import ErrorKind, Kube, KubeError, KubeSettings
 from activities.kube.devices import list_slice_devices
 from activities.kube.discovery import ClusterApis, Discovery
-from activities.kube.permissions import PERMISSIONS
+from activities.kube.permissions import PERMISSIONS, ROLE_FILES, Permission, needed
 from activities.kube.pods import requests_gpu
 from activities.kube.quarantine import delete_rule, wait_rule_conditions
 from workflows.constants import LABEL_MANAGED_BY, MANAGED_BY_VALUE
+from workflows.models import Runbook
 
 PROBE_TIMEOUT = 30.0  # seconds; the controller writes status ~0.2 s after create (10 s cadence)
 BAD_136_PATCHES = range(0, 3)  # 1.36.0 - 1.36.2 ship the scheduler without the #139651 fix
@@ -49,9 +55,15 @@ class Check:
 
 
 class Doctor:
-    def __init__(self, kube: Kube, probe_timeout: float = PROBE_TIMEOUT) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        probe_timeout: float = PROBE_TIMEOUT,
+        runbooks: list[Runbook] | None = None,
+    ) -> None:
         self.kube = kube
         self.probe_timeout = probe_timeout
+        self.runbooks = runbooks  # None: not loaded (the grants line is left out)
         self.checks: list[Check] = []
 
     def add(self, status: str, name: str, detail: str, fix: str = "") -> None:
@@ -62,7 +74,7 @@ class Doctor:
         if apis is None:
             return self.checks
         self.versions(apis)
-        self.permissions()
+        self.permissions(apis)
         self.taint_api(apis)
         if probe:
             self.probe(apis)
@@ -109,10 +121,12 @@ class Doctor:
         else:
             self.add("ok", "version", f"1.{minor}.{patch}: no known DeviceTaintRule defects")
 
-    def permissions(self) -> None:
+    def permissions(self, apis: ClusterApis | None = None) -> None:
         missing: list[str] = []
         optional_missing: list[str] = []
+        granted: dict[Permission, bool] = {}
         for perm in PERMISSIONS:
+            granted[perm] = True
             for verb in perm.verbs:
                 attrs: dict[str, Any] = {
                     "group": perm.group,
@@ -141,12 +155,14 @@ class Doctor:
                             "SelfSubjectAccessReview is not served: permissions not checked",
                             "compare the service account's role with deploy/rbac.yaml by hand",
                         )
+                        self.grants(apis, None)
                         return
                     raise
                 if not (review.get("status") or {}).get("allowed"):
                     name = f"{verb} {perm.resource}" + (f".{perm.group}" if perm.group else "")
                     (missing if perm.required else optional_missing).append(name)
-        total = sum(len(p.verbs) for p in PERMISSIONS)
+                    granted[perm] = False
+        total = sum(len(p.verbs) for p in PERMISSIONS if p.required)
         if missing:
             self.add(
                 "error",
@@ -154,16 +170,58 @@ class Doctor:
                 "missing: " + ", ".join(missing),
                 "apply deploy/rbac.yaml (ClusterRole sickbay) and bind it to the worker's account",
             )
-        if optional_missing:
+        if not missing:
+            optional = f"; optional ones not granted: {', '.join(optional_missing)}"
             self.add(
-                "warning",
-                "permissions (optional)",
-                "missing: " + ", ".join(optional_missing),
-                "needed only for the quarantine rule, cordon/force-delete runbooks or Cluster "
-                "API scale-up: grant them from deploy/rbac.yaml if you use those",
+                "ok",
+                "permissions",
+                f"all {total} required verbs allowed" + (optional if optional_missing else ""),
             )
-        if not missing and not optional_missing:
-            self.add("ok", "permissions", f"all {total} verbs allowed")
+        self.grants(apis, granted)
+
+    def grants(self, apis: ClusterApis | None, granted: dict[Permission, bool] | None) -> None:
+        """Which optional grants the loaded runbooks and this cluster need (`granted`: what the
+        access reviews said, None when they could not be asked)."""
+        if self.runbooks is None or apis is None:
+            return
+        served = apis.taint_version is not None
+        parts: list[str] = []
+        fixes: list[str] = []
+        needed_missing = False
+        for perm in PERMISSIONS:
+            if perm.required:
+                continue
+            name = (
+                ",".join(perm.verbs)
+                + f" {perm.resource}"
+                + (f".{perm.group}" if perm.group else "")
+            )
+            why = needed(perm, self.runbooks, served)
+            has = None if granted is None else granted[perm]
+            own_file = ROLE_FILES[perm.role] if perm.role != "sickbay" else None
+            if why:
+                text = f"{name}: needed by {', '.join(why)}"
+                if has is False:
+                    needed_missing = True
+                    text += " but NOT granted"
+                    fixes.append(
+                        f"apply {own_file}" if own_file else f"grant {name} (deploy/rbac.yaml)"
+                    )
+            elif has is False:
+                text = f"{name}: not needed; not granted ({perm.role})"
+            else:
+                drop = f"{own_file} can be dropped" if own_file else "its rule can be removed"
+                text = f"{name}: not needed ({drop})"
+            parts.append(text)
+        self.add(
+            "error" if needed_missing else "ok",
+            "grants",
+            f"{len(self.runbooks)} runbook(s), DeviceTaintRule "
+            + ("served" if served else "not served")
+            + ": "
+            + "; ".join(parts),
+            "; ".join(fixes),
+        )
 
     def taint_api(self, apis: ClusterApis) -> None:
         if not apis.dra:
@@ -349,11 +407,34 @@ class Doctor:
         )
 
 
+def _load_runbooks(path: Path) -> tuple[list[Runbook] | None, Check]:
+    from activities.runbooks import RunbookError, load_dir
+
+    try:
+        loaded = load_dir(path)
+    except RunbookError as exc:
+        problems = exc.problems
+        shown = "; ".join(problems[:3]) + (
+            f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        )
+        return None, Check(
+            "error",
+            "runbooks",
+            f"{path} does not load: {shown}",
+            f"sickbay runbooks validate {path}",
+        )
+    names = ", ".join(r.name for r in loaded.runbooks)
+    return loaded.runbooks, Check("ok", "runbooks", f"{len(loaded.runbooks)} from {path}: {names}")
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from worker.settings import Settings
 
     settings = Settings()
+    runbooks, loaded = _load_runbooks(
+        Path(args.runbooks) if args.runbooks else settings.runbooks_dir
+    )
     kube_settings = KubeSettings.from_settings(settings)
     kube_settings = KubeSettings(
         kubeconfig=args.kubeconfig or kube_settings.kubeconfig,
@@ -367,9 +448,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         out.write(f"{'error':<8}{'config':<28}cannot load Kubernetes config: {exc}\n")
         return 1
     try:
-        checks = Doctor(kube, args.probe_timeout).run(probe=args.probe)
+        checks = [loaded, *Doctor(kube, args.probe_timeout, runbooks).run(probe=args.probe)]
     except KubeError as err:
-        checks = [Check("error", "doctor", f"stopped: {err}")]
+        checks = [loaded, Check("error", "doctor", f"stopped: {err}")]
     finally:
         kube.api_client.close()
     for check in checks:
@@ -400,4 +481,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: KUBECONFIG)")
     parser.add_argument("--context", default=None, help="kubeconfig context")
+    parser.add_argument(
+        "--runbooks",
+        default=None,
+        help="runbook directory whose grant needs to check (default: SICKBAY_RUNBOOKS_DIR)",
+    )
     parser.set_defaults(func=run)

@@ -343,21 +343,27 @@ def _main_worker(client: Client, settings: Settings, built: Built) -> Worker:
     )
 
 
-def metrics_runtime(port: int) -> Runtime | None:
-    """A Temporal runtime exporting SDK + workflow metrics for Prometheus on `port`."""
+def metrics_runtime(port: int, host: str = "127.0.0.1") -> Runtime | None:
+    """A Temporal runtime exporting SDK + workflow metrics for Prometheus on `host:port`."""
     if port <= 0:
         return None
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 in brackets
     return Runtime(
         telemetry=TelemetryConfig(
-            metrics=PrometheusConfig(bind_address=f"0.0.0.0:{port}"),
+            metrics=PrometheusConfig(bind_address=address),
         )
     )
 
 
 async def run_worker(settings: Settings) -> int:
+    from worker.security import configured_token_problem
     from worker.temporal import connect, ensure_search_attributes, freeze_startup_heap
 
-    runtime = metrics_runtime(settings.metrics_port)
+    problem = configured_token_problem()
+    if problem is not None:  # a weak webhook token in the shared settings: stop the deployment
+        log.error("refusing to start: %s", problem)
+        return 2
+    runtime = metrics_runtime(settings.metrics_port, settings.metrics_host)
     if runtime is not None:
         # The default runtime serves every client this process makes, so connect() uses it.
         Runtime.set_default(runtime, error_if_already_set=False)
@@ -402,13 +408,14 @@ async def run_worker(settings: Settings) -> int:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     log.info(
-        "worker polling %s (+ %s) on %s/%s (%d workflows, %d activities, metrics :%s)",
+        "worker polling %s (+ %s) on %s/%s (%d workflows, %d activities, metrics %s:%s)",
         settings.task_queue,
         budget_task_queue(settings.task_queue),
         settings.temporal_address,
         settings.temporal_namespace,
         len(WORKFLOWS),
         len(built.activities),
+        settings.metrics_host,
         settings.metrics_port or "off",
     )
     run = asyncio.create_task(worker.run())

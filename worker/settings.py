@@ -42,6 +42,10 @@ class Settings(BaseSettings):
 
     # Worker
     metrics_port: int = 9464  # Prometheus metrics of the worker; 0 disables
+    # Address the metrics listen on: loopback unless the operator says otherwise (in a pod,
+    # 0.0.0.0 so the kubelet's probes and Prometheus reach it; deploy/ sets that and a
+    # NetworkPolicy that lets only the monitoring namespace in).
+    metrics_host: str = "127.0.0.1"
     max_concurrent_activities: int = 200
     # Workflows kept in the worker's memory between tasks (~0.5 MiB each). A remediation that
     # falls out of the cache is replayed from its (short) history on its next task, so a

@@ -87,6 +87,7 @@ from prometheus_client import (
 )
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from starlette.requests import ClientDisconnect
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -102,8 +103,10 @@ from worker.alerts import (
     Unmapped,
     map_alert,
 )
+from worker.security import check_webhook_token
 from worker.settings import Settings
-from worker.spool import Spool
+from worker.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_BYTES
+from worker.spool import Spool, SpoolFull
 from worker.temporal import connect, ensure_search_attributes
 from workflows.constants import SIG_ALERT_RESOLVED
 from workflows.models import (
@@ -159,6 +162,14 @@ class WebhookSettings(BaseSettings):
     # Past this many pending alerts the spool takes no more: notifications wait for Temporal
     # (503 past the deadline) as without a spool, so a long outage cannot fill the disk.
     webhook_spool_max: int = Field(default=100_000, ge=1)
+    # ... and past this many bytes of journal (worker/spool.py): a disk or emptyDir that
+    # fills up loses the alerts already acknowledged. deploy/webhook.yaml sizes its emptyDir
+    # from it (spool_disk_bytes: twice this plus slack, for a compaction's copy).
+    webhook_spool_max_bytes: int = Field(default=DEFAULT_SPOOL_BYTES, ge=64 * 1024)
+    # An alert whose labels and annotations (names and values, UTF-8) are larger than this is
+    # refused as `too-large`: a real DCGM alert is ~2 KB, and every accepted alert is kept in
+    # history and, when Temporal is slow, in the spool.
+    webhook_max_alert_bytes: int = Field(default=16 * 1024, ge=1024)
     # How often spooled alerts whose call failed are sent again (Temporal down: every round).
     webhook_spool_retry_seconds: float = Field(default=2.0, gt=0)
     # Mapping alert labels to a device (defaults: dcgm-exporter, deploy/prometheus-rules.yaml)
@@ -201,7 +212,13 @@ class WebhookSettings(BaseSettings):
             model_labels=tuple(self.alert_model_labels),
             xid_labels=tuple(self.alert_xid_labels),
             value_annotation=self.alert_value_annotation,
+            max_alert_bytes=self.webhook_max_alert_bytes,
         )
+
+    def new_spool(self) -> Spool:
+        """The delivery spool these settings describe (not opened); needs webhook_spool_dir."""
+        assert self.webhook_spool_dir is not None
+        return Spool(self.webhook_spool_dir, self.webhook_spool_max, self.webhook_spool_max_bytes)
 
     def token_bytes(self) -> bytes | None:
         """The bearer token, or None when auth is explicitly disabled.
@@ -226,8 +243,12 @@ class WebhookSettings(BaseSettings):
                 "SICKBAY_WEBHOOK_TOKEN_FILE (or SICKBAY_WEBHOOK_AUTH_DISABLED=true / "
                 "--no-auth for a loopback demo)"
             )
-        if not token:
-            raise RuntimeError("the configured webhook token is empty")
+        source = (
+            "SICKBAY_WEBHOOK_TOKEN"
+            if self.webhook_token is not None
+            else f"SICKBAY_WEBHOOK_TOKEN_FILE {self.webhook_token_file}"
+        )
+        check_webhook_token(token, source)  # WeakTokenError (a RuntimeError) names the problem
         return token.encode()
 
 
@@ -325,6 +346,13 @@ class WebhookMetrics:
         self.spool_redelivered = Counter(
             "sickbay_webhook_spool_redelivered",
             "Spooled alerts sent again (after a failed call, or left by a previous process)",
+            registry=r,
+        )
+        self.spool_refused = Counter(
+            "sickbay_webhook_spool_refused",
+            "Times the spool took no more alerts, by reason (count, bytes, disk): the "
+            "notification waited for Temporal instead (503 past the deadline)",
+            ["reason"],
             registry=r,
         )
         self.spool_given_up = Counter(
@@ -886,16 +914,14 @@ class AlertService:
                     todo[d.key] = d
         if not todo:
             return set()
-        if not self.spool.room(len(todo)):
-            log.warning(
-                "webhook spool full (%d pending, SICKBAY_WEBHOOK_SPOOL_MAX): waiting for "
-                "Temporal instead",
-                len(self.spool.pending),
-            )
-            return set()
         try:
             added = await asyncio.to_thread(self.spool.add, [d.alert for d in todo.values()])
+        except SpoolFull as exc:
+            self.metrics.spool_refused.labels(exc.reason).inc()
+            log.warning("webhook spool full (%s): waiting for Temporal instead", exc)
+            return set()
         except OSError as exc:
+            self.metrics.spool_refused.labels("disk").inc()
             log.error(
                 "webhook spool: cannot journal %d alert(s), waiting for Temporal instead: %s",
                 len(todo),
@@ -1294,7 +1320,7 @@ def create_app(
         if wh.webhook_spool_dir is not None:
             # Locked for this process (SpoolError: another webhook uses it) and replayed: what a
             # previous process acknowledged but never got into Temporal goes out first.
-            service.spool = Spool(wh.webhook_spool_dir, wh.webhook_spool_max)
+            service.spool = wh.new_spool()
             left = service.spool.open()
             metrics.spool_pending.set(len(left))
             log.info(
@@ -1360,6 +1386,8 @@ def create_app(
                 )
             except ValueError as exc:
                 return reply(400, {"error": str(exc)}, "bad-request")
+            except ClientDisconnect:  # gone, or cut off by the body deadline (http_server.py)
+                return reply(408, {"error": "the body did not arrive in time"}, "body-timeout")
             try:
                 payload = AmPayload.model_validate_json(raw)
             except ValidationError as exc:

@@ -124,7 +124,9 @@ async def ensure_sweep_schedule(
 
 def _run_webhook(args: argparse.Namespace) -> int:
     import uvicorn
+    from pydantic import ValidationError
 
+    from worker.http_server import ServerSettings, build_config
     from worker.temporal import freeze_startup_heap
     from worker.webhook import WebhookSettings, create_app
 
@@ -146,22 +148,24 @@ def _run_webhook(args: argparse.Namespace) -> int:
             from worker.spool import Spool
 
             Spool(webhook.webhook_spool_dir).check()
-    except RuntimeError as exc:  # e.g. no token configured, spool in use
+        # Slow-client bounds and TLS (worker/http_server.py); bad TLS files stop it here.
+        config, _limits, tls = build_config(
+            app,
+            webhook.webhook_host,
+            webhook.webhook_port,
+            ServerSettings(),
+            access_log=args.access_log,
+        )
+    except ValidationError as exc:
+        log.error("invalid webhook setting: %s", exc)
+        return 2
+    except RuntimeError as exc:  # e.g. no or a weak token, spool in use, TLS files unreadable
         log.error("%s", exc)
         return 2
+    if tls is None:
+        log.info("serving plain HTTP (set SICKBAY_WEBHOOK_TLS_CERT_FILE/_KEY_FILE for HTTPS)")
     log.info("start-up heap frozen: %d objects out of full collections", freeze_startup_heap())
-    uvicorn.run(
-        app,
-        host=webhook.webhook_host,
-        port=webhook.webhook_port,
-        access_log=args.access_log,
-        log_level="info",
-        # Alertmanager keeps connections open between notifications.
-        timeout_keep_alive=30,
-        # In-flight notifications finish on SIGTERM (bounded by the Temporal timeout); below
-        # the Deployment's 20 s termination grace period.
-        timeout_graceful_shutdown=15,
-    )
+    uvicorn.Server(config).run()
     return 0
 
 

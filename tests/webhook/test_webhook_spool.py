@@ -375,7 +375,7 @@ def controlled(
     monkeypatch.setattr(AlertService, "_handled_before", nothing_handled)
     service = AlertService(Settings(task_queue="controlled"), wh, WebhookMetrics(), object())  # type: ignore[arg-type]
     if wh.webhook_spool_dir is not None:
-        service.spool = Spool(wh.webhook_spool_dir, max_pending=wh.webhook_spool_max)
+        service.spool = wh.new_spool()
         service.spool.open()
     return service, temporal
 
