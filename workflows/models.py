@@ -416,7 +416,8 @@ class SweepFinding(Contract):
 
 class SweepReport(Contract):
     findings: list[SweepFinding] = Field(default_factory=list)  # mapped to node + UUID
-    unresolved: list[SweepFinding] = Field(default_factory=list)  # DRA id with no slice entry
+    # Health entries no device could be found for (pod + id + why): a WARNING, notified.
+    unresolved: list[SweepFinding] = Field(default_factory=list)
     nodes: list[SweepFinding] = Field(default_factory=list)  # node-capacity findings
     pods_checked: int = 0
     slices_checked: int = 0
@@ -429,6 +430,7 @@ class SweepResult(Contract):
     signalled: list[str] = Field(default_factory=list)  # workflow ids signalled
     notified_nodes: list[str] = Field(default_factory=list)
     unresolved: list[str] = Field(default_factory=list)
+    notified_unresolved: list[str] = Field(default_factory=list)  # "<ns>/<pod> <resourceID>"
     unknown_cleared: list[str] = Field(default_factory=list)  # Unknown, then healthy again
 
 
@@ -491,9 +493,10 @@ class HealthReport(Contract):
     namespace: str
     pod: str
     container: str
-    resource_id: str
+    resource_id: str  # as the kubelet wrote it: a device key, a CDI device id or a UUID
     health: Health
     message: str = ""
+    device: str = ""  # driver/pool/device the entry was resolved to when the id is not one
 
 
 class SliceTaint(Contract):

@@ -2,7 +2,8 @@
 reserve or use them, their owners up to the top controller, and what runbook matching needs
 (labels, namespace labels, priority class).
 
-DRA requests: 1 list of claims (all namespaces) + 1 list of the node's pods + 1 read per
+DRA requests: 1 list of claims (all namespaces; the evidence step's, when it read one moments
+ago) + 1 list of the node's pods + 1 read per
 distinct ReplicaSet/Job + 1 read per distinct namespace.
 Device plugin: 1 list of the node's pods + reads for alert-named pods not found there.
 """
@@ -57,13 +58,20 @@ def list_node_pods(kube: Kube, node: str, *, max_age: float = 0.0) -> list[dict[
     return list(kube.cached(("node-pods", node), max(max_age, 0.0), load))
 
 
-def list_claims(kube: Kube) -> list[dict[str, Any]]:
-    body = kube.call(
-        kube.resource_v1.list_resource_claim_for_all_namespaces,
-        verb="list",
-        resource="resourceclaims.resource.k8s.io",
-    )
-    return body.get("items") or []
+def list_claims(kube: Kube, *, max_age: float = 0.0) -> list[dict[str, Any]]:
+    """Every ResourceClaim; with `max_age`, a list this worker read at most that long ago is
+    reused, as for the node's pods: the evidence step (which lists claims to resolve CDI health
+    ids) and find-consumers run milliseconds apart. A fresh read joins one under way."""
+
+    def load() -> list[dict[str, Any]]:
+        body = kube.call(
+            kube.resource_v1.list_resource_claim_for_all_namespaces,
+            verb="list",
+            resource="resourceclaims.resource.k8s.io",
+        )
+        return body.get("items") or []
+
+    return list(kube.cached(("claims",), max(max_age, 0.0), load))
 
 
 def group_keys(device: ResolvedDevice) -> set[tuple[str, str, str]]:
@@ -90,7 +98,7 @@ def find_consumers(kube: Kube, inp: FindConsumersInput) -> ConsumersResult:
 
     if device.mode == "dra" and device.devices:
         keys = group_keys(device)
-        for claim in list_claims(kube):
+        for claim in list_claims(kube, max_age=NODE_PODS_MAX_AGE):
             if not keys.intersection(claim_devices(claim)):
                 continue
             cm = meta(claim)
