@@ -612,6 +612,8 @@ class EvictPodsInput(Contract):
     reason: str = ""
     delete_if_blocked: bool = False  # force: delete pods the PDB protects
     dry_run: bool = False
+    # Retry evictions a PodDisruptionBudget blocks (429), with backoff, for this long.
+    retry_blocked_for: Duration | None = None
 
 
 class EvictPodsResult(Contract):
@@ -619,6 +621,9 @@ class EvictPodsResult(Contract):
     deleted: list[PodRef] = Field(default_factory=list)
     blocked: list[PodRef] = Field(default_factory=list)  # 429 from a PodDisruptionBudget
     gone: list[PodRef] = Field(default_factory=list)  # already absent
+    # Why each still-blocked pod was refused: "<ns>/<pod>: The disruption budget X needs ...".
+    budgets: list[str] = Field(default_factory=list)
+    attempts: int = 1  # rounds of Eviction API calls (retries of blocked pods + 1)
 
 
 class WaitEvictionInput(Contract):
@@ -968,7 +973,7 @@ class ApprovalPolicy(RunbookModel):
 class EvictionPolicy(RunbookModel):
     mode: Literal["taint", "eviction-api"] = "taint"
     timeout: Duration = timedelta(minutes=5)
-    force: Literal["none", "eviction-api", "delete"] = "none"
+    force: Literal["none", "eviction-api", "noexecute", "delete"] = "none"
 
 
 class ReplacementPolicy(RunbookModel):

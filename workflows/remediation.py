@@ -262,6 +262,12 @@ class _Done(Exception):
         self.reason = reason
 
 
+def _still_blocked(result: EvictPodsResult, report: EvictionReport) -> bool:
+    """Some consumer still there is one a PodDisruptionBudget refused to let go."""
+    keys = {(p.namespace, p.name) for p in result.blocked}
+    return any((p.namespace, p.name) in keys for p in report.remaining)
+
+
 def _error_text(err: BaseException) -> str:
     cause = err.cause if isinstance(err, ActivityError) else err
     if isinstance(cause, ApplicationError):
@@ -952,24 +958,39 @@ class DeviceRemediationWorkflow:
         await self._replace()
 
     async def _evict(self, pods: list[PodRef], eviction_api: bool) -> bool:
-        """True once the consumers are gone; False after escalating."""
+        """True once the consumers are gone; False after escalating.
+
+        Eviction API mode honours PodDisruptionBudgets: blocked evictions are retried for the
+        whole `eviction.timeout`; a pod a budget still protects then is never pushed past it
+        unless the runbook forces (`noexecute` / `delete`): the remediation escalates
+        `eviction-timeout` naming the budget and holds the device under its NoSchedule rule."""
         policy = self._spec.eviction
+        forcing = policy.force in ("noexecute", "delete")
         self._enter(Phase.EVICTING, awaiting=f"{len(pods)} consumer(s) to go")
         self._upsert()
+        blocked = EvictPodsResult()
         if eviction_api:
-            await self._evict_pods(pods, force=False, label="evict via Eviction API")
-        report = await self._wait_eviction(pods, policy.timeout)
+            blocked = await self._evict_pods(
+                pods, force=False, label="evict via Eviction API", retry_for=policy.timeout
+            )
+        # Pods a budget still blocks will not go by waiting: give the others the grace only.
+        report = await self._wait_eviction(pods, FORCE_GRACE if blocked.blocked else policy.timeout)
         if report.remaining and eviction_api:
-            # Backstop: the PDB-respecting path did not finish in time.
+            if _still_blocked(blocked, report) and not forcing:
+                return await self._escalate_blocked(blocked, report)
+            # Backstop: NoExecute deletes pods regardless of budgets (none blocks, or forced).
             self._quarantine = await self._apply_quarantine("NoExecute", "NoExecute backstop")
             report = await self._wait_eviction(report.remaining, FORCE_GRACE)
-        if report.remaining and policy.force != "none":
-            await self._evict_pods(
+        if report.remaining and policy.force in ("eviction-api", "delete"):
+            blocked = await self._evict_pods(
                 report.remaining,
                 force=policy.force == "delete",
                 label=f"force ({policy.force})",
+                retry_for=None if policy.force == "delete" else FORCE_GRACE,
             )
             report = await self._wait_eviction(report.remaining, FORCE_GRACE)
+            if _still_blocked(blocked, report):
+                return await self._escalate_blocked(blocked, report)
         if report.remaining:
             names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
             await self._escalate(
@@ -980,7 +1001,23 @@ class DeviceRemediationWorkflow:
             return False
         return True
 
-    async def _evict_pods(self, pods: list[PodRef], *, force: bool, label: str) -> None:
+    async def _escalate_blocked(self, blocked: EvictPodsResult, report: EvictionReport) -> bool:
+        """A PodDisruptionBudget still protects consumers: escalate naming it, hold (False)."""
+        names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
+        why = "; ".join(blocked.budgets) or "a PodDisruptionBudget refused the eviction"
+        await self._escalate(
+            "eviction-timeout",
+            f"PodDisruptionBudget blocks eviction after {self._spec.eviction.timeout} "
+            f"({blocked.attempts} tries; force: {self._spec.eviction.force}, so the budget is "
+            f"honoured): {why}. Still on the device: {names}. Holding the device quarantined "
+            "(new pods cannot get it); free the budget, or force with eviction.force "
+            "noexecute/delete",
+        )
+        return False
+
+    async def _evict_pods(
+        self, pods: list[PodRef], *, force: bool, label: str, retry_for: timedelta | None = None
+    ) -> EvictPodsResult:
         result = await self._activity(
             ACT_EVICT_PODS,
             EvictPodsInput(
@@ -988,17 +1025,21 @@ class DeviceRemediationWorkflow:
                 workflow_id=workflow.info().workflow_id,
                 reason=f"GPU {self._status.device} quarantined",
                 delete_if_blocked=force,
+                retry_blocked_for=retry_for,
             ),
             EvictPodsResult,
-            start_to_close=EVICT_TIMEOUT,
+            start_to_close=EVICT_TIMEOUT + (retry_for or timedelta(0)),
             heartbeat=EVICT_HEARTBEAT,
             retry=WAIT_RETRY,
         )
         self._log(
             label,
             outcome=f"evicted {len(result.evicted)}, deleted {len(result.deleted)}, "
-            f"blocked {len(result.blocked)}, gone {len(result.gone)}",
+            f"blocked {len(result.blocked)}, gone {len(result.gone)}"
+            + (f" after {result.attempts} tries" if result.attempts > 1 else ""),
+            reason="; ".join(result.budgets),
         )
+        return result
 
     async def _wait_eviction(self, pods: list[PodRef], limit: timedelta) -> EvictionReport:
         report = await self._activity(

@@ -147,6 +147,7 @@ class FakeWorld:
     use_real_budget: bool = False
     budget_release_fails: bool = False  # release-budget-lease raises (non-retryable)
     eviction_reports: list[EvictionReport] = field(default_factory=list)  # consumed in order
+    evict_results: list[EvictPodsResult] = field(default_factory=list)  # evict-pods, in order
     replacement_reports: list[Any] = field(default_factory=list)  # consumed in order
     capacity: CapacityResult | ApplicationError = field(
         default_factory=lambda: CapacityResult(status="requested", current_size=2, target_size=3)
@@ -247,6 +248,8 @@ class FakeWorld:
         @activity.defn(name=ACT_EVICT_PODS)
         async def evict(req: EvictPodsInput) -> EvictPodsResult:
             world.calls.append((ACT_EVICT_PODS, req))
+            if world.evict_results:
+                return world.evict_results.pop(0)
             if req.delete_if_blocked:
                 return EvictPodsResult(deleted=req.pods)
             return EvictPodsResult(evicted=req.pods)

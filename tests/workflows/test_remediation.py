@@ -21,6 +21,9 @@ Cases (one per branch of the procedure):
   the validator outside the approval phase;
 - eviction timeout -> force (delete) -> gone -> continue;
 - eviction-api mode: NoSchedule rule, Eviction API, NoExecute backstop after the timeout;
+- eviction-api mode, a PodDisruptionBudget blocks (force: none): retried for the whole timeout,
+  then escalated `eviction-timeout` naming the budget and held, never backstopped past it;
+  with force: noexecute the backstop goes past the budget (explicit choice);
 - Pending deadline -> scale-up -> capacity -> replacement Running;
 - scale-up at max -> escalate no-capacity;
 - eviction churn reported -> escalate churn;
@@ -89,6 +92,7 @@ from workflows.models import (
     CapacityResult,
     ChurnDiagnosis,
     EvictionReport,
+    EvictPodsResult,
     OwnerRef,
     Phase,
     RemediationResult,
@@ -590,6 +594,64 @@ async def test_eviction_api_mode_with_backstop(time_skipping_env: WorkflowEnviro
     assert len(evictions) == 1 and not evictions[0].delete_if_blocked
     names = world.names()
     assert names.index(ACT_EVICT_PODS) < names.index(ACT_WAIT_EVICTION)
+
+
+BUDGET_429 = (
+    "ml/llm-worker-0: The disruption budget llm-worker needs 1 healthy pods and has 1 currently"
+)
+
+
+async def test_eviction_api_blocked_by_a_budget_escalates_and_never_backstops(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """force: none honours PDBs: blocked evictions are retried for the whole eviction timeout
+    (inside evict-pods), then the remediation escalates naming the budget and holds under the
+    NoSchedule rule; no NoExecute backstop deletes the pod past the budget."""
+    client = time_skipping_env.client
+    pod = deployment_consumer().pod
+    world = FakeWorld(
+        runbooks=with_spec("inference", eviction={"mode": "eviction-api", "timeout": "30m"}),
+        evict_results=[EvictPodsResult(blocked=[pod], budgets=[BUDGET_429], attempts=12)],
+        eviction_reports=[EvictionReport(remaining=[pod], timed_out=True)],
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    assert result.status.escalation_reason == "eviction-timeout"
+    assert [q.effect for q in world.args(ACT_QUARANTINE)] == ["NoSchedule"]  # no backstop
+    (evict,) = world.args(ACT_EVICT_PODS)
+    assert evict.retry_blocked_for == timedelta(minutes=30) and not evict.delete_if_blocked
+    escalation = next(e for e in result.timeline if e.action.startswith("escalat"))
+    assert "llm-worker needs 1 healthy pods" in escalation.reason + escalation.outcome
+    assert ACT_WAIT_REPLACEMENT not in world.names()
+
+
+async def test_eviction_api_blocked_but_forced_goes_past_the_budget(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """force: noexecute is the explicit choice to bypass budgets: the NoExecute backstop."""
+    client = time_skipping_env.client
+    pod = deployment_consumer().pod
+    world = FakeWorld(
+        runbooks=with_spec(
+            "inference", eviction={"mode": "eviction-api", "timeout": "30m", "force": "noexecute"}
+        ),
+        evict_results=[EvictPodsResult(blocked=[pod], budgets=[BUDGET_429])],
+        eviction_reports=[
+            EvictionReport(remaining=[pod], timed_out=True),
+            EvictionReport(gone=[pod]),
+        ],
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        result = await handle.result()
+    assert result.outcome == "released"
+    assert [q.effect for q in world.args(ACT_QUARANTINE)] == ["NoSchedule", "NoExecute"]
 
 
 async def test_pending_deadline_scale_up_success(time_skipping_env: WorkflowEnvironment) -> None:
