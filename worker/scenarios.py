@@ -16,7 +16,8 @@ deadline and raises `DemoFailure` naming what did not happen.
     budget    two GPUs fail at once under the shipped 50% budget: the 2nd is NOT tainted
     app-xid   Xid 13 (the program's fault): Event + warning, no quarantine
     churn     the scheduler ignores DeviceTaintRules (kubernetes#139651): replacements land
-              on the tainted GPU again, Sickbay detects the churn and escalates
+              on the tainted GPU again, Sickbay detects the churn, stops it (cordons the
+              node) and escalates
 
 Every scenario leaves the stack as it found it (faults recovered, remediations closed,
 namespace deleted), so tests can run several on one stack.
@@ -852,7 +853,14 @@ async def scheduler_churn(demo: Demo) -> None:
         entries = await demo.timeline(incident)
         said = next((e for e in entries if e.action == "escalate"), None)
         if said is not None:
-            demo.check(f"the escalation says: {said.reason[:240]}")
+            demo.check(f"the escalation says: {said.reason[:320]}")
+        node = await demo.k("GET", f"/api/v1/nodes/{gpu['node']}")
+        if not (node.get("spec") or {}).get("unschedulable"):
+            raise DemoFailure(f"churn was not stopped: node {gpu['node']} is not cordoned")
+        demo.check(
+            f"the loop stopped (replacement.onChurn: cordon): node {gpu['node']} cordoned, "
+            "so the scheduler places no new pod on the tainted GPU"
+        )
 
 
 SCENARIOS: dict[str, Scenario] = {

@@ -599,6 +599,7 @@ class QuarantineResult(Contract):
     evicted: list[PodRef] = Field(default_factory=list)  # fallback: pods evicted
     blocked: list[PodRef] = Field(default_factory=list)  # fallback: PDB refused
     node_tainted: bool = False
+    node_cordoned: bool = False  # churn stopped by cordoning the node (undone on release)
     would_evict: list[PodRef] = Field(default_factory=list)  # preview
     message: str = ""
     # rule name -> uid of the rule(s) this quarantine made or adopted: release deletes with a
@@ -979,6 +980,10 @@ class EvictionPolicy(RunbookModel):
 class ReplacementPolicy(RunbookModel):
     pending_deadline: Duration = timedelta(minutes=30)
     churn_evictions: int = Field(default=3, ge=2)
+    # How churn (a scheduler ignoring the rule: allocate -> evict -> allocate ...) is stopped:
+    # `cordon` the device's node (every scheduler honours a cordon; undone on release),
+    # `noschedule` (switch the rule to NoSchedule: no more evictions), `none` (escalate only).
+    on_churn: Literal["cordon", "noschedule", "none"] = "cordon"
 
 
 class ScaleUpPolicy(RunbookModel):

@@ -64,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.constants import (
         ACT_ACQUIRE_BUDGET,
         ACT_CHECK_HEALTH,
+        ACT_CORDON,
         ACT_COUNT_DEVICES,
         ACT_EVICT_PODS,
         ACT_FIND_CONSUMERS,
@@ -111,6 +112,8 @@ with workflow.unsafe.imports_passed_through():
         CheckHealthInput,
         Consumer,
         ConsumersResult,
+        CordonInput,
+        CordonResult,
         CountDevicesInput,
         DeviceCounts,
         EscalationReason,
@@ -1083,7 +1086,8 @@ class DeviceRemediationWorkflow:
             report = scaled
         if report.status == "churn":
             diag = report.churn.diagnosis if report.churn else "repeated evictions"
-            await self._escalate("churn", f"eviction churn: {diag}")
+            stopped = await self._stop_churn()
+            await self._escalate("churn", f"eviction churn: {diag} {stopped}")
             return
         if report.status in ("running", "no-replacement-needed"):
             self._metrics.create_histogram_timedelta(
@@ -1092,6 +1096,37 @@ class DeviceRemediationWorkflow:
             ).with_additional_attributes(
                 {"workload_class": self._status.workload_class or ""}
             ).record(workflow.now() - workflow.info().start_time)
+
+    async def _stop_churn(self) -> str:
+        """End the allocate -> evict loop per `replacement.onChurn`; says what was done."""
+        action = self._spec.replacement.on_churn
+        device = self._device
+        assert device is not None
+        if action == "cordon":
+            result = await self._local(
+                ACT_CORDON,
+                CordonInput(node=device.node, workflow_id=workflow.info().workflow_id),
+                CordonResult,
+                "cordon node (churn)",
+            )
+            if result.changed and self._quarantine is not None:
+                self._quarantine = self._quarantine.model_copy(update={"node_cordoned": True})
+            self._log("churn stopped: node cordoned", outcome=result.message)
+            return (
+                f"Sickbay stopped the loop by cordoning node {device.node} ({result.message}; "
+                "replacements go to other nodes or stay Pending; uncordoned on release)."
+            )
+        if action == "noschedule":
+            self._quarantine = await self._apply_quarantine(
+                "NoSchedule", "rule to NoSchedule (churn)"
+            )
+            self._log("churn stopped: rule switched to NoSchedule")
+            return (
+                "Sickbay stopped the loop by switching the rule to NoSchedule: nothing is evicted "
+                "any more, so a pod the scheduler puts on the device stays on it."
+            )
+        self._log("churn not stopped", reason="replacement.onChurn: none")
+        return "replacement.onChurn is none: Sickbay did not stop the loop; it goes on."
 
     async def _wait_replacement(
         self, owners: list[OwnerRef], deadline: timedelta
@@ -1296,6 +1331,16 @@ class DeviceRemediationWorkflow:
             outcome="removed" if result.removed else "absent",
             reason=result.message,
         )
+        if self._quarantine.node_cordoned:
+            uncordon = await self._local(
+                ACT_CORDON,
+                CordonInput(
+                    node=self._device.node, cordon=False, workflow_id=workflow.info().workflow_id
+                ),
+                CordonResult,
+                "uncordon node",
+            )
+            self._log("node uncordoned", outcome=uncordon.message)
         self._quarantine = None
 
     async def _release_lease(self) -> None:

@@ -26,6 +26,7 @@ from workflows.budget import BudgetWorkflow
 from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
     ACT_CHECK_HEALTH,
+    ACT_CORDON,
     ACT_COUNT_DEVICES,
     ACT_EVICT_PODS,
     ACT_FIND_CONSUMERS,
@@ -56,6 +57,8 @@ from workflows.models import (
     CheckHealthInput,
     Consumer,
     ConsumersResult,
+    CordonInput,
+    CordonResult,
     CountDevicesInput,
     DeviceCounts,
     DeviceRef,
@@ -299,6 +302,11 @@ class FakeWorld:
             world.calls.append((ACT_CHECK_HEALTH, req))
             return HealthResult(health=world.later_health)  # type: ignore[arg-type]
 
+        @activity.defn(name=ACT_CORDON)
+        async def cordon(req: CordonInput) -> CordonResult:
+            world.calls.append((ACT_CORDON, req))
+            return CordonResult(changed=True, message="cordoned" if req.cordon else "uncordoned")
+
         acts: list[Callable[..., Any]] = [
             load_runbooks,
             resolve,
@@ -315,6 +323,7 @@ class FakeWorld:
             record_event,
             release,
             check_health,
+            cordon,
         ]
         if not self.use_real_budget:
             acts += [acquire, release_budget]

@@ -26,7 +26,9 @@ Cases (one per branch of the procedure):
   with force: noexecute the backstop goes past the budget (explicit choice);
 - Pending deadline -> scale-up -> capacity -> replacement Running;
 - scale-up at max -> escalate no-capacity;
-- eviction churn reported -> escalate churn;
+- eviction churn reported -> the loop is stopped per replacement.onChurn (cordon by default:
+  node cordoned before the churn escalation, which says so, and uncordoned on release;
+  noschedule: the rule switched to NoSchedule), then escalate churn;
 - abort while holding -> rule removed, lease released, aborted;
 - failing notification channel: retried, each try in the timeline, one escalation;
 - a non-retryable quarantine error ends in escalation, not a silent stop; so does an unknown
@@ -62,6 +64,7 @@ from tests.workflows.histories import save_history
 from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
     ACT_CHECK_HEALTH,
+    ACT_CORDON,
     ACT_COUNT_DEVICES,
     ACT_EVICT_PODS,
     ACT_GATHER_EVIDENCE,
@@ -717,21 +720,23 @@ async def test_scale_up_error_at_max_type_escalates(time_skipping_env: WorkflowE
     assert any(e.action == "escalate" and e.outcome == "no-capacity" for e in result.timeline)
 
 
-async def test_churn_escalates(time_skipping_env: WorkflowEnvironment) -> None:
-    client = time_skipping_env.client
+def _churn_report() -> ReplacementReport:
     owner = OwnerRef(kind="Deployment", name="llm", namespace="serving")
-    world = FakeWorld(
-        replacement_reports=[
-            ReplacementReport(
-                status="churn",
-                churn=ChurnDiagnosis(
-                    owner=owner,
-                    evictions=3,
-                    diagnosis="DeviceTaintManagerEviction x3: the scheduler ignores the rule",
-                ),
-            )
-        ]
+    return ReplacementReport(
+        status="churn",
+        churn=ChurnDiagnosis(
+            owner=owner,
+            evictions=3,
+            diagnosis="DeviceTaintManagerEviction x3: the scheduler ignores the rule",
+        ),
     )
+
+
+async def test_churn_escalates(time_skipping_env: WorkflowEnvironment) -> None:
+    """Churn stops (default onChurn: cordon): the node is cordoned, the escalation says so, and
+    the release uncordons it."""
+    client = time_skipping_env.client
+    world = FakeWorld(replacement_reports=[_churn_report()])
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
         await wait_phase(handle, Phase.HOLDING)
@@ -741,7 +746,31 @@ async def test_churn_escalates(time_skipping_env: WorkflowEnvironment) -> None:
     assert result.outcome == "escalated"
     assert result.status.escalation_reason == "churn"
     assert ACT_REQUEST_CAPACITY not in world.names()
-    assert "scheduler ignores" in world.args(ACT_NOTIFY)[0].incident.summary
+    summary = world.args(ACT_NOTIFY)[0].incident.summary
+    assert "scheduler ignores" in summary and f"cordoning node {world.node}" in summary
+    cordons = world.args(ACT_CORDON)
+    assert [(c.node, c.cordon) for c in cordons] == [(world.node, True), (world.node, False)]
+    names = world.names()
+    assert names.index(ACT_CORDON) < names.index(ACT_NOTIFY)  # stopped before people are told
+    assert names.index(ACT_RELEASE_QUARANTINE) < len(names) - names[::-1].index(ACT_CORDON)
+
+
+async def test_churn_noschedule_switches_the_rule(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(
+        replacement_reports=[_churn_report()],
+        runbooks=with_spec("inference", replacement={"onChurn": "noschedule"}),
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="hank"))
+        result = await handle.result()
+    assert result.status.escalation_reason == "churn"
+    assert [q.effect for q in world.args(ACT_QUARANTINE)] == ["NoExecute", "NoSchedule"]
+    assert ACT_CORDON not in world.names()
+    escalation = next(e for e in result.timeline if e.action.startswith("escalat"))
+    assert "switching the rule to NoSchedule" in escalation.reason + escalation.outcome
 
 
 async def test_abort_while_holding_undoes(time_skipping_env: WorkflowEnvironment) -> None:
