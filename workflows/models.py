@@ -707,6 +707,7 @@ class EventTarget(Contract):
     name: str
     namespace: str | None = None
     uid: str | None = None
+    count: int = 1  # aggregated Events: how many times this reason was told about this object
 
 
 class RecordEventInput(Contract):
@@ -715,6 +716,9 @@ class RecordEventInput(Contract):
     message: str
     type: Literal["Normal", "Warning"] = "Normal"
     workflow_id: str
+    # One Event per (workflow, object, reason), its `count` set from the target (PATCHed when
+    # above 1), as the kubelet aggregates: a repeated decision raises the count, not the list.
+    aggregate: bool = False
 
 
 class CordonInput(Contract):
@@ -1127,6 +1131,7 @@ class RemediationCarry(Contract):
     alerts: list[AlertEvidence] = Field(default_factory=list)
     healthy_since: datetime | None = None
     waiting_for_budget: bool = False
+    event_counts: dict[str, int] = Field(default_factory=dict)  # aggregated Events so far
 
 
 RemediationInput.model_rebuild()

@@ -52,7 +52,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
@@ -197,6 +197,16 @@ EVICT_TIMEOUT = timedelta(minutes=2)
 # evict-pods heartbeats every 10 s; a killed worker is noticed after 30 s, not 2 min (evicting
 # again is harmless: pods already gone are reported gone).
 EVICT_HEARTBEAT = timedelta(seconds=30)
+# Owner kinds Events are written on, with the API version `kubectl describe` reads them in.
+OWNER_API_VERSIONS = {
+    "Deployment": "apps/v1",
+    "StatefulSet": "apps/v1",
+    "ReplicaSet": "apps/v1",
+    "DaemonSet": "apps/v1",
+    "Job": "batch/v1",
+    "CronJob": "batch/v1",
+    "JobSet": "jobset.x-k8s.io/v1alpha2",
+}
 # After forcing, how long the pods get to go before we escalate.
 FORCE_GRACE = timedelta(minutes=2)
 # Capacity requests go to the pool scaler workflow, which may hold the call while it batches
@@ -318,6 +328,11 @@ class DeviceRemediationWorkflow:
         self._lease_held = carry.lease_held if carry else False
         self._escalated = carry.escalated if carry else False
         self._healthy_since = carry.healthy_since if carry else None
+        # Aggregated Kubernetes Events: how often each (reason, object) was told so far.
+        self._event_counts: dict[str, int] = dict(carry.event_counts) if carry else {}
+        # Pods that exist now, for Events: None = the consumers (not evicted yet); then the
+        # ones still on the device, or the replacements last seen Pending / Running.
+        self._live_pods: list[PodRef] | None = None
         self._consumers: list[Consumer] = []
         self._fallback: Runbook = builtin_default()
         self._abort: AbortRequest | None = None
@@ -535,6 +550,12 @@ class DeviceRemediationWorkflow:
             )
         if inp.dry_run or spec.dry_run:
             return await self._dry_run(device)
+        await self._decision_event(
+            "GPUFailureConfirmed",
+            f"{failure_class}: {why}; runbook {runbook.name}",
+            etype="Warning",
+            rule=False,
+        )
 
         # 2. blast-radius guard ------------------------------------------------------------
         self._enter(Phase.GUARDING, awaiting="budget lease")
@@ -553,6 +574,7 @@ class DeviceRemediationWorkflow:
         except ACTIVITY_FAILED as err:
             await self._escalate("error", f"quarantine failed: {_error_text(err)}")
             raise _Done("escalated", f"quarantine failed: {_error_text(err)}") from err
+        await self._decision_event("GPUQuarantined", self._quarantine.message or effect)
         self._metrics.create_histogram_timedelta(
             "sickbay_time_to_quarantine",
             "From the remediation's start to the device's quarantine",
@@ -994,6 +1016,7 @@ class DeviceRemediationWorkflow:
             report = await self._wait_eviction(report.remaining, FORCE_GRACE)
             if _still_blocked(blocked, report):
                 return await self._escalate_blocked(blocked, report)
+        self._live_pods = list(report.remaining)
         if report.remaining:
             names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
             await self._escalate(
@@ -1002,10 +1025,17 @@ class DeviceRemediationWorkflow:
                 f"(force: {policy.force}): {names}",
             )
             return False
+        await self._decision_event(
+            "GPUConsumersEvicted",
+            f"{len(report.gone)} consumer(s) left the quarantined device: "
+            + ", ".join(f"{p.namespace}/{p.name}" for p in report.gone),
+            pods=False,
+        )
         return True
 
     async def _escalate_blocked(self, blocked: EvictPodsResult, report: EvictionReport) -> bool:
         """A PodDisruptionBudget still protects consumers: escalate naming it, hold (False)."""
+        self._live_pods = list(report.remaining)
         names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
         why = "; ".join(blocked.budgets) or "a PodDisruptionBudget refused the eviction"
         await self._escalate(
@@ -1072,6 +1102,13 @@ class DeviceRemediationWorkflow:
         )
         self._upsert()
         report = await self._wait_replacement(owners, spec.replacement.pending_deadline)
+        if report.status == "running":
+            await self._decision_event(
+                "GPUReplacementRunning",
+                "replacement(s) Running on healthy devices: "
+                + ", ".join(f"{p.pod.namespace}/{p.pod.name}" for p in report.pods if p.phase),
+                rule=False,
+            )
         if report.status == "pending":
             if not spec.scale_up.enabled:
                 await self._escalate(
@@ -1150,6 +1187,7 @@ class DeviceRemediationWorkflow:
             outcome=report.status,
             reason=report.unschedulable_message or (report.churn.diagnosis if report.churn else ""),
         )
+        self._live_pods = [p.pod for p in report.pods if p.phase in ("Pending", "Running")]
         return report
 
     async def _scale_up(
@@ -1210,6 +1248,12 @@ class DeviceRemediationWorkflow:
         if result.status == "rejected":
             await self._escalate("scale-up-failed", f"pool {pool.name}: {result.message}")
             return None
+        await self._decision_event(
+            "GPUScaleUpRequested",
+            f"no healthy GPU free: asked pool {pool.name} for capacity "
+            f"(size {result.current_size} -> {result.target_size})",
+            rule=False,
+        )
         self._enter(
             Phase.SCALING,
             awaiting=f"replacements Running (capacity deadline {policy.capacity_deadline})",
@@ -1303,6 +1347,9 @@ class DeviceRemediationWorkflow:
             else f"repaired ({self._repaired.actor})"
         )
         await self._remove_quarantine(reason)
+        await self._decision_event(
+            "GPUQuarantineReleased", f"quarantine lifted: {reason}", rule=False, pods=False
+        )
         await self._release_lease()
         if self._escalated:
             await self._notify_all("resolve", f"released: {reason}")
@@ -1375,33 +1422,94 @@ class DeviceRemediationWorkflow:
 
     # ---------------------------------------------------------------- notifications --------
 
-    async def _pod_event(self, reason: str, message: str) -> None:
-        """A Warning Event on each consumer pod for a workflow decision no kube activity makes
-        (escalation); failing to write it never stops the remediation."""
-        targets = [
-            EventTarget(
-                api_version="v1",
-                kind="Pod",
-                name=c.pod.name,
-                namespace=c.pod.namespace,
-                uid=c.pod.uid,
-            )
-            for c in self._consumers
-        ]
-        if not targets:
+    def _event_targets(
+        self, *, pods: bool, rule: bool, node: bool, owners: bool
+    ) -> list[EventTarget]:
+        """Where a person looks (`kubectl describe`): Sickbay's DeviceTaintRule(s), the node,
+        each consumer's top owner (Deployment / StatefulSet / Job / JobSet) and the pods that
+        exist now (consumers still on the device, or live / Pending replacements), never an
+        evicted one."""
+        out: list[EventTarget] = []
+        q = self._quarantine
+        if rule and q is not None and q.mode == "rule" and q.api_version:
+            version = q.api_version if "/" in q.api_version else f"resource.k8s.io/{q.api_version}"
+            for name in sorted(q.rule_uids) or ([q.rule_name] if q.rule_name else []):
+                out.append(
+                    EventTarget(
+                        api_version=version,
+                        kind="DeviceTaintRule",
+                        name=name,
+                        uid=q.rule_uids.get(name),
+                    )
+                )
+        if node and self._device is not None:
+            out.append(EventTarget(api_version="v1", kind="Node", name=self._device.node))
+        if owners:
+            seen: set[tuple[str, str, str]] = set()
+            for c in self._consumers:
+                o = c.top_owner or c.owner
+                if o is None or o.kind not in OWNER_API_VERSIONS:
+                    continue
+                if (o.kind, o.namespace, o.name) in seen:
+                    continue
+                seen.add((o.kind, o.namespace, o.name))
+                out.append(
+                    EventTarget(
+                        api_version=OWNER_API_VERSIONS[o.kind],
+                        kind=o.kind,
+                        name=o.name,
+                        namespace=o.namespace,
+                        uid=o.uid,
+                    )
+                )
+        if pods:
+            live = self._live_pods
+            if live is None:
+                live = [c.pod for c in self._consumers if not c.terminating]
+            for p in live:
+                out.append(
+                    EventTarget(
+                        api_version="v1", kind="Pod", name=p.name, namespace=p.namespace, uid=p.uid
+                    )
+                )
+        return out
+
+    async def _decision_event(
+        self,
+        reason: str,
+        message: str,
+        *,
+        etype: Literal["Normal", "Warning"] = "Normal",
+        pods: bool = True,
+        rule: bool = True,
+        node: bool = True,
+        owners: bool = True,
+    ) -> None:
+        """A Kubernetes Event for one decision on every object a person would describe,
+        aggregated (a repeat raises its count); failing to write it never stops the
+        remediation. Dry runs write none: they change nothing in the cluster."""
+        if self._inp.dry_run or (self._runbook is not None and self._runbook.spec.dry_run):
+            return
+        counted: list[EventTarget] = []
+        for t in self._event_targets(pods=pods, rule=rule, node=node, owners=owners):
+            key = f"{reason}|{t.kind}|{t.namespace or ''}|{t.name}"
+            self._event_counts[key] = self._event_counts.get(key, 0) + 1
+            counted.append(t.model_copy(update={"count": self._event_counts[key]}))
+        if not counted:
             return
         try:
             await self._local(
                 ACT_RECORD_EVENT,
                 RecordEventInput(
-                    targets=targets,
+                    targets=counted,
                     reason=reason,
                     message=f"GPU {self._status.device}: {message}"[:1000],
-                    type="Warning",
+                    type=etype,
                     workflow_id=workflow.info().workflow_id,
+                    aggregate=True,
                 ),
                 type(None),
-                "record event",
+                f"event {reason}",
             )
         except ACTIVITY_FAILED as err:
             self._log("Event not recorded", outcome="failed", reason=_error_text(err))
@@ -1458,8 +1566,8 @@ class DeviceRemediationWorkflow:
         self._log("escalate", outcome=reason, reason=summary)
         self._upsert()
         if reason != "application-error":  # that path already put its own Event on the pods
-            await self._pod_event(
-                "GPURemediationEscalated", f"{summary}. Needed: {_NEEDED[reason]}"
+            await self._decision_event(
+                "GPURemediationEscalated", f"{summary}. Needed: {_NEEDED[reason]}", etype="Warning"
             )
         policy = self._spec.escalation
         if reason not in policy.on:
@@ -1682,6 +1790,7 @@ class DeviceRemediationWorkflow:
                     alerts=self._alerts,
                     healthy_since=self._healthy_since,
                     waiting_for_budget=waiting_for_budget,
+                    event_counts=self._event_counts,
                 ),
             }
         )

@@ -51,6 +51,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import (
+    NODE,
     FakeWorld,
     deployment_consumer,
     make_runbook,
@@ -85,6 +86,7 @@ from workflows.constants import (
     SIG_ALERT_RESOLVED,
     SIG_REPAIRED,
     UPD_APPROVE,
+    taint_rule_name,
 )
 from workflows.models import (
     AbortRequest,
@@ -98,6 +100,8 @@ from workflows.models import (
     EvictPodsResult,
     OwnerRef,
     Phase,
+    PodRef,
+    PodState,
     RemediationResult,
     RepairedRequest,
     ReplacementReport,
@@ -162,7 +166,7 @@ async def test_happy_path(time_skipping_env: WorkflowEnvironment) -> None:
     assert set(first) >= {"SickbayPhase", "SickbayDevice", "SickbayNode", "SickbayWorkloadClass"}
     last = upserts[-1].search_attributes.indexed_fields
     assert last["SickbayPhase"].data == b'"closed"'
-    save_history("concurrent_happy_path", history)
+    save_history("happy_path", history)
     print(f"happy path: {len(events)} history events; start -> quarantine call {to_rule_ms:.0f} ms")
     # Loose bound for a shared CI box; typically well under 100 ms (local activities).
     assert to_rule_ms < 1000
@@ -336,7 +340,7 @@ async def test_budget_exhausted(time_skipping_env: WorkflowEnvironment) -> None:
         await time_skipping_env.sleep(timedelta(minutes=2, seconds=30))
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         result = await handle.result()
-        save_history("concurrent_budget_wait", await handle.fetch_history())
+        save_history("budget_exhausted", await handle.fetch_history())
     assert result.outcome == "not-quarantined" and "never quarantined" in result.reason
     assert result.status.escalation_reason == "budget-exhausted"
     assert ACT_QUARANTINE not in world.names()
@@ -855,6 +859,7 @@ async def test_dry_run_previews_only(time_skipping_env: WorkflowEnvironment) -> 
     assert result.outcome == "dry-run"
     assert ACT_PREVIEW_QUARANTINE in world.names() and ACT_QUARANTINE not in world.names()
     assert "serving/llm-7d9f-abcde" in result.reason
+    assert ACT_RECORD_EVENT not in world.names()  # a dry run writes no Events
 
 
 async def test_timeline_query(time_skipping_env: WorkflowEnvironment) -> None:
@@ -1004,9 +1009,91 @@ async def test_escalation_puts_an_event_on_the_pods(time_skipping_env: WorkflowE
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
         await _close_waiting(handle)
-    (event,) = world.args(ACT_RECORD_EVENT)
-    assert event.reason == "GPURemediationEscalated" and event.type == "Warning"
-    assert event.targets[0].name == "llm-7d9f-abcde" and "Needed:" in event.message
+    events = {e.reason: e for e in world.args(ACT_RECORD_EVENT)}
+    assert list(events) == ["GPUFailureConfirmed", "GPURemediationEscalated"]
+    event = events["GPURemediationEscalated"]
+    assert event.type == "Warning" and "Needed:" in event.message and event.aggregate
+    kinds = {(t.kind, t.name) for t in event.targets}
+    assert kinds == {("Node", NODE), ("Deployment", "llm"), ("Pod", "llm-7d9f-abcde")}
+
+
+def _targets(event: Any) -> set[tuple[str, str]]:
+    return {(t.kind, t.name) for t in event.targets}
+
+
+async def test_events_for_every_decision_on_objects_that_exist(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """Confirmation, quarantine, eviction, replacement and release each write an Event on the
+    rule, the node, the owner and the pods that exist then: the evicted pod only while it is
+    still there, the replacement once it runs."""
+    client = time_skipping_env.client
+    new_pod = PodRef(namespace="serving", name="llm-7d9f-zzzzz", uid="uid-new")
+    world = FakeWorld(
+        replacement_reports=[
+            ReplacementReport(
+                status="running", pods=[PodState(pod=new_pod, phase="Running", node=NODE)]
+            )
+        ]
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        await handle.result()
+    events = world.args(ACT_RECORD_EVENT)
+    assert [e.reason for e in events] == [
+        "GPUFailureConfirmed",
+        "GPUQuarantined",
+        "GPUConsumersEvicted",
+        "GPUReplacementRunning",
+        "GPUQuarantineReleased",
+    ]
+    by = {e.reason: e for e in events}
+    rule = taint_rule_name(world.node, world.gpu_uuid)
+    old = ("Pod", "llm-7d9f-abcde")
+    assert _targets(by["GPUQuarantined"]) == {
+        ("DeviceTaintRule", rule),
+        ("Node", NODE),
+        ("Deployment", "llm"),
+        old,
+    }
+    assert by["GPUQuarantined"].targets[0].api_version == "resource.k8s.io/v1"
+    for later in ("GPUConsumersEvicted", "GPUReplacementRunning", "GPUQuarantineReleased"):
+        assert old not in _targets(by[later]), later  # never on an evicted pod
+    assert ("Pod", new_pod.name) in _targets(by["GPUReplacementRunning"])
+    assert ("DeviceTaintRule", rule) not in _targets(by["GPUQuarantineReleased"])  # deleted
+    assert all(t.count == 1 for e in events for t in e.targets)
+
+
+async def test_pending_escalation_event_is_on_the_pending_replacement(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    pending = PodRef(namespace="serving", name="llm-7d9f-pend1", uid="uid-pend")
+    world = FakeWorld(
+        runbooks=with_spec("inference", replacement={"pendingDeadline": "5m"}),
+        replacement_reports=[
+            ReplacementReport(
+                status="pending",
+                pods=[PodState(pod=pending, phase="Pending")],
+                unschedulable_message="0/1 nodes are available: 1 cannot allocate all claims.",
+            )
+        ],
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        await handle.result()
+    (escalation,) = [
+        e
+        for e in world.args(ACT_RECORD_EVENT)
+        if e.type == "Warning" and e.reason == "GPURemediationEscalated"
+    ]
+    assert ("Pod", pending.name) in _targets(escalation)
+    assert ("Pod", "llm-7d9f-abcde") not in _targets(escalation)  # evicted, gone
+    assert {("Deployment", "llm"), ("Node", NODE)} <= _targets(escalation)
 
 
 async def test_unknown_device_escalates_with_default_runbook(

@@ -21,7 +21,8 @@ Cases:
   replaced by a foreign one under the same name is left alone;
 - cordon/uncordon only undo Sickbay's own cordon;
 - record_event: one Event per target, source sickbay, message with the workflow id, no
-  duplicate on retry.
+  duplicate on retry; aggregated: one Event per workflow, object and reason whose count a
+  repeat PATCHes (deploy/rbac.yaml allows it), a retry changes nothing.
 """
 
 from __future__ import annotations
@@ -424,6 +425,40 @@ async def test_record_event_once_per_target(tmp_path: Path) -> None:
         assert len(events) == 2
         assert {e["metadata"]["namespace"] for e in events} == {"ml", "default"}
         assert all(WF in e["message"] and e["reportingComponent"] == "sickbay" for e in events)
+
+
+async def test_aggregated_event_raises_its_count(tmp_path: Path) -> None:
+    """A remediation's decision told again about the same object is one Event whose count
+    rises (as `kubectl get events` shows `(x2)`), through the RBAC of deploy/rbac.yaml; a retry
+    of the same call changes nothing."""
+    from tests.activities.kube.test_kube_e2e import RULES as RBAC_RULES
+
+    with twin(tmp_path, "1.36", nodes=1, proxy_rules=RBAC_RULES) as t:
+        node = t.node(0)
+
+        def told(count: int) -> RecordEventInput:
+            return RecordEventInput(
+                targets=[EventTarget(api_version="v1", kind="Node", name=node, count=count)],
+                reason="GPURemediationEscalated",
+                message=f"escalation number {count}",
+                type="Warning",
+                workflow_id=WF,
+                aggregate=True,
+            )
+
+        await t.run(t.acts.record_event, told(1))
+        await t.run(t.acts.record_event, told(2))
+        await t.run(t.acts.record_event, told(2))  # a retry: absolute count, no change
+        events = [
+            e
+            for e in t.store.list("events", "default").items
+            if e.get("reason") == "GPURemediationEscalated"
+        ]
+        assert len(events) == 1
+        (event,) = events
+        assert event["count"] == 2 and event["message"].startswith("escalation number 2")
+        assert event["involvedObject"]["kind"] == "Node" and event["type"] == "Warning"
+        assert t.proxy is not None and t.proxy.denied == []
 
 
 async def test_release_by_uid_precondition(tmp_path: Path) -> None:
