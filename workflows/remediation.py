@@ -555,6 +555,7 @@ class DeviceRemediationWorkflow:
             f"{failure_class}: {why}; runbook {runbook.name}",
             etype="Warning",
             rule=False,
+            node=False,
         )
 
         # 2. blast-radius guard ------------------------------------------------------------
@@ -1030,6 +1031,7 @@ class DeviceRemediationWorkflow:
             f"{len(report.gone)} consumer(s) left the quarantined device: "
             + ", ".join(f"{p.namespace}/{p.name}" for p in report.gone),
             pods=False,
+            node=False,
         )
         return True
 
@@ -1108,6 +1110,7 @@ class DeviceRemediationWorkflow:
                 "replacement(s) Running on healthy devices: "
                 + ", ".join(f"{p.pod.namespace}/{p.pod.name}" for p in report.pods if p.phase),
                 rule=False,
+                node=False,
             )
         if report.status == "pending":
             if not spec.scale_up.enabled:

@@ -2,8 +2,8 @@
 reserve or use them, their owners up to the top controller, and what runbook matching needs
 (labels, namespace labels, priority class).
 
-DRA requests: 1 list of claims (all namespaces; the evidence step's, when it read one moments
-ago) + 1 list of the node's pods + 1 read per
+DRA requests: 1 list of claims (all namespaces; shared with the evidence step when both are
+under way) + 1 list of the node's pods + 1 read per
 distinct ReplicaSet/Job + 1 read per distinct namespace.
 Device plugin: 1 list of the node's pods + reads for alert-named pods not found there.
 """
@@ -58,10 +58,11 @@ def list_node_pods(kube: Kube, node: str, *, max_age: float = 0.0) -> list[dict[
     return list(kube.cached(("node-pods", node), max(max_age, 0.0), load))
 
 
-def list_claims(kube: Kube, *, max_age: float = 0.0) -> list[dict[str, Any]]:
-    """Every ResourceClaim; with `max_age`, a list this worker read at most that long ago is
-    reused, as for the node's pods: the evidence step (which lists claims to resolve CDI health
-    ids) and find-consumers run milliseconds apart. A fresh read joins one under way."""
+def list_claims(kube: Kube) -> list[dict[str, Any]]:
+    """Every ResourceClaim, read now; a list already under way in this worker is joined (the
+    evidence step, resolving CDI health ids, and find-consumers run side by side). Never
+    reused by age: the cache is the worker's, and another remediation's list from a second
+    ago can predate the very claim this one looks for (a replacement just allocated)."""
 
     def load() -> list[dict[str, Any]]:
         body = kube.call(
@@ -71,7 +72,7 @@ def list_claims(kube: Kube, *, max_age: float = 0.0) -> list[dict[str, Any]]:
         )
         return body.get("items") or []
 
-    return list(kube.cached(("claims",), max(max_age, 0.0), load))
+    return list(kube.cached(("claims",), 0.0, load))
 
 
 def group_keys(device: ResolvedDevice) -> set[tuple[str, str, str]]:
@@ -98,7 +99,7 @@ def find_consumers(kube: Kube, inp: FindConsumersInput) -> ConsumersResult:
 
     if device.mode == "dra" and device.devices:
         keys = group_keys(device)
-        for claim in list_claims(kube, max_age=NODE_PODS_MAX_AGE):
+        for claim in list_claims(kube):
             if not keys.intersection(claim_devices(claim)):
                 continue
             cm = meta(claim)

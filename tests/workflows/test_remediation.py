@@ -1061,6 +1061,10 @@ async def test_events_for_every_decision_on_objects_that_exist(
     assert by["GPUQuarantined"].targets[0].api_version == "resource.k8s.io/v1"
     for later in ("GPUConsumersEvicted", "GPUReplacementRunning", "GPUQuarantineReleased"):
         assert old not in _targets(by[later]), later  # never on an evicted pod
+        assert ("Deployment", "llm") in _targets(by[later]), later
+    assert ("Node", NODE) in _targets(by["GPUQuarantineReleased"])
+    # One Kubernetes request per decision and object: what the Events cost a remediation.
+    assert sum(len(e.targets) for e in events) == 12
     assert ("Pod", new_pod.name) in _targets(by["GPUReplacementRunning"])
     assert ("DeviceTaintRule", rule) not in _targets(by["GPUQuarantineReleased"])  # deleted
     assert all(t.count == 1 for e in events for t in e.targets)
