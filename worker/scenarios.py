@@ -192,7 +192,9 @@ class Demo:
         items = sorted(body["items"], key=lambda e: int(e["metadata"].get("resourceVersion") or 0))
         where = f"-n {namespace}" if namespace else "-A"
         self.say(f"$ kubectl get events {where} --field-selector {selector}")
-        rows = [("NAMESPACE", "LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE")]
+        rows: list[tuple[str, ...]] = [
+            ("NAMESPACE", "LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE")
+        ]
         for e in items:
             obj = e.get("involvedObject") or {}
             count = int(e.get("count") or 1)
