@@ -995,12 +995,21 @@ class DeviceRemediationWorkflow:
         self._enter(Phase.EVICTING, awaiting=f"{len(pods)} consumer(s) to go")
         self._upsert()
         blocked = EvictPodsResult()
-        if eviction_api:
+        # No rule served: the fallback evicted once through the Eviction API; what a budget
+        # refused then is retried like eviction-api mode's evictions (there is no backstop).
+        fallback = self._quarantine is not None and self._quarantine.mode == "fallback"
+        refused = self._quarantine.blocked if fallback and self._quarantine else []
+        if eviction_api or refused:
             blocked = await self._evict_pods(
-                pods, force=False, label="evict via Eviction API", retry_for=policy.timeout
+                pods if eviction_api else refused,
+                force=False,
+                label="evict via Eviction API",
+                retry_for=policy.timeout,
             )
         # Pods a budget still blocks will not go by waiting: give the others the grace only.
         report = await self._wait_eviction(pods, FORCE_GRACE if blocked.blocked else policy.timeout)
+        if report.remaining and refused and _still_blocked(blocked, report) and not forcing:
+            return await self._escalate_blocked(blocked, report)
         if report.remaining and eviction_api:
             if _still_blocked(blocked, report) and not forcing:
                 return await self._escalate_blocked(blocked, report)

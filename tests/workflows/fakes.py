@@ -342,7 +342,7 @@ def new_worker(
         client,
         task_queue=task_queue or f"tq-{uuid.uuid4()}",
         workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
-        activities=[*world.activities(), *extra_activities],
+        activities=world.activities(*extra_activities),  # same name: replaces the fake
         # 0: every task replays from history, which catches non-determinism (costs a 10 s
         # task timeout when a signal races an eviction on the test server; used selectively).
         **({"max_cached_workflows": 0} if replay_every_task else {}),

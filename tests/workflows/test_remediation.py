@@ -45,6 +45,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
@@ -102,6 +103,8 @@ from workflows.models import (
     Phase,
     PodRef,
     PodState,
+    QuarantineInput,
+    QuarantineResult,
     RemediationResult,
     RepairedRequest,
     ReplacementReport,
@@ -634,6 +637,36 @@ async def test_eviction_api_blocked_by_a_budget_escalates_and_never_backstops(
     escalation = next(e for e in result.timeline if e.action.startswith("escalat"))
     assert "llm-worker needs 1 healthy pods" in escalation.reason + escalation.outcome
     assert ACT_WAIT_REPLACEMENT not in world.names()
+
+
+async def test_fallback_blocked_eviction_is_retried_then_escalated(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """No DeviceTaintRule served: the fallback's one Eviction API pass was refused by a budget;
+    the refused pod is retried for the eviction timeout, then escalated naming the budget."""
+    client = time_skipping_env.client
+    pod = deployment_consumer().pod
+    world = FakeWorld(
+        evict_results=[EvictPodsResult(blocked=[pod], budgets=[BUDGET_429], attempts=7)],
+        eviction_reports=[EvictionReport(remaining=[pod], timed_out=True)],
+        runbooks=with_spec("inference", eviction={"timeout": "10m"}),
+    )
+
+    @activity.defn(name=ACT_QUARANTINE)
+    async def fallback(req: QuarantineInput) -> QuarantineResult:
+        world.calls.append((ACT_QUARANTINE, req))
+        return QuarantineResult(mode="fallback", action="created", blocked=[pod])
+
+    async with new_worker(client, world, extra_activities=[fallback]) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        result = await handle.result()
+    assert result.status.escalation_reason == "eviction-timeout"
+    (evict,) = world.args(ACT_EVICT_PODS)
+    assert evict.pods == [pod] and evict.retry_blocked_for == timedelta(minutes=10)
+    escalation = next(e for e in result.timeline if e.action.startswith("escalat"))
+    assert "llm-worker needs 1 healthy pods" in escalation.reason + escalation.outcome
 
 
 async def test_eviction_api_blocked_but_forced_goes_past_the_budget(

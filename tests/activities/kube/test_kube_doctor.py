@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -89,11 +90,22 @@ async def test_doctor_without_access_reviews_warns(tmp_path: Path) -> None:
 
 
 def _left_behind(t: Any) -> list[str]:
-    return [
-        f"{kind}/{o['metadata']['name']}"
-        for kind in ("devicetaintrules.resource.k8s.io", "resourceclaims.resource.k8s.io", "pods")
-        for o in t.store.list(kind).items
-    ]
+    """Probe objects still there, once the controllers had time to finish deletions (an
+    allocated claim goes when its pod is gone and it is deallocated)."""
+    deadline = time.monotonic() + 10
+    while True:
+        left = [
+            f"{kind}/{o['metadata']['name']}"
+            for kind in (
+                "devicetaintrules.resource.k8s.io",
+                "resourceclaims.resource.k8s.io",
+                "pods",
+            )
+            for o in t.store.list(kind).items
+        ]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 async def test_doctor_probe(tmp_path: Path) -> None:
