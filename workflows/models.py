@@ -719,6 +719,9 @@ class RecordEventInput(Contract):
     # One Event per (workflow, object, reason), its `count` set from the target (PATCHed when
     # above 1), as the kubelet aggregates: a repeated decision raises the count, not the list.
     aggregate: bool = False
+    # What aggregates: one remediation (its first run's id, kept across continue-as-new), so a
+    # later incident of the same GPU (same workflow id) gets Events of its own.
+    series: str = ""
 
 
 class CordonInput(Contract):

@@ -1519,6 +1519,7 @@ class DeviceRemediationWorkflow:
                     type=etype,
                     workflow_id=workflow.info().workflow_id,
                     aggregate=True,
+                    series=f"{workflow.info().workflow_id}/{workflow.info().first_execution_run_id}",
                 ),
                 type(None),
                 f"event {reason}",

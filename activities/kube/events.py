@@ -35,9 +35,9 @@ def event_name(target: EventTarget, reason: str, token: str) -> str:
     return f"{target.name[:200]}.sickbay-{digest[:16]}"
 
 
-def aggregated_name(target: EventTarget, reason: str, workflow_id: str) -> str:
-    """One name per (workflow, object, reason): repeats PATCH its count."""
-    key = f"{workflow_id}|{target.kind}|{target.namespace or ''}|{target.name}|{reason}"
+def aggregated_name(target: EventTarget, reason: str, series: str) -> str:
+    """One name per (remediation, object, reason): repeats PATCH its count."""
+    key = f"{series}|{target.kind}|{target.namespace or ''}|{target.name}|{reason}"
     return f"{target.name[:200]}.sickbay-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
@@ -57,7 +57,7 @@ def event_body(target: EventTarget, inp: RecordEventInput, token: str) -> dict[s
     if target.uid:
         involved["uid"] = target.uid
     name = (
-        aggregated_name(target, inp.reason, inp.workflow_id)
+        aggregated_name(target, inp.reason, inp.series or inp.workflow_id)
         if inp.aggregate
         else event_name(target, inp.reason, token)
     )

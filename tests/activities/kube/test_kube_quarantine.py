@@ -436,14 +436,15 @@ async def test_aggregated_event_raises_its_count(tmp_path: Path) -> None:
     with twin(tmp_path, "1.36", nodes=1, proxy_rules=RBAC_RULES) as t:
         node = t.node(0)
 
-        def told(count: int) -> RecordEventInput:
+        def told(count: int, run: str = "run-1") -> RecordEventInput:
             return RecordEventInput(
                 targets=[EventTarget(api_version="v1", kind="Node", name=node, count=count)],
                 reason="GPURemediationEscalated",
-                message=f"escalation number {count}",
+                message=f"escalation number {count} of {run}",
                 type="Warning",
                 workflow_id=WF,
                 aggregate=True,
+                series=f"{WF}/{run}",
             )
 
         await t.run(t.acts.record_event, told(1))
@@ -458,6 +459,17 @@ async def test_aggregated_event_raises_its_count(tmp_path: Path) -> None:
         (event,) = events
         assert event["count"] == 2 and event["message"].startswith("escalation number 2")
         assert event["involvedObject"]["kind"] == "Node" and event["type"] == "Warning"
+        # A later incident of the same GPU (same workflow id, new run chain): its own Event.
+        await t.run(t.acts.record_event, told(1, run="run-2"))
+        later = [
+            e
+            for e in t.store.list("events", "default").items
+            if e.get("reason") == "GPURemediationEscalated"
+        ]
+        assert sorted((e["count"], e["message"][:28]) for e in later) == [
+            (1, "escalation number 1 of run-2"),
+            (2, "escalation number 2 of run-1"),
+        ]
         assert t.proxy is not None and t.proxy.denied == []
 
 
