@@ -731,6 +731,17 @@ def check_types(rt: ResourceType, obj: Any) -> None:
             )
 
 
+def _drop_omitted_zero_values(rt: ResourceType, obj: dict[str, Any]) -> None:
+    """Fields a real server drops because Go's `omitempty` omits their zero value.
+
+    The apiserver decodes every write into a typed object and encodes it back, so a patch (or
+    create, or update) setting Node `spec.unschedulable: false` reads back without the key."""
+    if rt.storage == "nodes":
+        spec = obj.get("spec")
+        if isinstance(spec, dict) and spec.get("unschedulable") is False:
+            del spec["unschedulable"]
+
+
 class Admission:
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
@@ -750,6 +761,7 @@ class Admission:
             if meta.get(empty) == {}:
                 del meta[empty]
         try:
+            _drop_omitted_zero_values(rt, new)
             if op == "CREATE":
                 self._default(rt, new, now)
             elif rt.storage == "devicetaintrules.resource.k8s.io" and subresource is None:
@@ -853,6 +865,13 @@ class Admission:
         elif key == "events":
             obj.setdefault("count", 1) if obj.get("firstTimestamp") else None
             obj.setdefault("type", "Normal")
+            # Zero structs and plain strings survive Go's omitempty: a real server answers
+            # with these keys present (eventTime null) whatever the request left out.
+            for field in ("eventTime", "firstTimestamp", "lastTimestamp"):
+                obj.setdefault(field, None)
+            obj.setdefault("source", {})
+            obj.setdefault("reportingComponent", "")
+            obj.setdefault("reportingInstance", "")
 
     def _default_job(self, job: dict[str, Any]) -> None:
         spec = job["spec"]

@@ -506,7 +506,8 @@ class SweepFinding(Contract):
 
 class SweepReport(Contract):
     findings: list[SweepFinding] = Field(default_factory=list)  # mapped to node + UUID
-    unresolved: list[SweepFinding] = Field(default_factory=list)  # DRA id with no slice entry
+    # Health entries no device could be found for (pod + id + why): a WARNING, notified.
+    unresolved: list[SweepFinding] = Field(default_factory=list)
     nodes: list[SweepFinding] = Field(default_factory=list)  # node-capacity findings
     pods_checked: int = 0
     slices_checked: int = 0
@@ -519,6 +520,7 @@ class SweepResult(Contract):
     signalled: list[str] = Field(default_factory=list)  # workflow ids signalled
     notified_nodes: list[str] = Field(default_factory=list)
     unresolved: list[str] = Field(default_factory=list)
+    notified_unresolved: list[str] = Field(default_factory=list)  # "<ns>/<pod> <resourceID>"
     unknown_cleared: list[str] = Field(default_factory=list)  # Unknown, then healthy again
 
 
@@ -586,9 +588,10 @@ class HealthReport(Contract):
     namespace: str
     pod: str
     container: str
-    resource_id: str
+    resource_id: str  # as the kubelet wrote it: a device key, a CDI device id or a UUID
     health: Health
     message: str = ""
+    device: str = ""  # driver/pool/device the entry was resolved to when the id is not one
 
 
 class SliceTaint(Contract):
@@ -691,6 +694,7 @@ class QuarantineResult(Contract):
     evicted: list[PodRef] = Field(default_factory=list)  # fallback: pods evicted
     blocked: list[PodRef] = Field(default_factory=list)  # fallback: PDB refused
     node_tainted: bool = False
+    node_cordoned: bool = False  # churn stopped by cordoning the node (undone on release)
     would_evict: list[PodRef] = Field(default_factory=list)  # preview
     message: str = ""
     # rule name -> uid of the rule(s) this quarantine made or adopted: release deletes with a
@@ -704,6 +708,8 @@ class EvictPodsInput(Contract):
     reason: str = ""
     delete_if_blocked: bool = False  # force: delete pods the PDB protects
     dry_run: bool = False
+    # Retry evictions a PodDisruptionBudget blocks (429), with backoff, for this long.
+    retry_blocked_for: Duration | None = None
 
 
 class EvictPodsResult(Contract):
@@ -711,6 +717,9 @@ class EvictPodsResult(Contract):
     deleted: list[PodRef] = Field(default_factory=list)
     blocked: list[PodRef] = Field(default_factory=list)  # 429 from a PodDisruptionBudget
     gone: list[PodRef] = Field(default_factory=list)  # already absent
+    # Why each still-blocked pod was refused: "<ns>/<pod>: The disruption budget X needs ...".
+    budgets: list[str] = Field(default_factory=list)
+    attempts: int = 1  # rounds of Eviction API calls (retries of blocked pods + 1)
 
 
 class WaitEvictionInput(Contract):
@@ -793,6 +802,7 @@ class EventTarget(Contract):
     name: str
     namespace: str | None = None
     uid: str | None = None
+    count: int = 1  # aggregated Events: how many times this reason was told about this object
 
 
 class RecordEventInput(Contract):
@@ -801,6 +811,12 @@ class RecordEventInput(Contract):
     message: str
     type: Literal["Normal", "Warning"] = "Normal"
     workflow_id: str
+    # One Event per (workflow, object, reason), its `count` set from the target (PATCHed when
+    # above 1), as the kubelet aggregates: a repeated decision raises the count, not the list.
+    aggregate: bool = False
+    # What aggregates: one remediation (its first run's id, kept across continue-as-new), so a
+    # later incident of the same GPU (same workflow id) gets Events of its own.
+    series: str = ""
 
 
 class CordonInput(Contract):
@@ -1060,12 +1076,16 @@ class ApprovalPolicy(RunbookModel):
 class EvictionPolicy(RunbookModel):
     mode: Literal["taint", "eviction-api"] = "taint"
     timeout: Duration = timedelta(minutes=5)
-    force: Literal["none", "eviction-api", "delete"] = "none"
+    force: Literal["none", "eviction-api", "noexecute", "delete"] = "none"
 
 
 class ReplacementPolicy(RunbookModel):
     pending_deadline: Duration = timedelta(minutes=30)
     churn_evictions: int = Field(default=3, ge=2)
+    # How churn (a scheduler ignoring the rule: allocate -> evict -> allocate ...) is stopped:
+    # `cordon` the device's node (every scheduler honours a cordon; undone on release),
+    # `noschedule` (switch the rule to NoSchedule: no more evictions), `none` (escalate only).
+    on_churn: Literal["cordon", "noschedule", "none"] = "cordon"
 
 
 class ScaleUpPolicy(RunbookModel):
@@ -1209,6 +1229,7 @@ class RemediationCarry(Contract):
     alerts: list[AlertEvidence] = Field(default_factory=list)
     healthy_since: datetime | None = None
     waiting_for_budget: bool = False
+    event_counts: dict[str, int] = Field(default_factory=dict)  # aggregated Events so far
 
 
 RemediationInput.model_rebuild()

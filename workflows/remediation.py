@@ -52,7 +52,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
@@ -68,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
         ACT_ACQUIRE_BUDGET,
         ACT_CHECK_HEALTH,
         ACT_CLAIM_ESCALATION,
+        ACT_CORDON,
         ACT_COUNT_DEVICES,
         ACT_EVICT_PODS,
         ACT_FIND_CONSUMERS,
@@ -121,6 +122,8 @@ with workflow.unsafe.imports_passed_through():
         CheckHealthInput,
         Consumer,
         ConsumersResult,
+        CordonInput,
+        CordonResult,
         CountDevicesInput,
         DeviceCounts,
         DeviceRef,
@@ -212,6 +215,16 @@ EVICT_TIMEOUT = timedelta(minutes=2)
 # evict-pods heartbeats every 10 s; a killed worker is noticed after 30 s, not 2 min (evicting
 # again is harmless: pods already gone are reported gone).
 EVICT_HEARTBEAT = timedelta(seconds=30)
+# Owner kinds Events are written on, with the API version `kubectl describe` reads them in.
+OWNER_API_VERSIONS = {
+    "Deployment": "apps/v1",
+    "StatefulSet": "apps/v1",
+    "ReplicaSet": "apps/v1",
+    "DaemonSet": "apps/v1",
+    "Job": "batch/v1",
+    "CronJob": "batch/v1",
+    "JobSet": "jobset.x-k8s.io/v1alpha2",
+}
 # After forcing, how long the pods get to go before we escalate.
 FORCE_GRACE = timedelta(minutes=2)
 # Capacity requests go to the pool scaler workflow, which may hold the call while it batches
@@ -290,6 +303,12 @@ class _Done(Exception):
         self.reason = reason
 
 
+def _still_blocked(result: EvictPodsResult, report: EvictionReport) -> bool:
+    """Some consumer still there is one a PodDisruptionBudget refused to let go."""
+    keys = {(p.namespace, p.name) for p in result.blocked}
+    return any((p.namespace, p.name) in keys for p in report.remaining)
+
+
 def _error_text(err: BaseException) -> str:
     cause = err.cause if isinstance(err, ActivityError) else err
     if isinstance(cause, ApplicationError):
@@ -361,6 +380,11 @@ class DeviceRemediationWorkflow:
         self._lease_held = carry.lease_held if carry else False
         self._escalated = carry.escalated if carry else False
         self._healthy_since = carry.healthy_since if carry else None
+        # Aggregated Kubernetes Events: how often each (reason, object) was told so far.
+        self._event_counts: dict[str, int] = dict(carry.event_counts) if carry else {}
+        # Pods that exist now, for Events: None = the consumers (not evicted yet); then the
+        # ones still on the device, or the replacements last seen Pending / Running.
+        self._live_pods: list[PodRef] | None = None
         self._consumers: list[Consumer] = []
         self._fallback: Runbook = builtin_default()
         self._abort: AbortRequest | None = None
@@ -649,6 +673,13 @@ class DeviceRemediationWorkflow:
             )
         if inp.dry_run or spec.dry_run:
             return await self._dry_run(device)
+        await self._decision_event(
+            "GPUFailureConfirmed",
+            f"{failure_class}: {why}; runbook {runbook.name}",
+            etype="Warning",
+            rule=False,
+            node=False,
+        )
 
         # 2. blast-radius guard ------------------------------------------------------------
         self._enter(
@@ -675,6 +706,7 @@ class DeviceRemediationWorkflow:
         except ACTIVITY_FAILED as err:
             await self._escalate("error", f"quarantine failed: {_error_text(err)}")
             raise _Done("escalated", f"quarantine failed: {_error_text(err)}") from err
+        await self._decision_event("GPUQuarantined", self._quarantine.message or effect)
         self._metrics.create_histogram_timedelta(
             "sickbay_time_to_quarantine",
             "From the remediation's start to the device's quarantine",
@@ -1108,8 +1140,14 @@ class DeviceRemediationWorkflow:
         await self._replace()
 
     async def _evict(self, pods: list[PodRef], eviction_api: bool) -> bool:
-        """True once the consumers are gone; False after escalating."""
+        """True once the consumers are gone; False after escalating.
+
+        Eviction API mode honours PodDisruptionBudgets: blocked evictions are retried for the
+        whole `eviction.timeout`; a pod a budget still protects then is never pushed past it
+        unless the runbook forces (`noexecute` / `delete`): the remediation escalates
+        `eviction-timeout` naming the budget and holds the device under its NoSchedule rule."""
         policy = self._spec.eviction
+        forcing = policy.force in ("noexecute", "delete")
         self._enter(
             Phase.EVICTING,
             awaiting=f"{len(pods)} consumer(s) to go",
@@ -1122,20 +1160,39 @@ class DeviceRemediationWorkflow:
             ),
         )
         self._upsert()
-        if eviction_api:
-            await self._evict_pods(pods, force=False, label="evict via Eviction API")
-        report = await self._wait_eviction(pods, policy.timeout)
+        blocked = EvictPodsResult()
+        # No rule served: the fallback evicted once through the Eviction API; what a budget
+        # refused then is retried like eviction-api mode's evictions (there is no backstop).
+        fallback = self._quarantine is not None and self._quarantine.mode == "fallback"
+        refused = self._quarantine.blocked if fallback and self._quarantine else []
+        if eviction_api or refused:
+            blocked = await self._evict_pods(
+                pods if eviction_api else refused,
+                force=False,
+                label="evict via Eviction API",
+                retry_for=policy.timeout,
+            )
+        # Pods a budget still blocks will not go by waiting: give the others the grace only.
+        report = await self._wait_eviction(pods, FORCE_GRACE if blocked.blocked else policy.timeout)
+        if report.remaining and refused and _still_blocked(blocked, report) and not forcing:
+            return await self._escalate_blocked(blocked, report)
         if report.remaining and eviction_api:
-            # Backstop: the PDB-respecting path did not finish in time.
+            if _still_blocked(blocked, report) and not forcing:
+                return await self._escalate_blocked(blocked, report)
+            # Backstop: NoExecute deletes pods regardless of budgets (none blocks, or forced).
             self._quarantine = await self._apply_quarantine("NoExecute", "NoExecute backstop")
             report = await self._wait_eviction(report.remaining, FORCE_GRACE)
-        if report.remaining and policy.force != "none":
-            await self._evict_pods(
+        if report.remaining and policy.force in ("eviction-api", "delete"):
+            blocked = await self._evict_pods(
                 report.remaining,
                 force=policy.force == "delete",
                 label=f"force ({policy.force})",
+                retry_for=None if policy.force == "delete" else FORCE_GRACE,
             )
             report = await self._wait_eviction(report.remaining, FORCE_GRACE)
+            if _still_blocked(blocked, report):
+                return await self._escalate_blocked(blocked, report)
+        self._live_pods = list(report.remaining)
         if report.remaining:
             names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
             await self._escalate(
@@ -1144,9 +1201,33 @@ class DeviceRemediationWorkflow:
                 f"(force: {policy.force}): {names}",
             )
             return False
+        await self._decision_event(
+            "GPUConsumersEvicted",
+            f"{len(report.gone)} consumer(s) left the quarantined device: "
+            + ", ".join(f"{p.namespace}/{p.name}" for p in report.gone),
+            pods=False,
+            node=False,
+        )
         return True
 
-    async def _evict_pods(self, pods: list[PodRef], *, force: bool, label: str) -> None:
+    async def _escalate_blocked(self, blocked: EvictPodsResult, report: EvictionReport) -> bool:
+        """A PodDisruptionBudget still protects consumers: escalate naming it, hold (False)."""
+        self._live_pods = list(report.remaining)
+        names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
+        why = "; ".join(blocked.budgets) or "a PodDisruptionBudget refused the eviction"
+        await self._escalate(
+            "eviction-timeout",
+            f"PodDisruptionBudget blocks eviction after {self._spec.eviction.timeout} "
+            f"({blocked.attempts} tries; force: {self._spec.eviction.force}, so the budget is "
+            f"honoured): {why}. Still on the device: {names}. Holding the device quarantined "
+            "(new pods cannot get it); free the budget, or force with eviction.force "
+            "noexecute/delete",
+        )
+        return False
+
+    async def _evict_pods(
+        self, pods: list[PodRef], *, force: bool, label: str, retry_for: timedelta | None = None
+    ) -> EvictPodsResult:
         result = await self._activity(
             ACT_EVICT_PODS,
             EvictPodsInput(
@@ -1154,17 +1235,21 @@ class DeviceRemediationWorkflow:
                 workflow_id=workflow.info().workflow_id,
                 reason=f"GPU {self._status.device} quarantined",
                 delete_if_blocked=force,
+                retry_blocked_for=retry_for,
             ),
             EvictPodsResult,
-            start_to_close=EVICT_TIMEOUT,
+            start_to_close=EVICT_TIMEOUT + (retry_for or timedelta(0)),
             heartbeat=EVICT_HEARTBEAT,
             retry=WAIT_RETRY,
         )
         self._log(
             label,
             outcome=f"evicted {len(result.evicted)}, deleted {len(result.deleted)}, "
-            f"blocked {len(result.blocked)}, gone {len(result.gone)}",
+            f"blocked {len(result.blocked)}, gone {len(result.gone)}"
+            + (f" after {result.attempts} tries" if result.attempts > 1 else ""),
+            reason="; ".join(result.budgets),
         )
+        return result
 
     async def _wait_eviction(self, pods: list[PodRef], limit: timedelta) -> EvictionReport:
         report = await self._activity(
@@ -1198,6 +1283,14 @@ class DeviceRemediationWorkflow:
         )
         self._upsert()
         report = await self._wait_replacement(owners, spec.replacement.pending_deadline)
+        if report.status == "running":
+            await self._decision_event(
+                "GPUReplacementRunning",
+                "replacement(s) Running on healthy devices: "
+                + ", ".join(f"{p.pod.namespace}/{p.pod.name}" for p in report.pods if p.phase),
+                rule=False,
+                node=False,
+            )
         if report.status == "pending":
             if not spec.scale_up.enabled:
                 await self._escalate(
@@ -1212,7 +1305,8 @@ class DeviceRemediationWorkflow:
             report = scaled
         if report.status == "churn":
             diag = report.churn.diagnosis if report.churn else "repeated evictions"
-            await self._escalate("churn", f"eviction churn: {diag}")
+            stopped = await self._stop_churn()
+            await self._escalate("churn", f"eviction churn: {diag} {stopped}")
             return
         if report.status in ("running", "no-replacement-needed"):
             self._metrics.create_histogram_timedelta(
@@ -1221,6 +1315,37 @@ class DeviceRemediationWorkflow:
             ).with_additional_attributes(
                 {"workload_class": self._status.workload_class or ""}
             ).record(workflow.now() - workflow.info().start_time)
+
+    async def _stop_churn(self) -> str:
+        """End the allocate -> evict loop per `replacement.onChurn`; says what was done."""
+        action = self._spec.replacement.on_churn
+        device = self._device
+        assert device is not None
+        if action == "cordon":
+            result = await self._local(
+                ACT_CORDON,
+                CordonInput(node=device.node, workflow_id=workflow.info().workflow_id),
+                CordonResult,
+                "cordon node (churn)",
+            )
+            if result.changed and self._quarantine is not None:
+                self._quarantine = self._quarantine.model_copy(update={"node_cordoned": True})
+            self._log("churn stopped: node cordoned", outcome=result.message)
+            return (
+                f"Sickbay stopped the loop by cordoning node {device.node} ({result.message}; "
+                "replacements go to other nodes or stay Pending; uncordoned on release)."
+            )
+        if action == "noschedule":
+            self._quarantine = await self._apply_quarantine(
+                "NoSchedule", "rule to NoSchedule (churn)"
+            )
+            self._log("churn stopped: rule switched to NoSchedule")
+            return (
+                "Sickbay stopped the loop by switching the rule to NoSchedule: nothing is evicted "
+                "any more, so a pod the scheduler puts on the device stays on it."
+            )
+        self._log("churn not stopped", reason="replacement.onChurn: none")
+        return "replacement.onChurn is none: Sickbay did not stop the loop; it goes on."
 
     async def _wait_replacement(
         self, owners: list[OwnerRef], deadline: timedelta
@@ -1244,6 +1369,7 @@ class DeviceRemediationWorkflow:
             outcome=report.status,
             reason=report.unschedulable_message or (report.churn.diagnosis if report.churn else ""),
         )
+        self._live_pods = [p.pod for p in report.pods if p.phase in ("Pending", "Running")]
         return report
 
     async def _scale_up(
@@ -1308,6 +1434,12 @@ class DeviceRemediationWorkflow:
         if result.status == "rejected":
             await self._escalate("scale-up-failed", f"pool {pool.name}: {result.message}")
             return None
+        await self._decision_event(
+            "GPUScaleUpRequested",
+            f"no healthy GPU free: asked pool {pool.name} for capacity "
+            f"(size {result.current_size} -> {result.target_size})",
+            rule=False,
+        )
         self._enter(
             Phase.SCALING,
             awaiting="replacements Running (capacity deadline "
@@ -1416,6 +1548,9 @@ class DeviceRemediationWorkflow:
             else f"repaired ({self._repaired.actor})"
         )
         await self._remove_quarantine(reason)
+        await self._decision_event(
+            "GPUQuarantineReleased", f"quarantine lifted: {reason}", rule=False, pods=False
+        )
         await self._release_lease()
         if self._escalated:
             await self._notify_all("resolve", f"released: {reason}")
@@ -1444,6 +1579,16 @@ class DeviceRemediationWorkflow:
             outcome="removed" if result.removed else "absent",
             reason=result.message,
         )
+        if self._quarantine.node_cordoned:
+            uncordon = await self._local(
+                ACT_CORDON,
+                CordonInput(
+                    node=self._device.node, cordon=False, workflow_id=workflow.info().workflow_id
+                ),
+                CordonResult,
+                "uncordon node",
+            )
+            self._log("node uncordoned", outcome=uncordon.message)
         self._quarantine = None
 
     async def _release_lease(self) -> None:
@@ -1478,33 +1623,95 @@ class DeviceRemediationWorkflow:
 
     # ---------------------------------------------------------------- notifications --------
 
-    async def _pod_event(self, reason: str, message: str) -> None:
-        """A Warning Event on each consumer pod for a workflow decision no kube activity makes
-        (escalation); failing to write it never stops the remediation."""
-        targets = [
-            EventTarget(
-                api_version="v1",
-                kind="Pod",
-                name=c.pod.name,
-                namespace=c.pod.namespace,
-                uid=c.pod.uid,
-            )
-            for c in self._consumers
-        ]
-        if not targets:
+    def _event_targets(
+        self, *, pods: bool, rule: bool, node: bool, owners: bool
+    ) -> list[EventTarget]:
+        """Where a person looks (`kubectl describe`): Sickbay's DeviceTaintRule(s), the node,
+        each consumer's top owner (Deployment / StatefulSet / Job / JobSet) and the pods that
+        exist now (consumers still on the device, or live / Pending replacements), never an
+        evicted one."""
+        out: list[EventTarget] = []
+        q = self._quarantine
+        if rule and q is not None and q.mode == "rule" and q.api_version:
+            version = q.api_version if "/" in q.api_version else f"resource.k8s.io/{q.api_version}"
+            for name in sorted(q.rule_uids) or ([q.rule_name] if q.rule_name else []):
+                out.append(
+                    EventTarget(
+                        api_version=version,
+                        kind="DeviceTaintRule",
+                        name=name,
+                        uid=q.rule_uids.get(name),
+                    )
+                )
+        if node and self._device is not None:
+            out.append(EventTarget(api_version="v1", kind="Node", name=self._device.node))
+        if owners:
+            seen: set[tuple[str, str, str]] = set()
+            for c in self._consumers:
+                o = c.top_owner or c.owner
+                if o is None or o.kind not in OWNER_API_VERSIONS:
+                    continue
+                if (o.kind, o.namespace, o.name) in seen:
+                    continue
+                seen.add((o.kind, o.namespace, o.name))
+                out.append(
+                    EventTarget(
+                        api_version=OWNER_API_VERSIONS[o.kind],
+                        kind=o.kind,
+                        name=o.name,
+                        namespace=o.namespace,
+                        uid=o.uid,
+                    )
+                )
+        if pods:
+            live = self._live_pods
+            if live is None:
+                live = [c.pod for c in self._consumers if not c.terminating]
+            for p in live:
+                out.append(
+                    EventTarget(
+                        api_version="v1", kind="Pod", name=p.name, namespace=p.namespace, uid=p.uid
+                    )
+                )
+        return out
+
+    async def _decision_event(
+        self,
+        reason: str,
+        message: str,
+        *,
+        etype: Literal["Normal", "Warning"] = "Normal",
+        pods: bool = True,
+        rule: bool = True,
+        node: bool = True,
+        owners: bool = True,
+    ) -> None:
+        """A Kubernetes Event for one decision on every object a person would describe,
+        aggregated (a repeat raises its count); failing to write it never stops the
+        remediation. Dry runs write none: they change nothing in the cluster."""
+        if self._inp.dry_run or (self._runbook is not None and self._runbook.spec.dry_run):
+            return
+        counted: list[EventTarget] = []
+        for t in self._event_targets(pods=pods, rule=rule, node=node, owners=owners):
+            key = f"{reason}|{t.kind}|{t.namespace or ''}|{t.name}"
+            self._event_counts[key] = self._event_counts.get(key, 0) + 1
+            counted.append(t.model_copy(update={"count": self._event_counts[key]}))
+        if not counted:
             return
         try:
             await self._local(
                 ACT_RECORD_EVENT,
                 RecordEventInput(
-                    targets=targets,
+                    targets=counted,
                     reason=reason,
                     message=f"GPU {self._status.device}: {message}"[:1000],
-                    type="Warning",
+                    type=etype,
                     workflow_id=workflow.info().workflow_id,
+                    aggregate=True,
+                    series=f"{workflow.info().workflow_id}/{workflow.info().first_execution_run_id}",
                 ),
                 type(None),
-                "record event",
+                f"event {reason}",
             )
         except ACTIVITY_FAILED as err:
             self._log("Event not recorded", outcome="failed", reason=_error_text(err))
@@ -1569,8 +1776,8 @@ class DeviceRemediationWorkflow:
         self._log("escalate", outcome=reason, reason=summary)
         self._upsert()
         if reason != "application-error":  # that path already put its own Event on the pods
-            await self._pod_event(
-                "GPURemediationEscalated", f"{summary}. Needed: {_NEEDED[reason]}"
+            await self._decision_event(
+                "GPURemediationEscalated", f"{summary}. Needed: {_NEEDED[reason]}", etype="Warning"
             )
         policy = self._spec.escalation
         if reason not in policy.on:
@@ -1906,6 +2113,7 @@ class DeviceRemediationWorkflow:
                     alerts=self._alerts,
                     healthy_since=self._healthy_since,
                     waiting_for_budget=waiting_for_budget,
+                    event_counts=self._event_counts,
                 ),
             }
         )

@@ -2,7 +2,8 @@
 reserve or use them, their owners up to the top controller, and what runbook matching needs
 (labels, namespace labels, priority class).
 
-DRA requests: 1 list of claims (all namespaces) + 1 list of the node's pods + 1 read per
+DRA requests: 1 list of claims (all namespaces; shared with the evidence step when both are
+under way) + 1 list of the node's pods + 1 read per
 distinct ReplicaSet/Job + 1 read per distinct namespace.
 Device plugin: 1 list of the node's pods (alert-named pods count only when found there).
 """
@@ -58,12 +59,20 @@ def list_node_pods(kube: Kube, node: str, *, max_age: float = 0.0) -> list[dict[
 
 
 def list_claims(kube: Kube) -> list[dict[str, Any]]:
-    body = kube.call(
-        kube.resource_v1.list_resource_claim_for_all_namespaces,
-        verb="list",
-        resource="resourceclaims.resource.k8s.io",
-    )
-    return body.get("items") or []
+    """Every ResourceClaim, read now; a list already under way in this worker is joined (the
+    evidence step, resolving CDI health ids, and find-consumers run side by side). Never
+    reused by age: the cache is the worker's, and another remediation's list from a second
+    ago can predate the very claim this one looks for (a replacement just allocated)."""
+
+    def load() -> list[dict[str, Any]]:
+        body = kube.call(
+            kube.resource_v1.list_resource_claim_for_all_namespaces,
+            verb="list",
+            resource="resourceclaims.resource.k8s.io",
+        )
+        return body.get("items") or []
+
+    return list(kube.cached(("claims",), 0.0, load))
 
 
 def group_keys(device: ResolvedDevice) -> set[tuple[str, str, str]]:

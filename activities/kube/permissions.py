@@ -74,6 +74,7 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "namespaces", ("get",), "namespace labels for runbook matching"),
     Permission("", "events", ("list",), "recent events as evidence"),
     Permission("", "events", ("create",), "an Event on every pod, rule and node Sickbay acts on"),
+    Permission("", "events", ("patch",), "the count of a repeated Event (aggregation)"),
     Permission("apps", "replicasets", ("get",), "owner chain ReplicaSet -> Deployment"),
     Permission("apps", "deployments", ("get",), "replacement selector and desired replicas"),
     Permission("apps", "statefulsets", ("get",), "replacement selector and desired replicas"),

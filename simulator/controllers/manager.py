@@ -68,6 +68,10 @@ class SimOptions:
     crash_after_seconds: float = 3.0  # a container on a dead GPU fails this long after start
     crash_backoff_initial: float = 10.0  # kubelet's CrashLoopBackOff: 10 s, doubling ...
     crash_backoff_max: float = 300.0  # ... up to 5 minutes
+    # Pod device health ids as the 1.36 kubelet writes them: the first CDI device id the
+    # driver returned (NVIDIA's driver returns `k8s.gpu.nvidia.com/claim=<claim uid>-<device>`);
+    # False: the driver returned none, so `<driver>/<pool>/<device>`.
+    cdi_device_ids: bool = True
     # Device-taint eviction: DeviceTaintRule status is written at most this often.
     rule_status_period: float = 10.0
     # Node pools: time from a resize until new nodes (and their ResourceSlices) appear.

@@ -27,6 +27,7 @@ from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
     ACT_CHECK_HEALTH,
     ACT_CLAIM_ESCALATION,
+    ACT_CORDON,
     ACT_COUNT_DEVICES,
     ACT_EVICT_PODS,
     ACT_FIND_CONSUMERS,
@@ -57,6 +58,8 @@ from workflows.models import (
     CheckHealthInput,
     Consumer,
     ConsumersResult,
+    CordonInput,
+    CordonResult,
     CountDevicesInput,
     DeviceCounts,
     DeviceRef,
@@ -151,6 +154,7 @@ class FakeWorld:
     use_real_budget: bool = False
     budget_release_fails: bool = False  # release-budget-lease raises (non-retryable)
     eviction_reports: list[EvictionReport] = field(default_factory=list)  # consumed in order
+    evict_results: list[EvictPodsResult] = field(default_factory=list)  # evict-pods, in order
     replacement_reports: list[Any] = field(default_factory=list)  # consumed in order
     capacity: CapacityResult | ApplicationError = field(
         default_factory=lambda: CapacityResult(status="requested", current_size=2, target_size=3)
@@ -251,6 +255,8 @@ class FakeWorld:
         @activity.defn(name=ACT_EVICT_PODS)
         async def evict(req: EvictPodsInput) -> EvictPodsResult:
             world.calls.append((ACT_EVICT_PODS, req))
+            if world.evict_results:
+                return world.evict_results.pop(0)
             if req.delete_if_blocked:
                 return EvictPodsResult(deleted=req.pods)
             return EvictPodsResult(evicted=req.pods)
@@ -305,6 +311,11 @@ class FakeWorld:
             world.calls.append((ACT_CHECK_HEALTH, req))
             return HealthResult(health=world.later_health)  # type: ignore[arg-type]
 
+        @activity.defn(name=ACT_CORDON)
+        async def cordon(req: CordonInput) -> CordonResult:
+            world.calls.append((ACT_CORDON, req))
+            return CordonResult(changed=True, message="cordoned" if req.cordon else "uncordoned")
+
         acts: list[Callable[..., Any]] = [
             load_runbooks,
             resolve,
@@ -322,6 +333,7 @@ class FakeWorld:
             release,
             check_health,
             claim_escalation,
+            cordon,
         ]
         if not self.use_real_budget:
             acts += [acquire, release_budget]
@@ -340,7 +352,7 @@ def new_worker(
         client,
         task_queue=task_queue or f"tq-{uuid.uuid4()}",
         workflows=[DeviceRemediationWorkflow, BudgetWorkflow, RejectionsWorkflow],
-        activities=[*world.activities(), *extra_activities],
+        activities=world.activities(*extra_activities),  # same name: replaces the fake
         # 0: every task replays from history, which catches non-determinism (costs a 10 s
         # task timeout when a signal races an eviction on the test server; used selectively).
         **({"max_cached_workflows": 0} if replay_every_task else {}),

@@ -21,9 +21,14 @@ Cases (one per branch of the procedure):
   the validator outside the approval phase;
 - eviction timeout -> force (delete) -> gone -> continue;
 - eviction-api mode: NoSchedule rule, Eviction API, NoExecute backstop after the timeout;
+- eviction-api mode, a PodDisruptionBudget blocks (force: none): retried for the whole timeout,
+  then escalated `eviction-timeout` naming the budget and held, never backstopped past it;
+  with force: noexecute the backstop goes past the budget (explicit choice);
 - Pending deadline -> scale-up -> capacity -> replacement Running;
 - scale-up at max -> escalate no-capacity;
-- eviction churn reported -> escalate churn;
+- eviction churn reported -> the loop is stopped per replacement.onChurn (cordon by default:
+  node cordoned before the churn escalation, which says so, and uncordoned on release;
+  noschedule: the rule switched to NoSchedule), then escalate churn;
 - abort while holding -> rule removed, lease released, aborted;
 - failing notification channel: retried, each try in the timeline, one escalation;
 - a non-retryable quarantine error ends in escalation, not a silent stop; so does an unknown
@@ -41,12 +46,14 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import (
+    NODE,
     FakeWorld,
     deployment_consumer,
     make_runbook,
@@ -60,6 +67,7 @@ from tests.workflows.histories import save_history
 from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
     ACT_CHECK_HEALTH,
+    ACT_CORDON,
     ACT_COUNT_DEVICES,
     ACT_EVICT_PODS,
     ACT_GATHER_EVIDENCE,
@@ -80,6 +88,7 @@ from workflows.constants import (
     SIG_ALERT_RESOLVED,
     SIG_REPAIRED,
     UPD_APPROVE,
+    taint_rule_name,
 )
 from workflows.models import (
     AbortRequest,
@@ -90,8 +99,13 @@ from workflows.models import (
     CapacityResult,
     ChurnDiagnosis,
     EvictionReport,
+    EvictPodsResult,
     OwnerRef,
     Phase,
+    PodRef,
+    PodState,
+    QuarantineInput,
+    QuarantineResult,
     RemediationResult,
     RepairedRequest,
     ReplacementReport,
@@ -156,7 +170,7 @@ async def test_happy_path(time_skipping_env: WorkflowEnvironment) -> None:
     assert set(first) >= {"SickbayPhase", "SickbayDevice", "SickbayNode", "SickbayWorkloadClass"}
     last = upserts[-1].search_attributes.indexed_fields
     assert last["SickbayPhase"].data == b'"closed"'
-    save_history("concurrent_happy_path", history)
+    save_history("happy_path", history)
     print(f"happy path: {len(events)} history events; start -> quarantine call {to_rule_ms:.0f} ms")
     # Loose bound for a shared CI box; typically well under 100 ms (local activities).
     assert to_rule_ms < 1000
@@ -361,7 +375,7 @@ async def test_budget_exhausted(time_skipping_env: WorkflowEnvironment) -> None:
         await time_skipping_env.sleep(timedelta(minutes=2, seconds=30))
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         result = await handle.result()
-        save_history("concurrent_budget_wait", await handle.fetch_history())
+        save_history("budget_exhausted", await handle.fetch_history())
     assert result.outcome == "not-quarantined" and "never quarantined" in result.reason
     assert result.status.escalation_reason == "budget-exhausted"
     assert ACT_QUARANTINE not in world.names()
@@ -624,6 +638,94 @@ async def test_eviction_api_mode_with_backstop(time_skipping_env: WorkflowEnviro
     assert names.index(ACT_EVICT_PODS) < names.index(ACT_WAIT_EVICTION)
 
 
+BUDGET_429 = (
+    "ml/llm-worker-0: The disruption budget llm-worker needs 1 healthy pods and has 1 currently"
+)
+
+
+async def test_eviction_api_blocked_by_a_budget_escalates_and_never_backstops(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """force: none honours PDBs: blocked evictions are retried for the whole eviction timeout
+    (inside evict-pods), then the remediation escalates naming the budget and holds under the
+    NoSchedule rule; no NoExecute backstop deletes the pod past the budget."""
+    client = time_skipping_env.client
+    pod = deployment_consumer().pod
+    world = FakeWorld(
+        runbooks=with_spec("inference", eviction={"mode": "eviction-api", "timeout": "30m"}),
+        evict_results=[EvictPodsResult(blocked=[pod], budgets=[BUDGET_429], attempts=12)],
+        eviction_reports=[EvictionReport(remaining=[pod], timed_out=True)],
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    assert result.status.escalation_reason == "eviction-timeout"
+    assert [q.effect for q in world.args(ACT_QUARANTINE)] == ["NoSchedule"]  # no backstop
+    (evict,) = world.args(ACT_EVICT_PODS)
+    assert evict.retry_blocked_for == timedelta(minutes=30) and not evict.delete_if_blocked
+    escalation = next(e for e in result.timeline if e.action.startswith("escalat"))
+    assert "llm-worker needs 1 healthy pods" in escalation.reason + escalation.outcome
+    assert ACT_WAIT_REPLACEMENT not in world.names()
+
+
+async def test_fallback_blocked_eviction_is_retried_then_escalated(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """No DeviceTaintRule served: the fallback's one Eviction API pass was refused by a budget;
+    the refused pod is retried for the eviction timeout, then escalated naming the budget."""
+    client = time_skipping_env.client
+    pod = deployment_consumer().pod
+    world = FakeWorld(
+        evict_results=[EvictPodsResult(blocked=[pod], budgets=[BUDGET_429], attempts=7)],
+        eviction_reports=[EvictionReport(remaining=[pod], timed_out=True)],
+        runbooks=with_spec("inference", eviction={"timeout": "10m"}),
+    )
+
+    @activity.defn(name=ACT_QUARANTINE)
+    async def fallback(req: QuarantineInput) -> QuarantineResult:
+        world.calls.append((ACT_QUARANTINE, req))
+        return QuarantineResult(mode="fallback", action="created", blocked=[pod])
+
+    async with new_worker(client, world, extra_activities=[fallback]) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        result = await handle.result()
+    assert result.status.escalation_reason == "eviction-timeout"
+    (evict,) = world.args(ACT_EVICT_PODS)
+    assert evict.pods == [pod] and evict.retry_blocked_for == timedelta(minutes=10)
+    escalation = next(e for e in result.timeline if e.action.startswith("escalat"))
+    assert "llm-worker needs 1 healthy pods" in escalation.reason + escalation.outcome
+
+
+async def test_eviction_api_blocked_but_forced_goes_past_the_budget(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """force: noexecute is the explicit choice to bypass budgets: the NoExecute backstop."""
+    client = time_skipping_env.client
+    pod = deployment_consumer().pod
+    world = FakeWorld(
+        runbooks=with_spec(
+            "inference", eviction={"mode": "eviction-api", "timeout": "30m", "force": "noexecute"}
+        ),
+        evict_results=[EvictPodsResult(blocked=[pod], budgets=[BUDGET_429])],
+        eviction_reports=[
+            EvictionReport(remaining=[pod], timed_out=True),
+            EvictionReport(gone=[pod]),
+        ],
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        result = await handle.result()
+    assert result.outcome == "released"
+    assert [q.effect for q in world.args(ACT_QUARANTINE)] == ["NoSchedule", "NoExecute"]
+
+
 async def test_pending_deadline_scale_up_success(time_skipping_env: WorkflowEnvironment) -> None:
     client = time_skipping_env.client
     world = FakeWorld(
@@ -687,21 +789,23 @@ async def test_scale_up_error_at_max_type_escalates(time_skipping_env: WorkflowE
     assert any(e.action == "escalate" and e.outcome == "no-capacity" for e in result.timeline)
 
 
-async def test_churn_escalates(time_skipping_env: WorkflowEnvironment) -> None:
-    client = time_skipping_env.client
+def _churn_report() -> ReplacementReport:
     owner = OwnerRef(kind="Deployment", name="llm", namespace="serving")
-    world = FakeWorld(
-        replacement_reports=[
-            ReplacementReport(
-                status="churn",
-                churn=ChurnDiagnosis(
-                    owner=owner,
-                    evictions=3,
-                    diagnosis="DeviceTaintManagerEviction x3: the scheduler ignores the rule",
-                ),
-            )
-        ]
+    return ReplacementReport(
+        status="churn",
+        churn=ChurnDiagnosis(
+            owner=owner,
+            evictions=3,
+            diagnosis="DeviceTaintManagerEviction x3: the scheduler ignores the rule",
+        ),
     )
+
+
+async def test_churn_escalates(time_skipping_env: WorkflowEnvironment) -> None:
+    """Churn stops (default onChurn: cordon): the node is cordoned, the escalation says so, and
+    the release uncordons it."""
+    client = time_skipping_env.client
+    world = FakeWorld(replacement_reports=[_churn_report()])
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
         await wait_phase(handle, Phase.HOLDING)
@@ -711,7 +815,31 @@ async def test_churn_escalates(time_skipping_env: WorkflowEnvironment) -> None:
     assert result.outcome == "escalated"
     assert result.status.escalation_reason == "churn"
     assert ACT_REQUEST_CAPACITY not in world.names()
-    assert "scheduler ignores" in world.args(ACT_NOTIFY)[0].incident.summary
+    summary = world.args(ACT_NOTIFY)[0].incident.summary
+    assert "scheduler ignores" in summary and f"cordoning node {world.node}" in summary
+    cordons = world.args(ACT_CORDON)
+    assert [(c.node, c.cordon) for c in cordons] == [(world.node, True), (world.node, False)]
+    names = world.names()
+    assert names.index(ACT_CORDON) < names.index(ACT_NOTIFY)  # stopped before people are told
+    assert names.index(ACT_RELEASE_QUARANTINE) < len(names) - names[::-1].index(ACT_CORDON)
+
+
+async def test_churn_noschedule_switches_the_rule(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(
+        replacement_reports=[_churn_report()],
+        runbooks=with_spec("inference", replacement={"onChurn": "noschedule"}),
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="hank"))
+        result = await handle.result()
+    assert result.status.escalation_reason == "churn"
+    assert [q.effect for q in world.args(ACT_QUARANTINE)] == ["NoExecute", "NoSchedule"]
+    assert ACT_CORDON not in world.names()
+    escalation = next(e for e in result.timeline if e.action.startswith("escalat"))
+    assert "switching the rule to NoSchedule" in escalation.reason + escalation.outcome
 
 
 async def test_abort_while_holding_undoes(time_skipping_env: WorkflowEnvironment) -> None:
@@ -836,6 +964,7 @@ async def test_dry_run_previews_only(time_skipping_env: WorkflowEnvironment) -> 
     assert result.outcome == "dry-run"
     assert ACT_PREVIEW_QUARANTINE in world.names() and ACT_QUARANTINE not in world.names()
     assert "serving/llm-7d9f-abcde" in result.reason
+    assert ACT_RECORD_EVENT not in world.names()  # a dry run writes no Events
 
 
 async def test_timeline_query(time_skipping_env: WorkflowEnvironment) -> None:
@@ -985,9 +1114,95 @@ async def test_escalation_puts_an_event_on_the_pods(time_skipping_env: WorkflowE
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
         await _close_waiting(handle)
-    (event,) = world.args(ACT_RECORD_EVENT)
-    assert event.reason == "GPURemediationEscalated" and event.type == "Warning"
-    assert event.targets[0].name == "llm-7d9f-abcde" and "Needed:" in event.message
+    events = {e.reason: e for e in world.args(ACT_RECORD_EVENT)}
+    assert list(events) == ["GPUFailureConfirmed", "GPURemediationEscalated"]
+    event = events["GPURemediationEscalated"]
+    assert event.type == "Warning" and "Needed:" in event.message and event.aggregate
+    kinds = {(t.kind, t.name) for t in event.targets}
+    assert kinds == {("Node", NODE), ("Deployment", "llm"), ("Pod", "llm-7d9f-abcde")}
+
+
+def _targets(event: Any) -> set[tuple[str, str]]:
+    return {(t.kind, t.name) for t in event.targets}
+
+
+async def test_events_for_every_decision_on_objects_that_exist(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """Confirmation, quarantine, eviction, replacement and release each write an Event on the
+    rule, the node, the owner and the pods that exist then: the evicted pod only while it is
+    still there, the replacement once it runs."""
+    client = time_skipping_env.client
+    new_pod = PodRef(namespace="serving", name="llm-7d9f-zzzzz", uid="uid-new")
+    world = FakeWorld(
+        replacement_reports=[
+            ReplacementReport(
+                status="running", pods=[PodState(pod=new_pod, phase="Running", node=NODE)]
+            )
+        ]
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        await handle.result()
+    events = world.args(ACT_RECORD_EVENT)
+    assert [e.reason for e in events] == [
+        "GPUFailureConfirmed",
+        "GPUQuarantined",
+        "GPUConsumersEvicted",
+        "GPUReplacementRunning",
+        "GPUQuarantineReleased",
+    ]
+    by = {e.reason: e for e in events}
+    rule = taint_rule_name(world.node, world.gpu_uuid)
+    old = ("Pod", "llm-7d9f-abcde")
+    assert _targets(by["GPUQuarantined"]) == {
+        ("DeviceTaintRule", rule),
+        ("Node", NODE),
+        ("Deployment", "llm"),
+        old,
+    }
+    assert by["GPUQuarantined"].targets[0].api_version == "resource.k8s.io/v1"
+    for later in ("GPUConsumersEvicted", "GPUReplacementRunning", "GPUQuarantineReleased"):
+        assert old not in _targets(by[later]), later  # never on an evicted pod
+        assert ("Deployment", "llm") in _targets(by[later]), later
+    assert ("Node", NODE) in _targets(by["GPUQuarantineReleased"])
+    # One Kubernetes request per decision and object: what the Events cost a remediation.
+    assert sum(len(e.targets) for e in events) == 12
+    assert ("Pod", new_pod.name) in _targets(by["GPUReplacementRunning"])
+    assert ("DeviceTaintRule", rule) not in _targets(by["GPUQuarantineReleased"])  # deleted
+    assert all(t.count == 1 for e in events for t in e.targets)
+
+
+async def test_pending_escalation_event_is_on_the_pending_replacement(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    pending = PodRef(namespace="serving", name="llm-7d9f-pend1", uid="uid-pend")
+    world = FakeWorld(
+        runbooks=with_spec("inference", replacement={"pendingDeadline": "5m"}),
+        replacement_reports=[
+            ReplacementReport(
+                status="pending",
+                pods=[PodState(pod=pending, phase="Pending")],
+                unschedulable_message="0/1 nodes are available: 1 cannot allocate all claims.",
+            )
+        ],
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        await handle.result()
+    (escalation,) = [
+        e
+        for e in world.args(ACT_RECORD_EVENT)
+        if e.type == "Warning" and e.reason == "GPURemediationEscalated"
+    ]
+    assert ("Pod", pending.name) in _targets(escalation)
+    assert ("Pod", "llm-7d9f-abcde") not in _targets(escalation)  # evicted, gone
+    assert {("Deployment", "llm"), ("Node", NODE)} <= _targets(escalation)
 
 
 async def test_unknown_device_escalates_with_default_runbook(

@@ -291,8 +291,12 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
         # Goal <= 15 per remediation (BENCHMARKS.md section 2 measured 22 before the shared
         # pod/node lists, Event lists only without an Unhealthy pod status, and warm-up).
         # The fallback (1.34 / device plugin: Eviction API, node marks) is not that path; it
-        # measured 15-16 and keeps a bound just above.
-        goal = 15 if result.mode == "rule" else 17
+        # measured 15-16 and keeps a bound just above. +1 where the kubelet reports health
+        # under CDI device ids (the twin's default, as for NVIDIA's driver on a real 1.36
+        # cluster): evidence lists claims to map them to devices. Here the steps run one
+        # after the other; in the workflow evidence and find-consumers run side by side and
+        # share one claim list when it is under way.
+        goal = 16 if result.mode == "rule" else 18
         assert happy <= goal, f"{happy} Kubernetes requests on the happy path (goal <= {goal})"
 
 
