@@ -280,6 +280,17 @@ def _scaled(key: str, value: Any, scale: float) -> str | None:
     return f"{seconds:g}s"
 
 
+def _acknowledge(block: dict[str, Any], path: str, value: str) -> None:
+    """List `path`'s field under the block's `unsafe` when the scaled value left the safe
+    bounds: the demo's durations are short on purpose (its cluster runs `time_scale` faster)."""
+    from workflows.models import SAFE_BOUNDS, parse_duration
+
+    bound = SAFE_BOUNDS.get(path)
+    if bound is not None and not bound.holds(parse_duration(value)):
+        acknowledged = block.setdefault("unsafe", [])
+        acknowledged.append(path.rsplit(".", 1)[1])
+
+
 def demo_runbooks(
     dest: Path,
     scale: float,
@@ -309,6 +320,7 @@ def demo_runbooks(
                     if scaled is not None:
                         node[key] = scaled
                         durations.append(f"{where}{key} {value}->{scaled}")
+                        _acknowledge(node, f"{where}{key}", scaled)
                 else:
                     walk(value, f"{where}{key}.")
 
@@ -332,7 +344,11 @@ def demo_runbooks(
                 f"max {pool_max} nodes (shipped: provider {shipped_provider}, max {shipped_max})"
             )
         if name == "inference":
-            spec["budget"] = {"maxPerPool": "100%", "maxPerCluster": "100%"}
+            spec["budget"] = {
+                "maxPerPool": "100%",
+                "maxPerCluster": "100%",
+                "unsafe": ["maxPerPool", "maxPerCluster"],
+            }
             changes.append(
                 "inference: budget 100% per pool/cluster (shipped 50%/10%: on a 2-GPU stand that "
                 "would refuse the second quarantine; `--scenario budget` shows that refusal)"
