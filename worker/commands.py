@@ -334,8 +334,8 @@ async def _timeline(args: argparse.Namespace) -> int:
         line = f"{e.at:%Y-%m-%d %H:%M:%S}  {e.phase.value:<20} {e.action}"
         if e.outcome:
             line += f" -> {e.outcome}"
-        if e.actor != "sickbay":
-            line += f"  [{e.actor}]"
+        if e.who():
+            line += f"  [{e.who()}]"
         if e.reason:
             line += f"  ({e.reason})"
         print(line)

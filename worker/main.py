@@ -33,11 +33,13 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.budget import BudgetActivities
 from activities.launch import LaunchActivities
 from activities.runbooks import RunbookActivities
+from worker.identity import SenderIdentityRunner
 from worker.settings import Settings
 from workflows.budget import BudgetWorkflow
 from workflows.constants import (
@@ -73,6 +75,7 @@ from workflows.constants import (
     WF_SWEEP,
     budget_task_queue,
 )
+from workflows.identity import SenderIdentityInterceptor
 from workflows.maintenance import MaintenanceWorkflow
 from workflows.remediation import DeviceRemediationWorkflow
 
@@ -317,6 +320,17 @@ async def build_worker(
     return SickbayWorker(_main_worker(client, settings, built), budget)
 
 
+def sender_identity_options() -> dict[str, Any]:
+    """Worker options that let signal and update handlers read the Temporal client identity
+    the server recorded (`workflows/identity.py`): the timeline shows it beside the claimed
+    actor of an abort, a repaired mark or an approval."""
+    return {
+        "workflow_runner": SenderIdentityRunner(SandboxedWorkflowRunner()),
+        "unsandboxed_workflow_runner": SenderIdentityRunner(UnsandboxedWorkflowRunner()),
+        "interceptors": [SenderIdentityInterceptor()],
+    }
+
+
 def _main_worker(client: Client, settings: Settings, built: Built) -> Worker:
     # BudgetWorkflow stays registered here: a budget started before it had its own queue keeps
     # running on this one until its next continue-as-new moves it (patch `budget-queue`).
@@ -332,6 +346,7 @@ def _main_worker(client: Client, settings: Settings, built: Built) -> Worker:
         max_concurrent_activities=settings.max_concurrent_activities,
         max_cached_workflows=settings.max_cached_workflows,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+        **sender_identity_options(),
     )
 
 

@@ -438,8 +438,19 @@ class TimelineEntry(Contract):
     phase: Phase
     action: str
     outcome: str = ""
+    # Who did it. For a person's abort / repaired / approve: the actor the request *claims*
+    # (typed by the caller, never checked) and the Temporal client identity the server
+    # recorded with the signal or update ("unknown" when the worker could not read it).
     actor: str = "sickbay"
     reason: str = ""
+    client_identity: str | None = None
+
+    def who(self) -> str:
+        """`""` for Sickbay itself; else the actor, marked as claimed beside the client
+        identity when the entry came from a person's signal or update."""
+        if self.client_identity is not None:
+            return f"claimed actor {self.actor}; Temporal client {self.client_identity}"
+        return "" if self.actor == "sickbay" else self.actor
 
 
 Outcome = Literal[

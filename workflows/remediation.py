@@ -96,6 +96,7 @@ with workflow.unsafe.imports_passed_through():
         UPD_APPROVE,
         WF_REMEDIATE,
     )
+    from workflows.identity import claimed_by, sender_identity
     from workflows.models import (
         AbortRequest,
         AlertEvidence,
@@ -314,6 +315,8 @@ class DeviceRemediationWorkflow:
         self._abort: AbortRequest | None = None
         self._undoing = False  # set once an abort is being handled: undo steps run to the end
         self._repaired: RepairedRequest | None = None
+        # (claimed actor, Temporal client identity) of the abort / repaired / decision.
+        self._sent: dict[str, tuple[str, str]] = {}
         self._health_only = False  # holding under release.mode healthy-cooldown
         self._resolved_pending = False  # an alert-resolved not yet checked against health
         self._budget_freed = False  # set by the budget workflow's wake-up signal
@@ -354,22 +357,23 @@ class DeviceRemediationWorkflow:
     def abort(self, req: AbortRequest) -> None:
         if self._abort is None:
             self._abort = req
-            self._log("abort requested", actor=req.actor, reason=req.reason)
+            self._log_sent("abort", "abort requested", req.actor, reason=req.reason)
 
     @workflow.signal(name=SIG_REPAIRED)
     def repaired(self, req: RepairedRequest) -> None:
         if self._repaired is None:
             self._repaired = req
-            self._log("marked repaired", actor=req.actor, reason=req.note)
+            self._log_sent("repaired", "marked repaired", req.actor, reason=req.note)
             if self._health_only:
                 self._note_repair()
 
     @workflow.update(name=UPD_APPROVE)
     def approve(self, decision: ApprovalDecision) -> ApprovalResult:
         self._decision = decision
-        self._log(
+        self._log_sent(
+            "decision",
             "approved" if decision.approve else "rejected",
-            actor=decision.actor,
+            decision.actor,
             reason=decision.reason,
         )
         return ApprovalResult(accepted=True, phase=self._status.phase)
@@ -382,7 +386,7 @@ class DeviceRemediationWorkflow:
                 "not awaiting-approval"
             )
         if self._decision is not None:
-            raise ValueError("already decided by " + self._decision.actor)
+            raise ValueError("already decided by " + self._who("decision"))
 
     @workflow.query(name=QRY_TIMELINE)
     def timeline(self) -> list[TimelineEntry]:
@@ -758,7 +762,7 @@ class DeviceRemediationWorkflow:
                 await self._resolve_page("repaired while waiting for budget")
                 raise _Done(
                     "not-quarantined",
-                    f"repaired ({self._repaired.actor}) while waiting for a budget slot; "
+                    f"repaired ({self._who('repaired')}) while waiting for a budget slot; "
                     "never quarantined",
                 )
             if self._resolved_pending:
@@ -900,7 +904,7 @@ class DeviceRemediationWorkflow:
         decision = self._decision
         assert decision is not None
         if not decision.approve:
-            why = f"rejected by {decision.actor}: {decision.reason or 'no reason given'}"
+            why = f"rejected by {self._who('decision')}: {decision.reason or 'no reason given'}"
             await self._escalate("approval-rejected", why)
             raise _Done("escalated", why)
 
@@ -1207,6 +1211,7 @@ class DeviceRemediationWorkflow:
         self._log(
             "repair noted",
             actor=self._repaired.actor,
+            client_identity=self._sent["repaired"][1],
             reason="release.mode healthy-cooldown: released once Healthy for "
             f"{self._spec.release.cooldown}",
         )
@@ -1224,7 +1229,7 @@ class DeviceRemediationWorkflow:
         reason = (
             "healthy for the cool-down"
             if by_health or self._repaired is None
-            else f"repaired ({self._repaired.actor})"
+            else f"repaired ({self._who('repaired')})"
         )
         await self._remove_quarantine(reason)
         await self._release_lease()
@@ -1275,7 +1280,7 @@ class DeviceRemediationWorkflow:
         assert req is not None
         self._undoing = True
         self._enter(Phase.RELEASING, awaiting="undo after abort")
-        reason = f"aborted by {req.actor}: {req.reason}"
+        reason = f"aborted by {self._who('abort')}: {req.reason}"
         try:
             await self._remove_quarantine(reason)
         except ACTIVITY_FAILED as err:
@@ -1465,6 +1470,17 @@ class DeviceRemediationWorkflow:
                 reason=alert.summary,
             )
 
+    def _log_sent(self, what: str, action: str, actor: str, reason: str) -> None:
+        """A timeline entry for a person's signal / update: the actor it claims, and the
+        Temporal client identity the server recorded with it (`workflows/identity.py`)."""
+        identity = sender_identity() or "unknown"
+        self._sent[what] = (actor, identity)
+        self._log(action, actor=actor, reason=reason, client_identity=identity)
+
+    def _who(self, what: str) -> str:
+        """`<actor> (claimed; Temporal client <identity>)` of the abort / repaired / decision."""
+        return claimed_by(*self._sent[what])
+
     def _log(
         self,
         action: str,
@@ -1472,6 +1488,7 @@ class DeviceRemediationWorkflow:
         actor: str = "sickbay",
         reason: str = "",
         replace_same: bool = False,
+        client_identity: str | None = None,
     ) -> None:
         """Add a timeline entry; `replace_same`: it replaces the last entry when that one is
         the same action (a run of identical retries stays one entry, the latest)."""
@@ -1485,6 +1502,7 @@ class DeviceRemediationWorkflow:
                 outcome=outcome,
                 actor=actor,
                 reason=reason,
+                client_identity=client_identity,
             )
         )
 

@@ -36,8 +36,8 @@ def timeline_lines(timeline: list[TimelineEntry], limit: int) -> list[str]:
             line += f" -> {entry.outcome}"
         if entry.reason:
             line += f" ({entry.reason})"
-        if entry.actor and entry.actor != "sickbay":
-            line += f" [{entry.actor}]"
+        if entry.who():
+            line += f" [{entry.who()}]"
         lines.append(line)
     return lines
 
