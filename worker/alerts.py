@@ -102,6 +102,7 @@ class AlertMapping:
     value_annotation: str = "value"
     pod_label: str = "pod"
     namespace_label: str = "namespace"
+    cluster: str = ""  # SICKBAY_CLUSTER: part of the workflow id
 
     def accepts(self, alertname: str) -> bool:
         return "*" in self.alert_names or alertname in self.alert_names
@@ -223,7 +224,7 @@ def map_alert(
         return unmapped("invalid-label", f"node or UUID label longer than {MAX_ID_PART} chars")
     if not _has_id_chars(node, uuid):
         return unmapped("invalid-label", "node or UUID label has no ASCII letters or digits")
-    workflow_id = device_workflow_id(node, uuid)
+    workflow_id = device_workflow_id(node, uuid, mapping.cluster)
 
     index_text = _first(labels, mapping.index_labels)
     # isascii(): str.isdigit() is also true for "²", which int() refuses.

@@ -23,6 +23,7 @@ from typing import Any
 from workflows.constants import (
     QRY_STATUS,
     QRY_TIMELINE,
+    SA_CLUSTER,
     SA_DEVICE,
     SA_NODE,
     SA_PHASE,
@@ -33,6 +34,7 @@ from workflows.constants import (
     WF_MAINTENANCE,
     WF_REMEDIATE,
     device_workflow_id,
+    maintenance_workflow_id,
 )
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ def _settings(args: argparse.Namespace) -> Any:
             "temporal_address": getattr(args, "address", None),
             "temporal_namespace": getattr(args, "namespace", None),
             "task_queue": getattr(args, "task_queue", None),
+            "cluster": getattr(args, "cluster", None),
             "runbooks_dir": getattr(args, "runbooks_dir", None),
             "metrics_port": getattr(args, "metrics_port", None),
         }.items()
@@ -82,17 +85,22 @@ def _add_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="Temporal address (SICKBAY_TEMPORAL_ADDRESS)")
     p.add_argument("--namespace", help="Temporal namespace (SICKBAY_TEMPORAL_NAMESPACE)")
     p.add_argument("--task-queue", help="task queue (SICKBAY_TASK_QUEUE)")
+    p.add_argument(
+        "--cluster",
+        help="the Sickbay cluster (SICKBAY_CLUSTER): device ids, queue; `status` lists only it",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def workflow_id_for(target: str) -> str:
-    """`sickbay-...` ids pass through; `node/GPU-uuid` becomes the device's workflow id."""
+def workflow_id_for(target: str, cluster: str = "") -> str:
+    """`sickbay-...` ids pass through; `node/GPU-uuid` becomes the device's workflow id in
+    `cluster`."""
     if target.startswith("sickbay-"):
         return target
     if target.count("/") == 1:
         node, gpu = target.split("/")
         if node and gpu:
-            return device_workflow_id(node, gpu)
+            return device_workflow_id(node, gpu, cluster)
     raise ValueError(
         f"{target!r} is neither a workflow id (sickbay-...) nor a device (node/GPU-uuid)"
     )
@@ -200,7 +208,7 @@ async def _launch(args: argparse.Namespace) -> int:
 
     client = await connect(settings)
     if selector_given:
-        wf_id = f"sickbay-maintenance-{uuid.uuid4().hex[:10]}"
+        wf_id = maintenance_workflow_id(uuid.uuid4().hex[:10], settings.cluster)
         handle = await client.start_workflow(
             WF_MAINTENANCE, maint, id=wf_id, task_queue=settings.task_queue
         )
@@ -221,6 +229,7 @@ async def _launch(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         requested_by=actor,
         reason=args.reason or "",
+        cluster=settings.cluster,
     )
     result = await signal_with_start(client, inp, task_queue=settings.task_queue)
     verb = "started" if result.started else "signalled running"
@@ -250,8 +259,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
+    settings = _settings(args)
     client = await _client(args)
     query = f"WorkflowType = '{WF_REMEDIATE}' AND ExecutionStatus = 'Running'"
+    if settings.cluster:  # --cluster / SICKBAY_CLUSTER: that cluster's incidents only
+        query += f" AND {SA_CLUSTER} = '{settings.cluster}'"
     rows = []
     async for wf in client.list_workflows(query):
         sa = wf.search_attributes or {}
@@ -263,6 +275,7 @@ async def _status(args: argparse.Namespace) -> int:
         rows.append(
             {
                 "workflow_id": wf.id,
+                "cluster": first(SA_CLUSTER),
                 "device": first(SA_DEVICE),
                 "node": first(SA_NODE),
                 "workload_class": first(SA_WORKLOAD_CLASS),
@@ -276,10 +289,11 @@ async def _status(args: argparse.Namespace) -> int:
     if not rows:
         print("no open incidents")
         return 0
-    print(f"{'PHASE':<22} {'CLASS':<14} {'DEVICE':<50} WORKFLOW")
+    print(f"{'CLUSTER':<14} {'PHASE':<22} {'CLASS':<14} {'DEVICE':<50} WORKFLOW")
     for r in rows:
         print(
-            f"{r['phase'] or '-':<22} {r['workload_class'] or '-':<14} {r['device']:<50} {r['workflow_id']}"
+            f"{r['cluster'] or '-':<14} {r['phase'] or '-':<22} {r['workload_class'] or '-':<14} "
+            f"{r['device']:<50} {r['workflow_id']}"
         )
     return 0
 
@@ -297,7 +311,7 @@ async def _timeline(args: argparse.Namespace) -> int:
 
     from workflows.models import RemediationResult, RemediationStatus, TimelineEntry
 
-    wf_id = workflow_id_for(args.target)
+    wf_id = workflow_id_for(args.target, _settings(args).cluster)
     client = await _client(args)
     handle = client.get_workflow_handle(wf_id, result_type=RemediationResult)
     try:
@@ -355,7 +369,7 @@ async def _decide(args: argparse.Namespace) -> int:
 
     from workflows.models import AbortRequest, ApprovalDecision, ApprovalResult, RepairedRequest
 
-    wf_id = workflow_id_for(args.target)
+    wf_id = workflow_id_for(args.target, _settings(args).cluster)
     actor = args.actor or getpass.getuser()
     client = await _client(args)
     handle = client.get_workflow_handle(wf_id)

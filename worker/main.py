@@ -74,6 +74,7 @@ from workflows.constants import (
     WF_REMEDIATE,
     WF_SWEEP,
     budget_task_queue,
+    budget_workflow_id,
 )
 from workflows.identity import SenderIdentityInterceptor
 from workflows.maintenance import MaintenanceWorkflow
@@ -189,8 +190,14 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
     built = Built(
         activities=[
             runbooks.load_runbooks,
-            *activities_of(LaunchActivities(client, settings.task_queue)),
-            *activities_of(BudgetActivities(client, settings.task_queue)),
+            *activities_of(LaunchActivities(client, settings.task_queue, settings.cluster)),
+            *activities_of(
+                BudgetActivities(
+                    client,
+                    settings.task_queue,
+                    workflow_id=budget_workflow_id(settings.task_queue, settings.cluster),
+                )
+            ),
         ]
     )
     kube = kube_activities
@@ -385,6 +392,15 @@ async def run_worker(settings: Settings) -> int:
         return 5
     for note in built.notes:
         log.warning("%s", note)
+    if settings.cluster:
+        log.info("cluster %s: task queue %s", settings.cluster, settings.task_queue)
+    else:
+        log.warning(
+            "SICKBAY_CLUSTER is not set: single-cluster ids (sickbay-gpu-..., sickbay-budget, "
+            "queue %s). Set it before a second cluster shares this Temporal namespace "
+            "(docs/deploy.md, 'Many clusters on one Temporal')",
+            settings.task_queue,
+        )
     try:
         worker = await build_worker(client, settings, built=built)
     except RuntimeError as exc:

@@ -54,6 +54,7 @@ concurrently, bounded process-wide by `webhook_concurrency`, over one shared cli
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hmac
 import json
@@ -450,7 +451,7 @@ class AlertService:
     ) -> None:
         self.settings = settings
         self.webhook = webhook
-        self.mapping = webhook.mapping()
+        self.mapping = dataclasses.replace(webhook.mapping(), cluster=settings.cluster)
         self.metrics = metrics
         self._client = client
         self._lock = asyncio.Lock()
@@ -951,6 +952,7 @@ class AlertService:
             trigger="alert",
             requested_by="alertmanager",
             reason=m.evidence.summary or m.evidence.alertname if m.evidence else "",
+            cluster=self.settings.cluster,
         )
         # Every firing delivery is a signal-with-start (USE_EXISTING): a plain signal would
         # fail if the run closed since the previous one, and costs the server the same.

@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from workflows.constants import TAINT_KEY, device_workflow_id
+from workflows.constants import TAINT_KEY, check_cluster_name, device_workflow_id
 
 # --------------------------------------------------------------------------------------------
 # Small types
@@ -151,12 +151,12 @@ class DeviceRef(Contract):
             return f"{self.driver}/{self.pool}/{self.device}"
         return f"{self.node}/index-{self.gpu_index}"
 
-    def workflow_id(self) -> str:
+    def workflow_id(self, cluster: str = "") -> str:
         if not (self.node and self.gpu_uuid):
             raise ValueError(
                 f"device {self.key} must be resolved to node + GPU UUID before it has a workflow id"
             )
-        return device_workflow_id(self.node, self.gpu_uuid)
+        return device_workflow_id(self.node, self.gpu_uuid, cluster)
 
 
 class DraDevice(Contract):
@@ -187,8 +187,8 @@ class ResolvedDevice(Contract):
     def key(self) -> str:
         return f"{self.node}/{self.gpu_uuid}"
 
-    def workflow_id(self) -> str:
-        return device_workflow_id(self.node, self.gpu_uuid)
+    def workflow_id(self, cluster: str = "") -> str:
+        return device_workflow_id(self.node, self.gpu_uuid, cluster)
 
 
 class PodRef(Contract):
@@ -285,8 +285,16 @@ class RemediationInput(Contract):
     dry_run: bool = False
     requested_by: str = "unknown"
     reason: str = ""
+    # The Sickbay cluster (SICKBAY_CLUSTER) the device is in; part of the workflow id and the
+    # `SickbayCluster` search attribute. "" for the unnamed single-cluster deployment.
+    cluster: str = ""
     # Set only by the workflow itself when it continues-as-new during a long hold.
     resume: RemediationCarry | None = None
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        return check_cluster_name(value)
 
 
 class MaintenanceInput(Contract):
@@ -384,6 +392,7 @@ class SweepInput(Contract):
     notify_channels: list[str] = Field(default_factory=list)  # vanished-GPU notices
     task_queue: str | None = None  # where device workflows start; None: the worker's
     dry_run: bool = False  # passed to the remediations the sweep starts
+    cluster: str = ""  # SICKBAY_CLUSTER: in the remediations' and node notices' ids
 
 
 class SweepClusterInput(Contract):
@@ -781,6 +790,7 @@ class Incident(Contract):
     # device's node pool: what a channel can group a storm of incidents by.
     reason: str | None = None
     node_pool: str | None = None
+    cluster: str | None = None  # SICKBAY_CLUSTER of the GPU (None: the unnamed cluster)
     summary: str
     done: list[str] = Field(default_factory=list)
     needed: str = ""

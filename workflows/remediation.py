@@ -83,6 +83,7 @@ with workflow.unsafe.imports_passed_through():
         ERR_POOL_AT_MAX,
         QRY_STATUS,
         QRY_TIMELINE,
+        SA_CLUSTER,
         SA_DEVICE,
         SA_NODE,
         SA_PHASE,
@@ -232,6 +233,7 @@ SA_DEVICE_KEY = SearchAttributeKey.for_keyword(SA_DEVICE)
 SA_NODE_KEY = SearchAttributeKey.for_keyword(SA_NODE)
 SA_WORKLOAD_KEY = SearchAttributeKey.for_keyword(SA_WORKLOAD_CLASS)
 SA_PHASE_KEY = SearchAttributeKey.for_keyword(SA_PHASE)
+SA_CLUSTER_KEY = SearchAttributeKey.for_keyword(SA_CLUSTER)
 
 
 # What a failed activity raises in the workflow: ActivityError wrapping the cause for regular
@@ -252,6 +254,12 @@ class _EarlyLease(NamedTuple):
 
 class _Aborted(Exception):
     """Raised inside the workflow when an `abort` signal interrupts a wait."""
+
+
+def _cluster_tag(cluster: str) -> str:
+    """`[east] ` in front of a notification's summary, so a person paged for many clusters
+    sees which one; nothing for the unnamed cluster."""
+    return f"[{cluster}] " if cluster else ""
 
 
 class _Done(Exception):
@@ -471,7 +479,7 @@ class DeviceRemediationWorkflow:
         self._device = device
         self._status.device, self._status.node = device.key, device.node
         wf_id = workflow.info().workflow_id
-        if device.workflow_id() != wf_id:
+        if device.workflow_id(self._inp.cluster) != wf_id:
             return await self._hand_over(device)
         alert_pods = [a.pod for a in self._alerts if a.pod is not None]
         early: _EarlyLease | None = None
@@ -1409,7 +1417,8 @@ class DeviceRemediationWorkflow:
             severity=severity or policy.severity,  # type: ignore[arg-type]
             reason=self._status.escalation_reason,
             node_pool=self._device.node_pool if self._device else None,
-            summary=f"GPU {self._status.device}: {summary}",
+            cluster=self._inp.cluster or None,
+            summary=f"{_cluster_tag(self._inp.cluster)}GPU {self._status.device}: {summary}",
             done=[f"{e.action}: {e.outcome}".rstrip(": ") for e in self._timeline],
             needed=needed,
             timeline=self._timeline,
@@ -1532,6 +1541,8 @@ class DeviceRemediationWorkflow:
         ]
         if self._sa_phase is None:
             pairs.append(SearchAttributePair(SA_DEVICE_KEY, self._status.device))
+            if self._inp.cluster:
+                pairs.append(SearchAttributePair(SA_CLUSTER_KEY, self._inp.cluster))
             if self._status.node:
                 pairs.append(SearchAttributePair(SA_NODE_KEY, self._status.node))
         if self._status.workload_class:

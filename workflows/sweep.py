@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         ACT_SIGNAL_WITH_START,
         ACT_SWEEP_CLUSTER,
         WF_SWEEP,
+        node_notice_workflow_id,
     )
     from workflows.models import (
         AlertEvidence,
@@ -166,6 +167,7 @@ class HealthSweepWorkflow:
                 requested_by="sickbay-sweep",
                 reason=f.message,
                 dry_run=inp.dry_run,
+                cluster=inp.cluster,
             ),
             evidence=evidence,
             task_queue=inp.task_queue,
@@ -192,7 +194,8 @@ class HealthSweepWorkflow:
             delivered = False
             for channel in inp.notify_channels:
                 incident = Incident(
-                    id=f"sickbay-node-gpus-{node}",  # one incident per node: channels dedup
+                    id=node_notice_workflow_id(node, inp.cluster),  # per node: channels dedup
+                    cluster=inp.cluster or None,
                     device=f"{node}/nvidia.com/gpu",
                     node=node,
                     phase=Phase.ESCALATED,
