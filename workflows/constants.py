@@ -123,12 +123,25 @@ def normalise_id_part(value: str) -> str:
 CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 
 
+# The first word of every name `scoped()` makes: a cluster named (or starting with) one of
+# these could produce the unnamed cluster's ids (cluster "gpu" + node "x" and the unnamed
+# cluster's node "gpu-x" would both be `sickbay-gpu-gpu-x-...`).
+RESERVED_CLUSTER_WORDS = frozenset({"gpu", "budget", "pool", "health", "node", "maintenance"})
+
+
 def check_cluster_name(cluster: str) -> str:
-    """`cluster` if it is "" or a lower-case DNS label of at most 40 characters."""
+    """`cluster` if it is "" or a lower-case DNS label of at most 40 characters whose first
+    word is none of `RESERVED_CLUSTER_WORDS`."""
     if cluster and not CLUSTER_NAME.fullmatch(cluster):
         raise ValueError(
             f"cluster name {cluster!r} must be a lower-case DNS label (a-z, 0-9, '-'), at most "
             "40 characters: it is part of every workflow id, task queue and schedule"
+        )
+    if cluster and cluster.split("-", 1)[0] in RESERVED_CLUSTER_WORDS:
+        raise ValueError(
+            f"cluster name {cluster!r} may not start with "
+            f"{'/'.join(sorted(RESERVED_CLUSTER_WORDS))}: its ids could equal those of the "
+            "unnamed cluster"
         )
     return cluster
 
