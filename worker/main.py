@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
 import signal
@@ -39,6 +40,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from activities.budget import BudgetActivities
 from activities.launch import LaunchActivities
 from activities.runbooks import RunbookActivities
+from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
 from worker.identity import SenderIdentityRunner
 from worker.settings import Settings
 from workflows.budget import BudgetWorkflow
@@ -181,6 +183,8 @@ class Built:
     notes: list[str] = field(default_factory=list)
     # Run once before polling (best effort): per-worker caches such as Kubernetes discovery.
     warmers: list[Callable[[], Any]] = field(default_factory=list)
+    # The cluster's fingerprint (worker/cluster.py), read through the Kubernetes client.
+    fingerprint: Callable[[], str] | None = None
 
 
 def build_activities(client: Client, settings: Settings, *, kube_activities: Any = None) -> Built:
@@ -211,6 +215,8 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
             built.closers.append(kube.close)
         if hasattr(kube, "warm_up"):
             built.warmers.append(kube.warm_up)
+        if hasattr(kube, "kube"):
+            built.fingerprint = functools.partial(kube_fingerprint, kube.kube)
         maint_cls = _optional("activities.maintenance", "MaintenanceActivities")
         if maint_cls is not None:
             built.activities += activities_of(maint_cls(kube.kube, client))
@@ -304,6 +310,7 @@ async def build_worker(
     *,
     kube_activities: Any = None,
     built: Built | None = None,
+    identity: str | None = None,
 ) -> SickbayWorker:
     """The production workers for `settings.task_queue` (and its budget queue); raises
     RuntimeError naming every activity a registered workflow needs but nothing provides."""
@@ -323,8 +330,9 @@ async def build_worker(
         max_concurrent_activity_task_polls=BUDGET_ACTIVITY_POLLS,
         max_cached_workflows=BUDGET_CACHED_WORKFLOWS,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+        identity=identity,
     )
-    return SickbayWorker(_main_worker(client, settings, built), budget)
+    return SickbayWorker(_main_worker(client, settings, built, identity), budget)
 
 
 def sender_identity_options() -> dict[str, Any]:
@@ -338,7 +346,9 @@ def sender_identity_options() -> dict[str, Any]:
     }
 
 
-def _main_worker(client: Client, settings: Settings, built: Built) -> Worker:
+def _main_worker(
+    client: Client, settings: Settings, built: Built, identity: str | None = None
+) -> Worker:
     # BudgetWorkflow stays registered here: a budget started before it had its own queue keeps
     # running on this one until its next continue-as-new moves it (patch `budget-queue`).
     return Worker(
@@ -353,6 +363,7 @@ def _main_worker(client: Client, settings: Settings, built: Built) -> Worker:
         max_concurrent_activities=settings.max_concurrent_activities,
         max_cached_workflows=settings.max_cached_workflows,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+        identity=identity,
         **sender_identity_options(),
     )
 
@@ -401,8 +412,23 @@ async def run_worker(settings: Settings) -> int:
             "(docs/deploy.md, 'Many clusters on one Temporal')",
             settings.task_queue,
         )
+    fingerprint = "unknown"
+    if built.fingerprint is not None:
+        try:
+            fingerprint = await asyncio.to_thread(built.fingerprint)
+        except Exception as exc:  # RBAC or API trouble: the start-up check cannot run
+            log.warning("cannot read the cluster fingerprint (kube-system uid): %s", exc)
+    problem = await check_cluster_unique(client, settings.task_queue, settings.cluster, fingerprint)
+    if problem is not None:
+        log.error("%s", problem)
+        return 6
     try:
-        worker = await build_worker(client, settings, built=built)
+        worker = await build_worker(
+            client,
+            settings,
+            built=built,
+            identity=worker_identity(settings.cluster, fingerprint),
+        )
     except RuntimeError as exc:
         log.error("%s", exc)
         return 4

@@ -13,7 +13,9 @@ cluster's webhook (and repeated: the twin re-sends while the fault lasts). Then:
   quarantine per cluster (10 %, at least one), so EACH twin gets exactly one DeviceTaintRule,
   annotated with its own cluster's workflow id (a shared budget would leave one twin with none);
 - each sink's pages are its own cluster's only, their summaries tagged `[<cluster>]`;
-- `sickbay status --cluster <name>` lists that cluster's incidents only.
+- `sickbay status --cluster <name>` lists that cluster's incidents only;
+- a worker started on west's twin with the name `east` (a copy-pasted ConfigMap) refuses to
+  start (exit 6), naming the name and queue: another cluster's worker already serves them.
 """
 
 from __future__ import annotations
@@ -153,6 +155,25 @@ async def test_storms_on_two_clusters_never_cross(stacks: dict[str, Stack]) -> N
             assert {r["workflow_id"] for r in rows} == {
                 demos[cluster].workflow_id(g) for g in gpus[cluster]
             }
+
+        # A copy-pasted configuration: west's twin, but the name `east`. Its worker sees east's
+        # worker (another kube-system uid) on queue sickbay-east and refuses to start.
+        env = {
+            **stacks["west"].sickbay_env(),
+            "SICKBAY_CLUSTER": "east",
+            "SICKBAY_TASK_QUEUE": "sickbay",
+            "SICKBAY_METRICS_PORT": "0",
+        }
+        refused = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "worker.cli", "worker"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert refused.returncode == 6, refused.stderr[-2000:]
+        assert "refusing to start: cluster name 'east' (task queue sickbay-east)" in refused.stderr
     finally:
         for demo in demos.values():
             await demo.close()
