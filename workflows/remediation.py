@@ -354,6 +354,7 @@ class DeviceRemediationWorkflow:
             "alert resolved",
             outcome=resolved.alertname or resolved.fingerprint,
             actor="alertmanager",
+            client_identity=sender_identity(),
         )
 
     @workflow.signal(name=SIG_BUDGET_FREED)
@@ -1477,6 +1478,8 @@ class DeviceRemediationWorkflow:
                 outcome=f"Xid {alert.xid}" if alert.xid is not None else alert.alertname,
                 actor=alert.source,
                 reason=alert.summary,
+                # The source is the sender's word too: beside it, who sent the signal.
+                client_identity=sender_identity(),
             )
 
     def _log_sent(self, what: str, action: str, actor: str, reason: str) -> None:

@@ -11,6 +11,8 @@ Cases:
   that sent each, which differs per client;
 - a client that forges the identity header is overruled by the server's record;
 - a worker built without the runner records "unknown", never the claimed actor;
+- alerts that arrive as signals (the webhook's signal-with-start) record who sent them beside
+  the source they claim;
 - the CLI's and the notifications' timeline lines show both parts.
 """
 
@@ -35,8 +37,16 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.launch import signal_with_start
 from activities.notify.messages import timeline_lines
-from tests.workflows.fakes import FakeWorld, make_runbook, new_worker, shipped_runbooks, start
+from tests.workflows.fakes import (
+    FakeWorld,
+    make_runbook,
+    new_worker,
+    shipped_runbooks,
+    start,
+    xid_alert,
+)
 from tests.workflows.fakes import wait_phase as _wait_phase
 from worker.cli import main as cli_main
 from workflows.constants import SIG_ABORT, SIG_REPAIRED, UPD_APPROVE
@@ -45,7 +55,9 @@ from workflows.models import (
     AbortRequest,
     ApprovalDecision,
     ApprovalResult,
+    DeviceRef,
     Phase,
+    RemediationInput,
     RemediationResult,
     RepairedRequest,
     TimelineEntry,
@@ -178,6 +190,24 @@ async def test_without_the_runner_the_identity_is_unknown_not_the_claim(
     abort = entry(result, "abort requested")
     assert abort.client_identity == "unknown"
     assert "claimed; Temporal client unknown" in result.reason
+
+
+async def test_signalled_alerts_record_their_sender(dev_env: WorkflowEnvironment) -> None:
+    world = FakeWorld()
+    async with new_worker(dev_env.client, world) as worker:
+        webhook = await client_as(dev_env, "webhook-pod-7")
+        inp = RemediationInput(device=DeviceRef(node=world.node, gpu_uuid=world.gpu_uuid))
+        launched = await signal_with_start(
+            webhook, inp, task_queue=worker.task_queue, evidence=xid_alert()
+        )
+        handle = dev_env.client.get_workflow_handle(
+            launched.workflow_id, result_type=RemediationResult
+        )
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_ABORT, AbortRequest(actor="ops", reason="done"))
+        result = await handle.result()
+    received = entry(result, "alert received")
+    assert (received.actor, received.client_identity) == ("alertmanager", "webhook-pod-7")
 
 
 def test_notification_lines_show_the_claim_and_the_client() -> None:
