@@ -84,3 +84,19 @@ async def check_cluster_unique(
         "share one budget and run each other's remediations: give each cluster its own "
         "SICKBAY_CLUSTER (docs/deploy.md, 'Many clusters on one Temporal')"
     )
+
+
+async def missing_worker_warning(client: Client, task_queue: str, cluster: str) -> str | None:
+    """For a process that starts remediations (the webhook): None when a Sickbay worker of
+    `cluster` polls `task_queue`, else the warning to log - typically a webhook and a worker
+    configured with different SICKBAY_CLUSTER values, whose remediations would wait forever."""
+    pollers = await queue_pollers(client, task_queue)
+    ours = [p for p in pollers if (m := _IDENTITY.match(p)) and m["cluster"] == (cluster or "-")]
+    if ours:
+        return None
+    name = repr(cluster) if cluster else "(unnamed)"
+    return (
+        f"no Sickbay worker of cluster {name} polls task queue {task_queue} yet: remediations "
+        "started now wait until one does. If the worker runs, its SICKBAY_CLUSTER or "
+        "SICKBAY_TASK_QUEUE differs from this process's"
+    )

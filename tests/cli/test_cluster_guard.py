@@ -6,7 +6,9 @@ Cases:
 - on the dev server: a worker of cluster `east` (fingerprint A) polling its queue makes the
   check refuse fingerprint B for `east` with a message naming the name, the queue and the
   other worker; fingerprint A (a second replica) and another cluster name pass;
-- identities of other programs on the queue are ignored.
+- identities of other programs on the queue are ignored;
+- the webhook's start-up check warns when no worker of its cluster polls its queue (a
+  webhook and a worker named differently), and is quiet once one does.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from worker.cluster import (
     check_cluster_unique,
     conflicts,
     kube_fingerprint,
+    missing_worker_warning,
     queue_pollers,
     worker_identity,
 )
@@ -75,3 +78,23 @@ async def test_a_second_cluster_on_the_same_name_is_refused(dev_env: WorkflowEnv
         assert identity in problem and "SICKBAY_CLUSTER" in problem
         assert await check_cluster_unique(client, queue, "east", "aaaaaaaaaaaa") is None
         assert await check_cluster_unique(client, queue, "west", "bbbbbbbbbbbb") is None
+
+
+async def test_the_webhook_warns_when_no_worker_of_its_cluster_polls(
+    dev_env: WorkflowEnvironment,
+) -> None:
+    client = dev_env.client
+    queue = f"warn-{uuid.uuid4().hex[:8]}-east"
+    warning = await missing_worker_warning(client, queue, "east")
+    assert warning is not None
+    assert warning.startswith(f"no Sickbay worker of cluster 'east' polls task queue {queue}")
+    identity = worker_identity("east", "aaaaaaaaaaaa")
+    async with Worker(
+        client, task_queue=queue, workflows=[DeviceRemediationWorkflow], identity=identity
+    ):
+        for _ in range(300):
+            if identity in await queue_pollers(client, queue):
+                break
+            await asyncio.sleep(0.2)
+        assert await missing_worker_warning(client, queue, "east") is None
+        assert await missing_worker_warning(client, queue, "west") is not None
