@@ -146,7 +146,7 @@ async def signal_with_start(
             f"device {inp.device.key} has no node + GPU UUID; resolve it before launching "
             "(the workflow id is derived from node + UUID so every trigger meets one workflow)"
         )
-    workflow_id = inp.device.workflow_id()
+    workflow_id = inp.device.workflow_id(inp.cluster)
     signal_args: list[AlertEvidence] | list[list[AlertEvidence]]
     if evidence_list is not None and len(evidence_list) > 1:
         batch = list(evidence_list)
@@ -245,9 +245,10 @@ class LaunchActivities:
     """Activity wrapper for workflows that launch remediations (sweep, maintenance) or ask
     the rejections workflow whether to page (remediations of unresolvable devices)."""
 
-    def __init__(self, client: Client, task_queue: str) -> None:
+    def __init__(self, client: Client, task_queue: str, cluster: str = "") -> None:
         self._client = client
         self._task_queue = task_queue
+        self._cluster = cluster  # this worker's cluster: every launch is one of its devices
 
     @activity.defn(name=ACT_CLAIM_ESCALATION)
     async def claim_escalation(self, req: EscalationClaim) -> EscalationClaimResult:
@@ -274,10 +275,21 @@ class LaunchActivities:
 
     @activity.defn(name=ACT_SIGNAL_WITH_START)
     async def signal_with_start_remediation(self, req: LaunchRequest) -> LaunchResult:
+        inp = req.remediation
+        if inp.cluster and inp.cluster != self._cluster:
+            # Never start or signal another cluster's remediation from this one.
+            raise ApplicationError(
+                f"launch for cluster {inp.cluster!r} refused by the worker of cluster "
+                f"{self._cluster or '(unnamed)'!r}",
+                type=ERR_INVALID_INPUT,
+                non_retryable=True,
+            )
+        if not inp.cluster and self._cluster:
+            inp = inp.model_copy(update={"cluster": self._cluster})
         try:
             return await signal_with_start(
                 self._client,
-                req.remediation,
+                inp,
                 task_queue=req.task_queue or self._task_queue,
                 evidence=req.evidence,
             )

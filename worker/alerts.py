@@ -126,6 +126,7 @@ class AlertMapping:
     )
     # Labels + annotations (names and values, UTF-8 bytes) past this: refused as `too-large`.
     max_alert_bytes: int = 16 * 1024
+    cluster: str = ""  # SICKBAY_CLUSTER: part of the workflow id
 
     def accepts(self, alertname: str) -> bool:
         return "*" in self.alert_names or alertname in self.alert_names
@@ -274,7 +275,7 @@ def map_alert(
             f"labels and annotations are {size} bytes, over SICKBAY_WEBHOOK_MAX_ALERT_BYTES "
             f"({mapping.max_alert_bytes}); not acted on",
         )
-    workflow_id = device_workflow_id(node, uuid)
+    workflow_id = device_workflow_id(node, uuid, mapping.cluster)
 
     index_text = _first(labels, mapping.index_labels)
     # isascii(): str.isdigit() is also true for "²", which int() refuses.

@@ -24,6 +24,7 @@ from typing import Any
 from workflows.constants import (
     QRY_STATUS,
     QRY_TIMELINE,
+    SA_CLUSTER,
     SA_DEVICE,
     SA_ESCALATION,
     SA_NODE,
@@ -36,6 +37,7 @@ from workflows.constants import (
     WF_MAINTENANCE,
     WF_REMEDIATE,
     device_workflow_id,
+    maintenance_workflow_id,
 )
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ def _settings(args: argparse.Namespace) -> Any:
             "temporal_address": getattr(args, "address", None),
             "temporal_namespace": getattr(args, "namespace", None),
             "task_queue": getattr(args, "task_queue", None),
+            "cluster": getattr(args, "cluster", None),
             "runbooks_dir": getattr(args, "runbooks_dir", None),
             "metrics_port": getattr(args, "metrics_port", None),
         }.items()
@@ -85,17 +88,22 @@ def _add_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="Temporal address (SICKBAY_TEMPORAL_ADDRESS)")
     p.add_argument("--namespace", help="Temporal namespace (SICKBAY_TEMPORAL_NAMESPACE)")
     p.add_argument("--task-queue", help="task queue (SICKBAY_TASK_QUEUE)")
+    p.add_argument(
+        "--cluster",
+        help="the Sickbay cluster (SICKBAY_CLUSTER): device ids, queue; `status` lists only it",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def workflow_id_for(target: str) -> str:
-    """`sickbay-...` ids pass through; `node/GPU-uuid` becomes the device's workflow id."""
+def workflow_id_for(target: str, cluster: str = "") -> str:
+    """`sickbay-...` ids pass through; `node/GPU-uuid` becomes the device's workflow id in
+    `cluster`."""
     if target.startswith("sickbay-"):
         return target
     if target.count("/") == 1:
         node, gpu = target.split("/")
         if node and gpu:
-            return device_workflow_id(node, gpu)
+            return device_workflow_id(node, gpu, cluster)
     raise ValueError(
         f"{target!r} is neither a workflow id (sickbay-...) nor a device (node/GPU-uuid)"
     )
@@ -296,7 +304,7 @@ async def _launch(args: argparse.Namespace) -> int:
 
     client = await connect(settings)
     if selector_given:
-        wf_id = f"sickbay-maintenance-{uuid.uuid4().hex[:10]}"
+        wf_id = maintenance_workflow_id(uuid.uuid4().hex[:10], settings.cluster)
         handle = await client.start_workflow(
             WF_MAINTENANCE,
             maint,
@@ -324,6 +332,7 @@ async def _launch(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         requested_by=actor,
         reason=args.reason or "",
+        cluster=settings.cluster,
     )
     result = await signal_with_start(client, inp, task_queue=settings.task_queue)
     if not result.started:
@@ -360,10 +369,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
+    settings = _settings(args)
     client = await _client(args)
     query = f"WorkflowType = '{WF_REMEDIATE}'"
     if not args.all:
         query += " AND ExecutionStatus = 'Running'"
+    if settings.cluster:  # --cluster / SICKBAY_CLUSTER: that cluster's incidents only
+        query += f" AND {SA_CLUSTER} = '{settings.cluster}'"
     rows = []
     async for wf in client.list_workflows(query):
         sa = wf.search_attributes or {}
@@ -376,6 +388,7 @@ async def _status(args: argparse.Namespace) -> int:
         rows.append(
             {
                 "workflow_id": wf.id,
+                "cluster": first(SA_CLUSTER),
                 "device": first(SA_DEVICE),
                 "node": first(SA_NODE),
                 "workload_class": first(SA_WORKLOAD_CLASS),
@@ -395,13 +408,16 @@ async def _status(args: argparse.Namespace) -> int:
         print("no open incidents" if not args.all else "no remediations")
     else:
         _print_table(rows)
-    await _print_rejections(client, _settings(args).task_queue)
+    await _print_rejections(client, settings.task_queue)
     return 0
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
+    # The CLUSTER column only where a remediation belongs to a named cluster.
+    clustered = any(r["cluster"] for r in rows)
     table = [
         {
+            **({"CLUSTER": r["cluster"] or "-"} if clustered else {}),
             "PHASE": r["phase"] or "-",
             "OUTCOME": r["outcome"] or "-",
             "ESCALATED": r["escalation"] or "-",
@@ -469,7 +485,7 @@ async def _timeline(args: argparse.Namespace) -> int:
 
     from workflows.models import RemediationResult, RemediationStatus, TimelineEntry
 
-    wf_id = workflow_id_for(args.target)
+    wf_id = workflow_id_for(args.target, _settings(args).cluster)
     client = await _client(args)
     handle = client.get_workflow_handle(wf_id, result_type=RemediationResult)
     try:
@@ -523,8 +539,8 @@ async def _timeline(args: argparse.Namespace) -> int:
         line = f"{e.at:%Y-%m-%d %H:%M:%S}  {e.phase.value:<20} {e.action}"
         if e.outcome:
             line += f" -> {e.outcome}"
-        if e.actor != "sickbay":
-            line += f"  [{e.actor}]"
+        if e.who():
+            line += f"  [{e.who()}]"
         if e.reason:
             line += f"  ({e.reason})"
         print(line)
@@ -544,7 +560,7 @@ async def _decide(args: argparse.Namespace) -> int:
 
     from workflows.models import AbortRequest, ApprovalDecision, ApprovalResult, RepairedRequest
 
-    wf_id = workflow_id_for(args.target)
+    wf_id = workflow_id_for(args.target, _settings(args).cluster)
     actor = args.actor or getpass.getuser()
     if args.command == "abort" and not args.reason:
         print("error: abort needs --reason", file=sys.stderr)

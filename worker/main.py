@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
 import signal
@@ -33,11 +34,14 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.budget import BudgetActivities
 from activities.launch import LaunchActivities
 from activities.runbooks import RunbookActivities
+from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
+from worker.identity import SenderIdentityRunner
 from worker.settings import Settings
 from workflows.budget import BudgetWorkflow
 from workflows.constants import (
@@ -73,7 +77,9 @@ from workflows.constants import (
     WF_REMEDIATE,
     WF_SWEEP,
     budget_task_queue,
+    budget_workflow_id,
 )
+from workflows.identity import SenderIdentityInterceptor
 from workflows.maintenance import MaintenanceWorkflow
 from workflows.rejections import RejectionsWorkflow
 from workflows.remediation import DeviceRemediationWorkflow
@@ -185,6 +191,8 @@ class Built:
     notes: list[str] = field(default_factory=list)
     # Run once before polling (best effort): per-worker caches such as Kubernetes discovery.
     warmers: list[Callable[[], Any]] = field(default_factory=list)
+    # The cluster's fingerprint (worker/cluster.py), read through the Kubernetes client.
+    fingerprint: Callable[[], str] | None = None
 
 
 def build_activities(client: Client, settings: Settings, *, kube_activities: Any = None) -> Built:
@@ -194,8 +202,14 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
     built = Built(
         activities=[
             runbooks.load_runbooks,
-            *activities_of(LaunchActivities(client, settings.task_queue)),
-            *activities_of(BudgetActivities(client, settings.task_queue)),
+            *activities_of(LaunchActivities(client, settings.task_queue, settings.cluster)),
+            *activities_of(
+                BudgetActivities(
+                    client,
+                    settings.task_queue,
+                    workflow_id=budget_workflow_id(settings.task_queue, settings.cluster),
+                )
+            ),
         ]
     )
     kube = kube_activities
@@ -209,6 +223,8 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
             built.closers.append(kube.close)
         if hasattr(kube, "warm_up"):
             built.warmers.append(kube.warm_up)
+        if hasattr(kube, "kube"):
+            built.fingerprint = functools.partial(kube_fingerprint, kube.kube)
         maint_cls = _optional("activities.maintenance", "MaintenanceActivities")
         if maint_cls is not None:
             built.activities += activities_of(maint_cls(kube.kube, client))
@@ -302,6 +318,7 @@ async def build_worker(
     *,
     kube_activities: Any = None,
     built: Built | None = None,
+    identity: str | None = None,
 ) -> SickbayWorker:
     """The production workers for `settings.task_queue` (and its budget queue); raises
     RuntimeError naming every activity a registered workflow needs but nothing provides."""
@@ -321,11 +338,25 @@ async def build_worker(
         max_concurrent_activity_task_polls=BUDGET_ACTIVITY_POLLS,
         max_cached_workflows=BUDGET_CACHED_WORKFLOWS,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+        identity=identity,
     )
-    return SickbayWorker(_main_worker(client, settings, built), budget)
+    return SickbayWorker(_main_worker(client, settings, built, identity), budget)
 
 
-def _main_worker(client: Client, settings: Settings, built: Built) -> Worker:
+def sender_identity_options() -> dict[str, Any]:
+    """Worker options that let signal and update handlers read the Temporal client identity
+    the server recorded (`workflows/identity.py`): the timeline shows it beside the claimed
+    actor of an abort, a repaired mark or an approval."""
+    return {
+        "workflow_runner": SenderIdentityRunner(SandboxedWorkflowRunner()),
+        "unsandboxed_workflow_runner": SenderIdentityRunner(UnsandboxedWorkflowRunner()),
+        "interceptors": [SenderIdentityInterceptor()],
+    }
+
+
+def _main_worker(
+    client: Client, settings: Settings, built: Built, identity: str | None = None
+) -> Worker:
     # BudgetWorkflow stays registered here: a budget started before it had its own queue keeps
     # running on this one until its next continue-as-new moves it (patch `budget-queue`).
     return Worker(
@@ -340,6 +371,8 @@ def _main_worker(client: Client, settings: Settings, built: Built) -> Worker:
         max_concurrent_activities=settings.max_concurrent_activities,
         max_cached_workflows=settings.max_cached_workflows,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+        identity=identity,
+        **sender_identity_options(),
     )
 
 
@@ -384,8 +417,32 @@ async def run_worker(settings: Settings) -> int:
         return 5
     for note in built.notes:
         log.warning("%s", note)
+    if settings.cluster:
+        log.info("cluster %s: task queue %s", settings.cluster, settings.task_queue)
+    else:
+        log.warning(
+            "SICKBAY_CLUSTER is not set: single-cluster ids (sickbay-gpu-..., sickbay-budget, "
+            "queue %s). Set it before a second cluster shares this Temporal namespace "
+            "(docs/deploy.md, 'Many clusters on one Temporal')",
+            settings.task_queue,
+        )
+    fingerprint = "unknown"
+    if built.fingerprint is not None:
+        try:
+            fingerprint = await asyncio.to_thread(built.fingerprint)
+        except Exception as exc:  # RBAC or API trouble: the start-up check cannot run
+            log.warning("cannot read the cluster fingerprint (kube-system uid): %s", exc)
+    problem = await check_cluster_unique(client, settings.task_queue, settings.cluster, fingerprint)
+    if problem is not None:
+        log.error("%s", problem)
+        return 6
     try:
-        worker = await build_worker(client, settings, built=built)
+        worker = await build_worker(
+            client,
+            settings,
+            built=built,
+            identity=worker_identity(settings.cluster, fingerprint),
+        )
     except RuntimeError as exc:
         log.error("%s", exc)
         return 4

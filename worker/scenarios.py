@@ -417,7 +417,8 @@ class Demo:
         return self.client.get_workflow_handle(workflow_id)
 
     def workflow_id(self, gpu: dict[str, Any]) -> str:
-        return device_workflow_id(gpu["node"], gpu["uuid"])
+        assert self.stack.info is not None
+        return device_workflow_id(gpu["node"], gpu["uuid"], self.stack.info.cluster)
 
     async def status(self, workflow_id: str) -> RemediationStatus:
         return await self.handle(workflow_id).query(DeviceRemediationWorkflow.status)

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hmac
 import json
@@ -512,7 +513,7 @@ class AlertService:
     ) -> None:
         self.settings = settings
         self.webhook = webhook
-        self.mapping = webhook.mapping()
+        self.mapping = dataclasses.replace(webhook.mapping(), cluster=settings.cluster)
         self.metrics = metrics
         self._client = client
         self._lock = asyncio.Lock()
@@ -1096,6 +1097,7 @@ class AlertService:
             requested_by="alertmanager",
             reason=m.evidence.summary or m.evidence.alertname if m.evidence else "",
             handled_before=list(handled),
+            cluster=self.settings.cluster,
         )
         # Every firing delivery is a signal-with-start (USE_EXISTING): a plain signal would
         # fail if the run closed since the previous one, and costs the server the same.
@@ -1298,6 +1300,21 @@ def _problems(exc: ValidationError, limit: int = 50) -> list[dict[str, str]]:
     ]
 
 
+async def _warn_without_worker(client: Client, settings: Settings) -> None:
+    """Say so loudly when no worker of this cluster polls the queue alerts start work on."""
+    from worker.cluster import missing_worker_warning
+
+    try:
+        warning = await asyncio.wait_for(  # a slow Temporal must not hold the start-up
+            missing_worker_warning(client, settings.task_queue, settings.cluster), 5.0
+        )
+    except Exception as exc:  # a check only: never stops the webhook
+        log.info("could not list the pollers of %s: %s", settings.task_queue, exc)
+        return
+    if warning is not None:
+        log.warning("%s", warning)
+
+
 def create_app(
     settings: Settings,
     temporal: Client | None = None,
@@ -1330,10 +1347,12 @@ def create_app(
                 len(left),
             )
         try:
-            await service.client()
+            client = await service.client()
         except TemporalUnavailable as exc:
             # Keep serving: requests answer 503 until Temporal is back, and Alertmanager retries.
             log.warning("%s; will retry on the next notification", exc)
+        else:
+            await _warn_without_worker(client, settings)
         if service.spool is not None:
             redelivery = asyncio.ensure_future(service.redeliver_forever())
         reporting = asyncio.ensure_future(service.report_rejected_forever())

@@ -31,7 +31,7 @@ from temporalio.client import (
 )
 
 from worker.settings import Settings
-from workflows.constants import SWEEP_SCHEDULE_ID, WF_SWEEP
+from workflows.constants import WF_SWEEP, sweep_schedule_id
 from workflows.models import Duration, SweepInput
 
 log = logging.getLogger(__name__)
@@ -72,12 +72,13 @@ def sweep_schedule(settings: Settings, sweep: SweepSettings) -> Schedule:
         notify_channels=sweep.sweep_notify_channels,
         task_queue=settings.task_queue,
         dry_run=sweep.sweep_dry_run,
+        cluster=settings.cluster,
     )
     return Schedule(
         action=ScheduleActionStartWorkflow(
             WF_SWEEP,
             inp,
-            id=SWEEP_SCHEDULE_ID,  # the Schedule appends the scheduled time
+            id=sweep_schedule_id(settings.cluster),  # the Schedule appends the scheduled time
             task_queue=settings.task_queue,
             # A sweep waits at most unknown_timeout, plus two listings and the launches; the
             # bound keeps a stuck run from blocking every later one (overlap policy SKIP).
@@ -100,9 +101,10 @@ async def ensure_sweep_schedule(
     if not sweep.sweep_enabled:
         return "disabled"
     schedule = sweep_schedule(settings, sweep)
+    schedule_id = sweep_schedule_id(settings.cluster)  # one per cluster
     try:
-        await client.create_schedule(SWEEP_SCHEDULE_ID, schedule)
-        log.info("created schedule %s every %s", SWEEP_SCHEDULE_ID, sweep.sweep_interval)
+        await client.create_schedule(schedule_id, schedule)
+        log.info("created schedule %s every %s", schedule_id, sweep.sweep_interval)
         return "created"
     except ScheduleAlreadyRunningError:
         pass
@@ -112,8 +114,8 @@ async def ensure_sweep_schedule(
         schedule.state = current.description.schedule.state
         return ScheduleUpdate(schedule=schedule)
 
-    await client.get_schedule_handle(SWEEP_SCHEDULE_ID).update(update)
-    log.info("updated schedule %s: every %s", SWEEP_SCHEDULE_ID, sweep.sweep_interval)
+    await client.get_schedule_handle(schedule_id).update(update)
+    log.info("updated schedule %s: every %s", schedule_id, sweep.sweep_interval)
     return "updated"
 
 
@@ -174,16 +176,17 @@ async def _schedule(action: str) -> int:
 
     settings = Settings()
     client = await connect(settings)
+    schedule_id = sweep_schedule_id(settings.cluster)
     if action == "install":
         result = await ensure_sweep_schedule(client, settings)
         sweep = SweepSettings()
-        print(f"schedule {SWEEP_SCHEDULE_ID}: {result} (every {sweep.sweep_interval})")
+        print(f"schedule {schedule_id}: {result} (every {sweep.sweep_interval})")
     elif action == "trigger":
-        await client.get_schedule_handle(SWEEP_SCHEDULE_ID).trigger()
-        print(f"schedule {SWEEP_SCHEDULE_ID}: triggered a sweep now")
+        await client.get_schedule_handle(schedule_id).trigger()
+        print(f"schedule {schedule_id}: triggered a sweep now")
     elif action == "delete":
-        await client.get_schedule_handle(SWEEP_SCHEDULE_ID).delete()
-        print(f"schedule {SWEEP_SCHEDULE_ID}: deleted")
+        await client.get_schedule_handle(schedule_id).delete()
+        print(f"schedule {schedule_id}: deleted")
     return 0
 
 

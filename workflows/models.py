@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AliasChoices,
@@ -30,8 +30,9 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
-from workflows.constants import TAINT_KEY, device_workflow_id
+from workflows.constants import TAINT_KEY, check_cluster_name, device_workflow_id
 
 # --------------------------------------------------------------------------------------------
 # Small types
@@ -157,12 +158,12 @@ class DeviceRef(Contract):
             return f"{self.driver}/{self.pool}/{self.device}"
         return f"{self.node}/index-{self.gpu_index}"
 
-    def workflow_id(self) -> str:
+    def workflow_id(self, cluster: str = "") -> str:
         if not (self.node and self.gpu_uuid):
             raise ValueError(
                 f"device {self.key} must be resolved to node + GPU UUID before it has a workflow id"
             )
-        return device_workflow_id(self.node, self.gpu_uuid)
+        return device_workflow_id(self.node, self.gpu_uuid, cluster)
 
 
 class DraDevice(Contract):
@@ -193,8 +194,8 @@ class ResolvedDevice(Contract):
     def key(self) -> str:
         return f"{self.node}/{self.gpu_uuid}"
 
-    def workflow_id(self) -> str:
-        return device_workflow_id(self.node, self.gpu_uuid)
+    def workflow_id(self, cluster: str = "") -> str:
+        return device_workflow_id(self.node, self.gpu_uuid, cluster)
 
 
 class PodRef(Contract):
@@ -313,11 +314,19 @@ class RemediationInput(Contract):
     dry_run: StrictBool = False
     requested_by: str = "unknown"
     reason: str = ""
+    # The Sickbay cluster (SICKBAY_CLUSTER) the device is in; part of the workflow id and the
+    # `SickbayCluster` search attribute. "" for the unnamed single-cluster deployment.
+    cluster: str = ""
     # Set only by the workflow itself when it continues-as-new during a long hold.
     resume: RemediationCarry | None = None
     # Alert instances an earlier run of this device handled (the webhook reads them from that
     # run's result): never evidence again, and listed in this run's result too.
     handled_before: list[HandledAlert] = Field(default_factory=list)
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        return check_cluster_name(value)
 
 
 class MaintenanceInput(Contract):
@@ -473,6 +482,7 @@ class SweepInput(Contract):
     notify_channels: list[str] = Field(default_factory=list)  # vanished-GPU notices
     task_queue: str | None = None  # where device workflows start; None: the worker's
     dry_run: bool = False  # passed to the remediations the sweep starts
+    cluster: str = ""  # SICKBAY_CLUSTER: in the remediations' and node notices' ids
 
 
 class SweepClusterInput(Contract):
@@ -529,8 +539,19 @@ class TimelineEntry(Contract):
     phase: Phase
     action: str
     outcome: str = ""
+    # Who did it. For a person's abort / repaired / approve: the actor the request *claims*
+    # (typed by the caller, never checked) and the Temporal client identity the server
+    # recorded with the signal or update ("unknown" when the worker could not read it).
     actor: str = "sickbay"
     reason: str = ""
+    client_identity: str | None = None
+
+    def who(self) -> str:
+        """`""` for Sickbay itself; else the actor, marked as claimed beside the client
+        identity when the entry came from a person's signal or update."""
+        if self.client_identity is not None:
+            return f"claimed actor {self.actor}; Temporal client {self.client_identity}"
+        return "" if self.actor == "sickbay" else self.actor
 
 
 Outcome = Literal[
@@ -880,6 +901,7 @@ class Incident(Contract):
     # device's node pool: what a channel can group a storm of incidents by.
     reason: str | None = None
     node_pool: str | None = None
+    cluster: str | None = None  # SICKBAY_CLUSTER of the GPU (None: the unnamed cluster)
     summary: str
     done: list[str] = Field(default_factory=list)
     needed: str = ""
@@ -1000,6 +1022,112 @@ class RunbookModel(BaseModel):
     )
 
 
+class SafeBound(BaseModel):
+    """The range a runbook field may take without an acknowledgement: `low`..`high`
+    inclusive (a count or a duration), and for a count-or-percent field `percent_high`."""
+
+    model_config = ConfigDict(frozen=True)
+    low: int | timedelta
+    high: int | timedelta
+    percent_high: int | None = None
+
+    def describe(self) -> str:
+        def text(v: int | timedelta) -> str:
+            if isinstance(v, timedelta):
+                days = v.total_seconds() / 86400
+                return f"{int(days)}d" if days >= 1 and days.is_integer() else _format_duration(v)
+            return str(v)
+
+        out = f"{text(self.low)}..{text(self.high)}"
+        return out if self.percent_high is None else f"{out} or 0%..{self.percent_high}%"
+
+    def holds(self, value: Any) -> bool:
+        if isinstance(value, str) and value.endswith("%"):
+            return self.percent_high is not None and int(value[:-1]) <= self.percent_high
+        return bool(self.low <= value <= self.high)
+
+
+_MIN, _H, _D = timedelta(minutes=1), timedelta(hours=1), timedelta(days=1)
+# Safe bounds per runbook field, keyed `block.fieldCamel` as in docs/runbooks.md ("Safe bounds",
+# kept in step by tests/runbooks/test_reference_doc.py). A value outside them is refused unless
+# the same block lists the field under `unsafe:`: a 0 s timeout, a 100 % budget or a pool grown
+# by 1000 nodes must be a decision someone wrote down, never a typo.
+SAFE_BOUNDS: dict[str, SafeBound] = {
+    # Shorter: every alert about a flapping device is "stale"; longer: day-old alerts act.
+    "confirm.staleAfter": SafeBound(low=_MIN, high=_D),
+    # Shorter than a person can answer a page; longer leaves the device failing unattended.
+    "approval.timeout": SafeBound(low=_MIN, high=_D),
+    # Shorter than a pod's usual graceful termination (30 s) forces healthy shutdowns.
+    "eviction.timeout": SafeBound(low=timedelta(seconds=30), high=6 * _H),
+    # Shorter than one scheduling round + image pull scales up (or pages) for nothing.
+    "replacement.pendingDeadline": SafeBound(low=_MIN, high=_D),
+    "replacement.churnEvictions": SafeBound(low=2, high=20),
+    # Nodes per request and the pool's ceiling: each one is a GPU node bought.
+    "scaleUp.step": SafeBound(low=1, high=8),
+    "scaleUp.maxSize": SafeBound(low=0, high=256),
+    "scaleUp.cooldown": SafeBound(low=_MIN, high=_D),
+    "scaleUp.capacityDeadline": SafeBound(low=_MIN, high=_D),
+    # Blast radius: a storm must never quarantine a whole pool or cluster by default.
+    "budget.maxPerPool": SafeBound(low=0, high=64, percent_high=50),
+    "budget.maxPerCluster": SafeBound(low=0, high=256, percent_high=25),
+    # Shorter than a device's health flapping period releases a still-broken GPU.
+    "release.cooldown": SafeBound(low=_MIN, high=7 * _D),
+    "release.healthCheckInterval": SafeBound(low=timedelta(seconds=10), high=_H),
+    "fallback.nodeTaintBelowHealthy": SafeBound(low=0, high=8),
+    "maintenance.maxParallel": SafeBound(low=1, high=16),
+}
+
+
+class BoundedRunbookModel(RunbookModel):
+    """A runbook block whose fields have safe bounds (`SAFE_BOUNDS`); `unsafe` lists the
+    camelCase fields of this block deliberately set outside them."""
+
+    unsafe: list[str] = Field(default_factory=list)
+
+    # The block's key under `spec` (e.g. "eviction"), set by each subclass.
+    block: ClassVar[str] = ""
+
+    @model_validator(mode="after")
+    def _within_safe_bounds(self) -> Any:
+        fields = {to_camel(name): name for name in type(self).model_fields if name != "unsafe"}
+        for key in self.unsafe:
+            if f"{self.block}.{key}" not in SAFE_BOUNDS:
+                raise PydanticCustomError(
+                    "unsafe_unknown",
+                    "unsafe lists '{key}', which is not a bounded field of {block} (bounded: "
+                    "{bounded})",
+                    {
+                        "key": key,
+                        "block": self.block,
+                        "bounded": ", ".join(
+                            k.split(".", 1)[1]
+                            for k in SAFE_BOUNDS
+                            if k.startswith(self.block + ".")
+                        ),
+                        "field": "unsafe",
+                    },
+                )
+        for key, name in fields.items():
+            bound = SAFE_BOUNDS.get(f"{self.block}.{key}")
+            value = getattr(self, name)
+            if bound is None or key in self.unsafe or bound.holds(value):
+                continue
+            shown = _format_duration(value) if isinstance(value, timedelta) else str(value)
+            raise PydanticCustomError(
+                "unsafe_value",
+                "{value} is outside the safe bounds {bounds}; if it is meant, acknowledge it "
+                "with `unsafe: [{key}]` in spec.{block}",
+                {
+                    "value": shown,
+                    "bounds": bound.describe(),
+                    "key": key,
+                    "block": self.block,
+                    "field": key,
+                },
+            )
+        return self
+
+
 ClassAction = Literal["quarantine", "notify", "ignore"]
 EscalationReason = Literal[
     "budget-exhausted",
@@ -1043,7 +1171,8 @@ class ClassActions(RunbookModel):
     unknown: ClassAction = "quarantine"
 
 
-class ConfirmPolicy(RunbookModel):
+class ConfirmPolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "confirm"
     stale_after: Duration = timedelta(minutes=30)  # alert older than this + Healthy = stale
     require_unhealthy_status: bool = False  # only act when pod status says Unhealthy
 
@@ -1067,19 +1196,22 @@ class QuarantinePolicy(RunbookModel):
         return value
 
 
-class ApprovalPolicy(RunbookModel):
+class ApprovalPolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "approval"
     required: bool = False
     timeout: Duration = timedelta(minutes=15)
     on_timeout: Literal["proceed", "abort", "escalate"] = "escalate"
 
 
-class EvictionPolicy(RunbookModel):
+class EvictionPolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "eviction"
     mode: Literal["taint", "eviction-api"] = "taint"
     timeout: Duration = timedelta(minutes=5)
     force: Literal["none", "eviction-api", "noexecute", "delete"] = "none"
 
 
-class ReplacementPolicy(RunbookModel):
+class ReplacementPolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "replacement"
     pending_deadline: Duration = timedelta(minutes=30)
     churn_evictions: int = Field(default=3, ge=2)
     # How churn (a scheduler ignoring the rule: allocate -> evict -> allocate ...) is stopped:
@@ -1088,7 +1220,8 @@ class ReplacementPolicy(RunbookModel):
     on_churn: Literal["cordon", "noschedule", "none"] = "cordon"
 
 
-class ScaleUpPolicy(RunbookModel):
+class ScaleUpPolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "scaleUp"
     enabled: bool = False
     pool: NodePoolTarget | None = None
     step: int = Field(default=1, ge=1)
@@ -1112,9 +1245,11 @@ class ScaleUpPolicy(RunbookModel):
 BudgetLimit = Annotated[int | str, Field(union_mode="left_to_right")]
 
 
-class BudgetPolicy(RunbookModel):
+class BudgetPolicy(BoundedRunbookModel):
     """At most this many physical GPUs quarantined at once: a count (`4`) or a percent
     (`"25%"`) of the pool's / cluster's devices."""
+
+    block: ClassVar[str] = "budget"
 
     max_per_pool: BudgetLimit = "50%"
     max_per_cluster: BudgetLimit = "10%"
@@ -1148,20 +1283,24 @@ class EscalationPolicy(RunbookModel):
     on: list[EscalationReason] = Field(default_factory=lambda: list(ALL_ESCALATION_REASONS))
 
 
-class ReleasePolicy(RunbookModel):
+class ReleasePolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "release"
     mode: Literal["repaired", "healthy-cooldown", "either"] = "either"
     cooldown: Duration = timedelta(minutes=30)
     health_check_interval: Duration = timedelta(minutes=5)
 
 
-class FallbackPolicy(RunbookModel):
+class FallbackPolicy(BoundedRunbookModel):
     """When no DeviceTaintRule is served: evict consumers through the Eviction API and taint
     the node only when fewer than `node_taint_below_healthy` healthy GPUs remain on it."""
+
+    block: ClassVar[str] = "fallback"
 
     node_taint_below_healthy: int = Field(default=1, ge=0)
 
 
-class MaintenancePolicy(RunbookModel):
+class MaintenancePolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "maintenance"
     max_parallel: int = Field(default=1, ge=1)
 
 

@@ -92,6 +92,7 @@ with workflow.unsafe.imports_passed_through():
         ERR_POOL_AT_MAX,
         QRY_STATUS,
         QRY_TIMELINE,
+        SA_CLUSTER,
         SA_DEVICE,
         SA_ESCALATION,
         SA_NODE,
@@ -107,6 +108,7 @@ with workflow.unsafe.imports_passed_through():
         UPD_APPROVE,
         WF_REMEDIATE,
     )
+    from workflows.identity import claimed_by, sender_identity
     from workflows.models import (
         AbortRequest,
         AlertEvidence,
@@ -272,6 +274,7 @@ SA_WORKLOAD_KEY = SearchAttributeKey.for_keyword(SA_WORKLOAD_CLASS)
 SA_PHASE_KEY = SearchAttributeKey.for_keyword(SA_PHASE)
 SA_OUTCOME_KEY = SearchAttributeKey.for_keyword(SA_OUTCOME)
 SA_ESCALATION_KEY = SearchAttributeKey.for_keyword(SA_ESCALATION)
+SA_CLUSTER_KEY = SearchAttributeKey.for_keyword(SA_CLUSTER)
 
 
 # What a failed activity raises in the workflow: ActivityError wrapping the cause for regular
@@ -292,6 +295,12 @@ class _EarlyLease(NamedTuple):
 
 class _Aborted(Exception):
     """Raised inside the workflow when an `abort` signal interrupts a wait."""
+
+
+def _cluster_tag(cluster: str) -> str:
+    """`[east] ` in front of a notification's summary, so a person paged for many clusters
+    sees which one; nothing for the unnamed cluster."""
+    return f"[{cluster}] " if cluster else ""
 
 
 class _Done(Exception):
@@ -390,6 +399,8 @@ class DeviceRemediationWorkflow:
         self._abort: AbortRequest | None = None
         self._undoing = False  # set once an abort is being handled: undo steps run to the end
         self._repaired: RepairedRequest | None = None
+        # (claimed actor, Temporal client identity) of the abort / repaired / decision.
+        self._sent: dict[str, tuple[str, str]] = {}
         self._health_only = False  # holding under release.mode healthy-cooldown
         self._resolved_pending = False  # an alert-resolved not yet checked against health
         self._budget_freed = False  # set by the budget workflow's wake-up signal
@@ -428,6 +439,7 @@ class DeviceRemediationWorkflow:
             "alert resolved",
             outcome=resolved.alertname or resolved.fingerprint,
             actor="alertmanager",
+            client_identity=sender_identity(),
         )
 
     @workflow.signal(
@@ -446,7 +458,7 @@ class DeviceRemediationWorkflow:
         req = self._message(SIG_ABORT, AbortRequest, raw)
         if req is not None and self._abort is None:
             self._abort = req
-            self._log("abort requested", actor=req.actor, reason=req.reason)
+            self._log_sent("abort", "abort requested", req.actor, reason=req.reason)
 
     @workflow.signal(
         name=SIG_REPAIRED,
@@ -456,7 +468,7 @@ class DeviceRemediationWorkflow:
         req = self._message(SIG_REPAIRED, RepairedRequest, raw)
         if req is not None and self._repaired is None:
             self._repaired = req
-            self._log("marked repaired", actor=req.actor, reason=req.note)
+            self._log_sent("repaired", "marked repaired", req.actor, reason=req.note)
             if self._health_only:
                 self._note_repair()
 
@@ -477,9 +489,10 @@ class DeviceRemediationWorkflow:
     )
     def approve(self, decision: ApprovalDecision) -> ApprovalResult:
         self._decision = decision
-        self._log(
+        self._log_sent(
+            "decision",
             "approved" if decision.approve else "rejected",
-            actor=decision.actor,
+            decision.actor,
             reason=decision.reason,
         )
         return ApprovalResult(accepted=True, phase=self._status.phase)
@@ -492,7 +505,7 @@ class DeviceRemediationWorkflow:
                 "not awaiting-approval"
             )
         if self._decision is not None:
-            raise ValueError("already decided by " + self._decision.actor)
+            raise ValueError("already decided by " + self._who("decision"))
 
     @workflow.query(name=QRY_TIMELINE, description="the ordered timeline of decisions")
     def timeline(self) -> list[TimelineEntry]:
@@ -613,7 +626,7 @@ class DeviceRemediationWorkflow:
         self._device = device
         self._status.device, self._status.node = device.key, device.node
         wf_id = workflow.info().workflow_id
-        if device.workflow_id() != wf_id:
+        if device.workflow_id(self._inp.cluster) != wf_id:
             return await self._hand_over(device)
         alert_pods = [a.pod for a in self._alerts if a.pod is not None]
         early: _EarlyLease | None = None
@@ -927,7 +940,7 @@ class DeviceRemediationWorkflow:
                 await self._resolve_page("repaired while waiting for budget")
                 raise _Done(
                     "not-quarantined",
-                    f"repaired ({self._repaired.actor}) while waiting for a budget slot; "
+                    f"repaired ({self._who('repaired')}) while waiting for a budget slot; "
                     "never quarantined",
                 )
             if self._resolved_pending:
@@ -1088,7 +1101,7 @@ class DeviceRemediationWorkflow:
         decision = self._decision
         assert decision is not None
         if not decision.approve:
-            why = f"rejected by {decision.actor}: {decision.reason or 'no reason given'}"
+            why = f"rejected by {self._who('decision')}: {decision.reason or 'no reason given'}"
             await self._escalate("approval-rejected", why)
             raise _Done("escalated", why)
 
@@ -1526,6 +1539,7 @@ class DeviceRemediationWorkflow:
         self._log(
             "repair noted",
             actor=self._repaired.actor,
+            client_identity=self._sent["repaired"][1],
             reason="release.mode healthy-cooldown: released once Healthy for "
             f"{self._spec.release.cooldown}",
         )
@@ -1545,7 +1559,7 @@ class DeviceRemediationWorkflow:
         reason = (
             "healthy for the cool-down"
             if by_health or self._repaired is None
-            else f"repaired ({self._repaired.actor})"
+            else f"repaired ({self._who('repaired')})"
         )
         await self._remove_quarantine(reason)
         await self._decision_event(
@@ -1609,7 +1623,7 @@ class DeviceRemediationWorkflow:
         assert req is not None
         self._undoing = True
         self._enter(Phase.RELEASING, awaiting="undo after abort")
-        reason = f"aborted by {req.actor}: {req.reason}"
+        reason = f"aborted by {self._who('abort')}: {req.reason}"
         try:
             await self._remove_quarantine(reason)
         except ACTIVITY_FAILED as err:
@@ -1830,7 +1844,8 @@ class DeviceRemediationWorkflow:
             severity=severity or policy.severity,  # type: ignore[arg-type]
             reason=self._status.escalation_reason,
             node_pool=self._device.node_pool if self._device else None,
-            summary=f"GPU {self._status.device}: {summary}",
+            cluster=self._inp.cluster or None,
+            summary=f"{_cluster_tag(self._inp.cluster)}GPU {self._status.device}: {summary}",
             done=[f"{e.action}: {e.outcome}".rstrip(": ") for e in self._timeline],
             needed=needed,
             timeline=self._timeline,
@@ -1934,7 +1949,20 @@ class DeviceRemediationWorkflow:
                 outcome=f"Xid {alert.xid}" if alert.xid is not None else alert.alertname,
                 actor=alert.source,
                 reason=alert.summary,
+                # The source is the sender's word too: beside it, who sent the signal.
+                client_identity=sender_identity(),
             )
+
+    def _log_sent(self, what: str, action: str, actor: str, reason: str) -> None:
+        """A timeline entry for a person's signal / update: the actor it claims, and the
+        Temporal client identity the server recorded with it (`workflows/identity.py`)."""
+        identity = sender_identity() or "unknown"
+        self._sent[what] = (actor, identity)
+        self._log(action, actor=actor, reason=reason, client_identity=identity)
+
+    def _who(self, what: str) -> str:
+        """`<actor> (claimed; Temporal client <identity>)` of the abort / repaired / decision."""
+        return claimed_by(*self._sent[what])
 
     def _log(
         self,
@@ -1943,6 +1971,7 @@ class DeviceRemediationWorkflow:
         actor: str = "sickbay",
         reason: str = "",
         replace_same: bool = False,
+        client_identity: str | None = None,
     ) -> None:
         """Add a timeline entry; `replace_same`: it replaces the last entry when that one is
         the same action (a run of identical retries stays one entry, the latest)."""
@@ -1956,6 +1985,7 @@ class DeviceRemediationWorkflow:
                 outcome=outcome,
                 actor=actor,
                 reason=reason,
+                client_identity=client_identity,
             )
         )
 
@@ -2024,6 +2054,8 @@ class DeviceRemediationWorkflow:
             pairs.append(SearchAttributePair(SA_OUTCOME_KEY, st.outcome))
         if self._sa_phase is None:
             pairs.append(SearchAttributePair(SA_DEVICE_KEY, self._status.device))
+            if self._inp.cluster:
+                pairs.append(SearchAttributePair(SA_CLUSTER_KEY, self._inp.cluster))
             if self._status.node:
                 pairs.append(SearchAttributePair(SA_NODE_KEY, self._status.node))
         if self._status.workload_class:

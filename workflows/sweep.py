@@ -28,6 +28,8 @@ with workflow.unsafe.imports_passed_through():
         ACT_SIGNAL_WITH_START,
         ACT_SWEEP_CLUSTER,
         WF_SWEEP,
+        node_notice_workflow_id,
+        scoped,
     )
     from workflows.models import (
         AlertEvidence,
@@ -170,6 +172,7 @@ class HealthSweepWorkflow:
                 requested_by="sickbay-sweep",
                 reason=f.message,
                 dry_run=inp.dry_run,
+                cluster=inp.cluster,
             ),
             evidence=evidence,
             task_queue=inp.task_queue,
@@ -192,7 +195,8 @@ class HealthSweepWorkflow:
         for f in nodes:
             node = f.node or "?"
             incident = Incident(
-                id=f"sickbay-node-gpus-{node}",  # one incident per node: channels dedup
+                id=node_notice_workflow_id(node, inp.cluster),  # per node: channels dedup
+                cluster=inp.cluster or None,
                 device=f"{node}/nvidia.com/gpu",
                 node=node,
                 phase=Phase.ESCALATED,
@@ -213,7 +217,8 @@ class HealthSweepWorkflow:
             where = f"{pod.namespace}/{pod.name}" if pod else (f.node or "?")
             incident = Incident(
                 # One incident per pod and id: the next sweep's repeat is deduplicated.
-                id=f"sickbay-unresolved-{where}-{f.resource_id}",
+                id=scoped(inp.cluster, f"unresolved-{where}-{f.resource_id}"),
+                cluster=inp.cluster or None,
                 device=f.resource_id or "?",
                 node=f.node,
                 phase=Phase.ESCALATED,

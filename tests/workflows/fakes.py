@@ -22,6 +22,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from activities.runbooks import load_dir
+from worker.main import sender_identity_options
 from workflows.budget import BudgetWorkflow
 from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
@@ -356,6 +357,7 @@ def new_worker(
         # 0: every task replays from history, which catches non-determinism (costs a 10 s
         # task timeout when a signal races an eviction on the test server; used selectively).
         **({"max_cached_workflows": 0} if replay_every_task else {}),
+        **sender_identity_options(),
     )
 
 
