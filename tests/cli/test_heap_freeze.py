@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-from typing import Any
 
 import pytest
 
@@ -41,14 +40,16 @@ def test_webhook_freezes_before_serving(monkeypatch: pytest.MonkeyPatch) -> None
 
     seen: dict[str, bool] = {}
 
-    def serve(app: Any, **kwargs: Any) -> None:  # stands in for uvicorn's blocking server
+    def serve(server: uvicorn.Server) -> None:  # stands in for uvicorn's blocking server
         tracked = {id(o) for g in range(3) for o in gc.get_objects(generation=g)}
-        seen["app frozen"] = id(app) not in tracked and gc.get_freeze_count() > 0
+        apps = (server.config.app, server.config.loaded_app)
+        seen["app frozen"] = all(id(a) not in tracked for a in apps)
+        seen["heap frozen"] = gc.get_freeze_count() > 0
 
-    monkeypatch.setattr(uvicorn, "run", serve)
+    monkeypatch.setattr(uvicorn.Server, "run", serve)
     args = argparse.Namespace(host="127.0.0.1", port=0, no_auth=True, access_log=False)
     try:
         assert webhook_cli._run_webhook(args) == 0
     finally:
         gc.unfreeze()
-    assert seen == {"app frozen": True}
+    assert seen == {"app frozen": True, "heap frozen": True}

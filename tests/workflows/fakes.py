@@ -1,7 +1,8 @@
 """Name-matched activity fakes for the remediation workflow tests.
 
-`FakeWorld` plays the cluster, the budget, the node pool and the channels: each activity is an
-`@activity.defn(name=<constant>)` closure that records its call and answers from the scripted
+`FakeWorld` plays the cluster, the budget, the node pool and the channels: each activity is a
+`@fake_of(RealActivities.method)` closure, registered under the real activity's name and held
+by mypy to its input and result types, that records its call and answers from the scripted
 state, so a test changes one field (e.g. `eviction_reports`) to drive one branch.
 """
 
@@ -23,12 +24,15 @@ from temporalio.worker import Worker
 from activities.budget import BudgetActivities
 from activities.capacity import CapacityActivities
 from activities.kube import KubeActivities
+from activities.launch import LaunchActivities
 from activities.notify.activities import NotifyActivities
 from activities.runbooks import RunbookActivities, load_dir
-from worker.main import WORKFLOWS
+from worker.main import WORKFLOWS, sender_identity_options
 from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
     ACT_CHECK_HEALTH,
+    ACT_CLAIM_ESCALATION,
+    ACT_CORDON,
     ACT_COUNT_DEVICES,
     ACT_EVICT_PODS,
     ACT_FIND_CONSUMERS,
@@ -59,10 +63,14 @@ from workflows.models import (
     CheckHealthInput,
     Consumer,
     ConsumersResult,
+    CordonInput,
+    CordonResult,
     CountDevicesInput,
     DeviceCounts,
     DeviceRef,
     DraDevice,
+    EscalationClaim,
+    EscalationClaimResult,
     EvictionReport,
     EvictPodsInput,
     EvictPodsResult,
@@ -172,6 +180,7 @@ class FakeWorld:
     use_real_budget: bool = False
     budget_release_fails: bool = False  # release-budget-lease raises (non-retryable)
     eviction_reports: list[EvictionReport] = field(default_factory=list)  # consumed in order
+    evict_results: list[EvictPodsResult] = field(default_factory=list)  # evict-pods, in order
     replacement_reports: list[Any] = field(default_factory=list)  # consumed in order
     capacity: CapacityResult | ApplicationError = field(
         default_factory=lambda: CapacityResult(status="requested", current_size=2, target_size=3)
@@ -269,6 +278,8 @@ class FakeWorld:
         @fake_of(KubeActivities.evict_pods)
         async def evict(req: EvictPodsInput) -> EvictPodsResult:
             world.calls.append((ACT_EVICT_PODS, req))
+            if world.evict_results:
+                return world.evict_results.pop(0)
             if req.delete_if_blocked:
                 return EvictPodsResult(deleted=req.pods)
             return EvictPodsResult(evicted=req.pods)
@@ -311,10 +322,20 @@ class FakeWorld:
             world.calls.append((ACT_RELEASE_QUARANTINE, req))
             return ReleaseResult(removed=True)
 
+        @fake_of(LaunchActivities.claim_escalation)
+        async def claim_escalation(req: EscalationClaim) -> EscalationClaimResult:
+            world.calls.append((ACT_CLAIM_ESCALATION, req))
+            return EscalationClaimResult(granted=True, holder=req.holder)
+
         @fake_of(KubeActivities.check_device_health)
         async def check_health(req: CheckHealthInput) -> HealthResult:
             world.calls.append((ACT_CHECK_HEALTH, req))
             return HealthResult(health=world.later_health)  # type: ignore[arg-type]
+
+        @fake_of(KubeActivities.cordon_node)
+        async def cordon(req: CordonInput) -> CordonResult:
+            world.calls.append((ACT_CORDON, req))
+            return CordonResult(changed=True, message="cordoned" if req.cordon else "uncordoned")
 
         acts: list[Callable[..., Any]] = [
             load_runbooks,
@@ -332,6 +353,8 @@ class FakeWorld:
             record_event,
             release,
             check_health,
+            claim_escalation,
+            cordon,
         ]
         if not self.use_real_budget:
             acts += [acquire, release_budget]
@@ -353,8 +376,9 @@ def new_worker(
         client,
         task_queue=task_queue or f"tq-{uuid.uuid4()}",
         workflows=WORKFLOWS,  # the production registration list
-        activities=[*world.activities(), *extra_activities],
+        activities=world.activities(*extra_activities),  # same name: replaces the fake
         **cache,
+        **sender_identity_options(),
     )
 
 
