@@ -25,6 +25,7 @@ Cases:
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -369,7 +370,10 @@ def test_kubectl_dry_run_when_available() -> None:
     """With kubectl on PATH, `kubectl kustomize deploy/` must build (no cluster needed)."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.skip("kubectl is not installed here; the YAML checks above still ran")
+        reason = "kubectl is not installed: apt-get install kubectl (the YAML checks above ran)"
+        if os.environ.get("SICKBAY_REQUIRE_KUBECTL", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"SICKBAY_REQUIRE_KUBECTL is set but {reason}")
+        pytest.skip(reason)
     import subprocess
 
     done = subprocess.run(
