@@ -59,6 +59,7 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
     cost = results.get("cost")
     storm = results.get("storm")
     mem = results.get("memory")
+    bud = results.get("budget")
     if lat and lat["sickbay"].get("n"):
         s, p, r = lat["sickbay"], lat["peer"], lat["ratio_summary"]
         out += [
@@ -110,6 +111,11 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             f"| worker RSS, {mem['remediations']} remediations in flight | "
             f"{mem['rss_in_flight_mb'] * 1.048576:.0f} MB ({mem['rss_in_flight_mb']:.0f} MiB) "
             f"| <= 300 MB | {_ok(mem['rss_in_flight_mb'] * 1.048576 <= 300)} |",
+        ]
+    if bud and bud["acquire_s"].get("n"):
+        out += [
+            f"| budget: {bud['acquirers']} lease requests at once answered after, p50 (max) | "
+            f"{bud['acquire_s']['p50']:.1f} s ({bud['acquire_s']['max']:.1f} s) | | |",
         ]
     out.append("")
     if lat and lat["sickbay"].get("n"):
@@ -283,6 +289,27 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             f"the worker's log: {mem.get('worker_log') or {}}.",
             "",
             f"![memory]({plots.get('memory', '')})",
+            "",
+        ]
+    if bud and bud["rounds"]:
+        a, r = bud["acquire_s"], bud["release_s"]
+        out += [
+            "## 5. Budget burst",
+            "",
+            f"A dev server of its own and the real `sickbay-budget` workflow: {bud['acquirers']} "
+            f"lease requests for one pool (limit {bud['limit']}) sent at once through "
+            f"{bud['workers']} `BudgetActivities` instances (each capping its in-flight "
+            "updates; together above Temporal's 10 per workflow), then every holder releases at "
+            f"once; {len(bud['rounds'])} round(s).",
+            "",
+            f"- Every acquirer answered after: p50 **{a['p50']:.2f} s**, max {a['max']:.2f} s.",
+            f"- Every release answered after: p50 **{r['p50']:.2f} s**, max {r['max']:.2f} s.",
+            "- Per round (granted / refused / released / update RPCs refused and retried): "
+            + "; ".join(
+                f"{x['granted']} / {x['refused']} / {x['released']} / {x['retries']}"
+                for x in bud["rounds"]
+            )
+            + ".",
             "",
         ]
     notes = results.get("findings") or []

@@ -784,15 +784,6 @@ class ReplacementReport(Contract):
     deadline_passed: bool = False
 
 
-class FreeCapacityInput(Contract):
-    device_class: str | None = None
-    node_pool: str | None = None
-
-
-class FreeCapacity(Contract):
-    free_devices: int
-
-
 class ReleaseInput(Contract):
     device: ResolvedDevice
     rule_name: str | None = None

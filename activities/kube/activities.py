@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube import capacity, consumers, devices, events, evidence, nodes, quarantine, waits
+from activities.kube import consumers, devices, events, evidence, nodes, quarantine, waits
 from activities.kube.client import ErrorKind, Kube, KubeError, KubeSettings, to_application_error
 from activities.kube.discovery import ClusterApis, Discovery
 from workflows.constants import (
@@ -32,7 +32,6 @@ from workflows.constants import (
     ACT_COUNT_DEVICES,
     ACT_EVICT_PODS,
     ACT_FIND_CONSUMERS,
-    ACT_FREE_CAPACITY,
     ACT_GATHER_EVIDENCE,
     ACT_PREVIEW_QUARANTINE,
     ACT_QUARANTINE,
@@ -56,8 +55,6 @@ from workflows.models import (
     Evidence,
     EvidenceInput,
     FindConsumersInput,
-    FreeCapacity,
-    FreeCapacityInput,
     HealthResult,
     QuarantineInput,
     QuarantineResult,
@@ -114,7 +111,6 @@ class KubeActivities:
             self.evict_pods,
             self.wait_for_eviction,
             self.wait_for_replacement,
-            self.count_free_capacity,
             self.release_quarantine,
             self.check_device_health,
             self.record_event,
@@ -247,10 +243,6 @@ class KubeActivities:
             return await waits.wait_replacement(self._kube, self._executor, inp)
         except KubeError as err:
             raise to_application_error(err) from err
-
-    @activity.defn(name=ACT_FREE_CAPACITY)
-    async def count_free_capacity(self, inp: FreeCapacityInput) -> FreeCapacity:
-        return await self._run(lambda: capacity.free_capacity(self._kube, self._apis(), inp))
 
     @activity.defn(name=ACT_RELEASE_QUARANTINE)
     async def release_quarantine(self, inp: ReleaseInput) -> ReleaseResult:

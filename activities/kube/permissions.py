@@ -81,7 +81,7 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission("batch", "jobs", ("get",), "owner chain Job -> JobSet, replacement selector"),
     Permission(DRA, "resourceslices", ("list",), "devices, uuids, driver taints"),
     Permission(DRA, "resourceclaims", ("list",), "claims allocated to a device"),
-    Permission(DRA, "deviceclasses", ("get", "list"), "device class of a device, free capacity"),
+    Permission(DRA, "deviceclasses", ("list",), "the device class of a device"),
     Permission(
         DRA,
         "devicetaintrules",

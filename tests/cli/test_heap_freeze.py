@@ -11,8 +11,10 @@ Cases:
 
 from __future__ import annotations
 
+import argparse
 import gc
-import inspect
+
+import pytest
 
 from worker import webhook_cli
 from worker.temporal import freeze_startup_heap
@@ -32,6 +34,22 @@ def test_freeze_moves_live_objects_out_of_the_scanned_generations() -> None:
         gc.unfreeze()  # the rest of the test session keeps a normal heap
 
 
-def test_webhook_freezes_before_serving() -> None:
-    webhook_src = inspect.getsource(webhook_cli._run_webhook)
-    assert webhook_src.index("freeze_startup_heap()") < webhook_src.index("uvicorn.run(")
+def test_webhook_freezes_before_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sickbay webhook`'s start-up (the app it serves included) is frozen when serving starts."""
+    import uvicorn
+
+    seen: dict[str, bool] = {}
+
+    def serve(server: uvicorn.Server) -> None:  # stands in for uvicorn's blocking server
+        tracked = {id(o) for g in range(3) for o in gc.get_objects(generation=g)}
+        apps = (server.config.app, server.config.loaded_app)
+        seen["app frozen"] = all(id(a) not in tracked for a in apps)
+        seen["heap frozen"] = gc.get_freeze_count() > 0
+
+    monkeypatch.setattr(uvicorn.Server, "run", serve)
+    args = argparse.Namespace(host="127.0.0.1", port=0, no_auth=True, access_log=False)
+    try:
+        assert webhook_cli._run_webhook(args) == 0
+    finally:
+        gc.unfreeze()
+    assert seen == {"app frozen": True, "heap frozen": True}

@@ -43,7 +43,8 @@ STATE = SeedState()
 def _need(*attrs: str) -> None:
     for attr in attrs:
         if not getattr(STATE, attr):
-            pytest.skip(f"an earlier act failed ({attr} missing)")
+            # A failure, not a skip: an act that cannot run has not shown its part of the demo.
+            pytest.fail(f"an earlier act did not complete ({attr} missing); acts run in file order")
 
 
 async def _rules(demo: Demo) -> list[dict[str, Any]]:

@@ -147,14 +147,19 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path) -> httpx.Resp
     pytest.fail(f"{url} did not answer within {START_WITHIN} s:\n{log.read_text()[-3000:]}")
 
 
-def _registered(command: str) -> bool:
+def _require_commands(*commands: str) -> None:
+    """The compose file runs these `sickbay` subcommands: each must exist (a missing one is a
+    failure, never a skip)."""
     from worker.cli import build_parser
 
     parser = build_parser()
+    choices: dict[str, object] = {}
     for action in parser._actions:
         if hasattr(action, "choices") and isinstance(action.choices, dict):
-            return command in action.choices
-    return False
+            choices = action.choices
+            break
+    missing = [c for c in commands if c not in choices]
+    assert not missing, f"`sickbay` has no subcommand {missing}; docker-compose.yml runs them"
 
 
 def test_webhook_from_its_compose_definition(tmp_path: Path) -> None:
@@ -195,9 +200,8 @@ def test_webhook_from_its_compose_definition(tmp_path: Path) -> None:
 
 
 def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    if not _registered("worker"):
-        pytest.skip("`sickbay worker` is not registered yet (worker.commands not built)")
-    dev_env = request.getfixturevalue("own_dev_server")  # only once there is a worker
+    _require_commands("worker")
+    dev_env = request.getfixturevalue("own_dev_server")
     metrics = free_port()
     address = dev_env.client.service_client.config.target_host
     env = _host_env(
@@ -229,8 +233,7 @@ def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.Fixt
 
 def test_twin_from_its_compose_definition(tmp_path: Path) -> None:
     """The twin's compose shell script itself, run by /bin/sh: secret file and ports mapped."""
-    if not _registered("sim"):
-        pytest.skip("`sickbay sim` is not registered yet (simulator.cli not built)")
+    _require_commands("sim")
     from kubernetes import client, config
 
     compose = _compose()
@@ -340,8 +343,7 @@ def test_twin_profile_remediates_end_to_end(tmp_path: Path, request: pytest.Fixt
     compose definitions (one shared token file, the worker's default kubeconfig), the dev
     server as Temporal. docs/deploy.md's steps: `sim fail` -> the twin's alert -> webhook ->
     remediation -> DeviceTaintRule in the twin; `sickbay repaired` -> the rule is gone."""
-    if not (_registered("worker") and _registered("sim") and _registered("repaired")):
-        pytest.skip("needs `sickbay worker`, `sim` and `repaired`")
+    _require_commands("worker", "sim", "repaired")
     from kubernetes import client, config
 
     dev_env = request.getfixturevalue("own_dev_server")

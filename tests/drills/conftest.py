@@ -17,7 +17,6 @@ workflow's history (`history_facts`) to prove a kill interrupted a step.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
 import subprocess
@@ -28,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import yaml
 from temporalio.api.enums.v1 import EventType
 
@@ -43,8 +41,6 @@ def worker_argv() -> list[str]:
     override = os.environ.get("SICKBAY_DRILLS_WORKER")
     if override:
         return [override]
-    if importlib.util.find_spec("worker.main") is None:
-        pytest.skip("the worker process (worker/main.py, `sickbay worker`) is not built yet")
     return ["-m", "worker.cli", "worker"]
 
 

@@ -2,49 +2,70 @@
 
 Cases:
 - at scale 60, one real second is a simulated minute (monotonic and now() agree);
-- sleep(300) at scale 600 returns after about 0.5 real seconds;
+- sleep(300) at scale 600 sleeps 0.5 real seconds;
 - changing the scale at run time keeps simulated time continuous (no jump back or forward);
 - a non-positive scale is refused; ManualClock only moves when advanced;
 - Kubernetes timestamp formats round-trip through parse_time.
+Real time is a stand-in the tests move, so nothing here depends on the machine's speed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
+from simulator import clock as clock_module
 from simulator.clock import Clock, ManualClock, parse_time, rfc3339, rfc3339_micro
 
 
-def test_scaled_time_runs_faster() -> None:
+class RealTime:
+    """Stands in for the `time` and `asyncio` modules the clock reads: real seconds move only
+    when a test says so, and sleeps are recorded instead of slept (no wall-clock bounds)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+@pytest.fixture
+def real(monkeypatch: pytest.MonkeyPatch) -> RealTime:
+    fake = RealTime()
+    monkeypatch.setattr(clock_module, "time", fake)
+    monkeypatch.setattr(clock_module, "asyncio", fake)
+    return fake
+
+
+def test_scaled_time_runs_faster(real: RealTime) -> None:
     clock = Clock(time_scale=60)
-    start_sim, start_now, start_real = clock.monotonic(), clock.now(), time.monotonic()
-    time.sleep(0.1)
-    real = time.monotonic() - start_real
-    elapsed = clock.monotonic() - start_sim
-    assert 60 * real * 0.8 <= elapsed <= 60 * real * 1.2
-    assert abs((clock.now() - start_now).total_seconds() - elapsed) < 1.0
+    start_sim, start_now = clock.monotonic(), clock.now()
+    real.now += 0.1
+    assert clock.monotonic() - start_sim == pytest.approx(6.0)  # 0.1 real s = 6 simulated
+    assert (clock.now() - start_now).total_seconds() == pytest.approx(6.0)
     assert clock.real_seconds(300) == 5.0
 
 
-def test_sleep_is_scaled() -> None:
+def test_sleep_is_scaled(real: RealTime) -> None:
     clock = Clock(time_scale=600)
-    start = time.monotonic()
     asyncio.run(clock.sleep(300))
-    assert 0.45 <= time.monotonic() - start < 1.5
+    assert real.slept == [0.5]  # 300 simulated seconds are half a real one
 
 
-def test_scale_change_is_continuous() -> None:
+def test_scale_change_is_continuous(real: RealTime) -> None:
     clock = Clock(time_scale=1000)
-    time.sleep(0.05)
+    real.now += 0.05
     before = clock.monotonic()
+    assert before == pytest.approx(50.0)
     clock.set_time_scale(1)
-    after = clock.monotonic()
-    assert 0 <= after - before < 1.0  # no jump
-    time.sleep(0.05)
-    assert clock.monotonic() - after < 1.0  # now at real speed
+    assert clock.monotonic() == before  # no jump
+    real.now += 0.05
+    assert clock.monotonic() == pytest.approx(before + 0.05)  # now at real speed
     with pytest.raises(ValueError, match="positive"):
         Clock(time_scale=0)
 

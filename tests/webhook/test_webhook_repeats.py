@@ -94,7 +94,7 @@ async def test_ecc_repeat_after_repaired_does_not_requarantine(
         assert (await post(url, alert))["started"] == 1
         handle = client.get_workflow_handle(wid, result_type=RemediationResult)
         # Quarantined and holding: a person marks it repaired, the run closes.
-        await wait_phase(handle, Phase.HOLDING, attempts=3000)
+        await wait_phase(handle, Phase.HOLDING)
         assert ACT_QUARANTINE in world.names()
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="test"))
         result = await handle.result()

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -219,7 +218,9 @@ async def test_stalled_temporal_is_acknowledged_through_the_spool(
                 webhook_token=TOKEN,
                 webhook_spool_dir=tmp_path,
                 webhook_ack_seconds=0.3,
-                webhook_temporal_timeout=20,
+                # Far past the HTTP client's 30 s: a webhook that waited for Temporal instead
+                # of acknowledging by the 0.3 s deadline would never answer this POST.
+                webhook_temporal_timeout=120,
                 webhook_spool_retry_seconds=0.2,
             ),
         )
@@ -234,16 +235,13 @@ async def test_stalled_temporal_is_acknowledged_through_the_spool(
 
             proxy.stall()
             n2, g2 = unique_device()
-            t0 = time.monotonic()
             resp = await http.post(
                 "/v1/alertmanager", json=payload(xid_alert(n2, g2)), headers=auth()
             )
-            took = time.monotonic() - t0
             body = resp.json()
             assert resp.status_code == 200, resp.text
             assert [r["result"] for r in body["results"]] == ["queued"]
             assert body["queued"] == 1 and body["started"] == 0
-            assert took < 10  # answered by the ack deadline, not Temporal's 20 s timeout
             journal = (tmp_path / JOURNAL).read_text()
             assert f"fp-{n2}" in journal  # on disk before the answer
             assert (await http.get("/healthz")).json()["spool_pending"] == 1

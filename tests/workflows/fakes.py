@@ -1,29 +1,33 @@
 """Name-matched activity fakes for the remediation workflow tests.
 
-`FakeWorld` plays the cluster, the budget, the node pool and the channels: each activity is an
-`@activity.defn(name=<constant>)` closure that records its call and answers from the scripted
+`FakeWorld` plays the cluster, the budget, the node pool and the channels: each activity is a
+`@fake_of(RealActivities.method)` closure, registered under the real activity's name and held
+by mypy to its input and result types, that records its call and answers from the scripted
 state, so a test changes one field (e.g. `eviction_reports`) to drive one branch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.runbooks import load_dir
-from worker.main import sender_identity_options
-from workflows.budget import BudgetWorkflow
+from activities.budget import BudgetActivities
+from activities.capacity import CapacityActivities
+from activities.kube import KubeActivities
+from activities.launch import LaunchActivities
+from activities.notify.activities import NotifyActivities
+from activities.runbooks import RunbookActivities, load_dir
+from worker.main import WORKFLOWS, sender_identity_options
 from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
     ACT_CHECK_HEALTH,
@@ -87,6 +91,7 @@ from workflows.models import (
     RemediationInput,
     RemediationResult,
     RemediationStatus,
+    ReplacementReport,
     ResolvedDevice,
     ResolveDeviceInput,
     Runbook,
@@ -94,11 +99,31 @@ from workflows.models import (
     WaitEvictionInput,
     WaitReplacementInput,
 )
-from workflows.rejections import RejectionsWorkflow
-from workflows.remediation import DeviceRemediationWorkflow
 
 RUNBOOKS_DIR = Path(__file__).resolve().parents[2] / "runbooks"
 NODE = "gpu-node-1"
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+@overload
+def fake_of(
+    real: Callable[[Any], Out],
+) -> Callable[[Callable[[], Awaitable[Out]]], Callable[[], Awaitable[Out]]]: ...
+@overload
+def fake_of(
+    real: Callable[[Any, In], Awaitable[Out]],
+) -> Callable[[Callable[[In], Awaitable[Out]]], Callable[[In], Awaitable[Out]]]: ...
+def fake_of(real: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`@fake_of(RealActivities.method)`: the fake registers under the real activity's name and
+    mypy holds it to the real method's input and result types (a drift is a type error)."""
+    name = _activity_name(real)
+
+    def stand_in(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return activity.defn(name=name)(fn)
+
+    return stand_in
 
 
 def shipped_runbooks() -> list[Runbook]:
@@ -163,7 +188,6 @@ class FakeWorld:
     evidence_delay: timedelta | None = None  # gather-evidence answers after this (real time)
     notify_failures: int = 0  # first N notify calls raise a retryable error
     calls: list[tuple[str, Any]] = field(default_factory=list)
-    quarantined_at: float | None = None  # time.monotonic() of the first quarantine call
 
     @property
     def device(self) -> ResolvedDevice:
@@ -186,12 +210,12 @@ class FakeWorld:
         """The fake activities; each of `replace` stands in for the fake of the same name."""
         world = self
 
-        @activity.defn(name=ACT_LOAD_RUNBOOKS)
+        @fake_of(RunbookActivities.load_runbooks)
         async def load_runbooks() -> RunbookSet:
             world.calls.append((ACT_LOAD_RUNBOOKS, None))
             return RunbookSet(runbooks=world.runbooks, source="test")
 
-        @activity.defn(name=ACT_RESOLVE_DEVICE)
+        @fake_of(KubeActivities.resolve_device)
         async def resolve(req: ResolveDeviceInput) -> ResolvedDevice:
             world.calls.append((ACT_RESOLVE_DEVICE, req))
             if req.device.gpu_uuid and req.device.gpu_uuid != world.gpu_uuid:
@@ -201,24 +225,24 @@ class FakeWorld:
                 )
             return world.device
 
-        @activity.defn(name=ACT_GATHER_EVIDENCE)
+        @fake_of(KubeActivities.gather_evidence)
         async def evidence(req: EvidenceInput) -> Evidence:
             if world.evidence_delay:  # recorded when it answers, after the delay
                 await asyncio.sleep(world.evidence_delay.total_seconds())
             world.calls.append((ACT_GATHER_EVIDENCE, req))
             return Evidence(health=world.health)  # type: ignore[arg-type]
 
-        @activity.defn(name=ACT_FIND_CONSUMERS)
+        @fake_of(KubeActivities.find_consumers)
         async def consumers(req: FindConsumersInput) -> ConsumersResult:
             world.calls.append((ACT_FIND_CONSUMERS, req))
             return ConsumersResult(consumers=world.consumers)
 
-        @activity.defn(name=ACT_COUNT_DEVICES)
+        @fake_of(KubeActivities.count_devices)
         async def count(req: CountDevicesInput) -> DeviceCounts:
             world.calls.append((ACT_COUNT_DEVICES, req))
             return world.counts
 
-        @activity.defn(name=ACT_ACQUIRE_BUDGET)
+        @fake_of(BudgetActivities.acquire_budget_lease)
         async def acquire(req: BudgetLeaseRequest) -> BudgetDecision:
             world.calls.append((ACT_ACQUIRE_BUDGET, req))
             if world.budget_granted:
@@ -227,18 +251,16 @@ class FakeWorld:
                 granted=False, reason="pool pool-a has 4 of 4 allowed", pool_in_use=4
             )
 
-        @activity.defn(name=ACT_RELEASE_BUDGET)
+        @fake_of(BudgetActivities.release_budget_lease)
         async def release_budget(req: BudgetReleaseRequest) -> BudgetDecision:
             world.calls.append((ACT_RELEASE_BUDGET, req))
             if world.budget_release_fails:
                 raise ApplicationError("budget workflow unreachable", non_retryable=True)
             return BudgetDecision(granted=True, reason="released")
 
-        @activity.defn(name=ACT_QUARANTINE)
+        @fake_of(KubeActivities.quarantine_device)
         async def quarantine(req: QuarantineInput) -> QuarantineResult:
             world.calls.append((ACT_QUARANTINE, req))
-            if world.quarantined_at is None:
-                world.quarantined_at = time.monotonic()
             return QuarantineResult(
                 mode="rule",
                 rule_name=taint_rule_name(req.device.node, req.device.gpu_uuid),
@@ -246,14 +268,14 @@ class FakeWorld:
                 action="created",
             )
 
-        @activity.defn(name=ACT_PREVIEW_QUARANTINE)
+        @fake_of(KubeActivities.preview_quarantine)
         async def preview(req: QuarantineInput) -> QuarantineResult:
             world.calls.append((ACT_PREVIEW_QUARANTINE, req))
             return QuarantineResult(
                 mode="dry-run", action="skipped", would_evict=[c.pod for c in world.consumers]
             )
 
-        @activity.defn(name=ACT_EVICT_PODS)
+        @fake_of(KubeActivities.evict_pods)
         async def evict(req: EvictPodsInput) -> EvictPodsResult:
             world.calls.append((ACT_EVICT_PODS, req))
             if world.evict_results:
@@ -262,30 +284,28 @@ class FakeWorld:
                 return EvictPodsResult(deleted=req.pods)
             return EvictPodsResult(evicted=req.pods)
 
-        @activity.defn(name=ACT_WAIT_EVICTION)
+        @fake_of(KubeActivities.wait_for_eviction)
         async def wait_eviction(req: WaitEvictionInput) -> EvictionReport:
             world.calls.append((ACT_WAIT_EVICTION, req))
             if world.eviction_reports:
                 return world.eviction_reports.pop(0)
             return EvictionReport(gone=req.pods)
 
-        @activity.defn(name=ACT_WAIT_REPLACEMENT)
-        async def wait_replacement(req: WaitReplacementInput) -> Any:
+        @fake_of(KubeActivities.wait_for_replacement)
+        async def wait_replacement(req: WaitReplacementInput) -> ReplacementReport:
             world.calls.append((ACT_WAIT_REPLACEMENT, req))
-            from workflows.models import ReplacementReport
-
             if world.replacement_reports:
                 return world.replacement_reports.pop(0)
             return ReplacementReport(status="running")
 
-        @activity.defn(name=ACT_REQUEST_CAPACITY)
+        @fake_of(CapacityActivities.request_capacity)
         async def request_capacity(req: CapacityRequest) -> CapacityResult:
             world.calls.append((ACT_REQUEST_CAPACITY, req))
             if isinstance(world.capacity, ApplicationError):
                 raise world.capacity
             return world.capacity
 
-        @activity.defn(name=ACT_NOTIFY)
+        @fake_of(NotifyActivities.notify)
         async def notify(req: NotifyInput) -> NotifyResult:
             world.calls.append((ACT_NOTIFY, req))
             attempt = activity.info().attempt
@@ -293,26 +313,26 @@ class FakeWorld:
                 raise ApplicationError(f"channel {req.channel} answered 503 (try {attempt})")
             return NotifyResult(channel=req.channel, delivered=True, attempt=attempt)
 
-        @activity.defn(name=ACT_RECORD_EVENT)
+        @fake_of(KubeActivities.record_event)
         async def record_event(req: RecordEventInput) -> None:
             world.calls.append((ACT_RECORD_EVENT, req))
 
-        @activity.defn(name=ACT_RELEASE_QUARANTINE)
+        @fake_of(KubeActivities.release_quarantine)
         async def release(req: ReleaseInput) -> ReleaseResult:
             world.calls.append((ACT_RELEASE_QUARANTINE, req))
             return ReleaseResult(removed=True)
 
-        @activity.defn(name=ACT_CLAIM_ESCALATION)
+        @fake_of(LaunchActivities.claim_escalation)
         async def claim_escalation(req: EscalationClaim) -> EscalationClaimResult:
             world.calls.append((ACT_CLAIM_ESCALATION, req))
             return EscalationClaimResult(granted=True, holder=req.holder)
 
-        @activity.defn(name=ACT_CHECK_HEALTH)
+        @fake_of(KubeActivities.check_device_health)
         async def check_health(req: CheckHealthInput) -> HealthResult:
             world.calls.append((ACT_CHECK_HEALTH, req))
             return HealthResult(health=world.later_health)  # type: ignore[arg-type]
 
-        @activity.defn(name=ACT_CORDON)
+        @fake_of(KubeActivities.cordon_node)
         async def cordon(req: CordonInput) -> CordonResult:
             world.calls.append((ACT_CORDON, req))
             return CordonResult(changed=True, message="cordoned" if req.cordon else "uncordoned")
@@ -349,14 +369,15 @@ def new_worker(
     task_queue: str | None = None,
     replay_every_task: bool = False,
 ) -> Worker:
+    # 0: every task replays from history, which catches non-determinism (costs a 10 s
+    # task timeout when a signal races an eviction on the test server; used selectively).
+    cache: dict[str, Any] = {"max_cached_workflows": 0} if replay_every_task else {}
     return Worker(
         client,
         task_queue=task_queue or f"tq-{uuid.uuid4()}",
-        workflows=[DeviceRemediationWorkflow, BudgetWorkflow, RejectionsWorkflow],
+        workflows=WORKFLOWS,  # the production registration list
         activities=world.activities(*extra_activities),  # same name: replaces the fake
-        # 0: every task replays from history, which catches non-determinism (costs a 10 s
-        # task timeout when a signal races an eviction on the test server; used selectively).
-        **({"max_cached_workflows": 0} if replay_every_task else {}),
+        **cache,
         **sender_identity_options(),
     )
 
@@ -387,18 +408,20 @@ async def start(
 
 
 async def wait_phase(
-    handle: WorkflowHandle[Any, Any], phase: Phase, attempts: int = 200
+    handle: WorkflowHandle[Any, Any], phase: Phase, within: float = 120.0
 ) -> RemediationStatus:
-    """Poll the status query until the workflow reaches `phase` (real time, ~10 ms steps)."""
-    import asyncio
-
+    """Poll the status query until the workflow reaches `phase` (real time, 20 ms steps), for
+    at most `within` seconds: a deadline, not a count of polls, since each query slows down on
+    a busy machine."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + within
     status: RemediationStatus | None = None
-    for _ in range(attempts):
+    while loop.time() < give_up:
         status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
         if status.phase is phase:
             return status
         await asyncio.sleep(0.02)
-    raise AssertionError(f"workflow never reached {phase}; last status {status}")
+    raise AssertionError(f"workflow never reached {phase} in {within:.0f} s; last status {status}")
 
 
 def _activity_name(fn: Callable[..., Any]) -> str:

@@ -81,7 +81,8 @@ async def test_two_workflows_race_for_the_last_slot(time_skipping_env: WorkflowE
     # 2 GPUs in the pool, 50% -> one quarantine at a time in this pool.
     world = FakeWorld(use_real_budget=True, counts=DeviceCounts(pool_devices=2, cluster_devices=40))
     queue = f"tq-{uuid.uuid4()}"
-    budget = BudgetActivities(client, queue, workflow_id=f"sickbay-budget-{uuid.uuid4().hex[:8]}")
+    budget_id = f"sickbay-budget-{uuid.uuid4().hex[:8]}"
+    budget = BudgetActivities(client, queue, workflow_id=budget_id)
     async with (
         new_worker(
             client,
@@ -123,7 +124,7 @@ async def test_two_workflows_race_for_the_last_slot(time_skipping_env: WorkflowE
         assert loser_status.escalation_reason == "budget-exhausted"
         assert "budget slot" in loser_status.awaiting  # open, waiting for the slot
         assert len(world.args(ACT_QUARANTINE)) == 1  # exactly one device tainted
-        state = await client.get_workflow_handle(budget._workflow_id).query(
+        state = await client.get_workflow_handle(budget_id).query(
             QRY_BUDGET_STATE, result_type=BudgetState
         )
         assert [lease.holder for lease in state.leases] == [winner.id]
@@ -136,18 +137,18 @@ async def test_two_workflows_race_for_the_last_slot(time_skipping_env: WorkflowE
         timeline = await loser.query(QRY_TIMELINE, result_type=list[TimelineEntry])
         assert any(e.action == "budget slot freed" for e in timeline)
         assert len(world.args(ACT_QUARANTINE)) == 2
-        state = await client.get_workflow_handle(budget._workflow_id).query(
+        state = await client.get_workflow_handle(budget_id).query(
             QRY_BUDGET_STATE, result_type=BudgetState
         )
         assert [lease.holder for lease in state.leases] == [loser.id]
         await loser.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         loser_result = await loser.result()
         assert loser_result.outcome == "escalated" and "released" in loser_result.reason
-        state = await client.get_workflow_handle(budget._workflow_id).query(
+        state = await client.get_workflow_handle(budget_id).query(
             QRY_BUDGET_STATE, result_type=BudgetState
         )
         assert state.leases == []
-        await client.get_workflow_handle(budget._workflow_id).terminate("test done")
+        await client.get_workflow_handle(budget_id).terminate("test done")
 
 
 async def _budget_worker(client, queue: str, budget: BudgetActivities) -> Worker:
@@ -165,7 +166,8 @@ async def test_budget_limits_idempotence_and_validation(
 ) -> None:
     client = time_skipping_env.client
     queue = f"tq-{uuid.uuid4()}"
-    budget = BudgetActivities(client, queue, workflow_id=f"sickbay-budget-{uuid.uuid4().hex[:8]}")
+    budget_id = f"sickbay-budget-{uuid.uuid4().hex[:8]}"
+    budget = BudgetActivities(client, queue, workflow_id=budget_id)
     async with await _budget_worker(client, queue, budget):
         first = await budget.acquire_budget_lease(_req("wf-a"))
         again = await budget.acquire_budget_lease(_req("wf-a"))
@@ -174,7 +176,7 @@ async def test_budget_limits_idempotence_and_validation(
         cluster_full = await budget.acquire_budget_lease(
             _req("wf-d", pool="pool-z", cluster_limit=2)
         )
-        handle = client.get_workflow_handle(budget._workflow_id)
+        handle = client.get_workflow_handle(budget_id)
         with pytest.raises(WorkflowUpdateFailedError):
             await handle.execute_update(UPD_BUDGET_ACQUIRE, _req(" "), result_type=BudgetDecision)
         released = await budget.release_budget_lease(
@@ -199,14 +201,15 @@ async def test_budget_limits_idempotence_and_validation(
 async def test_leases_survive_continue_as_new(time_skipping_env: WorkflowEnvironment) -> None:
     client = time_skipping_env.client
     queue = f"tq-{uuid.uuid4()}"
+    budget_id = f"sickbay-budget-{uuid.uuid4().hex[:8]}"
     budget = BudgetActivities(
         client,
         queue,
-        workflow_id=f"sickbay-budget-{uuid.uuid4().hex[:8]}",
+        workflow_id=budget_id,
         initial_state=BudgetState(max_updates_per_run=2),
     )
     async with await _budget_worker(client, queue, budget):
-        handle = client.get_workflow_handle(budget._workflow_id)
+        handle = client.get_workflow_handle(budget_id)
         assert (await budget.acquire_budget_lease(_req("wf-1", pool="wf-1"))).granted
         first_run = (await handle.describe()).run_id
         for holder in ("wf-2", "wf-3"):

@@ -2,19 +2,20 @@
 
 Cases:
 - 100 acquirers at once spread over three "workers" (three activity instances, 12 updates in
-  flight > Temporal's 10 per workflow): every acquirer is answered within seconds, exactly
-  `pool_limit` are granted, the rest refused with the pool reason; then 100 concurrent
-  releases are all answered and free exactly the granted leases;
+  flight > Temporal's 10 per workflow): every acquirer is answered, exactly `pool_limit` are
+  granted, the rest refused with the pool reason; then 100 concurrent releases are all
+  answered and free exactly the granted leases (how long that takes is bench/budget.py's
+  figure in BENCHMARKS.md, not a test's);
 - the retry loop: an update refused with RESOURCE_EXHAUSTED / UNAVAILABLE is retried with
   backoff until it succeeds; a non-retryable error (INVALID_ARGUMENT) is raised at once; a
-  refusal that outlasts the deadline is raised (the workflow then escalates);
+  refusal that outlasts the deadline is raised (the workflow then escalates) while refusals
+  were still queued, so the deadline ended the loop, not the errors running out;
 - is_retryable: RESOURCE_EXHAUSTED / UNAVAILABLE retried, INVALID_ARGUMENT and a plain error not.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from typing import Any
 
@@ -49,18 +50,14 @@ async def test_hundred_concurrent_acquirers_all_answered(dev_env: WorkflowEnviro
     async with Worker(
         dev_env.client, task_queue=budget_task_queue(queue), workflows=[BudgetWorkflow]
     ):
-        started = time.monotonic()
         decisions = await asyncio.gather(
             *(workers[i % 3].acquire_budget_lease(_req(i)) for i in range(BURST))
         )
-        acquire_s = time.monotonic() - started
         assert sum(d.granted for d in decisions) == LIMIT
         refused = [d for d in decisions if not d.granted]
+        assert len(refused) == BURST - LIMIT
         assert all(d.reason == f"pool pool-a has {LIMIT} of {LIMIT} allowed" for d in refused)
-        # Measured ~1.5-2 s; without the per-worker cap the same burst took 40 s with timeouts.
-        assert acquire_s < 10, f"{BURST} acquirers took {acquire_s:.1f} s"
 
-        started = time.monotonic()
         released = await asyncio.gather(
             *(
                 workers[i % 3].release_budget_lease(
@@ -70,8 +67,9 @@ async def test_hundred_concurrent_acquirers_all_answered(dev_env: WorkflowEnviro
             )
         )
         assert sum(r.granted for r in released) == LIMIT
-        assert released[-1].cluster_in_use >= 0
-        assert time.monotonic() - started < 10
+        # Each freeing release reports the leases left: LIMIT-1 down to 0, each count once.
+        left = sorted(r.cluster_in_use for r in released if r.granted)
+        assert left == list(range(LIMIT))
         await dev_env.client.get_workflow_handle(budget_id).terminate("test done")
 
 
@@ -112,15 +110,16 @@ async def test_non_retryable_and_deadline_errors_are_raised() -> None:
         await _acts(bad).acquire_budget_lease(_req(1))
     assert bad.calls == 1
 
+    # More refusals than the backoff could try before the (short) deadline: the loop must stop
+    # at the deadline with refusals left, not when the fake runs out and grants.
     always = _FlakyClient(
         [RPCError("limit", RPCStatusCode.RESOURCE_EXHAUSTED, b"") for _ in range(1000)]
     )
-    started = time.monotonic()
     with pytest.raises(RPCError, match="limit"):
         await _acts(always, deadline=0.5).release_budget_lease(
             BudgetReleaseRequest(holder="h", device_key="d")
         )
-    assert 1 < always.calls and time.monotonic() - started < 2
+    assert 1 < always.calls < 1000 and always.errors
 
 
 def test_is_retryable() -> None:

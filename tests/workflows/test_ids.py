@@ -8,15 +8,20 @@ budget's task queue is `<queue>-budget` (idempotent).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.budget import BudgetActivities
 from workflows.constants import (
     DEFAULT_TASK_QUEUE,
+    WF_BUDGET,
     budget_task_queue,
     budget_workflow_id,
     device_workflow_id,
 )
+from workflows.models import BudgetDecision, BudgetLeaseRequest
 
 
 def test_device_workflow_id_is_normalised() -> None:
@@ -31,10 +36,33 @@ def test_budget_workflow_id_is_scoped_to_the_task_queue() -> None:
     assert budget_workflow_id("q1") != budget_workflow_id("q2")
 
 
-def test_budget_activities_default_to_their_queue_budget() -> None:
-    acts = BudgetActivities(client=None, task_queue="tests-q")  # type: ignore[arg-type]
-    assert acts._workflow_id == "sickbay-budget-tests-q"
-    assert acts._task_queue == budget_task_queue("tests-q") == "tests-q-budget"
+class _StartRecorder:
+    """A client without update-with-start (as the time-skipping server): records the start."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, Any] = {}
+
+    async def execute_update_with_start_workflow(self, *args: Any, **kwargs: Any) -> Any:
+        raise RPCError("multi-operation", RPCStatusCode.UNIMPLEMENTED, b"")
+
+    async def start_workflow(self, workflow: str, arg: Any, **kwargs: Any) -> Any:
+        self.started = {"workflow": workflow, **kwargs}
+        return self
+
+    async def execute_update(self, *args: Any, **kwargs: Any) -> BudgetDecision:
+        return BudgetDecision(granted=True)
+
+
+async def test_budget_activities_default_to_their_queue_budget() -> None:
+    client = _StartRecorder()
+    acts = BudgetActivities(client=client, task_queue="tests-q")  # type: ignore[arg-type]
+    req = BudgetLeaseRequest(
+        holder="h", device_key="n/g", node_pool="p", pool_limit=1, cluster_limit=1
+    )
+    assert (await acts.acquire_budget_lease(req)).granted
+    assert client.started["workflow"] == WF_BUDGET
+    assert client.started["id"] == "sickbay-budget-tests-q"
+    assert client.started["task_queue"] == budget_task_queue("tests-q") == "tests-q-budget"
 
 
 def test_budget_task_queue_is_its_own_and_idempotent() -> None:

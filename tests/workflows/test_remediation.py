@@ -41,7 +41,6 @@ Cases (one per branch of the procedure):
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -131,11 +130,8 @@ async def test_happy_path(time_skipping_env: WorkflowEnvironment) -> None:
     client = time_skipping_env.client
     world = FakeWorld()
     async with new_worker(client, world, replay_every_task=True) as worker:
-        started = time.monotonic()
         handle = await start(client, worker, world)
         status = await wait_phase(handle, Phase.HOLDING)
-        assert world.quarantined_at is not None
-        to_rule_ms = (world.quarantined_at - started) * 1000
         assert status.runbook == "inference" and status.failure_class == "unhealthy"
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="GPU reseated"))
         result = await handle.result()
@@ -171,9 +167,6 @@ async def test_happy_path(time_skipping_env: WorkflowEnvironment) -> None:
     last = upserts[-1].search_attributes.indexed_fields
     assert last["SickbayPhase"].data == b'"closed"'
     save_history("happy_path", history)
-    print(f"happy path: {len(events)} history events; start -> quarantine call {to_rule_ms:.0f} ms")
-    # Loose bound for a shared CI box; typically well under 100 ms (local activities).
-    assert to_rule_ms < 1000
 
 
 async def test_healthy_for_cooldown_releases(time_skipping_env: WorkflowEnvironment) -> None:
@@ -508,10 +501,10 @@ async def test_budget_unreachable_escalates_and_waits(
         activities=world.activities(refused),
     ) as worker:
         handle = await start(client, worker, world)
-        status = await wait_phase(handle, Phase.ESCALATED, attempts=500)
+        status = await wait_phase(handle, Phase.ESCALATED)
         assert status.escalation_reason == "error"
         await time_skipping_env.sleep(timedelta(minutes=2))
-        await wait_phase(handle, Phase.HOLDING, attempts=500)
+        await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         result = await handle.result()
     unavailable = next(e for e in result.timeline if e.action == "budget unavailable")
@@ -1363,7 +1356,7 @@ async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_tim
         workflow_runner=UnsandboxedWorkflowRunner(),
     ) as worker:
         handle = await start(client, worker, world)
-        await wait_phase(handle, Phase.HOLDING, attempts=1500)
+        await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         result = await handle.result()
         history = await handle.fetch_history()

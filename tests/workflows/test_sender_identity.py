@@ -64,12 +64,9 @@ from workflows.models import (
 )
 from workflows.remediation import DeviceRemediationWorkflow
 
-# A dev-server workflow task takes a few ms; 3000 polls of ~10 ms are generous on a busy machine.
-ATTEMPTS = 3000
-
 
 async def wait_phase(handle: Any, phase: Phase) -> None:
-    await _wait_phase(handle, phase, attempts=ATTEMPTS)
+    await _wait_phase(handle, phase)  # a generous deadline (fakes.wait_phase), not poll counts
 
 
 async def client_as(env: WorkflowEnvironment, identity: str, **kw: Any) -> Client:

@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
+from kubernetes.client import ApiClient
 from temporalio.testing import ActivityEnvironment
 
 from activities.kube import KubeActivities
@@ -53,8 +54,7 @@ def _kube(sim: RunningSim) -> Kube:
 
 
 def test_concurrent_readers_share_one_load() -> None:
-    kube = Kube.__new__(Kube)  # no API client needed for the cache
-    kube._cache, kube._cache_lock, kube._inflight = {}, threading.Lock(), {}
+    kube = Kube(ApiClient())  # the loads below are the test's own: no API call is made
     loads = 0
     release = threading.Event()
 
@@ -74,8 +74,7 @@ def test_concurrent_readers_share_one_load() -> None:
 
 
 def test_failed_load_fails_waiters_and_is_not_cached() -> None:
-    kube = Kube.__new__(Kube)
-    kube._cache, kube._cache_lock, kube._inflight = {}, threading.Lock(), {}
+    kube = Kube(ApiClient())
     calls = 0
 
     def broken() -> str:
@@ -191,7 +190,7 @@ def test_count_devices_on_mixed_twin(sim_factory: Any) -> None:
 def test_concurrent_counts_list_slices_once(sim_factory: Any) -> None:
     twin = sim_factory(profile="1.36", pools=MIXED)
     acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
-    kube, apis = acts._kube, acts._apis()
+    kube, apis = acts.kube, acts._apis()
     twin.clear_requests()
     with ThreadPoolExecutor(12) as pool:
         results = list(pool.map(lambda _: count_devices(kube, apis, "mig"), range(12)))
@@ -215,7 +214,7 @@ def test_inventory_reuses_young_device_list(sim: RunningSim) -> None:
 def test_counts_share_an_inflight_rule_list_but_never_cache_it(sim_factory: Any) -> None:
     twin = sim_factory(profile="1.36", pools=MIXED)
     acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
-    kube, apis = acts._kube, acts._apis()
+    kube, apis = acts.kube, acts._apis()
     env = ActivityEnvironment()
     node = "mig-node-1"
     device = asyncio.run(
@@ -250,7 +249,7 @@ def test_evidence_and_consumers_side_by_side_share_one_pod_list(sim_factory: Any
 
     twin = sim_factory(profile="1.36", pools=MIXED)
     acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
-    kube = acts._kube
+    kube = acts.kube
     env = ActivityEnvironment()
     device = asyncio.run(
         env.run(
@@ -284,7 +283,7 @@ def test_evidence_reuses_a_pod_list_loaded_since_it_was_scheduled(sim_factory: A
 
     twin = sim_factory(profile="1.36", pools=MIXED)
     acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
-    kube = acts._kube
+    kube = acts.kube
     device = asyncio.run(
         ActivityEnvironment().run(
             acts.resolve_device,

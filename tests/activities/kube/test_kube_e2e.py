@@ -6,14 +6,13 @@ Cases:
 - happy path (DRA with DeviceTaintRule: 1.35, 1.36, 1.37): resolve -> evidence -> consumers ->
   budget count -> quarantine (NoExecute rule) -> events -> the twin's eviction controller
   deletes the consumer -> wait_for_eviction sees it gone -> the Deployment's replacement runs
-  on an untainted device -> wait_for_replacement "running" -> free capacity -> release;
+  on an untainted device -> wait_for_replacement "running" -> release;
 - fallback (1.34 without DeviceTaintRule, device plugin): quarantine evicts through the
   Eviction API, same waits;
 - RBAC: no request is denied by the proxy, and every request in the twin's log is covered
   by deploy/rbac.yaml alone where DeviceTaintRule is served, and with
   deploy/rbac-node-fallback.yaml on the fallback profiles (so the optional roles can be
-  dropped where they are not needed; none needs rbac-force-delete.yaml); verbs granted but
-  unused are reported (printed);
+  dropped where they are not needed; none needs rbac-force-delete.yaml);
 - request count of the happy path (the GPU fails with Xid 79 first, so the consumer reports
   it Unhealthy as in a real remediation), from the twin's request log (watches counted once),
   after the worker's start-up warm-up (discovery, DeviceClasses; counted and printed apart):
@@ -42,7 +41,6 @@ from workflows.models import (
     EventTarget,
     EvidenceInput,
     FindConsumersInput,
-    FreeCapacityInput,
     QuarantineInput,
     RecordEventInput,
     ReleaseInput,
@@ -53,7 +51,6 @@ from workflows.models import (
 
 RULES = deploy_rules()  # every ClusterRole deploy/ ships
 WF = "sickbay-gpu-e2e"
-USED: set[tuple[str, str, str]] = set()  # (group, resource, verb) across the module's tests
 
 
 def _workload(t: Twin, ns: str = "ml", name: str = "trainer", grace: int = 2) -> None:
@@ -239,15 +236,15 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
         assert new and all(
             d not in {x.resource_id for x in device.devices} for p in new for d in p.devices
         )
-        free = await t.run(
-            t.acts.count_free_capacity,
-            FreeCapacityInput(device_class=device.device_class, node_pool=device.node_pool),
-        )
-        mark("free capacity (not happy path)")
-        assert free.free_devices == 2  # 4 GPUs - 1 quarantined - 1 used by the replacement
         health = await t.run(t.acts.check_device_health, CheckHealthInput(device=device))
         mark("check health (holding)")
-        assert health.health in (None, "Healthy", "Unhealthy", "Unknown")
+        # The failed GPU is never called healthy (that would release it): the device plugin's
+        # node allocatable still counts it out; under DRA the consumer that reported it is gone
+        # and nothing else does, so Sickbay says it does not know.
+        if profile == "device-plugin":
+            assert health.health == "Unhealthy" and "allocatable" in health.message, health
+        else:
+            assert health.health is None and "no pod reports" in health.message, health
         released = await t.run(
             t.acts.release_quarantine,
             ReleaseInput(
@@ -287,7 +284,6 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
                 continue
             resource, _, sub = r.resource.partition("/")
             assert allows(rules, r.group, resource, sub, r.verb), f"not in the roles: {r}"
-            USED.add((r.group, r.resource, r.verb))
         # Goal <= 15 per remediation (BENCHMARKS.md section 2 measured 22 before the shared
         # pod/node lists, Event lists only without an Unhealthy pod status, and warm-up).
         # The fallback (1.34 / device plugin: Eviction API, node marks) is not that path; it
@@ -298,23 +294,3 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
         # share one claim list when it is under way.
         goal = 16 if result.mode == "rule" else 18
         assert happy <= goal, f"{happy} Kubernetes requests on the happy path (goal <= {goal})"
-
-
-def test_report_unused_grants() -> None:
-    """Runs after the sequences above (same module): verbs rbac.yaml grants that no
-    request used. Expected: paths the happy paths do not take (cordon patch, force delete,
-    preview/doctor, Cluster API scale-up)."""
-    if not USED:
-        pytest.skip("run with the remediation sequences")
-    granted = {
-        (g, r, v)
-        for rule in RULES
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
-    unused = sorted(granted - USED)
-    print(
-        "\ngranted but unused by the happy paths:", ", ".join(f"{v} {r}.{g}" for g, r, v in unused)
-    )
-    assert ("resource.k8s.io", "devicetaintrules", "create") not in unused

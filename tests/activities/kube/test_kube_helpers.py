@@ -9,7 +9,6 @@ Cases:
 - rule_plan(): one rule named taint_rule_name() for a one-device GPU, one per device (unique,
   <= 253 chars, deterministic) for a group;
 - parse_would_evict() reads the count from the controller's effect-None message (golden 48);
-- class_filter() reads driver and attribute equalities from a DeviceClass CEL expression;
 - each deploy/rbac*.yaml ClusterRole grants exactly its permissions of
   activities/kube/permissions.py; pods delete and nodes patch are in optional roles only.
 """
@@ -24,7 +23,6 @@ import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from activities.kube.capacity import class_filter
 from activities.kube.client import ErrorKind, classify, to_application_error
 from activities.kube.devices import group_of, slice_devices
 from activities.kube.permissions import PERMISSIONS, ROLE_FILES
@@ -143,22 +141,6 @@ def test_parse_would_evict_from_golden() -> None:
     conditions = golden["response"]["status"]["conditions"]
     assert parse_would_evict(conditions) == 1
     assert parse_would_evict([{"message": "Eviction only happens for NoExecute."}]) is None
-
-
-def test_class_filter() -> None:
-    cls = {
-        "spec": {
-            "selectors": [
-                {
-                    "cel": {
-                        "expression": "device.driver == 'gpu.nvidia.com' && "
-                        "device.attributes['gpu.nvidia.com'].type == 'mig'"
-                    }
-                }
-            ]
-        }
-    }
-    assert class_filter(cls) == ({"gpu.nvidia.com"}, {"type": "mig"})
 
 
 @pytest.mark.parametrize("role", sorted(ROLE_FILES))
