@@ -121,7 +121,7 @@ class SweepActivities:
         if req.check_pods:
             report.pods_checked = self._check_pods(index, merged, report)
         if req.check_slice_taints and not req.only_unknown:
-            self._check_slice_taints(index, merged)
+            self.check_slice_taints(index, merged)
         if req.check_nodes and not req.only_unknown:
             report.nodes, report.nodes_checked = self._check_nodes(index)
         findings = list(merged.values())
@@ -163,26 +163,30 @@ class SweepActivities:
         try:
             for rs in self._list(self._kube.resource_v1.list_resource_slice, "resourceslices"):
                 count += 1
-                spec = rs.get("spec") or {}
-                driver = spec.get("driver") or ""
-                pool = (spec.get("pool") or {}).get("name") or ""
-                node = spec.get("nodeName") or pool
-                for dev in spec.get("devices") or []:
-                    attrs = (
-                        dev.get("attributes") or (dev.get("basic") or {}).get("attributes") or {}
-                    )
-                    uuid = _find_attr(attrs, self._parent_attributes) or _find_attr(
-                        attrs, self._uuid_attributes
-                    )
-                    taints = dev.get("taints") or (dev.get("basic") or {}).get("taints") or []
-                    index[f"{driver}/{pool}/{dev.get('name', '')}"] = SliceDevice(
-                        node=node, uuid=uuid, taints=list(taints)
-                    )
+                index.update(self.slice_devices(rs))
         except KubeError as err:
             if err.kind is ErrorKind.NOT_FOUND:  # resource.k8s.io/v1 not served: device plugin
                 return {}, 0
             raise
         return index, count
+
+    def slice_devices(self, rs: dict[str, Any]) -> dict[str, SliceDevice]:
+        """One ResourceSlice's devices, by resourceID (the health watcher keeps these too)."""
+        out: dict[str, SliceDevice] = {}
+        spec = rs.get("spec") or {}
+        driver = spec.get("driver") or ""
+        pool = (spec.get("pool") or {}).get("name") or ""
+        node = spec.get("nodeName") or pool
+        for dev in spec.get("devices") or []:
+            attrs = dev.get("attributes") or (dev.get("basic") or {}).get("attributes") or {}
+            uuid = _find_attr(attrs, self._parent_attributes) or _find_attr(
+                attrs, self._uuid_attributes
+            )
+            taints = dev.get("taints") or (dev.get("basic") or {}).get("taints") or []
+            out[f"{driver}/{pool}/{dev.get('name', '')}"] = SliceDevice(
+                node=node, uuid=uuid, taints=list(taints)
+            )
+        return out
 
     def _check_pods(
         self, index: dict[str, SliceDevice], merged: dict[str, SweepFinding], report: SweepReport
@@ -197,46 +201,58 @@ class SweepActivities:
         )
         for pod in pods:
             count += 1
-            meta, spec, status = (
-                pod.get("metadata") or {},
-                pod.get("spec") or {},
-                pod.get("status") or {},
-            )
-            pod_node = spec.get("nodeName") or ""
-            # Health is not updated once a pod is terminal, so its last report is stale.
-            if not pod_node or status.get("phase") in ("Succeeded", "Failed"):
-                continue
-            ref = PodRef(
-                namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid")
-            )
-            statuses = (status.get("containerStatuses") or []) + (
-                status.get("initContainerStatuses") or []
-            )
-            for cs in statuses:
-                for entry in cs.get("allocatedResourcesStatus") or []:
-                    for res in entry.get("resources") or []:
-                        health = res.get("health")
-                        if health not in _RANK:
-                            continue
-                        rid = str(res.get("resourceID") or "")
-                        finding = self._pod_finding(
-                            rid, health, res.get("message") or "", pod_node, index
-                        )
-                        if finding is None:
-                            report.unresolved.append(
-                                SweepFinding(
-                                    kind="pod-health",
-                                    resource_id=rid,
-                                    health=health,
-                                    node=pod_node,
-                                    message=f"{rid} is in no ResourceSlice",
-                                    pods=[ref],
-                                )
-                            )
-                            continue
-                        finding.pods.append(ref)
-                        _merge(merged, finding)
+            self.check_pod(pod, index, merged, report)
         return count
+
+    def check_pod(
+        self,
+        pod: dict[str, Any],
+        index: dict[str, SliceDevice],
+        merged: dict[str, SweepFinding],
+        report: SweepReport,
+    ) -> None:
+        """One pod's unhealthy/unknown devices into `merged` (unmapped ids: `report.unresolved`).
+
+        The sweep calls it for every listed pod, the health watcher for every pod event."""
+        meta, spec, status = (
+            pod.get("metadata") or {},
+            pod.get("spec") or {},
+            pod.get("status") or {},
+        )
+        pod_node = spec.get("nodeName") or ""
+        # Health is not updated once a pod is terminal, so its last report is stale.
+        if not pod_node or status.get("phase") in ("Succeeded", "Failed"):
+            return
+        ref = PodRef(
+            namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid")
+        )
+        statuses = (status.get("containerStatuses") or []) + (
+            status.get("initContainerStatuses") or []
+        )
+        for cs in statuses:
+            for entry in cs.get("allocatedResourcesStatus") or []:
+                for res in entry.get("resources") or []:
+                    health = res.get("health")
+                    if health not in _RANK:
+                        continue
+                    rid = str(res.get("resourceID") or "")
+                    finding = self._pod_finding(
+                        rid, health, res.get("message") or "", pod_node, index
+                    )
+                    if finding is None:
+                        report.unresolved.append(
+                            SweepFinding(
+                                kind="pod-health",
+                                resource_id=rid,
+                                health=health,
+                                node=pod_node,
+                                message=f"{rid} is in no ResourceSlice",
+                                pods=[ref],
+                            )
+                        )
+                        continue
+                    finding.pods.append(ref)
+                    merge_finding(merged, finding)
 
     def _pod_finding(
         self, rid: str, health: str, message: str, pod_node: str, index: dict[str, SliceDevice]
@@ -260,7 +276,7 @@ class SweepActivities:
             message=text,
         )
 
-    def _check_slice_taints(
+    def check_slice_taints(
         self, index: dict[str, SliceDevice], merged: dict[str, SweepFinding]
     ) -> None:
         for rid, dev in index.items():
@@ -271,7 +287,7 @@ class SweepActivities:
                     continue
                 value = str(taint.get("value") or "")
                 xid = _quantity(value) if key.endswith("/xid") else None
-                _merge(
+                merge_finding(
                     merged,
                     SweepFinding(
                         kind="slice-taint",
@@ -296,43 +312,49 @@ class SweepActivities:
         for node in self._list(self._kube.core.list_node, "nodes"):
             count += 1
             name = (node.get("metadata") or {}).get("name", "")
-            labels = (node.get("metadata") or {}).get("labels") or {}
-            status = node.get("status") or {}
-            capacity = _quantity((status.get("capacity") or {}).get(GPU_RESOURCE))
-            allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
-            expected = _quantity(labels.get(GPU_COUNT_LABEL))
-            problem = ""
-            if capacity is not None and allocatable is not None and allocatable < capacity:
-                problem = (
-                    f"allocatable {GPU_RESOURCE} {allocatable} < capacity {capacity}: "
-                    f"{capacity - allocatable} GPU(s) unhealthy or gone per the device plugin"
-                )
-            elif capacity is not None and expected is not None and capacity < expected:
-                problem = (
-                    f"capacity {GPU_RESOURCE} {capacity} < {expected} GPUs "
-                    f"({GPU_COUNT_LABEL}): GPU(s) missing from the node"
-                )
-            elif capacity is None and index and expected is not None:
-                seen = len(published.get(name, ()))
-                if seen < expected:
-                    problem = (
-                        f"{seen} GPU(s) in ResourceSlices < {expected} ({GPU_COUNT_LABEL}): "
-                        "GPU(s) missing from the node or its DRA driver is not publishing"
-                    )
-            if problem:
-                out.append(
-                    SweepFinding(
-                        kind="node-capacity",
-                        node=name,
-                        message=f"node {name}: {problem}",
-                        gpu_capacity=capacity,
-                        gpu_allocatable=allocatable,
-                    )
-                )
+            finding = self.node_finding(node, len(published.get(name, ())), bool(index))
+            if finding is not None:
+                out.append(finding)
         return out, count
 
+    def node_finding(self, node: dict[str, Any], seen: int, dra: bool) -> SweepFinding | None:
+        """A node-capacity finding for one Node, or None. `seen`: physical GPUs the node
+        publishes in ResourceSlices; `dra`: whether the cluster has any (the sweep's index)."""
+        name = (node.get("metadata") or {}).get("name", "")
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        status = node.get("status") or {}
+        capacity = _quantity((status.get("capacity") or {}).get(GPU_RESOURCE))
+        allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
+        expected = _quantity(labels.get(GPU_COUNT_LABEL))
+        problem = ""
+        if capacity is not None and allocatable is not None and allocatable < capacity:
+            problem = (
+                f"allocatable {GPU_RESOURCE} {allocatable} < capacity {capacity}: "
+                f"{capacity - allocatable} GPU(s) unhealthy or gone per the device plugin"
+            )
+        elif capacity is not None and expected is not None and capacity < expected:
+            problem = (
+                f"capacity {GPU_RESOURCE} {capacity} < {expected} GPUs "
+                f"({GPU_COUNT_LABEL}): GPU(s) missing from the node"
+            )
+        elif capacity is None and dra and expected is not None:
+            if seen < expected:
+                problem = (
+                    f"{seen} GPU(s) in ResourceSlices < {expected} ({GPU_COUNT_LABEL}): "
+                    "GPU(s) missing from the node or its DRA driver is not publishing"
+                )
+        if not problem:
+            return None
+        return SweepFinding(
+            kind="node-capacity",
+            node=name,
+            message=f"node {name}: {problem}",
+            gpu_capacity=capacity,
+            gpu_allocatable=allocatable,
+        )
 
-def _merge(merged: dict[str, SweepFinding], finding: SweepFinding) -> None:
+
+def merge_finding(merged: dict[str, SweepFinding], finding: SweepFinding) -> None:
     """Keep one finding per physical GPU: worst health wins, pods and messages accumulate."""
     current = merged.get(finding.key)
     if current is None:
