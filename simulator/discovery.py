@@ -107,7 +107,7 @@ class Profile:
 
     def groups(self) -> list[str]:
         """Served groups in kube-apiserver's order (built-in groups first, CRDs last)."""
-        order = ["apps", "events.k8s.io", "batch", "policy", DRA_GROUP]
+        order = ["apps", "events.k8s.io", "batch", "policy", "coordination.k8s.io", DRA_GROUP]
         seen = [g for g in order if self.group_versions(g)]
         for g, _v in self.served:
             if g and g not in seen and self.group_versions(g):

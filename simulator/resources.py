@@ -123,6 +123,8 @@ CATALOGUE: tuple[ResourceType, ...] = (
         (),
         ("status",),
     ),
+    # Sickbay's health watcher elects one active replica through a Lease (client-go style).
+    ResourceType("coordination.k8s.io", "leases", "Lease", True, ("v1",), "lease"),
     ResourceType(DRA_GROUP, "deviceclasses", "DeviceClass", False, _DRA_STABLE, "deviceclass"),
     ResourceType(DRA_GROUP, "resourceslices", "ResourceSlice", False, _DRA_STABLE, "resourceslice"),
     ResourceType(

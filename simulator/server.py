@@ -21,6 +21,7 @@ real server answers). With a token configured, requests without `Authorization: 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -960,6 +961,9 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             if watch is not None:
                 watch.close()
+                if watch.aborted:  # a dropped connection (fault): no clean end of stream
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
             try:
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()

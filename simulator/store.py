@@ -283,6 +283,7 @@ class Watch:
         self.copy_objects = copy_objects
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.closed = False
+        self.aborted = False  # closed by a fault: the server drops the connection mid-stream
 
     def _matches(self, obj: dict[str, Any] | None) -> bool:
         if obj is None:
@@ -1256,6 +1257,16 @@ class Store:
     @property
     def watch_count(self) -> int:
         return len(self._watches)
+
+    def drop_watches(self, abort: bool = True) -> int:
+        """End every open watch (fault injection): `abort` drops the connection mid-stream
+        (a network cut or an API server killed), else the stream ends cleanly. Returns how many."""
+        with self._lock:
+            watches = list(self._watches)
+        for w in watches:
+            w.aborted = abort
+            w.close()
+        return len(watches)
 
     def subscribe(
         self, callback: Callable[[StoreEvent], None], resources: builtins.list[str] | None = None

@@ -80,7 +80,7 @@ Health = Literal["Healthy", "Unhealthy", "Unknown"]
 FailureClass = Literal["unhealthy", "degraded", "application", "unknown"]
 TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
 ClusterMode = Literal["dra", "device-plugin"]
-Trigger = Literal["alert", "sweep", "manual", "ui", "maintenance"]
+Trigger = Literal["alert", "sweep", "watch", "manual", "ui", "maintenance"]
 
 
 class Phase(StrEnum):
@@ -211,7 +211,7 @@ class OwnerRef(Contract):
 class AlertEvidence(Contract):
     """One alert (or sweep finding) about a device."""
 
-    source: Literal["alertmanager", "sweep", "manual"] = "manual"
+    source: Literal["alertmanager", "sweep", "watch", "manual"] = "manual"
     alertname: str = ""
     fingerprint: str = ""
     xid: int | None = None

@@ -15,7 +15,7 @@ device workflow ignores the same finding sent again by the next sweep.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         SweepInput,
         SweepReport,
         SweepResult,
+        Trigger,
     )
 
 # Listing every pod, slice and node of a big cluster takes seconds, a few pages per kind;
@@ -69,9 +70,48 @@ NOTIFY_RETRY = RetryPolicy(initial_interval=timedelta(seconds=5), maximum_attemp
 FAN_OUT = 20
 
 
-def _fingerprint(f: SweepFinding) -> str:
+def finding_fingerprint(f: SweepFinding) -> str:
+    """The evidence fingerprint of a finding: the same for the sweep and the health watcher,
+    so a device workflow keeps one evidence entry however many times either reports it."""
     state = f.taint.key + "=" + f.taint.value if f.taint else (f.health or "")
     return f"sweep:{f.kind}:{f.resource_id or f.key}:{state}"
+
+
+def finding_launch(
+    f: SweepFinding,
+    *,
+    now: datetime,
+    trigger: Trigger,
+    dry_run: bool,
+    task_queue: str | None,
+) -> LaunchRequest:
+    """The signal-with-start request for one device finding (sweep and health watcher)."""
+    assert f.node and f.gpu_uuid
+    evidence = AlertEvidence(
+        source="watch" if trigger == "watch" else "sweep",
+        alertname=f"{trigger}-{f.kind}",
+        fingerprint=finding_fingerprint(f),
+        xid=f.xid,
+        received_at=now,
+        summary=f.message,
+        labels={
+            "resource_id": f.resource_id,
+            "health": f.health or "",
+            "pods": ",".join(f"{p.namespace}/{p.name}" for p in f.pods[:10]),
+        },
+        pod=f.pods[0] if f.pods else None,
+    )
+    return LaunchRequest(
+        remediation=RemediationInput(
+            device=DeviceRef(node=f.node, gpu_uuid=f.gpu_uuid),
+            trigger=trigger,
+            requested_by=f"sickbay-{trigger}",
+            reason=f.message,
+            dry_run=dry_run,
+        ),
+        evidence=evidence,
+        task_queue=task_queue,
+    )
 
 
 @workflow.defn(name=WF_SWEEP)
@@ -144,31 +184,8 @@ class HealthSweepWorkflow:
             await asyncio.gather(*(self._launch(f, inp) for f in batch))
 
     async def _launch(self, f: SweepFinding, inp: SweepInput) -> None:
-        assert f.node and f.gpu_uuid
-        evidence = AlertEvidence(
-            source="sweep",
-            alertname=f"sweep-{f.kind}",
-            fingerprint=_fingerprint(f),
-            xid=f.xid,
-            received_at=workflow.now(),
-            summary=f.message,
-            labels={
-                "resource_id": f.resource_id,
-                "health": f.health or "",
-                "pods": ",".join(f"{p.namespace}/{p.name}" for p in f.pods[:10]),
-            },
-            pod=f.pods[0] if f.pods else None,
-        )
-        req = LaunchRequest(
-            remediation=RemediationInput(
-                device=DeviceRef(node=f.node, gpu_uuid=f.gpu_uuid),
-                trigger="sweep",
-                requested_by="sickbay-sweep",
-                reason=f.message,
-                dry_run=inp.dry_run,
-            ),
-            evidence=evidence,
-            task_queue=inp.task_queue,
+        req = finding_launch(
+            f, now=workflow.now(), trigger="sweep", dry_run=inp.dry_run, task_queue=inp.task_queue
         )
         try:
             res = await workflow.execute_activity(
