@@ -29,6 +29,7 @@ from activities.kube.discovery import ClusterApis, Discovery
 from activities.kube.permissions import PERMISSIONS
 from activities.kube.pods import requests_gpu
 from activities.kube.quarantine import delete_rule, wait_rule_conditions
+from worker.watcher import WatchSettings
 from workflows.constants import LABEL_MANAGED_BY, MANAGED_BY_VALUE
 
 PROBE_TIMEOUT = 30.0  # seconds; the controller writes status ~0.2 s after create (10 s cadence)
@@ -49,9 +50,13 @@ class Check:
 
 
 class Doctor:
-    def __init__(self, kube: Kube, probe_timeout: float = PROBE_TIMEOUT) -> None:
+    def __init__(
+        self, kube: Kube, probe_timeout: float = PROBE_TIMEOUT, namespace: str | None = None
+    ) -> None:
         self.kube = kube
         self.probe_timeout = probe_timeout
+        # Sickbay's own namespace: the health watcher's Lease (a namespaced permission)
+        self.namespace = namespace or WatchSettings().watch_namespace
         self.checks: list[Check] = []
 
     def add(self, status: str, name: str, detail: str, fix: str = "") -> None:
@@ -121,6 +126,8 @@ class Doctor:
                 }
                 if perm.subresource:
                     attrs["subresource"] = perm.subresource
+                if perm.namespaced:
+                    attrs["namespace"] = self.namespace
                 body = {
                     "apiVersion": "authorization.k8s.io/v1",
                     "kind": "SelfSubjectAccessReview",
@@ -367,7 +374,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         out.write(f"{'error':<8}{'config':<28}cannot load Kubernetes config: {exc}\n")
         return 1
     try:
-        checks = Doctor(kube, args.probe_timeout).run(probe=args.probe)
+        checks = Doctor(kube, args.probe_timeout, getattr(args, "namespace", None)).run(
+            probe=args.probe
+        )
     except KubeError as err:
         checks = [Check("error", "doctor", f"stopped: {err}")]
     finally:
@@ -400,4 +409,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: KUBECONFIG)")
     parser.add_argument("--context", default=None, help="kubeconfig context")
+    parser.add_argument(
+        "--namespace",
+        default=None,
+        help="Sickbay's namespace, where the health watcher's Lease lives "
+        "(default: SICKBAY_WATCH_NAMESPACE, the service account's, else sickbay)",
+    )
     parser.set_defaults(func=run)

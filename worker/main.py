@@ -177,6 +177,7 @@ class Built:
     notes: list[str] = field(default_factory=list)
     # Run once before polling (best effort): per-worker caches such as Kubernetes discovery.
     warmers: list[Callable[[], Any]] = field(default_factory=list)
+    kube: Any = None  # the Kubernetes client (activities.kube.Kube), for the health watcher
 
 
 def build_activities(client: Client, settings: Settings, *, kube_activities: Any = None) -> Built:
@@ -196,6 +197,7 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
         if kube_cls is not None:
             kube = kube_cls.from_settings(settings)
     if kube is not None:
+        built.kube = getattr(kube, "kube", None)
         built.activities += activities_of(kube)
         if hasattr(kube, "close"):
             built.closers.append(kube.close)
@@ -335,6 +337,29 @@ def _main_worker(client: Client, settings: Settings, built: Built) -> Worker:
     )
 
 
+def _start_health_watcher(
+    client: Client, settings: Settings, built: Built, stop: asyncio.Event
+) -> asyncio.Task[None] | None:
+    """The health watcher (worker.watcher) beside the worker, unless SICKBAY_WATCH_ENABLED=false
+    or there is no Kubernetes client."""
+    kube = built.kube
+    module = _optional("worker.watcher", "build_health_watcher")
+    if kube is None or module is None:
+        return None
+    settings_cls = _optional("worker.watcher", "WatchSettings")
+    if settings_cls is None or not settings_cls().watch_enabled:
+        log.info("health watcher disabled (SICKBAY_WATCH_ENABLED=false): the sweep detects")
+        return None
+    watcher = module(client, settings, kube)
+    log.info(
+        "health watcher: Lease %s/%s as %s",
+        watcher.config.namespace,
+        watcher.config.lease_name,
+        watcher.config.identity,
+    )
+    return asyncio.create_task(watcher.run(stop))
+
+
 def metrics_runtime(port: int) -> Runtime | None:
     """A Temporal runtime exporting SDK + workflow metrics for Prometheus on `port`."""
     if port <= 0:
@@ -404,6 +429,7 @@ async def run_worker(settings: Settings) -> int:
         settings.metrics_port or "off",
     )
     run = asyncio.create_task(worker.run())
+    watcher_task = _start_health_watcher(client, settings, built, stop)
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({run, stopper}, return_when=asyncio.FIRST_COMPLETED)
     if stopper.done():
@@ -412,6 +438,9 @@ async def run_worker(settings: Settings) -> int:
         )
         await worker.shutdown()
     stopper.cancel()
+    stop.set()
+    if watcher_task is not None:
+        await watcher_task  # releases its Lease: a standby replica takes over at once
     with contextlib.suppress(asyncio.CancelledError):
         await run
     for close in built.closers:

@@ -8,7 +8,7 @@
         fingerprint as the sweep: a repeat is harmless); Unknown only after `unknown_timeout`;
     a node short of GPUs ──> `on_node` (the worker triggers the sweep, which notifies people)
 
-Runs inside `sickbay worker` (Settings.watch, default on) or alone as `sickbay watch`. With
+Runs inside `sickbay worker` (`SICKBAY_WATCH_ENABLED`, default on). With
 several replicas only the Lease holder watches; a replica that cannot renew within the renew
 deadline stops watching, and a standby takes over when the Lease expires (or at once when the
 holder stopped cleanly and released it). The health sweep keeps running as the safety net and
@@ -27,6 +27,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from activities.kube.client import Kube, KubeError
 from activities.kube.lease import LeaseConfig, LeaseElector
@@ -524,3 +527,88 @@ class HealthWatcher:
             else:
                 self.stats.signalled += 1
             return
+
+
+# ---- process wiring -------------------------------------------------------------------------
+
+SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _own_namespace() -> str:
+    try:
+        with open(SA_NAMESPACE_FILE) as fh:
+            return fh.read().strip() or "sickbay"
+    except OSError:
+        return "sickbay"
+
+
+class WatchSettings(BaseSettings):
+    """Health-watcher settings (`SICKBAY_WATCH_*`)."""
+
+    model_config = SettingsConfigDict(env_prefix="SICKBAY_", extra="ignore")
+
+    watch_enabled: bool = True  # False: detection by the sweep (and alerts) only
+    watch_cluster: str = "default"  # Lease name suffix: one active watcher per cluster
+    watch_namespace: str = Field(default_factory=_own_namespace)  # where the Lease lives
+    watch_lease_seconds: float = 15.0
+    watch_renew_seconds: float = 10.0
+    watch_retry_seconds: float = 2.0
+
+    @field_validator("watch_renew_seconds")
+    @classmethod
+    def _renew_below_lease(cls, value: float, info: Any) -> float:
+        lease = info.data.get("watch_lease_seconds", 15.0)
+        if not 0 < value < lease:
+            raise ValueError(
+                f"watch_renew_seconds ({value}) must be above 0 and below "
+                f"watch_lease_seconds ({lease}): a holder must stop before others may take over"
+            )
+        return value
+
+    def config(self, settings: Any, *, unknown_timeout: float, dry_run: bool) -> WatcherConfig:
+        return WatcherConfig(
+            cluster=self.watch_cluster,
+            namespace=self.watch_namespace,
+            lease_duration=self.watch_lease_seconds,
+            renew_deadline=self.watch_renew_seconds,
+            retry_period=self.watch_retry_seconds,
+            unknown_timeout=unknown_timeout,
+            dry_run=dry_run,
+            task_queue=settings.task_queue,
+        )
+
+
+def build_health_watcher(client: Any, settings: Any, kube: Kube) -> HealthWatcher:
+    """The watcher `sickbay worker` runs: launches through signal-with-start on `client`, and
+    a node short of GPUs triggers the sweep Schedule (which notifies the channels)."""
+    from activities.launch import signal_with_start
+    from worker.webhook_cli import SweepSettings
+    from workflows.constants import SWEEP_SCHEDULE_ID
+
+    sweep = SweepSettings()
+    watch = WatchSettings()
+    cfg = watch.config(
+        settings,
+        unknown_timeout=sweep.sweep_unknown_timeout.total_seconds(),
+        dry_run=sweep.sweep_dry_run,
+    )
+
+    async def launch(req: LaunchRequest) -> Any:
+        return await signal_with_start(
+            client,
+            req.remediation,
+            task_queue=req.task_queue or settings.task_queue,
+            evidence=req.evidence,
+        )
+
+    last_trigger = 0.0
+
+    async def on_node(finding: SweepFinding) -> None:
+        nonlocal last_trigger
+        if not sweep.sweep_enabled or time.monotonic() - last_trigger < 60.0:
+            return  # one early sweep a minute at most; the Schedule runs anyway
+        last_trigger = time.monotonic()
+        await client.get_schedule_handle(SWEEP_SCHEDULE_ID).trigger()
+        log.info("watch: %s; triggered the health sweep to notify", finding.message)
+
+    return HealthWatcher(kube, launch, cfg, on_node=on_node)

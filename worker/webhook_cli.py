@@ -66,12 +66,19 @@ class SweepSettings(BaseSettings):
         return value
 
 
+def _watcher_enabled() -> bool:
+    from worker.watcher import WatchSettings
+
+    return WatchSettings().watch_enabled
+
+
 def sweep_schedule(settings: Settings, sweep: SweepSettings) -> Schedule:
     inp = SweepInput(
         unknown_timeout=sweep.sweep_unknown_timeout,
         notify_channels=sweep.sweep_notify_channels,
         task_queue=settings.task_queue,
         dry_run=sweep.sweep_dry_run,
+        watcher=_watcher_enabled(),
     )
     return Schedule(
         action=ScheduleActionStartWorkflow(

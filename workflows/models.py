@@ -383,6 +383,9 @@ class SweepInput(Contract):
     notify_channels: list[str] = Field(default_factory=list)  # vanished-GPU notices
     task_queue: str | None = None  # where device workflows start; None: the worker's
     dry_run: bool = False  # passed to the remediations the sweep starts
+    # The health watcher runs: a device this sweep had to START a remediation for was missed
+    # by the watch (SweepResult.missed_by_watch, metric sickbay_sweep_missed_by_watch).
+    watcher: bool = False
 
 
 class SweepClusterInput(Contract):
@@ -430,6 +433,7 @@ class SweepResult(Contract):
     notified_nodes: list[str] = Field(default_factory=list)
     unresolved: list[str] = Field(default_factory=list)
     unknown_cleared: list[str] = Field(default_factory=list)  # Unknown, then healthy again
+    missed_by_watch: list[str] = Field(default_factory=list)  # started here, not by the watcher
 
 
 class TimelineEntry(Contract):

@@ -200,6 +200,15 @@ class HealthSweepWorkflow:
             return
         self._result.devices.append(f.key)
         (self._result.started if res.started else self._result.signalled).append(res.workflow_id)
+        if res.started and inp.watcher:
+            # The watcher signal-with-starts a device within seconds of its failure; a sweep
+            # that has to start the workflow itself found something the watch missed.
+            self._result.missed_by_watch.append(f.key)
+            workflow.logger.warning("the health watcher missed %s (%s)", f.key, f.message)
+            workflow.metric_meter().create_counter(
+                "sickbay_sweep_missed_by_watch",
+                "device failures the health sweep found that the health watcher had not launched",
+            ).add(1)
 
     async def _notify_nodes(self, nodes: list[SweepFinding], inp: SweepInput) -> None:
         for f in nodes:

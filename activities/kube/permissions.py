@@ -18,6 +18,7 @@ class Permission:
     verbs: tuple[str, ...]
     why: str
     required: bool = True  # False: only some runbooks/paths need it (doctor warns, not errors)
+    namespaced: bool = False  # True: granted in Sickbay's own namespace only (a Role)
 
     @property
     def plural(self) -> str:
@@ -32,11 +33,15 @@ DRA = "resource.k8s.io"
 
 PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "nodes", ("get", "list"), "resolve devices, node pools, capacity"),
+    Permission("", "nodes", ("watch",), "health watcher: GPU allocatable/capacity drops"),
     Permission(
         "", "nodes", ("patch",), "cordon and the fallback node taint (undone by Sickbay)", False
     ),
     Permission(
-        "", "pods", ("get", "list", "watch"), "consumers, health, eviction/replacement waits"
+        "",
+        "pods",
+        ("get", "list", "watch"),
+        "consumers, health, eviction/replacement waits; the health watcher",
     ),
     Permission(
         "", "pods", ("delete",), "forced deletion when a runbook's force policy says so", False
@@ -50,6 +55,7 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission("apps", "statefulsets", ("get",), "replacement selector and desired replicas"),
     Permission("batch", "jobs", ("get",), "owner chain Job -> JobSet, replacement selector"),
     Permission(DRA, "resourceslices", ("list",), "devices, uuids, driver taints"),
+    Permission(DRA, "resourceslices", ("watch",), "health watcher: driver taints, vanished GPUs"),
     Permission(DRA, "resourceclaims", ("list",), "claims allocated to a device"),
     Permission(DRA, "deviceclasses", ("get", "list"), "device class of a device, free capacity"),
     Permission(
@@ -65,6 +71,13 @@ PERMISSIONS: tuple[Permission, ...] = (
         ("get", "patch"),
         "scale-up through the Cluster API provider (activities/cloud), if configured",
         False,
+    ),
+    Permission(
+        "coordination.k8s.io",
+        "leases",
+        ("get", "create", "update"),
+        "health watcher: one active replica per cluster (Lease in Sickbay's namespace)",
+        namespaced=True,
     ),
     Permission(
         "authorization.k8s.io",
