@@ -325,3 +325,37 @@ async def test_lease_one_active_and_hand_over(twin: tuple[RunningSim, Controller
             await wait_for(lambda: not b.reflectors, what="b stopped watching")
     finally:
         await rb.__aexit__()
+
+
+async def test_rbac_yaml_covers_the_watcher(twin: tuple[RunningSim, ControllerManager]) -> None:
+    """Through a proxy enforcing deploy/rbac.yaml, the watcher leads, lists, watches and
+    launches with no request refused."""
+    import yaml
+
+    from tests.activities.kube.conftest import ROLES
+    from tests.activities.kube.rbac_proxy import RbacProxy
+
+    rs, manager = twin
+    rules = [
+        rule
+        for doc in yaml.safe_load_all((Path(__file__).parents[2] / "deploy/rbac.yaml").read_text())
+        if doc["kind"] == "ClusterRole"
+        for rule in doc["rules"]
+    ]
+    api = rs.api_client()
+    deploy(api, replicas=1)
+    await wait_for(lambda: running_pods(api) == 1, what="a running pod")
+    ((node, index),) = allocated_gpus(rs, manager)
+    with RbacProxy(rs.sim.url, rules, roles=ROLES) as proxy:
+        config_doc = yaml.safe_load(rs.kubeconfig_path.read_text())
+        config_doc["clusters"][0]["cluster"]["server"] = proxy.url
+        path = rs.kubeconfig_path.with_name("proxied.yaml")
+        path.write_text(yaml.safe_dump(config_doc))
+        rec = Recorder()
+        kube = Kube.from_settings(KubeSettings(kubeconfig=str(path)))
+        watcher = HealthWatcher(kube, rec.launch, config(), on_node=rec.node)
+        async with Running(watcher):
+            assert await watcher.synced()
+            manager.faults.fail(node, str(index), xid=79)
+            await wait_for(lambda: len(rec.requests) == 1, what="launch through the proxy")
+        assert proxy.denied == []
