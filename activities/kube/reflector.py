@@ -90,7 +90,7 @@ class Reflector:
         self._list_fn = list_fn
         self.resource = resource
         self._handler = handler
-        self._selectors: dict[str, str] = {}
+        self._selectors: dict[str, Any] = {}
         if field_selector:
             self._selectors["field_selector"] = field_selector
         if label_selector:
@@ -208,9 +208,9 @@ class Reflector:
             resp.release_conn()
             if status == 410:
                 raise Gone()
-            kind = ErrorKind.FORBIDDEN if status == 403 else ErrorKind.TRANSIENT
+            err_kind = ErrorKind.FORBIDDEN if status == 403 else ErrorKind.TRANSIENT
             raise KubeError(
-                kind,
+                err_kind,
                 status=status,
                 verb="watch",
                 resource=self.resource,
