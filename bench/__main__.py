@@ -1,6 +1,6 @@
 """`python -m bench` (`make bench`): run the benchmarks, write BENCHMARKS.md and its plots.
 
-    python -m bench                       # all four, full size (~10 min on 2 cores)
+    python -m bench                       # all five, full size (~12 min on 2 cores)
     python -m bench --quick               # small counts: proves the code runs (a smoke test)
     python -m bench --only latency,cost   # a subset
     python -m bench --render-only         # re-render BENCHMARKS.md from bench/out/results.json
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import cost, latency, memory, plots, report, storm
+from bench import cost, latency, memory, plots, report, storm, watch
 from bench.common import OUT, PLOTS, ROOT, machine_facts
 from bench.stacks import worker_argv
 
@@ -32,18 +32,20 @@ log = logging.getLogger("bench")
 MIB = 1024 * 1024
 MEMORY_GOAL_MB = 300
 
-ALL = ("latency", "cost", "storm", "memory")
+ALL = ("latency", "cost", "storm", "memory", "watch")
 FULL: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 200, "nodes": 26},
     "storm": {},
     "memory": {"count": 1000},
     "cost": {},
+    "watch": {"nodes": 1000, "gpus": 8, "failures": 100, "burst": 200, "idle": 60.0},
 }
 QUICK: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 8, "nodes": 2},
     "storm": {"nodes": 20, "devices": 6, "alerts": 240, "seconds": 2.0, "cluster_budget": "2%"},
     "memory": {"count": 16},
     "cost": {},
+    "watch": {"nodes": 4, "gpus": 8, "failures": 8, "burst": 16, "idle": 2.0},
 }
 
 
@@ -209,7 +211,13 @@ async def run_all(which: list[str], quick: bool) -> dict[str, Any]:
         "worker": " ".join(worker_argv()),
     }
     t0 = time.monotonic()
-    runners = {"latency": latency.run, "cost": cost.run, "storm": storm.run, "memory": memory.run}
+    runners = {
+        "latency": latency.run,
+        "cost": cost.run,
+        "storm": storm.run,
+        "memory": memory.run,
+        "watch": watch.run,
+    }
     for name in which:
         log.info("benchmark %s: starting", name)
         t = time.monotonic()

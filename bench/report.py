@@ -110,6 +110,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             f"{mem['rss_in_flight_mb'] * 1.048576:.0f} MB ({mem['rss_in_flight_mb']:.0f} MiB) "
             f"| <= 300 MB | {_ok(mem['rss_in_flight_mb'] * 1.048576 <= 300)} |",
         ]
+    if results.get("watch"):
+        from bench.watch import summary_rows
+
+        out += summary_rows(results["watch"])
     out.append("")
     if lat and lat["sickbay"].get("n"):
         s, p = lat["sickbay"], lat["peer"]
@@ -286,6 +290,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
     notes = results.get("findings") or []
     if notes:
         out += ["## Findings", ""] + [f"- {n}" for n in notes] + [""]
+    if results.get("watch"):
+        from bench.watch import section
+
+        out += section(results["watch"])
     return "\n".join(out)
 
 
