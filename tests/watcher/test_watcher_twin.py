@@ -359,3 +359,64 @@ async def test_rbac_yaml_covers_the_watcher(twin: tuple[RunningSim, ControllerMa
             manager.faults.fail(node, str(index), xid=79)
             await wait_for(lambda: len(rec.requests) == 1, what="launch through the proxy")
         assert proxy.denied == []
+
+
+def _health_pod(rs: RunningSim, name: str, rid: str, health: str, create: bool = False) -> None:
+    """A bound pod whose container reports `rid` with `health` (the twin without a kubelet)."""
+    store, node = rs.sim.store, rid.split("/")[1]
+    if create:
+        store.create(
+            "pods",
+            {
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
+            },
+            "default",
+        )
+
+    def update(obj: dict[str, Any]) -> dict[str, Any]:
+        res = {"resourceID": rid, "health": health, "message": "no update from the driver"}
+        obj["status"] = {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "allocatedResourcesStatus": [{"name": "claim:gpu", "resources": [res]}],
+                }
+            ],
+        }
+        return obj
+
+    store.mutate("pods", name, update, "default", subresource="status")
+
+
+async def test_unknown_waits_for_the_timeout(tmp_path: Path) -> None:
+    """A device reported Unknown is launched only once Unknown outlasted `unknown_timeout`
+    (as the sweep re-checks); one Healthy again before that is never launched."""
+    rs = start_sim(tmp_path, profile="1.36", nodes=1, gpus_per_node=2)
+    try:
+        (node,) = rs.sim.seed_info["nodes"]
+        a, b = f"gpu.nvidia.com/{node}/gpu-0", f"gpu.nvidia.com/{node}/gpu-1"
+        _health_pod(rs, "a", a, "Healthy", create=True)
+        _health_pod(rs, "b", b, "Healthy", create=True)
+        k8s.CoreV1Api(rs.api_client()).create_namespace({"metadata": {"name": NAMESPACE}})
+        rec = Recorder()
+        watcher = HealthWatcher(kube_for(rs), rec.launch, config(unknown_timeout=3.0))
+        async with Running(watcher):
+            assert await watcher.synced()
+            uuids = {rid: dev.uuid for rid, dev in watcher.tracker.index.items()}
+            started = time.monotonic()
+            _health_pod(rs, "a", a, "Unknown")
+            _health_pod(rs, "b", b, "Unknown")
+            await wait_for(lambda: len(watcher._unknown) == 2, what="two Unknown findings")
+            _health_pod(rs, "b", b, "Healthy")
+            await wait_for(lambda: len(rec.requests) == 1, what="the Unknown launch")
+            assert time.monotonic() - started >= 3.0  # not before the timeout
+            [req] = rec.requests
+            assert req.remediation.device.key == f"{node}/{uuids[a]}"
+            assert "Unknown for over 3s" in req.remediation.reason
+            assert req.evidence is not None and req.evidence.fingerprint.endswith(":Unknown")
+            await wait_for(lambda: not watcher._unknown, what="b dropped once Healthy")
+            assert len(rec.requests) == 1
+    finally:
+        rs.stop()
