@@ -917,6 +917,13 @@ class _Handler(BaseHTTPRequestHandler):
             last_rv = str(rv or store.resource_version)
 
             def bookmark(annotations: dict[str, str] | None = None) -> None:
+                nonlocal last_rv
+                # Like kube-apiserver's watch cache: a bookmark says "nothing for you up to the
+                # current resourceVersion", so an idle watch moves on while other kinds change.
+                # Only with nothing queued for this watch: it must never skip an event.
+                with store.lock:
+                    if watch.idle:
+                        last_rv = str(max(int(last_rv), store.resource_version))
                 meta: dict[str, Any] = {"resourceVersion": last_rv}
                 if annotations:
                     meta["annotations"] = annotations

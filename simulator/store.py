@@ -318,6 +318,12 @@ class Watch:
     def _deliver(self, ev: StoreEvent) -> None:
         self._queue.put(ev)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued: every event up to the store's resourceVersion was handed out (read
+        under the store lock, which every write holds while it offers its event)."""
+        return self._queue.empty()
+
     def get(self, timeout: float | None = None) -> StoreEvent | None:
         """Next event, or None on timeout or once closed."""
         try:
