@@ -38,14 +38,14 @@ FULL: dict[str, dict[str, Any]] = {
     "storm": {},
     "memory": {"count": 1000},
     "cost": {},
-    "watch": {"nodes": 1000, "gpus": 8, "failures": 100, "burst": 200, "idle": 60.0},
+    "watch": {"nodes": 1000, "gpus": 8, "failures": 100, "burst": 200, "idle": 60.0, "e2e": True},
 }
 QUICK: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 8, "nodes": 2},
     "storm": {"nodes": 20, "devices": 6, "alerts": 240, "seconds": 2.0, "cluster_budget": "2%"},
     "memory": {"count": 16},
     "cost": {},
-    "watch": {"nodes": 4, "gpus": 8, "failures": 8, "burst": 16, "idle": 2.0},
+    "watch": {"nodes": 4, "gpus": 8, "failures": 8, "burst": 16, "idle": 2.0, "e2e": True},
 }
 
 
