@@ -351,13 +351,24 @@ def _start_health_watcher(
         log.info("health watcher disabled (SICKBAY_WATCH_ENABLED=false): the sweep detects")
         return None
     watcher = module(client, settings, kube)
+
+    def ended(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            # Detection falls back to the sweep and alerts; say so loudly.
+            log.error(
+                "the health watcher stopped: %r; only the sweep and alerts detect now",
+                task.exception(),
+            )
+
     log.info(
         "health watcher: Lease %s/%s as %s",
         watcher.config.namespace,
         watcher.config.lease_name,
         watcher.config.identity,
     )
-    return asyncio.create_task(watcher.run(stop))
+    task = asyncio.create_task(watcher.run(stop))
+    task.add_done_callback(ended)
+    return task
 
 
 def metrics_runtime(port: int) -> Runtime | None:
@@ -440,7 +451,8 @@ async def run_worker(settings: Settings) -> int:
     stopper.cancel()
     stop.set()
     if watcher_task is not None:
-        await watcher_task  # releases its Lease: a standby replica takes over at once
+        # Releases its Lease, so a standby replica takes over at once.
+        await asyncio.gather(watcher_task, return_exceptions=True)
     with contextlib.suppress(asyncio.CancelledError):
         await run
     for close in built.closers:
