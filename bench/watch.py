@@ -10,12 +10,14 @@ JSON document (`--json PATH` also writes it):
   `--failures` failures one after another (p50 / p99 / max, lost);
 - burst: `--burst` devices turn Unhealthy within about a second -> launch requests (count,
   lost, seconds to the last one);
-- idle: API requests per minute by verb while nothing changes (after the first LISTs: watch
-  windows only), the watcher's tracked summaries, its own CPU per idle minute, and the heap
-  the watcher holds (tracemalloc, excluding the twin) next to this process's RSS;
+- idle: the watcher alone in a child process (its RSS and CPU) and the API requests per
+  minute the twin sees from it while nothing changes (after the first LISTs: watch windows
+  only); what the watcher's own code still holds after its first sync (tracemalloc);
 - the sweep alone, on the same twin: one sweep's seconds and requests (LIST of every pod,
   slice and node, paginated), per minute at the default 5-minute interval, and the detection
-  delay that interval implies.
+  delay that interval implies;
+- end to end (`run_e2e`, skipped with `--no-e2e`): the embedded stack with `sickbay worker`
+  running the watcher; a driver taint -> DeviceTaintRule created, one at a time and a burst.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import asyncio
 import json
 import resource
 import tempfile
-import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -94,20 +95,6 @@ def _seed(sim: Simulator, gpus: int) -> list[tuple[str, str]]:
     return pods
 
 
-def _thread_cpu(names: tuple[str, ...]) -> float:
-    """CPU seconds of this process's threads whose name starts with one of `names`."""
-    total = 0.0
-    for t in threading.enumerate():
-        if t.name.startswith(names) and t.native_id is not None:
-            try:
-                with open(f"/proc/self/task/{t.native_id}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / 100.0  # utime + stime, ticks
-            except (OSError, IndexError, ValueError):
-                pass
-    return total
-
-
 async def _until(arrived: asyncio.Event, done: Any, deadline: float) -> None:
     """Wait for launches until `done()` or the deadline (monotonic)."""
     while not done():
@@ -121,6 +108,85 @@ async def _until(arrived: asyncio.Event, done: Any, deadline: float) -> None:
             await asyncio.wait_for(arrived.wait(), timeout=left)
         except TimeoutError:
             return
+
+
+async def _idle_in_own_process(sim: Simulator, kubeconfig: Path, idle: float) -> dict[str, Any]:
+    """The watcher alone in a child process (`--watcher-process`): its RSS and CPU, and the
+    API requests the twin sees from it per minute of idle after its first LISTs."""
+    import sys
+
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.watch",
+        "--watcher-process",
+        str(kubeconfig),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stdin is not None
+    try:
+        synced = json.loads(await child.stdout.readline())
+        log = sim.server.request_log
+        log.clear()
+        await asyncio.sleep(idle)
+        by: dict[str, int] = {}
+        for e in log.entries():
+            by[f"{e.verb} {e.resource}"] = by.get(f"{e.verb} {e.resource}", 0) + 1
+        child.stdin.write(b"report\n")
+        await child.stdin.drain()
+        after = json.loads(await child.stdout.readline())
+    finally:
+        child.stdin.close()
+        await asyncio.wait_for(child.wait(), timeout=60)
+    per_min = 60.0 / idle
+    return {
+        "seconds_measured": idle,
+        "requests_per_minute": {k: round(v * per_min, 1) for k, v in sorted(by.items())},
+        "bookmarks_per_minute": round((after["bookmarks"] - synced["bookmarks"]) * per_min, 1),
+        "first_sync_cpu_seconds": synced["cpu"],
+        "cpu_seconds_per_idle_minute": round((after["cpu"] - synced["cpu"]) * per_min, 3),
+        "rss_mb_after_sync": synced["rss_mb"],
+        "rss_mb_after_idle": after["rss_mb"],
+        "max_rss_mb": after["max_rss_mb"],
+    }
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+async def _watcher_process(kubeconfig: str) -> None:
+    """Child side of `_idle_in_own_process`: a JSON line once synced, another on `report`."""
+    import sys
+
+    kube = Kube.from_settings(KubeSettings(kubeconfig=kubeconfig, request_timeout=60.0))
+
+    async def launch(req: LaunchRequest) -> LaunchResult:
+        return LaunchResult(workflow_id=req.remediation.device.workflow_id(), started=True)
+
+    watcher = HealthWatcher(kube, launch, WatcherConfig(namespace="default"), use_lease=False)
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    assert await watcher.synced(within=900)
+
+    def facts() -> dict[str, Any]:
+        return {
+            "cpu": round(time.process_time(), 3),
+            "rss_mb": _rss_mb(),
+            "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "bookmarks": sum(r.stats.bookmarks for r in watcher.reflectors),
+        }
+
+    print(json.dumps(facts()), flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    print(json.dumps(facts()), flush=True)
+    stop.set()
+    await task
 
 
 async def run(
@@ -145,6 +211,7 @@ async def run_detection(
     try:
         path = sim.write_kubeconfig(Path(tempfile.mkdtemp(prefix="sickbay-bench-")) / "kc")
         kube = Kube.from_settings(KubeSettings(kubeconfig=str(path), request_timeout=60.0))
+        out["watch_idle"] = await _idle_in_own_process(sim, path, idle)
         seen: dict[str, float] = {}
         arrived = asyncio.Event()
 
@@ -173,35 +240,16 @@ async def run_detection(
         )
         kept = sum(stat.size for stat in snap.statistics("filename"))
         tracemalloc.stop()
-        log = sim.server.request_log
-        await asyncio.sleep(1.0)  # the last reflector's watch is open
-        log.clear()
-        cpu0 = _thread_cpu(("sickbay-watch",))
-        marks0 = sum(r.stats.bookmarks for r in watcher.reflectors)
-        await asyncio.sleep(idle)
-        marks = sum(r.stats.bookmarks for r in watcher.reflectors) - marks0
-        per_min = 60.0 / idle
-        by_verb: dict[str, float] = {}
-        for e in log.entries():
-            by_verb[f"{e.verb} {e.resource}"] = by_verb.get(f"{e.verb} {e.resource}", 0) + 1
-        out["watch_idle"] = {
-            "seconds_measured": idle,
-            "bookmarks_per_minute": round(marks * per_min, 1),
-            "requests_per_minute": {k: round(v * per_min, 1) for k, v in sorted(by_verb.items())},
-            "reflector_threads_cpu_seconds_per_minute": round(
-                (_thread_cpu(("sickbay-watch",)) - cpu0) * per_min, 3
-            ),
+        out["watch_in_process"] = {
             "heap_growth_during_first_sync_mb_upper_bound": round(heap / 2**20, 1),
             "held_by_watcher_code_mb": round(kept / 2**20, 2),
-            "process_max_rss_mb_incl_twin": round(
-                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1
-            ),
             "tracked": {
                 "devices": len(watcher.tracker.index),
                 "nodes": len(watcher.tracker.nodes),
                 "finding_pairs": watcher.tracker.pairs(),
             },
         }
+        log = sim.server.request_log
         index = watcher.tracker.index
         lat: list[float] = []
         for name, rid in pods[:failures]:
@@ -344,7 +392,11 @@ def main() -> None:
     p.add_argument("--idle", type=float, default=30.0, help="seconds of idle measured")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     p.add_argument("--no-e2e", action="store_true", help="detection in process only")
+    p.add_argument("--watcher-process", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.watcher_process:
+        asyncio.run(_watcher_process(a.watcher_process))
+        return
     result = asyncio.run(run(a.nodes, a.gpus, a.failures, a.burst, a.idle, not a.no_e2e))
     text = json.dumps(result, indent=2)
     if a.json:
@@ -389,6 +441,7 @@ def section(w: dict[str, Any]) -> list[str]:
     idle = w["watch_idle"]
     d, b, s = w["watch_detection_ms"], w["watch_burst"], w["sweep_alone"]
     reqs = ", ".join(f"{k} {v}" for k, v in idle["requests_per_minute"].items())
+    inproc = w["watch_in_process"]
     out = [
         "## 5. Detection: health watcher vs health sweep",
         "",
@@ -413,15 +466,14 @@ def section(w: dict[str, Any]) -> list[str]:
         f"{idle['seconds_measured']} s; one watch per kind per 5 min window; "
         f"{idle['bookmarks_per_minute']} bookmarks/min inside them) | "
         f"{s['requests_per_minute_at_5m']} (LIST pages) |",
-        f"| idle CPU (reflector threads) | {idle['reflector_threads_cpu_seconds_per_minute']} "
-        "s per minute | — |",
-        f"| memory held | summaries of {idle['tracked']['devices']} devices and "
-        f"{idle['tracked']['nodes']} nodes: {idle['held_by_watcher_code_mb']} MB allocated by "
-        "the watcher's code and still held after the first sync (tracemalloc); heap growth "
-        "during that sync <= "
-        f"{idle['heap_growth_during_first_sync_mb_upper_bound']} MB (upper bound: the twin's "
-        f"allocations are traced too); process RSS incl. the twin "
-        f"{idle['process_max_rss_mb_incl_twin']} MB | none between runs |",
+        f"| watcher process (alone, in a child process) | RSS {idle['rss_mb_after_sync']} MB "
+        f"after the first sync, {idle['rss_mb_after_idle']} MB after the idle minute (peak "
+        f"{idle['max_rss_mb']} MB); CPU {idle['first_sync_cpu_seconds']} s for start-up and "
+        f"the first sync, then {idle['cpu_seconds_per_idle_minute']} s per idle minute | "
+        "nothing between runs |",
+        f"| what the watcher holds | summaries of {inproc['tracked']['devices']} devices and "
+        f"{inproc['tracked']['nodes']} nodes: {inproc['held_by_watcher_code_mb']} MB allocated "
+        "by its own code and still held after the first sync (tracemalloc) | — |",
         "",
     ]
     e = w.get("e2e")
