@@ -211,7 +211,7 @@ async def run_all(which: list[str], quick: bool) -> dict[str, Any]:
         "worker": " ".join(worker_argv()),
     }
     t0 = time.monotonic()
-    runners = {
+    runners: dict[str, Any] = {
         "latency": latency.run,
         "cost": cost.run,
         "storm": storm.run,

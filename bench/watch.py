@@ -341,6 +341,7 @@ async def run_e2e(
                 return [r for r in await asyncio.to_thread(rule_creations, kube) if r["time"] >= t]
 
             lat: list[float] = []
+            recs: list[dict[str, Any]] = []
             for gpu in items[:failures]:
                 t0 = time.time()
                 await fail(gpu)
@@ -363,7 +364,7 @@ async def run_e2e(
             await asyncio.gather(*(fail(g) for g in batch))
             out["burst_faults_written_seconds"] = round(time.time() - t0, 2)
             limit = time.monotonic() + 120
-            recs: list[dict[str, Any]] = []
+            recs = []
             while time.monotonic() < limit:
                 recs = await rules_after(t0)
                 if len(recs) >= len(batch):
@@ -467,7 +468,7 @@ def section(w: dict[str, Any]) -> list[str]:
         f"{idle['bookmarks_per_minute']} bookmarks/min inside them) | "
         f"{s['requests_per_minute_at_5m']} (LIST pages) |",
         f"| watcher process (alone, in a child process) | RSS {idle['rss_mb_after_sync']} MB "
-        f"after the first sync, {idle['rss_mb_after_idle']} MB after the idle minute (peak "
+        f"after the first sync, {idle['rss_mb_after_idle']} MB after the idle window (peak "
         f"{idle['max_rss_mb']} MB); CPU {idle['first_sync_cpu_seconds']} s for start-up and "
         f"the first sync, then {idle['cpu_seconds_per_idle_minute']} s per idle minute | "
         "nothing between runs |",
