@@ -16,6 +16,10 @@ Three read-only checks, each a paginated LIST (no watches: the sweep runs every 
 
 Findings are merged per physical GPU (`node/uuid`; MIG and vGPU devices are folded into their
 parent via the `parentUUID` attribute), worst health first, so one device = one finding.
+
+The per-object steps (`slice_devices`, `check_pod`, `check_slice_taints`, `node_finding`) are
+what the health watcher (worker/watcher.py) runs on every watch event, so a watched change and
+a sweep produce the same finding for the same state.
 """
 
 from __future__ import annotations

@@ -9,7 +9,11 @@
 Every device workflow is reached through the `signal-with-start-remediation` activity, whose
 workflow id comes from node + GPU UUID, so a device an alert already named is only signalled.
 The evidence fingerprint is stable across sweeps (`sweep:<kind>:<resourceID>:<state>`), so the
-device workflow ignores the same finding sent again by the next sweep.
+device workflow ignores the same finding sent again by the next sweep, or by the health
+watcher, which builds its launches with the same `finding_launch`. With the watcher running
+(`SweepInput.watcher`), a device this sweep has to start rather than signal is one the watch
+missed: it is listed in `SweepResult.missed_by_watch` and counted by the workflow metric
+`sickbay_sweep_missed_by_watch`.
 """
 
 from __future__ import annotations
