@@ -106,6 +106,7 @@ class Tracker:
         self.index: dict[str, SliceDevice] = {}  # resourceID -> node, uuid, driver taints
         self.slice_rids: dict[str, set[str]] = {}  # slice name -> its resourceIDs
         self.nodes: dict[str, dict[str, Any]] = {}  # node name -> the few fields findings read
+        self.node_rids: dict[str, set[str]] = {}  # node name -> resourceIDs it publishes
         self._sources: dict[Pair, set[str]] = {}
         self._by_source: dict[str, set[Pair]] = {}
         self.unresolved: set[tuple[str, str]] = set()
@@ -194,10 +195,16 @@ class Tracker:
         devices = {} if deleted else self._finder.slice_devices(obj)
         with self.lock:
             before = self.slice_rids.get(name, set())
+            nodes = {self.index[r].node for r in before if r in self.index}
+            for rid in before:
+                old_dev = self.index.get(rid)
+                if old_dev is not None:
+                    self.node_rids.get(old_dev.node, set()).discard(rid)
             for rid in before - devices.keys():
                 self.index.pop(rid, None)
-            nodes = {self.index[r].node for r in before if r in self.index}
             self.index.update(devices)
+            for rid, dev in devices.items():
+                self.node_rids.setdefault(dev.node, set()).add(rid)
             if devices:
                 self.slice_rids[name] = set(devices)
             else:
@@ -244,7 +251,8 @@ class Tracker:
             summary = self.nodes.get(name)
             if summary is None:
                 return
-            seen = len({d.uuid for d in self.index.values() if d.node == name and d.uuid})
+            devs = (self.index.get(r) for r in self.node_rids.get(name, ()))
+            seen = len({d.uuid for d in devs if d is not None and d.uuid})
             finding = self._finder.node_finding(summary, seen, bool(self.index))
         self.set_source(f"node:{name}", [finding] if finding else [])
 
