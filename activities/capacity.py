@@ -61,6 +61,7 @@ class CapacityActivities:
     ) -> None:
         self._client = client
         self._task_queue = task_queue
+        self._cluster = ""  # SICKBAY_CLUSTER: one pool scaler per (Sickbay cluster, pool)
         self._scaler = dict(
             batch_window=batch_window,
             poll_interval=poll_interval,
@@ -74,11 +75,13 @@ class CapacityActivities:
     @classmethod
     def from_settings(cls, client: Client, settings: Any) -> CapacityActivities:
         """The worker's wiring: same task queue as the worker (`Settings.task_queue`)."""
-        return cls(client, settings.task_queue)
+        scaler = cls(client, settings.task_queue)
+        scaler._cluster = settings.cluster  # pool scalers are per Sickbay cluster
+        return scaler
 
     @activity.defn(name=ACT_REQUEST_CAPACITY)
     async def request_capacity(self, req: CapacityRequest) -> CapacityResult:
-        workflow_id = pool_scaler_workflow_id(req.pool.name, req.pool.cluster)
+        workflow_id = pool_scaler_workflow_id(req.pool.name, req.pool.cluster, self._cluster)
         start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             WF_POOL_SCALER,
             PoolScalerInput(pool=req.pool, **self._scaler),

@@ -22,23 +22,34 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.constants import (
+    ACT_CLAIM_ESCALATION,
     ACT_SIGNAL_WITH_START,
     ERR_INVALID_INPUT,
     SIG_ALERT,
     SIG_ALERTS,
+    SIG_REJECTED,
+    UPD_CLAIM_ESCALATION,
+    WF_REJECTIONS,
     WF_REMEDIATE,
+    rejections_workflow_id,
 )
 from workflows.models import (
     AlertEvidence,
+    EscalationClaim,
+    EscalationClaimResult,
     LaunchRequest,
     LaunchResult,
+    RejectedAlerts,
+    RejectionsState,
     RemediationInput,
     RemediationResult,
 )
@@ -56,6 +67,59 @@ def manual_evidence(inp: RemediationInput) -> AlertEvidence:
         received_at=datetime.now(UTC),
         labels={"requested_by": inp.requested_by},
     )
+
+
+def start_summary(inp: RemediationInput, evidence: AlertEvidence | None = None) -> str:
+    """The Web UI list view's one-line summary of a remediation, fixed at its start."""
+    what: str = inp.trigger
+    if evidence is not None and evidence.xid is not None:
+        what += f" Xid {evidence.xid}"
+    elif evidence is not None and evidence.alertname and inp.trigger == "alert":
+        what += f" {evidence.alertname}"
+    text = f"GPU {inp.device.key}: {what}"
+    reason = inp.reason or (evidence.summary if evidence is not None else "")
+    if reason:
+        text += f" - {reason}"
+    if inp.dry_run:
+        text += " (dry run)"
+    return text[:200]
+
+
+def start_details(inp: RemediationInput, evidence: AlertEvidence | None = None) -> str:
+    """The static details (markdown) of a remediation: who asked for what, and why."""
+    lines = [
+        f"**GPU** `{inp.device.key}`",
+        f"- node: {inp.device.node or 'resolved by the workflow'}",
+        f"- trigger: {inp.trigger}, requested by {inp.requested_by}",
+    ]
+    if evidence is not None and (evidence.alertname or evidence.xid is not None):
+        xid = f" (Xid {evidence.xid})" if evidence.xid is not None else ""
+        lines.append(f"- evidence: {evidence.source} {evidence.alertname}{xid}")
+    if inp.reason:
+        lines.append(f"- reason: {inp.reason}")
+    lines.append(
+        f"- runbook: {inp.runbook} (pinned)"
+        if inp.runbook
+        else "- runbook: chosen from the consumers (see the timeline)"
+    )
+    lines.append(
+        "- dry run: nothing is changed, nobody is paged" if inp.dry_run else "- dry run: no"
+    )
+    return "\n".join(lines)
+
+
+def start_memo(inp: RemediationInput) -> dict[str, str]:
+    """The memo shown with the run: the launch facts, no secrets."""
+    memo = {
+        "device": inp.device.key,
+        "node": inp.device.node or "",
+        "trigger": inp.trigger,
+        "requested_by": inp.requested_by,
+        "reason": inp.reason,
+        "runbook": inp.runbook or "",
+        "dry_run": "yes" if inp.dry_run else "no",
+    }
+    return {k: v for k, v in memo.items() if v}
 
 
 async def signal_with_start(
@@ -82,15 +146,17 @@ async def signal_with_start(
             f"device {inp.device.key} has no node + GPU UUID; resolve it before launching "
             "(the workflow id is derived from node + UUID so every trigger meets one workflow)"
         )
-    workflow_id = inp.device.workflow_id()
+    workflow_id = inp.device.workflow_id(inp.cluster)
     signal_args: list[AlertEvidence] | list[list[AlertEvidence]]
     if evidence_list is not None and len(evidence_list) > 1:
         batch = list(evidence_list)
         signal, signal_args, what = SIG_ALERTS, [batch], f"{len(batch)} alerts"
+        first = batch[0]
     else:
         one = evidence_list[0] if evidence_list else evidence
         ev = one if one is not None else manual_evidence(inp)
         signal, signal_args, what = SIG_ALERT, [ev], f"alert {ev.fingerprint or ev.alertname}"
+        first = ev
     handle = await client.start_workflow(
         WF_REMEDIATE,
         inp,
@@ -104,6 +170,10 @@ async def signal_with_start(
         start_signal=signal,
         start_signal_args=signal_args,
         rpc_timeout=rpc_timeout,
+        # Only taken when this call starts the run (the list view's summary and details).
+        static_summary=start_summary(inp, first),
+        static_details=start_details(inp, first),
+        memo=start_memo(inp),
     )
     # SignalWithStartWorkflowExecutionResponse.started says whether this call created the
     # run. (The time-skipping test server leaves it unset, so there it always reads False.)
@@ -124,19 +194,102 @@ async def signal_with_start(
     )
 
 
-class LaunchActivities:
-    """Activity wrapper for workflows that launch remediations (sweep, maintenance)."""
+async def claim_escalation(
+    client: Client, task_queue: str, req: EscalationClaim
+) -> EscalationClaimResult:
+    """Ask the rejections workflow whether `req.holder` pages for this cause and node
+    (update-with-start: the workflow is created on first use)."""
+    wid = rejections_workflow_id(task_queue)
+    start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+        WF_REJECTIONS,
+        RejectionsState(),
+        id=wid,
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    try:
+        return await client.execute_update_with_start_workflow(
+            UPD_CLAIM_ESCALATION,
+            req,
+            start_workflow_operation=start,
+            result_type=EscalationClaimResult,
+        )
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.UNIMPLEMENTED:
+            raise
+    # Servers without multi-operation (the time-skipping test server): start, then update.
+    handle = await client.start_workflow(
+        WF_REJECTIONS,
+        RejectionsState(),
+        id=wid,
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    return await handle.execute_update(UPD_CLAIM_ESCALATION, req, result_type=EscalationClaimResult)
 
-    def __init__(self, client: Client, task_queue: str) -> None:
+
+async def report_rejected(client: Client, task_queue: str, batch: RejectedAlerts) -> None:
+    """Hand the webhook's unusable alerts to the rejections workflow (signal-with-start)."""
+    await client.start_workflow(
+        WF_REJECTIONS,
+        RejectionsState(),
+        id=rejections_workflow_id(task_queue),
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        start_signal=SIG_REJECTED,
+        start_signal_args=[batch],
+    )
+
+
+class LaunchActivities:
+    """Activity wrapper for workflows that launch remediations (sweep, maintenance) or ask
+    the rejections workflow whether to page (remediations of unresolvable devices)."""
+
+    def __init__(self, client: Client, task_queue: str, cluster: str = "") -> None:
         self._client = client
         self._task_queue = task_queue
+        self._cluster = cluster  # this worker's cluster: every launch is one of its devices
+
+    @activity.defn(name=ACT_CLAIM_ESCALATION)
+    async def claim_escalation(self, req: EscalationClaim) -> EscalationClaimResult:
+        result = await claim_escalation(self._client, self._task_queue, req)
+        if result.granted:
+            log.warning(
+                "an alert names a device the cluster does not have (%s on node %s, %s): "
+                "paging once for this node",
+                req.cause,
+                req.node,
+                req.holder,
+            )
+        else:
+            log.warning(
+                "not paging for %s on node %s (%s): %s paged for it at %s (%d suppressed)",
+                req.cause,
+                req.node,
+                req.holder,
+                result.holder,
+                result.since.isoformat() if result.since else "?",
+                result.suppressed,
+            )
+        return result
 
     @activity.defn(name=ACT_SIGNAL_WITH_START)
     async def signal_with_start_remediation(self, req: LaunchRequest) -> LaunchResult:
+        inp = req.remediation
+        if inp.cluster and inp.cluster != self._cluster:
+            # Never start or signal another cluster's remediation from this one.
+            raise ApplicationError(
+                f"launch for cluster {inp.cluster!r} refused by the worker of cluster "
+                f"{self._cluster or '(unnamed)'!r}",
+                type=ERR_INVALID_INPUT,
+                non_retryable=True,
+            )
+        if not inp.cluster and self._cluster:
+            inp = inp.model_copy(update={"cluster": self._cluster})
         try:
             return await signal_with_start(
                 self._client,
-                req.remediation,
+                inp,
                 task_queue=req.task_queue or self._task_queue,
                 evidence=req.evidence,
             )

@@ -3,6 +3,12 @@
 - `load_file(path)` / `load_dir(path)` raise `RunbookError` whose `problems` are one line each,
   e.g. `runbooks/inference.yaml:17: spec.eviction.timeout: invalid duration 'ten minutes'`.
   The line is found by walking the YAML node tree along pydantic's error location.
+- Stricter than YAML: a key written twice in one mapping is an error naming both lines (YAML
+  loaders keep the last one, so a second `spec:` would silently replace the first); a file is
+  at most `MAX_FILE_BYTES` and its node tree (aliases expanded) at most `MAX_NODES`, so a huge
+  or alias-bomb file is refused in milliseconds instead of stalling the worker.
+- Values outside the documented safe bounds (`workflows.models.SAFE_BOUNDS`) are refused by
+  the schema unless the block acknowledges them with `unsafe: [field]`.
 - `RunbookActivities.load_runbooks` is the `load-runbooks` activity: it reads
   `Settings.runbooks_dir`, caches the set until a file changes, and keeps serving the last good
   set (logging the problems) when an edit breaks a file, so a typo made during an incident
@@ -28,6 +34,12 @@ from workflows.models import Runbook, RunbookSet
 log = logging.getLogger(__name__)
 
 SUFFIXES = (".yaml", ".yml")
+# The shipped runbooks are ~1 KiB each; 256 KiB leaves room for long match lists and comments
+# while a 50 MB file (55 s of YAML parsing) is refused before it is read.
+MAX_FILE_BYTES = 256 * 1024
+# YAML nodes visited with aliases expanded: a shipped runbook has ~100; a "billion laughs"
+# file of a few lines would expand to millions and hang pydantic's validation.
+MAX_NODES = 20_000
 
 
 class _Loader(yaml.SafeLoader):
@@ -107,6 +119,9 @@ def _validate(doc: Any, node: yaml.Node | None, where: str) -> tuple[Runbook | N
         problems = []
         for err in exc.errors():
             loc = tuple(err["loc"])
+            field = (err.get("ctx") or {}).get("field")
+            if err["type"].startswith("unsafe_") and isinstance(field, str):
+                loc = (*loc, field)  # point at the field itself, not its block
             line = _line_of(node, loc)
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
@@ -115,10 +130,52 @@ def _validate(doc: Any, node: yaml.Node | None, where: str) -> tuple[Runbook | N
         return None, problems
 
 
+def _key_path(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _structure_problems(root: yaml.Node, where: str) -> list[str]:
+    """Duplicate keys (each named with both lines) and an over-large node tree."""
+    problems: list[str] = []
+    visited = 0
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        visited += 1
+        if visited > MAX_NODES:
+            line = root.start_mark.line + 1
+            return [
+                f"{where}:{line}: (document): more than {MAX_NODES} YAML nodes (with aliases "
+                "expanded); a runbook is a few hundred at most"
+            ]
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else None
+                if name is not None and name != "<<":
+                    line = key.start_mark.line + 1
+                    if name in first:
+                        problems.append(
+                            f"{where}:{line}: {_key_path(path, name)}: duplicate key (first at "
+                            f"line {first[name]}); YAML would silently keep only the last one"
+                        )
+                    else:
+                        first[name] = line
+                stack.append((value, _key_path(path, name or "?")))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node.value))
+    return sorted(problems, key=lambda p: int(p[len(where) + 1 :].split(":", 1)[0]))
+
+
 def load_text(text: str, where: str) -> list[Runbook]:
     """All runbooks in one YAML text (one or more documents)."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
+        raise RunbookError([_too_large(where)])
     try:
         nodes = list(yaml.compose_all(text, Loader=_Loader))
+        structure = [p for n in nodes if n is not None for p in _structure_problems(n, where)]
+        if structure:
+            raise RunbookError(structure)
         docs = list(yaml.load_all(text, Loader=_Loader))  # _Loader is a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
@@ -140,9 +197,19 @@ def load_text(text: str, where: str) -> list[Runbook]:
     return runbooks
 
 
+def _too_large(where: str) -> str:
+    return (
+        f"{where}:1: (file): larger than {MAX_FILE_BYTES // 1024} KiB, the limit for a runbook file"
+    )
+
+
 def load_file(path: Path) -> list[Runbook]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)  # never read a huge file whole
+        if len(raw) > MAX_FILE_BYTES:
+            raise RunbookError([_too_large(str(path))])
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise RunbookError([f"{path}:1: (file): cannot read: {exc.strerror}"]) from exc
     except UnicodeDecodeError as exc:

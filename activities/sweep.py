@@ -3,10 +3,15 @@
 Three read-only checks, each a paginated LIST (no watches: the sweep runs every few minutes):
 
 1. Pods: `status.containerStatuses[].allocatedResourcesStatus[].resources[]` with health
-   `Unhealthy` (or `Unknown`; the workflow re-checks those after a timeout). `resourceID` is
-   `<driver>/<pool>/<device>` for DRA, mapped to node + GPU UUID through the ResourceSlice
-   device's uuid attribute; for the device plugin it is the device id (the GPU UUID, with a
-   `::<n>` suffix for time-sliced replicas) on the pod's node.
+   `Unhealthy` (or `Unknown`; the workflow re-checks those after a timeout). For DRA the
+   kubelet writes the driver's first CDI device id as `resourceID` (NVIDIA's driver returns
+   one) and `<driver>/<pool>/<device>` only without: an id that is no slice device is resolved
+   through the entry's `claim:<claim>[/<request>]` name, the pod's ResourceClaim and its
+   allocation (activities/kube/health.py; one claim list per sweep, only when needed), then
+   mapped to node + GPU UUID through the ResourceSlice device's uuid attribute. For the device
+   plugin it is the device id (the GPU UUID, with a `::<n>` suffix for time-sliced replicas)
+   on the pod's node. An entry that still cannot be mapped is logged as a WARNING and
+   reported as `unresolved` (naming the pod and the id), which the sweep workflow notifies.
 2. ResourceSlices: device taints a DRA driver set (`spec.devices[].taints[]`, e.g. the NVIDIA
    driver's `gpu.nvidia.com/xid=79`). DeviceTaintRules are not written into slices, so
    Sickbay's own quarantines never show up here.
@@ -34,6 +39,14 @@ from typing import Any
 from temporalio import activity
 
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
+from activities.kube.health import (
+    ClaimIndex,
+    ClaimLookup,
+    claim_of_pod,
+    is_claim_entry,
+    parse_entry_name,
+    resolve_entry,
+)
 from workflows.constants import ACT_SWEEP_CLUSTER, TAINT_KEY
 from workflows.models import (
     PodRef,
@@ -203,10 +216,33 @@ class SweepActivities:
             # and an unscheduled pod holds no device. Cuts the listing on busy clusters.
             field_selector=POD_FIELD_SELECTOR,
         )
+        # Read only when an entry's id is not a device key (CDI ids), once per sweep.
+        claims = ClaimIndex(self._claims)
         for pod in pods:
             count += 1
-            self.check_pod(pod, index, merged, report)
+            self.check_pod(pod, index, merged, report, claims)
         return count
+
+    def _claims(self) -> list[dict[str, Any]]:
+        return list(
+            self._list(
+                self._kube.resource_v1.list_resource_claim_for_all_namespaces,
+                "resourceclaims.resource.k8s.io",
+            )
+        )
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One ResourceClaim, by a LIST selecting its name (the `list` grant the sweep has
+        already; `metadata.name` is a field selector every resource serves)."""
+        body = self._kube.call(
+            self._kube.resource_v1.list_namespaced_resource_claim,
+            namespace,
+            verb="list",
+            resource="resourceclaims.resource.k8s.io",
+            field_selector=f"metadata.name={name}",
+        )
+        items = body.get("items") or []
+        return items[0] if items else None
 
     def check_pod(
         self,
@@ -214,10 +250,15 @@ class SweepActivities:
         index: dict[str, SliceDevice],
         merged: dict[str, SweepFinding],
         report: SweepReport,
+        claims: ClaimLookup | None = None,
     ) -> None:
         """One pod's unhealthy/unknown devices into `merged` (unmapped ids: `report.unresolved`).
 
-        The sweep calls it for every listed pod, the health watcher for every pod event."""
+        The sweep calls it for every listed pod (with one claim list shared by the sweep), the
+        health watcher for every pod event (`claims` None: a CDI-shaped id's claim is read by
+        name, only for an entry that is not Healthy)."""
+        if claims is None:
+            claims = self.read_claim
         meta, spec, status = (
             pod.get("metadata") or {},
             pod.get("spec") or {},
@@ -235,22 +276,29 @@ class SweepActivities:
         )
         for cs in statuses:
             for entry in cs.get("allocatedResourcesStatus") or []:
+                entry_name = str(entry.get("name") or "")
                 for res in entry.get("resources") or []:
                     health = res.get("health")
                     if health not in _RANK:
                         continue
                     rid = str(res.get("resourceID") or "")
-                    finding = self._pod_finding(
-                        rid, health, res.get("message") or "", pod_node, index
+                    finding, problem = self._pod_finding(
+                        pod, entry_name, rid, health, res.get("message") or "", index, claims
                     )
                     if finding is None:
+                        text = (
+                            f"pod {ref.namespace}/{ref.name} reports {health} for "
+                            f"{entry_name or '?'} resourceID {rid!r}, which Sickbay cannot "
+                            f"map to a GPU: {problem}"
+                        )
+                        log.warning("sweep: %s", text)
                         report.unresolved.append(
                             SweepFinding(
                                 kind="pod-health",
                                 resource_id=rid,
                                 health=health,
                                 node=pod_node,
-                                message=f"{rid} is in no ResourceSlice",
+                                message=text,
                                 pods=[ref],
                             )
                         )
@@ -259,25 +307,51 @@ class SweepActivities:
                     merge_finding(merged, finding)
 
     def _pod_finding(
-        self, rid: str, health: str, message: str, pod_node: str, index: dict[str, SliceDevice]
-    ) -> SweepFinding | None:
-        dev = index.get(rid)
+        self,
+        pod: dict[str, Any],
+        entry_name: str,
+        rid: str,
+        health: str,
+        message: str,
+        index: dict[str, SliceDevice],
+        claims: ClaimLookup,
+    ) -> tuple[SweepFinding | None, str]:
+        """The GPU a health resource is about, or (None, why not)."""
+        pod_node = (pod.get("spec") or {}).get("nodeName") or ""
+        key = rid
+        if (
+            rid not in index
+            and is_claim_entry(entry_name)
+            and claim_of_pod(pod, parse_entry_name(entry_name)[0]) is not None
+        ):
+            # The 1.36 kubelet writes the driver's first CDI device id when it returned one
+            # (NVIDIA's driver does): the claim's allocation says which device it is.
+            resolved = resolve_entry(pod, entry_name, rid, claims)
+            if resolved.device is None:
+                return None, resolved.problem
+            key = resolved.device
+        dev = index.get(key)
         if dev is not None and dev.uuid:
             node, uuid = dev.node, dev.uuid
+        elif dev is not None:
+            return None, f"device {key} publishes no uuid attribute"
         elif "/" not in rid and rid:
             # Device plugin: the id is the GPU UUID; time-slicing appends `::<replica>`.
             node, uuid = pod_node, rid.split("::", 1)[0]
         else:
-            return None
+            return None, f"device {key} is in no ResourceSlice"
         text = message or f"allocatedResourcesStatus {health}"
-        return SweepFinding(
-            kind="pod-health",
-            node=node,
-            gpu_uuid=uuid,
-            resource_id=rid,
-            health=health,  # type: ignore[arg-type]
-            xid=_xid(message),
-            message=text,
+        return (
+            SweepFinding(
+                kind="pod-health",
+                node=node,
+                gpu_uuid=uuid,
+                resource_id=key,
+                health=health,  # type: ignore[arg-type]
+                xid=_xid(message),
+                message=text,
+            ),
+            "",
         )
 
     def check_slice_taints(

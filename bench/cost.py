@@ -11,7 +11,8 @@ runs on GPU B; a person marks A repaired; Sickbay releases it and closes. Measur
   attribute upserts, updates accepted) plus the budget lease's share (its update to the
   budget workflow);
 - Kubernetes API requests Sickbay made for it (the twin's request log between the failure and
-  the close, minus this script's own requests), by verb and resource.
+  the close, minus this script's own requests), by verb and resource; the writes of its
+  Kubernetes Events (one per decision and object) are reported apart from the procedure's.
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ async def run() -> dict[str, Any]:
             and not r["user_agent"].startswith("python-httpx")  # this script's own checks
         ]
         kube = Counter(f"{r['verb']} {r['resource']}" for r in reqs)
+        # Sickbay's Kubernetes Events (one per decision and object) are counted apart from
+        # the requests of the procedure itself, whose goal they are not part of.
+        event_writes = sum(
+            n for call, n in kube.items() if call in ("create events", "patch events")
+        )
         return {
             "outcome": result.outcome,
             "reason": result.reason,
@@ -100,7 +106,8 @@ async def run() -> dict[str, Any]:
             "events_by_type": dict(by_type.most_common()),
             "billable_actions": billable_actions(events),
             "budget_update_actions": 2,  # acquire + release updates on sickbay-budget
-            "kube_requests": len(reqs),
+            "kube_requests": len(reqs) - event_writes,
+            "event_writes": event_writes,
             "kube_by_call": dict(kube.most_common()),
             "timeline": [f"{t.phase} {t.action} {t.outcome}".strip() for t in result.timeline],
         }

@@ -86,6 +86,7 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             f"+ {cost['budget_update_actions']} budget updates | | |",
             f"| Kubernetes API requests, happy path | {cost['kube_requests']} | <= 15 | "
             f"{_ok(cost['kube_requests'] <= 15)} |",
+            f"| Kubernetes Event writes, happy path | {cost.get('event_writes', 0)} | | |",
         ]
     if storm:
         w = storm["webhook_ms"]
@@ -232,7 +233,8 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             f"timers, signals, search-attribute upserts, updates): **{cost['billable_actions']}**, "
             f"plus {cost['budget_update_actions']} on the budget workflow (lease acquire and "
             "release updates).",
-            f"- Kubernetes API requests: **{cost['kube_requests']}** — "
+            f"- Kubernetes API requests: **{cost['kube_requests']}** for the procedure, plus "
+            f"**{cost.get('event_writes', 0)}** Event writes (one per decision and object) — "
             + ", ".join(f"{k or '(discovery)'} x{v}" for k, v in cost["kube_by_call"].items()),
             "",
         ]

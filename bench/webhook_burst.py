@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from bench.storm import Lane
 from workflows.constants import SEARCH_ATTRIBUTES, device_workflow_id
 
-TOKEN = "bench-token"
+TOKEN = "bench-token-0123456789abcdef0123456789"  # 32+ characters: shorter ones are refused
 MAX_ALERTS = 50_000  # a bound on one burst (the storm benchmark sends 20,000)
 COUNTERS = (
     "sickbay_webhook_temporal_calls_total",
@@ -129,6 +129,14 @@ class _InstantTemporal:
     async def start_workflow(self, *args: Any, **kwargs: Any) -> Any:
         resp = SimpleNamespace(started=True)
         return SimpleNamespace(_start_workflow_response=resp, result_run_id="stub")
+
+    def get_workflow_handle(self, *args: Any, **kwargs: Any) -> Any:
+        async def describe(**_kw: Any) -> Any:  # no earlier run of any device
+            from temporalio.service import RPCError, RPCStatusCode
+
+            raise RPCError("not found", RPCStatusCode.NOT_FOUND, b"")
+
+        return SimpleNamespace(describe=describe)
 
 
 async def cpu_ceiling(n: int) -> float:

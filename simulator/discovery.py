@@ -107,7 +107,17 @@ class Profile:
 
     def groups(self) -> list[str]:
         """Served groups in kube-apiserver's order (built-in groups first, CRDs last)."""
-        order = ["apps", "events.k8s.io", "batch", "policy", "coordination.k8s.io", DRA_GROUP]
+        order = [
+            "apps",
+            "events.k8s.io",
+            "authentication.k8s.io",
+            "authorization.k8s.io",
+            "batch",
+            "policy",
+            "rbac.authorization.k8s.io",
+            "coordination.k8s.io",
+            DRA_GROUP,
+        ]
         seen = [g for g in order if self.group_versions(g)]
         for g, _v in self.served:
             if g and g not in seen and self.group_versions(g):
@@ -239,6 +249,8 @@ _BY_KEY = {rt.key: rt for rt in CATALOGUE}
 def _sub_verbs(sub: str) -> list[str]:
     if sub in ("eviction", "binding"):
         return ["create"]
+    if sub == "log":
+        return ["get"]
     return ["get", "patch", "update"]
 
 

@@ -5,7 +5,8 @@ expectedPods, currentHealthy (Running and Ready, not terminating), desiredHealth
 minAvailable / maxUnavailable, percentages rounded up), disruptionsAllowed and the
 DisruptionAllowed condition (SufficientPods / InsufficientPods), as kube-controller-manager does.
 
-`evict()` implements POST pods/{name}/eviction as kube-apiserver does: Pending (and terminal)
+`evict()` implements POST pods/{name}/eviction as kube-apiserver does: a body naming another
+pod (or no pod) is 400 BadRequest; Pending (and terminal)
 pods are evicted regardless of budgets; otherwise the one matching budget must allow a
 disruption or the answer is 429 TooManyRequests with a DisruptionBudget cause; more than one
 matching budget is a 500. An evicted pod gets DisruptionTarget=True (EvictionByEvictionAPI)
@@ -132,6 +133,15 @@ def evict(
 ) -> None:
     """POST pods/{name}/eviction. Raises ApiError (404, 429, 500) or returns once evicted."""
     delete_options = (body or {}).get("deleteOptions") or {}
+    body_meta = (body or {}).get("metadata") or {}
+    # The create handler checks the namespace, then EvictionREST.Create the name (an empty
+    # one too), both before the pod is read: a mismatch evicts nothing.
+    if body_meta.get("namespace") not in (None, "", namespace):
+        raise errors.bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request"
+        )
+    if body_meta.get("name") != name:
+        raise errors.bad_request("name in URL does not match name in Eviction object")
     with store.lock:
         pod = store.get("pods", name, namespace)
         phase = (pod.get("status") or {}).get("phase")

@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 
 DRA_GROUP = "resource.k8s.io"
 CAPI_GROUP = "cluster.x-k8s.io"
+COORDINATION_GROUP = "coordination.k8s.io"
+AUTHZ_GROUP = "authorization.k8s.io"
+AUTHN_GROUP = "authentication.k8s.io"
+RBAC_GROUP = "rbac.authorization.k8s.io"
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class ResourceType:
     subresources: tuple[str, ...] = ()  # e.g. "status", "scale", "eviction"
     storage_key: str = ""  # bucket shared with another resource (events)
     extra_verbs: tuple[str, ...] = field(default=())
+    create_only: bool = False  # a review (SelfSubjectAccessReview...): POST only, never stored
 
     @property
     def key(self) -> str:
@@ -50,6 +55,8 @@ class ResourceType:
 
     @property
     def verbs(self) -> list[str]:
+        if self.create_only:
+            return ["create"]
         if self.plural == "namespaces":
             return ["create", "delete", "get", "list", "patch", "update", "watch"]
         return ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
@@ -71,10 +78,54 @@ CATALOGUE: tuple[ResourceType, ...] = (
         "pod",
         ("po",),
         ("all",),
-        ("status", "eviction", "binding"),
+        ("status", "eviction", "binding", "log"),
     ),
     ResourceType("", "events", "Event", True, ("v1",), "event", ("ev",)),
     ResourceType("", "configmaps", "ConfigMap", True, ("v1",), "configmap", ("cm",)),
+    ResourceType("", "secrets", "Secret", True, ("v1",), "secret"),
+    ResourceType("", "serviceaccounts", "ServiceAccount", True, ("v1",), "serviceaccount", ("sa",)),
+    ResourceType(
+        "", "services", "Service", True, ("v1",), "service", ("svc",), ("all",), ("status",)
+    ),
+    ResourceType(COORDINATION_GROUP, "leases", "Lease", True, ("v1",), "lease"),
+    ResourceType(RBAC_GROUP, "clusterroles", "ClusterRole", False, ("v1",), "clusterrole"),
+    ResourceType(
+        RBAC_GROUP,
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        False,
+        ("v1",),
+        "clusterrolebinding",
+    ),
+    ResourceType(RBAC_GROUP, "roles", "Role", True, ("v1",), "role"),
+    ResourceType(RBAC_GROUP, "rolebindings", "RoleBinding", True, ("v1",), "rolebinding"),
+    ResourceType(
+        AUTHZ_GROUP,
+        "selfsubjectaccessreviews",
+        "SelfSubjectAccessReview",
+        False,
+        ("v1",),
+        "selfsubjectaccessreview",
+        create_only=True,
+    ),
+    ResourceType(
+        AUTHZ_GROUP,
+        "selfsubjectrulesreviews",
+        "SelfSubjectRulesReview",
+        False,
+        ("v1",),
+        "selfsubjectrulesreview",
+        create_only=True,
+    ),
+    ResourceType(
+        AUTHN_GROUP,
+        "selfsubjectreviews",
+        "SelfSubjectReview",
+        False,
+        ("v1",),
+        "selfsubjectreview",
+        create_only=True,
+    ),
     ResourceType(
         "events.k8s.io", "events", "Event", True, ("v1",), "event", ("ev",), storage_key="events"
     ),
@@ -123,8 +174,6 @@ CATALOGUE: tuple[ResourceType, ...] = (
         (),
         ("status",),
     ),
-    # Sickbay's health watcher elects one active replica through a Lease (client-go style).
-    ResourceType("coordination.k8s.io", "leases", "Lease", True, ("v1",), "lease"),
     ResourceType(DRA_GROUP, "deviceclasses", "DeviceClass", False, _DRA_STABLE, "deviceclass"),
     ResourceType(DRA_GROUP, "resourceslices", "ResourceSlice", False, _DRA_STABLE, "resourceslice"),
     ResourceType(

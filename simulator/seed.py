@@ -62,6 +62,29 @@ def ensure_system_namespaces(store: Store) -> None:
     for name in SYSTEM_NAMESPACES:
         if store.try_get("namespaces", name) is None:
             store.create("namespaces", {"metadata": {"name": name}})
+    if store.try_get("services", "kubernetes", "default") is None:
+        store.create("services", kubernetes_service(), "default")
+
+
+def kubernetes_service() -> dict[str, Any]:
+    """The `default/kubernetes` Service every apiserver keeps (its first service IP)."""
+    return {
+        "metadata": {
+            "name": "kubernetes",
+            "labels": {"component": "apiserver", "provider": "kubernetes"},
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": "10.96.0.1",
+            "clusterIPs": ["10.96.0.1"],
+            "ipFamilies": ["IPv4"],
+            "ipFamilyPolicy": "SingleStack",
+            "internalTrafficPolicy": "Cluster",
+            "sessionAffinity": "None",
+            "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}],
+        },
+        "status": {"loadBalancer": {}},
+    }
 
 
 def gpu_uuid(node: str, index: int) -> str:

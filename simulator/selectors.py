@@ -2,7 +2,9 @@
 
 Label selectors: `a=b`, `a==b`, `a!=b`, `a in (x,y)`, `a notin (x)`, `a`, `!a`, comma = AND.
 Field selectors: `f=v`, `f==v`, `f!=v`, comma = AND, over the fields each kind supports
-(`FIELDS`); an unsupported field is 400 "field label not supported: <f>", as a real server says.
+(`FIELDS`); an unsupported field is 400 "field label not supported: <f>" for the kinds listed
+there and `"<f>" is not a known field selector: only "metadata.name", "metadata.namespace"` for
+the others (apimachinery's default conversion), as a real server says.
 """
 
 from __future__ import annotations
@@ -321,6 +323,12 @@ def parse_field_selector(resource_key: str, text: str | None) -> FieldSelector:
             raise bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
         name = name.strip()
         if name not in supported:
-            raise bad_request(f"field label not supported: {name}")
+            if resource_key in FIELDS:
+                raise bad_request(f"field label not supported: {name}")
+            # Kinds without their own field-label conversion use apimachinery's default.
+            raise bad_request(
+                f'"{name}" is not a known field selector: only "metadata.name", '
+                '"metadata.namespace"'
+            )
         terms.append(FieldTerm(name, "!=" if op == "!=" else "=", value.strip()))
     return FieldSelector(resource_key, terms)

@@ -5,6 +5,7 @@ A `ThreadingHTTPServer` (HTTP/1.1 keep-alive, one thread per connection) on 127.
     /version /api /api/v1 /apis /apis/<g> /apis/<g>/<v>      discovery (per profile)
     /api/v1/[namespaces/<ns>/]<plural>[/<name>[/<sub>]]      core resources
     /apis/<g>/<v>/[namespaces/<ns>/]<plural>[/<name>[/<sub>]] group resources
+    /openapi/v3 /openapi/v3/api/v1 /openapi/v3/apis/<g>/<v>  OpenAPI v3 (simulator/openapi.py)
     /healthz /livez /readyz                                   "ok"
     /sim/healthz                                              {"status": "ok", ...}
     /sim/requests   GET (filters: verb, resource, namespace, name, status)  DELETE clears
@@ -13,10 +14,15 @@ Verbs: get, list (labelSelector, fieldSelector, limit/continue), watch (?watch=t
 JSON lines, resourceVersion resume, timeoutSeconds, 410 as an ERROR event), create (POST,
 generateName, dryRun=All), update (PUT), patch (merge / strategic / json / apply with
 fieldManager and force), delete (gracePeriodSeconds, propagationPolicy, preconditions,
-dryRun), deletecollection; subresources status, scale, pods/eviction, pods/binding.
+dryRun), deletecollection; subresources status, scale, pods/eviction, pods/binding, pods/log
+(simulator/logs.py). Bodies are JSON, YAML or, for the built-in kinds kubectl's typed clients
+send, protobuf (simulator/protobuf.py); answers are JSON. `fieldValidation` is honoured from
+the OpenAPI schemas. `Accept: ...;as=Table` gets server-side printing (simulator/printing.py)
+for get, list and watch. SelfSubjectAccessReview/RulesReview and SelfSubjectReview are
+answered, never stored; impersonated users are held to RBAC (simulator/authz.py).
 Errors are `Status` bodies (or text/plain "404 page not found" for an unknown group, as a
 real server answers). With a token configured, requests without `Authorization: Bearer
-<token>` get 401.
+<token>` get 401 (kubectl never sends a token over plain HTTP: use a token-less twin).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
-from simulator import disruption, errors
+from simulator import authz, disruption, errors, logs, openapi, printing, protobuf
 from simulator.resources import ResourceType
 from simulator.selectors import EVENTS_V1_FIELDS, parse_field_selector, parse_label_selector
 from simulator.store import (
@@ -232,6 +238,10 @@ class Target:
     namespace: str | None
     name: str | None
     sub: str | None
+
+
+def _content_type(headers: Any) -> str:
+    return str(headers.get("Content-Type") or "").split(";")[0].strip().lower()
 
 
 def _json(obj: Any) -> bytes:
@@ -479,24 +489,19 @@ class _Handler(BaseHTTPRequestHandler):
             )
         )
 
-    def _authorized(self) -> bool:
-        token = self.api.sim.token
-        if not token:
-            return True
-        return self.headers.get("Authorization", "") == f"Bearer {token}"
-
     def _dispatch(self, method: str, path: str, body: bytes) -> None:
         parts = [unquote(p) for p in path.split("/") if p]
         if parts and parts[0] == "sim":
             return self._sim_endpoint(method, parts[1:])
-        if not self._authorized():
-            raise errors.ApiError(401, "Unauthorized", "Unauthorized")
+        self._who = authz.authenticate(self.api.sim.token, self.headers)
         profile = self.api.profile
         if method == "GET":
             if path in ("/healthz", "/livez", "/readyz"):
                 return self._send(200, b"ok", "text/plain; charset=utf-8")
             if parts == ["version"]:
                 return self._send_json(200, profile.version_info())
+            if parts[:2] == ["openapi", "v3"]:
+                return self._openapi(parts[2:])
             accept = self.headers.get("Accept", "")
             if parts == ["api"]:
                 if "as=APIGroupDiscoveryList" in accept:
@@ -544,6 +549,18 @@ class _Handler(BaseHTTPRequestHandler):
         if warning:
             self._extra_headers["Warning"] = warning
         verb = _verb(method, tgt, self._query)
+        if not self._who.unrestricted:
+            attrs = {
+                "verb": verb,
+                "group": group,
+                "resource": tgt.rt.plural,
+                "subresource": tgt.sub or "",
+                "namespace": tgt.namespace or "",
+                "name": tgt.name or "",
+            }
+            if not authz.authorize(self.api.store, self._who, attrs)[0]:
+                info["verb"] = verb
+                raise authz.forbidden(self._who, attrs)
         for interceptor in list(self.api.sim.request_interceptors):
             outcome = interceptor(
                 RequestInfo(
@@ -565,6 +582,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return None
             if isinstance(outcome, int | float):
                 time.sleep(float(outcome))  # injected latency (a drill's "timeout")
+        if tgt.rt.create_only:
+            return self._review(method, tgt, body)
         if method == "GET":
             if tgt.name is None:
                 if self._query.get("watch") in ("true", "1"):
@@ -589,6 +608,38 @@ class _Handler(BaseHTTPRequestHandler):
         raise errors.method_not_allowed(
             "the server does not allow this method on the requested resource"
         )
+
+    def _review(self, method: str, tgt: Target, body: bytes) -> None:
+        """SelfSubject{Access,Rules}Review / SelfSubjectReview: answered, never stored."""
+        self._info["verb"] = "create"
+        if method != "POST" or tgt.name is not None:
+            raise errors.method_not_allowed(
+                "the server does not allow this method on the requested resource"
+            )
+        data = self._decode_object(tgt, body)
+        self._send_json(201, authz.review(self.api.store, self._who, tgt.rt.plural, data))
+
+    def _openapi(self, parts: list[str]) -> None:
+        profile = self.api.profile
+        if not parts:  # the real server answers the index as text/plain (k8s_golden/112)
+            return self._send(200, _json(openapi.root(profile)), "text/plain; charset=utf-8")
+        found = openapi.lookup(profile, parts)
+        if found is None:
+            raise _NotFoundText()
+        doc, pin = found
+        cache = {"Cache-Control": "public, immutable"} if "hash" in self._query else {}
+        self._send(200, doc, "application/json", {"Etag": f'"{pin}"', **cache})
+
+    def _validate_fields(self, tgt: Target, data: Any) -> None:
+        """fieldValidation=Strict refuses unknown fields (400); Warn adds Warning headers."""
+        if tgt.rt.group == "events.k8s.io":
+            return  # the body was already converted to the core/v1 shape the store keeps
+        warnings = openapi.validate(
+            self.api.profile, tgt.rt, tgt.version, data, self._query.get("fieldValidation")
+        )
+        if warnings:
+            known = self._extra_headers.get("Warning")
+            self._extra_headers["Warning"] = ", ".join(([known] if known else []) + warnings)
 
     def _sim_endpoint(self, method: str, parts: list[str]) -> None:
         if parts == ["healthz"]:
@@ -634,6 +685,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _decode(self, tgt: Target, body: bytes, yaml_ok: bool = False) -> Any:
         if not body:
             raise errors.bad_request("the body of the request was in an unknown format")
+        if _content_type(self.headers) == protobuf.CONTENT_TYPE:
+            return protobuf.decode(body)  # kubectl's typed clients (create, drain, auth)
         try:
             data = yaml.safe_load(body) if yaml_ok else json.loads(body)
         except (ValueError, yaml.YAMLError) as exc:
@@ -643,8 +696,8 @@ class _Handler(BaseHTTPRequestHandler):
         return data
 
     def _decode_object(self, tgt: Target, body: bytes) -> dict[str, Any]:
-        ctype = (self.headers.get("Content-Type") or "application/json").split(";")[0].strip()
-        if ctype not in ("application/json", "application/yaml", "*/*"):
+        ctype = _content_type(self.headers) or "application/json"
+        if ctype not in ("application/json", "application/yaml", "*/*", protobuf.CONTENT_TYPE):
             raise errors.ApiError(415, "UnsupportedMediaType", "415: Unsupported Media Type", {})
         data = self._decode(tgt, body, yaml_ok=ctype == "application/yaml")
         if not isinstance(data, dict):
@@ -706,6 +759,17 @@ class _Handler(BaseHTTPRequestHandler):
             raise errors.not_found(tgt.rt.plural, tgt.name, tgt.rt.group)
         if tgt.sub == "scale":
             return self._send_json(200, self._scale(tgt, obj))
+        if tgt.sub == "log":
+            text = logs.pod_log(obj, self._query, self.api.store.now())
+            return self._send(200, text.encode(), "text/plain", self._extra_headers)
+        if tgt.sub is None and "as=Table" in self.headers.get("Accept", ""):
+            meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
+            return self._send(
+                200,
+                _json(self._table(tgt, [obj], meta)),
+                "application/json;as=Table;v=v1;g=meta.k8s.io",
+                self._extra_headers,
+            )
         self._send_json(200, self._present(tgt, obj))
 
     def _scale(self, tgt: Target, obj: dict[str, Any]) -> dict[str, Any]:
@@ -819,43 +883,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _table(
         self, tgt: Target, items: list[dict[str, Any]], meta: dict[str, Any]
     ) -> dict[str, Any]:
-        """meta.k8s.io/v1 Table (kubectl get): pod columns as kube-apiserver prints them."""
-        now = self.api.store.now()
-        columns: list[tuple[str, str, int]] = [("Name", "name", 0)]
-        if tgt.rt.storage == "pods":
-            columns += [("Ready", "", 0), ("Status", "", 0), ("Restarts", "", 0), ("Age", "", 0)]
-            columns += [("IP", "", 1), ("Node", "", 1), ("Nominated Node", "", 1)]
-            columns += [("Readiness Gates", "", 1)]
-        else:
-            columns.append(("Age", "", 0))
-        rows = []
-        for o in items:
-            m = o["metadata"]
-            age = _age(now, m.get("creationTimestamp"))
-            if tgt.rt.storage == "pods":
-                cells = [m["name"], *_pod_cells(o, age)]
-            else:
-                cells = [m["name"], age]
-            rows.append(
-                {
-                    "cells": cells,
-                    "object": {
-                        "kind": "PartialObjectMetadata",
-                        "apiVersion": "meta.k8s.io/v1",
-                        "metadata": m,
-                    },
-                }
-            )
-        return {
-            "kind": "Table",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": {"resourceVersion": meta["resourceVersion"]},
-            "columnDefinitions": [
-                {"name": n, "type": "string", "format": f, "description": n, "priority": p}
-                for n, f, p in columns
-            ],
-            "rows": rows,
-        }
+        """meta.k8s.io/v1 Table (kubectl get): columns as kube-apiserver prints them."""
+        return printing.table(
+            tgt.rt,
+            items,
+            self.api.store.now(),
+            meta["resourceVersion"],
+            lambda o: self._present(tgt, o),
+            include=self._query.get("includeObject") or "Metadata",
+        )
 
     def _watch(self, tgt: Target) -> None:
         store = self.api.store
@@ -934,8 +970,27 @@ class _Handler(BaseHTTPRequestHandler):
                 }
                 chunk(_json({"type": "BOOKMARK", "object": obj}) + b"\n")
 
+            as_table = "as=Table" in self.headers.get("Accept", "")
+            headers_sent = [False]
+
+            def encoded(obj: dict[str, Any]) -> bytes:
+                """The event's object; a one-row Table for `kubectl get -w` (columns once)."""
+                if not as_table:
+                    return self._encoded(tgt, obj)
+                doc = printing.table(
+                    tgt.rt,
+                    [obj],
+                    store.now(),
+                    obj["metadata"].get("resourceVersion", ""),
+                    lambda o: self._present(tgt, o),
+                    with_columns=not headers_sent[0],
+                    include=self._query.get("includeObject") or "Metadata",
+                )
+                headers_sent[0] = True
+                return _json(doc)
+
             for item in initial_items:
-                chunk(_json({"type": ADDED, "object": self._present(tgt, item)}) + b"\n")
+                chunk(b'{"type":"ADDED","object":' + encoded(item) + b"}\n")
             if initial:
                 bookmark({"k8s.io/initial-events-end": "true"})
             deadline = time.monotonic() + timeout
@@ -957,13 +1012,7 @@ class _Handler(BaseHTTPRequestHandler):
                     continue
                 etype = ev.type if ev.type in (ADDED, MODIFIED, DELETED) else MODIFIED
                 last_rv = ev.object["metadata"]["resourceVersion"]
-                chunk(
-                    b'{"type":"'
-                    + etype.encode()
-                    + b'","object":'
-                    + self._encoded(tgt, ev.object)
-                    + b"}\n"
-                )
+                chunk(b'{"type":"' + etype.encode() + b'","object":' + encoded(ev.object) + b"}\n")
                 last_sent = time.monotonic()
         finally:
             if watch is not None:
@@ -1005,6 +1054,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "the server does not allow this method on the requested resource"
             )
         obj = self._decode_object(tgt, body)
+        self._validate_fields(tgt, obj)
         created = store.create(
             tgt.rt, obj, tgt.namespace, dry_run=self._dry_run(), manager=self._manager()
         )
@@ -1078,6 +1128,7 @@ class _Handler(BaseHTTPRequestHandler):
                 else None,
             )
         obj = self._decode_object(tgt, body)
+        self._validate_fields(tgt, obj)
         updated = store.update(
             tgt.rt,
             obj,
@@ -1130,6 +1181,7 @@ class _Handler(BaseHTTPRequestHandler):
             data = self._decode(tgt, body, yaml_ok=True)
             if not isinstance(data, dict):
                 raise errors.bad_request("apply patch body must be an object")
+            self._validate_fields(tgt, data)
             force = self._query.get("force") in ("true", "1")
             obj, created = store.apply(
                 tgt.rt,
@@ -1143,6 +1195,8 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return self._send_json(201 if created else 200, self._present(tgt, obj))
         data = self._decode(tgt, body)
+        if patch_type in ("merge", "strategic") and tgt.sub != "scale":
+            self._validate_fields(tgt, data)
         if tgt.sub == "scale":
             current = store.get(tgt.rt, tgt.name, tgt.namespace)
             from simulator.patch import apply_patch
@@ -1267,46 +1321,6 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
         self._send_json(200, self._present(tgt, result.object))
-
-
-def _age(now: Any, created: str | None) -> str:
-    if not created:
-        return "<unknown>"
-    from simulator.store import parse_time
-
-    secs = max(0, int((now - parse_time(created)).total_seconds()))
-    if secs < 120:
-        return f"{secs}s"
-    if secs < 7200:
-        return f"{secs // 60}m"
-    if secs < 172800:
-        return f"{secs // 3600}h"
-    return f"{secs // 86400}d"
-
-
-def _pod_cells(pod: dict[str, Any], age: str) -> list[Any]:
-    spec, status = pod.get("spec") or {}, pod.get("status") or {}
-    statuses = status.get("containerStatuses") or []
-    ready = sum(1 for c in statuses if c.get("ready"))
-    restarts = sum(int(c.get("restartCount", 0)) for c in statuses)
-    shown = status.get("reason") or status.get("phase") or "Unknown"
-    for c in statuses:
-        waiting = (c.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason"):
-            shown = waiting["reason"]
-    if pod["metadata"].get("deletionTimestamp"):
-        shown = "Terminating"
-    gates = spec.get("readinessGates") or []
-    return [
-        f"{ready}/{len(spec.get('containers') or [])}",
-        shown,
-        str(restarts),
-        age,
-        status.get("podIP") or "<none>",
-        spec.get("nodeName") or "<none>",
-        status.get("nominatedNodeName") or "<none>",
-        f"0/{len(gates)}" if gates else "<none>",
-    ]
 
 
 def _events_fs(text: str | None) -> str | None:

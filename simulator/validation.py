@@ -637,6 +637,36 @@ _VALIDATORS: dict[str, Callable[[dict[str, Any], dict[str, Any] | None], Causes]
 }
 
 
+def _default_secret(secret: dict[str, Any]) -> None:
+    """stringData is write-only: merged into data (base64), as the apiserver does."""
+    import base64
+
+    secret.setdefault("type", "Opaque")
+    for k, v in (secret.pop("stringData", None) or {}).items():
+        secret.setdefault("data", {})[k] = base64.b64encode(str(v).encode()).decode()
+
+
+def _default_service(svc: dict[str, Any]) -> None:
+    """ClusterIP allocation (10.96.0.0/12, derived from the uid) and the usual defaults."""
+    spec = svc["spec"]
+    spec.setdefault("type", "ClusterIP")
+    spec.setdefault("sessionAffinity", "None")
+    if spec["type"] != "ExternalName":
+        if not spec.get("clusterIP"):
+            n = int(svc["metadata"]["uid"].replace("-", "")[:8], 16) % 65000 + 2
+            spec["clusterIP"] = f"10.96.{n // 256}.{n % 256}"
+        if spec["clusterIP"] != "None":
+            spec.setdefault("clusterIPs", [spec["clusterIP"]])
+        spec.setdefault("ipFamilies", ["IPv4"])
+        spec.setdefault("ipFamilyPolicy", "SingleStack")
+        spec.setdefault("internalTrafficPolicy", "Cluster")
+    for port in spec.get("ports") or []:
+        if isinstance(port, dict):
+            port.setdefault("protocol", "TCP")
+            port.setdefault("targetPort", port.get("port"))
+    svc.setdefault("status", {"loadBalancer": {}})
+
+
 def _format(now: datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -701,6 +731,17 @@ def check_types(rt: ResourceType, obj: Any) -> None:
             )
 
 
+def _drop_omitted_zero_values(rt: ResourceType, obj: dict[str, Any]) -> None:
+    """Fields a real server drops because Go's `omitempty` omits their zero value.
+
+    The apiserver decodes every write into a typed object and encodes it back, so a patch (or
+    create, or update) setting Node `spec.unschedulable: false` reads back without the key."""
+    if rt.storage == "nodes":
+        spec = obj.get("spec")
+        if isinstance(spec, dict) and spec.get("unschedulable") is False:
+            del spec["unschedulable"]
+
+
 class Admission:
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
@@ -716,7 +757,11 @@ class Admission:
     ) -> None:
         check_types(rt, new)
         meta = new.get("metadata") or {}
+        for empty in ("labels", "annotations"):  # omitempty maps: `{}` decodes to absent
+            if meta.get(empty) == {}:
+                del meta[empty]
         try:
+            _drop_omitted_zero_values(rt, new)
             if op == "CREATE":
                 self._default(rt, new, now)
             elif rt.storage == "devicetaintrules.resource.k8s.io" and subresource is None:
@@ -751,13 +796,14 @@ class Admission:
             spec.setdefault("replicas", 1)
             spec.setdefault("revisionHistoryLimit", 10)
             spec.setdefault("progressDeadlineSeconds", 600)
-            spec.setdefault(
-                "strategy",
-                {
-                    "type": "RollingUpdate",
-                    "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"},
-                },
-            )
+            strategy = spec.setdefault("strategy", {})
+            if isinstance(strategy, dict):  # `strategy: {}` (kubectl create) is defaulted too
+                strategy.setdefault("type", "RollingUpdate")
+                if strategy["type"] == "RollingUpdate":
+                    rolling = strategy.setdefault("rollingUpdate", {})
+                    if isinstance(rolling, dict):
+                        rolling.setdefault("maxSurge", "25%")
+                        rolling.setdefault("maxUnavailable", "25%")
             _default_template(obj)
         elif key == "replicasets.apps" and isinstance(spec, dict):
             spec.setdefault("replicas", 1)
@@ -812,9 +858,20 @@ class Admission:
         elif key == "nodes":
             obj.setdefault("spec", {})
             obj.setdefault("status", {})
+        elif key == "secrets":
+            _default_secret(obj)
+        elif key == "services" and isinstance(spec, dict):
+            _default_service(obj)
         elif key == "events":
             obj.setdefault("count", 1) if obj.get("firstTimestamp") else None
             obj.setdefault("type", "Normal")
+            # Zero structs and plain strings survive Go's omitempty: a real server answers
+            # with these keys present (eventTime null) whatever the request left out.
+            for field in ("eventTime", "firstTimestamp", "lastTimestamp"):
+                obj.setdefault(field, None)
+            obj.setdefault("source", {})
+            obj.setdefault("reportingComponent", "")
+            obj.setdefault("reportingInstance", "")
 
     def _default_job(self, job: dict[str, Any]) -> None:
         spec = job["spec"]

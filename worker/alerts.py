@@ -2,8 +2,10 @@
 
 Alertmanager posts a *group* of alerts; each alert is either firing or resolved and carries
 the labels of the Prometheus series that fired. dcgm-exporter labels its series with
-`Hostname`, `gpu` (index), `UUID`, `modelName`, `err_code` (Xid, newer versions) and, with pod
-mapping, `pod` / `namespace` / `container`. Which label names to read, and which alert names
+`Hostname` (`hostname` on dcgm-exporter's main branch), `gpu` (index), `UUID`, `modelName`,
+`err_code` (Xid, newer versions) and, with pod mapping, `pod` / `namespace` / `container`
+(`exported_*` behind a Prometheus Operator scrape). What an alert *is* (its name) gives its
+failure class; only the Xid rule's alerts are classified by their code. Which label names to read, and which alert names
 are Sickbay's, is configuration (`AlertMapping`), because relabelling in Prometheus often
 renames them (`Hostname` -> `node`, ...).
 
@@ -16,14 +18,16 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from workflows.constants import device_workflow_id
-from workflows.models import AlertEvidence, AlertResolved, DeviceRef, PodRef
+from workflows.models import AlertEvidence, AlertResolved, DeviceRef, FailureClass, PodRef
 
 # Alertmanager and Prometheus put no hard limit on label values; a workflow id must stay well
 # under Temporal's 1,000-character limit, and evidence is stored in history, so keep both small.
@@ -73,14 +77,21 @@ class AmPayload(_AmModel):
 # Mapping configuration
 # --------------------------------------------------------------------------------------------
 
+# What an alert is decides its class (never a counter's value): each device-level rule of
+# deploy/prometheus-rules.yaml maps to a failure class, or to `xid` (classified by its Xid code).
+AlertKind = Literal["xid", "unhealthy", "degraded", "application", "unknown"]
+DEFAULT_ALERT_CLASSES: dict[str, AlertKind] = {
+    "SickbayGpuXidError": "xid",
+    "SickbayGpuEccDoubleBitError": "unhealthy",  # uncorrectable ECC (Xid 48 class)
+    "SickbayGpuRowRemapFailure": "unhealthy",  # out of spare rows (Xid 64 class)
+    "SickbayGpuNvlinkErrors": "degraded",  # NVLink recovery errors (Xid 74 class)
+    "SickbayGpuFellOffBus": "unhealthy",  # no longer reported (Xid 79 class)
+}
 # The alert names of deploy/prometheus-rules.yaml. Anything else is reported as unmatched.
-DEFAULT_ALERT_NAMES: tuple[str, ...] = (
-    "SickbayGpuXidError",
-    "SickbayGpuEccDoubleBitError",
-    "SickbayGpuRowRemapFailure",
-    "SickbayGpuNvlinkErrors",
-    "SickbayGpuFellOffBus",
-)
+DEFAULT_ALERT_NAMES: tuple[str, ...] = tuple(DEFAULT_ALERT_CLASSES)
+# dcgm-exporter >= 4.0 labels `Hostname` (from NODE_NAME); its main branch renames it
+# `hostname`. Either one names the node (or, without NODE_NAME, the exporter's pod).
+DEFAULT_NODE_LABELS: tuple[str, ...] = ("Hostname", "hostname")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,19 +103,38 @@ class AlertMapping:
     """
 
     alert_names: frozenset[str] = frozenset(DEFAULT_ALERT_NAMES)
-    node_labels: tuple[str, ...] = ("Hostname",)
+    # alert name -> its class (or `xid`); accepted or not is `alert_names`' say.
+    alert_classes: Mapping[str, AlertKind] = field(
+        default_factory=lambda: dict(DEFAULT_ALERT_CLASSES)
+    )
+    node_labels: tuple[str, ...] = DEFAULT_NODE_LABELS
     uuid_labels: tuple[str, ...] = ("UUID",)
     index_labels: tuple[str, ...] = ("gpu",)
     model_labels: tuple[str, ...] = ("modelName",)
     xid_labels: tuple[str, ...] = ("err_code", "Xid", "xid")
-    # Prometheus puts no sample value into an alert; the rules copy `{{ $value }}` into this
-    # annotation so the gauge's value (dcgm-exporter's last Xid) reaches Sickbay.
+    # Prometheus puts no sample value into an alert; the Xid rule copies the code into the
+    # `xid` annotation (and `{{ $value }}`, the gauge's last Xid, into this one). Both are read
+    # for alerts of the `xid` kind only: any other alert's value is a count, not a code.
     value_annotation: str = "value"
-    pod_label: str = "pod"
-    namespace_label: str = "namespace"
+    xid_annotation: str = "xid"
+    # Pod mapping: with a Prometheus Operator scrape (honorLabels: false) `pod`/`namespace`
+    # are the exporter's own and dcgm-exporter's mapping moves to `exported_*`, read first.
+    # Either way the pod is a hint: the consumer step checks it against the API.
+    pod_labels: tuple[tuple[str, str], ...] = (
+        ("exported_namespace", "exported_pod"),
+        ("namespace", "pod"),
+    )
+    # Labels + annotations (names and values, UTF-8 bytes) past this: refused as `too-large`.
+    max_alert_bytes: int = 16 * 1024
+    cluster: str = ""  # SICKBAY_CLUSTER: part of the workflow id
 
     def accepts(self, alertname: str) -> bool:
         return "*" in self.alert_names or alertname in self.alert_names
+
+    def kind(self, alertname: str) -> AlertKind | None:
+        """The alert's kind; None for an accepted name with no class (only an Xid label
+        classifies it)."""
+        return self.alert_classes.get(alertname)
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,6 +146,7 @@ UnmappedReason = Literal[
     "missing-node",
     "missing-uuid",
     "invalid-label",
+    "too-large",
 ]
 
 
@@ -180,6 +211,20 @@ def parse_xid(text: str) -> int | None:
     return int(value)
 
 
+# A float as Prometheus prints `{{ $value }}` (2.0028987341772155), standing alone: not part
+# of a word, a version or an id (GPU-1.23456).
+_LONG_FIGURE = re.compile(r"(?<![\w.-])(\d+\.\d{3,})(?![\w.])")
+
+
+def tidy_figures(text: str) -> str:
+    """Long floats in a summary -> at most two decimals (`2.0028987341772155` -> `2`)."""
+
+    def short(m: re.Match[str]) -> str:
+        return f"{float(m.group(1)):.2f}".rstrip("0").rstrip(".")
+
+    return _LONG_FIGURE.sub(short, text)
+
+
 def alert_fingerprint(alert: AmAlert) -> str:
     """Alertmanager's fingerprint, or a stable hash of the labels when a sender omits it, so
     the workflow can still de-duplicate repeated notifications."""
@@ -223,7 +268,14 @@ def map_alert(
         return unmapped("invalid-label", f"node or UUID label longer than {MAX_ID_PART} chars")
     if not _has_id_chars(node, uuid):
         return unmapped("invalid-label", "node or UUID label has no ASCII letters or digits")
-    workflow_id = device_workflow_id(node, uuid)
+    size = alert_bytes(alert)
+    if size > mapping.max_alert_bytes:
+        return unmapped(
+            "too-large",
+            f"labels and annotations are {size} bytes, over SICKBAY_WEBHOOK_MAX_ALERT_BYTES "
+            f"({mapping.max_alert_bytes}); not acted on",
+        )
+    workflow_id = device_workflow_id(node, uuid, mapping.cluster)
 
     index_text = _first(labels, mapping.index_labels)
     # isascii(): str.isdigit() is also true for "²", which int() refuses.
@@ -238,15 +290,27 @@ def map_alert(
             index, "resolved", device, workflow_id, resolved=resolved, starts_at=alert.starts_at
         )
 
-    xid = parse_xid(_first(labels, mapping.xid_labels))
-    if xid is None and mapping.value_annotation:
-        xid = parse_xid(alert.annotations.get(mapping.value_annotation, ""))
+    kind = mapping.kind(alertname)
+    failure_class: FailureClass | None = None
+    xid: int | None = None
+    if kind == "xid" or kind is None:
+        xid = parse_xid(_first(labels, mapping.xid_labels))
+    if kind == "xid":
+        for annotation in (mapping.xid_annotation, mapping.value_annotation):
+            if xid is None and annotation:
+                xid = parse_xid(alert.annotations.get(annotation, ""))
+    elif kind is not None:
+        failure_class = kind
     pod = None
-    pod_name = labels.get(mapping.pod_label, "").strip()
-    namespace = labels.get(mapping.namespace_label, "").strip()
-    if pod_name and namespace:
-        pod = PodRef(namespace=namespace, name=pod_name)
-    summary = alert.annotations.get("summary") or alert.annotations.get("description") or ""
+    for ns_label, pod_label in mapping.pod_labels:
+        pod_name = labels.get(pod_label, "").strip()
+        namespace = labels.get(ns_label, "").strip()
+        if pod_name and namespace:
+            pod = PodRef(namespace=namespace, name=pod_name)
+            break
+    summary = tidy_figures(
+        alert.annotations.get("summary") or alert.annotations.get("description") or ""
+    )
     kept = dict(sorted(labels.items())[:MAX_EVIDENCE_LABELS])
     model = _first(labels, mapping.model_labels)
     if model:
@@ -261,9 +325,19 @@ def map_alert(
         summary=summary[:MAX_LABEL_VALUE],
         labels={k: v[:MAX_LABEL_VALUE] for k, v in kept.items()},
         pod=pod,
+        failure_class=failure_class,
     )
     return MappedAlert(
         index, "firing", device, workflow_id, evidence=evidence, starts_at=alert.starts_at
+    )
+
+
+def alert_bytes(alert: AmAlert) -> int:
+    """Bytes of an alert's labels and annotations: names and values, UTF-8."""
+    return sum(
+        len(k.encode()) + len(v.encode())
+        for part in (alert.labels, alert.annotations)
+        for k, v in part.items()
     )
 
 

@@ -17,14 +17,18 @@ import json
 import logging
 import sys
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from workflows.constants import (
     QRY_STATUS,
     QRY_TIMELINE,
+    SA_CLUSTER,
     SA_DEVICE,
+    SA_ESCALATION,
     SA_NODE,
+    SA_OUTCOME,
     SA_PHASE,
     SA_WORKLOAD_CLASS,
     SIG_ABORT,
@@ -33,6 +37,7 @@ from workflows.constants import (
     WF_MAINTENANCE,
     WF_REMEDIATE,
     device_workflow_id,
+    maintenance_workflow_id,
 )
 
 log = logging.getLogger(__name__)
@@ -70,6 +75,7 @@ def _settings(args: argparse.Namespace) -> Any:
             "temporal_address": getattr(args, "address", None),
             "temporal_namespace": getattr(args, "namespace", None),
             "task_queue": getattr(args, "task_queue", None),
+            "cluster": getattr(args, "cluster", None),
             "runbooks_dir": getattr(args, "runbooks_dir", None),
             "metrics_port": getattr(args, "metrics_port", None),
         }.items()
@@ -82,23 +88,32 @@ def _add_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="Temporal address (SICKBAY_TEMPORAL_ADDRESS)")
     p.add_argument("--namespace", help="Temporal namespace (SICKBAY_TEMPORAL_NAMESPACE)")
     p.add_argument("--task-queue", help="task queue (SICKBAY_TASK_QUEUE)")
+    p.add_argument(
+        "--cluster",
+        help="the Sickbay cluster (SICKBAY_CLUSTER): device ids, queue; `status` lists only it",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def workflow_id_for(target: str) -> str:
-    """`sickbay-...` ids pass through; `node/GPU-uuid` becomes the device's workflow id."""
+def workflow_id_for(target: str, cluster: str = "") -> str:
+    """`sickbay-...` ids pass through; `node/GPU-uuid` becomes the device's workflow id in
+    `cluster`."""
     if target.startswith("sickbay-"):
         return target
     if target.count("/") == 1:
         node, gpu = target.split("/")
         if node and gpu:
-            return device_workflow_id(node, gpu)
+            return device_workflow_id(node, gpu, cluster)
     raise ValueError(
         f"{target!r} is neither a workflow id (sickbay-...) nor a device (node/GPU-uuid)"
     )
 
 
 def _run(coro: Any) -> int:
+    from temporalio.client import WorkflowQueryFailedError
+    from temporalio.exceptions import TemporalError
+    from temporalio.service import RPCError
+
     try:
         return int(asyncio.run(coro) or 0)
     except ValueError as exc:
@@ -107,6 +122,95 @@ def _run(coro: Any) -> int:
     except ConnectionError as exc:
         print(f"error: cannot reach Temporal: {exc}", file=sys.stderr)
         return 1
+    except (RPCError, WorkflowQueryFailedError, TemporalError) as exc:
+        # Never a traceback for a workflow the command did not expect: say what Temporal said.
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def ui_url(settings: Any) -> str | None:
+    """The Web UI's base URL: SICKBAY_TEMPORAL_UI_URL when set, else the UI of the stack that
+    `sickbay up` runs against this Temporal address (it may be on another port than 8233);
+    None when neither is known (the CLI then prints no link rather than a wrong one)."""
+    if "temporal_ui_url" in settings.model_fields_set:
+        return str(settings.temporal_ui_url).rstrip("/") or None
+    from worker.demo import _default_state_dir, _live_stack
+
+    def same(address: str) -> str:
+        return address.replace("localhost:", "127.0.0.1:", 1)
+
+    info = _live_stack(_default_state_dir())
+    if (
+        info
+        and info.get("ui_url")
+        and same(str(info.get("temporal_address"))) == same(settings.temporal_address)
+    ):
+        return str(info["ui_url"]).rstrip("/")
+    return None
+
+
+def ui_link(settings: Any, workflow_id: str) -> str:
+    base = ui_url(settings)
+    if base is None:
+        return "UI: set SICKBAY_TEMPORAL_UI_URL to get a link"
+    return f"UI: {base}/namespaces/{settings.temporal_namespace}/workflows/{workflow_id}"
+
+
+# How long a command waits for the workflow to show it took a signal in (a worker must run).
+CONFIRM_SECONDS = 15.0
+
+
+async def workflow_problem(handle: Any) -> tuple[Any, str | None]:
+    """(description, why a signal to this workflow would do nothing, or None).
+
+    Closed runs (the text says how they ended), other workflow types, and runs whose workflow
+    task keeps failing (e.g. a launch from before input validation) cannot act on a signal:
+    the server would accept it and nothing would happen."""
+    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+
+    desc = await handle.describe()
+    if desc.workflow_type != WF_REMEDIATE:
+        return desc, f"{handle.id} is a {desc.workflow_type} workflow, not a remediation"
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        how = desc.status.name.lower() if desc.status else "closed"
+        if desc.status == WorkflowExecutionStatus.FAILED:
+            try:
+                await handle.result(follow_runs=False)
+            except WorkflowFailureError as exc:
+                how += f": {getattr(exc.cause, 'message', None) or exc.cause}"
+        return desc, f"{handle.id} is closed ({how})"
+    pending = desc.raw_description.pending_workflow_task
+    if desc.raw_description.HasField("pending_workflow_task") and pending.attempt > 1:
+        return desc, (
+            f"{handle.id} is Running but its workflow task has failed {pending.attempt - 1} "
+            "time(s): it cannot act on anything until that is fixed (the Web UI shows the "
+            f"task failure); end it with `temporal workflow terminate --workflow-id {handle.id}`"
+        )
+    return desc, None
+
+
+async def _confirmed(handle: Any, action: str, actor: str) -> bool:
+    """Wait until the workflow's timeline shows `action` by `actor` (it took the signal in)."""
+    from workflows.models import TimelineEntry
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CONFIRM_SECONDS
+    while loop.time() < deadline:
+        try:
+            entries = await handle.query(
+                QRY_TIMELINE,
+                result_type=list[TimelineEntry],
+                rpc_timeout=timedelta(seconds=5),
+            )
+        except Exception:  # no worker yet, or the run just closed: look again
+            entries = []
+        if any(e.action == action and e.actor == actor for e in entries):
+            return True
+        desc = await handle.describe()
+        if desc.status is not None and desc.status.name != "RUNNING":
+            return action in {e.action for e in entries}
+        await asyncio.sleep(0.2)
+    return False
 
 
 async def _client(args: argparse.Namespace) -> Any:
@@ -200,16 +304,23 @@ async def _launch(args: argparse.Namespace) -> int:
 
     client = await connect(settings)
     if selector_given:
-        wf_id = f"sickbay-maintenance-{uuid.uuid4().hex[:10]}"
+        wf_id = maintenance_workflow_id(uuid.uuid4().hex[:10], settings.cluster)
         handle = await client.start_workflow(
-            WF_MAINTENANCE, maint, id=wf_id, task_queue=settings.task_queue
+            WF_MAINTENANCE,
+            maint,
+            id=wf_id,
+            task_queue=settings.task_queue,
+            static_summary=f"maintenance drain: {maint.reason}"[:200]
+            + (" (dry run)" if maint.dry_run else ""),
+            static_details=f"selector `{maint.selector.model_dump_json(exclude_defaults=True)}`, "
+            f"runbook {maint.runbook}, requested by {maint.requested_by}",
         )
         _out(
             args,
             {"workflow_id": handle.id, "run_id": handle.result_run_id, "started": True},
             f"started maintenance drain {handle.id}"
             + (" (dry run)" if args.dry_run else "")
-            + f"\n  follow: sickbay status; UI {settings.temporal_ui_url}",
+            + f"\n  follow: sickbay status; {ui_link(settings, handle.id)}",
         )
         return 0
     if not ref.canonical:
@@ -221,14 +332,22 @@ async def _launch(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         requested_by=actor,
         reason=args.reason or "",
+        cluster=settings.cluster,
     )
     result = await signal_with_start(client, inp, task_queue=settings.task_queue)
+    if not result.started:
+        # Signalled a run that was already open: say so only if it can act on the evidence.
+        _, problem = await workflow_problem(client.get_workflow_handle(result.workflow_id))
+        if problem is not None:
+            print(f"error: the evidence went to a run that cannot act: {problem}", file=sys.stderr)
+            return 1
     verb = "started" if result.started else "signalled running"
     _out(
         args,
         result.model_dump(mode="json"),
         f"{verb} remediation {result.workflow_id} for {result.device}"
-        + (" (dry run)" if args.dry_run else ""),
+        + (" (dry run)" if args.dry_run else "")
+        + f"\n  follow: sickbay timeline {result.device}; {ui_link(settings, result.workflow_id)}",
     )
     return 0
 
@@ -250,8 +369,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
+    settings = _settings(args)
     client = await _client(args)
-    query = f"WorkflowType = '{WF_REMEDIATE}' AND ExecutionStatus = 'Running'"
+    query = f"WorkflowType = '{WF_REMEDIATE}'"
+    if not args.all:
+        query += " AND ExecutionStatus = 'Running'"
+    if settings.cluster:  # --cluster / SICKBAY_CLUSTER: that cluster's incidents only
+        query += f" AND {SA_CLUSTER} = '{settings.cluster}'"
     rows = []
     async for wf in client.list_workflows(query):
         sa = wf.search_attributes or {}
@@ -260,28 +384,88 @@ async def _status(args: argparse.Namespace) -> int:
             value = attrs.get(name) or [""]
             return str(value[0]) if isinstance(value, list) else str(value)
 
+        status = wf.status.name.lower() if wf.status else ""
         rows.append(
             {
                 "workflow_id": wf.id,
+                "cluster": first(SA_CLUSTER),
                 "device": first(SA_DEVICE),
                 "node": first(SA_NODE),
                 "workload_class": first(SA_WORKLOAD_CLASS),
                 "phase": first(SA_PHASE),
+                # A run that failed (e.g. refused input) has no outcome of its own: say failed.
+                "outcome": first(SA_OUTCOME) or (status if status not in ("running", "") else ""),
+                "escalation": first(SA_ESCALATION),
+                "since": wf.start_time.isoformat() if wf.start_time else "",
                 "started": wf.start_time.isoformat() if wf.start_time else "",
+                "status": status,
             }
         )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
-        print("no open incidents")
-        return 0
-    print(f"{'PHASE':<22} {'CLASS':<14} {'DEVICE':<50} WORKFLOW")
-    for r in rows:
-        print(
-            f"{r['phase'] or '-':<22} {r['workload_class'] or '-':<14} {r['device']:<50} {r['workflow_id']}"
-        )
+        print("no open incidents" if not args.all else "no remediations")
+    else:
+        _print_table(rows)
+    await _print_rejections(client, settings.task_queue)
     return 0
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    # The CLUSTER column only where a remediation belongs to a named cluster.
+    clustered = any(r["cluster"] for r in rows)
+    table = [
+        {
+            **({"CLUSTER": r["cluster"] or "-"} if clustered else {}),
+            "PHASE": r["phase"] or "-",
+            "OUTCOME": r["outcome"] or "-",
+            "ESCALATED": r["escalation"] or "-",
+            "SINCE (UTC)": r["since"][:16].replace("T", " ") or "-",
+            "CLASS": r["workload_class"] or "-",
+            "DEVICE": r["device"] or "-",
+            "WORKFLOW": r["workflow_id"],
+        }
+        for r in rows
+    ]
+    widths = {k: max(len(k), *(len(t[k]) for t in table)) for k in table[0]}
+    print("  ".join(k.ljust(widths[k]) for k in widths).rstrip())
+    for t in table:
+        print("  ".join(t[k].ljust(widths[k]) for k in widths).rstrip())
+
+
+async def _print_rejections(client: Any, task_queue: str) -> None:
+    """The `rejected alerts` summary: what Sickbay was told but could not use (kept by the
+    sickbay-rejections workflow), and the pages not sent because one was already sent."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from workflows.constants import QRY_REJECTIONS, rejections_workflow_id
+    from workflows.models import RejectionsSummary
+
+    wid = rejections_workflow_id(task_queue)
+    try:
+        summary = await client.get_workflow_handle(wid).query(
+            QRY_REJECTIONS, result_type=RejectionsSummary
+        )
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            print("\nrejected alerts: none recorded")
+            return
+        print(f"\nrejected alerts: cannot ask {wid}: {exc}", file=sys.stderr)
+        return
+    if not summary.reasons:
+        print("\nrejected alerts: none in the last 24 h")
+        return
+    print("\nrejected alerts (last 24 h; alerts Sickbay was told about but could not use):")
+    for r in summary.reasons:
+        example = f"  e.g. {r.examples[-1]}" if r.examples else ""
+        print(f"  {r.reason:<26} {r.count:>6}  last {r.last_at:%Y-%m-%d %H:%M:%S}Z{example}")
+    for c in summary.claims:
+        if c.suppressed:
+            print(
+                f"  not paged: {c.suppressed} {c.cause} on node {c.node} "
+                f"(paged once, by {c.holder}, at {c.at:%H:%M:%S}Z)"
+            )
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -292,27 +476,41 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 async def _timeline(args: argparse.Namespace) -> int:
-    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+    from temporalio.client import (
+        WorkflowExecutionStatus,
+        WorkflowFailureError,
+        WorkflowQueryFailedError,
+    )
     from temporalio.service import RPCError, RPCStatusCode
 
     from workflows.models import RemediationResult, RemediationStatus, TimelineEntry
 
-    wf_id = workflow_id_for(args.target)
+    wf_id = workflow_id_for(args.target, _settings(args).cluster)
     client = await _client(args)
     handle = client.get_workflow_handle(wf_id, result_type=RemediationResult)
     try:
-        desc = await handle.describe()
+        desc, problem = await workflow_problem(handle)
+        if desc.workflow_type != WF_REMEDIATE:
+            print(f"error: {problem}", file=sys.stderr)
+            return 1
         if desc.status is not None and desc.status != WorkflowExecutionStatus.RUNNING:
             # Closed: the result in history holds the timeline; no worker needed to answer.
             try:
                 done = await handle.result(follow_runs=False)
                 entries, status = done.timeline, done.status
-            except WorkflowFailureError as exc:
-                print(f"{wf_id} ended {desc.status.name.lower()}: {exc.cause}", file=sys.stderr)
+            except WorkflowFailureError:
+                print(f"error: {problem}", file=sys.stderr)
                 return 1
+        elif problem is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            return 1
         else:
-            entries = await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
-            status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+            try:
+                entries = await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
+                status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+            except WorkflowQueryFailedError as exc:
+                print(f"error: {wf_id} could not answer the timeline query: {exc}", file=sys.stderr)
+                return 1
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             print(f"no remediation {wf_id}", file=sys.stderr)
@@ -330,12 +528,19 @@ async def _timeline(args: argparse.Namespace) -> int:
         )
         return 0
     print(f"{wf_id}  device {status.device}  phase {status.phase.value}  runbook {status.runbook}")
+    if status.outcome or status.escalation_reason:
+        print(f"  outcome {status.outcome or '-'}  escalated {status.escalation_reason or '-'}")
+    if status.awaiting:
+        until = f" until {status.until:%Y-%m-%d %H:%M:%S} UTC" if status.until else ""
+        print(f"  waiting for {status.awaiting}{until}")
+    if status.next_action:
+        print(f"  next: {status.next_action}")
     for e in entries:
         line = f"{e.at:%Y-%m-%d %H:%M:%S}  {e.phase.value:<20} {e.action}"
         if e.outcome:
             line += f" -> {e.outcome}"
-        if e.actor != "sickbay":
-            line += f"  [{e.actor}]"
+        if e.who():
+            line += f"  [{e.who()}]"
         if e.reason:
             line += f"  ({e.reason})"
         print(line)
@@ -355,11 +560,18 @@ async def _decide(args: argparse.Namespace) -> int:
 
     from workflows.models import AbortRequest, ApprovalDecision, ApprovalResult, RepairedRequest
 
-    wf_id = workflow_id_for(args.target)
+    wf_id = workflow_id_for(args.target, _settings(args).cluster)
     actor = args.actor or getpass.getuser()
+    if args.command == "abort" and not args.reason:
+        print("error: abort needs --reason", file=sys.stderr)
+        return 2
     client = await _client(args)
     handle = client.get_workflow_handle(wf_id)
     try:
+        _, problem = await workflow_problem(handle)
+        if problem is not None:
+            print(f"error: nothing sent: {problem}", file=sys.stderr)
+            return 1
         if args.command in ("approve", "reject"):
             try:
                 result = await handle.execute_update(
@@ -373,20 +585,27 @@ async def _decide(args: argparse.Namespace) -> int:
                 print(f"refused: {exc.cause}", file=sys.stderr)
                 return 1
             print(f"{args.command}d {wf_id} (phase {result.phase.value})")
-        elif args.command == "abort":
-            if not args.reason:
-                print("error: abort needs --reason", file=sys.stderr)
-                return 2
+            return 0
+        if args.command == "abort":
             await handle.signal(SIG_ABORT, AbortRequest(reason=args.reason, actor=actor))
-            print(f"abort sent to {wf_id}")
+            action, done = "abort requested", "aborting"
         else:
             await handle.signal(SIG_REPAIRED, RepairedRequest(actor=actor, note=args.reason or ""))
-            print(f"marked {wf_id} repaired")
+            action, done = "marked repaired", "marked repaired"
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             print(f"no running remediation {wf_id}", file=sys.stderr)
             return 1
         raise
+    # The server accepting a signal proves nothing: wait for the workflow's own timeline.
+    if not await _confirmed(handle, action, actor):
+        print(
+            f"error: {args.command} sent to {wf_id}, but the workflow has not taken it in within "
+            f"{CONFIRM_SECONDS:g} s (is a worker running on its task queue?)",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"{wf_id} {done} (taken in by the workflow)")
     return 0
 
 
@@ -578,8 +797,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--dry-run", action="store_true", help="preview only: nothing is tainted")
     p.set_defaults(func=cmd_launch)
 
-    p = sub.add_parser("status", help="open incidents with their phase")
+    p = sub.add_parser(
+        "status",
+        help="open incidents (phase, outcome, escalation, since when), and the alerts Sickbay "
+        "rejected",
+    )
     _add_connection(p)
+    p.add_argument("--all", action="store_true", help="closed remediations too (with outcome)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("timeline", help="a remediation's timeline")

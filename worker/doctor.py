@@ -4,11 +4,27 @@ Checks, one line each, `ok` / `warning` / `error` plus what to do:
 - API reachable, server version; known-bad releases (1.36.0-1.36.2: the scheduler ignores
   DeviceTaintRules, kubernetes#139651, fixed by the #139681 back-port);
 - every permission Sickbay needs (activities/kube/permissions.py), by SelfSubjectAccessReview;
+- `grants`: which optional grants the loaded runbooks (`--runbooks`, default
+  SICKBAY_RUNBOOKS_DIR) and this cluster need: pods delete for `eviction.force: delete`
+  runbooks, nodes patch where no DeviceTaintRule is served, ...; one that is needed and not
+  granted is an error naming the runbook, one nothing needs can be dropped (its file named);
 - which resource.k8s.io versions serve DeviceTaintRule (else: the Eviction API fallback);
 - with `--probe` only: whether the device-taint eviction controller acts. A short-lived rule
   with effect None that selects no device (a driver name no device has) gets a status condition
-  within seconds when the controller runs; the rule is deleted right after. This is the one
-  write the doctor makes, and only when asked;
+  within seconds when the controller runs; the rule is deleted right after;
+- with `--probe` only: whether the scheduler honours DeviceTaintRules, by behaviour (a patched
+  1.36.2 build is fine, a stock one is not: kubernetes#139651). One free device gets a
+  NoSchedule rule, and a pod (an image that is never pulled) asks for exactly that device
+  through its own ResourceClaim: a scheduler that honours the rule leaves it Unschedulable, a
+  broken one binds it (tried twice, so a scheduler that had not seen the rule yet is not
+  blamed). Pod, claim and rule are deleted right after. These are the only writes the doctor
+  makes, and only when asked (`--probe-namespace`, default `default`; needs create/delete of
+  pods and resourceclaims there, which Sickbay's own role does not have: run it as an admin);
+- what Sickbay cannot see: the stock 1.36.2 scheduler also panics (`interface conversion:
+  interface {} is *v1beta2.DeviceTaintRule, not *v1alpha3.DeviceTaintRule`, tracker.go) when a
+  ResourceSlice changes while any DeviceTaintRule exists, and crash-loops while that lasts:
+  the doctor says so on 1.36.0-1.36.2 builds serving v1beta2 rules (watch kube-scheduler's
+  restarts); a quarantine (or this probe) on such a cluster can set it off;
 - whether pods report `allocatedResourcesStatus` (ResourceHealthStatus), DRA drivers and
   device classes present and whether their devices carry a uuid attribute.
 Exit code 0 when nothing is `error`, 1 otherwise.
@@ -19,20 +35,25 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 from activities.kube.client import ErrorKind, Kube, KubeError, KubeSettings
-from activities.kube.devices import list_slice_devices
+from activities.kube.devices import _device_class_for, list_slice_devices
 from activities.kube.discovery import ClusterApis, Discovery
-from activities.kube.permissions import PERMISSIONS
+from activities.kube.permissions import PERMISSIONS, ROLE_FILES, Permission, needed
 from activities.kube.pods import requests_gpu
 from activities.kube.quarantine import delete_rule, wait_rule_conditions
 from worker.watcher import WatchSettings
 from workflows.constants import LABEL_MANAGED_BY, MANAGED_BY_VALUE
+from workflows.models import Runbook
 
 PROBE_TIMEOUT = 30.0  # seconds; the controller writes status ~0.2 s after create (10 s cadence)
+PROBE_POLL = 0.2  # seconds between reads of the scheduler probe pod (a decision takes ms)
+PROBE_IMAGE = "registry.invalid/sickbay-doctor-probe:never-pulled"  # nothing ever runs
 BAD_136_PATCHES = range(0, 3)  # 1.36.0 - 1.36.2 ship the scheduler without the #139651 fix
 POD_SAMPLE = 500  # pods read to look for allocatedResourcesStatus
 
@@ -51,10 +72,15 @@ class Check:
 
 class Doctor:
     def __init__(
-        self, kube: Kube, probe_timeout: float = PROBE_TIMEOUT, namespace: str | None = None
+        self,
+        kube: Kube,
+        probe_timeout: float = PROBE_TIMEOUT,
+        runbooks: list[Runbook] | None = None,
+        namespace: str | None = None,
     ) -> None:
         self.kube = kube
         self.probe_timeout = probe_timeout
+        self.runbooks = runbooks  # None: not loaded (the grants line is left out)
         # Sickbay's own namespace: the health watcher's Lease (a namespaced permission)
         self.namespace = namespace or WatchSettings().watch_namespace
         self.checks: list[Check] = []
@@ -62,15 +88,16 @@ class Doctor:
     def add(self, status: str, name: str, detail: str, fix: str = "") -> None:
         self.checks.append(Check(status, name, detail, fix))
 
-    def run(self, probe: bool = False) -> list[Check]:
+    def run(self, probe: bool = False, probe_namespace: str = "default") -> list[Check]:
         apis = self.reachability()
         if apis is None:
             return self.checks
-        self.versions(apis)
-        self.permissions()
+        self.versions(apis, probed=probe)
+        self.permissions(apis)
         self.taint_api(apis)
         if probe:
             self.probe(apis)
+            self.probe_scheduler(apis, probe_namespace)
         self.health_reporting()
         self.drivers(apis)
         return self.checks
@@ -89,7 +116,7 @@ class Doctor:
         self.add("ok", "api", f"reachable, Kubernetes {apis.server_version or 'unknown version'}")
         return apis
 
-    def versions(self, apis: ClusterApis) -> None:
+    def versions(self, apis: ClusterApis, probed: bool = False) -> None:
         match = re.match(r"v?1\.(\d+)\.(\d+)", apis.server_version)
         if not match:
             self.add("warning", "version", f"cannot parse {apis.server_version!r}")
@@ -103,21 +130,37 @@ class Doctor:
                 "upgrade the control plane to 1.34 or later",
             )
         elif minor == 36 and patch in BAD_136_PATCHES and apis.taint_version:
-            self.add(
-                "warning",
-                "known-bad version",
-                f"1.36.{patch}: the scheduler ignores DeviceTaintRules (kubernetes#139651), so "
-                "NoExecute quarantines make replacements churn",
-                "upgrade to a 1.36 patch with the #139681 back-port; until then Sickbay detects "
-                "the churn, stops and escalates",
-            )
+            if not probed:  # --probe tells by behaviour instead (a patched build is fine)
+                self.add(
+                    "warning",
+                    "known-bad version",
+                    f"1.36.{patch}: a stock build's scheduler ignores DeviceTaintRules "
+                    "(kubernetes#139651), so NoExecute quarantines make replacements churn; "
+                    "told by the version only, a build with the #139681 back-port is fine",
+                    "run `sickbay doctor --probe` to tell by behaviour; on a stock build "
+                    "upgrade, until then Sickbay detects the churn, stops it (runbook "
+                    "replacement.onChurn) and escalates",
+                )
+            if apis.taint_version == "v1beta2":
+                self.add(
+                    "warning",
+                    "scheduler crash",
+                    f"1.36.{patch}: a stock scheduler panics (interface conversion, "
+                    "*v1beta2.DeviceTaintRule, tracker.go) when a ResourceSlice changes while "
+                    "any DeviceTaintRule exists, and crash-loops while that lasts; Sickbay "
+                    "cannot see the scheduler",
+                    "watch kube-scheduler restarts (kubectl -n kube-system get pods -l "
+                    "component=kube-scheduler); a build with the #139681 back-port is fine",
+                )
         else:
             self.add("ok", "version", f"1.{minor}.{patch}: no known DeviceTaintRule defects")
 
-    def permissions(self) -> None:
+    def permissions(self, apis: ClusterApis | None = None) -> None:
         missing: list[str] = []
         optional_missing: list[str] = []
+        granted: dict[Permission, bool] = {}
         for perm in PERMISSIONS:
+            granted[perm] = True
             for verb in perm.verbs:
                 attrs: dict[str, Any] = {
                     "group": perm.group,
@@ -148,12 +191,14 @@ class Doctor:
                             "SelfSubjectAccessReview is not served: permissions not checked",
                             "compare the service account's role with deploy/rbac.yaml by hand",
                         )
+                        self.grants(apis, None)
                         return
                     raise
                 if not (review.get("status") or {}).get("allowed"):
                     name = f"{verb} {perm.resource}" + (f".{perm.group}" if perm.group else "")
                     (missing if perm.required else optional_missing).append(name)
-        total = sum(len(p.verbs) for p in PERMISSIONS)
+                    granted[perm] = False
+        total = sum(len(p.verbs) for p in PERMISSIONS if p.required)
         if missing:
             self.add(
                 "error",
@@ -161,16 +206,58 @@ class Doctor:
                 "missing: " + ", ".join(missing),
                 "apply deploy/rbac.yaml (ClusterRole sickbay) and bind it to the worker's account",
             )
-        if optional_missing:
+        if not missing:
+            optional = f"; optional ones not granted: {', '.join(optional_missing)}"
             self.add(
-                "warning",
-                "permissions (optional)",
-                "missing: " + ", ".join(optional_missing),
-                "needed only for the quarantine rule, cordon/force-delete runbooks or Cluster "
-                "API scale-up: grant them from deploy/rbac.yaml if you use those",
+                "ok",
+                "permissions",
+                f"all {total} required verbs allowed" + (optional if optional_missing else ""),
             )
-        if not missing and not optional_missing:
-            self.add("ok", "permissions", f"all {total} verbs allowed")
+        self.grants(apis, granted)
+
+    def grants(self, apis: ClusterApis | None, granted: dict[Permission, bool] | None) -> None:
+        """Which optional grants the loaded runbooks and this cluster need (`granted`: what the
+        access reviews said, None when they could not be asked)."""
+        if self.runbooks is None or apis is None:
+            return
+        served = apis.taint_version is not None
+        parts: list[str] = []
+        fixes: list[str] = []
+        needed_missing = False
+        for perm in PERMISSIONS:
+            if perm.required:
+                continue
+            name = (
+                ",".join(perm.verbs)
+                + f" {perm.resource}"
+                + (f".{perm.group}" if perm.group else "")
+            )
+            why = needed(perm, self.runbooks, served)
+            has = None if granted is None else granted[perm]
+            own_file = ROLE_FILES[perm.role] if perm.role != "sickbay" else None
+            if why:
+                text = f"{name}: needed by {', '.join(why)}"
+                if has is False:
+                    needed_missing = True
+                    text += " but NOT granted"
+                    fixes.append(
+                        f"apply {own_file}" if own_file else f"grant {name} (deploy/rbac.yaml)"
+                    )
+            elif has is False:
+                text = f"{name}: not needed; not granted ({perm.role})"
+            else:
+                drop = f"{own_file} can be dropped" if own_file else "its rule can be removed"
+                text = f"{name}: not needed ({drop})"
+            parts.append(text)
+        self.add(
+            "error" if needed_missing else "ok",
+            "grants",
+            f"{len(self.runbooks)} runbook(s), DeviceTaintRule "
+            + ("served" if served else "not served")
+            + ": "
+            + "; ".join(parts),
+            "; ".join(fixes),
+        )
 
     def taint_api(self, apis: ClusterApis) -> None:
         if not apis.dra:
@@ -268,6 +355,268 @@ class Doctor:
                 "the scheduler); until then use runbooks with eviction mode eviction-api",
             )
 
+    def probe_scheduler(self, apis: ClusterApis, namespace: str) -> None:
+        """Does the scheduler honour DeviceTaintRules? Told by what it does (module doc)."""
+        name = "scheduler"
+        if apis.taint_version is None or not apis.dra:
+            self.add("warning", name, "not probed: no DeviceTaintRule is served")
+            return
+        target = self._free_device()
+        if target is None:
+            self.add(
+                "warning",
+                name,
+                "not probed: no free device with a uuid attribute and a DeviceClass",
+                "run again when a GPU is free",
+            )
+            return
+        verdicts: list[str] = []
+        for attempt in (1, 2):
+            try:
+                verdict = self._sched_attempt(apis.taint_version, namespace, target, attempt)
+            except KubeError as err:
+                self.add(
+                    "warning",
+                    name,
+                    f"not probed: {err}",
+                    f"run as a user who may create and delete pods and resourceclaims in "
+                    f"{namespace} (or pass --probe-namespace)",
+                )
+                return
+            verdicts.append(verdict)
+            if verdict != "bound":
+                break
+        device = f"{target['driver']}/{target['pool']}/{target['device']}"
+        last = verdicts[-1]
+        if last == "unschedulable":
+            self.add(
+                "ok",
+                name,
+                f"honours DeviceTaintRules: a pod asking for {device} under a NoSchedule rule "
+                "stayed Unschedulable",
+            )
+        elif last == "bound":
+            self.add(
+                "error",
+                name,
+                f"ignores DeviceTaintRules: a pod asking for {device} under a NoSchedule rule "
+                f"was bound to it ({len(verdicts)} tries) - kubernetes#139651",
+                "upgrade kube-scheduler to a build with the fix (#139681 on 1.36); until then "
+                "NoExecute quarantines churn (Sickbay stops it per replacement.onChurn)",
+            )
+        else:
+            self.add(
+                "warning",
+                name,
+                f"no scheduling decision for the probe pod within {self.probe_timeout:.0f} s",
+                "is kube-scheduler running? (a stock 1.36.2 one crash-loops after a "
+                "ResourceSlice change while a DeviceTaintRule exists)",
+            )
+
+    def _free_device(self) -> dict[str, str] | None:
+        """A device no claim holds, with a uuid attribute (the CEL selector pins it) and a
+        DeviceClass of its driver."""
+        body = self.kube.call(
+            self.kube.resource_v1.list_resource_slice, verb="list", resource="resourceslices"
+        )
+        claims = self.kube.call(
+            self.kube.resource_v1.list_resource_claim_for_all_namespaces,
+            verb="list",
+            resource="resourceclaims.resource.k8s.io",
+        )
+        taken = {
+            (r.get("driver"), r.get("pool"), r.get("device"))
+            for c in claims.get("items") or []
+            for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+                "results"
+            )
+            or []
+        }
+        for item in body.get("items") or []:
+            spec = item.get("spec") or {}
+            driver, pool = spec.get("driver", ""), (spec.get("pool") or {}).get("name", "")
+            for dev in spec.get("devices") or []:
+                if (driver, pool, dev.get("name")) in taken or dev.get("taints"):
+                    continue
+                for key, attr in (dev.get("attributes") or {}).items():
+                    domain, _, ident = key.rpartition("/")
+                    if (
+                        ident.lower() != "uuid"
+                        or not isinstance(attr, dict)
+                        or "string" not in attr
+                    ):
+                        continue
+                    cls = _device_class_for(self.kube, driver, partition=False)
+                    if cls is None:
+                        continue
+                    return {
+                        "driver": driver,
+                        "pool": pool,
+                        "device": str(dev.get("name")),
+                        "domain": domain or driver,
+                        "attr": ident,
+                        "uuid": str(attr["string"]),
+                        "class": cls,
+                    }
+        return None
+
+    def _sched_attempt(
+        self, version: str, namespace: str, target: dict[str, str], attempt: int
+    ) -> str:
+        """bound | unschedulable | undecided, for one probe pod; everything deleted after."""
+        suffix = f"{uuid.uuid4().hex[:8]}-{attempt}"
+        rule_name = f"sickbay-doctor-sched-{suffix}"
+        claim_name = f"sickbay-doctor-sched-{suffix}"
+        pod_name = f"sickbay-doctor-sched-{suffix}"
+        labels = {LABEL_MANAGED_BY: MANAGED_BY_VALUE}
+        api = self.kube.resource_by_version[version]
+        core = self.kube.core
+        made: list[str] = []
+        try:
+            self.kube.call(
+                api.create_device_taint_rule,
+                {
+                    "apiVersion": f"resource.k8s.io/{version}",
+                    "kind": "DeviceTaintRule",
+                    "metadata": {"name": rule_name, "labels": labels},
+                    "spec": {
+                        "deviceSelector": {
+                            "driver": target["driver"],
+                            "pool": target["pool"],
+                            "device": target["device"],
+                        },
+                        "taint": {"key": "sickbay.dev/doctor-probe", "effect": "NoSchedule"},
+                    },
+                },
+                verb="create",
+                resource="devicetaintrules.resource.k8s.io",
+                name=rule_name,
+            )
+            made.append("rule")
+            expression = (
+                f'device.attributes["{target["domain"]}"].{target["attr"]} == "{target["uuid"]}"'
+            )
+            self.kube.call(
+                self.kube.resource_v1.create_namespaced_resource_claim,
+                namespace,
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaim",
+                    "metadata": {"name": claim_name, "labels": labels},
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {
+                                    "name": "gpu",
+                                    "exactly": {
+                                        "deviceClassName": target["class"],
+                                        "selectors": [{"cel": {"expression": expression}}],
+                                    },
+                                }
+                            ]
+                        }
+                    },
+                },
+                verb="create",
+                resource="resourceclaims.resource.k8s.io",
+                name=claim_name,
+            )
+            made.append("claim")
+            self.kube.call(
+                core.create_namespaced_pod,
+                namespace,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": pod_name, "labels": labels},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "terminationGracePeriodSeconds": 0,
+                        "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+                        "containers": [
+                            {
+                                "name": "probe",
+                                "image": PROBE_IMAGE,
+                                "resources": {"claims": [{"name": "gpu"}]},
+                            }
+                        ],
+                    },
+                },
+                verb="create",
+                resource="pods",
+                name=pod_name,
+            )
+            made.append("pod")
+            deadline = time.monotonic() + self.probe_timeout
+            while time.monotonic() < deadline:
+                pod = self.kube.call(
+                    core.read_namespaced_pod,
+                    pod_name,
+                    namespace,
+                    verb="get",
+                    resource="pods",
+                    name=pod_name,
+                )
+                if (pod.get("spec") or {}).get("nodeName"):
+                    return "bound"
+                for cond in (pod.get("status") or {}).get("conditions") or []:
+                    if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+                        return "unschedulable"
+                time.sleep(PROBE_POLL)
+            return "undecided"
+        finally:
+            self._cleanup(version, namespace, made, rule_name, claim_name, pod_name)
+
+    def _cleanup(
+        self,
+        version: str,
+        namespace: str,
+        made: list[str],
+        rule_name: str,
+        claim_name: str,
+        pod_name: str,
+    ) -> None:
+        core = self.kube.core
+        steps: list[tuple[str, Any, tuple[Any, ...], dict[str, Any], str, str]] = []
+        if "pod" in made:
+            steps.append(
+                (
+                    "pod",
+                    core.delete_namespaced_pod,
+                    (pod_name, namespace),
+                    {"grace_period_seconds": 0},
+                    "pods",
+                    f"kubectl -n {namespace} delete pod {pod_name}",
+                )
+            )
+        if "claim" in made:
+            steps.append(
+                (
+                    "claim",
+                    self.kube.resource_v1.delete_namespaced_resource_claim,
+                    (claim_name, namespace),
+                    {},
+                    "resourceclaims.resource.k8s.io",
+                    f"kubectl -n {namespace} delete resourceclaim {claim_name}",
+                )
+            )
+        for what, fn, args, kwargs, resource, fix in steps:
+            try:
+                self.kube.call(fn, *args, verb="delete", resource=resource, name=args[0], **kwargs)
+            except KubeError as err:
+                if err.kind is not ErrorKind.NOT_FOUND:
+                    self.add("error", "probe cleanup", f"could not delete probe {what}: {err}", fix)
+        if "rule" in made:
+            try:
+                delete_rule(self.kube, version, rule_name)
+            except KubeError as err:
+                self.add(
+                    "error",
+                    "probe cleanup",
+                    f"could not delete probe rule {rule_name}: {err}",
+                    f"kubectl delete devicetaintrule {rule_name}",
+                )
+
     def health_reporting(self) -> None:
         body = self.kube.call(
             self.kube.core.list_pod_for_all_namespaces,
@@ -356,11 +705,34 @@ class Doctor:
         )
 
 
+def _load_runbooks(path: Path) -> tuple[list[Runbook] | None, Check]:
+    from activities.runbooks import RunbookError, load_dir
+
+    try:
+        loaded = load_dir(path)
+    except RunbookError as exc:
+        problems = exc.problems
+        shown = "; ".join(problems[:3]) + (
+            f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        )
+        return None, Check(
+            "error",
+            "runbooks",
+            f"{path} does not load: {shown}",
+            f"sickbay runbooks validate {path}",
+        )
+    names = ", ".join(r.name for r in loaded.runbooks)
+    return loaded.runbooks, Check("ok", "runbooks", f"{len(loaded.runbooks)} from {path}: {names}")
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from worker.settings import Settings
 
     settings = Settings()
+    runbooks, loaded = _load_runbooks(
+        Path(args.runbooks) if args.runbooks else settings.runbooks_dir
+    )
     kube_settings = KubeSettings.from_settings(settings)
     kube_settings = KubeSettings(
         kubeconfig=args.kubeconfig or kube_settings.kubeconfig,
@@ -374,11 +746,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         out.write(f"{'error':<8}{'config':<28}cannot load Kubernetes config: {exc}\n")
         return 1
     try:
-        checks = Doctor(kube, args.probe_timeout, getattr(args, "namespace", None)).run(
-            probe=args.probe
-        )
+        checks = [
+            loaded,
+            *Doctor(kube, args.probe_timeout, runbooks, getattr(args, "namespace", None)).run(
+                probe=args.probe, probe_namespace=args.probe_namespace
+            ),
+        ]
     except KubeError as err:
-        checks = [Check("error", "doctor", f"stopped: {err}")]
+        checks = [loaded, Check("error", "doctor", f"stopped: {err}")]
     finally:
         kube.api_client.close()
     for check in checks:
@@ -398,8 +773,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--probe",
         action="store_true",
-        help="create and delete a no-op rule "
-        "(effect None, selects nothing) to see whether the eviction controller acts",
+        help="create and delete a no-op rule (effect None, selects nothing) to see whether "
+        "the eviction controller acts, and a NoSchedule rule on one free device plus a pod "
+        "asking for it to see whether the scheduler honours DeviceTaintRules",
+    )
+    parser.add_argument(
+        "--probe-namespace",
+        default="default",
+        help="namespace of the scheduler probe's pod and claim (default %(default)s)",
     )
     parser.add_argument(
         "--probe-timeout",
@@ -409,6 +790,11 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: KUBECONFIG)")
     parser.add_argument("--context", default=None, help="kubeconfig context")
+    parser.add_argument(
+        "--runbooks",
+        default=None,
+        help="runbook directory whose grant needs to check (default: SICKBAY_RUNBOOKS_DIR)",
+    )
     parser.add_argument(
         "--namespace",
         default=None,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
 import signal
@@ -33,17 +34,21 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.budget import BudgetActivities
 from activities.launch import LaunchActivities
 from activities.runbooks import RunbookActivities
+from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
+from worker.identity import SenderIdentityRunner
 from worker.settings import Settings
 from workflows.budget import BudgetWorkflow
 from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
     ACT_AWAIT_REMEDIATION,
     ACT_CHECK_HEALTH,
+    ACT_CLAIM_ESCALATION,
     ACT_COUNT_DEVICES,
     ACT_DESCRIBE_POOL,
     ACT_EVICT_PODS,
@@ -72,8 +77,11 @@ from workflows.constants import (
     WF_REMEDIATE,
     WF_SWEEP,
     budget_task_queue,
+    budget_workflow_id,
 )
+from workflows.identity import SenderIdentityInterceptor
 from workflows.maintenance import MaintenanceWorkflow
+from workflows.rejections import RejectionsWorkflow
 from workflows.remediation import DeviceRemediationWorkflow
 
 log = logging.getLogger(__name__)
@@ -94,7 +102,12 @@ def _optional(module: str, name: str) -> Any | None:
 
 
 def _workflows() -> list[type]:
-    found: list[type] = [DeviceRemediationWorkflow, BudgetWorkflow, MaintenanceWorkflow]
+    found: list[type] = [
+        DeviceRemediationWorkflow,
+        BudgetWorkflow,
+        MaintenanceWorkflow,
+        RejectionsWorkflow,
+    ]
     for module, name in (
         ("workflows.pool_scaler", "PoolScalerWorkflow"),
         ("workflows.sweep", "HealthSweepWorkflow"),
@@ -128,6 +141,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
         ACT_RELEASE_QUARANTINE,
         ACT_CHECK_HEALTH,
         ACT_SIGNAL_WITH_START,
+        ACT_CLAIM_ESCALATION,
     ),
     WF_BUDGET: (ACT_RECONCILE_LEASES,),
     WF_MAINTENANCE: (ACT_SELECT_DEVICES, ACT_SIGNAL_WITH_START, ACT_AWAIT_REMEDIATION),
@@ -178,6 +192,8 @@ class Built:
     # Run once before polling (best effort): per-worker caches such as Kubernetes discovery.
     warmers: list[Callable[[], Any]] = field(default_factory=list)
     kube: Any = None  # the Kubernetes client (activities.kube.Kube), for the health watcher
+    # The cluster's fingerprint (worker/cluster.py), read through the Kubernetes client.
+    fingerprint: Callable[[], str] | None = None
 
 
 def build_activities(client: Client, settings: Settings, *, kube_activities: Any = None) -> Built:
@@ -187,8 +203,14 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
     built = Built(
         activities=[
             runbooks.load_runbooks,
-            *activities_of(LaunchActivities(client, settings.task_queue)),
-            *activities_of(BudgetActivities(client, settings.task_queue)),
+            *activities_of(LaunchActivities(client, settings.task_queue, settings.cluster)),
+            *activities_of(
+                BudgetActivities(
+                    client,
+                    settings.task_queue,
+                    workflow_id=budget_workflow_id(settings.task_queue, settings.cluster),
+                )
+            ),
         ]
     )
     kube = kube_activities
@@ -203,6 +225,8 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
             built.closers.append(kube.close)
         if hasattr(kube, "warm_up"):
             built.warmers.append(kube.warm_up)
+        if hasattr(kube, "kube"):
+            built.fingerprint = functools.partial(kube_fingerprint, kube.kube)
         maint_cls = _optional("activities.maintenance", "MaintenanceActivities")
         if maint_cls is not None:
             built.activities += activities_of(maint_cls(kube.kube, client))
@@ -296,6 +320,7 @@ async def build_worker(
     *,
     kube_activities: Any = None,
     built: Built | None = None,
+    identity: str | None = None,
 ) -> SickbayWorker:
     """The production workers for `settings.task_queue` (and its budget queue); raises
     RuntimeError naming every activity a registered workflow needs but nothing provides."""
@@ -315,11 +340,25 @@ async def build_worker(
         max_concurrent_activity_task_polls=BUDGET_ACTIVITY_POLLS,
         max_cached_workflows=BUDGET_CACHED_WORKFLOWS,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+        identity=identity,
     )
-    return SickbayWorker(_main_worker(client, settings, built), budget)
+    return SickbayWorker(_main_worker(client, settings, built, identity), budget)
 
 
-def _main_worker(client: Client, settings: Settings, built: Built) -> Worker:
+def sender_identity_options() -> dict[str, Any]:
+    """Worker options that let signal and update handlers read the Temporal client identity
+    the server recorded (`workflows/identity.py`): the timeline shows it beside the claimed
+    actor of an abort, a repaired mark or an approval."""
+    return {
+        "workflow_runner": SenderIdentityRunner(SandboxedWorkflowRunner()),
+        "unsandboxed_workflow_runner": SenderIdentityRunner(UnsandboxedWorkflowRunner()),
+        "interceptors": [SenderIdentityInterceptor()],
+    }
+
+
+def _main_worker(
+    client: Client, settings: Settings, built: Built, identity: str | None = None
+) -> Worker:
     # BudgetWorkflow stays registered here: a budget started before it had its own queue keeps
     # running on this one until its next continue-as-new moves it (patch `budget-queue`).
     return Worker(
@@ -334,6 +373,8 @@ def _main_worker(client: Client, settings: Settings, built: Built) -> Worker:
         max_concurrent_activities=settings.max_concurrent_activities,
         max_cached_workflows=settings.max_cached_workflows,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+        identity=identity,
+        **sender_identity_options(),
     )
 
 
@@ -371,21 +412,27 @@ def _start_health_watcher(
     return task
 
 
-def metrics_runtime(port: int) -> Runtime | None:
-    """A Temporal runtime exporting SDK + workflow metrics for Prometheus on `port`."""
+def metrics_runtime(port: int, host: str = "127.0.0.1") -> Runtime | None:
+    """A Temporal runtime exporting SDK + workflow metrics for Prometheus on `host:port`."""
     if port <= 0:
         return None
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 in brackets
     return Runtime(
         telemetry=TelemetryConfig(
-            metrics=PrometheusConfig(bind_address=f"0.0.0.0:{port}"),
+            metrics=PrometheusConfig(bind_address=address),
         )
     )
 
 
 async def run_worker(settings: Settings) -> int:
+    from worker.security import configured_token_problem
     from worker.temporal import connect, ensure_search_attributes, freeze_startup_heap
 
-    runtime = metrics_runtime(settings.metrics_port)
+    problem = configured_token_problem()
+    if problem is not None:  # a weak webhook token in the shared settings: stop the deployment
+        log.error("refusing to start: %s", problem)
+        return 2
+    runtime = metrics_runtime(settings.metrics_port, settings.metrics_host)
     if runtime is not None:
         # The default runtime serves every client this process makes, so connect() uses it.
         Runtime.set_default(runtime, error_if_already_set=False)
@@ -406,8 +453,32 @@ async def run_worker(settings: Settings) -> int:
         return 5
     for note in built.notes:
         log.warning("%s", note)
+    if settings.cluster:
+        log.info("cluster %s: task queue %s", settings.cluster, settings.task_queue)
+    else:
+        log.warning(
+            "SICKBAY_CLUSTER is not set: single-cluster ids (sickbay-gpu-..., sickbay-budget, "
+            "queue %s). Set it before a second cluster shares this Temporal namespace "
+            "(docs/deploy.md, 'Many clusters on one Temporal')",
+            settings.task_queue,
+        )
+    fingerprint = "unknown"
+    if built.fingerprint is not None:
+        try:
+            fingerprint = await asyncio.to_thread(built.fingerprint)
+        except Exception as exc:  # RBAC or API trouble: the start-up check cannot run
+            log.warning("cannot read the cluster fingerprint (kube-system uid): %s", exc)
+    problem = await check_cluster_unique(client, settings.task_queue, settings.cluster, fingerprint)
+    if problem is not None:
+        log.error("%s", problem)
+        return 6
     try:
-        worker = await build_worker(client, settings, built=built)
+        worker = await build_worker(
+            client,
+            settings,
+            built=built,
+            identity=worker_identity(settings.cluster, fingerprint),
+        )
     except RuntimeError as exc:
         log.error("%s", exc)
         return 4
@@ -430,13 +501,14 @@ async def run_worker(settings: Settings) -> int:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     log.info(
-        "worker polling %s (+ %s) on %s/%s (%d workflows, %d activities, metrics :%s)",
+        "worker polling %s (+ %s) on %s/%s (%d workflows, %d activities, metrics %s:%s)",
         settings.task_queue,
         budget_task_queue(settings.task_queue),
         settings.temporal_address,
         settings.temporal_namespace,
         len(WORKFLOWS),
         len(built.activities),
+        settings.metrics_host,
         settings.metrics_port or "off",
     )
     run = asyncio.create_task(worker.run())

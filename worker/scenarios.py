@@ -16,7 +16,8 @@ deadline and raises `DemoFailure` naming what did not happen.
     budget    two GPUs fail at once under the shipped 50% budget: the 2nd is NOT tainted
     app-xid   Xid 13 (the program's fault): Event + warning, no quarantine
     churn     the scheduler ignores DeviceTaintRules (kubernetes#139651): replacements land
-              on the tainted GPU again, Sickbay detects the churn and escalates
+              on the tainted GPU again, Sickbay detects the churn, stops it (cordons the
+              node) and escalates
     watch     no Alertmanager and no sweep: the health watcher sees the pod's device turn
               Unhealthy in the API and starts the remediation within seconds
 
@@ -182,6 +183,46 @@ class Demo:
         if response.status_code >= 300 and response.status_code not in ok:
             raise DemoFailure(f"{method} {path} -> {response.status_code}: {response.text[:300]}")
         return response.json() if response.content else None
+
+    async def show_events(self, namespace: str | None, selector: str) -> list[dict[str, Any]]:
+        """Sickbay's Kubernetes Events as `kubectl get events` prints them (the command first),
+        read from the twin with the same field selector; returns them, oldest first."""
+        path = f"/api/v1/namespaces/{namespace}/events" if namespace else "/api/v1/events"
+        body = await self.k("GET", f"{path}?fieldSelector={quote(selector)}")
+        # In the order they were written (Sickbay stamps events with its own clock, the twin's
+        # controllers with the twin's scaled one).
+        items = sorted(body["items"], key=lambda e: int(e["metadata"].get("resourceVersion") or 0))
+        where = f"-n {namespace}" if namespace else "-A"
+        self.say(f"$ kubectl get events {where} --field-selector {selector}")
+        rows: list[tuple[str, ...]] = [
+            ("NAMESPACE", "LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE")
+        ]
+        for e in items:
+            obj = e.get("involvedObject") or {}
+            count = int(e.get("count") or 1)
+            seen = (e.get("lastTimestamp") or "")[11:19] + (f" (x{count})" if count > 1 else "")
+            message = str(e.get("message") or "")
+            rows.append(
+                (
+                    e["metadata"].get("namespace", ""),
+                    seen,
+                    str(e.get("type", "")),
+                    str(e.get("reason", "")),
+                    f"{str(obj.get('kind', '')).lower()}/{obj.get('name', '')}",
+                    message if len(message) <= 90 else message[:87] + "...",
+                )
+            )
+        if namespace is not None:
+            rows = [r[1:] for r in rows]  # kubectl shows NAMESPACE only with -A
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        for r in rows:
+            self.say(
+                "  "
+                + "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=False))
+                + "   "
+                + r[-1]
+            )
+        return items
 
     async def namespace(
         self, name: str, labels: dict[str, str] | None = None, device_class: str = DEVICE_CLASS
@@ -378,7 +419,8 @@ class Demo:
         return self.client.get_workflow_handle(workflow_id)
 
     def workflow_id(self, gpu: dict[str, Any]) -> str:
-        return device_workflow_id(gpu["node"], gpu["uuid"])
+        assert self.stack.info is not None
+        return device_workflow_id(gpu["node"], gpu["uuid"], self.stack.info.cluster)
 
     async def status(self, workflow_id: str) -> RemediationStatus:
         return await self.handle(workflow_id).query(DeviceRemediationWorkflow.status)
@@ -563,7 +605,8 @@ async def act1_gpu_dies(demo: Demo, st: SeedState) -> None:
     demo.check(
         f"restart loop: {loop['pod']['metadata']['name']} restarts "
         f"{loop['status']['restartCount']}, pod status says {loop['health']['resourceID']} "
-        f"{loop['health']['health']} ({loop['health'].get('message', '')})"
+        f"{loop['health']['health']} ({loop['health'].get('message', '')}): the driver's CDI "
+        f"id, which Sickbay maps to {device} through the pod's ResourceClaim"
     )
 
 
@@ -585,6 +628,22 @@ async def act2_quarantine(demo: Demo, st: SeedState) -> None:
         raise DemoFailure("the pod on the failed GPU was not evicted")
     st.replacement, st.device2 = replacement["metadata"]["name"], device2
     demo.check(f"{st.pod} evicted; replacement {st.replacement} Running on {device2}")
+    # Every decision is an Event where a person looks: the Deployment, the rule, the pods.
+    owner = await demo.show_events(
+        st.ns, f"involvedObject.kind=Deployment,involvedObject.name={st.app}"
+    )
+    want = ["GPUFailureConfirmed", "GPUQuarantined", "GPUConsumersEvicted", "GPUReplacementRunning"]
+    reasons = [e["reason"] for e in owner]
+    if [r for r in want if r not in reasons]:
+        raise DemoFailure(f"Events on Deployment {st.app}: {reasons}, expected {want}")
+    demo.check(f"Events on Deployment {st.ns}/{st.app}: {', '.join(reasons)}")
+    on_rule = await demo.show_events(
+        "default",
+        f"involvedObject.kind=DeviceTaintRule,involvedObject.name={rule['metadata']['name']}",
+    )
+    if "GPUQuarantined" not in [e["reason"] for e in on_rule]:
+        raise DemoFailure(f"no GPUQuarantined Event on DeviceTaintRule {rule['metadata']['name']}")
+    demo.check(f"Event GPUQuarantined on DeviceTaintRule {rule['metadata']['name']}")
 
 
 async def act3_scale_up(demo: Demo, st: SeedState) -> None:
@@ -631,6 +690,14 @@ async def act4_repair(demo: Demo, st: SeedState) -> None:
         if await demo.taint_rule(result.status.rule_name or ""):
             raise DemoFailure(f"DeviceTaintRule {result.status.rule_name} is still there")
     demo.check("both quarantines lifted (DeviceTaintRules removed), remediations closed: released")
+    every = await demo.show_events(None, "reportingComponent=sickbay")
+    reasons = {e["reason"] for e in every}
+    for wanted in ("GPUScaleUpRequested", "GPUQuarantineReleased"):
+        if wanted not in reasons:
+            raise DemoFailure(f"no {wanted} Event among Sickbay's: {sorted(reasons)}")
+    demo.check(
+        f"{len(every)} Sickbay Events, one per decision and object: {', '.join(sorted(reasons))}"
+    )
 
 
 SEED_ACTS = (act1_gpu_dies, act2_quarantine, act3_scale_up, act4_repair)
@@ -855,7 +922,14 @@ async def scheduler_churn(demo: Demo) -> None:
         entries = await demo.timeline(incident)
         said = next((e for e in entries if e.action == "escalate"), None)
         if said is not None:
-            demo.check(f"the escalation says: {said.reason[:240]}")
+            demo.check(f"the escalation says: {said.reason[:320]}")
+        node = await demo.k("GET", f"/api/v1/nodes/{gpu['node']}")
+        if not (node.get("spec") or {}).get("unschedulable"):
+            raise DemoFailure(f"churn was not stopped: node {gpu['node']} is not cordoned")
+        demo.check(
+            f"the loop stopped (replacement.onChurn: cordon): node {gpu['node']} cordoned, "
+            "so the scheduler places no new pod on the tainted GPU"
+        )
 
 
 async def watch_detection(demo: Demo) -> None:

@@ -56,7 +56,12 @@ from typing import Any
 
 import yaml
 
-from workflows.constants import DEFAULT_NAMESPACE, DEFAULT_TASK_QUEUE, SEARCH_ATTRIBUTES
+from workflows.constants import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_TASK_QUEUE,
+    SEARCH_ATTRIBUTES,
+    cluster_task_queue,
+)
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +286,17 @@ def _scaled(key: str, value: Any, scale: float) -> str | None:
     return f"{seconds:g}s"
 
 
+def _acknowledge(block: dict[str, Any], path: str, value: str) -> None:
+    """List `path`'s field under the block's `unsafe` when the scaled value left the safe
+    bounds: the demo's durations are short on purpose (its cluster runs `time_scale` faster)."""
+    from workflows.models import SAFE_BOUNDS, parse_duration
+
+    bound = SAFE_BOUNDS.get(path)
+    if bound is not None and not bound.holds(parse_duration(value)):
+        acknowledged = block.setdefault("unsafe", [])
+        acknowledged.append(path.rsplit(".", 1)[1])
+
+
 def demo_runbooks(
     dest: Path,
     scale: float,
@@ -310,6 +326,7 @@ def demo_runbooks(
                     if scaled is not None:
                         node[key] = scaled
                         durations.append(f"{where}{key} {value}->{scaled}")
+                        _acknowledge(node, f"{where}{key}", scaled)
                 else:
                     walk(value, f"{where}{key}.")
 
@@ -333,7 +350,11 @@ def demo_runbooks(
                 f"max {pool_max} nodes (shipped: provider {shipped_provider}, max {shipped_max})"
             )
         if name == "inference":
-            spec["budget"] = {"maxPerPool": "100%", "maxPerCluster": "100%"}
+            spec["budget"] = {
+                "maxPerPool": "100%",
+                "maxPerCluster": "100%",
+                "unsafe": ["maxPerPool", "maxPerCluster"],
+            }
             changes.append(
                 "inference: budget 100% per pool/cluster (shipped 50%/10%: on a 2-GPU stand that "
                 "would refuse the second quarantine; `--scenario budget` shows that refusal)"
@@ -393,6 +414,11 @@ class StackConfig:
     pool_max: int = 2  # the twin's quota for the pool, and the runbook's maxSize
     task_queue: str = DEFAULT_TASK_QUEUE
     namespace: str = DEFAULT_NAMESPACE
+    # SICKBAY_CLUSTER of this stack's worker and webhook ("": the unnamed cluster).
+    cluster: str = ""
+    # Another stack's Temporal (its StackInfo.temporal_address / temporal_http): this stack then
+    # starts no dev server of its own, so several clusters can share one namespace.
+    shared_temporal: tuple[str, str] | None = None
     engine: bool = True  # False: no worker/webhook (bring your own, e.g. in-process)
     worker_argv: list[str] = field(default_factory=lambda: ["-m", "worker.cli", "worker"])
     notes: Callable[[str], None] = field(default=lambda text: log.info("%s", text), repr=False)
@@ -422,6 +448,7 @@ class StackInfo:
     time_scale: float = 30.0
     task_queue: str = DEFAULT_TASK_QUEUE
     namespace: str = DEFAULT_NAMESPACE
+    cluster: str = ""
 
 
 class StackError(RuntimeError):
@@ -462,7 +489,20 @@ class Stack:
         cloud_token = self._secret(secrets_dir / "cloud-token")
         pd_key = self._secret(secrets_dir / "pagerduty-key")
 
-        # 1. Temporal dev server --------------------------------------------------------------
+        # 1. Temporal dev server (unless this stack shares another one's) -----------------------
+        if cfg.shared_temporal is not None:
+            info = self.info = StackInfo(
+                state_dir=str(self.dir),
+                temporal_address=cfg.shared_temporal[0],
+                temporal_http=cfg.shared_temporal[1],
+                ui_url=None,
+                time_scale=cfg.time_scale,
+                task_queue=cluster_task_queue(cfg.task_queue, cfg.cluster),
+                namespace=cfg.namespace,
+                cluster=cfg.cluster,
+                pgid=self._pgid,
+            )
+            return self._start_rest(info, webhook_token, cloud_token, pd_key)
         grpc, ui = cfg.temporal_port, cfg.ui_port
         if not port_free(grpc):
             grpc = self._port()
@@ -496,10 +536,17 @@ class Stack:
             temporal_http=f"http://127.0.0.1:{http_port}",
             ui_url=f"http://localhost:{ui}" if cfg.ui else None,
             time_scale=cfg.time_scale,
-            task_queue=cfg.task_queue,
+            task_queue=cluster_task_queue(cfg.task_queue, cfg.cluster),
             namespace=cfg.namespace,
+            cluster=cfg.cluster,
             pgid=self._pgid,
         )
+        return self._start_rest(info, webhook_token, cloud_token, pd_key)
+
+    def _start_rest(
+        self, info: StackInfo, webhook_token: Path, cloud_token: Path, pd_key: Path
+    ) -> StackInfo:
+        cfg = self.config
 
         # 2. notification sink ---------------------------------------------------------------
         sink_port = self._port()
@@ -573,7 +620,8 @@ class Stack:
         )
         info.channels_file = str(channels_file(self.dir / "channels.yaml", info.sink_url, pd_key))
 
-        self._wait("temporal", lambda: self._temporal_ready(info))
+        if cfg.shared_temporal is None:  # a shared one is the other stack's to watch
+            self._wait("temporal", lambda: self._temporal_ready(info))
         self._wait("sink", lambda: _http("GET", info.sink_url + "/healthz")[0] == 200)
         self._wait("twin", lambda: (self.dir / "sim.json").exists())
         self._wait("twin", lambda: _http("GET", info.kube_url + "/sim/gpus")[0] == 200)
@@ -657,6 +705,7 @@ class Stack:
                 "SICKBAY_TEMPORAL_ADDRESS": info.temporal_address,
                 "SICKBAY_TEMPORAL_NAMESPACE": info.namespace,
                 "SICKBAY_TASK_QUEUE": info.task_queue,
+                "SICKBAY_CLUSTER": info.cluster,
                 "SICKBAY_TEMPORAL_UI_URL": info.ui_url or "",
                 "KUBECONFIG": info.kubeconfig,
                 "SICKBAY_RUNBOOKS_DIR": info.runbooks_dir,

@@ -53,7 +53,7 @@ def default_identity() -> str:
 
 @dataclass(frozen=True)
 class WatcherConfig:
-    cluster: str = "default"  # one Lease (and one active watcher) per cluster name
+    cluster: str = ""  # SICKBAY_CLUSTER: in the launches' ids, and one Lease per cluster
     namespace: str = "sickbay"  # where the Lease lives: Sickbay's own namespace
     identity: str = field(default_factory=default_identity)
     lease_duration: float = 15.0
@@ -67,7 +67,7 @@ class WatcherConfig:
 
     @property
     def lease_name(self) -> str:
-        return f"sickbay-health-watcher-{self.cluster}"
+        return f"sickbay-health-watcher-{self.cluster or 'default'}"
 
 
 @dataclass
@@ -505,6 +505,7 @@ class HealthWatcher:
                 trigger="watch",
                 dry_run=self.config.dry_run,
                 task_queue=self.config.task_queue,
+                cluster=self.config.cluster,
             )
             await self._launch_until_done(finding, req)
 
@@ -556,7 +557,6 @@ class WatchSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SICKBAY_", extra="ignore")
 
     watch_enabled: bool = True  # False: detection by the sweep (and alerts) only
-    watch_cluster: str = "default"  # Lease name suffix: one active watcher per cluster
     watch_namespace: str = Field(default_factory=_own_namespace)  # where the Lease lives
     watch_lease_seconds: float = 15.0
     watch_renew_seconds: float = 10.0
@@ -575,7 +575,7 @@ class WatchSettings(BaseSettings):
 
     def config(self, settings: Any, *, unknown_timeout: float, dry_run: bool) -> WatcherConfig:
         return WatcherConfig(
-            cluster=self.watch_cluster,
+            cluster=getattr(settings, "cluster", "") or "",
             namespace=self.watch_namespace,
             lease_duration=self.watch_lease_seconds,
             renew_deadline=self.watch_renew_seconds,
@@ -591,7 +591,7 @@ def build_health_watcher(client: Any, settings: Any, kube: Kube) -> HealthWatche
     a node short of GPUs triggers the sweep Schedule (which notifies the channels)."""
     from activities.launch import signal_with_start
     from worker.webhook_cli import SweepSettings
-    from workflows.constants import SWEEP_SCHEDULE_ID
+    from workflows.constants import sweep_schedule_id
 
     sweep = SweepSettings()
     watch = WatchSettings()
@@ -616,7 +616,7 @@ def build_health_watcher(client: Any, settings: Any, kube: Kube) -> HealthWatche
         if not sweep.sweep_enabled or time.monotonic() - last_trigger < 60.0:
             return  # one early sweep a minute at most; the Schedule runs anyway
         last_trigger = time.monotonic()
-        await client.get_schedule_handle(SWEEP_SCHEDULE_ID).trigger()
+        await client.get_schedule_handle(sweep_schedule_id(cfg.cluster)).trigger()
         log.info("watch: %s; triggered the health sweep to notify", finding.message)
 
     return HealthWatcher(kube, launch, cfg, on_node=on_node)

@@ -3,10 +3,14 @@
 One request = one Alertmanager notification (payload version 4). For each alert:
 
     firing + configured alert name + node + UUID  -> signal-with-start of the device workflow
-                                                     (activities.launch.signal_with_start)
+                                                     (activities.launch.signal_with_start),
+                                                     unless its last, closed run handled this
+                                                     alert instance (`already-handled`)
     resolved + node + UUID                        -> signal `alert-resolved` to a *running*
                                                      workflow (never starts one)
-    anything else                                 -> reported under `unmatched` and counted
+    anything else                                 -> reported under `unmatched`, counted,
+                                                     logged at WARNING and reported to the
+                                                     sickbay-rejections workflow
 
 Status codes, so that Alertmanager's retry does the right thing:
 
@@ -37,7 +41,10 @@ is remembered (bounded: SICKBAY_WEBHOOK_DEDUP_ENTRIES, oldest dropped first); a 
 fails every alert waiting on it (503), and the sender's retry calls again. Skipping a repeat is
 safe because the workflow de-duplicates evidence by fingerprint anyway; the window is
 measured from acceptance (a hit does not extend it), so an alert that keeps firing reaches
-Temporal again at least once per window (a remediation that closed meanwhile restarts then).
+Temporal again at least once per window. Before each signal-with-start the lane asks Temporal
+whether the GPU's last run is closed and, if so, which alert instances (fingerprint +
+startsAt) it handled (its result): those are answered `already-handled` and start nothing, so
+a repeat never restarts a closed remediation, whichever replica or restart receives it.
 
 With a delivery spool (SICKBAY_WEBHOOK_SPOOL_DIR, worker/spool.py), a notification waits for
 Temporal at most SICKBAY_WEBHOOK_ACK_SECONDS: the deliveries still on their way then are
@@ -54,6 +61,8 @@ concurrently, bounded process-wide by `webhook_concurrency`, over one shared cli
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import functools
 import hmac
 import json
@@ -79,23 +88,35 @@ from prometheus_client import (
 )
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from temporalio.client import Client
+from starlette.requests import ClientDisconnect
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.launch import signal_with_start
+from activities.launch import report_rejected, signal_with_start
 from worker.alerts import (
+    DEFAULT_ALERT_CLASSES,
     DEFAULT_ALERT_NAMES,
+    DEFAULT_NODE_LABELS,
+    AlertKind,
     AlertMapping,
     AmPayload,
     MappedAlert,
     Unmapped,
     map_alert,
 )
+from worker.security import check_webhook_token
 from worker.settings import Settings
-from worker.spool import Spool
+from worker.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_BYTES
+from worker.spool import Spool, SpoolFull
 from worker.temporal import connect, ensure_search_attributes
 from workflows.constants import SIG_ALERT_RESOLVED
-from workflows.models import RemediationInput
+from workflows.models import (
+    HandledAlert,
+    RejectedAlerts,
+    RemediationInput,
+    RemediationResult,
+    instance_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +163,22 @@ class WebhookSettings(BaseSettings):
     # Past this many pending alerts the spool takes no more: notifications wait for Temporal
     # (503 past the deadline) as without a spool, so a long outage cannot fill the disk.
     webhook_spool_max: int = Field(default=100_000, ge=1)
+    # ... and past this many bytes of journal (worker/spool.py): a disk or emptyDir that
+    # fills up loses the alerts already acknowledged. deploy/webhook.yaml sizes its emptyDir
+    # from it (spool_disk_bytes: twice this plus slack, for a compaction's copy).
+    webhook_spool_max_bytes: int = Field(default=DEFAULT_SPOOL_BYTES, ge=64 * 1024)
+    # An alert whose labels and annotations (names and values, UTF-8) are larger than this is
+    # refused as `too-large`: a real DCGM alert is ~2 KB, and every accepted alert is kept in
+    # history and, when Temporal is slow, in the spool.
+    webhook_max_alert_bytes: int = Field(default=16 * 1024, ge=1024)
     # How often spooled alerts whose call failed are sent again (Temporal down: every round).
     webhook_spool_retry_seconds: float = Field(default=2.0, gt=0)
     # Mapping alert labels to a device (defaults: dcgm-exporter, deploy/prometheus-rules.yaml)
     alert_names: StrList = Field(default_factory=lambda: list(DEFAULT_ALERT_NAMES))
-    alert_node_labels: StrList = Field(default_factory=lambda: ["Hostname"])
+    # Your own alert names -> failure class (or `xid`), JSON: {"MyGpuDead": "unhealthy"};
+    # merged over the shipped rules' classes, and accepted like `alert_names`.
+    alert_classes: dict[str, AlertKind] = Field(default_factory=dict)
+    alert_node_labels: StrList = Field(default_factory=lambda: list(DEFAULT_NODE_LABELS))
     alert_uuid_labels: StrList = Field(default_factory=lambda: ["UUID"])
     alert_index_labels: StrList = Field(default_factory=lambda: ["gpu"])
     alert_model_labels: StrList = Field(default_factory=lambda: ["modelName"])
@@ -173,14 +205,21 @@ class WebhookSettings(BaseSettings):
 
     def mapping(self) -> AlertMapping:
         return AlertMapping(
-            alert_names=frozenset(self.alert_names),
+            alert_names=frozenset(self.alert_names) | frozenset(self.alert_classes),
+            alert_classes={**DEFAULT_ALERT_CLASSES, **self.alert_classes},
             node_labels=tuple(self.alert_node_labels),
             uuid_labels=tuple(self.alert_uuid_labels),
             index_labels=tuple(self.alert_index_labels),
             model_labels=tuple(self.alert_model_labels),
             xid_labels=tuple(self.alert_xid_labels),
             value_annotation=self.alert_value_annotation,
+            max_alert_bytes=self.webhook_max_alert_bytes,
         )
+
+    def new_spool(self) -> Spool:
+        """The delivery spool these settings describe (not opened); needs webhook_spool_dir."""
+        assert self.webhook_spool_dir is not None
+        return Spool(self.webhook_spool_dir, self.webhook_spool_max, self.webhook_spool_max_bytes)
 
     def token_bytes(self) -> bytes | None:
         """The bearer token, or None when auth is explicitly disabled.
@@ -205,8 +244,12 @@ class WebhookSettings(BaseSettings):
                 "SICKBAY_WEBHOOK_TOKEN_FILE (or SICKBAY_WEBHOOK_AUTH_DISABLED=true / "
                 "--no-auth for a loopback demo)"
             )
-        if not token:
-            raise RuntimeError("the configured webhook token is empty")
+        source = (
+            "SICKBAY_WEBHOOK_TOKEN"
+            if self.webhook_token is not None
+            else f"SICKBAY_WEBHOOK_TOKEN_FILE {self.webhook_token_file}"
+        )
+        check_webhook_token(token, source)  # WeakTokenError (a RuntimeError) names the problem
         return token.encode()
 
 
@@ -306,6 +349,13 @@ class WebhookMetrics:
             "Spooled alerts sent again (after a failed call, or left by a previous process)",
             registry=r,
         )
+        self.spool_refused = Counter(
+            "sickbay_webhook_spool_refused",
+            "Times the spool took no more alerts, by reason (count, bytes, disk): the "
+            "notification waited for Temporal instead (503 past the deadline)",
+            ["reason"],
+            registry=r,
+        )
         self.spool_given_up = Counter(
             "sickbay_webhook_spool_given_up",
             "Spooled alerts dropped after Temporal refused them for good (logged at ERROR)",
@@ -327,9 +377,22 @@ SPOOL_GIVE_UP = 5
 # While Temporal stays unreachable, the redelivery rounds (every few seconds) say so at most
 # this often; the first round that reaches it again says so once.
 SPOOL_WAIT_LOG_SECONDS = 60.0
+# Result of a firing alert whose instance (fingerprint + startsAt) the device's last, closed
+# run already handled: no new run, no page, no quarantine (decided from that run's result).
+ALREADY_HANDLED = "already-handled"
 # Results worth remembering: Temporal recorded the alert. "resolved-no-workflow" is not: a
 # workflow may start in the meantime, and asking again is cheap.
-CACHEABLE = frozenset({"started", "signalled", "resolved-signalled"})
+CACHEABLE = frozenset({"started", "signalled", "resolved-signalled", ALREADY_HANDLED})
+
+
+# Unusable alerts go to the rejections workflow (for `sickbay status`) this often, as one
+# signal per webhook process whatever their number; a few examples per reason travel along.
+REJECTED_REPORT_SECONDS = 5.0
+REJECTED_EXAMPLES = 5
+
+
+def _instance(m: MappedAlert) -> tuple[str, str]:
+    return instance_key(m.fingerprint, m.starts_at)
 
 
 class RecentDeliveries:
@@ -450,7 +513,7 @@ class AlertService:
     ) -> None:
         self.settings = settings
         self.webhook = webhook
-        self.mapping = webhook.mapping()
+        self.mapping = dataclasses.replace(webhook.mapping(), cluster=settings.cluster)
         self.metrics = metrics
         self._client = client
         self._lock = asyncio.Lock()
@@ -463,6 +526,10 @@ class AlertService:
         self._held: dict[DeliveryKey, Delivery] = {}
         self._refusals: dict[DeliveryKey, int] = {}
         self._unreachable_logged: float | None = None  # monotonic time of the last warning
+        # Unusable alerts not yet reported to the rejections workflow: reason -> count, and a
+        # few examples (report_rejected sends them every REJECTED_REPORT_SECONDS).
+        self.rejected: dict[str, int] = {}
+        self._rejected_examples: dict[str, list[str]] = {}
 
     @property
     def connected(self) -> bool:
@@ -507,6 +574,7 @@ class AlertService:
             if isinstance(mapped, Unmapped):
                 self.metrics.alerts_rejected.labels(mapped.reason).inc()
                 out.unmatched.append(_unmapped_json(mapped))
+                self._note_rejected(mapped)
                 continue
             key = mapped.delivery_key()
             if self.recent.recent(key):  # fast path for a storm's repeats: no task, no call
@@ -585,31 +653,69 @@ class AlertService:
             reasons = {f["reason"] for f in out.failed}
             transient = reasons & {"temporal-unavailable", "temporal-timeout"}
             code = 503 if transient else 502
-        # One INFO line per notification that changed something or was not fully handled;
-        # plain repeats (signals only) at DEBUG, so a storm of repeats does not flood the log.
-        level = (
-            logging.INFO
-            if out.counts.get("started") or out.unmatched or out.failed
-            else logging.DEBUG
-        )
+        # One summary line per notification, also one that held only duplicates or signals
+        # (what Alertmanager sent is always visible); WARNING when some alerts were not used.
+        level = logging.WARNING if out.unmatched or out.failed else logging.INFO
         log.log(
             level,
             "notification %s: %d alerts, %d started, %d signalled, %d resolved, "
-            "%d duplicates, %d spooled, %d unmatched, %d failed%s -> %d",
+            "%d duplicates, %d already handled, %d spooled, %d unmatched, %d failed%s -> %d",
             payload.group_key or "-",
             len(payload.alerts),
             out.counts.get("started", 0),
             out.counts.get("signalled", 0),
             out.counts.get("resolved-signalled", 0),
             out.counts.get(DUPLICATE, 0),
+            out.counts.get(ALREADY_HANDLED, 0),
             out.counts.get(QUEUED, 0),
             len(out.unmatched),
             len(out.failed),
             f" ({', '.join(sorted({f['reason'] for f in out.failed}))})" if out.failed else "",
             code,
         )
+        if out.unmatched:
+            _warn_unmatched(payload, out.unmatched)
         status = "ok" if code == 200 else "some alerts were not accepted by Temporal"
         return code, self._body(out, payload, status)
+
+    def _note_rejected(self, u: Unmapped) -> None:
+        self.rejected[u.reason] = self.rejected.get(u.reason, 0) + 1
+        examples = self._rejected_examples.setdefault(u.reason, [])
+        if len(examples) < REJECTED_EXAMPLES:
+            examples.append(f"{u.alertname or '(no alertname)'} ({u.fingerprint}): {u.detail}")
+
+    async def report_rejected(self) -> int:
+        """Hand the unusable alerts counted since the last report to the rejections workflow
+        (so `sickbay status` shows them, whichever replica refused them). Kept for the next
+        round when Temporal cannot take them. Returns how many were reported."""
+        if not self.rejected:
+            return 0
+        counts, examples = self.rejected, self._rejected_examples
+        self.rejected, self._rejected_examples = {}, {}
+        batch = RejectedAlerts(at=datetime.now(UTC), counts=counts, examples=examples)
+        try:
+            client = await self.client()
+            await asyncio.wait_for(
+                report_rejected(client, self.settings.task_queue, batch),
+                self.webhook.webhook_temporal_timeout,
+            )
+        except (TemporalUnavailable, RPCError, TimeoutError, RuntimeError) as exc:
+            for reason, n in counts.items():  # not lost: next round
+                self.rejected[reason] = self.rejected.get(reason, 0) + n
+                kept = self._rejected_examples.setdefault(reason, [])
+                kept[:0] = examples.get(reason, [])
+                del kept[REJECTED_EXAMPLES:]
+            log.debug("could not report %d rejected alert(s) yet: %s", sum(counts.values()), exc)
+            return 0
+        return sum(counts.values())
+
+    async def report_rejected_forever(self) -> None:
+        while True:
+            await asyncio.sleep(REJECTED_REPORT_SECONDS)
+            try:
+                await self.report_rejected()
+            except Exception:
+                log.exception("reporting rejected alerts failed; trying again")
 
     async def _await_group(
         self, waiting: list[tuple[list[MappedAlert], Delivery, bool]], out: Outcome
@@ -731,14 +837,27 @@ class AlertService:
             if firing:
                 self.metrics.call_alerts.observe(len(firing))
                 try:
-                    result = await self._fire(client, [d.alert for d in firing])
+                    handled = await self._handled_before(client, firing[0].alert.workflow_id)
+                    done = {h.key() for h in handled}
+                    repeats = [d for d in firing if _instance(d.alert) in done]
+                    fresh = [d for d in firing if _instance(d.alert) not in done]
+                    result = (
+                        await self._fire(client, [d.alert for d in fresh], handled)
+                        if fresh
+                        else None
+                    )
                 except Exception as exc:
                     for d in firing:
                         d.call.set_exception(exc)
                 else:
-                    self.metrics.workflows.labels(result).inc()
-                    for i, d in enumerate(firing):  # the first one started it, if this did
-                        d.call.set_result(result if i == 0 else "signalled")
+                    if repeats:
+                        self.metrics.workflows.labels(ALREADY_HANDLED).inc(len(repeats))
+                    for d in repeats:
+                        d.call.set_result(ALREADY_HANDLED)
+                    if result is not None:
+                        self.metrics.workflows.labels(result).inc()
+                    for i, d in enumerate(fresh):  # the first one started it, if this did
+                        d.call.set_result(result if i == 0 and result else "signalled")
                 finally:
                     self.metrics.call_latency.observe(time.perf_counter() - queued_at)
             for d in live:
@@ -796,16 +915,14 @@ class AlertService:
                     todo[d.key] = d
         if not todo:
             return set()
-        if not self.spool.room(len(todo)):
-            log.warning(
-                "webhook spool full (%d pending, SICKBAY_WEBHOOK_SPOOL_MAX): waiting for "
-                "Temporal instead",
-                len(self.spool.pending),
-            )
-            return set()
         try:
             added = await asyncio.to_thread(self.spool.add, [d.alert for d in todo.values()])
+        except SpoolFull as exc:
+            self.metrics.spool_refused.labels(exc.reason).inc()
+            log.warning("webhook spool full (%s): waiting for Temporal instead", exc)
+            return set()
         except OSError as exc:
+            self.metrics.spool_refused.labels("disk").inc()
             log.error(
                 "webhook spool: cannot journal %d alert(s), waiting for Temporal instead: %s",
                 len(todo),
@@ -942,8 +1059,36 @@ class AlertService:
         # reported), not hold its workflow's lane until the connection's keepalive gives up.
         return timedelta(seconds=self.webhook.webhook_temporal_timeout)
 
-    async def _fire(self, client: Client, alerts: Sequence[MappedAlert]) -> str:
-        """One signal-with-start carrying every firing alert in `alerts` (one workflow)."""
+    async def _handled_before(self, client: Client, workflow_id: str) -> list[HandledAlert]:
+        """The alert instances the device's last run handled, when that run is closed (a
+        running one de-duplicates its own evidence). Asked of Temporal, not of this process's
+        memory, so every webhook replica and restart answers the same. A run that closed
+        without a result (terminated, failed) lists nothing: its alerts may start a new one."""
+        handle = client.get_workflow_handle(workflow_id)
+        self.metrics.temporal_calls.labels("describe").inc()
+        try:
+            desc = await handle.describe(rpc_timeout=self._rpc_timeout)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:  # never ran (or its history expired)
+                return []
+            raise
+        if desc.status != WorkflowExecutionStatus.COMPLETED:
+            return []
+        last = client.get_workflow_handle(
+            workflow_id, run_id=desc.run_id, result_type=RemediationResult
+        )
+        self.metrics.temporal_calls.labels("result").inc()
+        result = await last.result(follow_runs=False, rpc_timeout=self._rpc_timeout)
+        return list(result.handled_alerts)
+
+    async def _fire(
+        self,
+        client: Client,
+        alerts: Sequence[MappedAlert],
+        handled: Sequence[HandledAlert] = (),
+    ) -> str:
+        """One signal-with-start carrying every firing alert in `alerts` (one workflow);
+        `handled`: what the closed run before handled (a new run carries it on)."""
         m = alerts[0]
         assert all(a.evidence is not None for a in alerts)
         inp = RemediationInput(
@@ -951,6 +1096,8 @@ class AlertService:
             trigger="alert",
             requested_by="alertmanager",
             reason=m.evidence.summary or m.evidence.alertname if m.evidence else "",
+            handled_before=list(handled),
+            cluster=self.settings.cluster,
         )
         # Every firing delivery is a signal-with-start (USE_EXISTING): a plain signal would
         # fail if the run closed since the previous one, and costs the server the same.
@@ -1000,12 +1147,38 @@ class AlertService:
             "resolved_signalled": out.counts.get("resolved-signalled", 0),
             "resolved_no_workflow": out.counts.get("resolved-no-workflow", 0),
             "duplicates": out.counts.get(DUPLICATE, 0),
+            "already_handled": out.counts.get(ALREADY_HANDLED, 0),
             "queued": out.counts.get(QUEUED, 0),
             "unmatched": sorted(out.unmatched, key=lambda u: u["index"]),
             "failed": sorted(out.failed, key=lambda f: f["index"]),
             "results": sorted(out.results, key=lambda r: r["index"]),
             "truncated_alerts": payload.truncated_alerts,
         }
+
+
+# At most this many unusable alerts are spelled out per notification (the rest are counted).
+UNMATCHED_LOG_EXAMPLES = 3
+
+
+def _warn_unmatched(payload: AmPayload, unmatched: list[dict[str, Any]]) -> None:
+    """Alerts Sickbay cannot use are said loudly: by reason, with examples."""
+    by_reason: dict[str, list[dict[str, Any]]] = {}
+    for u in sorted(unmatched, key=lambda u: u["index"]):
+        by_reason.setdefault(u["reason"], []).append(u)
+    for reason, items in sorted(by_reason.items()):
+        examples = "; ".join(
+            f"{u['alertname'] or '(no alertname)'} ({u['fingerprint']}): {u['detail']}"
+            for u in items[:UNMATCHED_LOG_EXAMPLES]
+        )
+        more = len(items) - UNMATCHED_LOG_EXAMPLES
+        log.warning(
+            "notification %s: %d alert(s) not used, %s: %s%s",
+            payload.group_key or "-",
+            len(items),
+            reason,
+            examples,
+            f" (+{more} more)" if more > 0 else "",
+        )
 
 
 def _unmapped_json(u: Unmapped) -> dict[str, Any]:
@@ -1074,6 +1247,37 @@ class TokenSource:
         return self._token
 
 
+# A wrong token is said at most once per this many seconds (Alertmanager retries every flush).
+UNAUTHORIZED_LOG_SECONDS = 60.0
+
+
+class _Unauthorized:
+    """Logs refused notifications (401), rate-limited: the first at once, then at most one
+    line per UNAUTHORIZED_LOG_SECONDS with how many were refused meanwhile. Never the token."""
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+        self._quiet = 0
+
+    def note(self, request: Request) -> None:
+        now = time.monotonic()
+        if self._last is not None and now - self._last < UNAUTHORIZED_LOG_SECONDS:
+            self._quiet += 1
+            return
+        header = request.headers.get("authorization", "")
+        scheme = header.partition(" ")[0] or "no Authorization header"
+        peer = request.client.host if request.client else "unknown"
+        since = f" ({self._quiet} more since the last line)" if self._quiet else ""
+        log.warning(
+            "refused a notification from %s with 401: missing or wrong bearer token (%s); "
+            "check the receiver's credentials_file%s",
+            peer,
+            scheme,
+            since,
+        )
+        self._last, self._quiet = now, 0
+
+
 def _authorized(request: Request, token: bytes | None) -> bool:
     if token is None:
         return True
@@ -1094,6 +1298,21 @@ def _problems(exc: ValidationError, limit: int = 50) -> list[dict[str, str]]:
         }
         for err in exc.errors(include_url=False, include_context=False, include_input=False)[:limit]
     ]
+
+
+async def _warn_without_worker(client: Client, settings: Settings) -> None:
+    """Say so loudly when no worker of this cluster polls the queue alerts start work on."""
+    from worker.cluster import missing_worker_warning
+
+    try:
+        warning = await asyncio.wait_for(  # a slow Temporal must not hold the start-up
+            missing_worker_warning(client, settings.task_queue, settings.cluster), 5.0
+        )
+    except Exception as exc:  # a check only: never stops the webhook
+        log.info("could not list the pollers of %s: %s", settings.task_queue, exc)
+        return
+    if warning is not None:
+        log.warning("%s", warning)
 
 
 def create_app(
@@ -1118,7 +1337,7 @@ def create_app(
         if wh.webhook_spool_dir is not None:
             # Locked for this process (SpoolError: another webhook uses it) and replayed: what a
             # previous process acknowledged but never got into Temporal goes out first.
-            service.spool = Spool(wh.webhook_spool_dir, wh.webhook_spool_max)
+            service.spool = wh.new_spool()
             left = service.spool.open()
             metrics.spool_pending.set(len(left))
             log.info(
@@ -1128,19 +1347,26 @@ def create_app(
                 len(left),
             )
         try:
-            await service.client()
+            client = await service.client()
         except TemporalUnavailable as exc:
             # Keep serving: requests answer 503 until Temporal is back, and Alertmanager retries.
             log.warning("%s; will retry on the next notification", exc)
+        else:
+            await _warn_without_worker(client, settings)
         if service.spool is not None:
             redelivery = asyncio.ensure_future(service.redeliver_forever())
+        reporting = asyncio.ensure_future(service.report_rejected_forever())
         try:
             yield
         finally:
+            reporting.cancel()
+            await asyncio.gather(reporting, return_exceptions=True)
             if redelivery is not None:
                 redelivery.cancel()
                 await asyncio.gather(redelivery, return_exceptions=True)
             await service.drain(wh.webhook_temporal_timeout)
+            with contextlib.suppress(Exception):  # the last ones, if Temporal takes them
+                await service.report_rejected()
             if service.spool is not None:
                 service.spool.close()
 
@@ -1152,6 +1378,8 @@ def create_app(
         openapi_url=None,
     )
     app.state.service = service
+
+    unauthorized = _Unauthorized()
 
     def reply(code: int, body: dict[str, Any], reason: str | None = None) -> JSONResponse:
         metrics.requests.labels(str(code)).inc()
@@ -1165,6 +1393,7 @@ def create_app(
         started = time.perf_counter()
         try:
             if not _authorized(request, tokens.current()):
+                unauthorized.note(request)
                 return reply(401, {"error": "missing or wrong bearer token"}, "unauthorized")
             try:
                 raw = await _read_body(request, wh.webhook_max_body_bytes)
@@ -1176,6 +1405,8 @@ def create_app(
                 )
             except ValueError as exc:
                 return reply(400, {"error": str(exc)}, "bad-request")
+            except ClientDisconnect:  # gone, or cut off by the body deadline (http_server.py)
+                return reply(408, {"error": "the body did not arrive in time"}, "body-timeout")
             try:
                 payload = AmPayload.model_validate_json(raw)
             except ValidationError as exc:

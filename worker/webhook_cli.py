@@ -31,7 +31,7 @@ from temporalio.client import (
 )
 
 from worker.settings import Settings
-from workflows.constants import SWEEP_SCHEDULE_ID, WF_SWEEP
+from workflows.constants import WF_SWEEP, sweep_schedule_id
 from workflows.models import Duration, SweepInput
 
 log = logging.getLogger(__name__)
@@ -78,13 +78,14 @@ def sweep_schedule(settings: Settings, sweep: SweepSettings) -> Schedule:
         notify_channels=sweep.sweep_notify_channels,
         task_queue=settings.task_queue,
         dry_run=sweep.sweep_dry_run,
+        cluster=settings.cluster,
         watcher=_watcher_enabled(),
     )
     return Schedule(
         action=ScheduleActionStartWorkflow(
             WF_SWEEP,
             inp,
-            id=SWEEP_SCHEDULE_ID,  # the Schedule appends the scheduled time
+            id=sweep_schedule_id(settings.cluster),  # the Schedule appends the scheduled time
             task_queue=settings.task_queue,
             # A sweep waits at most unknown_timeout, plus two listings and the launches; the
             # bound keeps a stuck run from blocking every later one (overlap policy SKIP).
@@ -107,9 +108,10 @@ async def ensure_sweep_schedule(
     if not sweep.sweep_enabled:
         return "disabled"
     schedule = sweep_schedule(settings, sweep)
+    schedule_id = sweep_schedule_id(settings.cluster)  # one per cluster
     try:
-        await client.create_schedule(SWEEP_SCHEDULE_ID, schedule)
-        log.info("created schedule %s every %s", SWEEP_SCHEDULE_ID, sweep.sweep_interval)
+        await client.create_schedule(schedule_id, schedule)
+        log.info("created schedule %s every %s", schedule_id, sweep.sweep_interval)
         return "created"
     except ScheduleAlreadyRunningError:
         pass
@@ -119,8 +121,8 @@ async def ensure_sweep_schedule(
         schedule.state = current.description.schedule.state
         return ScheduleUpdate(schedule=schedule)
 
-    await client.get_schedule_handle(SWEEP_SCHEDULE_ID).update(update)
-    log.info("updated schedule %s: every %s", SWEEP_SCHEDULE_ID, sweep.sweep_interval)
+    await client.get_schedule_handle(schedule_id).update(update)
+    log.info("updated schedule %s: every %s", schedule_id, sweep.sweep_interval)
     return "updated"
 
 
@@ -131,7 +133,9 @@ async def ensure_sweep_schedule(
 
 def _run_webhook(args: argparse.Namespace) -> int:
     import uvicorn
+    from pydantic import ValidationError
 
+    from worker.http_server import ServerSettings, build_config
     from worker.temporal import freeze_startup_heap
     from worker.webhook import WebhookSettings, create_app
 
@@ -153,22 +157,24 @@ def _run_webhook(args: argparse.Namespace) -> int:
             from worker.spool import Spool
 
             Spool(webhook.webhook_spool_dir).check()
-    except RuntimeError as exc:  # e.g. no token configured, spool in use
+        # Slow-client bounds and TLS (worker/http_server.py); bad TLS files stop it here.
+        config, _limits, tls = build_config(
+            app,
+            webhook.webhook_host,
+            webhook.webhook_port,
+            ServerSettings(),
+            access_log=args.access_log,
+        )
+    except ValidationError as exc:
+        log.error("invalid webhook setting: %s", exc)
+        return 2
+    except RuntimeError as exc:  # e.g. no or a weak token, spool in use, TLS files unreadable
         log.error("%s", exc)
         return 2
+    if tls is None:
+        log.info("serving plain HTTP (set SICKBAY_WEBHOOK_TLS_CERT_FILE/_KEY_FILE for HTTPS)")
     log.info("start-up heap frozen: %d objects out of full collections", freeze_startup_heap())
-    uvicorn.run(
-        app,
-        host=webhook.webhook_host,
-        port=webhook.webhook_port,
-        access_log=args.access_log,
-        log_level="info",
-        # Alertmanager keeps connections open between notifications.
-        timeout_keep_alive=30,
-        # In-flight notifications finish on SIGTERM (bounded by the Temporal timeout); below
-        # the Deployment's 20 s termination grace period.
-        timeout_graceful_shutdown=15,
-    )
+    uvicorn.Server(config).run()
     return 0
 
 
@@ -177,16 +183,17 @@ async def _schedule(action: str) -> int:
 
     settings = Settings()
     client = await connect(settings)
+    schedule_id = sweep_schedule_id(settings.cluster)
     if action == "install":
         result = await ensure_sweep_schedule(client, settings)
         sweep = SweepSettings()
-        print(f"schedule {SWEEP_SCHEDULE_ID}: {result} (every {sweep.sweep_interval})")
+        print(f"schedule {schedule_id}: {result} (every {sweep.sweep_interval})")
     elif action == "trigger":
-        await client.get_schedule_handle(SWEEP_SCHEDULE_ID).trigger()
-        print(f"schedule {SWEEP_SCHEDULE_ID}: triggered a sweep now")
+        await client.get_schedule_handle(schedule_id).trigger()
+        print(f"schedule {schedule_id}: triggered a sweep now")
     elif action == "delete":
-        await client.get_schedule_handle(SWEEP_SCHEDULE_ID).delete()
-        print(f"schedule {SWEEP_SCHEDULE_ID}: deleted")
+        await client.get_schedule_handle(schedule_id).delete()
+        print(f"schedule {schedule_id}: deleted")
     return 0
 
 

@@ -13,6 +13,11 @@ Classes, from NVIDIA's Xid catalogue and the design notes:
   43 GPU stopped processing (reset channel), 45 preemptive cleanup;
 - `unknown`: any other code, or no code at all; follows the runbook's `on.unknown`.
 
+An alert whose kind has a class (`AlertEvidence.failure_class`, set by the webhook from the
+alert's name: the double-bit ECC rule is `unhealthy`, NVLink errors `degraded`, ...) counts as
+that class; only alerts of the Xid kind are classified by their code. A counter's value is
+never read as an Xid.
+
 Pod `allocatedResourcesStatus` saying Unhealthy makes the class at least `unhealthy`: the
 kubelet/driver's view overrides an application-looking Xid.
 """
@@ -52,20 +57,34 @@ def worst(classes: list[FailureClass]) -> FailureClass:
     return max(classes, key=_SEVERITY.__getitem__) if classes else "unknown"
 
 
+def alert_class(alert: AlertEvidence) -> FailureClass | None:
+    """What one alert says: the class of its kind (the rule it comes from), else its Xid's;
+    None when it says neither."""
+    if alert.failure_class is not None:
+        return alert.failure_class
+    return classify_xid(alert.xid) if alert.xid is not None else None
+
+
+def _what(alert: AlertEvidence) -> str:
+    if alert.failure_class is None:
+        return f"Xid {alert.xid}"
+    return alert.alertname or alert.source
+
+
 def classify(alerts: list[AlertEvidence], evidence: Evidence | None) -> tuple[FailureClass, str]:
     """The failure class of a device and a one-line reason for the timeline."""
-    with_xid = [a for a in alerts if a.xid is not None]
-    by_xid = worst([classify_xid(a.xid) for a in with_xid]) if with_xid else None
+    known = [(a, c) for a in alerts if (c := alert_class(a)) is not None]
+    by_alerts = worst([c for _a, c in known]) if known else None
     health = evidence.health if evidence else None
-    xids = ", ".join(str(x) for x in sorted({a.xid for a in with_xid if a.xid is not None}))
-    if health == "Unhealthy" and by_xid != "unhealthy":
-        extra = f" (Xid {xids} alone: {by_xid})" if by_xid else ""
+    what = ", ".join(sorted({_what(a) for a, _c in known}))
+    if health == "Unhealthy" and by_alerts != "unhealthy":
+        extra = f" ({what} alone: {by_alerts})" if by_alerts else ""
         return "unhealthy", f"pod status reports the device Unhealthy{extra}"
-    if evidence is not None and not evidence.device_present and by_xid != "unhealthy":
+    if evidence is not None and not evidence.device_present and by_alerts != "unhealthy":
         return "unhealthy", "the device is no longer published by the node / ResourceSlice"
-    if by_xid is None:
-        return "unknown", "no Xid code in the evidence"
-    return by_xid, f"Xid {xids} -> {by_xid}"
+    if by_alerts is None:
+        return "unknown", "no Xid code and no alert of a known kind in the evidence"
+    return by_alerts, f"{what} -> {by_alerts}"
 
 
 def evidence_key(alert: AlertEvidence) -> str:

@@ -18,6 +18,7 @@ WF_BUDGET = "sickbay-budget"
 WF_SWEEP = "sickbay-health-sweep"
 WF_POOL_SCALER = "sickbay-pool-scaler"
 WF_MAINTENANCE = "sickbay-maintenance-drain"
+WF_REJECTIONS = "sickbay-rejections"
 
 # Singleton workflow ids.
 BUDGET_WORKFLOW_ID = "sickbay-budget"
@@ -41,6 +42,11 @@ QRY_BUDGET_STATE = "state"
 
 # --- maintenance drain workflow -------------------------------------------------------------
 QRY_MAINTENANCE_PROGRESS = "progress"  # -> MaintenanceResult so far
+
+# --- rejections workflow: alerts Sickbay could not use, and one page per cause and node -----
+SIG_REJECTED = "rejected"  # RejectedAlerts, from the webhook
+UPD_CLAIM_ESCALATION = "claim-escalation"  # EscalationClaim -> EscalationClaimResult
+QRY_REJECTIONS = "rejections"  # -> RejectionsSummary
 
 # --- pool scaler workflow --------------------------------------------------------------------
 UPD_POOL_NEED = "need-capacity"
@@ -71,6 +77,7 @@ ACT_WAIT_POOL_OPERATION = "wait-node-pool-operation"  # polls: ERR_STILL_WAITING
 ACT_NOTIFY = "send-notification"
 ACT_SWEEP_CLUSTER = "sweep-cluster"
 ACT_SIGNAL_WITH_START = "signal-with-start-remediation"
+ACT_CLAIM_ESCALATION = "claim-escalation"  # engine -> rejections workflow
 ACT_RECONCILE_LEASES = "reconcile-budget-leases"
 ACT_SELECT_DEVICES = "select-devices"  # maintenance selector -> physical GPUs
 ACT_AWAIT_REMEDIATION = "await-remediation-phase"  # maintenance: wait for a drain to finish
@@ -94,7 +101,18 @@ SA_DEVICE = "SickbayDevice"
 SA_NODE = "SickbayNode"
 SA_WORKLOAD_CLASS = "SickbayWorkloadClass"
 SA_PHASE = "SickbayPhase"
-SEARCH_ATTRIBUTES = (SA_DEVICE, SA_NODE, SA_WORKLOAD_CLASS, SA_PHASE)
+SA_OUTCOME = "SickbayOutcome"  # set when the run closes: released, escalated, aborted, ...
+SA_ESCALATION = "SickbayEscalation"  # the escalation reason, set when the run escalates
+SA_CLUSTER = "SickbayCluster"  # the cluster a remediation belongs to (SICKBAY_CLUSTER)
+SEARCH_ATTRIBUTES = (
+    SA_DEVICE,
+    SA_NODE,
+    SA_WORKLOAD_CLASS,
+    SA_PHASE,
+    SA_OUTCOME,
+    SA_ESCALATION,
+    SA_CLUSTER,
+)
 
 # --- Kubernetes labels and annotations -----------------------------------------------------
 LABEL_WORKLOAD_CLASS = "sickbay.dev/workload-class"
@@ -114,8 +132,54 @@ def normalise_id_part(value: str) -> str:
     return _NON_ID.sub("-", value.lower()).strip("-")
 
 
-def device_workflow_id(node: str, gpu_uuid: str) -> str:
-    """The one workflow id per physical GPU: `sickbay-gpu-<node>-<uuid>` (normalised).
+# --- many clusters on one Temporal namespace -------------------------------------------------
+# Every id, task queue and schedule of one cluster starts with `sickbay-<cluster>-`, so clusters
+# sharing a namespace never meet: `scoped(cluster, "gpu-n1-GPU-1")` -> `sickbay-east-gpu-n1-...`.
+# The unnamed cluster ("") keeps the single-cluster names (`sickbay-gpu-...`, `sickbay-budget`,
+# queue `sickbay`), so a deployment that never set SICKBAY_CLUSTER goes on exactly as before.
+CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+
+# The first word of every name `scoped()` makes: a cluster named (or starting with) one of
+# these could produce the unnamed cluster's ids (cluster "gpu" + node "x" and the unnamed
+# cluster's node "gpu-x" would both be `sickbay-gpu-gpu-x-...`).
+RESERVED_CLUSTER_WORDS = frozenset({"gpu", "budget", "pool", "health", "node", "maintenance"})
+
+
+def check_cluster_name(cluster: str) -> str:
+    """`cluster` if it is "" or a lower-case DNS label of at most 40 characters whose first
+    word is none of `RESERVED_CLUSTER_WORDS`."""
+    if cluster and not CLUSTER_NAME.fullmatch(cluster):
+        raise ValueError(
+            f"cluster name {cluster!r} must be a lower-case DNS label (a-z, 0-9, '-'), at most "
+            "40 characters: it is part of every workflow id, task queue and schedule"
+        )
+    if cluster and cluster.split("-", 1)[0] in RESERVED_CLUSTER_WORDS:
+        raise ValueError(
+            f"cluster name {cluster!r} may not start with "
+            f"{'/'.join(sorted(RESERVED_CLUSTER_WORDS))}: its ids could equal those of the "
+            "unnamed cluster"
+        )
+    return cluster
+
+
+def scoped(cluster: str, name: str) -> str:
+    """`sickbay-<cluster>-<name>`, or `sickbay-<name>` for the unnamed cluster."""
+    check_cluster_name(cluster)
+    return f"sickbay-{cluster}-{name}" if cluster else f"sickbay-{name}"
+
+
+def cluster_task_queue(task_queue: str, cluster: str) -> str:
+    """The task queue of `cluster`'s workers: `<task_queue>-<cluster>` (idempotent), so two
+    clusters' workers never take each other's tasks even when configured with one queue."""
+    check_cluster_name(cluster)
+    if not cluster or task_queue.endswith(f"-{cluster}"):
+        return task_queue
+    return f"{task_queue}-{cluster}"
+
+
+def device_workflow_id(node: str, gpu_uuid: str, cluster: str = "") -> str:
+    """The one workflow id per physical GPU: `sickbay-[<cluster>-]gpu-<node>-<uuid>`.
 
     Computable from any trigger without a cluster call (dcgm-exporter's Hostname + UUID, a
     ResourceSlice device's uuid attribute, a device plugin's device ID), so an alert, the
@@ -123,31 +187,58 @@ def device_workflow_id(node: str, gpu_uuid: str) -> str:
     """
     if not node or not gpu_uuid:
         raise ValueError("a device workflow id needs both the node and the GPU UUID")
-    return f"sickbay-gpu-{normalise_id_part(node)}-{normalise_id_part(gpu_uuid)}"
+    return scoped(cluster, f"gpu-{normalise_id_part(node)}-{normalise_id_part(gpu_uuid)}")
 
 
-def pool_scaler_workflow_id(pool_name: str, cluster: str | None = None) -> str:
-    """The one pool-scaler workflow per node pool: `sickbay-pool-[<cluster>-]<pool>`."""
+def pool_scaler_workflow_id(
+    pool_name: str, cluster: str | None = None, sickbay_cluster: str = ""
+) -> str:
+    """The one pool-scaler workflow per node pool:
+    `sickbay-[<sickbay cluster>-]pool-[<provider cluster>-]<pool>`."""
     if not pool_name:
         raise ValueError("a pool scaler workflow id needs the pool name")
     parts = [normalise_id_part(cluster)] if cluster else []
-    return "sickbay-pool-" + "-".join([*parts, normalise_id_part(pool_name)])
+    return scoped(sickbay_cluster, "pool-" + "-".join([*parts, normalise_id_part(pool_name)]))
 
 
-def budget_workflow_id(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
-    """The blast-radius budget workflow of the workers on `task_queue`.
+def sweep_schedule_id(cluster: str = "") -> str:
+    """The health-sweep Schedule of `cluster`: `sickbay-[<cluster>-]health-sweep`."""
+    return scoped(cluster, "health-sweep")
 
-    The budget runs on the task queue of the workers that serve it, so its id is scoped to that
-    queue: `sickbay-budget` on the default queue, `sickbay-budget-<queue>` elsewhere. A budget
-    started by one deployment (or test) is never left waiting for pollers of another queue.
+
+def node_notice_workflow_id(node: str, cluster: str = "") -> str:
+    """One node-capacity notice per node (channels dedup on it)."""
+    return scoped(cluster, f"node-gpus-{node}")
+
+
+def maintenance_workflow_id(suffix: str, cluster: str = "") -> str:
+    return scoped(cluster, f"maintenance-{suffix}")
+
+
+def budget_workflow_id(task_queue: str = DEFAULT_TASK_QUEUE, cluster: str = "") -> str:
+    """The blast-radius budget workflow of `cluster`'s workers on `task_queue`.
+
+    One per cluster (`sickbay-<cluster>-budget`; `sickbay-budget` for the unnamed cluster), and
+    scoped to the task queue of the workers that serve it: on a queue other than the cluster's
+    default one the id ends `-<queue>`. A budget started by one deployment (or test) is never
+    left waiting for pollers of another queue, and two clusters never share one budget.
     Quarantines seen in the cluster without a lease still count against every budget.
     """
-    if task_queue == DEFAULT_TASK_QUEUE:
-        return BUDGET_WORKFLOW_ID
-    return f"{BUDGET_WORKFLOW_ID}-{normalise_id_part(task_queue)}"
+    base = scoped(cluster, "budget")
+    if task_queue == cluster_task_queue(DEFAULT_TASK_QUEUE, cluster):
+        return base
+    return f"{base}-{normalise_id_part(task_queue)}"
 
 
 BUDGET_QUEUE_SUFFIX = "-budget"
+
+
+def rejections_workflow_id(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
+    """The rejections workflow of the workers on `task_queue` (scoped like the budget's):
+    `sickbay-rejections`, or `sickbay-rejections-<queue>` on another queue."""
+    if task_queue == DEFAULT_TASK_QUEUE:
+        return WF_REJECTIONS
+    return f"{WF_REJECTIONS}-{task_queue}"
 
 
 def budget_task_queue(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
@@ -163,5 +254,6 @@ def budget_task_queue(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
 
 
 def taint_rule_name(node: str, gpu_uuid: str) -> str:
-    """DeviceTaintRule name for a physical GPU (a DNS-1123 subdomain, <= 253 chars)."""
+    """DeviceTaintRule name for a physical GPU (a DNS-1123 subdomain, <= 253 chars). It lives
+    in the GPU's own cluster, so it never carries the cluster name."""
     return device_workflow_id(node, gpu_uuid)[:253].rstrip("-")

@@ -16,17 +16,21 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from workflows.constants import (
         ACT_AWAIT_REMEDIATION,
         ACT_LOAD_RUNBOOKS,
         ACT_SELECT_DEVICES,
         ACT_SIGNAL_WITH_START,
+        ERR_INVALID_INPUT,
         QRY_MAINTENANCE_PROGRESS,
         WF_MAINTENANCE,
     )
@@ -44,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         RunbookSet,
         SelectDevicesInput,
         SelectedDevices,
+        input_problems,
     )
 
 # Selecting lists nodes and ResourceSlices: one or two API calls; a minute with retries covers
@@ -68,7 +73,17 @@ class MaintenanceWorkflow:
         return self._result
 
     @workflow.run
-    async def run(self, inp: MaintenanceInput) -> MaintenanceResult:
+    async def run(self, raw: Any = None) -> MaintenanceResult:
+        # Decoded here, not by the SDK: undecodable input would fail the workflow task on
+        # every retry (a run stuck Running); bad input fails the run at once, naming the field.
+        try:
+            inp = MaintenanceInput.model_validate(raw)
+        except ValidationError as err:
+            raise ApplicationError(
+                f"invalid input for {WF_MAINTENANCE}: {input_problems(err, MaintenanceInput)}",
+                type=ERR_INVALID_INPUT,
+                non_retryable=True,
+            ) from None
         self._result.dry_run = inp.dry_run
         selected = await workflow.execute_activity(
             ACT_SELECT_DEVICES,

@@ -13,9 +13,9 @@ through `temporalio.contrib.pydantic.pydantic_data_converter`. Rules:
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AliasChoices,
@@ -24,12 +24,15 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    Strict,
+    ValidationError,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
-from workflows.constants import TAINT_KEY, device_workflow_id
+from workflows.constants import TAINT_KEY, check_cluster_name, device_workflow_id
 
 # --------------------------------------------------------------------------------------------
 # Small types
@@ -69,6 +72,8 @@ def _format_duration(value: timedelta) -> str:
     return f"{seconds}s"
 
 
+format_duration = _format_duration  # `5m`, `1h`, `30s`: how durations read in the Web UI
+
 Duration = Annotated[
     timedelta,
     BeforeValidator(parse_duration),
@@ -81,6 +86,9 @@ FailureClass = Literal["unhealthy", "degraded", "application", "unknown"]
 TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
 ClusterMode = Literal["dra", "device-plugin"]
 Trigger = Literal["alert", "sweep", "watch", "manual", "ui", "maintenance"]
+# A JSON boolean only: `"dry_run": "true"` (or "yes", 1) is refused with a clear error rather
+# than coerced, so a launch typed by hand in the Web UI means exactly what it says.
+StrictBool = Annotated[bool, Strict()]
 
 
 class Phase(StrEnum):
@@ -150,12 +158,12 @@ class DeviceRef(Contract):
             return f"{self.driver}/{self.pool}/{self.device}"
         return f"{self.node}/index-{self.gpu_index}"
 
-    def workflow_id(self) -> str:
+    def workflow_id(self, cluster: str = "") -> str:
         if not (self.node and self.gpu_uuid):
             raise ValueError(
                 f"device {self.key} must be resolved to node + GPU UUID before it has a workflow id"
             )
-        return device_workflow_id(self.node, self.gpu_uuid)
+        return device_workflow_id(self.node, self.gpu_uuid, cluster)
 
 
 class DraDevice(Contract):
@@ -186,8 +194,8 @@ class ResolvedDevice(Contract):
     def key(self) -> str:
         return f"{self.node}/{self.gpu_uuid}"
 
-    def workflow_id(self) -> str:
-        return device_workflow_id(self.node, self.gpu_uuid)
+    def workflow_id(self, cluster: str = "") -> str:
+        return device_workflow_id(self.node, self.gpu_uuid, cluster)
 
 
 class PodRef(Contract):
@@ -220,6 +228,28 @@ class AlertEvidence(Contract):
     summary: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
     pod: PodRef | None = None  # dcgm-exporter's pod mapping, when present
+    # The class the alert itself stands for (its rule: ECC double-bit -> unhealthy, NVLink ->
+    # degraded, ...); None: classified by `xid`. Never derived from a counter's value.
+    failure_class: FailureClass | None = None
+
+
+class HandledAlert(Contract):
+    """One Alertmanager alert instance a run handled: its fingerprint and startsAt (constant
+    over one firing episode; a new firing after resolution gets a new startsAt)."""
+
+    fingerprint: str
+    starts_at: datetime | None = None
+
+    def key(self) -> tuple[str, str]:
+        return instance_key(self.fingerprint, self.starts_at)
+
+
+def instance_key(fingerprint: str, starts_at: datetime | None) -> tuple[str, str]:
+    """(fingerprint, startsAt in UTC): one instant is one key, whatever offset it came in."""
+    if starts_at is None:
+        return (fingerprint, "")
+    at = starts_at.astimezone(UTC) if starts_at.tzinfo is not None else starts_at
+    return (fingerprint, at.isoformat())
 
 
 class AlertResolved(Contract):
@@ -281,11 +311,22 @@ class RemediationInput(Contract):
     alerts: list[AlertEvidence] = Field(default_factory=list)
     trigger: Trigger = "ui"
     runbook: str | None = None  # pin a runbook by name; else matched from consumers
-    dry_run: bool = False
+    dry_run: StrictBool = False
     requested_by: str = "unknown"
     reason: str = ""
+    # The Sickbay cluster (SICKBAY_CLUSTER) the device is in; part of the workflow id and the
+    # `SickbayCluster` search attribute. "" for the unnamed single-cluster deployment.
+    cluster: str = ""
     # Set only by the workflow itself when it continues-as-new during a long hold.
     resume: RemediationCarry | None = None
+    # Alert instances an earlier run of this device handled (the webhook reads them from that
+    # run's result): never evidence again, and listed in this run's result too.
+    handled_before: list[HandledAlert] = Field(default_factory=list)
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        return check_cluster_name(value)
 
 
 class MaintenanceInput(Contract):
@@ -293,7 +334,7 @@ class MaintenanceInput(Contract):
     runbook: str = "maintenance"
     reason: str = Field(default="planned maintenance", min_length=1)
     requested_by: str = "unknown"
-    dry_run: bool = False
+    dry_run: StrictBool = False
 
 
 class LaunchRequest(Contract):
@@ -365,6 +406,64 @@ class BudgetState(Contract):
     max_updates_per_run: int = Field(default=500, ge=1)  # continue-as-new after this many
 
 
+class RejectedAlerts(Contract):
+    """Alerts a webhook process could not use since its last report (signal `rejected`)."""
+
+    at: datetime
+    counts: dict[str, int] = Field(default_factory=dict)  # reason -> alerts
+    examples: dict[str, list[str]] = Field(default_factory=dict)  # reason -> a few, in words
+
+
+class RejectionCount(Contract):
+    reason: str
+    count: int = 0
+    first_at: datetime
+    last_at: datetime
+    examples: list[str] = Field(default_factory=list)  # the latest few
+
+
+class EscalationClaim(Contract):
+    """A remediation asking to page for a cause on a node (unresolvable devices): the first
+    in `window` pages, the others are told who did."""
+
+    cause: str
+    node: str
+    holder: str  # the asking workflow's id
+    window: Duration = timedelta(minutes=30)
+    detail: str = ""
+
+
+class EscalationClaimRecord(Contract):
+    cause: str
+    node: str
+    holder: str
+    at: datetime
+    window: Duration = timedelta(minutes=30)
+    suppressed: int = 0
+    detail: str = ""
+
+
+class EscalationClaimResult(Contract):
+    granted: bool
+    holder: str = ""  # who pages (this caller when granted)
+    since: datetime | None = None
+    suppressed: int = 0  # pages not sent for this cause and node in the window so far
+
+
+class RejectionsState(Contract):
+    """Input of `sickbay-rejections` and its continue-as-new state."""
+
+    reasons: list[RejectionCount] = Field(default_factory=list)
+    claims: list[EscalationClaimRecord] = Field(default_factory=list)
+    keep: Duration = timedelta(hours=24)  # a reason not seen for this long is forgotten
+    max_events_per_run: int = Field(default=1000, ge=1)
+
+
+class RejectionsSummary(Contract):
+    reasons: list[RejectionCount] = Field(default_factory=list)
+    claims: list[EscalationClaimRecord] = Field(default_factory=list)
+
+
 class ReconcileLeasesInput(Contract):
     holders: list[str] = Field(default_factory=list)
 
@@ -383,6 +482,7 @@ class SweepInput(Contract):
     notify_channels: list[str] = Field(default_factory=list)  # vanished-GPU notices
     task_queue: str | None = None  # where device workflows start; None: the worker's
     dry_run: bool = False  # passed to the remediations the sweep starts
+    cluster: str = ""  # SICKBAY_CLUSTER: in the remediations' and node notices' ids
     # The health watcher runs: a device this sweep had to START a remediation for was missed
     # by the watch (SweepResult.missed_by_watch, metric sickbay_sweep_missed_by_watch).
     watcher: bool = False
@@ -419,7 +519,8 @@ class SweepFinding(Contract):
 
 class SweepReport(Contract):
     findings: list[SweepFinding] = Field(default_factory=list)  # mapped to node + UUID
-    unresolved: list[SweepFinding] = Field(default_factory=list)  # DRA id with no slice entry
+    # Health entries no device could be found for (pod + id + why): a WARNING, notified.
+    unresolved: list[SweepFinding] = Field(default_factory=list)
     nodes: list[SweepFinding] = Field(default_factory=list)  # node-capacity findings
     pods_checked: int = 0
     slices_checked: int = 0
@@ -432,6 +533,7 @@ class SweepResult(Contract):
     signalled: list[str] = Field(default_factory=list)  # workflow ids signalled
     notified_nodes: list[str] = Field(default_factory=list)
     unresolved: list[str] = Field(default_factory=list)
+    notified_unresolved: list[str] = Field(default_factory=list)  # "<ns>/<pod> <resourceID>"
     unknown_cleared: list[str] = Field(default_factory=list)  # Unknown, then healthy again
     missed_by_watch: list[str] = Field(default_factory=list)  # started here, not by the watcher
 
@@ -441,8 +543,19 @@ class TimelineEntry(Contract):
     phase: Phase
     action: str
     outcome: str = ""
+    # Who did it. For a person's abort / repaired / approve: the actor the request *claims*
+    # (typed by the caller, never checked) and the Temporal client identity the server
+    # recorded with the signal or update ("unknown" when the worker could not read it).
     actor: str = "sickbay"
     reason: str = ""
+    client_identity: str | None = None
+
+    def who(self) -> str:
+        """`""` for Sickbay itself; else the actor, marked as claimed beside the client
+        identity when the entry came from a person's signal or update."""
+        if self.client_identity is not None:
+            return f"claimed actor {self.actor}; Temporal client {self.client_identity}"
+        return "" if self.actor == "sickbay" else self.actor
 
 
 Outcome = Literal[
@@ -466,6 +579,8 @@ class RemediationStatus(Contract):
     rule_name: str | None = None
     consumers: list[PodRef] = Field(default_factory=list)
     awaiting: str = ""  # what the workflow waits for, in words
+    until: datetime | None = None  # when that wait ends by itself (timeout, deadline, retry)
+    next_action: str = ""  # what the workflow does next, in words
     started_at: datetime | None = None
     updated_at: datetime | None = None
     outcome: Outcome | None = None
@@ -480,6 +595,9 @@ class RemediationResult(Contract):
     reason: str = ""
     status: RemediationStatus
     timeline: list[TimelineEntry] = Field(default_factory=list)
+    # Alertmanager alert instances this run (and the ones before it) handled: a repeat of one
+    # of them never starts another run (the webhook answers `already-handled`).
+    handled_alerts: list[HandledAlert] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------
@@ -495,9 +613,10 @@ class HealthReport(Contract):
     namespace: str
     pod: str
     container: str
-    resource_id: str
+    resource_id: str  # as the kubelet wrote it: a device key, a CDI device id or a UUID
     health: Health
     message: str = ""
+    device: str = ""  # driver/pool/device the entry was resolved to when the id is not one
 
 
 class SliceTaint(Contract):
@@ -600,6 +719,7 @@ class QuarantineResult(Contract):
     evicted: list[PodRef] = Field(default_factory=list)  # fallback: pods evicted
     blocked: list[PodRef] = Field(default_factory=list)  # fallback: PDB refused
     node_tainted: bool = False
+    node_cordoned: bool = False  # churn stopped by cordoning the node (undone on release)
     would_evict: list[PodRef] = Field(default_factory=list)  # preview
     message: str = ""
     # rule name -> uid of the rule(s) this quarantine made or adopted: release deletes with a
@@ -613,6 +733,8 @@ class EvictPodsInput(Contract):
     reason: str = ""
     delete_if_blocked: bool = False  # force: delete pods the PDB protects
     dry_run: bool = False
+    # Retry evictions a PodDisruptionBudget blocks (429), with backoff, for this long.
+    retry_blocked_for: Duration | None = None
 
 
 class EvictPodsResult(Contract):
@@ -620,6 +742,9 @@ class EvictPodsResult(Contract):
     deleted: list[PodRef] = Field(default_factory=list)
     blocked: list[PodRef] = Field(default_factory=list)  # 429 from a PodDisruptionBudget
     gone: list[PodRef] = Field(default_factory=list)  # already absent
+    # Why each still-blocked pod was refused: "<ns>/<pod>: The disruption budget X needs ...".
+    budgets: list[str] = Field(default_factory=list)
+    attempts: int = 1  # rounds of Eviction API calls (retries of blocked pods + 1)
 
 
 class WaitEvictionInput(Contract):
@@ -702,6 +827,7 @@ class EventTarget(Contract):
     name: str
     namespace: str | None = None
     uid: str | None = None
+    count: int = 1  # aggregated Events: how many times this reason was told about this object
 
 
 class RecordEventInput(Contract):
@@ -710,6 +836,12 @@ class RecordEventInput(Contract):
     message: str
     type: Literal["Normal", "Warning"] = "Normal"
     workflow_id: str
+    # One Event per (workflow, object, reason), its `count` set from the target (PATCHed when
+    # above 1), as the kubelet aggregates: a repeated decision raises the count, not the list.
+    aggregate: bool = False
+    # What aggregates: one remediation (its first run's id, kept across continue-as-new), so a
+    # later incident of the same GPU (same workflow id) gets Events of its own.
+    series: str = ""
 
 
 class CordonInput(Contract):
@@ -773,6 +905,7 @@ class Incident(Contract):
     # device's node pool: what a channel can group a storm of incidents by.
     reason: str | None = None
     node_pool: str | None = None
+    cluster: str | None = None  # SICKBAY_CLUSTER of the GPU (None: the unnamed cluster)
     summary: str
     done: list[str] = Field(default_factory=list)
     needed: str = ""
@@ -893,6 +1026,112 @@ class RunbookModel(BaseModel):
     )
 
 
+class SafeBound(BaseModel):
+    """The range a runbook field may take without an acknowledgement: `low`..`high`
+    inclusive (a count or a duration), and for a count-or-percent field `percent_high`."""
+
+    model_config = ConfigDict(frozen=True)
+    low: int | timedelta
+    high: int | timedelta
+    percent_high: int | None = None
+
+    def describe(self) -> str:
+        def text(v: int | timedelta) -> str:
+            if isinstance(v, timedelta):
+                days = v.total_seconds() / 86400
+                return f"{int(days)}d" if days >= 1 and days.is_integer() else _format_duration(v)
+            return str(v)
+
+        out = f"{text(self.low)}..{text(self.high)}"
+        return out if self.percent_high is None else f"{out} or 0%..{self.percent_high}%"
+
+    def holds(self, value: Any) -> bool:
+        if isinstance(value, str) and value.endswith("%"):
+            return self.percent_high is not None and int(value[:-1]) <= self.percent_high
+        return bool(self.low <= value <= self.high)
+
+
+_MIN, _H, _D = timedelta(minutes=1), timedelta(hours=1), timedelta(days=1)
+# Safe bounds per runbook field, keyed `block.fieldCamel` as in docs/runbooks.md ("Safe bounds",
+# kept in step by tests/runbooks/test_reference_doc.py). A value outside them is refused unless
+# the same block lists the field under `unsafe:`: a 0 s timeout, a 100 % budget or a pool grown
+# by 1000 nodes must be a decision someone wrote down, never a typo.
+SAFE_BOUNDS: dict[str, SafeBound] = {
+    # Shorter: every alert about a flapping device is "stale"; longer: day-old alerts act.
+    "confirm.staleAfter": SafeBound(low=_MIN, high=_D),
+    # Shorter than a person can answer a page; longer leaves the device failing unattended.
+    "approval.timeout": SafeBound(low=_MIN, high=_D),
+    # Shorter than a pod's usual graceful termination (30 s) forces healthy shutdowns.
+    "eviction.timeout": SafeBound(low=timedelta(seconds=30), high=6 * _H),
+    # Shorter than one scheduling round + image pull scales up (or pages) for nothing.
+    "replacement.pendingDeadline": SafeBound(low=_MIN, high=_D),
+    "replacement.churnEvictions": SafeBound(low=2, high=20),
+    # Nodes per request and the pool's ceiling: each one is a GPU node bought.
+    "scaleUp.step": SafeBound(low=1, high=8),
+    "scaleUp.maxSize": SafeBound(low=0, high=256),
+    "scaleUp.cooldown": SafeBound(low=_MIN, high=_D),
+    "scaleUp.capacityDeadline": SafeBound(low=_MIN, high=_D),
+    # Blast radius: a storm must never quarantine a whole pool or cluster by default.
+    "budget.maxPerPool": SafeBound(low=0, high=64, percent_high=50),
+    "budget.maxPerCluster": SafeBound(low=0, high=256, percent_high=25),
+    # Shorter than a device's health flapping period releases a still-broken GPU.
+    "release.cooldown": SafeBound(low=_MIN, high=7 * _D),
+    "release.healthCheckInterval": SafeBound(low=timedelta(seconds=10), high=_H),
+    "fallback.nodeTaintBelowHealthy": SafeBound(low=0, high=8),
+    "maintenance.maxParallel": SafeBound(low=1, high=16),
+}
+
+
+class BoundedRunbookModel(RunbookModel):
+    """A runbook block whose fields have safe bounds (`SAFE_BOUNDS`); `unsafe` lists the
+    camelCase fields of this block deliberately set outside them."""
+
+    unsafe: list[str] = Field(default_factory=list)
+
+    # The block's key under `spec` (e.g. "eviction"), set by each subclass.
+    block: ClassVar[str] = ""
+
+    @model_validator(mode="after")
+    def _within_safe_bounds(self) -> Any:
+        fields = {to_camel(name): name for name in type(self).model_fields if name != "unsafe"}
+        for key in self.unsafe:
+            if f"{self.block}.{key}" not in SAFE_BOUNDS:
+                raise PydanticCustomError(
+                    "unsafe_unknown",
+                    "unsafe lists '{key}', which is not a bounded field of {block} (bounded: "
+                    "{bounded})",
+                    {
+                        "key": key,
+                        "block": self.block,
+                        "bounded": ", ".join(
+                            k.split(".", 1)[1]
+                            for k in SAFE_BOUNDS
+                            if k.startswith(self.block + ".")
+                        ),
+                        "field": "unsafe",
+                    },
+                )
+        for key, name in fields.items():
+            bound = SAFE_BOUNDS.get(f"{self.block}.{key}")
+            value = getattr(self, name)
+            if bound is None or key in self.unsafe or bound.holds(value):
+                continue
+            shown = _format_duration(value) if isinstance(value, timedelta) else str(value)
+            raise PydanticCustomError(
+                "unsafe_value",
+                "{value} is outside the safe bounds {bounds}; if it is meant, acknowledge it "
+                "with `unsafe: [{key}]` in spec.{block}",
+                {
+                    "value": shown,
+                    "bounds": bound.describe(),
+                    "key": key,
+                    "block": self.block,
+                    "field": key,
+                },
+            )
+        return self
+
+
 ClassAction = Literal["quarantine", "notify", "ignore"]
 EscalationReason = Literal[
     "budget-exhausted",
@@ -936,7 +1175,8 @@ class ClassActions(RunbookModel):
     unknown: ClassAction = "quarantine"
 
 
-class ConfirmPolicy(RunbookModel):
+class ConfirmPolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "confirm"
     stale_after: Duration = timedelta(minutes=30)  # alert older than this + Healthy = stale
     require_unhealthy_status: bool = False  # only act when pod status says Unhealthy
 
@@ -960,24 +1200,32 @@ class QuarantinePolicy(RunbookModel):
         return value
 
 
-class ApprovalPolicy(RunbookModel):
+class ApprovalPolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "approval"
     required: bool = False
     timeout: Duration = timedelta(minutes=15)
     on_timeout: Literal["proceed", "abort", "escalate"] = "escalate"
 
 
-class EvictionPolicy(RunbookModel):
+class EvictionPolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "eviction"
     mode: Literal["taint", "eviction-api"] = "taint"
     timeout: Duration = timedelta(minutes=5)
-    force: Literal["none", "eviction-api", "delete"] = "none"
+    force: Literal["none", "eviction-api", "noexecute", "delete"] = "none"
 
 
-class ReplacementPolicy(RunbookModel):
+class ReplacementPolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "replacement"
     pending_deadline: Duration = timedelta(minutes=30)
     churn_evictions: int = Field(default=3, ge=2)
+    # How churn (a scheduler ignoring the rule: allocate -> evict -> allocate ...) is stopped:
+    # `cordon` the device's node (every scheduler honours a cordon; undone on release),
+    # `noschedule` (switch the rule to NoSchedule: no more evictions), `none` (escalate only).
+    on_churn: Literal["cordon", "noschedule", "none"] = "cordon"
 
 
-class ScaleUpPolicy(RunbookModel):
+class ScaleUpPolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "scaleUp"
     enabled: bool = False
     pool: NodePoolTarget | None = None
     step: int = Field(default=1, ge=1)
@@ -1001,9 +1249,11 @@ class ScaleUpPolicy(RunbookModel):
 BudgetLimit = Annotated[int | str, Field(union_mode="left_to_right")]
 
 
-class BudgetPolicy(RunbookModel):
+class BudgetPolicy(BoundedRunbookModel):
     """At most this many physical GPUs quarantined at once: a count (`4`) or a percent
     (`"25%"`) of the pool's / cluster's devices."""
+
+    block: ClassVar[str] = "budget"
 
     max_per_pool: BudgetLimit = "50%"
     max_per_cluster: BudgetLimit = "10%"
@@ -1037,20 +1287,24 @@ class EscalationPolicy(RunbookModel):
     on: list[EscalationReason] = Field(default_factory=lambda: list(ALL_ESCALATION_REASONS))
 
 
-class ReleasePolicy(RunbookModel):
+class ReleasePolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "release"
     mode: Literal["repaired", "healthy-cooldown", "either"] = "either"
     cooldown: Duration = timedelta(minutes=30)
     health_check_interval: Duration = timedelta(minutes=5)
 
 
-class FallbackPolicy(RunbookModel):
+class FallbackPolicy(BoundedRunbookModel):
     """When no DeviceTaintRule is served: evict consumers through the Eviction API and taint
     the node only when fewer than `node_taint_below_healthy` healthy GPUs remain on it."""
+
+    block: ClassVar[str] = "fallback"
 
     node_taint_below_healthy: int = Field(default=1, ge=0)
 
 
-class MaintenancePolicy(RunbookModel):
+class MaintenancePolicy(BoundedRunbookModel):
+    block: ClassVar[str] = "maintenance"
     max_parallel: int = Field(default=1, ge=1)
 
 
@@ -1118,6 +1372,29 @@ class RemediationCarry(Contract):
     alerts: list[AlertEvidence] = Field(default_factory=list)
     healthy_since: datetime | None = None
     waiting_for_budget: bool = False
+    event_counts: dict[str, int] = Field(default_factory=dict)  # aggregated Events so far
 
 
 RemediationInput.model_rebuild()
+
+
+def input_problems(err: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One line naming every bad field of a workflow input and its problem, e.g.
+    `device: Field required; dryrun: unknown field (fields: device, alerts, ...)`."""
+    problems = []
+    for e in err.errors():
+        where = ".".join(str(part) for part in e["loc"]) or "input"
+        if e["type"] == "extra_forbidden":
+            known = (
+                f" (fields: {', '.join(f for f in model.model_fields if f != 'resume')})"
+                if model and len(e["loc"]) == 1
+                else ""
+            )
+            problems.append(f"{where}: unknown field{known}")
+        elif e["type"] == "model_type" and not e["loc"]:
+            problems.append(f"input: must be a JSON object, got {e.get('input')!r}")
+        elif e["type"] in ("bool_type", "string_type", "int_type", "model_type", "dict_type"):
+            problems.append(f"{where}: {e['msg']}, got {e.get('input')!r}")
+        else:
+            problems.append(f"{where}: {e['msg']}")
+    return "; ".join(problems)

@@ -52,7 +52,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
@@ -60,10 +60,15 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import BaseModel, ValidationError
+
+with workflow.unsafe.imports_passed_through():
     from workflows.classify import classify, is_stale, merge_evidence
     from workflows.constants import (
         ACT_ACQUIRE_BUDGET,
         ACT_CHECK_HEALTH,
+        ACT_CLAIM_ESCALATION,
+        ACT_CORDON,
         ACT_COUNT_DEVICES,
         ACT_EVICT_PODS,
         ACT_FIND_CONSUMERS,
@@ -80,11 +85,18 @@ with workflow.unsafe.imports_passed_through():
         ACT_SIGNAL_WITH_START,
         ACT_WAIT_EVICTION,
         ACT_WAIT_REPLACEMENT,
+        ERR_CHANNEL_REJECTED,
+        ERR_CONFIG,
+        ERR_DEVICE_NOT_FOUND,
+        ERR_INVALID_INPUT,
         ERR_POOL_AT_MAX,
         QRY_STATUS,
         QRY_TIMELINE,
+        SA_CLUSTER,
         SA_DEVICE,
+        SA_ESCALATION,
         SA_NODE,
+        SA_OUTCOME,
         SA_PHASE,
         SA_WORKLOAD_CLASS,
         SIG_ABORT,
@@ -96,6 +108,7 @@ with workflow.unsafe.imports_passed_through():
         UPD_APPROVE,
         WF_REMEDIATE,
     )
+    from workflows.identity import claimed_by, sender_identity
     from workflows.models import (
         AbortRequest,
         AlertEvidence,
@@ -111,8 +124,13 @@ with workflow.unsafe.imports_passed_through():
         CheckHealthInput,
         Consumer,
         ConsumersResult,
+        CordonInput,
+        CordonResult,
         CountDevicesInput,
         DeviceCounts,
+        DeviceRef,
+        EscalationClaim,
+        EscalationClaimResult,
         EscalationReason,
         EventTarget,
         EvictionReport,
@@ -121,6 +139,7 @@ with workflow.unsafe.imports_passed_through():
         Evidence,
         EvidenceInput,
         FindConsumersInput,
+        HandledAlert,
         HealthResult,
         Incident,
         LaunchRequest,
@@ -150,10 +169,14 @@ with workflow.unsafe.imports_passed_through():
         TimelineEntry,
         WaitEvictionInput,
         WaitReplacementInput,
+        format_duration,
+        input_problems,
+        instance_key,
     )
     from workflows.runbook_match import DEFAULT_RUNBOOK, builtin_default, select_runbook
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 # --- transport options (operational knobs live in the runbook) --------------------------------
 # Local activities: one Kubernetes/Temporal call each, milliseconds when healthy. 10 s covers a
@@ -194,6 +217,16 @@ EVICT_TIMEOUT = timedelta(minutes=2)
 # evict-pods heartbeats every 10 s; a killed worker is noticed after 30 s, not 2 min (evicting
 # again is harmless: pods already gone are reported gone).
 EVICT_HEARTBEAT = timedelta(seconds=30)
+# Owner kinds Events are written on, with the API version `kubectl describe` reads them in.
+OWNER_API_VERSIONS = {
+    "Deployment": "apps/v1",
+    "StatefulSet": "apps/v1",
+    "ReplicaSet": "apps/v1",
+    "DaemonSet": "apps/v1",
+    "Job": "batch/v1",
+    "CronJob": "batch/v1",
+    "JobSet": "jobset.x-k8s.io/v1alpha2",
+}
 # After forcing, how long the pods get to go before we escalate.
 FORCE_GRACE = timedelta(minutes=2)
 # Capacity requests go to the pool scaler workflow, which may hold the call while it batches
@@ -217,7 +250,15 @@ NOTIFY_RETRY = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(minutes=3),
     maximum_attempts=6,
+    # A channel that is not configured, or that refused the event, fails the same way again.
+    non_retryable_error_types=[ERR_CONFIG, ERR_CHANNEL_REJECTED],
 )
+# Alerts about devices the cluster does not have: one page per node per window, whatever the
+# number of made-up UUIDs (the rejections workflow keeps count). Its update answers in
+# milliseconds; 3 tries, then this run pages rather than stay silent.
+UNRESOLVABLE_PAGE_WINDOW = timedelta(minutes=30)
+CLAIM_TIMEOUT = timedelta(seconds=10)
+CLAIM_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
 # Patch: independent confirm steps (and the budget lease) run concurrently.
 PATCH_CONCURRENT_CONFIRM = "concurrent-confirm"
 PATCH_HEALTH_ONLY_RELEASE = "healthy-cooldown-needs-health"
@@ -231,6 +272,9 @@ SA_DEVICE_KEY = SearchAttributeKey.for_keyword(SA_DEVICE)
 SA_NODE_KEY = SearchAttributeKey.for_keyword(SA_NODE)
 SA_WORKLOAD_KEY = SearchAttributeKey.for_keyword(SA_WORKLOAD_CLASS)
 SA_PHASE_KEY = SearchAttributeKey.for_keyword(SA_PHASE)
+SA_OUTCOME_KEY = SearchAttributeKey.for_keyword(SA_OUTCOME)
+SA_ESCALATION_KEY = SearchAttributeKey.for_keyword(SA_ESCALATION)
+SA_CLUSTER_KEY = SearchAttributeKey.for_keyword(SA_CLUSTER)
 
 
 # What a failed activity raises in the workflow: ActivityError wrapping the cause for regular
@@ -253,6 +297,12 @@ class _Aborted(Exception):
     """Raised inside the workflow when an `abort` signal interrupts a wait."""
 
 
+def _cluster_tag(cluster: str) -> str:
+    """`[east] ` in front of a notification's summary, so a person paged for many clusters
+    sees which one; nothing for the unnamed cluster."""
+    return f"[{cluster}] " if cluster else ""
+
+
 class _Done(Exception):
     """Ends the procedure early with an outcome (e.g. after an escalation without taint)."""
 
@@ -262,6 +312,12 @@ class _Done(Exception):
         self.reason = reason
 
 
+def _still_blocked(result: EvictPodsResult, report: EvictionReport) -> bool:
+    """Some consumer still there is one a PodDisruptionBudget refused to let go."""
+    keys = {(p.namespace, p.name) for p in result.blocked}
+    return any((p.namespace, p.name) in keys for p in report.remaining)
+
+
 def _error_text(err: BaseException) -> str:
     cause = err.cause if isinstance(err, ActivityError) else err
     if isinstance(cause, ApplicationError):
@@ -269,6 +325,16 @@ def _error_text(err: BaseException) -> str:
     if cause is not None:
         return f"{type(cause).__name__}: {cause}"
     return str(err)
+
+
+def _gave_up(err: BaseException) -> str:
+    """Why a notification was given up: a permanent error (configuration, rejected) is tried
+    once, not NOTIFY_RETRY's six times, and the timeline says so."""
+    cause = err.cause if isinstance(err, ActivityError) else err
+    permanent = NOTIFY_RETRY.non_retryable_error_types or []
+    if isinstance(cause, ApplicationError) and (cause.non_retryable or cause.type in permanent):
+        return f"not retried: {_error_text(err)}"
+    return f"gave up after {NOTIFY_RETRY.maximum_attempts} tries: {_error_text(err)}"
 
 
 def _error_type(err: BaseException) -> str | None:
@@ -281,10 +347,24 @@ def _error_type(err: BaseException) -> str | None:
 # alert -> rule p50 61 -> 44 ms). Determinism is kept the same ways as before: the module
 # imports only stdlib, temporalio and the contract (lint-imports), time/ids/randomness come
 # from workflow.now()/uuid4(), and the recorded histories replay (tests/workflows/test_replay).
+# A result lists at most this many handled alert instances (they add up over a GPU's runs).
+MAX_HANDLED_ALERTS = 500
+
+
 @workflow.defn(name=WF_REMEDIATE, sandboxed=False)
 class DeviceRemediationWorkflow:
     @workflow.init
-    def __init__(self, inp: RemediationInput) -> None:
+    def __init__(self, raw: Any = None) -> None:
+        # The input is decoded here, not by the SDK: a payload the SDK cannot decode fails the
+        # workflow *task* on every retry, so a mistyped Web UI launch would stay Running
+        # forever under the device's id, swallowing its alerts. Bad input instead fails the
+        # run at once (in `run`), naming the field; the next trigger starts a fresh run.
+        self._input_error: str | None = None
+        try:
+            inp = RemediationInput.model_validate(raw)
+        except ValidationError as err:
+            self._input_error = input_problems(err, RemediationInput)
+            inp = RemediationInput(device=DeviceRef(node="invalid-input", gpu_uuid="invalid"))
         self._inp = inp
         info = workflow.info()
         carry = inp.resume
@@ -295,8 +375,8 @@ class DeviceRemediationWorkflow:
         else:
             self._status = RemediationStatus(
                 workflow_id=info.workflow_id,
-                device=inp.device.key,
-                node=inp.device.node,
+                device=inp.device.key if self._input_error is None else "unknown (invalid input)",
+                node=inp.device.node if self._input_error is None else None,
                 started_at=workflow.now(),
                 updated_at=workflow.now(),
                 dry_run=inp.dry_run,
@@ -309,67 +389,110 @@ class DeviceRemediationWorkflow:
         self._lease_held = carry.lease_held if carry else False
         self._escalated = carry.escalated if carry else False
         self._healthy_since = carry.healthy_since if carry else None
+        # Aggregated Kubernetes Events: how often each (reason, object) was told so far.
+        self._event_counts: dict[str, int] = dict(carry.event_counts) if carry else {}
+        # Pods that exist now, for Events: None = the consumers (not evicted yet); then the
+        # ones still on the device, or the replacements last seen Pending / Running.
+        self._live_pods: list[PodRef] | None = None
         self._consumers: list[Consumer] = []
         self._fallback: Runbook = builtin_default()
         self._abort: AbortRequest | None = None
         self._undoing = False  # set once an abort is being handled: undo steps run to the end
         self._repaired: RepairedRequest | None = None
+        # (claimed actor, Temporal client identity) of the abort / repaired / decision.
+        self._sent: dict[str, tuple[str, str]] = {}
         self._health_only = False  # holding under release.mode healthy-cooldown
         self._resolved_pending = False  # an alert-resolved not yet checked against health
         self._budget_freed = False  # set by the budget workflow's wake-up signal
         self._decision: ApprovalDecision | None = None
+        self._would_have: EscalationReason | None = None  # a dry run's escalation
         self._sa_phase: Phase | None = None
         self._metrics = workflow.metric_meter()
         if carry is None:
             self._add_alerts(inp.alerts, initial=True)
+        if self._input_error is None:
+            workflow.set_current_details(self._details())
 
     # ---------------------------------------------------------------- messages -------------
 
-    @workflow.signal(name=SIG_ALERT)
+    @workflow.signal(
+        name=SIG_ALERT, description="internal: more evidence, sent by the webhook, sweep and CLI"
+    )
     def alert(self, evidence: AlertEvidence) -> None:
         self._add_alerts([evidence])
 
-    @workflow.signal(name=SIG_ALERTS)
+    @workflow.signal(
+        name=SIG_ALERTS, description="internal: several alerts at once, sent by the webhook"
+    )
     def alert_batch(self, evidence: list[AlertEvidence]) -> None:
         """Several alerts in one signal (the webhook coalesces a storm's deliveries for one
         workflow): each is handled exactly as its own `alert` signal would be."""
         for one in evidence:
             self._add_alerts([one])
 
-    @workflow.signal(name=SIG_ALERT_RESOLVED)
+    @workflow.signal(
+        name=SIG_ALERT_RESOLVED, description="internal: Alertmanager resolved the alert (webhook)"
+    )
     def alert_resolved(self, resolved: AlertResolved) -> None:
         self._resolved_pending = True
         self._log(
             "alert resolved",
             outcome=resolved.alertname or resolved.fingerprint,
             actor="alertmanager",
+            client_identity=sender_identity(),
         )
 
-    @workflow.signal(name=SIG_BUDGET_FREED)
+    @workflow.signal(
+        name=SIG_BUDGET_FREED,
+        description="internal: sent by the sickbay-budget workflow when a slot frees; not for people",
+    )
     def budget_freed(self) -> None:
         """From sickbay-budget: a slot freed while this remediation waits for one."""
         self._budget_freed = True
 
-    @workflow.signal(name=SIG_ABORT)
-    def abort(self, req: AbortRequest) -> None:
-        if self._abort is None:
+    @workflow.signal(
+        name=SIG_ABORT,
+        description='for people: stop and undo the quarantine. Input: {"reason": "why", "actor": "you"}',
+    )
+    def abort(self, raw: Any = None) -> None:
+        req = self._message(SIG_ABORT, AbortRequest, raw)
+        if req is not None and self._abort is None:
             self._abort = req
-            self._log("abort requested", actor=req.actor, reason=req.reason)
+            self._log_sent("abort", "abort requested", req.actor, reason=req.reason)
 
-    @workflow.signal(name=SIG_REPAIRED)
-    def repaired(self, req: RepairedRequest) -> None:
-        if self._repaired is None:
+    @workflow.signal(
+        name=SIG_REPAIRED,
+        description='for people: the GPU is repaired, release it. Input: {"actor": "you", "note": "what was done"}',
+    )
+    def repaired(self, raw: Any = None) -> None:
+        req = self._message(SIG_REPAIRED, RepairedRequest, raw)
+        if req is not None and self._repaired is None:
             self._repaired = req
-            self._log("marked repaired", actor=req.actor, reason=req.note)
+            self._log_sent("repaired", "marked repaired", req.actor, reason=req.note)
             if self._health_only:
                 self._note_repair()
 
-    @workflow.update(name=UPD_APPROVE)
+    def _message(self, name: str, model: type[M], raw: Any) -> M | None:
+        """Decode a signal typed by a person (Web UI): the SDK would drop an undecodable one
+        with only a worker log line; here the refusal, naming the field, is in the timeline."""
+        try:
+            return model.model_validate(raw)
+        except ValidationError as err:
+            problems = input_problems(err, model)
+            self._log(f"{name} signal refused", outcome="invalid input", reason=problems)
+            workflow.logger.warning("%s signal refused: %s", name, problems)
+            return None
+
+    @workflow.update(
+        name=UPD_APPROVE,
+        description='for people, while awaiting-approval. Input: {"approve": true, "actor": "you", "reason": "why"}',
+    )
     def approve(self, decision: ApprovalDecision) -> ApprovalResult:
         self._decision = decision
-        self._log(
+        self._log_sent(
+            "decision",
             "approved" if decision.approve else "rejected",
-            actor=decision.actor,
+            decision.actor,
             reason=decision.reason,
         )
         return ApprovalResult(accepted=True, phase=self._status.phase)
@@ -382,20 +505,23 @@ class DeviceRemediationWorkflow:
                 "not awaiting-approval"
             )
         if self._decision is not None:
-            raise ValueError("already decided by " + self._decision.actor)
+            raise ValueError("already decided by " + self._who("decision"))
 
-    @workflow.query(name=QRY_TIMELINE)
+    @workflow.query(name=QRY_TIMELINE, description="the ordered timeline of decisions")
     def timeline(self) -> list[TimelineEntry]:
         return self._timeline
 
-    @workflow.query(name=QRY_STATUS)
+    @workflow.query(name=QRY_STATUS, description="phase, what it waits for, until when, next")
     def status(self) -> RemediationStatus:
         return self._status
 
     # ---------------------------------------------------------------- run ------------------
 
     @workflow.run
-    async def run(self, inp: RemediationInput) -> RemediationResult:
+    async def run(self, raw: Any = None) -> RemediationResult:
+        if self._input_error is not None:
+            await self._refuse_input(self._input_error)
+        inp = self._inp
         try:
             if inp.resume is not None and inp.resume.waiting_for_budget:
                 # Weeks may have passed: confirm afresh (evidence, consumers, runbook), then
@@ -412,6 +538,11 @@ class DeviceRemediationWorkflow:
         except _Done as done:
             outcome, reason = done.outcome, done.reason
             await self._release_lease()
+        if self._dry and outcome != "dry-run":
+            # Whatever a dry run found, it changed nothing: outcome dry-run, and the reason
+            # says what a real run would have done.
+            would = f" (would escalate: {self._would_have})" if self._would_have else ""
+            outcome, reason = "dry-run", f"dry run, nothing changed{would}: {reason}"
         self._status.outcome = outcome
         self._enter(Phase.CLOSED, awaiting="")
         self._log("closed", outcome=outcome, reason=reason)
@@ -422,8 +553,23 @@ class DeviceRemediationWorkflow:
         ).add(1)
         await workflow.wait_condition(workflow.all_handlers_finished)
         return RemediationResult(
-            outcome=outcome, reason=reason, status=self._status, timeline=self._timeline
+            outcome=outcome,
+            reason=reason,
+            status=self._status,
+            timeline=self._timeline,
+            handled_alerts=self._handled_alerts(),
         )
+
+    async def _refuse_input(self, problems: str) -> None:
+        """Fail the run at once: nothing was done, and the Web UI shows why."""
+        why = f"invalid input for {WF_REMEDIATE}: {problems}"
+        self._status.phase, self._status.outcome = Phase.CLOSED, None
+        self._log("input refused", outcome="failed", reason=why)
+        workflow.set_current_details(f"**failed: invalid input**\n\n{problems}")
+        workflow.upsert_search_attributes(
+            [SA_PHASE_KEY.value_set(Phase.CLOSED.value), SA_OUTCOME_KEY.value_set("invalid-input")]
+        )
+        raise ApplicationError(why, type=ERR_INVALID_INPUT, non_retryable=True)
 
     async def _guarded(self) -> tuple[Outcome, str]:
         """The procedure; a step that fails for good escalates instead of failing the run."""
@@ -431,6 +577,15 @@ class DeviceRemediationWorkflow:
             return await self._remediate()
         except ACTIVITY_FAILED as err:
             why = f"step failed: {_error_text(err)}"
+            paged = await self._paged_elsewhere(err, why)
+            if paged is not None:  # this node's same cause was paged: say who, page nobody
+                self._status.escalation_reason = "error"
+                self._log("escalation not sent", reason=paged)
+                self._metrics.create_counter(
+                    "sickbay_pages_suppressed",
+                    "Escalations not paged because one was paged for the cause and node",
+                ).with_additional_attributes({"cause": "device-not-found"}).add(1)
+                raise _Done("escalated", f"{why}; {paged}") from err
             await self._escalate("error", why)
             if self._quarantine is not None:
                 return await self._hold_and_release()
@@ -439,7 +594,11 @@ class DeviceRemediationWorkflow:
     async def _remediate(self) -> tuple[Outcome, str]:
         inp = self._inp
         # 1. confirm and classify --------------------------------------------------------
-        self._enter(Phase.CONFIRMING, awaiting="cluster evidence")
+        self._enter(
+            Phase.CONFIRMING,
+            awaiting="cluster evidence",
+            next_action="classify the failure and choose a runbook",
+        )
         # Concurrent confirm: independent local activities run side by side (runbooks with
         # resolve; evidence with consumers, the device counts and, once the runbook is known,
         # the budget lease), so alert -> rule waits for 4 local activities in a row, not 7.
@@ -467,7 +626,7 @@ class DeviceRemediationWorkflow:
         self._device = device
         self._status.device, self._status.node = device.key, device.node
         wf_id = workflow.info().workflow_id
-        if device.workflow_id() != wf_id:
+        if device.workflow_id(self._inp.cluster) != wf_id:
             return await self._hand_over(device)
         alert_pods = [a.pod for a in self._alerts if a.pod is not None]
         early: _EarlyLease | None = None
@@ -490,6 +649,7 @@ class DeviceRemediationWorkflow:
         selection = select_runbook(runbooks.runbooks, self._consumers, inp.runbook)
         runbook = self._runbook = selection.runbook
         self._status.runbook = self._status.workload_class = runbook.name
+        self._status.dry_run = self._dry
         for note in selection.notes:
             self._log("runbook note", reason=note)
         self._log("runbook chosen", outcome=runbook.name, reason=selection.why)
@@ -526,9 +686,20 @@ class DeviceRemediationWorkflow:
             )
         if inp.dry_run or spec.dry_run:
             return await self._dry_run(device)
+        await self._decision_event(
+            "GPUFailureConfirmed",
+            f"{failure_class}: {why}; runbook {runbook.name}",
+            etype="Warning",
+            rule=False,
+            node=False,
+        )
 
         # 2. blast-radius guard ------------------------------------------------------------
-        self._enter(Phase.GUARDING, awaiting="budget lease")
+        self._enter(
+            Phase.GUARDING,
+            awaiting="budget lease",
+            next_action="approval" if spec.approval.required else "quarantine the device",
+        )
         await self._acquire_lease(device, runbook, early)
 
         # 3. optional approval ---------------------------------------------------------------
@@ -536,7 +707,11 @@ class DeviceRemediationWorkflow:
             await self._await_approval()
 
         # 4. quarantine ----------------------------------------------------------------------
-        self._enter(Phase.QUARANTINING, awaiting="DeviceTaintRule")
+        self._enter(
+            Phase.QUARANTINING,
+            awaiting="DeviceTaintRule",
+            next_action="wait for the consumers to leave the device",
+        )
         eviction_api = spec.eviction.mode == "eviction-api"
         effect = "NoSchedule" if eviction_api else spec.quarantine.effect
         try:
@@ -544,6 +719,7 @@ class DeviceRemediationWorkflow:
         except ACTIVITY_FAILED as err:
             await self._escalate("error", f"quarantine failed: {_error_text(err)}")
             raise _Done("escalated", f"quarantine failed: {_error_text(err)}") from err
+        await self._decision_event("GPUQuarantined", self._quarantine.message or effect)
         self._metrics.create_histogram_timedelta(
             "sickbay_time_to_quarantine",
             "From the remediation's start to the device's quarantine",
@@ -739,16 +915,22 @@ class DeviceRemediationWorkflow:
                     reason=why,
                     replace_same=True,
                 )
-            self._enter(Phase.ESCALATED, awaiting=BUDGET_AWAITING)
-            self._upsert()
             first = tries < BUDGET_RETRY_SWITCH and not resumed
             interval = BUDGET_RETRY_FIRST if first else BUDGET_RETRY_LATER
+            self._enter(
+                Phase.ESCALATED,
+                awaiting=BUDGET_AWAITING,
+                until=interval,
+                next_action=f"ask the budget for a lease again (try {tries + 1})",
+            )
+            self._upsert()
             try:
                 await self._wait(
                     lambda: (
                         self._repaired is not None or self._resolved_pending or self._budget_freed
                     ),
                     limit=interval,
+                    summary=f"budget lease retry {tries + 1} ({format_duration(interval)})",
                 )
             except TimeoutError:
                 pass
@@ -758,7 +940,7 @@ class DeviceRemediationWorkflow:
                 await self._resolve_page("repaired while waiting for budget")
                 raise _Done(
                     "not-quarantined",
-                    f"repaired ({self._repaired.actor}) while waiting for a budget slot; "
+                    f"repaired ({self._who('repaired')}) while waiting for a budget slot; "
                     "never quarantined",
                 )
             if self._resolved_pending:
@@ -884,10 +1066,29 @@ class DeviceRemediationWorkflow:
 
     async def _await_approval(self) -> None:
         policy = self._spec.approval
-        self._enter(Phase.AWAITING_APPROVAL, awaiting=f"approval (timeout {policy.timeout})")
+        on_timeout = {
+            "proceed": "quarantine anyway",
+            "abort": "close without quarantine",
+            "escalate": "escalate, no quarantine",
+        }[policy.on_timeout]
+        self._enter(
+            Phase.AWAITING_APPROVAL,
+            awaiting=f"approval: the `{UPD_APPROVE}` update or `sickbay approve|reject`",
+            until=policy.timeout,
+            next_action=f"approved: quarantine; rejected: escalate; timed out: {on_timeout}",
+        )
+        self._log(
+            "awaiting approval",
+            outcome=f"timeout {format_duration(policy.timeout)}",
+            reason=f"then {policy.on_timeout}: {on_timeout}",
+        )
         self._upsert()
         try:
-            await self._wait(lambda: self._decision is not None, limit=policy.timeout)
+            await self._wait(
+                lambda: self._decision is not None,
+                limit=policy.timeout,
+                summary=f"approval timeout ({format_duration(policy.timeout)}, then {policy.on_timeout})",
+            )
         except TimeoutError:
             self._log("approval timed out", outcome=policy.on_timeout)
             if policy.on_timeout == "proceed":
@@ -900,7 +1101,7 @@ class DeviceRemediationWorkflow:
         decision = self._decision
         assert decision is not None
         if not decision.approve:
-            why = f"rejected by {decision.actor}: {decision.reason or 'no reason given'}"
+            why = f"rejected by {self._who('decision')}: {decision.reason or 'no reason given'}"
             await self._escalate("approval-rejected", why)
             raise _Done("escalated", why)
 
@@ -952,24 +1153,59 @@ class DeviceRemediationWorkflow:
         await self._replace()
 
     async def _evict(self, pods: list[PodRef], eviction_api: bool) -> bool:
-        """True once the consumers are gone; False after escalating."""
+        """True once the consumers are gone; False after escalating.
+
+        Eviction API mode honours PodDisruptionBudgets: blocked evictions are retried for the
+        whole `eviction.timeout`; a pod a budget still protects then is never pushed past it
+        unless the runbook forces (`noexecute` / `delete`): the remediation escalates
+        `eviction-timeout` naming the budget and holds the device under its NoSchedule rule."""
         policy = self._spec.eviction
-        self._enter(Phase.EVICTING, awaiting=f"{len(pods)} consumer(s) to go")
+        forcing = policy.force in ("noexecute", "delete")
+        self._enter(
+            Phase.EVICTING,
+            awaiting=f"{len(pods)} consumer(s) to go",
+            until=policy.timeout,
+            next_action="wait for the replacements"
+            + (
+                f"; still there at the timeout: force ({policy.force})"
+                if policy.force != "none"
+                else "; still there at the timeout: escalate"
+            ),
+        )
         self._upsert()
-        if eviction_api:
-            await self._evict_pods(pods, force=False, label="evict via Eviction API")
-        report = await self._wait_eviction(pods, policy.timeout)
+        blocked = EvictPodsResult()
+        # No rule served: the fallback evicted once through the Eviction API; what a budget
+        # refused then is retried like eviction-api mode's evictions (there is no backstop).
+        fallback = self._quarantine is not None and self._quarantine.mode == "fallback"
+        refused = self._quarantine.blocked if fallback and self._quarantine else []
+        if eviction_api or refused:
+            blocked = await self._evict_pods(
+                pods if eviction_api else refused,
+                force=False,
+                label="evict via Eviction API",
+                retry_for=policy.timeout,
+            )
+        # Pods a budget still blocks will not go by waiting: give the others the grace only.
+        report = await self._wait_eviction(pods, FORCE_GRACE if blocked.blocked else policy.timeout)
+        if report.remaining and refused and _still_blocked(blocked, report) and not forcing:
+            return await self._escalate_blocked(blocked, report)
         if report.remaining and eviction_api:
-            # Backstop: the PDB-respecting path did not finish in time.
+            if _still_blocked(blocked, report) and not forcing:
+                return await self._escalate_blocked(blocked, report)
+            # Backstop: NoExecute deletes pods regardless of budgets (none blocks, or forced).
             self._quarantine = await self._apply_quarantine("NoExecute", "NoExecute backstop")
             report = await self._wait_eviction(report.remaining, FORCE_GRACE)
-        if report.remaining and policy.force != "none":
-            await self._evict_pods(
+        if report.remaining and policy.force in ("eviction-api", "delete"):
+            blocked = await self._evict_pods(
                 report.remaining,
                 force=policy.force == "delete",
                 label=f"force ({policy.force})",
+                retry_for=None if policy.force == "delete" else FORCE_GRACE,
             )
             report = await self._wait_eviction(report.remaining, FORCE_GRACE)
+            if _still_blocked(blocked, report):
+                return await self._escalate_blocked(blocked, report)
+        self._live_pods = list(report.remaining)
         if report.remaining:
             names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
             await self._escalate(
@@ -978,9 +1214,33 @@ class DeviceRemediationWorkflow:
                 f"(force: {policy.force}): {names}",
             )
             return False
+        await self._decision_event(
+            "GPUConsumersEvicted",
+            f"{len(report.gone)} consumer(s) left the quarantined device: "
+            + ", ".join(f"{p.namespace}/{p.name}" for p in report.gone),
+            pods=False,
+            node=False,
+        )
         return True
 
-    async def _evict_pods(self, pods: list[PodRef], *, force: bool, label: str) -> None:
+    async def _escalate_blocked(self, blocked: EvictPodsResult, report: EvictionReport) -> bool:
+        """A PodDisruptionBudget still protects consumers: escalate naming it, hold (False)."""
+        self._live_pods = list(report.remaining)
+        names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
+        why = "; ".join(blocked.budgets) or "a PodDisruptionBudget refused the eviction"
+        await self._escalate(
+            "eviction-timeout",
+            f"PodDisruptionBudget blocks eviction after {self._spec.eviction.timeout} "
+            f"({blocked.attempts} tries; force: {self._spec.eviction.force}, so the budget is "
+            f"honoured): {why}. Still on the device: {names}. Holding the device quarantined "
+            "(new pods cannot get it); free the budget, or force with eviction.force "
+            "noexecute/delete",
+        )
+        return False
+
+    async def _evict_pods(
+        self, pods: list[PodRef], *, force: bool, label: str, retry_for: timedelta | None = None
+    ) -> EvictPodsResult:
         result = await self._activity(
             ACT_EVICT_PODS,
             EvictPodsInput(
@@ -988,17 +1248,21 @@ class DeviceRemediationWorkflow:
                 workflow_id=workflow.info().workflow_id,
                 reason=f"GPU {self._status.device} quarantined",
                 delete_if_blocked=force,
+                retry_blocked_for=retry_for,
             ),
             EvictPodsResult,
-            start_to_close=EVICT_TIMEOUT,
+            start_to_close=EVICT_TIMEOUT + (retry_for or timedelta(0)),
             heartbeat=EVICT_HEARTBEAT,
             retry=WAIT_RETRY,
         )
         self._log(
             label,
             outcome=f"evicted {len(result.evicted)}, deleted {len(result.deleted)}, "
-            f"blocked {len(result.blocked)}, gone {len(result.gone)}",
+            f"blocked {len(result.blocked)}, gone {len(result.gone)}"
+            + (f" after {result.attempts} tries" if result.attempts > 1 else ""),
+            reason="; ".join(result.budgets),
         )
+        return result
 
     async def _wait_eviction(self, pods: list[PodRef], limit: timedelta) -> EvictionReport:
         report = await self._activity(
@@ -1024,10 +1288,22 @@ class DeviceRemediationWorkflow:
             return
         self._enter(
             Phase.AWAITING_REPLACEMENT,
-            awaiting=f"replacements Running (Pending deadline {spec.replacement.pending_deadline})",
+            awaiting="replacements Running (Pending deadline "
+            f"{format_duration(spec.replacement.pending_deadline)})",
+            until=spec.replacement.pending_deadline,
+            next_action="hold the device; still Pending at the deadline: "
+            + ("scale up the node pool" if spec.scale_up.enabled else "escalate"),
         )
         self._upsert()
         report = await self._wait_replacement(owners, spec.replacement.pending_deadline)
+        if report.status == "running":
+            await self._decision_event(
+                "GPUReplacementRunning",
+                "replacement(s) Running on healthy devices: "
+                + ", ".join(f"{p.pod.namespace}/{p.pod.name}" for p in report.pods if p.phase),
+                rule=False,
+                node=False,
+            )
         if report.status == "pending":
             if not spec.scale_up.enabled:
                 await self._escalate(
@@ -1042,7 +1318,8 @@ class DeviceRemediationWorkflow:
             report = scaled
         if report.status == "churn":
             diag = report.churn.diagnosis if report.churn else "repeated evictions"
-            await self._escalate("churn", f"eviction churn: {diag}")
+            stopped = await self._stop_churn()
+            await self._escalate("churn", f"eviction churn: {diag} {stopped}")
             return
         if report.status in ("running", "no-replacement-needed"):
             self._metrics.create_histogram_timedelta(
@@ -1051,6 +1328,37 @@ class DeviceRemediationWorkflow:
             ).with_additional_attributes(
                 {"workload_class": self._status.workload_class or ""}
             ).record(workflow.now() - workflow.info().start_time)
+
+    async def _stop_churn(self) -> str:
+        """End the allocate -> evict loop per `replacement.onChurn`; says what was done."""
+        action = self._spec.replacement.on_churn
+        device = self._device
+        assert device is not None
+        if action == "cordon":
+            result = await self._local(
+                ACT_CORDON,
+                CordonInput(node=device.node, workflow_id=workflow.info().workflow_id),
+                CordonResult,
+                "cordon node (churn)",
+            )
+            if result.changed and self._quarantine is not None:
+                self._quarantine = self._quarantine.model_copy(update={"node_cordoned": True})
+            self._log("churn stopped: node cordoned", outcome=result.message)
+            return (
+                f"Sickbay stopped the loop by cordoning node {device.node} ({result.message}; "
+                "replacements go to other nodes or stay Pending; uncordoned on release)."
+            )
+        if action == "noschedule":
+            self._quarantine = await self._apply_quarantine(
+                "NoSchedule", "rule to NoSchedule (churn)"
+            )
+            self._log("churn stopped: rule switched to NoSchedule")
+            return (
+                "Sickbay stopped the loop by switching the rule to NoSchedule: nothing is evicted "
+                "any more, so a pod the scheduler puts on the device stays on it."
+            )
+        self._log("churn not stopped", reason="replacement.onChurn: none")
+        return "replacement.onChurn is none: Sickbay did not stop the loop; it goes on."
 
     async def _wait_replacement(
         self, owners: list[OwnerRef], deadline: timedelta
@@ -1074,6 +1382,7 @@ class DeviceRemediationWorkflow:
             outcome=report.status,
             reason=report.unschedulable_message or (report.churn.diagnosis if report.churn else ""),
         )
+        self._live_pods = [p.pod for p in report.pods if p.phase in ("Pending", "Running")]
         return report
 
     async def _scale_up(
@@ -1083,7 +1392,11 @@ class DeviceRemediationWorkflow:
         policy = self._spec.scale_up
         device = self._device
         assert device is not None
-        self._enter(Phase.SCALING, awaiting="node-pool capacity")
+        self._enter(
+            Phase.SCALING,
+            awaiting="node-pool capacity",
+            next_action="approval of the scale-up" if policy.approval else "wait for capacity",
+        )
         self._upsert()
         pool = policy.pool or NodePoolTarget(
             provider=policy.provider or "http",
@@ -1134,9 +1447,18 @@ class DeviceRemediationWorkflow:
         if result.status == "rejected":
             await self._escalate("scale-up-failed", f"pool {pool.name}: {result.message}")
             return None
+        await self._decision_event(
+            "GPUScaleUpRequested",
+            f"no healthy GPU free: asked pool {pool.name} for capacity "
+            f"(size {result.current_size} -> {result.target_size})",
+            rule=False,
+        )
         self._enter(
             Phase.SCALING,
-            awaiting=f"replacements Running (capacity deadline {policy.capacity_deadline})",
+            awaiting="replacements Running (capacity deadline "
+            f"{format_duration(policy.capacity_deadline)})",
+            until=policy.capacity_deadline,
+            next_action="hold the device; still Pending at the deadline: escalate",
         )
         after = await self._wait_replacement(owners, policy.capacity_deadline)
         if after.status == "pending":
@@ -1157,10 +1479,17 @@ class DeviceRemediationWorkflow:
             PATCH_HEALTH_ONLY_RELEASE
         )
         if health_only:
-            awaiting = f"Healthy for {release.cooldown}"
+            awaiting = f"Healthy for {format_duration(release.cooldown)}"
         else:
-            awaiting = "marked repaired" + (f" or Healthy for {release.cooldown}" if auto else "")
-        self._enter(Phase.HOLDING, awaiting=awaiting)
+            awaiting = "marked repaired" + (
+                f" or Healthy for {format_duration(release.cooldown)}" if auto else ""
+            )
+        self._enter(
+            Phase.HOLDING,
+            awaiting=awaiting,
+            until=release.health_check_interval if auto else None,
+            next_action="check the device's health" if auto else "release once marked repaired",
+        )
         self._upsert()
         self._health_only = health_only
         if health_only and self._repaired is not None:  # marked before the hold began
@@ -1170,6 +1499,9 @@ class DeviceRemediationWorkflow:
                 await self._wait(
                     lambda: not health_only and self._repaired is not None,
                     limit=release.health_check_interval if auto else None,
+                    summary=f"health check ({format_duration(release.health_check_interval)})"
+                    if auto
+                    else None,
                 )
                 break  # marked repaired (never woken so when only health releases)
             except TimeoutError:
@@ -1207,6 +1539,7 @@ class DeviceRemediationWorkflow:
         self._log(
             "repair noted",
             actor=self._repaired.actor,
+            client_identity=self._sent["repaired"][1],
             reason="release.mode healthy-cooldown: released once Healthy for "
             f"{self._spec.release.cooldown}",
         )
@@ -1220,13 +1553,18 @@ class DeviceRemediationWorkflow:
         )
 
     async def _release(self, by_health: bool) -> tuple[Outcome, str]:
-        self._enter(Phase.RELEASING, awaiting="quarantine removal")
+        self._enter(
+            Phase.RELEASING, awaiting="quarantine removal", next_action="release the budget lease"
+        )
         reason = (
             "healthy for the cool-down"
             if by_health or self._repaired is None
-            else f"repaired ({self._repaired.actor})"
+            else f"repaired ({self._who('repaired')})"
         )
         await self._remove_quarantine(reason)
+        await self._decision_event(
+            "GPUQuarantineReleased", f"quarantine lifted: {reason}", rule=False, pods=False
+        )
         await self._release_lease()
         if self._escalated:
             await self._notify_all("resolve", f"released: {reason}")
@@ -1255,6 +1593,16 @@ class DeviceRemediationWorkflow:
             outcome="removed" if result.removed else "absent",
             reason=result.message,
         )
+        if self._quarantine.node_cordoned:
+            uncordon = await self._local(
+                ACT_CORDON,
+                CordonInput(
+                    node=self._device.node, cordon=False, workflow_id=workflow.info().workflow_id
+                ),
+                CordonResult,
+                "uncordon node",
+            )
+            self._log("node uncordoned", outcome=uncordon.message)
         self._quarantine = None
 
     async def _release_lease(self) -> None:
@@ -1275,7 +1623,7 @@ class DeviceRemediationWorkflow:
         assert req is not None
         self._undoing = True
         self._enter(Phase.RELEASING, awaiting="undo after abort")
-        reason = f"aborted by {req.actor}: {req.reason}"
+        reason = f"aborted by {self._who('abort')}: {req.reason}"
         try:
             await self._remove_quarantine(reason)
         except ACTIVITY_FAILED as err:
@@ -1289,33 +1637,95 @@ class DeviceRemediationWorkflow:
 
     # ---------------------------------------------------------------- notifications --------
 
-    async def _pod_event(self, reason: str, message: str) -> None:
-        """A Warning Event on each consumer pod for a workflow decision no kube activity makes
-        (escalation); failing to write it never stops the remediation."""
-        targets = [
-            EventTarget(
-                api_version="v1",
-                kind="Pod",
-                name=c.pod.name,
-                namespace=c.pod.namespace,
-                uid=c.pod.uid,
-            )
-            for c in self._consumers
-        ]
-        if not targets:
+    def _event_targets(
+        self, *, pods: bool, rule: bool, node: bool, owners: bool
+    ) -> list[EventTarget]:
+        """Where a person looks (`kubectl describe`): Sickbay's DeviceTaintRule(s), the node,
+        each consumer's top owner (Deployment / StatefulSet / Job / JobSet) and the pods that
+        exist now (consumers still on the device, or live / Pending replacements), never an
+        evicted one."""
+        out: list[EventTarget] = []
+        q = self._quarantine
+        if rule and q is not None and q.mode == "rule" and q.api_version:
+            version = q.api_version if "/" in q.api_version else f"resource.k8s.io/{q.api_version}"
+            for name in sorted(q.rule_uids) or ([q.rule_name] if q.rule_name else []):
+                out.append(
+                    EventTarget(
+                        api_version=version,
+                        kind="DeviceTaintRule",
+                        name=name,
+                        uid=q.rule_uids.get(name),
+                    )
+                )
+        if node and self._device is not None:
+            out.append(EventTarget(api_version="v1", kind="Node", name=self._device.node))
+        if owners:
+            seen: set[tuple[str, str, str]] = set()
+            for c in self._consumers:
+                o = c.top_owner or c.owner
+                if o is None or o.kind not in OWNER_API_VERSIONS:
+                    continue
+                if (o.kind, o.namespace, o.name) in seen:
+                    continue
+                seen.add((o.kind, o.namespace, o.name))
+                out.append(
+                    EventTarget(
+                        api_version=OWNER_API_VERSIONS[o.kind],
+                        kind=o.kind,
+                        name=o.name,
+                        namespace=o.namespace,
+                        uid=o.uid,
+                    )
+                )
+        if pods:
+            live = self._live_pods
+            if live is None:
+                live = [c.pod for c in self._consumers if not c.terminating]
+            for p in live:
+                out.append(
+                    EventTarget(
+                        api_version="v1", kind="Pod", name=p.name, namespace=p.namespace, uid=p.uid
+                    )
+                )
+        return out
+
+    async def _decision_event(
+        self,
+        reason: str,
+        message: str,
+        *,
+        etype: Literal["Normal", "Warning"] = "Normal",
+        pods: bool = True,
+        rule: bool = True,
+        node: bool = True,
+        owners: bool = True,
+    ) -> None:
+        """A Kubernetes Event for one decision on every object a person would describe,
+        aggregated (a repeat raises its count); failing to write it never stops the
+        remediation. Dry runs write none: they change nothing in the cluster."""
+        if self._inp.dry_run or (self._runbook is not None and self._runbook.spec.dry_run):
+            return
+        counted: list[EventTarget] = []
+        for t in self._event_targets(pods=pods, rule=rule, node=node, owners=owners):
+            key = f"{reason}|{t.kind}|{t.namespace or ''}|{t.name}"
+            self._event_counts[key] = self._event_counts.get(key, 0) + 1
+            counted.append(t.model_copy(update={"count": self._event_counts[key]}))
+        if not counted:
             return
         try:
             await self._local(
                 ACT_RECORD_EVENT,
                 RecordEventInput(
-                    targets=targets,
+                    targets=counted,
                     reason=reason,
                     message=f"GPU {self._status.device}: {message}"[:1000],
-                    type="Warning",
+                    type=etype,
                     workflow_id=workflow.info().workflow_id,
+                    aggregate=True,
+                    series=f"{workflow.info().workflow_id}/{workflow.info().first_execution_run_id}",
                 ),
                 type(None),
-                "record event",
+                f"event {reason}",
             )
         except ACTIVITY_FAILED as err:
             self._log("Event not recorded", outcome="failed", reason=_error_text(err))
@@ -1335,7 +1745,13 @@ class DeviceRemediationWorkflow:
             f"GPU {self._status.device}: {why}. Sickbay classified this as {failure_class}: "
             "the device was NOT quarantined; check the workload."
         )
-        if targets:
+        if targets and self._dry:
+            self._log(
+                "dry run: would record Event",
+                outcome=f"Warning on {len(targets)} pod(s)",
+                reason=message,
+            )
+        elif targets:
             try:
                 await self._local(
                     ACT_RECORD_EVENT,
@@ -1366,14 +1782,16 @@ class DeviceRemediationWorkflow:
         if self._escalated:
             self._log("already escalated", reason=f"{reason}: {summary}")
             return
+        if self._dry:
+            return self._would_escalate(reason, summary)
         self._escalated = True
         self._status.escalation_reason = reason
-        self._enter(Phase.ESCALATED, awaiting=awaiting)
+        self._enter(Phase.ESCALATED, awaiting=awaiting, next_action=_NEEDED[reason])
         self._log("escalate", outcome=reason, reason=summary)
         self._upsert()
         if reason != "application-error":  # that path already put its own Event on the pods
-            await self._pod_event(
-                "GPURemediationEscalated", f"{summary}. Needed: {_NEEDED[reason]}"
+            await self._decision_event(
+                "GPURemediationEscalated", f"{summary}. Needed: {_NEEDED[reason]}", etype="Warning"
             )
         policy = self._spec.escalation
         if reason not in policy.on:
@@ -1389,11 +1807,33 @@ class DeviceRemediationWorkflow:
             "sickbay_escalations", "Escalations, by reason"
         ).with_additional_attributes({"reason": reason}).add(1)
 
+    def _would_escalate(self, reason: EscalationReason, summary: str) -> None:
+        """A dry run never pages and writes no Event: it says what it would have done."""
+        self._escalated = True  # once per incident, as for real
+        self._would_have = reason
+        policy = self._spec.escalation
+        if reason not in policy.on:
+            send = f"no page (runbook {self._status.runbook} escalates only on {policy.on})"
+        elif not policy.channels:
+            send = "no page (the runbook names no channels)"
+        else:
+            send = f"page {', '.join(policy.channels)} ({policy.severity})"
+        pods = len(self._consumers)
+        events = f", a Warning Event on {pods} pod(s)" if pods else ""
+        self._log(
+            "dry run: would escalate",
+            outcome=reason,
+            reason=f"{summary}; would send: {send}{events}; nothing was sent",
+        )
+
     async def _notify_all(
         self, action: str, summary: str, severity: str | None = None, needed: str = ""
     ) -> None:
         policy = self._spec.escalation
         if action == "resolve" and not policy.channels:
+            return
+        if self._dry:  # never reached by the procedure; a last guard against paging
+            self._log(f"dry run: would notify ({action})", reason=summary)
             return
         incident = Incident(
             id=workflow.info().workflow_id,
@@ -1404,7 +1844,8 @@ class DeviceRemediationWorkflow:
             severity=severity or policy.severity,  # type: ignore[arg-type]
             reason=self._status.escalation_reason,
             node_pool=self._device.node_pool if self._device else None,
-            summary=f"GPU {self._status.device}: {summary}",
+            cluster=self._inp.cluster or None,
+            summary=f"{_cluster_tag(self._inp.cluster)}GPU {self._status.device}: {summary}",
             done=[f"{e.action}: {e.outcome}".rstrip(": ") for e in self._timeline],
             needed=needed,
             timeline=self._timeline,
@@ -1420,12 +1861,7 @@ class DeviceRemediationWorkflow:
                     interruptible=False,
                 )
             except ACTIVITY_FAILED as err:
-                self._log(
-                    f"notify {channel} ({action})",
-                    outcome="failed",
-                    reason=f"gave up after {NOTIFY_RETRY.maximum_attempts} tries: "
-                    f"{_error_text(err)}",
-                )
+                self._log(f"notify {channel} ({action})", outcome="failed", reason=_gave_up(err))
                 continue
             tries = getattr(result, "attempt", 1)
             earlier = getattr(result, "earlier_failures", [])
@@ -1452,7 +1888,57 @@ class DeviceRemediationWorkflow:
                 seen.setdefault((owner.kind, owner.namespace, owner.name), owner)
         return list(seen.values())
 
+    async def _paged_elsewhere(self, err: BaseException, why: str) -> str | None:
+        """For an alert about a device the cluster does not have (made up, or gone): None when
+        this run pages, else who already paged for that on this node within the window. Asked
+        of the rejections workflow; when it cannot answer, this run pages (loud, not lost)."""
+        if _error_type(err) != ERR_DEVICE_NOT_FOUND or self._inp.trigger != "alert":
+            return None
+        if self._dry:  # a dry run claims nothing: it must not suppress a real page later
+            return None
+        node = self._inp.device.node or "-"
+        claim = EscalationClaim(
+            cause="device-not-found",
+            node=node,
+            holder=workflow.info().workflow_id,
+            window=UNRESOLVABLE_PAGE_WINDOW,
+            detail=why[:300],
+        )
+        try:
+            got = await self._activity(
+                ACT_CLAIM_ESCALATION,
+                claim,
+                EscalationClaimResult,
+                start_to_close=CLAIM_TIMEOUT,
+                retry=CLAIM_RETRY,
+                interruptible=False,
+            )
+        except ACTIVITY_FAILED as claim_err:
+            self._log("escalation claim failed", reason=_error_text(claim_err))
+            return None
+        if got.granted:
+            return None
+        since = got.since.isoformat() if got.since else "earlier"
+        return (
+            f"not paged: {got.holder} paged for device-not-found on node {node} at {since} "
+            f"({got.suppressed} such alerts since, within {UNRESOLVABLE_PAGE_WINDOW})"
+        )
+
+    def _handled_alerts(self) -> list[HandledAlert]:
+        """Alertmanager alert instances this run and the ones before it handled."""
+        seen: dict[tuple[str, str], HandledAlert] = {h.key(): h for h in self._inp.handled_before}
+        for a in self._alerts:
+            if a.source == "alertmanager" and a.fingerprint:
+                h = HandledAlert(fingerprint=a.fingerprint, starts_at=a.starts_at)
+                seen.setdefault(h.key(), h)
+        return list(seen.values())[-MAX_HANDLED_ALERTS:]  # newest last: the oldest go first
+
     def _add_alerts(self, alerts: list[AlertEvidence], initial: bool = False) -> None:
+        before = {h.key() for h in self._inp.handled_before}
+        if before:  # an earlier run handled these: repeats, not evidence
+            fresh = [a for a in alerts if instance_key(a.fingerprint, a.starts_at) not in before]
+            self._status.duplicate_alerts += len(alerts) - len(fresh)
+            alerts = fresh
         merged, added = merge_evidence(self._alerts, alerts)
         self._alerts = merged
         self._status.alerts = len(merged)
@@ -1463,7 +1949,20 @@ class DeviceRemediationWorkflow:
                 outcome=f"Xid {alert.xid}" if alert.xid is not None else alert.alertname,
                 actor=alert.source,
                 reason=alert.summary,
+                # The source is the sender's word too: beside it, who sent the signal.
+                client_identity=sender_identity(),
             )
+
+    def _log_sent(self, what: str, action: str, actor: str, reason: str) -> None:
+        """A timeline entry for a person's signal / update: the actor it claims, and the
+        Temporal client identity the server recorded with it (`workflows/identity.py`)."""
+        identity = sender_identity() or "unknown"
+        self._sent[what] = (actor, identity)
+        self._log(action, actor=actor, reason=reason, client_identity=identity)
+
+    def _who(self, what: str) -> str:
+        """`<actor> (claimed; Temporal client <identity>)` of the abort / repaired / decision."""
+        return claimed_by(*self._sent[what])
 
     def _log(
         self,
@@ -1472,6 +1971,7 @@ class DeviceRemediationWorkflow:
         actor: str = "sickbay",
         reason: str = "",
         replace_same: bool = False,
+        client_identity: str | None = None,
     ) -> None:
         """Add a timeline entry; `replace_same`: it replaces the last entry when that one is
         the same action (a run of identical retries stays one entry, the latest)."""
@@ -1485,10 +1985,20 @@ class DeviceRemediationWorkflow:
                 outcome=outcome,
                 actor=actor,
                 reason=reason,
+                client_identity=client_identity,
             )
         )
 
-    def _enter(self, phase: Phase, awaiting: str) -> None:
+    def _enter(
+        self,
+        phase: Phase,
+        awaiting: str,
+        *,
+        until: timedelta | None = None,
+        next_action: str = "",
+    ) -> None:
+        """Change phase; `until`: the wait ends by itself that long from now (timeout,
+        deadline, retry); `next_action`: what happens then, in words (current details)."""
         if phase is not self._status.phase:
             workflow.logger.info(
                 "remediation %s: %s -> %s",
@@ -1502,18 +2012,50 @@ class DeviceRemediationWorkflow:
         self._status.phase = phase
         self._status.awaiting = awaiting
         self._status.updated_at = workflow.now()
+        self._status.until = workflow.now() + until if until is not None else None
+        self._status.next_action = next_action
+        workflow.set_current_details(self._details())
         if phase is Phase.CLOSED:
             self._upsert()
 
+    def _details(self) -> str:
+        """The Web UI's current details: phase, what it waits for and until when, what comes
+        next, the escalation (markdown)."""
+        st = self._status
+        lines = [f"**{st.phase.value}**" + (" (dry run: nothing is changed)" if self._dry else "")]
+        lines.append(f"device {st.device}" + (f" on node {st.node}" if st.node else ""))
+        if st.awaiting:
+            until = f" until {st.until:%Y-%m-%d %H:%M:%S} UTC" if st.until else ""
+            lines.append(f"waiting for: {st.awaiting}{until}")
+        if st.next_action:
+            lines.append(f"next: {st.next_action}")
+        if st.escalation_reason:
+            lines.append(f"escalated: {st.escalation_reason}")
+        if st.runbook:
+            lines.append(f"runbook: {st.runbook}, failure class {st.failure_class or '?'}")
+        if st.outcome:
+            lines.append(f"outcome: {st.outcome}")
+        return "\n\n".join(lines)
+
+    @property
+    def _dry(self) -> bool:
+        """A dry run (input or runbook): nothing is created, nobody is paged."""
+        return self._inp.dry_run or bool(self._runbook and self._runbook.spec.dry_run)
+
     def _upsert(self) -> None:
         """Search attributes, only at durable waits and at the end (one event each)."""
-        if self._sa_phase is self._status.phase:
+        st = self._status
+        if self._sa_phase is st.phase:
             return
-        pairs: list[SearchAttributePair[str]] = [
-            SearchAttributePair(SA_PHASE_KEY, self._status.phase.value)
-        ]
+        pairs: list[SearchAttributePair[str]] = [SearchAttributePair(SA_PHASE_KEY, st.phase.value)]
+        if st.escalation_reason:
+            pairs.append(SearchAttributePair(SA_ESCALATION_KEY, st.escalation_reason))
+        if st.outcome:
+            pairs.append(SearchAttributePair(SA_OUTCOME_KEY, st.outcome))
         if self._sa_phase is None:
             pairs.append(SearchAttributePair(SA_DEVICE_KEY, self._status.device))
+            if self._inp.cluster:
+                pairs.append(SearchAttributePair(SA_CLUSTER_KEY, self._inp.cluster))
             if self._status.node:
                 pairs.append(SearchAttributePair(SA_NODE_KEY, self._status.node))
         if self._status.workload_class:
@@ -1545,6 +2087,7 @@ class DeviceRemediationWorkflow:
         retry: RetryPolicy,
         heartbeat: timedelta | None = None,
         interruptible: bool = True,
+        summary: str | None = None,
     ) -> T:
         interruptible = interruptible and not self._undoing
         if interruptible and self._abort is not None:
@@ -1556,6 +2099,7 @@ class DeviceRemediationWorkflow:
             start_to_close_timeout=start_to_close,
             heartbeat_timeout=heartbeat,
             retry_policy=retry,
+            summary=summary or name,
         )
         if not interruptible:
             return await call
@@ -1574,9 +2118,14 @@ class DeviceRemediationWorkflow:
         task.cancel()
         raise _Aborted()
 
-    async def _wait(self, done: Callable[[], bool], limit: timedelta | None) -> None:
-        """wait_condition that also ends on abort; TimeoutError when `limit` passes."""
-        await workflow.wait_condition(lambda: done() or self._abort is not None, timeout=limit)
+    async def _wait(
+        self, done: Callable[[], bool], limit: timedelta | None, summary: str | None = None
+    ) -> None:
+        """wait_condition that also ends on abort; TimeoutError when `limit` passes.
+        `summary` names the timer in the Web UI (instead of "1 (15m)")."""
+        await workflow.wait_condition(
+            lambda: done() or self._abort is not None, timeout=limit, timeout_summary=summary
+        )
         if self._abort is not None:
             raise _Aborted()
 
@@ -1596,6 +2145,7 @@ class DeviceRemediationWorkflow:
                     alerts=self._alerts,
                     healthy_since=self._healthy_since,
                     waiting_for_budget=waiting_for_budget,
+                    event_counts=self._event_counts,
                 ),
             }
         )

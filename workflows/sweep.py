@@ -3,6 +3,7 @@
     sweep-cluster ──> Unhealthy / driver-tainted devices ──> signal-with-start each device
          │                                                    workflow (never a second one)
          ├──> node-capacity findings (a GPU vanished) ──> notify the channels; never taint
+         ├──> pod health Sickbay cannot map to a GPU ──> WARNING + notify; never taint
          └──> Unknown devices ──> sleep(unknown_timeout) ──> sweep-cluster(only those)
                                                           ──> still Unknown/Unhealthy: start
 
@@ -31,6 +32,8 @@ with workflow.unsafe.imports_passed_through():
         ACT_SIGNAL_WITH_START,
         ACT_SWEEP_CLUSTER,
         WF_SWEEP,
+        node_notice_workflow_id,
+        scoped,
     )
     from workflows.models import (
         AlertEvidence,
@@ -88,6 +91,7 @@ def finding_launch(
     trigger: Trigger,
     dry_run: bool,
     task_queue: str | None,
+    cluster: str = "",
 ) -> LaunchRequest:
     """The signal-with-start request for one device finding (sweep and health watcher)."""
     assert f.node and f.gpu_uuid
@@ -112,6 +116,7 @@ def finding_launch(
             requested_by=f"sickbay-{trigger}",
             reason=f.message,
             dry_run=dry_run,
+            cluster=cluster,
         ),
         evidence=evidence,
         task_queue=task_queue,
@@ -140,6 +145,9 @@ class HealthSweepWorkflow:
         unknown = [f for f in report.findings if f.health == "Unknown"]
         await self._launch_all([f for f in report.findings if f.health != "Unknown"], inp)
         await self._notify_nodes(report.nodes, inp)
+        for f in report.unresolved:
+            workflow.logger.warning("sweep: %s", f.message)
+        await self._notify_unresolved(report.unresolved, inp)
 
         if unknown:
             # Unknown = the kubelet heard nothing from the driver for 30 s. Give it the
@@ -189,7 +197,12 @@ class HealthSweepWorkflow:
 
     async def _launch(self, f: SweepFinding, inp: SweepInput) -> None:
         req = finding_launch(
-            f, now=workflow.now(), trigger="sweep", dry_run=inp.dry_run, task_queue=inp.task_queue
+            f,
+            now=workflow.now(),
+            trigger="sweep",
+            dry_run=inp.dry_run,
+            task_queue=inp.task_queue,
+            cluster=inp.cluster,
         )
         try:
             res = await workflow.execute_activity(
@@ -217,34 +230,62 @@ class HealthSweepWorkflow:
     async def _notify_nodes(self, nodes: list[SweepFinding], inp: SweepInput) -> None:
         for f in nodes:
             node = f.node or "?"
-            if not inp.notify_channels:
-                workflow.logger.warning("no notify channel configured: %s", f.message)
-            delivered = False
-            for channel in inp.notify_channels:
-                incident = Incident(
-                    id=f"sickbay-node-gpus-{node}",  # one incident per node: channels dedup
-                    device=f"{node}/nvidia.com/gpu",
-                    node=node,
-                    phase=Phase.ESCALATED,
-                    severity="warning",
-                    summary=f.message,
-                    needed=(
-                        "check the node's GPUs and driver (nvidia-smi, device plugin / DRA "
-                        "driver logs); Sickbay does not taint or drain for a missing GPU"
-                    ),
-                )
-                try:
-                    await workflow.execute_activity(
-                        ACT_NOTIFY,
-                        NotifyInput(channel=channel, incident=incident),
-                        start_to_close_timeout=NOTIFY_TIMEOUT,
-                        retry_policy=NOTIFY_RETRY,
-                        result_type=NotifyResult,
-                    )
-                    delivered = True
-                except ActivityError as exc:
-                    workflow.logger.warning(
-                        "notify %s about %s failed: %s", channel, node, exc.cause
-                    )
-            if delivered:
+            incident = Incident(
+                id=node_notice_workflow_id(node, inp.cluster),  # per node: channels dedup
+                cluster=inp.cluster or None,
+                device=f"{node}/nvidia.com/gpu",
+                node=node,
+                phase=Phase.ESCALATED,
+                severity="warning",
+                summary=f.message,
+                needed=(
+                    "check the node's GPUs and driver (nvidia-smi, device plugin / DRA "
+                    "driver logs); Sickbay does not taint or drain for a missing GPU"
+                ),
+            )
+            if await self._notify(incident, inp):
                 self._result.notified_nodes.append(node)
+
+    async def _notify_unresolved(self, unresolved: list[SweepFinding], inp: SweepInput) -> None:
+        """A pod reports a sick device Sickbay cannot map to a GPU: it does nothing, loudly."""
+        for f in unresolved:
+            pod = f.pods[0] if f.pods else None
+            where = f"{pod.namespace}/{pod.name}" if pod else (f.node or "?")
+            incident = Incident(
+                # One incident per pod and id: the next sweep's repeat is deduplicated.
+                id=scoped(inp.cluster, f"unresolved-{where}-{f.resource_id}"),
+                cluster=inp.cluster or None,
+                device=f.resource_id or "?",
+                node=f.node,
+                phase=Phase.ESCALATED,
+                severity="warning",
+                reason="unresolved-health",
+                summary=f.message,
+                needed=(
+                    f"find which GPU pod {where} holds and remediate it by hand "
+                    "(`sickbay launch --device driver/pool/device`); Sickbay takes no action "
+                    "on a health report it cannot tie to a device"
+                ),
+            )
+            if await self._notify(incident, inp):
+                self._result.notified_unresolved.append(f"{where} {f.resource_id}")
+
+    async def _notify(self, incident: Incident, inp: SweepInput) -> bool:
+        if not inp.notify_channels:
+            workflow.logger.warning("no notify channel configured: %s", incident.summary)
+        delivered = False
+        for channel in inp.notify_channels:
+            try:
+                await workflow.execute_activity(
+                    ACT_NOTIFY,
+                    NotifyInput(channel=channel, incident=incident),
+                    start_to_close_timeout=NOTIFY_TIMEOUT,
+                    retry_policy=NOTIFY_RETRY,
+                    result_type=NotifyResult,
+                )
+                delivered = True
+            except ActivityError as exc:
+                workflow.logger.warning(
+                    "notify %s about %s failed: %s", channel, incident.id, exc.cause
+                )
+        return delivered

@@ -156,7 +156,8 @@ def to_application_error(err: KubeError) -> ApplicationError:
     if err.kind is ErrorKind.FORBIDDEN:
         return ApplicationError(
             f"forbidden: Sickbay's service account may not '{err.verb}' {err.resource}"
-            f" ({target}); grant verb '{err.verb}' on '{err.resource}' as in deploy/rbac.yaml"
+            f" ({target}); grant verb '{err.verb}' on '{err.resource}' as deploy/rbac*.yaml do"
+            " (pods delete: rbac-force-delete.yaml; nodes patch: rbac-node-fallback.yaml)"
             f" and run `sickbay doctor`. Server said: {err.message}",
             type=ERR_FORBIDDEN,
             non_retryable=True,
@@ -240,7 +241,7 @@ class Kube:
         ResourceSlice inventory), so a remediation does not pay for them in every activity.
         Pods and nodes only with a max age of seconds, to share one list between consecutive
         steps of one remediation (consumers.list_node_pods, devices.list_nodes); node writes
-        drop the node list. Never used for claims; Sickbay's rules only with `ttl` 0, which
+        drop the node list. Claims and Sickbay's rules only with `ttl` 0, which
         serves nothing from the cache and only lets concurrent readers share a load under way
         (quarantine.managed_rule_keys)."""
         now = time.monotonic()

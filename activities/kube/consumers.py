@@ -2,9 +2,10 @@
 reserve or use them, their owners up to the top controller, and what runbook matching needs
 (labels, namespace labels, priority class).
 
-DRA requests: 1 list of claims (all namespaces) + 1 list of the node's pods + 1 read per
+DRA requests: 1 list of claims (all namespaces; shared with the evidence step when both are
+under way) + 1 list of the node's pods + 1 read per
 distinct ReplicaSet/Job + 1 read per distinct namespace.
-Device plugin: 1 list of the node's pods + reads for alert-named pods not found there.
+Device plugin: 1 list of the node's pods (alert-named pods count only when found there).
 """
 
 from __future__ import annotations
@@ -58,12 +59,20 @@ def list_node_pods(kube: Kube, node: str, *, max_age: float = 0.0) -> list[dict[
 
 
 def list_claims(kube: Kube) -> list[dict[str, Any]]:
-    body = kube.call(
-        kube.resource_v1.list_resource_claim_for_all_namespaces,
-        verb="list",
-        resource="resourceclaims.resource.k8s.io",
-    )
-    return body.get("items") or []
+    """Every ResourceClaim, read now; a list already under way in this worker is joined (the
+    evidence step, resolving CDI health ids, and find-consumers run side by side). Never
+    reused by age: the cache is the worker's, and another remediation's list from a second
+    ago can predate the very claim this one looks for (a replacement just allocated)."""
+
+    def load() -> list[dict[str, Any]]:
+        body = kube.call(
+            kube.resource_v1.list_resource_claim_for_all_namespaces,
+            verb="list",
+            resource="resourceclaims.resource.k8s.io",
+        )
+        return body.get("items") or []
+
+    return list(kube.cached(("claims",), 0.0, load))
 
 
 def group_keys(device: ResolvedDevice) -> set[tuple[str, str, str]]:
@@ -79,6 +88,19 @@ def _get_pod(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
         if err.kind is ErrorKind.NOT_FOUND:
             return None
         raise
+
+
+def _may_hold(pod: dict[str, Any], uuid: str | None) -> bool:
+    """False only when the pod reports device health and none of it is for this GPU (the
+    device plugin's id is the UUID; time-sliced replicas add `::<n>`)."""
+    reports = health_reports(pod, None)
+    if not reports or not uuid:
+        return True
+    want = uuid.lower()
+    return any(
+        r.resource_id.lower() == want or r.resource_id.lower().startswith(want + "::")
+        for r in reports
+    )
 
 
 def find_consumers(kube: Kube, inp: FindConsumersInput) -> ConsumersResult:
@@ -113,10 +135,14 @@ def find_consumers(kube: Kube, inp: FindConsumersInput) -> ConsumersResult:
                     claim_of.setdefault(key, cname)
     else:
         uuid = device.gpu_uuid
+        # Alert labels are hints only: a named pod is a consumer when the API shows it on
+        # this node (the node's pod list, never a read by name), requesting a GPU, and not
+        # reporting health for other GPUs only. dcgm-exporter's own pod (which a Prometheus
+        # Operator scrape labels `pod`) requests no GPU, so it never qualifies.
         for ref in inp.alert_pods:
             key = (ref.namespace, ref.name)
-            pod = index.get(key) or _get_pod(kube, *key)
-            if pod is not None:
+            pod = index.get(key)
+            if pod is not None and requests_gpu(pod) and _may_hold(pod, uuid):
                 pods_by_key[key] = pod
         any_status = False
         for key, pod in index.items():

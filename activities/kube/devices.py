@@ -363,7 +363,52 @@ def _device_class_for(kube: Kube, driver: str, partition: bool) -> str | None:
 
 
 def resolve(kube: Kube, apis: ClusterApis, ref: DeviceRef) -> ResolvedDevice:
-    """DeviceRef -> ResolvedDevice, or ERR_DEVICE_NOT_FOUND (non-retryable)."""
+    """DeviceRef -> ResolvedDevice, or ERR_DEVICE_NOT_FOUND (non-retryable).
+
+    A `node` that is no node but a pod's name (dcgm-exporter without NODE_NAME labels
+    `Hostname` with its own pod's name) is resolved to that pod's spec.nodeName; asked only
+    once the device was not found, so the usual path costs nothing more."""
+    try:
+        return _resolve(kube, apis, ref)
+    except ApplicationError as err:
+        if err.type != ERR_DEVICE_NOT_FOUND or not ref.node or get_node(kube, ref.node):
+            raise
+        node = _node_of_pod_named(kube, ref.node)
+        if node is None:
+            raise
+    return _resolve(kube, apis, ref.model_copy(update={"node": node}))
+
+
+def _node_of_pod_named(kube: Kube, name: str) -> str | None:
+    """The node of the one bound pod called `name` (any namespace); None when there is none;
+    ERR_DEVICE_NOT_FOUND naming them when several pods of that name run on different nodes."""
+    body = kube.call(
+        kube.core.list_pod_for_all_namespaces,
+        verb="list",
+        resource="pods",
+        field_selector=f"metadata.name={name}",
+    )
+    pods = [
+        p
+        for p in body.get("items") or []
+        if (p.get("metadata") or {}).get("name") == name and (p.get("spec") or {}).get("nodeName")
+    ]
+    nodes = {p["spec"]["nodeName"] for p in pods}
+    if len(nodes) > 1:
+        where = ", ".join(
+            sorted(
+                f"{p['metadata'].get('namespace', '')}/{name} on {p['spec']['nodeName']}"
+                for p in pods
+            )
+        )
+        raise _not_found(
+            f"{name!r} is no node; pods of that name run on several nodes ({where}): set "
+            "NODE_NAME on dcgm-exporter (or relabel Hostname) so alerts name the node"
+        )
+    return next(iter(nodes), None)
+
+
+def _resolve(kube: Kube, apis: ClusterApis, ref: DeviceRef) -> ResolvedDevice:
     if not apis.dra:
         return _resolve_device_plugin(kube, apis, ref)
     try:

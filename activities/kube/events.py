@@ -3,7 +3,10 @@
 core/v1 Events (what `kubectl describe` and `kubectl get events` show), source and
 reportingComponent `sickbay`, message always carrying the workflow id. The event name is
 derived from the workflow, the activity and the target, so a retried activity re-posts the same
-name and the 409 AlreadyExists is success: no duplicate events. Cluster-scoped targets (rules,
+name and the 409 AlreadyExists is success: no duplicate events. Aggregated events (the
+remediation's decisions) are named per workflow, object and reason instead: the first is
+created, a repeat PATCHes `count` (the workflow keeps the count, so retries are harmless) and
+`lastTimestamp`, as the kubelet aggregates (`kubectl get events` shows `(x3)`). Cluster-scoped targets (rules,
 nodes) get their events in the `default` namespace, as the kubelet and controllers do.
 """
 
@@ -32,6 +35,12 @@ def event_name(target: EventTarget, reason: str, token: str) -> str:
     return f"{target.name[:200]}.sickbay-{digest[:16]}"
 
 
+def aggregated_name(target: EventTarget, reason: str, series: str) -> str:
+    """One name per (remediation, object, reason): repeats PATCH its count."""
+    key = f"{series}|{target.kind}|{target.namespace or ''}|{target.name}|{reason}"
+    return f"{target.name[:200]}.sickbay-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
 def event_body(target: EventTarget, inp: RecordEventInput, token: str) -> dict[str, Any]:
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     namespace = target.namespace or EVENT_NAMESPACE_FOR_CLUSTER_OBJECTS
@@ -47,10 +56,15 @@ def event_body(target: EventTarget, inp: RecordEventInput, token: str) -> dict[s
         involved["namespace"] = target.namespace
     if target.uid:
         involved["uid"] = target.uid
+    name = (
+        aggregated_name(target, inp.reason, inp.series or inp.workflow_id)
+        if inp.aggregate
+        else event_name(target, inp.reason, token)
+    )
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": event_name(target, inp.reason, token), "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "involvedObject": involved,
         "reason": inp.reason,
         "message": message[:MAX_MESSAGE],
@@ -60,27 +74,52 @@ def event_body(target: EventTarget, inp: RecordEventInput, token: str) -> dict[s
         "reportingInstance": _instance(),
         "firstTimestamp": now,
         "lastTimestamp": now,
-        "count": 1,
+        "count": target.count if inp.aggregate else 1,
     }
 
 
+def _create(kube: Kube, namespace: str, body: dict[str, Any]) -> None:
+    try:
+        kube.call(
+            kube.core.create_namespaced_event,
+            namespace,
+            body,
+            verb="create",
+            resource="events",
+            name=body["metadata"]["name"],
+        )
+    except KubeError as err:
+        if err.kind is not ErrorKind.CONFLICT:
+            raise  # 409: this very event exists (a retry): success
+
+
 def record_events(kube: Kube, inp: RecordEventInput, token: str) -> int:
-    """One POST per target; returns how many events exist afterwards (new or already there)."""
+    """One request per target; returns how many events exist afterwards. Aggregated events
+    above count 1 are PATCHed (count, lastTimestamp, message: absolute values, so a retry
+    changes nothing), or created with that count when they are gone (expired)."""
     written = 0
     for target in inp.targets:
         body = event_body(target, inp, token)
         namespace = body["metadata"]["namespace"]
+        if not inp.aggregate or target.count <= 1:
+            _create(kube, namespace, body)
+            written += 1
+            continue
+        patch = {key: body[key] for key in ("count", "lastTimestamp", "message", "type")}
+        patch["reportingInstance"] = body["reportingInstance"]
         try:
             kube.call(
-                kube.core.create_namespaced_event,
+                kube.core.patch_namespaced_event,
+                body["metadata"]["name"],
                 namespace,
-                body,
-                verb="create",
+                patch,
+                verb="patch",
                 resource="events",
                 name=body["metadata"]["name"],
             )
         except KubeError as err:
-            if err.kind is not ErrorKind.CONFLICT:
+            if err.kind is not ErrorKind.NOT_FOUND:
                 raise
+            _create(kube, namespace, body)
         written += 1
     return written

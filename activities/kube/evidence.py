@@ -3,6 +3,7 @@ ResourceSlice entry and its driver taints, node capacity vs allocatable for `nvi
 (device plugin), recent Events.
 
 Requests: DRA 1 slice list (shared with resolve) + 1 pod list (reused by find-consumers)
++ 1 claim list only when a pod reports health under a CDI device id (activities/kube/health.py)
 + 0-3 event lists; device plugin 1 node read + 1 pod list + 0-3 event lists. Events are
 context only (no decision reads them): they are listed only when no pod status reports the
 device Unhealthy, i.e. when a person reading the evidence needs more than the pod status.
@@ -16,13 +17,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from activities.kube.client import Kube
-from activities.kube.consumers import NODE_PODS_MAX_AGE, list_node_pods
+from activities.kube.consumers import NODE_PODS_MAX_AGE, list_claims, list_node_pods
 from activities.kube.devices import (
     get_node,
     gpu_capacity,
     list_slice_devices,
     node_gpu_uuids,
 )
+from activities.kube.health import ClaimIndex, ClaimLookup
 from activities.kube.pods import health_reports, meta, worst_health
 from workflows.models import Evidence, HealthResult, ResolvedDevice, SliceTaint
 
@@ -35,6 +37,14 @@ def resource_ids(device: ResolvedDevice) -> set[str]:
     if device.mode == "dra" and device.devices:
         return {d.resource_id for d in device.devices}
     return {device.gpu_uuid}
+
+
+def claim_lookup(kube: Kube, device: ResolvedDevice) -> ClaimLookup | None:
+    """DRA: ResourceClaims for health entries whose id is a CDI device id (one list, read
+    only when such an entry turns up)."""
+    if device.mode == "dra" and device.devices:
+        return ClaimIndex(lambda: list_claims(kube))
+    return None
 
 
 def _slice_state(kube: Kube, device: ResolvedDevice) -> tuple[bool, list[SliceTaint]]:
@@ -113,7 +123,8 @@ def gather_evidence(
         since = time.time() - fresh_since
         max_age = since if 0.0 <= since <= NODE_PODS_MAX_AGE else 0.0
     pods = list_node_pods(kube, device.node, max_age=max_age)
-    reports = [r for p in pods for r in health_reports(p, ids)]
+    claims = claim_lookup(kube, device)
+    reports = [r for p in pods for r in health_reports(p, ids, claims)]
     present = True
     taints: list[SliceTaint] = []
     capacity = allocatable = None
@@ -156,11 +167,14 @@ def check_health(kube: Kube, device: ResolvedDevice) -> HealthResult:
     """Worst health any consumer reports; without consumers (they were evicted), the
     ResourceSlice (device published, no driver health taint) or node allocatable."""
     ids = resource_ids(device)
-    reports = [r for p in list_node_pods(kube, device.node) for r in health_reports(p, ids)]
+    claims = claim_lookup(kube, device)
+    reports = [r for p in list_node_pods(kube, device.node) for r in health_reports(p, ids, claims)]
     if reports:
         worst = worst_health(reports)
         detail = "; ".join(
-            f"{r.pod}/{r.container} {r.resource_id}: {r.health}"
+            f"{r.pod}/{r.container} {r.resource_id}"
+            + (f" ({r.device})" if r.device else "")
+            + f": {r.health}"
             + (f" ({r.message})" if r.message else "")
             for r in reports
         )

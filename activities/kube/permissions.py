@@ -1,14 +1,24 @@
 """Every Kubernetes permission the activities and `sickbay doctor` use, with why.
 
-deploy/rbac.yaml grants exactly these (a test compares the two and checks the simulator's
-request log against the role); `sickbay doctor` asks the API server about each one with a
-SelfSubjectAccessReview. Discovery (/version, /api, /apis/...) is a non-resource URL every
-authenticated identity may read (system:discovery), so it is not listed.
+deploy/ grants exactly these, each in the ClusterRole `role` names (a test compares the two
+and checks the simulator's request log against the roles); `sickbay doctor` asks the API
+server about each one with a SelfSubjectAccessReview. Discovery (/version, /api, /apis/...)
+is a non-resource URL every authenticated identity may read (system:discovery), so it is not
+listed.
+
+Two grants only some set-ups use have ClusterRoles (and files) of their own, so operators can
+drop them: `sickbay-force-delete` (pods delete: only a runbook with `eviction.force: delete`
+deletes pods) and `sickbay-node-fallback` (nodes patch: only where the cluster serves no
+DeviceTaintRule does Sickbay mark, taint or cordon nodes). `needed(...)` says, for the loaded
+runbooks and the cluster, which optional grants are needed and by what.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from workflows.models import Runbook
 
 
 @dataclass(frozen=True)
@@ -17,8 +27,9 @@ class Permission:
     resource: str  # plural, with "/subresource" when it is one
     verbs: tuple[str, ...]
     why: str
-    required: bool = True  # False: only some runbooks/paths need it (doctor warns, not errors)
-    namespaced: bool = False  # True: granted in Sickbay's own namespace only (a Role)
+    required: bool = True  # False: only some runbooks/paths need it (see `needed`)
+    role: str = "sickbay"  # the ClusterRole in deploy/ that grants it (or the Role, namespaced)
+    namespaced: bool = False  # True: a Role in Sickbay's own namespace grants it
 
     @property
     def plural(self) -> str:
@@ -30,12 +41,27 @@ class Permission:
 
 
 DRA = "resource.k8s.io"
+ROLE_FORCE_DELETE = "sickbay-force-delete"  # deploy/rbac-force-delete.yaml
+ROLE_NODE_FALLBACK = "sickbay-node-fallback"  # deploy/rbac-node-fallback.yaml
+ROLE_HEALTH_WATCHER = "sickbay-health-watcher"  # a Role in Sickbay's namespace (rbac.yaml)
+ROLE_FILES = {
+    "sickbay": "deploy/rbac.yaml",
+    ROLE_HEALTH_WATCHER: "deploy/rbac.yaml",
+    ROLE_FORCE_DELETE: "deploy/rbac-force-delete.yaml",
+    ROLE_NODE_FALLBACK: "deploy/rbac-node-fallback.yaml",
+}
 
 PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "nodes", ("get", "list"), "resolve devices, node pools, capacity"),
     Permission("", "nodes", ("watch",), "health watcher: GPU allocatable/capacity drops"),
     Permission(
-        "", "nodes", ("patch",), "cordon and the fallback node taint (undone by Sickbay)", False
+        "",
+        "nodes",
+        ("patch",),
+        "without DeviceTaintRule: the GPU recorded on its node, the node taint below the "
+        "healthy-GPU threshold, cordon (all undone by Sickbay)",
+        False,
+        ROLE_NODE_FALLBACK,
     ),
     Permission(
         "",
@@ -44,12 +70,18 @@ PERMISSIONS: tuple[Permission, ...] = (
         "consumers, health, eviction/replacement waits; the health watcher",
     ),
     Permission(
-        "", "pods", ("delete",), "forced deletion when a runbook's force policy says so", False
+        "",
+        "pods",
+        ("delete",),
+        "forced deletion of PDB-protected pods: runbooks with eviction.force: delete",
+        False,
+        ROLE_FORCE_DELETE,
     ),
     Permission("", "pods/eviction", ("create",), "PDB-respecting eviction and the fallback"),
     Permission("", "namespaces", ("get",), "namespace labels for runbook matching"),
     Permission("", "events", ("list",), "recent events as evidence"),
     Permission("", "events", ("create",), "an Event on every pod, rule and node Sickbay acts on"),
+    Permission("", "events", ("patch",), "the count of a repeated Event (aggregation)"),
     Permission("apps", "replicasets", ("get",), "owner chain ReplicaSet -> Deployment"),
     Permission("apps", "deployments", ("get",), "replacement selector and desired replicas"),
     Permission("apps", "statefulsets", ("get",), "replacement selector and desired replicas"),
@@ -77,6 +109,7 @@ PERMISSIONS: tuple[Permission, ...] = (
         "leases",
         ("get", "create", "update"),
         "health watcher: one active replica per cluster (Lease in Sickbay's namespace)",
+        role=ROLE_HEALTH_WATCHER,
         namespaced=True,
     ),
     Permission(
@@ -90,3 +123,41 @@ PERMISSIONS: tuple[Permission, ...] = (
 
 def granted(group: str, resource: str, verb: str) -> bool:
     return any(p.group == group and p.resource == resource and verb in p.verbs for p in PERMISSIONS)
+
+
+def _uses_cluster_api(runbook: Runbook) -> bool:
+    scale = runbook.spec.scale_up
+    provider = scale.pool.provider if scale.pool is not None else scale.provider
+    return scale.enabled and provider == "cluster-api"
+
+
+def needed(
+    permission: Permission, runbooks: Sequence[Runbook], taint_rules_served: bool
+) -> list[str]:
+    """Why the loaded `runbooks` on this cluster need an optional `permission` (empty: they
+    do not, and its grant can be dropped). A required permission is always needed."""
+    if permission.required:
+        return ["always"]
+    if permission.group == "" and permission.resource == "pods":  # delete
+        return [
+            f"runbook {r.name} (eviction.force: delete)"
+            for r in runbooks
+            if r.spec.eviction.force == "delete"
+        ]
+    if permission.group == "" and permission.resource == "nodes":  # patch
+        if taint_rules_served:
+            return []
+        return ["the fallback: node marks and taints (the cluster serves no DeviceTaintRule)"]
+    if permission.resource == "devicetaintrules":
+        return (
+            ["the quarantine rule (the cluster serves DeviceTaintRule)"]
+            if taint_rules_served
+            else []
+        )
+    if permission.resource == "machinedeployments":
+        return [
+            f"runbook {r.name} (scaleUp provider cluster-api)"
+            for r in runbooks
+            if _uses_cluster_api(r)
+        ]
+    return ["(no rule: assumed needed)"]

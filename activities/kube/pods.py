@@ -7,6 +7,7 @@ from typing import Any
 
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.devices import GPU_RESOURCE
+from activities.kube.health import ClaimLookup, is_claim_entry, resolve_entry
 from workflows.models import HealthReport, OwnerRef, PodRef
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -51,19 +52,30 @@ def claim_names(pod: dict[str, Any]) -> list[str]:
     return names
 
 
-def health_reports(pod: dict[str, Any], resource_ids: set[str] | None) -> list[HealthReport]:
+def health_reports(
+    pod: dict[str, Any], resource_ids: set[str] | None, claims: ClaimLookup | None = None
+) -> list[HealthReport]:
     """KEP-4680 allocatedResourcesStatus entries, optionally only for these resource IDs
-    (DRA: driver/pool/device; device plugin: the device ID, i.e. the GPU UUID)."""
+    (DRA: driver/pool/device; device plugin: the device ID, i.e. the GPU UUID). With
+    `claims`, a DRA entry whose resourceID is not one of them (a CDI device id, as the 1.36
+    kubelet writes for drivers that return one) is resolved through the pod's ResourceClaim
+    (activities/kube/health.py) and kept when its device is one of them."""
     m = meta(pod)
     out: list[HealthReport] = []
     status = pod.get("status") or {}
     wanted = {r.lower() for r in resource_ids} if resource_ids is not None else None
     for cs in (status.get("containerStatuses") or []) + (status.get("initContainerStatuses") or []):
         for entry in cs.get("allocatedResourcesStatus") or []:
+            entry_name = str(entry.get("name", ""))
             for res in entry.get("resources") or []:
                 rid = str(res.get("resourceID", ""))
+                device = ""
                 if wanted is not None and rid.lower() not in wanted:
-                    continue
+                    if claims is None or not is_claim_entry(entry_name):
+                        continue
+                    device = resolve_entry(pod, entry_name, rid, claims).device or ""
+                    if device.lower() not in wanted:
+                        continue
                 health = res.get("health") or "Unknown"
                 if health not in ("Healthy", "Unhealthy", "Unknown"):
                     health = "Unknown"
@@ -75,6 +87,7 @@ def health_reports(pod: dict[str, Any], resource_ids: set[str] | None) -> list[H
                         resource_id=rid,
                         health=health,
                         message=str(res.get("message") or ""),
+                        device=device,
                     )
                 )
     return out

@@ -14,6 +14,8 @@ with the read resourceVersion (409 -> re-read, converge). Happy path: 1 request 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from typing import Any
 
 from temporalio.exceptions import ApplicationError
@@ -448,11 +450,67 @@ def count_devices(kube: Kube, apis: ClusterApis, node_pool: str | None) -> Devic
 # --- eviction ------------------------------------------------------------------------------
 
 
-def evict_pods(kube: Kube, inp: EvictPodsInput) -> EvictPodsResult:
+# Blocked evictions (429 from a PodDisruptionBudget) are tried again after 5 s, doubling to a
+# minute: a budget frees up when a replacement turns Ready, which takes seconds to minutes.
+BLOCKED_RETRY_INITIAL = 5.0
+BLOCKED_RETRY_MAX = 60.0
+_BUDGET_NAME = re.compile(r"disruption budget (\S+)")
+
+
+def _budget_message(err: KubeError) -> str:
+    """The server's reason a budget refused: `The disruption budget X needs 1 healthy pods
+    and has 1 currently` (429), or the several-budgets message (500)."""
+    causes = ((err.body or {}).get("details") or {}).get("causes") or []
+    for cause in causes:
+        if cause.get("reason") == "DisruptionBudget" and cause.get("message"):
+            return str(cause["message"])
+    return err.message
+
+
+def budget_names(result: EvictPodsResult) -> list[str]:
+    """PodDisruptionBudget names the blocked evictions named (for the escalation)."""
+    names = {m.group(1) for text in result.budgets for m in _BUDGET_NAME.finditer(text)}
+    return sorted(names)
+
+
+def evict_pods(
+    kube: Kube,
+    inp: EvictPodsInput,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> EvictPodsResult:
+    """Eviction API per pod (see evict_once); with `retry_blocked_for`, the pods a budget
+    blocks are tried again with backoff until they go or that time is up (never deleted:
+    only `delete_if_blocked`, an explicit force, deletes past a budget)."""
+    result = evict_once(kube, inp, inp.pods)
+    if inp.retry_blocked_for is None or inp.delete_if_blocked:
+        return result
+    deadline = clock() + inp.retry_blocked_for.total_seconds()
+    delay = BLOCKED_RETRY_INITIAL
+    while result.blocked:
+        left = deadline - clock()
+        if left <= 0:
+            break
+        sleep(min(delay, left))
+        delay = min(delay * 2, BLOCKED_RETRY_MAX)
+        again = evict_once(kube, inp, result.blocked)
+        result = EvictPodsResult(
+            evicted=result.evicted + again.evicted,
+            deleted=result.deleted + again.deleted,
+            blocked=again.blocked,
+            gone=result.gone + again.gone,
+            budgets=again.budgets,
+            attempts=result.attempts + 1,
+        )
+    return result
+
+
+def evict_once(kube: Kube, inp: EvictPodsInput, pods: list[PodRef]) -> EvictPodsResult:
     """Eviction API per pod: 201 evicted, 404 gone, 429 blocked by a PDB (or deleted when
     `delete_if_blocked`), 409 on the uid precondition = a same-named replacement (gone)."""
     result = EvictPodsResult()
-    for ref in inp.pods:
+    for ref in pods:
         body: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
@@ -484,8 +542,10 @@ def evict_pods(kube: Kube, inp: EvictPodsInput) -> EvictPodsResult:
             )
             if not blocked:
                 raise
+            refusal = _budget_message(err)
         if not inp.delete_if_blocked:
             result.blocked.append(ref)
+            result.budgets.append(f"{ref.namespace}/{ref.name}: {refusal}")
             continue
         try:
             kube.call(

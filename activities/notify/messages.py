@@ -36,8 +36,8 @@ def timeline_lines(timeline: list[TimelineEntry], limit: int) -> list[str]:
             line += f" -> {entry.outcome}"
         if entry.reason:
             line += f" ({entry.reason})"
-        if entry.actor and entry.actor != "sickbay":
-            line += f" [{entry.actor}]"
+        if entry.who():
+            line += f" [{entry.who()}]"
         lines.append(line)
     return lines
 
@@ -60,6 +60,7 @@ def pagerduty_event(
     if action != "trigger":
         return event
     details: dict[str, Any] = {
+        "cluster": incident.cluster,
         "device": incident.device,
         "node": incident.node,
         "node_pool": incident.node_pool,
@@ -112,6 +113,8 @@ def slack_message(incident: Incident, action: str, *, max_done: int = 8) -> dict
         fields.append(("Reason", incident.reason))
     if incident.node_pool:
         fields.append(("Node pool", incident.node_pool))
+    if incident.cluster:
+        fields.insert(0, ("Cluster", incident.cluster))
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": title[:150], "emoji": True}},
         {

@@ -12,8 +12,11 @@ Per pod bound to a node (state kept in memory, like a real kubelet's):
   `sim.sickbay.dev/exit-code` make containers exit; restartPolicy Always restarts them,
   OnFailure only on a non-zero code, Never leaves the pod Succeeded or Failed.
 - **Device health** (KEP-4680): `containerStatuses[].allocatedResourcesStatus` lists, per
-  claim the container uses, `{name: "claim:<claim>[/<request>]", resources: [{resourceID:
-  "<driver>/<pool>/<device>", health: Healthy|Unhealthy|Unknown, message}]}`. In the
+  claim the container uses, `{name: "claim:<claim>[/<request>]", resources: [{resourceID,
+  health: Healthy|Unhealthy|Unknown, message}]}`. As the 1.36 kubelet does, `resourceID` is
+  the first CDI device id the driver returned (`k8s.gpu.nvidia.com/claim=<claim uid>-gpu-0`
+  for the NVIDIA driver), `<driver>/<pool>/<device>` when it returned none (drivers without
+  CDI ids, or `SimOptions.cdi_device_ids` off). In the
   device-plugin profile the kubelet assigns GPU device IDs itself (`nvidia.com/gpu`, resourceID
   = the GPU UUID) and lowers the node's allocatable `nvidia.com/gpu` by the unhealthy GPUs (and
   to 0 for capacity and allocatable when the plugin "vanished" them).
@@ -151,7 +154,10 @@ class Kubelet:
                     continue
                 health, message, fatal = self._health(ctx, node, str(dev_id))
                 dead = dead or fatal
-                resources.append(_resource(str(dev_id), health, message))
+                rid = str(dev_id)
+                if ctx.options.cdi_device_ids:
+                    rid = cdi_device_id(claim, dev_id.driver, dev_id.device) or rid
+                resources.append(_resource(rid, health, message))
             label = f"claim:{ref.get('name')}" + (f"/{request}" if request else "")
             entries.append({"name": label, "resources": resources})
         return entries, dead
@@ -520,6 +526,19 @@ class Kubelet:
                 ctx.store.mutate(NODES, node_name, update, subresource="status")
             except ApiError:
                 pass
+
+
+# Drivers whose NodePrepareResources returns CDI device ids, and the CDI kind they use.
+CDI_KINDS = {"gpu.nvidia.com": "k8s.gpu.nvidia.com/claim"}
+
+
+def cdi_device_id(claim: dict[str, Any], driver: str, device: str) -> str | None:
+    """The first CDI device id the driver returns for one allocated device (NVIDIA's DRA
+    driver names them `<claim uid>-<device>`), None for drivers that return none."""
+    kind = CDI_KINDS.get(driver)
+    if kind is None:
+        return None
+    return f"{kind}={uid_of(claim)}-{device}"
 
 
 def _resource(resource_id: str, health: str, message: str) -> dict[str, Any]:

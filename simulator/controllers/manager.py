@@ -16,7 +16,8 @@ needs to look again: a grace period ending, a container restart, a DeviceTaintRu
 status update). All timers are on the simulator's `Clock`, so `--time-scale` speeds them up.
 
 Order of one pass: resource claims from templates -> scheduler -> workload controllers
-(Deployment, ReplicaSet, StatefulSet, Job) -> device-taint eviction -> kubelet stand-in ->
+(Deployment, ReplicaSet, StatefulSet, Job) -> device-taint eviction -> kubelet stand-in
+-> node Leases and heartbeats (controllers/leases.py) ->
 node pools / MachineDeployments -> garbage collection. Every controller writes only through
 `sim.store`, exactly as the HTTP API would.
 
@@ -67,6 +68,10 @@ class SimOptions:
     crash_after_seconds: float = 3.0  # a container on a dead GPU fails this long after start
     crash_backoff_initial: float = 10.0  # kubelet's CrashLoopBackOff: 10 s, doubling ...
     crash_backoff_max: float = 300.0  # ... up to 5 minutes
+    # Pod device health ids as the 1.36 kubelet writes them: the first CDI device id the
+    # driver returned (NVIDIA's driver returns `k8s.gpu.nvidia.com/claim=<claim uid>-<device>`);
+    # False: the driver returned none, so `<driver>/<pool>/<device>`.
+    cdi_device_ids: bool = True
     # Device-taint eviction: DeviceTaintRule status is written at most this often.
     rule_status_period: float = 10.0
     # Node pools: time from a resize until new nodes (and their ResourceSlices) appear.
@@ -140,6 +145,7 @@ class ControllerManager:
         from simulator.controllers.claims import ResourceClaimController
         from simulator.controllers.gc import GarbageCollector
         from simulator.controllers.kubelet import Kubelet
+        from simulator.controllers.leases import NodeLeases
         from simulator.controllers.nodepools import MachineDeploymentController, NodePools
         from simulator.controllers.scheduler import Scheduler
         from simulator.controllers.taints import DeviceTaintEviction
@@ -173,6 +179,7 @@ class ControllerManager:
             JobController(self),
             self.taints,
             self.kubelet,
+            NodeLeases(self),
             self.node_pools,
             MachineDeploymentController(self),
             GarbageCollector(self),

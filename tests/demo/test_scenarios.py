@@ -8,7 +8,8 @@
 - app-xid: Xid 13 -> classified `application`, no DeviceTaintRule, the pod keeps running,
   closes `not-quarantined`;
 - churn: the scheduler ignores DeviceTaintRules -> replacements land on the tainted device
-  again -> escalated with reason `churn`, page delivered.
+  again -> the node is cordoned (replacement.onChurn default) and the escalation (reason
+  `churn`, page delivered) says so; after the release no node is left cordoned.
 """
 
 from __future__ import annotations
@@ -77,3 +78,7 @@ async def test_scheduler_ignoring_taints_churn(demo: Demo) -> None:
     ]
     assert [p["event_action"] for p in pages][:1] == ["trigger"]
     assert "churn" in pages[0]["payload"]["summary"]
+    # The loop was stopped, and the page says how; the release undid Sickbay's cordon.
+    assert "cordoning node" in pages[0]["payload"]["summary"]
+    nodes = (await demo.k("GET", "/api/v1/nodes"))["items"]
+    assert not [n for n in nodes if (n.get("spec") or {}).get("unschedulable")]

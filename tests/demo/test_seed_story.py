@@ -2,15 +2,17 @@
 Temporal dev server + cluster twin + real worker + webhook, driven over HTTP like a user would.
 
 - act 1: a GPU dies under an inference Deployment -> restart loop, Unhealthy (XID 79) in the
-  pod's allocatedResourcesStatus, the twin's Alertmanager holds a firing alert for that GPU;
+  pod's allocatedResourcesStatus under the driver's CDI device id (as a 1.36 kubelet reports
+  it), the twin's Alertmanager holds a firing alert for that GPU;
 - act 2: the alert reaches the webhook -> one workflow per GPU (started by the alert), search
   attributes set, a NoExecute DeviceTaintRule selecting exactly the failed device, the pod
-  evicted, the replacement Running on the second GPU;
+  evicted, the replacement Running on the second GPU; Events (printed as `kubectl get events`)
+  on the Deployment and the rule for every decision, on the old pod only while it existed;
 - act 3: the second GPU dies -> the replacement stays Pending past the (scaled) deadline ->
   one node-pool resize -> a new node with its ResourceSlice -> the replacement Running there;
   the timeline shows pending before the capacity request;
 - act 4: both GPUs repaired -> both rules removed, both workflows closed `released`, the
-  blast-radius budget holds no lease any more.
+  blast-radius budget holds no lease any more; Sickbay's Events listed cluster-wide.
 
 Acts share one stack and build on each other, in file order.
 """
@@ -59,7 +61,15 @@ async def test_act1_gpu_dies_restart_loop(demo: Demo) -> None:
     [cs] = pod["status"]["containerStatuses"]
     assert cs["restartCount"] >= 1
     [res] = [r for a in cs["allocatedResourcesStatus"] for r in a["resources"]]
-    assert res == {"resourceID": STATE.device, "health": "Unhealthy", "message": "XID 79"}
+    # As a 1.36 kubelet reports it for NVIDIA's driver: the first CDI device id, not the key.
+    claim = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    uid = (
+        await demo.k(
+            "GET", f"/apis/resource.k8s.io/v1/namespaces/{STATE.ns}/resourceclaims/{claim}"
+        )
+    )["metadata"]["uid"]
+    cdi = f"k8s.gpu.nvidia.com/claim={uid}-{STATE.device.rsplit('/', 1)[-1]}"
+    assert res == {"resourceID": cdi, "health": "Unhealthy", "message": "XID 79"}
     alerts = (await demo.k("GET", "/sim/alerts"))["active"]
     mine = [a for a in alerts if a["labels"]["UUID"] == STATE.gpu1["uuid"]]
     assert mine and mine[0]["labels"]["err_code"] == "79"
@@ -88,6 +98,18 @@ async def test_act2_alert_taint_eviction_replacement(demo: Demo) -> None:
     names = [p["metadata"]["name"] for p in await demo.pods(STATE.ns, STATE.app)]
     assert names == [STATE.replacement]
     assert STATE.device2.split("/")[-1] != device
+    # Events: on the Deployment and the rule, and on pods only while they exist.
+    assert any(c.startswith("Events on Deployment") for c in demo.checks)
+    events = (await demo.k("GET", f"/api/v1/namespaces/{STATE.ns}/events"))["items"]
+    mine = [e for e in events if e.get("reportingComponent") == "sickbay"]
+    on_pods = {
+        (e["involvedObject"]["name"], e["reason"])
+        for e in mine
+        if e["involvedObject"]["kind"] == "Pod"
+    }
+    assert (STATE.pod, "GPUQuarantined") in on_pods
+    assert (STATE.pod, "GPUReplacementRunning") not in on_pods  # evicted by then
+    assert (STATE.replacement, "GPUReplacementRunning") in on_pods
 
 
 async def test_act3_second_gpu_pending_deadline_scale_up(demo: Demo) -> None:
@@ -116,5 +138,6 @@ async def test_act4_repair_lifts_quarantine(demo: Demo) -> None:
         assert incident.result.outcome == "released"
         assert incident.result.timeline[-1].action == "closed"
     assert await _rules(demo) == []
+    assert any(" Sickbay Events, one per decision" in c for c in demo.checks)
     state = await demo.client.get_workflow_handle(BUDGET_WORKFLOW_ID).query(BudgetWorkflow.state)
     assert state.leases == []

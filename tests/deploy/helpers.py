@@ -34,9 +34,17 @@ def interpolate_defaults(value: str) -> str:
 
     `${X:?message}` has no default; it stays as is so a caller can tell it is required.
     """
+    return interpolate(value, {})
+
+
+def interpolate(value: str, variables: dict[str, str]) -> str:
+    """What Compose makes of `value` with `variables` set (the operator's environment) and
+    nothing else: set names filled in, defaults for the rest, required ones left as they are."""
 
     def repl(match: re.Match[str]) -> str:
-        op, arg = match.group(2), match.group(3)
+        name, op, arg = match.group(1), match.group(2), match.group(3)
+        if name in variables:
+            return variables[name]
         if op in (":-", "-"):
             return arg
         return match.group(0)

@@ -14,7 +14,14 @@ Cases:
 - the worker/webhook/twin commands are accepted by the `sickbay` CLI;
 - the Temporal Cloud overrides set address, namespace and credentials files, all required;
 - the schema and namespace scripts are executable POSIX sh with `set -eu` that `sh -n`
-  parses, each mounted by a service.
+  parses, each mounted by a service;
+- safe by default: every published port binds to 127.0.0.1 unless SICKBAY_PUBLISH_ADDRESS is
+  set; no password or token has a default (the PostgreSQL password and the webhook token
+  secret are required variables), no example token file ships; the worker's metrics listen on
+  0.0.0.0 only inside its container (published on loopback); the UI auth override turns on
+  OIDC with its client secret required from the operator's environment; the webhook TLS
+  override sets the cert/key settings the code reads to mounted secrets of required files and
+  probes HTTPS.
 """
 
 from __future__ import annotations
@@ -138,6 +145,8 @@ def test_every_referenced_file_exists(compose: dict[str, Any]) -> None:
                 missing.append(f"{name}: env_file {path}")
     for name, secret in (compose.get("secrets") or {}).items():
         path = interpolate_defaults(secret["file"])
+        if required_variables(path):  # the operator's own file (no default: checked elsewhere)
+            continue
         if not repo_path(path).is_file():
             missing.append(f"secret {name}: {secret['file']} -> {path}")
     assert not missing, "files referenced by docker-compose.yml are missing:\n" + "\n".join(missing)
@@ -287,3 +296,80 @@ def test_setup_scripts(script: str, compose: dict[str, Any]) -> None:
 
 def test_compose_file_is_at_the_root() -> None:
     assert COMPOSE_FILE.parent == ROOT
+
+
+def _published(service: dict[str, Any]) -> list[str]:
+    return [str(p) for p in service.get("ports") or []]
+
+
+def test_published_ports_bind_to_loopback_by_default(compose: dict[str, Any]) -> None:
+    published = {n: _published(s) for n, s in compose["services"].items() if s.get("ports")}
+    assert {"temporal", "temporal-ui", "worker", "webhook"} <= set(published)
+    for name, ports in published.items():
+        for port in ports:
+            assert port.startswith("${SICKBAY_PUBLISH_ADDRESS:-127.0.0.1}:"), (
+                f"{name}: port {port!r} must bind to 127.0.0.1 unless the operator says otherwise"
+            )
+            host, _, _ = interpolate_defaults(port).partition(":")
+            assert host == "127.0.0.1", f"{name}: {port!r} publishes on {host!r} by default"
+
+
+def test_no_default_passwords_or_tokens(compose: dict[str, Any]) -> None:
+    text = COMPOSE_FILE.read_text()
+    for service_name, service in compose["services"].items():
+        for key, value in (service.get("environment") or {}).items():
+            if "PASSWORD" in key or "PWD" in key or key.endswith(("_TOKEN", "_SECRET")):
+                value = str(value)
+                assert required_variables(value) and interpolate_defaults(value) == value, (
+                    f"{service_name}: {key}={value!r} must be a required variable, no default"
+                )
+    secret = compose["secrets"]["webhook_token"]["file"]
+    assert required_variables(secret) == ["SICKBAY_WEBHOOK_TOKEN_SECRET"], secret
+    assert "openssl rand" in secret, "the error must say how to make a token"
+    assert "TEMPORAL_POSTGRES_PASSWORD:?" in text
+    assert not (DEPLOY / "compose" / "webhook-token.example").exists(), (
+        "an example token in the checkout ends up in production; the webhook refuses it anyway"
+    )
+
+
+def test_worker_metrics_listen_inside_the_container_only(compose: dict[str, Any]) -> None:
+    from worker.settings import Settings
+
+    assert Settings.model_fields["metrics_host"].default == "127.0.0.1"
+    worker = compose["services"]["worker"]
+    assert _env(worker)["SICKBAY_METRICS_HOST"] == "0.0.0.0"
+    assert all(p.startswith("${SICKBAY_PUBLISH_ADDRESS:-127.0.0.1}:") for p in _published(worker))
+
+
+def test_ui_auth_override() -> None:
+    path = DEPLOY / "compose" / "temporal-ui-oidc.yml"
+    override = yaml.safe_load(path.read_text())
+    env = _env(override["services"]["temporal-ui"])
+    assert env["TEMPORAL_AUTH_ENABLED"] == "true"
+    assert env["TEMPORAL_AUTH_TYPE"] == "oidc"
+    for key in (
+        "TEMPORAL_AUTH_PROVIDER_URL",
+        "TEMPORAL_AUTH_CLIENT_ID",
+        "TEMPORAL_AUTH_CLIENT_SECRET",
+        "TEMPORAL_AUTH_CALLBACK_URL",
+    ):
+        assert required_variables(env[key]) == [key], f"{path.name}: {key} must be required"
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    assert "temporal-ui-oidc.yml" in docs, "docs/deploy.md must show how to put the UI behind auth"
+
+
+def test_webhook_tls_override() -> None:
+    path = DEPLOY / "compose" / "webhook-tls.yml"
+    override = yaml.safe_load(path.read_text())
+    webhook = override["services"]["webhook"]
+    env = _env(webhook)
+    assert_known_env(set(env), path.name)
+    secrets = set(webhook["secrets"])
+    for key in ("SICKBAY_WEBHOOK_TLS_CERT_FILE", "SICKBAY_WEBHOOK_TLS_KEY_FILE"):
+        target = env[key]
+        assert target.startswith("/run/secrets/") and target.split("/")[-1] in secrets
+    for name in secrets:
+        assert required_variables(override["secrets"][name]["file"]), f"{name} must be required"
+    probe = " ".join(webhook["healthcheck"]["test"])
+    assert "https://127.0.0.1:8080/healthz" in probe
+    assert "webhook-tls.yml" in (ROOT / "docs" / "deploy.md").read_text()

@@ -22,6 +22,7 @@ Cases:
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,7 @@ from tests.deploy.helpers import (
     COMPOSE_FILE,
     ROOT,
     compose_script,
-    interpolate_defaults,
+    interpolate,
     repo_path,
     service_argv,
 )
@@ -50,6 +52,21 @@ SICKBAY = str(Path(sys.executable).parent / "sickbay")
 # Start-up bound for one process: imports plus binding a port take ~1-3 s here; 30 s leaves
 # room on a loaded 2-core CI machine without hiding a hang.
 START_WITHIN = 30.0
+
+
+@cache
+def _operator_variables() -> dict[str, str]:
+    """What the operator must set before `docker compose up` (no defaults for secrets): a
+    webhook token file made as docs/deploy.md says (`openssl rand -hex 32`)."""
+    directory = Path(tempfile.mkdtemp(prefix="compose-operator-"))
+    token = directory / "webhook-token"
+    token.write_text(secrets.token_hex(32) + "\n")
+    token.chmod(0o600)
+    return {"SICKBAY_WEBHOOK_TOKEN_SECRET": str(token)}
+
+
+def _fill(value: str) -> str:
+    return interpolate(value, _operator_variables())
 
 
 def _compose() -> dict[str, Any]:
@@ -63,23 +80,23 @@ def _host_env(name: str, **overrides: str) -> dict[str, str]:
     service = compose["services"][name]
     env: dict[str, str] = {}
     for entry in service.get("env_file") or []:
-        path = repo_path(interpolate_defaults(entry["path"] if isinstance(entry, dict) else entry))
+        path = repo_path(_fill(entry["path"] if isinstance(entry, dict) else entry))
         for line in path.read_text().splitlines():
             if line.strip() and not line.lstrip().startswith("#"):
                 key, _, value = line.partition("=")
                 env[key.strip()] = value.strip()
     for key, value in (service.get("environment") or {}).items():
-        env[key] = interpolate_defaults(str(value))
+        env[key] = _fill(str(value))
     mounts: dict[str, str] = {}
     for volume in service.get("volumes") or []:
-        source, target, *_ = interpolate_defaults(volume).split(":")
+        source, target, *_ = _fill(volume).split(":")
         if source in (compose.get("volumes") or {}):  # a named volume: a fresh directory
             mounts[target] = tempfile.mkdtemp(prefix=f"compose-{source}-")
         else:
             mounts[target] = str(repo_path(source))
     for secret in service.get("secrets") or []:
         file = compose["secrets"][secret]["file"]
-        mounts[f"/run/secrets/{secret}"] = str(repo_path(interpolate_defaults(file)))
+        mounts[f"/run/secrets/{secret}"] = str(repo_path(_fill(file)))
     for key, value in env.items():
         if value in mounts:
             env[key] = mounts[value]
@@ -220,7 +237,7 @@ def test_twin_from_its_compose_definition(tmp_path: Path) -> None:
     script = compose_script(compose["services"]["twin"])
     assert script is not None
     port = free_port()
-    secret = repo_path(interpolate_defaults(compose["secrets"]["webhook_token"]["file"]))
+    secret = repo_path(_fill(compose["secrets"]["webhook_token"]["file"]))
     with _alert_sink() as (sink_url, received):
         script = (
             script.replace("/run/secrets/webhook_token", str(secret))
@@ -337,7 +354,7 @@ def test_twin_profile_remediates_end_to_end(tmp_path: Path, request: pytest.Fixt
         "SICKBAY_TASK_QUEUE": queue,
         "SICKBAY_SWEEP_ENABLED": "false",
     }
-    secret = repo_path(interpolate_defaults(compose["secrets"]["webhook_token"]["file"]))
+    secret = repo_path(_fill(compose["secrets"]["webhook_token"]["file"]))
     script = compose_script(compose["services"]["twin"])
     assert script is not None
     script = (

@@ -5,7 +5,7 @@ Cases:
   the shipped runbooks escalate to;
 - every SICKBAY_* name the docs mention is read by the code;
 - the compose services and deploy/ files the docs list exist;
-- the RBAC table lists every rule of deploy/rbac.yaml with its verbs.
+- the RBAC table lists every rule of deploy/rbac*.yaml (base and optional roles) with its verbs.
 """
 
 from __future__ import annotations
@@ -61,15 +61,17 @@ def test_files_the_docs_list_exist() -> None:
 
 
 def test_rbac_table_matches_the_role() -> None:
-    """docs/deploy.md's "What the RBAC grants" table lists each rule of deploy/rbac.yaml with
-    exactly its verbs (update the table when the role changes)."""
-    role = next(
-        d
-        for d in yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text())
+    """docs/deploy.md's "What the RBAC grants" table lists each rule of deploy/rbac*.yaml with
+    exactly its verbs (update the table when a role changes)."""
+    rules = [
+        rule
+        for path in sorted(DEPLOY.glob("rbac*.yaml"))
+        for d in yaml.safe_load_all(path.read_text())
         if d["kind"] == "ClusterRole"
-    )
+        for rule in d["rules"]
+    ]
     rows = [line for line in TEXT.splitlines() if line.startswith("| ")]
-    for rule in role["rules"]:
+    for rule in rules:
         group = rule["apiGroups"][0] or "core"
         verbs = ", ".join(rule["verbs"])
         for resource in rule["resources"]:

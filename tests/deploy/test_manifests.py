@@ -15,7 +15,12 @@ Cases:
 - the ConfigMap's SICKBAY_* keys are read by the code; its runbooks validate against the
   Runbook schema (and load with the runbook loader); container args are `sickbay` commands;
 - RBAC (deploy/rbac.yaml, when present): every bound ServiceAccount exists and the worker's
-  ServiceAccount is bound to a role; the webhook's is bound to none.
+  ServiceAccount is bound to a role; the webhook's is bound to none;
+- NetworkPolicies (deploy/networkpolicy.yaml): everything in the namespace is denied both ways
+  unless allowed; the webhook's port is open to Alertmanager's namespace only and the worker's
+  metrics port to the monitoring namespace only, by container port name; both may reach DNS
+  and the Temporal frontend's namespace and port (from SICKBAY_TEMPORAL_ADDRESS); the worker
+  may reach HTTPS (API server, channels); the metrics listen on the pod address for that.
 """
 
 from __future__ import annotations
@@ -375,7 +380,13 @@ def test_kubectl_dry_run_when_available() -> None:
     assert done.returncode == 0, done.stderr
 
 
-_TYPED_GROUPS = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "policy/v1"}
+_TYPED_GROUPS = {
+    "v1",
+    "apps/v1",
+    "rbac.authorization.k8s.io/v1",
+    "policy/v1",
+    "networking.k8s.io/v1",
+}
 
 
 def _dropped_fields(original: Any, roundtrip: Any, path: str = "") -> list[str]:
@@ -415,3 +426,83 @@ def test_fields_exist_in_the_kubernetes_api(objects: list[dict[str, Any]]) -> No
         assert not dropped, f"{obj['kind']}/{obj['metadata']['name']}: unknown fields {dropped}"
         checked += 1
     assert checked >= 7
+
+
+def _policies(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return _by_kind(objects, "NetworkPolicy")
+
+
+def _selects(policy: dict[str, Any], deployment: dict[str, Any]) -> bool:
+    wanted = policy["spec"]["podSelector"].get("matchLabels") or {}
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def _port_names(deployment: dict[str, Any]) -> set[str]:
+    return {p["name"] for c in _pod_spec(deployment)["containers"] for p in c.get("ports", [])}
+
+
+def _namespaces(peers: list[dict[str, Any]]) -> set[str]:
+    return {
+        (p.get("namespaceSelector") or {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
+        for p in peers
+    } - {None}
+
+
+def test_network_policies_deny_by_default(objects: list[dict[str, Any]]) -> None:
+    policies = _policies(objects)
+    deny = [
+        p
+        for p in policies.values()
+        if p["spec"]["podSelector"] == {}
+        and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+        and not p["spec"].get("ingress")
+        and not p["spec"].get("egress")
+    ]
+    assert deny, "no default-deny NetworkPolicy for the sickbay namespace"
+    for name, deployment in _deployments(objects).items():
+        own = [p for p in policies.values() if p["spec"]["podSelector"] and _selects(p, deployment)]
+        assert len(own) == 1, f"{name}: expected one NetworkPolicy of its own, got {len(own)}"
+
+
+def test_network_policies_let_in_only_alertmanager_and_monitoring(
+    objects: list[dict[str, Any]],
+) -> None:
+    policies, deployments = _policies(objects), _deployments(objects)
+    expected = {"sickbay-webhook": "http", "sickbay-worker": "metrics"}
+    for name, port in expected.items():
+        deployment = deployments[name]
+        (policy,) = [
+            p for p in policies.values() if p["spec"]["podSelector"] and _selects(p, deployment)
+        ]
+        assert port in _port_names(deployment)
+        (rule,) = policy["spec"]["ingress"]
+        assert _namespaces(rule["from"]) == {"monitoring"}, f"{name}: ingress {rule['from']}"
+        assert all("ipBlock" not in peer for peer in rule["from"])
+        assert [p["port"] for p in rule["ports"]] == [port]
+    # Alertmanager's namespace is the one the example configuration talks about.
+    assert "monitoring" in (DEPLOY / "networkpolicy.yaml").read_text()
+
+
+def test_network_policies_let_out_dns_temporal_and_https(objects: list[dict[str, Any]]) -> None:
+    config = _by_kind(objects, "ConfigMap")["sickbay-config"]["data"]
+    host, _, temporal_port = config["SICKBAY_TEMPORAL_ADDRESS"].rpartition(":")
+    temporal_namespace = host.split(".")[1]  # <service>.<namespace>.svc...
+    policies, deployments = _policies(objects), _deployments(objects)
+    for name in ("sickbay-webhook", "sickbay-worker"):
+        (policy,) = [
+            p
+            for p in policies.values()
+            if p["spec"]["podSelector"] and _selects(p, deployments[name])
+        ]
+        egress = policy["spec"]["egress"]
+        by_port = {(p["protocol"], p["port"]): rule for rule in egress for p in rule["ports"]}
+        assert ("UDP", 53) in by_port and ("TCP", 53) in by_port, f"{name}: no DNS"
+        assert _namespaces(by_port[("UDP", 53)]["to"]) == {"kube-system"}
+        temporal = by_port[("TCP", int(temporal_port))]
+        assert _namespaces(temporal["to"]) == {temporal_namespace}, f"{name}: Temporal egress"
+        if name == "sickbay-worker":
+            assert ("TCP", 443) in by_port and ("TCP", 6443) in by_port, "no API server egress"
+        else:
+            assert ("TCP", 443) not in by_port, "the webhook talks to Temporal only"
+    assert config["SICKBAY_METRICS_HOST"] == "0.0.0.0", "probes and Prometheus need the pod IP"

@@ -9,7 +9,7 @@ module covers the other ways in, without servers:
   another exception type, never a half-loaded set)
 - UI input (the Web UI's "Start workflow" JSON for `remediate-gpu-device`): a valid
   RemediationInput with one field broken or random JSON -> pydantic `ValidationError` naming
-  the field, never another exception
+  the field, never another exception; the workflow's refusal message names every bad field
 - webhook mapping: arbitrary Alertmanager label sets map to a device or to an `Unmapped` with
   a reason; never an exception (that would be a 500)
 - CLI: random argument lists for `sickbay launch` (when the command is registered) exit with
@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from activities.runbooks import RunbookError, load_text
 from worker.alerts import AlertMapping, AmAlert, MappedAlert, Unmapped, map_alert
-from workflows.models import RemediationInput
+from workflows.models import RemediationInput, input_problems
 
 RUNBOOKS = Path(__file__).resolve().parents[2] / "runbooks"
 
@@ -127,6 +127,10 @@ def test_ui_input_with_one_broken_field_names_it(data: Any, value: Any) -> None:
     except ValidationError as err:
         assert err.errors(), "a validation error with no location"
         assert all(e["loc"] for e in err.errors())
+        # The workflow's refusal message (what the Web UI shows) names every bad field.
+        problems = input_problems(err, RemediationInput)
+        for e in err.errors():
+            assert ".".join(str(p) for p in e["loc"]) + ":" in problems, problems
 
 
 @FAST

@@ -96,7 +96,11 @@ def drill_runbooks(d: Drill) -> None:
     common: dict[str, Any] = {
         "confirm": {"staleAfter": "1h"},
         "quarantine": {"effect": "NoExecute"},
-        "budget": {"maxPerPool": "100%", "maxPerCluster": "100%"},
+        "budget": {
+            "maxPerPool": "100%",
+            "maxPerCluster": "100%",
+            "unsafe": ["maxPerPool", "maxPerCluster"],  # a 2-GPU stand: both may go
+        },
         "escalation": {"channels": ["pagerduty"], "severity": "critical"},
         "release": {"mode": "repaired"},  # no health checks: no extra reads while parked
     }
@@ -114,7 +118,7 @@ def drill_runbooks(d: Drill) -> None:
         {
             **common,
             "eviction": {"mode": "taint", "timeout": "300s", "force": "none"},
-            "replacement": {"pendingDeadline": "3s"},
+            "replacement": {"pendingDeadline": "3s", "unsafe": ["pendingDeadline"]},
             "scaleUp": {
                 "enabled": True,
                 "pool": d.sim_pool(),
@@ -126,7 +130,10 @@ def drill_runbooks(d: Drill) -> None:
     )
     d.write_runbook(
         "drill-budget",
-        {**common, "budget": {"maxPerPool": 1, "maxPerCluster": "100%"}},
+        {
+            **common,
+            "budget": {"maxPerPool": 1, "maxPerCluster": "100%", "unsafe": ["maxPerCluster"]},
+        },
     )
 
 

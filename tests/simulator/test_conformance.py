@@ -14,7 +14,9 @@ DRA create responses (30, 31, 34) and the v1alpha3 view with its Warning header 
 label/field selectors, pagination, 400 selector errors, PartialObjectMetadataList, Table);
 patches (90-95: strategic, merge, JSON patch, failed test 422, 415, 404); server-side apply
 (96-104: create, re-apply, 409 conflict, force, 422 without fieldManager, dry-run conflict,
-dry-run force leaves the object unchanged).
+dry-run force leaves the object unchanged); differences found with the same requests on a real
+1.36.2 API (eviction naming another pod is 400, `unschedulable: false` reads back absent, a core
+Event carries `eventTime: null`, a DRA resource's unknown field selector names the supported ones).
 """
 
 from __future__ import annotations
@@ -527,3 +529,75 @@ def test_server_side_apply_sequence(gsim: RunningSim) -> None:
     assert would_be["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
     after = replay(gsim, 104).json()
     assert after == before
+
+
+# ---- differences found on a real 1.36.2 API (dra-facts.md, "Real 1.36.2 API vs the twin") ---
+
+
+def test_eviction_naming_another_pod_is_400_and_evicts_nothing(gsim: RunningSim) -> None:
+    ns = "golden-evict"
+    for name in ("named-a", "named-b"):
+        assert raw(gsim, "POST", f"/api/v1/namespaces/{ns}/pods", _pod(name, {})).status_code == 201
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "named-b"}}
+    resp = raw(gsim, "POST", f"/api/v1/namespaces/{ns}/pods/named-a/eviction", body)
+    assert resp.status_code == 400, resp.text
+    assert resp.json() == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "name in URL does not match name in Eviction object",
+        "reason": "BadRequest",
+        "code": 400,
+    }
+    for name in ("named-a", "named-b"):
+        pod = raw(gsim, "GET", f"/api/v1/namespaces/{ns}/pods/{name}").json()
+        assert "deletionTimestamp" not in pod["metadata"], name
+
+
+def test_strategic_patch_unschedulable_false_reads_back_absent(gsim: RunningSim) -> None:
+    smp = {"Content-Type": "application/strategic-merge-patch+json"}
+    path = "/api/v1/nodes/gpu-pool-node-0"
+    on = raw(gsim, "PATCH", path, {"spec": {"unschedulable": True}}, smp)
+    assert on.status_code == 200 and on.json()["spec"]["unschedulable"] is True
+    off = raw(gsim, "PATCH", path, {"spec": {"unschedulable": False}}, smp)
+    assert off.status_code == 200
+    assert "unschedulable" not in off.json()["spec"]
+    assert "unschedulable" not in raw(gsim, "GET", path).json()["spec"]
+
+
+def test_core_event_create_answers_with_null_event_time(gsim: RunningSim) -> None:
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": "conformance-event"},
+        "involvedObject": {"kind": "Node", "name": "gpu-pool-node-0", "apiVersion": "v1"},
+        "reason": "Checked",
+        "message": "twin conformance",
+        "type": "Normal",
+    }
+    resp = raw(gsim, "POST", "/api/v1/namespaces/golden-errors/events", event)
+    assert resp.status_code == 201, resp.text
+    created = resp.json()
+    # Go's omitempty does not drop zero structs: a core Event always carries these keys.
+    assert "eventTime" in created and created["eventTime"] is None
+    assert created["source"] == {}
+    assert created["reportingComponent"] == "" and created["reportingInstance"] == ""
+    assert created["firstTimestamp"] is None and created["lastTimestamp"] is None
+
+
+def test_unknown_field_selector_on_a_dra_resource_names_the_supported_ones(
+    gsim: RunningSim,
+) -> None:
+    resp = raw(
+        gsim,
+        "GET",
+        "/apis/resource.k8s.io/v1/namespaces/golden-dra/resourceclaims"
+        "?fieldSelector=status.allocation%3Dx",
+    )
+    assert resp.status_code == 400
+    assert resp.json()["message"] == (
+        '"status.allocation" is not a known field selector: only "metadata.name", '
+        '"metadata.namespace"'
+    )
+    assert resp.json()["reason"] == "BadRequest"

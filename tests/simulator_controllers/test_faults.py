@@ -4,6 +4,9 @@ Cases:
 - MIG / vGPU / time-sliced topologies: two pods on two devices of one physical GPU; failing
   the GPU (by index, or by one sibling's device name) marks every sibling Unhealthy in
   /sim/gpus and in both pods' allocatedResourcesStatus;
+- DRA health ids as the 1.36 kubelet writes them: the NVIDIA driver's first CDI device id
+  (`k8s.gpu.nvidia.com/claim=<claim uid>-<device>`), or `driver/pool/device` when the driver
+  returns none (`SimOptions.cdi_device_ids=False`);
 - `--degrade nvlink`: health Unhealthy "XID 74" but the container keeps running; an
   application Xid (13) leaves health Healthy and the container running;
 - `--vanish` (DRA): the devices leave the ResourceSlice, the pod's health reads Unknown;
@@ -31,18 +34,24 @@ import httpx
 import pytest
 from kubernetes import client
 
+from simulator.controllers.manager import SimOptions
 from simulator.fault_cli import register_fault_commands
 from tests.simulator_controllers.conftest import eventually
-from tests.simulator_controllers.helpers import DRIVER, claim_template, deployment, pods
+from tests.simulator_controllers.helpers import DRIVER, claim_of, claim_template, deployment, pods
 
 NODE = "gpu-pool-node-0"
 
 
 def _health(pod: Any) -> list[tuple[str, str, str]]:
+    """(entry name, device, health); a CDI id (`…/claim=<claim uid>-<device>`, what the
+    kubelet reports for the NVIDIA driver) is turned back into driver/pool/device."""
     out = []
     for status in pod.status.container_statuses[0].allocated_resources_status or []:
         for res in status.resources:
-            out.append((status.name, res.resource_id, res.health))
+            rid = res.resource_id
+            if "/claim=" in rid:
+                rid = f"{DRIVER}/{pod.spec.node_name}/{rid.split('=', 1)[1][37:]}"
+            out.append((status.name, rid, res.health))
     return out
 
 
@@ -80,6 +89,30 @@ def test_physical_fault_marks_all_siblings(twin: Any, topology: str) -> None:
         return all(_health(p)[0][2] == "Unhealthy" for p in pods(t.core, ns))
 
     eventually(all_unhealthy)
+
+
+@pytest.mark.parametrize("cdi", [True, False])
+def test_health_resource_id_is_the_cdi_id_or_the_device_key(twin: Any, cdi: bool) -> None:
+    """The 1.36 kubelet reports the driver's first CDI device id; driver/pool/device only when
+    the driver returned none (SimOptions.cdi_device_ids=False)."""
+    t = twin(SimOptions(cdi_device_ids=cdi))
+    ns = t.namespace()
+    t.dra.create_namespaced_resource_claim_template(ns, claim_template("gpu"))
+    t.apps.create_namespaced_deployment(ns, deployment("app", "gpu"))
+
+    def reported() -> tuple[Any, str]:
+        (p,) = pods(t.core, ns)
+        (entry,) = p.status.container_statuses[0].allocated_resources_status
+        assert entry.name == "claim:gpu"
+        return p, entry.resources[0].resource_id
+
+    pod, rid = eventually(reported)
+    claim = claim_of(t.dra, pod)
+    result = claim.status.allocation.devices.results[0]
+    if cdi:
+        assert rid == f"k8s.gpu.nvidia.com/claim={claim.metadata.uid}-{result.device}"
+    else:
+        assert rid == f"{result.driver}/{result.pool}/{result.device}"
 
 
 def test_degrade_and_application_xid_keep_running(twin: Any) -> None:

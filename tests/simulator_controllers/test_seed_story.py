@@ -5,7 +5,8 @@ Cases (one twin: 1 node x 2 GPUs, Kubernetes 1.36, time scale 200):
    status.resourceClaimStatuses), runs on gpu-0; `POST /sim/faults` (Xid 79) -> the container
    restarts in a loop (restartCount grows, CrashLoopBackOff, kubelet BackOff events) and
    allocatedResourcesStatus says Unhealthy "XID 79" for `claim:gpu` /
-   `gpu.nvidia.com/<node>/gpu-0`.
+   `k8s.gpu.nvidia.com/claim=<claim uid>-gpu-0` (the NVIDIA driver's first CDI device id, as
+   the 1.36 kubelet reports it).
 2. A NoExecute DeviceTaintRule (v1beta2) on gpu-0 -> rule status PodsPendingEviction with the
    real message, the pod gets DisruptionTarget/DeletionByDeviceTaintManager and a graceful
    deletionTimestamp, a DeviceTaintManagerEviction "Marking for deletion" event; while it is
@@ -76,7 +77,9 @@ def test_seed_incident_three_acts(twin: Any) -> None:
         assert cs.state.waiting is not None or cs.state.running is not None
         health = cs.allocated_resources_status[0]
         assert health.name == "claim:gpu"
-        assert health.resources[0].resource_id == f"gpu.nvidia.com/{NODE}/gpu-0"
+        # As the 1.36 kubelet writes it: the NVIDIA driver's first CDI device id.
+        uid = claim_of(t.dra, p).metadata.uid
+        assert health.resources[0].resource_id == f"k8s.gpu.nvidia.com/claim={uid}-gpu-0"
         assert health.resources[0].health == "Unhealthy"
         return p
 

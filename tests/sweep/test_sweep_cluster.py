@@ -10,6 +10,10 @@ Cases:
 - a driver-set ResourceSlice taint is a finding; a pod of a Succeeded phase is ignored
 - Unknown health is reported as Unknown; `only_unknown` narrows a re-check to those devices
 - a resourceID in no ResourceSlice is reported as unresolved, not dropped
+- CDI device ids (what the 1.36 kubelet writes for NVIDIA's driver): resolved through the
+  entry's claim name, the pod's ResourceClaim and its allocation, also to one of several
+  devices of a request when the id names it; an id naming none of several devices is an
+  unresolved WARNING naming the pod and the id, never a guess
 - MIG: two slices of one GPU reporting Unhealthy are one finding for the parent UUID
 - a GPU gone from a node's ResourceSlice (fewer than its gpu.count label) is a node finding
 - device plugin: allocatable nvidia.com/gpu below capacity is a node finding; a pod's
@@ -179,6 +183,135 @@ def test_unresolved_resource_id_reported(dra: RunningSim) -> None:
     report = sweep(dra)
     assert report.findings == []
     assert [u.resource_id for u in report.unresolved] == [f"{DRIVER}/{n0}/gpu-7"]
+
+
+def claim_pod(
+    rs: RunningSim,
+    name: str,
+    node: str,
+    devices: list[tuple[str, str]],
+    resources: list[dict[str, Any]],
+    *,
+    entry: str = "claim:gpu",
+) -> str:
+    """A pod whose generated claim `<name>-gpu-x7k2p` holds `devices` ((request, device) on
+    `node`), with the health the kubelet writes under `entry`. Returns the claim's uid."""
+    res = k8s.ResourceV1Api(rs.api_client())
+    make_pod(rs, name, node, resources)
+    claim_name = f"{name}-gpu-x7k2p"  # generated names are random: never derived from the pod
+    claim = res.create_namespaced_resource_claim(
+        "ml",
+        {
+            "metadata": {"name": claim_name},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": r, "exactly": {"deviceClassName": f"{DRIVER}"}}
+                        for r in sorted({req.split("/")[0] for req, _ in devices})
+                    ]
+                }
+            },
+        },
+        _preload_content=False,
+    )
+    uid = json.loads(claim.data)["metadata"]["uid"]
+    res.patch_namespaced_resource_claim_status(
+        claim_name,
+        "ml",
+        {
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": req, "driver": DRIVER, "pool": node, "device": dev}
+                            for req, dev in devices
+                        ]
+                    }
+                },
+                "reservedFor": [{"resource": "pods", "name": name, "uid": "u"}],
+            }
+        },
+    )
+    api = k8s.CoreV1Api(rs.api_client())
+    api.patch_namespaced_pod_status(
+        name,
+        "ml",
+        {
+            "status": {
+                "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim_name}],
+                "containerStatuses": [
+                    {
+                        "name": "main",
+                        "image": "cuda",
+                        "imageID": "",
+                        "ready": True,
+                        "restartCount": 0,
+                        "allocatedResourcesStatus": [{"name": entry, "resources": resources}],
+                    }
+                ],
+            }
+        },
+    )
+    return str(uid)
+
+
+def test_cdi_device_id_resolved_through_the_claim(dra: RunningSim) -> None:
+    """The 1.36 kubelet writes the NVIDIA driver's CDI id, not driver/pool/device."""
+    n0, _ = node_names(dra)
+    cdi = "k8s.gpu.nvidia.com/claim=0c3e4b1a-5f6d-4e8b-9a7c-2d1e0f9b8a77-gpu-1"
+    claim_pod(
+        dra,
+        "server-0",
+        n0,
+        [("gpu", "gpu-1")],
+        [{"resourceID": cdi, "health": "Unhealthy", "message": "XID 79"}],
+    )
+    report = sweep(dra)
+    assert report.unresolved == []
+    assert [(f.node, f.gpu_uuid, f.xid, f.resource_id) for f in report.findings] == [
+        (n0, gpu_uuid(n0, 1), 79, f"{DRIVER}/{n0}/gpu-1")
+    ]
+    assert [p.name for p in report.findings[0].pods] == ["server-0"]
+
+
+def test_cdi_id_picks_its_device_among_several_of_one_request(dra: RunningSim) -> None:
+    n0, _ = node_names(dra)
+    claim_pod(
+        dra,
+        "pair-0",
+        n0,
+        [("gpus", "gpu-0"), ("gpus", "gpu-1")],
+        [
+            {"resourceID": "k8s.gpu.nvidia.com/claim=abc-gpu-0", "health": "Healthy"},
+            {"resourceID": "k8s.gpu.nvidia.com/claim=abc-gpu-1", "health": "Unhealthy"},
+        ],
+        entry="claim:gpu/gpus",
+    )
+    report = sweep(dra)
+    assert [(f.node, f.gpu_uuid) for f in report.findings] == [(n0, gpu_uuid(n0, 1))]
+
+
+def test_cdi_id_that_names_no_device_is_a_loud_unresolved(
+    dra: RunningSim, caplog: pytest.LogCaptureFixture
+) -> None:
+    n0, _ = node_names(dra)
+    opaque = "vendor.example/gpu=common"
+    claim_pod(
+        dra,
+        "pair-1",
+        n0,
+        [("gpus", "gpu-0"), ("gpus", "gpu-1")],
+        [{"resourceID": opaque, "health": "Unhealthy"}],
+    )
+    with caplog.at_level("WARNING", logger="activities.sweep"):
+        report = sweep(dra)
+    # Two devices, an id naming neither: guessing could quarantine a healthy GPU.
+    assert report.findings == []
+    (u,) = report.unresolved
+    assert u.resource_id == opaque and [p.name for p in u.pods] == ["pair-1"]
+    assert "ml/pair-1" in u.message and opaque in u.message and "does not tell which" in u.message
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert any("ml/pair-1" in r.getMessage() and opaque in r.getMessage() for r in warnings)
 
 
 def test_mig_slices_fold_into_parent(tmp_path: Path) -> None:

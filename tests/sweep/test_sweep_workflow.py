@@ -139,9 +139,15 @@ async def test_unhealthy_launched_and_vanished_notified(
     second = by_key["n2/GPU-n2-0"].evidence
     assert second is not None and second.xid == 48
     assert second.fingerprint == "sweep:slice-taint:gpu.nvidia.com/n2/gpu-0:gpu.nvidia.com/xid=48"
-    assert sorted(n.channel for n in stubs.notices) == ["ops", "pager"]
-    assert all(n.incident.node == "n3" for n in stubs.notices)
+    nodes = [n for n in stubs.notices if n.incident.node == "n3"]
+    assert sorted(n.channel for n in nodes) == ["ops", "pager"]
     assert result.notified_nodes == ["n3"]
+    # The health entry no device was found for is told to the same channels, never acted on.
+    orphans = [n for n in stubs.notices if n.incident.device == "gpu.nvidia.com/gone/gpu-9"]
+    assert sorted(n.channel for n in orphans) == ["ops", "pager"]
+    assert orphans[0].incident.reason == "unresolved-health"
+    assert len(stubs.notices) == 4
+    assert result.unresolved == ["gpu.nvidia.com/gone/gpu-9"]
     assert sorted(result.devices) == ["n1/GPU-n1-0", "n2/GPU-n2-0"]
     assert len(result.started) + len(result.signalled) == 2
     assert result.unresolved == ["gpu.nvidia.com/gone/gpu-9"]

@@ -25,7 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from worker.settings import Settings
 
-TOKEN = "s3cret-token-for-tests"
+TOKEN = "s3cret-token-for-tests-0123456789abcdef"  # 32+ characters: shorter ones are refused
 
 XID79_ALERT: dict[str, Any] = {
     "status": "firing",

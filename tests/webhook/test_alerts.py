@@ -133,3 +133,132 @@ def test_fingerprint_fallback_is_stable() -> None:
     assert a.evidence and b.evidence
     assert a.evidence.fingerprint == b.evidence.fingerprint
     assert a.evidence.fingerprint.startswith("sha256:")
+
+
+# -- alert kinds, exported_* pod labels, node label spellings (issue: real alert streams) ------
+
+
+def named(alertname: str, value: str, **labels: str | None) -> AmAlert:
+    """One of the shipped rules' alerts without an Xid label, `value` = the series' value."""
+    alert = am(alertname=alertname, err_code=None, err_msg=None, **labels)
+    raw = alert.model_dump(by_alias=True)
+    raw["annotations"]["value"] = value
+    return AmAlert.model_validate(raw)
+
+
+@pytest.mark.parametrize(
+    ("alertname", "value", "failure_class"),
+    [
+        # Counts that happen to be Xid codes must not be read as Xids.
+        ("SickbayGpuNvlinkErrors", "13", "degraded"),
+        ("SickbayGpuNvlinkErrors", "79", "degraded"),
+        ("SickbayGpuEccDoubleBitError", "2.0028987341772155", "unhealthy"),
+        ("SickbayGpuEccDoubleBitError", "13", "unhealthy"),
+        ("SickbayGpuRowRemapFailure", "1", "unhealthy"),
+        ("SickbayGpuFellOffBus", "45", "unhealthy"),
+    ],
+)
+def test_class_comes_from_the_alert_not_its_value(
+    alertname: str, value: str, failure_class: str
+) -> None:
+    from workflows.classify import classify
+
+    got = map_alert(0, named(alertname, value), AlertMapping())
+    assert isinstance(got, MappedAlert) and got.evidence is not None
+    assert got.evidence.xid is None  # a count is not an Xid
+    assert got.evidence.failure_class == failure_class
+    assert classify([got.evidence], None)[0] == failure_class
+
+
+def test_every_shipped_rule_maps_to_a_class() -> None:
+    """Each device-level alert of deploy/prometheus-rules.yaml has a class or is the Xid rule."""
+    from pathlib import Path
+
+    import yaml
+
+    from worker.alerts import DEFAULT_ALERT_CLASSES
+
+    rules = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "deploy" / "prometheus-rules.yaml").read_text()
+    )
+    device_rules = {
+        r["alert"]
+        for g in rules["groups"]
+        for r in g["rules"]
+        if r.get("labels", {}).get("sickbay") == "device"
+    }
+    assert device_rules and device_rules == set(DEFAULT_ALERT_CLASSES)
+    assert DEFAULT_ALERT_CLASSES["SickbayGpuXidError"] == "xid"
+
+
+def test_xid_rule_reads_its_code_and_user_alerts_map_through_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from workflows.classify import classify
+
+    got = map_alert(0, named("SickbayGpuXidError", "13"), AlertMapping())
+    assert isinstance(got, MappedAlert) and got.evidence is not None
+    assert got.evidence.xid == 13 and got.evidence.failure_class is None
+    assert classify([got.evidence], None)[0] == "application"
+
+    monkeypatch.setenv("SICKBAY_ALERT_CLASSES", '{"MyGpuMemoryDead": "unhealthy"}')
+    mapping = WebhookSettings(webhook_auth_disabled=True).mapping()
+    mine = map_alert(0, named("MyGpuMemoryDead", "79"), mapping)
+    assert isinstance(mine, MappedAlert) and mine.evidence is not None
+    assert (mine.evidence.failure_class, mine.evidence.xid) == ("unhealthy", None)
+    # The shipped names still map.
+    assert isinstance(map_alert(0, named("SickbayGpuNvlinkErrors", "1"), mapping), MappedAlert)
+    monkeypatch.setenv("SICKBAY_ALERT_CLASSES", '{"Mine": "broken"}')
+    with pytest.raises(ValueError, match="broken"):
+        WebhookSettings(webhook_auth_disabled=True)
+    # An accepted name without a class and without an Xid label: unknown, whatever its value.
+    anything = AlertMapping(alert_names=frozenset({"*"}))
+    other = map_alert(0, named("SomeCounter", "79"), anything)
+    assert isinstance(other, MappedAlert) and other.evidence is not None
+    assert other.evidence.xid is None and classify([other.evidence], None)[0] == "unknown"
+
+
+def test_exported_pod_labels_win_over_the_scrape_target() -> None:
+    """Prometheus Operator, honorLabels false: pod/namespace are the exporter's own."""
+    got = map_alert(
+        0,
+        am(
+            pod="nvidia-dcgm-exporter-x1",
+            namespace="gpu-operator",
+            container="nvidia-dcgm-exporter",
+            exported_pod="trainer-7",
+            exported_namespace="ml",
+            exported_container="main",
+        ),
+        AlertMapping(),
+    )
+    assert isinstance(got, MappedAlert) and got.evidence is not None
+    assert got.evidence.pod is not None
+    assert (got.evidence.pod.namespace, got.evidence.pod.name) == ("ml", "trainer-7")
+
+
+@pytest.mark.parametrize("label", ["Hostname", "hostname"])
+def test_node_label_either_spelling(label: str) -> None:
+    alert = am(**{"Hostname": None, label: "gpu-node-9"})
+    got = map_alert(0, alert, AlertMapping())
+    assert isinstance(got, MappedAlert) and got.device.node == "gpu-node-9"
+    assert WebhookSettings(webhook_auth_disabled=True).mapping().node_labels[:2] == (
+        "Hostname",
+        "hostname",
+    )
+
+
+def test_figures_in_summaries_are_formatted() -> None:
+    """A rule without printf puts the raw float into its summary; Sickbay's text does not."""
+    alert = named("SickbayGpuEccDoubleBitError", "2.0028987341772155")
+    raw = alert.model_dump(by_alias=True)
+    raw["annotations"]["summary"] = (
+        "GPU 3 on gpu-node-1: 2.0028987341772155 uncorrectable ECC errors in 10m, "
+        "8.888888888888888 NVLink errors, link 1.5, Xid 79, UUID GPU-1.23456"
+    )
+    got = map_alert(0, AmAlert.model_validate(raw), AlertMapping())
+    assert isinstance(got, MappedAlert) and got.evidence is not None
+    assert got.evidence.summary == (
+        "GPU 3 on gpu-node-1: 2 uncorrectable ECC errors in 10m, 8.89 NVLink errors, "
+        "link 1.5, Xid 79, UUID GPU-1.23456"
+    )

@@ -4,8 +4,8 @@ Cases:
 - every rule has an alert name, an expression and `sickbay: device|node`; the device alerts
   are exactly the webhook's default alert names (and the twin's), node alerts are not
 - every expression is valid PromQL (promql-parser)
-- device alerts carry a summary; the Xid alert copies `{{ $value }}` into the annotation the
-  webhook reads the Xid from
+- device alerts carry a summary; the Xid alert copies the code into the `xid` annotation (and
+  `{{ $value }}` into `value`), which the webhook reads for that alert only
 - a sample firing device alert shaped like these rules' output maps to a GPU
 - the Alertmanager example routes `sickbay="device"` to a webhook receiver that posts to the
   webhook Service's `/v1/alertmanager`, with `send_resolved` and the token from a file only
@@ -67,6 +67,12 @@ def test_device_rules_annotations() -> None:
         assert "$labels.UUID" in rule["annotations"]["summary"]
     xid = next(r for r in _rules() if r["alert"] == "SickbayGpuXidError")
     assert xid["annotations"][mapping.value_annotation] == "{{ $value }}"
+    # The code itself: err_code, else the windowed counter's `xid` label, else the gauge.
+    assert "$labels.err_code" in xid["annotations"][mapping.xid_annotation]
+    # No other device alert carries an annotation the webhook would read as an Xid code.
+    for rule in _rules():
+        if rule["alert"] != "SickbayGpuXidError":
+            assert mapping.xid_annotation not in rule.get("annotations", {}), rule["alert"]
 
 
 def test_rule_shaped_alert_maps_to_gpu() -> None:

@@ -60,7 +60,7 @@ async def test_cli_webhook_serves_and_rotates_token(
     port = sock.getsockname()[1]
     sock.close()
     token_file = tmp_path / "token"
-    token_file.write_text("first-token\n")
+    token_file.write_text("first-token-0123456789abcdef0123\n")
     queue = f"cli-{uuid.uuid4().hex[:8]}"
     proc = await asyncio.create_subprocess_exec(
         SICKBAY,
@@ -80,18 +80,22 @@ async def test_cli_webhook_serves_and_rotates_token(
         body = payload(xid_alert(node, gpu))
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             resp = await http.post(
-                "/v1/alertmanager", json=body, headers={"Authorization": "Bearer first-token"}
+                "/v1/alertmanager",
+                json=body,
+                headers={"Authorization": "Bearer first-token-0123456789abcdef0123"},
             )
             assert resp.status_code == 200 and resp.json()["started"] == 1
-            token_file.write_text("second-token-longer\n")
+            token_file.write_text("second-token-longer-0123456789abcdef\n")
             old = await http.post(
-                "/v1/alertmanager", json=body, headers={"Authorization": "Bearer first-token"}
+                "/v1/alertmanager",
+                json=body,
+                headers={"Authorization": "Bearer first-token-0123456789abcdef0123"},
             )
             assert old.status_code == 401
             new = await http.post(
                 "/v1/alertmanager",
                 json=body,
-                headers={"Authorization": "Bearer second-token-longer"},
+                headers={"Authorization": "Bearer second-token-longer-0123456789abcdef"},
             )
             # The same alert again: answered from the recent-delivery cache.
             assert new.status_code == 200 and new.json()["duplicates"] == 1
@@ -108,7 +112,9 @@ async def test_cli_webhook_serves_and_rotates_token(
     # uvicorn shuts down gracefully, then re-raises the signal it caught (exit -15).
     assert code in (0, -signal.SIGTERM), logs
     assert "Finished server process" in logs
-    assert "first-token" not in logs and "second-token" not in logs  # never logged
+    assert (
+        "first-token-0123456789abcdef0123" not in logs and "second-token" not in logs
+    )  # never logged
 
 
 async def test_cli_refuses_to_start_without_token() -> None:

@@ -105,7 +105,7 @@ def test_token_required_unless_disabled(tmp_path: Any, monkeypatch: pytest.Monke
     with pytest.raises(RuntimeError, match="SICKBAY_WEBHOOK_TOKEN"):
         create_app(settings, webhook=WebhookSettings())
     token_file = tmp_path / "token"
-    token_file.write_text("from-a-file\n")
+    token_file.write_text("from-a-file-" + "f" * 32 + "\n")
     create_app(settings, webhook=WebhookSettings(webhook_token_file=token_file))
     token_file.write_text("  \n")
     with pytest.raises(RuntimeError, match="empty"):

@@ -368,9 +368,14 @@ def controlled(
     `wh` opened when it has one."""
     temporal = ControlledTemporal()
     monkeypatch.setattr("worker.webhook.signal_with_start", temporal)
+
+    async def nothing_handled(self: AlertService, client: object, workflow_id: str) -> list[Any]:
+        return []  # no closed run before (tests/webhook/test_webhook_repeats.py has those)
+
+    monkeypatch.setattr(AlertService, "_handled_before", nothing_handled)
     service = AlertService(Settings(task_queue="controlled"), wh, WebhookMetrics(), object())  # type: ignore[arg-type]
     if wh.webhook_spool_dir is not None:
-        service.spool = Spool(wh.webhook_spool_dir, max_pending=wh.webhook_spool_max)
+        service.spool = wh.new_spool()
         service.spool.open()
     return service, temporal
 

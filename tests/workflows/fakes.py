@@ -22,10 +22,13 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from activities.runbooks import load_dir
+from worker.main import sender_identity_options
 from workflows.budget import BudgetWorkflow
 from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
     ACT_CHECK_HEALTH,
+    ACT_CLAIM_ESCALATION,
+    ACT_CORDON,
     ACT_COUNT_DEVICES,
     ACT_EVICT_PODS,
     ACT_FIND_CONSUMERS,
@@ -56,10 +59,14 @@ from workflows.models import (
     CheckHealthInput,
     Consumer,
     ConsumersResult,
+    CordonInput,
+    CordonResult,
     CountDevicesInput,
     DeviceCounts,
     DeviceRef,
     DraDevice,
+    EscalationClaim,
+    EscalationClaimResult,
     EvictionReport,
     EvictPodsInput,
     EvictPodsResult,
@@ -87,6 +94,7 @@ from workflows.models import (
     WaitEvictionInput,
     WaitReplacementInput,
 )
+from workflows.rejections import RejectionsWorkflow
 from workflows.remediation import DeviceRemediationWorkflow
 
 RUNBOOKS_DIR = Path(__file__).resolve().parents[2] / "runbooks"
@@ -147,6 +155,7 @@ class FakeWorld:
     use_real_budget: bool = False
     budget_release_fails: bool = False  # release-budget-lease raises (non-retryable)
     eviction_reports: list[EvictionReport] = field(default_factory=list)  # consumed in order
+    evict_results: list[EvictPodsResult] = field(default_factory=list)  # evict-pods, in order
     replacement_reports: list[Any] = field(default_factory=list)  # consumed in order
     capacity: CapacityResult | ApplicationError = field(
         default_factory=lambda: CapacityResult(status="requested", current_size=2, target_size=3)
@@ -247,6 +256,8 @@ class FakeWorld:
         @activity.defn(name=ACT_EVICT_PODS)
         async def evict(req: EvictPodsInput) -> EvictPodsResult:
             world.calls.append((ACT_EVICT_PODS, req))
+            if world.evict_results:
+                return world.evict_results.pop(0)
             if req.delete_if_blocked:
                 return EvictPodsResult(deleted=req.pods)
             return EvictPodsResult(evicted=req.pods)
@@ -291,10 +302,20 @@ class FakeWorld:
             world.calls.append((ACT_RELEASE_QUARANTINE, req))
             return ReleaseResult(removed=True)
 
+        @activity.defn(name=ACT_CLAIM_ESCALATION)
+        async def claim_escalation(req: EscalationClaim) -> EscalationClaimResult:
+            world.calls.append((ACT_CLAIM_ESCALATION, req))
+            return EscalationClaimResult(granted=True, holder=req.holder)
+
         @activity.defn(name=ACT_CHECK_HEALTH)
         async def check_health(req: CheckHealthInput) -> HealthResult:
             world.calls.append((ACT_CHECK_HEALTH, req))
             return HealthResult(health=world.later_health)  # type: ignore[arg-type]
+
+        @activity.defn(name=ACT_CORDON)
+        async def cordon(req: CordonInput) -> CordonResult:
+            world.calls.append((ACT_CORDON, req))
+            return CordonResult(changed=True, message="cordoned" if req.cordon else "uncordoned")
 
         acts: list[Callable[..., Any]] = [
             load_runbooks,
@@ -312,6 +333,8 @@ class FakeWorld:
             record_event,
             release,
             check_health,
+            claim_escalation,
+            cordon,
         ]
         if not self.use_real_budget:
             acts += [acquire, release_budget]
@@ -329,11 +352,12 @@ def new_worker(
     return Worker(
         client,
         task_queue=task_queue or f"tq-{uuid.uuid4()}",
-        workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
-        activities=[*world.activities(), *extra_activities],
+        workflows=[DeviceRemediationWorkflow, BudgetWorkflow, RejectionsWorkflow],
+        activities=world.activities(*extra_activities),  # same name: replaces the fake
         # 0: every task replays from history, which catches non-determinism (costs a 10 s
         # task timeout when a signal races an eviction on the test server; used selectively).
         **({"max_cached_workflows": 0} if replay_every_task else {}),
+        **sender_identity_options(),
     )
 
 

@@ -28,6 +28,7 @@ ALLOWED_STDLIB = {
     "__future__",
     "asyncio",  # Temporal's deterministic event loop (workflow.sleep / wait / gather)
     "collections",
+    "contextvars",  # per-task state (workflows/identity.py: the sender of the current signal)
     "dataclasses",
     "datetime",  # types and arithmetic; the clock calls are refused below
     "enum",
@@ -40,7 +41,7 @@ ALLOWED_STDLIB = {
     "string",
     "typing",
 }
-ALLOWED_ROOTS = ALLOWED_STDLIB | {"temporalio", "pydantic", "workflows"}
+ALLOWED_ROOTS = ALLOWED_STDLIB | {"temporalio", "pydantic", "pydantic_core", "workflows"}
 FORBIDDEN_CALLS = {"now", "utcnow", "today", "uuid1", "uuid4", "getenv"}
 FORBIDDEN_BUILTINS = {"open", "input", "print"}
 UNSANDBOXED = {"budget.py", "remediation.py"}

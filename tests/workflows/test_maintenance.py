@@ -78,7 +78,7 @@ async def test_drain_respects_max_parallel(time_skipping_env: WorkflowEnvironmen
         peak = max(peak, in_flight)
         try:
             handle = client.get_workflow_handle(req.workflow_id)
-            for _ in range(200):
+            for _ in range(3000):  # up to ~60 s: generous on a busy 2-core machine
                 status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
                 if status.phase in req.phases:
                     await asyncio.sleep(0.05)  # hold the slot a moment: overlap shows up

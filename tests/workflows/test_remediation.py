@@ -21,9 +21,14 @@ Cases (one per branch of the procedure):
   the validator outside the approval phase;
 - eviction timeout -> force (delete) -> gone -> continue;
 - eviction-api mode: NoSchedule rule, Eviction API, NoExecute backstop after the timeout;
+- eviction-api mode, a PodDisruptionBudget blocks (force: none): retried for the whole timeout,
+  then escalated `eviction-timeout` naming the budget and held, never backstopped past it;
+  with force: noexecute the backstop goes past the budget (explicit choice);
 - Pending deadline -> scale-up -> capacity -> replacement Running;
 - scale-up at max -> escalate no-capacity;
-- eviction churn reported -> escalate churn;
+- eviction churn reported -> the loop is stopped per replacement.onChurn (cordon by default:
+  node cordoned before the churn escalation, which says so, and uncordoned on release;
+  noschedule: the rule switched to NoSchedule), then escalate churn;
 - abort while holding -> rule removed, lease released, aborted;
 - failing notification channel: retried, each try in the timeline, one escalation;
 - a non-retryable quarantine error ends in escalation, not a silent stop; so does an unknown
@@ -37,15 +42,18 @@ Cases (one per branch of the procedure):
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import (
+    NODE,
     FakeWorld,
     deployment_consumer,
     make_runbook,
@@ -59,6 +67,7 @@ from tests.workflows.histories import save_history
 from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
     ACT_CHECK_HEALTH,
+    ACT_CORDON,
     ACT_COUNT_DEVICES,
     ACT_EVICT_PODS,
     ACT_GATHER_EVIDENCE,
@@ -79,6 +88,7 @@ from workflows.constants import (
     SIG_ALERT_RESOLVED,
     SIG_REPAIRED,
     UPD_APPROVE,
+    taint_rule_name,
 )
 from workflows.models import (
     AbortRequest,
@@ -89,8 +99,13 @@ from workflows.models import (
     CapacityResult,
     ChurnDiagnosis,
     EvictionReport,
+    EvictPodsResult,
     OwnerRef,
     Phase,
+    PodRef,
+    PodState,
+    QuarantineInput,
+    QuarantineResult,
     RemediationResult,
     RepairedRequest,
     ReplacementReport,
@@ -155,7 +170,7 @@ async def test_happy_path(time_skipping_env: WorkflowEnvironment) -> None:
     assert set(first) >= {"SickbayPhase", "SickbayDevice", "SickbayNode", "SickbayWorkloadClass"}
     last = upserts[-1].search_attributes.indexed_fields
     assert last["SickbayPhase"].data == b'"closed"'
-    save_history("concurrent_happy_path", history)
+    save_history("happy_path", history)
     print(f"happy path: {len(events)} history events; start -> quarantine call {to_rule_ms:.0f} ms")
     # Loose bound for a shared CI box; typically well under 100 ms (local activities).
     assert to_rule_ms < 1000
@@ -230,6 +245,37 @@ async def test_application_xid_does_not_taint(time_skipping_env: WorkflowEnviron
     assert "NOT quarantined" in event.message
     notes = world.args(ACT_NOTIFY)
     assert [n.channel for n in notes] == ["pagerduty"] and notes[0].incident.severity == "warning"
+
+
+async def test_result_lists_the_alert_instances_it_handled(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """The closed run's result says which Alertmanager alert instances (fingerprint +
+    startsAt) it handled, including the ones an earlier run handled (`handled_before`, which
+    are not new evidence): what the webhook asks Temporal before starting another run."""
+    from workflows.models import HandledAlert
+
+    client = time_skipping_env.client
+    world = FakeWorld(health="Healthy")
+    at = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+    older = HandledAlert(fingerprint="fp-ecc", starts_at=at - timedelta(hours=1))
+    async with new_worker(client, world) as worker:
+        handle = await start(
+            client,
+            worker,
+            world,
+            alerts=[
+                xid_alert(13, "fp-13", starts_at=at),
+                # Already handled by the previous run: not evidence again.
+                xid_alert(79, "fp-ecc", starts_at=older.starts_at),
+            ],
+            handled_before=[older],
+        )
+        result = await handle.result()
+    assert result.status.failure_class == "application"  # the handled Xid 79 did not count
+    assert result.status.alerts == 1
+    keys = {(h.fingerprint, h.starts_at) for h in result.handled_alerts}
+    assert keys == {("fp-13", at), ("fp-ecc", older.starts_at)}
 
 
 async def test_unhealthy_status_overrides_application_xid(
@@ -329,7 +375,7 @@ async def test_budget_exhausted(time_skipping_env: WorkflowEnvironment) -> None:
         await time_skipping_env.sleep(timedelta(minutes=2, seconds=30))
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         result = await handle.result()
-        save_history("concurrent_budget_wait", await handle.fetch_history())
+        save_history("budget_exhausted", await handle.fetch_history())
     assert result.outcome == "not-quarantined" and "never quarantined" in result.reason
     assert result.status.escalation_reason == "budget-exhausted"
     assert ACT_QUARANTINE not in world.names()
@@ -592,6 +638,94 @@ async def test_eviction_api_mode_with_backstop(time_skipping_env: WorkflowEnviro
     assert names.index(ACT_EVICT_PODS) < names.index(ACT_WAIT_EVICTION)
 
 
+BUDGET_429 = (
+    "ml/llm-worker-0: The disruption budget llm-worker needs 1 healthy pods and has 1 currently"
+)
+
+
+async def test_eviction_api_blocked_by_a_budget_escalates_and_never_backstops(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """force: none honours PDBs: blocked evictions are retried for the whole eviction timeout
+    (inside evict-pods), then the remediation escalates naming the budget and holds under the
+    NoSchedule rule; no NoExecute backstop deletes the pod past the budget."""
+    client = time_skipping_env.client
+    pod = deployment_consumer().pod
+    world = FakeWorld(
+        runbooks=with_spec("inference", eviction={"mode": "eviction-api", "timeout": "30m"}),
+        evict_results=[EvictPodsResult(blocked=[pod], budgets=[BUDGET_429], attempts=12)],
+        eviction_reports=[EvictionReport(remaining=[pod], timed_out=True)],
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    assert result.status.escalation_reason == "eviction-timeout"
+    assert [q.effect for q in world.args(ACT_QUARANTINE)] == ["NoSchedule"]  # no backstop
+    (evict,) = world.args(ACT_EVICT_PODS)
+    assert evict.retry_blocked_for == timedelta(minutes=30) and not evict.delete_if_blocked
+    escalation = next(e for e in result.timeline if e.action.startswith("escalat"))
+    assert "llm-worker needs 1 healthy pods" in escalation.reason + escalation.outcome
+    assert ACT_WAIT_REPLACEMENT not in world.names()
+
+
+async def test_fallback_blocked_eviction_is_retried_then_escalated(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """No DeviceTaintRule served: the fallback's one Eviction API pass was refused by a budget;
+    the refused pod is retried for the eviction timeout, then escalated naming the budget."""
+    client = time_skipping_env.client
+    pod = deployment_consumer().pod
+    world = FakeWorld(
+        evict_results=[EvictPodsResult(blocked=[pod], budgets=[BUDGET_429], attempts=7)],
+        eviction_reports=[EvictionReport(remaining=[pod], timed_out=True)],
+        runbooks=with_spec("inference", eviction={"timeout": "10m"}),
+    )
+
+    @activity.defn(name=ACT_QUARANTINE)
+    async def fallback(req: QuarantineInput) -> QuarantineResult:
+        world.calls.append((ACT_QUARANTINE, req))
+        return QuarantineResult(mode="fallback", action="created", blocked=[pod])
+
+    async with new_worker(client, world, extra_activities=[fallback]) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        result = await handle.result()
+    assert result.status.escalation_reason == "eviction-timeout"
+    (evict,) = world.args(ACT_EVICT_PODS)
+    assert evict.pods == [pod] and evict.retry_blocked_for == timedelta(minutes=10)
+    escalation = next(e for e in result.timeline if e.action.startswith("escalat"))
+    assert "llm-worker needs 1 healthy pods" in escalation.reason + escalation.outcome
+
+
+async def test_eviction_api_blocked_but_forced_goes_past_the_budget(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """force: noexecute is the explicit choice to bypass budgets: the NoExecute backstop."""
+    client = time_skipping_env.client
+    pod = deployment_consumer().pod
+    world = FakeWorld(
+        runbooks=with_spec(
+            "inference", eviction={"mode": "eviction-api", "timeout": "30m", "force": "noexecute"}
+        ),
+        evict_results=[EvictPodsResult(blocked=[pod], budgets=[BUDGET_429])],
+        eviction_reports=[
+            EvictionReport(remaining=[pod], timed_out=True),
+            EvictionReport(gone=[pod]),
+        ],
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        result = await handle.result()
+    assert result.outcome == "released"
+    assert [q.effect for q in world.args(ACT_QUARANTINE)] == ["NoSchedule", "NoExecute"]
+
+
 async def test_pending_deadline_scale_up_success(time_skipping_env: WorkflowEnvironment) -> None:
     client = time_skipping_env.client
     world = FakeWorld(
@@ -655,21 +789,23 @@ async def test_scale_up_error_at_max_type_escalates(time_skipping_env: WorkflowE
     assert any(e.action == "escalate" and e.outcome == "no-capacity" for e in result.timeline)
 
 
-async def test_churn_escalates(time_skipping_env: WorkflowEnvironment) -> None:
-    client = time_skipping_env.client
+def _churn_report() -> ReplacementReport:
     owner = OwnerRef(kind="Deployment", name="llm", namespace="serving")
-    world = FakeWorld(
-        replacement_reports=[
-            ReplacementReport(
-                status="churn",
-                churn=ChurnDiagnosis(
-                    owner=owner,
-                    evictions=3,
-                    diagnosis="DeviceTaintManagerEviction x3: the scheduler ignores the rule",
-                ),
-            )
-        ]
+    return ReplacementReport(
+        status="churn",
+        churn=ChurnDiagnosis(
+            owner=owner,
+            evictions=3,
+            diagnosis="DeviceTaintManagerEviction x3: the scheduler ignores the rule",
+        ),
     )
+
+
+async def test_churn_escalates(time_skipping_env: WorkflowEnvironment) -> None:
+    """Churn stops (default onChurn: cordon): the node is cordoned, the escalation says so, and
+    the release uncordons it."""
+    client = time_skipping_env.client
+    world = FakeWorld(replacement_reports=[_churn_report()])
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
         await wait_phase(handle, Phase.HOLDING)
@@ -679,7 +815,31 @@ async def test_churn_escalates(time_skipping_env: WorkflowEnvironment) -> None:
     assert result.outcome == "escalated"
     assert result.status.escalation_reason == "churn"
     assert ACT_REQUEST_CAPACITY not in world.names()
-    assert "scheduler ignores" in world.args(ACT_NOTIFY)[0].incident.summary
+    summary = world.args(ACT_NOTIFY)[0].incident.summary
+    assert "scheduler ignores" in summary and f"cordoning node {world.node}" in summary
+    cordons = world.args(ACT_CORDON)
+    assert [(c.node, c.cordon) for c in cordons] == [(world.node, True), (world.node, False)]
+    names = world.names()
+    assert names.index(ACT_CORDON) < names.index(ACT_NOTIFY)  # stopped before people are told
+    assert names.index(ACT_RELEASE_QUARANTINE) < len(names) - names[::-1].index(ACT_CORDON)
+
+
+async def test_churn_noschedule_switches_the_rule(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(
+        replacement_reports=[_churn_report()],
+        runbooks=with_spec("inference", replacement={"onChurn": "noschedule"}),
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="hank"))
+        result = await handle.result()
+    assert result.status.escalation_reason == "churn"
+    assert [q.effect for q in world.args(ACT_QUARANTINE)] == ["NoExecute", "NoSchedule"]
+    assert ACT_CORDON not in world.names()
+    escalation = next(e for e in result.timeline if e.action.startswith("escalat"))
+    assert "switching the rule to NoSchedule" in escalation.reason + escalation.outcome
 
 
 async def test_abort_while_holding_undoes(time_skipping_env: WorkflowEnvironment) -> None:
@@ -723,6 +883,46 @@ async def test_failing_channel_retried_and_recorded(time_skipping_env: WorkflowE
     assert delivered[-1].outcome == "delivered (try 3)"
 
 
+async def test_channel_configuration_error_is_not_retried(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """A channel that is not configured fails once; the timeline says it was not retried
+    (not "gave up after 6 tries")."""
+    from temporalio import activity as act
+
+    from workflows.constants import ERR_CONFIG
+
+    client = time_skipping_env.client
+    world = FakeWorld(health="Healthy")
+    tries: list[int] = []
+
+    @act.defn(name=ACT_NOTIFY)
+    async def unconfigured(req: object) -> None:
+        tries.append(act.info().attempt)
+        raise ApplicationError(  # even without the flag: the type is never retried
+            "notification channel 'pagerduty' is not configured on this worker", type=ERR_CONFIG
+        )
+
+    from temporalio.worker import Worker
+
+    from workflows.budget import BudgetWorkflow
+    from workflows.remediation import DeviceRemediationWorkflow
+
+    async with Worker(
+        client,
+        task_queue="tq-unconfigured-channel",
+        workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
+        activities=world.activities(unconfigured),
+    ) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(13, "fp-13")])
+        result = await handle.result()
+    assert tries == [1]
+    failed = [e for e in result.timeline if e.action.startswith("notify pagerduty")]
+    assert failed and failed[-1].outcome == "failed"
+    assert "not retried" in failed[-1].reason and "6 tries" not in failed[-1].reason
+    assert "ConfigurationError" in failed[-1].reason
+
+
 async def test_non_retryable_quarantine_error_escalates(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
@@ -764,6 +964,7 @@ async def test_dry_run_previews_only(time_skipping_env: WorkflowEnvironment) -> 
     assert result.outcome == "dry-run"
     assert ACT_PREVIEW_QUARANTINE in world.names() and ACT_QUARANTINE not in world.names()
     assert "serving/llm-7d9f-abcde" in result.reason
+    assert ACT_RECORD_EVENT not in world.names()  # a dry run writes no Events
 
 
 async def test_timeline_query(time_skipping_env: WorkflowEnvironment) -> None:
@@ -913,9 +1114,95 @@ async def test_escalation_puts_an_event_on_the_pods(time_skipping_env: WorkflowE
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
         await _close_waiting(handle)
-    (event,) = world.args(ACT_RECORD_EVENT)
-    assert event.reason == "GPURemediationEscalated" and event.type == "Warning"
-    assert event.targets[0].name == "llm-7d9f-abcde" and "Needed:" in event.message
+    events = {e.reason: e for e in world.args(ACT_RECORD_EVENT)}
+    assert list(events) == ["GPUFailureConfirmed", "GPURemediationEscalated"]
+    event = events["GPURemediationEscalated"]
+    assert event.type == "Warning" and "Needed:" in event.message and event.aggregate
+    kinds = {(t.kind, t.name) for t in event.targets}
+    assert kinds == {("Node", NODE), ("Deployment", "llm"), ("Pod", "llm-7d9f-abcde")}
+
+
+def _targets(event: Any) -> set[tuple[str, str]]:
+    return {(t.kind, t.name) for t in event.targets}
+
+
+async def test_events_for_every_decision_on_objects_that_exist(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """Confirmation, quarantine, eviction, replacement and release each write an Event on the
+    rule, the node, the owner and the pods that exist then: the evicted pod only while it is
+    still there, the replacement once it runs."""
+    client = time_skipping_env.client
+    new_pod = PodRef(namespace="serving", name="llm-7d9f-zzzzz", uid="uid-new")
+    world = FakeWorld(
+        replacement_reports=[
+            ReplacementReport(
+                status="running", pods=[PodState(pod=new_pod, phase="Running", node=NODE)]
+            )
+        ]
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        await handle.result()
+    events = world.args(ACT_RECORD_EVENT)
+    assert [e.reason for e in events] == [
+        "GPUFailureConfirmed",
+        "GPUQuarantined",
+        "GPUConsumersEvicted",
+        "GPUReplacementRunning",
+        "GPUQuarantineReleased",
+    ]
+    by = {e.reason: e for e in events}
+    rule = taint_rule_name(world.node, world.gpu_uuid)
+    old = ("Pod", "llm-7d9f-abcde")
+    assert _targets(by["GPUQuarantined"]) == {
+        ("DeviceTaintRule", rule),
+        ("Node", NODE),
+        ("Deployment", "llm"),
+        old,
+    }
+    assert by["GPUQuarantined"].targets[0].api_version == "resource.k8s.io/v1"
+    for later in ("GPUConsumersEvicted", "GPUReplacementRunning", "GPUQuarantineReleased"):
+        assert old not in _targets(by[later]), later  # never on an evicted pod
+        assert ("Deployment", "llm") in _targets(by[later]), later
+    assert ("Node", NODE) in _targets(by["GPUQuarantineReleased"])
+    # One Kubernetes request per decision and object: what the Events cost a remediation.
+    assert sum(len(e.targets) for e in events) == 12
+    assert ("Pod", new_pod.name) in _targets(by["GPUReplacementRunning"])
+    assert ("DeviceTaintRule", rule) not in _targets(by["GPUQuarantineReleased"])  # deleted
+    assert all(t.count == 1 for e in events for t in e.targets)
+
+
+async def test_pending_escalation_event_is_on_the_pending_replacement(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    pending = PodRef(namespace="serving", name="llm-7d9f-pend1", uid="uid-pend")
+    world = FakeWorld(
+        runbooks=with_spec("inference", replacement={"pendingDeadline": "5m"}),
+        replacement_reports=[
+            ReplacementReport(
+                status="pending",
+                pods=[PodState(pod=pending, phase="Pending")],
+                unschedulable_message="0/1 nodes are available: 1 cannot allocate all claims.",
+            )
+        ],
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
+        await handle.result()
+    (escalation,) = [
+        e
+        for e in world.args(ACT_RECORD_EVENT)
+        if e.type == "Warning" and e.reason == "GPURemediationEscalated"
+    ]
+    assert ("Pod", pending.name) in _targets(escalation)
+    assert ("Pod", "llm-7d9f-abcde") not in _targets(escalation)  # evicted, gone
+    assert {("Deployment", "llm"), ("Node", NODE)} <= _targets(escalation)
 
 
 async def test_unknown_device_escalates_with_default_runbook(
@@ -949,6 +1236,80 @@ async def test_unknown_device_escalates_with_default_runbook(
     assert result.outcome == "escalated" and "DeviceNotFound" in result.reason
     assert [n.channel for n in world.args(ACT_NOTIFY)] == ["pagerduty"]  # default's channel
     assert ACT_QUARANTINE not in world.names()
+
+
+async def test_made_up_devices_page_once_per_node(time_skipping_env: WorkflowEnvironment) -> None:
+    """Alerts naming GPUs the cluster does not have (5,000 fabricated UUIDs paged 5,000 times):
+    the first remediation of a node pages, the others say who did and page nobody; the
+    rejections workflow counts them. Another node pages once for itself; a person's launch
+    always pages."""
+    from temporalio import activity as act
+    from temporalio.worker import Worker
+
+    from activities.launch import LaunchActivities
+    from workflows.budget import BudgetWorkflow
+    from workflows.constants import (
+        ACT_RESOLVE_DEVICE,
+        ERR_DEVICE_NOT_FOUND,
+        QRY_REJECTIONS,
+        WF_REMEDIATE,
+        device_workflow_id,
+        rejections_workflow_id,
+    )
+    from workflows.models import DeviceRef, RejectionsSummary, RemediationInput, RemediationResult
+    from workflows.rejections import RejectionsWorkflow
+    from workflows.remediation import DeviceRemediationWorkflow
+
+    client = time_skipping_env.client
+    world = FakeWorld()
+    queue = f"tq-made-up-{uuid.uuid4().hex[:6]}"
+
+    @act.defn(name=ACT_RESOLVE_DEVICE)
+    async def not_found(req: object) -> None:
+        raise ApplicationError(
+            "no ResourceSlice device has that uuid", type=ERR_DEVICE_NOT_FOUND, non_retryable=True
+        )
+
+    claims = LaunchActivities(client, queue)
+    # Real time: the rejections workflow's hourly housekeeping timer must not be skipped to
+    # (the window is 30 minutes).
+    with time_skipping_env.auto_time_skipping_disabled():
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[DeviceRemediationWorkflow, BudgetWorkflow, RejectionsWorkflow],
+            activities=world.activities(not_found, claims.claim_escalation),
+        ) as worker:
+            results = []
+            for i in range(4):
+                handle = await start(client, worker, world, gpu_uuid=f"GPU-made-up-{i}")
+                results.append(await handle.result())
+            other = FakeWorld(node="gpu-node-other")
+            results.append(await (await start(client, worker, other, gpu_uuid="GPU-x")).result())
+            by_hand = await client.start_workflow(
+                WF_REMEDIATE,
+                RemediationInput(
+                    device=DeviceRef(node=world.node, gpu_uuid="GPU-made-up-9"), trigger="manual"
+                ),
+                id=device_workflow_id(world.node, "GPU-made-up-9"),
+                task_queue=queue,
+                result_type=RemediationResult,
+            )
+            results.append(await by_hand.result())
+            summary = await client.get_workflow_handle(rejections_workflow_id(queue)).query(
+                QRY_REJECTIONS, result_type=RejectionsSummary
+            )
+    assert all(r.outcome == "escalated" for r in results)
+    pages = [n for n in world.args(ACT_NOTIFY) if n.action == "trigger"]
+    assert len(pages) == 3  # node 1 once, the other node once, the person's launch
+    first = device_workflow_id(world.node, "GPU-made-up-0")
+    for r in results[1:4]:
+        assert "not paged" in r.reason and first in r.reason
+        assert "escalation not sent" in actions(r.timeline)
+    (counted,) = [x for x in summary.reasons if x.reason == "device-not-found"]
+    assert counted.count == 5  # every alert-triggered one asked; the manual one did not
+    by_node = {c.node: c.suppressed for c in summary.claims}
+    assert by_node == {world.node: 3, "gpu-node-other": 0}
 
 
 async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_timeout(

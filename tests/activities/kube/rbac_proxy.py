@@ -13,8 +13,31 @@ import http.client
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+import yaml
+
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
+
+
+def deploy_rules(*roles: str) -> list[dict[str, Any]]:
+    """The rules of the ClusterRoles deploy/rbac*.yaml ship: the named ones, or all (a cluster
+    where every file was applied)."""
+    rules: list[dict[str, Any]] = []
+    found: set[str] = set()
+    for path in sorted(DEPLOY.glob("rbac*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc["kind"] == "ClusterRole":
+                if roles and doc["metadata"]["name"] not in roles:
+                    continue
+                found.add(doc["metadata"]["name"])
+                rules += doc["rules"]
+    missing = set(roles) - found
+    assert not missing, f"deploy/ has no ClusterRole {sorted(missing)}"
+    return rules
+
 
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 

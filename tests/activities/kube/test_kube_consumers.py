@@ -5,7 +5,10 @@ Cases:
   direct and top owners, labels, namespace labels, priority class, claim name (DRA);
 - pods on other GPUs of the same node are not consumers (DRA: claims; device plugin:
   allocatedResourcesStatus names the UUID);
-- device plugin: the pods the alert names are consumers even without health status;
+- device plugin: the pods the alert names are consumers even without health status, but only
+  when the API shows them on the failed GPU's node, requesting a GPU, and (where the pod reports
+  device health) holding that GPU: a pod elsewhere, one without a GPU (dcgm-exporter's own pod)
+  or one holding another GPU is never a consumer because an alert named it;
 - a Succeeded pod holds nothing; a Terminating pod is still a consumer (marked terminating);
 - evidence: the consumer's allocatedResourcesStatus health, slice presence, node
   capacity/allocatable in device-plugin mode; recent Events are listed only when no pod
@@ -86,6 +89,56 @@ async def test_device_plugin_alert_pods(tmp_path) -> None:
             FindConsumersInput(device=device, alert_pods=[PodRef(namespace="ml", name="named")]),
         )
         assert [c.pod.name for c in result.consumers] == ["named"]
+
+
+async def test_device_plugin_alert_pods_are_hints_only(tmp_path) -> None:
+    """Alert labels name pods; the API decides whether they consume the failed GPU."""
+    from tests.activities.kube.conftest import twin
+
+    with twin(tmp_path, "device-plugin") as t:
+        node, other = t.node(0), t.node(1)
+        uuid = t.uuid_of(node, 0)
+        t.consumer_pod("ml", "trainer", node, None, None, {"app": "t"}, gpu_uuid=uuid)
+        # On another node, no GPU: the issue's reproduction (it was evicted).
+        t.namespace("victim")
+        t.store.create(
+            "pods",
+            {
+                "metadata": {"name": "payments-db-0", "namespace": "victim"},
+                "spec": {"nodeName": other, "containers": [{"name": "db", "image": "pg"}]},
+                "status": {"phase": "Running"},
+            },
+            namespace="victim",
+        )
+        # On the node, without a GPU request: dcgm-exporter's own pod (honorLabels: false).
+        t.namespace("gpu-operator")
+        t.store.create(
+            "pods",
+            {
+                "metadata": {"name": "nvidia-dcgm-exporter-x1", "namespace": "gpu-operator"},
+                "spec": {"nodeName": node, "containers": [{"name": "exporter", "image": "d"}]},
+                "status": {"phase": "Running"},
+            },
+            namespace="gpu-operator",
+        )
+        # On the node with a GPU, but its device health names the node's other GPU.
+        t.consumer_pod("ml", "neighbour", node, None, None, {"app": "n"}, t.uuid_of(node, 1))
+        # On another node with a GPU.
+        t.consumer_pod("ml", "far", other, None, None, {"app": "f"}, gpu_uuid=None)
+        device = await t.run(
+            t.acts.resolve_device, ResolveDeviceInput(device=DeviceRef(node=node, gpu_uuid=uuid))
+        )
+        named = [
+            PodRef(namespace="victim", name="payments-db-0"),
+            PodRef(namespace="gpu-operator", name="nvidia-dcgm-exporter-x1"),
+            PodRef(namespace="ml", name="neighbour"),
+            PodRef(namespace="ml", name="far"),
+        ]
+        result = await t.run(
+            t.acts.find_consumers, FindConsumersInput(device=device, alert_pods=named)
+        )
+        # Only the pod whose status says it holds this GPU; none of the named ones.
+        assert [c.pod.name for c in result.consumers] == ["trainer"]
 
 
 async def test_evidence_reports_health_and_presence(cluster: Twin) -> None:

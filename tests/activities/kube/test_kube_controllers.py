@@ -204,11 +204,13 @@ async def test_eviction_api_mode_pieces(tmp_path: Path) -> None:
 async def test_evidence_and_health_from_an_injected_fault(tmp_path: Path) -> None:
     """The twin's fault injector kills the GPU (Xid 79, driver taint): the kubelet stand-in
     reports it Unhealthy in the pod's allocatedResourcesStatus and the driver taints the slice
-    device; evidence and check_device_health read both. Device plugin: allocatable drops."""
+    device; evidence and check_device_health read both, under the NVIDIA driver's CDI device
+    id (what the 1.36 kubelet writes) and under driver/pool/device (a driver returning no CDI
+    id). Device plugin: allocatable drops."""
     from workflows.models import CheckHealthInput, EvidenceInput
 
-    for profile in ("1.36", "device-plugin"):
-        manager = ControllerManager(SimOptions(pod_startup_seconds=0.5))
+    for profile, cdi in (("1.36", True), ("1.36", False), ("device-plugin", True)):
+        manager = ControllerManager(SimOptions(pod_startup_seconds=0.5, cdi_device_ids=cdi))
         with twin(tmp_path, profile, controllers=manager, clock=Clock(time_scale=10)) as t:
             device, ref = await _setup(t)
             manager.faults.fail(device.node, device.gpu_uuid, xid=79, driver_taint=True)
@@ -222,6 +224,13 @@ async def test_evidence_and_health_from_an_injected_fault(tmp_path: Path) -> Non
             assert any(r.pod == ref.name and "79" in r.message for r in evidence.reports)
             if t.dra:
                 assert evidence.slice_taints, evidence
+                (report,) = [r for r in evidence.reports if r.pod == ref.name]
+                (dev,) = device.devices
+                if cdi:
+                    assert report.resource_id.startswith("k8s.gpu.nvidia.com/claim=")
+                    assert report.device == dev.resource_id  # resolved through the claim
+                else:
+                    assert report.resource_id == dev.resource_id
             else:
                 assert evidence.gpu_allocatable is not None
                 assert evidence.gpu_allocatable < (evidence.gpu_capacity or 0)

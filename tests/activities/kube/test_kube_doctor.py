@@ -6,9 +6,14 @@ Cases:
   reporting; exit code 0 when nothing is an error;
 - permissions via SelfSubjectAccessReview (answered by the RBAC proxy from deploy/rbac.yaml):
   all allowed -> ok; a role missing a required verb -> error naming it, exit code 1;
-- the twin without SelfSubjectAccessReview: a warning, not a crash;
+- a cluster without SelfSubjectAccessReview (404): a warning, not a crash;
 - --probe with the twin's controllers: the no-op effect-None rule gets a status condition
   ("acts"), and is deleted afterwards; without the eviction controller: error with advice;
+- --probe tells the scheduler by behaviour: a pod asking for a device under a NoSchedule rule
+  stays Unschedulable (ok, and no version-based warning on 1.36.2), or is bound by a scheduler
+  ignoring rules (the twin's kubernetes#139651 fault: error after two tries); no scheduler:
+  a warning; probe rule, claim and pod are always deleted; on 1.36 the scheduler panic
+  Sickbay cannot see is documented in the output;
 - an unreachable API server: one error line, exit code 1.
 """
 
@@ -16,11 +21,14 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from simulator.controllers.manager import ControllerManager
+from simulator import errors
+from simulator.controllers.manager import ControllerManager, SimOptions
 from tests.activities.kube.conftest import PROFILES, twin
 from tests.activities.kube.test_kube_errors import RULES, without
 from worker.cli import build_parser
@@ -76,10 +84,35 @@ async def test_doctor_missing_permission_is_an_error(tmp_path: Path) -> None:
 
 
 async def test_doctor_without_access_reviews_warns(tmp_path: Path) -> None:
-    with twin(tmp_path, "1.36") as t:  # straight to the twin: no SelfSubjectAccessReview there
+    with twin(tmp_path, "1.36") as t:
+        # A cluster that does not serve SelfSubjectAccessReview answers 404 for it.
+        t.sim.add_request_interceptor(
+            lambda info: (
+                errors.unknown_resource() if info.resource == "selfsubjectaccessreviews" else None
+            )
+        )
         code, out = doctor(t.kubeconfig)
     assert code == 0
     assert line(out, "permissions").startswith("warning") and "not served" in out
+
+
+def _left_behind(t: Any) -> list[str]:
+    """Probe objects still there, once the controllers had time to finish deletions (an
+    allocated claim goes when its pod is gone and it is deallocated)."""
+    deadline = time.monotonic() + 10
+    while True:
+        left = [
+            f"{kind}/{o['metadata']['name']}"
+            for kind in (
+                "devicetaintrules.resource.k8s.io",
+                "resourceclaims.resource.k8s.io",
+                "pods",
+            )
+            for o in t.store.list(kind).items
+        ]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 async def test_doctor_probe(tmp_path: Path) -> None:
@@ -87,12 +120,36 @@ async def test_doctor_probe(tmp_path: Path) -> None:
         code, out = doctor(t.kubeconfig, "--probe")
         assert code == 0, out
         assert line(out, "eviction controller").startswith("ok") and "acts" in out
-        assert t.store.list("devicetaintrules.resource.k8s.io").items == []
+        assert line(out, "scheduler").startswith("ok") and "honours DeviceTaintRules" in out
+        assert _left_behind(t) == []
     with twin(tmp_path, "1.37") as t:  # no controllers: nobody writes the status
         code, out = doctor(t.kubeconfig, "--probe", "--probe-timeout", "1")
         assert code == 1
         assert line(out, "eviction controller").startswith("error")
-        assert t.store.list("devicetaintrules.resource.k8s.io").items == []
+        assert line(out, "scheduler").startswith("warning") and "no scheduling decision" in out
+        assert _left_behind(t) == []
+
+
+async def test_doctor_probe_tells_the_scheduler_by_behaviour_not_version(tmp_path: Path) -> None:
+    """1.36.2 by version: a patched scheduler is ok (no known-bad warning once probed), a
+    stock one (kubernetes#139651, the twin's known fault) is an error, tried twice."""
+    with twin(tmp_path, "1.36", controllers=ControllerManager()) as t:
+        code, out = doctor(t.kubeconfig, "--probe")
+        assert code == 0, out
+        assert line(out, "scheduler").startswith("ok")
+        assert "known-bad version" not in out  # the behaviour, not the number, decides
+        assert line(out, "scheduler crash").startswith("warning") and "tracker.go" in out
+        assert _left_behind(t) == []
+    broken = ControllerManager(SimOptions(ignore_device_taint_rules=True))
+    with twin(tmp_path, "1.36", controllers=broken) as t:
+        code, out = doctor(t.kubeconfig, "--probe")
+        assert code == 1
+        assert line(out, "scheduler").startswith("error") and "2 tries" in out
+        assert "139651" in line(out, "scheduler")
+        assert _left_behind(t) == []
+    with twin(tmp_path, "1.36") as t:  # without --probe the version alone warns
+        code, out = doctor(t.kubeconfig)
+        assert line(out, "known-bad version").startswith("warning") and "--probe" in out
 
 
 def test_doctor_unreachable(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """A whole remediation's activity sequence against the twin WITH its controllers (scheduler,
 workload controllers, device-taint eviction, kubelet stand-in), through an RBAC-enforcing proxy
-holding deploy/rbac.yaml, for every profile.
+holding the ClusterRoles of deploy/rbac*.yaml that the profile needs, for every profile.
 
 Cases:
 - happy path (DRA with DeviceTaintRule: 1.35, 1.36, 1.37): resolve -> evidence -> consumers ->
@@ -10,7 +10,10 @@ Cases:
 - fallback (1.34 without DeviceTaintRule, device plugin): quarantine evicts through the
   Eviction API, same waits;
 - RBAC: no request is denied by the proxy, and every request in the twin's log is covered
-  by deploy/rbac.yaml; verbs granted but unused are reported (printed);
+  by deploy/rbac.yaml alone where DeviceTaintRule is served, and with
+  deploy/rbac-node-fallback.yaml on the fallback profiles (so the optional roles can be
+  dropped where they are not needed; none needs rbac-force-delete.yaml); verbs granted but
+  unused are reported (printed);
 - request count of the happy path (the GPU fails with Xid 79 first, so the consumer reports
   it Unhealthy as in a real remediation), from the twin's request log (watches counted once),
   after the worker's start-up warm-up (discovery, DeviceClasses; counted and printed apart):
@@ -26,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from activities.kube.permissions import ROLE_NODE_FALLBACK
 from simulator.clock import Clock
 from simulator.controllers.manager import ControllerManager, SimOptions
 from tests.activities.kube.conftest import Twin, twin
-from tests.activities.kube.rbac_proxy import allows
+from tests.activities.kube.rbac_proxy import allows, deploy_rules
 from workflows.models import (
     CheckHealthInput,
     CountDevicesInput,
@@ -48,13 +51,7 @@ from workflows.models import (
     WaitReplacementInput,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
-RULES = [
-    rule
-    for doc in yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text())
-    if doc["kind"] == "ClusterRole"
-    for rule in doc["rules"]
-]
+RULES = deploy_rules()  # every ClusterRole deploy/ ships
 WF = "sickbay-gpu-e2e"
 USED: set[tuple[str, str, str]] = set()  # (group, resource, verb) across the module's tests
 
@@ -138,8 +135,11 @@ def _gpu_of(t: Twin, pod: dict[str, Any]) -> tuple[str, int]:
 @pytest.mark.parametrize("profile", ["1.35", "1.36", "1.37", "1.34", "device-plugin"])
 async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
     manager = ControllerManager(SimOptions(pod_startup_seconds=0.5))
+    # Only the roles this cluster needs (the optional ones dropped where they are not).
+    fallback = profile in ("1.34", "device-plugin")
+    rules = deploy_rules("sickbay", ROLE_NODE_FALLBACK) if fallback else deploy_rules("sickbay")
     with twin(
-        tmp_path, profile, controllers=manager, clock=Clock(time_scale=10), proxy_rules=RULES
+        tmp_path, profile, controllers=manager, clock=Clock(time_scale=10), proxy_rules=rules
     ) as t:
         _workload(t)
         pod = await _running_pod(t)
@@ -286,13 +286,17 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
                 assert r.path.startswith(("/version", "/api")), r.path  # discovery
                 continue
             resource, _, sub = r.resource.partition("/")
-            assert allows(RULES, r.group, resource, sub, r.verb), f"not in rbac.yaml: {r}"
+            assert allows(rules, r.group, resource, sub, r.verb), f"not in the roles: {r}"
             USED.add((r.group, r.resource, r.verb))
         # Goal <= 15 per remediation (BENCHMARKS.md section 2 measured 22 before the shared
         # pod/node lists, Event lists only without an Unhealthy pod status, and warm-up).
         # The fallback (1.34 / device plugin: Eviction API, node marks) is not that path; it
-        # measured 15-16 and keeps a bound just above.
-        goal = 15 if result.mode == "rule" else 17
+        # measured 15-16 and keeps a bound just above. +1 where the kubelet reports health
+        # under CDI device ids (the twin's default, as for NVIDIA's driver on a real 1.36
+        # cluster): evidence lists claims to map them to devices. Here the steps run one
+        # after the other; in the workflow evidence and find-consumers run side by side and
+        # share one claim list when it is under way.
+        goal = 16 if result.mode == "rule" else 18
         assert happy <= goal, f"{happy} Kubernetes requests on the happy path (goal <= {goal})"
 
 

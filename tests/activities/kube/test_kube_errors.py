@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from temporalio.exceptions import ApplicationError
 
 from activities.kube import KubeActivities, KubeSettings
 from activities.kube.client import ERR_KUBE_UNAVAILABLE
 from tests.activities.kube.conftest import twin
+from tests.activities.kube.rbac_proxy import deploy_rules
 from workflows.constants import ERR_CONFIG, ERR_DEVICE_NOT_FOUND, ERR_FORBIDDEN
 from workflows.models import (
     CordonInput,
@@ -38,13 +38,7 @@ from workflows.models import (
     WaitEvictionInput,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
-RULES: list[dict[str, Any]] = [
-    rule
-    for doc in yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text())
-    if doc["kind"] == "ClusterRole"
-    for rule in doc["rules"]
-]
+RULES: list[dict[str, Any]] = deploy_rules()  # every ClusterRole deploy/ ships
 
 
 def without(group: str, resource: str, verb: str) -> list[dict[str, Any]]:

@@ -10,7 +10,8 @@ Cases:
   <= 253 chars, deterministic) for a group;
 - parse_would_evict() reads the count from the controller's effect-None message (golden 48);
 - class_filter() reads driver and attribute equalities from a DeviceClass CEL expression;
-- the rbac.yaml rules equal activities/kube/permissions.py.
+- each deploy/rbac*.yaml ClusterRole grants exactly its permissions of
+  activities/kube/permissions.py; pods delete and nodes patch are in optional roles only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
@@ -25,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from activities.kube.capacity import class_filter
 from activities.kube.client import ErrorKind, classify, to_application_error
 from activities.kube.devices import group_of, slice_devices
-from activities.kube.permissions import PERMISSIONS
+from activities.kube.permissions import PERMISSIONS, ROLE_FILES
 from activities.kube.quarantine import parse_would_evict, rule_plan
 from workflows.constants import ERR_FORBIDDEN, ERR_INVALID_INPUT, taint_rule_name
 from workflows.models import DraDevice, ResolvedDevice
@@ -159,20 +161,35 @@ def test_class_filter() -> None:
     assert class_filter(cls) == ({"gpu.nvidia.com"}, {"type": "mig"})
 
 
-def test_rbac_yaml_matches_permissions() -> None:
-    docs = list(yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text()))
-    role = next(d for d in docs if d["kind"] == "ClusterRole")
+@pytest.mark.parametrize("role", sorted(ROLE_FILES))
+def test_rbac_yaml_matches_permissions(role: str) -> None:
+    """Each ClusterRole deploy/ ships (its own file) grants exactly the permissions listed for
+    it, and is bound to the worker's ServiceAccount only."""
+    docs = list(yaml.safe_load_all((ROOT / ROLE_FILES[role]).read_text()))
+    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert cluster_role["metadata"]["name"] == role
     granted = {
         (g, r, v)
-        for rule in role["rules"]
+        for rule in cluster_role["rules"]
         for g in rule["apiGroups"]
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    listed = {(p.group, p.resource, v) for p in PERMISSIONS for v in p.verbs}
+    listed = {(p.group, p.resource, v) for p in PERMISSIONS if p.role == role for v in p.verbs}
     assert granted == listed
-    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == role
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "sickbay", "namespace": "sickbay"}
     ]
+
+
+def test_optional_roles_hold_only_optional_grants() -> None:
+    """pods delete and nodes patch are not in the base role: dropping their files drops them."""
+    for p in PERMISSIONS:
+        if p.role != "sickbay":
+            assert not p.required, f"{p.resource} {p.verbs} is required but in {p.role}"
+    base = {(p.resource, v) for p in PERMISSIONS if p.role == "sickbay" for v in p.verbs}
+    assert ("pods", "delete") not in base and ("nodes", "patch") not in base
+    files = sorted(p.name for p in (ROOT / "deploy").glob("rbac*.yaml"))
+    assert files == sorted(Path(f).name for f in ROLE_FILES.values())

@@ -13,22 +13,29 @@ Cases:
   allows no disruption blocks (429) and is reported; the node is tainted only below the
   healthy-GPU threshold, and release removes exactly Sickbay's taint and marks;
 - evict_pods: 201 evicted, 404 gone, 429 blocked, force delete when blocked, heartbeats
-  while it works; dry run
+  while it works; with retry_blocked_for, a blocked pod is tried again with doubling backoff
+  and evicted once the budget frees; a budget that never frees is reported by its name and
+  the server's message after the whole window, the pod untouched; dry run
   (server-side dryRun=All) changes nothing;
 - release deletes by the recorded rule uid (precondition; one request, no list); a rule
   replaced by a foreign one under the same name is left alone;
 - cordon/uncordon only undo Sickbay's own cordon;
 - record_event: one Event per target, source sickbay, message with the workflow id, no
-  duplicate on retry.
+  duplicate on retry; aggregated: one Event per workflow, object and reason whose count a
+  repeat PATCHes (deploy/rbac.yaml allows it), a retry changes nothing.
 """
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.exceptions import ApplicationError
 
+from activities.kube import quarantine
 from tests.activities.kube.conftest import Twin, twin
 from workflows.constants import (
     ANN_DEVICE_KEY,
@@ -300,6 +307,84 @@ async def test_evict_pods_outcomes(tmp_path: Path) -> None:
         assert [p.name for p in forced.deleted] == ["b"]
 
 
+class _FakeTime:
+    """The retry loop's clock and sleep: sleeping moves the clock, and may change the world."""
+
+    def __init__(self, on_sleep: Any = None) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+        self.on_sleep = on_sleep
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        if self.on_sleep is not None:
+            self.on_sleep(len(self.slept))
+
+
+def _wait_healthy(t: Twin, ns: str, name: str, healthy: int) -> None:
+    deadline = time.monotonic() + 10  # the disruption controller reacts within milliseconds
+    while time.monotonic() < deadline:
+        status = t.store.get("poddisruptionbudgets.policy", name, ns).get("status") or {}
+        if status.get("currentHealthy") == healthy:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"PDB {name} never saw {healthy} healthy pods")
+
+
+async def test_blocked_eviction_is_retried_until_the_budget_frees(tmp_path: Path) -> None:
+    """429 is "not now", not "never": a second Ready pod frees the budget during the backoff
+    and the retry evicts the pod, without deleting anything past the budget."""
+    with twin(tmp_path, "1.37", nodes=1) as t:
+        node = t.node(0)
+        t.consumer_pod("ml", "b", node, "gpu-0", labels={"app": "b"})
+        _pdb(t, "ml", "b")
+        await _wait_pdb_status(t, "ml", "b-pdb")
+
+        def replacement_ready(n: int) -> None:
+            if n == 2:  # after two refused tries, the replacement turns Ready
+                t.consumer_pod("ml", "b-new", node, "gpu-1", labels={"app": "b"})
+                _wait_healthy(t, "ml", "b-pdb", 2)
+
+        fake = _FakeTime(replacement_ready)
+        inp = EvictPodsInput(
+            pods=[PodRef(namespace="ml", name="b")],
+            workflow_id=WF,
+            retry_blocked_for=timedelta(minutes=30),
+        )
+        result = quarantine.evict_pods(t.acts._kube, inp, sleep=fake.sleep, clock=fake.clock)
+        assert [p.name for p in result.evicted] == ["b"] and result.blocked == []
+        assert result.attempts == 3 and fake.slept == [5.0, 10.0]  # backoff doubles
+        assert t.store.get("pods", "b", "ml")["metadata"].get("deletionTimestamp")
+        assert result.deleted == []
+
+
+async def test_budget_that_never_frees_is_reported_by_name(tmp_path: Path) -> None:
+    with twin(tmp_path, "1.37", nodes=1) as t:
+        node = t.node(0)
+        t.consumer_pod("ml", "llm-worker-0", node, "gpu-0", labels={"app": "llm-worker"})
+        _pdb(t, "ml", "llm-worker")
+        await _wait_pdb_status(t, "ml", "llm-worker-pdb")
+        fake = _FakeTime()
+        inp = EvictPodsInput(
+            pods=[PodRef(namespace="ml", name="llm-worker-0")],
+            workflow_id=WF,
+            retry_blocked_for=timedelta(minutes=5),
+        )
+        result = quarantine.evict_pods(t.acts._kube, inp, sleep=fake.sleep, clock=fake.clock)
+        assert [p.name for p in result.blocked] == ["llm-worker-0"]
+        assert sum(fake.slept) == 300.0 and max(fake.slept) == 60.0  # the whole window
+        assert result.budgets == [
+            "ml/llm-worker-0: The disruption budget llm-worker-pdb needs 1 healthy pods and "
+            "has 1 currently"
+        ]
+        assert quarantine.budget_names(result) == ["llm-worker-pdb"]
+        assert not t.store.get("pods", "llm-worker-0", "ml")["metadata"].get("deletionTimestamp")
+
+
 async def test_cordon_only_undoes_its_own(tmp_path: Path) -> None:
     with twin(tmp_path, "1.37", nodes=2) as t:
         mine, theirs = t.node(0), t.node(1)
@@ -340,6 +425,52 @@ async def test_record_event_once_per_target(tmp_path: Path) -> None:
         assert len(events) == 2
         assert {e["metadata"]["namespace"] for e in events} == {"ml", "default"}
         assert all(WF in e["message"] and e["reportingComponent"] == "sickbay" for e in events)
+
+
+async def test_aggregated_event_raises_its_count(tmp_path: Path) -> None:
+    """A remediation's decision told again about the same object is one Event whose count
+    rises (as `kubectl get events` shows `(x2)`), through the RBAC of deploy/rbac.yaml; a retry
+    of the same call changes nothing."""
+    from tests.activities.kube.test_kube_e2e import RULES as RBAC_RULES
+
+    with twin(tmp_path, "1.36", nodes=1, proxy_rules=RBAC_RULES) as t:
+        node = t.node(0)
+
+        def told(count: int, run: str = "run-1") -> RecordEventInput:
+            return RecordEventInput(
+                targets=[EventTarget(api_version="v1", kind="Node", name=node, count=count)],
+                reason="GPURemediationEscalated",
+                message=f"escalation number {count} of {run}",
+                type="Warning",
+                workflow_id=WF,
+                aggregate=True,
+                series=f"{WF}/{run}",
+            )
+
+        await t.run(t.acts.record_event, told(1))
+        await t.run(t.acts.record_event, told(2))
+        await t.run(t.acts.record_event, told(2))  # a retry: absolute count, no change
+        events = [
+            e
+            for e in t.store.list("events", "default").items
+            if e.get("reason") == "GPURemediationEscalated"
+        ]
+        assert len(events) == 1
+        (event,) = events
+        assert event["count"] == 2 and event["message"].startswith("escalation number 2")
+        assert event["involvedObject"]["kind"] == "Node" and event["type"] == "Warning"
+        # A later incident of the same GPU (same workflow id, new run chain): its own Event.
+        await t.run(t.acts.record_event, told(1, run="run-2"))
+        later = [
+            e
+            for e in t.store.list("events", "default").items
+            if e.get("reason") == "GPURemediationEscalated"
+        ]
+        assert sorted((e["count"], e["message"][:28]) for e in later) == [
+            (1, "escalation number 1 of run-2"),
+            (2, "escalation number 2 of run-1"),
+        ]
+        assert t.proxy is not None and t.proxy.denied == []
 
 
 async def test_release_by_uid_precondition(tmp_path: Path) -> None:

@@ -78,3 +78,41 @@ async def test_mig_group(tmp_path: Path) -> None:
         slice_uuid = t.slice_device(node, "gpu-1-mig-2")["attributes"]["uuid"]["string"]
         assert (await _resolve(t, node=node, gpu_uuid=slice_uuid)) == resolved
         assert (await _resolve(t, node=node, gpu_index=1)) == resolved
+
+
+@pytest.mark.parametrize("profile", ["1.36", "device-plugin"])
+async def test_exporter_pod_name_resolves_to_its_node(tmp_path: Path, profile: str) -> None:
+    """dcgm-exporter without NODE_NAME labels `Hostname` with its own pod's name: a name that
+    is no node but is a pod resolves to that pod's spec.nodeName; two pods of that name on
+    different nodes are ambiguous (not found, both named)."""
+    with twin(tmp_path, profile) as t:
+        node = t.node(1)
+        uuid = t.uuid_of(node, 0)
+        t.namespace("gpu-operator")
+        exporter = "nvidia-dcgm-exporter-7xk2p"
+        t.store.create(
+            "pods",
+            {
+                "metadata": {"name": exporter, "namespace": "gpu-operator"},
+                "spec": {"nodeName": node, "containers": [{"name": "exporter", "image": "d"}]},
+                "status": {"phase": "Running"},
+            },
+            namespace="gpu-operator",
+        )
+        got = await _resolve(t, node=exporter, gpu_uuid=uuid)
+        assert (got.node, got.gpu_uuid) == (node, uuid)
+
+        t.namespace("monitoring")
+        t.store.create(
+            "pods",
+            {
+                "metadata": {"name": exporter, "namespace": "monitoring"},
+                "spec": {"nodeName": t.node(0), "containers": [{"name": "e", "image": "d"}]},
+                "status": {"phase": "Running"},
+            },
+            namespace="monitoring",
+        )
+        with pytest.raises(ApplicationError) as info:
+            await _resolve(t, node=exporter, gpu_uuid=uuid)
+        assert info.value.type == ERR_DEVICE_NOT_FOUND
+        assert "gpu-operator" in str(info.value) and "monitoring" in str(info.value)

@@ -1,0 +1,100 @@
+"""A cluster name served by two clusters is refused (worker/cluster.py).
+
+Cases:
+- the fingerprint is the twin's kube-system namespace uid, read through deploy/rbac.yaml's
+  grants (the RBAC proxy denies nothing); two twins have different fingerprints;
+- on the dev server: a worker of cluster `east` (fingerprint A) polling its queue makes the
+  check refuse fingerprint B for `east` with a message naming the name, the queue and the
+  other worker; fingerprint A (a second replica) and another cluster name pass;
+- identities of other programs on the queue are ignored;
+- the webhook's start-up check warns when no worker of its cluster polls its queue (a
+  webhook and a worker named differently), and is quiet once one does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tests.activities.kube.conftest import twin
+from tests.activities.kube.test_kube_e2e import RULES
+from worker.cluster import (
+    check_cluster_unique,
+    conflicts,
+    kube_fingerprint,
+    missing_worker_warning,
+    queue_pollers,
+    worker_identity,
+)
+from workflows.remediation import DeviceRemediationWorkflow
+
+
+def test_the_fingerprint_is_the_kube_system_uid_and_differs_per_cluster(tmp_path: Path) -> None:
+    prints = []
+    for i in range(2):
+        with twin(tmp_path / str(i), "1.36", proxy_rules=RULES) as t:
+            uid = t.store.get("namespaces", "kube-system")["metadata"]["uid"]
+            fp = kube_fingerprint(t.acts.kube)
+            assert fp == uid.replace("-", "")[:12]
+            assert t.proxy is not None and t.proxy.denied == []  # rbac.yaml grants it
+            prints.append(fp)
+    assert prints[0] != prints[1]
+
+
+def test_conflicts_only_count_sickbay_workers_of_the_same_name() -> None:
+    mine, other = "aaaaaaaaaaaa", "bbbbbbbbbbbb"
+    seen = [
+        worker_identity("east", mine),
+        worker_identity("east", other),
+        worker_identity("west", other),
+        worker_identity("", other),
+        "1234@laptop",
+    ]
+    assert conflicts(seen, "east", mine) == [seen[1]]
+    assert conflicts(seen, "", mine) == [seen[3]]
+    assert conflicts(seen, "west", other) == []
+
+
+async def test_a_second_cluster_on_the_same_name_is_refused(dev_env: WorkflowEnvironment) -> None:
+    client = dev_env.client
+    queue = f"guard-{uuid.uuid4().hex[:8]}-east"
+    identity = worker_identity("east", "aaaaaaaaaaaa")
+    async with Worker(
+        client, task_queue=queue, workflows=[DeviceRemediationWorkflow], identity=identity
+    ):
+        for _ in range(300):  # the poller shows up once it has polled (60 s at most)
+            if identity in await queue_pollers(client, queue):
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError(f"worker {identity} never polled {queue}")
+        problem = await check_cluster_unique(client, queue, "east", "bbbbbbbbbbbb")
+        assert problem is not None
+        assert problem.startswith(f"refusing to start: cluster name 'east' (task queue {queue})")
+        assert identity in problem and "SICKBAY_CLUSTER" in problem
+        assert await check_cluster_unique(client, queue, "east", "aaaaaaaaaaaa") is None
+        assert await check_cluster_unique(client, queue, "west", "bbbbbbbbbbbb") is None
+
+
+async def test_the_webhook_warns_when_no_worker_of_its_cluster_polls(
+    dev_env: WorkflowEnvironment,
+) -> None:
+    client = dev_env.client
+    queue = f"warn-{uuid.uuid4().hex[:8]}-east"
+    warning = await missing_worker_warning(client, queue, "east")
+    assert warning is not None
+    assert warning.startswith(f"no Sickbay worker of cluster 'east' polls task queue {queue}")
+    identity = worker_identity("east", "aaaaaaaaaaaa")
+    async with Worker(
+        client, task_queue=queue, workflows=[DeviceRemediationWorkflow], identity=identity
+    ):
+        for _ in range(300):
+            if identity in await queue_pollers(client, queue):
+                break
+            await asyncio.sleep(0.2)
+        assert await missing_worker_warning(client, queue, "east") is None
+        assert await missing_worker_warning(client, queue, "west") is not None

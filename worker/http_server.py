@@ -1,0 +1,346 @@
+"""The webhook's HTTP server: uvicorn, with bounds on slow clients and TLS from files.
+
+uvicorn alone bounds neither how long a client may take to send a request nor how many
+connections it may hold open: a client trickling one header byte every few seconds keeps its
+connection (and a file descriptor, and memory) for as long as it likes, and its
+`limit_concurrency` only counts a connection once its headers are complete. So the protocol
+here adds, per connection (settings `SICKBAY_WEBHOOK_*`):
+
+    header_timeout   10 s  the request's headers complete within this long of the connection
+                           opening (or, kept alive, of the next request's first byte); else
+                           408 and the connection is closed
+    body_timeout     30 s  the body complete within this long of the headers; else closed
+                           (a request being handled sees the client disconnect)
+    max_connections  256   connections open at once. One more evicts the connection that
+                           has waited longest for its headers or idled longest between
+                           requests (408 / closed): a real client sends its headers in
+                           milliseconds, so slow clients at the cap give way to it. When every
+                           connection is busy (a request read or handled), the new one is
+                           answered 503 and closed before a byte of it is read (Alertmanager
+                           retries a 503)
+
+Headers are at most 16 KiB (h11's bound; past it: 400). Idle kept-alive connections close after
+30 s (uvicorn's keep-alive timeout). Closed connections are counted and logged at most once a
+minute, so a flood of slow clients is visible without flooding the log.
+
+TLS: with `SICKBAY_WEBHOOK_TLS_CERT_FILE` and `SICKBAY_WEBHOOK_TLS_KEY_FILE` the webhook serves
+HTTPS (TLS 1.2+). Both files are checked (one stat() each) at every TLS handshake and re-read
+when either changed, so a certificate renewed in place (cert-manager rewriting its Secret, the
+kubelet updating the mounted files) is served from the next connection on, without a restart;
+a pair that does not load (half-written, key and certificate not matching) is logged and the
+previous one kept. Over TLS a connection counts from the end of its handshake (asyncio bounds
+the handshake itself at 60 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h11
+import uvicorn
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger(__name__)
+
+MAX_HEADER_BYTES = 16 * 1024
+KEEP_ALIVE_SECONDS = 30  # Alertmanager keeps connections open between notifications
+# In-flight notifications finish on SIGTERM (bounded by the Temporal timeout); below the
+# Deployment's 20 s termination grace period.
+GRACEFUL_SHUTDOWN_SECONDS = 15
+LOG_EVERY_SECONDS = 60.0
+
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n"
+    b"Retry-After: 1\r\nContent-Length: 25\r\n\r\ntoo many open connections"
+)
+_TOO_SLOW = (
+    b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 26\r\n\r\nrequest headers too slow\r\n"
+)
+
+
+class ServerSettings(BaseSettings):
+    """HTTP server settings of `sickbay webhook` (`SICKBAY_` prefix)."""
+
+    model_config = SettingsConfigDict(env_prefix="SICKBAY_", extra="ignore")
+
+    webhook_tls_cert_file: Path | None = None  # PEM certificate (chain); with the key: HTTPS
+    webhook_tls_key_file: Path | None = None
+    webhook_header_timeout: float = Field(default=10.0, gt=0)
+    webhook_body_timeout: float = Field(default=30.0, gt=0)
+    webhook_max_connections: int = Field(default=256, ge=1, le=65536)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerSettings:
+        if (self.webhook_tls_cert_file is None) != (self.webhook_tls_key_file is None):
+            raise ValueError(
+                "SICKBAY_WEBHOOK_TLS_CERT_FILE and SICKBAY_WEBHOOK_TLS_KEY_FILE go together: "
+                "set both (HTTPS) or neither (plain HTTP)"
+            )
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.webhook_tls_cert_file is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Slow clients
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ConnectionLimits:
+    """The bounds, and how many connections each one closed (shared by a server's
+    connections; read by tests and the periodic log line)."""
+
+    header_timeout: float
+    body_timeout: float
+    max_connections: int
+    closed: dict[str, int] = field(
+        default_factory=lambda: {"headers": 0, "body": 0, "busy": 0, "evicted": 0}
+    )
+    # Connections that may give way to a new one (waiting for headers, or idle between
+    # requests), with the monotonic time since when; oldest first.
+    evictable: dict[BoundedH11Protocol, float] = field(default_factory=dict)
+    _logged: dict[str, int] = field(default_factory=dict)
+    _logged_at: float = 0.0
+
+    def victim(self, newcomer: BoundedH11Protocol) -> BoundedH11Protocol | None:
+        for protocol in self.evictable:  # insertion order: the oldest first
+            if protocol is not newcomer and not protocol.transport.is_closing():
+                return protocol
+        return None
+
+    def note(self, reason: str) -> None:
+        self.closed[reason] += 1
+        now = time.monotonic()
+        if now - self._logged_at < LOG_EVERY_SECONDS and self._logged:
+            return
+        new = {k: v - self._logged.get(k, 0) for k, v in self.closed.items()}
+        self._logged, self._logged_at = dict(self.closed), now
+        log.warning(
+            "webhook closed slow or surplus connections: %d with headers not complete in %g s, "
+            "%d with a body not complete in %g s, %d slow or idle ones to make room and %d new "
+            "ones (503) past %d open connections (since the last such line; said at most "
+            "every %g s)",
+            new["headers"],
+            self.header_timeout,
+            new["body"],
+            self.body_timeout,
+            new["evicted"],
+            new["busy"],
+            self.max_connections,
+            LOG_EVERY_SECONDS,
+        )
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for each request's headers and body and a cap on
+    open connections. `limits` is set on the subclass `bounded_protocol` makes."""
+
+    limits: ConnectionLimits
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._waiting_for = ""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            victim = self.limits.victim(self)
+            if victim is None:  # every connection is busy with a request
+                self.limits.note("busy")
+                transport.write(_BUSY)
+                transport.close()
+                return
+            self.limits.note("evicted")
+            victim._close_slow()
+        self._arm("headers")
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None and self.conn.their_state is h11.IDLE:
+            self._arm("headers")  # the first byte of the next request on a kept-alive connection
+        super().data_received(data)
+        self._follow()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.IDLE:
+            self._disarm()  # idle between requests: uvicorn's keep-alive timeout applies
+            self.limits.evictable[self] = time.monotonic()
+        else:
+            self._follow()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.limits.evictable.pop(self, None)
+        super().connection_lost(exc)
+
+    def _follow(self) -> None:
+        state = self.conn.their_state
+        if state is not h11.IDLE:
+            self.limits.evictable.pop(self, None)  # a request is in: never evicted now
+        if state is h11.SEND_BODY:
+            if self._waiting_for != "body":
+                self._arm("body")
+        elif state is not h11.IDLE:  # DONE, MUST_CLOSE, CLOSED, ERROR: nothing more to read
+            self._disarm()
+        # IDLE with bytes received: the headers are still incomplete; their deadline runs on.
+
+    def _arm(self, what: str) -> None:
+        self._disarm()
+        if what == "headers":
+            self.limits.evictable.pop(self, None)
+            self.limits.evictable[self] = time.monotonic()  # to the end: the newest
+        timeout = self.limits.header_timeout if what == "headers" else self.limits.body_timeout
+        self._waiting_for = what
+        self._deadline = self.loop.call_later(timeout, self._expired, what)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        self._waiting_for = ""
+
+    def _expired(self, what: str) -> None:
+        self._deadline = None
+        self._waiting_for = ""
+        if self.transport.is_closing():
+            return
+        self.limits.note(what)
+        self._close_slow()
+
+    def _close_slow(self) -> None:
+        """Close a connection whose request is not in (408 when it had started one)."""
+        self._disarm()
+        self.limits.evictable.pop(self, None)
+        if self.conn.our_state is h11.IDLE and self.conn.their_state is h11.IDLE:
+            self.transport.write(_TOO_SLOW)
+        self.transport.close()
+
+
+def bounded_protocol(limits: ConnectionLimits) -> type[BoundedH11Protocol]:
+    return type("BoundedH11Protocol", (BoundedH11Protocol,), {"limits": limits})
+
+
+# --------------------------------------------------------------------------------------------
+# TLS
+# --------------------------------------------------------------------------------------------
+
+
+class ReloadingTLS:
+    """A server SSLContext for `cert`/`key` that picks up new files at the next handshake.
+
+    `context` is the listening context; its SNI callback (run for every ClientHello, with or
+    without a server name) compares the files' stamps and, when they changed, loads them into a
+    new context and hands the connection that one. Raises RuntimeError at construction when the
+    files do not load, so a bad configuration stops the webhook at start-up."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        self.cert, self.key = cert, key
+        self.reloads = 0
+        self._stamp = self._stamps()
+        try:
+            self._current = self._load()
+        except (OSError, ssl.SSLError) as exc:
+            raise RuntimeError(
+                f"cannot load the webhook TLS certificate {cert} and key {key}: {exc}"
+            ) from exc
+        self.context = self._current
+
+    def _stamps(self) -> tuple[tuple[int, int, int], ...] | None:
+        try:
+            stats = [os.stat(p) for p in (self.cert, self.key)]
+        except OSError:
+            return None
+        return tuple((st.st_mtime_ns, st.st_size, st.st_ino) for st in stats)
+
+    def _load(self) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.cert, self.key)
+        ctx.sni_callback = self._client_hello
+        return ctx
+
+    def refresh(self) -> None:
+        """Load the files again if they changed since the last load (or failed load)."""
+        stamp = self._stamps()
+        if stamp is None or stamp == self._stamp:
+            return
+        self._stamp = stamp  # a pair that fails is not retried until the files change again
+        try:
+            self._current = self._load()
+        except (OSError, ssl.SSLError) as exc:
+            log.warning(
+                "webhook TLS: %s / %s changed but do not load (%s); serving the previous "
+                "certificate",
+                self.cert,
+                self.key,
+                exc,
+            )
+            return
+        self.reloads += 1
+        log.info("webhook TLS: certificate %s reloaded", self.cert)
+
+    def _client_hello(self, sslobj: Any, server_name: str | None, ctx: ssl.SSLContext) -> None:
+        try:
+            self.refresh()
+            if sslobj.context is not self._current:
+                sslobj.context = self._current
+        except Exception:  # never fail a handshake over the reload itself
+            log.exception("webhook TLS: certificate reload check failed")
+
+
+# --------------------------------------------------------------------------------------------
+# The server
+# --------------------------------------------------------------------------------------------
+
+
+def build_config(
+    app: Any,
+    host: str,
+    port: int,
+    server: ServerSettings,
+    *,
+    access_log: bool = False,
+    log_level: str = "info",
+) -> tuple[uvicorn.Config, ConnectionLimits, ReloadingTLS | None]:
+    """A loaded uvicorn Config for the webhook app with the limits and TLS above. Raises
+    RuntimeError (with the reason) when the TLS files do not load."""
+    tls = None
+    if server.webhook_tls_cert_file is not None and server.webhook_tls_key_file is not None:
+        tls = ReloadingTLS(server.webhook_tls_cert_file, server.webhook_tls_key_file)
+    limits = ConnectionLimits(
+        header_timeout=server.webhook_header_timeout,
+        body_timeout=server.webhook_body_timeout,
+        max_connections=server.webhook_max_connections,
+    )
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=bounded_protocol(limits),
+        access_log=access_log,
+        log_level=log_level,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        # Given so uvicorn reports the scheme as https; the context is replaced by ours below.
+        ssl_certfile=str(server.webhook_tls_cert_file) if tls else None,
+        ssl_keyfile=str(server.webhook_tls_key_file) if tls else None,
+    )
+    config.load()
+    if tls is not None:
+        config.ssl = tls.context
+    return config, limits, tls
