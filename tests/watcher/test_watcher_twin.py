@@ -3,8 +3,9 @@ with a recording launcher in place of Temporal (the launch itself is tested in
 tests/watcher/test_watcher_stack.py).
 
 Cases:
-- a killed GPU (Xid 79) under a pod, a driver taint and a vanished GPU: each becomes the finding
-  the sweep produces for the same cluster (same device key, same evidence fingerprint), one
+- a killed GPU (Xid 79) under a pod (its health reported under a CDI device id, resolved
+  through the pod's claim), a driver taint and a vanished GPU: each becomes the finding the
+  sweep produces for the same cluster (same device key, same evidence fingerprint), one
   launch per device, a node notice for the vanished one;
 - no missed and no doubled change across a dropped watch connection, an API-server restart
   (down for a while, watch cache compacted: 410 -> one relist) and the watcher's own restart;
@@ -214,6 +215,17 @@ async def test_watch_finds_what_the_sweep_finds(
             [f"{n0}/{uuid_of(manager, n0, i0)}", f"{free[0][0]}/{uuid_of(manager, *free[0])}"]
         )
         await wait_for(lambda: rec.keys() == want, what=f"launches for {want}")
+        # The twin's kubelet writes CDI device ids, as NVIDIA's driver makes the 1.36 kubelet
+        # do: the watcher mapped it to the GPU through the pod's claim, as the sweep does.
+        reported = [
+            r.resource_id
+            for p in k8s.CoreV1Api(api).list_namespaced_pod("ml").items
+            for cs in p.status.container_statuses or []
+            for e in cs.allocated_resources_status or []
+            for r in e.resources or []
+            if r.health == "Unhealthy"
+        ]
+        assert reported and all("=" in rid for rid in reported), reported
         await wait_for(lambda: len(rec.nodes) == 1, what="node notice")
         assert rec.nodes[0].node == free[1][0] and "missing" in rec.nodes[0].message
         sweep = await asyncio.to_thread(SweepActivities(kube).sweep, SweepClusterInput())
