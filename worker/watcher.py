@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from activities.kube.client import Kube, KubeError
+from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.lease import LeaseConfig, LeaseElector
 from activities.kube.reflector import Reflector
 from activities.sweep import POD_FIELD_SELECTOR, SliceDevice, SweepActivities
@@ -45,6 +45,7 @@ Pair = tuple[str, str]  # (device key, evidence fingerprint)
 # left to the sweep (which then counts it as missed_by_watch).
 LAUNCH_GIVE_UP = 600.0  # seconds
 LAUNCH_BACKOFF_MAX = 30.0
+LEASE_WARN_EVERY = 60.0  # seconds between errors about a Lease it cannot take or renew
 
 
 def default_identity() -> str:
@@ -425,6 +426,7 @@ class HealthWatcher:
         ]
         timer = asyncio.create_task(self._unknown_timer(stop))
         last_renew = 0.0
+        last_warned = -LEASE_WARN_EVERY
         try:
             while not stop.is_set():
                 if self.elector is None:
@@ -433,8 +435,23 @@ class HealthWatcher:
                     try:
                         leader = await asyncio.to_thread(self.elector.try_acquire_or_renew)
                     except KubeError as err:
-                        log.warning("health watcher lease: %s", err)
                         leader = False
+                        if time.monotonic() - last_warned >= LEASE_WARN_EVERY:
+                            last_warned = time.monotonic()
+                            hint = (
+                                f" (does namespace {self.config.namespace!r} exist? create it "
+                                "or set SICKBAY_WATCH_NAMESPACE)"
+                                if err.kind is ErrorKind.NOT_FOUND
+                                else ""
+                            )
+                            log.error(
+                                "health watcher cannot hold its Lease %s/%s, so it does not "
+                                "watch: %s%s",
+                                self.config.namespace,
+                                self.config.lease_name,
+                                err,
+                                hint,
+                            )
                 now = time.monotonic()
                 if leader:
                     last_renew = now

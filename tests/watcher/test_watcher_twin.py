@@ -10,6 +10,7 @@ Cases:
 - no missed and no doubled change across a dropped watch connection, an API-server restart
   (down for a while, watch cache compacted: 410 -> one relist) and the watcher's own restart;
 - idle: after the first LISTs, only watch requests (no LIST polling);
+- a Lease namespace that does not exist: no watching, an error naming the fix;
 - Lease: of two watchers one watches; a clean stop hands over at once, a dead holder (no
   renewals) after the lease expires.
 """
@@ -17,6 +18,7 @@ Cases:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -432,3 +434,18 @@ async def test_unknown_waits_for_the_timeout(tmp_path: Path) -> None:
             assert len(rec.requests) == 1
     finally:
         rs.stop()
+
+
+async def test_missing_lease_namespace_is_said_loudly(
+    twin: tuple[RunningSim, ControllerManager], caplog: pytest.LogCaptureFixture
+) -> None:
+    """No namespace for the Lease: the watcher does not watch (it cannot know it is the only
+    one) and says why, with the fix, instead of failing or watching anyway."""
+    rs, _manager = twin
+    watcher = HealthWatcher(kube_for(rs), Recorder().launch, config(namespace="nowhere"))
+    with caplog.at_level(logging.ERROR, logger="worker.watcher"):
+        async with Running(watcher):
+            await wait_for(lambda: any("nowhere" in r.getMessage() for r in caplog.records))
+            assert not watcher.reflectors and not watcher.stats.leader
+    [first, *_] = [r.getMessage() for r in caplog.records if "nowhere" in r.getMessage()]
+    assert "does not watch" in first and "SICKBAY_WATCH_NAMESPACE" in first
