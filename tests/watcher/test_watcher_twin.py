@@ -1,6 +1,6 @@
 """The health watcher against the cluster twin (scheduler, kubelet stand-in, fault injection),
-with a recording launcher in place of Temporal (the launch itself is tested in
-tests/watcher/test_watcher_stack.py).
+with a recording launcher in place of Temporal (the real launch, through `sickbay worker` to a
+DeviceTaintRule, is tests/demo/test_watch_scenario.py).
 
 Cases:
 - a killed GPU (Xid 79) under a pod (its health reported under a CDI device id, resolved
@@ -10,6 +10,8 @@ Cases:
 - no missed and no doubled change across a dropped watch connection, an API-server restart
   (down for a while, watch cache compacted: 410 -> one relist) and the watcher's own restart;
 - idle: after the first LISTs, only watch requests (no LIST polling);
+- Unknown health is launched only after `unknown_timeout`, never once Healthy again;
+- through a proxy enforcing deploy/rbac.yaml nothing the watcher asks is refused;
 - a Lease namespace that does not exist: no watching, an error naming the fix;
 - Lease: of two watchers one watches; a clean stop hands over at once, a dead holder (no
   renewals) after the lease expires.
