@@ -46,6 +46,7 @@ READ_MARGIN = 30.0
 BACKOFF_INITIAL = 0.5  # seconds; doubled per consecutive failure (client-go: 800 ms)
 BACKOFF_MAX = 30.0
 HEALTHY_AFTER = 10.0  # a watch that stays up this long resets the backoff
+NOT_SERVED_RECHECK = 300.0  # seconds between looks at a kind the cluster does not serve
 
 
 class Handler(Protocol):
@@ -64,6 +65,7 @@ class ReflectorStats:
     events: int = 0  # ADDED / MODIFIED / DELETED
     bookmarks: int = 0
     errors: int = 0  # failed requests or broken streams (each followed by a backoff)
+    not_served: bool = False  # the cluster does not serve the kind (404 on the LIST)
     resource_version: str = ""
 
 
@@ -139,6 +141,17 @@ class Reflector:
             except KubeError as err:
                 if self._stop.is_set():
                     return
+                if err.kind is ErrorKind.NOT_FOUND and not rv:
+                    # The kind is not served (resource.k8s.io on a device-plugin cluster):
+                    # nothing of it exists. Look again now and then, in case it gets enabled.
+                    if not self.synced.is_set():
+                        log.info("%s is not served by this cluster; not watching it", self.resource)
+                        self._handler.begin_replace()
+                        self._handler.end_replace()
+                        self.stats.not_served = True
+                        self.synced.set()
+                    self._stop.wait(NOT_SERVED_RECHECK)
+                    continue
                 self.stats.errors += 1
                 failures += 1
                 level = logging.ERROR if err.kind is ErrorKind.FORBIDDEN else logging.WARNING

@@ -13,6 +13,7 @@ Cases:
 - Unknown health is launched only after `unknown_timeout`, never once Healthy again;
 - through a proxy enforcing deploy/rbac.yaml nothing the watcher asks is refused;
 - a Lease namespace that does not exist: no watching, an error naming the fix;
+- a device-plugin cluster (no resource.k8s.io): slices noted as not served, nodes still watched;
 - Lease: of two watchers one watches; a clean stop hands over at once, a dead holder (no
   renewals) after the lease expires.
 """
@@ -451,3 +452,27 @@ async def test_missing_lease_namespace_is_said_loudly(
             assert not watcher.reflectors and not watcher.stats.leader
     [first, *_] = [r.getMessage() for r in caplog.records if "nowhere" in r.getMessage()]
     assert "does not watch" in first and "SICKBAY_WATCH_NAMESPACE" in first
+
+
+async def test_device_plugin_cluster_without_resource_slices(tmp_path: Path) -> None:
+    """No resource.k8s.io (device plugin): the slice reflector notes the kind is not served
+    and the pods and nodes are watched anyway; a node short of GPUs is still found."""
+    manager = ControllerManager(SimOptions())
+    rs = start_sim(
+        tmp_path, profile="device-plugin", nodes=1, gpus_per_node=2, controllers=(manager,)
+    )
+    try:
+        k8s.CoreV1Api(rs.api_client()).create_namespace({"metadata": {"name": NAMESPACE}})
+        rec = Recorder()
+        watcher = HealthWatcher(kube_for(rs), rec.launch, config(), on_node=rec.node)
+        async with Running(watcher):
+            assert await watcher.synced()
+            slices, nodes, _pods = watcher.reflectors
+            assert slices.stats.not_served and slices.stats.errors == 0
+            assert nodes.stats.lists == 1
+            (node,) = rs.sim.seed_info["nodes"]
+            manager.faults.fail(node, "0", vanish=True)  # capacity and allocatable drop
+            await wait_for(lambda: len(rec.nodes) == 1, what="node notice")
+            assert rec.nodes[0].node == node
+    finally:
+        rs.stop()
