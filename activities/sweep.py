@@ -21,6 +21,10 @@ Three read-only checks, each a paginated LIST (no watches: the sweep runs every 
 
 Findings are merged per physical GPU (`node/uuid`; MIG and vGPU devices are folded into their
 parent via the `parentUUID` attribute), worst health first, so one device = one finding.
+
+The per-object steps (`slice_devices`, `check_pod`, `check_slice_taints`, `node_finding`) are
+what the health watcher (worker/watcher.py) runs on every watch event, so a watched change and
+a sweep produce the same finding for the same state.
 """
 
 from __future__ import annotations
@@ -134,7 +138,7 @@ class SweepActivities:
         if req.check_pods:
             report.pods_checked = self._check_pods(index, merged, report)
         if req.check_slice_taints and not req.only_unknown:
-            self._check_slice_taints(index, merged)
+            self.check_slice_taints(index, merged)
         if req.check_nodes and not req.only_unknown:
             report.nodes, report.nodes_checked = self._check_nodes(index)
         findings = list(merged.values())
@@ -176,26 +180,30 @@ class SweepActivities:
         try:
             for rs in self._list(self._kube.resource_v1.list_resource_slice, "resourceslices"):
                 count += 1
-                spec = rs.get("spec") or {}
-                driver = spec.get("driver") or ""
-                pool = (spec.get("pool") or {}).get("name") or ""
-                node = spec.get("nodeName") or pool
-                for dev in spec.get("devices") or []:
-                    attrs = (
-                        dev.get("attributes") or (dev.get("basic") or {}).get("attributes") or {}
-                    )
-                    uuid = _find_attr(attrs, self._parent_attributes) or _find_attr(
-                        attrs, self._uuid_attributes
-                    )
-                    taints = dev.get("taints") or (dev.get("basic") or {}).get("taints") or []
-                    index[f"{driver}/{pool}/{dev.get('name', '')}"] = SliceDevice(
-                        node=node, uuid=uuid, taints=list(taints)
-                    )
+                index.update(self.slice_devices(rs))
         except KubeError as err:
             if err.kind is ErrorKind.NOT_FOUND:  # resource.k8s.io/v1 not served: device plugin
                 return {}, 0
             raise
         return index, count
+
+    def slice_devices(self, rs: dict[str, Any]) -> dict[str, SliceDevice]:
+        """One ResourceSlice's devices, by resourceID (the health watcher keeps these too)."""
+        out: dict[str, SliceDevice] = {}
+        spec = rs.get("spec") or {}
+        driver = spec.get("driver") or ""
+        pool = (spec.get("pool") or {}).get("name") or ""
+        node = spec.get("nodeName") or pool
+        for dev in spec.get("devices") or []:
+            attrs = dev.get("attributes") or (dev.get("basic") or {}).get("attributes") or {}
+            uuid = _find_attr(attrs, self._parent_attributes) or _find_attr(
+                attrs, self._uuid_attributes
+            )
+            taints = dev.get("taints") or (dev.get("basic") or {}).get("taints") or []
+            out[f"{driver}/{pool}/{dev.get('name', '')}"] = SliceDevice(
+                node=node, uuid=uuid, taints=list(taints)
+            )
+        return out
 
     def _check_pods(
         self, index: dict[str, SliceDevice], merged: dict[str, SweepFinding], report: SweepReport
@@ -212,52 +220,7 @@ class SweepActivities:
         claims = ClaimIndex(self._claims)
         for pod in pods:
             count += 1
-            meta, spec, status = (
-                pod.get("metadata") or {},
-                pod.get("spec") or {},
-                pod.get("status") or {},
-            )
-            pod_node = spec.get("nodeName") or ""
-            # Health is not updated once a pod is terminal, so its last report is stale.
-            if not pod_node or status.get("phase") in ("Succeeded", "Failed"):
-                continue
-            ref = PodRef(
-                namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid")
-            )
-            statuses = (status.get("containerStatuses") or []) + (
-                status.get("initContainerStatuses") or []
-            )
-            for cs in statuses:
-                for entry in cs.get("allocatedResourcesStatus") or []:
-                    entry_name = str(entry.get("name") or "")
-                    for res in entry.get("resources") or []:
-                        health = res.get("health")
-                        if health not in _RANK:
-                            continue
-                        rid = str(res.get("resourceID") or "")
-                        finding, problem = self._pod_finding(
-                            pod, entry_name, rid, health, res.get("message") or "", index, claims
-                        )
-                        if finding is None:
-                            text = (
-                                f"pod {ref.namespace}/{ref.name} reports {health} for "
-                                f"{entry_name or '?'} resourceID {rid!r}, which Sickbay cannot "
-                                f"map to a GPU: {problem}"
-                            )
-                            log.warning("sweep: %s", text)
-                            report.unresolved.append(
-                                SweepFinding(
-                                    kind="pod-health",
-                                    resource_id=rid,
-                                    health=health,
-                                    node=pod_node,
-                                    message=text,
-                                    pods=[ref],
-                                )
-                            )
-                            continue
-                        finding.pods.append(ref)
-                        _merge(merged, finding)
+            self.check_pod(pod, index, merged, report, claims)
         return count
 
     def _claims(self) -> list[dict[str, Any]]:
@@ -267,6 +230,81 @@ class SweepActivities:
                 "resourceclaims.resource.k8s.io",
             )
         )
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One ResourceClaim, by a LIST selecting its name (the `list` grant the sweep has
+        already; `metadata.name` is a field selector every resource serves)."""
+        body = self._kube.call(
+            self._kube.resource_v1.list_namespaced_resource_claim,
+            namespace,
+            verb="list",
+            resource="resourceclaims.resource.k8s.io",
+            field_selector=f"metadata.name={name}",
+        )
+        items = body.get("items") or []
+        return items[0] if items else None
+
+    def check_pod(
+        self,
+        pod: dict[str, Any],
+        index: dict[str, SliceDevice],
+        merged: dict[str, SweepFinding],
+        report: SweepReport,
+        claims: ClaimLookup | None = None,
+    ) -> None:
+        """One pod's unhealthy/unknown devices into `merged` (unmapped ids: `report.unresolved`).
+
+        The sweep calls it for every listed pod (with one claim list shared by the sweep), the
+        health watcher for every pod event (`claims` None: a CDI-shaped id's claim is read by
+        name, only for an entry that is not Healthy)."""
+        if claims is None:
+            claims = self.read_claim
+        meta, spec, status = (
+            pod.get("metadata") or {},
+            pod.get("spec") or {},
+            pod.get("status") or {},
+        )
+        pod_node = spec.get("nodeName") or ""
+        # Health is not updated once a pod is terminal, so its last report is stale.
+        if not pod_node or status.get("phase") in ("Succeeded", "Failed"):
+            return
+        ref = PodRef(
+            namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid")
+        )
+        statuses = (status.get("containerStatuses") or []) + (
+            status.get("initContainerStatuses") or []
+        )
+        for cs in statuses:
+            for entry in cs.get("allocatedResourcesStatus") or []:
+                entry_name = str(entry.get("name") or "")
+                for res in entry.get("resources") or []:
+                    health = res.get("health")
+                    if health not in _RANK:
+                        continue
+                    rid = str(res.get("resourceID") or "")
+                    finding, problem = self._pod_finding(
+                        pod, entry_name, rid, health, res.get("message") or "", index, claims
+                    )
+                    if finding is None:
+                        text = (
+                            f"pod {ref.namespace}/{ref.name} reports {health} for "
+                            f"{entry_name or '?'} resourceID {rid!r}, which Sickbay cannot "
+                            f"map to a GPU: {problem}"
+                        )
+                        log.warning("sweep: %s", text)
+                        report.unresolved.append(
+                            SweepFinding(
+                                kind="pod-health",
+                                resource_id=rid,
+                                health=health,
+                                node=pod_node,
+                                message=text,
+                                pods=[ref],
+                            )
+                        )
+                        continue
+                    finding.pods.append(ref)
+                    merge_finding(merged, finding)
 
     def _pod_finding(
         self,
@@ -316,7 +354,7 @@ class SweepActivities:
             "",
         )
 
-    def _check_slice_taints(
+    def check_slice_taints(
         self, index: dict[str, SliceDevice], merged: dict[str, SweepFinding]
     ) -> None:
         for rid, dev in index.items():
@@ -327,7 +365,7 @@ class SweepActivities:
                     continue
                 value = str(taint.get("value") or "")
                 xid = _quantity(value) if key.endswith("/xid") else None
-                _merge(
+                merge_finding(
                     merged,
                     SweepFinding(
                         kind="slice-taint",
@@ -352,43 +390,49 @@ class SweepActivities:
         for node in self._list(self._kube.core.list_node, "nodes"):
             count += 1
             name = (node.get("metadata") or {}).get("name", "")
-            labels = (node.get("metadata") or {}).get("labels") or {}
-            status = node.get("status") or {}
-            capacity = _quantity((status.get("capacity") or {}).get(GPU_RESOURCE))
-            allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
-            expected = _quantity(labels.get(GPU_COUNT_LABEL))
-            problem = ""
-            if capacity is not None and allocatable is not None and allocatable < capacity:
-                problem = (
-                    f"allocatable {GPU_RESOURCE} {allocatable} < capacity {capacity}: "
-                    f"{capacity - allocatable} GPU(s) unhealthy or gone per the device plugin"
-                )
-            elif capacity is not None and expected is not None and capacity < expected:
-                problem = (
-                    f"capacity {GPU_RESOURCE} {capacity} < {expected} GPUs "
-                    f"({GPU_COUNT_LABEL}): GPU(s) missing from the node"
-                )
-            elif capacity is None and index and expected is not None:
-                seen = len(published.get(name, ()))
-                if seen < expected:
-                    problem = (
-                        f"{seen} GPU(s) in ResourceSlices < {expected} ({GPU_COUNT_LABEL}): "
-                        "GPU(s) missing from the node or its DRA driver is not publishing"
-                    )
-            if problem:
-                out.append(
-                    SweepFinding(
-                        kind="node-capacity",
-                        node=name,
-                        message=f"node {name}: {problem}",
-                        gpu_capacity=capacity,
-                        gpu_allocatable=allocatable,
-                    )
-                )
+            finding = self.node_finding(node, len(published.get(name, ())), bool(index))
+            if finding is not None:
+                out.append(finding)
         return out, count
 
+    def node_finding(self, node: dict[str, Any], seen: int, dra: bool) -> SweepFinding | None:
+        """A node-capacity finding for one Node, or None. `seen`: physical GPUs the node
+        publishes in ResourceSlices; `dra`: whether the cluster has any (the sweep's index)."""
+        name = (node.get("metadata") or {}).get("name", "")
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        status = node.get("status") or {}
+        capacity = _quantity((status.get("capacity") or {}).get(GPU_RESOURCE))
+        allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
+        expected = _quantity(labels.get(GPU_COUNT_LABEL))
+        problem = ""
+        if capacity is not None and allocatable is not None and allocatable < capacity:
+            problem = (
+                f"allocatable {GPU_RESOURCE} {allocatable} < capacity {capacity}: "
+                f"{capacity - allocatable} GPU(s) unhealthy or gone per the device plugin"
+            )
+        elif capacity is not None and expected is not None and capacity < expected:
+            problem = (
+                f"capacity {GPU_RESOURCE} {capacity} < {expected} GPUs "
+                f"({GPU_COUNT_LABEL}): GPU(s) missing from the node"
+            )
+        elif capacity is None and dra and expected is not None:
+            if seen < expected:
+                problem = (
+                    f"{seen} GPU(s) in ResourceSlices < {expected} ({GPU_COUNT_LABEL}): "
+                    "GPU(s) missing from the node or its DRA driver is not publishing"
+                )
+        if not problem:
+            return None
+        return SweepFinding(
+            kind="node-capacity",
+            node=name,
+            message=f"node {name}: {problem}",
+            gpu_capacity=capacity,
+            gpu_allocatable=allocatable,
+        )
 
-def _merge(merged: dict[str, SweepFinding], finding: SweepFinding) -> None:
+
+def merge_finding(merged: dict[str, SweepFinding], finding: SweepFinding) -> None:
     """Keep one finding per physical GPU: worst health wins, pods and messages accumulate."""
     current = merged.get(finding.key)
     if current is None:

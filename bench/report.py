@@ -117,6 +117,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             f"| budget: {bud['acquirers']} lease requests at once answered after, p50 (max) | "
             f"{bud['acquire_s']['p50']:.1f} s ({bud['acquire_s']['max']:.1f} s) | | |",
         ]
+    if results.get("watch"):
+        from bench.watch import summary_rows
+
+        out += summary_rows(results["watch"])
     out.append("")
     if lat and lat["sickbay"].get("n"):
         s, p = lat["sickbay"], lat["peer"]
@@ -312,6 +316,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             + ".",
             "",
         ]
+    if results.get("watch"):
+        from bench.watch import section
+
+        out += section(results["watch"])
     notes = results.get("findings") or []
     if notes:
         out += ["## Findings", ""] + [f"- {n}" for n in notes] + [""]

@@ -15,6 +15,10 @@ GPU or pool), never a 500 for a client mistake.
                                                "resource", "rate", "count", "timeoutSeconds",
                                                "match": text the decoded path+query contains}
     DELETE /sim/api-faults[/<id>]             remove one rule or all
+    POST   /sim/api-faults/drop-watches       cut every open watch connection mid-stream
+    POST   /sim/api-faults/restart            {"downSeconds": 2, "compact": true}: an API server
+                                               restart (watches cut, requests reset while down,
+                                               watch history gone: old resourceVersions get 410)
     GET    /sim/alerts                        {"active": [...], "sent": [...]} (Alertmanager)
     PUT    /sim/alerts                        {"url", "token", "groupWait", "groupInterval",
                                                "repeatInterval"}: where and how often to notify
@@ -218,6 +222,17 @@ def _route(
                 "resource": rule.resource,
                 "match": rule.match,
             }
+        if method == "POST" and rest == ["drop-watches"]:
+            return 200, {"dropped": faults.drop_watches()}
+        if method == "POST" and rest == ["restart"]:
+            data = _body(body)
+            unknown = set(data) - {"downSeconds", "compact"}
+            if unknown:
+                raise FaultError(f"unknown restart setting(s): {', '.join(sorted(unknown))}")
+            cut = faults.restart_api_server(
+                float(data.get("downSeconds", 0.0)), bool(data.get("compact", True))
+            )
+            return 200, {"dropped": cut}
         if method == "DELETE" and len(rest) <= 1:
             rule_id = int(rest[0]) if rest else None
             removed = api.remove(rule_id)

@@ -430,6 +430,27 @@ class FaultInjector:
             "expiredTolerationBug": opts.expired_toleration_bug,
         }
 
+    # -- API server faults (watches) ---------------------------------------------------------
+
+    def drop_watches(self) -> int:
+        """Cut every open watch connection mid-stream (a network drop); objects are untouched.
+        Returns how many were cut."""
+        return int(self.store.drop_watches(abort=True))
+
+    def restart_api_server(self, down_seconds: float = 0.0, compact: bool = True) -> int:
+        """Act as a kube-apiserver restart: open watches are cut, requests are refused
+        (connection reset) for `down_seconds`, and with `compact` the watch cache starts again
+        at the current resourceVersion, so resuming from an older one answers 410 Expired (a
+        client must re-list). Stored objects survive, as they do in etcd. Returns the watches cut.
+        """
+        if down_seconds < 0:
+            raise FaultError("downSeconds must not be negative")
+        self.api.down_until = time.monotonic() + float(down_seconds)
+        cut = int(self.store.drop_watches(abort=True))
+        if compact:
+            self.store.compact()
+        return cut
+
     # -- API-side effects --------------------------------------------------------------------
 
     def _slices_of(self, node: str) -> list[dict[str, Any]]:
@@ -630,6 +651,9 @@ class ApiFaults:
         self._next_id = 1
         self._random = random.Random(seed)
         self.injected = 0
+        # Until this monotonic time every request's connection is reset: the API server is
+        # down (restart_api_server); 0 = up.
+        self.down_until = 0.0
 
     def add(
         self,
@@ -678,6 +702,9 @@ class ApiFaults:
         """The rule that fires for this request, if any (counts it); `target` is the request's
         URL-decoded path and query, for rules with a `match`."""
         with self._lock:
+            if time.monotonic() < self.down_until:
+                self.injected += 1
+                return ApiFaultRule("reset", id=0)
             for rule in self._rules:
                 if not rule.matches(verb, resource, target):
                     continue

@@ -27,6 +27,7 @@ real server answers). With a token configured, requests without `Authorization: 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -952,6 +953,13 @@ class _Handler(BaseHTTPRequestHandler):
             last_rv = str(rv or store.resource_version)
 
             def bookmark(annotations: dict[str, str] | None = None) -> None:
+                nonlocal last_rv
+                # Like kube-apiserver's watch cache: a bookmark says "nothing for you up to the
+                # current resourceVersion", so an idle watch moves on while other kinds change.
+                # Only with nothing queued for this watch: it must never skip an event.
+                with store.lock:
+                    if watch.idle:
+                        last_rv = str(max(int(last_rv), store.resource_version))
                 meta: dict[str, Any] = {"resourceVersion": last_rv}
                 if annotations:
                     meta["annotations"] = annotations
@@ -1009,6 +1017,9 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             if watch is not None:
                 watch.close()
+                if watch.aborted:  # a dropped connection (fault): no clean end of stream
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
             try:
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()

@@ -283,6 +283,7 @@ class Watch:
         self.copy_objects = copy_objects
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.closed = False
+        self.aborted = False  # closed by a fault: the server drops the connection mid-stream
 
     def _matches(self, obj: dict[str, Any] | None) -> bool:
         if obj is None:
@@ -316,6 +317,12 @@ class Watch:
 
     def _deliver(self, ev: StoreEvent) -> None:
         self._queue.put(ev)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued: every event up to the store's resourceVersion was handed out (read
+        under the store lock, which every write holds while it offers its event)."""
+        return self._queue.empty()
 
     def get(self, timeout: float | None = None) -> StoreEvent | None:
         """Next event, or None on timeout or once closed."""
@@ -1256,6 +1263,16 @@ class Store:
     @property
     def watch_count(self) -> int:
         return len(self._watches)
+
+    def drop_watches(self, abort: bool = True) -> int:
+        """End every open watch (fault injection): `abort` drops the connection mid-stream
+        (a network cut or an API server killed), else the stream ends cleanly. Returns how many."""
+        with self._lock:
+            watches = list(self._watches)
+        for w in watches:
+            w.aborted = abort
+            w.close()
+        return len(watches)
 
     def subscribe(
         self, callback: Callable[[StoreEvent], None], resources: builtins.list[str] | None = None

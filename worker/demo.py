@@ -197,6 +197,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             time_scale=args.time_scale,
             keep=args.keep,
             topology=scenario.topology,
+            watch=scenario.watch,
             state_dir=state_dir,
             notes=lambda text: say(text, tag="stack"),
         )

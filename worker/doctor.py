@@ -47,6 +47,7 @@ from activities.kube.discovery import ClusterApis, Discovery
 from activities.kube.permissions import PERMISSIONS, ROLE_FILES, Permission, needed
 from activities.kube.pods import requests_gpu
 from activities.kube.quarantine import delete_rule, wait_rule_conditions
+from worker.watcher import WatchSettings
 from workflows.constants import LABEL_MANAGED_BY, MANAGED_BY_VALUE
 from workflows.models import Runbook
 
@@ -75,10 +76,13 @@ class Doctor:
         kube: Kube,
         probe_timeout: float = PROBE_TIMEOUT,
         runbooks: list[Runbook] | None = None,
+        namespace: str | None = None,
     ) -> None:
         self.kube = kube
         self.probe_timeout = probe_timeout
         self.runbooks = runbooks  # None: not loaded (the grants line is left out)
+        # Sickbay's own namespace: the health watcher's Lease (a namespaced permission)
+        self.namespace = namespace or WatchSettings().watch_namespace
         self.checks: list[Check] = []
 
     def add(self, status: str, name: str, detail: str, fix: str = "") -> None:
@@ -165,6 +169,8 @@ class Doctor:
                 }
                 if perm.subresource:
                     attrs["subresource"] = perm.subresource
+                if perm.namespaced:
+                    attrs["namespace"] = self.namespace
                 body = {
                     "apiVersion": "authorization.k8s.io/v1",
                     "kind": "SelfSubjectAccessReview",
@@ -742,7 +748,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         checks = [
             loaded,
-            *Doctor(kube, args.probe_timeout, runbooks).run(
+            *Doctor(kube, args.probe_timeout, runbooks, getattr(args, "namespace", None)).run(
                 probe=args.probe, probe_namespace=args.probe_namespace
             ),
         ]
@@ -788,5 +794,11 @@ def register(subparsers: Any) -> None:
         "--runbooks",
         default=None,
         help="runbook directory whose grant needs to check (default: SICKBAY_RUNBOOKS_DIR)",
+    )
+    parser.add_argument(
+        "--namespace",
+        default=None,
+        help="Sickbay's namespace, where the health watcher's Lease lives "
+        "(default: SICKBAY_WATCH_NAMESPACE, the service account's, else sickbay)",
     )
     parser.set_defaults(func=run)

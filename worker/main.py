@@ -191,6 +191,7 @@ class Built:
     notes: list[str] = field(default_factory=list)
     # Run once before polling (best effort): per-worker caches such as Kubernetes discovery.
     warmers: list[Callable[[], Any]] = field(default_factory=list)
+    kube: Any = None  # the Kubernetes client (activities.kube.Kube), for the health watcher
     # The cluster's fingerprint (worker/cluster.py), read through the Kubernetes client.
     fingerprint: Callable[[], str] | None = None
 
@@ -218,6 +219,7 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
         if kube_cls is not None:
             kube = kube_cls.from_settings(settings)
     if kube is not None:
+        built.kube = getattr(kube, "kube", None)
         built.activities += activities_of(kube)
         if hasattr(kube, "close"):
             built.closers.append(kube.close)
@@ -376,6 +378,40 @@ def _main_worker(
     )
 
 
+def _start_health_watcher(
+    client: Client, settings: Settings, built: Built, stop: asyncio.Event
+) -> asyncio.Task[None] | None:
+    """The health watcher (worker.watcher) beside the worker, unless SICKBAY_WATCH_ENABLED=false
+    or there is no Kubernetes client."""
+    kube = built.kube
+    module = _optional("worker.watcher", "build_health_watcher")
+    if kube is None or module is None:
+        return None
+    settings_cls = _optional("worker.watcher", "WatchSettings")
+    if settings_cls is None or not settings_cls().watch_enabled:
+        log.info("health watcher disabled (SICKBAY_WATCH_ENABLED=false): the sweep detects")
+        return None
+    watcher = module(client, settings, kube)
+
+    def ended(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            # Detection falls back to the sweep and alerts; say so loudly.
+            log.error(
+                "the health watcher stopped: %r; only the sweep and alerts detect now",
+                task.exception(),
+            )
+
+    log.info(
+        "health watcher: Lease %s/%s as %s",
+        watcher.config.namespace,
+        watcher.config.lease_name,
+        watcher.config.identity,
+    )
+    task = asyncio.create_task(watcher.run(stop))
+    task.add_done_callback(ended)
+    return task
+
+
 def metrics_runtime(port: int, host: str = "127.0.0.1") -> Runtime | None:
     """A Temporal runtime exporting SDK + workflow metrics for Prometheus on `host:port`."""
     if port <= 0:
@@ -476,6 +512,7 @@ async def run_worker(settings: Settings) -> int:
         settings.metrics_port or "off",
     )
     run = asyncio.create_task(worker.run())
+    watcher_task = _start_health_watcher(client, settings, built, stop)
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({run, stopper}, return_when=asyncio.FIRST_COMPLETED)
     if stopper.done():
@@ -484,6 +521,10 @@ async def run_worker(settings: Settings) -> int:
         )
         await worker.shutdown()
     stopper.cancel()
+    stop.set()
+    if watcher_task is not None:
+        # Releases its Lease, so a standby replica takes over at once.
+        await asyncio.gather(watcher_task, return_exceptions=True)
     with contextlib.suppress(asyncio.CancelledError):
         await run
     for close in built.closers:

@@ -18,6 +18,8 @@ deadline and raises `DemoFailure` naming what did not happen.
     churn     the scheduler ignores DeviceTaintRules (kubernetes#139651): replacements land
               on the tainted GPU again, Sickbay detects the churn, stops it (cordons the
               node) and escalates
+    watch     no Alertmanager and no sweep: the health watcher sees the pod's device turn
+              Unhealthy in the API and starts the remediation within seconds
 
 Every scenario leaves the stack as it found it (faults recovered, remediations closed,
 namespace deleted), so tests can run several on one stack.
@@ -562,6 +564,7 @@ class Scenario:
     run: Callable[[Demo], Awaitable[None]]
     topology: str = "full"
     acts: int = 1
+    watch: bool = False  # needs the health watcher in the worker (StackConfig.watch)
 
 
 def _ns(prefix: str) -> str:
@@ -929,6 +932,47 @@ async def scheduler_churn(demo: Demo) -> None:
         )
 
 
+async def watch_detection(demo: Demo) -> None:
+    """Detection by watch: the twin's Alertmanager is silenced and no sweep runs."""
+    say = demo.say
+    ns = _ns("watched")
+    alerts = await demo.k("GET", "/sim/alerts")
+    receiver = alerts.get("receiver")
+    last_sent = (alerts.get("sent") or [])[-1:]
+    await demo.k("PUT", "/sim/alerts", {"url": None})  # nothing reaches the webhook
+    try:
+        async with demo.scene(ns):
+            say(f"an inference Deployment {ns}/llm; Alertmanager silenced, no sweep", tag="watch")
+            await demo.namespace(ns)
+            await demo.deployment(ns, "llm")
+            [(pod, device)] = await demo.running(ns, "llm")
+            gpu = await demo.gpu(device)
+            say(f"GPU {gpu['index']} under {pod['metadata']['name']} dies (Xid 79)")
+            failed_at = time.monotonic()
+            await demo.fail(gpu)
+            incident = await demo.incident(gpu, "detected by watch")
+            st = await demo.phase(incident, {Phase.HOLDING})
+            entries = await demo.timeline(incident)
+            if not entries or entries[0].actor != "watch":
+                first = entries[0].actor if entries else "nothing"
+                raise DemoFailure(f"the remediation was started by {first}, not the watcher")
+            demo.check(
+                f"the watcher started it: {entries[0].outcome[:120]}; DeviceTaintRule "
+                f"{st.rule_name} {time.monotonic() - failed_at:.1f} s after the fault"
+            )
+            sent = (await demo.k("GET", "/sim/alerts")).get("sent") or []
+            if sent[-1:] != last_sent:
+                raise DemoFailure("an alert was delivered: this was not detection by watch")
+            await demo.recover(gpu)
+            await demo.repaired(incident)
+            result = await demo.closed(incident)
+            if result.outcome != "released":
+                raise DemoFailure(f"closed {result.outcome}: {result.reason}")
+            demo.check("repaired -> quarantine lifted, closed: released")
+    finally:
+        await demo.k("PUT", "/sim/alerts", {"url": receiver})
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -938,6 +982,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("budget", "blast-radius budget exhausted", budget_exhausted),
         Scenario("app-xid", "application Xid: notify, no quarantine", application_xid),
         Scenario("churn", "scheduler ignoring DeviceTaintRules", scheduler_churn),
+        Scenario("watch", "detection by watch: no alert, no sweep", watch_detection, watch=True),
     )
 }
 

@@ -71,6 +71,7 @@ PREFERRED_TEMPORAL_PORT = 7233
 PREFERRED_UI_PORT = 8233
 POOL = "gpu-pool"
 PROFILE = "1.36"
+WATCH_NAMESPACE = "sickbay"  # the health watcher's Lease, as deploy/ has it
 # Readiness: the dev server needs ~2-5 s (SQLite in memory), a Python child 2-4 s to import on
 # a busy 2-core machine; 60 s covers a machine shared with other test runs.
 READY_TIMEOUT = 60.0
@@ -403,6 +404,9 @@ class StackConfig:
     ui: bool = True
     keep: bool = False  # children survive this process (no PR_SET_PDEATHSIG)
     sweep: bool = False  # create the health-sweep Schedule (off for the demo: alerts drive it)
+    # Run the health watcher in the worker (a Lease in the twin's `sickbay` namespace). Off
+    # for the alert-driven scenarios, so their alert is what starts each remediation.
+    watch: bool = False
     nodes: int = 1
     gpus_per_node: int = 2
     topology: str = "full"  # full | mig | vgpu | timeslice (simulator/seed.py)
@@ -629,6 +633,14 @@ class Stack:
         info.pids = {c.name: c.pid for c in self.children}
         if not cfg.engine:
             return info
+        if cfg.watch:  # the watcher's Lease lives in Sickbay's namespace
+            status, answer = _http(
+                "POST",
+                info.kube_url + "/api/v1/namespaces",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WATCH_NAMESPACE}},
+            )
+            if status not in (201, 409):
+                raise StackError(f"twin: cannot create namespace {WATCH_NAMESPACE}: {answer}")
         env = self.sickbay_env()
         env["SICKBAY_WEBHOOK_TOKEN_FILE"] = str(webhook_token)
         env["SICKBAY_SIM_CLOUD_TOKEN_FILE"] = str(cloud_token)
@@ -699,6 +711,8 @@ class Stack:
                 "SICKBAY_RUNBOOKS_DIR": info.runbooks_dir,
                 "SICKBAY_CHANNELS_FILE": info.channels_file,
                 "SICKBAY_SWEEP_ENABLED": "true" if self.config.sweep else "false",
+                "SICKBAY_WATCH_ENABLED": "true" if self.config.watch else "false",
+                "SICKBAY_WATCH_NAMESPACE": WATCH_NAMESPACE,
                 "SICKBAY_STATE_DIR": str(self.dir),
                 "SICKBAY_SIM_URL": info.kube_url,
                 "SICKBAY_GRACEFUL_SHUTDOWN_SECONDS": "5",

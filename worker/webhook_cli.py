@@ -66,6 +66,12 @@ class SweepSettings(BaseSettings):
         return value
 
 
+def _watcher_enabled() -> bool:
+    from worker.watcher import WatchSettings
+
+    return WatchSettings().watch_enabled
+
+
 def sweep_schedule(settings: Settings, sweep: SweepSettings) -> Schedule:
     inp = SweepInput(
         unknown_timeout=sweep.sweep_unknown_timeout,
@@ -73,6 +79,7 @@ def sweep_schedule(settings: Settings, sweep: SweepSettings) -> Schedule:
         task_queue=settings.task_queue,
         dry_run=sweep.sweep_dry_run,
         cluster=settings.cluster,
+        watcher=_watcher_enabled(),
     )
     return Schedule(
         action=ScheduleActionStartWorkflow(

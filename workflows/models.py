@@ -85,7 +85,7 @@ Health = Literal["Healthy", "Unhealthy", "Unknown"]
 FailureClass = Literal["unhealthy", "degraded", "application", "unknown"]
 TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
 ClusterMode = Literal["dra", "device-plugin"]
-Trigger = Literal["alert", "sweep", "manual", "ui", "maintenance"]
+Trigger = Literal["alert", "sweep", "watch", "manual", "ui", "maintenance"]
 # A JSON boolean only: `"dry_run": "true"` (or "yes", 1) is refused with a clear error rather
 # than coerced, so a launch typed by hand in the Web UI means exactly what it says.
 StrictBool = Annotated[bool, Strict()]
@@ -219,7 +219,7 @@ class OwnerRef(Contract):
 class AlertEvidence(Contract):
     """One alert (or sweep finding) about a device."""
 
-    source: Literal["alertmanager", "sweep", "manual"] = "manual"
+    source: Literal["alertmanager", "sweep", "watch", "manual"] = "manual"
     alertname: str = ""
     fingerprint: str = ""
     xid: int | None = None
@@ -483,6 +483,9 @@ class SweepInput(Contract):
     task_queue: str | None = None  # where device workflows start; None: the worker's
     dry_run: bool = False  # passed to the remediations the sweep starts
     cluster: str = ""  # SICKBAY_CLUSTER: in the remediations' and node notices' ids
+    # The health watcher runs: a device this sweep had to START a remediation for was missed
+    # by the watch (SweepResult.missed_by_watch, metric sickbay_sweep_missed_by_watch).
+    watcher: bool = False
 
 
 class SweepClusterInput(Contract):
@@ -532,6 +535,7 @@ class SweepResult(Contract):
     unresolved: list[str] = Field(default_factory=list)
     notified_unresolved: list[str] = Field(default_factory=list)  # "<ns>/<pod> <resourceID>"
     unknown_cleared: list[str] = Field(default_factory=list)  # Unknown, then healthy again
+    missed_by_watch: list[str] = Field(default_factory=list)  # started here, not by the watcher
 
 
 class TimelineEntry(Contract):

@@ -10,13 +10,17 @@
 Every device workflow is reached through the `signal-with-start-remediation` activity, whose
 workflow id comes from node + GPU UUID, so a device an alert already named is only signalled.
 The evidence fingerprint is stable across sweeps (`sweep:<kind>:<resourceID>:<state>`), so the
-device workflow ignores the same finding sent again by the next sweep.
+device workflow ignores the same finding sent again by the next sweep, or by the health
+watcher, which builds its launches with the same `finding_launch`. With the watcher running
+(`SweepInput.watcher`), a device this sweep has to start rather than signal is one the watch
+missed: it is listed in `SweepResult.missed_by_watch` and counted by the workflow metric
+`sickbay_sweep_missed_by_watch`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -46,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         SweepInput,
         SweepReport,
         SweepResult,
+        Trigger,
     )
 
 # Listing every pod, slice and node of a big cluster takes seconds, a few pages per kind;
@@ -72,9 +77,50 @@ NOTIFY_RETRY = RetryPolicy(initial_interval=timedelta(seconds=5), maximum_attemp
 FAN_OUT = 20
 
 
-def _fingerprint(f: SweepFinding) -> str:
+def finding_fingerprint(f: SweepFinding) -> str:
+    """The evidence fingerprint of a finding: the same for the sweep and the health watcher,
+    so a device workflow keeps one evidence entry however many times either reports it."""
     state = f.taint.key + "=" + f.taint.value if f.taint else (f.health or "")
     return f"sweep:{f.kind}:{f.resource_id or f.key}:{state}"
+
+
+def finding_launch(
+    f: SweepFinding,
+    *,
+    now: datetime,
+    trigger: Trigger,
+    dry_run: bool,
+    task_queue: str | None,
+    cluster: str = "",
+) -> LaunchRequest:
+    """The signal-with-start request for one device finding (sweep and health watcher)."""
+    assert f.node and f.gpu_uuid
+    evidence = AlertEvidence(
+        source="watch" if trigger == "watch" else "sweep",
+        alertname=f"{trigger}-{f.kind}",
+        fingerprint=finding_fingerprint(f),
+        xid=f.xid,
+        received_at=now,
+        summary=f.message,
+        labels={
+            "resource_id": f.resource_id,
+            "health": f.health or "",
+            "pods": ",".join(f"{p.namespace}/{p.name}" for p in f.pods[:10]),
+        },
+        pod=f.pods[0] if f.pods else None,
+    )
+    return LaunchRequest(
+        remediation=RemediationInput(
+            device=DeviceRef(node=f.node, gpu_uuid=f.gpu_uuid),
+            trigger=trigger,
+            requested_by=f"sickbay-{trigger}",
+            reason=f.message,
+            dry_run=dry_run,
+            cluster=cluster,
+        ),
+        evidence=evidence,
+        task_queue=task_queue,
+    )
 
 
 @workflow.defn(name=WF_SWEEP)
@@ -150,32 +196,13 @@ class HealthSweepWorkflow:
             await asyncio.gather(*(self._launch(f, inp) for f in batch))
 
     async def _launch(self, f: SweepFinding, inp: SweepInput) -> None:
-        assert f.node and f.gpu_uuid
-        evidence = AlertEvidence(
-            source="sweep",
-            alertname=f"sweep-{f.kind}",
-            fingerprint=_fingerprint(f),
-            xid=f.xid,
-            received_at=workflow.now(),
-            summary=f.message,
-            labels={
-                "resource_id": f.resource_id,
-                "health": f.health or "",
-                "pods": ",".join(f"{p.namespace}/{p.name}" for p in f.pods[:10]),
-            },
-            pod=f.pods[0] if f.pods else None,
-        )
-        req = LaunchRequest(
-            remediation=RemediationInput(
-                device=DeviceRef(node=f.node, gpu_uuid=f.gpu_uuid),
-                trigger="sweep",
-                requested_by="sickbay-sweep",
-                reason=f.message,
-                dry_run=inp.dry_run,
-                cluster=inp.cluster,
-            ),
-            evidence=evidence,
+        req = finding_launch(
+            f,
+            now=workflow.now(),
+            trigger="sweep",
+            dry_run=inp.dry_run,
             task_queue=inp.task_queue,
+            cluster=inp.cluster,
         )
         try:
             res = await workflow.execute_activity(
@@ -190,6 +217,15 @@ class HealthSweepWorkflow:
             return
         self._result.devices.append(f.key)
         (self._result.started if res.started else self._result.signalled).append(res.workflow_id)
+        if res.started and inp.watcher:
+            # The watcher signal-with-starts a device within seconds of its failure; a sweep
+            # that has to start the workflow itself found something the watch missed.
+            self._result.missed_by_watch.append(f.key)
+            workflow.logger.warning("the health watcher missed %s (%s)", f.key, f.message)
+            workflow.metric_meter().create_counter(
+                "sickbay_sweep_missed_by_watch",
+                "device failures the health sweep found that the health watcher had not launched",
+            ).add(1)
 
     async def _notify_nodes(self, nodes: list[SweepFinding], inp: SweepInput) -> None:
         for f in nodes:

@@ -28,7 +28,8 @@ class Permission:
     verbs: tuple[str, ...]
     why: str
     required: bool = True  # False: only some runbooks/paths need it (see `needed`)
-    role: str = "sickbay"  # the ClusterRole in deploy/ that grants it
+    role: str = "sickbay"  # the ClusterRole in deploy/ that grants it (or the Role, namespaced)
+    namespaced: bool = False  # True: a Role in Sickbay's own namespace grants it
 
     @property
     def plural(self) -> str:
@@ -42,14 +43,17 @@ class Permission:
 DRA = "resource.k8s.io"
 ROLE_FORCE_DELETE = "sickbay-force-delete"  # deploy/rbac-force-delete.yaml
 ROLE_NODE_FALLBACK = "sickbay-node-fallback"  # deploy/rbac-node-fallback.yaml
+ROLE_HEALTH_WATCHER = "sickbay-health-watcher"  # a Role in Sickbay's namespace (rbac.yaml)
 ROLE_FILES = {
     "sickbay": "deploy/rbac.yaml",
+    ROLE_HEALTH_WATCHER: "deploy/rbac.yaml",
     ROLE_FORCE_DELETE: "deploy/rbac-force-delete.yaml",
     ROLE_NODE_FALLBACK: "deploy/rbac-node-fallback.yaml",
 }
 
 PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "nodes", ("get", "list"), "resolve devices, node pools, capacity"),
+    Permission("", "nodes", ("watch",), "health watcher: GPU allocatable/capacity drops"),
     Permission(
         "",
         "nodes",
@@ -60,7 +64,10 @@ PERMISSIONS: tuple[Permission, ...] = (
         ROLE_NODE_FALLBACK,
     ),
     Permission(
-        "", "pods", ("get", "list", "watch"), "consumers, health, eviction/replacement waits"
+        "",
+        "pods",
+        ("get", "list", "watch"),
+        "consumers, health, eviction/replacement waits; the health watcher",
     ),
     Permission(
         "",
@@ -80,6 +87,7 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission("apps", "statefulsets", ("get",), "replacement selector and desired replicas"),
     Permission("batch", "jobs", ("get",), "owner chain Job -> JobSet, replacement selector"),
     Permission(DRA, "resourceslices", ("list",), "devices, uuids, driver taints"),
+    Permission(DRA, "resourceslices", ("watch",), "health watcher: driver taints, vanished GPUs"),
     Permission(DRA, "resourceclaims", ("list",), "claims allocated to a device"),
     Permission(DRA, "deviceclasses", ("list",), "the device class of a device"),
     Permission(
@@ -95,6 +103,14 @@ PERMISSIONS: tuple[Permission, ...] = (
         ("get", "patch"),
         "scale-up through the Cluster API provider (activities/cloud), if configured",
         False,
+    ),
+    Permission(
+        "coordination.k8s.io",
+        "leases",
+        ("get", "create", "update"),
+        "health watcher: one active replica per cluster (Lease in Sickbay's namespace)",
+        role=ROLE_HEALTH_WATCHER,
+        namespaced=True,
     ),
     Permission(
         "authorization.k8s.io",

@@ -1,6 +1,7 @@
 """The health-sweep Temporal Schedule on the dev server.
 
 Cases:
+- the Schedule's input says whether the health watcher runs (SICKBAY_WATCH_ENABLED)
 - first `ensure_sweep_schedule` creates it: interval, workflow type, task queue, overlap SKIP,
   and a SweepInput carrying the configured Unknown timeout and notify channels
 - calling it again (another worker replica starting) updates in place: still one schedule,
@@ -138,3 +139,21 @@ async def test_cli_install(
     assert await _schedule("delete") == 0
     with pytest.raises(RPCError):
         await clean.get_schedule_handle(SWEEP_SCHEDULE_ID).describe()
+
+
+def test_schedule_tells_the_sweep_whether_the_watcher_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sweep counts `missed_by_watch` only when the worker runs the health watcher."""
+    from worker.settings import Settings
+    from worker.webhook_cli import sweep_schedule
+
+    def watcher_flag() -> bool:
+        action = sweep_schedule(Settings(), SweepSettings()).action
+        (inp,) = action.args  # type: ignore[attr-defined]
+        return bool(inp.watcher)
+
+    monkeypatch.delenv("SICKBAY_WATCH_ENABLED", raising=False)
+    assert watcher_flag() is True
+    monkeypatch.setenv("SICKBAY_WATCH_ENABLED", "false")
+    assert watcher_flag() is False

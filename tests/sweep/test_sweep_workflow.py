@@ -8,6 +8,7 @@ Cases:
   devices, launches the one still Unknown and reports the one that recovered
 - a launch that fails does not fail the sweep; the device is left for the next sweep
 - the same finding in two sweeps carries the same fingerprint (the device workflow dedups)
+- with the watcher on, a device the sweep had to start is counted in `missed_by_watch`
 """
 
 from __future__ import annotations
@@ -184,3 +185,17 @@ async def test_same_finding_same_fingerprint(time_skipping_env: WorkflowEnvironm
     await run_sweep(time_skipping_env, stubs, SweepInput())
     prints = [r.evidence.fingerprint for r in stubs.launches if r.evidence]
     assert len(prints) == 2 and prints[0] == prints[1]
+
+
+async def test_missed_by_watch_counts_devices_the_sweep_had_to_start(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """With the health watcher on, a device the sweep STARTS a remediation for (the stub
+    starts every other launch) was missed by the watch; one it only signals was not."""
+    report = SweepReport(findings=[unhealthy("n1", 0), unhealthy("n1", 1)])
+    on = await run_sweep(time_skipping_env, Stubs([report]), SweepInput(watcher=True))
+    assert on.started and on.signalled  # one of each (see Stubs.launch)
+    started_keys = {k for k in on.devices if any(k.split("/")[1].lower() in w for w in on.started)}
+    assert on.missed_by_watch == sorted(started_keys) and len(on.missed_by_watch) == 1
+    off = await run_sweep(time_skipping_env, Stubs([report]), SweepInput())
+    assert off.missed_by_watch == []  # no watcher: starting is the sweep's job

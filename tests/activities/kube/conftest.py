@@ -22,7 +22,16 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.kube import KubeActivities, KubeSettings
 from simulator.runtime import Simulator
-from tests.activities.kube.rbac_proxy import RbacProxy
+from tests.activities.kube.rbac_proxy import RbacProxy, role_rules
+
+# The namespaced Roles of deploy/rbac.yaml (the health watcher's Lease), for the RBAC proxy.
+ROLES = role_rules(
+    list(
+        yaml.safe_load_all(
+            (Path(__file__).resolve().parents[3] / "deploy" / "rbac.yaml").read_text()
+        )
+    )
+)
 
 PROFILES = ("1.34", "1.35", "1.36", "1.37", "device-plugin")
 DRIVER = "gpu.nvidia.com"
@@ -306,7 +315,7 @@ def twin(
     with contextlib.ExitStack() as stack:
         proxy = None
         if proxy_rules is not None:
-            proxy = stack.enter_context(RbacProxy(sim.url, proxy_rules))
+            proxy = stack.enter_context(RbacProxy(sim.url, proxy_rules, roles=ROLES))
             config = yaml.safe_load(path.read_text())
             config["clusters"][0]["cluster"]["server"] = proxy.url
             path.write_text(yaml.safe_dump(config))

@@ -88,6 +88,15 @@ def request_attributes(method: str, path: str, query: str) -> dict[str, str] | N
     }
 
 
+def role_rules(documents: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """namespace -> rules of every namespaced Role in `documents` (a manifest file's)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for doc in documents:
+        if doc and doc.get("kind") == "Role":
+            out.setdefault(doc["metadata"]["namespace"], []).extend(doc.get("rules") or [])
+    return out
+
+
 def allows(rules: list[dict[str, Any]], group: str, resource: str, sub: str, verb: str) -> bool:
     full = f"{resource}/{sub}" if sub else resource
     for rule in rules:
@@ -101,8 +110,16 @@ def allows(rules: list[dict[str, Any]], group: str, resource: str, sub: str, ver
 
 
 class RbacProxy:
-    def __init__(self, upstream: str, rules: list[dict[str, Any]], user: str = "sickbay") -> None:
+    def __init__(
+        self,
+        upstream: str,
+        rules: list[dict[str, Any]],
+        user: str = "sickbay",
+        roles: dict[str, list[dict[str, Any]]] | None = None,
+    ) -> None:
         split = urlsplit(upstream)
+        # namespace -> rules of the Roles bound there (deploy/rbac.yaml's Lease Role)
+        self.roles = roles or {}
         self.upstream_host = split.hostname or "127.0.0.1"
         self.upstream_port = split.port or 80
         self.rules = rules
@@ -137,7 +154,7 @@ class RbacProxy:
                     attrs = (review.get("spec") or {}).get("resourceAttributes") or {}
                     proxy.reviews.append(attrs)
                     allowed = allows(
-                        proxy.rules,
+                        proxy.rules + proxy.roles.get(attrs.get("namespace", ""), []),
                         attrs.get("group", ""),
                         attrs.get("resource", ""),
                         attrs.get("subresource", ""),
@@ -148,7 +165,7 @@ class RbacProxy:
                     return
                 attrs = request_attributes(method, split.path, split.query)
                 if attrs is not None and not allows(
-                    proxy.rules,
+                    proxy.rules + proxy.roles.get(attrs["namespace"], []),
                     attrs["group"],
                     attrs["resource"],
                     attrs["subresource"],
