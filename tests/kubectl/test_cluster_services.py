@@ -43,9 +43,15 @@ def test_impersonated_service_account_gets_the_rbac_answer(kubectl: Kubectl) -> 
         'Error from server (Forbidden): pods is forbidden: User "system:serviceaccount:sickbay:'
         'sickbay" cannot list resource "pods" in API group "" in the namespace "default"'
     )
+    # rbac.yaml's health-watcher Role lives in Sickbay's namespace: create it first, as
+    # `kubectl apply -k deploy/` does (namespace.yaml comes first there).
+    kubectl("apply", "-f", str(DEPLOY / "namespace.yaml"))
     applied = kubectl("apply", "-f", str(DEPLOY / "rbac.yaml")).stdout
     assert "clusterrole.rbac.authorization.k8s.io/sickbay created" in applied
     assert "clusterrolebinding.rbac.authorization.k8s.io/sickbay created" in applied
+    assert "role.rbac.authorization.k8s.io/sickbay-health-watcher created" in applied
+    lease = kubectl("auth", "can-i", "update", "leases", "--as", sa, "-n", "sickbay")
+    assert lease.stdout.strip() == "yes"
     yes = kubectl(
         "auth", "can-i", "create", "pods", "--subresource=eviction", "--as", sa, "-n", "serving"
     )

@@ -25,7 +25,8 @@ import pytest
 from simulator.controllers.manager import ControllerManager, SimOptions
 from simulator.testing import RunningSim, start_sim
 
-GOLDEN = Path(__file__).resolve().parents[2].parent / "shared" / "k8s-golden"
+# Responses recorded from a real 1.36.2 API server (copied from ../shared/k8s-golden).
+GOLDEN = Path(__file__).resolve().parents[1] / "k8s_golden"
 
 
 @pytest.fixture

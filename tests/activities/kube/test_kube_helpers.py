@@ -145,33 +145,44 @@ def test_parse_would_evict_from_golden() -> None:
 
 @pytest.mark.parametrize("role", sorted(ROLE_FILES))
 def test_rbac_yaml_matches_permissions(role: str) -> None:
-    """Each ClusterRole deploy/ ships (its own file) grants exactly the permissions listed for
-    it, and is bound to the worker's ServiceAccount only."""
+    """Each role deploy/ ships grants exactly the permissions listed for it (a ClusterRole, or
+    a Role in Sickbay's namespace for the namespaced ones), bound to the worker's
+    ServiceAccount only."""
+    namespaced = {p.namespaced for p in PERMISSIONS if p.role == role}
+    assert len(namespaced) == 1, f"{role} mixes cluster-wide and namespaced grants"
+    kind = "Role" if namespaced.pop() else "ClusterRole"
     docs = list(yaml.safe_load_all((ROOT / ROLE_FILES[role]).read_text()))
-    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
-    assert cluster_role["metadata"]["name"] == role
+    (granting,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == role]
+    if kind == "Role":
+        assert granting["metadata"]["namespace"] == "sickbay"
     granted = {
         (g, r, v)
-        for rule in cluster_role["rules"]
+        for rule in granting["rules"]
         for g in rule["apiGroups"]
         for r in rule["resources"]
         for v in rule["verbs"]
     }
     listed = {(p.group, p.resource, v) for p in PERMISSIONS if p.role == role for v in p.verbs}
     assert granted == listed
-    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
-    assert binding["roleRef"]["name"] == role
+    (binding,) = [d for d in docs if d["kind"] == f"{kind}Binding" and d["roleRef"]["name"] == role]
+    assert binding["roleRef"]["kind"] == kind
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "sickbay", "namespace": "sickbay"}
     ]
 
 
 def test_optional_roles_hold_only_optional_grants() -> None:
-    """pods delete and nodes patch are not in the base role: dropping their files drops them."""
+    """pods delete and nodes patch are not in the base file: dropping the optional files (every
+    rbac*.yaml but rbac.yaml) drops them, and nothing required lives there."""
     for p in PERMISSIONS:
-        if p.role != "sickbay":
+        if ROLE_FILES[p.role] != "deploy/rbac.yaml":
             assert not p.required, f"{p.resource} {p.verbs} is required but in {p.role}"
-    base = {(p.resource, v) for p in PERMISSIONS if p.role == "sickbay" for v in p.verbs}
+    base = {
+        (p.resource, v)
+        for p in PERMISSIONS
+        if ROLE_FILES[p.role] == "deploy/rbac.yaml"
+        for v in p.verbs
+    }
     assert ("pods", "delete") not in base and ("nodes", "patch") not in base
     files = sorted(p.name for p in (ROOT / "deploy").glob("rbac*.yaml"))
-    assert files == sorted(Path(f).name for f in ROLE_FILES.values())
+    assert files == sorted({Path(f).name for f in ROLE_FILES.values()})
