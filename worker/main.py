@@ -359,8 +359,8 @@ def sender_identity_options() -> dict[str, Any]:
 def _main_worker(
     client: Client, settings: Settings, built: Built, identity: str | None = None
 ) -> Worker:
-    # BudgetWorkflow stays registered here: a budget started before it had its own queue keeps
-    # running on this one until its next continue-as-new moves it (patch `budget-queue`).
+    # BudgetWorkflow stays registered here: a budget started on the remediation queue keeps
+    # running on this one until its next continue-as-new moves it to its own queue.
     return Worker(
         client,
         task_queue=settings.task_queue,

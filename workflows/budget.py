@@ -11,11 +11,11 @@ leases live in Temporal history, so a worker crash loses nothing.
         (reconcile-budget-leases activity) and drop their leases
         after `max_updates_per_run` updates or when Temporal suggests it: continue-as-new
         with the leases as input, on the budget's own task queue (`budget_task_queue`; a
-        budget from before that queue existed moves there, patch `budget-queue`)
+        budget started on another queue moves there)
         a refused holder is remembered as a waiter; when a lease is released (or dropped by
         reconcile) the oldest waiter of that pool (else the oldest) gets the `budget-freed`
         signal, one per freed slot, and retries at once (its own 1-minute retry is the
-        backstop). Behind `workflow.patched("budget-wake")`.
+        backstop).
 
 Limits come with each request (resolved by the remediation from its runbook and the device
 counts), so one budget workflow serves every runbook; a request is granted only when both the
@@ -70,7 +70,6 @@ class BudgetWorkflow:
         self._updates = 0
         self._waiters: dict[str, BudgetWaiter] = {w.holder: w for w in state.waiters}
         self._freed: list[str | None] = []  # pools of slots freed since the last wake-up
-        self._wake: bool | None = None  # the budget-wake patch, decided on first use
 
     @workflow.update(name=UPD_BUDGET_ACQUIRE)
     def acquire(self, req: BudgetLeaseRequest) -> BudgetDecision:
@@ -152,17 +151,12 @@ class BudgetWorkflow:
             update={"leases": list(self._leases.values()), "waiters": list(self._waiters.values())}
         )
 
-    def _wake_enabled(self) -> bool:
-        if self._wake is None:
-            self._wake = workflow.patched("budget-wake")
-        return self._wake
-
     def _remember(self, req: BudgetLeaseRequest) -> None:
-        if self._wake_enabled() and req.holder not in self._waiters:
+        if req.holder not in self._waiters:
             self._waiters[req.holder] = BudgetWaiter(holder=req.holder, node_pool=req.node_pool)
 
     def _slot_freed(self, lease: BudgetLease) -> None:
-        if self._wake_enabled() and self._waiters:
+        if self._waiters:
             self._freed.append(lease.node_pool)
 
     async def _wake_waiters(self) -> None:
@@ -184,30 +178,14 @@ class BudgetWorkflow:
 
     @workflow.run
     async def run(self, state: BudgetState) -> None:
-        if self._wake_enabled():
-            await self._serve(state)
-        else:  # histories from before budget-wake
-            while True:
-                try:
-                    await workflow.wait_condition(
-                        lambda: (
-                            self._updates >= state.max_updates_per_run
-                            or workflow.info().is_continue_as_new_suggested()
-                        ),
-                        timeout=state.reconcile_interval,
-                    )
-                    break  # time to continue as new
-                except TimeoutError:
-                    await self._reconcile()
+        await self._serve(state)
         # Let in-flight updates finish so their callers get an answer, then start fresh.
         await workflow.wait_condition(workflow.all_handlers_finished)
-        if workflow.patched("budget-queue"):
-            # A budget started on the remediation queue (before it had its own) moves to its
-            # own queue here; one already there stays.
-            workflow.continue_as_new(
-                self._snapshot(), task_queue=budget_task_queue(workflow.info().task_queue)
-            )
-        workflow.continue_as_new(self._snapshot())
+        # A budget started on the remediation queue moves to its own queue here; one already
+        # there stays.
+        workflow.continue_as_new(
+            self._snapshot(), task_queue=budget_task_queue(workflow.info().task_queue)
+        )
 
     async def _serve(self, state: BudgetState) -> None:
         """Until continue-as-new is due: wake waiters when slots free, reconcile on time."""

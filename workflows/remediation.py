@@ -10,8 +10,8 @@ State machine (each step a runbook knob; phases are the `SickbayPhase` search at
                     |   retries the lease every minute (then 5 min), absorbs repeat alerts;
                     |   ends on abort, repaired, alert resolved + Healthy -> closed,
                     |   or a granted lease -> on to approval / quarantine; a wait of days
-                    |   continues-as-new and confirms afresh (patch budget-wait-continue-as-new)
-                    | budget lease (sickbay-budget workflow; `budget-wait` patch)
+                    |   continues-as-new and confirms afresh
+                    | budget lease (sickbay-budget workflow)
                     v
           [awaiting-approval] --rejected / timeout per runbook--> escalated / closed
                     v
@@ -26,7 +26,8 @@ State machine (each step a runbook knob; phases are the `SickbayPhase` search at
                     v                                      v  -> escalated         |
                  holding <-------------------------------------------------------+
                     | per release.mode: repaired (signal), Healthy for release.cooldown, or
-                    | either (healthy-cooldown: patch healthy-cooldown-needs-health)
+                    | either (healthy-cooldown: only the health releases, a repaired mark
+                    | is recorded)
                     v
                 releasing (remove rule, release lease, resolve page) -> closed
 
@@ -37,14 +38,15 @@ never an exception. Non-retryable activity errors end in escalation too.
 Cheap happy path: the short calls (load-runbooks, resolve, evidence, consumers, budget,
 quarantine, release) are local activities, so alert -> DeviceTaintRule runs inside the first
 workflow task, and a happy remediation stays well under 60 history events. Independent calls
-run side by side (patch `concurrent-confirm`): load-runbooks with resolve-device, then
-gather-evidence with find-consumers and count-devices; the budget lease is asked as soon as
-the consumers fix the runbook, while the evidence may still be coming, and given back (a
-refused request withdrawn) when the procedure then decides not to quarantine. A refusal is
-only reported and escalated at the guard step, as before.
+run side by side: load-runbooks with resolve-device, then gather-evidence with find-consumers
+and count-devices; the budget lease is asked as soon as the consumers fix the runbook, while
+the evidence may still be coming, and given back (a refused request withdrawn) when the
+procedure then decides not to quarantine. A refusal is only reported and escalated at the
+guard step.
 
-Versioning: once deployed, any change to the command sequence goes behind
-`workflow.patched("<kebab-id>")` and refreshes tests/histories/.
+Versioning: nothing is released yet, so a change to the command sequence changes the code and
+re-records tests/histories/ (docs/architecture.md, "Workflow versioning"); `workflow.patched`
+starts with the first release.
 """
 
 from __future__ import annotations
@@ -259,13 +261,8 @@ NOTIFY_RETRY = RetryPolicy(
 UNRESOLVABLE_PAGE_WINDOW = timedelta(minutes=30)
 CLAIM_TIMEOUT = timedelta(seconds=10)
 CLAIM_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
-# Patch: independent confirm steps (and the budget lease) run concurrently.
-PATCH_CONCURRENT_CONFIRM = "concurrent-confirm"
-PATCH_HEALTH_ONLY_RELEASE = "healthy-cooldown-needs-health"
-# A remediation waiting weeks for a budget slot (the quarantined GPUs it waits on are away for
-# RMA) continues-as-new like a long hold, instead of growing its history to Temporal's limit.
-PATCH_BUDGET_WAIT_CAN = "budget-wait-continue-as-new"
-# Continue-as-new during a long hold once history grows past this (periodic health checks).
+# Continue-as-new during a long hold, or a wait of weeks for a budget slot (the quarantined
+# GPUs it waits on are away for RMA), once history grows past this (periodic health checks).
 HOLD_HISTORY_LIMIT = 2_000
 
 SA_DEVICE_KEY = SearchAttributeKey.for_keyword(SA_DEVICE)
@@ -602,7 +599,6 @@ class DeviceRemediationWorkflow:
         # Concurrent confirm: independent local activities run side by side (runbooks with
         # resolve; evidence with consumers, the device counts and, once the runbook is known,
         # the budget lease), so alert -> rule waits for 4 local activities in a row, not 7.
-        concurrent = workflow.patched(PATCH_CONCURRENT_CONFIRM)
 
         def load_runbooks() -> Awaitable[RunbookSet]:
             return self._local(ACT_LOAD_RUNBOOKS, None, RunbookSet, "load runbooks")
@@ -612,38 +608,19 @@ class DeviceRemediationWorkflow:
                 ACT_RESOLVE_DEVICE, ResolveDeviceInput(device=inp.device), ResolvedDevice, "resolve"
             )
 
-        if concurrent:
-            loading = asyncio.ensure_future(load_runbooks())
-            resolving = asyncio.ensure_future(resolve())
-            await workflow.wait([loading, resolving])  # type: ignore[type-var]
-            if loading.exception() is None:  # a failed resolve escalates through `default`
-                self._fallback = loading.result().get(DEFAULT_RUNBOOK) or self._fallback
-            runbooks, device = await self._all(loading, resolving)
-        else:
-            runbooks = await load_runbooks()
-            self._fallback = runbooks.get(DEFAULT_RUNBOOK) or self._fallback
-            device = await resolve()
+        loading = asyncio.ensure_future(load_runbooks())
+        resolving = asyncio.ensure_future(resolve())
+        await workflow.wait([loading, resolving])  # type: ignore[type-var]
+        if loading.exception() is None:  # a failed resolve escalates through `default`
+            self._fallback = loading.result().get(DEFAULT_RUNBOOK) or self._fallback
+        runbooks, device = await self._all(loading, resolving)
         self._device = device
         self._status.device, self._status.node = device.key, device.node
         wf_id = workflow.info().workflow_id
         if device.workflow_id(self._inp.cluster) != wf_id:
             return await self._hand_over(device)
         alert_pods = [a.pod for a in self._alerts if a.pod is not None]
-        early: _EarlyLease | None = None
-        if concurrent:
-            evidence, consumers, early = await self._confirm_concurrently(
-                device, runbooks, alert_pods
-            )
-        else:
-            evidence = await self._local(
-                ACT_GATHER_EVIDENCE, EvidenceInput(device=device), Evidence, "gather evidence"
-            )
-            consumers = await self._local(
-                ACT_FIND_CONSUMERS,
-                FindConsumersInput(device=device, alert_pods=alert_pods),
-                ConsumersResult,
-                "find consumers",
-            )
+        evidence, consumers, early = await self._confirm_concurrently(device, runbooks, alert_pods)
         self._consumers = consumers.consumers
         self._status.consumers = [c.pod for c in self._consumers]
         selection = select_runbook(runbooks.runbooks, self._consumers, inp.runbook)
@@ -868,8 +845,6 @@ class DeviceRemediationWorkflow:
     async def _acquire_lease(
         self, device: ResolvedDevice, runbook: Runbook, early: _EarlyLease | None = None
     ) -> None:
-        if not workflow.patched("budget-wait"):
-            return await self._acquire_lease_once(device, runbook)
         tries = 0
         counts: DeviceCounts | None = None
         # A run continued from a long wait goes on at the slower pace.
@@ -952,7 +927,7 @@ class DeviceRemediationWorkflow:
                         "alert resolved and the device is Healthy while waiting for a budget "
                         "slot; never quarantined",
                     )
-            if self._history_full() and workflow.patched(PATCH_BUDGET_WAIT_CAN):
+            if self._history_full():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._carry(waiting_for_budget=True))
 
@@ -980,12 +955,9 @@ class DeviceRemediationWorkflow:
         device: ResolvedDevice,
         runbook: Runbook,
         counts: DeviceCounts | None,
-        *,
-        budget_retries: bool = True,
     ) -> _EarlyLease:
         """Count the devices (unless `counts` given) and ask the budget for a lease; marks the
-        lease held as soon as it is granted (so every way out gives it back).
-        `budget_retries=False`: the lease call's options before the `budget-wait` patch."""
+        lease held as soon as it is granted (so every way out gives it back)."""
         if counts is None:
             counts = await self._local(
                 ACT_COUNT_DEVICES,
@@ -1009,7 +981,7 @@ class DeviceRemediationWorkflow:
             ),
             BudgetDecision,
             "acquire budget lease",
-            budget=budget_retries,
+            budget=True,
         )
         if decision.granted:
             self._lease_held = True
@@ -1053,16 +1025,6 @@ class DeviceRemediationWorkflow:
         if why is not None:
             return False, "budget-exhausted", why, asked.counts
         return True, "budget-exhausted", "", asked.counts
-
-    async def _acquire_lease_once(self, device: ResolvedDevice, runbook: Runbook) -> None:
-        """Before the `budget-wait` patch: one request, escalate when refused (kept for runs
-        started before it; remove with `workflow.deprecate_patch`)."""
-        asked = await self._ask_lease(device, runbook, None, budget_retries=False)
-        why = self._lease_refusal(device, asked)
-        if why is not None:
-            self._log("budget denied", outcome="no taint", reason=why)
-            await self._escalate("budget-exhausted", why)
-            raise _Done("escalated", why)
 
     async def _await_approval(self) -> None:
         policy = self._spec.approval
@@ -1475,9 +1437,7 @@ class DeviceRemediationWorkflow:
         auto = release.mode in ("healthy-cooldown", "either")
         # release.mode healthy-cooldown: only the device's health releases it; a `repaired`
         # mark is recorded and the device still has to stay Healthy for the cool-down.
-        health_only = release.mode == "healthy-cooldown" and workflow.patched(
-            PATCH_HEALTH_ONLY_RELEASE
-        )
+        health_only = release.mode == "healthy-cooldown"
         if health_only:
             awaiting = f"Healthy for {format_duration(release.cooldown)}"
         else:

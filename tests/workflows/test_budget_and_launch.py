@@ -32,6 +32,7 @@ from temporalio.worker import Worker
 from activities.budget import BudgetActivities
 from activities.launch import signal_with_start
 from tests.workflows.fakes import FakeWorld, new_worker, wait_phase, xid_alert
+from tests.workflows.histories import patch_markers
 from workflows.budget import BudgetWorkflow
 from workflows.constants import (
     ACT_QUARANTINE,
@@ -222,8 +223,12 @@ async def test_leases_survive_continue_as_new(time_skipping_env: WorkflowEnviron
                 break
             await asyncio.sleep(0.02)
         state = await handle.query(QRY_BUDGET_STATE, result_type=BudgetState)
+        first = await client.get_workflow_handle(budget_id, run_id=first_run).fetch_history()
         await handle.terminate("test done")
     assert desc.run_id != first_run, "never continued as new"
+    # Nothing is released: the waiter list and the move to the budget's own queue are the
+    # code, not `workflow.patched` branches.
+    assert patch_markers(first) == []
     assert sorted(lease.holder for lease in state.leases) == ["wf-1", "wf-2", "wf-3"]
     assert [w.holder for w in state.waiters] == ["wf-4"]  # the refused one, to wake later
 
@@ -231,8 +236,8 @@ async def test_leases_survive_continue_as_new(time_skipping_env: WorkflowEnviron
 async def test_budget_on_the_remediation_queue_moves_to_its_own(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
-    """A budget started before it had its own queue (on the remediation queue) is still found
-    and served there, and its next continue-as-new moves it, leases and all (budget-queue)."""
+    """A budget started on the remediation queue (not its own) is still found and served
+    there, and its next continue-as-new moves it, leases and all."""
     client = time_skipping_env.client
     queue = f"tq-{uuid.uuid4()}"
     wf_id = f"sickbay-budget-{uuid.uuid4().hex[:8]}"
