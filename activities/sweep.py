@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,7 +208,6 @@ class SweepActivities:
     def _check_pods(
         self, index: dict[str, SliceDevice], merged: dict[str, SweepFinding], report: SweepReport
     ) -> int:
-        count = 0
         pods = self._list(
             self._kube.core.list_pod_for_all_namespaces,
             "pods",
@@ -217,10 +216,26 @@ class SweepActivities:
             field_selector=POD_FIELD_SELECTOR,
         )
         # Read only when an entry's id is not a device key (CDI ids), once per sweep.
-        claims = ClaimIndex(self._claims)
+        return self.check_pods(pods, index, merged, report, ClaimIndex(self._claims))
+
+    def check_pods(
+        self,
+        pods: Iterable[dict[str, Any]],
+        index: dict[str, SliceDevice],
+        merged: dict[str, SweepFinding],
+        report: SweepReport,
+        claims: ClaimLookup | None = None,
+    ) -> int:
+        """`check_pod` for each pod of one sweep run, with a WARNING per id it cannot map (a
+        run reads every pod once; the health watcher, which sees a pod on every event, warns
+        once per pod and id itself)."""
+        count = 0
         for pod in pods:
             count += 1
+            before = len(report.unresolved)
             self.check_pod(pod, index, merged, report, claims)
+            for u in report.unresolved[before:]:
+                log.warning("sweep: %s", u.message)
         return count
 
     def _claims(self) -> list[dict[str, Any]]:
@@ -291,7 +306,6 @@ class SweepActivities:
                             f"{entry_name or '?'} resourceID {rid!r}, which Sickbay cannot "
                             f"map to a GPU: {problem}"
                         )
-                        log.warning("sweep: %s", text)
                         report.unresolved.append(
                             SweepFinding(
                                 kind="pod-health",
