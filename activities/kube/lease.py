@@ -73,19 +73,36 @@ class LeaseElector:
             "leaseTransitions": transitions,
         }
 
+    def _read(self) -> dict[str, Any]:
+        cfg = self.config
+        return self._kube.call(
+            self._api.read_namespaced_lease,
+            cfg.name,
+            cfg.namespace,
+            verb="get",
+            resource=RESOURCE,
+            name=cfg.name,
+        )
+
+    def _write(self, lease: dict[str, Any]) -> None:
+        """Replace the Lease as read (its resourceVersion makes a concurrent write a 409)."""
+        cfg = self.config
+        self._kube.call(
+            self._api.replace_namespaced_lease,
+            cfg.name,
+            cfg.namespace,
+            lease,
+            verb="update",
+            resource=RESOURCE,
+            name=cfg.name,
+        )
+
     def try_acquire_or_renew(self, now: datetime | None = None) -> bool:
         """True when this identity holds the Lease after the call."""
         now = now or datetime.now(UTC)
         cfg = self.config
         try:
-            lease = self._kube.call(
-                self._api.read_namespaced_lease,
-                cfg.name,
-                cfg.namespace,
-                verb="get",
-                resource=RESOURCE,
-                name=cfg.name,
-            )
+            lease = self._read()
         except KubeError as err:
             if err.kind is not ErrorKind.NOT_FOUND:
                 raise
@@ -127,15 +144,7 @@ class LeaseElector:
             acquire, transitions = now, transitions + 1
         lease["spec"] = self._spec(now, acquire, transitions)
         try:
-            self._kube.call(
-                self._api.replace_namespaced_lease,
-                cfg.name,
-                cfg.namespace,
-                lease,
-                verb="update",
-                resource=RESOURCE,
-                name=cfg.name,
-            )
+            self._write(lease)
         except KubeError as exc:
             if exc.kind is ErrorKind.CONFLICT:  # someone else wrote it since our read
                 self.is_leader = False
@@ -154,28 +163,13 @@ class LeaseElector:
         cfg = self.config
         self.is_leader = False
         try:
-            lease = self._kube.call(
-                self._api.read_namespaced_lease,
-                cfg.name,
-                cfg.namespace,
-                verb="get",
-                resource=RESOURCE,
-                name=cfg.name,
-            )
+            lease = self._read()
             spec = lease.get("spec") or {}
             if spec.get("holderIdentity") != cfg.identity:
                 return
             now = datetime.now(UTC)
             spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=_micro(now))
             lease["spec"] = spec
-            self._kube.call(
-                self._api.replace_namespaced_lease,
-                cfg.name,
-                cfg.namespace,
-                lease,
-                verb="update",
-                resource=RESOURCE,
-                name=cfg.name,
-            )
+            self._write(lease)
         except KubeError as err:  # it expires on its own
             log.warning("could not release lease %s/%s: %s", cfg.namespace, cfg.name, err)
