@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from pydantic import (
-    Field,
-)
+from pydantic import Field
 
 from contract.base import Contract, Duration
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pydantic import (
-    Field,
-)
+from pydantic import Field
 
 from contract.base import Contract, Duration
 
@@ -40,6 +38,15 @@ class CapacityRequest(Contract):
     idempotency_key: str
 
 
+# CapacityResult.status, as the pool scaler replies to each need:
+#   satisfied   - the provider finished resizing the pool to target_size (or a resize already
+#                 in flight / just finished covers this need)
+#   in-progress - the resize was requested but had not finished within the operation timeout
+#   requested   - the provider accepted the new size and offers no operation to follow
+#   at-max      - the pool is already at the runbook's (or provider's) max size; nothing asked
+#   cooldown    - the pool was resized less than the cool-down ago; nothing asked
+#   rejected    - the provider refused (quota, auth, invalid) or stayed unavailable; `message`
+#                 carries the provider's words
 class CapacityResult(Contract):
     status: Literal["requested", "in-progress", "satisfied", "at-max", "cooldown", "rejected"]
     target_size: int | None = None

@@ -8,10 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import (
-    Field,
-    model_validator,
-)
+from pydantic import Field, model_validator
 
 from contract.base import Contract, Duration
 from contract.names import TAINT_KEY, device_workflow_id

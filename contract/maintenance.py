@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import (
-    Field,
-    model_validator,
-)
+from pydantic import Field, model_validator
 
 from contract.base import Contract, Duration, StrictBool
 from contract.kube import ResolvedDevice

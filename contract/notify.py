@@ -7,9 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pydantic import (
-    Field,
-)
+from pydantic import Field
 
 from contract.base import Contract, Duration
 from contract.remediation import Phase, TimelineEntry

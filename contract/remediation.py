@@ -8,10 +8,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import (
-    Field,
-    field_validator,
-)
+from pydantic import Field, field_validator
 
 from contract.base import Contract, StrictBool
 from contract.kube import DeviceRef, PodRef, QuarantineResult, ResolvedDevice

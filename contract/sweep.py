@@ -5,9 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import (
-    Field,
-)
+from pydantic import Field
 
 from contract.base import Contract, Duration
 from contract.kube import Health, PodRef, SliceTaint
