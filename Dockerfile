@@ -20,6 +20,7 @@ COPY pyproject.toml README.md ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml','rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt \
     && /opt/sickbay/bin/pip install --requirement /tmp/requirements.txt
+COPY contract ./contract
 COPY workflows ./workflows
 COPY activities ./activities
 COPY worker ./worker

@@ -35,7 +35,15 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from workflows.constants import (
+from contract.budget import (
+    BudgetDecision,
+    BudgetLeaseRequest,
+    BudgetReleaseRequest,
+    BudgetState,
+    ReconcileLeasesInput,
+    ReconcileLeasesResult,
+)
+from contract.names import (
     ACT_ACQUIRE_BUDGET,
     ACT_RECONCILE_LEASES,
     ACT_RELEASE_BUDGET,
@@ -44,14 +52,6 @@ from workflows.constants import (
     WF_BUDGET,
     budget_task_queue,
     budget_workflow_id,
-)
-from workflows.models import (
-    BudgetDecision,
-    BudgetLeaseRequest,
-    BudgetReleaseRequest,
-    BudgetState,
-    ReconcileLeasesInput,
-    ReconcileLeasesResult,
 )
 
 log = logging.getLogger(__name__)

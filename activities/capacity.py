@@ -33,14 +33,14 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from workflows.constants import (
+from contract.capacity import CapacityRequest, CapacityResult, PoolScalerInput
+from contract.errors import ERR_INVALID_INPUT
+from contract.names import (
     ACT_REQUEST_CAPACITY,
-    ERR_INVALID_INPUT,
     UPD_POOL_NEED,
     WF_POOL_SCALER,
     pool_scaler_workflow_id,
 )
-from workflows.models import CapacityRequest, CapacityResult, PoolScalerInput
 
 
 class CapacityActivities:

@@ -30,10 +30,11 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from workflows.constants import (
+from contract.errors import ERR_INVALID_INPUT
+from contract.launch import LaunchRequest, LaunchResult
+from contract.names import (
     ACT_CLAIM_ESCALATION,
     ACT_SIGNAL_WITH_START,
-    ERR_INVALID_INPUT,
     SIG_ALERT,
     SIG_ALERTS,
     SIG_REJECTED,
@@ -42,17 +43,8 @@ from workflows.constants import (
     WF_REMEDIATE,
     rejections_workflow_id,
 )
-from workflows.models import (
-    AlertEvidence,
-    EscalationClaim,
-    EscalationClaimResult,
-    LaunchRequest,
-    LaunchResult,
-    RejectedAlerts,
-    RejectionsState,
-    RemediationInput,
-    RemediationResult,
-)
+from contract.notify import EscalationClaim, EscalationClaimResult, RejectedAlerts, RejectionsState
+from contract.remediation import AlertEvidence, RemediationInput, RemediationResult
 
 log = logging.getLogger(__name__)
 

@@ -23,22 +23,17 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.devices import list_slice_devices, node_gpu_uuids, node_pool_of
-from workflows.constants import (
-    ACT_AWAIT_REMEDIATION,
-    ACT_SELECT_DEVICES,
-    ERR_INVALID_INPUT,
-    QRY_STATUS,
-)
-from workflows.models import (
+from contract.errors import ERR_INVALID_INPUT
+from contract.kube import DraDevice, ResolvedDevice
+from contract.maintenance import (
     AwaitRemediationInput,
     AwaitRemediationResult,
-    DraDevice,
     MaintenanceSelector,
-    RemediationStatus,
-    ResolvedDevice,
     SelectDevicesInput,
     SelectedDevices,
 )
+from contract.names import ACT_AWAIT_REMEDIATION, ACT_SELECT_DEVICES, QRY_STATUS
+from contract.remediation import RemediationStatus
 
 
 def _labels(obj: dict[str, Any]) -> dict[str, str]:

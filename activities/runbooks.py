@@ -7,7 +7,7 @@
   loaders keep the last one, so a second `spec:` would silently replace the first); a file is
   at most `MAX_FILE_BYTES` and its node tree (aliases expanded) at most `MAX_NODES`, so a huge
   or alias-bomb file is refused in milliseconds instead of stalling the worker.
-- Values outside the documented safe bounds (`workflows.models.SAFE_BOUNDS`) are refused by
+- Values outside the documented safe bounds (`contract.runbook.SAFE_BOUNDS`) are refused by
   the schema unless the block acknowledges them with `unsafe: [field]`.
 - `RunbookActivities.load_runbooks` is the `load-runbooks` activity: it reads
   `Settings.runbooks_dir`, caches the set until a file changes, and keeps serving the last good
@@ -28,8 +28,9 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from workflows.constants import ACT_LOAD_RUNBOOKS, ERR_RUNBOOK_INVALID
-from workflows.models import Runbook, RunbookSet
+from contract.errors import ERR_RUNBOOK_INVALID
+from contract.names import ACT_LOAD_RUNBOOKS
+from contract.runbook import Runbook, RunbookSet
 
 log = logging.getLogger(__name__)
 

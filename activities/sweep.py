@@ -47,14 +47,9 @@ from activities.kube.health import (
     parse_entry_name,
     resolve_entry,
 )
-from workflows.constants import ACT_SWEEP_CLUSTER, TAINT_KEY
-from workflows.models import (
-    PodRef,
-    SliceTaint,
-    SweepClusterInput,
-    SweepFinding,
-    SweepReport,
-)
+from contract.kube import PodRef, SliceTaint
+from contract.names import ACT_SWEEP_CLUSTER, TAINT_KEY
+from contract.sweep import SweepClusterInput, SweepFinding, SweepReport
 
 log = logging.getLogger(__name__)
 

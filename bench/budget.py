@@ -28,9 +28,9 @@ from temporalio.worker import Worker
 
 from activities.budget import BudgetActivities
 from bench.common import summary
+from contract.budget import BudgetLeaseRequest, BudgetReleaseRequest
+from contract.names import budget_task_queue
 from workflows.budget import BudgetWorkflow
-from workflows.constants import budget_task_queue
-from workflows.models import BudgetLeaseRequest, BudgetReleaseRequest
 
 log = logging.getLogger("bench.budget")
 

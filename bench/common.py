@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import yaml
 
-from workflows.models import SAFE_BOUNDS
+from contract.runbook import SAFE_BOUNDS
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"  # raw JSON results (gitignored)

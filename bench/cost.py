@@ -27,7 +27,7 @@ from temporalio.api.enums.v1 import EventType
 
 from bench.common import requests_log
 from bench.stacks import open_stack
-from workflows.models import Phase
+from contract.remediation import Phase
 
 log = logging.getLogger("bench.cost")
 

@@ -37,7 +37,7 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from bench.peer import Peer
-    from workflows.constants import taint_rule_name
+    from contract.names import taint_rule_name
 
 log = logging.getLogger("bench.floor")
 

@@ -17,7 +17,7 @@ import httpx
 
 from bench.common import dcgm_alert, gpus, notification, rss_mb, set_budget, until, worker_log_signs
 from bench.stacks import open_stack, webhook_token, worker_pid
-from workflows.constants import WF_REMEDIATE
+from contract.names import WF_REMEDIATE
 
 
 async def run(count: int = 1000, per_notification: int = 20, rate: float = 5.0) -> dict[str, Any]:

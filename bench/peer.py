@@ -21,7 +21,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from workflows.constants import taint_rule_name
+from contract.names import taint_rule_name
 
 log = logging.getLogger("bench.peer")
 GROUP = "resource.k8s.io"

@@ -55,7 +55,7 @@ from bench.common import (
     worker_log_signs,
 )
 from bench.stacks import open_stack, webhook_token, worker_pid
-from workflows.constants import (
+from contract.names import (
     ANN_DEVICE_KEY,
     BUDGET_WORKFLOW_ID,
     LABEL_MANAGED_BY,
@@ -331,9 +331,9 @@ async def run(
     cluster_budget: str = "1%",
     settle: float = 120.0,
 ) -> dict[str, Any]:
+    from contract.runbook import BudgetPolicy
     from worker.settings import Settings
     from worker.temporal import connect
-    from workflows.models import BudgetPolicy
 
     # The runbook's own validation and rounding (a whole percent, rounded down): a budget the
     # worker would refuse must not silently leave the generated runbooks' default in force.

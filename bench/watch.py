@@ -35,9 +35,10 @@ from typing import Any
 
 from activities.kube.client import Kube, KubeSettings
 from activities.sweep import SweepActivities
+from contract.launch import LaunchRequest, LaunchResult
+from contract.sweep import SweepClusterInput
 from simulator.runtime import Simulator
 from worker.watcher import HealthWatcher, WatcherConfig
-from workflows.models import LaunchRequest, LaunchResult, SweepClusterInput
 
 DRIVER = "gpu.nvidia.com"
 NAMESPACE = "bench"

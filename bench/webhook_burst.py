@@ -54,7 +54,7 @@ from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: find bench
 from bench.storm import Lane
-from workflows.constants import SEARCH_ATTRIBUTES, device_workflow_id
+from contract.names import SEARCH_ATTRIBUTES, device_workflow_id
 
 TOKEN = "bench-token-0123456789abcdef0123456789"  # 32+ characters: shorter ones are refused
 MAX_ALERTS = 50_000  # a bound on one burst (the storm benchmark sends 20,000)

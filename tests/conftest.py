@@ -26,8 +26,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from contract.names import SEARCH_ATTRIBUTES
 from worker.stack import free_port
-from workflows.constants import SEARCH_ATTRIBUTES
 
 if TYPE_CHECKING:
     from simulator.testing import RunningSim

@@ -26,8 +26,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from workflows.constants import device_workflow_id
-from workflows.models import AlertEvidence, AlertResolved, DeviceRef, FailureClass, PodRef
+from contract.kube import DeviceRef, PodRef
+from contract.names import device_workflow_id
+from contract.remediation import AlertEvidence, AlertResolved, FailureClass
 
 # Alertmanager and Prometheus put no hard limit on label values; a workflow id must stay well
 # under Temporal's 1,000-character limit, and evidence is stored in history, so keep both small.

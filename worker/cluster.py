@@ -1,6 +1,6 @@
 """One cluster name per cluster: refuse to serve a name another cluster is already serving.
 
-`SICKBAY_CLUSTER` scopes every id and queue (workflows/constants.py, `scoped`), but it is
+`SICKBAY_CLUSTER` scopes every id and queue (contract/names.py, `scoped`), but it is
 configuration: two clusters left unnamed, or given the same name by a copy-pasted ConfigMap,
 would share one task queue and one blast-radius budget, and each worker would run the other
 cluster's remediations against its own cluster. So the worker carries its cluster's

@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from workflows.constants import (
+from contract.names import (
     QRY_STATUS,
     QRY_TIMELINE,
     SA_CLUSTER,
@@ -191,7 +191,7 @@ async def workflow_problem(handle: Any) -> tuple[Any, str | None]:
 
 async def _confirmed(handle: Any, action: str, actor: str) -> bool:
     """Wait until the workflow's timeline shows `action` by `actor` (it took the signal in)."""
-    from workflows.models import TimelineEntry
+    from contract.remediation import TimelineEntry
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + CONFIRM_SECONDS
@@ -247,7 +247,7 @@ async def _resolve(settings: Any, ref: Any) -> Any:
     from temporalio.testing import ActivityEnvironment
 
     from activities.kube import KubeActivities
-    from workflows.models import ResolveDeviceInput
+    from contract.kube import ResolveDeviceInput
 
     kube = KubeActivities.from_settings(settings)
     try:
@@ -263,12 +263,9 @@ async def _launch(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from activities.launch import signal_with_start
-    from workflows.models import (
-        DeviceRef,
-        MaintenanceInput,
-        MaintenanceSelector,
-        RemediationInput,
-    )
+    from contract.kube import DeviceRef
+    from contract.maintenance import MaintenanceInput, MaintenanceSelector
+    from contract.remediation import RemediationInput
 
     settings = _settings(args)
     actor = args.requested_by or getpass.getuser()
@@ -439,8 +436,8 @@ async def _print_rejections(client: Any, task_queue: str) -> None:
     sickbay-rejections workflow), and the pages not sent because one was already sent."""
     from temporalio.service import RPCError, RPCStatusCode
 
-    from workflows.constants import QRY_REJECTIONS, rejections_workflow_id
-    from workflows.models import RejectionsSummary
+    from contract.names import QRY_REJECTIONS, rejections_workflow_id
+    from contract.notify import RejectionsSummary
 
     wid = rejections_workflow_id(task_queue)
     try:
@@ -483,7 +480,7 @@ async def _timeline(args: argparse.Namespace) -> int:
     )
     from temporalio.service import RPCError, RPCStatusCode
 
-    from workflows.models import RemediationResult, RemediationStatus, TimelineEntry
+    from contract.remediation import RemediationResult, RemediationStatus, TimelineEntry
 
     wf_id = workflow_id_for(args.target, _settings(args).cluster)
     client = await _client(args)
@@ -558,7 +555,7 @@ async def _decide(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.service import RPCError, RPCStatusCode
 
-    from workflows.models import AbortRequest, ApprovalDecision, ApprovalResult, RepairedRequest
+    from contract.remediation import AbortRequest, ApprovalDecision, ApprovalResult, RepairedRequest
 
     wf_id = workflow_id_for(args.target, _settings(args).cluster)
     actor = args.actor or getpass.getuser()
@@ -713,8 +710,8 @@ def explain_steps(runbook: Any, failure_class: str) -> list[str]:
 
 def cmd_runbooks_explain(args: argparse.Namespace) -> int:
     from activities.runbooks import RunbookError, load_dir
+    from contract.kube import Consumer, OwnerRef, PodRef
     from workflows.classify import classify_xid
-    from workflows.models import Consumer, OwnerRef, PodRef
     from workflows.runbook_match import select_runbook
 
     path = Path(args.path) if args.path else _settings(args).runbooks_dir

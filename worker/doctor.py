@@ -47,9 +47,9 @@ from activities.kube.discovery import ClusterApis, Discovery
 from activities.kube.permissions import PERMISSIONS, ROLE_FILES, Permission, needed
 from activities.kube.pods import requests_gpu
 from activities.kube.quarantine import delete_rule, wait_rule_conditions
+from contract.names import LABEL_MANAGED_BY, MANAGED_BY_VALUE
+from contract.runbook import Runbook
 from worker.watcher import WatchSettings
-from workflows.constants import LABEL_MANAGED_BY, MANAGED_BY_VALUE
-from workflows.models import Runbook
 
 PROBE_TIMEOUT = 30.0  # seconds; the controller writes status ~0.2 s after create (10 s cadence)
 PROBE_POLL = 0.2  # seconds between reads of the scheduler probe pod (a decision takes ms)

@@ -40,11 +40,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from activities.budget import BudgetActivities
 from activities.launch import LaunchActivities
 from activities.runbooks import RunbookActivities
-from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
-from worker.identity import SenderIdentityRunner
-from worker.settings import Settings
-from workflows.budget import BudgetWorkflow
-from workflows.constants import (
+from contract.names import (
     ACT_ACQUIRE_BUDGET,
     ACT_AWAIT_REMEDIATION,
     ACT_CHECK_HEALTH,
@@ -79,6 +75,10 @@ from workflows.constants import (
     budget_task_queue,
     budget_workflow_id,
 )
+from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
+from worker.identity import SenderIdentityRunner
+from worker.settings import Settings
+from workflows.budget import BudgetWorkflow
 from workflows.identity import SenderIdentityInterceptor
 from workflows.maintenance import MaintenanceWorkflow
 from workflows.rejections import RejectionsWorkflow

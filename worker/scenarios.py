@@ -40,9 +40,8 @@ import httpx
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
-from worker.stack import Stack
-from workflows.constants import LABEL_WORKLOAD_CLASS, WF_REMEDIATE, device_workflow_id
-from workflows.models import (
+from contract.names import LABEL_WORKLOAD_CLASS, WF_REMEDIATE, device_workflow_id
+from contract.remediation import (
     AbortRequest,
     Phase,
     RemediationResult,
@@ -50,6 +49,7 @@ from workflows.models import (
     RepairedRequest,
     TimelineEntry,
 )
+from worker.stack import Stack
 from workflows.remediation import DeviceRemediationWorkflow
 
 T = TypeVar("T")

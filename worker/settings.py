@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from workflows.constants import (
+from contract.names import (
     DEFAULT_NAMESPACE,
     DEFAULT_TASK_QUEUE,
     check_cluster_name,

@@ -56,7 +56,7 @@ from typing import Any
 
 import yaml
 
-from workflows.constants import (
+from contract.names import (
     DEFAULT_NAMESPACE,
     DEFAULT_TASK_QUEUE,
     SEARCH_ATTRIBUTES,
@@ -277,7 +277,7 @@ def _http(
 
 def _scaled(key: str, value: Any, scale: float) -> str | None:
     """`value` (a runbook duration) divided by `scale`, at least MIN_SECONDS[key], as `"10s"`."""
-    from workflows.models import parse_duration
+    from contract.base import parse_duration
 
     td = parse_duration(value)
     if not isinstance(td, timedelta):
@@ -289,7 +289,8 @@ def _scaled(key: str, value: Any, scale: float) -> str | None:
 def _acknowledge(block: dict[str, Any], path: str, value: str) -> None:
     """List `path`'s field under the block's `unsafe` when the scaled value left the safe
     bounds: the demo's durations are short on purpose (its cluster runs `time_scale` faster)."""
-    from workflows.models import SAFE_BOUNDS, parse_duration
+    from contract.base import parse_duration
+    from contract.runbook import SAFE_BOUNDS
 
     bound = SAFE_BOUNDS.get(path)
     if bound is not None and not bound.holds(parse_duration(value)):

@@ -15,8 +15,8 @@ from temporalio.client import Client, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
+from contract.names import SEARCH_ATTRIBUTES
 from worker.settings import Settings
-from workflows.constants import SEARCH_ATTRIBUTES
 
 log = logging.getLogger(__name__)
 

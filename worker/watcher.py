@@ -35,7 +35,8 @@ from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.lease import LeaseConfig, LeaseElector
 from activities.kube.reflector import Reflector
 from activities.sweep import POD_FIELD_SELECTOR, SliceDevice, SweepActivities
-from workflows.models import LaunchRequest, SweepFinding, SweepReport
+from contract.launch import LaunchRequest
+from contract.sweep import SweepFinding, SweepReport
 from workflows.sweep import finding_fingerprint, finding_launch
 
 log = logging.getLogger(__name__)
@@ -607,8 +608,8 @@ def build_health_watcher(client: Any, settings: Any, kube: Kube) -> HealthWatche
     """The watcher `sickbay worker` runs: launches through signal-with-start on `client`, and
     a node short of GPUs triggers the sweep Schedule (which notifies the channels)."""
     from activities.launch import signal_with_start
+    from contract.names import sweep_schedule_id
     from worker.webhook_cli import SweepSettings
-    from workflows.constants import sweep_schedule_id
 
     sweep = SweepSettings()
     watch = WatchSettings()

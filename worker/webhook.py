@@ -93,6 +93,9 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.launch import report_rejected, signal_with_start
+from contract.names import SIG_ALERT_RESOLVED
+from contract.notify import RejectedAlerts
+from contract.remediation import HandledAlert, RemediationInput, RemediationResult, instance_key
 from worker.alerts import (
     DEFAULT_ALERT_CLASSES,
     DEFAULT_ALERT_NAMES,
@@ -109,14 +112,6 @@ from worker.settings import Settings
 from worker.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_BYTES
 from worker.spool import Spool, SpoolFull
 from worker.temporal import connect, ensure_search_attributes
-from workflows.constants import SIG_ALERT_RESOLVED
-from workflows.models import (
-    HandledAlert,
-    RejectedAlerts,
-    RemediationInput,
-    RemediationResult,
-    instance_key,
-)
 
 log = logging.getLogger(__name__)
 

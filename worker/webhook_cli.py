@@ -30,9 +30,10 @@ from temporalio.client import (
     ScheduleUpdateInput,
 )
 
+from contract.base import Duration
+from contract.names import WF_SWEEP, sweep_schedule_id
+from contract.sweep import SweepInput
 from worker.settings import Settings
-from workflows.constants import WF_SWEEP, sweep_schedule_id
-from workflows.models import Duration, SweepInput
 
 log = logging.getLogger(__name__)
 

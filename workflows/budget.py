@@ -31,16 +31,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.constants import (
-        ACT_RECONCILE_LEASES,
-        QRY_BUDGET_STATE,
-        SIG_BUDGET_FREED,
-        UPD_BUDGET_ACQUIRE,
-        UPD_BUDGET_RELEASE,
-        WF_BUDGET,
-        budget_task_queue,
-    )
-    from workflows.models import (
+    from contract.budget import (
         BudgetDecision,
         BudgetLease,
         BudgetLeaseRequest,
@@ -49,6 +40,15 @@ with workflow.unsafe.imports_passed_through():
         BudgetWaiter,
         ReconcileLeasesInput,
         ReconcileLeasesResult,
+    )
+    from contract.names import (
+        ACT_RECONCILE_LEASES,
+        QRY_BUDGET_STATE,
+        SIG_BUDGET_FREED,
+        UPD_BUDGET_ACQUIRE,
+        UPD_BUDGET_RELEASE,
+        WF_BUDGET,
+        budget_task_queue,
     )
 
 # Reconcile calls describe each holder (a few RPCs); 30 s covers a slow frontend, 3 attempts,

@@ -25,31 +25,28 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows.constants import (
+    from contract.base import input_problems
+    from contract.errors import ERR_INVALID_INPUT, ERR_MAINTENANCE_FAILED
+    from contract.kube import DeviceRef
+    from contract.launch import LaunchRequest, LaunchResult
+    from contract.maintenance import (
+        AwaitRemediationInput,
+        AwaitRemediationResult,
+        MaintenanceInput,
+        MaintenanceResult,
+        SelectDevicesInput,
+        SelectedDevices,
+    )
+    from contract.names import (
         ACT_AWAIT_REMEDIATION,
         ACT_LOAD_RUNBOOKS,
         ACT_SELECT_DEVICES,
         ACT_SIGNAL_WITH_START,
-        ERR_INVALID_INPUT,
         QRY_MAINTENANCE_PROGRESS,
         WF_MAINTENANCE,
     )
-    from workflows.models import (
-        AlertEvidence,
-        AwaitRemediationInput,
-        AwaitRemediationResult,
-        DeviceRef,
-        LaunchRequest,
-        LaunchResult,
-        MaintenanceInput,
-        MaintenanceResult,
-        Phase,
-        RemediationInput,
-        RunbookSet,
-        SelectDevicesInput,
-        SelectedDevices,
-        input_problems,
-    )
+    from contract.remediation import AlertEvidence, Phase, RemediationInput
+    from contract.runbook import RunbookSet
 
 # Selecting lists nodes and ResourceSlices: one or two API calls; a minute with retries covers
 # an API-server blip. Launch is one Temporal RPC.
@@ -149,7 +146,7 @@ class MaintenanceWorkflow:
             workflow.logger.warning("a drain failed: %s", failure)
         if failures and len(failures) == len(results):
             raise ApplicationError(
-                f"every drain failed; first: {failures[0]}", type="MaintenanceFailed"
+                f"every drain failed; first: {failures[0]}", type=ERR_MAINTENANCE_FAILED
             )
         return self._result
 

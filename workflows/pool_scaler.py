@@ -46,18 +46,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.constants import (
-        ACT_DESCRIBE_POOL,
-        ACT_SCALE_POOL,
-        ACT_WAIT_POOL_OPERATION,
-        ERR_CLOUD_REJECTED,
-        ERR_CONFIG,
-        ERR_INVALID_INPUT,
-        QRY_POOL_SCALER_STATUS,
-        UPD_POOL_NEED,
-        WF_POOL_SCALER,
-    )
-    from workflows.models import (
+    from contract.capacity import (
         CapacityRequest,
         CapacityResult,
         DescribePoolInput,
@@ -68,6 +57,15 @@ with workflow.unsafe.imports_passed_through():
         PoolScalerStatus,
         ScalePoolInput,
         ScalePoolResult,
+    )
+    from contract.errors import ERR_CLOUD_REJECTED, ERR_CONFIG, ERR_INVALID_INPUT
+    from contract.names import (
+        ACT_DESCRIBE_POOL,
+        ACT_SCALE_POOL,
+        ACT_WAIT_POOL_OPERATION,
+        QRY_POOL_SCALER_STATUS,
+        UPD_POOL_NEED,
+        WF_POOL_SCALER,
     )
 
 _PERMANENT = [ERR_CLOUD_REJECTED, ERR_CONFIG, ERR_INVALID_INPUT]

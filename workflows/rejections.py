@@ -26,13 +26,8 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.constants import (
-        QRY_REJECTIONS,
-        SIG_REJECTED,
-        UPD_CLAIM_ESCALATION,
-        WF_REJECTIONS,
-    )
-    from workflows.models import (
+    from contract.names import QRY_REJECTIONS, SIG_REJECTED, UPD_CLAIM_ESCALATION, WF_REJECTIONS
+    from contract.notify import (
         EscalationClaim,
         EscalationClaimRecord,
         EscalationClaimResult,

@@ -65,8 +65,48 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.classify import classify, is_stale, merge_evidence
-    from workflows.constants import (
+    from contract.base import format_duration, input_problems
+    from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
+    from contract.capacity import CapacityRequest, CapacityResult, NodePoolTarget
+    from contract.errors import (
+        ERR_CHANNEL_REJECTED,
+        ERR_CONFIG,
+        ERR_DEVICE_NOT_FOUND,
+        ERR_INVALID_INPUT,
+        ERR_POOL_AT_MAX,
+    )
+    from contract.kube import (
+        CheckHealthInput,
+        Consumer,
+        ConsumersResult,
+        CordonInput,
+        CordonResult,
+        CountDevicesInput,
+        DeviceCounts,
+        DeviceRef,
+        EventTarget,
+        EvictionReport,
+        EvictPodsInput,
+        EvictPodsResult,
+        Evidence,
+        EvidenceInput,
+        FindConsumersInput,
+        HealthResult,
+        OwnerRef,
+        PodRef,
+        QuarantineInput,
+        QuarantineResult,
+        RecordEventInput,
+        ReleaseInput,
+        ReleaseResult,
+        ReplacementReport,
+        ResolvedDevice,
+        ResolveDeviceInput,
+        WaitEvictionInput,
+        WaitReplacementInput,
+    )
+    from contract.launch import LaunchRequest, LaunchResult
+    from contract.names import (
         ACT_ACQUIRE_BUDGET,
         ACT_CHECK_HEALTH,
         ACT_CLAIM_ESCALATION,
@@ -87,11 +127,6 @@ with workflow.unsafe.imports_passed_through():
         ACT_SIGNAL_WITH_START,
         ACT_WAIT_EVICTION,
         ACT_WAIT_REPLACEMENT,
-        ERR_CHANNEL_REJECTED,
-        ERR_CONFIG,
-        ERR_DEVICE_NOT_FOUND,
-        ERR_INVALID_INPUT,
-        ERR_POOL_AT_MAX,
         QRY_STATUS,
         QRY_TIMELINE,
         SA_CLUSTER,
@@ -110,71 +145,33 @@ with workflow.unsafe.imports_passed_through():
         UPD_APPROVE,
         WF_REMEDIATE,
     )
-    from workflows.identity import claimed_by, sender_identity
-    from workflows.models import (
+    from contract.notify import (
+        EscalationClaim,
+        EscalationClaimResult,
+        Incident,
+        NotifyInput,
+        NotifyResult,
+    )
+    from contract.remediation import (
         AbortRequest,
         AlertEvidence,
         AlertResolved,
         ApprovalDecision,
         ApprovalResult,
-        BudgetDecision,
-        BudgetLeaseRequest,
-        BudgetPolicy,
-        BudgetReleaseRequest,
-        CapacityRequest,
-        CapacityResult,
-        CheckHealthInput,
-        Consumer,
-        ConsumersResult,
-        CordonInput,
-        CordonResult,
-        CountDevicesInput,
-        DeviceCounts,
-        DeviceRef,
-        EscalationClaim,
-        EscalationClaimResult,
-        EscalationReason,
-        EventTarget,
-        EvictionReport,
-        EvictPodsInput,
-        EvictPodsResult,
-        Evidence,
-        EvidenceInput,
-        FindConsumersInput,
         HandledAlert,
-        HealthResult,
-        Incident,
-        LaunchRequest,
-        LaunchResult,
-        NodePoolTarget,
-        NotifyInput,
-        NotifyResult,
         Outcome,
-        OwnerRef,
         Phase,
-        PodRef,
-        QuarantineInput,
-        QuarantineResult,
-        RecordEventInput,
-        ReleaseInput,
-        ReleaseResult,
         RemediationCarry,
         RemediationInput,
         RemediationResult,
         RemediationStatus,
         RepairedRequest,
-        ReplacementReport,
-        ResolvedDevice,
-        ResolveDeviceInput,
-        Runbook,
-        RunbookSet,
         TimelineEntry,
-        WaitEvictionInput,
-        WaitReplacementInput,
-        format_duration,
-        input_problems,
         instance_key,
     )
+    from contract.runbook import BudgetPolicy, EscalationReason, Runbook, RunbookSet
+    from workflows.classify import classify, is_stale, merge_evidence
+    from workflows.identity import claimed_by, sender_identity
     from workflows.runbook_match import DEFAULT_RUNBOOK, builtin_default, select_runbook
 
 T = TypeVar("T")

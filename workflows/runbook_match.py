@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from workflows.constants import LABEL_WORKLOAD_CLASS
-from workflows.models import Consumer, Runbook, RunbookMatch, RunbookMetadata
+from contract.kube import Consumer
+from contract.names import LABEL_WORKLOAD_CLASS
+from contract.runbook import Runbook, RunbookMatch, RunbookMetadata
 
 DEFAULT_RUNBOOK = "default"
 

@@ -27,7 +27,9 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.constants import (
+    from contract.kube import DeviceRef
+    from contract.launch import LaunchRequest, LaunchResult
+    from contract.names import (
         ACT_NOTIFY,
         ACT_SIGNAL_WITH_START,
         ACT_SWEEP_CLUSTER,
@@ -35,23 +37,9 @@ with workflow.unsafe.imports_passed_through():
         node_notice_workflow_id,
         scoped,
     )
-    from workflows.models import (
-        AlertEvidence,
-        DeviceRef,
-        Incident,
-        LaunchRequest,
-        LaunchResult,
-        NotifyInput,
-        NotifyResult,
-        Phase,
-        RemediationInput,
-        SweepClusterInput,
-        SweepFinding,
-        SweepInput,
-        SweepReport,
-        SweepResult,
-        Trigger,
-    )
+    from contract.notify import Incident, NotifyInput, NotifyResult
+    from contract.remediation import AlertEvidence, Phase, RemediationInput, Trigger
+    from contract.sweep import SweepClusterInput, SweepFinding, SweepInput, SweepReport, SweepResult
 
 # Listing every pod, slice and node of a big cluster takes seconds, a few pages per kind;
 # two minutes is generous and still lets the next scheduled sweep start on time.

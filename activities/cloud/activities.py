@@ -25,25 +25,11 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.cloud.base import (
-    CloudRejected,
-    CloudUnavailable,
-    ConfigError,
-    NodePoolClient,
-)
+from activities.cloud.base import CloudRejected, CloudUnavailable, NodePoolClient
 from activities.cloud.config import CloudConfig
 from activities.cloud.gke import GkeNodePools
-from workflows.constants import (
-    ACT_DESCRIBE_POOL,
-    ACT_SCALE_POOL,
-    ACT_WAIT_POOL_OPERATION,
-    ERR_CLOUD_REJECTED,
-    ERR_CLOUD_UNAVAILABLE,
-    ERR_CONFIG,
-    ERR_INVALID_INPUT,
-    ERR_STILL_WAITING,
-)
-from workflows.models import (
+from activities.outbound import ConfigError
+from contract.capacity import (
     DescribePoolInput,
     NodePoolTarget,
     PoolDescription,
@@ -52,6 +38,14 @@ from workflows.models import (
     ScalePoolInput,
     ScalePoolResult,
 )
+from contract.errors import (
+    ERR_CLOUD_REJECTED,
+    ERR_CLOUD_UNAVAILABLE,
+    ERR_CONFIG,
+    ERR_INVALID_INPUT,
+    ERR_STILL_WAITING,
+)
+from contract.names import ACT_DESCRIBE_POOL, ACT_SCALE_POOL, ACT_WAIT_POOL_OPERATION
 
 log = logging.getLogger(__name__)
 

@@ -28,14 +28,14 @@ import httpx
 from activities.cloud.base import (
     CloudRejected,
     CloudUnavailable,
-    ConfigError,
     ScaleOutcome,
     json_of,
     same_origin,
     send,
 )
 from activities.cloud.config import AksConfig
-from workflows.models import NodePoolTarget, PoolDescription, PoolOperation
+from activities.outbound import ConfigError
+from contract.capacity import NodePoolTarget, PoolDescription, PoolOperation
 
 STATE_OPERATION = "provisioning-state"
 _TERMINAL = ("Succeeded", "Failed", "Canceled")

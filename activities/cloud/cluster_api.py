@@ -18,13 +18,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from activities.cloud.base import (
-    CloudRejected,
-    CloudUnavailable,
-    ConfigError,
-    ScaleOutcome,
-)
-from workflows.models import NodePoolTarget, PoolDescription, PoolOperation
+from activities.cloud.base import CloudRejected, CloudUnavailable, ScaleOutcome
+from activities.outbound import ConfigError
+from contract.capacity import NodePoolTarget, PoolDescription, PoolOperation
 
 GROUP = "cluster.x-k8s.io"
 VERSION = "v1beta1"

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from activities.cloud.base import SecretRef, load_yaml_model
+from activities.outbound import SecretRef, load_yaml_model
 
 CLOUD_FILE_ENV = "SICKBAY_CLOUD_FILE"
 

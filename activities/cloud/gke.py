@@ -25,16 +25,15 @@ import httpx
 from activities.cloud.base import (
     CloudRejected,
     CloudUnavailable,
-    ConfigError,
     ScaleOutcome,
-    SecretRef,
     json_of,
     per_zone_count,
     same_origin,
     send,
 )
 from activities.cloud.config import GkeConfig
-from workflows.models import NodePoolTarget, PoolDescription, PoolOperation
+from activities.outbound import ConfigError, SecretRef
+from contract.capacity import NodePoolTarget, PoolDescription, PoolOperation
 
 _ACTIVE = ("PENDING", "RUNNING", "ABORTING")
 

@@ -20,18 +20,10 @@ from urllib.parse import quote
 
 import httpx
 
-from activities.cloud.base import (
-    CloudRejected,
-    CloudUnavailable,
-    ConfigError,
-    ScaleOutcome,
-    SecretRef,
-    provider_message,
-    same_origin,
-    send,
-)
+from activities.cloud.base import CloudRejected, CloudUnavailable, ScaleOutcome, same_origin, send
 from activities.cloud.config import HttpCall, HttpProfile
-from workflows.models import NodePoolTarget, PoolDescription, PoolOperation
+from activities.outbound import ConfigError, SecretRef, provider_message
+from contract.capacity import NodePoolTarget, PoolDescription, PoolOperation
 
 SIZE_OPERATION = "size"  # synthetic operation: "describe until the size is reached"
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")

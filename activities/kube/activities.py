@@ -26,23 +26,8 @@ from temporalio.exceptions import ApplicationError
 from activities.kube import consumers, devices, events, evidence, nodes, quarantine, waits
 from activities.kube.client import ErrorKind, Kube, KubeError, KubeSettings, to_application_error
 from activities.kube.discovery import ClusterApis, Discovery
-from workflows.constants import (
-    ACT_CHECK_HEALTH,
-    ACT_CORDON,
-    ACT_COUNT_DEVICES,
-    ACT_EVICT_PODS,
-    ACT_FIND_CONSUMERS,
-    ACT_GATHER_EVIDENCE,
-    ACT_PREVIEW_QUARANTINE,
-    ACT_QUARANTINE,
-    ACT_RECORD_EVENT,
-    ACT_RELEASE_QUARANTINE,
-    ACT_RESOLVE_DEVICE,
-    ACT_WAIT_EVICTION,
-    ACT_WAIT_REPLACEMENT,
-    ERR_INVALID_INPUT,
-)
-from workflows.models import (
+from contract.errors import ERR_INVALID_INPUT
+from contract.kube import (
     CheckHealthInput,
     ConsumersResult,
     CordonInput,
@@ -66,6 +51,21 @@ from workflows.models import (
     ResolveDeviceInput,
     WaitEvictionInput,
     WaitReplacementInput,
+)
+from contract.names import (
+    ACT_CHECK_HEALTH,
+    ACT_CORDON,
+    ACT_COUNT_DEVICES,
+    ACT_EVICT_PODS,
+    ACT_FIND_CONSUMERS,
+    ACT_GATHER_EVIDENCE,
+    ACT_PREVIEW_QUARANTINE,
+    ACT_QUARANTINE,
+    ACT_RECORD_EVENT,
+    ACT_RELEASE_QUARANTINE,
+    ACT_RESOLVE_DEVICE,
+    ACT_WAIT_EVICTION,
+    ACT_WAIT_REPLACEMENT,
 )
 
 T = TypeVar("T")

@@ -38,13 +38,16 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from temporalio.exceptions import ApplicationError
 
-from workflows.constants import ERR_CONFIG, ERR_FORBIDDEN, ERR_INVALID_INPUT
+from contract.errors import (
+    ERR_CONFIG,
+    ERR_FORBIDDEN,
+    ERR_INVALID_INPUT,
+    ERR_KUBE_CONFLICT,
+    ERR_KUBE_NOT_FOUND,
+    ERR_KUBE_UNAVAILABLE,
+)
 
 log = logging.getLogger(__name__)
-
-# Retryable error type for 429/5xx/timeouts. Temporal retries it with the caller's policy.
-ERR_KUBE_UNAVAILABLE = "KubeUnavailable"
-ERR_KUBE_CONFLICT = "KubeConflict"
 
 
 @dataclass(frozen=True)
@@ -178,7 +181,7 @@ def to_application_error(err: KubeError) -> ApplicationError:
     if err.kind is ErrorKind.NOT_FOUND:
         # Reaching here means a 404 on something that is not the activity's target (e.g. an
         # owner deleted mid-read): the next attempt reads a fresher state.
-        return ApplicationError(f"{err.verb} {target}: not found", type="KubeNotFound")
+        return ApplicationError(f"{err.verb} {target}: not found", type=ERR_KUBE_NOT_FOUND)
     if err.kind is ErrorKind.CONFLICT:
         return ApplicationError(
             f"{err.verb} {target}: conflict ({err.message}); will re-read and retry",

@@ -24,7 +24,7 @@ from activities.kube.pods import (
     reports_any_status,
     requests_gpu,
 )
-from workflows.models import Consumer, ConsumersResult, FindConsumersInput, ResolvedDevice
+from contract.kube import Consumer, ConsumersResult, FindConsumersInput, ResolvedDevice
 
 
 def claim_devices(claim: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -19,8 +19,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.discovery import ClusterApis
-from workflows.constants import ERR_DEVICE_NOT_FOUND
-from workflows.models import DeviceRef, DraDevice, ResolvedDevice
+from contract.errors import ERR_DEVICE_NOT_FOUND
+from contract.kube import DeviceRef, DraDevice, ResolvedDevice
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # Node labels naming a node pool, most specific first (Sickbay's own, then clouds).

@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from activities.kube.client import ErrorKind, Kube, KubeError
-from workflows.constants import EVENT_COMPONENT
-from workflows.models import EventTarget, RecordEventInput
+from contract.kube import EventTarget, RecordEventInput
+from contract.names import EVENT_COMPONENT
 
 EVENT_NAMESPACE_FOR_CLUSTER_OBJECTS = "default"
 MAX_MESSAGE = 1024  # the API server truncates longer event messages

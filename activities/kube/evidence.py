@@ -26,7 +26,7 @@ from activities.kube.devices import (
 )
 from activities.kube.health import ClaimIndex, ClaimLookup
 from activities.kube.pods import health_reports, meta, worst_health
-from workflows.models import Evidence, HealthResult, ResolvedDevice, SliceTaint
+from contract.kube import Evidence, HealthResult, ResolvedDevice, SliceTaint
 
 MAX_EVENTS = 10
 EVIDENCE_SLICE_MAX_AGE = 2.0  # seconds

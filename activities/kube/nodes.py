@@ -16,7 +16,7 @@ from typing import Any
 
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.pods import meta
-from workflows.constants import TAINT_KEY
+from contract.names import TAINT_KEY
 
 ANN_QUARANTINED = "sickbay.dev/quarantined-gpus"
 ANN_NODE_TAINT = "sickbay.dev/node-taint"

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workflows.models import Runbook
+from contract.runbook import Runbook
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.devices import GPU_RESOURCE
 from activities.kube.health import ClaimLookup, is_claim_entry, resolve_entry
-from workflows.models import HealthReport, OwnerRef, PodRef
+from contract.kube import HealthReport, OwnerRef, PodRef
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 

@@ -41,18 +41,8 @@ from activities.kube.nodes import (
     set_node_taint,
 )
 from activities.kube.pods import meta
-from workflows.constants import (
-    ANN_DEVICE_KEY,
-    ANN_REASON,
-    ANN_WORKFLOW_ID,
-    ERR_INVALID_INPUT,
-    ERR_NO_TAINT_API,
-    LABEL_MANAGED_BY,
-    MANAGED_BY_VALUE,
-    normalise_id_part,
-    taint_rule_name,
-)
-from workflows.models import (
+from contract.errors import ERR_INVALID_INPUT, ERR_NO_TAINT_API
+from contract.kube import (
     DeviceCounts,
     DraDevice,
     EvictPodsInput,
@@ -63,6 +53,15 @@ from workflows.models import (
     ReleaseInput,
     ReleaseResult,
     ResolvedDevice,
+)
+from contract.names import (
+    ANN_DEVICE_KEY,
+    ANN_REASON,
+    ANN_WORKFLOW_ID,
+    LABEL_MANAGED_BY,
+    MANAGED_BY_VALUE,
+    normalise_id_part,
+    taint_rule_name,
 )
 
 RULES = "devicetaintrules.resource.k8s.io"

@@ -27,7 +27,7 @@ from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.consumers import claim_devices
 from activities.kube.pods import claim_names, is_terminating, meta, pod_ref, same_pod
 from activities.kube.watching import watch_until
-from workflows.models import (
+from contract.kube import (
     ChurnDiagnosis,
     EvictionReport,
     OwnerRef,

@@ -24,7 +24,6 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.cloud.base import ConfigError, SecretRef, provider_message, retry_after_seconds
 from activities.notify.config import (
     Channel,
     ChannelsConfig,
@@ -33,13 +32,10 @@ from activities.notify.config import (
     WebhookChannel,
 )
 from activities.notify.messages import pagerduty_event, slack_message, webhook_body
-from workflows.constants import (
-    ACT_NOTIFY,
-    ERR_CHANNEL_REJECTED,
-    ERR_CHANNEL_UNAVAILABLE,
-    ERR_CONFIG,
-)
-from workflows.models import NotifyInput, NotifyResult
+from activities.outbound import ConfigError, SecretRef, provider_message, retry_after_seconds
+from contract.errors import ERR_CHANNEL_REJECTED, ERR_CHANNEL_UNAVAILABLE, ERR_CONFIG
+from contract.names import ACT_NOTIFY
+from contract.notify import NotifyInput, NotifyResult
 
 
 class ChannelRejected(Exception):

@@ -14,7 +14,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from workflows.models import Incident, TimelineEntry
+from contract.notify import Incident
+from contract.remediation import TimelineEntry
 
 PD_SUMMARY_MAX = 1024  # Events API v2 limit on payload.summary
 PD_DEDUP_MAX = 255  # ... and on dedup_key

@@ -29,10 +29,11 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from contract.capacity import CapacityResult
+from contract.kube import ReplacementReport
+from contract.names import WF_REMEDIATE, device_workflow_id
 from tests.workflows.fakes import FakeWorld, new_worker
 from worker.cli import main as cli_main
-from workflows.constants import WF_REMEDIATE, device_workflow_id
-from workflows.models import CapacityResult, ReplacementReport
 
 pytestmark = pytest.mark.devserver
 

@@ -27,17 +27,12 @@ from temporalio import activity
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from contract.maintenance import MaintenanceResult, SelectDevicesInput, SelectedDevices
+from contract.names import ACT_SELECT_DEVICES, device_workflow_id
+from contract.remediation import Phase, RemediationResult
 from tests.workflows.fakes import FakeWorld, new_worker
 from worker.cli import main as cli_main
-from workflows.constants import ACT_SELECT_DEVICES, device_workflow_id
 from workflows.maintenance import MaintenanceWorkflow
-from workflows.models import (
-    MaintenanceResult,
-    Phase,
-    RemediationResult,
-    SelectDevicesInput,
-    SelectedDevices,
-)
 
 pytestmark = pytest.mark.devserver
 

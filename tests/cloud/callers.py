@@ -9,8 +9,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.constants import ACT_REQUEST_CAPACITY
-    from workflows.models import CapacityRequest, CapacityResult
+    from contract.capacity import CapacityRequest, CapacityResult
+    from contract.names import ACT_REQUEST_CAPACITY
 
 
 @workflow.defn(name="test-capacity-caller")

@@ -9,8 +9,8 @@ import pytest
 
 from activities.cloud import CloudActivities
 from activities.cloud.config import CloudConfig
+from contract.capacity import NodePoolTarget
 from simulator.cloudapi import CloudApi, CloudApiServer, SimPool
-from workflows.models import NodePoolTarget
 
 SIM_TOKEN = "twin-token-for-tests"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from activities.cloud.base import CloudRejected, CloudUnavailable, ScaleOutcome
-from workflows.models import NodePoolTarget, PoolDescription, PoolOperation
+from contract.capacity import NodePoolTarget, PoolDescription, PoolOperation
 
 
 @dataclass

@@ -18,11 +18,11 @@ from temporalio.worker import Worker
 
 from activities.capacity import CapacityActivities
 from activities.cloud import CloudActivities
+from contract.capacity import CapacityRequest, NodePoolTarget, PoolScalerStatus
+from contract.names import pool_scaler_workflow_id
 from tests.cloud.callers import CapacityCaller
 from tests.cloud.fakes import FakeNodePool
 from tests.conftest import dev_server_args
-from workflows.constants import pool_scaler_workflow_id
-from workflows.models import CapacityRequest, NodePoolTarget, PoolScalerStatus
 from workflows.pool_scaler import PoolScalerWorkflow
 
 OUT = Path(__file__).resolve().parent / "histories"

@@ -31,13 +31,8 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.cloud import CloudActivities
 from activities.cloud.config import AksConfig, CloudConfig
-from workflows.constants import (
-    ERR_CLOUD_REJECTED,
-    ERR_CLOUD_UNAVAILABLE,
-    ERR_CONFIG,
-    ERR_STILL_WAITING,
-)
-from workflows.models import DescribePoolInput, NodePoolTarget, PoolOperationInput, ScalePoolInput
+from contract.capacity import DescribePoolInput, NodePoolTarget, PoolOperationInput, ScalePoolInput
+from contract.errors import ERR_CLOUD_REJECTED, ERR_CLOUD_UNAVAILABLE, ERR_CONFIG, ERR_STILL_WAITING
 
 ARM = "https://management.azure.com"
 SUB, RG = "00000000-0000-0000-0000-000000000001", "gpu-rg"

@@ -28,11 +28,11 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.cloud import CloudActivities
 from activities.cloud.cluster_api import ANN_MAX, ANN_MIN, ANN_SCALE_REQUEST, GROUP, PLURAL, VERSION
+from contract.capacity import DescribePoolInput, NodePoolTarget, PoolOperationInput, ScalePoolInput
+from contract.errors import ERR_CLOUD_REJECTED, ERR_STILL_WAITING
 from simulator.clock import Clock
 from simulator.controllers.manager import ControllerManager, SimOptions
 from simulator.testing import start_sim
-from workflows.constants import ERR_CLOUD_REJECTED, ERR_STILL_WAITING
-from workflows.models import DescribePoolInput, NodePoolTarget, PoolOperationInput, ScalePoolInput
 
 NS = "default"
 

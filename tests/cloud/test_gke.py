@@ -33,18 +33,13 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.cloud import CloudActivities
 from activities.cloud.config import CloudConfig, GkeConfig
-from workflows.constants import (
+from contract.capacity import DescribePoolInput, NodePoolTarget, PoolOperationInput, ScalePoolInput
+from contract.errors import (
     ERR_CLOUD_REJECTED,
     ERR_CLOUD_UNAVAILABLE,
     ERR_CONFIG,
     ERR_INVALID_INPUT,
     ERR_STILL_WAITING,
-)
-from workflows.models import (
-    DescribePoolInput,
-    NodePoolTarget,
-    PoolOperationInput,
-    ScalePoolInput,
 )
 
 API = "https://container.googleapis.com/v1"

@@ -42,10 +42,7 @@ from temporalio.worker import Worker
 
 from activities.capacity import CapacityActivities
 from activities.cloud import CloudActivities
-from tests.cloud.callers import CapacityCaller
-from tests.cloud.fakes import FakeNodePool
-from workflows.constants import QRY_POOL_SCALER_STATUS, pool_scaler_workflow_id
-from workflows.models import (
+from contract.capacity import (
     CapacityRequest,
     CapacityResult,
     NodePoolTarget,
@@ -53,6 +50,9 @@ from workflows.models import (
     PoolScalerInput,
     PoolScalerStatus,
 )
+from contract.names import QRY_POOL_SCALER_STATUS, pool_scaler_workflow_id
+from tests.cloud.callers import CapacityCaller
+from tests.cloud.fakes import FakeNodePool
 from workflows.pool_scaler import MAX_RECENT, PoolScalerWorkflow
 
 POOL = NodePoolTarget(provider="gke", name="h100", project="p", location="l", cluster="c1")

@@ -28,10 +28,7 @@ from temporalio.worker import Worker
 
 from activities.capacity import CapacityActivities
 from activities.cloud import CloudActivities
-from simulator.cloudapi import CloudApiServer, SimPool
-from tests.cloud.callers import CapacityCaller
-from workflows.constants import ERR_CLOUD_REJECTED, ERR_CLOUD_UNAVAILABLE, ERR_CONFIG
-from workflows.models import (
+from contract.capacity import (
     CapacityRequest,
     CapacityResult,
     DescribePoolInput,
@@ -39,6 +36,9 @@ from workflows.models import (
     PoolOperationInput,
     ScalePoolInput,
 )
+from contract.errors import ERR_CLOUD_REJECTED, ERR_CLOUD_UNAVAILABLE, ERR_CONFIG
+from simulator.cloudapi import CloudApiServer, SimPool
+from tests.cloud.callers import CapacityCaller
 from workflows.pool_scaler import PoolScalerWorkflow
 
 

@@ -25,6 +25,7 @@ from kubernetes import client as k8s
 from temporalio.testing import WorkflowEnvironment
 
 from activities.cloud import CloudActivities
+from contract.capacity import NodePoolTarget
 from simulator.clock import Clock
 from simulator.cloudapi import (
     POOL_LABEL,
@@ -37,7 +38,6 @@ from simulator.controllers.manager import ControllerManager, SimOptions
 from simulator.testing import RunningSim, start_sim
 from tests.cloud.conftest import SIM_TOKEN
 from tests.cloud.test_twin_e2e import run_callers
-from workflows.models import NodePoolTarget
 
 TIME_SCALE = 200.0  # 30 s node provisioning passes in 0.15 s
 

@@ -77,7 +77,7 @@ def temporal_container(docker_engine: None) -> Iterator[str]:
     image, search attributes registered); yields its host:port."""
     from testcontainers.core.container import DockerContainer
 
-    from workflows.constants import SEARCH_ATTRIBUTES
+    from contract.names import SEARCH_ATTRIBUTES
 
     command = ["server", "start-dev", "--ip", "0.0.0.0", "--headless", "--log-level", "warn"]
     for name in SEARCH_ATTRIBUTES:

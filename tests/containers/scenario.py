@@ -83,7 +83,7 @@ def _publish_gpus(kubeconfig: Path) -> tuple[str, list[str]]:
 def _sickbay_rules(kubeconfig: Path) -> list[dict[str, Any]]:
     from kubernetes import client, config
 
-    from workflows.constants import LABEL_MANAGED_BY, MANAGED_BY_VALUE
+    from contract.names import LABEL_MANAGED_BY, MANAGED_BY_VALUE
 
     api = config.new_client_from_config(config_file=str(kubeconfig))
     rules = client.ResourceV1beta2Api(api).list_device_taint_rule(
@@ -118,21 +118,16 @@ async def remediation_scenario(temporal_address: str, kubeconfig: Path) -> None:
     go. Also run against the cluster twin (test_remediation_on_twin.py), so this logic is
     exercised on machines without Docker too."""
     from activities.launch import signal_with_start
-    from worker.settings import Settings
-    from worker.temporal import connect
-    from workflows.constants import (
-        ANN_WORKFLOW_ID,
-        SIG_REPAIRED,
-        TAINT_KEY,
-        device_workflow_id,
-    )
-    from workflows.models import (
+    from contract.kube import DeviceRef
+    from contract.names import ANN_WORKFLOW_ID, SIG_REPAIRED, TAINT_KEY, device_workflow_id
+    from contract.remediation import (
         AlertEvidence,
-        DeviceRef,
         RemediationInput,
         RemediationResult,
         RepairedRequest,
     )
+    from worker.settings import Settings
+    from worker.temporal import connect
 
     node, uuids = await asyncio.to_thread(_publish_gpus, kubeconfig)
     settings = Settings(

@@ -59,7 +59,7 @@ def test_namespace_and_search_attributes(compose_stack: tuple[Any, str]) -> None
     from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
     from temporalio.client import Client
 
-    from workflows.constants import SEARCH_ATTRIBUTES
+    from contract.names import SEARCH_ATTRIBUTES
 
     _stack, address = compose_stack
 

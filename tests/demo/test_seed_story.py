@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from contract.names import BUDGET_WORKFLOW_ID, SA_DEVICE, SA_PHASE
 from worker.scenarios import (
     TAINT_RULE_VERSIONS,
     Demo,
@@ -33,7 +34,6 @@ from worker.scenarios import (
     act4_repair,
 )
 from workflows.budget import BudgetWorkflow
-from workflows.constants import BUDGET_WORKFLOW_ID, SA_DEVICE, SA_PHASE
 
 pytestmark = pytest.mark.devserver
 

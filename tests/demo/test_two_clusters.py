@@ -29,12 +29,12 @@ from typing import Any
 
 import pytest
 
+from contract.budget import BudgetState
+from contract.names import ANN_WORKFLOW_ID, WF_REMEDIATE, budget_workflow_id
 from tests.demo.conftest import start_stack
 from worker.scenarios import Demo, Progress
 from worker.stack import Stack
 from workflows.budget import BudgetWorkflow
-from workflows.constants import ANN_WORKFLOW_ID, WF_REMEDIATE, budget_workflow_id
-from workflows.models import BudgetState
 
 CLUSTERS = ("east", "west")
 GPUS = 3
@@ -183,7 +183,7 @@ async def test_storms_on_two_clusters_never_cross(stacks: dict[str, Stack]) -> N
 
 def test_budget_ids_differ_per_cluster() -> None:
     """The unit rule under the end-to-end test (no servers)."""
-    from workflows.constants import cluster_task_queue
+    from contract.names import cluster_task_queue
 
     ids = {budget_workflow_id(cluster_task_queue("sickbay", c), c) for c in ("", *CLUSTERS)}
     assert ids == {"sickbay-budget", "sickbay-east-budget", "sickbay-west-budget"}

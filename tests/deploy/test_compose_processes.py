@@ -318,7 +318,7 @@ def _alert_sink() -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
 def _managed_rules(api: Any) -> list[Any]:
     from kubernetes import client
 
-    from workflows.constants import LABEL_MANAGED_BY, MANAGED_BY_VALUE
+    from contract.names import LABEL_MANAGED_BY, MANAGED_BY_VALUE
 
     return (
         client.ResourceV1beta2Api(api)

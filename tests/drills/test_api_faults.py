@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.remediation import Phase
 from tests.drills.conftest import closed, drill_stack
-from workflows.models import Phase
 
 pytestmark = [pytest.mark.slow, pytest.mark.devserver]
 

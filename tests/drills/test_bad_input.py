@@ -33,8 +33,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from activities.runbooks import RunbookError, load_text
+from contract.base import input_problems
+from contract.remediation import RemediationInput
 from worker.alerts import AlertMapping, AmAlert, MappedAlert, Unmapped, map_alert
-from workflows.models import RemediationInput, input_problems
 
 RUNBOOKS = Path(__file__).resolve().parents[2] / "runbooks"
 

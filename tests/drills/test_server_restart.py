@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 import tests.drills.conftest as drills
+from contract.remediation import Phase
 from worker.stack import Child, Stack
-from workflows.models import Phase
 
 pytestmark = [pytest.mark.slow, pytest.mark.devserver]
 

@@ -56,9 +56,7 @@ from typing import Any
 
 import pytest
 
-from tests.drills.conftest import Drill, closed, drill_stack, history_facts, run_count
-from worker.scenarios import Demo, Incident
-from workflows.constants import (
+from contract.names import (
     ACT_NOTIFY,
     ACT_REQUEST_CAPACITY,
     ACT_WAIT_EVICTION,
@@ -66,7 +64,9 @@ from workflows.constants import (
     LABEL_WORKLOAD_CLASS,
     WF_REMEDIATE,
 )
-from workflows.models import Phase, RemediationStatus
+from contract.remediation import Phase, RemediationStatus
+from tests.drills.conftest import Drill, closed, drill_stack, history_facts, run_count
+from worker.scenarios import Demo, Incident
 from workflows.remediation import DeviceRemediationWorkflow
 
 pytestmark = [pytest.mark.slow, pytest.mark.devserver]

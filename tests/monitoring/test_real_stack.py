@@ -31,13 +31,13 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from contract.names import QRY_STATUS, QRY_TIMELINE, SIG_REPAIRED, device_workflow_id
+from contract.remediation import Phase, RemediationStatus, RepairedRequest, TimelineEntry
 from tests.monitoring.conftest import binary
 from tests.monitoring.stack import Monitoring, monitoring
 from worker.settings import Settings
 from worker.stack import Stack, StackConfig, free_port
 from worker.temporal import connect
-from workflows.constants import QRY_STATUS, QRY_TIMELINE, SIG_REPAIRED, device_workflow_id
-from workflows.models import Phase, RemediationStatus, RepairedRequest, TimelineEntry
 
 WAIT = 60.0  # seconds for any one state on a busy 2-core machine (typically 2-6 s)
 

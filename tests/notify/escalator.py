@@ -9,8 +9,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.constants import ACT_NOTIFY
-    from workflows.models import NotifyInput, NotifyResult
+    from contract.names import ACT_NOTIFY
+    from contract.notify import NotifyInput, NotifyResult
 
 
 @workflow.defn(name="test-escalator")

@@ -32,15 +32,12 @@ import respx
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.cloud.base import ConfigError
 from activities.notify.activities import NotifyActivities
 from activities.notify.config import ChannelsConfig
-from workflows.constants import (
-    ERR_CHANNEL_REJECTED,
-    ERR_CHANNEL_UNAVAILABLE,
-    ERR_CONFIG,
-)
-from workflows.models import Incident, NotifyInput, NotifyResult, Phase, TimelineEntry
+from activities.outbound import ConfigError
+from contract.errors import ERR_CHANNEL_REJECTED, ERR_CHANNEL_UNAVAILABLE, ERR_CONFIG
+from contract.notify import Incident, NotifyInput, NotifyResult
+from contract.remediation import Phase, TimelineEntry
 
 PD_URL = "https://events.pagerduty.com/v2/enqueue"
 SLACK_URL = "https://hooks.slack.com/services/T000/B000/XXXXSECRETXXXX"

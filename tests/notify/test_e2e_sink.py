@@ -20,10 +20,10 @@ from temporalio.worker import Worker
 
 from activities.notify.activities import NotifyActivities
 from activities.notify.config import ChannelsConfig
+from contract.notify import NotifyInput, NotifyResult
 from tests.notify.escalator import Escalator
 from tests.notify.sink import LoopbackServer, Sink
 from tests.notify.test_channels import incident
-from workflows.models import NotifyInput, NotifyResult
 
 
 async def test_escalation_reaches_every_channel(

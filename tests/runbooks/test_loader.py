@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 from activities.runbooks import RunbookActivities, RunbookError, load_dir, load_text
+from contract.kube import Consumer, Evidence, OwnerRef, PodRef
+from contract.remediation import AlertEvidence
 from workflows.classify import classify, classify_xid, is_stale, merge_evidence
-from workflows.models import AlertEvidence, Consumer, Evidence, OwnerRef, PodRef
 from workflows.runbook_match import select_runbook
 
 SHIPPED = Path(__file__).resolve().parents[2] / "runbooks"

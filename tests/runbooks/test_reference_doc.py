@@ -15,13 +15,13 @@ import yaml
 from pydantic.alias_generators import to_camel
 
 from activities.runbooks import MAX_FILE_BYTES, MAX_NODES, RunbookError, load_text
-from workflows.models import (
+from contract.base import parse_duration
+from contract.runbook import (
     ALL_ESCALATION_REASONS,
     SAFE_BOUNDS,
     BoundedRunbookModel,
     RunbookModel,
     RunbookSpec,
-    parse_duration,
 )
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "runbooks.md"

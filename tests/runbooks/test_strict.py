@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from pydantic.alias_generators import to_camel
 
 from activities.runbooks import MAX_FILE_BYTES, RunbookError, load_dir, load_file, load_text
-from workflows.models import SAFE_BOUNDS, Runbook, RunbookSpec, SafeBound
+from contract.runbook import SAFE_BOUNDS, Runbook, RunbookSpec, SafeBound
 
 SHIPPED = Path(__file__).resolve().parents[2] / "runbooks"
 

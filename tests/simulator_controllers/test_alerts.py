@@ -21,13 +21,13 @@ import asyncio
 import time
 from typing import Any
 
+from contract.names import device_workflow_id
 from simulator.alerts import AlertConfig, AlertManagerSim, fingerprint
 from simulator.clock import ManualClock
 from simulator.controllers.manager import SimOptions
 from tests.simulator_controllers.conftest import Receiver, eventually
 from tests.simulator_controllers.helpers import claim_template, deployment, pods
 from worker.alerts import AlertMapping, AmPayload, MappedAlert, map_alert
-from workflows.constants import device_workflow_id
 
 NODE = "gpu-pool-node-0"
 LABELS = {

@@ -22,10 +22,10 @@ from temporalio.client import Client, ScheduleActionStartWorkflow, ScheduleOverl
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from contract.names import SWEEP_SCHEDULE_ID, WF_SWEEP
 from tests.webhook.helpers import count_runs
 from worker.settings import Settings
 from worker.webhook_cli import SweepSettings, ensure_sweep_schedule
-from workflows.constants import SWEEP_SCHEDULE_ID, WF_SWEEP
 
 pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)
 

@@ -38,11 +38,11 @@ from temporalio.worker import Worker
 from activities.kube.client import Kube, KubeSettings
 from activities.launch import LaunchActivities
 from activities.sweep import SweepActivities
+from contract.names import device_workflow_id
+from contract.sweep import SweepClusterInput, SweepInput, SweepResult
 from simulator.seed import gpu_uuid
 from simulator.testing import RunningSim, running_sim
 from tests.webhook.helpers import count_runs, history_counts
-from workflows.constants import device_workflow_id
-from workflows.models import SweepClusterInput, SweepInput, SweepResult
 from workflows.sweep import HealthSweepWorkflow
 
 DRIVER = "gpu.nvidia.com"

@@ -26,12 +26,13 @@ from temporalio.worker import Worker
 from activities.kube.client import Kube, KubeSettings
 from activities.launch import LaunchActivities
 from activities.sweep import SweepActivities
+from contract.names import ACT_NOTIFY, device_workflow_id
+from contract.notify import NotifyInput, NotifyResult
+from contract.sweep import SweepInput, SweepResult
 from simulator.clock import Clock
 from simulator.controllers.manager import ControllerManager, SimOptions
 from simulator.testing import RunningSim, start_sim
 from tests.webhook.helpers import count_runs, history_counts
-from workflows.constants import ACT_NOTIFY, device_workflow_id
-from workflows.models import NotifyInput, NotifyResult, SweepInput, SweepResult
 from workflows.sweep import HealthSweepWorkflow
 
 pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)

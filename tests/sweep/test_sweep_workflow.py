@@ -21,20 +21,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from workflows.constants import ACT_NOTIFY, ACT_SIGNAL_WITH_START, ACT_SWEEP_CLUSTER
-from workflows.models import (
-    LaunchRequest,
-    LaunchResult,
-    NotifyInput,
-    NotifyResult,
-    PodRef,
-    SliceTaint,
-    SweepClusterInput,
-    SweepFinding,
-    SweepInput,
-    SweepReport,
-    SweepResult,
-)
+from contract.errors import ERR_INVALID_INPUT
+from contract.kube import PodRef, SliceTaint
+from contract.launch import LaunchRequest, LaunchResult
+from contract.names import ACT_NOTIFY, ACT_SIGNAL_WITH_START, ACT_SWEEP_CLUSTER
+from contract.notify import NotifyInput, NotifyResult
+from contract.sweep import SweepClusterInput, SweepFinding, SweepInput, SweepReport, SweepResult
 from workflows.sweep import HealthSweepWorkflow
 
 POD = PodRef(namespace="ml", name="trainer-0")
@@ -73,7 +65,7 @@ class Stubs:
         async def launch(req: LaunchRequest) -> LaunchResult:
             self.launches.append(req)
             if self.fail_launch:
-                raise ApplicationError("bad device", type="InvalidInput", non_retryable=True)
+                raise ApplicationError("bad device", type=ERR_INVALID_INPUT, non_retryable=True)
             device = req.remediation.device
             return LaunchResult(
                 workflow_id=device.workflow_id(), started=len(self.launches) % 2 == 1

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from activities.sweep import SweepActivities
+from contract.sweep import SweepReport
 from worker.watcher import Tracker
-from workflows.models import SweepReport
 
 
 class _NoClaims:

@@ -33,11 +33,12 @@ from kubernetes import client as k8s
 
 from activities.kube.client import Kube, KubeSettings
 from activities.sweep import SweepActivities
+from contract.launch import LaunchRequest, LaunchResult
+from contract.sweep import SweepClusterInput, SweepFinding
 from simulator.clock import Clock
 from simulator.controllers.manager import ControllerManager, SimOptions
 from simulator.testing import RunningSim, start_sim
 from worker.watcher import HealthWatcher, WatcherConfig
-from workflows.models import LaunchRequest, LaunchResult, SweepClusterInput, SweepFinding
 from workflows.sweep import finding_fingerprint
 
 TIME_SCALE = 200.0

@@ -19,10 +19,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from contract.names import device_workflow_id
 from tests.webhook.helpers import XID79_ALERT
 from worker.alerts import AlertMapping, AmAlert, MappedAlert, Unmapped, map_alert, parse_xid
 from worker.webhook import WebhookSettings
-from workflows.constants import device_workflow_id
 
 
 def am(**label_changes: str | None) -> AmAlert:

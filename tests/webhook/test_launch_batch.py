@@ -17,19 +17,19 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities.launch import signal_with_start
-from tests.webhook.helpers import signal_names
-from tests.workflows.conftest import _search_attributes  # noqa: F401  (autouse: SAs registered)
-from tests.workflows.fakes import FakeWorld, new_worker, wait_phase, xid_alert
-from workflows.constants import QRY_TIMELINE, SIG_ABORT, SIG_ALERT, SIG_ALERTS
-from workflows.models import (
+from contract.kube import DeviceRef
+from contract.names import QRY_TIMELINE, SIG_ABORT, SIG_ALERT, SIG_ALERTS
+from contract.remediation import (
     AbortRequest,
     AlertEvidence,
-    DeviceRef,
     Phase,
     RemediationInput,
     RemediationStatus,
     TimelineEntry,
 )
+from tests.webhook.helpers import signal_names
+from tests.workflows.conftest import _search_attributes  # noqa: F401  (autouse: SAs registered)
+from tests.workflows.fakes import FakeWorld, new_worker, wait_phase, xid_alert
 
 ALERT_ACTIONS = ("evidence", "alert received")
 

@@ -25,11 +25,14 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from contract.kube import DeviceRef
+from contract.maintenance import MaintenanceInput
+from contract.names import DEFAULT_TASK_QUEUE, SIG_ALERT, WF_MAINTENANCE, WF_REMEDIATE
+from contract.remediation import AlertEvidence, RemediationInput
 from tests.webhook.helpers import signal_names
-from workflows import models
-from workflows.constants import DEFAULT_TASK_QUEUE, SIG_ALERT, WF_MAINTENANCE, WF_REMEDIATE
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "triggers.md"
+INPUTS = {"RemediationInput": RemediationInput, "MaintenanceInput": MaintenanceInput}
 MARKED = re.compile(r"<!-- input: (\w+)(?: id: (\S+))? -->\s*```json\n(.*?)```", re.S)
 
 
@@ -39,7 +42,7 @@ def test_marked_inputs_validate() -> None:
     assert len(blocks) >= 3, "docs/triggers.md lost its Web UI inputs"
     kinds = set()
     for model_name, workflow_id, body in blocks:
-        model = getattr(models, model_name)
+        model = INPUTS[model_name]
         value = model.model_validate_json(body)
         kinds.add(model_name)
         if workflow_id:
@@ -84,12 +87,12 @@ async def test_cli_example_runs(dev_env: WorkflowEnvironment, temporal_cli_path:
         assert await signal_names(dev_env.client, workflow_id) == [SIG_ALERT]
         history = await handle.fetch_history()
         start = history.events[0].workflow_execution_started_event_attributes
-        models.RemediationInput.model_validate_json(start.input.payloads[0].data)
+        RemediationInput.model_validate_json(start.input.payloads[0].data)
         signalled = next(
             e for e in history.events if e.HasField("workflow_execution_signaled_event_attributes")
         )
         data = signalled.workflow_execution_signaled_event_attributes.input.payloads[0].data
-        assert models.AlertEvidence.model_validate_json(data).xid == 79
+        assert AlertEvidence.model_validate_json(data).xid == 79
         assert json.loads(data)["source"] == "manual"
     finally:
         await handle.terminate("docs test done")
@@ -97,9 +100,7 @@ async def test_cli_example_runs(dev_env: WorkflowEnvironment, temporal_cli_path:
 
 def test_only_device_required() -> None:
     # The Web UI form can launch with nothing but the device (as the docs say).
-    value = models.RemediationInput.model_validate_json(
-        '{"device": {"node": "n", "gpu_uuid": "GPU-1"}}'
-    )
+    value = RemediationInput.model_validate_json('{"device": {"node": "n", "gpu_uuid": "GPU-1"}}')
     assert value.device.key == "n/GPU-1" and value.alerts == [] and not value.dry_run
 
 
@@ -146,7 +147,7 @@ async def test_launch_example_runs(dev_env: WorkflowEnvironment) -> None:
     assert proc.returncode == 0, (out, err)
     result = json.loads(out)
     node, gpu = argv[argv.index("--node") + 1], argv[argv.index("--uuid") + 1]
-    assert result["workflow_id"] == models.DeviceRef(node=node, gpu_uuid=gpu).workflow_id()
+    assert result["workflow_id"] == DeviceRef(node=node, gpu_uuid=gpu).workflow_id()
     assert result["started"] is True
     handle = dev_env.client.get_workflow_handle(result["workflow_id"])
     try:
@@ -154,7 +155,7 @@ async def test_launch_example_runs(dev_env: WorkflowEnvironment) -> None:
         assert desc.workflow_type == WF_REMEDIATE and desc.task_queue == queue
         history = await handle.fetch_history()
         start = history.events[0].workflow_execution_started_event_attributes
-        inp = models.RemediationInput.model_validate_json(start.input.payloads[0].data)
+        inp = RemediationInput.model_validate_json(start.input.payloads[0].data)
         assert inp.dry_run and inp.trigger == "manual" and inp.reason == "Xid 79 seen by hand"
     finally:
         await handle.terminate("docs test done")

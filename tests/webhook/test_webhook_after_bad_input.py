@@ -13,10 +13,10 @@ import asyncio
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
+from contract.names import SIG_ABORT, WF_REMEDIATE, device_workflow_id
+from contract.remediation import AbortRequest, Phase
 from tests.webhook.helpers import Served, auth, payload, unique_device, xid_alert
 from tests.workflows.fakes import FakeWorld, new_worker, wait_phase
-from workflows.constants import SIG_ABORT, WF_REMEDIATE, device_workflow_id
-from workflows.models import AbortRequest, Phase
 
 pytestmark = pytest.mark.devserver
 

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from contract.names import device_workflow_id
 from tests.webhook.helpers import (
     count_runs,
     free_socket,
@@ -28,7 +29,6 @@ from tests.webhook.helpers import (
     unique_device,
     xid_alert,
 )
-from workflows.constants import device_workflow_id
 
 pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)
 

@@ -28,6 +28,10 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.runbooks import RunbookActivities
+from contract.errors import ERR_DEVICE_NOT_FOUND
+from contract.kube import ResolvedDevice, ResolveDeviceInput
+from contract.names import ACT_RESOLVE_DEVICE, QRY_STATUS, QRY_TIMELINE, device_workflow_id
+from contract.remediation import RemediationStatus, TimelineEntry
 from tests.webhook.helpers import (
     TOKEN,
     auth,
@@ -40,19 +44,6 @@ from tests.webhook.helpers import (
 )
 from worker.settings import PACKAGED_RUNBOOKS
 from worker.webhook import WebhookSettings, create_app
-from workflows.constants import (
-    ACT_RESOLVE_DEVICE,
-    ERR_DEVICE_NOT_FOUND,
-    QRY_STATUS,
-    QRY_TIMELINE,
-    device_workflow_id,
-)
-from workflows.models import (
-    RemediationStatus,
-    ResolvedDevice,
-    ResolveDeviceInput,
-    TimelineEntry,
-)
 from workflows.remediation import DeviceRemediationWorkflow
 
 pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)

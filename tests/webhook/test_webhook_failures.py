@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from temporalio.testing import WorkflowEnvironment
 
+from contract.names import device_workflow_id
 from tests.conftest import start_dev_server
 from tests.webhook.helpers import (
     TOKEN,
@@ -43,7 +44,6 @@ from tests.webhook.helpers import (
 )
 from worker.settings import Settings
 from worker.webhook import WebhookSettings, create_app
-from workflows.constants import device_workflow_id
 
 
 def _closed_port() -> int:

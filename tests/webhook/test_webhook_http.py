@@ -27,6 +27,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from contract.names import SIG_ALERT, SIG_ALERT_RESOLVED, device_workflow_id
 from tests.webhook.helpers import (
     TOKEN,
     Served,
@@ -41,7 +42,6 @@ from tests.webhook.helpers import (
     xid_alert,
 )
 from worker.webhook import WebhookSettings, create_app
-from workflows.constants import SIG_ALERT, SIG_ALERT_RESOLVED, device_workflow_id
 
 pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)
 

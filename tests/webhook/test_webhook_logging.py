@@ -17,6 +17,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from contract.names import device_workflow_id
 from tests.webhook.helpers import (
     TOKEN,
     auth,
@@ -27,7 +28,6 @@ from tests.webhook.helpers import (
     xid_alert,
 )
 from worker.webhook import WebhookSettings, create_app
-from workflows.constants import device_workflow_id
 
 pytestmark = pytest.mark.devserver
 
@@ -96,9 +96,9 @@ async def test_rejected_alerts_reach_temporal_and_sickbay_status(
 
     from temporalio.worker import Worker
 
+    from contract.names import QRY_REJECTIONS, rejections_workflow_id
+    from contract.notify import RejectionsSummary
     from worker.cli import main as cli_main
-    from workflows.constants import QRY_REJECTIONS, rejections_workflow_id
-    from workflows.models import RejectionsSummary
     from workflows.rejections import RejectionsWorkflow
 
     queue = f"rejected-{uuid.uuid4().hex[:8]}"

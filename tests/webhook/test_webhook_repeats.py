@@ -21,10 +21,10 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from contract.names import ACT_NOTIFY, ACT_QUARANTINE, SIG_REPAIRED, device_workflow_id
+from contract.remediation import Phase, RemediationResult, RepairedRequest
 from tests.webhook.helpers import TOKEN, auth, count_runs, payload, serve, settings_for, xid_alert
 from tests.workflows.fakes import FakeWorld, new_worker, wait_phase
-from workflows.constants import ACT_NOTIFY, ACT_QUARANTINE, SIG_REPAIRED, device_workflow_id
-from workflows.models import Phase, RemediationResult, RepairedRequest
 
 pytestmark = pytest.mark.devserver
 

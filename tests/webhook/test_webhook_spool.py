@@ -37,6 +37,10 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from bench.common import until
+from contract.kube import DeviceRef
+from contract.launch import LaunchResult
+from contract.names import SIG_ALERT, device_workflow_id
+from contract.remediation import AlertEvidence, AlertResolved
 from tests.webhook.helpers import (
     TOKEN,
     auth,
@@ -60,8 +64,6 @@ from worker.webhook import (
     WebhookSettings,
     create_app,
 )
-from workflows.constants import SIG_ALERT, device_workflow_id
-from workflows.models import AlertEvidence, AlertResolved, DeviceRef, LaunchResult
 
 
 def _alert(i: int, status: str = "firing") -> MappedAlert:

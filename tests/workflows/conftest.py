@@ -12,7 +12,7 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from workflows.constants import DEFAULT_NAMESPACE, SEARCH_ATTRIBUTES
+from contract.names import DEFAULT_NAMESPACE, SEARCH_ATTRIBUTES
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -27,8 +27,39 @@ from activities.kube import KubeActivities
 from activities.launch import LaunchActivities
 from activities.notify.activities import NotifyActivities
 from activities.runbooks import RunbookActivities, load_dir
-from worker.main import WORKFLOWS, sender_identity_options
-from workflows.constants import (
+from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
+from contract.capacity import CapacityRequest, CapacityResult
+from contract.kube import (
+    CheckHealthInput,
+    Consumer,
+    ConsumersResult,
+    CordonInput,
+    CordonResult,
+    CountDevicesInput,
+    DeviceCounts,
+    DeviceRef,
+    DraDevice,
+    EvictionReport,
+    EvictPodsInput,
+    EvictPodsResult,
+    Evidence,
+    EvidenceInput,
+    FindConsumersInput,
+    HealthResult,
+    OwnerRef,
+    PodRef,
+    QuarantineInput,
+    QuarantineResult,
+    RecordEventInput,
+    ReleaseInput,
+    ReleaseResult,
+    ReplacementReport,
+    ResolvedDevice,
+    ResolveDeviceInput,
+    WaitEvictionInput,
+    WaitReplacementInput,
+)
+from contract.names import (
     ACT_ACQUIRE_BUDGET,
     ACT_CHECK_HEALTH,
     ACT_CLAIM_ESCALATION,
@@ -53,52 +84,16 @@ from workflows.constants import (
     device_workflow_id,
     taint_rule_name,
 )
-from workflows.models import (
+from contract.notify import EscalationClaim, EscalationClaimResult, NotifyInput, NotifyResult
+from contract.remediation import (
     AlertEvidence,
-    BudgetDecision,
-    BudgetLeaseRequest,
-    BudgetReleaseRequest,
-    CapacityRequest,
-    CapacityResult,
-    CheckHealthInput,
-    Consumer,
-    ConsumersResult,
-    CordonInput,
-    CordonResult,
-    CountDevicesInput,
-    DeviceCounts,
-    DeviceRef,
-    DraDevice,
-    EscalationClaim,
-    EscalationClaimResult,
-    EvictionReport,
-    EvictPodsInput,
-    EvictPodsResult,
-    Evidence,
-    EvidenceInput,
-    FindConsumersInput,
-    HealthResult,
-    NotifyInput,
-    NotifyResult,
-    OwnerRef,
     Phase,
-    PodRef,
-    QuarantineInput,
-    QuarantineResult,
-    RecordEventInput,
-    ReleaseInput,
-    ReleaseResult,
     RemediationInput,
     RemediationResult,
     RemediationStatus,
-    ReplacementReport,
-    ResolvedDevice,
-    ResolveDeviceInput,
-    Runbook,
-    RunbookSet,
-    WaitEvictionInput,
-    WaitReplacementInput,
 )
+from contract.runbook import Runbook, RunbookSet
+from worker.main import WORKFLOWS, sender_identity_options
 
 RUNBOOKS_DIR = Path(__file__).resolve().parents[2] / "runbooks"
 NODE = "gpu-node-1"

@@ -31,10 +31,15 @@ from temporalio.worker import Worker
 
 from activities.budget import BudgetActivities
 from activities.launch import signal_with_start
-from tests.workflows.fakes import FakeWorld, new_worker, wait_phase, xid_alert
-from tests.workflows.histories import patch_markers
-from workflows.budget import BudgetWorkflow
-from workflows.constants import (
+from contract.budget import (
+    BudgetDecision,
+    BudgetLease,
+    BudgetLeaseRequest,
+    BudgetReleaseRequest,
+    BudgetState,
+)
+from contract.kube import DeviceCounts, DeviceRef
+from contract.names import (
     ACT_QUARANTINE,
     ACT_RESOLVE_DEVICE,
     QRY_BUDGET_STATE,
@@ -48,15 +53,8 @@ from workflows.constants import (
     budget_task_queue,
     device_workflow_id,
 )
-from workflows.models import (
+from contract.remediation import (
     AbortRequest,
-    BudgetDecision,
-    BudgetLease,
-    BudgetLeaseRequest,
-    BudgetReleaseRequest,
-    BudgetState,
-    DeviceCounts,
-    DeviceRef,
     Phase,
     RemediationInput,
     RemediationResult,
@@ -64,6 +62,9 @@ from workflows.models import (
     RepairedRequest,
     TimelineEntry,
 )
+from tests.workflows.fakes import FakeWorld, new_worker, wait_phase, xid_alert
+from tests.workflows.histories import patch_markers
+from workflows.budget import BudgetWorkflow
 from workflows.remediation import DeviceRemediationWorkflow
 
 

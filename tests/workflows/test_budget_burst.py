@@ -25,9 +25,9 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.budget import BudgetActivities, is_retryable
+from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
+from contract.names import budget_task_queue
 from workflows.budget import BudgetWorkflow
-from workflows.constants import budget_task_queue
-from workflows.models import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
 
 BURST = 100
 LIMIT = 30

@@ -21,9 +21,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.launch import LaunchActivities
-from worker.alerts import AlertMapping, AmAlert, MappedAlert, map_alert
-from worker.settings import Settings
-from workflows.constants import (
+from contract.kube import DeviceRef
+from contract.launch import LaunchRequest
+from contract.names import (
     budget_task_queue,
     budget_workflow_id,
     check_cluster_name,
@@ -35,7 +35,9 @@ from workflows.constants import (
     sweep_schedule_id,
     taint_rule_name,
 )
-from workflows.models import DeviceRef, LaunchRequest, RemediationInput
+from contract.remediation import RemediationInput
+from worker.alerts import AlertMapping, AmAlert, MappedAlert, map_alert
+from worker.settings import Settings
 
 NODE, GPU = "gpu-node-1", "GPU-0b6b"
 

@@ -4,8 +4,9 @@ The remediation and budget workflows are `sandboxed=False` (the sandbox's per-ru
 sat on the alert -> taint hot path), so nothing at run time stops them from reading a clock,
 randomness, the environment or the network. This test is that check, done on the source:
 
-- every `workflows/` module imports only the standard-library modules listed here,
-  `temporalio`, `pydantic` and `workflows.*` (lint-imports keeps kubernetes/httpx/simulator out;
+- every `workflows/` and `contract/` module (workflows run the contract's validators and
+  properties too) imports only the standard-library modules listed here, `temporalio`,
+  `pydantic`, `workflows.*` and `contract.*` (lint-imports keeps kubernetes/httpx/simulator out;
   this also keeps `time`, `random`, `os`, `socket`, `threading`... out);
 - no module calls a wall clock or an entropy source by attribute (`datetime.now()`,
   `datetime.utcnow()`, `date.today()`, `uuid.uuid4()`, `uuid.uuid1()`) or `open()`/`input()`;
@@ -21,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-WORKFLOWS = Path(__file__).resolve().parents[2] / "workflows"
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS = ROOT / "workflows"
+CONTRACT = ROOT / "contract"
 
 # Deterministic standard-library modules workflow code may import.
 ALLOWED_STDLIB = {
@@ -41,7 +44,13 @@ ALLOWED_STDLIB = {
     "string",
     "typing",
 }
-ALLOWED_ROOTS = ALLOWED_STDLIB | {"temporalio", "pydantic", "pydantic_core", "workflows"}
+ALLOWED_ROOTS = ALLOWED_STDLIB | {
+    "temporalio",
+    "pydantic",
+    "pydantic_core",
+    "workflows",
+    "contract",
+}
 FORBIDDEN_CALLS = {"now", "utcnow", "today", "uuid1", "uuid4", "getenv"}
 FORBIDDEN_BUILTINS = {"open", "input", "print"}
 UNSANDBOXED = {"budget.py", "remediation.py"}
@@ -78,8 +87,11 @@ def unsandboxed(source: str) -> bool:
 
 def test_workflow_modules_use_no_clock_entropy_or_io() -> None:
     modules = sorted(WORKFLOWS.glob("*.py"))
-    assert len(modules) >= 8, modules
-    found = [p for m in modules for p in problems(m.read_text(), m.name)]
+    contract = sorted(CONTRACT.glob("*.py"))
+    assert len(modules) >= 8 and len(contract) >= 12, (modules, contract)
+    found = [
+        p for m in modules + contract for p in problems(m.read_text(), str(m.relative_to(ROOT)))
+    ]
     assert found == []
 
 

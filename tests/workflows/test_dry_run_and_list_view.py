@@ -24,6 +24,26 @@ from temporalio.converter import DefaultPayloadConverter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
+from contract.errors import ERR_DEVICE_NOT_FOUND
+from contract.names import (
+    ACT_CLAIM_ESCALATION,
+    ACT_NOTIFY,
+    ACT_QUARANTINE,
+    ACT_RECORD_EVENT,
+    ACT_RESOLVE_DEVICE,
+    SA_ESCALATION,
+    SA_OUTCOME,
+    SIG_ABORT,
+    SIG_REPAIRED,
+    UPD_APPROVE,
+)
+from contract.remediation import (
+    AbortRequest,
+    ApprovalDecision,
+    ApprovalResult,
+    Phase,
+    RepairedRequest,
+)
 from tests.workflows.fakes import (
     FakeWorld,
     make_runbook,
@@ -32,26 +52,6 @@ from tests.workflows.fakes import (
     start,
     wait_phase,
     xid_alert,
-)
-from workflows.constants import (
-    ACT_CLAIM_ESCALATION,
-    ACT_NOTIFY,
-    ACT_QUARANTINE,
-    ACT_RECORD_EVENT,
-    ACT_RESOLVE_DEVICE,
-    ERR_DEVICE_NOT_FOUND,
-    SA_ESCALATION,
-    SA_OUTCOME,
-    SIG_ABORT,
-    SIG_REPAIRED,
-    UPD_APPROVE,
-)
-from workflows.models import (
-    AbortRequest,
-    ApprovalDecision,
-    ApprovalResult,
-    Phase,
-    RepairedRequest,
 )
 
 # A dry run pages nobody, writes no Event, taints nothing and claims no page (a claim would

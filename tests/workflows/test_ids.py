@@ -14,14 +14,14 @@ import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.budget import BudgetActivities
-from workflows.constants import (
+from contract.budget import BudgetDecision, BudgetLeaseRequest
+from contract.names import (
     DEFAULT_TASK_QUEUE,
     WF_BUDGET,
     budget_task_queue,
     budget_workflow_id,
     device_workflow_id,
 )
-from workflows.models import BudgetDecision, BudgetLeaseRequest
 
 
 def test_device_workflow_id_is_normalised() -> None:

@@ -23,15 +23,11 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.launch import signal_with_start
+from contract.errors import ERR_INVALID_INPUT
+from contract.kube import DeviceRef
+from contract.names import SA_OUTCOME, SIG_ABORT, WF_REMEDIATE, device_workflow_id
+from contract.remediation import AbortRequest, Phase, RemediationInput
 from tests.workflows.fakes import FakeWorld, new_worker, wait_phase, xid_alert
-from workflows.constants import (
-    ERR_INVALID_INPUT,
-    SA_OUTCOME,
-    SIG_ABORT,
-    WF_REMEDIATE,
-    device_workflow_id,
-)
-from workflows.models import AbortRequest, DeviceRef, Phase, RemediationInput
 
 # Generous: a wedged run (the bug) would never close; a healthy one closes in milliseconds.
 CLOSE_DEADLINE_S = 60.0
@@ -148,7 +144,7 @@ async def test_bad_maintenance_input_fails_the_run_at_once(
     """The drain's Web UI input too: `"dry_run": "yes"` and a missing selector name the fields."""
     from temporalio.worker import Worker
 
-    from workflows.constants import WF_MAINTENANCE
+    from contract.names import WF_MAINTENANCE
     from workflows.maintenance import MaintenanceWorkflow
 
     client = time_skipping_env.client

@@ -27,9 +27,17 @@ from temporalio.worker import Worker
 
 from activities.launch import LaunchActivities
 from activities.maintenance import select
-from tests.workflows.fakes import FakeWorld
-from workflows.budget import BudgetWorkflow
-from workflows.constants import (
+from contract.kube import ResolvedDevice
+from contract.maintenance import (
+    AwaitRemediationInput,
+    AwaitRemediationResult,
+    MaintenanceInput,
+    MaintenanceResult,
+    MaintenanceSelector,
+    SelectDevicesInput,
+    SelectedDevices,
+)
+from contract.names import (
     ACT_AWAIT_REMEDIATION,
     ACT_QUARANTINE,
     ACT_SELECT_DEVICES,
@@ -37,20 +45,10 @@ from workflows.constants import (
     SIG_ABORT,
     WF_MAINTENANCE,
 )
+from contract.remediation import AbortRequest, Phase, RemediationStatus
+from tests.workflows.fakes import FakeWorld
+from workflows.budget import BudgetWorkflow
 from workflows.maintenance import MaintenanceWorkflow
-from workflows.models import (
-    AbortRequest,
-    AwaitRemediationInput,
-    AwaitRemediationResult,
-    MaintenanceInput,
-    MaintenanceResult,
-    MaintenanceSelector,
-    Phase,
-    RemediationStatus,
-    ResolvedDevice,
-    SelectDevicesInput,
-    SelectedDevices,
-)
 from workflows.remediation import DeviceRemediationWorkflow
 
 

@@ -51,19 +51,21 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
-from tests.workflows.fakes import (
-    NODE,
-    FakeWorld,
-    deployment_consumer,
-    make_runbook,
-    new_worker,
-    shipped_runbooks,
-    start,
-    wait_phase,
-    xid_alert,
+from contract.budget import BudgetDecision
+from contract.capacity import CapacityResult
+from contract.errors import ERR_FORBIDDEN, ERR_POOL_AT_MAX
+from contract.kube import (
+    ChurnDiagnosis,
+    EvictionReport,
+    EvictPodsResult,
+    OwnerRef,
+    PodRef,
+    PodState,
+    QuarantineInput,
+    QuarantineResult,
+    ReplacementReport,
 )
-from tests.workflows.histories import patch_markers, save_history
-from workflows.constants import (
+from contract.names import (
     ACT_ACQUIRE_BUDGET,
     ACT_CHECK_HEALTH,
     ACT_CORDON,
@@ -79,8 +81,6 @@ from workflows.constants import (
     ACT_REQUEST_CAPACITY,
     ACT_WAIT_EVICTION,
     ACT_WAIT_REPLACEMENT,
-    ERR_FORBIDDEN,
-    ERR_POOL_AT_MAX,
     QRY_TIMELINE,
     SIG_ABORT,
     SIG_ALERT,
@@ -89,27 +89,28 @@ from workflows.constants import (
     UPD_APPROVE,
     taint_rule_name,
 )
-from workflows.models import (
+from contract.remediation import (
     AbortRequest,
     AlertResolved,
     ApprovalDecision,
     ApprovalResult,
-    BudgetDecision,
-    CapacityResult,
-    ChurnDiagnosis,
-    EvictionReport,
-    EvictPodsResult,
-    OwnerRef,
     Phase,
-    PodRef,
-    PodState,
-    QuarantineInput,
-    QuarantineResult,
     RemediationResult,
     RepairedRequest,
-    ReplacementReport,
     TimelineEntry,
 )
+from tests.workflows.fakes import (
+    NODE,
+    FakeWorld,
+    deployment_consumer,
+    make_runbook,
+    new_worker,
+    shipped_runbooks,
+    start,
+    wait_phase,
+    xid_alert,
+)
+from tests.workflows.histories import patch_markers, save_history
 
 
 def actions(result_timeline: list[TimelineEntry]) -> list[str]:
@@ -247,7 +248,7 @@ async def test_result_lists_the_alert_instances_it_handled(
     """The closed run's result says which Alertmanager alert instances (fingerprint +
     startsAt) it handled, including the ones an earlier run handled (`handled_before`, which
     are not new evidence): what the webhook asks Temporal before starting another run."""
-    from workflows.models import HandledAlert
+    from contract.remediation import HandledAlert
 
     client = time_skipping_env.client
     world = FakeWorld(health="Healthy")
@@ -886,7 +887,7 @@ async def test_channel_configuration_error_is_not_retried(
     (not "gave up after 6 tries")."""
     from temporalio import activity as act
 
-    from workflows.constants import ERR_CONFIG
+    from contract.errors import ERR_CONFIG
 
     client = time_skipping_env.client
     world = FakeWorld(health="Healthy")
@@ -1009,8 +1010,9 @@ async def test_non_canonical_launch_hands_over(time_skipping_env: WorkflowEnviro
     import uuid as _uuid
 
     from activities.launch import LaunchActivities
-    from workflows.constants import WF_REMEDIATE, device_workflow_id
-    from workflows.models import DeviceRef, RemediationInput, RemediationStatus
+    from contract.kube import DeviceRef
+    from contract.names import WF_REMEDIATE, device_workflow_id
+    from contract.remediation import RemediationInput, RemediationStatus
 
     client = time_skipping_env.client
     world = FakeWorld()
@@ -1211,8 +1213,9 @@ async def test_unknown_device_escalates_with_default_runbook(
     from temporalio import activity as act
     from temporalio.worker import Worker
 
+    from contract.errors import ERR_DEVICE_NOT_FOUND
+    from contract.names import ACT_RESOLVE_DEVICE
     from workflows.budget import BudgetWorkflow
-    from workflows.constants import ACT_RESOLVE_DEVICE, ERR_DEVICE_NOT_FOUND
     from workflows.remediation import DeviceRemediationWorkflow
 
     client = time_skipping_env.client
@@ -1246,16 +1249,18 @@ async def test_made_up_devices_page_once_per_node(time_skipping_env: WorkflowEnv
     from temporalio.worker import Worker
 
     from activities.launch import LaunchActivities
-    from workflows.budget import BudgetWorkflow
-    from workflows.constants import (
+    from contract.errors import ERR_DEVICE_NOT_FOUND
+    from contract.kube import DeviceRef
+    from contract.names import (
         ACT_RESOLVE_DEVICE,
-        ERR_DEVICE_NOT_FOUND,
         QRY_REJECTIONS,
         WF_REMEDIATE,
         device_workflow_id,
         rejections_workflow_id,
     )
-    from workflows.models import DeviceRef, RejectionsSummary, RemediationInput, RemediationResult
+    from contract.notify import RejectionsSummary
+    from contract.remediation import RemediationInput, RemediationResult
+    from workflows.budget import BudgetWorkflow
     from workflows.rejections import RejectionsWorkflow
     from workflows.remediation import DeviceRemediationWorkflow
 

@@ -23,9 +23,9 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from contract.names import device_workflow_id
 from tests.workflows.histories import patch_markers
 from worker.main import WORKFLOWS
-from workflows.constants import device_workflow_id
 
 HISTORIES = Path(__file__).resolve().parents[1] / "histories"
 RECORDED = sorted(HISTORIES.glob("*.json"))

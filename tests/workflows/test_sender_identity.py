@@ -39,6 +39,18 @@ from temporalio.worker import Worker
 
 from activities.launch import signal_with_start
 from activities.notify.messages import timeline_lines
+from contract.kube import DeviceRef
+from contract.names import SIG_ABORT, SIG_REPAIRED, UPD_APPROVE
+from contract.remediation import (
+    AbortRequest,
+    ApprovalDecision,
+    ApprovalResult,
+    Phase,
+    RemediationInput,
+    RemediationResult,
+    RepairedRequest,
+    TimelineEntry,
+)
 from tests.workflows.fakes import (
     FakeWorld,
     make_runbook,
@@ -49,19 +61,7 @@ from tests.workflows.fakes import (
 )
 from tests.workflows.fakes import wait_phase as _wait_phase
 from worker.cli import main as cli_main
-from workflows.constants import SIG_ABORT, SIG_REPAIRED, UPD_APPROVE
 from workflows.identity import SENDER_HEADER
-from workflows.models import (
-    AbortRequest,
-    ApprovalDecision,
-    ApprovalResult,
-    DeviceRef,
-    Phase,
-    RemediationInput,
-    RemediationResult,
-    RepairedRequest,
-    TimelineEntry,
-)
 from workflows.remediation import DeviceRemediationWorkflow
 
 

@@ -17,9 +17,7 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from worker import main as worker_main
-from worker.settings import Settings
-from workflows.constants import (
+from contract.names import (
     ACT_QUARANTINE,
     ACT_RESOLVE_DEVICE,
     WF_BUDGET,
@@ -27,6 +25,8 @@ from workflows.constants import (
     WF_REMEDIATE,
     budget_task_queue,
 )
+from worker import main as worker_main
+from worker.settings import Settings
 
 
 def test_workflows_registered_by_name() -> None:

@@ -45,8 +45,8 @@ from activities.kube.devices import (
     slice_devices,
 )
 from activities.kube.quarantine import count_devices
+from contract.kube import CountDevicesInput, DeviceRef, QuarantineInput, ResolveDeviceInput
 from simulator.testing import RunningSim
-from workflows.models import CountDevicesInput, DeviceRef, QuarantineInput, ResolveDeviceInput
 
 
 def _kube(sim: RunningSim) -> Kube:
@@ -245,7 +245,7 @@ def test_evidence_and_consumers_side_by_side_share_one_pod_list(sim_factory: Any
     the other joins it instead of listing again; a later fresh read lists again."""
     from activities.kube.consumers import find_consumers
     from activities.kube.evidence import gather_evidence
-    from workflows.models import FindConsumersInput
+    from contract.kube import FindConsumersInput
 
     twin = sim_factory(profile="1.36", pools=MIXED)
     acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
@@ -279,7 +279,7 @@ def test_evidence_reuses_a_pod_list_loaded_since_it_was_scheduled(sim_factory: A
     again; a list loaded before the step was scheduled is never used."""
     from activities.kube.consumers import find_consumers
     from activities.kube.evidence import gather_evidence
-    from workflows.models import FindConsumersInput
+    from contract.kube import FindConsumersInput
 
     twin = sim_factory(profile="1.36", pools=MIXED)
     acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))

@@ -18,8 +18,7 @@ Cases:
 
 from __future__ import annotations
 
-from tests.activities.kube.conftest import Twin
-from workflows.models import (
+from contract.kube import (
     DeviceRef,
     EvidenceInput,
     FindConsumersInput,
@@ -27,6 +26,7 @@ from workflows.models import (
     PodRef,
     ResolveDeviceInput,
 )
+from tests.activities.kube.conftest import Twin
 
 
 async def test_consumers_through_deployment_and_job(cluster: Twin) -> None:

@@ -18,11 +18,7 @@ import asyncio
 from datetime import timedelta
 from pathlib import Path
 
-from simulator.clock import Clock
-from simulator.controllers.manager import ControllerManager, SimOptions
-from tests.activities.kube.conftest import twin
-from tests.activities.kube.test_kube_e2e import RULES, _gpu_of, _running_pod, _workload
-from workflows.models import (
+from contract.kube import (
     DeviceRef,
     OwnerRef,
     PodRef,
@@ -31,6 +27,10 @@ from workflows.models import (
     WaitEvictionInput,
     WaitReplacementInput,
 )
+from simulator.clock import Clock
+from simulator.controllers.manager import ControllerManager, SimOptions
+from tests.activities.kube.conftest import twin
+from tests.activities.kube.test_kube_e2e import RULES, _gpu_of, _running_pod, _workload
 
 OWNER = OwnerRef(kind="Deployment", name="trainer", namespace="ml")
 
@@ -159,7 +159,7 @@ async def test_preview_reads_the_controller_verdict(tmp_path: Path) -> None:
 async def test_eviction_api_mode_pieces(tmp_path: Path) -> None:
     """Runbook mode `eviction-api`: NoSchedule rule (nothing evicted), Eviction API (a PDB
     allowing no disruption blocks it), then NoExecute as the backstop (evicts, PDB ignored)."""
-    from workflows.models import EvictPodsInput
+    from contract.kube import EvictPodsInput
 
     with twin(
         tmp_path,
@@ -207,7 +207,7 @@ async def test_evidence_and_health_from_an_injected_fault(tmp_path: Path) -> Non
     device; evidence and check_device_health read both, under the NVIDIA driver's CDI device
     id (what the 1.36 kubelet writes) and under driver/pool/device (a driver returning no CDI
     id). Device plugin: allocatable drops."""
-    from workflows.models import CheckHealthInput, EvidenceInput
+    from contract.kube import CheckHealthInput, EvidenceInput
 
     for profile, cdi in (("1.36", True), ("1.36", False), ("device-plugin", True)):
         manager = ControllerManager(SimOptions(pod_startup_seconds=0.5, cdi_device_ids=cdi))

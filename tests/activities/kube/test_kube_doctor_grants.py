@@ -92,7 +92,7 @@ async def test_runbooks_that_do_not_load_are_an_error(tmp_path: Path) -> None:
 
 def test_needed_names_the_runbook_choice_of_each_optional_grant() -> None:
     from activities.kube.permissions import PERMISSIONS, needed
-    from workflows.models import Runbook
+    from contract.runbook import Runbook
 
     def runbook(name: str, spec: dict[str, object]) -> Runbook:
         return Runbook.model_validate(

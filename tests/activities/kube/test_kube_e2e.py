@@ -30,11 +30,7 @@ from typing import Any
 import pytest
 
 from activities.kube.permissions import ROLE_NODE_FALLBACK
-from simulator.clock import Clock
-from simulator.controllers.manager import ControllerManager, SimOptions
-from tests.activities.kube.conftest import Twin, twin
-from tests.activities.kube.rbac_proxy import allows, deploy_rules
-from workflows.models import (
+from contract.kube import (
     CheckHealthInput,
     CountDevicesInput,
     DeviceRef,
@@ -48,6 +44,10 @@ from workflows.models import (
     WaitEvictionInput,
     WaitReplacementInput,
 )
+from simulator.clock import Clock
+from simulator.controllers.manager import ControllerManager, SimOptions
+from tests.activities.kube.conftest import Twin, twin
+from tests.activities.kube.rbac_proxy import allows, deploy_rules
 
 RULES = deploy_rules()  # every ClusterRole deploy/ ships
 WF = "sickbay-gpu-e2e"

@@ -22,11 +22,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from activities.kube import KubeActivities, KubeSettings
-from activities.kube.client import ERR_KUBE_UNAVAILABLE
-from tests.activities.kube.conftest import twin
-from tests.activities.kube.rbac_proxy import deploy_rules
-from workflows.constants import ERR_CONFIG, ERR_DEVICE_NOT_FOUND, ERR_FORBIDDEN
-from workflows.models import (
+from contract.errors import ERR_CONFIG, ERR_DEVICE_NOT_FOUND, ERR_FORBIDDEN, ERR_KUBE_UNAVAILABLE
+from contract.kube import (
     CordonInput,
     DeviceRef,
     EvictPodsInput,
@@ -37,6 +34,8 @@ from workflows.models import (
     ResolveDeviceInput,
     WaitEvictionInput,
 )
+from tests.activities.kube.conftest import twin
+from tests.activities.kube.rbac_proxy import deploy_rules
 
 RULES: list[dict[str, Any]] = deploy_rules()  # every ClusterRole deploy/ ships
 

@@ -27,8 +27,9 @@ from activities.kube.client import ErrorKind, classify, to_application_error
 from activities.kube.devices import group_of, slice_devices
 from activities.kube.permissions import PERMISSIONS, ROLE_FILES
 from activities.kube.quarantine import parse_would_evict, rule_plan
-from workflows.constants import ERR_FORBIDDEN, ERR_INVALID_INPUT, taint_rule_name
-from workflows.models import DraDevice, ResolvedDevice
+from contract.errors import ERR_FORBIDDEN, ERR_INVALID_INPUT
+from contract.kube import DraDevice, ResolvedDevice
+from contract.names import taint_rule_name
 
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = ROOT / "tests" / "k8s_golden"

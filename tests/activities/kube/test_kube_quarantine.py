@@ -36,16 +36,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from activities.kube import quarantine
-from tests.activities.kube.conftest import Twin, twin
-from workflows.constants import (
-    ANN_DEVICE_KEY,
-    ANN_WORKFLOW_ID,
-    ERR_INVALID_INPUT,
-    LABEL_MANAGED_BY,
-    TAINT_KEY,
-    taint_rule_name,
-)
-from workflows.models import (
+from contract.errors import ERR_INVALID_INPUT
+from contract.kube import (
     CordonInput,
     CountDevicesInput,
     DeviceRef,
@@ -57,6 +49,14 @@ from workflows.models import (
     ReleaseInput,
     ResolveDeviceInput,
 )
+from contract.names import (
+    ANN_DEVICE_KEY,
+    ANN_WORKFLOW_ID,
+    LABEL_MANAGED_BY,
+    TAINT_KEY,
+    taint_rule_name,
+)
+from tests.activities.kube.conftest import Twin, twin
 
 RULES = "devicetaintrules.resource.k8s.io"
 WF = "sickbay-gpu-test"

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from temporalio.exceptions import ApplicationError
 
+from contract.errors import ERR_DEVICE_NOT_FOUND
+from contract.kube import DeviceRef, ResolveDeviceInput
 from tests.activities.kube.conftest import Twin, twin
-from workflows.constants import ERR_DEVICE_NOT_FOUND
-from workflows.models import DeviceRef, ResolveDeviceInput
 
 EXPECTED_TAINT_VERSION = {
     "1.34": None,

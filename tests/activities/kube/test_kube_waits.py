@@ -24,14 +24,8 @@ from pathlib import Path
 
 from temporalio.testing import ActivityEnvironment
 
+from contract.kube import DraDevice, OwnerRef, PodRef, WaitEvictionInput, WaitReplacementInput
 from tests.activities.kube.conftest import Twin, twin
-from workflows.models import (
-    DraDevice,
-    OwnerRef,
-    PodRef,
-    WaitEvictionInput,
-    WaitReplacementInput,
-)
 
 UNSCHEDULABLE = (
     "0/2 nodes are available: 2 cannot allocate all claims. still not schedulable, "
@@ -345,7 +339,7 @@ async def test_api_server_gone_mid_wait_is_retryable(tmp_path: Path) -> None:
     (Temporal backs off; the heartbeat details keep the progress for the next attempt)."""
     from temporalio.exceptions import ApplicationError
 
-    from activities.kube.client import ERR_KUBE_UNAVAILABLE
+    from contract.errors import ERR_KUBE_UNAVAILABLE
 
     with twin(tmp_path, "1.37", nodes=1) as t:
         a = t.consumer_pod("ml", "a", t.node(0), "gpu-0")

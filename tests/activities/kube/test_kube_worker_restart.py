@@ -19,9 +19,9 @@ from temporalio.client import Client
 from temporalio.common import RetryPolicy
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from contract.kube import EvictionReport, PodRef, WaitEvictionInput
+from contract.names import ACT_WAIT_EVICTION
 from tests.activities.kube.conftest import twin
-from workflows.constants import ACT_WAIT_EVICTION
-from workflows.models import EvictionReport, PodRef, WaitEvictionInput
 
 pytestmark = pytest.mark.devserver
 

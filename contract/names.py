@@ -1,7 +1,8 @@
-"""Names shared by workflows, activities, the worker, the webhook and the CLI.
+"""Every Temporal name: workflow, activity, signal, query and update names, task queues,
+workflow ids, search attributes, and the Kubernetes labels Sickbay writes.
 
-Temporal matches workflows, activities, signals, queries, updates and error types by *name*,
-so every such name lives here once. Changing one breaks running workflows and recorded
+Temporal matches them by *name*, so every such name lives here once (error types: in
+`contract.errors`). Changing one breaks running workflows and recorded
 histories: add new names, never rename.
 """
 
@@ -80,20 +81,6 @@ ACT_CLAIM_ESCALATION = "claim-escalation"  # engine -> rejections workflow
 ACT_RECONCILE_LEASES = "reconcile-budget-leases"
 ACT_SELECT_DEVICES = "select-devices"  # maintenance selector -> physical GPUs
 ACT_AWAIT_REMEDIATION = "await-remediation-phase"  # maintenance: wait for a drain to finish
-
-# --- ApplicationError types (non-retryable unless stated) ------------------------------------
-ERR_DEVICE_NOT_FOUND = "DeviceNotFound"
-ERR_FORBIDDEN = "KubeForbidden"
-ERR_INVALID_INPUT = "InvalidInput"
-ERR_RUNBOOK_INVALID = "RunbookInvalid"
-ERR_NO_TAINT_API = "DeviceTaintRuleUnavailable"
-ERR_CLOUD_REJECTED = "CloudRequestRejected"  # 4xx from a provider: quota, auth
-ERR_CLOUD_UNAVAILABLE = "CloudUnavailable"  # retryable: 429/5xx/transport from a provider
-ERR_CHANNEL_UNAVAILABLE = "NotificationChannelUnavailable"  # retryable: 429/5xx/transport
-ERR_POOL_AT_MAX = "NodePoolAtMaxSize"
-ERR_CHANNEL_REJECTED = "NotificationRejected"
-ERR_CONFIG = "ConfigurationError"
-ERR_STILL_WAITING = "StillWaiting"  # retryable: used by polling activities
 
 # --- search attributes (Keyword) -----------------------------------------------------------
 SA_DEVICE = "SickbayDevice"

@@ -1,0 +1,92 @@
+"""The base of every boundary model: `Contract`, durations (`Duration`, `parse_duration`,
+`format_duration`), `StrictBool` and `input_problems` (one line naming every bad field).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    PlainSerializer,
+    Strict,
+    ValidationError,
+)
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(value: Any) -> Any:
+    """Accept `90`, `"90s"`, `"5m"`, `"1h30m"`, `"2d"` as well as ISO 8601 / timedelta."""
+    if isinstance(value, timedelta):
+        return value
+    try:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return timedelta(seconds=value)
+        if isinstance(value, str):
+            text = value.strip()
+            if re.fullmatch(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+", text):
+                unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+                total = sum(float(n) * unit[u] for n, u in _DURATION_PART.findall(text))
+                return timedelta(seconds=total)
+            if re.fullmatch(r"\d+(?:\.\d+)?", text):
+                return timedelta(seconds=float(text))
+    except OverflowError:  # e.g. 1e20 seconds: a validation error, not a crash
+        raise ValueError(f"duration {value!r} is out of range") from None
+    return value  # let pydantic try ISO 8601 and report a clear error
+
+
+def format_duration(value: timedelta) -> str:
+    """`5m`, `1h`, `30s`: how durations read in the Web UI."""
+    seconds = value.total_seconds()
+    if seconds and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    if seconds == int(seconds):
+        return f"{int(seconds)}s"
+    return f"{seconds}s"
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+]
+"""A duration written as `30s`, `5m`, `1h30m` or seconds; serialised back as `5m`."""
+
+# A JSON boolean only: `"dry_run": "true"` (or "yes", 1) is refused with a clear error rather
+# than coerced, so a launch typed by hand in the Web UI means exactly what it says.
+StrictBool = Annotated[bool, Strict()]
+
+
+class Contract(BaseModel):
+    """Base of every boundary model: JSON-friendly, strict about unknown fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def input_problems(err: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One line naming every bad field of a workflow input and its problem, e.g.
+    `device: Field required; dryrun: unknown field (fields: device, alerts, ...)`."""
+    problems = []
+    for e in err.errors():
+        where = ".".join(str(part) for part in e["loc"]) or "input"
+        if e["type"] == "extra_forbidden":
+            known = (
+                f" (fields: {', '.join(f for f in model.model_fields if f != 'resume')})"
+                if model and len(e["loc"]) == 1
+                else ""
+            )
+            problems.append(f"{where}: unknown field{known}")
+        elif e["type"] == "model_type" and not e["loc"]:
+            problems.append(f"input: must be a JSON object, got {e.get('input')!r}")
+        elif e["type"] in ("bool_type", "string_type", "int_type", "model_type", "dict_type"):
+            problems.append(f"{where}: {e['msg']}, got {e.get('input')!r}")
+        else:
+            problems.append(f"{where}: {e['msg']}")
+    return "; ".join(problems)

@@ -1,0 +1,31 @@
+"""ApplicationError types: every error-type string a layer raises or matches on.
+
+Activities raise them and workflows (retry policies' `non_retryable_error_types`, failure
+handling) match on them by *name*, and they are recorded in histories: add new ones, never
+rename. Non-retryable unless stated.
+"""
+
+from __future__ import annotations
+
+ERR_DEVICE_NOT_FOUND = "DeviceNotFound"
+ERR_FORBIDDEN = "KubeForbidden"
+ERR_INVALID_INPUT = "InvalidInput"
+ERR_RUNBOOK_INVALID = "RunbookInvalid"
+ERR_NO_TAINT_API = "DeviceTaintRuleUnavailable"
+ERR_CLOUD_REJECTED = "CloudRequestRejected"  # 4xx from a provider: quota, auth
+ERR_CLOUD_UNAVAILABLE = "CloudUnavailable"  # retryable: 429/5xx/transport from a provider
+ERR_CHANNEL_UNAVAILABLE = "NotificationChannelUnavailable"  # retryable: 429/5xx/transport
+ERR_POOL_AT_MAX = "NodePoolAtMaxSize"
+ERR_CHANNEL_REJECTED = "NotificationRejected"
+ERR_CONFIG = "ConfigurationError"
+ERR_STILL_WAITING = "StillWaiting"  # retryable: used by polling activities
+
+# The Kubernetes API (activities/kube): retryable, Temporal retries them with the caller's policy.
+ERR_KUBE_UNAVAILABLE = "KubeUnavailable"  # 429/5xx/timeouts
+ERR_KUBE_CONFLICT = "KubeConflict"  # 409: re-read and retry
+# A 404 on something that is not the activity's target (an owner deleted mid-read): the next
+# attempt reads a fresher state.
+ERR_KUBE_NOT_FOUND = "KubeNotFound"
+
+# The maintenance drain workflow: every drain it started failed.
+ERR_MAINTENANCE_FAILED = "MaintenanceFailed"

@@ -1,0 +1,209 @@
+"""The remediation workflow's contract: its input, messages (alerts, abort, repaired,
+approval), status, result, timeline and continue-as-new carry.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from contract.base import Contract, StrictBool
+from contract.kube import DeviceRef, PodRef, QuarantineResult, ResolvedDevice
+from contract.names import check_cluster_name
+from contract.runbook import Runbook
+
+FailureClass = Literal["unhealthy", "degraded", "application", "unknown"]
+Trigger = Literal["alert", "sweep", "watch", "manual", "ui", "maintenance"]
+
+
+class Phase(StrEnum):
+    """Where a remediation is; also the `SickbayPhase` search attribute."""
+
+    RECEIVED = "received"
+    CONFIRMING = "confirming"
+    GUARDING = "guarding"
+    AWAITING_APPROVAL = "awaiting-approval"
+    QUARANTINING = "quarantining"
+    EVICTING = "evicting"
+    AWAITING_REPLACEMENT = "awaiting-replacement"
+    SCALING = "scaling"
+    ESCALATED = "escalated"
+    HOLDING = "holding"
+    RELEASING = "releasing"
+    CLOSED = "closed"
+
+
+class AlertEvidence(Contract):
+    """One alert (or sweep finding) about a device."""
+
+    source: Literal["alertmanager", "sweep", "watch", "manual"] = "manual"
+    alertname: str = ""
+    fingerprint: str = ""
+    xid: int | None = None
+    starts_at: datetime | None = None
+    received_at: datetime | None = None
+    summary: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    pod: PodRef | None = None  # dcgm-exporter's pod mapping, when present
+    # The class the alert itself stands for (its rule: ECC double-bit -> unhealthy, NVLink ->
+    # degraded, ...); None: classified by `xid`. Never derived from a counter's value.
+    failure_class: FailureClass | None = None
+
+
+class HandledAlert(Contract):
+    """One Alertmanager alert instance a run handled: its fingerprint and startsAt (constant
+    over one firing episode; a new firing after resolution gets a new startsAt)."""
+
+    fingerprint: str
+    starts_at: datetime | None = None
+
+    def key(self) -> tuple[str, str]:
+        return instance_key(self.fingerprint, self.starts_at)
+
+
+def instance_key(fingerprint: str, starts_at: datetime | None) -> tuple[str, str]:
+    """(fingerprint, startsAt in UTC): one instant is one key, whatever offset it came in."""
+    if starts_at is None:
+        return (fingerprint, "")
+    at = starts_at.astimezone(UTC) if starts_at.tzinfo is not None else starts_at
+    return (fingerprint, at.isoformat())
+
+
+class AlertResolved(Contract):
+    fingerprint: str = ""
+    alertname: str = ""
+    ends_at: datetime | None = None
+
+
+class AbortRequest(Contract):
+    reason: str = Field(min_length=1)
+    actor: str = "unknown"
+
+
+class RepairedRequest(Contract):
+    actor: str = "unknown"
+    note: str = ""
+
+
+class ApprovalDecision(Contract):
+    approve: bool
+    actor: str = Field(min_length=1)
+    reason: str = ""
+
+
+class ApprovalResult(Contract):
+    accepted: bool
+    phase: Phase
+
+
+class RemediationInput(Contract):
+    """Input of `remediate-gpu-device`. Only `device` is required, so the Web UI's
+    "Start workflow" form can launch it with `{"device": {"node": "n1", "gpu_uuid": "GPU-..."}}`.
+    """
+
+    device: DeviceRef
+    alerts: list[AlertEvidence] = Field(default_factory=list)
+    trigger: Trigger = "ui"
+    runbook: str | None = None  # pin a runbook by name; else matched from consumers
+    dry_run: StrictBool = False
+    requested_by: str = "unknown"
+    reason: str = ""
+    # The Sickbay cluster (SICKBAY_CLUSTER) the device is in; part of the workflow id and the
+    # `SickbayCluster` search attribute. "" for the unnamed single-cluster deployment.
+    cluster: str = ""
+    # Set only by the workflow itself when it continues-as-new during a long hold.
+    resume: RemediationCarry | None = None
+    # Alert instances an earlier run of this device handled (the webhook reads them from that
+    # run's result): never evidence again, and listed in this run's result too.
+    handled_before: list[HandledAlert] = Field(default_factory=list)
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        return check_cluster_name(value)
+
+
+class TimelineEntry(Contract):
+    at: datetime
+    phase: Phase
+    action: str
+    outcome: str = ""
+    # Who did it. For a person's abort / repaired / approve: the actor the request *claims*
+    # (typed by the caller, never checked) and the Temporal client identity the server
+    # recorded with the signal or update ("unknown" when the worker could not read it).
+    actor: str = "sickbay"
+    reason: str = ""
+    client_identity: str | None = None
+
+    def who(self) -> str:
+        """`""` for Sickbay itself; else the actor, marked as claimed beside the client
+        identity when the entry came from a person's signal or update."""
+        if self.client_identity is not None:
+            return f"claimed actor {self.actor}; Temporal client {self.client_identity}"
+        return "" if self.actor == "sickbay" else self.actor
+
+
+Outcome = Literal[
+    "released",  # quarantined, then repaired/healthy and released
+    "not-quarantined",  # application error, stale evidence, healthy device, ignore policy
+    "escalated",  # automation stopped; people were told
+    "aborted",
+    "dry-run",
+    "failed",
+]
+
+
+class RemediationStatus(Contract):
+    workflow_id: str
+    device: str
+    node: str | None = None
+    phase: Phase = Phase.RECEIVED
+    failure_class: FailureClass | None = None
+    workload_class: str | None = None
+    runbook: str | None = None
+    rule_name: str | None = None
+    consumers: list[PodRef] = Field(default_factory=list)
+    awaiting: str = ""  # what the workflow waits for, in words
+    until: datetime | None = None  # when that wait ends by itself (timeout, deadline, retry)
+    next_action: str = ""  # what the workflow does next, in words
+    started_at: datetime | None = None
+    updated_at: datetime | None = None
+    outcome: Outcome | None = None
+    alerts: int = 0  # distinct pieces of evidence (deduplicated by fingerprint)
+    duplicate_alerts: int = 0  # repeats ignored
+    escalation_reason: str | None = None
+    dry_run: bool = False
+
+
+class RemediationResult(Contract):
+    outcome: Outcome
+    reason: str = ""
+    status: RemediationStatus
+    timeline: list[TimelineEntry] = Field(default_factory=list)
+    # Alertmanager alert instances this run (and the ones before it) handled: a repeat of one
+    # of them never starts another run (the webhook answers `already-handled`).
+    handled_alerts: list[HandledAlert] = Field(default_factory=list)
+
+
+class RemediationCarry(Contract):
+    """What a remediation carries into its next run when it continues-as-new: during a long
+    hold (the next run goes on holding), or while it waits for a budget slot
+    (`waiting_for_budget`: the next run confirms afresh and asks again, without a new page)."""
+
+    device: ResolvedDevice
+    runbook: Runbook
+    quarantine: QuarantineResult | None = None
+    lease_held: bool = False
+    escalated: bool = False
+    status: RemediationStatus
+    timeline: list[TimelineEntry] = Field(default_factory=list)
+    alerts: list[AlertEvidence] = Field(default_factory=list)
+    healthy_since: datetime | None = None
+    waiting_for_budget: bool = False
+    event_counts: dict[str, int] = Field(default_factory=dict)  # aggregated Events so far
+
+
+RemediationInput.model_rebuild()
