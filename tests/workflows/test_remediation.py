@@ -1325,18 +1325,17 @@ async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_tim
     from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
     from activities.capacity import CapacityActivities
-    from workflows import remediation
     from workflows.budget import BudgetWorkflow
-    from workflows.remediation import DeviceRemediationWorkflow
+    from workflows.remediation import DeviceRemediationWorkflow, calls
 
-    assert remediation.CAPACITY_HEARTBEAT == timedelta(seconds=45)
+    assert calls.CAPACITY_HEARTBEAT == timedelta(seconds=45)
     beat = CapacityActivities.__init__.__kwdefaults__["heartbeat_every"]
-    assert remediation.CAPACITY_HEARTBEAT >= 3 * beat
-    monkeypatch.setattr(remediation, "CAPACITY_HEARTBEAT", timedelta(seconds=2))
+    assert calls.CAPACITY_HEARTBEAT >= 3 * beat
+    monkeypatch.setattr(calls, "CAPACITY_HEARTBEAT", timedelta(seconds=2))
     monkeypatch.setattr(
-        remediation,
+        calls,
         "CAPACITY_RETRY",
-        remediation.CAPACITY_RETRY.__class__(initial_interval=timedelta(milliseconds=100)),
+        calls.CAPACITY_RETRY.__class__(initial_interval=timedelta(milliseconds=100)),
     )
     client = time_skipping_env.client
     world = FakeWorld(
