@@ -41,32 +41,14 @@ from activities.budget import BudgetActivities
 from activities.launch import LaunchActivities
 from activities.runbooks import RunbookActivities
 from contract.names import (
-    ACT_ACQUIRE_BUDGET,
     ACT_AWAIT_REMEDIATION,
-    ACT_CHECK_HEALTH,
-    ACT_CLAIM_ESCALATION,
-    ACT_COUNT_DEVICES,
     ACT_DESCRIBE_POOL,
-    ACT_EVICT_PODS,
-    ACT_FIND_CONSUMERS,
-    ACT_GATHER_EVIDENCE,
-    ACT_LOAD_RUNBOOKS,
-    ACT_NOTIFY,
-    ACT_PREVIEW_QUARANTINE,
-    ACT_QUARANTINE,
     ACT_RECONCILE_LEASES,
-    ACT_RECORD_EVENT,
-    ACT_RELEASE_BUDGET,
-    ACT_RELEASE_QUARANTINE,
-    ACT_REQUEST_CAPACITY,
-    ACT_RESOLVE_DEVICE,
     ACT_SCALE_POOL,
     ACT_SELECT_DEVICES,
     ACT_SIGNAL_WITH_START,
     ACT_SWEEP_CLUSTER,
-    ACT_WAIT_EVICTION,
     ACT_WAIT_POOL_OPERATION,
-    ACT_WAIT_REPLACEMENT,
     WF_BUDGET,
     WF_MAINTENANCE,
     WF_POOL_SCALER,
@@ -82,7 +64,7 @@ from workflows.budget import BudgetWorkflow
 from workflows.identity import SenderIdentityInterceptor
 from workflows.maintenance import MaintenanceWorkflow
 from workflows.rejections import RejectionsWorkflow
-from workflows.remediation import DeviceRemediationWorkflow
+from workflows.remediation import REQUIRED_ACTIVITIES, DeviceRemediationWorkflow
 
 log = logging.getLogger(__name__)
 # Warm-up reads a few Kubernetes objects; an API server slower than this is left to the first
@@ -122,27 +104,7 @@ WORKFLOWS: list[type] = _workflows()
 
 # Activities each workflow type calls; the worker refuses to start when one is missing.
 REQUIRED: dict[str, tuple[str, ...]] = {
-    WF_REMEDIATE: (
-        ACT_LOAD_RUNBOOKS,
-        ACT_RESOLVE_DEVICE,
-        ACT_GATHER_EVIDENCE,
-        ACT_FIND_CONSUMERS,
-        ACT_COUNT_DEVICES,
-        ACT_ACQUIRE_BUDGET,
-        ACT_RELEASE_BUDGET,
-        ACT_QUARANTINE,
-        ACT_PREVIEW_QUARANTINE,
-        ACT_EVICT_PODS,
-        ACT_WAIT_EVICTION,
-        ACT_WAIT_REPLACEMENT,
-        ACT_REQUEST_CAPACITY,
-        ACT_NOTIFY,
-        ACT_RECORD_EVENT,
-        ACT_RELEASE_QUARANTINE,
-        ACT_CHECK_HEALTH,
-        ACT_SIGNAL_WITH_START,
-        ACT_CLAIM_ESCALATION,
-    ),
+    WF_REMEDIATE: tuple(REQUIRED_ACTIVITIES),  # derived from its typed activity calls
     WF_BUDGET: (ACT_RECONCILE_LEASES,),
     WF_MAINTENANCE: (ACT_SELECT_DEVICES, ACT_SIGNAL_WITH_START, ACT_AWAIT_REMEDIATION),
     WF_POOL_SCALER: (ACT_DESCRIBE_POOL, ACT_SCALE_POOL, ACT_WAIT_POOL_OPERATION),

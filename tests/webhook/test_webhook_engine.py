@@ -1,4 +1,4 @@
-"""The webhook feeding the real remediation workflow (workflows/remediation.py) on the dev server.
+"""The webhook feeding the real remediation workflow (workflows/remediation/) on the dev server.
 
 The workflow and its runbook loader are real; `resolve-device` is a stand-in that holds the
 workflow in its first cluster step while the webhook posts, then reports the device missing so

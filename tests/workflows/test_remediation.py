@@ -34,7 +34,8 @@ Cases (one per branch of the procedure):
 - a non-retryable quarantine error ends in escalation, not a silent stop; so does an unknown
   device (before any runbook is chosen: escalated through `default`);
 - dry run: preview only, nothing tainted;
-- approval rejected -> escalated, no taint, lease returned; scale-up waits for its approval;
+- approval rejected -> escalated, no taint, lease returned; scale-up waits for its approval,
+  and a rejected scale-up escalates and holds the quarantined device until released;
 - a long hold continues-as-new and still releases; a non-canonical launch hands over to the
   canonical workflow; a runbook's escalation filter suppresses pages it does not want.
 """
@@ -1109,6 +1110,41 @@ async def test_scale_up_waits_for_approval(time_skipping_env: WorkflowEnvironmen
     assert req.pool.provider == "sim" and req.max_size == 4
 
 
+async def test_scale_up_rejected_escalates_and_holds_the_quarantined_device(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """A rejected scale-up escalates and keeps holding the device it already quarantined: the
+    rule stays until released, and the lease is given back only then (closing at once would
+    leave a DeviceTaintRule nobody owns and a budget slot free for a device still tainted)."""
+    client = time_skipping_env.client
+    world = FakeWorld(
+        runbooks=with_spec(
+            "inference",
+            replacement={"pendingDeadline": "5m"},
+            scaleUp={"enabled": True, "provider": "sim", "maxSize": 4, "approval": True},
+        ),
+        replacement_reports=[ReplacementReport(status="pending", deadline_passed=True)],
+    )
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.AWAITING_APPROVAL)
+        await handle.execute_update(
+            UPD_APPROVE,
+            ApprovalDecision(approve=False, actor="lee", reason="no budget for nodes"),
+            result_type=ApprovalResult,
+        )
+        await wait_phase(handle, Phase.HOLDING)
+        assert ACT_RELEASE_QUARANTINE not in world.names()
+        assert ACT_RELEASE_BUDGET not in world.names()
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="lee"))
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    assert result.status.escalation_reason == "approval-rejected"
+    assert ACT_REQUEST_CAPACITY not in world.names()
+    names = world.names()
+    assert names.index(ACT_RELEASE_QUARANTINE) < names.index(ACT_RELEASE_BUDGET)
+
+
 async def test_escalation_puts_an_event_on_the_pods(time_skipping_env: WorkflowEnvironment) -> None:
     client = time_skipping_env.client
     world = FakeWorld(budget_granted=False)
@@ -1330,18 +1366,17 @@ async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_tim
     from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
     from activities.capacity import CapacityActivities
-    from workflows import remediation
     from workflows.budget import BudgetWorkflow
-    from workflows.remediation import DeviceRemediationWorkflow
+    from workflows.remediation import DeviceRemediationWorkflow, calls
 
-    assert remediation.CAPACITY_HEARTBEAT == timedelta(seconds=45)
+    assert calls.CAPACITY_HEARTBEAT == timedelta(seconds=45)
     beat = CapacityActivities.__init__.__kwdefaults__["heartbeat_every"]
-    assert remediation.CAPACITY_HEARTBEAT >= 3 * beat
-    monkeypatch.setattr(remediation, "CAPACITY_HEARTBEAT", timedelta(seconds=2))
+    assert calls.CAPACITY_HEARTBEAT >= 3 * beat
+    monkeypatch.setattr(calls, "CAPACITY_HEARTBEAT", timedelta(seconds=2))
     monkeypatch.setattr(
-        remediation,
+        calls,
         "CAPACITY_RETRY",
-        remediation.CAPACITY_RETRY.__class__(initial_interval=timedelta(milliseconds=100)),
+        calls.CAPACITY_RETRY.__class__(initial_interval=timedelta(milliseconds=100)),
     )
     client = time_skipping_env.client
     world = FakeWorld(

@@ -5,7 +5,8 @@ Cases:
   sweep when their modules exist) under their constant names;
 - with the Kubernetes activities built (on a fake client) every activity any registered
   workflow calls is registered exactly once; build_worker also polls the budget's own queue;
-- without them, build_worker refuses to start and names the missing activities;
+- without them, build_worker refuses to start and names the missing activities; the
+  remediation's list is derived from its typed calls (cordon-node, called on churn, included);
 - the Prometheus runtime is only built for a non-zero metrics port, and it serves the SDK
   metrics plus the workflows' sickbay_* counters (remediations by outcome, phases entered).
 """
@@ -18,6 +19,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from contract.names import (
+    ACT_CORDON,
     ACT_QUARANTINE,
     ACT_RESOLVE_DEVICE,
     WF_BUDGET,
@@ -64,6 +66,22 @@ async def test_every_required_activity_is_registered(
     assert worker.task_queue == settings.task_queue
     # The budget workflow polls its own queue, with the reconcile activity it calls.
     assert worker.budget.task_queue == budget_task_queue(settings.task_queue)
+
+
+def test_remediation_requires_every_activity_it_calls(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """The remediation's required activities come from its typed calls: a worker without
+    cordon-node (called when eviction churn is stopped by cordoning) refuses to start."""
+    settings = Settings(metrics_port=0, channels_file=None)
+    built = worker_main.build_activities(
+        time_skipping_env.client, settings, kube_activities=_kube_activities()
+    )
+    without = [a for a in built.activities if worker_main.activity_name(a) != ACT_CORDON]
+    assert len(without) == len(built.activities) - 1
+    assert worker_main.missing_activities(worker_main.WORKFLOWS, without) == {
+        WF_REMEDIATE: [ACT_CORDON]
+    }
 
 
 async def test_missing_kube_activities_refuse_to_start(

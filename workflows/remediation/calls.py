@@ -1,0 +1,409 @@
+"""Typed activity calls of the remediation: one method per activity, taking its input model
+and returning its result model, with the activity's name, result type, timeout and retry
+policy in one place, so mypy checks name, input and result together.
+
+Each method is registered in `REQUIRED_ACTIVITIES` (the worker refuses to start without one
+of them). Every call ends on `abort` (raises `Aborted`), except the notifications and the
+calls made while undoing after an abort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
+
+with workflow.unsafe.imports_passed_through():
+    from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
+    from contract.capacity import CapacityRequest, CapacityResult
+    from contract.errors import ERR_CHANNEL_REJECTED, ERR_CONFIG
+    from contract.kube import (
+        CheckHealthInput,
+        ConsumersResult,
+        CordonInput,
+        CordonResult,
+        CountDevicesInput,
+        DeviceCounts,
+        EvictionReport,
+        EvictPodsInput,
+        EvictPodsResult,
+        Evidence,
+        EvidenceInput,
+        FindConsumersInput,
+        HealthResult,
+        QuarantineInput,
+        QuarantineResult,
+        RecordEventInput,
+        ReleaseInput,
+        ReleaseResult,
+        ReplacementReport,
+        ResolvedDevice,
+        ResolveDeviceInput,
+        WaitEvictionInput,
+        WaitReplacementInput,
+    )
+    from contract.launch import LaunchRequest, LaunchResult
+    from contract.names import (
+        ACT_ACQUIRE_BUDGET,
+        ACT_CHECK_HEALTH,
+        ACT_CLAIM_ESCALATION,
+        ACT_CORDON,
+        ACT_COUNT_DEVICES,
+        ACT_EVICT_PODS,
+        ACT_FIND_CONSUMERS,
+        ACT_GATHER_EVIDENCE,
+        ACT_LOAD_RUNBOOKS,
+        ACT_NOTIFY,
+        ACT_PREVIEW_QUARANTINE,
+        ACT_QUARANTINE,
+        ACT_RECORD_EVENT,
+        ACT_RELEASE_BUDGET,
+        ACT_RELEASE_QUARANTINE,
+        ACT_REQUEST_CAPACITY,
+        ACT_RESOLVE_DEVICE,
+        ACT_SIGNAL_WITH_START,
+        ACT_WAIT_EVICTION,
+        ACT_WAIT_REPLACEMENT,
+    )
+    from contract.notify import EscalationClaim, EscalationClaimResult, NotifyInput, NotifyResult
+    from contract.runbook import RunbookSet
+    from workflows.remediation.state import RemediationState
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+# --- transport options (operational knobs live in the runbook) --------------------------------
+# Local activities: one Kubernetes/Temporal call each, milliseconds when healthy. 10 s covers a
+# slow API server (the kube client's own request timeout is 10 s); 5 attempts with backoff up
+# to 5 s ride out an API-server restart (~30 s) before the step counts as failed and escalates.
+LOCAL_TIMEOUT = timedelta(seconds=10)
+LOCAL_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=5),
+    maximum_attempts=5,
+)
+# Budget lease updates (local activities): the activity itself retries a refused update (the
+# 10-in-flight limit under a storm) with jittered backoff for up to 25 s, so one attempt gets
+# 30 s; 2 attempts, then the remediation escalates "budget service unavailable" and waits.
+BUDGET_TIMEOUT = timedelta(seconds=30)
+BUDGET_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=2)
+# Long waits (watch-based activities): they heartbeat, so a dead worker is noticed within a
+# minute and another worker resumes from the heartbeat details; 3 attempts, then escalate.
+WAIT_HEARTBEAT = timedelta(seconds=60)
+WAIT_MARGIN = timedelta(minutes=2)  # the activity's own deadline fires first and reports
+WAIT_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=5),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=3,
+)
+# Eviction through the API: each pod gets a few 429 (PDB) retries inside the activity.
+EVICT_TIMEOUT = timedelta(minutes=2)
+# evict-pods heartbeats every 10 s; a killed worker is noticed after 30 s, not 2 min (evicting
+# again is harmless: pods already gone are reported gone).
+EVICT_HEARTBEAT = timedelta(seconds=30)
+# Capacity requests go to the pool scaler workflow, which may hold the call while it batches
+# concurrent needs and follows the provider's operation.
+CAPACITY_TIMEOUT = timedelta(minutes=15)
+# request-capacity heartbeats every 10 s while the scaler holds the call; a worker killed
+# mid-call is noticed after 45 s (not the 15 min start-to-close) and the retry re-attaches to
+# the same scaler update (same id), so nothing is asked twice.
+CAPACITY_HEARTBEAT = timedelta(seconds=45)
+CAPACITY_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=10),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(minutes=1),
+    maximum_attempts=4,
+)
+# Notifications: a channel failing is retried with backoff for ~10 minutes (6 tries); each
+# try is reported back in NotifyResult and lands in the timeline.
+NOTIFY_TIMEOUT = timedelta(seconds=30)
+NOTIFY_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=10),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(minutes=3),
+    maximum_attempts=6,
+    # A channel that is not configured, or that refused the event, fails the same way again.
+    non_retryable_error_types=[ERR_CONFIG, ERR_CHANNEL_REJECTED],
+)
+# The rejections workflow's claim update answers in milliseconds; 3 tries, then this run
+# pages rather than stay silent.
+CLAIM_TIMEOUT = timedelta(seconds=10)
+CLAIM_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+
+# What a failed activity raises in the workflow: ActivityError wrapping the cause for regular
+# activities; local activity failures surface as their cause (ApplicationError / timeout).
+ACTIVITY_FAILED = (ActivityError, ApplicationError, TemporalTimeoutError)
+
+# Every activity the remediation calls, in the order of the methods below.
+REQUIRED_ACTIVITIES: list[str] = []
+
+
+def calls(name: str) -> Callable[[F], F]:
+    """Marks a `Calls` method as the call of activity `name` (for REQUIRED_ACTIVITIES)."""
+
+    def mark(fn: F) -> F:
+        REQUIRED_ACTIVITIES.append(name)
+        return fn
+
+    return mark
+
+
+class Aborted(Exception):
+    """Raised inside the workflow when an `abort` signal interrupts a wait."""
+
+
+def error_text(err: BaseException) -> str:
+    cause = err.cause if isinstance(err, ActivityError) else err
+    if isinstance(cause, ApplicationError):
+        return f"{cause.type or 'error'}: {cause.message}"
+    if cause is not None:
+        return f"{type(cause).__name__}: {cause}"
+    return str(err)
+
+
+def error_type(err: BaseException) -> str | None:
+    cause = err.cause if isinstance(err, ActivityError) else err
+    return cause.type if isinstance(cause, ApplicationError) else None
+
+
+def gave_up(err: BaseException) -> str:
+    """Why a notification was given up: a permanent error (configuration, rejected) is tried
+    once, not NOTIFY_RETRY's six times, and the timeline says so."""
+    cause = err.cause if isinstance(err, ActivityError) else err
+    permanent = NOTIFY_RETRY.non_retryable_error_types or []
+    if isinstance(cause, ApplicationError) and (cause.non_retryable or cause.type in permanent):
+        return f"not retried: {error_text(err)}"
+    return f"gave up after {NOTIFY_RETRY.maximum_attempts} tries: {error_text(err)}"
+
+
+async def gather_all(*calls: Awaitable[Any]) -> list[Any]:
+    """Run `calls` side by side; every one finishes (none left running behind a failure,
+    e.g. a lease still being granted) before the first error, in call order, is raised."""
+    tasks: list[asyncio.Task[Any]] = [asyncio.ensure_future(c) for c in calls]
+    await workflow.wait(tasks)
+    for task in tasks:
+        err = task.exception()
+        if err is not None:
+            raise err
+    return [task.result() for task in tasks]
+
+
+class Calls:
+    """The remediation's activity calls; `state` tells whether an abort interrupts them."""
+
+    def __init__(self, state: RemediationState) -> None:
+        self._state = state
+
+    # ------------------------------------------------------------ local activities ---------
+
+    @calls(ACT_LOAD_RUNBOOKS)
+    async def load_runbooks(self) -> RunbookSet:
+        return await self._local(ACT_LOAD_RUNBOOKS, None, RunbookSet, "load runbooks")
+
+    @calls(ACT_RESOLVE_DEVICE)
+    async def resolve_device(self, inp: ResolveDeviceInput) -> ResolvedDevice:
+        return await self._local(ACT_RESOLVE_DEVICE, inp, ResolvedDevice, "resolve")
+
+    @calls(ACT_GATHER_EVIDENCE)
+    async def gather_evidence(self, inp: EvidenceInput) -> Evidence:
+        return await self._local(ACT_GATHER_EVIDENCE, inp, Evidence, "gather evidence")
+
+    @calls(ACT_FIND_CONSUMERS)
+    async def find_consumers(self, inp: FindConsumersInput) -> ConsumersResult:
+        return await self._local(ACT_FIND_CONSUMERS, inp, ConsumersResult, "find consumers")
+
+    @calls(ACT_COUNT_DEVICES)
+    async def count_devices(self, inp: CountDevicesInput) -> DeviceCounts:
+        return await self._local(ACT_COUNT_DEVICES, inp, DeviceCounts, "count devices")
+
+    @calls(ACT_ACQUIRE_BUDGET)
+    async def acquire_budget(self, inp: BudgetLeaseRequest) -> BudgetDecision:
+        return await self._local(
+            ACT_ACQUIRE_BUDGET, inp, BudgetDecision, "acquire budget lease", budget=True
+        )
+
+    @calls(ACT_RELEASE_BUDGET)
+    async def release_budget(
+        self, inp: BudgetReleaseRequest, label: str = "release budget lease"
+    ) -> BudgetDecision:
+        return await self._local(ACT_RELEASE_BUDGET, inp, BudgetDecision, label, budget=True)
+
+    @calls(ACT_QUARANTINE)
+    async def quarantine(self, inp: QuarantineInput, label: str) -> QuarantineResult:
+        return await self._local(ACT_QUARANTINE, inp, QuarantineResult, label)
+
+    @calls(ACT_PREVIEW_QUARANTINE)
+    async def preview_quarantine(self, inp: QuarantineInput) -> QuarantineResult:
+        return await self._local(
+            ACT_PREVIEW_QUARANTINE, inp, QuarantineResult, "preview quarantine"
+        )
+
+    @calls(ACT_RELEASE_QUARANTINE)
+    async def release_quarantine(self, inp: ReleaseInput) -> ReleaseResult:
+        return await self._local(ACT_RELEASE_QUARANTINE, inp, ReleaseResult, "release quarantine")
+
+    @calls(ACT_CORDON)
+    async def cordon(self, inp: CordonInput, label: str) -> CordonResult:
+        return await self._local(ACT_CORDON, inp, CordonResult, label)
+
+    @calls(ACT_CHECK_HEALTH)
+    async def check_health(self, inp: CheckHealthInput) -> HealthResult:
+        return await self._local(ACT_CHECK_HEALTH, inp, HealthResult, "check health")
+
+    @calls(ACT_RECORD_EVENT)
+    async def record_event(self, inp: RecordEventInput, label: str) -> None:
+        await self._local(ACT_RECORD_EVENT, inp, type(None), label)
+
+    @calls(ACT_SIGNAL_WITH_START)
+    async def signal_with_start(self, inp: LaunchRequest) -> LaunchResult:
+        return await self._local(ACT_SIGNAL_WITH_START, inp, LaunchResult, "hand over")
+
+    # ------------------------------------------------------------ regular activities -------
+
+    @calls(ACT_EVICT_PODS)
+    async def evict_pods(self, inp: EvictPodsInput) -> EvictPodsResult:
+        # The activity retries what a PodDisruptionBudget refuses for `retry_blocked_for`.
+        return await self._activity(
+            ACT_EVICT_PODS,
+            inp,
+            EvictPodsResult,
+            start_to_close=EVICT_TIMEOUT + (inp.retry_blocked_for or timedelta(0)),
+            heartbeat=EVICT_HEARTBEAT,
+            retry=WAIT_RETRY,
+        )
+
+    @calls(ACT_WAIT_EVICTION)
+    async def wait_eviction(self, inp: WaitEvictionInput) -> EvictionReport:
+        return await self._activity(
+            ACT_WAIT_EVICTION,
+            inp,
+            EvictionReport,
+            start_to_close=inp.timeout + WAIT_MARGIN,
+            heartbeat=WAIT_HEARTBEAT,
+            retry=WAIT_RETRY,
+        )
+
+    @calls(ACT_WAIT_REPLACEMENT)
+    async def wait_replacement(self, inp: WaitReplacementInput) -> ReplacementReport:
+        return await self._activity(
+            ACT_WAIT_REPLACEMENT,
+            inp,
+            ReplacementReport,
+            start_to_close=inp.deadline + WAIT_MARGIN,
+            heartbeat=WAIT_HEARTBEAT,
+            retry=WAIT_RETRY,
+        )
+
+    @calls(ACT_REQUEST_CAPACITY)
+    async def request_capacity(self, inp: CapacityRequest) -> CapacityResult:
+        return await self._activity(
+            ACT_REQUEST_CAPACITY,
+            inp,
+            CapacityResult,
+            start_to_close=CAPACITY_TIMEOUT,
+            heartbeat=CAPACITY_HEARTBEAT,
+            retry=CAPACITY_RETRY,
+        )
+
+    @calls(ACT_NOTIFY)
+    async def notify(self, inp: NotifyInput) -> NotifyResult:
+        # Not interrupted by an abort: a page already on its way is delivered (or resolved).
+        return await self._activity(
+            ACT_NOTIFY,
+            inp,
+            NotifyResult,
+            start_to_close=NOTIFY_TIMEOUT,
+            retry=NOTIFY_RETRY,
+            interruptible=False,
+        )
+
+    @calls(ACT_CLAIM_ESCALATION)
+    async def claim_escalation(self, inp: EscalationClaim) -> EscalationClaimResult:
+        return await self._activity(
+            ACT_CLAIM_ESCALATION,
+            inp,
+            EscalationClaimResult,
+            start_to_close=CLAIM_TIMEOUT,
+            retry=CLAIM_RETRY,
+            interruptible=False,
+        )
+
+    # ------------------------------------------------------------ waits ---------------------
+
+    async def wait(
+        self, done: Callable[[], bool], limit: timedelta | None, summary: str | None = None
+    ) -> None:
+        """wait_condition that also ends on abort; TimeoutError when `limit` passes.
+        `summary` names the timer in the Web UI (instead of "1 (15m)")."""
+        st = self._state
+        await workflow.wait_condition(
+            lambda: done() or st.abort is not None, timeout=limit, timeout_summary=summary
+        )
+        if st.abort is not None:
+            raise Aborted()
+
+    # ------------------------------------------------------------ plumbing ------------------
+
+    async def _local(
+        self, name: str, arg: Any, result_type: type[T], label: str, budget: bool = False
+    ) -> T:
+        if self._state.abort is not None and not self._state.undoing:
+            raise Aborted()
+        return await workflow.execute_local_activity(
+            name,
+            *([arg] if arg is not None else []),
+            result_type=result_type,
+            start_to_close_timeout=BUDGET_TIMEOUT if budget else LOCAL_TIMEOUT,
+            retry_policy=BUDGET_RETRY if budget else LOCAL_RETRY,
+            summary=label,
+        )
+
+    async def _activity(
+        self,
+        name: str,
+        arg: Any,
+        result_type: type[T],
+        *,
+        start_to_close: timedelta,
+        retry: RetryPolicy,
+        heartbeat: timedelta | None = None,
+        interruptible: bool = True,
+    ) -> T:
+        interruptible = interruptible and not self._state.undoing
+        if interruptible and self._state.abort is not None:
+            raise Aborted()
+        call = workflow.execute_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=start_to_close,
+            heartbeat_timeout=heartbeat,
+            retry_policy=retry,
+            summary=name,
+        )
+        if not interruptible:
+            return await call
+        return await self._race(call)
+
+    async def _race(self, awaitable: Awaitable[T]) -> T:
+        """Await `awaitable` unless an abort arrives first (then cancel it, raise Aborted)."""
+        st = self._state
+        task: asyncio.Task[T] = asyncio.ensure_future(awaitable)
+        stop: asyncio.Task[None] = asyncio.ensure_future(
+            workflow.wait_condition(lambda: st.abort is not None)
+        )
+        pending: list[asyncio.Task[Any]] = [task, stop]
+        await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            stop.cancel()
+            return task.result()
+        task.cancel()
+        raise Aborted()

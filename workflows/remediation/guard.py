@@ -1,0 +1,260 @@
+"""Step 3, guard: the blast-radius budget. The lease is asked of the `sickbay-budget` workflow
+(early, while the evidence is still coming: `ask_lease`); over budget or budget unreachable,
+the remediation escalates once and waits for a slot: it retries every minute (then every 5),
+woken at once when the budget frees a slot of its pool, and ends the wait on repaired, alert
+resolved + Healthy, or abort. A wait of days continues-as-new and confirms afresh."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import NamedTuple
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from contract.base import format_duration
+    from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
+    from contract.kube import CheckHealthInput, CountDevicesInput, DeviceCounts, ResolvedDevice
+    from contract.remediation import Phase
+    from contract.runbook import BudgetPolicy, EscalationReason, Runbook
+    from workflows.remediation.calls import ACTIVITY_FAILED, error_text
+    from workflows.remediation.context import Remediation
+    from workflows.remediation.escalation import escalate, resolve_page
+    from workflows.remediation.outcome import Closed, Escalation
+    from workflows.remediation.state import history_full
+
+# Over budget or budget unreachable: escalate once, then retry the lease every minute for the
+# first hour (a slot frees when another GPU is released), then every 5 minutes so a wait of
+# days stays a few thousand history events.
+BUDGET_RETRY_FIRST = timedelta(minutes=1)
+BUDGET_RETRY_LATER = timedelta(minutes=5)
+BUDGET_RETRY_SWITCH = 60
+BUDGET_RECOUNT_EVERY = 5  # waiting: count devices again on every 5th lease retry
+BUDGET_AWAITING = "a budget slot, repaired, alert resolved + Healthy, or abort"
+
+
+class EarlyLease(NamedTuple):
+    """A budget lease request already answered: the decision and what it was computed from."""
+
+    device_key: str
+    decision: BudgetDecision | None = None
+    counts: DeviceCounts | None = None
+    pool_limit: int = 0
+    cluster_limit: int = 0
+    error: BaseException | None = None  # the request failed (counts or budget unreachable)
+
+
+async def guard(r: Remediation, early: EarlyLease | None) -> Closed | None:
+    """Hold a budget lease before anything is tainted; None once granted."""
+    s = r.s
+    assert s.device is not None and s.runbook is not None
+    r.j.enter(
+        Phase.GUARDING,
+        awaiting="budget lease",
+        next_action="approval" if s.spec.approval.required else "quarantine the device",
+    )
+    return await _acquire_lease(r, s.device, s.runbook, early)
+
+
+async def _acquire_lease(
+    r: Remediation, device: ResolvedDevice, runbook: Runbook, early: EarlyLease | None
+) -> Closed | None:
+    s, j = r.s, r.j
+    tries = 0
+    counts: DeviceCounts | None = None
+    # A run continued from a long wait goes on at the slower pace.
+    resumed = s.inp.resume is not None and s.inp.resume.waiting_for_budget
+    while True:
+        tries += 1
+        # Retries while waiting reuse the device counts (two cluster-wide lists) except after
+        # a wake-up and every BUDGET_RECOUNT_EVERY-th try, so a storm of waiters does not list
+        # every node each minute; the budget's own leases are always current.
+        if s.budget_freed or tries % BUDGET_RECOUNT_EVERY == 1:
+            counts = None
+        # A wake-up arriving from here on is for this try; one that arrived after an early
+        # request was answered is for the next try (it stays set).
+        s.budget_freed = s.budget_freed and early is not None and tries == 1
+        kind: EscalationReason
+        try:
+            granted, kind, why, counts = await _try_lease(
+                r, device, runbook, counts, early if tries == 1 else None
+            )
+        except ACTIVITY_FAILED as err:
+            # The budget workflow could not be reached within the bounded retries (update
+            # limit under a storm, server down): never fail the run, escalate and retry.
+            granted, kind, counts = False, "error", None
+            why = f"budget service unavailable: {error_text(err)}; device NOT tainted"
+        if granted:
+            return None
+        if tries == 1:
+            j.log(
+                "budget denied" if kind != "error" else "budget unavailable",
+                outcome="no taint",
+                reason=why,
+            )
+            await escalate(
+                r,
+                Escalation(
+                    kind,
+                    f"{why}; waiting for a budget slot (retrying every "
+                    f"{BUDGET_RETRY_FIRST}, then every {BUDGET_RETRY_LATER})",
+                ),
+                awaiting=BUDGET_AWAITING,
+            )
+        else:
+            # One timeline entry for a run of retries (the latest), not one per minute.
+            j.log(
+                "budget still unavailable" if kind == "error" else "budget still full",
+                outcome=f"try {tries}",
+                reason=why,
+                replace_same=True,
+            )
+        first = tries < BUDGET_RETRY_SWITCH and not resumed
+        interval = BUDGET_RETRY_FIRST if first else BUDGET_RETRY_LATER
+        j.enter(
+            Phase.ESCALATED,
+            awaiting=BUDGET_AWAITING,
+            until=interval,
+            next_action=f"ask the budget for a lease again (try {tries + 1})",
+        )
+        j.upsert()
+        try:
+            await r.act.wait(
+                lambda: s.repaired is not None or s.resolved_pending or s.budget_freed,
+                limit=interval,
+                summary=f"budget lease retry {tries + 1} ({format_duration(interval)})",
+            )
+        except TimeoutError:
+            pass
+        if s.budget_freed and s.repaired is None:
+            j.log("budget slot freed", actor="sickbay-budget", reason="retrying now")
+        if s.repaired is not None:
+            await resolve_page(r, "repaired while waiting for budget")
+            return Closed(
+                "not-quarantined",
+                f"repaired ({j.who('repaired')}) while waiting for a budget slot; "
+                "never quarantined",
+            )
+        if s.resolved_pending:
+            s.resolved_pending = False
+            if await healthy_now(r):
+                await resolve_page(r, "alert resolved, device Healthy")
+                return Closed(
+                    "not-quarantined",
+                    "alert resolved and the device is Healthy while waiting for a budget "
+                    "slot; never quarantined",
+                )
+        if history_full():
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(s.carry(waiting_for_budget=True))
+
+
+async def healthy_now(r: Remediation) -> bool:
+    try:
+        health = await r.act.check_health(CheckHealthInput(device=r.s.device))
+    except ACTIVITY_FAILED as err:
+        r.j.log("health check failed", outcome="unknown", reason=error_text(err))
+        return False
+    r.j.log("health checked", outcome=health.health or "unknown")
+    return health.health == "Healthy"
+
+
+async def ask_lease(
+    r: Remediation, device: ResolvedDevice, runbook: Runbook, counts: DeviceCounts | None
+) -> EarlyLease:
+    """Count the devices (unless `counts` given) and ask the budget for a lease; marks the
+    lease held as soon as it is granted (so every way out gives it back)."""
+    if counts is None:
+        counts = await r.act.count_devices(CountDevicesInput(node_pool=device.node_pool))
+    budget = runbook.spec.budget
+    pool_limit = BudgetPolicy.limit(budget.max_per_pool, counts.pool_devices)
+    cluster_limit = BudgetPolicy.limit(budget.max_per_cluster, counts.cluster_devices)
+    decision = await r.act.acquire_budget(
+        BudgetLeaseRequest(
+            holder=r.s.workflow_id,
+            device_key=device.key,
+            node_pool=device.node_pool,
+            pool_limit=pool_limit,
+            cluster_limit=cluster_limit,
+            observed_pool_quarantined=counts.pool_quarantined,
+            observed_cluster_quarantined=counts.cluster_quarantined,
+        )
+    )
+    if decision.granted:
+        r.s.lease_held = True
+    return EarlyLease(device.key, decision, counts, pool_limit, cluster_limit)
+
+
+def _lease_refusal(r: Remediation, device: ResolvedDevice, asked: EarlyLease) -> str | None:
+    """Why the answered request was refused (None: granted, and logged so)."""
+    decision, counts = asked.decision, asked.counts
+    assert decision is not None and counts is not None
+    pool_limit, cluster_limit = asked.pool_limit, asked.cluster_limit
+    if not decision.granted:
+        return (
+            f"blast-radius budget exhausted: {decision.reason} (pool {device.node_pool}: "
+            f"{decision.pool_in_use}/{pool_limit} of {counts.pool_devices} devices, cluster: "
+            f"{decision.cluster_in_use}/{cluster_limit} of {counts.cluster_devices}); "
+            "device NOT tainted"
+        )
+    r.j.log(
+        "budget lease acquired",
+        outcome=f"pool {decision.pool_in_use}/{pool_limit}, "
+        f"cluster {decision.cluster_in_use}/{cluster_limit}",
+    )
+    return None
+
+
+async def _try_lease(
+    r: Remediation,
+    device: ResolvedDevice,
+    runbook: Runbook,
+    counts: DeviceCounts | None = None,
+    asked: EarlyLease | None = None,
+) -> tuple[bool, EscalationReason, str, DeviceCounts]:
+    """(granted, escalation kind, why not, the counts used); raises when the budget cannot
+    be reached. `counts` given: reused instead of counting again; `asked` given: the answer
+    of a request already made (concurrent confirm)."""
+    if asked is None:
+        asked = await ask_lease(r, device, runbook, counts)
+    if asked.error is not None:
+        raise asked.error
+    assert asked.counts is not None
+    why = _lease_refusal(r, device, asked)
+    if why is not None:
+        return False, "budget-exhausted", why, asked.counts
+    return True, "budget-exhausted", "", asked.counts
+
+
+async def release_lease(r: Remediation) -> None:
+    """Give the lease back (nothing when none is held)."""
+    s = r.s
+    if not s.lease_held or s.device is None:
+        return
+    await r.act.release_budget(BudgetReleaseRequest(holder=s.workflow_id, device_key=s.device.key))
+    s.lease_held = False
+    r.j.log("budget lease released")
+
+
+async def give_back(r: Remediation, early: EarlyLease | None) -> None:
+    """Not quarantining after all: a lease taken early is given back (a refused early request
+    is withdrawn too, so the budget does not keep this run as a waiter to wake)."""
+    if early is None or early.error is not None:
+        return
+    try:
+        if r.s.lease_held:
+            await release_lease(r)
+        else:
+            await r.act.release_budget(
+                BudgetReleaseRequest(holder=r.s.workflow_id, device_key=early.device_key),
+                "withdraw budget request",
+            )
+    except ACTIVITY_FAILED as err:
+        # Nothing was tainted: no page for this. The budget's reconcile drops the lease (or
+        # waiter) of a closed remediation within its interval.
+        r.s.lease_held = False
+        r.j.log(
+            "budget lease not given back",
+            outcome="reconcile will drop it",
+            reason=error_text(err),
+        )

@@ -1,0 +1,156 @@
+"""Step 10, hold and release: the device stays quarantined until repaired (signal / CLI) or
+Healthy for the cool-down (per `release.mode`); then the rule (and Sickbay's node taint or
+cordon) is removed, the lease given back and the page resolved. Also the undo after `abort`.
+A long hold continues-as-new."""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from contract.base import format_duration
+    from contract.kube import CheckHealthInput, CordonInput, HealthResult, ReleaseInput
+    from contract.remediation import Phase
+    from workflows.remediation.calls import ACTIVITY_FAILED, error_text
+    from workflows.remediation.context import Remediation
+    from workflows.remediation.escalation import escalate, notify_all
+    from workflows.remediation.guard import release_lease
+    from workflows.remediation.outcome import Closed, Escalation
+    from workflows.remediation.state import history_full
+
+
+async def hold_and_release(r: Remediation) -> Closed:
+    s, j = r.s, r.j
+    release = s.spec.release
+    auto = release.mode in ("healthy-cooldown", "either")
+    # release.mode healthy-cooldown: only the device's health releases it; a `repaired`
+    # mark is recorded and the device still has to stay Healthy for the cool-down.
+    health_only = release.mode == "healthy-cooldown"
+    if health_only:
+        awaiting = f"Healthy for {format_duration(release.cooldown)}"
+    else:
+        awaiting = "marked repaired" + (
+            f" or Healthy for {format_duration(release.cooldown)}" if auto else ""
+        )
+    j.enter(
+        Phase.HOLDING,
+        awaiting=awaiting,
+        until=release.health_check_interval if auto else None,
+        next_action="check the device's health" if auto else "release once marked repaired",
+    )
+    j.upsert()
+    s.health_only = health_only
+    if health_only and s.repaired is not None:  # marked before the hold began
+        note_repair(r)
+    while health_only or s.repaired is None:
+        try:
+            await r.act.wait(
+                lambda: not health_only and s.repaired is not None,
+                limit=release.health_check_interval if auto else None,
+                summary=f"health check ({format_duration(release.health_check_interval)})"
+                if auto
+                else None,
+            )
+            break  # marked repaired (never woken so when only health releases)
+        except TimeoutError:
+            pass
+        try:
+            health = await r.act.check_health(CheckHealthInput(device=s.device))
+        except ACTIVITY_FAILED as err:
+            # Not knowing is not Healthy: keep holding, try again next interval.
+            health = HealthResult(health=None, message=error_text(err))
+            j.log("health check failed", outcome="unknown", reason=health.message)
+        now = workflow.now()
+        if health.health == "Healthy":
+            if s.healthy_since is None:
+                s.healthy_since = now
+                j.log("device Healthy", reason=f"cool-down {release.cooldown} starts")
+            if now - s.healthy_since >= release.cooldown:
+                j.log("healthy for the cool-down", outcome=str(release.cooldown))
+                return await _release(r, by_health=True)
+        elif s.healthy_since is not None:
+            s.healthy_since = None
+            j.log("device not Healthy again", outcome=health.health or "unknown")
+        if history_full():
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(s.carry())
+    return await _release(r, by_health=False)
+
+
+def note_repair(r: Remediation) -> None:
+    """Under release.mode healthy-cooldown a repair mark does not release the device."""
+    s = r.s
+    assert s.repaired is not None
+    r.j.log(
+        "repair noted",
+        actor=s.repaired.actor,
+        client_identity=s.sent["repaired"][1],
+        reason="release.mode healthy-cooldown: released once Healthy for "
+        f"{s.spec.release.cooldown}",
+    )
+
+
+async def _release(r: Remediation, by_health: bool) -> Closed:
+    s, j = r.s, r.j
+    j.enter(Phase.RELEASING, awaiting="quarantine removal", next_action="release the budget lease")
+    reason = (
+        "healthy for the cool-down"
+        if by_health or s.repaired is None
+        else f"repaired ({j.who('repaired')})"
+    )
+    await _remove_quarantine(r, reason)
+    await j.event("GPUQuarantineReleased", f"quarantine lifted: {reason}", rule=False, pods=False)
+    await release_lease(r)
+    if s.escalated:
+        await notify_all(r, "resolve", f"released: {reason}")
+        return Closed("escalated", f"escalated ({s.status.escalation_reason}); released: {reason}")
+    return Closed("released", reason)
+
+
+async def _remove_quarantine(r: Remediation, reason: str) -> None:
+    s = r.s
+    if s.quarantine is None or s.device is None:
+        return
+    result = await r.act.release_quarantine(
+        ReleaseInput(
+            device=s.device,
+            rule_name=s.quarantine.rule_name,
+            api_version=s.quarantine.api_version,
+            node_tainted=s.quarantine.node_tainted,
+            workflow_id=s.workflow_id,
+            reason=reason,
+            rule_uids=s.quarantine.rule_uids,
+        )
+    )
+    r.j.log(
+        "quarantine released",
+        outcome="removed" if result.removed else "absent",
+        reason=result.message,
+    )
+    if s.quarantine.node_cordoned:
+        uncordon = await r.act.cordon(
+            CordonInput(node=s.device.node, cordon=False, workflow_id=s.workflow_id),
+            "uncordon node",
+        )
+        r.j.log("node uncordoned", outcome=uncordon.message)
+    s.quarantine = None
+
+
+async def undo_after_abort(r: Remediation) -> Closed:
+    """`abort` interrupted a wait: undo what Sickbay did (rule removed, lease released)."""
+    s, j = r.s, r.j
+    req = s.abort
+    assert req is not None
+    s.undoing = True
+    j.enter(Phase.RELEASING, awaiting="undo after abort")
+    reason = f"aborted by {j.who('abort')}: {req.reason}"
+    try:
+        await _remove_quarantine(r, reason)
+    except ACTIVITY_FAILED as err:
+        await escalate(
+            r, Escalation("error", f"abort could not remove the quarantine: {error_text(err)}")
+        )
+        await release_lease(r)
+        return Closed("escalated", f"{reason}; quarantine removal failed")
+    await release_lease(r)
+    return Closed("aborted", reason)

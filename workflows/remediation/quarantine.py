@@ -1,0 +1,239 @@
+"""Steps 5 and 6, quarantine and wait for the eviction: the DeviceTaintRule (NoExecute; or
+NoSchedule, the Eviction API and a NoExecute backstop in mode eviction-api; no rule served:
+the Eviction API and a node taint), then the consumers leaving the device, forced per the
+runbook. Steps 7 and 8 follow in `replace`, which calls `to_evict` and `evict`."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from contract.kube import (
+        EvictionReport,
+        EvictPodsInput,
+        EvictPodsResult,
+        PodRef,
+        QuarantineInput,
+        QuarantineResult,
+        TaintEffect,
+        WaitEvictionInput,
+    )
+    from contract.remediation import Phase
+    from workflows.remediation.calls import ACTIVITY_FAILED, error_text
+    from workflows.remediation.context import Remediation
+    from workflows.remediation.outcome import Escalation
+
+# After forcing, how long the pods get to go before we escalate.
+FORCE_GRACE = timedelta(minutes=2)
+
+
+def quarantine_input(r: Remediation, effect: TaintEffect, dry_run: bool = False) -> QuarantineInput:
+    s = r.s
+    assert s.device is not None and s.runbook is not None
+    spec = s.runbook.spec
+    return QuarantineInput(
+        device=s.device,
+        effect=effect,
+        taint_key=spec.quarantine.taint_key,
+        taint_value=s.status.failure_class or "unhealthy",
+        workflow_id=s.workflow_id,
+        reason=f"{s.status.failure_class}: runbook {s.runbook.name}",
+        consumers=[c.pod for c in s.consumers],
+        fallback_node_threshold=spec.fallback.node_taint_below_healthy,
+        dry_run=dry_run,
+    )
+
+
+def effect_of(r: Remediation) -> TaintEffect:
+    """The rule's first effect: NoSchedule in mode eviction-api (the Eviction API evicts)."""
+    spec = r.s.spec
+    return "NoSchedule" if spec.eviction.mode == "eviction-api" else spec.quarantine.effect
+
+
+async def quarantine(r: Remediation) -> Escalation | None:
+    s, j = r.s, r.j
+    j.enter(
+        Phase.QUARANTINING,
+        awaiting="DeviceTaintRule",
+        next_action="wait for the consumers to leave the device",
+    )
+    effect = effect_of(r)
+    try:
+        s.quarantine = await apply_quarantine(r, effect, "quarantine")
+    except ACTIVITY_FAILED as err:
+        return Escalation("error", f"quarantine failed: {error_text(err)}")
+    await j.event("GPUQuarantined", s.quarantine.message or effect)
+    j.metrics.create_histogram_timedelta(
+        "sickbay_time_to_quarantine",
+        "From the remediation's start to the device's quarantine",
+    ).with_additional_attributes({"workload_class": s.status.runbook or ""}).record(
+        workflow.now() - workflow.info().start_time
+    )
+    return None
+
+
+async def apply_quarantine(r: Remediation, effect: TaintEffect, label: str) -> QuarantineResult:
+    s = r.s
+    result = await r.act.quarantine(quarantine_input(r, effect), label)
+    s.status.rule_name = result.rule_name or s.status.rule_name
+    r.j.log(
+        f"quarantined ({effect})",
+        outcome=f"{result.mode} {result.action} {result.rule_name or ''}".strip(),
+        reason=result.message,
+    )
+    if s.quarantine is not None and s.quarantine.node_tainted:
+        result = result.model_copy(update={"node_tainted": True})
+    return result
+
+
+def to_evict(r: Remediation) -> list[PodRef]:
+    """The consumers to evict (none: nothing to evict, and so nothing to replace)."""
+    s = r.s
+    pods = [c.pod for c in s.consumers if not c.terminating] or [c.pod for c in s.consumers]
+    if not pods:
+        r.j.log("no consumers", reason="nothing to evict or replace")
+        return []
+    if effect_of(r) == "NoSchedule" and s.spec.eviction.mode != "eviction-api":
+        r.j.log(
+            "consumers keep running",
+            reason="NoSchedule only blocks new pods on the device (runbook "
+            f"{s.runbook.name if s.runbook else ''})",
+        )
+        return []
+    return pods
+
+
+def _still_blocked(result: EvictPodsResult, report: EvictionReport) -> bool:
+    """Some consumer still there is one a PodDisruptionBudget refused to let go."""
+    keys = {(p.namespace, p.name) for p in result.blocked}
+    return any((p.namespace, p.name) in keys for p in report.remaining)
+
+
+async def evict(r: Remediation, pods: list[PodRef]) -> Escalation | None:
+    """None once the consumers are gone.
+
+    Eviction API mode honours PodDisruptionBudgets: blocked evictions are retried for the
+    whole `eviction.timeout`; a pod a budget still protects then is never pushed past it
+    unless the runbook forces (`noexecute` / `delete`): the remediation escalates
+    `eviction-timeout` naming the budget and holds the device under its NoSchedule rule."""
+    s, j = r.s, r.j
+    policy = s.spec.eviction
+    eviction_api = policy.mode == "eviction-api"
+    forcing = policy.force in ("noexecute", "delete")
+    j.enter(
+        Phase.EVICTING,
+        awaiting=f"{len(pods)} consumer(s) to go",
+        until=policy.timeout,
+        next_action="wait for the replacements"
+        + (
+            f"; still there at the timeout: force ({policy.force})"
+            if policy.force != "none"
+            else "; still there at the timeout: escalate"
+        ),
+    )
+    j.upsert()
+    blocked = EvictPodsResult()
+    # No rule served: the fallback evicted once through the Eviction API; what a budget
+    # refused then is retried like eviction-api mode's evictions (there is no backstop).
+    fallback = s.quarantine is not None and s.quarantine.mode == "fallback"
+    refused = s.quarantine.blocked if fallback and s.quarantine else []
+    if eviction_api or refused:
+        blocked = await _evict_pods(
+            r,
+            pods if eviction_api else refused,
+            force=False,
+            label="evict via Eviction API",
+            retry_for=policy.timeout,
+        )
+    # Pods a budget still blocks will not go by waiting: give the others the grace only.
+    report = await _wait_eviction(r, pods, FORCE_GRACE if blocked.blocked else policy.timeout)
+    if report.remaining and refused and _still_blocked(blocked, report) and not forcing:
+        return _blocked(r, blocked, report)
+    if report.remaining and eviction_api:
+        if _still_blocked(blocked, report) and not forcing:
+            return _blocked(r, blocked, report)
+        # Backstop: NoExecute deletes pods regardless of budgets (none blocks, or forced).
+        s.quarantine = await apply_quarantine(r, "NoExecute", "NoExecute backstop")
+        report = await _wait_eviction(r, report.remaining, FORCE_GRACE)
+    if report.remaining and policy.force in ("eviction-api", "delete"):
+        blocked = await _evict_pods(
+            r,
+            report.remaining,
+            force=policy.force == "delete",
+            label=f"force ({policy.force})",
+            retry_for=None if policy.force == "delete" else FORCE_GRACE,
+        )
+        report = await _wait_eviction(r, report.remaining, FORCE_GRACE)
+        if _still_blocked(blocked, report):
+            return _blocked(r, blocked, report)
+    s.live_pods = list(report.remaining)
+    if report.remaining:
+        names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
+        return Escalation(
+            "eviction-timeout",
+            f"consumers still on the device after {policy.timeout} "
+            f"(force: {policy.force}): {names}",
+        )
+    await j.event(
+        "GPUConsumersEvicted",
+        f"{len(report.gone)} consumer(s) left the quarantined device: "
+        + ", ".join(f"{p.namespace}/{p.name}" for p in report.gone),
+        pods=False,
+        node=False,
+    )
+    return None
+
+
+def _blocked(r: Remediation, blocked: EvictPodsResult, report: EvictionReport) -> Escalation:
+    """A PodDisruptionBudget still protects consumers: escalate naming it, hold."""
+    r.s.live_pods = list(report.remaining)
+    policy = r.s.spec.eviction
+    names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
+    why = "; ".join(blocked.budgets) or "a PodDisruptionBudget refused the eviction"
+    return Escalation(
+        "eviction-timeout",
+        f"PodDisruptionBudget blocks eviction after {policy.timeout} "
+        f"({blocked.attempts} tries; force: {policy.force}, so the budget is "
+        f"honoured): {why}. Still on the device: {names}. Holding the device quarantined "
+        "(new pods cannot get it); free the budget, or force with eviction.force "
+        "noexecute/delete",
+    )
+
+
+async def _evict_pods(
+    r: Remediation,
+    pods: list[PodRef],
+    *,
+    force: bool,
+    label: str,
+    retry_for: timedelta | None = None,
+) -> EvictPodsResult:
+    result = await r.act.evict_pods(
+        EvictPodsInput(
+            pods=pods,
+            workflow_id=r.s.workflow_id,
+            reason=f"GPU {r.s.status.device} quarantined",
+            delete_if_blocked=force,
+            retry_blocked_for=retry_for,
+        )
+    )
+    r.j.log(
+        label,
+        outcome=f"evicted {len(result.evicted)}, deleted {len(result.deleted)}, "
+        f"blocked {len(result.blocked)}, gone {len(result.gone)}"
+        + (f" after {result.attempts} tries" if result.attempts > 1 else ""),
+        reason="; ".join(result.budgets),
+    )
+    return result
+
+
+async def _wait_eviction(r: Remediation, pods: list[PodRef], limit: timedelta) -> EvictionReport:
+    report = await r.act.wait_eviction(WaitEvictionInput(pods=pods, timeout=limit))
+    r.j.log(
+        "eviction wait",
+        outcome=f"gone {len(report.gone)}, remaining {len(report.remaining)}",
+        reason="timed out" if report.timed_out else "",
+    )
+    return report
