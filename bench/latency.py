@@ -54,7 +54,7 @@ from bench.common import (
     until,
 )
 from bench.stacks import open_stack, webhook_token
-from worker.stack import free_port
+from harness.stack import free_port
 from workflows.constants import device_workflow_id, taint_rule_name
 
 log = logging.getLogger("bench.latency")

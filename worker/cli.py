@@ -13,9 +13,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import harness.demo
 import simulator.cli
 import worker.commands
-import worker.demo
 import worker.doctor
 import worker.webhook_cli
 
@@ -25,7 +25,7 @@ REGISTRARS: tuple[Callable[[Any], None], ...] = (
     worker.webhook_cli.register,  # webhook, schedule
     worker.doctor.register,  # doctor
     simulator.cli.register,  # sim up/down/status/fail/recover
-    worker.demo.register,  # demo, up
+    harness.demo.register,  # demo, up, down: the local stack
 )
 
 

@@ -21,6 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from worker.local_stack import default_state_dir, live_stack
 from workflows.constants import (
     QRY_STATUS,
     QRY_TIMELINE,
@@ -134,12 +135,11 @@ def ui_url(settings: Any) -> str | None:
     None when neither is known (the CLI then prints no link rather than a wrong one)."""
     if "temporal_ui_url" in settings.model_fields_set:
         return str(settings.temporal_ui_url).rstrip("/") or None
-    from worker.demo import _default_state_dir, _live_stack
 
     def same(address: str) -> str:
         return address.replace("localhost:", "127.0.0.1:", 1)
 
-    info = _live_stack(_default_state_dir())
+    info = live_stack(default_state_dir())
     if (
         info
         and info.get("ui_url")

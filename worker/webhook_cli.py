@@ -137,7 +137,8 @@ def _run_webhook(args: argparse.Namespace) -> int:
 
     from worker.http_server import ServerSettings, build_config
     from worker.temporal import freeze_startup_heap
-    from worker.webhook import WebhookSettings, create_app
+    from worker.webhook.app import create_app
+    from worker.webhook.settings import WebhookSettings
 
     settings = Settings()
     overrides: dict[str, object] = {}

@@ -33,7 +33,7 @@ from temporalio.testing import WorkflowEnvironment
 from bench.common import dcgm_alert, notification
 from bench.floor import AGENT, TASK_QUEUE, workflow_id
 from bench.peer import GROUP, taint_version
-from worker.stack import free_port
+from harness.stack import free_port
 from workflows.constants import taint_rule_name
 
 pytestmark = pytest.mark.devserver

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from worker.scenarios import (
+from harness.scenarios import (
     TAINT_RULE_VERSIONS,
     Demo,
     SeedState,

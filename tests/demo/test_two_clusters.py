@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
+from harness.scenarios import Demo, Progress
+from harness.stack import Stack
 from tests.demo.conftest import start_stack
-from worker.scenarios import Demo, Progress
-from worker.stack import Stack
 from workflows.budget import BudgetWorkflow
 from workflows.constants import ANN_WORKFLOW_ID, WF_REMEDIATE, budget_workflow_id
 from workflows.models import BudgetState

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import tests.drills.conftest as drills
-from worker.stack import Child, Stack
+from harness.stack import Child, Stack
 from workflows.models import Phase
 
 pytestmark = [pytest.mark.slow, pytest.mark.devserver]

@@ -56,8 +56,8 @@ from typing import Any
 
 import pytest
 
+from harness.scenarios import Demo, Incident
 from tests.drills.conftest import Drill, closed, drill_stack, history_facts, run_count
-from worker.scenarios import Demo, Incident
 from workflows.constants import (
     ACT_NOTIFY,
     ACT_REQUEST_CAPACITY,

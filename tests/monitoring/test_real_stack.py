@@ -31,10 +31,10 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from harness.stack import Stack, StackConfig, free_port
 from tests.monitoring.conftest import binary
 from tests.monitoring.stack import Monitoring, monitoring
 from worker.settings import Settings
-from worker.stack import Stack, StackConfig, free_port
 from worker.temporal import connect
 from workflows.constants import QRY_STATUS, QRY_TIMELINE, SIG_REPAIRED, device_workflow_id
 from workflows.models import Phase, RemediationStatus, RepairedRequest, TimelineEntry

@@ -21,7 +21,7 @@ import pytest
 
 from tests.webhook.helpers import XID79_ALERT
 from worker.alerts import AlertMapping, AmAlert, MappedAlert, Unmapped, map_alert, parse_xid
-from worker.webhook import WebhookSettings
+from worker.webhook.settings import WebhookSettings
 from workflows.constants import device_workflow_id
 
 

@@ -32,7 +32,9 @@ from worker.security import (
     configured_token_problem,
 )
 from worker.settings import Settings
-from worker.webhook import TokenSource, WebhookSettings, create_app
+from worker.webhook.app import create_app
+from worker.webhook.auth import TokenSource
+from worker.webhook.settings import WebhookSettings
 
 SICKBAY = str(Path(sys.executable).parent / "sickbay")
 EXAMPLE = next(iter(EXAMPLE_TOKENS))

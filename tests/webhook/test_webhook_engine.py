@@ -39,7 +39,8 @@ from tests.webhook.helpers import (
     xid_alert,
 )
 from worker.settings import PACKAGED_RUNBOOKS
-from worker.webhook import WebhookSettings, create_app
+from worker.webhook.app import create_app
+from worker.webhook.settings import WebhookSettings
 from workflows.constants import (
     ACT_RESOLVE_DEVICE,
     ERR_DEVICE_NOT_FOUND,

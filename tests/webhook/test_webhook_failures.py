@@ -42,7 +42,8 @@ from tests.webhook.helpers import (
     xid_alert,
 )
 from worker.settings import Settings
-from worker.webhook import WebhookSettings, create_app
+from worker.webhook.app import create_app
+from worker.webhook.settings import WebhookSettings
 from workflows.constants import device_workflow_id
 
 

@@ -53,13 +53,10 @@ from tests.webhook.test_webhook_cli import SICKBAY, clean_env, wait_healthy
 from worker.alerts import AmPayload, MappedAlert, map_alert
 from worker.settings import Settings
 from worker.spool import JOURNAL, Spool, SpoolError
-from worker.webhook import (
-    AlertService,
-    TemporalUnavailable,
-    WebhookMetrics,
-    WebhookSettings,
-    create_app,
-)
+from worker.webhook.app import create_app
+from worker.webhook.metrics import WebhookMetrics
+from worker.webhook.service import AlertService, TemporalUnavailable
+from worker.webhook.settings import WebhookSettings
 from workflows.constants import SIG_ALERT, device_workflow_id
 from workflows.models import AlertEvidence, AlertResolved, DeviceRef, LaunchResult
 
@@ -365,7 +362,7 @@ def controlled(
     """An AlertService (no HTTP) whose Temporal calls wait for the test, with the spool of
     `wh` opened when it has one."""
     temporal = ControlledTemporal()
-    monkeypatch.setattr("worker.webhook.signal_with_start", temporal)
+    monkeypatch.setattr("worker.webhook.service.signal_with_start", temporal)
 
     async def nothing_handled(self: AlertService, client: object, workflow_id: str) -> list[Any]:
         return []  # no closed run before (tests/webhook/test_webhook_repeats.py has those)
@@ -529,7 +526,7 @@ async def test_unreachable_temporal_is_reported_once_a_minute_not_every_round(
     assert len(waits) == 1 and waits[0].levelname == "WARNING"
     assert "2 alert(s)" in waits[0].getMessage() and "nowhere:7233" in waits[0].getMessage()
 
-    monkeypatch.setattr("worker.webhook.SPOOL_WAIT_LOG_SECONDS", 0.0)  # a minute later
+    monkeypatch.setattr("worker.webhook.service.SPOOL_WAIT_LOG_SECONDS", 0.0)  # a minute later
     assert await service.redeliver() == 0
     assert len([r for r in caplog.records if "wait for Temporal" in r.getMessage()]) == 2
 

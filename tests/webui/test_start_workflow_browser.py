@@ -28,9 +28,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from harness.stack import free_port
 from tests.conftest import dev_server_args
 from tests.workflows.fakes import FakeWorld, new_worker
-from worker.stack import free_port
 from workflows.constants import WF_REMEDIATE
 
 pytestmark = pytest.mark.devserver

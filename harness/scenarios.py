@@ -40,7 +40,7 @@ import httpx
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
-from worker.stack import Stack
+from harness.stack import Stack
 from workflows.constants import LABEL_WORKLOAD_CLASS, WF_REMEDIATE, device_workflow_id
 from workflows.models import (
     AbortRequest,
