@@ -141,10 +141,9 @@ class _InstantTemporal:
 
 async def cpu_ceiling(n: int) -> float:
     from worker.alerts import AmPayload
-    from worker.settings import Settings
+    from worker.settings import Settings, WebhookSettings
     from worker.webhook.metrics import WebhookMetrics
     from worker.webhook.service import AlertService
-    from worker.webhook.settings import WebhookSettings
 
     service = AlertService(
         Settings(),

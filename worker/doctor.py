@@ -47,7 +47,7 @@ from activities.kube.discovery import ClusterApis, Discovery
 from activities.kube.permissions import PERMISSIONS, ROLE_FILES, Permission, needed
 from activities.kube.pods import requests_gpu
 from activities.kube.quarantine import delete_rule, wait_rule_conditions
-from worker.watcher import WatchSettings
+from worker.settings import WatchSettings
 from workflows.constants import LABEL_MANAGED_BY, MANAGED_BY_VALUE
 from workflows.models import Runbook
 
@@ -748,9 +748,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         checks = [
             loaded,
-            *Doctor(kube, args.probe_timeout, runbooks, getattr(args, "namespace", None)).run(
-                probe=args.probe, probe_namespace=args.probe_namespace
-            ),
+            *Doctor(
+                kube,
+                args.probe_timeout,
+                runbooks,
+                getattr(args, "namespace", None) or settings.watch.watch_namespace,
+            ).run(probe=args.probe, probe_namespace=args.probe_namespace),
         ]
     except KubeError as err:
         checks = [loaded, Check("error", "doctor", f"stopped: {err}")]

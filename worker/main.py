@@ -46,9 +46,9 @@ from activities.runbooks import RunbookActivities
 from activities.sweep import SweepActivities
 from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
 from worker.identity import SenderIdentityRunner
+from worker.schedules import ensure_sweep_schedule
 from worker.settings import Settings
-from worker.watcher import WatchSettings, build_health_watcher
-from worker.webhook_cli import ensure_sweep_schedule
+from worker.watcher import build_health_watcher
 from workflows.budget import BudgetWorkflow
 from workflows.constants import (
     ACT_ACQUIRE_BUDGET,
@@ -355,7 +355,7 @@ def _start_health_watcher(
     kube = built.kube
     if kube is None:
         return None
-    if not WatchSettings().watch_enabled:
+    if not settings.watch.watch_enabled:
         log.info("health watcher disabled (SICKBAY_WATCH_ENABLED=false): the sweep detects")
         return None
     watcher = build_health_watcher(client, settings, kube)
@@ -395,7 +395,7 @@ async def run_worker(settings: Settings) -> int:
     from worker.security import configured_token_problem
     from worker.temporal import connect, ensure_search_attributes, freeze_startup_heap
 
-    problem = configured_token_problem()
+    problem = configured_token_problem(settings.webhook)
     if problem is not None:  # a weak webhook token in the shared settings: stop the deployment
         log.error("refusing to start: %s", problem)
         return 2

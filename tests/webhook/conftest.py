@@ -13,8 +13,8 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from tests.webhook.helpers import TOKEN, Served, serve, settings_for
+from worker.settings import WebhookSettings
 from worker.webhook.app import create_app
-from worker.webhook.settings import WebhookSettings
 
 
 @pytest.fixture(scope="module")

@@ -38,9 +38,8 @@ from tests.webhook.helpers import (
     unique_device,
     xid_alert,
 )
-from worker.settings import PACKAGED_RUNBOOKS
+from worker.settings import PACKAGED_RUNBOOKS, WebhookSettings
 from worker.webhook.app import create_app
-from worker.webhook.settings import WebhookSettings
 from workflows.constants import (
     ACT_RESOLVE_DEVICE,
     ERR_DEVICE_NOT_FOUND,

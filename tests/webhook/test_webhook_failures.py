@@ -41,9 +41,8 @@ from tests.webhook.helpers import (
     unique_device,
     xid_alert,
 )
-from worker.settings import Settings
+from worker.settings import Settings, WebhookSettings
 from worker.webhook.app import create_app
-from worker.webhook.settings import WebhookSettings
 from workflows.constants import device_workflow_id
 
 

@@ -40,8 +40,8 @@ from tests.webhook.helpers import (
     unique_device,
     xid_alert,
 )
+from worker.settings import WebhookSettings
 from worker.webhook.app import create_app
-from worker.webhook.settings import WebhookSettings
 from workflows.constants import SIG_ALERT, SIG_ALERT_RESOLVED, device_workflow_id
 
 pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)

@@ -30,8 +30,8 @@ pytestmark = pytest.mark.devserver
 
 
 def app_for(env: WorkflowEnvironment, queue: str) -> Any:
+    from worker.settings import WebhookSettings
     from worker.webhook.app import create_app
-    from worker.webhook.settings import WebhookSettings
 
     return create_app(
         settings_for(env, queue),

@@ -51,12 +51,11 @@ from tests.webhook.helpers import (
 )
 from tests.webhook.test_webhook_cli import SICKBAY, clean_env, wait_healthy
 from worker.alerts import AmPayload, MappedAlert, map_alert
-from worker.settings import Settings
+from worker.settings import Settings, WebhookSettings
 from worker.spool import JOURNAL, Spool, SpoolError
 from worker.webhook.app import create_app
 from worker.webhook.metrics import WebhookMetrics
 from worker.webhook.service import AlertService, TemporalUnavailable
-from worker.webhook.settings import WebhookSettings
 from workflows.constants import SIG_ALERT, device_workflow_id
 from workflows.models import AlertEvidence, AlertResolved, DeviceRef, LaunchResult
 

@@ -68,9 +68,9 @@ from tests.webhook.helpers import (
     unique_device,
     xid_alert,
 )
+from worker.settings import WebhookSettings
 from worker.webhook.app import create_app
 from worker.webhook.dedupe import RecentDeliveries
-from worker.webhook.settings import WebhookSettings
 from workflows.constants import SIG_ALERT, SIG_ALERT_RESOLVED, SIG_ALERTS, device_workflow_id
 
 pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env), or its own

@@ -21,9 +21,9 @@ Status codes, so that Alertmanager's retry does the right thing:
          is harmless because the workflow de-duplicates evidence by alert fingerprint
     502  Temporal refused a call for another reason (also retried)
 
-The package: settings.py (SICKBAY_WEBHOOK_* / SICKBAY_ALERT_*), auth.py (the bearer token),
-metrics.py, service.py (alerts to Temporal calls: dedupe.py, lanes.py, the spool), app.py (this
-file: the FastAPI app and its lifespan). Served by `sickbay webhook` (worker/webhook_cli.py).
+The package: auth.py (the bearer token), metrics.py, service.py (alerts to Temporal calls:
+dedupe.py, lanes.py, the spool), app.py (this file: the FastAPI app and its lifespan); its
+settings are `Settings.webhook` (worker/settings.py). Served by `sickbay webhook` (worker/webhook_cli.py).
 """
 
 from __future__ import annotations
@@ -44,11 +44,10 @@ from starlette.requests import ClientDisconnect
 from temporalio.client import Client
 
 from worker.alerts import AmPayload
-from worker.settings import Settings
+from worker.settings import Settings, WebhookSettings
 from worker.webhook.auth import TokenSource, Unauthorized, authorized
 from worker.webhook.metrics import WebhookMetrics
 from worker.webhook.service import AlertService, TemporalUnavailable
-from worker.webhook.settings import WebhookSettings
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +105,7 @@ def create_app(
 ) -> FastAPI:
     """The webhook app. `temporal` is a connected client (tests, embedding); without one the
     lifespan connects with `settings`, and requests retry the connection while it is down."""
-    wh = webhook if webhook is not None else WebhookSettings()
+    wh = webhook if webhook is not None else settings.webhook
     tokens = TokenSource(wh)
     if tokens.current() is None:
         log.warning("webhook authentication is DISABLED (SICKBAY_WEBHOOK_AUTH_DISABLED)")

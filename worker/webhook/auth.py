@@ -8,7 +8,7 @@ import time
 
 from fastapi import Request
 
-from worker.webhook.settings import WebhookSettings
+from worker.settings import WebhookSettings
 
 log = logging.getLogger(__name__)
 

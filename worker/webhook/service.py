@@ -54,13 +54,12 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.launch import report_rejected, signal_with_start
 from worker.alerts import AmPayload, MappedAlert, Unmapped, map_alert
-from worker.settings import Settings
+from worker.settings import Settings, WebhookSettings
 from worker.spool import Spool, SpoolFull
 from worker.temporal import connect, ensure_search_attributes
 from worker.webhook.dedupe import RecentDeliveries
 from worker.webhook.lanes import Delivery, DeliveryKey, Lane
 from worker.webhook.metrics import WebhookMetrics
-from worker.webhook.settings import WebhookSettings
 from workflows.constants import SIG_ALERT_RESOLVED
 from workflows.models import (
     HandledAlert,
