@@ -243,17 +243,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def _resolve(settings: Any, ref: Any) -> Any:
-    """node + index / DRA name -> node + GPU UUID, with the resolve-device activity's code."""
-    from temporalio.testing import ActivityEnvironment
-
+    """node + index / DRA name -> node + GPU UUID, with the resolve-device activity's code,
+    called as a plain method (it reads no activity context: no heartbeat, no info)."""
     from activities.kube import KubeActivities
     from workflows.models import ResolveDeviceInput
 
     kube = KubeActivities.from_settings(settings)
     try:
-        resolved = await ActivityEnvironment().run(
-            kube.resolve_device, ResolveDeviceInput(device=ref)
-        )
+        resolved = await kube.resolve_device(ResolveDeviceInput(device=ref))
     finally:
         kube.close()
     return ref.model_copy(update={"node": resolved.node, "gpu_uuid": resolved.gpu_uuid})
