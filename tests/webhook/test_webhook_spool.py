@@ -525,7 +525,7 @@ async def test_unreachable_temporal_is_reported_once_a_minute_not_every_round(
     assert len(waits) == 1 and waits[0].levelname == "WARNING"
     assert "2 alert(s)" in waits[0].getMessage() and "nowhere:7233" in waits[0].getMessage()
 
-    monkeypatch.setattr("worker.webhook.service.SPOOL_WAIT_LOG_SECONDS", 0.0)  # a minute later
+    monkeypatch.setattr("worker.webhook.delivery.SPOOL_WAIT_LOG_SECONDS", 0.0)  # a minute later
     assert await service.redeliver() == 0
     assert len([r for r in caplog.records if "wait for Temporal" in r.getMessage()]) == 2
 

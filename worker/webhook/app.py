@@ -21,9 +21,10 @@ Status codes, so that Alertmanager's retry does the right thing:
          is harmless because the workflow de-duplicates evidence by alert fingerprint
     502  Temporal refused a call for another reason (also retried)
 
-The package: auth.py (the bearer token), metrics.py, service.py (alerts to Temporal calls:
-dedupe.py, lanes.py, the spool), app.py (this file: the FastAPI app and its lifespan); its
-settings are `Settings.webhook` (worker/settings.py). Served by `sickbay webhook` (worker/webhook_cli.py).
+The package: auth.py (the bearer token), metrics.py, service.py (alerts to Temporal calls,
+with dedupe.py, lanes.py and delivery.py: the spool), app.py (this file: the FastAPI app and
+its lifespan); its settings are `Settings.webhook` (worker/settings.py). Served by
+`sickbay webhook` (worker/webhook_cli.py).
 """
 
 from __future__ import annotations

@@ -45,7 +45,6 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -55,10 +54,18 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.launch import report_rejected, signal_with_start
 from worker.alerts import AmPayload, MappedAlert, Unmapped, map_alert
 from worker.settings import Settings, WebhookSettings
-from worker.spool import Spool, SpoolFull
+from worker.spool import Spool
 from worker.temporal import connect, ensure_search_attributes
 from worker.webhook.dedupe import RecentDeliveries
-from worker.webhook.lanes import Delivery, DeliveryKey, Lane
+from worker.webhook.delivery import SpoolDelivery
+from worker.webhook.lanes import (
+    TRANSIENT,
+    Delivery,
+    DeliveryKey,
+    Lane,
+    Outcome,
+    TemporalUnavailable,
+)
 from worker.webhook.metrics import WebhookMetrics
 from workflows.constants import SIG_ALERT_RESOLVED
 from workflows.models import (
@@ -73,12 +80,6 @@ log = logging.getLogger(__name__)
 
 DUPLICATE = "duplicate"  # result of an alert acknowledged through an identical delivery
 QUEUED = "queued"  # result of an alert acknowledged through the spool (worker/spool.py)
-# A spooled alert Temporal refuses this many times for a non-transient reason (e.g. invalid
-# argument) is dropped with an ERROR log; transient failures (Temporal down) retry forever.
-SPOOL_GIVE_UP = 5
-# While Temporal stays unreachable, the redelivery rounds (every few seconds) say so at most
-# this often; the first round that reaches it again says so once.
-SPOOL_WAIT_LOG_SECONDS = 60.0
 # Result of a firing alert whose instance (fingerprint + startsAt) the device's last, closed
 # run already handled: no new run, no page, no quarantine (decided from that run's result).
 ALREADY_HANDLED = "already-handled"
@@ -97,47 +98,7 @@ def _instance(m: MappedAlert) -> tuple[str, str]:
     return instance_key(m.fingerprint, m.starts_at)
 
 
-class TemporalUnavailable(Exception):
-    """No client could be had (connect failed)."""
-
-
-_TRANSIENT = {
-    RPCStatusCode.UNAVAILABLE,
-    RPCStatusCode.DEADLINE_EXCEEDED,
-    RPCStatusCode.RESOURCE_EXHAUSTED,
-    RPCStatusCode.ABORTED,
-    RPCStatusCode.CANCELLED,
-    RPCStatusCode.INTERNAL,
-    RPCStatusCode.UNKNOWN,
-}
-
-
-@dataclass
-class Outcome:
-    results: list[dict[str, Any]] = field(default_factory=list)
-    unmatched: list[dict[str, Any]] = field(default_factory=list)
-    failed: list[dict[str, Any]] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
-
-    def bump(self, key: str) -> None:
-        self.counts[key] = self.counts.get(key, 0) + 1
-
-    def result(self, m: MappedAlert, result: str, via: str = "") -> None:
-        """Count and list one acknowledged alert (`via`: how a duplicate was answered)."""
-        self.bump(result)
-        entry: dict[str, Any] = {
-            "index": m.index,
-            "fingerprint": m.fingerprint,
-            "device": m.device.key,
-            "workflow_id": m.workflow_id,
-            "result": result,
-        }
-        if via:
-            entry["via"] = via
-        self.results.append(entry)
-
-
-class AlertService:
+class AlertService(SpoolDelivery):
     def __init__(
         self,
         settings: Settings,
@@ -381,7 +342,7 @@ class AlertService:
             return
         exc = call.exception()
         if isinstance(exc, RPCError):
-            reason = "temporal-unavailable" if exc.status in _TRANSIENT else "temporal-error"
+            reason = "temporal-unavailable" if exc.status in TRANSIENT else "temporal-error"
             detail = f"{exc.status.name if exc.status else ''}: {exc}"
             for a in same:
                 self._failed(out, a, reason, detail)
@@ -527,143 +488,6 @@ class AlertService:
         """Record alerts acknowledged through the spool: on disk, Temporal not told yet."""
         for m in alerts:
             out.result(m, QUEUED)
-
-    # ------------------------------------------------------------------ spool ----------------
-
-    async def _spool_waiting(
-        self,
-        waitings: list[list[tuple[list[MappedAlert], Delivery, bool]]],
-        tasks: list[asyncio.Future[None]],
-    ) -> set[DeliveryKey]:
-        """The ack deadline passed: journal the deliveries this notification still waits for
-        (flushed to disk) and keep them wanted until Temporal accepts them. Returns their keys;
-        empty when nothing could be spooled (full, disk error): the notification then waits for
-        Temporal as without a spool."""
-        assert self.spool is not None
-        todo: dict[DeliveryKey, Delivery] = {}
-        for waiting, task in zip(waitings, tasks, strict=True):
-            if task.done():
-                continue
-            for _same, d, _own in waiting:
-                if not d.call.done():
-                    todo[d.key] = d
-        if not todo:
-            return set()
-        try:
-            added = await asyncio.to_thread(self.spool.add, [d.alert for d in todo.values()])
-        except SpoolFull as exc:
-            self.metrics.spool_refused.labels(exc.reason).inc()
-            log.warning("webhook spool full (%s): waiting for Temporal instead", exc)
-            return set()
-        except OSError as exc:
-            self.metrics.spool_refused.labels("disk").inc()
-            log.error(
-                "webhook spool: cannot journal %d alert(s), waiting for Temporal instead: %s",
-                len(todo),
-                exc,
-            )
-            return set()
-        self.metrics.spooled.inc(added)  # alerts another notification spooled count once
-        for d in todo.values():
-            self._hold(d)
-        self.metrics.spool_pending.set(len(self.spool.pending))
-        return set(todo)
-
-    def _hold(self, d: Delivery) -> None:
-        """The spool stands in for the notifications already answered: `d` stays wanted (never
-        dropped unsent) until its call ends, and leaves the spool if Temporal accepted it."""
-        if self._held.get(d.key) is d:
-            return
-        if d.call.done():
-            self._spool_outcome(d, d.call)
-            return
-        self._held[d.key] = d
-        d.waiters += 1
-        d.call.add_done_callback(functools.partial(self._unhold, d))
-
-    def _unhold(self, d: Delivery, call: asyncio.Future[str]) -> None:
-        if self._held.get(d.key) is d:
-            del self._held[d.key]
-        d.waiters -= 1
-        self._spool_outcome(d, call)
-
-    def _spool_outcome(self, d: Delivery, call: asyncio.Future[str]) -> None:
-        assert self.spool is not None
-        if not call.cancelled():
-            exc = call.exception()
-            if exc is None:
-                self._refusals.pop(d.key, None)
-                self.spool.done(d.key)
-            elif isinstance(exc, RPCError) and exc.status not in _TRANSIENT:
-                refused = self._refusals[d.key] = self._refusals.get(d.key, 0) + 1
-                if refused >= SPOOL_GIVE_UP:
-                    log.error(
-                        "webhook spool: Temporal refused alert %s for %s %d times (%s); "
-                        "dropping it",
-                        d.alert.fingerprint,
-                        d.alert.workflow_id,
-                        refused,
-                        exc,
-                    )
-                    del self._refusals[d.key]
-                    self.spool.done(d.key)
-                    self.metrics.spool_given_up.inc()
-        # Otherwise (failed, cancelled by shutdown) it stays for the next redelivery round.
-        self.metrics.spool_pending.set(len(self.spool.pending))
-
-    async def redeliver(self) -> int:
-        """One round: send every spooled alert that has no call on its way (its call failed,
-        or a previous process left it). Returns how many were sent."""
-        assert self.spool is not None
-        todo = [(k, m) for k, m in self.spool.pending.items() if k not in self._held]
-        if not todo:
-            return 0
-        try:
-            client = await self.client()
-        except TemporalUnavailable as exc:
-            now = time.monotonic()
-            last = self._unreachable_logged
-            if last is None or now - last >= SPOOL_WAIT_LOG_SECONDS:
-                self._unreachable_logged = now
-                log.warning(
-                    "webhook spool: %d alert(s) wait for Temporal (trying every %g s; said "
-                    "again every %g s while it lasts): %s",
-                    len(todo),
-                    self.webhook.webhook_spool_retry_seconds,
-                    SPOOL_WAIT_LOG_SECONDS,
-                    exc,
-                )
-            return 0
-        if self._unreachable_logged is not None:
-            self._unreachable_logged = None
-            log.info("webhook spool: Temporal reachable again; sending %d alert(s)", len(todo))
-        by_workflow: dict[str, list[list[MappedAlert]]] = {}
-        for key, m in todo:
-            if self.recent.recent(key):
-                self.spool.done(key)
-                continue
-            by_workflow.setdefault(m.workflow_id, []).append([m])
-        sent = 0
-        for group in by_workflow.values():
-            group.sort(key=lambda same: same[0].status != "firing")
-            for _same, d, own in self._enqueue(client, group, Outcome()):
-                self._hold(d)
-                d.waiters -= 1  # _enqueue counted a waiter; the hold is the one that stays
-                sent += own  # joining a call already on its way (being spooled) sends nothing
-        self.metrics.spool_redelivered.inc(sent)
-        self.metrics.spool_pending.set(len(self.spool.pending))
-        return sent
-
-    async def redeliver_forever(self) -> None:
-        assert self.spool is not None
-        while True:
-            try:
-                sent = await self.redeliver()
-                if sent:
-                    log.info("webhook spool: sent %d spooled alert(s) again", sent)
-            except Exception:
-                log.exception("webhook spool: redelivery round failed; trying again")
-            await asyncio.sleep(self.webhook.webhook_spool_retry_seconds)
 
     def _delivery_done(self, d: Delivery, call: asyncio.Future[str]) -> None:
         if self.recent.inflight.get(d.key) is d:
