@@ -59,7 +59,7 @@ def _run_webhook(args: argparse.Namespace) -> int:
             access_log=args.access_log,
         )
     except ValidationError as exc:
-        log.error("invalid webhook setting: %s", exc)
+        log.error("invalid setting: %s", exc)
         return 2
     except RuntimeError as exc:  # e.g. no or a weak token, spool in use, TLS files unreadable
         log.error("%s", exc)
