@@ -26,6 +26,7 @@ COPY activities ./activities
 COPY worker ./worker
 COPY runbooks ./runbooks
 COPY simulator ./simulator
+COPY harness ./harness
 # A regular (non-editable) install: the code lives in the venv, /src is not copied onward.
 RUN /opt/sickbay/bin/pip install --no-deps . \
     && /opt/sickbay/bin/sickbay --help > /dev/null

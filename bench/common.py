@@ -1,6 +1,6 @@
 """Helpers shared by the benchmarks: machine facts, percentiles, alerts, the twin's request log.
 
-Everything here talks to loopback only (the embedded stack of worker/stack.py).
+Everything here talks to loopback only (the embedded stack of harness/stack.py).
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def billable_actions(events: list[Any]) -> int:
 
 
 async def run() -> dict[str, Any]:
-    from worker.scenarios import Demo, Progress
+    from harness.scenarios import Demo, Progress
 
     stack = await asyncio.to_thread(open_stack, time_scale=30.0)
     demo = await Demo.open(stack, Progress(lambda line: log.info("%s", line)))

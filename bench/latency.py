@@ -55,7 +55,7 @@ from bench.common import (
 )
 from bench.stacks import open_stack, webhook_token
 from contract.names import device_workflow_id, taint_rule_name
-from worker.stack import free_port
+from harness.stack import free_port
 
 log = logging.getLogger("bench.latency")
 

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import psutil
 
-from worker.stack import free_port
+from harness.stack import free_port
 
 SICKBAY = str(Path(sys.executable).parent / "sickbay")
 TOKEN = "bench-slow-clients-" + "0123456789abcdef" * 2

@@ -1,4 +1,4 @@
-"""The embedded stack each benchmark runs on: worker/stack.py's Stack, unchanged.
+"""The embedded stack each benchmark runs on: harness/stack.py's Stack, unchanged.
 
 `open_stack()` starts the dev server, sink, twin, `sickbay worker` and `sickbay webhook` as
 child processes on free loopback ports (no Web UI) and returns the Stack; `webhook_token()`
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT
-from worker.stack import Stack, StackConfig, free_port
+from harness.stack import Stack, StackConfig, free_port
 
 log = logging.getLogger("bench")
 

@@ -141,8 +141,9 @@ class _InstantTemporal:
 
 async def cpu_ceiling(n: int) -> float:
     from worker.alerts import AmPayload
-    from worker.settings import Settings
-    from worker.webhook import AlertService, WebhookMetrics, WebhookSettings
+    from worker.settings import Settings, WebhookSettings
+    from worker.webhook.metrics import WebhookMetrics
+    from worker.webhook.service import AlertService
 
     service = AlertService(
         Settings(),

@@ -11,18 +11,17 @@ kubeconfig). `--detach` starts the same command in the background, waits until i
 /sim/healthz and returns; `down` stops it. The state directory is $SICKBAY_STATE_DIR or
 ~/.sickbay.
 
-Other simulator modules extend the command without editing this file. For each module in
-`EXTENSIONS` that imports, if it defines:
-- `add_sim_up_arguments(parser)`: add flags to `sim up` (e.g. --time-scale, --alert-webhook);
-- `register_sim_commands(sim_subparsers)`: add `sim <command>` subcommands (fail, recover...);
-- `make_clock(args)`: return the clock the Simulator runs on (or None);
-- `configure_sim(sim, args)`: called after seeding, before start (add controllers, APIs).
+Other simulator modules extend the command through these hooks:
+- `add_sim_up_arguments(parser)`: flags of `sim up` (controllers: --time-scale,
+  --alert-webhook...; cloudapi: the cloud API's flags);
+- `register_sim_commands(sim_subparsers)`: `sim <command>` subcommands (faults: fail, recover...);
+- `make_clock(args)`: the clock the Simulator runs on (controllers);
+- `configure_sim(sim, args)`: called after seeding, before start (controllers, cloud API).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
@@ -33,36 +32,20 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from simulator import cloudapi, faults
+from simulator.controllers import manager as controllers
 from simulator.discovery import PROFILES
 from simulator.seed import TOPOLOGIES
 
 log = logging.getLogger(__name__)
 
-EXTENSIONS = (
-    "simulator.controllers.manager",
-    "simulator.faults",
-    "simulator.alerts",
-    "simulator.cloudapi",
-)
 DETACH_READY_TIMEOUT = 30.0  # seconds to wait for a detached simulator to answer /sim/healthz
 
 
 def state_dir() -> Path:
     return Path(os.environ.get("SICKBAY_STATE_DIR") or Path.home() / ".sickbay")
-
-
-def _extensions() -> list[ModuleType]:
-    mods = []
-    for name in EXTENSIONS:
-        try:
-            mods.append(importlib.import_module(name))
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-    return mods
 
 
 def register(subparsers: Any) -> None:
@@ -111,11 +94,9 @@ def register(subparsers: Any) -> None:
     status = sim_sub.add_parser("status", help="show the running simulator (state file + health)")
     status.set_defaults(func=cmd_status)
     sim.set_defaults(func=lambda args: (sim.print_help(), 2)[1])
-    for mod in _extensions():
-        if hasattr(mod, "add_sim_up_arguments"):
-            mod.add_sim_up_arguments(up)
-        if hasattr(mod, "register_sim_commands"):
-            mod.register_sim_commands(sim_sub)
+    controllers.add_sim_up_arguments(up)
+    faults.register_sim_commands(sim_sub)
+    cloudapi.add_sim_up_arguments(up)
 
 
 def _state_file() -> Path:
@@ -133,11 +114,7 @@ def _health(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
 def build_simulator(args: argparse.Namespace) -> Any:
     from simulator.runtime import Simulator
 
-    mods = _extensions()
-    clock = None
-    for mod in mods:
-        if hasattr(mod, "make_clock"):
-            clock = mod.make_clock(args) or clock
+    clock = controllers.make_clock(args)
     sim = Simulator(
         profile=args.profile,
         device_taint_rules=not args.no_device_taint_rules,
@@ -158,9 +135,8 @@ def build_simulator(args: argparse.Namespace) -> Any:
         if args.product:
             kwargs["product"] = args.product
         sim.seed(**kwargs)
-    for mod in mods:
-        if hasattr(mod, "configure_sim"):
-            mod.configure_sim(sim, args)
+    controllers.configure_sim(sim, args)
+    cloudapi.configure_sim(sim, args)
     return sim
 
 

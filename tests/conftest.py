@@ -27,7 +27,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from contract.names import SEARCH_ATTRIBUTES
-from worker.stack import free_port
+from harness.stack import free_port
 
 if TYPE_CHECKING:
     from simulator.testing import RunningSim
@@ -58,7 +58,7 @@ def temporal_cli_path() -> str:
 @pytest.fixture(scope="module")
 async def time_skipping_env(temporal_test_server_path: str) -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
-        port=free_port(),  # below the ephemeral range: see worker.stack.free_port
+        port=free_port(),  # below the ephemeral range: see harness.stack.free_port
         data_converter=pydantic_data_converter,
         test_server_existing_path=temporal_test_server_path,
     )
@@ -77,7 +77,7 @@ def dev_server_args() -> list[str]:
 
 async def start_dev_server(cli_path: str, port: int | None = None) -> WorkflowEnvironment:
     """A Temporal dev server with Sickbay's search attributes, on `port` or a fresh one from
-    below the ephemeral range (see worker.stack.free_port)."""
+    below the ephemeral range (see harness.stack.free_port)."""
     return await WorkflowEnvironment.start_local(
         port=port or free_port(),
         data_converter=pydantic_data_converter,

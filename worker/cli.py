@@ -1,26 +1,31 @@
 """`sickbay` command line: one dispatcher, subcommands registered by their owners.
 
-Each module in `_REGISTRARS` exposes `register(subparsers)`, adding its subcommands with
-`set_defaults(func=...)`; `func(args)` returns the exit code. Modules are imported lazily so a
-broken optional piece names itself instead of breaking every command.
+Each module in `REGISTRARS` exposes `register(subparsers)`, adding its subcommands with
+`set_defaults(func=...)`; `func(args)` returns the exit code.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-# (module, what it provides) — the module must define register(subparsers).
-_REGISTRARS: tuple[tuple[str, str], ...] = (
-    ("worker.commands", "worker, launch, status, timeline, approve, abort, repaired, runbooks"),
-    ("worker.webhook_cli", "webhook, schedule"),
-    ("worker.doctor", "doctor"),
-    ("simulator.cli", "sim up/down/fail/recover"),
-    ("worker.demo", "demo, up"),
+import harness.demo
+import simulator.cli
+import worker.commands
+import worker.doctor
+import worker.webhook_cli
+
+# Each adds its subcommands to the parser.
+REGISTRARS: tuple[Callable[[Any], None], ...] = (
+    worker.commands.register,  # worker, launch, status, timeline, approve, abort, repaired, ...
+    worker.webhook_cli.register,  # webhook, schedule
+    worker.doctor.register,  # doctor
+    simulator.cli.register,  # sim up/down/status/fail/recover
+    harness.demo.register,  # demo, up, down: the local stack
 )
 
 
@@ -30,14 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Remediate failed GPUs in Kubernetes clusters as durable Temporal workflows.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name, _ in _REGISTRARS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue  # not built yet
-            raise
-        module.register(sub)
+    for register in REGISTRARS:
+        register(sub)
     return parser
 
 

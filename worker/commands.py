@@ -17,13 +17,14 @@ import json
 import logging
 import sys
 import uuid
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from temporalio.client import Client, WorkflowHandle
+
 from contract.names import (
-    QRY_STATUS,
-    QRY_TIMELINE,
     SA_CLUSTER,
     SA_DEVICE,
     SA_ESCALATION,
@@ -31,14 +32,19 @@ from contract.names import (
     SA_OUTCOME,
     SA_PHASE,
     SA_WORKLOAD_CLASS,
-    SIG_ABORT,
-    SIG_REPAIRED,
-    UPD_APPROVE,
     WF_MAINTENANCE,
     WF_REMEDIATE,
     device_workflow_id,
     maintenance_workflow_id,
 )
+from contract.remediation import RemediationResult
+from worker.local_stack import default_state_dir, live_stack
+from workflows.rejections import RejectionsWorkflow
+from workflows.remediation import DeviceRemediationWorkflow
+
+# A remediation's handle, typed by the workflow class: queries, updates and signals are named
+# by its methods, so mypy checks their arguments and results.
+RemediationHandle = WorkflowHandle[DeviceRemediationWorkflow, RemediationResult]
 
 log = logging.getLogger(__name__)
 
@@ -134,12 +140,11 @@ def ui_url(settings: Any) -> str | None:
     None when neither is known (the CLI then prints no link rather than a wrong one)."""
     if "temporal_ui_url" in settings.model_fields_set:
         return str(settings.temporal_ui_url).rstrip("/") or None
-    from worker.demo import _default_state_dir, _live_stack
 
     def same(address: str) -> str:
         return address.replace("localhost:", "127.0.0.1:", 1)
 
-    info = _live_stack(_default_state_dir())
+    info = live_stack(default_state_dir())
     if (
         info
         and info.get("ui_url")
@@ -160,7 +165,7 @@ def ui_link(settings: Any, workflow_id: str) -> str:
 CONFIRM_SECONDS = 15.0
 
 
-async def workflow_problem(handle: Any) -> tuple[Any, str | None]:
+async def workflow_problem(handle: WorkflowHandle[Any, Any]) -> tuple[Any, str | None]:
     """(description, why a signal to this workflow would do nothing, or None).
 
     Closed runs (the text says how they ended), other workflow types, and runs whose workflow
@@ -189,18 +194,14 @@ async def workflow_problem(handle: Any) -> tuple[Any, str | None]:
     return desc, None
 
 
-async def _confirmed(handle: Any, action: str, actor: str) -> bool:
+async def _confirmed(handle: RemediationHandle, action: str, actor: str) -> bool:
     """Wait until the workflow's timeline shows `action` by `actor` (it took the signal in)."""
-    from contract.remediation import TimelineEntry
-
     loop = asyncio.get_running_loop()
     deadline = loop.time() + CONFIRM_SECONDS
     while loop.time() < deadline:
         try:
             entries = await handle.query(
-                QRY_TIMELINE,
-                result_type=list[TimelineEntry],
-                rpc_timeout=timedelta(seconds=5),
+                DeviceRemediationWorkflow.timeline, rpc_timeout=timedelta(seconds=5)
             )
         except Exception:  # no worker yet, or the run just closed: look again
             entries = []
@@ -213,7 +214,7 @@ async def _confirmed(handle: Any, action: str, actor: str) -> bool:
     return False
 
 
-async def _client(args: argparse.Namespace) -> Any:
+async def _client(args: argparse.Namespace) -> Client:
     from worker.temporal import connect
 
     return await connect(_settings(args))
@@ -243,17 +244,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def _resolve(settings: Any, ref: Any) -> Any:
-    """node + index / DRA name -> node + GPU UUID, with the resolve-device activity's code."""
-    from temporalio.testing import ActivityEnvironment
-
+    """node + index / DRA name -> node + GPU UUID, with the resolve-device activity's code,
+    called as a plain method (it reads no activity context: no heartbeat, no info)."""
     from activities.kube import KubeActivities
     from contract.kube import ResolveDeviceInput
 
     kube = KubeActivities.from_settings(settings)
     try:
-        resolved = await ActivityEnvironment().run(
-            kube.resolve_device, ResolveDeviceInput(device=ref)
-        )
+        resolved = await kube.resolve_device(ResolveDeviceInput(device=ref))
     finally:
         kube.close()
     return ref.model_copy(update={"node": resolved.node, "gpu_uuid": resolved.gpu_uuid})
@@ -377,7 +375,7 @@ async def _status(args: argparse.Namespace) -> int:
     async for wf in client.list_workflows(query):
         sa = wf.search_attributes or {}
 
-        def first(name: str, attrs: dict[str, Any] = sa) -> str:
+        def first(name: str, attrs: Mapping[str, Any] = sa) -> str:
             value = attrs.get(name) or [""]
             return str(value[0]) if isinstance(value, list) else str(value)
 
@@ -436,13 +434,12 @@ async def _print_rejections(client: Any, task_queue: str) -> None:
     sickbay-rejections workflow), and the pages not sent because one was already sent."""
     from temporalio.service import RPCError, RPCStatusCode
 
-    from contract.names import QRY_REJECTIONS, rejections_workflow_id
-    from contract.notify import RejectionsSummary
+    from contract.names import rejections_workflow_id
 
     wid = rejections_workflow_id(task_queue)
     try:
-        summary = await client.get_workflow_handle(wid).query(
-            QRY_REJECTIONS, result_type=RejectionsSummary
+        summary = await client.get_workflow_handle_for(RejectionsWorkflow.run, wid).query(
+            RejectionsWorkflow.summary
         )
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
@@ -480,11 +477,9 @@ async def _timeline(args: argparse.Namespace) -> int:
     )
     from temporalio.service import RPCError, RPCStatusCode
 
-    from contract.remediation import RemediationResult, RemediationStatus, TimelineEntry
-
     wf_id = workflow_id_for(args.target, _settings(args).cluster)
     client = await _client(args)
-    handle = client.get_workflow_handle(wf_id, result_type=RemediationResult)
+    handle: RemediationHandle = client.get_workflow_handle_for(DeviceRemediationWorkflow.run, wf_id)
     try:
         desc, problem = await workflow_problem(handle)
         if desc.workflow_type != WF_REMEDIATE:
@@ -503,8 +498,8 @@ async def _timeline(args: argparse.Namespace) -> int:
             return 1
         else:
             try:
-                entries = await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
-                status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+                entries = await handle.query(DeviceRemediationWorkflow.timeline)
+                status = await handle.query(DeviceRemediationWorkflow.status)
             except WorkflowQueryFailedError as exc:
                 print(f"error: {wf_id} could not answer the timeline query: {exc}", file=sys.stderr)
                 return 1
@@ -555,7 +550,7 @@ async def _decide(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.service import RPCError, RPCStatusCode
 
-    from contract.remediation import AbortRequest, ApprovalDecision, ApprovalResult, RepairedRequest
+    from contract.remediation import AbortRequest, ApprovalDecision, RepairedRequest
 
     wf_id = workflow_id_for(args.target, _settings(args).cluster)
     actor = args.actor or getpass.getuser()
@@ -563,7 +558,7 @@ async def _decide(args: argparse.Namespace) -> int:
         print("error: abort needs --reason", file=sys.stderr)
         return 2
     client = await _client(args)
-    handle = client.get_workflow_handle(wf_id)
+    handle: RemediationHandle = client.get_workflow_handle_for(DeviceRemediationWorkflow.run, wf_id)
     try:
         _, problem = await workflow_problem(handle)
         if problem is not None:
@@ -572,11 +567,10 @@ async def _decide(args: argparse.Namespace) -> int:
         if args.command in ("approve", "reject"):
             try:
                 result = await handle.execute_update(
-                    UPD_APPROVE,
+                    DeviceRemediationWorkflow.approve,
                     ApprovalDecision(
                         approve=args.command == "approve", actor=actor, reason=args.reason or ""
                     ),
-                    result_type=ApprovalResult,
                 )
             except WorkflowUpdateFailedError as exc:
                 print(f"refused: {exc.cause}", file=sys.stderr)
@@ -584,10 +578,15 @@ async def _decide(args: argparse.Namespace) -> int:
             print(f"{args.command}d {wf_id} (phase {result.phase.value})")
             return 0
         if args.command == "abort":
-            await handle.signal(SIG_ABORT, AbortRequest(reason=args.reason, actor=actor))
+            await handle.signal(
+                DeviceRemediationWorkflow.abort, AbortRequest(reason=args.reason, actor=actor)
+            )
             action, done = "abort requested", "aborting"
         else:
-            await handle.signal(SIG_REPAIRED, RepairedRequest(actor=actor, note=args.reason or ""))
+            await handle.signal(
+                DeviceRemediationWorkflow.repaired,
+                RepairedRequest(actor=actor, note=args.reason or ""),
+            )
             action, done = "marked repaired", "marked repaired"
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:

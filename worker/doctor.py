@@ -49,7 +49,7 @@ from activities.kube.pods import requests_gpu
 from activities.kube.quarantine import delete_rule, wait_rule_conditions
 from contract.names import LABEL_MANAGED_BY, MANAGED_BY_VALUE
 from contract.runbook import Runbook
-from worker.watcher import WatchSettings
+from worker.settings import WatchSettings
 
 PROBE_TIMEOUT = 30.0  # seconds; the controller writes status ~0.2 s after create (10 s cadence)
 PROBE_POLL = 0.2  # seconds between reads of the scheduler probe pod (a decision takes ms)
@@ -748,9 +748,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         checks = [
             loaded,
-            *Doctor(kube, args.probe_timeout, runbooks, getattr(args, "namespace", None)).run(
-                probe=args.probe, probe_namespace=args.probe_namespace
-            ),
+            *Doctor(
+                kube,
+                args.probe_timeout,
+                runbooks,
+                getattr(args, "namespace", None) or settings.watch.watch_namespace,
+            ).run(probe=args.probe, probe_namespace=args.probe_namespace),
         ]
     except KubeError as err:
         checks = [loaded, Check("error", "doctor", f"stopped: {err}")]

@@ -45,9 +45,9 @@ from typing import Any
 
 import h11
 import uvicorn
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from worker.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -66,31 +66,6 @@ _TOO_SLOW = (
     b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 26\r\n\r\nrequest headers too slow\r\n"
 )
-
-
-class ServerSettings(BaseSettings):
-    """HTTP server settings of `sickbay webhook` (`SICKBAY_` prefix)."""
-
-    model_config = SettingsConfigDict(env_prefix="SICKBAY_", extra="ignore")
-
-    webhook_tls_cert_file: Path | None = None  # PEM certificate (chain); with the key: HTTPS
-    webhook_tls_key_file: Path | None = None
-    webhook_header_timeout: float = Field(default=10.0, gt=0)
-    webhook_body_timeout: float = Field(default=30.0, gt=0)
-    webhook_max_connections: int = Field(default=256, ge=1, le=65536)
-
-    @model_validator(mode="after")
-    def _tls_pair(self) -> ServerSettings:
-        if (self.webhook_tls_cert_file is None) != (self.webhook_tls_key_file is None):
-            raise ValueError(
-                "SICKBAY_WEBHOOK_TLS_CERT_FILE and SICKBAY_WEBHOOK_TLS_KEY_FILE go together: "
-                "set both (HTTPS) or neither (plain HTTP)"
-            )
-        return self
-
-    @property
-    def tls(self) -> bool:
-        return self.webhook_tls_cert_file is not None
 
 
 # --------------------------------------------------------------------------------------------

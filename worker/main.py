@@ -1,21 +1,20 @@
 """The Temporal worker process (`sickbay worker`): the one WORKFLOWS / ACTIVITIES registration.
 
-- `WORKFLOWS`: every workflow type Sickbay runs. The remediation, budget and maintenance
-  workflows are the core; the pool scaler (`workflows.pool_scaler`) and the health sweep
-  (`workflows.sweep`) join when their modules exist.
+- `WORKFLOWS`: every workflow type Sickbay runs: the remediation, budget, maintenance,
+  rejections, pool-scaler (`workflows.pool_scaler`) and health-sweep (`workflows.sweep`)
+  workflows.
 - `build_activities(client, settings)` builds each activity class once from `Settings`
   (Kubernetes from `activities.kube`, cloud from `activities.cloud`, notifications from
   `activities.notify`, the sweep, capacity requests, budget leases, launches, runbooks) and
-  returns their activity callables. A module that is missing is skipped by name; then
-  `missing_activities()` names every activity a registered workflow calls that nobody
-  provides, and the worker refuses to start, listing them.
+  returns their activity callables; `missing_activities()` names every activity a registered
+  workflow calls that nobody provides, and the worker refuses to start, listing them.
 - `build_worker(client, settings)`: a `SickbayWorker`, the remediation-queue worker plus a
   small worker for the budget workflow's own queue (`budget_task_queue`), run together.
 - `run_worker(settings)`: registers search attributes (or prints exactly what to run where
   the server does not allow it), serves Prometheus metrics on `Settings.metrics_port` (the
   SDK's own plus the workflows' `sickbay_*` counters and time-to-quarantine / time-to-recovery
   histograms, emitted replay-safely through the workflow metric meter), installs the sweep
-  Schedule when that module exists, and shuts down gracefully on SIGINT/SIGTERM.
+  Schedule, and shuts down gracefully on SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import importlib
 import logging
 import signal
 from collections.abc import Callable
@@ -38,8 +36,14 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.budget import BudgetActivities
+from activities.capacity import CapacityActivities
+from activities.cloud import CloudActivities
+from activities.kube import KubeActivities
 from activities.launch import LaunchActivities
+from activities.maintenance import MaintenanceActivities
+from activities.notify.activities import NotifyActivities
 from activities.runbooks import RunbookActivities
+from activities.sweep import SweepActivities
 from contract.names import (
     ACT_AWAIT_REMEDIATION,
     ACT_DESCRIBE_POOL,
@@ -59,12 +63,16 @@ from contract.names import (
 )
 from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
 from worker.identity import SenderIdentityRunner
+from worker.schedules import ensure_sweep_schedule
 from worker.settings import Settings
+from worker.watcher import build_health_watcher
 from workflows.budget import BudgetWorkflow
 from workflows.identity import SenderIdentityInterceptor
 from workflows.maintenance import MaintenanceWorkflow
+from workflows.pool_scaler import PoolScalerWorkflow
 from workflows.rejections import RejectionsWorkflow
 from workflows.remediation import REQUIRED_ACTIVITIES, DeviceRemediationWorkflow
+from workflows.sweep import HealthSweepWorkflow
 
 log = logging.getLogger(__name__)
 # Warm-up reads a few Kubernetes objects; an API server slower than this is left to the first
@@ -72,35 +80,14 @@ log = logging.getLogger(__name__)
 WARM_UP_TIMEOUT = 15.0  # seconds
 
 
-def _optional(module: str, name: str) -> Any | None:
-    """`module.name`, or None when that module is not part of this build."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module.startswith(exc.name):
-            log.warning("%s is not available (%s); skipping %s", module, exc, name)
-            return None
-        raise
-
-
-def _workflows() -> list[type]:
-    found: list[type] = [
-        DeviceRemediationWorkflow,
-        BudgetWorkflow,
-        MaintenanceWorkflow,
-        RejectionsWorkflow,
-    ]
-    for module, name in (
-        ("workflows.pool_scaler", "PoolScalerWorkflow"),
-        ("workflows.sweep", "HealthSweepWorkflow"),
-    ):
-        wf = _optional(module, name)
-        if wf is not None:
-            found.append(wf)
-    return found
-
-
-WORKFLOWS: list[type] = _workflows()
+WORKFLOWS: list[type] = [
+    DeviceRemediationWorkflow,
+    BudgetWorkflow,
+    MaintenanceWorkflow,
+    RejectionsWorkflow,
+    PoolScalerWorkflow,
+    HealthSweepWorkflow,
+]
 
 # Activities each workflow type calls; the worker refuses to start when one is missing.
 REQUIRED: dict[str, tuple[str, ...]] = {
@@ -175,41 +162,23 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
             ),
         ]
     )
-    kube = kube_activities
-    if kube is None:
-        kube_cls = _optional("activities.kube", "KubeActivities")
-        if kube_cls is not None:
-            kube = kube_cls.from_settings(settings)
-    if kube is not None:
-        built.kube = getattr(kube, "kube", None)
-        built.activities += activities_of(kube)
-        if hasattr(kube, "close"):
-            built.closers.append(kube.close)
-        if hasattr(kube, "warm_up"):
-            built.warmers.append(kube.warm_up)
-        if hasattr(kube, "kube"):
-            built.fingerprint = functools.partial(kube_fingerprint, kube.kube)
-        maint_cls = _optional("activities.maintenance", "MaintenanceActivities")
-        if maint_cls is not None:
-            built.activities += activities_of(maint_cls(kube.kube, client))
-        sweep_cls = _optional("activities.sweep", "SweepActivities")
-        if sweep_cls is not None:
-            built.activities += activities_of(sweep_cls(kube.kube))
-    else:
-        built.notes.append("no Kubernetes activities (activities.kube missing)")
-    capacity_cls = _optional("activities.capacity", "CapacityActivities")
-    if capacity_cls is not None:
-        built.activities += activities_of(capacity_cls.from_settings(client, settings))
-    cloud_cls = _optional("activities.cloud", "CloudActivities")
-    if cloud_cls is not None:
-        cloud = cloud_cls.from_env(kube_api=kube.kube.api_client if kube is not None else None)
-        built.activities += activities_of(cloud)
-        built.closers.append(cloud.aclose)
-    notify_cls = _optional("activities.notify.activities", "NotifyActivities")
-    if notify_cls is not None:
-        notify = notify_cls.from_settings(settings)
-        built.activities += activities_of(notify)
-        built.closers.append(notify.aclose)
+    kube = (
+        kube_activities if kube_activities is not None else KubeActivities.from_settings(settings)
+    )
+    built.kube = kube.kube
+    built.activities += activities_of(kube)
+    built.closers.append(kube.close)
+    built.warmers.append(kube.warm_up)
+    built.fingerprint = functools.partial(kube_fingerprint, kube.kube)
+    built.activities += activities_of(MaintenanceActivities(kube.kube, client))
+    built.activities += activities_of(SweepActivities(kube.kube))
+    built.activities += activities_of(CapacityActivities.from_settings(client, settings))
+    cloud = CloudActivities.from_env(kube_api=kube.kube.api_client)
+    built.activities += activities_of(cloud)
+    built.closers.append(cloud.aclose)
+    notify = NotifyActivities.from_settings(settings)
+    built.activities += activities_of(notify)
+    built.closers.append(notify.aclose)
     # One registration per name: the first provider wins (core before optional modules).
     seen: set[str | None] = set()
     unique = []
@@ -346,14 +315,12 @@ def _start_health_watcher(
     """The health watcher (worker.watcher) beside the worker, unless SICKBAY_WATCH_ENABLED=false
     or there is no Kubernetes client."""
     kube = built.kube
-    module = _optional("worker.watcher", "build_health_watcher")
-    if kube is None or module is None:
+    if kube is None:
         return None
-    settings_cls = _optional("worker.watcher", "WatchSettings")
-    if settings_cls is None or not settings_cls().watch_enabled:
+    if not settings.watch.watch_enabled:
         log.info("health watcher disabled (SICKBAY_WATCH_ENABLED=false): the sweep detects")
         return None
-    watcher = module(client, settings, kube)
+    watcher = build_health_watcher(client, settings, kube)
 
     def ended(task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -390,7 +357,7 @@ async def run_worker(settings: Settings) -> int:
     from worker.security import configured_token_problem
     from worker.temporal import connect, ensure_search_attributes, freeze_startup_heap
 
-    problem = configured_token_problem()
+    problem = configured_token_problem(settings.webhook)
     if problem is not None:  # a weak webhook token in the shared settings: stop the deployment
         log.error("refusing to start: %s", problem)
         return 2
@@ -450,10 +417,9 @@ async def run_worker(settings: Settings) -> int:
         except Exception as exc:  # the first remediation then pays for it; never fatal
             log.warning("warm-up %s failed: %s: %s", warm, type(exc).__name__, exc)
     log.info("start-up heap frozen: %d objects out of full collections", freeze_startup_heap())
-    ensure = _optional("worker.webhook_cli", "ensure_sweep_schedule")
-    if ensure is not None and any(workflow_name(w) == WF_SWEEP for w in WORKFLOWS):
+    if any(workflow_name(w) == WF_SWEEP for w in WORKFLOWS):
         try:
-            log.info("sweep schedule: %s", await ensure(client, settings))
+            log.info("sweep schedule: %s", await ensure_sweep_schedule(client, settings))
         except Exception as exc:
             log.warning("could not install the sweep schedule: %s", exc)
 

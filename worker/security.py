@@ -17,10 +17,10 @@ instead of serving.
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pydantic import SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+if TYPE_CHECKING:  # worker.settings imports this module (the token check)
+    from worker.settings import WebhookSettings
 
 MIN_TOKEN_CHARS = 32
 # The token that deploy/compose once shipped for the twin demo, and words a placeholder uses.
@@ -50,20 +50,10 @@ def check_webhook_token(token: str, source: str = "the webhook token") -> None:
         )
 
 
-class TokenSettings(BaseSettings):
-    """The webhook token settings as any Sickbay process sees them (same names as the
-    webhook's: SICKBAY_WEBHOOK_TOKEN, SICKBAY_WEBHOOK_TOKEN_FILE)."""
-
-    model_config = SettingsConfigDict(env_prefix="SICKBAY_", extra="ignore")
-
-    webhook_token: SecretStr | None = None
-    webhook_token_file: Path | None = None
-
-
-def configured_token_problem(settings: TokenSettings | None = None) -> str | None:
-    """What is wrong with a webhook token configured in this process's environment, or None
-    (fine, or none configured: a process that does not serve the webhook needs none)."""
-    settings = settings if settings is not None else TokenSettings()
+def configured_token_problem(settings: WebhookSettings) -> str | None:
+    """What is wrong with the webhook token configured in `settings` (`Settings.webhook`, from
+    this process's environment), or None (fine, or none configured: a process that does not
+    serve the webhook needs none)."""
     if settings.webhook_token is not None:
         token, source = settings.webhook_token.get_secret_value().strip(), "SICKBAY_WEBHOOK_TOKEN"
     elif settings.webhook_token_file is not None:

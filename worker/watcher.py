@@ -28,15 +28,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.lease import LeaseConfig, LeaseElector
 from activities.kube.reflector import Reflector
 from activities.sweep import POD_FIELD_SELECTOR, SliceDevice, SweepActivities
 from contract.launch import LaunchRequest
 from contract.sweep import SweepFinding, SweepReport
+from worker.settings import Settings
 from workflows.sweep import finding_fingerprint, finding_launch
 
 log = logging.getLogger(__name__)
@@ -558,62 +556,30 @@ class HealthWatcher:
 
 # ---- process wiring -------------------------------------------------------------------------
 
-SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+def watcher_config(settings: Settings, *, unknown_timeout: float, dry_run: bool) -> WatcherConfig:
+    """The watcher's configuration from `settings.watch` (and the cluster and queue)."""
+    watch = settings.watch
+    return WatcherConfig(
+        cluster=settings.cluster,
+        namespace=watch.watch_namespace,
+        lease_duration=watch.watch_lease_seconds,
+        renew_deadline=watch.watch_renew_seconds,
+        retry_period=watch.watch_retry_seconds,
+        unknown_timeout=unknown_timeout,
+        dry_run=dry_run,
+        task_queue=settings.task_queue,
+    )
 
 
-def _own_namespace() -> str:
-    try:
-        with open(SA_NAMESPACE_FILE) as fh:
-            return fh.read().strip() or "sickbay"
-    except OSError:
-        return "sickbay"
-
-
-class WatchSettings(BaseSettings):
-    """Health-watcher settings (`SICKBAY_WATCH_*`)."""
-
-    model_config = SettingsConfigDict(env_prefix="SICKBAY_", extra="ignore")
-
-    watch_enabled: bool = True  # False: detection by the sweep (and alerts) only
-    watch_namespace: str = Field(default_factory=_own_namespace)  # where the Lease lives
-    watch_lease_seconds: float = 15.0
-    watch_renew_seconds: float = 10.0
-    watch_retry_seconds: float = 2.0
-
-    @field_validator("watch_renew_seconds")
-    @classmethod
-    def _renew_below_lease(cls, value: float, info: Any) -> float:
-        lease = info.data.get("watch_lease_seconds", 15.0)
-        if not 0 < value < lease:
-            raise ValueError(
-                f"watch_renew_seconds ({value}) must be above 0 and below "
-                f"watch_lease_seconds ({lease}): a holder must stop before others may take over"
-            )
-        return value
-
-    def config(self, settings: Any, *, unknown_timeout: float, dry_run: bool) -> WatcherConfig:
-        return WatcherConfig(
-            cluster=getattr(settings, "cluster", "") or "",
-            namespace=self.watch_namespace,
-            lease_duration=self.watch_lease_seconds,
-            renew_deadline=self.watch_renew_seconds,
-            retry_period=self.watch_retry_seconds,
-            unknown_timeout=unknown_timeout,
-            dry_run=dry_run,
-            task_queue=settings.task_queue,
-        )
-
-
-def build_health_watcher(client: Any, settings: Any, kube: Kube) -> HealthWatcher:
+def build_health_watcher(client: Any, settings: Settings, kube: Kube) -> HealthWatcher:
     """The watcher `sickbay worker` runs: launches through signal-with-start on `client`, and
     a node short of GPUs triggers the sweep Schedule (which notifies the channels)."""
     from activities.launch import signal_with_start
     from contract.names import sweep_schedule_id
-    from worker.webhook_cli import SweepSettings
 
-    sweep = SweepSettings()
-    watch = WatchSettings()
-    cfg = watch.config(
+    sweep = settings.sweep
+    cfg = watcher_config(
         settings,
         unknown_timeout=sweep.sweep_unknown_timeout.total_seconds(),
         dry_run=sweep.sweep_dry_run,

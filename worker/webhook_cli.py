@@ -1,130 +1,20 @@
-"""`sickbay webhook` and `sickbay schedule install|trigger|delete`, plus the sweep Schedule.
+"""`sickbay webhook` and `sickbay schedule install|trigger|delete`.
 
-`ensure_sweep_schedule(client, settings)` creates the health-sweep Schedule, or brings an
-existing one in line with the settings; `sickbay worker` calls it at start-up, so every worker
-replica does the same harmless thing. The Schedule starts `sickbay-health-sweep` every
-`SICKBAY_SWEEP_INTERVAL` (default 5m), skipping a run while the previous one still goes.
+The webhook is worker/webhook/ served by worker/http_server.py; the sweep Schedule's code is
+worker/schedules.py (which `sickbay worker` also runs at start-up).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
-from datetime import timedelta
-from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from temporalio.client import (
-    Client,
-    Schedule,
-    ScheduleActionStartWorkflow,
-    ScheduleAlreadyRunningError,
-    ScheduleIntervalSpec,
-    ScheduleOverlapPolicy,
-    SchedulePolicy,
-    ScheduleSpec,
-    ScheduleUpdate,
-    ScheduleUpdateInput,
-)
-
-from contract.base import Duration
-from contract.names import WF_SWEEP, sweep_schedule_id
-from contract.sweep import SweepInput
+from contract.names import sweep_schedule_id
+from worker.schedules import ensure_sweep_schedule
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-class SweepSettings(BaseSettings):
-    """Health-sweep Schedule settings (`SICKBAY_SWEEP_*`)."""
-
-    model_config = SettingsConfigDict(env_prefix="SICKBAY_", extra="ignore")
-
-    sweep_enabled: bool = True  # False: `sickbay worker` does not create the Schedule
-    sweep_interval: Duration = timedelta(minutes=5)
-    sweep_unknown_timeout: Duration = timedelta(minutes=5)
-    sweep_notify_channels: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    sweep_dry_run: bool = False
-
-    @field_validator("sweep_notify_channels", mode="before")
-    @classmethod
-    def _split(cls, value: object) -> object:
-        if isinstance(value, str):
-            text = value.strip()
-            if text.startswith("["):
-                return json.loads(text)
-            return [p.strip() for p in text.split(",") if p.strip()]
-        return value
-
-    @field_validator("sweep_interval")
-    @classmethod
-    def _min_interval(cls, value: timedelta) -> timedelta:
-        if value < timedelta(seconds=10):
-            raise ValueError("the sweep interval must be at least 10s")
-        return value
-
-
-def _watcher_enabled() -> bool:
-    from worker.watcher import WatchSettings
-
-    return WatchSettings().watch_enabled
-
-
-def sweep_schedule(settings: Settings, sweep: SweepSettings) -> Schedule:
-    inp = SweepInput(
-        unknown_timeout=sweep.sweep_unknown_timeout,
-        notify_channels=sweep.sweep_notify_channels,
-        task_queue=settings.task_queue,
-        dry_run=sweep.sweep_dry_run,
-        cluster=settings.cluster,
-        watcher=_watcher_enabled(),
-    )
-    return Schedule(
-        action=ScheduleActionStartWorkflow(
-            WF_SWEEP,
-            inp,
-            id=sweep_schedule_id(settings.cluster),  # the Schedule appends the scheduled time
-            task_queue=settings.task_queue,
-            # A sweep waits at most unknown_timeout, plus two listings and the launches; the
-            # bound keeps a stuck run from blocking every later one (overlap policy SKIP).
-            execution_timeout=sweep.sweep_unknown_timeout + timedelta(minutes=15),
-        ),
-        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=sweep.sweep_interval)]),
-        policy=SchedulePolicy(
-            overlap=ScheduleOverlapPolicy.SKIP,
-            # After an outage, one catch-up run is enough: a sweep looks at the present.
-            catchup_window=max(sweep.sweep_interval, timedelta(minutes=1)),
-        ),
-    )
-
-
-async def ensure_sweep_schedule(
-    client: Client, settings: Settings, sweep: SweepSettings | None = None
-) -> Literal["created", "updated", "disabled"]:
-    """Create the sweep Schedule, or update the existing one to these settings. Idempotent."""
-    sweep = sweep if sweep is not None else SweepSettings()
-    if not sweep.sweep_enabled:
-        return "disabled"
-    schedule = sweep_schedule(settings, sweep)
-    schedule_id = sweep_schedule_id(settings.cluster)  # one per cluster
-    try:
-        await client.create_schedule(schedule_id, schedule)
-        log.info("created schedule %s every %s", schedule_id, sweep.sweep_interval)
-        return "created"
-    except ScheduleAlreadyRunningError:
-        pass
-
-    def update(current: ScheduleUpdateInput) -> ScheduleUpdate:
-        # Keep the operator's state (paused, note): a worker restart must not un-pause it.
-        schedule.state = current.description.schedule.state
-        return ScheduleUpdate(schedule=schedule)
-
-    await client.get_schedule_handle(schedule_id).update(update)
-    log.info("updated schedule %s: every %s", schedule_id, sweep.sweep_interval)
-    return "updated"
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,11 +26,11 @@ def _run_webhook(args: argparse.Namespace) -> int:
     import uvicorn
     from pydantic import ValidationError
 
-    from worker.http_server import ServerSettings, build_config
+    from worker.http_server import build_config
+    from worker.settings import WebhookSettings
     from worker.temporal import freeze_startup_heap
-    from worker.webhook import WebhookSettings, create_app
+    from worker.webhook.app import create_app
 
-    settings = Settings()
     overrides: dict[str, object] = {}
     if args.host:
         overrides["webhook_host"] = args.host
@@ -148,9 +38,11 @@ def _run_webhook(args: argparse.Namespace) -> int:
         overrides["webhook_port"] = args.port
     if args.no_auth:
         overrides["webhook_auth_disabled"] = True
-    webhook = WebhookSettings(**overrides)  # type: ignore[arg-type]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
+        settings = Settings()
+        # Flags over the environment, validated as the variables are.
+        webhook = WebhookSettings.model_validate({**dict(settings.webhook), **overrides})
         app = create_app(settings, webhook=webhook)
         if webhook.webhook_spool_dir is not None:
             # Fail here with one clear line rather than in the server's start-up (a traceback):
@@ -163,11 +55,11 @@ def _run_webhook(args: argparse.Namespace) -> int:
             app,
             webhook.webhook_host,
             webhook.webhook_port,
-            ServerSettings(),
+            settings.server,
             access_log=args.access_log,
         )
     except ValidationError as exc:
-        log.error("invalid webhook setting: %s", exc)
+        log.error("invalid setting: %s", exc)
         return 2
     except RuntimeError as exc:  # e.g. no or a weak token, spool in use, TLS files unreadable
         log.error("%s", exc)
@@ -187,8 +79,7 @@ async def _schedule(action: str) -> int:
     schedule_id = sweep_schedule_id(settings.cluster)
     if action == "install":
         result = await ensure_sweep_schedule(client, settings)
-        sweep = SweepSettings()
-        print(f"schedule {schedule_id}: {result} (every {sweep.sweep_interval})")
+        print(f"schedule {schedule_id}: {result} (every {settings.sweep.sweep_interval})")
     elif action == "trigger":
         await client.get_schedule_handle(schedule_id).trigger()
         print(f"schedule {schedule_id}: triggered a sweep now")

@@ -34,7 +34,7 @@ from bench.common import dcgm_alert, notification
 from bench.floor import AGENT, TASK_QUEUE, workflow_id
 from bench.peer import GROUP, taint_version
 from contract.names import taint_rule_name
-from worker.stack import free_port
+from harness.stack import free_port
 
 pytestmark = pytest.mark.devserver
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from worker.stack import free_port
+from harness.stack import free_port
 
 pytestmark = pytest.mark.devserver
 

@@ -1,6 +1,6 @@
 """Fixtures for the demo tests: the embedded stack of `sickbay demo` (dev server + twin + real
 `sickbay worker` + webhook + notification sink, all child processes on loopback), one per test
-module, and a `Demo` (worker/scenarios.py) talking to it over HTTP and gRPC.
+module, and a `Demo` (harness/scenarios.py) talking to it over HTTP and gRPC.
 
 The stack runs the twin 60x faster and the demo runbooks 60x shorter (the demo uses 30x);
 free ports everywhere (no Web UI), so a developer's own dev server on 7233 is never touched.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.scenarios import Demo, Progress
-from worker.stack import Stack, StackConfig, free_port
+from harness.scenarios import Demo, Progress
+from harness.stack import Stack, StackConfig, free_port
 
 TIME_SCALE = 60.0  # tests: twice the demo's pace; the runbook floors (MIN_SECONDS) keep it sound
 

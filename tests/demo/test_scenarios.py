@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.scenarios import (
+from harness.scenarios import (
     Demo,
     application_xid,
     budget_exhausted,

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from contract.names import BUDGET_WORKFLOW_ID, SA_DEVICE, SA_PHASE
-from worker.scenarios import (
+from harness.scenarios import (
     TAINT_RULE_VERSIONS,
     Demo,
     SeedState,

@@ -34,8 +34,8 @@ import pytest
 
 from activities.notify.config import ChannelsConfig
 from activities.runbooks import load_dir
-from worker.sink import Sink, serve
-from worker.stack import (
+from harness.sink import Sink, serve
+from harness.stack import (
     MIN_SECONDS,
     PACKAGED_RUNBOOKS,
     Stack,

@@ -31,9 +31,9 @@ import pytest
 
 from contract.budget import BudgetState
 from contract.names import ANN_WORKFLOW_ID, WF_REMEDIATE, budget_workflow_id
+from harness.scenarios import Demo, Progress
+from harness.stack import Stack
 from tests.demo.conftest import start_stack
-from worker.scenarios import Demo, Progress
-from worker.stack import Stack
 from workflows.budget import BudgetWorkflow
 
 CLUSTERS = ("east", "west")

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.scenarios import Demo, vgpu_correlated
+from harness.stack import Stack
 from tests.demo.conftest import start_stack
-from worker.scenarios import Demo, vgpu_correlated
-from worker.stack import Stack
 
 pytestmark = pytest.mark.devserver
 

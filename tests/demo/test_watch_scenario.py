@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from harness.scenarios import Demo, Progress, watch_detection
+from harness.stack import Stack
 from tests.demo.conftest import start_stack
-from worker.scenarios import Demo, Progress, watch_detection
-from worker.stack import Stack
 
 pytestmark = pytest.mark.devserver
 

@@ -7,8 +7,6 @@ a rollout. Everything reads files from the checkout; nothing needs Docker or a c
 from __future__ import annotations
 
 import argparse
-import importlib
-import pkgutil
 import re
 import shlex
 from collections.abc import Iterator
@@ -18,7 +16,6 @@ from typing import Any
 
 import pytest
 import yaml
-from pydantic_settings import BaseSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -91,40 +88,17 @@ def iter_services(compose: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]
 _ENV_LITERAL = re.compile(r"\bSICKBAY_[A-Z0-9_]+\b")
 
 
-def _settings_env_names(cls: type[BaseSettings]) -> set[str]:
-    prefix = str(cls.model_config.get("env_prefix", "") or "")
-    names: set[str] = set()
-    for field_name, field in cls.model_fields.items():
-        alias = field.validation_alias
-        if isinstance(alias, str):
-            names.add(alias.upper())
-        else:
-            names.add(f"{prefix}{field_name}".upper())
-    return names
-
-
 @cache
 def known_env_names() -> frozenset[str]:
     """Every SICKBAY_* name some part of Sickbay reads.
 
-    - fields of every pydantic `BaseSettings` class in the `worker` package (prefix + field);
+    - every variable of the one `Settings` (its sub-models included: `Settings.env_names()`);
     - names the code spells out literally (e.g. `os.environ["SICKBAY_..."]`);
     - names the Dockerfile itself sets for its HEALTHCHECK.
     """
     from worker.settings import Settings
 
-    names = set(_settings_env_names(Settings))
-    import worker
-
-    for info in pkgutil.iter_modules(worker.__path__, "worker."):
-        module = importlib.import_module(info.name)  # a module that cannot import fails here
-        for value in vars(module).values():
-            if (
-                isinstance(value, type)
-                and issubclass(value, BaseSettings)
-                and value is not BaseSettings
-            ):
-                names |= _settings_env_names(value)
+    names = {name.upper() for name in Settings.env_names()}
     # tests/containers reads SICKBAY_REQUIRE_DOCKER / SICKBAY_TEST_K3S_IMAGE.
     for package in ("worker", "activities", "simulator", "tests/containers"):
         for path in (ROOT / package).rglob("*.py"):

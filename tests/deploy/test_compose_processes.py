@@ -38,6 +38,7 @@ import httpx
 import pytest
 import yaml
 
+from harness.stack import free_port
 from tests.deploy.helpers import (
     COMPOSE_FILE,
     ROOT,
@@ -46,7 +47,6 @@ from tests.deploy.helpers import (
     repo_path,
     service_argv,
 )
-from worker.stack import free_port
 
 SICKBAY = str(Path(sys.executable).parent / "sickbay")
 # Start-up bound for one process: imports plus binding a port take ~1-3 s here; 30 s leaves

@@ -1,4 +1,4 @@
-"""Fixtures for the fault drills: the embedded stack (worker/stack.py) with a worker the drill
+"""Fixtures for the fault drills: the embedded stack (harness/stack.py) with a worker the drill
 can SIGKILL and replace, and counters read from the twin's request log, the twin's cloud API
 and the notification sink.
 
@@ -30,8 +30,8 @@ import httpx
 import yaml
 from temporalio.api.enums.v1 import EventType
 
-from worker.scenarios import Demo, Progress
-from worker.stack import Child, Stack, StackConfig, free_port
+from harness.scenarios import Demo, Progress
+from harness.stack import Child, Stack, StackConfig, free_port
 
 TIME_SCALE = 30.0
 
@@ -161,7 +161,7 @@ class Drill:
         """How many requests a twin API fault rule has taken so far (0 once removed)."""
         return next((int(r["injected"]) for r in self.api_faults() if r["id"] == rule_id), 0)
 
-    # -- the notification sink's fault rules (worker/sink.py) ---------------------------------
+    # -- the notification sink's fault rules (harness/sink.py) ---------------------------------
 
     def sink_fault(self, path: str, count: int = 1, hold_seconds: float = 0.0) -> int:
         r = httpx.post(
@@ -190,7 +190,7 @@ class Drill:
 
     def sim_pool(self) -> dict[str, Any]:
         """The twin cloud API's target for the stack's pool (a runbook's scaleUp.pool)."""
-        from worker.stack import POOL
+        from harness.stack import POOL
 
         return {
             "provider": "sim",
@@ -201,7 +201,7 @@ class Drill:
 
     def cloud_latency(self, seconds: float) -> None:
         """Simulated seconds the twin cloud API's next resize operations run."""
-        from worker.stack import POOL
+        from harness.stack import POOL
 
         self.stack.twin("PUT", f"/sim/pools/{POOL}/cloud", {"latency": seconds})
 

@@ -24,7 +24,7 @@ import pytest
 
 import tests.drills.conftest as drills
 from contract.remediation import Phase
-from worker.stack import Child, Stack
+from harness.stack import Child, Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.devserver]
 

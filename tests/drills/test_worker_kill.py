@@ -65,8 +65,8 @@ from contract.names import (
     WF_REMEDIATE,
 )
 from contract.remediation import Phase, RemediationStatus
+from harness.scenarios import Demo, Incident
 from tests.drills.conftest import Drill, closed, drill_stack, history_facts, run_count
-from worker.scenarios import Demo, Incident
 from workflows.remediation import DeviceRemediationWorkflow
 
 pytestmark = [pytest.mark.slow, pytest.mark.devserver]

@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
+from harness.stack import free_port, release_port
 from tests.monitoring.conftest import binary
-from worker.stack import free_port, release_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus-rules.yaml"

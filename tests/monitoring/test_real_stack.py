@@ -33,10 +33,10 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from contract.names import QRY_STATUS, QRY_TIMELINE, SIG_REPAIRED, device_workflow_id
 from contract.remediation import Phase, RemediationStatus, RepairedRequest, TimelineEntry
+from harness.stack import Stack, StackConfig, free_port
 from tests.monitoring.conftest import binary
 from tests.monitoring.stack import Monitoring, monitoring
 from worker.settings import Settings
-from worker.stack import Stack, StackConfig, free_port
 from worker.temporal import connect
 
 WAIT = 60.0  # seconds for any one state on a busy 2-core machine (typically 2-6 s)

@@ -24,8 +24,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from contract.names import SWEEP_SCHEDULE_ID, WF_SWEEP
 from tests.webhook.helpers import count_runs
-from worker.settings import Settings
-from worker.webhook_cli import SweepSettings, ensure_sweep_schedule
+from worker.schedules import ensure_sweep_schedule
+from worker.settings import Settings, SweepSettings
 
 pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)
 
@@ -145,8 +145,8 @@ def test_schedule_tells_the_sweep_whether_the_watcher_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The sweep counts `missed_by_watch` only when the worker runs the health watcher."""
+    from worker.schedules import sweep_schedule
     from worker.settings import Settings
-    from worker.webhook_cli import sweep_schedule
 
     def watcher_flag() -> bool:
         action = sweep_schedule(Settings(), SweepSettings()).action

@@ -13,7 +13,8 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from tests.webhook.helpers import TOKEN, Served, serve, settings_for
-from worker.webhook import WebhookSettings, create_app
+from worker.settings import WebhookSettings
+from worker.webhook.app import create_app
 
 
 @pytest.fixture(scope="module")

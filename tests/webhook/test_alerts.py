@@ -22,7 +22,7 @@ import pytest
 from contract.names import device_workflow_id
 from tests.webhook.helpers import XID79_ALERT
 from worker.alerts import AlertMapping, AmAlert, MappedAlert, Unmapped, map_alert, parse_xid
-from worker.webhook import WebhookSettings
+from worker.settings import Settings, WebhookSettings
 
 
 def am(**label_changes: str | None) -> AmAlert:
@@ -73,7 +73,7 @@ def test_relabelled_names_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SICKBAY_ALERT_NODE_LABELS", '["node", "Hostname"]')
     monkeypatch.setenv("SICKBAY_ALERT_UUID_LABELS", "gpu_uuid, UUID")
     monkeypatch.setenv("SICKBAY_ALERT_NAMES", "MyXid")
-    mapping = WebhookSettings(webhook_auth_disabled=True).mapping()
+    mapping = Settings().webhook.mapping()
     got = map_alert(0, am(alertname="MyXid", node="k8s-node-7", gpu_uuid="GPU-abc"), mapping)
     assert isinstance(got, MappedAlert)
     assert got.workflow_id == device_workflow_id("k8s-node-7", "GPU-abc")
@@ -202,7 +202,7 @@ def test_xid_rule_reads_its_code_and_user_alerts_map_through_settings(
     assert classify([got.evidence], None)[0] == "application"
 
     monkeypatch.setenv("SICKBAY_ALERT_CLASSES", '{"MyGpuMemoryDead": "unhealthy"}')
-    mapping = WebhookSettings(webhook_auth_disabled=True).mapping()
+    mapping = Settings().webhook.mapping()
     mine = map_alert(0, named("MyGpuMemoryDead", "79"), mapping)
     assert isinstance(mine, MappedAlert) and mine.evidence is not None
     assert (mine.evidence.failure_class, mine.evidence.xid) == ("unhealthy", None)
@@ -210,7 +210,7 @@ def test_xid_rule_reads_its_code_and_user_alerts_map_through_settings(
     assert isinstance(map_alert(0, named("SickbayGpuNvlinkErrors", "1"), mapping), MappedAlert)
     monkeypatch.setenv("SICKBAY_ALERT_CLASSES", '{"Mine": "broken"}')
     with pytest.raises(ValueError, match="broken"):
-        WebhookSettings(webhook_auth_disabled=True)
+        Settings()
     # An accepted name without a class and without an Xid label: unknown, whatever its value.
     anything = AlertMapping(alert_names=frozenset({"*"}))
     other = map_alert(0, named("SomeCounter", "79"), anything)

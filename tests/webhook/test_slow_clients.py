@@ -31,9 +31,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from harness.stack import free_port
 from tests.webhook.helpers import TOKEN
-from worker.http_server import ServerSettings
-from worker.stack import free_port
+from worker.settings import ServerSettings
 
 SICKBAY = str(Path(sys.executable).parent / "sickbay")
 START_WITHIN = 30.0

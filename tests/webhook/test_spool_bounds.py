@@ -33,8 +33,8 @@ import yaml
 from tests.webhook.helpers import TOKEN, payload, unique_device, xid_alert
 from tests.webhook.test_webhook_spool import _alert, controlled
 from worker.alerts import AmPayload
+from worker.settings import WebhookSettings
 from worker.spool import JOURNAL, Spool, SpoolFull, spool_disk_bytes
-from worker.webhook import WebhookSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 

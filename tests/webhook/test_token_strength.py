@@ -26,13 +26,13 @@ from pydantic import SecretStr
 from worker.security import (
     EXAMPLE_TOKENS,
     MIN_TOKEN_CHARS,
-    TokenSettings,
     WeakTokenError,
     check_webhook_token,
     configured_token_problem,
 )
-from worker.settings import Settings
-from worker.webhook import TokenSource, WebhookSettings, create_app
+from worker.settings import Settings, WebhookSettings
+from worker.webhook.app import create_app
+from worker.webhook.auth import TokenSource
 
 SICKBAY = str(Path(sys.executable).parent / "sickbay")
 EXAMPLE = next(iter(EXAMPLE_TOKENS))
@@ -133,5 +133,6 @@ def test_worker_refuses_a_weak_webhook_token(how: str, tmp_path: Path) -> None:
 
 def test_no_token_configured_is_no_problem_for_the_worker() -> None:
     assert (
-        configured_token_problem(TokenSettings(webhook_token=None, webhook_token_file=None)) is None
+        configured_token_problem(WebhookSettings(webhook_token=None, webhook_token_file=None))
+        is None
     )

@@ -6,6 +6,8 @@ Cases:
 - the token file is rotated: the old token gets 401, the new one 200, without a restart
 - SIGTERM stops it gracefully (uvicorn finishes, then re-raises the signal)
 - without a token and without --no-auth it refuses to start (exit 2, says what to set)
+- an invalid setting in the environment (webhook, its server, or any other part of the one
+  Settings) stops it with exit 2 and one line naming the setting, not a traceback
 """
 
 from __future__ import annotations
@@ -129,3 +131,28 @@ async def test_cli_refuses_to_start_without_token() -> None:
         _, err = await proc.communicate()
     assert proc.returncode == 2
     assert b"SICKBAY_WEBHOOK_TOKEN" in err
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "field"),
+    [
+        ("SICKBAY_WEBHOOK_PORT", "70000", "webhook_port"),
+        ("SICKBAY_WEBHOOK_HEADER_TIMEOUT", "0", "webhook_header_timeout"),
+        ("SICKBAY_WATCH_RENEW_SECONDS", "99", "watch_renew_seconds"),
+    ],
+)
+async def test_cli_refuses_an_invalid_setting_by_name(name: str, value: str, field: str) -> None:
+    """A bad value in the environment stops the webhook with one line naming the setting
+    (exit 2), not a traceback."""
+    proc = await asyncio.create_subprocess_exec(
+        SICKBAY,
+        "webhook",
+        "--no-auth",
+        env=clean_env(SICKBAY_TEMPORAL_ADDRESS="127.0.0.1:1", **{name: value}),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(30):
+        _, err = await proc.communicate()
+    assert proc.returncode == 2, err.decode()
+    assert field.encode() in err and b"Traceback" not in err, err.decode()

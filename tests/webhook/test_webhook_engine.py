@@ -42,8 +42,8 @@ from tests.webhook.helpers import (
     unique_device,
     xid_alert,
 )
-from worker.settings import PACKAGED_RUNBOOKS
-from worker.webhook import WebhookSettings, create_app
+from worker.settings import PACKAGED_RUNBOOKS, WebhookSettings
+from worker.webhook.app import create_app
 from workflows.remediation import DeviceRemediationWorkflow
 
 pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)

@@ -42,8 +42,8 @@ from tests.webhook.helpers import (
     unique_device,
     xid_alert,
 )
-from worker.settings import Settings
-from worker.webhook import WebhookSettings, create_app
+from worker.settings import Settings, WebhookSettings
+from worker.webhook.app import create_app
 
 
 def _closed_port() -> int:

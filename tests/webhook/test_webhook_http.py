@@ -41,7 +41,8 @@ from tests.webhook.helpers import (
     unique_device,
     xid_alert,
 )
-from worker.webhook import WebhookSettings, create_app
+from worker.settings import WebhookSettings
+from worker.webhook.app import create_app
 
 pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)
 

@@ -27,7 +27,8 @@ from tests.webhook.helpers import (
     unique_device,
     xid_alert,
 )
-from worker.webhook import WebhookSettings, create_app
+from worker.settings import WebhookSettings
+from worker.webhook.app import create_app
 
 pytestmark = pytest.mark.devserver
 
@@ -60,7 +61,7 @@ async def test_401_is_logged_rate_limited(
     assert len(said) == 1 and said[0].levelno == logging.WARNING
     assert "bearer token" in said[0].getMessage() and "127.0.0.1" in said[0].getMessage()
     assert "wrong-token" not in caplog.text and TOKEN not in caplog.text
-    monkeypatch.setattr("worker.webhook.UNAUTHORIZED_LOG_SECONDS", 0.0)  # the window passed
+    monkeypatch.setattr("worker.webhook.auth.UNAUTHORIZED_LOG_SECONDS", 0.0)  # the window passed
     await http.post("/v1/alertmanager", json=body, headers={})
     said = lines(caplog, "401")
     assert len(said) == 2 and "4 more since" in said[1].getMessage()

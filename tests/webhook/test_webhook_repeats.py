@@ -30,7 +30,8 @@ pytestmark = pytest.mark.devserver
 
 
 def app_for(env: WorkflowEnvironment, queue: str) -> Any:
-    from worker.webhook import WebhookSettings, create_app
+    from worker.settings import WebhookSettings
+    from worker.webhook.app import create_app
 
     return create_app(
         settings_for(env, queue),

@@ -55,15 +55,11 @@ from tests.webhook.helpers import (
 )
 from tests.webhook.test_webhook_cli import SICKBAY, clean_env, wait_healthy
 from worker.alerts import AmPayload, MappedAlert, map_alert
-from worker.settings import Settings
+from worker.settings import Settings, WebhookSettings
 from worker.spool import JOURNAL, Spool, SpoolError
-from worker.webhook import (
-    AlertService,
-    TemporalUnavailable,
-    WebhookMetrics,
-    WebhookSettings,
-    create_app,
-)
+from worker.webhook.app import create_app
+from worker.webhook.metrics import WebhookMetrics
+from worker.webhook.service import AlertService, TemporalUnavailable
 
 
 def _alert(i: int, status: str = "firing") -> MappedAlert:
@@ -367,7 +363,7 @@ def controlled(
     """An AlertService (no HTTP) whose Temporal calls wait for the test, with the spool of
     `wh` opened when it has one."""
     temporal = ControlledTemporal()
-    monkeypatch.setattr("worker.webhook.signal_with_start", temporal)
+    monkeypatch.setattr("worker.webhook.service.signal_with_start", temporal)
 
     async def nothing_handled(self: AlertService, client: object, workflow_id: str) -> list[Any]:
         return []  # no closed run before (tests/webhook/test_webhook_repeats.py has those)
@@ -531,7 +527,7 @@ async def test_unreachable_temporal_is_reported_once_a_minute_not_every_round(
     assert len(waits) == 1 and waits[0].levelname == "WARNING"
     assert "2 alert(s)" in waits[0].getMessage() and "nowhere:7233" in waits[0].getMessage()
 
-    monkeypatch.setattr("worker.webhook.SPOOL_WAIT_LOG_SECONDS", 0.0)  # a minute later
+    monkeypatch.setattr("worker.webhook.delivery.SPOOL_WAIT_LOG_SECONDS", 0.0)  # a minute later
     assert await service.redeliver() == 0
     assert len([r for r in caplog.records if "wait for Temporal" in r.getMessage()]) == 2
 

@@ -57,6 +57,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from contract.names import SIG_ALERT, SIG_ALERT_RESOLVED, SIG_ALERTS, device_workflow_id
+from harness.stack import free_port
 from tests.conftest import start_dev_server
 from tests.webhook.helpers import (
     TOKEN,
@@ -68,8 +69,9 @@ from tests.webhook.helpers import (
     unique_device,
     xid_alert,
 )
-from worker.stack import free_port
-from worker.webhook import RecentDeliveries, WebhookSettings, create_app
+from worker.settings import WebhookSettings
+from worker.webhook.app import create_app
+from worker.webhook.dedupe import RecentDeliveries
 
 pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env), or its own
 

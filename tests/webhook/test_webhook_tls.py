@@ -28,8 +28,8 @@ import httpx
 import pytest
 import trustme
 
+from harness.stack import free_port
 from tests.webhook.helpers import TOKEN, payload
-from worker.stack import free_port
 
 SICKBAY = str(Path(sys.executable).parent / "sickbay")
 START_WITHIN = 30.0

@@ -29,9 +29,9 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from contract.names import WF_REMEDIATE
+from harness.stack import free_port
 from tests.conftest import dev_server_args
 from tests.workflows.fakes import FakeWorld, new_worker
-from worker.stack import free_port
 
 pytestmark = pytest.mark.devserver
 

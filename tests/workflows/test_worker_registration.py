@@ -1,12 +1,13 @@
 """worker/main.py registration: one WORKFLOWS / ACTIVITIES list, nothing a workflow calls missing.
 
 Cases:
-- WORKFLOWS holds the remediation, budget and maintenance workflows (plus the pool scaler and
-  sweep when their modules exist) under their constant names;
+- WORKFLOWS holds the remediation, budget, maintenance, rejections, pool-scaler and sweep
+  workflows under their constant names;
 - with the Kubernetes activities built (on a fake client) every activity any registered
   workflow calls is registered exactly once; build_worker also polls the budget's own queue;
-- without them, build_worker refuses to start and names the missing activities; the
-  remediation's list is derived from its typed calls (cordon-node, called on churn, included);
+- without the Kubernetes activities, build_worker refuses to start and names the missing
+  activities; the remediation's list is derived from its typed calls (cordon-node, called on
+  churn, included);
 - the Prometheus runtime is only built for a non-zero metrics port, and it serves the SDK
   metrics plus the workflows' sickbay_* counters (remediations by outcome, phases entered).
 """
@@ -24,7 +25,10 @@ from contract.names import (
     ACT_RESOLVE_DEVICE,
     WF_BUDGET,
     WF_MAINTENANCE,
+    WF_POOL_SCALER,
+    WF_REJECTIONS,
     WF_REMEDIATE,
+    WF_SWEEP,
     budget_task_queue,
 )
 from worker import main as worker_main
@@ -33,7 +37,14 @@ from worker.settings import Settings
 
 def test_workflows_registered_by_name() -> None:
     names = [worker_main.workflow_name(w) for w in worker_main.WORKFLOWS]
-    assert names[:3] == [WF_REMEDIATE, WF_BUDGET, WF_MAINTENANCE]
+    assert names == [
+        WF_REMEDIATE,
+        WF_BUDGET,
+        WF_MAINTENANCE,
+        WF_REJECTIONS,
+        WF_POOL_SCALER,
+        WF_SWEEP,
+    ]
     assert len(names) == len(set(names))
 
 
@@ -85,17 +96,16 @@ def test_remediation_requires_every_activity_it_calls(
 
 
 async def test_missing_kube_activities_refuse_to_start(
-    time_skipping_env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+    time_skipping_env: WorkflowEnvironment,
 ) -> None:
-    settings = Settings(metrics_port=0)
-    real = worker_main._optional
-    monkeypatch.setattr(
-        worker_main,
-        "_optional",
-        lambda module, name: None if module == "activities.kube" else real(module, name),
-    )
-    built = worker_main.build_activities(time_skipping_env.client, settings)
-    assert "no Kubernetes activities" in built.notes[0]
+    settings = Settings(metrics_port=0, channels_file=None)
+    kube = _kube_activities()
+    built = worker_main.build_activities(time_skipping_env.client, settings, kube_activities=kube)
+    # The Kubernetes activity class dropped from the registration: the worker must refuse.
+    kube_names = {worker_main.activity_name(a) for a in worker_main.activities_of(kube)}
+    built.activities = [
+        a for a in built.activities if worker_main.activity_name(a) not in kube_names
+    ]
     with pytest.raises(RuntimeError) as err:
         await worker_main.build_worker(time_skipping_env.client, settings, built=built)
     assert WF_REMEDIATE in str(err.value)

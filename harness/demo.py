@@ -5,7 +5,7 @@
     sickbay up [--time-scale N]                                 # the same stack, by hand
     sickbay down                                                # stop a stack left by --keep
 
-`demo` starts the stack (worker/stack.py), plays one scenario (worker/scenarios.py) with a
+`demo` starts the stack (harness/stack.py), plays one scenario (harness/scenarios.py) with a
 progress line per step (elapsed time, phase), then prints each incident's timeline (the
 workflow's `timeline` query / result), what reached the notification sink, the Web UI links
 and a summary, and stops everything. With `--keep` the stack stays up afterwards and the demo
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from worker.scenarios import (
+from harness.scenarios import (
     SCENARIOS,
     Demo,
     DemoFailure,
@@ -37,7 +37,8 @@ from worker.scenarios import (
     format_timeline,
     ui_links,
 )
-from worker.stack import POOL, Stack, StackConfig, StackError
+from harness.stack import POOL, Stack, StackConfig, StackError
+from worker.local_stack import default_state_dir, live_stack
 
 DEMO_TIME_SCALE = 30.0  # the whole seed story in about a minute
 UP_TIME_SCALE = 10.0  # by hand: a 5-minute Pending deadline becomes 30 s, time to look at it
@@ -110,15 +111,9 @@ def _positive(text: str) -> float:
     return value
 
 
-def _default_state_dir() -> Path:
-    """Where `up` / `demo --keep` keep their stack: the state directory `sickbay sim ...`
-    reads (its sim.json), so `sickbay sim fail` finds the twin without flags."""
-    return Path(os.environ.get("SICKBAY_STATE_DIR") or Path.home() / ".sickbay")
-
-
 def _busy(state_dir: Path) -> str | None:
     """Why the state directory cannot host a stack now, or None."""
-    if _live_stack(state_dir):
+    if live_stack(state_dir):
         return f"a stack is already running from {state_dir}: stop it with `sickbay down` first"
     try:
         pid = int(json.loads((state_dir / "sim.json").read_text())["pid"])
@@ -187,7 +182,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"sickbay demo --scenario {scenario.name}: {scenario.title} "
         f"(twin time x{args.time_scale:g})"
     )
-    state_dir = _default_state_dir() if args.keep else None
+    state_dir = default_state_dir() if args.keep else None
     busy = _busy(state_dir) if state_dir is not None else None
     if busy:
         write(busy)
@@ -333,25 +328,10 @@ def _print_use(write: Callable[[str], None], stack: Stack) -> None:
     write(f"  logs:         {info.state_dir}/logs/   notifications: {info.notifications}")
 
 
-def _live_stack(state_dir: Path) -> dict[str, Any] | None:
-    try:
-        info = json.loads((state_dir / "stack.json").read_text())
-    except (OSError, ValueError):
-        return None
-    pgid = info.get("pgid")
-    if not pgid:
-        return None
-    try:
-        os.killpg(int(pgid), 0)
-    except (ProcessLookupError, PermissionError):
-        return None
-    return info
-
-
 def cmd_up(args: argparse.Namespace) -> int:
     write = _printer()
     say = Progress(write)
-    state_dir = _default_state_dir()
+    state_dir = default_state_dir()
     busy = _busy(state_dir)
     if busy:
         write(busy)
@@ -397,8 +377,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    state_dir = args.state_dir or _default_state_dir()
-    info = _live_stack(state_dir)
+    state_dir = args.state_dir or default_state_dir()
+    info = live_stack(state_dir)
     if info is None:
         print(f"no running stack recorded in {state_dir}")
         return 1

@@ -49,7 +49,7 @@ from contract.remediation import (
     RepairedRequest,
     TimelineEntry,
 )
-from worker.stack import Stack
+from harness.stack import Stack
 from workflows.remediation import DeviceRemediationWorkflow
 
 T = TypeVar("T")

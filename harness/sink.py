@@ -23,7 +23,7 @@ a person can `tail -f` it. Bodies are kept as received; a routing key in a Pager
 replaced by "<redacted>" before it is stored (the demo's key is a throwaway, but a sink that
 stores credentials is a bad pattern to copy).
 
-    python -m worker.sink --port 0 --out /tmp/notifications.jsonl
+    python -m harness.sink --port 0 --out /tmp/notifications.jsonl
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def serve(host: str, port: int, sink: Sink) -> ThreadingHTTPServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker.sink", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m harness.sink", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="append JSON lines here")

@@ -1,0 +1,230 @@
+"""Alertmanager webhook receiver: `POST /v1/alertmanager`, `GET /healthz`, `GET /metrics`.
+
+One request = one Alertmanager notification (payload version 4). For each alert:
+
+    firing + configured alert name + node + UUID  -> signal-with-start of the device workflow
+                                                     (activities.launch.signal_with_start),
+                                                     unless its last, closed run handled this
+                                                     alert instance (`already-handled`)
+    resolved + node + UUID                        -> signal `alert-resolved` to a *running*
+                                                     workflow (never starts one)
+    anything else                                 -> reported under `unmatched`, counted,
+                                                     logged at WARNING and reported to the
+                                                     sickbay-rejections workflow
+
+Status codes, so that Alertmanager's retry does the right thing:
+
+    200  Temporal accepted every start/signal (unmatched alerts are listed, not retried)
+    400  body is not JSON            422  JSON, but not an Alertmanager v4 payload (problems listed)
+    401  missing/wrong bearer token  413  body or alert count over the limit
+    503  Temporal unreachable or too slow: Alertmanager retries the whole notification, which
+         is harmless because the workflow de-duplicates evidence by alert fingerprint
+    502  Temporal refused a call for another reason (also retried)
+
+The package: auth.py (the bearer token), metrics.py, service.py (alerts to Temporal calls,
+with dedupe.py, lanes.py and delivery.py: the spool), app.py (this file: the FastAPI app and
+its lifespan); its settings are `Settings.webhook` (worker/settings.py). Served by
+`sickbay webhook` (worker/webhook_cli.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
+from temporalio.client import Client
+
+from worker.alerts import AmPayload
+from worker.settings import Settings, WebhookSettings
+from worker.webhook.auth import TokenSource, Unauthorized, authorized
+from worker.webhook.metrics import WebhookMetrics
+from worker.webhook.service import AlertService, TemporalUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise ValueError("Content-Length is not a number")
+        if int(declared) > limit:
+            raise _TooLarge
+    body = bytearray()
+    async for chunk in request.stream():  # a lying or absent Content-Length is caught here
+        body += chunk
+        if len(body) > limit:
+            raise _TooLarge
+    return bytes(body)
+
+
+def _problems(exc: ValidationError, limit: int = 50) -> list[dict[str, str]]:
+    return [
+        {
+            "loc": ".".join(str(p) for p in err.get("loc", ())) or "(body)",
+            "msg": str(err.get("msg", "")),
+            "type": str(err.get("type", "")),
+        }
+        for err in exc.errors(include_url=False, include_context=False, include_input=False)[:limit]
+    ]
+
+
+async def _warn_without_worker(client: Client, settings: Settings) -> None:
+    """Say so loudly when no worker of this cluster polls the queue alerts start work on."""
+    from worker.cluster import missing_worker_warning
+
+    try:
+        warning = await asyncio.wait_for(  # a slow Temporal must not hold the start-up
+            missing_worker_warning(client, settings.task_queue, settings.cluster), 5.0
+        )
+    except Exception as exc:  # a check only: never stops the webhook
+        log.info("could not list the pollers of %s: %s", settings.task_queue, exc)
+        return
+    if warning is not None:
+        log.warning("%s", warning)
+
+
+def create_app(
+    settings: Settings,
+    temporal: Client | None = None,
+    *,
+    webhook: WebhookSettings | None = None,
+) -> FastAPI:
+    """The webhook app. `temporal` is a connected client (tests, embedding); without one the
+    lifespan connects with `settings`, and requests retry the connection while it is down."""
+    wh = webhook if webhook is not None else settings.webhook
+    tokens = TokenSource(wh)
+    if tokens.current() is None:
+        log.warning("webhook authentication is DISABLED (SICKBAY_WEBHOOK_AUTH_DISABLED)")
+    metrics = WebhookMetrics()
+    service = AlertService(settings, wh, metrics, temporal)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.service = service
+        redelivery: asyncio.Task[None] | None = None
+        if wh.webhook_spool_dir is not None:
+            # Locked for this process (SpoolError: another webhook uses it) and replayed: what a
+            # previous process acknowledged but never got into Temporal goes out first.
+            service.spool = wh.new_spool()
+            left = service.spool.open()
+            metrics.spool_pending.set(len(left))
+            log.info(
+                "webhook spool %s: acknowledging after %.2f s at most, %d alert(s) pending",
+                wh.webhook_spool_dir,
+                wh.webhook_ack_seconds,
+                len(left),
+            )
+        try:
+            client = await service.client()
+        except TemporalUnavailable as exc:
+            # Keep serving: requests answer 503 until Temporal is back, and Alertmanager retries.
+            log.warning("%s; will retry on the next notification", exc)
+        else:
+            await _warn_without_worker(client, settings)
+        if service.spool is not None:
+            redelivery = asyncio.ensure_future(service.redeliver_forever())
+        reporting = asyncio.ensure_future(service.report_rejected_forever())
+        try:
+            yield
+        finally:
+            reporting.cancel()
+            await asyncio.gather(reporting, return_exceptions=True)
+            if redelivery is not None:
+                redelivery.cancel()
+                await asyncio.gather(redelivery, return_exceptions=True)
+            await service.drain(wh.webhook_temporal_timeout)
+            with contextlib.suppress(Exception):  # the last ones, if Temporal takes them
+                await service.report_rejected()
+            if service.spool is not None:
+                service.spool.close()
+
+    app = FastAPI(
+        title="Sickbay Alertmanager webhook",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.service = service
+
+    unauthorized = Unauthorized()
+
+    def reply(code: int, body: dict[str, Any], reason: str | None = None) -> JSONResponse:
+        metrics.requests.labels(str(code)).inc()
+        if reason:
+            metrics.requests_rejected.labels(reason).inc()
+        headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
+        return JSONResponse(body, status_code=code, headers=headers)
+
+    @app.post("/v1/alertmanager")
+    async def alertmanager(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        try:
+            if not authorized(request, tokens.current()):
+                unauthorized.note(request)
+                return reply(401, {"error": "missing or wrong bearer token"}, "unauthorized")
+            try:
+                raw = await _read_body(request, wh.webhook_max_body_bytes)
+            except _TooLarge:
+                return reply(
+                    413,
+                    {"error": f"body larger than {wh.webhook_max_body_bytes} bytes"},
+                    "too-large",
+                )
+            except ValueError as exc:
+                return reply(400, {"error": str(exc)}, "bad-request")
+            except ClientDisconnect:  # gone, or cut off by the body deadline (http_server.py)
+                return reply(408, {"error": "the body did not arrive in time"}, "body-timeout")
+            try:
+                payload = AmPayload.model_validate_json(raw)
+            except ValidationError as exc:
+                problems = _problems(exc)
+                if any(p["type"] == "json_invalid" for p in problems):
+                    return reply(
+                        400, {"error": "body is not valid JSON", "problems": problems}, "bad-json"
+                    )
+                return reply(
+                    422,
+                    {"error": "not an Alertmanager v4 webhook payload", "problems": problems},
+                    "invalid-payload",
+                )
+            if len(payload.alerts) > wh.webhook_max_alerts:
+                return reply(
+                    413,
+                    {"error": f"more than {wh.webhook_max_alerts} alerts in one notification"},
+                    "too-many-alerts",
+                )
+            code, body = await service.handle(payload)
+            return reply(code, body)
+        finally:
+            metrics.latency.observe(time.perf_counter() - started)
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        # Liveness: the process serves. Temporal's state is reported, not judged: restarting
+        # the webhook would not bring Temporal back.
+        body: dict[str, Any] = {"status": "ok", "temporal_connected": service.connected}
+        if service.spool is not None:  # acknowledged alerts Temporal does not have yet
+            body["spool_pending"] = len(service.spool.pending)
+        return JSONResponse(body)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
