@@ -27,7 +27,7 @@ import asyncio, json, sys
 sys.modules["temporalio.testing"] = None  # product code must not need it
 from worker.commands import _resolve
 from worker.settings import Settings
-from workflows.models import DeviceRef
+from contract.kube import DeviceRef
 try:
     ref = asyncio.run(_resolve(Settings(), DeviceRef(node=sys.argv[1], gpu_index=int(sys.argv[2]))))
 except Exception as exc:
