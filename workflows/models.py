@@ -1314,6 +1314,11 @@ class RunbookSpec(RunbookModel):
     release: ReleasePolicy = Field(default_factory=ReleasePolicy)
     fallback: FallbackPolicy = Field(default_factory=FallbackPolicy)
     maintenance: MaintenancePolicy = Field(default_factory=MaintenancePolicy)
+    # Closed-loop repair (contract/repair.py, imported at the end of this module: it builds on
+    # the runbook bases above).
+    repair: _repair.RepairPolicy = Field(default_factory=lambda: _repair.RepairPolicy())
+    validation: _repair.ValidationPolicy = Field(default_factory=lambda: _repair.ValidationPolicy())
+    lemons: _repair.LemonPolicy = Field(default_factory=lambda: _repair.LemonPolicy())
     dry_run: bool = False
 
 
@@ -1366,7 +1371,13 @@ class RemediationCarry(Contract):
     event_counts: dict[str, int] = Field(default_factory=dict)  # aggregated Events so far
 
 
-RemediationInput.model_rebuild()
+# The repair blocks of RunbookSpec (a cycle: contract.repair subclasses the runbook bases above;
+# when it is imported first, it completes these models itself once its classes exist).
+import contract.repair as _repair  # noqa: E402
+
+if hasattr(_repair, "RepairPolicy"):  # else contract.repair is mid-import: it rebuilds these
+    for _model in (RunbookSpec, Runbook, RunbookSet, RemediationCarry, RemediationInput):
+        _model.model_rebuild()
 
 
 def input_problems(err: ValidationError, model: type[BaseModel] | None = None) -> str:
