@@ -88,9 +88,8 @@ def test_shipped_ladders() -> None:
         assert rb.spec.validation.enabled and rb.spec.lemons.failures == 3, rb.name
     maintenance = runbooks.get("maintenance")
     assert maintenance is not None
-    xids: tuple[int | None, ...] = (48, 79, 64, None)
-    for xid in xids:
-        assert ladder_for(maintenance.spec.repair, "unhealthy", xid) == []
+    for code in (48, 79, 64, None):
+        assert ladder_for(maintenance.spec.repair, "unhealthy", code) == []
 
 
 @pytest.mark.parametrize(
