@@ -222,7 +222,7 @@ def held_resource_ids(
 ) -> list[str]:
     """Device resource IDs (driver/pool/device, or plugin device IDs) the container holds."""
     if manager.dra:
-        out = []
+        out: list[str] = []
         for ref in (container.get("resources") or {}).get("claims") or []:
             for entry in pod["spec"].get("resourceClaims") or []:
                 if entry.get("name") != ref.get("name"):
