@@ -23,11 +23,40 @@ from pydantic import Field, field_validator, model_validator
 from workflows.models import (
     SAFE_BOUNDS,
     BoundedRunbookModel,
+    ClusterMode,
+    Contract,
     Duration,
     FailureClass,
+    NodePoolTarget,
     RunbookModel,
     SafeBound,
 )
+
+# Activity names (registered on the worker's task queue like the others).
+ACT_CHECK_GPU_HOLDERS = "check-gpu-holders"
+ACT_FIND_RESET_GROUP = "find-reset-group"
+ACT_START_RESET_JOB = "start-reset-job"
+ACT_START_VALIDATION_JOB = "start-validation-job"
+ACT_WAIT_REPAIR_JOB = "wait-for-repair-job"  # polls: ERR_STILL_WAITING until the Job ends
+ACT_CLEAN_UP_REPAIR_JOB = "clean-up-repair-job"
+ACT_REBOOT_NODE = "reboot-node"
+ACT_REPLACE_NODE = "replace-node"
+ACT_WAIT_NODE_GPUS = "wait-for-node-gpus"  # polls: ERR_STILL_WAITING until Ready + published
+
+# Error types (non-retryable unless said otherwise).
+ERR_GPU_HELD = "GpuStillHeld"  # something else holds the GPU: no reset (retryable: wait)
+ERR_PROVIDER_NOT_CONFIGURED = "RepairProviderNotConfigured"
+ERR_PROVIDER_REFUSED = "RepairProviderRefused"
+
+# Sickbay's reset-group convention (the NVIDIA DRA driver publishes no such attribute): every
+# device carrying the same value of this ResourceSlice attribute resets together; a node with
+# this label set to `node` resets all its GPUs together (device plugin, or drivers that cannot
+# publish the attribute). Absent both, a GPU is its own group.
+RESET_GROUP_ATTRIBUTE = "sickbay.dev/resetGroup"
+RESET_GROUP_LABEL = "sickbay.dev/gpu-reset-group"
+LABEL_REPAIR = "sickbay.dev/repair"  # on repair Jobs, their pods and claims: reset | validation
+ANN_REPAIR_KEY = "sickbay.dev/repair-key"  # the attempt a Job belongs to
+REPAIR_NAMESPACE = "sickbay-system"
 
 RungAction = Literal["reset", "reboot", "replace"]
 RUNG_ACTIONS: tuple[RungAction, ...] = ("reset", "reboot", "replace")
@@ -222,6 +251,129 @@ def fill_command(template: list[str], *, uuid: str, node: str, level: int = 0) -
             arg = arg.replace("{" + name + "}", value)
         out.append(arg)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Activity inputs and results
+# --------------------------------------------------------------------------------------------
+
+
+class GpuHoldersInput(Contract):
+    node: str
+    gpu_uuids: list[str]  # the physical GPUs (a reset group may hold several)
+    ignore_pods: list[str] = Field(default_factory=list)  # `ns/name`: Sickbay's own Jobs
+
+
+class GpuHoldersResult(Contract):
+    holders: list[str] = Field(default_factory=list)  # `ns/name (why)`, empty = free
+
+
+class ResetGroupInput(Contract):
+    node: str
+    gpu_uuid: str
+
+
+class ResetGroupResult(Contract):
+    gpu_uuids: list[str]  # every GPU that resets together with the asked one, itself included
+    source: Literal["attribute", "label", "single"] = "single"
+
+
+class RepairJobInput(Contract):
+    """A reset Job: pinned to `node`, privileged, one try."""
+
+    workflow_id: str
+    attempt: int = Field(default=1, ge=1)  # the rung attempt: a new attempt, a new Job
+    node: str
+    gpu_uuids: list[str] = Field(min_length=1)
+    image: str = DEFAULT_RESET_IMAGE
+    command: list[str] = Field(default_factory=list)  # empty: DEFAULT_RESET_COMMAND
+    namespace: str = REPAIR_NAMESPACE
+    timeout: Duration = timedelta(minutes=5)
+    dry_run: bool = False
+
+
+class ValidationJobInput(Contract):
+    """A validation Job on the repaired device itself."""
+
+    workflow_id: str
+    attempt: int = Field(default=1, ge=1)
+    mode: ClusterMode = "dra"
+    node: str
+    gpu_uuid: str
+    driver: str | None = None  # DRA: the device the claim selects
+    pool: str | None = None
+    device: str | None = None
+    device_class: str = "gpu.nvidia.com"
+    taint_key: str = "sickbay.dev/unhealthy"  # Sickbay's own taint, tolerated by the claim
+    image: str = DEFAULT_VALIDATION_IMAGE
+    command: list[str] = Field(default_factory=list)  # empty: DEFAULT_VALIDATION_COMMAND
+    level: int = Field(default=2, ge=1, le=4)
+    namespace: str = REPAIR_NAMESPACE
+    timeout: Duration = timedelta(minutes=15)
+    dry_run: bool = False
+
+
+class RepairJobStarted(Contract):
+    namespace: str
+    job_name: str
+    created: bool  # False: the Job of this attempt existed already (a retried activity)
+    claim_name: str | None = None
+    dry_run: bool = False
+    manifest: dict[str, object] = Field(default_factory=dict)  # with dry_run: what it would create
+
+
+class WaitRepairJobInput(Contract):
+    namespace: str
+    job_name: str
+
+
+class RepairJobOutcome(Contract):
+    passed: bool
+    summary: str  # the last lines of the pod's log (or the Job's failure reason)
+    reason: str = ""
+
+
+class CleanUpRepairJobInput(Contract):
+    namespace: str
+    job_name: str
+    claim_name: str | None = None
+
+
+class MachineActionInput(Contract):
+    """Reboot or replace one node through its provider, asked for once per attempt."""
+
+    workflow_id: str
+    attempt: int = Field(default=1, ge=1)
+    action: Literal["reboot", "replace"]
+    node: str
+    pool: NodePoolTarget | None = None  # where the node's machine lives (provider + ids)
+    dry_run: bool = False
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.workflow_id}/{self.action}/{self.attempt}"
+
+
+class MachineActionResult(Contract):
+    action: Literal["reboot", "replace"]
+    node: str
+    operation: str = ""  # the provider's id of the request, to follow or look up
+    asked: bool = True  # False: found already asked for under this key (a retried activity)
+    detail: str = ""
+    dry_run: bool = False
+
+
+class WaitNodeGpusInput(Contract):
+    node: str  # the node rebooted, or the node replaced
+    replaced: bool = False  # follow the pool's new node instead of the old one
+    node_pool: str | None = None  # the pool label value, to find a replacement node
+    previous_uuids: list[str] = Field(default_factory=list)  # a replacement has others
+    expected_gpus: int = Field(default=1, ge=1)
+
+
+class NodeGpusResult(Contract):
+    node: str
+    gpu_uuids: list[str]
 
 
 def _complete_runbook_schema() -> None:
