@@ -15,7 +15,7 @@ import it inside the sandbox.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -368,6 +368,9 @@ class WaitNodeGpusInput(Contract):
     replaced: bool = False  # follow the pool's new node instead of the old one
     node_pool: str | None = None  # the pool label value, to find a replacement node
     previous_uuids: list[str] = Field(default_factory=list)  # a replacement has others
+    # When the replacement was asked for: only a node created since then is the replacement
+    # (another node of the pool is not, however healthy). Required with `replaced`.
+    asked_at: datetime | None = None
     expected_gpus: int = Field(default=1, ge=1)
 
 

@@ -24,13 +24,20 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.consumers import _may_hold, claim_devices, list_claims, list_node_pods
-from activities.kube.devices import SliceDevice, list_slice_devices, node_gpu_uuids
+from activities.kube.devices import (
+    SliceDevice,
+    list_nodes,
+    list_slice_devices,
+    node_gpu_uuids,
+    node_pool_of,
+)
 from activities.kube.nodes import read_node
 from activities.kube.pods import is_terminal, meta, requests_gpu
 from contract.repair import (
@@ -44,12 +51,14 @@ from contract.repair import (
     CleanUpRepairJobInput,
     GpuHoldersInput,
     GpuHoldersResult,
+    NodeGpusResult,
     RepairJobInput,
     RepairJobOutcome,
     RepairJobStarted,
     ResetGroupInput,
     ResetGroupResult,
     ValidationJobInput,
+    WaitNodeGpusInput,
     WaitRepairJobInput,
     fill_command,
 )
@@ -495,3 +504,81 @@ def clean_up_repair_job(kube: Kube, inp: CleanUpRepairJobInput) -> None:
         except KubeError as err:
             if err.kind is not ErrorKind.NOT_FOUND:
                 raise
+
+
+# -- nodes back after a reboot / replace -------------------------------------------------------
+
+
+def _created(obj: dict[str, Any]) -> datetime | None:
+    raw = meta(obj).get("creationTimestamp")
+    try:
+        return datetime.fromisoformat(str(raw).replace("Z", "+00:00")) if raw else None
+    except ValueError:
+        return None
+
+
+def _ready(node: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (node.get("status") or {}).get("conditions") or []
+    )
+
+
+def _published(kube: Kube, node: dict[str, Any]) -> list[str]:
+    """Physical GPU UUIDs the node's driver / device plugin publishes right now."""
+    name = meta(node).get("name", "")
+    devices = _node_devices(kube, name)
+    if devices:
+        return sorted({d.physical_uuid for d in devices if d.physical_uuid})
+    allocatable = ((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu")
+    try:
+        count = int(str(allocatable or "0"))
+    except ValueError:
+        count = 0
+    return node_gpu_uuids(node)[:count] if count else []
+
+
+def wait_node_gpus(kube: Kube, inp: WaitNodeGpusInput) -> NodeGpusResult:
+    """The node (or, after a replace, the pool's new node: another name, other GPU UUIDs)
+    Ready with at least `expected_gpus` GPUs published; a retryable StillWaiting until then."""
+    previous = {u.lower() for u in inp.previous_uuids}
+    if inp.replaced:
+        if not inp.node_pool or inp.asked_at is None:
+            raise ApplicationError(
+                "following a replaced node needs its node pool and when the replacement was "
+                "asked for (asked_at)",
+                type=ERR_INVALID_INPUT,
+                non_retryable=True,
+            )
+        since = inp.asked_at
+        candidates = [
+            n
+            for n in list_nodes(kube)
+            if node_pool_of(n) == inp.node_pool
+            and meta(n).get("name") != inp.node
+            and _created(n) is not None
+            and _created(n) >= since  # type: ignore[operator]
+        ]
+    else:
+        try:
+            candidates = [read_node(kube, inp.node)]
+        except KubeError as err:
+            if err.kind is not ErrorKind.NOT_FOUND:
+                raise
+            candidates = []
+    waiting: list[str] = []
+    for node in sorted(candidates, key=lambda n: meta(n).get("creationTimestamp") or ""):
+        name = meta(node).get("name", "")
+        uuids = _published(kube, node)
+        if inp.replaced and {u.lower() for u in uuids} & previous:
+            continue  # an old node of the pool, not the replacement
+        if inp.replaced and not previous.isdisjoint({u.lower() for u in node_gpu_uuids(node)}):
+            continue
+        if _ready(node) and len(uuids) >= inp.expected_gpus:
+            return NodeGpusResult(node=name, gpu_uuids=uuids)
+        waiting.append(f"{name}: {'Ready' if _ready(node) else 'not Ready'}, {len(uuids)} GPUs")
+    raise ApplicationError(
+        f"waiting for {'a replacement of ' if inp.replaced else ''}{inp.node}: "
+        + ("; ".join(waiting) or "no node yet"),
+        type=ERR_STILL_WAITING,
+    )

@@ -24,16 +24,19 @@ from contract.repair import (
     ACT_FIND_RESET_GROUP,
     ACT_START_RESET_JOB,
     ACT_START_VALIDATION_JOB,
+    ACT_WAIT_NODE_GPUS,
     ACT_WAIT_REPAIR_JOB,
     CleanUpRepairJobInput,
     GpuHoldersInput,
     GpuHoldersResult,
+    NodeGpusResult,
     RepairJobInput,
     RepairJobOutcome,
     RepairJobStarted,
     ResetGroupInput,
     ResetGroupResult,
     ValidationJobInput,
+    WaitNodeGpusInput,
     WaitRepairJobInput,
 )
 
@@ -53,6 +56,7 @@ class KubeRepairActivities:
             self.start_validation_job,
             self.wait_for_repair_job,
             self.clean_up_repair_job,
+            self.wait_for_node_gpus,
         ]
 
     def close(self) -> None:
@@ -111,3 +115,9 @@ class KubeRepairActivities:
     @activity.defn(name=ACT_CLEAN_UP_REPAIR_JOB)
     async def clean_up_repair_job(self, inp: CleanUpRepairJobInput) -> None:
         await self._run(repair.clean_up_repair_job, self._kube, inp)
+
+    @activity.defn(name=ACT_WAIT_NODE_GPUS)
+    async def wait_for_node_gpus(self, inp: WaitNodeGpusInput) -> NodeGpusResult:
+        """Retryable StillWaiting until the node (or its replacement) is Ready with its GPUs
+        published: poll with the retry policy, bounded by the rung's timeout."""
+        return await self._run(repair.wait_node_gpus, self._kube, inp)

@@ -77,6 +77,9 @@ class SimOptions:
     # Node pools: time from a resize until new nodes (and their ResourceSlices) appear.
     provisioning_delay: float = 30.0
     reboot_seconds: float = 20.0  # a rebooted twin node is NotReady this long (simulated)
+    # What the twin's Cluster API MachineHealthCheck does with `remediate-machine`: an external
+    # reboot remediator ("reboot") or the owner's delete-and-recreate ("replace").
+    capi_remediation: str = "reboot"
     # Scheduler retry backoff for unschedulable pods (kube-scheduler: 1 s doubling to 10 s).
     schedule_backoff_initial: float = 1.0
     schedule_backoff_max: float = 10.0
@@ -148,7 +151,7 @@ class ControllerManager:
         from simulator.controllers.kubelet import Kubelet
         from simulator.controllers.leases import NodeLeases
         from simulator.controllers.nodepools import MachineDeploymentController, NodePools
-        from simulator.controllers.repair import NodeRepairs
+        from simulator.controllers.repair import MachineRemediation, NodeRepairs
         from simulator.controllers.scheduler import Scheduler
         from simulator.controllers.taints import DeviceTaintEviction
         from simulator.controllers.workloads import (
@@ -185,6 +188,7 @@ class ControllerManager:
             NodeLeases(self),
             self.node_pools,
             self.repairs,
+            MachineRemediation(self),
             MachineDeploymentController(self),
             GarbageCollector(self),
         ]

@@ -399,3 +399,99 @@ class NodeRepairs:
                 faults.recover(r.node, fault.gpu_uuid)
         log.info("twin: node %s is back", r.node)
         self.manager.poke()
+
+
+# -- Cluster API Machines -----------------------------------------------------------------------
+
+ANN_REMEDIATE_MACHINE = "cluster.x-k8s.io/remediate-machine"
+
+
+class MachineRemediation:
+    """Cluster API's side of the node rungs, for `machines.cluster.x-k8s.io` (v1beta1) whose
+    `status.nodeRef.name` names a twin node:
+
+    - the annotation `cluster.x-k8s.io/remediate-machine` marks the Machine unhealthy for its
+      MachineHealthCheck; the twin models an MHC whose remediation template is an external
+      *reboot* remediator (as Metal3's reboot strategy): the node is rebooted once, and when
+      it is back the remediator is done and the annotation is removed (a condition
+      `Remediated` records it). `SimOptions.capi_remediation = "replace"` models an MHC without
+      a template instead: the owner deletes the Machine and its pool brings a new node;
+    - deleting a Machine deletes its node; its MachineSet's replacement is a new node of the
+      pool (new name, new GPU UUIDs) with a new Machine pointing at it.
+    """
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self._known: dict[tuple[str, str], str] = {}  # (ns, machine) -> node
+        self._rebooting: dict[tuple[str, str], str] = {}  # (ns, machine) -> node
+
+    def sync(self, ctx: Any) -> float | None:
+        from simulator.controllers.common import MACHINES
+
+        store = ctx.store
+        try:
+            machines = store.list(MACHINES).items
+        except Exception:  # the resource is not served by this profile
+            return None
+        seen: dict[tuple[str, str], str] = {}
+        repairs = self.manager.repairs
+        for machine in machines:
+            key = (ns_of(machine), name_of(machine))
+            node = ((machine.get("status") or {}).get("nodeRef") or {}).get("name")
+            if not node:
+                continue
+            seen[key] = node
+            annotations = meta(machine).get("annotations") or {}
+            if key in self._rebooting:
+                if not repairs.rebooting(node):
+                    self._done(ctx, machine)
+                    del self._rebooting[key]
+                continue
+            if ANN_REMEDIATE_MACHINE not in annotations or meta(machine).get("deletionTimestamp"):
+                continue
+            if self.manager.options.capi_remediation == "replace":
+                store.delete(MACHINES, name_of(machine), ns_of(machine))
+                continue
+            try:
+                repairs.reboot(node)
+            except KeyError:
+                continue
+            self._rebooting[key] = node
+        for key, node in list(self._known.items()):
+            if key not in seen:  # the Machine is gone: so is its node; the pool replaces it
+                self._rebooting.pop(key, None)
+                if store.try_get(NODES, node) is not None:
+                    try:
+                        new_node_pool = repairs.replace(node)
+                        log.info(
+                            "twin: machine %s/%s deleted, pool %s replaces %s",
+                            *key,
+                            new_node_pool,
+                            node,
+                        )
+                    except KeyError as err:
+                        log.warning("twin: machine %s/%s deleted: %s", *key, err)
+        self._known = seen
+        return 1.0 if self._rebooting else None
+
+    def _done(self, ctx: Any, machine: dict[str, Any]) -> None:
+        from simulator.controllers.common import MACHINES
+
+        def update(obj: dict[str, Any]) -> None:
+            (obj["metadata"].get("annotations") or {}).pop(ANN_REMEDIATE_MACHINE, None)
+
+        ctx.store.mutate(MACHINES, name_of(machine), update, namespace=ns_of(machine))
+
+        def status(obj: dict[str, Any]) -> None:
+            set_condition(
+                obj.setdefault("status", {}),
+                "Remediated",
+                "True",
+                ctx.now,
+                "ExternalRemediationSucceeded",
+                "the node was rebooted and is Ready",
+            )
+
+        ctx.store.mutate(
+            MACHINES, name_of(machine), status, namespace=ns_of(machine), subresource="status"
+        )
