@@ -130,14 +130,16 @@ def _devices(
     topology: str,
     slices: int,
     nvswitch: bool = False,
+    ident: str | None = None,
 ) -> list[dict[str, Any]]:
     arch, cc, _default_mem, _ = _PRODUCTS.get(product, ("Hopper", "9.0.0", memory, ""))
     devices: list[dict[str, Any]] = []
+    ident = ident or node  # what the UUIDs derive from: a recreated VM has new GPUs
     for i in range(gpus):
-        base = _gpu_attributes(node, i, product, arch, cc)
+        base = _gpu_attributes(ident, i, product, arch, cc)
         if nvswitch:
             base[RESET_GROUP_ATTRIBUTE] = _attr("string", f"{node}/baseboard-0")
-        parent = gpu_uuid(node, i)
+        parent = gpu_uuid(ident, i)
         if topology == "full":
             devices.append(
                 {"name": f"gpu-{i}", "attributes": base, "capacity": {"memory": {"value": memory}}}
@@ -151,13 +153,13 @@ def _devices(
                 name = f"gpu-{i}-mig-{j}"
                 attrs["type"] = _attr("string", "mig")
                 attrs["uuid"] = _attr(
-                    "string", "MIG-" + str(uuid.uuid5(_NS, f"{node}/{i}/mig/{j}"))
+                    "string", "MIG-" + str(uuid.uuid5(_NS, f"{ident}/{i}/mig/{j}"))
                 )
                 attrs["profile"] = _attr("string", f"{max(1, 7 // slices)}g.{80 // slices}gb")
             elif topology == "vgpu":
                 name = f"gpu-{i}-vgpu-{j}"
                 attrs["type"] = _attr("string", "vgpu")
-                attrs["uuid"] = _attr("string", str(uuid.uuid5(_NS, f"{node}/{i}/vgpu/{j}")))
+                attrs["uuid"] = _attr("string", str(uuid.uuid5(_NS, f"{ident}/{i}/vgpu/{j}")))
             else:  # timeslice: replicas share the physical GPU's uuid
                 name = f"gpu-{i}-ts-{j}"
             devices.append(
@@ -174,6 +176,7 @@ def node_object(
     profile: Profile,
     zone: str = "us-central1-a",
     nvswitch: bool = False,
+    ident: str | None = None,
 ) -> dict[str, Any]:
     _arch, _cc, _mem, instance = _PRODUCTS.get(product, ("", "", "", "gpu-node"))
     labels = {
@@ -196,7 +199,9 @@ def node_object(
     if not profile.dra:
         capacity["nvidia.com/gpu"] = str(gpus)
         allocatable["nvidia.com/gpu"] = str(gpus)
-        annotations[GPU_UUIDS_ANNOTATION] = ",".join(gpu_uuid(name, i) for i in range(gpus))
+        annotations[GPU_UUIDS_ANNOTATION] = ",".join(
+            gpu_uuid(ident or name, i) for i in range(gpus)
+        )
     minor = profile.minor
     meta: dict[str, Any] = {"name": name, "labels": labels}
     if annotations:
@@ -288,14 +293,19 @@ def add_node(
     topology: str = "full",
     slices_per_gpu: int = 2,
     nvswitch: bool = False,
+    ident: str | None = None,
 ) -> dict[str, Any]:
-    """Create one node (and its ResourceSlice on DRA profiles). Used by seeding and scale-up."""
+    """Create one node (and its ResourceSlice on DRA profiles). Used by seeding and scale-up.
+    `ident` (default the name) is what the GPU UUIDs derive from: a VM recreated under the
+    same name has other GPUs."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}: choose one of {', '.join(TOPOLOGIES)}")
     mem = memory or _PRODUCTS.get(product, ("", "", "81559Mi", ""))[2]
-    node = store.create("nodes", node_object(name, pool, gpus, product, profile, nvswitch=nvswitch))
+    node = store.create(
+        "nodes", node_object(name, pool, gpus, product, profile, nvswitch=nvswitch, ident=ident)
+    )
     if profile.dra and gpus > 0:
-        devices = _devices(name, gpus, product, mem, topology, slices_per_gpu, nvswitch)
+        devices = _devices(name, gpus, product, mem, topology, slices_per_gpu, nvswitch, ident)
         store.create(
             "resourceslices.resource.k8s.io",
             resource_slice(name, devices, node["metadata"]["uid"]),

@@ -1,7 +1,17 @@
 """Reboot and replace of one node through its provider: the node rungs of the repair ladder.
 
-Only Cluster API is built so far (GKE `instances.reset` / `recreateInstances`, AKS VMSS
-`restart` / `delete` and the generic HTTP provider are not built yet).
+Built: Cluster API and GKE. Not built yet: AKS (VMSS instance `restart` / `delete`) and the
+generic HTTP provider.
+
+GKE (Compute Engine API v1, with the GKE provider's endpoint, credentials and compute hosts):
+- the node's instance from its `spec.providerID` (`gce://<project>/<zone>/<instance>`);
+- reboot: `POST .../zones/{z}/instances/{i}/reset?requestId=<uuid>`;
+- replace: `POST <the pool's instance group manager in that zone>/recreateInstances?requestId=`
+  `{"instances": ["zones/{z}/instances/{i}"]}` (the group is read from the node pool's
+  `instanceGroupUrls`; the recreated VM registers as a node with new GPUs);
+- asked for once per attempt: `requestId` is a UUID derived from the attempt's key; Compute
+  Engine answers a repeated request with the same id with the first one's operation and does
+  not act again.
 
 Cluster API (cluster.x-k8s.io/v1beta1 Machines, through the official kubernetes client):
 - the node's Machine: the node annotations `cluster.x-k8s.io/machine` +
@@ -25,12 +35,22 @@ RBAC: get/list/patch/delete on machines.cluster.x-k8s.io; get on nodes.
 from __future__ import annotations
 
 import asyncio
+import uuid as uuidlib
 from typing import Any, Protocol
 
+import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.cloud.base import CloudRejected, CloudUnavailable, ConfigError
+from activities.cloud.base import (
+    CloudRejected,
+    CloudUnavailable,
+    ConfigError,
+    json_of,
+    send,
+)
+from activities.cloud.config import GkeConfig
+from activities.cloud.gke import GkeNodePools
 from contract.repair import (
     ACT_REBOOT_NODE,
     ACT_REPLACE_NODE,
@@ -40,6 +60,7 @@ from contract.repair import (
     MachineActionResult,
 )
 from workflows.constants import ERR_CLOUD_UNAVAILABLE
+from workflows.models import NodePoolTarget
 
 GROUP = "cluster.x-k8s.io"
 VERSION = "v1beta1"
@@ -51,9 +72,13 @@ ANN_REPAIR_REQUEST = "sickbay.dev/repair-request"
 
 
 class MachineClient(Protocol):
-    async def reboot(self, node: str, key: str) -> MachineActionResult: ...
+    async def reboot(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult: ...
 
-    async def replace(self, node: str, key: str) -> MachineActionResult: ...
+    async def replace(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult: ...
 
 
 class ClusterApiMachines:
@@ -129,7 +154,9 @@ class ClusterApiMachines:
             _content_type="application/merge-patch+json",
         )
 
-    async def reboot(self, node: str, key: str) -> MachineActionResult:
+    async def reboot(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
         machine, _claimed = await self._machine(node)
         if machine is None:
             raise ConfigError(f"node {node} has no Cluster API Machine: cannot ask for a reboot")
@@ -151,7 +178,9 @@ class ClusterApiMachines:
             detail=f"Machine {ns}/{name} annotated {ANN_REMEDIATE} for its MachineHealthCheck",
         )
 
-    async def replace(self, node: str, key: str) -> MachineActionResult:
+    async def replace(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
         machine, claimed = await self._machine(node)
         if machine is None:
             if claimed:  # the node (or the Machine it names) is gone: deleted already
@@ -190,6 +219,109 @@ class ClusterApiMachines:
         )
 
 
+class NodeGone(ConfigError):
+    """The node object is gone (deleted, or its VM being recreated)."""
+
+
+class GkeMachines:
+    """Reboot / replace of GKE nodes' VMs; the node is read through the kubernetes client."""
+
+    def __init__(self, pools: GkeNodePools, api_client: Any, compute_base: str) -> None:
+        from kubernetes.client import CoreV1Api
+
+        self._pools = pools
+        self._core = CoreV1Api(api_client)
+        self._compute = compute_base.rstrip("/")
+
+    @classmethod
+    def from_config(
+        cls, client: httpx.AsyncClient, config: GkeConfig, api_client: Any
+    ) -> GkeMachines:
+        base = config.compute_hosts[0] if config.compute_hosts else config.endpoint
+        return cls(GkeNodePools.from_config(client, config), api_client, base)
+
+    async def _instance(self, node: str) -> tuple[str, str, str]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = await asyncio.to_thread(self._core.read_node, node)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise NodeGone(f"node {node} not found: no instance to act on") from exc
+            raise CloudUnavailable(f"get node {node}: HTTP {exc.status}") from exc
+        provider_id = str(getattr(obj.spec, "provider_id", None) or "")
+        parts = provider_id.removeprefix("gce://").split("/")
+        if not provider_id.startswith("gce://") or len(parts) != 3 or not all(parts):
+            raise ConfigError(
+                f"node {node} has providerID {provider_id!r}, not gce://<project>/<zone>/<name>: "
+                "not a GKE/Compute Engine node"
+            )
+        return parts[0], parts[1], parts[2]
+
+    @staticmethod
+    def _request_id(key: str) -> str:
+        return str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"sickbay:{key}"))
+
+    async def _post(self, url: str, body: Any = None) -> dict[str, Any]:
+        headers = await self._pools._headers()
+        return json_of(
+            await send(self._pools._client, "POST", url, headers=headers, json_body=body)
+        )
+
+    async def reboot(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        project, zone, name = await self._instance(node)
+        url = (
+            f"{self._compute}/compute/v1/projects/{project}/zones/{zone}/instances/{name}/reset"
+            f"?requestId={self._request_id(key)}"
+        )
+        op = await self._post(url)
+        return MachineActionResult(
+            action="reboot",
+            node=node,
+            operation=str(op.get("name", "")),
+            detail=f"instances.reset of {zone}/{name} ({op.get('status', '?')})",
+        )
+
+    async def replace(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        if pool is None:
+            raise ConfigError(
+                f"replacing {node} on GKE needs its node pool (project, location, cluster)"
+            )
+        try:
+            project, zone, name = await self._instance(node)
+        except NodeGone:
+            # Only a retry gets here: the node was resolved when the rung began, and the
+            # recreated VM has not registered yet. Nothing is asked again.
+            return MachineActionResult(
+                action="replace", node=node, asked=False, detail="node gone: being recreated"
+            )
+        node_pool = await self._pools._get(self._pools._pool_url(pool))
+        groups = [str(u) for u in node_pool.get("instanceGroupUrls") or []]
+        in_zone = [u for u in groups if f"/zones/{zone}/" in u]
+        chosen = in_zone or (groups if len(groups) == 1 else [])
+        if not chosen:
+            raise ConfigError(
+                f"node pool {pool.name} has no instance group in zone {zone} for {node}"
+            )
+        igm = self._pools._checked_group_url(chosen[0]).replace(
+            "/instanceGroups/", "/instanceGroupManagers/"
+        )
+        op = await self._post(
+            f"{igm}/recreateInstances?requestId={self._request_id(key)}",
+            {"instances": [f"zones/{zone}/instances/{name}"]},
+        )
+        return MachineActionResult(
+            action="replace",
+            node=node,
+            operation=str(op.get("name", "")),
+            detail=f"recreateInstances of {zone}/{name} in {igm.rsplit('/', 1)[-1]}",
+        )
+
+
 class MachineActivities:
     """reboot-node / replace-node, one provider per name (`cluster-api` so far)."""
 
@@ -224,9 +356,9 @@ class MachineActivities:
             )
         try:
             if inp.action == "reboot":
-                result = await client.reboot(inp.node, inp.idempotency_key)
+                result = await client.reboot(inp.node, inp.idempotency_key, inp.pool)
             else:
-                result = await client.replace(inp.node, inp.idempotency_key)
+                result = await client.replace(inp.node, inp.idempotency_key, inp.pool)
         except ConfigError as err:
             raise ApplicationError(
                 str(err), type=ERR_PROVIDER_NOT_CONFIGURED, non_retryable=True

@@ -554,8 +554,7 @@ def wait_node_gpus(kube: Kube, inp: WaitNodeGpusInput) -> NodeGpusResult:
         candidates = [
             n
             for n in list_nodes(kube)
-            if node_pool_of(n) == inp.node_pool
-            and meta(n).get("name") != inp.node
+            if node_pool_of(n) == inp.node_pool  # the same name too: a recreated VM keeps it
             and _created(n) is not None
             and _created(n) >= since  # type: ignore[operator]
         ]

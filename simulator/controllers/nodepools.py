@@ -86,6 +86,7 @@ class NodePools:
         self._shapes: dict[str, PoolShape] = {}
         self._pending: list[tuple[float, str, str]] = []  # (due mono, pool, node name)
         self._retired: set[str] = set()  # names of replaced nodes: a new machine, a new name
+        self._idents: dict[str, str] = {}  # node name -> what its GPU UUIDs derive from
 
     @property
     def label(self) -> str:
@@ -162,9 +163,10 @@ class NodePools:
         self.manager.poke()
         return self.status(pool)
 
-    def replace_node(self, node: str, delay: float | None = None) -> str:
+    def replace_node(self, node: str, delay: float | None = None, same_name: bool = False) -> str:
         """Delete `node` (its machine is gone) and let its pool bring a new one, under a new
-        name and so with new GPU UUIDs, `delay` simulated seconds later. Returns the pool."""
+        name (`same_name`: under the same name, as a recreated cloud VM) and in both cases with
+        new GPU UUIDs, `delay` simulated seconds later. Returns the pool."""
         obj = self.manager.store.try_get(NODES, node)
         if obj is None:
             raise KeyError(f'node "{node}" not found')
@@ -174,10 +176,20 @@ class NodePools:
         with self._lock:
             nodes = self.pool_nodes(pool)
             self._learn_shape(pool, nodes)
-            self._retired.add(node)
             target = self._targets.get(pool, len(nodes))
+            if same_name:
+                wait = self.manager.options.provisioning_delay if delay is None else delay
+                generation = sum(1 for k in self._idents.values() if k.startswith(node + "#"))
+                self._idents[node] = f"{node}#{generation + 1}"
+                self._targets[pool] = target
+                self._pending.append((self.manager.clock.monotonic() + wait, pool, node))
+            else:
+                self._retired.add(node)
         self.manager.store.delete(NODES, node)
-        self.resize(pool, target, delay=delay)
+        if same_name:
+            self.manager.poke()
+        else:
+            self.resize(pool, target, delay=delay)
         return str(pool)
 
     # -- controller ----------------------------------------------------------------------
@@ -232,6 +244,7 @@ class NodePools:
                     shape.topology,
                     shape.slices_per_gpu,
                     shape.nvswitch,
+                    self._idents.get(name),
                 )
                 log.info("node pool %s: node %s registered", pool, name)
             except (ApiError, ValueError) as err:

@@ -25,8 +25,9 @@ Node rungs (`NodeRepairs`, a controller): `reboot(node)` takes the node NotReady
 (`KubeletNotReady`) with its devices withdrawn (the DRA slice loses its devices; the device
 plugin's capacity drops to 0) for `reboot_seconds`, then Ready again with the devices
 republished and the faults a reboot clears (`REBOOT_CLEARS`, and vanished devices) gone.
-`replace(node)` deletes the node and lets its pool bring a new one under a new name, so with
-new GPU UUIDs (simulator/controllers/nodepools.py `replace_node`). Pods on the node are not
+`replace(node)` deletes the node and lets its pool bring a new one under a new name (a new
+Cluster API Machine), or with `same_name` under the same name (a recreated cloud VM), in both
+cases with new GPU UUIDs (simulator/controllers/nodepools.py `replace_node`). Pods on the node are not
 modelled through a reboot: Sickbay drains a node before rebooting it.
 """
 
@@ -348,9 +349,9 @@ class NodeRepairs:
         log.info("twin: node %s rebooting", node)
         self.manager.poke()
 
-    def replace(self, node: str, seconds: float | None = None) -> str:
+    def replace(self, node: str, seconds: float | None = None, same_name: bool = False) -> str:
         wait = self.manager.options.provisioning_delay if seconds is None else float(seconds)
-        pool = self.manager.node_pools.replace_node(node, delay=wait)
+        pool = self.manager.node_pools.replace_node(node, delay=wait, same_name=same_name)
         with self._lock:
             self.replacements.append(node)
         return pool
