@@ -368,8 +368,10 @@ class WaitNodeGpusInput(Contract):
     replaced: bool = False  # follow the pool's new node instead of the old one
     node_pool: str | None = None  # the pool label value, to find a replacement node
     previous_uuids: list[str] = Field(default_factory=list)  # a replacement has others
-    # When the replacement was asked for: only a node created since then is the replacement
-    # (another node of the pool is not, however healthy). Required with `replaced`.
+    # When the rung was asked for (required): after a reboot the node must be Ready again
+    # since then (Ready's lastTransitionTime later: a node still Ready from before has not
+    # rebooted yet); after a replace only a node created after it is the replacement (another
+    # node of the pool is not, however healthy).
     asked_at: datetime | None = None
     expected_gpus: int = Field(default=1, ge=1)
 

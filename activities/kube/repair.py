@@ -517,6 +517,18 @@ def _created(obj: dict[str, Any]) -> datetime | None:
         return None
 
 
+def _ready_since(node: dict[str, Any], when: datetime) -> bool:
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready" and c.get("status") == "True":
+            raw = c.get("lastTransitionTime")
+            try:
+                since = datetime.fromisoformat(str(raw).replace("Z", "+00:00")) if raw else None
+            except ValueError:
+                since = None
+            return since is not None and since > when
+    return False
+
+
 def _ready(node: dict[str, Any]) -> bool:
     return any(
         c.get("type") == "Ready" and c.get("status") == "True"
@@ -542,21 +554,21 @@ def wait_node_gpus(kube: Kube, inp: WaitNodeGpusInput) -> NodeGpusResult:
     """The node (or, after a replace, the pool's new node: another name, other GPU UUIDs)
     Ready with at least `expected_gpus` GPUs published; a retryable StillWaiting until then."""
     previous = {u.lower() for u in inp.previous_uuids}
+    if inp.asked_at is None or (inp.replaced and not inp.node_pool):
+        raise ApplicationError(
+            "waiting for a node after a rung needs when the rung was asked for (asked_at), "
+            "and for a replacement the node pool",
+            type=ERR_INVALID_INPUT,
+            non_retryable=True,
+        )
     if inp.replaced:
-        if not inp.node_pool or inp.asked_at is None:
-            raise ApplicationError(
-                "following a replaced node needs its node pool and when the replacement was "
-                "asked for (asked_at)",
-                type=ERR_INVALID_INPUT,
-                non_retryable=True,
-            )
         since = inp.asked_at
         candidates = [
             n
             for n in list_nodes(kube)
             if node_pool_of(n) == inp.node_pool  # the same name too: a recreated VM keeps it
             and _created(n) is not None
-            and _created(n) >= since  # type: ignore[operator]
+            and _created(n) > since  # type: ignore[operator]
         ]
     else:
         try:
@@ -573,8 +585,14 @@ def wait_node_gpus(kube: Kube, inp: WaitNodeGpusInput) -> NodeGpusResult:
             continue  # an old node of the pool, not the replacement
         if inp.replaced and not previous.isdisjoint({u.lower() for u in node_gpu_uuids(node)}):
             continue
-        if _ready(node) and len(uuids) >= inp.expected_gpus:
+        # After a reboot the node must have been down since the request: Ready again later
+        # than it (a node still Ready from before has not rebooted yet).
+        rebooted = inp.replaced or _ready_since(node, inp.asked_at)
+        if _ready(node) and rebooted and len(uuids) >= inp.expected_gpus:
             return NodeGpusResult(node=name, gpu_uuids=uuids)
+        if _ready(node) and not rebooted:
+            waiting.append(f"{name}: still Ready since before the request (not rebooted yet)")
+            continue
         waiting.append(f"{name}: {'Ready' if _ready(node) else 'not Ready'}, {len(uuids)} GPUs")
     raise ApplicationError(
         f"waiting for {'a replacement of ' if inp.replaced else ''}{inp.node}: "

@@ -11,7 +11,9 @@ Cases:
 - the Machine found without the node annotations (by `status.nodeRef`);
 - failures: no provider configured for the pool, a node without a Machine -> non-retryable
   RepairProviderNotConfigured; a 500 from the API -> retryable, and the retry asks once;
-- dry run: nothing asked.
+- dry run: nothing asked;
+- wait-for-node-gpus: a node still Ready from before the request has not rebooted yet
+  (StillWaiting); without `asked_at` the input is refused.
 """
 
 from __future__ import annotations
@@ -152,12 +154,15 @@ async def test_reboot_is_asked_once_and_the_node_comes_back(
     uuids = [t.uuid_of(node, i) for i in range(2)]
     faults = t.sim.extensions["faults"]
     faults.fail(node, uuids[0], xid=79)
+    asked_at = t.sim.clock.now()
     first = await _run(acts.reboot_node, _inp(node, "reboot"))
     retried = await _run(acts.reboot_node, _inp(node, "reboot"))  # the activity retried
     assert first.asked and not retried.asked and first.operation == f"default/m-{node}"
     machine = t.store.get(MACHINES, f"m-{node}", "default")
     assert machine["metadata"]["annotations"][ANN_REPAIR_REQUEST] == "wf/reboot/1"
-    back = await _node_back(repairs, WaitNodeGpusInput(node=node, expected_gpus=2))
+    back = await _node_back(
+        repairs, WaitNodeGpusInput(node=node, expected_gpus=2, asked_at=asked_at)
+    )
     assert back.node == node and sorted(back.gpu_uuids) == sorted(uuids)
     assert faults.faults() == []
     assert t.sim.extensions["repairs"].reboots == [node]
@@ -175,7 +180,7 @@ async def test_replace_deletes_the_machine_and_follows_the_new_node(setup: Any) 
     t, acts, repairs = setup()
     node = t.node()
     uuids = [t.uuid_of(node, i) for i in range(2)]
-    asked_at = t.sim.clock.now().replace(microsecond=0)  # the cluster's time of the request
+    asked_at = t.sim.clock.now()  # the cluster's time of the request
     result = await _run(acts.replace_node, _inp(node, "replace"))
     assert result.asked and t.store.try_get(MACHINES, f"m-{node}", "default") is None
     fresh = await _node_back(
@@ -240,3 +245,18 @@ async def test_dry_run_asks_nothing(setup: Any) -> None:
     result = await _run(acts.replace_node, _inp(node, "replace", dry_run=True))
     assert result.dry_run and not result.asked
     assert t.store.try_get(MACHINES, f"m-{node}", "default") is not None
+
+
+async def test_a_node_not_rebooted_yet_is_not_back(setup: Any) -> None:
+    """Ready since before the request is not "back": the reboot has not happened yet."""
+    t, _acts, repairs = setup()
+    node = t.node()
+    with pytest.raises(ApplicationError) as err:
+        await _run(
+            repairs.wait_for_node_gpus,
+            WaitNodeGpusInput(node=node, expected_gpus=2, asked_at=t.sim.clock.now()),
+        )
+    assert err.value.type == ERR_STILL_WAITING and "not rebooted yet" in str(err.value)
+    with pytest.raises(ApplicationError) as err:
+        await _run(repairs.wait_for_node_gpus, WaitNodeGpusInput(node=node))
+    assert err.value.non_retryable and "asked_at" in str(err.value)

@@ -111,11 +111,12 @@ async def test_reset_once_and_the_node_comes_back(gke: Any) -> None:
     t, api, acts, repairs = gke
     node = t.node()
     t.sim.extensions["faults"].fail(node, "0", xid=79)
+    asked_at = t.sim.clock.now()
     first = await _run(acts.reboot_node, _inp(node, "reboot"))
     retried = await _run(acts.reboot_node, _inp(node, "reboot"))
     assert first.operation and retried.operation == first.operation
     assert api.instance_calls == [("reset", node)]
-    back = await _back(repairs, WaitNodeGpusInput(node=node, expected_gpus=2))
+    back = await _back(repairs, WaitNodeGpusInput(node=node, expected_gpus=2, asked_at=asked_at))
     assert back.node == node and t.sim.extensions["faults"].faults() == []
     assert t.sim.extensions["repairs"].reboots == [node]
 
@@ -124,7 +125,7 @@ async def test_recreate_once_and_the_new_node_is_followed(gke: Any) -> None:
     t, api, acts, repairs = gke
     node = t.node()
     uuids = [t.uuid_of(node, i) for i in range(2)]
-    asked_at = t.sim.clock.now().replace(microsecond=0)
+    asked_at = t.sim.clock.now()
     await _run(acts.replace_node, _inp(node, "replace"))
     await _run(acts.replace_node, _inp(node, "replace"))  # the retry
     assert api.instance_calls == [("recreate", node)]
