@@ -4,8 +4,8 @@ The remediation and budget workflows are `sandboxed=False` (the sandbox's per-ru
 sat on the alert -> taint hot path), so nothing at run time stops them from reading a clock,
 randomness, the environment or the network. This test is that check, done on the source:
 
-- every `workflows/` module imports only the standard-library modules listed here,
-  `temporalio`, `pydantic` and `workflows.*` (lint-imports keeps kubernetes/httpx/simulator out;
+- every `workflows/` (and `contract/`) module imports only the standard-library modules listed here,
+  `temporalio`, `pydantic`, `workflows.*` and `contract.*` (lint-imports keeps kubernetes/httpx/simulator out;
   this also keeps `time`, `random`, `os`, `socket`, `threading`... out);
 - no module calls a wall clock or an entropy source by attribute (`datetime.now()`,
   `datetime.utcnow()`, `date.today()`, `uuid.uuid4()`, `uuid.uuid1()`) or `open()`/`input()`;
@@ -41,7 +41,15 @@ ALLOWED_STDLIB = {
     "string",
     "typing",
 }
-ALLOWED_ROOTS = ALLOWED_STDLIB | {"temporalio", "pydantic", "pydantic_core", "workflows"}
+# `contract` is the pure contract package (contract/repair.py), held to the same rules below.
+ALLOWED_ROOTS = ALLOWED_STDLIB | {
+    "temporalio",
+    "pydantic",
+    "pydantic_core",
+    "workflows",
+    "contract",
+}
+CONTRACT = WORKFLOWS.parent / "contract"
 FORBIDDEN_CALLS = {"now", "utcnow", "today", "uuid1", "uuid4", "getenv"}
 FORBIDDEN_BUILTINS = {"open", "input", "print"}
 UNSANDBOXED = {"budget.py", "remediation.py"}
@@ -77,7 +85,7 @@ def unsandboxed(source: str) -> bool:
 
 
 def test_workflow_modules_use_no_clock_entropy_or_io() -> None:
-    modules = sorted(WORKFLOWS.glob("*.py"))
+    modules = sorted(WORKFLOWS.glob("*.py")) + sorted(CONTRACT.glob("*.py"))
     assert len(modules) >= 8, modules
     found = [p for m in modules for p in problems(m.read_text(), m.name)]
     assert found == []
