@@ -29,3 +29,8 @@ ERR_KUBE_NOT_FOUND = "KubeNotFound"
 
 # The maintenance drain workflow: every drain it started failed.
 ERR_MAINTENANCE_FAILED = "MaintenanceFailed"
+
+# Closed-loop repair (non-retryable unless said otherwise).
+ERR_GPU_HELD = "GpuStillHeld"  # something else holds the GPU: no reset (retryable: wait)
+ERR_PROVIDER_NOT_CONFIGURED = "RepairProviderNotConfigured"
+ERR_PROVIDER_REFUSED = "RepairProviderRefused"

@@ -243,3 +243,25 @@ def taint_rule_name(node: str, gpu_uuid: str) -> str:
     """DeviceTaintRule name for a physical GPU (a DNS-1123 subdomain, <= 253 chars). It lives
     in the GPU's own cluster, so it never carries the cluster name."""
     return device_workflow_id(node, gpu_uuid)[:253].rstrip("-")
+
+
+# Closed-loop repair: activity names, labels and annotations of repair Jobs.
+ACT_CHECK_GPU_HOLDERS = "check-gpu-holders"
+ACT_FIND_RESET_GROUP = "find-reset-group"
+ACT_START_RESET_JOB = "start-reset-job"
+ACT_START_VALIDATION_JOB = "start-validation-job"
+ACT_WAIT_REPAIR_JOB = "wait-for-repair-job"  # polls: ERR_STILL_WAITING until the Job ends
+ACT_CLEAN_UP_REPAIR_JOB = "clean-up-repair-job"
+ACT_REBOOT_NODE = "reboot-node"
+ACT_REPLACE_NODE = "replace-node"
+ACT_WAIT_NODE_GPUS = "wait-for-node-gpus"  # polls: ERR_STILL_WAITING until Ready + published
+
+# Sickbay's reset-group convention (the NVIDIA DRA driver publishes no such attribute): every
+# device carrying the same value of this ResourceSlice attribute resets together; a node with
+# this label set to `node` resets all its GPUs together (device plugin, or drivers that cannot
+# publish the attribute). Absent both, a GPU is its own group.
+RESET_GROUP_ATTRIBUTE = "sickbay.dev/resetGroup"
+RESET_GROUP_LABEL = "sickbay.dev/gpu-reset-group"
+LABEL_REPAIR = "sickbay.dev/repair"  # on repair Jobs, their pods and claims: reset | validation
+ANN_REPAIR_KEY = "sickbay.dev/repair-key"  # the attempt a Job belongs to
+REPAIR_NAMESPACE = "sickbay-system"

@@ -13,9 +13,8 @@ from pydantic import Field, field_validator
 from contract.base import Contract, StrictBool
 from contract.kube import DeviceRef, PodRef, QuarantineResult, ResolvedDevice
 from contract.names import check_cluster_name
-from contract.runbook import Runbook
+from contract.runbook import FailureClass, Runbook
 
-FailureClass = Literal["unhealthy", "degraded", "application", "unknown"]
 Trigger = Literal["alert", "sweep", "watch", "manual", "ui", "maintenance"]
 
 

@@ -16,6 +16,9 @@ from contract.base import Contract, Duration, format_duration
 from contract.capacity import NodePoolTarget
 from contract.names import TAINT_KEY
 
+# How a confirmed failure is classified (contract.remediation reports it; runbooks act on it).
+FailureClass = Literal["unhealthy", "degraded", "application", "unknown"]
+
 
 class RunbookModel(BaseModel):
     model_config = ConfigDict(
@@ -305,6 +308,210 @@ class MaintenancePolicy(BoundedRunbookModel):
     max_parallel: int = Field(default=1, ge=1)
 
 
+# --------------------------------------------------------------------------------------------
+# Closed-loop repair: the `repair:`, `validation:` and `lemons:` blocks and the ladder choice
+# --------------------------------------------------------------------------------------------
+
+RungAction = Literal["reset", "reboot", "replace"]
+RUNG_ACTIONS: tuple[RungAction, ...] = ("reset", "reboot", "replace")
+# What a rung takes out of service, smallest first: the budget counts every GPU of that scope.
+BudgetScope = Literal["reset-group", "node"]
+_SCOPE_RANK: dict[str, int] = {"reset-group": 0, "node": 1}
+RUNG_SCOPE: dict[RungAction, BudgetScope] = {
+    "reset": "reset-group",  # one GPU, or its whole NVSwitch baseboard
+    "reboot": "node",
+    "replace": "node",
+}
+# Xid 79 "GPU has fallen off the bus": the driver cannot reach the GPU, so neither can a reset.
+RESET_UNREACHABLE_XIDS = frozenset({79})
+
+DEFAULT_RESET_IMAGE = "nvcr.io/nvidia/cuda:12.8.1-base-ubuntu24.04"
+DEFAULT_RESET_COMMAND = ("nvidia-smi", "-r", "-i", "{uuid}")
+DEFAULT_VALIDATION_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
+DEFAULT_VALIDATION_COMMAND = ("dcgmi", "diag", "-r", "{level}")
+PLACEHOLDERS = frozenset({"uuid", "node", "level"})
+
+_MIN, _H, _D = timedelta(minutes=1), timedelta(hours=1), timedelta(days=1)
+# Safe bounds of the repair blocks, merged into SAFE_BOUNDS (same rules, same doc table).
+REPAIR_SAFE_BOUNDS: dict[str, SafeBound] = {
+    # Shorter than a reset of a loaded GPU (seconds to a minute) fails healthy resets.
+    "repair.reset.timeout": SafeBound(low=_MIN, high=_H),
+    # Shorter than a GPU node's boot (5-15 min with driver load) calls every reboot failed.
+    "repair.reboot.timeout": SafeBound(low=5 * _MIN, high=6 * _H),
+    # A new node: provisioning + boot + driver + device publication.
+    "repair.replace.timeout": SafeBound(low=10 * _MIN, high=_D),
+    # Level 3 of dcgmi diag takes ~30 min, level 4 hours.
+    "validation.timeout": SafeBound(low=_MIN, high=12 * _H),
+    # Fewer than 2 retires a GPU on its first fault; more than 20 never retires anything.
+    "lemons.failures": SafeBound(low=2, high=20),
+    "lemons.window": SafeBound(low=_D, high=90 * _D),
+}
+SAFE_BOUNDS.update(REPAIR_SAFE_BOUNDS)
+
+
+def _check_command(command: list[str]) -> list[str]:
+    for arg in command:
+        for part in arg.split("{")[1:]:
+            name = part.split("}", 1)[0]
+            if name not in PLACEHOLDERS:
+                raise ValueError(
+                    f"unknown placeholder {{{name}}} in {arg!r} (known: "
+                    f"{', '.join('{' + p + '}' for p in sorted(PLACEHOLDERS))})"
+                )
+    return command
+
+
+class _Rung(BoundedRunbookModel):
+    """One rung: which failures it applies to, how long it may take, what the budget counts."""
+
+    action: ClassVar[RungAction]
+    xids: list[int] = Field(default_factory=list)
+    classes: list[FailureClass] = Field(default_factory=list)
+    timeout: Duration = timedelta(minutes=10)
+    # None: the rung's own scope (RUNG_SCOPE). A larger scope may be asked for, never a smaller.
+    budget_cost: BudgetScope | None = None
+
+    @property
+    def cost(self) -> BudgetScope:
+        return self.budget_cost or RUNG_SCOPE[self.action]
+
+    @model_validator(mode="after")
+    def _cost_covers_scope(self) -> _Rung:
+        own = RUNG_SCOPE[self.action]
+        if self.budget_cost and _SCOPE_RANK[self.budget_cost] < _SCOPE_RANK[own]:
+            raise ValueError(
+                f"budgetCost {self.budget_cost} is smaller than what a {self.action} takes out "
+                f"of service ({own}): the budget must count every GPU it affects"
+            )
+        return self
+
+    def applies(self, failure_class: FailureClass, xid: int | None, listed: set[int]) -> bool:
+        if xid is not None and xid in listed:
+            return xid in self.xids
+        return failure_class in self.classes
+
+
+class ResetRung(_Rung):
+    block: ClassVar[str] = "repair.reset"
+    action: ClassVar[RungAction] = "reset"
+    timeout: Duration = timedelta(minutes=5)
+    image: str = DEFAULT_RESET_IMAGE
+    # Empty: `nvidia-smi -r -i {uuid}`. `{uuid}` and `{node}` are filled in.
+    command: list[str] = Field(default_factory=list)
+
+    @field_validator("command")
+    @classmethod
+    def _placeholders(cls, command: list[str]) -> list[str]:
+        return _check_command(command)
+
+    @field_validator("xids")
+    @classmethod
+    def _reachable(cls, xids: list[int]) -> list[int]:
+        bad = sorted(set(xids) & RESET_UNREACHABLE_XIDS)
+        if bad:
+            raise ValueError(
+                f"Xid {', '.join(map(str, bad))} cannot be reset: the GPU is off the bus and "
+                "the driver cannot reach it (use reboot)"
+            )
+        return xids
+
+
+class RebootRung(_Rung):
+    block: ClassVar[str] = "repair.reboot"
+    action: ClassVar[RungAction] = "reboot"
+    timeout: Duration = timedelta(minutes=30)
+
+
+class ReplaceRung(_Rung):
+    block: ClassVar[str] = "repair.replace"
+    action: ClassVar[RungAction] = "replace"
+    timeout: Duration = timedelta(hours=1)
+
+
+Rung = ResetRung | RebootRung | ReplaceRung
+
+
+class RepairPolicy(RunbookModel):
+    """`spec.repair`: off unless a runbook turns it on."""
+
+    enabled: bool = False
+    order: list[RungAction] = Field(default_factory=lambda: list(RUNG_ACTIONS))
+    reset: ResetRung = Field(default_factory=ResetRung)
+    reboot: RebootRung = Field(default_factory=RebootRung)
+    replace: ReplaceRung = Field(default_factory=ReplaceRung)
+
+    @field_validator("order")
+    @classmethod
+    def _unique(cls, order: list[RungAction]) -> list[RungAction]:
+        if len(set(order)) != len(order):
+            raise ValueError(f"{order}: a rung may appear only once")
+        return order
+
+    def rung(self, action: RungAction) -> Rung:
+        rung: Rung = getattr(self, action)
+        return rung
+
+
+class ValidationPolicy(BoundedRunbookModel):
+    """`spec.validation`: the Job run on the repaired device before it is released."""
+
+    block: ClassVar[str] = "validation"
+    enabled: bool = True
+    image: str = DEFAULT_VALIDATION_IMAGE
+    # Empty: `dcgmi diag -r {level}`. `{uuid}`, `{node}` and `{level}` are filled in.
+    command: list[str] = Field(default_factory=list)
+    level: int = Field(default=2, ge=1, le=4)  # dcgmi diag run level: 1 quick .. 4 extended
+    timeout: Duration = timedelta(minutes=15)
+
+    @field_validator("command")
+    @classmethod
+    def _placeholders(cls, command: list[str]) -> list[str]:
+        return _check_command(command)
+
+
+class LemonPolicy(BoundedRunbookModel):
+    """`spec.lemons`: a GPU failing `failures` times within `window` is retired."""
+
+    block: ClassVar[str] = "lemons"
+    enabled: bool = True
+    failures: int = Field(default=3, ge=1)
+    window: Duration = timedelta(days=7)
+
+
+def ladder_for(
+    repair: RepairPolicy, failure_class: FailureClass, xid: int | None
+) -> list[RungAction]:
+    """The rungs to try, in order, for a failure; empty when repair is off or nothing applies.
+
+    A rung applies when it lists the Xid; an Xid no rung lists (or none) goes by its class.
+    A reset never applies to an Xid it cannot reach (RESET_UNREACHABLE_XIDS)."""
+    if not repair.enabled:
+        return []
+    listed = {x for action in repair.order for x in repair.rung(action).xids}
+    out: list[RungAction] = []
+    for action in repair.order:
+        if action == "reset" and xid in RESET_UNREACHABLE_XIDS:
+            continue
+        if repair.rung(action).applies(failure_class, xid, listed):
+            out.append(action)
+    return out
+
+
+def fill_command(template: list[str], *, uuid: str, node: str, level: int = 0) -> list[str]:
+    values = {"uuid": uuid, "node": node, "level": str(level)}
+    out = []
+    for arg in template:
+        for name, value in values.items():
+            arg = arg.replace("{" + name + "}", value)
+        out.append(arg)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Activity inputs and results
+# --------------------------------------------------------------------------------------------
+
+
 class RunbookSpec(RunbookModel):
     precedence: int = 0  # with several consumers, the highest precedence wins
     match: RunbookMatch = Field(default_factory=RunbookMatch)
@@ -320,6 +527,9 @@ class RunbookSpec(RunbookModel):
     release: ReleasePolicy = Field(default_factory=ReleasePolicy)
     fallback: FallbackPolicy = Field(default_factory=FallbackPolicy)
     maintenance: MaintenancePolicy = Field(default_factory=MaintenancePolicy)
+    repair: RepairPolicy = Field(default_factory=lambda: RepairPolicy())
+    validation: ValidationPolicy = Field(default_factory=lambda: ValidationPolicy())
+    lemons: LemonPolicy = Field(default_factory=lambda: LemonPolicy())
     dry_run: bool = False
 
 

@@ -141,6 +141,7 @@ class CloudApi:
         token: str | None = None,
         *,
         on_resize: ResizeCallback | None = None,
+        on_instance: Callable[[str, str], Any] | None = None,
         clock: Any = None,
         project: str = "sim",
         location: str = "local",
@@ -148,6 +149,10 @@ class CloudApi:
     ) -> None:
         self.token = token or secrets.token_urlsafe(24)
         self.on_resize = on_resize
+        # ("reset" | "recreate", instance name): the twin's node rungs (controllers/repair.py)
+        self.on_instance = on_instance
+        self.instance_calls: list[tuple[str, str]] = []  # every reset / recreate acted on
+        self._by_request_id: dict[str, dict[str, Any]] = {}
         self.clock = clock or _RealClock()
         self.project, self.location, self.cluster = project, location, cluster
         self.pools: dict[str, SimPool] = {}
@@ -252,6 +257,39 @@ class CloudApi:
                 return _error(404, f"Not found: operation {name}.")
             return op.resource()
 
+        compute = "/compute/v1/projects/{project}/zones/{zone}"
+
+        @app.post(compute + "/instances/{instance}/reset")
+        async def reset_instance(
+            project: str,
+            zone: str,
+            instance: str,
+            requestId: str = "",
+        ) -> Any:
+            return self._instance_op(project, zone, "reset", instance, instance, requestId)
+
+        @app.post(compute + "/instanceGroupManagers/{igm}/recreateInstances")
+        async def recreate_instances(
+            project: str,
+            zone: str,
+            igm: str,
+            request: Request,
+            requestId: str = "",
+        ) -> Any:
+            body = await request.json()
+            urls = body.get("instances") if isinstance(body, dict) else None
+            if not isinstance(urls, list) or len(urls) != 1 or not isinstance(urls[0], str):
+                return _error(400, "Invalid value for field 'instances': name one instance.")
+            instance = urls[0].rsplit("/", 1)[-1]
+            return self._instance_op(project, zone, "recreate", instance, igm, requestId)
+
+        @app.get(compute + "/operations/{name}")
+        async def get_zone_operation(project: str, zone: str, name: str) -> Any:
+            for op in self._by_request_id.values():
+                if op["name"] == name:
+                    return op
+            return _error(404, f"The resource 'operations/{name}' was not found")
+
         @app.get("/compute/v1/projects/{project}/zones/{zone}/instanceGroupManagers/{igm}")
         async def get_igm(project: str, zone: str, igm: str) -> Any:
             for pool in self.pools.values():
@@ -267,6 +305,42 @@ class CloudApi:
             return _error(404, f"The resource 'instanceGroupManagers/{igm}' was not found")
 
         return app
+
+    def _instance_op(
+        self, project: str, zone: str, action: str, instance: str, target: str, request_id: str
+    ) -> Any:
+        """Compute Engine's idempotent requests: the same `requestId` answers the same
+        operation and acts once."""
+        if request_id and request_id in self._by_request_id:
+            return self._by_request_id[request_id]
+        if self.on_instance is not None:
+            try:
+                self.on_instance(action, instance)
+            except KeyError:
+                return _error(
+                    404,
+                    f"The resource 'projects/{project}/zones/{zone}/instances/{instance}' was "
+                    "not found",
+                )
+        self.instance_calls.append((action, instance))
+        name = f"operation-{next(self._seq)}-{secrets.token_hex(4)}"
+        now = self.clock.now().isoformat().replace("+00:00", "Z")
+        kind = "instances" if action == "reset" else "instanceGroupManagers"
+        op = {
+            "kind": "compute#operation",
+            "name": name,
+            "zone": zone,
+            "operationType": "reset"
+            if action == "reset"
+            else "compute.instanceGroupManagers.recreateInstances",
+            "targetLink": f"{self.base_url}/compute/v1/projects/{project}/zones/{zone}/{kind}/{target}",
+            "status": "DONE",
+            "insertTime": now,
+            "endTime": now,
+            "selfLink": f"{self.base_url}/compute/v1/projects/{project}/zones/{zone}/operations/{name}",
+        }
+        self._by_request_id[request_id or name] = op
+        return op
 
     def _check(self, request: Request) -> JSONResponse | None:
         header = request.headers.get("authorization", "")
@@ -505,9 +579,20 @@ def attach_cloud_api(
     """Serve the cloud API for every node pool of `sim` (nodes labelled `sickbay.dev/node-pool`),
     resizing through the node-pool controller when it runs (`sim.extensions["node_pools"]`)."""
     node_pools = getattr(sim, "extensions", {}).get("node_pools")
+    repairs = getattr(sim, "extensions", {}).get("repairs")
+
+    def on_instance(action: str, instance: str) -> None:
+        if repairs is None:
+            raise KeyError(instance)
+        if action == "reset":
+            repairs.reboot(instance)
+        else:
+            repairs.replace(instance, same_name=True)  # a recreated VM keeps its name
+
     api = CloudApi(
         token,
         on_resize=node_pools.resize if node_pools is not None else None,
+        on_instance=on_instance,
         clock=getattr(sim, "clock", None),
     )
     sizes: dict[str, int] = {}

@@ -12,6 +12,7 @@ container, a container still waiting to start, no previous instance (400 BadRequ
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +20,7 @@ from simulator import errors
 
 
 def _lines(
-    pod: dict[str, Any], cs: dict[str, Any], instance: dict[str, Any]
+    pod: dict[str, Any], cs: dict[str, Any], instance: dict[str, Any], output: list[str]
 ) -> list[tuple[str, str]]:
     name, node = cs.get("name", ""), (pod.get("spec") or {}).get("nodeName", "")
     out: list[tuple[str, str]] = []
@@ -44,6 +45,7 @@ def _lines(
                         f"({entry.get('name')})",
                     )
                 )
+    out.extend((started, line) for line in output)  # what a tool container printed
     done = instance.get("terminated")
     if done:
         out.append(
@@ -56,7 +58,12 @@ def _lines(
     return out
 
 
-def pod_log(pod: dict[str, Any], query: dict[str, str], now: datetime) -> str:
+def pod_log(
+    pod: dict[str, Any],
+    query: dict[str, str],
+    now: datetime,
+    output: Callable[[str, str], list[str]] | None = None,
+) -> str:
     meta = pod["metadata"]
     containers = [c.get("name", "") for c in (pod.get("spec") or {}).get("containers") or []]
     wanted = query.get("container") or ""
@@ -89,7 +96,8 @@ def pod_log(pod: dict[str, Any], query: dict[str, str], now: datetime) -> str:
                     f'container "{wanted}" in pod "{meta["name"]}" is waiting to start: {reason}'
                 )
     assert cs is not None
-    lines = _lines(pod, cs, instance)
+    printed = output(meta.get("uid", ""), wanted) if output and not previous else []
+    lines = _lines(pod, cs, instance, printed)
     stamped = query.get("timestamps") in ("true", "1")
     text = [f"{when or now.isoformat()} {line}" if stamped else line for when, line in lines]
     if query.get("tailLines"):

@@ -213,6 +213,17 @@ CATALOGUE: tuple[ResourceType, ...] = (
         ("cluster-api",),
         ("status", "scale"),
     ),
+    ResourceType(
+        CAPI_GROUP,
+        "machines",
+        "Machine",
+        True,
+        ("v1beta1",),
+        "machine",
+        ("ma",),
+        ("cluster-api",),
+        ("status",),
+    ),
 )
 
 BY_KEY: dict[str, ResourceType] = {rt.key: rt for rt in CATALOGUE}

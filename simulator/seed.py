@@ -15,6 +15,12 @@ Topologies (several devices per physical GPU, each carrying `parentUUID` = the G
 - `timeslice` : `slices_per_gpu` devices `gpu-<i>-ts-<j>` (type "gpu") sharing the GPU's uuid.
 UUIDs are derived from node name and index (uuid5), so a seed is reproducible.
 
+NVSwitch baseboards (`nvswitch: true`, HGX H100/H200/B200): a GPU cannot be reset alone, the
+whole baseboard resets together. The NVIDIA DRA driver publishes no attribute saying so, so
+the twin publishes Sickbay's convention: the device attribute `sickbay.dev/resetGroup` (string,
+`<node>/baseboard-0`, the same on every device of the group) and, for the device plugin, the
+node label `sickbay.dev/gpu-reset-group: node` (every GPU of the node is one group).
+
 YAML description (`sickbay sim up --seed FILE`)::
 
     pools:
@@ -25,6 +31,7 @@ YAML description (`sickbay sim up --seed FILE`)::
         memory: 81559Mi
         topology: full          # full | mig | vgpu | timeslice
         slicesPerGpu: 2
+        nvswitch: false         # true: HGX baseboard, every GPU of a node resets together
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ MIG_CLASS = "mig.nvidia.com"
 POOL_LABEL = "sickbay.dev/node-pool"
 GKE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 GPU_UUIDS_ANNOTATION = "sickbay.dev/gpu-uuids"
+# Sickbay's reset-group convention (contract/repair.py has the same names).
+RESET_GROUP_ATTRIBUTE = "sickbay.dev/resetGroup"
+RESET_GROUP_LABEL = "sickbay.dev/gpu-reset-group"
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 TOPOLOGIES = ("full", "mig", "vgpu", "timeslice")
 _NS = uuid.UUID("6f1c54f4-5ad9-4a55-9c57-7f7b0c6e2a11")
@@ -113,13 +123,23 @@ def _gpu_attributes(node: str, i: int, product: str, arch: str, cc: str) -> dict
 
 
 def _devices(
-    node: str, gpus: int, product: str, memory: str, topology: str, slices: int
+    node: str,
+    gpus: int,
+    product: str,
+    memory: str,
+    topology: str,
+    slices: int,
+    nvswitch: bool = False,
+    ident: str | None = None,
 ) -> list[dict[str, Any]]:
     arch, cc, _default_mem, _ = _PRODUCTS.get(product, ("Hopper", "9.0.0", memory, ""))
     devices: list[dict[str, Any]] = []
+    ident = ident or node  # what the UUIDs derive from: a recreated VM has new GPUs
     for i in range(gpus):
-        base = _gpu_attributes(node, i, product, arch, cc)
-        parent = gpu_uuid(node, i)
+        base = _gpu_attributes(ident, i, product, arch, cc)
+        if nvswitch:
+            base[RESET_GROUP_ATTRIBUTE] = _attr("string", f"{node}/baseboard-0")
+        parent = gpu_uuid(ident, i)
         if topology == "full":
             devices.append(
                 {"name": f"gpu-{i}", "attributes": base, "capacity": {"memory": {"value": memory}}}
@@ -133,13 +153,13 @@ def _devices(
                 name = f"gpu-{i}-mig-{j}"
                 attrs["type"] = _attr("string", "mig")
                 attrs["uuid"] = _attr(
-                    "string", "MIG-" + str(uuid.uuid5(_NS, f"{node}/{i}/mig/{j}"))
+                    "string", "MIG-" + str(uuid.uuid5(_NS, f"{ident}/{i}/mig/{j}"))
                 )
                 attrs["profile"] = _attr("string", f"{max(1, 7 // slices)}g.{80 // slices}gb")
             elif topology == "vgpu":
                 name = f"gpu-{i}-vgpu-{j}"
                 attrs["type"] = _attr("string", "vgpu")
-                attrs["uuid"] = _attr("string", str(uuid.uuid5(_NS, f"{node}/{i}/vgpu/{j}")))
+                attrs["uuid"] = _attr("string", str(uuid.uuid5(_NS, f"{ident}/{i}/vgpu/{j}")))
             else:  # timeslice: replicas share the physical GPU's uuid
                 name = f"gpu-{i}-ts-{j}"
             devices.append(
@@ -155,6 +175,8 @@ def node_object(
     product: str,
     profile: Profile,
     zone: str = "us-central1-a",
+    nvswitch: bool = False,
+    ident: str | None = None,
 ) -> dict[str, Any]:
     _arch, _cc, _mem, instance = _PRODUCTS.get(product, ("", "", "", "gpu-node"))
     labels = {
@@ -169,13 +191,17 @@ def node_object(
         "nvidia.com/gpu.product": product.replace(" ", "-"),
         "nvidia.com/gpu.count": str(gpus),
     }
+    if nvswitch:
+        labels[RESET_GROUP_LABEL] = "node"
     capacity = {"cpu": "208", "memory": "1871Gi", "pods": "110", "ephemeral-storage": "500Gi"}
     allocatable = {"cpu": "207", "memory": "1850Gi", "pods": "110", "ephemeral-storage": "460Gi"}
     annotations: dict[str, str] = {}
     if not profile.dra:
         capacity["nvidia.com/gpu"] = str(gpus)
         allocatable["nvidia.com/gpu"] = str(gpus)
-        annotations[GPU_UUIDS_ANNOTATION] = ",".join(gpu_uuid(name, i) for i in range(gpus))
+        annotations[GPU_UUIDS_ANNOTATION] = ",".join(
+            gpu_uuid(ident or name, i) for i in range(gpus)
+        )
     minor = profile.minor
     meta: dict[str, Any] = {"name": name, "labels": labels}
     if annotations:
@@ -266,14 +292,20 @@ def add_node(
     memory: str | None = None,
     topology: str = "full",
     slices_per_gpu: int = 2,
+    nvswitch: bool = False,
+    ident: str | None = None,
 ) -> dict[str, Any]:
-    """Create one node (and its ResourceSlice on DRA profiles). Used by seeding and scale-up."""
+    """Create one node (and its ResourceSlice on DRA profiles). Used by seeding and scale-up.
+    `ident` (default the name) is what the GPU UUIDs derive from: a VM recreated under the
+    same name has other GPUs."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}: choose one of {', '.join(TOPOLOGIES)}")
     mem = memory or _PRODUCTS.get(product, ("", "", "81559Mi", ""))[2]
-    node = store.create("nodes", node_object(name, pool, gpus, product, profile))
+    node = store.create(
+        "nodes", node_object(name, pool, gpus, product, profile, nvswitch=nvswitch, ident=ident)
+    )
     if profile.dra and gpus > 0:
-        devices = _devices(name, gpus, product, mem, topology, slices_per_gpu)
+        devices = _devices(name, gpus, product, mem, topology, slices_per_gpu, nvswitch, ident)
         store.create(
             "resourceslices.resource.k8s.io",
             resource_slice(name, devices, node["metadata"]["uid"]),
@@ -293,6 +325,7 @@ def seed_cluster(
     slices_per_gpu: int = 2,
     node_prefix: str | None = None,
     pools: list[dict[str, Any]] | None = None,
+    nvswitch: bool = False,
 ) -> dict[str, Any]:
     """Seed nodes/slices; returns a summary {nodes: [...], devices: n, pools: {...}}."""
     ensure_system_namespaces(store)
@@ -306,6 +339,7 @@ def seed_cluster(
             "topology": topology,
             "slicesPerGpu": slices_per_gpu,
             "nodePrefix": node_prefix,
+            "nvswitch": nvswitch,
         }
     ]
     if profile.dra:
@@ -334,6 +368,7 @@ def seed_cluster(
                 spec.get("memory"),
                 str(spec.get("topology") or "full"),
                 int(spec.get("slicesPerGpu", 2)),
+                bool(spec.get("nvswitch", False)),
             )
             pool_nodes.append(name)
         names.extend(pool_nodes)

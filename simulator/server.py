@@ -760,7 +760,8 @@ class _Handler(BaseHTTPRequestHandler):
         if tgt.sub == "scale":
             return self._send_json(200, self._scale(tgt, obj))
         if tgt.sub == "log":
-            text = logs.pod_log(obj, self._query, self.api.store.now())
+            output = self.api.sim.extensions.get("container_output")
+            text = logs.pod_log(obj, self._query, self.api.store.now(), output)
             return self._send(200, text.encode(), "text/plain", self._extra_headers)
         if tgt.sub is None and "as=Table" in self.headers.get("Accept", ""):
             meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}

@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from contract.kube import DeviceRef, PodRef
 from contract.names import device_workflow_id
-from contract.remediation import AlertEvidence, AlertResolved, FailureClass
+from contract.remediation import AlertEvidence, AlertResolved
+from contract.runbook import FailureClass
 
 # Alertmanager and Prometheus put no hard limit on label values; a workflow id must stay well
 # under Temporal's 1,000-character limit, and evidence is stored in history, so keep both small.

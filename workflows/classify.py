@@ -27,7 +27,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from contract.kube import Evidence
-from contract.remediation import AlertEvidence, FailureClass
+from contract.remediation import AlertEvidence
+from contract.runbook import FailureClass
 
 UNHEALTHY_XIDS = frozenset({48, 61, 62, 64, 79, 95, 119, 120})
 DEGRADED_XIDS = frozenset({63, 74, 92})

@@ -35,6 +35,7 @@ SLICES = "resourceslices.resource.k8s.io"
 DEVICE_CLASSES = "deviceclasses.resource.k8s.io"
 TAINT_RULES = "devicetaintrules.resource.k8s.io"
 MACHINE_DEPLOYMENTS = "machinedeployments.cluster.x-k8s.io"
+MACHINES = "machines.cluster.x-k8s.io"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 POD_CLAIM_NAME_ANN = "resource.kubernetes.io/pod-claim-name"

@@ -53,6 +53,7 @@ from simulator.controllers.common import (
     set_condition,
     uid_of,
 )
+from simulator.controllers.repair import ToolRun, run_tool
 from simulator.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class _Container:
     reason: str = ""
     last: dict[str, Any] | None = None  # lastState.terminated
     retry_mono: float = 0.0
+    tool: ToolRun | None = None  # a reset / diagnostic tool's run (controllers/repair.py)
+    tool_mono: float = -1.0  # the instance (started_mono) that run belongs to
 
 
 @dataclass
@@ -103,6 +106,12 @@ class Kubelet:
         self._claim_changes += 1
 
     # -- device health ---------------------------------------------------------------------
+
+    def output(self, pod_uid: str, container: str) -> list[str]:
+        """What a tool container printed (its log lines beyond the twin's own)."""
+        runtime = self._pods.get(pod_uid)
+        c = runtime.containers.get(container) if runtime else None
+        return list(c.tool.lines) if c is not None and c.tool is not None else []
 
     def _health(self, ctx: Any, node: str, resource_id: str) -> tuple[str, str, bool]:
         faults = self.manager.faults
@@ -260,7 +269,13 @@ class Kubelet:
                 spec["name"], _Container(spec["name"], started_at=ctx.now, started_mono=ctx.mono)
             )
             resources, dead = self._container_resources(ctx, pod, spec, claims, runtime)
-            wait = self._step(ctx, c, dead, run_seconds, exit_code, policy, pod)
+            seconds, code = run_seconds, exit_code
+            if c.state == "running" and c.tool_mono != c.started_mono:
+                c.tool = run_tool(self.manager, pod, spec, claims, runtime)
+                c.tool_mono = c.started_mono
+            if c.tool is not None:  # the tool decides how long it runs and how it exits
+                seconds, code = c.tool.seconds, c.tool.exit_code
+            wait = self._step(ctx, c, dead, seconds, code, policy, pod)
             if wait is not None:
                 earliest = wait if earliest is None else min(earliest, wait)
             statuses.append(self._container_status(pod, spec, c, resources))
@@ -359,6 +374,9 @@ class Kubelet:
                     "containerID": _container_id(pod, c),
                 }
             }
+            fallback = spec.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+            if fallback and c.exit_code != 0 and c.tool is not None:
+                state["terminated"]["message"] = "\n".join(c.tool.lines)[-2048:]
         status: dict[str, Any] = {
             "name": c.name,
             "image": spec.get("image", ""),
@@ -509,6 +527,9 @@ class Kubelet:
             visible = [g for g in ids if faults.health(node_name, g)[0] != "Unknown"]
             healthy = [g for g in visible if faults.health(node_name, g)[0] == "Healthy"]
             capacity, allocatable = str(len(visible)), str(len(healthy))
+            repairs = getattr(self.manager, "repairs", None)
+            if repairs is not None and repairs.rebooting(node_name):
+                capacity = allocatable = "0"  # the device plugin is down with the node
             status = node.get("status") or {}
             if (status.get("capacity") or {}).get(GPU_RESOURCE) == capacity and (
                 status.get("allocatable") or {}

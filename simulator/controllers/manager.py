@@ -76,6 +76,10 @@ class SimOptions:
     rule_status_period: float = 10.0
     # Node pools: time from a resize until new nodes (and their ResourceSlices) appear.
     provisioning_delay: float = 30.0
+    reboot_seconds: float = 20.0  # a rebooted twin node is NotReady this long (simulated)
+    # What the twin's Cluster API MachineHealthCheck does with `remediate-machine`: an external
+    # reboot remediator ("reboot") or the owner's delete-and-recreate ("replace").
+    capi_remediation: str = "reboot"
     # Scheduler retry backoff for unschedulable pods (kube-scheduler: 1 s doubling to 10 s).
     schedule_backoff_initial: float = 1.0
     schedule_backoff_max: float = 10.0
@@ -147,6 +151,7 @@ class ControllerManager:
         from simulator.controllers.kubelet import Kubelet
         from simulator.controllers.leases import NodeLeases
         from simulator.controllers.nodepools import MachineDeploymentController, NodePools
+        from simulator.controllers.repair import MachineRemediation, NodeRepairs
         from simulator.controllers.scheduler import Scheduler
         from simulator.controllers.taints import DeviceTaintEviction
         from simulator.controllers.workloads import (
@@ -168,6 +173,7 @@ class ControllerManager:
         self.faults = FaultInjector(self)
         self.node_pools = NodePools(self)
         self.kubelet = Kubelet(self)
+        self.repairs = NodeRepairs(self)
         self.scheduler = Scheduler(self)
         self.taints = DeviceTaintEviction(self)
         self.controllers = [
@@ -181,6 +187,8 @@ class ControllerManager:
             self.kubelet,
             NodeLeases(self),
             self.node_pools,
+            self.repairs,
+            MachineRemediation(self),
             MachineDeploymentController(self),
             GarbageCollector(self),
         ]
@@ -192,6 +200,8 @@ class ControllerManager:
                     "faults": self.faults,
                     "alerts": self.alerts,
                     "node_pools": self.node_pools,
+                    "repairs": self.repairs,
+                    "container_output": self.kubelet.output,
                 }
             )
 

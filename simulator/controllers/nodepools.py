@@ -28,6 +28,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from simulator import seed as seed_names
 from simulator.controllers.common import (
     MACHINE_DEPLOYMENTS,
     NODES,
@@ -53,6 +54,7 @@ class PoolShape:
     memory: str | None = None
     topology: str = "full"
     slices_per_gpu: int = 2
+    nvswitch: bool = False
 
 
 @dataclass
@@ -83,6 +85,8 @@ class NodePools:
         self._targets: dict[str, int] = {}
         self._shapes: dict[str, PoolShape] = {}
         self._pending: list[tuple[float, str, str]] = []  # (due mono, pool, node name)
+        self._retired: set[str] = set()  # names of replaced nodes: a new machine, a new name
+        self._idents: dict[str, str] = {}  # node name -> what its GPU UUIDs derive from
 
     @property
     def label(self) -> str:
@@ -146,8 +150,10 @@ class NodePools:
                 taken = {name_of(n) for n in nodes} | {n for _d, _p, n in self._pending}
                 index = 0
                 for _ in range(missing):
-                    while f"{pool}-node-{index}" in taken or self.manager.store.try_get(
-                        NODES, f"{pool}-node-{index}"
+                    while (
+                        f"{pool}-node-{index}" in taken
+                        or f"{pool}-node-{index}" in self._retired
+                        or self.manager.store.try_get(NODES, f"{pool}-node-{index}")
                     ):
                         index += 1
                     name = f"{pool}-node-{index}"
@@ -156,6 +162,35 @@ class NodePools:
             log.info("node pool %s: resize to %s (%s now)", pool, size, len(nodes))
         self.manager.poke()
         return self.status(pool)
+
+    def replace_node(self, node: str, delay: float | None = None, same_name: bool = False) -> str:
+        """Delete `node` (its machine is gone) and let its pool bring a new one, under a new
+        name (`same_name`: under the same name, as a recreated cloud VM) and in both cases with
+        new GPU UUIDs, `delay` simulated seconds later. Returns the pool."""
+        obj = self.manager.store.try_get(NODES, node)
+        if obj is None:
+            raise KeyError(f'node "{node}" not found')
+        pool = (meta(obj).get("labels") or {}).get(self.label)
+        if not pool:
+            raise KeyError(f'node "{node}" belongs to no node pool (label {self.label})')
+        with self._lock:
+            nodes = self.pool_nodes(pool)
+            self._learn_shape(pool, nodes)
+            target = self._targets.get(pool, len(nodes))
+            if same_name:
+                wait = self.manager.options.provisioning_delay if delay is None else delay
+                generation = sum(1 for k in self._idents.values() if k.startswith(node + "#"))
+                self._idents[node] = f"{node}#{generation + 1}"
+                self._targets[pool] = target
+                self._pending.append((self.manager.clock.monotonic() + wait, pool, node))
+            else:
+                self._retired.add(node)
+        self.manager.store.delete(NODES, node)
+        if same_name:
+            self.manager.poke()
+        else:
+            self.resize(pool, target, delay=delay)
+        return str(pool)
 
     # -- controller ----------------------------------------------------------------------
 
@@ -167,6 +202,7 @@ class NodePools:
         shape = PoolShape()
         shape.gpus = int(labels.get(COUNT_LABEL, shape.gpus) or 0)
         shape.product = _product_from_label(labels.get(PRODUCT_LABEL, ""))
+        shape.nvswitch = labels.get(seed_names.RESET_GROUP_LABEL) == "node"
         if self.manager.dra:
             slices = self.manager.store.list(
                 SLICES, field_selector=f"spec.nodeName={name_of(node)}"
@@ -207,6 +243,8 @@ class NodePools:
                     shape.memory,
                     shape.topology,
                     shape.slices_per_gpu,
+                    shape.nvswitch,
+                    self._idents.get(name),
                 )
                 log.info("node pool %s: node %s registered", pool, name)
             except (ApiError, ValueError) as err:

@@ -23,7 +23,7 @@ import annotated_types
 import pytest
 import yaml
 from pydantic import BaseModel
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 
 from activities.runbooks import MAX_FILE_BYTES, RunbookError, load_dir, load_file, load_text
 from contract.runbook import SAFE_BOUNDS, Runbook, RunbookSpec, SafeBound
@@ -84,8 +84,10 @@ def _hard_low(path: str, bound: SafeBound) -> Any:
     cannot go, so there is nothing soft to test."""
     if isinstance(bound.low, timedelta):
         return timedelta(0)
-    block, key = path.split(".")
-    model = RunbookSpec.model_fields[_attr(block)].annotation
+    block, key = path.rsplit(".", 1)
+    model: Any = RunbookSpec
+    for part in block.split("."):  # nested blocks: `repair.reset.timeout`
+        model = model.model_fields[to_snake(_attr(part))].annotation
     assert isinstance(model, type) and issubclass(model, BaseModel)
     field = next(f for n, f in model.model_fields.items() if to_camel(n) == key)
     return next((m.ge for m in field.metadata if isinstance(m, annotated_types.Ge)), 0)
@@ -104,14 +106,19 @@ def _outside(path: str, bound: SafeBound) -> list[Any]:
 
 
 def _yaml_value(value: Any) -> Any:
-    return f"{value.total_seconds():g}s" if isinstance(value, timedelta) else value
+    if isinstance(value, timedelta):  # whole seconds as digits: `:g` turns 90 days into 7.776e+06
+        seconds = value.total_seconds()
+        return f"{int(seconds)}s" if seconds.is_integer() else f"{seconds}s"
+    return value
 
 
 def _spec(block: str, key: str, value: Any, **extra: Any) -> dict[str, Any]:
     body: dict[str, Any] = {key: _yaml_value(value), **extra}
     if block == "scaleUp":
         body.setdefault("provider", "sim")
-    return {block: body}
+    for part in reversed(block.split(".")):  # nested blocks: {repair: {reset: {...}}}
+        body = {part: body}
+    return body
 
 
 CASES = [(path, value) for path, bound in SAFE_BOUNDS.items() for value in _outside(path, bound)]
@@ -119,7 +126,7 @@ CASES = [(path, value) for path, bound in SAFE_BOUNDS.items() for value in _outs
 
 @pytest.mark.parametrize(("path", "value"), CASES, ids=lambda x: str(x))
 def test_outside_the_bounds_is_refused_on_the_value_line(path: str, value: Any) -> None:
-    block, key = path.split(".")
+    block, key = path.rsplit(".", 1)
     text = _doc(_spec(block, key, value))
     (problem,) = _problems(text)
     line = next(i for i, t in enumerate(text.splitlines(), 1) if t.strip().startswith(key + ":"))
@@ -130,14 +137,17 @@ def test_outside_the_bounds_is_refused_on_the_value_line(path: str, value: Any) 
 
 @pytest.mark.parametrize(("path", "value"), CASES, ids=lambda x: str(x))
 def test_outside_the_bounds_loads_when_acknowledged(path: str, value: Any) -> None:
-    block, key = path.split(".")
+    block, key = path.rsplit(".", 1)
     (runbook,) = load_text(_doc(_spec(block, key, value, unsafe=[key])), "rb.yaml")
-    assert key in getattr(runbook.spec, _attr(block)).unsafe
+    found: Any = runbook.spec
+    for part in block.split("."):
+        found = getattr(found, to_snake(_attr(part)))
+    assert key in found.unsafe
 
 
 @pytest.mark.parametrize("path", sorted(SAFE_BOUNDS))
 def test_the_bounds_themselves_are_safe(path: str) -> None:
-    block, key = path.split(".")
+    block, key = path.rsplit(".", 1)
     bound = SAFE_BOUNDS[path]
     for value in (bound.low, bound.high):
         if path == "scaleUp.maxSize" and value == 0:

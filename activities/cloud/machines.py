@@ -1,0 +1,374 @@
+"""Reboot and replace of one node through its provider: the node rungs of the repair ladder.
+
+Built: Cluster API and GKE. Not built yet: AKS (VMSS instance `restart` / `delete`) and the
+generic HTTP provider.
+
+GKE (Compute Engine API v1, with the GKE provider's endpoint, credentials and compute hosts):
+- the node's instance from its `spec.providerID` (`gce://<project>/<zone>/<instance>`);
+- reboot: `POST .../zones/{z}/instances/{i}/reset?requestId=<uuid>`;
+- replace: `POST <the pool's instance group manager in that zone>/recreateInstances?requestId=`
+  `{"instances": ["zones/{z}/instances/{i}"]}` (the group is read from the node pool's
+  `instanceGroupUrls`; the recreated VM registers as a node with new GPUs);
+- asked for once per attempt: `requestId` is a UUID derived from the attempt's key; Compute
+  Engine answers a repeated request with the same id with the first one's operation and does
+  not act again.
+
+Cluster API (cluster.x-k8s.io/v1beta1 Machines, through the official kubernetes client):
+- the node's Machine: the node annotations `cluster.x-k8s.io/machine` +
+  `cluster.x-k8s.io/cluster-namespace` (set by Cluster API), else the Machine whose
+  `status.nodeRef.name` is the node;
+- reboot: the machine remediation contract - annotate the Machine
+  `cluster.x-k8s.io/remediate-machine`, which its MachineHealthCheck treats as unhealthy and
+  hands to its remediation: an external remediation template that reboots (e.g. Metal3's
+  reboot strategy) reboots it; an MHC without a template has the owner *replace* the Machine
+  instead, so configure the MHC for the rung you want. No MHC covering the Machine: nothing
+  happens and the rung times out (escalation);
+- replace: delete the Machine; its MachineSet creates a new one, hence a new node;
+- asked for once per attempt: the request's key goes on the Machine
+  (`sickbay.dev/repair-request`) in the same patch as the remediation annotation, or just
+  before the delete; a retried call that finds its key (or its Machine already being deleted
+  under that key) asks nothing again (`asked: false`).
+
+RBAC: get/list/patch/delete on machines.cluster.x-k8s.io; get on nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid as uuidlib
+from typing import Any, Protocol
+
+import httpx
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.cloud.base import CloudRejected, CloudUnavailable, json_of, send
+from activities.cloud.config import GkeConfig
+from activities.cloud.gke import GkeNodePools
+from activities.outbound import ConfigError
+from contract.capacity import NodePoolTarget
+from contract.errors import ERR_CLOUD_UNAVAILABLE, ERR_PROVIDER_NOT_CONFIGURED, ERR_PROVIDER_REFUSED
+from contract.names import ACT_REBOOT_NODE, ACT_REPLACE_NODE
+from contract.repair import MachineActionInput, MachineActionResult
+
+GROUP = "cluster.x-k8s.io"
+VERSION = "v1beta1"
+PLURAL = "machines"
+ANN_REMEDIATE = "cluster.x-k8s.io/remediate-machine"
+ANN_NODE_MACHINE = "cluster.x-k8s.io/machine"
+ANN_NODE_NAMESPACE = "cluster.x-k8s.io/cluster-namespace"
+ANN_REPAIR_REQUEST = "sickbay.dev/repair-request"
+
+
+class MachineClient(Protocol):
+    async def reboot(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult: ...
+
+    async def replace(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult: ...
+
+
+class ClusterApiMachines:
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes.client import CoreV1Api, CustomObjectsApi
+
+        self._custom = CustomObjectsApi(api_client)
+        self._core = CoreV1Api(api_client)
+
+    async def _run(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except ApiException as exc:
+            message = f"{what}: HTTP {exc.status} {exc.reason}: {str(exc.body or '')[:300]}"
+            if exc.status in (409, 429) or (exc.status or 0) >= 500:
+                raise CloudUnavailable(message) from exc
+            raise CloudRejected(message, exc.status) from exc
+        except HTTPError as exc:
+            raise CloudUnavailable(f"{what}: {exc!r}") from exc
+
+    async def _machine(self, node: str) -> tuple[dict[str, Any] | None, bool]:
+        """(the node's Machine or None, whether the node says it has one)."""
+        try:
+            obj = await self._run(f"get node {node}", self._core.read_node, node)
+            annotations = obj.metadata.annotations or {}
+        except CloudRejected as err:
+            if err.status != 404:
+                raise
+            return None, True  # the node is gone with its Machine
+        name, ns = annotations.get(ANN_NODE_MACHINE), annotations.get(ANN_NODE_NAMESPACE)
+        if name and ns:
+            try:
+                machine = await self._run(
+                    f"get Machine {ns}/{name}",
+                    self._custom.get_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    ns,
+                    PLURAL,
+                    name,
+                )
+                return machine, True
+            except CloudRejected as err:
+                if err.status == 404:
+                    return None, True
+                raise
+        listed = await self._run(
+            "list Machines", self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL
+        )
+        for machine in listed.get("items") or []:
+            if ((machine.get("status") or {}).get("nodeRef") or {}).get("name") == node:
+                return machine, True
+        return None, False
+
+    @staticmethod
+    def _id(machine: dict[str, Any]) -> tuple[str, str]:
+        return machine["metadata"].get("namespace", "default"), machine["metadata"]["name"]
+
+    async def _mark(self, machine: dict[str, Any], annotations: dict[str, str]) -> None:
+        ns, name = self._id(machine)
+        await self._run(
+            f"patch Machine {ns}/{name}",
+            self._custom.patch_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            ns,
+            PLURAL,
+            name,
+            {"metadata": {"annotations": annotations}},
+            _content_type="application/merge-patch+json",
+        )
+
+    async def reboot(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        machine, _claimed = await self._machine(node)
+        if machine is None:
+            raise ConfigError(f"node {node} has no Cluster API Machine: cannot ask for a reboot")
+        ns, name = self._id(machine)
+        annotations = machine["metadata"].get("annotations") or {}
+        if annotations.get(ANN_REPAIR_REQUEST) == key:
+            return MachineActionResult(
+                action="reboot",
+                node=node,
+                operation=f"{ns}/{name}",
+                asked=False,
+                detail="remediation already asked for under this key",
+            )
+        await self._mark(machine, {ANN_REMEDIATE: "", ANN_REPAIR_REQUEST: key})
+        return MachineActionResult(
+            action="reboot",
+            node=node,
+            operation=f"{ns}/{name}",
+            detail=f"Machine {ns}/{name} annotated {ANN_REMEDIATE} for its MachineHealthCheck",
+        )
+
+    async def replace(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        machine, claimed = await self._machine(node)
+        if machine is None:
+            if claimed:  # the node (or the Machine it names) is gone: deleted already
+                return MachineActionResult(
+                    action="replace", node=node, asked=False, detail="the Machine is gone already"
+                )
+            raise ConfigError(f"node {node} has no Cluster API Machine: cannot replace it")
+        ns, name = self._id(machine)
+        annotations = machine["metadata"].get("annotations") or {}
+        if annotations.get(ANN_REPAIR_REQUEST) == key and machine["metadata"].get(
+            "deletionTimestamp"
+        ):
+            return MachineActionResult(
+                action="replace",
+                node=node,
+                operation=f"{ns}/{name}",
+                asked=False,
+                detail="the Machine is being deleted under this key",
+            )
+        if annotations.get(ANN_REPAIR_REQUEST) != key:
+            await self._mark(machine, {ANN_REPAIR_REQUEST: key})  # recorded before the delete
+        await self._run(
+            f"delete Machine {ns}/{name}",
+            self._custom.delete_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            ns,
+            PLURAL,
+            name,
+        )
+        return MachineActionResult(
+            action="replace",
+            node=node,
+            operation=f"{ns}/{name}",
+            detail=f"Machine {ns}/{name} deleted: its MachineSet creates the replacement",
+        )
+
+
+class NodeGone(ConfigError):
+    """The node object is gone (deleted, or its VM being recreated)."""
+
+
+class GkeMachines:
+    """Reboot / replace of GKE nodes' VMs; the node is read through the kubernetes client."""
+
+    def __init__(self, pools: GkeNodePools, api_client: Any, compute_base: str) -> None:
+        from kubernetes.client import CoreV1Api
+
+        self._pools = pools
+        self._core = CoreV1Api(api_client)
+        self._compute = compute_base.rstrip("/")
+
+    @classmethod
+    def from_config(
+        cls, client: httpx.AsyncClient, config: GkeConfig, api_client: Any
+    ) -> GkeMachines:
+        base = config.compute_hosts[0] if config.compute_hosts else config.endpoint
+        return cls(GkeNodePools.from_config(client, config), api_client, base)
+
+    async def _instance(self, node: str) -> tuple[str, str, str]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = await asyncio.to_thread(self._core.read_node, node)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise NodeGone(f"node {node} not found: no instance to act on") from exc
+            raise CloudUnavailable(f"get node {node}: HTTP {exc.status}") from exc
+        provider_id = str(getattr(obj.spec, "provider_id", None) or "")
+        parts = provider_id.removeprefix("gce://").split("/")
+        if not provider_id.startswith("gce://") or len(parts) != 3 or not all(parts):
+            raise ConfigError(
+                f"node {node} has providerID {provider_id!r}, not gce://<project>/<zone>/<name>: "
+                "not a GKE/Compute Engine node"
+            )
+        return parts[0], parts[1], parts[2]
+
+    @staticmethod
+    def _request_id(key: str) -> str:
+        return str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"sickbay:{key}"))
+
+    async def _post(self, url: str, body: Any = None) -> dict[str, Any]:
+        headers = await self._pools._headers()
+        return json_of(
+            await send(self._pools._client, "POST", url, headers=headers, json_body=body)
+        )
+
+    async def reboot(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        project, zone, name = await self._instance(node)
+        url = (
+            f"{self._compute}/compute/v1/projects/{project}/zones/{zone}/instances/{name}/reset"
+            f"?requestId={self._request_id(key)}"
+        )
+        op = await self._post(url)
+        return MachineActionResult(
+            action="reboot",
+            node=node,
+            operation=str(op.get("name", "")),
+            detail=f"instances.reset of {zone}/{name} ({op.get('status', '?')})",
+        )
+
+    async def replace(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        if pool is None:
+            raise ConfigError(
+                f"replacing {node} on GKE needs its node pool (project, location, cluster)"
+            )
+        try:
+            project, zone, name = await self._instance(node)
+        except NodeGone:
+            # Only a retry gets here: the node was resolved when the rung began, and the
+            # recreated VM has not registered yet. Nothing is asked again.
+            return MachineActionResult(
+                action="replace", node=node, asked=False, detail="node gone: being recreated"
+            )
+        node_pool = await self._pools._get(self._pools._pool_url(pool))
+        groups = [str(u) for u in node_pool.get("instanceGroupUrls") or []]
+        in_zone = [u for u in groups if f"/zones/{zone}/" in u]
+        chosen = in_zone or (groups if len(groups) == 1 else [])
+        if not chosen:
+            raise ConfigError(
+                f"node pool {pool.name} has no instance group in zone {zone} for {node}"
+            )
+        igm = self._pools._checked_group_url(chosen[0]).replace(
+            "/instanceGroups/", "/instanceGroupManagers/"
+        )
+        op = await self._post(
+            f"{igm}/recreateInstances?requestId={self._request_id(key)}",
+            {"instances": [f"zones/{zone}/instances/{name}"]},
+        )
+        return MachineActionResult(
+            action="replace",
+            node=node,
+            operation=str(op.get("name", "")),
+            detail=f"recreateInstances of {zone}/{name} in {igm.rsplit('/', 1)[-1]}",
+        )
+
+
+class MachineActivities:
+    """reboot-node / replace-node, one provider per name (`cluster-api` so far)."""
+
+    def __init__(self, providers: dict[str, MachineClient]) -> None:
+        self._providers = providers
+
+    def all(self) -> list[Any]:
+        return [self.reboot_node, self.replace_node]
+
+    def _provider(self, inp: MachineActionInput) -> MachineClient:
+        name = inp.pool.provider if inp.pool else None
+        client = self._providers.get(name or "")
+        if client is None:
+            raise ApplicationError(
+                f"no {inp.action} provider for node {inp.node}: "
+                f"{'its pool names none' if not name else repr(name) + ' is not configured'} "
+                f"(configured: {', '.join(sorted(self._providers)) or 'none'})",
+                type=ERR_PROVIDER_NOT_CONFIGURED,
+                non_retryable=True,
+            )
+        return client
+
+    async def _act(self, inp: MachineActionInput) -> MachineActionResult:
+        client = self._provider(inp)
+        if inp.dry_run:
+            return MachineActionResult(
+                action=inp.action,
+                node=inp.node,
+                asked=False,
+                dry_run=True,
+                detail=f"would ask {inp.pool.provider if inp.pool else '?'} to {inp.action} it",
+            )
+        try:
+            if inp.action == "reboot":
+                result = await client.reboot(inp.node, inp.idempotency_key, inp.pool)
+            else:
+                result = await client.replace(inp.node, inp.idempotency_key, inp.pool)
+        except ConfigError as err:
+            raise ApplicationError(
+                str(err), type=ERR_PROVIDER_NOT_CONFIGURED, non_retryable=True
+            ) from err
+        except CloudRejected as err:
+            raise ApplicationError(str(err), type=ERR_PROVIDER_REFUSED, non_retryable=True) from err
+        except CloudUnavailable as err:
+            raise ApplicationError(str(err), type=ERR_CLOUD_UNAVAILABLE) from err
+        activity.logger.info(
+            "%s of node %s: %s (%s)",
+            inp.action,
+            inp.node,
+            result.detail,
+            "asked" if result.asked else "not asked again",
+        )
+        return result
+
+    @activity.defn(name=ACT_REBOOT_NODE)
+    async def reboot_node(self, inp: MachineActionInput) -> MachineActionResult:
+        return await self._act(inp)
+
+    @activity.defn(name=ACT_REPLACE_NODE)
+    async def replace_node(self, inp: MachineActionInput) -> MachineActionResult:
+        return await self._act(inp)

@@ -1,0 +1,125 @@
+"""`KubeRepairActivities`: the GPU rungs of the repair ladder as activities (bodies in
+activities/kube/repair.py), on the same `Kube` client as `KubeActivities` and its own small
+executor, so the blocking client never runs on the event loop.
+
+Not yet called by the remediation workflow (the ladder's wiring is not built yet); register
+`KubeRepairActivities(kube).all()` next to the other activities when it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from temporalio import activity
+
+from activities.kube import repair
+from activities.kube.client import Kube, KubeError, to_application_error
+from contract.names import (
+    ACT_CHECK_GPU_HOLDERS,
+    ACT_CLEAN_UP_REPAIR_JOB,
+    ACT_FIND_RESET_GROUP,
+    ACT_START_RESET_JOB,
+    ACT_START_VALIDATION_JOB,
+    ACT_WAIT_NODE_GPUS,
+    ACT_WAIT_REPAIR_JOB,
+)
+from contract.repair import (
+    CleanUpRepairJobInput,
+    GpuHoldersInput,
+    GpuHoldersResult,
+    NodeGpusResult,
+    RepairJobInput,
+    RepairJobOutcome,
+    RepairJobStarted,
+    ResetGroupInput,
+    ResetGroupResult,
+    ValidationJobInput,
+    WaitNodeGpusInput,
+    WaitRepairJobInput,
+)
+
+T = TypeVar("T")
+
+
+class KubeRepairActivities:
+    def __init__(self, kube: Kube, max_threads: int = 4) -> None:
+        self._kube = kube
+        self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="repair")
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [
+            self.check_gpu_holders,
+            self.find_reset_group,
+            self.start_reset_job,
+            self.start_validation_job,
+            self.wait_for_repair_job,
+            self.clean_up_repair_job,
+            self.wait_for_node_gpus,
+        ]
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        ctx = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, lambda: ctx.run(fn, *args))
+        except KubeError as err:
+            raise to_application_error(err) from err
+
+    @activity.defn(name=ACT_CHECK_GPU_HOLDERS)
+    async def check_gpu_holders(self, inp: GpuHoldersInput) -> GpuHoldersResult:
+        """Raises a retryable GpuStillHeld while anything holds the GPU(s): poll it with the
+        retry policy before a reset."""
+        return await self._run(repair.require_free, self._kube, inp)
+
+    @activity.defn(name=ACT_FIND_RESET_GROUP)
+    async def find_reset_group(self, inp: ResetGroupInput) -> ResetGroupResult:
+        return await self._run(repair.reset_group, self._kube, inp)
+
+    @activity.defn(name=ACT_START_RESET_JOB)
+    async def start_reset_job(self, inp: RepairJobInput) -> RepairJobStarted:
+        result = await self._run(repair.start_reset_job, self._kube, inp)
+        activity.logger.info(
+            "reset Job %s/%s for %s on %s (%s)",
+            result.namespace,
+            result.job_name,
+            ",".join(inp.gpu_uuids),
+            inp.node,
+            "dry run" if result.dry_run else ("created" if result.created else "already there"),
+        )
+        return result
+
+    @activity.defn(name=ACT_START_VALIDATION_JOB)
+    async def start_validation_job(self, inp: ValidationJobInput) -> RepairJobStarted:
+        result = await self._run(repair.start_validation_job, self._kube, inp)
+        activity.logger.info(
+            "validation Job %s/%s for %s on %s (%s)",
+            result.namespace,
+            result.job_name,
+            inp.gpu_uuid,
+            inp.node,
+            "dry run" if result.dry_run else ("created" if result.created else "already there"),
+        )
+        return result
+
+    @activity.defn(name=ACT_WAIT_REPAIR_JOB)
+    async def wait_for_repair_job(self, inp: WaitRepairJobInput) -> RepairJobOutcome:
+        """Retryable StillWaiting until the Job ends: poll with the retry policy, bounded by
+        the rung's timeout (schedule_to_close)."""
+        return await self._run(repair.wait_repair_job, self._kube, inp)
+
+    @activity.defn(name=ACT_CLEAN_UP_REPAIR_JOB)
+    async def clean_up_repair_job(self, inp: CleanUpRepairJobInput) -> None:
+        await self._run(repair.clean_up_repair_job, self._kube, inp)
+
+    @activity.defn(name=ACT_WAIT_NODE_GPUS)
+    async def wait_for_node_gpus(self, inp: WaitNodeGpusInput) -> NodeGpusResult:
+        """Retryable StillWaiting until the node (or its replacement) is Ready with its GPUs
+        published: poll with the retry policy, bounded by the rung's timeout."""
+        return await self._run(repair.wait_node_gpus, self._kube, inp)

@@ -1,0 +1,315 @@
+"""The GPU rungs' activities (activities/kube/repair.py) against the twin with its controllers
+(Job controller, scheduler with DRA allocation, kubelet stand-in playing nvidia-smi / dcgmi).
+
+Cases:
+- reset pass (DRA and device plugin): Xid 48, the GPU free, the reset Job succeeds with
+  nvidia-smi's words as its summary, the fault is cleared; starting the same attempt again
+  finds its Job (created False, still one Job);
+- reset fail: Xid 79 -> the Job fails, summary "GPU is lost", the fault stays;
+- holders refuse: a pod on the GPU (DRA claim; device plugin nvidia.com/gpu) or on a
+  time-sliced sibling replica of it -> GpuStillHeld naming the pod; Sickbay's own pods are
+  ignored when listed;
+- reset groups: HGX (NVSwitch) pools -> every GPU of the baseboard from the ResourceSlice
+  attribute, the device-plugin node from its label; a plain GPU is its own group; the reset
+  Job of a group names every GPU and succeeds;
+- validation pass/fail on DRA (a claim selecting the device, tolerating Sickbay's NoExecute
+  DeviceTaintRule still on it) and on the device plugin (NVIDIA_VISIBLE_DEVICES); clean-up
+  removes the Job, its pod and the claim;
+- dry run: the manifest comes back, nothing is created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.kube.repair_activities import KubeRepairActivities
+from contract.errors import ERR_GPU_HELD, ERR_STILL_WAITING
+from contract.names import REPAIR_NAMESPACE
+from contract.repair import (
+    CleanUpRepairJobInput,
+    GpuHoldersInput,
+    RepairJobInput,
+    RepairJobOutcome,
+    RepairJobStarted,
+    ResetGroupInput,
+    ValidationJobInput,
+    WaitRepairJobInput,
+)
+from simulator.clock import Clock
+from simulator.controllers.manager import ControllerManager, SimOptions
+from tests.activities.kube.conftest import DRIVER, Twin, twin
+
+WAIT = 30.0  # real seconds for a Job to end on a busy machine
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Any]:
+    stack: list[Any] = []
+
+    def start(profile: str, **seed: Any) -> tuple[Twin, KubeRepairActivities]:
+        cm = twin(
+            tmp_path,
+            profile,
+            controllers=ControllerManager(SimOptions(pod_startup_seconds=1)),
+            clock=Clock(time_scale=20),
+            **seed,
+        )
+        t = cm.__enter__()
+        stack.append(cm)
+        t.namespace(REPAIR_NAMESPACE)
+        acts = KubeRepairActivities(t.acts.kube)
+        stack.append(acts)
+        return t, acts
+
+    yield start
+    for item in reversed(stack):
+        if isinstance(item, KubeRepairActivities):
+            item.close()
+        else:
+            item.__exit__(None, None, None)
+
+
+def _faults(t: Twin) -> Any:
+    return t.sim.extensions["faults"]
+
+
+async def _outcome(t: Twin, acts: KubeRepairActivities, job: RepairJobStarted) -> RepairJobOutcome:
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            return await t.run(
+                acts.wait_for_repair_job,
+                WaitRepairJobInput(namespace=job.namespace, job_name=job.job_name),
+            )
+        except ApplicationError as err:
+            if err.type != ERR_STILL_WAITING or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.1)
+
+
+def _jobs(t: Twin) -> list[dict[str, Any]]:
+    return t.store.list("jobs.batch", namespace=REPAIR_NAMESPACE).items
+
+
+@pytest.mark.parametrize("profile", ["1.36", "device-plugin"])
+async def test_reset_passes_once_per_attempt(make: Any, profile: str) -> None:
+    t, acts = make(profile)
+    node = t.node()
+    uuid = t.uuid_of(node, 0)
+    _faults(t).fail(node, uuid, xid=48)
+    await t.run(acts.check_gpu_holders, GpuHoldersInput(node=node, gpu_uuids=[uuid]))
+    inp = RepairJobInput(workflow_id="wf-1", attempt=1, node=node, gpu_uuids=[uuid])
+    first = await t.run(acts.start_reset_job, inp)
+    again = await t.run(acts.start_reset_job, inp)
+    assert first.created and not again.created and again.job_name == first.job_name
+    assert len(_jobs(t)) == 1
+    job = _jobs(t)[0]["spec"]["template"]["spec"]
+    assert job["nodeName"] == node and job["containers"][0]["securityContext"]["privileged"]
+    assert job["containers"][0]["command"] == ["nvidia-smi", "-r", "-i", uuid]
+    outcome = await _outcome(t, acts, first)
+    assert outcome.passed and "was successfully reset" in outcome.summary
+    assert not _faults(t).faults()
+    # A new attempt is a new Job.
+    second = await t.run(acts.start_reset_job, inp.model_copy(update={"attempt": 2}))
+    assert second.created and second.job_name != first.job_name
+
+
+async def test_reset_of_a_gpu_off_the_bus_fails(make: Any) -> None:
+    t, acts = make("1.36")
+    node = t.node()
+    uuid = t.uuid_of(node, 0)
+    _faults(t).fail(node, uuid, xid=79)
+    job = await t.run(
+        acts.start_reset_job, RepairJobInput(workflow_id="wf", node=node, gpu_uuids=[uuid])
+    )
+    outcome = await _outcome(t, acts, job)
+    assert not outcome.passed and "GPU is lost" in outcome.summary
+    assert outcome.reason == "BackoffLimitExceeded"
+    assert [f.xid for f in _faults(t).faults()] == [79]
+
+
+@pytest.mark.parametrize(
+    ("profile", "topology", "device"),
+    [
+        ("1.36", "full", "gpu-0"),
+        ("1.36", "timeslice", "gpu-0-ts-1"),
+        ("device-plugin", "full", None),
+    ],
+)
+async def test_holders_refuse_the_reset(
+    make: Any, profile: str, topology: str, device: str | None
+) -> None:
+    t, acts = make(profile, topology=topology)
+    node = t.node()
+    uuid, other = (g.uuid for g in _faults(t).gpus(node)[:2])  # physical GPUs 0 and 1
+    t.consumer_pod("ml", "trainer", node, device, gpu_uuid=uuid)
+    with pytest.raises(ApplicationError) as err:
+        await t.run(acts.check_gpu_holders, GpuHoldersInput(node=node, gpu_uuids=[uuid]))
+    assert err.value.type == ERR_GPU_HELD and "ml/trainer" in str(err.value)
+    assert not err.value.non_retryable  # poll until the consumer is gone
+    # Another GPU of the node is free; Sickbay's own pod is not a holder.
+    await t.run(acts.check_gpu_holders, GpuHoldersInput(node=node, gpu_uuids=[other]))
+    free = await t.run(
+        acts.check_gpu_holders,
+        GpuHoldersInput(node=node, gpu_uuids=[uuid], ignore_pods=["ml/trainer"]),
+    )
+    assert free.holders == []
+
+
+@pytest.mark.parametrize(("profile", "source"), [("1.36", "attribute"), ("device-plugin", "label")])
+async def test_reset_group_on_an_nvswitch_baseboard(make: Any, profile: str, source: str) -> None:
+    t, acts = make(profile, gpus_per_node=4, nvswitch=True)
+    node = t.node()
+    uuids = [t.uuid_of(node, i) for i in range(4)]
+    group = await t.run(acts.find_reset_group, ResetGroupInput(node=node, gpu_uuid=uuids[2]))
+    assert group.gpu_uuids == uuids and group.source == source
+    _faults(t).fail(node, uuids[2], xid=95)
+    job = await t.run(
+        acts.start_reset_job,
+        RepairJobInput(workflow_id="wf", node=node, gpu_uuids=group.gpu_uuids),
+    )
+    outcome = await _outcome(t, acts, job)
+    assert outcome.passed and outcome.summary.count("successfully reset") == 4
+    assert not _faults(t).faults()
+
+
+async def test_a_plain_gpu_is_its_own_reset_group(make: Any) -> None:
+    t, acts = make("1.36")
+    node = t.node()
+    uuid = t.uuid_of(node, 1)
+    group = await t.run(acts.find_reset_group, ResetGroupInput(node=node, gpu_uuid=uuid))
+    assert group.gpu_uuids == [uuid] and group.source == "single"
+
+
+def _taint(t: Twin, node: str, device: str) -> None:
+    t.store.create(
+        "devicetaintrules.resource.k8s.io",
+        {
+            "apiVersion": "resource.k8s.io/v1beta2",
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": f"sickbay-{node}-{device}"},
+            "spec": {
+                "deviceSelector": {"driver": DRIVER, "pool": node, "device": device},
+                "taint": {
+                    "key": "sickbay.dev/unhealthy",
+                    "value": "unhealthy",
+                    "effect": "NoExecute",
+                },
+            },
+        },
+    )
+
+
+@pytest.mark.parametrize("profile", ["1.36", "device-plugin"])
+@pytest.mark.parametrize("healthy", [True, False])
+async def test_validation(make: Any, profile: str, healthy: bool) -> None:
+    t, acts = make(profile)
+    node = t.node()
+    uuid = t.uuid_of(node, 0)
+    if t.dra:
+        _taint(t, node, "gpu-0")  # still quarantined while it is validated
+    if not healthy:
+        _faults(t).fail(node, uuid, degrade="ecc-sbe")
+    inp = ValidationJobInput(
+        workflow_id="wf",
+        mode="dra" if t.dra else "device-plugin",
+        node=node,
+        gpu_uuid=uuid,
+        driver=DRIVER if t.dra else None,
+        pool=node if t.dra else None,
+        device="gpu-0" if t.dra else None,
+        level=1,
+    )
+    job = await t.run(acts.start_validation_job, inp)
+    assert (job.claim_name is not None) == t.dra
+    outcome = await _outcome(t, acts, job)
+    assert outcome.passed is healthy, outcome.summary
+    assert ("Result: Pass" if healthy else "Result: Fail") in outcome.summary
+    if t.dra:
+        # The claim got the quarantined device itself (it is deallocated once the pod ended).
+        assert f"{DRIVER}/{node}/gpu-0" in outcome.summary
+        pods = t.store.list("pods", namespace=REPAIR_NAMESPACE).items
+        assert pods and pods[0]["spec"]["nodeName"] == node
+    else:
+        env = _jobs(t)[0]["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": uuid} in env
+    await t.run(
+        acts.clean_up_repair_job,
+        CleanUpRepairJobInput(
+            namespace=job.namespace, job_name=job.job_name, claim_name=job.claim_name
+        ),
+    )
+    deadline = time.monotonic() + WAIT
+    while (
+        _jobs(t) or t.store.list("resourceclaims.resource.k8s.io", namespace=REPAIR_NAMESPACE).items
+    ):
+        assert time.monotonic() < deadline, "Job or claim left behind"
+        await asyncio.sleep(0.1)
+    await t.run(
+        acts.clean_up_repair_job,
+        CleanUpRepairJobInput(
+            namespace=job.namespace, job_name=job.job_name, claim_name=job.claim_name
+        ),
+    )  # gone: fine
+
+
+async def test_dry_run_creates_nothing(make: Any) -> None:
+    t, acts = make("1.36")
+    node = t.node()
+    uuid = t.uuid_of(node, 0)
+    reset = await t.run(
+        acts.start_reset_job,
+        RepairJobInput(workflow_id="wf", node=node, gpu_uuids=[uuid], dry_run=True),
+    )
+    check = await t.run(
+        acts.start_validation_job,
+        ValidationJobInput(
+            workflow_id="wf",
+            node=node,
+            gpu_uuid=uuid,
+            driver=DRIVER,
+            pool=node,
+            device="gpu-0",
+            dry_run=True,
+        ),
+    )
+    assert reset.dry_run and reset.manifest["kind"] == "Job" and check.dry_run
+    assert _jobs(t) == [] and not t.store.list("resourceclaims.resource.k8s.io").items
+
+
+async def test_validation_claim_must_tolerate_sickbays_taint(make: Any) -> None:
+    """Without the toleration of Sickbay's own taint the quarantined device is never given to
+    the validation pod: it stays Unschedulable (so the toleration is what lets it run)."""
+    t, acts = make("1.36")
+    node = t.node()
+    for i in range(2):  # every device is tainted: nowhere else to go
+        _taint(t, node, f"gpu-{i}")
+    inp = ValidationJobInput(
+        workflow_id="wf",
+        node=node,
+        gpu_uuid=t.uuid_of(node, 0),
+        driver=DRIVER,
+        pool=node,
+        device="gpu-0",
+        taint_key="example.com/other",
+    )
+    await t.run(acts.start_validation_job, inp)
+    deadline = time.monotonic() + WAIT
+
+    def unschedulable() -> bool:
+        for pod in t.store.list("pods", namespace=REPAIR_NAMESPACE).items:
+            for cond in pod.get("status", {}).get("conditions") or []:
+                if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+                    return True
+        return False
+
+    while not unschedulable():
+        assert time.monotonic() < deadline, "the pod was scheduled without the toleration"
+        await asyncio.sleep(0.1)
