@@ -106,6 +106,7 @@ from tests.workflows.fakes import (
     deployment_consumer,
     make_runbook,
     new_worker,
+    past_deadline,
     shipped_runbooks,
     start,
     wait_phase,
@@ -143,7 +144,7 @@ async def test_happy_path(time_skipping_env: WorkflowEnvironment) -> None:
     assert len(q) == 1 and q[0].effect == "NoExecute" and q[0].taint_value == "unhealthy"
     assert q[0].consumers[0].name == "llm-7d9f-abcde"
     assert world.args(ACT_WAIT_EVICTION)[0].timeout == timedelta(minutes=2)  # inference runbook
-    assert world.args(ACT_WAIT_REPLACEMENT)[0].deadline == timedelta(minutes=5)
+    assert [w.look_once for w in world.args(ACT_WAIT_REPLACEMENT)] == [False]  # Running at once
     assert world.args(ACT_WAIT_REPLACEMENT)[0].owners[0].kind == "Deployment"
     assert world.names().index(ACT_RELEASE_QUARANTINE) < world.names().index(ACT_RELEASE_BUDGET)
     assert ACT_NOTIFY not in world.names() and ACT_EVICT_PODS not in world.names()
@@ -730,7 +731,6 @@ async def test_pending_deadline_scale_up_success(time_skipping_env: WorkflowEnvi
         replacement_reports=[
             ReplacementReport(
                 status="pending",
-                deadline_passed=True,
                 unschedulable_message="0/2 nodes are available: 2 cannot allocate all claims",
             ),
             ReplacementReport(status="running"),
@@ -738,6 +738,7 @@ async def test_pending_deadline_scale_up_success(time_skipping_env: WorkflowEnvi
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="frank"))
         result = await handle.result()
@@ -747,14 +748,16 @@ async def test_pending_deadline_scale_up_success(time_skipping_env: WorkflowEnvi
     assert req.pool.provider == "http" and req.pool.name == "pool-a"
     assert req.max_size == 8 and req.step == 1 and req.idempotency_key
     waits = world.args(ACT_WAIT_REPLACEMENT)
-    assert [w.deadline for w in waits] == [timedelta(minutes=5), timedelta(minutes=15)]
+    # The watch, the look at the Pending deadline, the watch after the scale-up (Running).
+    assert [w.look_once for w in waits] == [False, True, False]
+    assert world.watch_cancelled == 1
     assert ACT_NOTIFY not in world.names()
 
 
 async def test_scale_up_at_max_escalates(time_skipping_env: WorkflowEnvironment) -> None:
     client = time_skipping_env.client
     world = FakeWorld(
-        replacement_reports=[ReplacementReport(status="pending", deadline_passed=True)],
+        replacement_reports=[ReplacementReport(status="pending")],
         capacity=CapacityResult(status="at-max", current_size=8, target_size=8),
     )
     async with new_worker(client, world) as worker:
@@ -764,7 +767,7 @@ async def test_scale_up_at_max_escalates(time_skipping_env: WorkflowEnvironment)
         result = await handle.result()
     assert result.outcome == "escalated"
     assert result.status.escalation_reason == "no-capacity"
-    assert len(world.args(ACT_WAIT_REPLACEMENT)) == 1
+    assert [w.look_once for w in world.args(ACT_WAIT_REPLACEMENT)] == [False, True]
     page = world.args(ACT_NOTIFY)[0]
     assert page.action == "trigger" and page.incident.severity == "critical"
     assert "max size" in page.incident.summary
@@ -775,7 +778,7 @@ async def test_scale_up_at_max_escalates(time_skipping_env: WorkflowEnvironment)
 async def test_scale_up_error_at_max_type_escalates(time_skipping_env: WorkflowEnvironment) -> None:
     client = time_skipping_env.client
     world = FakeWorld(
-        replacement_reports=[ReplacementReport(status="pending", deadline_passed=True)],
+        replacement_reports=[ReplacementReport(status="pending")],
         capacity=ApplicationError("pool at 8/8", type=ERR_POOL_AT_MAX, non_retryable=True),
     )
     async with new_worker(client, world) as worker:
@@ -1091,7 +1094,7 @@ async def test_scale_up_waits_for_approval(time_skipping_env: WorkflowEnvironmen
             scaleUp={"enabled": True, "provider": "sim", "maxSize": 4, "approval": True},
         ),
         replacement_reports=[
-            ReplacementReport(status="pending", deadline_passed=True),
+            ReplacementReport(status="pending"),
             ReplacementReport(status="running"),
         ],
     )
@@ -1123,7 +1126,7 @@ async def test_scale_up_rejected_escalates_and_holds_the_quarantined_device(
             replacement={"pendingDeadline": "5m"},
             scaleUp={"enabled": True, "provider": "sim", "maxSize": 4, "approval": True},
         ),
-        replacement_reports=[ReplacementReport(status="pending", deadline_passed=True)],
+        replacement_reports=[ReplacementReport(status="pending")],
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
@@ -1381,7 +1384,7 @@ async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_tim
     client = time_skipping_env.client
     world = FakeWorld(
         replacement_reports=[
-            ReplacementReport(status="pending", deadline_passed=True),
+            ReplacementReport(status="pending"),
             ReplacementReport(status="running"),
         ]
     )

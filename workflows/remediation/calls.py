@@ -98,6 +98,8 @@ BUDGET_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attemp
 # minute and another worker resumes from the heartbeat details; 3 attempts, then escalate.
 WAIT_HEARTBEAT = timedelta(seconds=60)
 WAIT_MARGIN = timedelta(minutes=2)  # the activity's own deadline fires first and reports
+# One look at the replacements (a list, a few claim reads) when the deadline timer fires.
+LOOK_TIMEOUT = timedelta(minutes=1)
 WAIT_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=5),
     backoff_coefficient=2.0,
@@ -292,13 +294,18 @@ class Calls:
         )
 
     @calls(ACT_WAIT_REPLACEMENT)
-    async def wait_replacement(self, inp: WaitReplacementInput) -> ReplacementReport:
+    async def wait_replacement(
+        self, inp: WaitReplacementInput, limit: timedelta
+    ) -> ReplacementReport:
+        """The deadline-free watch (the workflow's deadline timer cancels it), or with
+        `look_once` one look; `limit`: the longest the wait may still last (extensions
+        included), so the watch never times out before the timer fires."""
         return await self._activity(
             ACT_WAIT_REPLACEMENT,
             inp,
             ReplacementReport,
-            start_to_close=inp.deadline + WAIT_MARGIN,
-            heartbeat=WAIT_HEARTBEAT,
+            start_to_close=LOOK_TIMEOUT if inp.look_once else limit + WAIT_MARGIN,
+            heartbeat=None if inp.look_once else WAIT_HEARTBEAT,
             retry=WAIT_RETRY,
         )
 
