@@ -762,6 +762,7 @@ async def test_scale_up_at_max_escalates(time_skipping_env: WorkflowEnvironment)
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="gina"))
         result = await handle.result()
@@ -783,6 +784,7 @@ async def test_scale_up_error_at_max_type_escalates(time_skipping_env: WorkflowE
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_ABORT, AbortRequest(reason="done testing", actor="gina"))
         result = await handle.result()
@@ -1100,6 +1102,7 @@ async def test_scale_up_waits_for_approval(time_skipping_env: WorkflowEnvironmen
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.AWAITING_APPROVAL)
         assert ACT_REQUEST_CAPACITY not in world.names()  # nothing bought before approval
         await handle.execute_update(
@@ -1130,6 +1133,7 @@ async def test_scale_up_rejected_escalates_and_holds_the_quarantined_device(
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.AWAITING_APPROVAL)
         await handle.execute_update(
             UPD_APPROVE,
@@ -1232,6 +1236,7 @@ async def test_pending_escalation_event_is_on_the_pending_replacement(
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
         await handle.result()
@@ -1403,8 +1408,10 @@ async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_tim
         workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
         activities=world.activities(dies_first),
         workflow_runner=UnsandboxedWorkflowRunner(),
+        max_heartbeat_throttle_interval=timedelta(milliseconds=20),
     ) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         result = await handle.result()
@@ -1426,8 +1433,13 @@ async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_tim
         and e.activity_task_started_event_attributes.attempt == 2
     ]
     assert timed_out, "the capacity call was not retried"
-    # Workflow time from start to the retry: about the heartbeat timeout plus backoff (10 s),
-    # not the 15 minute start-to-close.
-    started_at = history.events[0].event_time.ToDatetime()
+    # Workflow time from the capacity call to its retry: about the heartbeat timeout plus
+    # backoff (10 s), not the 15 minute start-to-close.
+    started_at = next(
+        e.event_time.ToDatetime()
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == ACT_REQUEST_CAPACITY
+    )
     retried_at = timed_out[0].event_time.ToDatetime()
     assert retried_at - started_at < timedelta(minutes=3), retried_at - started_at

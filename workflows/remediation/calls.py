@@ -307,6 +307,9 @@ class Calls:
             start_to_close=LOOK_TIMEOUT if inp.look_once else limit + WAIT_MARGIN,
             heartbeat=None if inp.look_once else WAIT_HEARTBEAT,
             retry=WAIT_RETRY,
+            # Cancelled at the deadline: the watch has stopped before the look at the pods
+            # (a dead worker's watch: after the heartbeat timeout).
+            cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
 
     @calls(ACT_REQUEST_CAPACITY)
@@ -383,6 +386,9 @@ class Calls:
         retry: RetryPolicy,
         heartbeat: timedelta | None = None,
         interruptible: bool = True,
+        cancellation: workflow.ActivityCancellationType = (
+            workflow.ActivityCancellationType.TRY_CANCEL
+        ),
     ) -> T:
         interruptible = interruptible and not self._state.undoing
         if interruptible and self._state.abort is not None:
@@ -394,6 +400,7 @@ class Calls:
             start_to_close_timeout=start_to_close,
             heartbeat_timeout=heartbeat,
             retry_policy=retry,
+            cancellation_type=cancellation,
             summary=name,
         )
         if not interruptible:
@@ -408,7 +415,13 @@ class Calls:
             workflow.wait_condition(lambda: st.abort is not None)
         )
         pending: list[asyncio.Task[Any]] = [task, stop]
-        await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the caller cancelled the call: cancel the activity
+            stop.cancel()
+            task.cancel()
+            await workflow.wait([task])  # until it stopped, per its cancellation type
+            raise
         if task.done():
             stop.cancel()
             return task.result()

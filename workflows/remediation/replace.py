@@ -163,6 +163,7 @@ async def _wait_replacement(
             report = watch.result()  # raises Aborted / the activity's failure
         else:  # the deadline fired: stop watching, then look once at what is Pending
             watch.cancel()
+            await workflow.wait([watch])
             if s.abort is not None:
                 raise Aborted()
             report = await r.act.wait_replacement(
