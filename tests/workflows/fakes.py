@@ -396,7 +396,10 @@ async def watch_until_cancelled(world: FakeWorld) -> None:
         raise
     finally:
         world.watching = False
-        if unlocked:
+        details = activity.cancellation_details()
+        # Take the hold back while this attempt still holds time (it ends after this); a
+        # watch of a workflow already gone (terminated) holds nothing any more.
+        if unlocked and not (details and (details.not_found or details.timed_out)):
             await test_service.lock_time_skipping(LockTimeSkippingRequest())
 
 
