@@ -16,7 +16,10 @@ from collections.abc import Sequence
 
 # (module, what it provides) — the module must define register(subparsers).
 _REGISTRARS: tuple[tuple[str, str], ...] = (
-    ("worker.commands", "worker, launch, status, timeline, approve, abort, repaired, runbooks"),
+    (
+        "worker.commands",
+        "worker, launch, status, timeline, approve, abort, repaired, extend-deadline, runbooks",
+    ),
     ("worker.webhook_cli", "webhook, schedule"),
     ("worker.doctor", "doctor"),
     ("simulator.cli", "sim up/down/fail/recover"),
