@@ -392,7 +392,9 @@ async def watch_until_cancelled(world: FakeWorld) -> None:
             world.heartbeats += 1
             await asyncio.sleep(0.05)
     except asyncio.CancelledError:
-        world.watch_cancelled += 1
+        details = activity.cancellation_details()
+        if details and details.cancel_requested:  # by the workflow (not a timeout/shutdown)
+            world.watch_cancelled += 1
         raise
     finally:
         world.watching = False
@@ -493,7 +495,7 @@ async def past_deadline(
     target = status.deadline + past
     while (now := await env.get_current_time()) < target and world.watching:
         beats = world.heartbeats
-        await env.sleep(min(target - now, timedelta(seconds=30)))
+        await env.sleep(min(target - now, timedelta(seconds=20)))
         while loop.time() < give_up:  # a heartbeat at the new time before the next step
             if not world.watching or world.heartbeats >= beats + 3:
                 break
