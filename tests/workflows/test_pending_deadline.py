@@ -38,6 +38,7 @@ from tests.workflows.fakes import (
     start,
     wait_phase,
 )
+from tests.workflows.histories import save_history
 
 
 def no_scale_up() -> list[Any]:
@@ -127,6 +128,7 @@ async def test_extension_moves_the_deadline(time_skipping_env: WorkflowEnvironme
         await wait_phase(handle, Phase.HOLDING)
         timeline = (await handle.query(QRY_STATUS, result_type=RemediationStatus)).escalation_reason
         entries = await handle.query("timeline")
+        save_history("deadline_extended", await handle.fetch_history())
         await handle.terminate("test over")
     assert timeline == "pending-deadline"
     assert world.watch_cancelled == 1
