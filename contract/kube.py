@@ -251,8 +251,11 @@ class WaitReplacementInput(Contract):
     owners: list[OwnerRef]
     old_pods: list[PodRef] = Field(default_factory=list)
     tainted: list[DraDevice] = Field(default_factory=list)
-    deadline: Duration = timedelta(minutes=30)
     churn_evictions: int = 3  # evictions of the same owner that mean "scheduler ignores taints"
+    # The watch has no deadline: it runs until the replacements run, churn is seen or no
+    # owner needs one, and the workflow cancels it when its deadline timer fires. `look_once`:
+    # list the pods once and report what is there (the workflow's look at its deadline).
+    look_once: bool = False
 
 
 class ChurnDiagnosis(Contract):
@@ -266,7 +269,6 @@ class ReplacementReport(Contract):
     pods: list[PodState] = Field(default_factory=list)
     unschedulable_message: str = ""
     churn: ChurnDiagnosis | None = None
-    deadline_passed: bool = False
 
 
 class ReleaseInput(Contract):

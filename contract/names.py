@@ -33,6 +33,8 @@ SIG_ABORT = "abort"  # AbortRequest
 SIG_REPAIRED = "repaired"  # RepairedRequest
 SIG_BUDGET_FREED = "budget-freed"  # from sickbay-budget: a slot freed, retry the lease now
 UPD_APPROVE = "approve"  # ApprovalDecision -> ApprovalResult (validated)
+# ExtendDeadlineRequest -> ExtendDeadlineResult (validated: only while a replacement wait runs)
+UPD_EXTEND_DEADLINE = "extend-deadline"
 QRY_TIMELINE = "timeline"
 QRY_STATUS = "status"
 

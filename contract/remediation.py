@@ -1,16 +1,16 @@
 """The remediation workflow's contract: its input, messages (alerts, abort, repaired,
-approval), status, result, timeline and continue-as-new carry.
+approval, deadline extension), status, result, timeline and continue-as-new carry.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from contract.base import Contract, StrictBool
+from contract.base import Contract, Duration, StrictBool
 from contract.kube import DeviceRef, PodRef, QuarantineResult, ResolvedDevice
 from contract.names import check_cluster_name
 from contract.runbook import FailureClass, Runbook
@@ -98,6 +98,38 @@ class ApprovalResult(Contract):
     phase: Phase
 
 
+# A replacement wait (Pending deadline, or capacity deadline after a scale-up) lasts at most
+# this long from its start, however often its deadline is extended (or its runbook deadline,
+# if that is longer): a GPU whose workload cannot run for a week needs people, not a timer.
+MAX_REPLACEMENT_WAIT = timedelta(days=7)
+
+
+class ExtendDeadlineRequest(Contract):
+    """`extend-deadline`: move the deadline of the running replacement wait later, by `by`
+    (e.g. `30m`) or to `until` (absolute, UTC when no offset is given); exactly one."""
+
+    by: Duration | None = None
+    until: datetime | None = None
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ExtendDeadlineRequest:
+        if (self.by is None) == (self.until is None):
+            raise ValueError("give exactly one of `by` (a duration) or `until` (a time)")
+        if self.by is not None and self.by <= timedelta(0):
+            raise ValueError(f"`by` must be positive, not {self.by}")
+        if self.until is not None and self.until.tzinfo is None:
+            self.until = self.until.replace(tzinfo=UTC)
+        return self
+
+
+class ExtendDeadlineResult(Contract):
+    phase: Phase
+    deadline: datetime  # the wait's deadline now
+    previous: datetime  # the deadline before this extension
+
+
 class RemediationInput(Contract):
     """Input of `remediate-gpu-device`. Only `device` is required, so the Web UI's
     "Start workflow" form can launch it with `{"device": {"node": "n1", "gpu_uuid": "GPU-..."}}`.
@@ -167,6 +199,9 @@ class RemediationStatus(Contract):
     consumers: list[PodRef] = Field(default_factory=list)
     awaiting: str = ""  # what the workflow waits for, in words
     until: datetime | None = None  # when that wait ends by itself (timeout, deadline, retry)
+    # The running replacement wait's deadline (Pending or capacity deadline, as extended by
+    # `extend-deadline`); None outside such a wait.
+    deadline: datetime | None = None
     next_action: str = ""  # what the workflow does next, in words
     started_at: datetime | None = None
     updated_at: datetime | None = None

@@ -21,7 +21,7 @@ import worker.webhook_cli
 
 # Each adds its subcommands to the parser.
 REGISTRARS: tuple[Callable[[Any], None], ...] = (
-    worker.commands.register,  # worker, launch, status, timeline, approve, abort, repaired, ...
+    worker.commands.register,  # worker, launch, status, timeline, approve, abort, extend-deadline, ...
     worker.webhook_cli.register,  # webhook, schedule
     worker.doctor.register,  # doctor
     simulator.cli.register,  # sim up/down/status/fail/recover

@@ -65,6 +65,18 @@ def _nonempty(text: str) -> str:
     return text
 
 
+def _duration(text: str) -> timedelta:
+    from contract.base import parse_duration
+
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if not isinstance(value, timedelta):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30m, 2h, 90s)")
+    return value
+
+
 def _dra(text: str) -> tuple[str, str, str]:
     parts = text.split("/")
     if len(parts) != 3 or not all(parts):
@@ -609,6 +621,64 @@ def cmd_decide(args: argparse.Namespace) -> int:
     return _run(_decide(args))
 
 
+async def _extend_deadline(args: argparse.Namespace) -> int:
+    """`extend-deadline`: move the running replacement wait's deadline (an update: the
+    workflow's validator answers, refusals name the phase or the bound)."""
+    from datetime import UTC, datetime
+
+    from pydantic import ValidationError
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from contract.base import format_duration
+    from contract.names import UPD_EXTEND_DEADLINE
+    from contract.remediation import ExtendDeadlineRequest, ExtendDeadlineResult
+
+    if (args.by is None) == (args.until is None):
+        print("error: give exactly one of --by (e.g. 30m) or --until (ISO time)", file=sys.stderr)
+        return 2
+    try:
+        req = ExtendDeadlineRequest(
+            by=args.by,
+            until=datetime.fromisoformat(args.until) if args.until else None,
+            reason=args.reason,
+            actor=args.actor or getpass.getuser(),
+        )
+    except (ValidationError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    wf_id = workflow_id_for(args.target, _settings(args).cluster)
+    client = await _client(args)
+    handle = client.get_workflow_handle(wf_id)
+    try:
+        _, problem = await workflow_problem(handle)
+        if problem is not None:
+            print(f"error: nothing sent: {problem}", file=sys.stderr)
+            return 1
+        result = await handle.execute_update(
+            UPD_EXTEND_DEADLINE, req, result_type=ExtendDeadlineResult
+        )
+    except WorkflowUpdateFailedError as exc:
+        print(f"refused: {exc.cause}", file=sys.stderr)
+        return 1
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            print(f"no running remediation {wf_id}", file=sys.stderr)
+            return 1
+        raise
+    left = result.deadline - datetime.now(UTC)
+    print(
+        f"{wf_id}: deadline {result.previous:%Y-%m-%d %H:%M:%S} -> "
+        f"{result.deadline:%Y-%m-%d %H:%M:%S} UTC (in {format_duration(left)}; "
+        f"phase {result.phase.value})"
+    )
+    return 0
+
+
+def cmd_extend_deadline(args: argparse.Namespace) -> int:
+    return _run(_extend_deadline(args))
+
+
 # ------------------------------------------------------------------------------ runbooks ---
 
 
@@ -819,6 +889,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         p.add_argument("--actor", type=_nonempty)
         p.add_argument("--reason", type=_nonempty)
         p.set_defaults(func=cmd_decide)
+
+    p = sub.add_parser(
+        "extend-deadline",
+        help="move the Pending (or capacity) deadline of a remediation waiting for replacements",
+    )
+    _add_connection(p)
+    p.add_argument("target", type=_nonempty, help="node/GPU-uuid or workflow id")
+    p.add_argument("--by", type=_duration, help="how much later, e.g. 30m, 2h")
+    p.add_argument("--until", help="the new deadline, ISO 8601 (UTC without an offset)")
+    p.add_argument("--reason", type=_nonempty, required=True)
+    p.add_argument("--actor", type=_nonempty)
+    p.set_defaults(func=cmd_extend_deadline)
 
     p = sub.add_parser("runbooks", help="validate or explain runbooks")
     rsub = p.add_subparsers(dest="runbooks_command", metavar="ACTION", required=True)

@@ -1,10 +1,13 @@
 """Watch-based waits: consumers gone, replacements Running (or Pending and why), churn.
 
-Both waits heartbeat their progress (`{"deadline": <epoch s>, ...}`) so a worker restart
-resumes: the next attempt reads `activity.info().heartbeat_details`, keeps the original
-deadline (the wait never starts over) and the facts already seen (pods gone, evictions per
-owner). Each wait costs one list + one watch per namespace set, plus reads of the owners and
-claim lists when replacements bind.
+Both waits heartbeat their progress so a worker restart resumes: the next attempt reads
+`activity.info().heartbeat_details` and keeps the facts already seen (pods gone, evictions per
+owner). The eviction wait also keeps its original deadline (`{"deadline": <epoch s>, ...}`:
+it never starts over). The replacement wait has no deadline at all: the workflow's durable
+timer is the Pending deadline, and it cancels this watch when the timer fires (then looks once
+with `look_once`), so the wait can be extended and never decides "deadline passed" itself.
+Each wait costs one list + one watch per namespace set, plus reads of the owners and claim
+lists when replacements bind.
 
 "Gone" means the pod object is gone (or replaced under the same name with a new uid): a pod
 with a deletionTimestamp still holds its device. Replacements are verified, not trusted: a
@@ -269,7 +272,6 @@ async def wait_replacement(
     import asyncio
 
     saved = _details()
-    deadline = float(saved.get("deadline") or time.time() + inp.deadline.total_seconds())
     loop = asyncio.get_running_loop()
     owners: list[OwnerWatch] = []
     for owner in inp.owners:
@@ -384,13 +386,20 @@ async def wait_replacement(
 
     beat = _heartbeat(
         lambda: {
-            "deadline": deadline,
             "evicted": {f"{w.owner.kind}/{w.owner.name}": sorted(w.evicted) for w in owners},
         }
     )
     namespaces = {w.owner.namespace for w in owners}
     fn, args, kwargs = _list_target(kube, namespaces, [])
-    done = await watch_until(
+    if inp.look_once:
+        body = await loop.run_in_executor(
+            executor, lambda: kube.call(fn, *args, verb="list", resource="pods", **kwargs)
+        )
+        await loop.run_in_executor(executor, on_list, body.get("items") or [])
+        beat()
+        return result["r"]
+    # No deadline: done, or cancelled by the workflow when its deadline timer fires.
+    await watch_until(
         kube,
         executor,
         fn,
@@ -399,11 +408,7 @@ async def wait_replacement(
         resource="pods",
         on_list=on_list,
         on_event=on_event,
-        deadline=deadline,
         heartbeat=beat,
         heartbeat_every=HEARTBEAT_EVERY,
     )
-    report = result.get("r") or ReplacementReport(status="pending")
-    if not done:
-        report.deadline_passed = True
-    return report
+    return result["r"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -50,11 +51,12 @@ async def watch_until(
     resource: str,
     on_list: Callable[[list[dict[str, Any]]], bool],
     on_event: Callable[[str, dict[str, Any]], bool],
-    deadline: float,
+    deadline: float = math.inf,
     heartbeat: Callable[[], None],
     heartbeat_every: float,
 ) -> bool:
-    """True once `on_list`/`on_event` says done; False when the wall-clock `deadline` passes.
+    """True once `on_list`/`on_event` says done; False when the wall-clock `deadline` passes
+    (none by default: watch until done or cancelled).
 
     `on_list`/`on_event` run on the executor (they may make blocking reads); `heartbeat`
     runs on the loop after each of them and every `heartbeat_every` seconds of quiet."""

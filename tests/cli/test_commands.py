@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +179,61 @@ async def test_launch_maintenance_selector(
     assert wf_id.startswith("sickbay-maintenance-") and result.dry_run and result.devices == []
     assert seen[0].selector.nodes == ["gpu-node-7"]
     assert seen[0].selector.device_attributes == {"driverVersion": "550.54"}
+
+
+async def test_extend_deadline(
+    dev_env: WorkflowEnvironment, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`extend-deadline node/uuid --by 30m --reason ...` moves the running wait's deadline;
+    a bad duration or no target exits 2 before connecting; outside the wait it is refused
+    (exit 1) naming the phase."""
+    from contract.kube import ReplacementReport
+    from contract.names import QRY_STATUS
+    from contract.remediation import RemediationStatus
+    from tests.workflows.fakes import start, wait_phase
+
+    client = dev_env.client
+    address = client.service_client.config.target_host
+    world = FakeWorld(replacement_reports=[ReplacementReport(status="pending")])
+    queue = f"cli-{uuid.uuid4().hex[:8]}"
+    conn = ["--address", address, "--task-queue", queue]
+    device = f"{world.node}/{world.gpu_uuid}"
+    code, _, err = await _cli(capsys, "extend-deadline", *conn, device, "--reason", "r")
+    assert code == 2 and "exactly one of --by" in err
+    async with new_worker(client, world, task_queue=queue) as worker:
+        handle = await start(client, worker, world)
+        waiting = await wait_phase(handle, Phase.AWAITING_REPLACEMENT)
+        assert waiting.deadline is not None
+        code, out, err = await _cli(
+            capsys,
+            "extend-deadline",
+            *conn,
+            device,
+            "--by",
+            "30m",
+            "--reason",
+            "node at 16:00",
+            "--actor",
+            "erin",
+        )
+        assert code == 0, err
+        assert "awaiting-replacement" in out
+        status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+        assert status.deadline is not None
+        assert status.deadline - waiting.deadline == timedelta(minutes=30)
+        code, _, err = await _cli(
+            capsys,
+            "extend-deadline",
+            *conn,
+            device,
+            "--until",
+            "2000-01-01T00:00:00",
+            "--reason",
+            "x",
+        )
+        assert code == 1 and "not after the current one" in err
+        await handle.terminate("test over")
+    code, _, err = await _cli(
+        capsys, "extend-deadline", *conn, device, "--by", "30m", "--reason", "late"
+    )
+    assert code == 1 and "nothing sent" in err

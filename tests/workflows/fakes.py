@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from temporalio import activity
+from temporalio.api.testservice.v1 import LockTimeSkippingRequest, UnlockTimeSkippingRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.budget import BudgetActivities
@@ -176,7 +179,13 @@ class FakeWorld:
     budget_release_fails: bool = False  # release-budget-lease raises (non-retryable)
     eviction_reports: list[EvictionReport] = field(default_factory=list)  # consumed in order
     evict_results: list[EvictPodsResult] = field(default_factory=list)  # evict-pods, in order
-    replacement_reports: list[Any] = field(default_factory=list)  # consumed in order
+    # wait-replacement, in order. A "pending" report is what the watch never returns: the
+    # watch heartbeats until the workflow's deadline timer cancels it, and the look at the
+    # deadline (`look_once`) returns the report. Empty: the watch reports "running".
+    replacement_reports: list[Any] = field(default_factory=list)
+    watch_cancelled: int = 0  # watches the workflow cancelled (its deadline timer fired)
+    watching: bool = False  # a watch is running (and gave back its time-skipping hold)
+    heartbeats: int = 0  # heartbeats of the watches
     capacity: CapacityResult | ApplicationError = field(
         default_factory=lambda: CapacityResult(status="requested", current_size=2, target_size=3)
     )
@@ -289,6 +298,15 @@ class FakeWorld:
         @fake_of(KubeActivities.wait_for_replacement)
         async def wait_replacement(req: WaitReplacementInput) -> ReplacementReport:
             world.calls.append((ACT_WAIT_REPLACEMENT, req))
+            head = world.replacement_reports[0] if world.replacement_reports else None
+            if req.look_once:
+                return (
+                    world.replacement_reports.pop(0)
+                    if head
+                    else ReplacementReport(status="running")
+                )
+            if head is not None and getattr(head, "status", None) == "pending":
+                await watch_until_cancelled(world)
             if world.replacement_reports:
                 return world.replacement_reports.pop(0)
             return ReplacementReport(status="running")
@@ -357,6 +375,36 @@ class FakeWorld:
         return [a for a in acts if _activity_name(a) not in replaced] + list(replace)
 
 
+async def watch_until_cancelled(world: FakeWorld) -> None:
+    """The deadline-free watch seeing nothing: heartbeat until the workflow cancels it. The
+    time-skipping server holds time still while an activity runs, as a real watch would; this
+    one gives its hold back, so the test's `env.sleep` can reach the workflow's deadline timer."""
+    test_service = activity.client().test_service
+    try:
+        await test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
+        unlocked = True
+    except RPCError:  # a dev server: no time skipping to give back
+        unlocked = False
+    world.watching = True
+    try:
+        while True:
+            activity.heartbeat()
+            world.heartbeats += 1
+            await asyncio.sleep(0.05)
+    except asyncio.CancelledError:
+        details = activity.cancellation_details()
+        if details and details.cancel_requested:  # by the workflow (not a timeout/shutdown)
+            world.watch_cancelled += 1
+        raise
+    finally:
+        world.watching = False
+        details = activity.cancellation_details()
+        # Take the hold back while this attempt still holds time (it ends after this); a
+        # watch of a workflow already gone (terminated) holds nothing any more.
+        if unlocked and not (details and (details.not_found or details.timed_out)):
+            await test_service.lock_time_skipping(LockTimeSkippingRequest())
+
+
 def new_worker(
     client: Client,
     world: FakeWorld,
@@ -374,6 +422,10 @@ def new_worker(
         activities=world.activities(*extra_activities),  # same name: replaces the fake
         **cache,
         **sender_identity_options(),
+        # Heartbeats reach the server at once (not every 48 s of real time): a watch's
+        # heartbeat timeout never fires while the tests skip time, and its cancellation
+        # arrives within milliseconds.
+        max_heartbeat_throttle_interval=timedelta(milliseconds=20),
     )
 
 
@@ -421,3 +473,31 @@ async def wait_phase(
 
 def _activity_name(fn: Callable[..., Any]) -> str:
     return str(getattr(fn, "__temporal_activity_definition").name)
+
+
+async def past_deadline(
+    env: WorkflowEnvironment,
+    handle: WorkflowHandle[Any, Any],
+    world: FakeWorld,
+    phase: Phase,
+    past: timedelta = timedelta(seconds=1),
+) -> RemediationStatus:
+    """Wait for the replacement watch in `phase`, then skip the test server's time to `past`
+    after its deadline, in steps shorter than the watch's heartbeat timeout with a heartbeat
+    between them (as a live watch heartbeats while the hours pass); the status of the wait."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + 120.0
+    status = await wait_phase(handle, phase)
+    while (status.deadline is None or not world.watching) and loop.time() < give_up:
+        await asyncio.sleep(0.02)
+        status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+    assert status.deadline is not None and world.watching, f"no watch in {phase}: {status}"
+    target = status.deadline + past
+    while (now := await env.get_current_time()) < target and world.watching:
+        beats = world.heartbeats
+        await env.sleep(min(target - now, timedelta(seconds=20)))
+        while loop.time() < give_up:  # a heartbeat at the new time before the next step
+            if not world.watching or world.heartbeats >= beats + 3:
+                break
+            await asyncio.sleep(0.01)
+    return status

@@ -106,6 +106,7 @@ from tests.workflows.fakes import (
     deployment_consumer,
     make_runbook,
     new_worker,
+    past_deadline,
     shipped_runbooks,
     start,
     wait_phase,
@@ -143,7 +144,7 @@ async def test_happy_path(time_skipping_env: WorkflowEnvironment) -> None:
     assert len(q) == 1 and q[0].effect == "NoExecute" and q[0].taint_value == "unhealthy"
     assert q[0].consumers[0].name == "llm-7d9f-abcde"
     assert world.args(ACT_WAIT_EVICTION)[0].timeout == timedelta(minutes=2)  # inference runbook
-    assert world.args(ACT_WAIT_REPLACEMENT)[0].deadline == timedelta(minutes=5)
+    assert [w.look_once for w in world.args(ACT_WAIT_REPLACEMENT)] == [False]  # Running at once
     assert world.args(ACT_WAIT_REPLACEMENT)[0].owners[0].kind == "Deployment"
     assert world.names().index(ACT_RELEASE_QUARANTINE) < world.names().index(ACT_RELEASE_BUDGET)
     assert ACT_NOTIFY not in world.names() and ACT_EVICT_PODS not in world.names()
@@ -730,7 +731,6 @@ async def test_pending_deadline_scale_up_success(time_skipping_env: WorkflowEnvi
         replacement_reports=[
             ReplacementReport(
                 status="pending",
-                deadline_passed=True,
                 unschedulable_message="0/2 nodes are available: 2 cannot allocate all claims",
             ),
             ReplacementReport(status="running"),
@@ -738,6 +738,7 @@ async def test_pending_deadline_scale_up_success(time_skipping_env: WorkflowEnvi
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="frank"))
         result = await handle.result()
@@ -747,24 +748,27 @@ async def test_pending_deadline_scale_up_success(time_skipping_env: WorkflowEnvi
     assert req.pool.provider == "http" and req.pool.name == "pool-a"
     assert req.max_size == 8 and req.step == 1 and req.idempotency_key
     waits = world.args(ACT_WAIT_REPLACEMENT)
-    assert [w.deadline for w in waits] == [timedelta(minutes=5), timedelta(minutes=15)]
+    # The watch, the look at the Pending deadline, the watch after the scale-up (Running).
+    assert [w.look_once for w in waits] == [False, True, False]
+    assert world.watch_cancelled == 1
     assert ACT_NOTIFY not in world.names()
 
 
 async def test_scale_up_at_max_escalates(time_skipping_env: WorkflowEnvironment) -> None:
     client = time_skipping_env.client
     world = FakeWorld(
-        replacement_reports=[ReplacementReport(status="pending", deadline_passed=True)],
+        replacement_reports=[ReplacementReport(status="pending")],
         capacity=CapacityResult(status="at-max", current_size=8, target_size=8),
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="gina"))
         result = await handle.result()
     assert result.outcome == "escalated"
     assert result.status.escalation_reason == "no-capacity"
-    assert len(world.args(ACT_WAIT_REPLACEMENT)) == 1
+    assert [w.look_once for w in world.args(ACT_WAIT_REPLACEMENT)] == [False, True]
     page = world.args(ACT_NOTIFY)[0]
     assert page.action == "trigger" and page.incident.severity == "critical"
     assert "max size" in page.incident.summary
@@ -775,11 +779,12 @@ async def test_scale_up_at_max_escalates(time_skipping_env: WorkflowEnvironment)
 async def test_scale_up_error_at_max_type_escalates(time_skipping_env: WorkflowEnvironment) -> None:
     client = time_skipping_env.client
     world = FakeWorld(
-        replacement_reports=[ReplacementReport(status="pending", deadline_passed=True)],
+        replacement_reports=[ReplacementReport(status="pending")],
         capacity=ApplicationError("pool at 8/8", type=ERR_POOL_AT_MAX, non_retryable=True),
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_ABORT, AbortRequest(reason="done testing", actor="gina"))
         result = await handle.result()
@@ -1091,12 +1096,13 @@ async def test_scale_up_waits_for_approval(time_skipping_env: WorkflowEnvironmen
             scaleUp={"enabled": True, "provider": "sim", "maxSize": 4, "approval": True},
         ),
         replacement_reports=[
-            ReplacementReport(status="pending", deadline_passed=True),
+            ReplacementReport(status="pending"),
             ReplacementReport(status="running"),
         ],
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.AWAITING_APPROVAL)
         assert ACT_REQUEST_CAPACITY not in world.names()  # nothing bought before approval
         await handle.execute_update(
@@ -1123,10 +1129,11 @@ async def test_scale_up_rejected_escalates_and_holds_the_quarantined_device(
             replacement={"pendingDeadline": "5m"},
             scaleUp={"enabled": True, "provider": "sim", "maxSize": 4, "approval": True},
         ),
-        replacement_reports=[ReplacementReport(status="pending", deadline_passed=True)],
+        replacement_reports=[ReplacementReport(status="pending")],
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.AWAITING_APPROVAL)
         await handle.execute_update(
             UPD_APPROVE,
@@ -1229,6 +1236,7 @@ async def test_pending_escalation_event_is_on_the_pending_replacement(
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="erin"))
         await handle.result()
@@ -1381,7 +1389,7 @@ async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_tim
     client = time_skipping_env.client
     world = FakeWorld(
         replacement_reports=[
-            ReplacementReport(status="pending", deadline_passed=True),
+            ReplacementReport(status="pending"),
             ReplacementReport(status="running"),
         ]
     )
@@ -1400,8 +1408,10 @@ async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_tim
         workflows=[DeviceRemediationWorkflow, BudgetWorkflow],
         activities=world.activities(dies_first),
         workflow_runner=UnsandboxedWorkflowRunner(),
+        max_heartbeat_throttle_interval=timedelta(milliseconds=20),
     ) as worker:
         handle = await start(client, worker, world)
+        await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         result = await handle.result()
@@ -1423,8 +1433,13 @@ async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_tim
         and e.activity_task_started_event_attributes.attempt == 2
     ]
     assert timed_out, "the capacity call was not retried"
-    # Workflow time from start to the retry: about the heartbeat timeout plus backoff (10 s),
-    # not the 15 minute start-to-close.
-    started_at = history.events[0].event_time.ToDatetime()
+    # Workflow time from the capacity call to its retry: about the heartbeat timeout plus
+    # backoff (10 s), not the 15 minute start-to-close.
+    started_at = next(
+        e.event_time.ToDatetime()
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == ACT_REQUEST_CAPACITY
+    )
     retried_at = timed_out[0].event_time.ToDatetime()
     assert retried_at - started_at < timedelta(minutes=3), retried_at - started_at

@@ -98,6 +98,8 @@ BUDGET_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attemp
 # minute and another worker resumes from the heartbeat details; 3 attempts, then escalate.
 WAIT_HEARTBEAT = timedelta(seconds=60)
 WAIT_MARGIN = timedelta(minutes=2)  # the activity's own deadline fires first and reports
+# One look at the replacements (a list, a few claim reads) when the deadline timer fires.
+LOOK_TIMEOUT = timedelta(minutes=1)
 WAIT_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=5),
     backoff_coefficient=2.0,
@@ -292,14 +294,22 @@ class Calls:
         )
 
     @calls(ACT_WAIT_REPLACEMENT)
-    async def wait_replacement(self, inp: WaitReplacementInput) -> ReplacementReport:
+    async def wait_replacement(
+        self, inp: WaitReplacementInput, limit: timedelta
+    ) -> ReplacementReport:
+        """The deadline-free watch (the workflow's deadline timer cancels it), or with
+        `look_once` one look; `limit`: the longest the wait may still last (extensions
+        included), so the watch never times out before the timer fires."""
         return await self._activity(
             ACT_WAIT_REPLACEMENT,
             inp,
             ReplacementReport,
-            start_to_close=inp.deadline + WAIT_MARGIN,
-            heartbeat=WAIT_HEARTBEAT,
+            start_to_close=LOOK_TIMEOUT if inp.look_once else limit + WAIT_MARGIN,
+            heartbeat=None if inp.look_once else WAIT_HEARTBEAT,
             retry=WAIT_RETRY,
+            # Cancelled at the deadline: the watch has stopped before the look at the pods
+            # (a dead worker's watch: after the heartbeat timeout).
+            cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
 
     @calls(ACT_REQUEST_CAPACITY)
@@ -376,6 +386,9 @@ class Calls:
         retry: RetryPolicy,
         heartbeat: timedelta | None = None,
         interruptible: bool = True,
+        cancellation: workflow.ActivityCancellationType = (
+            workflow.ActivityCancellationType.TRY_CANCEL
+        ),
     ) -> T:
         interruptible = interruptible and not self._state.undoing
         if interruptible and self._state.abort is not None:
@@ -387,6 +400,7 @@ class Calls:
             start_to_close_timeout=start_to_close,
             heartbeat_timeout=heartbeat,
             retry_policy=retry,
+            cancellation_type=cancellation,
             summary=name,
         )
         if not interruptible:
@@ -401,7 +415,13 @@ class Calls:
             workflow.wait_condition(lambda: st.abort is not None)
         )
         pending: list[asyncio.Task[Any]] = [task, stop]
-        await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the caller cancelled the call: cancel the activity
+            stop.cancel()
+            task.cancel()
+            await workflow.wait([task])  # until it stopped, per its cancellation type
+            raise
         if task.done():
             stop.cancel()
             return task.result()

@@ -1,11 +1,19 @@
 """Steps 7 and 8, wait for the replacements under the Pending deadline, then scale up: the
 owners' new pods must be Running on healthy devices; still Pending at the deadline, the node
 pool is asked for capacity (approval per runbook) and waited for under a second deadline.
-Eviction churn (the scheduler ignoring the rule) is stopped per `replacement.onChurn`."""
+Eviction churn (the scheduler ignoring the rule) is stopped per `replacement.onChurn`.
+
+Each deadline is a durable workflow timer (named in the Web UI) raced against the
+deadline-free `wait-replacement` watch: the watch ends when the replacements run, churn is
+seen or no owner needs one; the timer firing cancels it and one look (`look_once`) says what
+is Pending, and why. `extend-deadline` moves the timer while the wait runs (never past
+`MAX_REPLACEMENT_WAIT` from the wait's start); a worker restart keeps it (it is the server's).
+"""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import asyncio
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 
@@ -14,10 +22,15 @@ with workflow.unsafe.imports_passed_through():
     from contract.capacity import CapacityRequest, NodePoolTarget
     from contract.errors import ERR_POOL_AT_MAX
     from contract.kube import CordonInput, OwnerRef, ReplacementReport, WaitReplacementInput
-    from contract.remediation import Phase
+    from contract.remediation import (
+        MAX_REPLACEMENT_WAIT,
+        ExtendDeadlineRequest,
+        ExtendDeadlineResult,
+        Phase,
+    )
     from contract.runbook import EscalationReason
     from workflows.remediation.approval import approval
-    from workflows.remediation.calls import ACTIVITY_FAILED, error_text, error_type
+    from workflows.remediation.calls import ACTIVITY_FAILED, Aborted, error_text, error_type
     from workflows.remediation.context import Remediation
     from workflows.remediation.outcome import Escalation
     from workflows.remediation.quarantine import apply_quarantine, evict, to_evict
@@ -50,7 +63,7 @@ async def replace(r: Remediation) -> Escalation | None:
         + ("scale up the node pool" if spec.scale_up.enabled else "escalate"),
     )
     j.upsert()
-    report = await _wait_replacement(r, owners, spec.replacement.pending_deadline)
+    report = await _wait_replacement(r, owners, spec.replacement.pending_deadline, "Pending")
     if report.status == "running":
         await j.event(
             "GPUReplacementRunning",
@@ -63,7 +76,7 @@ async def replace(r: Remediation) -> Escalation | None:
         if not spec.scale_up.enabled:
             return Escalation(
                 "pending-deadline",
-                f"replacements still Pending after {spec.replacement.pending_deadline}: "
+                f"replacements still Pending at the deadline ({_waited(r)}): "
                 f"{report.unschedulable_message or 'unschedulable'}; scale-up is off",
             )
         scaled = await _scale_up(r, owners)
@@ -113,18 +126,55 @@ async def _stop_churn(r: Remediation) -> str:
 
 
 async def _wait_replacement(
-    r: Remediation, owners: list[OwnerRef], deadline: timedelta
+    r: Remediation, owners: list[OwnerRef], deadline: timedelta, name: str
 ) -> ReplacementReport:
+    """Watch the replacements until they run (or churn, or no owner needs one), or until the
+    deadline timer fires, then look once; `name`: the deadline's, for the timer and Events."""
     s = r.s
-    report = await r.act.wait_replacement(
-        WaitReplacementInput(
-            owners=owners,
-            old_pods=[c.pod for c in s.consumers],
-            tainted=s.device.devices if s.device else [],
-            deadline=deadline,
-            churn_evictions=s.spec.replacement.churn_evictions,
-        )
+    inp = WaitReplacementInput(
+        owners=owners,
+        old_pods=[c.pod for c in s.consumers],
+        tainted=s.device.devices if s.device else [],
+        churn_evictions=s.spec.replacement.churn_evictions,
     )
+    start = workflow.now()
+    s.wait_started = start
+    s.deadline = start + deadline
+    s.deadline_limit = start + max(deadline, MAX_REPLACEMENT_WAIT)
+    s.status.deadline = s.status.until = s.deadline
+    watch = asyncio.ensure_future(r.act.wait_replacement(inp, s.deadline_limit - start))
+    try:
+        while not watch.done():
+            await _tell_extensions(r, name)
+            if s.extensions:
+                continue
+            left = s.deadline - workflow.now()
+            if left <= timedelta(0):
+                break
+            try:
+                await workflow.wait_condition(
+                    lambda: watch.done() or bool(s.extensions),
+                    timeout=left,
+                    timeout_summary=f"{name} deadline",
+                )
+            except TimeoutError:
+                break
+        if watch.done():
+            report = watch.result()  # raises Aborted / the activity's failure
+        else:  # the deadline fired: stop watching, then look once at what is Pending
+            watch.cancel()
+            await workflow.wait([watch])
+            if s.abort is not None:
+                raise Aborted()
+            report = await r.act.wait_replacement(
+                inp.model_copy(update={"look_once": True}), timedelta(0)
+            )
+    finally:
+        if not watch.done():
+            watch.cancel()
+        s.wait_ended = workflow.now()
+        s.deadline = s.deadline_limit = None
+        s.status.deadline = None
     r.j.log(
         "replacement wait",
         outcome=report.status,
@@ -132,6 +182,71 @@ async def _wait_replacement(
     )
     s.live_pods = [p.pod for p in report.pods if p.phase in ("Pending", "Running")]
     return report
+
+
+def _waited(r: Remediation) -> str:
+    s = r.s
+    if s.wait_started is None or s.wait_ended is None:
+        return "?"
+    return "waited " + format_duration(s.wait_ended - s.wait_started)
+
+
+async def _tell_extensions(r: Remediation, name: str) -> None:
+    """An Event for each extension `extend-deadline` accepted since the last look (the
+    timeline entry was written by the update itself)."""
+    s = r.s
+    while s.extensions:
+        req = s.extensions.pop(0)
+        assert s.deadline is not None
+        await r.j.event(
+            "GPUDeadlineExtended",
+            f"{name} deadline extended to {s.deadline:%Y-%m-%d %H:%M:%S} UTC by "
+            f"{req.actor} (claimed): {req.reason}",
+            rule=False,
+            node=False,
+        )
+
+
+def check_extension(r: Remediation, req: ExtendDeadlineRequest) -> datetime:
+    """The new deadline of an `extend-deadline` request, or ValueError naming why not."""
+    s = r.s
+    if s.deadline is None or s.deadline_limit is None or s.wait_started is None:
+        raise ValueError(
+            f"no deadline to extend: the remediation is {s.status.phase.value}, not waiting "
+            "for replacements (awaiting-replacement, or scaling while waiting for capacity)"
+        )
+    new = req.until if req.until is not None else s.deadline + (req.by or timedelta(0))
+    if new <= s.deadline:
+        raise ValueError(
+            f"the new deadline {new:%Y-%m-%d %H:%M:%S} UTC is not after the current one "
+            f"({s.deadline:%Y-%m-%d %H:%M:%S} UTC)"
+        )
+    if new > s.deadline_limit:
+        raise ValueError(
+            f"the new deadline {new:%Y-%m-%d %H:%M:%S} UTC is past the limit "
+            f"{s.deadline_limit:%Y-%m-%d %H:%M:%S} UTC: a replacement wait lasts at most "
+            f"{format_duration(s.deadline_limit - s.wait_started)} from its start"
+        )
+    return new
+
+
+def extend_deadline(r: Remediation, req: ExtendDeadlineRequest) -> ExtendDeadlineResult:
+    """Move the running wait's deadline timer (validated by `check_extension`)."""
+    s = r.s
+    previous = s.deadline
+    assert previous is not None
+    s.deadline = check_extension(r, req)
+    s.extensions.append(req)
+    s.status.deadline = s.status.until = s.deadline
+    s.status.updated_at = workflow.now()
+    r.j.log_sent(
+        "extend-deadline",
+        f"deadline extended to {s.deadline:%Y-%m-%d %H:%M:%S} UTC",
+        req.actor,
+        reason=req.reason,
+    )
+    workflow.set_current_details(r.j.details())
+    return ExtendDeadlineResult(phase=s.status.phase, deadline=s.deadline, previous=previous)
 
 
 async def _scale_up(r: Remediation, owners: list[OwnerRef]) -> ReplacementReport | Escalation:
@@ -203,11 +318,11 @@ async def _scale_up(r: Remediation, owners: list[OwnerRef]) -> ReplacementReport
         until=policy.capacity_deadline,
         next_action="hold the device; still Pending at the deadline: escalate",
     )
-    after = await _wait_replacement(r, owners, policy.capacity_deadline)
+    after = await _wait_replacement(r, owners, policy.capacity_deadline, "capacity")
     if after.status == "pending":
         return Escalation(
             "no-capacity",
-            f"replacements still Pending {policy.capacity_deadline} after the scale-up "
-            f"request: {after.unschedulable_message or 'unschedulable'}",
+            f"replacements still Pending at the capacity deadline ({_waited(r)} after the "
+            f"scale-up request): {after.unschedulable_message or 'unschedulable'}",
         )
     return after

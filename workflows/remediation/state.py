@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         AbortRequest,
         AlertEvidence,
         ApprovalDecision,
+        ExtendDeadlineRequest,
         HandledAlert,
         Phase,
         RemediationCarry,
@@ -74,6 +75,13 @@ class RemediationState:
     sa_phase: Phase | None = None  # the phase last written to the search attributes
     health_only: bool = False  # holding under release.mode healthy-cooldown
     undoing: bool = False  # set once an abort is being handled: undo steps run to the end
+    # The running replacement wait: its deadline (a durable timer; `extend-deadline` moves
+    # it), the latest it may be moved to, and extensions its timer loop has not told yet.
+    deadline: datetime | None = None
+    deadline_limit: datetime | None = None
+    wait_started: datetime | None = None
+    wait_ended: datetime | None = None
+    extensions: list[ExtendDeadlineRequest] = field(default_factory=list)
     # --- signal / update flags ------------------------------------------------------------
     abort: AbortRequest | None = None
     repaired: RepairedRequest | None = None

@@ -71,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
         SIG_BUDGET_FREED,
         SIG_REPAIRED,
         UPD_APPROVE,
+        UPD_EXTEND_DEADLINE,
         WF_REMEDIATE,
     )
     from contract.remediation import (
@@ -79,6 +80,8 @@ with workflow.unsafe.imports_passed_through():
         AlertResolved,
         ApprovalDecision,
         ApprovalResult,
+        ExtendDeadlineRequest,
+        ExtendDeadlineResult,
         Phase,
         RemediationInput,
         RemediationResult,
@@ -272,6 +275,18 @@ class DeviceRemediationWorkflow:
             )
         if s.decision is not None:
             raise ValueError("already decided by " + self._r.j.who("decision"))
+
+    @workflow.update(
+        name=UPD_EXTEND_DEADLINE,
+        description="for people, while waiting for replacements: move the Pending (or capacity) "
+        'deadline. Input: {"by": "30m", "reason": "why", "actor": "you"} or {"until": "<ISO time>", ...}',
+    )
+    def extend_deadline(self, req: ExtendDeadlineRequest) -> ExtendDeadlineResult:
+        return replace.extend_deadline(self._r, req)
+
+    @extend_deadline.validator
+    def _validate_extend(self, req: ExtendDeadlineRequest) -> None:
+        replace.check_extension(self._r, req)
 
     @workflow.query(name=QRY_TIMELINE, description="the ordered timeline of decisions")
     def timeline(self) -> list[TimelineEntry]:

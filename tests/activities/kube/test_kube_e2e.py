@@ -227,7 +227,6 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
                 owners=[top],
                 old_pods=refs,
                 tainted=device.devices,
-                deadline=timedelta(seconds=30),
             ),
         )
         mark("wait replacement")

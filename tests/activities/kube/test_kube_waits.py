@@ -8,10 +8,12 @@ Cases:
 - a restarted worker resumes from heartbeat details: the original deadline and the pods
   already gone are kept;
 - wait_for_replacement: a Deployment's replacement Running on an untainted device ->
-  "running"; a replacement Pending with PodScheduled=False/Unschedulable -> "pending" at the
-  deadline with the scheduler's message; replacements evicted again and again by the
-  device-taint manager -> "churn" naming kubernetes#139651; a replacement allocated a tainted
-  device counts as churn evidence; no owner -> "no-replacement-needed".
+  "running"; the watch has no deadline: with a replacement Pending it heartbeats until it is
+  cancelled (the workflow's timer), and one look (`look_once`) reports "pending" with the
+  scheduler's message; replacements evicted again and again by the device-taint manager ->
+  "churn" naming kubernetes#139651; a replacement allocated a tainted device counts as churn
+  evidence; a restarted watch keeps the evictions seen (heartbeat details); no owner ->
+  "no-replacement-needed".
 """
 
 from __future__ import annotations
@@ -161,7 +163,6 @@ async def test_replacement_running_on_untainted_device(tmp_path: Path) -> None:
             owners=[owner],
             old_pods=[_ref(old)],
             tainted=[DraDevice(driver="gpu.nvidia.com", pool=t.node(0), device="gpu-0")],
-            deadline=timedelta(seconds=20),
         )
         task = asyncio.create_task(t.run(t.acts.wait_for_replacement, inp))
         await _later(
@@ -237,13 +238,29 @@ async def test_replacement_pending_unschedulable(tmp_path: Path) -> None:
             namespace="ml",
             subresource="status",
         )
+        inp = WaitReplacementInput(owners=[owner], old_pods=[_ref(old)])
+        # The watch: no deadline of its own, it heartbeats until the workflow cancels it.
+        beats: list = []
+        env = ActivityEnvironment()
+        env.on_heartbeat = lambda *d: beats.append(d)
+        watch = asyncio.create_task(env.run(t.acts.wait_for_replacement, inp))
+        for _ in range(600):  # the first heartbeat follows the first list
+            if beats or watch.done():
+                break
+            await asyncio.sleep(0.05)
+        assert beats and not watch.done(), "the watch ended by itself with a Pending replacement"
+        env.cancel()
+        try:
+            await asyncio.wait_for(watch, 60)
+        except asyncio.CancelledError:
+            pass
+        else:
+            raise AssertionError("a cancelled watch must not report (the workflow decides)")
+        # The look at the deadline.
         report = await t.run(
-            t.acts.wait_for_replacement,
-            WaitReplacementInput(
-                owners=[owner], old_pods=[_ref(old)], deadline=timedelta(seconds=1.5)
-            ),
+            t.acts.wait_for_replacement, inp.model_copy(update={"look_once": True})
         )
-        assert report.status == "pending" and report.deadline_passed
+        assert report.status == "pending"
         assert report.unschedulable_message == UNSCHEDULABLE
         assert [(p.pod.name, p.phase, p.message) for p in report.pods] == [
             ("web-pending", "Pending", UNSCHEDULABLE)
@@ -266,7 +283,6 @@ async def test_replacement_churn(tmp_path: Path) -> None:
             owners=[owner],
             old_pods=[_ref(old)],
             tainted=[DraDevice(driver="gpu.nvidia.com", pool=node, device="gpu-0")],
-            deadline=timedelta(seconds=20),
             churn_evictions=3,
         )
         task = asyncio.create_task(t.run(t.acts.wait_for_replacement, inp))
@@ -317,12 +333,62 @@ async def test_replacement_on_tainted_device_is_churn_evidence(tmp_path: Path) -
                 owners=[owner],
                 old_pods=[_ref(old)],
                 tainted=[DraDevice(driver="gpu.nvidia.com", pool=node, device="gpu-1")],
-                deadline=timedelta(seconds=1.5),
                 churn_evictions=2,
+                look_once=True,
             ),
         )
-        assert report.status == "pending" and report.deadline_passed
+        assert report.status == "pending"
         assert "tainted" in report.pods[0].message
+
+
+async def test_restarted_replacement_watch_keeps_the_evictions_seen(tmp_path: Path) -> None:
+    """Two taint-manager evictions seen by a dead attempt (its heartbeat details) and one more
+    now make three: churn, although this attempt saw only one."""
+    with twin(tmp_path, "1.36", nodes=1) as t:
+        owner, old = _deployment_with_old_pod(t)
+        node = t.node(0)
+        rs = t.store.get("replicasets.apps", "web-7d9c", "ml")
+        ref = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": rs["metadata"]["name"],
+            "uid": rs["metadata"]["uid"],
+            "controller": True,
+        }
+        t.consumer_pod("ml", "web-r3", node, "gpu-0", ref, {"app": "web"})
+        t.store.mutate(
+            "pods",
+            "web-r3",
+            lambda p: p["status"]["conditions"].append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "DeletionByDeviceTaintManager",
+                    "message": "Device Taint manager: deleting due to NoExecute taint",
+                }
+            ),
+            namespace="ml",
+            subresource="status",
+        )
+        inp = WaitReplacementInput(
+            owners=[owner],
+            old_pods=[_ref(old)],
+            tainted=[DraDevice(driver="gpu.nvidia.com", pool=node, device="gpu-0")],
+            churn_evictions=3,
+        )
+        fresh = await t.run(t.acts.wait_for_replacement, inp.model_copy(update={"look_once": True}))
+        assert fresh.status == "pending"  # one eviction alone is not churn
+        resumed = ActivityEnvironment()
+        beats: list = []
+        resumed.on_heartbeat = lambda *d: beats.append(d)
+        resumed.info = dataclasses.replace(
+            resumed.info, heartbeat_details=[{"evicted": {"Deployment/web": ["u-r1", "u-r2"]}}]
+        )
+        report = await asyncio.wait_for(resumed.run(t.acts.wait_for_replacement, inp), 60)
+        assert report.status == "churn" and report.churn is not None
+        assert report.churn.evictions == 3
+        assert "deadline" not in beats[-1][0]  # the watch keeps no deadline of its own
+        assert set(beats[-1][0]["evicted"]["Deployment/web"]) >= {"u-r1", "u-r2"}
 
 
 async def test_no_owner_needs_no_replacement(tmp_path: Path) -> None:
