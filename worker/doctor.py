@@ -171,6 +171,8 @@ class Doctor:
                     attrs["subresource"] = perm.subresource
                 if perm.namespaced:
                     attrs["namespace"] = self.namespace
+                if perm.name:
+                    attrs["name"] = perm.name
                 body = {
                     "apiVersion": "authorization.k8s.io/v1",
                     "kind": "SelfSubjectAccessReview",
