@@ -43,6 +43,9 @@ from worker.cluster import FINGERPRINT_NAMESPACE
 
 log = logging.getLogger(__name__)
 
+# An unreachable API server at start: retried this long, then the worker stops (exit 7).
+UNREACHABLE_SECONDS = 120.0
+RETRY_SECONDS = 2.0
 MIGRATE_HINT = "docs/deploy.md, 'Many clusters on one Temporal'"
 
 
@@ -229,7 +232,18 @@ async def settle_worker_cluster(client: Client, settings: Any, kube: Any) -> Any
     """`settings` (worker.settings.Settings) for the recorded cluster name; raises
     ClusterNameError (or KubeError: the record cannot be read or written)."""
     explicit = settings.cluster if settings.cluster_explicit else None
-    name = await resolve_worker_cluster(
-        client, kube, explicit, settings.watch.watch_namespace, settings.task_queue
-    )
-    return settings.with_cluster(name)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + UNREACHABLE_SECONDS
+    while True:
+        try:
+            name = await resolve_worker_cluster(
+                client, kube, explicit, settings.watch.watch_namespace, settings.task_queue
+            )
+        except KubeError as exc:
+            # An API server still starting (or a blip): wait a little, never guess the name.
+            if exc.kind is not ErrorKind.TRANSIENT or loop.time() > deadline:
+                raise
+            log.warning("cannot read the cluster name record yet (%s); retrying", exc)
+            await asyncio.sleep(RETRY_SECONDS)
+            continue
+        return settings.with_cluster(name)

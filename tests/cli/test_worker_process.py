@@ -36,6 +36,8 @@ def _env(dev_env: WorkflowEnvironment, kubeconfig: Path, **extra: str) -> dict[s
             "KUBECONFIG": str(kubeconfig),
             "SICKBAY_SWEEP_ENABLED": "false",
             "SICKBAY_GRACEFUL_SHUTDOWN_SECONDS": "2",
+            # Sickbay's namespace (the recorded cluster name): one every cluster has.
+            "SICKBAY_WATCH_NAMESPACE": "default",
             **extra,
         }
     )
