@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from contract.names import cluster_task_queue, device_workflow_id
@@ -75,8 +76,9 @@ async def test_alerts_wait_for_the_recorded_name_then_use_it(
     wf_id = device_workflow_id(node, gpu, "east")
     desc = await dev_env.client.get_workflow_handle(wf_id).describe()
     assert desc.task_queue == cluster_task_queue(queue, "east")
-    with pytest.raises(Exception):  # nothing under the unnamed cluster's id
+    with pytest.raises(RPCError) as missing:  # nothing under the unnamed cluster's id
         await dev_env.client.get_workflow_handle(unnamed).describe()
+    assert missing.value.status is RPCStatusCode.NOT_FOUND
     await dev_env.client.get_workflow_handle(wf_id).terminate("test")
 
 
