@@ -298,7 +298,8 @@ def create_app(
         # Liveness: the process serves. Temporal's state is reported, not judged: restarting
         # the webhook would not bring Temporal back.
         body: dict[str, Any] = {"status": "ok", "temporal_connected": service.connected}
-        body["cluster"] = service.settings.cluster if cluster.known else None
+        if cluster.path is not None:  # the recorded name, once the file is there
+            body["cluster"] = service.settings.cluster if cluster.known else None
         if service.spool is not None:  # acknowledged alerts Temporal does not have yet
             body["spool_pending"] = len(service.spool.pending)
         return JSONResponse(body)
