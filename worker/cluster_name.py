@@ -178,7 +178,13 @@ async def resolve_worker_cluster(
         if explicit is not None:
             wanted = explicit
         else:
-            legacy = await legacy_in_use(client, task_queue)
+            try:
+                legacy = await legacy_in_use(client, task_queue)
+            except RPCError as exc:  # never guess: without the answer, nothing is recorded
+                raise ClusterNameError(
+                    f"cannot tell whether workflows of the unnamed cluster run on {task_queue} "
+                    f"({exc}); nothing recorded. Set SICKBAY_CLUSTER to record a name"
+                ) from exc
             if legacy is not None:
                 log.warning(
                     'SICKBAY_CLUSTER is not set and %s: recording the unnamed cluster "" in '

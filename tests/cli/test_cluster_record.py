@@ -238,3 +238,21 @@ async def _terminate(handle: Any) -> None:
         await handle.terminate("test cleanup")
     except Exception:  # already closed
         pass
+
+
+async def test_temporal_that_cannot_answer_records_nothing(cluster: Twin) -> None:
+    """Whether legacy workflows run is unknown: no name is guessed, nothing is recorded."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    class Handle:
+        async def describe(self) -> None:
+            raise RPCError("visibility unavailable", RPCStatusCode.UNAVAILABLE, b"")
+
+    class Unanswering:
+        def get_workflow_handle(self, workflow_id: str) -> Handle:
+            return Handle()
+
+    client: Any = Unanswering()
+    with pytest.raises(ClusterNameError, match="nothing recorded"):
+        await resolve_worker_cluster(client, cluster.acts.kube, None, NS, _queue())
+    assert read_recorded(cluster.acts.kube, NS) is None
