@@ -151,6 +151,22 @@ def check_cluster_name(cluster: str) -> str:
     return cluster
 
 
+# The cluster's name, recorded once in Sickbay's namespace (worker/cluster_name.py): the first
+# worker to start writes it, nobody overwrites it, every Sickbay process reads it at start.
+CLUSTER_CONFIGMAP = "sickbay-cluster"
+CLUSTER_CONFIGMAP_KEY = "name"
+DERIVED_CLUSTER_PREFIX = "k-"
+
+
+def derived_cluster_name(kube_system_uid: str) -> str:
+    """The default cluster name: `k-<first 8 hex digits of the kube-system namespace uid>`,
+    fixed for the life of the cluster and (almost surely) different in every cluster."""
+    digits = "".join(c for c in kube_system_uid.lower() if c in "0123456789abcdef")
+    if len(digits) < 8:
+        raise ValueError(f"the kube-system uid {kube_system_uid!r} has fewer than 8 hex digits")
+    return check_cluster_name(DERIVED_CLUSTER_PREFIX + digits[:8])
+
+
 def scoped(cluster: str, name: str) -> str:
     """`sickbay-<cluster>-<name>`, or `sickbay-<name>` for the unnamed cluster."""
     check_cluster_name(cluster)

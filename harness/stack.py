@@ -634,14 +634,14 @@ class Stack:
         info.pids = {c.name: c.pid for c in self.children}
         if not cfg.engine:
             return info
-        if cfg.watch:  # the watcher's Lease lives in Sickbay's namespace
-            status, answer = _http(
-                "POST",
-                info.kube_url + "/api/v1/namespaces",
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WATCH_NAMESPACE}},
-            )
-            if status not in (201, 409):
-                raise StackError(f"twin: cannot create namespace {WATCH_NAMESPACE}: {answer}")
+        # Sickbay's namespace: the watcher's Lease and the recorded cluster name live there.
+        status, answer = _http(
+            "POST",
+            info.kube_url + "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WATCH_NAMESPACE}},
+        )
+        if status not in (201, 409):
+            raise StackError(f"twin: cannot create namespace {WATCH_NAMESPACE}: {answer}")
         env = self.sickbay_env()
         env["SICKBAY_WEBHOOK_TOKEN_FILE"] = str(webhook_token)
         env["SICKBAY_SIM_CLOUD_TOKEN_FILE"] = str(cloud_token)

@@ -70,6 +70,12 @@ def register(subparsers: Any) -> None:
         "--slices-per-gpu", type=int, default=2, help="MIG/vGPU/time-slice devices per GPU"
     )
     up.add_argument("--seed", type=Path, default=None, help="YAML cluster description (pools)")
+    up.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="also create this namespace (repeatable), e.g. Sickbay's own: sickbay",
+    )
     up.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
     up.add_argument("--kubeconfig", type=Path, default=None, help="where to write the kubeconfig")
     up.add_argument(
@@ -135,6 +141,9 @@ def build_simulator(args: argparse.Namespace) -> Any:
         if args.product:
             kwargs["product"] = args.product
         sim.seed(**kwargs)
+    for namespace in getattr(args, "namespace", None) or []:
+        if sim.store.try_get("namespaces", namespace) is None:
+            sim.store.create("namespaces", {"metadata": {"name": namespace}})
     controllers.configure_sim(sim, args)
     cloudapi.configure_sim(sim, args)
     return sim

@@ -171,6 +171,8 @@ class Doctor:
                     attrs["subresource"] = perm.subresource
                 if perm.namespaced:
                     attrs["namespace"] = self.namespace
+                if perm.name:
+                    attrs["name"] = perm.name
                 body = {
                     "apiVersion": "authorization.k8s.io/v1",
                     "kind": "SelfSubjectAccessReview",
@@ -725,6 +727,47 @@ def _load_runbooks(path: Path) -> tuple[list[Runbook] | None, Check]:
     return loaded.runbooks, Check("ok", "runbooks", f"{len(loaded.runbooks)} from {path}: {names}")
 
 
+def cluster_name_check(kube: Kube, namespace: str, explicit: str | None) -> Check:
+    """The recorded cluster name (worker/cluster_name.py) and whether SICKBAY_CLUSTER (when
+    set: `explicit`) agrees with it; read-only, records nothing."""
+    from contract.names import CLUSTER_CONFIGMAP, derived_cluster_name
+    from worker.cluster_name import ClusterNameError, kube_system_uid, read_recorded, shown
+
+    where = f"ConfigMap {namespace}/{CLUSTER_CONFIGMAP}"
+    try:
+        recorded = read_recorded(kube, namespace)
+    except ClusterNameError as exc:
+        return Check("error", "cluster name", str(exc), "docs/deploy.md, 'Many clusters'")
+    except KubeError as exc:
+        return Check(
+            "warning",
+            "cluster name",
+            f"cannot read {where}: {exc}",
+            "apply deploy/rbac.yaml (Role sickbay-cluster-name)",
+        )
+    if recorded is None:
+        if explicit is not None:
+            first = shown(explicit) + " (SICKBAY_CLUSTER)"
+        else:
+            try:
+                first = f"{derived_cluster_name(kube_system_uid(kube))!r} (derived)"
+            except (KubeError, ClusterNameError, ValueError) as exc:
+                first = f"a derived name (kube-system uid unreadable: {exc})"
+            first += ', or "" where workflows of the unnamed cluster still run'
+        return Check(
+            "ok", "cluster name", f"not recorded yet in {where}: the first worker records {first}"
+        )
+    if explicit is not None and explicit != recorded:
+        return Check(
+            "error",
+            "cluster name",
+            f"SICKBAY_CLUSTER is {shown(explicit)} but {where} records {shown(recorded)}: "
+            "worker and webhook refuse to start",
+            "unset SICKBAY_CLUSTER, or migrate (docs/deploy.md, 'Many clusters on one Temporal')",
+        )
+    return Check("ok", "cluster name", f"{shown(recorded)}, recorded in {where}")
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from worker.settings import Settings
@@ -745,16 +788,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except Exception as exc:  # config files missing or malformed: say so, do not trace
         out.write(f"{'error':<8}{'config':<28}cannot load Kubernetes config: {exc}\n")
         return 1
+    namespace = getattr(args, "namespace", None) or settings.watch.watch_namespace
     try:
         checks = [
             loaded,
-            *Doctor(
-                kube,
-                args.probe_timeout,
-                runbooks,
-                getattr(args, "namespace", None) or settings.watch.watch_namespace,
-            ).run(probe=args.probe, probe_namespace=args.probe_namespace),
+            *Doctor(kube, args.probe_timeout, runbooks, namespace).run(
+                probe=args.probe, probe_namespace=args.probe_namespace
+            ),
         ]
+        if any(c.name == "api" and c.status != "error" for c in checks):  # it answered
+            explicit = settings.cluster if settings.cluster_explicit else None
+            checks.append(cluster_name_check(kube, namespace, explicit))
     except KubeError as err:
         checks = [loaded, Check("error", "doctor", f"stopped: {err}")]
     finally:

@@ -39,6 +39,7 @@ from activities.budget import BudgetActivities
 from activities.capacity import CapacityActivities
 from activities.cloud import CloudActivities
 from activities.kube import KubeActivities
+from activities.kube.client import KubeError
 from activities.launch import LaunchActivities
 from activities.maintenance import MaintenanceActivities
 from activities.notify.activities import NotifyActivities
@@ -62,6 +63,7 @@ from contract.names import (
     budget_workflow_id,
 )
 from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
+from worker.cluster_name import ClusterNameError, settle_worker_cluster
 from worker.identity import SenderIdentityRunner
 from worker.schedules import ensure_sweep_schedule
 from worker.settings import Settings
@@ -376,7 +378,18 @@ async def run_worker(settings: Settings) -> int:
         log.error("%s", exc)
         return 3
     try:
-        built = build_activities(client, settings)
+        kube_activities = KubeActivities.from_settings(settings)
+    except Exception as exc:  # any configuration problem: report, then stop
+        log.error("cannot build the activities: %s: %s", type(exc).__name__, exc)
+        return 5
+    try:  # the recorded cluster name (worker/cluster_name.py), before any id is made
+        settings = await settle_worker_cluster(client, settings, kube_activities.kube)
+    except (ClusterNameError, KubeError) as exc:
+        log.error("cannot settle the cluster name: %s", exc)
+        kube_activities.close()
+        return 7
+    try:
+        built = build_activities(client, settings, kube_activities=kube_activities)
     except Exception as exc:  # any configuration problem: report, then stop
         log.error("cannot build the activities: %s: %s", type(exc).__name__, exc)
         return 5
@@ -386,9 +399,9 @@ async def run_worker(settings: Settings) -> int:
         log.info("cluster %s: task queue %s", settings.cluster, settings.task_queue)
     else:
         log.warning(
-            "SICKBAY_CLUSTER is not set: single-cluster ids (sickbay-gpu-..., sickbay-budget, "
-            "queue %s). Set it before a second cluster shares this Temporal namespace "
-            "(docs/deploy.md, 'Many clusters on one Temporal')",
+            "the unnamed cluster: single-cluster ids (sickbay-gpu-..., sickbay-budget, "
+            "queue %s). Migrate to a named cluster before a second cluster shares this "
+            "Temporal namespace (docs/deploy.md, 'Many clusters on one Temporal')",
             settings.task_queue,
         )
     fingerprint = "unknown"

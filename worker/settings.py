@@ -305,8 +305,13 @@ class Settings(BaseSettings):
     task_queue: str = DEFAULT_TASK_QUEUE  # becomes `<task_queue>-<cluster>` for a named cluster
     # The cluster this process serves, when several share one Temporal namespace: part of
     # every workflow id, the task queue, the Schedule, the `SickbayCluster` search attribute
-    # and every notification. "" (unset): the single-cluster names of earlier releases.
+    # and every notification. Unset: the name recorded in the cluster (ConfigMap
+    # sickbay-cluster, worker/cluster_name.py), derived and recorded once by the first worker;
+    # set (even to "", the unnamed cluster of earlier releases): it must equal the record.
     cluster: str = ""
+    # The webhook (no Kubernetes API access): a file holding the recorded name (the
+    # ConfigMap's `name` key, mounted by deploy/webhook.yaml). Until it exists: 503.
+    cluster_file: Path | None = None
     temporal_tls_cert: Path | None = None  # client certificate (mTLS, Temporal Cloud)
     temporal_tls_key: Path | None = None
     temporal_tls_ca: Path | None = None
@@ -387,6 +392,23 @@ class Settings(BaseSettings):
         # same queue and no two clusters share one.
         self.task_queue = cluster_task_queue(self.task_queue, self.cluster)
         return self
+
+    @property
+    def cluster_explicit(self) -> bool:
+        """True when SICKBAY_CLUSTER (or an argument) set the name, even to "" (unnamed)."""
+        return "cluster" in self.model_fields_set
+
+    def with_cluster(self, cluster: str) -> Settings:
+        """These settings for the recorded `cluster`: its name and its task queue. Only from
+        an unset name (the queue is still the base one) or to the name already set."""
+        check_cluster_name(cluster)
+        if cluster == self.cluster:
+            return self
+        if self.cluster:
+            raise ValueError(f"cluster name {self.cluster!r} is set; it cannot become {cluster!r}")
+        return self.model_copy(
+            update={"cluster": cluster, "task_queue": cluster_task_queue(self.task_queue, cluster)}
+        )
 
     @field_validator("kubeconfig", mode="before")
     @classmethod

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from contract.names import CLUSTER_CONFIGMAP
 from contract.runbook import Runbook
 
 
@@ -30,6 +31,7 @@ class Permission:
     required: bool = True  # False: only some runbooks/paths need it (see `needed`)
     role: str = "sickbay"  # the ClusterRole in deploy/ that grants it (or the Role, namespaced)
     namespaced: bool = False  # True: a Role in Sickbay's own namespace grants it
+    name: str = ""  # the one object it is granted for (RBAC resourceNames), "" for any
 
     @property
     def plural(self) -> str:
@@ -44,9 +46,11 @@ DRA = "resource.k8s.io"
 ROLE_FORCE_DELETE = "sickbay-force-delete"  # deploy/rbac-force-delete.yaml
 ROLE_NODE_FALLBACK = "sickbay-node-fallback"  # deploy/rbac-node-fallback.yaml
 ROLE_HEALTH_WATCHER = "sickbay-health-watcher"  # a Role in Sickbay's namespace (rbac.yaml)
+ROLE_CLUSTER_NAME = "sickbay-cluster-name"  # a Role in Sickbay's namespace (rbac.yaml)
 ROLE_FILES = {
     "sickbay": "deploy/rbac.yaml",
     ROLE_HEALTH_WATCHER: "deploy/rbac.yaml",
+    ROLE_CLUSTER_NAME: "deploy/rbac.yaml",
     ROLE_FORCE_DELETE: "deploy/rbac-force-delete.yaml",
     ROLE_NODE_FALLBACK: "deploy/rbac-node-fallback.yaml",
 }
@@ -110,6 +114,25 @@ PERMISSIONS: tuple[Permission, ...] = (
         ("get", "create", "update"),
         "health watcher: one active replica per cluster (Lease in Sickbay's namespace)",
         role=ROLE_HEALTH_WATCHER,
+        namespaced=True,
+    ),
+    Permission(
+        "",
+        "configmaps",
+        ("get",),
+        "the recorded cluster name (ConfigMap sickbay-cluster in Sickbay's namespace), read "
+        "at every start",
+        role=ROLE_CLUSTER_NAME,
+        namespaced=True,
+        name=CLUSTER_CONFIGMAP,
+    ),
+    Permission(
+        "",
+        "configmaps",
+        ("create",),
+        "recording the cluster name once (create cannot be limited to one name; nothing is "
+        "ever updated or deleted)",
+        role=ROLE_CLUSTER_NAME,
         namespaced=True,
     ),
     Permission(

@@ -36,6 +36,8 @@ def _env(dev_env: WorkflowEnvironment, kubeconfig: Path, **extra: str) -> dict[s
             "KUBECONFIG": str(kubeconfig),
             "SICKBAY_SWEEP_ENABLED": "false",
             "SICKBAY_GRACEFUL_SHUTDOWN_SECONDS": "2",
+            # Sickbay's namespace (the recorded cluster name): one every cluster has.
+            "SICKBAY_WATCH_NAMESPACE": "default",
             **extra,
         }
     )
@@ -60,7 +62,7 @@ async def test_worker_starts_serves_metrics_and_stops(
                 stderr=log,
             )
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120  # a busy machine: start-up reads the cluster too
             while "worker polling" not in log_path.read_text():
                 assert proc.poll() is None, log_path.read_text()
                 assert time.monotonic() < deadline, log_path.read_text()

@@ -14,8 +14,11 @@ cluster's webhook (and repeated: the twin re-sends while the fault lasts). Then:
   annotated with its own cluster's workflow id (a shared budget would leave one twin with none);
 - each sink's pages are its own cluster's only, their summaries tagged `[<cluster>]`;
 - `sickbay status --cluster <name>` lists that cluster's incidents only;
+- each worker recorded its name in its own twin (ConfigMap sickbay-cluster);
 - a worker started on west's twin with the name `east` (a copy-pasted ConfigMap) refuses to
-  start (exit 6), naming the name and queue: another cluster's worker already serves them.
+  start (exit 7): west's recorded name is `west`; with east's record copied into west's
+  twin as well, it refuses (exit 6), naming the name and queue: another cluster's worker
+  already serves them.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from contract.budget import BudgetState
-from contract.names import ANN_WORKFLOW_ID, WF_REMEDIATE, budget_workflow_id
+from contract.names import ANN_WORKFLOW_ID, CLUSTER_CONFIGMAP, WF_REMEDIATE, budget_workflow_id
 from harness.scenarios import Demo, Progress
-from harness.stack import Stack
+from harness.stack import WATCH_NAMESPACE, Stack
 from tests.demo.conftest import start_stack
 from workflows.budget import BudgetWorkflow
 
@@ -156,22 +160,47 @@ async def test_storms_on_two_clusters_never_cross(stacks: dict[str, Stack]) -> N
                 demos[cluster].workflow_id(g) for g in gpus[cluster]
             }
 
-        # A copy-pasted configuration: west's twin, but the name `east`. Its worker sees east's
-        # worker (another kube-system uid) on queue sickbay-east and refuses to start.
+        for cluster, stack in stacks.items():  # each worker recorded its own name
+            url = f"{stack.info.kube_url}/api/v1/namespaces/{WATCH_NAMESPACE}/configmaps"
+            async with httpx.AsyncClient(timeout=30) as http:
+                recorded = (await http.get(f"{url}/{CLUSTER_CONFIGMAP}")).json()
+            assert recorded["data"] == {"name": cluster}, recorded
+
+        # A copy-pasted configuration: west's twin, but the name `east`. West's worker recorded
+        # `west` in its cluster (ConfigMap sickbay-cluster), so this one refuses (exit 7).
         env = {
             **stacks["west"].sickbay_env(),
             "SICKBAY_CLUSTER": "east",
             "SICKBAY_TASK_QUEUE": "sickbay",
             "SICKBAY_METRICS_PORT": "0",
         }
-        refused = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "worker.cli", "worker"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
+
+        async def worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+            return await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "worker.cli", "worker"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+
+        refused = await worker(env)
+        assert refused.returncode == 7, refused.stderr[-2000:]
+        assert "SICKBAY_CLUSTER is 'east' but this cluster's recorded name is 'west'" in (
+            refused.stderr
         )
+        # A copied record too (east's ConfigMap restored into west's cluster), the name unset:
+        # the worker reads `east`, sees east's worker (another kube-system uid) on queue
+        # sickbay-east and refuses to start (exit 6).
+        record = f"{stacks['west'].info.kube_url}/api/v1/namespaces/{WATCH_NAMESPACE}/configmaps"
+        async with httpx.AsyncClient(timeout=30) as http:
+            gone = await http.delete(f"{record}/{CLUSTER_CONFIGMAP}")
+            assert gone.status_code == 200, gone.text
+            body = {"metadata": {"name": CLUSTER_CONFIGMAP}, "data": {"name": "east"}}
+            made = await http.post(record, json=body)
+            assert made.status_code == 201, made.text
+        refused = await worker({k: v for k, v in env.items() if k != "SICKBAY_CLUSTER"})
         assert refused.returncode == 6, refused.stderr[-2000:]
         assert "refusing to start: cluster name 'east' (task queue sickbay-east)" in refused.stderr
     finally:

@@ -21,6 +21,7 @@ Cases:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -201,6 +202,8 @@ def test_webhook_from_its_compose_definition(tmp_path: Path) -> None:
 
 def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     _require_commands("worker")
+    from simulator.testing import running_sim
+
     dev_env = request.getfixturevalue("own_dev_server")
     metrics = free_port()
     address = dev_env.client.service_client.config.target_host
@@ -215,6 +218,17 @@ def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.Fixt
     log = tmp_path / "worker.log"
     check = " ".join(_compose()["services"]["worker"]["healthcheck"]["test"])
     assert ":9464/metrics" in check
+    # The worker reads (or records) the cluster name in its cluster before it polls: a twin
+    # with Sickbay's namespace, as the compose twin makes it (`--namespace sickbay`).
+    with contextlib.ExitStack() as stack:
+        rs = stack.enter_context(running_sim(tmp_path / "twin", nodes=1, gpus_per_node=1))
+        rs.store.create("namespaces", {"metadata": {"name": "sickbay"}})
+        env["KUBECONFIG"] = str(rs.kubeconfig_path)
+        _run_compose_worker(env, log, metrics)
+    assert rs.store.get("configmaps", "sickbay-cluster", "sickbay")["data"] == {"name": ""}
+
+
+def _run_compose_worker(env: dict[str, str], log: Path, metrics: int) -> None:
     with _process(_args("worker"), env, log) as proc:
         answer = _wait_http(f"http://127.0.0.1:{metrics}/metrics", proc, log)
         assert answer.status_code == 200

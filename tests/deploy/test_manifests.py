@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
+from contract.names import CLUSTER_CONFIGMAP, CLUSTER_CONFIGMAP_KEY
 from tests.deploy.helpers import (
     DEPLOY,
     ROOT,
@@ -237,9 +238,31 @@ def test_referenced_configmaps_exist(objects: list[dict[str, Any]]) -> None:
     configmaps = _by_kind(objects, "ConfigMap")
     for name, deployment in _deployments(objects).items():
         for ref, keys in _configmap_refs(_pod_spec(deployment)):
+            if ref == CLUSTER_CONFIGMAP:  # the worker writes it (test below)
+                continue
             assert ref in configmaps, f"{name} references ConfigMap {ref}, defined nowhere"
             for key in keys:
                 assert key in configmaps[ref]["data"], f"{name}: ConfigMap {ref} has no {key}"
+
+
+def test_the_webhook_reads_the_recorded_cluster_name(objects: list[dict[str, Any]]) -> None:
+    """No API token: the webhook reads the worker's record (worker/cluster_name.py) from the
+    ConfigMap mounted as a file, optional (it exists once the first worker has started), at
+    the path SICKBAY_CLUSTER_FILE names; nothing in deploy/ defines that ConfigMap."""
+    assert CLUSTER_CONFIGMAP not in _by_kind(objects, "ConfigMap")
+    pod = _pod_spec(_deployments(objects)["sickbay-webhook"])
+    (volume,) = [
+        v for v in pod["volumes"] if v.get("configMap", {}).get("name") == CLUSTER_CONFIGMAP
+    ]
+    assert volume["configMap"]["optional"] is True
+    (item,) = volume["configMap"]["items"]
+    assert item["key"] == CLUSTER_CONFIGMAP_KEY
+    container = pod["containers"][0]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    assert env["SICKBAY_CLUSTER_FILE"] == f"{mount['mountPath']}/{item['path']}"
+    worker = _pod_spec(_deployments(objects)["sickbay-worker"])["containers"][0]
+    assert "SICKBAY_CLUSTER_FILE" not in {e["name"] for e in worker.get("env", [])}
 
 
 def test_required_secrets_are_documented(objects: list[dict[str, Any]]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.activities.kube.conftest import ROLES
 from tests.activities.kube.rbac_proxy import RbacProxy
 from tests.drills.conftest import closed, drill_stack
 
@@ -62,7 +63,8 @@ async def test_missing_create_permission_escalates_once_naming_it(tmp_path: Path
     async with drill_stack(tmp_path) as d:
         demo = d.demo
         rules = rbac_without("resource.k8s.io", "devicetaintrules", "create")
-        with RbacProxy(d.info.kube_url, rules) as proxy:
+        # The namespaced Roles stay (the recorded cluster name, the watcher's Lease).
+        with RbacProxy(d.info.kube_url, rules, roles=ROLES) as proxy:
             path = via_proxy(Path(d.info.kubeconfig), proxy.url, tmp_path / "kubeconfig-rbac")
             d.kill_worker()
             d.start_worker(kubeconfig=str(path))

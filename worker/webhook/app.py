@@ -98,6 +98,68 @@ async def _warn_without_worker(client: Client, settings: Settings) -> None:
         log.warning("%s", warning)
 
 
+CLUSTER_FILE_POLL_SECONDS = 2.0
+
+
+class ClusterName:
+    """The webhook's cluster name: SICKBAY_CLUSTER, or with SICKBAY_CLUSTER_FILE the name the
+    worker recorded (worker/cluster_name.py), unknown until that file exists. While unknown
+    (or refused) alerts are answered 503: nothing starts under a guessed name."""
+
+    def __init__(self, settings: Settings, service: AlertService) -> None:
+        self.path = settings.cluster_file
+        self.explicit = settings.cluster if settings.cluster_explicit else None
+        self.service = service
+        self.known = self.path is None
+        self.problem: str | None = None
+
+    def check(self) -> bool:
+        """Read the file once; True once the name is known. Raises ClusterNameError when the
+        file names another cluster than SICKBAY_CLUSTER, or is invalid."""
+        from worker.cluster_name import check_agrees, read_cluster_file
+
+        if self.known or self.path is None:
+            return True
+        name = read_cluster_file(self.path)
+        if name is None:
+            return False
+        check_agrees(self.explicit, name, f"SICKBAY_CLUSTER_FILE {self.path}")
+        self.service.adopt_cluster(name)
+        self.known = True
+        log.info("cluster name %r (from %s)", name, self.path)
+        return True
+
+    async def wait(self) -> None:
+        """Until the name is known; a refusal is kept in `problem` (and logged) for good."""
+        from worker.cluster_name import ClusterNameError
+
+        logged = False
+        while True:
+            try:
+                if self.check():
+                    return
+            except ClusterNameError as exc:
+                self.problem = str(exc)
+                log.error("%s", exc)
+                return
+            if not logged:
+                log.warning(
+                    "cluster name not recorded yet (%s absent): answering 503 until the worker "
+                    "records it",
+                    self.path,
+                )
+                logged = True
+            await asyncio.sleep(CLUSTER_FILE_POLL_SECONDS)
+
+    def refusal(self) -> str | None:
+        if self.known:
+            return None
+        return self.problem or (
+            f"the cluster name is not known yet ({self.path} absent: no Sickbay worker has "
+            "recorded it): nothing is started under a guessed name"
+        )
+
+
 def create_app(
     settings: Settings,
     temporal: Client | None = None,
@@ -112,10 +174,13 @@ def create_app(
         log.warning("webhook authentication is DISABLED (SICKBAY_WEBHOOK_AUTH_DISABLED)")
     metrics = WebhookMetrics()
     service = AlertService(settings, wh, metrics, temporal)
+    cluster = ClusterName(settings, service)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.service = service
+        # A recorded name that disagrees with SICKBAY_CLUSTER stops the start (ClusterNameError).
+        cluster.check()
         redelivery: asyncio.Task[None] | None = None
         if wh.webhook_spool_dir is not None:
             # Locked for this process (SpoolError: another webhook uses it) and replayed: what a
@@ -135,10 +200,20 @@ def create_app(
             # Keep serving: requests answer 503 until Temporal is back, and Alertmanager retries.
             log.warning("%s; will retry on the next notification", exc)
         else:
-            await _warn_without_worker(client, settings)
-        if service.spool is not None:
-            redelivery = asyncio.ensure_future(service.redeliver_forever())
-        reporting = asyncio.ensure_future(service.report_rejected_forever())
+            if cluster.known:
+                await _warn_without_worker(client, service.settings)
+
+        async def background() -> None:
+            # Spooled alerts and rejections carry the cluster's ids and queue: only once known.
+            nonlocal redelivery
+            await cluster.wait()
+            if not cluster.known:
+                return
+            if service.spool is not None:
+                redelivery = asyncio.ensure_future(service.redeliver_forever())
+            await service.report_rejected_forever()
+
+        reporting = asyncio.ensure_future(background())
         try:
             yield
         finally:
@@ -148,8 +223,9 @@ def create_app(
                 redelivery.cancel()
                 await asyncio.gather(redelivery, return_exceptions=True)
             await service.drain(wh.webhook_temporal_timeout)
-            with contextlib.suppress(Exception):  # the last ones, if Temporal takes them
-                await service.report_rejected()
+            if cluster.known:
+                with contextlib.suppress(Exception):  # the last ones, if Temporal takes them
+                    await service.report_rejected()
             if service.spool is not None:
                 service.spool.close()
 
@@ -209,6 +285,9 @@ def create_app(
                     {"error": f"more than {wh.webhook_max_alerts} alerts in one notification"},
                     "too-many-alerts",
                 )
+            refused = cluster.refusal()
+            if refused is not None:
+                return reply(503, {"error": refused}, "cluster-unknown")
             code, body = await service.handle(payload)
             return reply(code, body)
         finally:
@@ -219,6 +298,8 @@ def create_app(
         # Liveness: the process serves. Temporal's state is reported, not judged: restarting
         # the webhook would not bring Temporal back.
         body: dict[str, Any] = {"status": "ok", "temporal_connected": service.connected}
+        if cluster.path is not None:  # the recorded name, once the file is there
+            body["cluster"] = service.settings.cluster if cluster.known else None
         if service.spool is not None:  # acknowledged alerts Temporal does not have yet
             body["spool_pending"] = len(service.spool.pending)
         return JSONResponse(body)

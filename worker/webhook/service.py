@@ -121,6 +121,11 @@ class AlertService(SpoolDelivery):
         self.rejected: dict[str, int] = {}
         self._rejected_examples: dict[str, list[str]] = {}
 
+    def adopt_cluster(self, cluster: str) -> None:
+        """Serve the recorded cluster name (SICKBAY_CLUSTER_FILE): its ids and its queue."""
+        self.settings = self.settings.with_cluster(cluster)
+        self.mapping = dataclasses.replace(self.mapping, cluster=cluster)
+
     @property
     def connected(self) -> bool:
         return self._client is not None

@@ -97,9 +97,14 @@ def role_rules(documents: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]
     return out
 
 
-def allows(rules: list[dict[str, Any]], group: str, resource: str, sub: str, verb: str) -> bool:
+def allows(
+    rules: list[dict[str, Any]], group: str, resource: str, sub: str, verb: str, name: str = ""
+) -> bool:
     full = f"{resource}/{sub}" if sub else resource
     for rule in rules:
+        # resourceNames: only requests for one of those objects (never a create or a list)
+        if rule.get("resourceNames") and name not in rule["resourceNames"]:
+            continue
         if not ({"*", group} & set(rule.get("apiGroups") or [])):
             continue
         if not ({"*", full} & set(rule.get("resources") or [])):
@@ -159,6 +164,7 @@ class RbacProxy:
                         attrs.get("resource", ""),
                         attrs.get("subresource", ""),
                         attrs.get("verb", ""),
+                        attrs.get("name", ""),
                     )
                     review["status"] = {"allowed": allowed}
                     self._reply(201, review)
@@ -170,6 +176,7 @@ class RbacProxy:
                     attrs["resource"],
                     attrs["subresource"],
                     attrs["verb"],
+                    attrs["name"],
                 ):
                     proxy.denied.append(attrs)
                     res = attrs["resource"] + (

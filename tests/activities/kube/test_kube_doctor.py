@@ -161,3 +161,39 @@ def test_doctor_unreachable(tmp_path: Path) -> None:
     )
     code, out = doctor(config)
     assert code == 1 and line(out, "api").startswith("error")
+
+
+def test_doctor_reports_the_recorded_cluster_name_and_a_mismatch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cluster name`: before the first worker, what it would record (read-only: nothing is
+    written); then the record; an explicit SICKBAY_CLUSTER that disagrees is an error."""
+    from contract.names import CLUSTER_CONFIGMAP, derived_cluster_name
+
+    monkeypatch.delenv("SICKBAY_CLUSTER", raising=False)
+    with twin(tmp_path, "1.37", proxy_rules=RULES) as t:
+        t.store.create("namespaces", {"metadata": {"name": "sickbay"}})
+        uid = t.store.get("namespaces", "kube-system")["metadata"]["uid"]
+        code, out = doctor(t.kubeconfig, "--namespace", "sickbay")
+        assert code == 0, out
+        first = line(out, "cluster name")
+        assert first.startswith("ok") and "not recorded yet" in first
+        assert repr(derived_cluster_name(uid)) in first
+        assert t.store.try_get("configmaps", CLUSTER_CONFIGMAP, "sickbay") is None
+
+        t.store.create(
+            "configmaps",
+            {"metadata": {"name": CLUSTER_CONFIGMAP}, "data": {"name": "east"}},
+            "sickbay",
+        )
+        code, out = doctor(t.kubeconfig, "--namespace", "sickbay")
+        assert code == 0, out
+        assert line(out, "cluster name").startswith("ok") and "'east', recorded in" in out
+
+        monkeypatch.setenv("SICKBAY_CLUSTER", "west")
+        code, out = doctor(t.kubeconfig, "--namespace", "sickbay")
+        assert code == 1, out
+        mismatch = line(out, "cluster name")
+        assert mismatch.startswith("error")
+        assert "SICKBAY_CLUSTER is 'west'" in mismatch and "records 'east'" in mismatch
+        assert t.proxy is not None and t.proxy.denied == []
