@@ -11,7 +11,10 @@ remediation that died without releasing (terminated, bug) does not hold a slot f
 
 Bursts: Temporal accepts at most 10 in-flight updates per workflow and refuses the rest
 (RESOURCE_EXHAUSTED). Each worker therefore sends at most `max_in_flight` lease updates at a
-time (the rest queue on a semaphore), and a refused or transiently failed update is retried
+time, and the lease requests that arrive while those are on their way go together in the next
+one (`acquire-many`, decided in arrival order by the budget workflow, at most MAX_BATCH), so
+200 concurrent acquirers cost a handful of updates, not 200 round trips one slot after
+another. Releases go one update each. A refused or transiently failed update is retried
 inside the activity with full-jitter backoff until `deadline` passes, so a storm of 200+
 acquirers all get an answer in a few seconds instead of running their local activity into its
 timeout. Acquire and release are idempotent per holder, so a retry after a lost answer is safe.
@@ -23,7 +26,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import activity
 from temporalio.client import (
@@ -37,6 +40,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from contract.budget import (
     BudgetDecision,
+    BudgetDecisions,
+    BudgetLeaseBatch,
     BudgetLeaseRequest,
     BudgetReleaseRequest,
     BudgetState,
@@ -48,6 +53,7 @@ from contract.names import (
     ACT_RECONCILE_LEASES,
     ACT_RELEASE_BUDGET,
     UPD_BUDGET_ACQUIRE,
+    UPD_BUDGET_ACQUIRE_MANY,
     UPD_BUDGET_RELEASE,
     WF_BUDGET,
     budget_task_queue,
@@ -84,6 +90,10 @@ BACKOFF_MAX = 1.0
 # How long one activity attempt keeps retrying: under the workflow's 30 s local-activity
 # start-to-close for the lease call, so the attempt reports the last error itself.
 RETRY_DEADLINE = 25.0
+# At most this many lease requests in one acquire-many update (its payload stays small).
+MAX_BATCH = 50
+
+R = TypeVar("R")
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -117,15 +127,36 @@ class BudgetActivities:
         self._slots = asyncio.Semaphore(max_in_flight)
         self._deadline = deadline
         self.retries = 0  # refused/transient update RPCs retried (tests, diagnostics)
+        # Lease requests waiting for the next `acquire-many` batch, the task sending them,
+        # and the batches on their way.
+        self._pending: list[tuple[BudgetLeaseRequest, asyncio.Future[BudgetDecision]]] = []
+        self._sender: asyncio.Future[None] | None = None
+        self._batches: set[asyncio.Future[None]] = set()
+        self.batches_sent = 0  # acquire-many updates sent (tests, diagnostics)
 
-    async def _update(self, update: str, arg: object) -> BudgetDecision:
-        """One update, retried with jittered backoff while the server refuses it transiently."""
+    async def _update(
+        self,
+        update: str,
+        arg: object,
+        result_type: type[R] = BudgetDecision,  # type: ignore[assignment]
+        *,
+        slot_held: bool = False,
+    ) -> R:
+        """One update, retried with jittered backoff while the server refuses it transiently.
+        `slot_held`: the caller already holds one of the in-flight slots for the first try
+        (released here after it); retries take a slot again."""
         give_up = time.monotonic() + self._deadline
         attempt = 0
         while True:
             try:
+                if slot_held:
+                    slot_held = False
+                    try:
+                        return await self._update_once(update, arg, result_type)
+                    finally:
+                        self._slots.release()
                 async with self._slots:
-                    return await self._update_once(update, arg)
+                    return await self._update_once(update, arg, result_type)
             except Exception as exc:
                 if not is_retryable(exc):
                     raise
@@ -144,7 +175,7 @@ class BudgetActivities:
                     log.info("budget %s refused (%s), retry %d", update, exc, attempt)
                 await asyncio.sleep(delay)
 
-    async def _update_once(self, update: str, arg: object) -> BudgetDecision:
+    async def _update_once(self, update: str, arg: object, result_type: type[R]) -> R:
         start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             WF_BUDGET,
             self._initial,
@@ -154,7 +185,7 @@ class BudgetActivities:
         )
         try:
             return await self._client.execute_update_with_start_workflow(
-                update, arg, start_workflow_operation=start, result_type=BudgetDecision
+                update, arg, start_workflow_operation=start, result_type=result_type
             )
         except RPCError as exc:
             if exc.status != RPCStatusCode.UNIMPLEMENTED:
@@ -167,11 +198,63 @@ class BudgetActivities:
             task_queue=self._task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         )
-        return await handle.execute_update(update, arg, result_type=BudgetDecision)
+        return await handle.execute_update(update, arg, result_type=result_type)
+
+    async def _acquire(self, req: BudgetLeaseRequest) -> BudgetDecision:
+        """Join the next batch of this instance's lease requests and await its decision. A
+        request that the budget's validator would refuse goes alone (the `acquire` update),
+        so it fails with its own error and never takes a batch down with it."""
+        if not req.holder.strip() or not req.device_key.strip():
+            return await self._update(UPD_BUDGET_ACQUIRE, req)
+        decided: asyncio.Future[BudgetDecision] = asyncio.get_running_loop().create_future()
+        self._pending.append((req, decided))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.ensure_future(self._send_pending())
+        # Shielded: this request's activity ending early must not cancel the batch it is in.
+        return await asyncio.shield(decided)
+
+    async def _send_pending(self) -> None:
+        """While requests are pending: take a free in-flight slot, then send everything
+        pending at that moment (at most MAX_BATCH) as one `acquire-many` update. Requests
+        arriving while every slot is busy gather into the next batch, so a burst costs about
+        one update per slot per round trip instead of one per request."""
+        while self._pending:
+            await self._slots.acquire()
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            task = asyncio.ensure_future(self._send_batch(batch))
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
+
+    async def _send_batch(
+        self, batch: list[tuple[BudgetLeaseRequest, asyncio.Future[BudgetDecision]]]
+    ) -> None:
+        self.batches_sent += 1
+        try:
+            answer = await self._update(
+                UPD_BUDGET_ACQUIRE_MANY,
+                BudgetLeaseBatch(requests=[req for req, _ in batch]),
+                BudgetDecisions,
+                slot_held=True,
+            )
+            if len(answer.decisions) != len(batch):
+                raise RuntimeError(
+                    f"the budget answered {len(answer.decisions)} decisions for "
+                    f"{len(batch)} lease requests"
+                )
+        except BaseException as exc:
+            for _, decided in batch:
+                if not decided.done():
+                    decided.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, decided), decision in zip(batch, answer.decisions, strict=True):
+            if not decided.done():
+                decided.set_result(decision)
 
     @activity.defn(name=ACT_ACQUIRE_BUDGET)
     async def acquire_budget_lease(self, req: BudgetLeaseRequest) -> BudgetDecision:
-        decision = await self._update(UPD_BUDGET_ACQUIRE, req)
+        decision = await self._acquire(req)
         log.info(
             "budget lease for %s: %s %s",
             req.holder,

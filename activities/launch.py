@@ -122,6 +122,7 @@ async def signal_with_start(
     evidence: AlertEvidence | None = None,
     evidence_list: Sequence[AlertEvidence] | None = None,
     rpc_timeout: timedelta | None = None,
+    id_reuse_policy: WorkflowIDReusePolicy = WorkflowIDReusePolicy.ALLOW_DUPLICATE,
 ) -> LaunchResult:
     """Start the device's remediation, or signal the running one with `evidence`.
 
@@ -129,7 +130,10 @@ async def signal_with_start(
     with `evidence`, more are one `alerts` signal carrying the list (never both arguments).
     The device must be canonical (node + GPU UUID); resolve other forms first (the CLI does
     it through the resolve-device activity code). Raises ValueError otherwise. `rpc_timeout`
-    bounds the call (the SDK's default otherwise).
+    bounds the call (the SDK's default otherwise). `id_reuse_policy` decides whether a closed
+    run may be followed by a new one (the webhook passes ALLOW_DUPLICATE_FAILED_ONLY first, so
+    that after a completed run the server refuses with WorkflowAlreadyStartedError and the
+    webhook asks which alert instances that run handled before starting another).
     """
     if evidence_list is not None and (evidence is not None or not evidence_list):
         raise ValueError("pass either evidence or a non-empty evidence_list, not both")
@@ -157,8 +161,8 @@ async def signal_with_start(
         result_type=RemediationResult,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         # A closed remediation may be followed by a new one for the same GPU (it failed
-        # again after release), so closed ids are reusable.
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        # again after release), so closed ids are reusable (by default).
+        id_reuse_policy=id_reuse_policy,
         start_signal=signal,
         start_signal_args=signal_args,
         rpc_timeout=rpc_timeout,

@@ -61,6 +61,18 @@ class BudgetDecision(Contract):
     cluster_in_use: int = 0
 
 
+class BudgetLeaseBatch(Contract):
+    """Lease requests decided one after the other, in this order, in one update."""
+
+    requests: list[BudgetLeaseRequest] = Field(default_factory=list)
+
+
+class BudgetDecisions(Contract):
+    """The decisions for a BudgetLeaseBatch, in its order."""
+
+    decisions: list[BudgetDecision] = Field(default_factory=list)
+
+
 class BudgetReleaseRequest(Contract):
     holder: str
     device_key: str

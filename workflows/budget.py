@@ -1,8 +1,9 @@
 """`sickbay-budget`: the blast-radius budget, one long-running workflow per namespace and
 task queue (`constants.budget_workflow_id`).
 
-Every remediation asks it for a lease before tainting a device (update `acquire`) and gives
-the lease back when it releases the device (update `release`). Updates run one at a time on
+Every remediation asks it for a lease before tainting a device (update `acquire`, or
+`acquire-many`: the concurrent requests of one worker, decided in order in one update) and
+gives the lease back when it releases the device (update `release`). Updates run one at a time on
 the workflow's single thread, so two remediations can never both take the last slot, and the
 leases live in Temporal history, so a worker crash loses nothing.
 
@@ -33,7 +34,9 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from contract.budget import (
         BudgetDecision,
+        BudgetDecisions,
         BudgetLease,
+        BudgetLeaseBatch,
         BudgetLeaseRequest,
         BudgetReleaseRequest,
         BudgetState,
@@ -46,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         QRY_BUDGET_STATE,
         SIG_BUDGET_FREED,
         UPD_BUDGET_ACQUIRE,
+        UPD_BUDGET_ACQUIRE_MANY,
         UPD_BUDGET_RELEASE,
         WF_BUDGET,
         budget_task_queue,
@@ -55,6 +59,11 @@ with workflow.unsafe.imports_passed_through():
 # and a failed reconcile is just tried again next interval.
 RECONCILE_TIMEOUT = timedelta(seconds=30)
 RECONCILE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_attempts=3)
+
+
+def _check_request(req: BudgetLeaseRequest) -> None:
+    if not req.holder.strip() or not req.device_key.strip():
+        raise ValueError("a budget lease needs a holder workflow id and a device key")
 
 
 # Not sandboxed, like the remediation workflow: every lease update is a workflow task of this
@@ -74,6 +83,26 @@ class BudgetWorkflow:
     @workflow.update(name=UPD_BUDGET_ACQUIRE)
     def acquire(self, req: BudgetLeaseRequest) -> BudgetDecision:
         self._updates += 1
+        return self._decide(req)
+
+    @acquire.validator
+    def _validate_acquire(self, req: BudgetLeaseRequest) -> None:
+        _check_request(req)
+
+    @workflow.update(name=UPD_BUDGET_ACQUIRE_MANY)
+    def acquire_many(self, batch: BudgetLeaseBatch) -> BudgetDecisions:
+        """Each request decided as its own `acquire` would be, one after the other in the
+        batch's order (one handler run: nothing interleaves), so a burst of one worker's
+        lease requests costs one update instead of one each."""
+        self._updates += 1
+        return BudgetDecisions(decisions=[self._decide(req) for req in batch.requests])
+
+    @acquire_many.validator
+    def _validate_acquire_many(self, batch: BudgetLeaseBatch) -> None:
+        for req in batch.requests:
+            _check_request(req)
+
+    def _decide(self, req: BudgetLeaseRequest) -> BudgetDecision:
         held = self._leases.get(req.holder)
         # Leases are the truth between remediations; quarantines seen in the cluster that no
         # lease covers (lost state, terminated holders) still count: the larger number wins.
@@ -117,11 +146,6 @@ class BudgetWorkflow:
         return BudgetDecision(
             granted=True, pool_in_use=pool_in_use + 1, cluster_in_use=cluster_in_use + 1
         )
-
-    @acquire.validator
-    def _validate_acquire(self, req: BudgetLeaseRequest) -> None:
-        if not req.holder.strip() or not req.device_key.strip():
-            raise ValueError("a budget lease needs a holder workflow id and a device key")
 
     @workflow.update(name=UPD_BUDGET_RELEASE)
     def release(self, req: BudgetReleaseRequest) -> BudgetDecision:

@@ -164,8 +164,9 @@ class KubeActivities:
 
     @activity.defn(name=ACT_GATHER_EVIDENCE)
     async def gather_evidence(self, inp: EvidenceInput) -> Evidence:
-        # A node pod list loaded since this step was scheduled is as fresh as the step asked
-        # for: find-consumers, scheduled with it, may have read it a moment before.
+        # A node pod list (or claim list) loaded since this step was scheduled is as fresh as
+        # the step asked for: find-consumers, scheduled with it, may have read it a moment
+        # before.
         fresh_since = activity.info().current_attempt_scheduled_time.timestamp()
         return await self._run(
             lambda: evidence.gather_evidence(self._kube, inp.device, fresh_since=fresh_since)
@@ -173,7 +174,12 @@ class KubeActivities:
 
     @activity.defn(name=ACT_FIND_CONSUMERS)
     async def find_consumers(self, inp: FindConsumersInput) -> ConsumersResult:
-        return await self._run(consumers.find_consumers, self._kube, inp)
+        # A claim list loaded since this step was scheduled (by gather-evidence, scheduled
+        # with it) is a read from the API made after the workflow asked: used, not repeated.
+        fresh_since = activity.info().current_attempt_scheduled_time.timestamp()
+        return await self._run(
+            lambda: consumers.find_consumers(self._kube, inp, fresh_since=fresh_since)
+        )
 
     @activity.defn(name=ACT_COUNT_DEVICES)
     async def count_devices(self, inp: CountDevicesInput) -> DeviceCounts:

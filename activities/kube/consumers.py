@@ -3,13 +3,15 @@ reserve or use them, their owners up to the top controller, and what runbook mat
 (labels, namespace labels, priority class).
 
 DRA requests: 1 list of claims (all namespaces; shared with the evidence step when both are
-under way) + 1 list of the node's pods + 1 read per
+under way, or when one loaded it after the other was scheduled) + 1 list of the node's pods
++ 1 read per
 distinct ReplicaSet/Job + 1 read per distinct namespace.
 Device plugin: 1 list of the node's pods (alert-named pods count only when found there).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from activities.kube.client import ErrorKind, Kube, KubeError
@@ -58,11 +60,24 @@ def list_node_pods(kube: Kube, node: str, *, max_age: float = 0.0) -> list[dict[
     return list(kube.cached(("node-pods", node), max(max_age, 0.0), load))
 
 
-def list_claims(kube: Kube) -> list[dict[str, Any]]:
-    """Every ResourceClaim, read now; a list already under way in this worker is joined (the
-    evidence step, resolving CDI health ids, and find-consumers run side by side). Never
-    reused by age: the cache is the worker's, and another remediation's list from a second
-    ago can predate the very claim this one looks for (a replacement just allocated)."""
+def loaded_since(fresh_since: float | None) -> float:
+    """The max age (seconds) of a list this worker loaded at or after `fresh_since` (epoch
+    seconds, when the step asking for it was scheduled): such a list was read from the API
+    after the workflow asked, so it is as fresh as the step needs. 0 (read now) when there is
+    no usable schedule time: None, in the future, or more than NODE_PODS_MAX_AGE ago."""
+    if fresh_since is None:
+        return 0.0
+    since = time.time() - fresh_since
+    return since if 0.0 <= since <= NODE_PODS_MAX_AGE else 0.0
+
+
+def list_claims(kube: Kube, *, max_age: float = 0.0) -> list[dict[str, Any]]:
+    """Every ResourceClaim; a list already under way in this worker is joined (the evidence
+    step, resolving CDI health ids, and find-consumers run side by side). Reused by age only
+    with `max_age` from `loaded_since` (a list loaded since the asking step was scheduled,
+    e.g. by the other step of the pair when they did not overlap); never a list older than
+    the step: the cache is the worker's, and another remediation's list from a second ago can
+    predate the very claim this one looks for (a replacement just allocated)."""
 
     def load() -> list[dict[str, Any]]:
         body = kube.call(
@@ -72,7 +87,7 @@ def list_claims(kube: Kube) -> list[dict[str, Any]]:
         )
         return body.get("items") or []
 
-    return list(kube.cached(("claims",), 0.0, load))
+    return list(kube.cached(("claims",), max(max_age, 0.0), load))
 
 
 def group_keys(device: ResolvedDevice) -> set[tuple[str, str, str]]:
@@ -103,7 +118,11 @@ def _may_hold(pod: dict[str, Any], uuid: str | None) -> bool:
     )
 
 
-def find_consumers(kube: Kube, inp: FindConsumersInput) -> ConsumersResult:
+def find_consumers(
+    kube: Kube, inp: FindConsumersInput, *, fresh_since: float | None = None
+) -> ConsumersResult:
+    """`fresh_since` (epoch seconds, when the step was scheduled): the claim list may be one
+    this worker loaded since then (`loaded_since`); otherwise it is read now."""
     device = inp.device
     pods_by_key: dict[tuple[str, str], dict[str, Any]] = {}
     claim_of: dict[tuple[str, str], str] = {}
@@ -112,7 +131,7 @@ def find_consumers(kube: Kube, inp: FindConsumersInput) -> ConsumersResult:
 
     if device.mode == "dra" and device.devices:
         keys = group_keys(device)
-        for claim in list_claims(kube):
+        for claim in list_claims(kube, max_age=loaded_since(fresh_since)):
             if not keys.intersection(claim_devices(claim)):
                 continue
             cm = meta(claim)

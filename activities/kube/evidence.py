@@ -3,7 +3,8 @@ ResourceSlice entry and its driver taints, node capacity vs allocatable for `nvi
 (device plugin), recent Events.
 
 Requests: DRA 1 slice list (shared with resolve) + 1 pod list (reused by find-consumers)
-+ 1 claim list only when a pod reports health under a CDI device id (activities/kube/health.py)
++ 1 claim list only when a pod reports health under a CDI device id (activities/kube/health.py;
+shared with find-consumers, scheduled with it)
 + 0-3 event lists; device plugin 1 node read + 1 pod list + 0-3 event lists. Events are
 context only (no decision reads them): they are listed only when no pod status reports the
 device Unhealthy, i.e. when a person reading the evidence needs more than the pod status.
@@ -12,12 +13,11 @@ check_health skips the events.
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from typing import Any
 
 from activities.kube.client import Kube
-from activities.kube.consumers import NODE_PODS_MAX_AGE, list_claims, list_node_pods
+from activities.kube.consumers import list_claims, list_node_pods, loaded_since
 from activities.kube.devices import (
     get_node,
     gpu_capacity,
@@ -39,11 +39,12 @@ def resource_ids(device: ResolvedDevice) -> set[str]:
     return {device.gpu_uuid}
 
 
-def claim_lookup(kube: Kube, device: ResolvedDevice) -> ClaimLookup | None:
+def claim_lookup(kube: Kube, device: ResolvedDevice, *, max_age: float = 0.0) -> ClaimLookup | None:
     """DRA: ResourceClaims for health entries whose id is a CDI device id (one list, read
-    only when such an entry turns up)."""
+    only when such an entry turns up; `max_age` from `loaded_since`: a list loaded since the
+    step was scheduled may serve)."""
     if device.mode == "dra" and device.devices:
-        return ClaimIndex(lambda: list_claims(kube))
+        return ClaimIndex(lambda: list_claims(kube, max_age=max_age))
     return None
 
 
@@ -113,17 +114,14 @@ def _format_event(ev: dict[str, Any]) -> str:
 def gather_evidence(
     kube: Kube, device: ResolvedDevice, *, fresh_since: float | None = None
 ) -> Evidence:
-    """`fresh_since` (epoch seconds, when the step was scheduled): a pod list of the node
-    this worker loaded since then is used instead of listing again. None, or a time more than
-    NODE_PODS_MAX_AGE ago or in the future (no usable schedule time): a fresh read (joining
-    one under way)."""
+    """`fresh_since` (epoch seconds, when the step was scheduled): a pod list of the node, and
+    a claim list, this worker loaded since then are used instead of listing again. None, or a
+    time more than NODE_PODS_MAX_AGE ago or in the future (no usable schedule time): fresh
+    reads (joining one under way)."""
     ids = resource_ids(device)
-    max_age = 0.0
-    if fresh_since is not None:
-        since = time.time() - fresh_since
-        max_age = since if 0.0 <= since <= NODE_PODS_MAX_AGE else 0.0
+    max_age = loaded_since(fresh_since)
     pods = list_node_pods(kube, device.node, max_age=max_age)
-    claims = claim_lookup(kube, device)
+    claims = claim_lookup(kube, device, max_age=max_age)
     reports = [r for p in pods for r in health_reports(p, ids, claims)]
     present = True
     taints: list[SliceTaint] = []

@@ -9,11 +9,16 @@ is off here, and a second webhook app (a restart, another replica) decides the s
 Cases:
 - Xid 13 (application): one run, closed; its repeats -> `already-handled`, no new run, no page;
 - the same alert with a later startsAt (a new firing after resolution) starts a new run;
-- ECC double-bit after `repaired`: the repeat never re-quarantines (one quarantine call).
+- ECC double-bit after `repaired`: the repeat never re-quarantines (one quarantine call);
+- what the check costs (the webhook's `temporal_calls` counter): a run still running is
+  signalled with one signal-with-start per lane call, nothing asked before it (the storm's
+  case); only after a completed run does the server refuse that call and the webhook then
+  read the closed run (describe + result) before deciding.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -23,7 +28,16 @@ from temporalio.testing import WorkflowEnvironment
 
 from contract.names import ACT_NOTIFY, ACT_QUARANTINE, SIG_REPAIRED, device_workflow_id
 from contract.remediation import Phase, RemediationResult, RepairedRequest
-from tests.webhook.helpers import TOKEN, auth, count_runs, payload, serve, settings_for, xid_alert
+from tests.webhook.helpers import (
+    TOKEN,
+    auth,
+    count_runs,
+    payload,
+    serve,
+    settings_for,
+    unique_device,
+    xid_alert,
+)
 from tests.workflows.fakes import FakeWorld, new_worker, wait_phase
 
 pytestmark = pytest.mark.devserver
@@ -48,6 +62,16 @@ async def post(url: str, alert: dict[str, Any]) -> dict[str, Any]:
         return body
 
 
+async def temporal_calls(url: str) -> dict[str, float]:
+    """The webhook's Temporal calls so far, by kind (its /metrics)."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        text = (await http.get("/metrics")).text
+    found = re.findall(
+        r'^sickbay_webhook_temporal_calls_total\{call="([^"]+)"\} (\S+)$', text, re.M
+    )
+    return {call: float(n) for call, n in found}
+
+
 async def test_repeats_of_a_handled_alert_start_nothing(dev_env: WorkflowEnvironment) -> None:
     client = dev_env.client
     world = FakeWorld(health="Healthy", node=f"node-{uuid.uuid4().hex[:8]}")
@@ -61,10 +85,16 @@ async def test_repeats_of_a_handled_alert_start_nothing(dev_env: WorkflowEnviron
             done = await client.get_workflow_handle(wid, result_type=RemediationResult).result()
             assert done.status.failure_class == "application"
             pages = len(world.args(ACT_NOTIFY))
+            before = await temporal_calls(url)
             for _ in range(3):
                 again = await post(url, alert)
                 assert again["started"] == 0 and again["already_handled"] == 1
                 assert [r["result"] for r in again["results"]] == ["already-handled"]
+            calls = await temporal_calls(url)
+            # Each repeat: a signal-with-start the server refuses (the run completed), then
+            # the closed run read from Temporal (describe + result), nothing sent after it.
+            for call in ("signal-with-start", "describe", "result"):
+                assert calls.get(call, 0) - before.get(call, 0) == 3, (call, before, calls)
         # Another webhook process (restart, replica) decides the same from Temporal.
         async with serve(app_for(dev_env, worker.task_queue)) as url:
             again = await post(url, alert)
@@ -103,3 +133,25 @@ async def test_ecc_repeat_after_repaired_does_not_requarantine(
         again = await post(url, alert)  # the ECC alert still fires
         assert again["already_handled"] == 1 and again["started"] == 0
         assert len(world.args(ACT_QUARANTINE)) == 1
+
+
+async def test_a_running_run_is_signalled_without_a_describe(dev_env: WorkflowEnvironment) -> None:
+    """No worker polls this queue, so the run the first alert starts stays running: every
+    later delivery (repeats, a second rule) is one signal-with-start that signals it, with no
+    describe or result read before it, and never a second run."""
+    client = dev_env.client
+    node, gpu = unique_device()
+    wid = device_workflow_id(node, gpu)
+    queue = f"no-worker-{uuid.uuid4().hex[:8]}"
+    async with serve(app_for(dev_env, queue)) as url:
+        assert (await post(url, xid_alert(node, gpu)))["started"] == 1
+        for n in range(4):
+            body = await post(url, xid_alert(node, gpu, fingerprint=f"rule-{n % 2}"))
+            assert body["signalled"] == 1 and body["started"] == 0
+        calls = await temporal_calls(url)
+    try:
+        assert calls.get("signal-with-start") == 5
+        assert calls.get("describe", 0) == 0 and calls.get("result", 0) == 0
+        assert await count_runs(client, f"WorkflowId = '{wid}'", expect=1) == 1
+    finally:
+        await client.get_workflow_handle(wid).terminate("test done")

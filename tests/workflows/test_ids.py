@@ -14,9 +14,10 @@ import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.budget import BudgetActivities
-from contract.budget import BudgetDecision, BudgetLeaseRequest
+from contract.budget import BudgetDecision, BudgetDecisions, BudgetLeaseRequest
 from contract.names import (
     DEFAULT_TASK_QUEUE,
+    UPD_BUDGET_ACQUIRE_MANY,
     WF_BUDGET,
     budget_task_queue,
     budget_workflow_id,
@@ -49,7 +50,9 @@ class _StartRecorder:
         self.started = {"workflow": workflow, **kwargs}
         return self
 
-    async def execute_update(self, *args: Any, **kwargs: Any) -> BudgetDecision:
+    async def execute_update(self, update: str, arg: Any, **kwargs: Any) -> Any:
+        if update == UPD_BUDGET_ACQUIRE_MANY:  # the activity batches concurrent acquires
+            return BudgetDecisions(decisions=[BudgetDecision(granted=True) for _ in arg.requests])
         return BudgetDecision(granted=True)
 
 

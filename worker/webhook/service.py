@@ -20,10 +20,14 @@ is remembered (bounded: SICKBAY_WEBHOOK_DEDUP_ENTRIES, oldest dropped first); a 
 fails every alert waiting on it (503), and the sender's retry calls again. Skipping a repeat is
 safe because the workflow de-duplicates evidence by fingerprint anyway; the window is
 measured from acceptance (a hit does not extend it), so an alert that keeps firing reaches
-Temporal again at least once per window. Before each signal-with-start the lane asks Temporal
-whether the GPU's last run is closed and, if so, which alert instances (fingerprint +
-startsAt) it handled (its result): those are answered `already-handled` and start nothing, so
-a repeat never restarts a closed remediation, whichever replica or restart receives it.
+Temporal again at least once per window. A lane's signal-with-start may not start a run after
+a *completed* one (reuse policy ALLOW_DUPLICATE_FAILED_ONLY, decided by the server): a running
+run is signalled, no run or a failed/terminated one starts a run, and after a completed run
+the server refuses. Only then does the lane ask Temporal which alert instances (fingerprint +
+startsAt) that run handled (describe + its result): those are answered `already-handled` and
+start nothing, the rest go in a second signal-with-start that may start, so a repeat never
+restarts a closed remediation, whichever replica or restart receives it, and a storm against
+running runs costs one call per lane call, not two.
 
 With a delivery spool (SICKBAY_WEBHOOK_SPOOL_DIR, worker/spool.py), a notification waits for
 Temporal at most SICKBAY_WEBHOOK_ACK_SECONDS: the deliveries still on their way then are
@@ -49,6 +53,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.launch import report_rejected, signal_with_start
@@ -432,15 +438,7 @@ class AlertService(SpoolDelivery):
             if firing:
                 self.metrics.call_alerts.observe(len(firing))
                 try:
-                    handled = await self._handled_before(client, firing[0].alert.workflow_id)
-                    done = {h.key() for h in handled}
-                    repeats = [d for d in firing if _instance(d.alert) in done]
-                    fresh = [d for d in firing if _instance(d.alert) not in done]
-                    result = (
-                        await self._fire(client, [d.alert for d in fresh], handled)
-                        if fresh
-                        else None
-                    )
+                    repeats, fresh, result = await self._fire_firing(client, firing)
                 except Exception as exc:
                     for d in firing:
                         d.call.set_exception(exc)
@@ -469,6 +467,36 @@ class AlertService(SpoolDelivery):
                     d.call.set_result(result)
                 finally:
                     self.metrics.call_latency.observe(time.perf_counter() - started)
+
+    async def _fire_firing(
+        self, client: Client, firing: list[Delivery]
+    ) -> tuple[list[Delivery], list[Delivery], str | None]:
+        """Send one workflow's firing deliveries; returns (repeats of instances a completed
+        run handled, deliveries sent, the call's result or None when nothing was sent).
+
+        The first signal-with-start may not follow a *completed* run
+        (ALLOW_DUPLICATE_FAILED_ONLY): the server decides atomically, so a running run is
+        signalled (it de-duplicates evidence by fingerprint), a new or failed/terminated one
+        is started, and only after a completed run is the call refused. Then, and only then,
+        the lane asks Temporal which instances that run handled (describe + result) and sends
+        the rest with a start allowed. One call per lane in the common case, two more only
+        after a completed run; never a new run for a handled instance."""
+        alerts = [d.alert for d in firing]
+        try:
+            return [], firing, await self._fire(client, alerts)
+        except WorkflowAlreadyStartedError:
+            pass  # the last run completed: which alert instances did it handle?
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.ALREADY_EXISTS:
+                raise
+        handled = await self._handled_before(client, firing[0].alert.workflow_id)
+        done = {h.key() for h in handled}
+        repeats = [d for d in firing if _instance(d.alert) in done]
+        fresh = [d for d in firing if _instance(d.alert) not in done]
+        if not fresh:
+            return repeats, [], None
+        result = await self._fire(client, [d.alert for d in fresh], handled, after_closed=True)
+        return repeats, fresh, result
 
     def _accepted(
         self, out: Outcome, alerts: Sequence[MappedAlert], result: str | None, via: str = ""
@@ -544,9 +572,13 @@ class AlertService(SpoolDelivery):
         client: Client,
         alerts: Sequence[MappedAlert],
         handled: Sequence[HandledAlert] = (),
+        *,
+        after_closed: bool = False,
     ) -> str:
         """One signal-with-start carrying every firing alert in `alerts` (one workflow);
-        `handled`: what the closed run before handled (a new run carries it on)."""
+        `handled`: what the closed run before handled (a new run carries it on).
+        `after_closed` False: the call may not start a run after a completed one (the server
+        refuses with WorkflowAlreadyStartedError); True: it may (`handled` was asked for)."""
         m = alerts[0]
         assert all(a.evidence is not None for a in alerts)
         inp = RemediationInput(
@@ -566,6 +598,11 @@ class AlertService(SpoolDelivery):
             task_queue=self.settings.task_queue,
             evidence_list=[a.evidence for a in alerts if a.evidence is not None],
             rpc_timeout=self._rpc_timeout,
+            id_reuse_policy=(
+                WorkflowIDReusePolicy.ALLOW_DUPLICATE
+                if after_closed
+                else WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY
+            ),
         )
         return "started" if res.started else "signalled"
 

@@ -234,3 +234,46 @@ async def test_evidence_and_health_from_an_injected_fault(tmp_path: Path) -> Non
                 assert evidence.gpu_allocatable < (evidence.gpu_capacity or 0)
             health = await t.run(t.acts.check_device_health, CheckHealthInput(device=device))
             assert health.health == "Unhealthy"
+
+
+async def test_evidence_and_consumers_share_a_claim_list_loaded_since_scheduled(
+    tmp_path: Path,
+) -> None:
+    """The workflow schedules gather-evidence and find-consumers together. With the pod's
+    health under a CDI device id, evidence lists the claims to resolve it; find-consumers,
+    finishing after it (no overlap), uses that list, loaded after its own step was
+    scheduled, instead of listing again, and still finds the consumer in it. A list loaded
+    before a step was scheduled, or no usable schedule time, means a fresh read."""
+    import time
+
+    from activities.kube.consumers import find_consumers
+    from activities.kube.evidence import gather_evidence
+    from contract.kube import FindConsumersInput
+
+    manager = ControllerManager(SimOptions(pod_startup_seconds=0.5, cdi_device_ids=True))
+    with twin(tmp_path, "1.36", controllers=manager, clock=Clock(time_scale=10)) as t:
+        device, ref = await _setup(t)
+        manager.faults.fail(device.node, device.gpu_uuid, xid=79, driver_taint=True)
+        kube = t.acts.kube
+        for _ in range(120):
+            if gather_evidence(kube, device).health == "Unhealthy":
+                break
+            await asyncio.sleep(0.25)
+
+        def claim_lists() -> int:
+            return len(t.sim.requests.entries(verb="list", resource="resourceclaims"))
+
+        before = claim_lists()
+        scheduled = time.time()  # both steps scheduled in one workflow task
+        evidence = gather_evidence(kube, device, fresh_since=scheduled)
+        assert evidence.health == "Unhealthy"
+        assert any(r.device for r in evidence.reports)  # resolved through the claim list
+        assert claim_lists() == before + 1
+        found = find_consumers(kube, FindConsumersInput(device=device), fresh_since=scheduled)
+        assert [c.pod.name for c in found.consumers] == [ref.name]
+        assert claim_lists() == before + 1  # the evidence's list, loaded since scheduled
+        # Scheduled after that list was loaded: read again; no schedule time: read again.
+        find_consumers(kube, FindConsumersInput(device=device), fresh_since=time.time())
+        assert claim_lists() == before + 2
+        find_consumers(kube, FindConsumersInput(device=device))
+        assert claim_lists() == before + 3
