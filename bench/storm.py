@@ -226,7 +226,7 @@ def quarantined_gpus(kube_url: str, creates: list[dict[str, Any]]) -> int:
     return len(keys - {None})
 
 
-class Lane:
+class Connection:
     """One keep-alive HTTP/1.1 connection to the webhook: the load generator's own minimal
     client. Alertmanager does not run on Sickbay's cores, but this generator does: httpx's
     pool re-checks every one of its 64 connections on each request (a socket poll each), which
@@ -378,11 +378,11 @@ async def run(
         retried = 0
         failed_batches = 0
         webhook_base = info.webhook_url.rsplit("/v1/", 1)[0]
-        lanes: asyncio.Queue[Lane] = asyncio.Queue()
+        connections: asyncio.Queue[Connection] = asyncio.Queue()
         for _ in range(concurrency):
-            lane = Lane(info.webhook_url, token)
-            await lane.connect()  # Alertmanager's connections are open before a storm
-            lanes.put_nowait(lane)
+            conn = Connection(info.webhook_url, token)
+            await conn.connect()  # Alertmanager's connections are open before a storm
+            connections.put_nowait(conn)
         async with httpx.AsyncClient(timeout=30.0) as http:
             await http.get(webhook_base + "/healthz")
         bodies = [json.dumps(notification(b)).encode() for b in batches]
@@ -392,14 +392,14 @@ async def run(
         async def send(i: int, batch: list[dict[str, Any]]) -> None:
             nonlocal retried, failed_batches
             await asyncio.sleep(max(0.0, t_start + i * interval - time.time()))
-            lane = await lanes.get()  # at most `concurrency` notifications in flight
+            conn = await connections.get()  # at most `concurrency` notifications in flight
             try:
                 for attempt in range(RETRIES + 1):
                     t0 = time.time()
                     try:
-                        code = await lane.post(bodies[i])
+                        code = await conn.post(bodies[i])
                     except (OSError, EOFError, ValueError, IndexError, TimeoutError):
-                        lane.close()  # reconnects on the next use
+                        conn.close()  # reconnects on the next use
                         code = 599
                     t1 = time.time()
                     post_ms.append((t1 - t0) * 1000)
@@ -412,12 +412,12 @@ async def run(
                         await asyncio.sleep(0.5 * 2**attempt)
                 failed_batches += 1
             finally:
-                lanes.put_nowait(lane)
+                connections.put_nowait(conn)
 
         await asyncio.gather(*(send(i, b) for i, b in enumerate(batches)))
         t_sent = time.time()
-        while not lanes.empty():
-            lanes.get_nowait().close()
+        while not connections.empty():
+            connections.get_nowait().close()
 
         client = await connect(
             Settings(temporal_address=info.temporal_address, temporal_namespace=info.namespace)

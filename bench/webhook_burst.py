@@ -53,7 +53,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: find bench
-from bench.storm import Lane
+from bench.storm import Connection
 from contract.names import SEARCH_ATTRIBUTES, device_workflow_id
 
 TOKEN = "bench-token-0123456789abcdef0123456789"  # 32+ characters: shorter ones are refused
@@ -246,14 +246,14 @@ async def main() -> int:
             # Warm up one connection and the webhook's Temporal client.
             await http.get("/healthz")
 
-            # The notifications go over the generator's own keep-alive lanes (bench/storm.py
-            # `Lane`), pre-encoded: httpx's pool would cost this process CPU the webhook and
+            # The notifications go over the generator's own keep-alive connections (bench/storm.py
+            # `Connection`), pre-encoded: httpx's pool would cost this process CPU the webhook and
             # Temporal need on the same cores.
-            lanes: asyncio.Queue[Lane] = asyncio.Queue()
+            connections: asyncio.Queue[Connection] = asyncio.Queue()
             for _ in range(args.concurrency):
-                lane = Lane(f"{base}/v1/alertmanager", TOKEN)
-                await lane.connect()
-                lanes.put_nowait(lane)
+                conn = Connection(f"{base}/v1/alertmanager", TOKEN)
+                await conn.connect()
+                connections.put_nowait(conn)
             bodies = [
                 json.dumps(
                     {"version": "4", "status": "firing", "receiver": "sickbay", "alerts": b}
@@ -264,7 +264,7 @@ async def main() -> int:
             async def send(i: int, batch: list[dict[str, Any]]) -> None:
                 nonlocal started_total, signalled_total, retried, accepted
                 await asyncio.sleep(max(0.0, t0 + i * interval - time.perf_counter()))
-                lane = await lanes.get()
+                conn = await connections.get()
                 try:
                     sent = time.time()
                     for a in batch:
@@ -274,9 +274,9 @@ async def main() -> int:
                     for attempt in range(args.retries + 1):
                         posted = time.perf_counter()
                         try:
-                            code = await lane.post(bodies[i])
+                            code = await conn.post(bodies[i])
                         except (OSError, EOFError, ValueError, IndexError, TimeoutError):
-                            lane.close()
+                            conn.close()
                             code = 599
                         post_ms.append((time.perf_counter() - posted) * 1000)
                         if code < 500 or attempt == args.retries:
@@ -286,18 +286,18 @@ async def main() -> int:
                     codes.append(code)
                     if code == 200:
                         accepted += len(batch)
-                        data = json.loads(lane.body)
+                        data = json.loads(conn.body)
                         started_total += data["started"]
                         signalled_total += data["signalled"]
                 finally:
-                    lanes.put_nowait(lane)
+                    connections.put_nowait(conn)
 
             t0 = time.perf_counter()
             await asyncio.gather(*(send(i, b) for i, b in enumerate(batches)))
             wall = time.perf_counter() - t0
             metrics = (await http.get("/metrics")).text
-            while not lanes.empty():
-                lanes.get_nowait().close()
+            while not connections.empty():
+                connections.get_nowait().close()
 
         ok = codes.count(200)
         latencies: list[float] = []

@@ -1,10 +1,10 @@
-"""The storm benchmark's own parts, without a stack: its HTTP lanes and its findings.
+"""The storm benchmark's own parts, without a stack: its HTTP connections and its findings.
 
 Cases:
-- a `Lane` posts the pre-encoded body with the bearer token and reads the status and body of
+- a `Connection` posts the pre-encoded body with the bearer token and reads the status and body of
   Content-Length and chunked answers, several requests on one keep-alive connection;
 - a connection the server closed while idle (keep-alive timeout) is replaced and the request
-  sent once on the new one; `Connection: close` closes the lane after the answer;
+  sent once on the new one; `Connection: close` closes the conn after the answer;
 - a server that accepts the request and closes without answering is a failure, not a retry;
 - the storm findings are computed from the figures: the goals' outcome, the CPU split naming
   the largest consumer, the inventory cost, the webhook's calls when p99 misses; an older
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench.storm import Lane, findings
+from bench.storm import Connection, findings
 
 
 class _Server:
@@ -76,7 +76,7 @@ async def _serve(server: _Server) -> tuple[asyncio.AbstractServer, str]:
     return srv, f"http://127.0.0.1:{port}/v1/alertmanager"
 
 
-def test_lane_keep_alive_chunked_and_reconnect() -> None:
+def test_connection_keep_alive_chunked_and_reconnect() -> None:
     async def main() -> None:
         server = _Server(
             [
@@ -88,17 +88,17 @@ def test_lane_keep_alive_chunked_and_reconnect() -> None:
             close_after={1},
         )
         srv, url = await _serve(server)
-        lane = Lane(url, "tok")
+        conn = Connection(url, "tok")
         try:
-            assert await lane.post(b'{"n": 0}') == 200 and lane.body == b'{"a": 1}'
-            assert await lane.post(b'{"n": 1}') == 200 and lane.body == b'{"chunked": true}'
+            assert await conn.post(b'{"n": 0}') == 200 and conn.body == b'{"a": 1}'
+            assert await conn.post(b'{"n": 1}') == 200 and conn.body == b'{"chunked": true}'
             assert server.connections == 1  # keep-alive
-            await asyncio.sleep(0.1)  # the server's close reaches the lane
-            assert await lane.post(b'{"n": 2}') == 503  # on a new connection, sent once
-            assert lane.writer is None  # `connection: close` honoured
-            assert await lane.post(b'{"n": 3}') == 200
+            await asyncio.sleep(0.1)  # the server's close reaches the conn
+            assert await conn.post(b'{"n": 2}') == 503  # on a new connection, sent once
+            assert conn.writer is None  # `connection: close` honoured
+            assert await conn.post(b'{"n": 3}') == 200
         finally:
-            lane.close()
+            conn.close()
             srv.close()
             await srv.wait_closed()
         assert [b for _, b in server.received] == [b'{"n": %d}' % i for i in range(4)]
@@ -110,16 +110,16 @@ def test_lane_keep_alive_chunked_and_reconnect() -> None:
     asyncio.run(main())
 
 
-def test_lane_request_taken_then_dropped_is_a_failure() -> None:
+def test_connection_request_taken_then_dropped_is_a_failure() -> None:
     async def main() -> None:
         server = _Server([None], close_after=set())
         srv, url = await _serve(server)
-        lane = Lane(url, "tok")
+        conn = Connection(url, "tok")
         try:
             with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
-                await lane.post(b"{}")
+                await conn.post(b"{}")
         finally:
-            lane.close()
+            conn.close()
             srv.close()
             await srv.wait_closed()
         assert len(server.received) == 1  # the fresh connection's request is not re-sent

@@ -23,7 +23,13 @@ from worker.alerts import MappedAlert
 from worker.settings import WebhookSettings
 from worker.spool import Spool, SpoolFull
 from worker.webhook.dedupe import RecentDeliveries
-from worker.webhook.lanes import TRANSIENT, Delivery, DeliveryKey, Outcome, TemporalUnavailable
+from worker.webhook.lanes import (
+    TRANSIENT,
+    Delivery,
+    DeliveryKey,
+    NotificationReport,
+    TemporalUnavailable,
+)
 from worker.webhook.metrics import WebhookMetrics
 
 log = logging.getLogger(__name__)
@@ -52,7 +58,7 @@ class SpoolDelivery:
         raise NotImplementedError  # AlertService.client
 
     def _enqueue(
-        self, client: Client, group: Sequence[list[MappedAlert]], out: Outcome
+        self, client: Client, group: Sequence[list[MappedAlert]], out: NotificationReport
     ) -> list[tuple[list[MappedAlert], Delivery, bool]]:
         raise NotImplementedError  # AlertService._enqueue
 
@@ -172,7 +178,7 @@ class SpoolDelivery:
         sent = 0
         for group in by_workflow.values():
             group.sort(key=lambda same: same[0].status != "firing")
-            for _same, d, own in self._enqueue(client, group, Outcome()):
+            for _same, d, own in self._enqueue(client, group, NotificationReport()):
                 self._hold(d)
                 d.waiters -= 1  # _enqueue counted a waiter; the hold is the one that stays
                 sent += own  # joining a call already on its way (being spooled) sends nothing

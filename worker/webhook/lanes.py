@@ -1,5 +1,5 @@
 """One workflow id's lane: the deliveries (distinct alerts) queued for its next Temporal call,
-and what a notification records about each of its alerts (`Outcome`)."""
+and what a notification records about each of its alerts (`NotificationReport`)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ TRANSIENT = {
 
 
 @dataclass
-class Outcome:
+class NotificationReport:
     results: list[dict[str, Any]] = field(default_factory=list)
     unmatched: list[dict[str, Any]] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)

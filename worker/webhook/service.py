@@ -72,7 +72,7 @@ from worker.webhook.lanes import (
     Delivery,
     DeliveryKey,
     Lane,
-    Outcome,
+    NotificationReport,
     TemporalUnavailable,
 )
 from worker.webhook.metrics import WebhookMetrics
@@ -166,7 +166,7 @@ class AlertService(SpoolDelivery):
 
     async def handle(self, payload: AmPayload) -> tuple[int, dict[str, Any]]:
         received_at = datetime.now(UTC)
-        out = Outcome()
+        out = NotificationReport()
         # workflow id -> delivery key -> the alerts of this notification with that key
         by_workflow: dict[str, dict[DeliveryKey, list[MappedAlert]]] = {}
         for index, alert in enumerate(payload.alerts):
@@ -319,7 +319,7 @@ class AlertService(SpoolDelivery):
                 log.exception("reporting rejected alerts failed; trying again")
 
     async def _await_group(
-        self, waiting: list[tuple[list[MappedAlert], Delivery, bool]], out: Outcome
+        self, waiting: list[tuple[list[MappedAlert], Delivery, bool]], out: NotificationReport
     ) -> None:
         """Await the deliveries `_enqueue` queued or joined for one workflow of this
         notification, and record each one's outcome for its alerts. Only the call that carried
@@ -338,7 +338,9 @@ class AlertService(SpoolDelivery):
             for _same, d, _own in waiting:
                 d.waiters -= 1
 
-    def _record(self, out: Outcome, same: Sequence[MappedAlert], d: Delivery, own: bool) -> None:
+    def _record(
+        self, out: NotificationReport, same: Sequence[MappedAlert], d: Delivery, own: bool
+    ) -> None:
         """Record the outcome of `d`'s finished call for this notification's alerts `same`
         (`own`: this notification queued it, so the first alert gets the call's result)."""
         call = d.call
@@ -363,7 +365,7 @@ class AlertService(SpoolDelivery):
             self._accepted(out, same, None, via="in-flight")
 
     def _enqueue(
-        self, client: Client, group: Sequence[list[MappedAlert]], out: Outcome
+        self, client: Client, group: Sequence[list[MappedAlert]], out: NotificationReport
     ) -> list[tuple[list[MappedAlert], Delivery, bool]]:
         """Queue this notification's new deliveries for one workflow (firing first), all at
         once (no await in here, so they land in the same call), and join the ones already on
@@ -499,7 +501,11 @@ class AlertService(SpoolDelivery):
         return repeats, fresh, result
 
     def _accepted(
-        self, out: Outcome, alerts: Sequence[MappedAlert], result: str | None, via: str = ""
+        self,
+        out: NotificationReport,
+        alerts: Sequence[MappedAlert],
+        result: str | None,
+        via: str = "",
     ) -> None:
         """Record alerts Temporal has (`result`: this RPC's answer; None: a duplicate of a
         delivery that Temporal accepted, found `via` the notification, an in-flight call or
@@ -512,7 +518,7 @@ class AlertService(SpoolDelivery):
             else:
                 out.result(m, result)
 
-    def _queued(self, out: Outcome, alerts: Sequence[MappedAlert]) -> None:
+    def _queued(self, out: NotificationReport, alerts: Sequence[MappedAlert]) -> None:
         """Record alerts acknowledged through the spool: on disk, Temporal not told yet."""
         for m in alerts:
             out.result(m, QUEUED)
@@ -618,7 +624,7 @@ class AlertService(SpoolDelivery):
             raise
         return "resolved-signalled"
 
-    def _failed(self, out: Outcome, m: MappedAlert, reason: str, detail: str) -> None:
+    def _failed(self, out: NotificationReport, m: MappedAlert, reason: str, detail: str) -> None:
         self.metrics.alerts_rejected.labels(reason).inc()
         out.failed.append(
             {
@@ -631,7 +637,7 @@ class AlertService(SpoolDelivery):
         )
 
     @staticmethod
-    def _body(out: Outcome, payload: AmPayload, status: str) -> dict[str, Any]:
+    def _body(out: NotificationReport, payload: AmPayload, status: str) -> dict[str, Any]:
         return {
             "status": status,
             "group_key": payload.group_key,
