@@ -29,6 +29,8 @@ class Phase(StrEnum):
     EVICTING = "evicting"
     AWAITING_REPLACEMENT = "awaiting-replacement"
     SCALING = "scaling"
+    REPAIRING = "repairing"  # a rung of the repair ladder (reset / reboot / replace)
+    VALIDATING = "validating"  # the validation Job on the repaired device
     ESCALATED = "escalated"
     HOLDING = "holding"
     RELEASING = "releasing"
@@ -175,6 +177,11 @@ class RemediationStatus(Contract):
     duplicate_alerts: int = 0  # repeats ignored
     escalation_reason: str | None = None
     dry_run: bool = False
+    # The repair ladder: the rung running or last run, its attempt, and the last validation
+    # (`passed: <summary>` / `failed: <summary>`).
+    repair_rung: str | None = None
+    repair_attempt: int = 0
+    validation: str | None = None
 
 
 class RemediationResult(Contract):

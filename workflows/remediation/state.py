@@ -74,6 +74,7 @@ class RemediationState:
     sa_phase: Phase | None = None  # the phase last written to the search attributes
     health_only: bool = False  # holding under release.mode healthy-cooldown
     undoing: bool = False  # set once an abort is being handled: undo steps run to the end
+    lease_gpus: int = 1  # GPUs the budget lease counts (a repair rung grows it)
     # --- signal / update flags ------------------------------------------------------------
     abort: AbortRequest | None = None
     repaired: RepairedRequest | None = None

@@ -24,6 +24,13 @@ State machine (each step a runbook knob; phases are the `SickbayPhase` search at
                     |   churn -> escalated                 | request-capacity      |
                     |                                      | at-max / no capacity  |
                     v                                      v  -> escalated         |
+                     v                                                              |
+               repairing   per the runbook's ladder (reset / reboot / replace), each rung |
+                    |      within the budget, after its drain; then validating: the     |
+                    |      validation Job on the device. Pass -> releasing (no hold);   |
+                    |      fail -> next rung; none left / refused -> escalated ---------+
+                    |      (repair.py; replace: the old GPU is gone -> releasing)       |
+                    v                                                              |
                  holding <-------------------------------------------------------+
                     | per release.mode: repaired (signal), Healthy for release.cooldown, or
                     | either (healthy-cooldown: only the health releases, a repaired mark
@@ -94,6 +101,7 @@ with workflow.unsafe.imports_passed_through():
         guard,
         hold,
         quarantine,
+        repair,
         replace,
     )
     from workflows.remediation.calls import ACTIVITY_FAILED, Aborted
@@ -161,6 +169,7 @@ class DeviceRemediationWorkflow:
             ended = await approval.approval(r)  # 4. approval
         ended = ended or await quarantine.quarantine(r)  # 5. quarantine
         ended = ended or await replace.evict_and_replace(r)  # 6. evict, 7. replace, 8. scale
+        ended = ended or await repair.repair(r)  # 9a. repair ladder + validation -> release
         return await self._ended(ended)  # 9. escalate, 10. hold and release
 
     async def _ended(self, ended: Escalation | Closed | None) -> Closed:
