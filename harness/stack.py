@@ -305,6 +305,7 @@ def demo_runbooks(
     pool: str = POOL,
     pool_max: int = 2,
     source: Path = PACKAGED_RUNBOOKS,
+    repair: bool = False,
 ) -> list[str]:
     """Write the shipped runbooks to `dest` with durations divided by `scale` and the demo's
     wiring; returns one line per change (what the demo prints)."""
@@ -349,6 +350,12 @@ def demo_runbooks(
             changes.append(
                 f"{name}: scale-up via the twin's GKE-shaped cloud API, pool {pool}, "
                 f"max {pool_max} nodes (shipped: provider {shipped_provider}, max {shipped_max})"
+            )
+        ladder = spec.get("repair") or {}
+        if ladder.get("enabled") and not repair:
+            ladder["enabled"] = False
+            changes.append(
+                f"{name}: repair ladder off (shipped: on); `--scenario repair` turns it on"
             )
         if name == "inference":
             spec["budget"] = {
@@ -413,6 +420,9 @@ class StackConfig:
     topology: str = "full"  # full | mig | vgpu | timeslice (simulator/seed.py)
     slices_per_gpu: int = 2
     pool_max: int = 2  # the twin's quota for the pool, and the runbook's maxSize
+    # The shipped repair ladder in the demo runbooks: off unless a scenario needs it, so the
+    # other scenarios (and the tests on this stack) play the hold-and-release procedure.
+    repair: bool = False
     task_queue: str = DEFAULT_TASK_QUEUE
     namespace: str = DEFAULT_NAMESPACE
     # SICKBAY_CLUSTER of this stack's worker and webhook ("": the unnamed cluster).
@@ -617,7 +627,12 @@ class Stack:
         # 4. demo runbooks and channels (need the cloud API's URL) -----------------------------
         info.runbooks_dir = str(self.dir / "runbooks")
         info.runbook_changes = demo_runbooks(
-            Path(info.runbooks_dir), cfg.time_scale, info.cloud_url, POOL, cfg.pool_max
+            Path(info.runbooks_dir),
+            cfg.time_scale,
+            info.cloud_url,
+            POOL,
+            cfg.pool_max,
+            repair=cfg.repair,
         )
         info.channels_file = str(channels_file(self.dir / "channels.yaml", info.sink_url, pd_key))
 

@@ -222,7 +222,9 @@ async def test_ladder_exhausted_escalates_and_holds(time_skipping_env: WorkflowE
     assert "reboot: validation failed" in notes[0].incident.summary
 
 
-async def test_no_provider_escalates_before_draining(time_skipping_env: WorkflowEnvironment) -> None:
+async def test_no_provider_escalates_before_draining(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
     client = time_skipping_env.client
     world = FakeWorld(runbooks=runbooks(provider=None))
     async with worker_for(client, world, RepairScript()) as worker:
@@ -240,8 +242,7 @@ async def test_provider_refusal_escalates_naming_it(time_skipping_env: WorkflowE
     client = time_skipping_env.client
     world = FakeWorld(runbooks=runbooks(provider="gke"))
     refusal = ApplicationError(
-        "no reboot provider for node gpu-node-1: 'gke' is not configured (configured: "
-        "cluster-api)",
+        "no reboot provider for node gpu-node-1: 'gke' is not configured (configured: cluster-api)",
         type=ERR_PROVIDER_NOT_CONFIGURED,
         non_retryable=True,
     )
