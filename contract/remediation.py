@@ -52,6 +52,9 @@ class AlertEvidence(Contract):
     # The class the alert itself stands for (its rule: ECC double-bit -> unhealthy, NVLink ->
     # degraded, ...); None: classified by `xid`. Never derived from a counter's value.
     failure_class: FailureClass | None = None
+    # The Xid the alert's rule stands for (ECC double-bit: 48, row-remap failure: 64, fallen
+    # off the bus: 79), for the repair ladder's choice only; never read for the class.
+    rule_xid: int | None = None
 
 
 class HandledAlert(Contract):

@@ -59,6 +59,7 @@ import yaml
 from contract.names import (
     DEFAULT_NAMESPACE,
     DEFAULT_TASK_QUEUE,
+    REPAIR_NAMESPACE,
     SEARCH_ATTRIBUTES,
     cluster_task_queue,
 )
@@ -649,14 +650,17 @@ class Stack:
         info.pids = {c.name: c.pid for c in self.children}
         if not cfg.engine:
             return info
-        if cfg.watch:  # the watcher's Lease lives in Sickbay's namespace
+        # The watcher's Lease lives in Sickbay's namespace; the repair Jobs in their own.
+        for wanted, ns in ((cfg.watch, WATCH_NAMESPACE), (cfg.repair, REPAIR_NAMESPACE)):
+            if not wanted:
+                continue
             status, answer = _http(
                 "POST",
                 info.kube_url + "/api/v1/namespaces",
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WATCH_NAMESPACE}},
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
             )
             if status not in (201, 409):
-                raise StackError(f"twin: cannot create namespace {WATCH_NAMESPACE}: {answer}")
+                raise StackError(f"twin: cannot create namespace {ns}: {answer}")
         env = self.sickbay_env()
         env["SICKBAY_WEBHOOK_TOKEN_FILE"] = str(webhook_token)
         env["SICKBAY_SIM_CLOUD_TOKEN_FILE"] = str(cloud_token)
@@ -731,6 +735,8 @@ class Stack:
                 "SICKBAY_WATCH_NAMESPACE": WATCH_NAMESPACE,
                 "SICKBAY_STATE_DIR": str(self.dir),
                 "SICKBAY_SIM_URL": info.kube_url,
+                # The twin's Compute Engine endpoints: node reboot / replace (provider `sim`).
+                "SICKBAY_SIM_CLOUD_URL": info.cloud_url,
                 "SICKBAY_GRACEFUL_SHUTDOWN_SECONDS": "5",
             }
         )

@@ -185,8 +185,11 @@ async def test_reset_fails_then_reboot_passes(time_skipping_env: WorkflowEnviron
     assert [v.attempt for v in world.args(ACT_START_VALIDATION_JOB)] == [1, 2]
     wait = world.args(ACT_WAIT_NODE_GPUS)[0]
     assert not wait.replaced and wait.expected_gpus == 2 and wait.asked_at is not None
-    # Released: the node Sickbay cordoned is uncordoned.
+    # The node Sickbay cordoned for the drain is uncordoned once the reboot is done (before
+    # the validation pod must land there); the device itself stays under its rule.
     assert [c.cordon for c in world.args(ACT_CORDON)] == [True, False]
+    uncordon = len(names) - names[::-1].index(ACT_CORDON) - 1
+    assert uncordon < len(names) - names[::-1].index(ACT_START_VALIDATION_JOB) - 1
     save_history("repair_reset_fail_reboot", await handle.fetch_history())
 
 

@@ -92,11 +92,12 @@ class Replaced:
 
 def failure_xid(r: Remediation) -> int | None:
     """The Xid the failure class came from: the latest alert's of that class, else the
-    latest Xid at all."""
-    xids = [a.xid for a in r.s.alerts if a.xid is not None]
+    latest Xid at all (an alert's own, else the Xid its rule stands for)."""
+    xids = [x for a in r.s.alerts if (x := a.xid if a.xid is not None else a.rule_xid)]
     cls = r.s.status.failure_class
     same = [x for x in xids if classify_xid(x) == cls]
-    return (same or xids or [None])[-1]
+    chosen = same or xids
+    return chosen[-1] if chosen else None
 
 
 def ladder(r: Remediation) -> list[RungAction]:
@@ -189,6 +190,7 @@ async def repair(r: Remediation) -> Escalation | Closed | None:
             j.log(f"{action} failed", outcome=f"attempt {attempt}", reason=done.why)
             await j.event("GPURepairFailed", done.why, etype="Warning", pods=False, owners=False)
             continue
+        await _uncordon(r)
         if not s.spec.validation.enabled:
             j.log(
                 "not validated",
@@ -465,6 +467,20 @@ async def _drain(r: Remediation, pods: list[PodRef], what: str) -> Escalation | 
             f"remain: {names}; not forced, not repaired, device held",
         )
     return None
+
+
+async def _uncordon(r: Remediation) -> None:
+    """The rung is done: the node Sickbay cordoned for its drain takes pods again (the device
+    itself stays under its rule; the validation pod must be schedulable there)."""
+    s = r.s
+    if s.quarantine is None or not s.quarantine.node_cordoned or s.device is None:
+        return
+    result = await r.act.cordon(
+        CordonInput(node=s.device.node, cordon=False, workflow_id=s.workflow_id),
+        "uncordon node (rung done)",
+    )
+    s.quarantine = s.quarantine.model_copy(update={"node_cordoned": False})
+    r.j.log("node uncordoned", outcome=result.message, reason="rung done; the device stays tainted")
 
 
 async def _job_outcome(
