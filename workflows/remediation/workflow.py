@@ -159,7 +159,7 @@ class DeviceRemediationWorkflow:
             return await self._ended(await escalation.step_failed(r, err))
 
     async def _steps(self) -> Closed:
-        """The procedure, in the README's ten steps; a step returns how it ended early."""
+        """The procedure, in the README's steps; a step returns how it ended early."""
         r = self._r
         confirmed = await confirm.confirm(r)  # 1. confirm, 2. resolve the consumers
         if isinstance(confirmed, Closed):
@@ -169,8 +169,8 @@ class DeviceRemediationWorkflow:
             ended = await approval.approval(r)  # 4. approval
         ended = ended or await quarantine.quarantine(r)  # 5. quarantine
         ended = ended or await replace.evict_and_replace(r)  # 6. evict, 7. replace, 8. scale
-        ended = ended or await repair.repair(r)  # 9a. repair ladder + validation -> release
-        return await self._ended(ended)  # 9. escalate, 10. hold and release
+        ended = ended or await repair.repair(r)  # 9. repair ladder + validation -> release
+        return await self._ended(ended)  # 10. escalate, 11. hold and release
 
     async def _ended(self, ended: Escalation | Closed | None) -> Closed:
         """Escalate when a step asked to; hold a quarantined device; else close (the budget
