@@ -121,6 +121,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.watch import summary_rows
 
         out += summary_rows(results["watch"])
+    if results.get("repair"):
+        from bench.repair import summary_rows as repair_rows
+
+        out += repair_rows(results["repair"])
     out.append("")
     if lat and lat["sickbay"].get("n"):
         s, p = lat["sickbay"], lat["peer"]
@@ -320,6 +324,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.watch import section
 
         out += section(results["watch"])
+    if results.get("repair"):
+        from bench.repair import section as repair_section
+
+        out += repair_section(results["repair"])
     notes = results.get("findings") or []
     if notes:
         out += ["## Findings", ""] + [f"- {n}" for n in notes] + [""]

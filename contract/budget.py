@@ -16,6 +16,7 @@ class BudgetLease(Contract):
     device_key: str
     node_pool: str | None = None
     acquired_at: datetime | None = None
+    gpus: int = Field(default=1, ge=1)  # physical GPUs it takes out (a node rung: the node's)
 
 
 class BudgetWaiter(Contract):
@@ -52,6 +53,11 @@ class BudgetLeaseRequest(Contract):
     # (budget workflow reset, terminated remediation) still count against the budget.
     observed_pool_quarantined: int = Field(default=0, ge=0)
     observed_cluster_quarantined: int = Field(default=0, ge=0)
+    # Physical GPUs the holder takes out of service: 1 for the device itself; a repair rung
+    # asks again with its whole scope (the reset group, every GPU of the node). A holder's
+    # larger request extends its lease when the rest still fits, else it is refused and the
+    # lease stays as it was.
+    gpus: int = Field(default=1, ge=1)
 
 
 class BudgetDecision(Contract):

@@ -275,6 +275,7 @@ ACT_WAIT_REPAIR_JOB = "wait-for-repair-job"  # polls: ERR_STILL_WAITING until th
 ACT_CLEAN_UP_REPAIR_JOB = "clean-up-repair-job"
 ACT_REBOOT_NODE = "reboot-node"
 ACT_REPLACE_NODE = "replace-node"
+ACT_FIND_DRAIN_PODS = "find-drain-pods"  # the pods a rung must evict first (group or node)
 ACT_WAIT_NODE_GPUS = "wait-for-node-gpus"  # polls: ERR_STILL_WAITING until Ready + published
 
 # Sickbay's reset-group convention (the NVIDIA DRA driver publishes no such attribute): every

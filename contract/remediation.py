@@ -29,6 +29,8 @@ class Phase(StrEnum):
     EVICTING = "evicting"
     AWAITING_REPLACEMENT = "awaiting-replacement"
     SCALING = "scaling"
+    REPAIRING = "repairing"  # a rung of the repair ladder (reset / reboot / replace)
+    VALIDATING = "validating"  # the validation Job on the repaired device
     ESCALATED = "escalated"
     HOLDING = "holding"
     RELEASING = "releasing"
@@ -50,6 +52,9 @@ class AlertEvidence(Contract):
     # The class the alert itself stands for (its rule: ECC double-bit -> unhealthy, NVLink ->
     # degraded, ...); None: classified by `xid`. Never derived from a counter's value.
     failure_class: FailureClass | None = None
+    # The Xid the alert's rule stands for (ECC double-bit: 48, row-remap failure: 64, fallen
+    # off the bus: 79), for the repair ladder's choice only; never read for the class.
+    rule_xid: int | None = None
 
 
 class HandledAlert(Contract):
@@ -210,6 +215,11 @@ class RemediationStatus(Contract):
     duplicate_alerts: int = 0  # repeats ignored
     escalation_reason: str | None = None
     dry_run: bool = False
+    # The repair ladder: the rung running or last run, its attempt, and the last validation
+    # (`passed: <summary>` / `failed: <summary>`).
+    repair_rung: str | None = None
+    repair_attempt: int = 0
+    validation: str | None = None
 
 
 class RemediationResult(Contract):

@@ -23,7 +23,7 @@ from pydantic import Field
 
 from contract.base import Contract, Duration
 from contract.capacity import NodePoolTarget
-from contract.kube import ClusterMode
+from contract.kube import ClusterMode, PodRef
 from contract.names import REPAIR_NAMESPACE
 from contract.runbook import DEFAULT_RESET_IMAGE, DEFAULT_VALIDATION_IMAGE
 
@@ -36,6 +36,21 @@ class GpuHoldersInput(Contract):
 
 class GpuHoldersResult(Contract):
     holders: list[str] = Field(default_factory=list)  # `ns/name (why)`, empty = free
+
+
+class DrainPodsInput(Contract):
+    """What a rung must drain first: the pods holding any of `gpu_uuids` (a reset group), or
+    with `gpu_uuids` empty every pod of the node (a reboot / replace), DaemonSet and mirror
+    pods and Sickbay's own Jobs excepted, as `kubectl drain` leaves them."""
+
+    node: str
+    gpu_uuids: list[str] = Field(default_factory=list)
+    ignore_namespaces: list[str] = Field(default_factory=lambda: [REPAIR_NAMESPACE])
+
+
+class DrainPodsResult(Contract):
+    pods: list[PodRef] = Field(default_factory=list)
+    node_gpu_uuids: list[str] = Field(default_factory=list)  # every physical GPU of the node
 
 
 class ResetGroupInput(Contract):

@@ -143,6 +143,7 @@ EscalationReason = Literal[
     "scale-up-failed",
     "churn",
     "application-error",
+    "repair-failed",
     "error",
 ]
 ALL_ESCALATION_REASONS: tuple[EscalationReason, ...] = EscalationReason.__args__  # type: ignore[attr-defined]

@@ -193,6 +193,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             keep=args.keep,
             topology=scenario.topology,
             watch=scenario.watch,
+            repair=scenario.repair,
             state_dir=state_dir,
             notes=lambda text: say(text, tag="stack"),
         )

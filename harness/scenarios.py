@@ -63,6 +63,8 @@ TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 STEP_TIMEOUT = 30.0
 # Waiting through a Pending deadline plus a node-pool resize (scaler batch window and polls).
 SCALE_TIMEOUT = 90.0
+# A repair: drain, reset Job or node reboot, validation Job, each polled every 5 s.
+REPAIR_TIMEOUT = 180.0
 POLL = 0.2  # seconds between looks; the twin and the dev server answer in milliseconds
 
 
@@ -565,6 +567,7 @@ class Scenario:
     topology: str = "full"
     acts: int = 1
     watch: bool = False  # needs the health watcher in the worker (StackConfig.watch)
+    repair: bool = False  # needs the shipped repair ladder on (StackConfig.repair)
 
 
 def _ns(prefix: str) -> str:
@@ -973,6 +976,53 @@ async def watch_detection(demo: Demo) -> None:
         await demo.k("PUT", "/sim/alerts", {"url": receiver})
 
 
+async def _repaired_without_people(
+    demo: Demo, ns: str, app: str, xid: int, rung: str, part: str
+) -> RemediationResult:
+    """One GPU of `app` fails with `xid`; the ladder repairs it and validation releases it."""
+    [(pod, device)] = await demo.running(ns, app)
+    gpu = await demo.gpu(device)
+    demo.say(f"GPU {gpu['index']} ({gpu['uuid']}) under {pod['metadata']['name']}: Xid {xid}")
+    await demo.fail(gpu, xid=xid)
+    incident = await demo.incident(gpu, part)
+    result = await demo.closed(incident, within=REPAIR_TIMEOUT)
+    if result.outcome != "released" or f"{rung} repaired it" not in result.reason:
+        raise DemoFailure(f"{part}: closed {result.outcome}: {result.reason}")
+    entries = await demo.timeline(incident)
+    human = ("marked repaired", "approved", "rejected", "abort requested")
+    people = [e for e in entries if e.action in human]
+    if people:
+        raise DemoFailure(f"{part}: a person acted: {people[0].action} by {people[0].actor}")
+    ladder = next((e for e in entries if e.action == "repair ladder"), None)
+    if ladder is not None:
+        demo.check(f"ladder {ladder.outcome}" + (f" ({ladder.reason})" if ladder.reason else ""))
+    demo.check(f"{rung}, then validation: {result.status.validation}")
+    demo.check(f"released with no human step: {result.reason}")
+    return result
+
+
+# Parts of the repair scenario, played in order on one stand; a later part (e.g. the lemon
+# ledger's retirement) appends its own (demo, namespace, app) coroutine here.
+REPAIR_PARTS: list[Callable[[Demo, str, str], Awaitable[object]]] = [
+    lambda demo, ns, app: _repaired_without_people(
+        demo, ns, app, 48, "reset", "Xid 48 -> reset -> validation"
+    ),
+    lambda demo, ns, app: _repaired_without_people(
+        demo, ns, app, 79, "reboot", "Xid 79 -> reset not applicable -> reboot -> validation"
+    ),
+]
+
+
+async def repair_ladder(demo: Demo) -> None:
+    ns = _ns("repair")
+    async with demo.scene(ns):
+        demo.say(f"an inference Deployment {ns}/llm; the shipped repair ladder is on", tag="repair")
+        await demo.namespace(ns)
+        await demo.deployment(ns, "llm")
+        for part in REPAIR_PARTS:
+            await part(demo, ns, "llm")
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -983,6 +1033,12 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("app-xid", "application Xid: notify, no quarantine", application_xid),
         Scenario("churn", "scheduler ignoring DeviceTaintRules", scheduler_churn),
         Scenario("watch", "detection by watch: no alert, no sweep", watch_detection, watch=True),
+        Scenario(
+            "repair",
+            "closed-loop repair: reset, reboot, validated release, no human step",
+            repair_ladder,
+            repair=True,
+        ),
     )
 }
 

@@ -59,6 +59,7 @@ import yaml
 from contract.names import (
     DEFAULT_NAMESPACE,
     DEFAULT_TASK_QUEUE,
+    REPAIR_NAMESPACE,
     SEARCH_ATTRIBUTES,
     cluster_task_queue,
 )
@@ -305,6 +306,7 @@ def demo_runbooks(
     pool: str = POOL,
     pool_max: int = 2,
     source: Path = PACKAGED_RUNBOOKS,
+    repair: bool = False,
 ) -> list[str]:
     """Write the shipped runbooks to `dest` with durations divided by `scale` and the demo's
     wiring; returns one line per change (what the demo prints)."""
@@ -349,6 +351,12 @@ def demo_runbooks(
             changes.append(
                 f"{name}: scale-up via the twin's GKE-shaped cloud API, pool {pool}, "
                 f"max {pool_max} nodes (shipped: provider {shipped_provider}, max {shipped_max})"
+            )
+        ladder = spec.get("repair") or {}
+        if ladder.get("enabled") and not repair:
+            ladder["enabled"] = False
+            changes.append(
+                f"{name}: repair ladder off (shipped: on); `--scenario repair` turns it on"
             )
         if name == "inference":
             spec["budget"] = {
@@ -413,6 +421,9 @@ class StackConfig:
     topology: str = "full"  # full | mig | vgpu | timeslice (simulator/seed.py)
     slices_per_gpu: int = 2
     pool_max: int = 2  # the twin's quota for the pool, and the runbook's maxSize
+    # The shipped repair ladder in the demo runbooks: off unless a scenario needs it, so the
+    # other scenarios (and the tests on this stack) play the hold-and-release procedure.
+    repair: bool = False
     task_queue: str = DEFAULT_TASK_QUEUE
     namespace: str = DEFAULT_NAMESPACE
     # SICKBAY_CLUSTER of this stack's worker and webhook ("": the unnamed cluster).
@@ -617,7 +628,12 @@ class Stack:
         # 4. demo runbooks and channels (need the cloud API's URL) -----------------------------
         info.runbooks_dir = str(self.dir / "runbooks")
         info.runbook_changes = demo_runbooks(
-            Path(info.runbooks_dir), cfg.time_scale, info.cloud_url, POOL, cfg.pool_max
+            Path(info.runbooks_dir),
+            cfg.time_scale,
+            info.cloud_url,
+            POOL,
+            cfg.pool_max,
+            repair=cfg.repair,
         )
         info.channels_file = str(channels_file(self.dir / "channels.yaml", info.sink_url, pd_key))
 
@@ -634,14 +650,16 @@ class Stack:
         info.pids = {c.name: c.pid for c in self.children}
         if not cfg.engine:
             return info
-        # Sickbay's namespace: the watcher's Lease and the recorded cluster name live there.
-        status, answer = _http(
-            "POST",
-            info.kube_url + "/api/v1/namespaces",
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WATCH_NAMESPACE}},
-        )
-        if status not in (201, 409):
-            raise StackError(f"twin: cannot create namespace {WATCH_NAMESPACE}: {answer}")
+        # Sickbay's namespace: the watcher's Lease and the recorded cluster name live there;
+        # the repair Jobs in their own.
+        for ns in (WATCH_NAMESPACE, *((REPAIR_NAMESPACE,) if cfg.repair else ())):
+            status, answer = _http(
+                "POST",
+                info.kube_url + "/api/v1/namespaces",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+            )
+            if status not in (201, 409):
+                raise StackError(f"twin: cannot create namespace {ns}: {answer}")
         env = self.sickbay_env()
         env["SICKBAY_WEBHOOK_TOKEN_FILE"] = str(webhook_token)
         env["SICKBAY_SIM_CLOUD_TOKEN_FILE"] = str(cloud_token)
@@ -716,6 +734,8 @@ class Stack:
                 "SICKBAY_WATCH_NAMESPACE": WATCH_NAMESPACE,
                 "SICKBAY_STATE_DIR": str(self.dir),
                 "SICKBAY_SIM_URL": info.kube_url,
+                # The twin's Compute Engine endpoints: node reboot / replace (provider `sim`).
+                "SICKBAY_SIM_CLOUD_URL": info.cloud_url,
                 "SICKBAY_GRACEFUL_SHUTDOWN_SECONDS": "5",
             }
         )

@@ -26,6 +26,8 @@ GPU or pool), never a 500 for a client mistake.
     POST   /sim/pools/<pool>/resize           {"size": 3, "delay"?: seconds}
     PUT    /sim/pools/<pool>/cloud            {"latency": seconds}: how long (simulated) the
                                                twin cloud API's next resize operations run
+    GET    /sim/pools/<pool>/cloud            {"instanceCalls": [[action, instance], ...]}:
+                                               every VM reset / recreate the cloud API acted on
 
 `dispatch(sim, method, parts, query, body)` answers one request (parts = the path after
 `/sim/`) and returns `(status, json)` or None for a path it does not serve. The controller
@@ -278,6 +280,11 @@ def _route(
             return 200, status.to_json()
         if method == "PUT" and len(rest) == 2 and rest[1] == "cloud":
             return 200, _cloud_pool(sim, rest[0], _body(body))
+        if method == "GET" and len(rest) == 2 and rest[1] == "cloud":
+            cloud = (getattr(sim, "extensions", None) or {}).get("cloud")
+            if cloud is None:
+                raise FaultError("the twin serves no cloud API (sim up --no-cloud-api)", 404)
+            return 200, {"instanceCalls": [list(c) for c in cloud.api.instance_calls]}
     raise errors.ApiError(
         405 if parts[0] in PREFIXES else 404,
         "MethodNotAllowed",

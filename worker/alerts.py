@@ -89,6 +89,13 @@ DEFAULT_ALERT_CLASSES: dict[str, AlertKind] = {
     "SickbayGpuNvlinkErrors": "degraded",  # NVLink recovery errors (Xid 74 class)
     "SickbayGpuFellOffBus": "unhealthy",  # no longer reported (Xid 79 class)
 }
+# The Xid each class rule stands for: the repair ladder picks its rungs by it (an ECC
+# double-bit error resets like Xid 48); the class still comes from the rule alone.
+DEFAULT_RULE_XIDS: dict[str, int] = {
+    "SickbayGpuEccDoubleBitError": 48,
+    "SickbayGpuRowRemapFailure": 64,
+    "SickbayGpuFellOffBus": 79,
+}
 # The alert names of deploy/prometheus-rules.yaml. Anything else is reported as unmatched.
 DEFAULT_ALERT_NAMES: tuple[str, ...] = tuple(DEFAULT_ALERT_CLASSES)
 # dcgm-exporter >= 4.0 labels `Hostname` (from NODE_NAME); its main branch renames it
@@ -328,6 +335,7 @@ def map_alert(
         labels={k: v[:MAX_LABEL_VALUE] for k, v in kept.items()},
         pod=pod,
         failure_class=failure_class,
+        rule_xid=DEFAULT_RULE_XIDS.get(alertname) if failure_class is not None else None,
     )
     return MappedAlert(
         index, "firing", device, workflow_id, evidence=evidence, starts_at=alert.starts_at

@@ -38,8 +38,11 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from activities.budget import BudgetActivities
 from activities.capacity import CapacityActivities
 from activities.cloud import CloudActivities
+from activities.cloud.config import CloudConfig
+from activities.cloud.machines import MachineActivities
 from activities.kube import KubeActivities
-from activities.kube.client import KubeError
+from activities.kube.client import Kube, KubeError
+from activities.kube.repair_activities import KubeRepairActivities
 from activities.launch import LaunchActivities
 from activities.maintenance import MaintenanceActivities
 from activities.notify.activities import NotifyActivities
@@ -178,6 +181,7 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
     cloud = CloudActivities.from_env(kube_api=kube.kube.api_client)
     built.activities += activities_of(cloud)
     built.closers.append(cloud.aclose)
+    _add_repair_activities(built, kube.kube)
     notify = NotifyActivities.from_settings(settings)
     built.activities += activities_of(notify)
     built.closers.append(notify.aclose)
@@ -191,6 +195,17 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
             unique.append(fn)
     built.activities = unique
     return built
+
+
+def _add_repair_activities(built: Built, kube: Kube) -> None:
+    """The repair ladder's rungs: the GPU rungs on the Kubernetes client, the node rungs
+    through the providers `machine_providers` builds from the cloud config."""
+    repair = KubeRepairActivities(kube)
+    built.activities += repair.all()
+    built.closers.append(repair.close)
+    machines = MachineActivities.from_config(CloudConfig.load(), kube.api_client)
+    built.activities += machines.all()
+    built.closers.append(machines.aclose)
 
 
 class SickbayWorker:

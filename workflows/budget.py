@@ -106,45 +106,59 @@ class BudgetWorkflow:
         held = self._leases.get(req.holder)
         # Leases are the truth between remediations; quarantines seen in the cluster that no
         # lease covers (lost state, terminated holders) still count: the larger number wins.
+        # Each lease counts the physical GPUs it takes out (a node rung: the whole node).
+        others = [lease for lease in self._leases.values() if lease.holder != req.holder]
+        mine = held.gpus if held is not None else 0
         pool_in_use = max(
-            sum(1 for lease in self._leases.values() if lease.node_pool == req.node_pool),
-            req.observed_pool_quarantined,
+            sum(lease.gpus for lease in others if lease.node_pool == req.node_pool),
+            req.observed_pool_quarantined - mine,
+            0,
         )
-        cluster_in_use = max(len(self._leases), req.observed_cluster_quarantined)
-        if held is not None:
+        cluster_in_use = max(
+            sum(lease.gpus for lease in others), req.observed_cluster_quarantined - mine, 0
+        )
+        if held is not None and req.gpus <= held.gpus:
             # Idempotent: an activity retry of the same holder gets the same answer.
             return BudgetDecision(
                 granted=True,
                 reason="already held",
-                pool_in_use=pool_in_use,
-                cluster_in_use=cluster_in_use,
+                pool_in_use=pool_in_use + held.gpus,
+                cluster_in_use=cluster_in_use + held.gpus,
             )
-        if pool_in_use >= req.pool_limit or cluster_in_use >= req.cluster_limit:
+        fits_pool = pool_in_use + req.gpus <= req.pool_limit
+        fits_cluster = cluster_in_use + req.gpus <= req.cluster_limit
+        if held is None and not (fits_pool and fits_cluster):
             self._remember(req)
-        if pool_in_use >= req.pool_limit:
+        what = "" if req.gpus == 1 else f" ({req.gpus} GPUs asked for)"
+        if not fits_pool:
             return BudgetDecision(
                 granted=False,
-                reason=f"pool {req.node_pool} has {pool_in_use} of {req.pool_limit} allowed",
-                pool_in_use=pool_in_use,
-                cluster_in_use=cluster_in_use,
+                reason=f"pool {req.node_pool} has {pool_in_use} of {req.pool_limit} allowed" + what,
+                pool_in_use=pool_in_use + mine,
+                cluster_in_use=cluster_in_use + mine,
             )
-        if cluster_in_use >= req.cluster_limit:
+        if not fits_cluster:
             return BudgetDecision(
                 granted=False,
-                reason=f"cluster has {cluster_in_use} of {req.cluster_limit} allowed",
-                pool_in_use=pool_in_use,
-                cluster_in_use=cluster_in_use,
+                reason=f"cluster has {cluster_in_use} of {req.cluster_limit} allowed" + what,
+                pool_in_use=pool_in_use + mine,
+                cluster_in_use=cluster_in_use + mine,
             )
         self._waiters.pop(req.holder, None)
         self._leases[req.holder] = BudgetLease(
             holder=req.holder,
             device_key=req.device_key,
             node_pool=req.node_pool,
-            acquired_at=workflow.now(),
+            acquired_at=held.acquired_at if held is not None else workflow.now(),
+            gpus=req.gpus,
         )
-        workflow.logger.info("budget lease granted to %s (%s)", req.holder, req.device_key)
+        workflow.logger.info(
+            "budget lease granted to %s (%s, %d GPUs)", req.holder, req.device_key, req.gpus
+        )
         return BudgetDecision(
-            granted=True, pool_in_use=pool_in_use + 1, cluster_in_use=cluster_in_use + 1
+            granted=True,
+            pool_in_use=pool_in_use + req.gpus,
+            cluster_in_use=cluster_in_use + req.gpus,
         )
 
     @workflow.update(name=UPD_BUDGET_RELEASE)
@@ -158,7 +172,7 @@ class BudgetWorkflow:
         return BudgetDecision(
             granted=lease is not None,
             reason="released" if lease is not None else "no lease held",
-            cluster_in_use=len(self._leases),
+            cluster_in_use=sum(lease.gpus for lease in self._leases.values()),
         )
 
     @release.validator

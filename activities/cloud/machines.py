@@ -43,7 +43,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.cloud.base import CloudRejected, CloudUnavailable, json_of, send
-from activities.cloud.config import GkeConfig
+from activities.cloud.config import CloudConfig, GkeConfig
 from activities.cloud.gke import GkeNodePools
 from activities.outbound import ConfigError
 from contract.capacity import NodePoolTarget
@@ -311,11 +311,54 @@ class GkeMachines:
         )
 
 
-class MachineActivities:
-    """reboot-node / replace-node, one provider per name (`cluster-api` so far)."""
+def _secret_set(ref: Any) -> bool:
+    try:
+        return bool(ref.resolve())
+    except ConfigError:
+        return False
 
-    def __init__(self, providers: dict[str, MachineClient]) -> None:
+
+def machine_providers(
+    config: CloudConfig, http: httpx.AsyncClient, kube_api: Any
+) -> dict[str, MachineClient]:
+    """The reboot / replace providers this worker can use, by the pool's provider name; one
+    not listed here is "not configured" (the remediation escalates naming it). Cluster API
+    whenever the worker has a Kubernetes client; GKE when a token or the metadata server is
+    configured; `sim` (the twin's Compute Engine endpoints) when its URL is set."""
+    providers: dict[str, MachineClient] = {}
+    if kube_api is not None:
+        providers["cluster-api"] = ClusterApiMachines(kube_api)
+        if config.gke.metadata_server or _secret_set(config.gke.token):
+            providers["gke"] = GkeMachines.from_config(http, config.gke, kube_api)
+        sim = config.sim
+        if sim.endpoint:
+            pools = GkeNodePools(
+                http,
+                endpoint=sim.endpoint,
+                token=sim.token,
+                defaults={"project": sim.project, "location": sim.location, "cluster": sim.cluster},
+            )
+            providers["sim"] = GkeMachines(pools, kube_api, sim.endpoint)
+    return providers
+
+
+class MachineActivities:
+    """reboot-node / replace-node, one provider per name (`machine_providers`)."""
+
+    def __init__(
+        self, providers: dict[str, MachineClient], http: httpx.AsyncClient | None = None
+    ) -> None:
         self._providers = providers
+        self._http = http
+
+    @classmethod
+    def from_config(cls, config: CloudConfig, kube_api: Any) -> MachineActivities:
+        http = httpx.AsyncClient(timeout=config.request_timeout)
+        return cls(machine_providers(config, http, kube_api), http)
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
 
     def all(self) -> list[Any]:
         return [self.reboot_node, self.replace_node]

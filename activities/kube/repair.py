@@ -39,8 +39,9 @@ from activities.kube.devices import (
     node_pool_of,
 )
 from activities.kube.nodes import read_node
-from activities.kube.pods import is_terminal, meta, requests_gpu
+from activities.kube.pods import is_terminal, meta, pod_ref, requests_gpu
 from contract.errors import ERR_GPU_HELD, ERR_INVALID_INPUT, ERR_STILL_WAITING
+from contract.kube import PodRef
 from contract.names import (
     ANN_REPAIR_KEY,
     ANN_WORKFLOW_ID,
@@ -50,6 +51,8 @@ from contract.names import (
 )
 from contract.repair import (
     CleanUpRepairJobInput,
+    DrainPodsInput,
+    DrainPodsResult,
     GpuHoldersInput,
     GpuHoldersResult,
     NodeGpusResult,
@@ -93,9 +96,16 @@ def _node_devices(kube: Kube, node: str) -> list[SliceDevice]:
 
 
 def gpu_holders(kube: Kube, inp: GpuHoldersInput) -> GpuHoldersResult:
+    found, _pods = _holders(kube, inp)
+    return GpuHoldersResult(holders=sorted(set(found)))
+
+
+def _holders(kube: Kube, inp: GpuHoldersInput) -> tuple[list[str], dict[str, PodRef]]:
+    """(`ns/name (why)` of every holder, the holding pods by `ns/name`)."""
     wanted = {u.lower() for u in inp.gpu_uuids}
     ignore = set(inp.ignore_pods)
     found: list[str] = []
+    pods: dict[str, PodRef] = {}
     devices = [
         d
         for d in _node_devices(kube, inp.node)
@@ -119,6 +129,7 @@ def gpu_holders(kube: Kube, inp: GpuHoldersInput) -> GpuHoldersResult:
                 pod = _pod(kube, ns, ref["name"])
                 if pod is not None and not is_terminal(pod):
                     live.append(f"{key} (claim {cname} on {'/'.join(held[0])})")
+                    pods[key] = pod_ref(pod)
             if not users and f"{ns}/{cname}" not in ignore:
                 live.append(f"claim {ns}/{cname} allocated on {'/'.join(held[0])}")
             found.extend(live)
@@ -128,7 +139,42 @@ def gpu_holders(kube: Kube, inp: GpuHoldersInput) -> GpuHoldersResult:
             continue
         if any(_may_hold(pod, u) for u in inp.gpu_uuids):
             found.append(f"{key} (nvidia.com/gpu)")
-    return GpuHoldersResult(holders=sorted(set(found)))
+            pods[key] = pod_ref(pod)
+    return found, pods
+
+
+def _daemon_or_mirror(pod: dict[str, Any]) -> bool:
+    m = meta(pod)
+    if "kubernetes.io/config.mirror" in (m.get("annotations") or {}):
+        return True
+    return any(o.get("kind") == "DaemonSet" for o in m.get("ownerReferences") or [])
+
+
+def node_gpus(kube: Kube, node: str) -> list[str]:
+    """Every physical GPU of the node: its DRA devices' UUIDs, else the node's UUID list."""
+    seen: list[str] = []
+    for d in _node_devices(kube, node):
+        if d.physical_uuid and d.physical_uuid not in seen:
+            seen.append(d.physical_uuid)
+    return seen or node_gpu_uuids(read_node(kube, node))
+
+
+def drain_pods(kube: Kube, inp: DrainPodsInput) -> DrainPodsResult:
+    """The pods a rung must evict first: the holders of the reset group's GPUs, or every pod
+    of the node (DaemonSet and mirror pods stay, as with `kubectl drain`)."""
+    skip = set(inp.ignore_namespaces)
+    gpus = node_gpus(kube, inp.node)
+    if inp.gpu_uuids:
+        _found, held = _holders(kube, GpuHoldersInput(node=inp.node, gpu_uuids=inp.gpu_uuids))
+        refs = [p for key, p in sorted(held.items()) if p.namespace not in skip]
+        return DrainPodsResult(pods=refs, node_gpu_uuids=gpus)
+    refs = []
+    for pod in list_node_pods(kube, inp.node):
+        if is_terminal(pod) or _daemon_or_mirror(pod) or meta(pod).get("namespace") in skip:
+            continue
+        refs.append(pod_ref(pod))
+    refs.sort(key=lambda p: (p.namespace, p.name))
+    return DrainPodsResult(pods=refs, node_gpu_uuids=gpus)
 
 
 def require_free(kube: Kube, inp: GpuHoldersInput) -> GpuHoldersResult:

@@ -2,8 +2,8 @@
 activities/kube/repair.py), on the same `Kube` client as `KubeActivities` and its own small
 executor, so the blocking client never runs on the event loop.
 
-Not yet called by the remediation workflow (the ladder's wiring is not built yet); register
-`KubeRepairActivities(kube).all()` next to the other activities when it is.
+Called by the remediation's repair step (workflows/remediation/repair.py); the worker registers
+`KubeRepairActivities(kube).all()` next to the other activities (worker/main.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from activities.kube.client import Kube, KubeError, to_application_error
 from contract.names import (
     ACT_CHECK_GPU_HOLDERS,
     ACT_CLEAN_UP_REPAIR_JOB,
+    ACT_FIND_DRAIN_PODS,
     ACT_FIND_RESET_GROUP,
     ACT_START_RESET_JOB,
     ACT_START_VALIDATION_JOB,
@@ -29,6 +30,8 @@ from contract.names import (
 )
 from contract.repair import (
     CleanUpRepairJobInput,
+    DrainPodsInput,
+    DrainPodsResult,
     GpuHoldersInput,
     GpuHoldersResult,
     NodeGpusResult,
@@ -54,6 +57,7 @@ class KubeRepairActivities:
         return [
             self.check_gpu_holders,
             self.find_reset_group,
+            self.find_drain_pods,
             self.start_reset_job,
             self.start_validation_job,
             self.wait_for_repair_job,
@@ -81,6 +85,10 @@ class KubeRepairActivities:
     @activity.defn(name=ACT_FIND_RESET_GROUP)
     async def find_reset_group(self, inp: ResetGroupInput) -> ResetGroupResult:
         return await self._run(repair.reset_group, self._kube, inp)
+
+    @activity.defn(name=ACT_FIND_DRAIN_PODS)
+    async def find_drain_pods(self, inp: DrainPodsInput) -> DrainPodsResult:
+        return await self._run(repair.drain_pods, self._kube, inp)
 
     @activity.defn(name=ACT_START_RESET_JOB)
     async def start_reset_job(self, inp: RepairJobInput) -> RepairJobStarted:

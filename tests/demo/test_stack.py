@@ -264,3 +264,20 @@ def test_a_piece_failing_at_start_stops_everything(tmp_path: Path) -> None:
     assert "worker config broken" in str(err.value)  # the end of its log is quoted
     assert [c.name for c in stack.children][:3] == ["temporal", "sink", "twin"]
     assert all(not c.alive() for c in stack.children)
+
+
+def test_demo_runbooks_repair_off_unless_asked(tmp_path: Path) -> None:
+    """The demo's scenarios hold and release as before; `--scenario repair` turns the shipped
+    ladder on (and says so in neither case silently)."""
+    off = demo_runbooks(tmp_path / "off", 30, None)
+    on = demo_runbooks(tmp_path / "on", 30, None, repair=True)
+    shipped = {r.name: r for r in load_dir(PACKAGED_RUNBOOKS).runbooks}
+    demo_off = {r.name: r for r in load_dir(tmp_path / "off").runbooks}
+    demo_on = {r.name: r for r in load_dir(tmp_path / "on").runbooks}
+    assert shipped["inference"].spec.repair.enabled
+    assert not any(r.spec.repair.enabled for r in demo_off.values())
+    assert any("inference: repair ladder off" in line for line in off)
+    assert demo_on["inference"].spec.repair.enabled
+    assert demo_on["inference"].spec.repair.reset.xids == [48, 94, 95]
+    assert not demo_on["maintenance"].spec.repair.enabled  # maintenance never repairs
+    assert not any("repair ladder off" in line for line in on)

@@ -262,3 +262,20 @@ def test_figures_in_summaries_are_formatted() -> None:
         "GPU 3 on gpu-node-1: 2 uncorrectable ECC errors in 10m, 8.89 NVLink errors, "
         "link 1.5, Xid 79, UUID GPU-1.23456"
     )
+
+
+@pytest.mark.parametrize(
+    ("alertname", "rule_xid"),
+    [
+        ("SickbayGpuEccDoubleBitError", 48),
+        ("SickbayGpuRowRemapFailure", 64),
+        ("SickbayGpuFellOffBus", 79),
+        ("SickbayGpuNvlinkErrors", None),
+    ],
+)
+def test_a_class_rule_names_the_xid_it_stands_for(alertname: str, rule_xid: int | None) -> None:
+    """For the repair ladder only (an ECC double-bit error resets like Xid 48); the Xid field
+    stays empty and the class still comes from the rule."""
+    got = map_alert(0, named(alertname, "13"), AlertMapping())
+    assert isinstance(got, MappedAlert) and got.evidence is not None
+    assert got.evidence.xid is None and got.evidence.rule_xid == rule_xid

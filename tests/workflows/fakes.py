@@ -128,6 +128,16 @@ def shipped_runbooks() -> list[Runbook]:
     return load_dir(RUNBOOKS_DIR).runbooks
 
 
+def without_repair(runbooks: list[Runbook]) -> list[Runbook]:
+    """The runbooks with `repair.enabled: false`: the procedure as before the ladder (the
+    ladder's own tests are in test_repair.py)."""
+    out = []
+    for rb in runbooks:
+        repair = rb.spec.repair.model_copy(update={"enabled": False})
+        out.append(rb.model_copy(update={"spec": rb.spec.model_copy(update={"repair": repair})}))
+    return out
+
+
 def make_runbook(name: str, precedence: int = 10, **spec: Any) -> Runbook:
     """A runbook from camelCase spec keys, as it would be written in YAML."""
     return Runbook.model_validate(
@@ -170,7 +180,7 @@ class FakeWorld:
     health: str | None = "Unhealthy"
     later_health: str | None = "Unhealthy"  # check-device-health during the hold
     consumers: list[Consumer] = field(default_factory=lambda: [deployment_consumer()])
-    runbooks: list[Runbook] = field(default_factory=shipped_runbooks)
+    runbooks: list[Runbook] = field(default_factory=lambda: without_repair(shipped_runbooks()))
     counts: DeviceCounts = field(
         default_factory=lambda: DeviceCounts(pool_devices=8, cluster_devices=16)
     )

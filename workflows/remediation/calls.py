@@ -51,27 +51,55 @@ with workflow.unsafe.imports_passed_through():
     from contract.launch import LaunchRequest, LaunchResult
     from contract.names import (
         ACT_ACQUIRE_BUDGET,
+        ACT_CHECK_GPU_HOLDERS,
         ACT_CHECK_HEALTH,
         ACT_CLAIM_ESCALATION,
+        ACT_CLEAN_UP_REPAIR_JOB,
         ACT_CORDON,
         ACT_COUNT_DEVICES,
         ACT_EVICT_PODS,
         ACT_FIND_CONSUMERS,
+        ACT_FIND_DRAIN_PODS,
+        ACT_FIND_RESET_GROUP,
         ACT_GATHER_EVIDENCE,
         ACT_LOAD_RUNBOOKS,
         ACT_NOTIFY,
         ACT_PREVIEW_QUARANTINE,
         ACT_QUARANTINE,
+        ACT_REBOOT_NODE,
         ACT_RECORD_EVENT,
         ACT_RELEASE_BUDGET,
         ACT_RELEASE_QUARANTINE,
+        ACT_REPLACE_NODE,
         ACT_REQUEST_CAPACITY,
         ACT_RESOLVE_DEVICE,
         ACT_SIGNAL_WITH_START,
+        ACT_START_RESET_JOB,
+        ACT_START_VALIDATION_JOB,
         ACT_WAIT_EVICTION,
+        ACT_WAIT_NODE_GPUS,
+        ACT_WAIT_REPAIR_JOB,
         ACT_WAIT_REPLACEMENT,
     )
     from contract.notify import EscalationClaim, EscalationClaimResult, NotifyInput, NotifyResult
+    from contract.repair import (
+        CleanUpRepairJobInput,
+        DrainPodsInput,
+        DrainPodsResult,
+        GpuHoldersInput,
+        GpuHoldersResult,
+        MachineActionInput,
+        MachineActionResult,
+        NodeGpusResult,
+        RepairJobInput,
+        RepairJobOutcome,
+        RepairJobStarted,
+        ResetGroupInput,
+        ResetGroupResult,
+        ValidationJobInput,
+        WaitNodeGpusInput,
+        WaitRepairJobInput,
+    )
     from contract.runbook import RunbookSet
     from workflows.remediation.state import RemediationState
 
@@ -139,6 +167,32 @@ NOTIFY_RETRY = RetryPolicy(
 # pages rather than stay silent.
 CLAIM_TIMEOUT = timedelta(seconds=10)
 CLAIM_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+
+# Repair rungs. One Kubernetes call each (the Job starts, the reset group, the drain list):
+# 30 s covers a slow API server; LOCAL_RETRY-like attempts, then the rung counts as failed.
+REPAIR_CALL_TIMEOUT = timedelta(seconds=30)
+REPAIR_CALL_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=5,
+)
+# Polls (holders free, Job ended, node back with its GPUs): the activity answers a retryable
+# StillWaiting / GpuStillHeld until done, so the retry policy is the poll (every 5 s, the
+# twin's time-scaled rungs end in seconds; a real reboot in minutes), bounded by the rung's
+# own timeout as schedule_to_close.
+POLL_CALL_TIMEOUT = timedelta(seconds=30)
+POLL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=5), backoff_coefficient=1.0)
+# A reboot / replace request: one provider call. Asked for once per attempt (the request key
+# is the attempt's), so retrying a lost answer (503, a killed worker) asks nothing twice;
+# not configured / refused are non-retryable and escalate.
+MACHINE_TIMEOUT = timedelta(minutes=2)
+MACHINE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=5),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(minutes=1),
+    maximum_attempts=5,
+)
 
 # What a failed activity raises in the workflow: ActivityError wrapping the cause for regular
 # activities; local activity failures surface as their cause (ApplicationError / timeout).
@@ -344,6 +398,78 @@ class Calls:
             start_to_close=CLAIM_TIMEOUT,
             retry=CLAIM_RETRY,
             interruptible=False,
+        )
+
+    # ------------------------------------------------------------ repair rungs --------------
+
+    @calls(ACT_FIND_RESET_GROUP)
+    async def find_reset_group(self, inp: ResetGroupInput) -> ResetGroupResult:
+        return await self._repair(ACT_FIND_RESET_GROUP, inp, ResetGroupResult)
+
+    @calls(ACT_FIND_DRAIN_PODS)
+    async def find_drain_pods(self, inp: DrainPodsInput) -> DrainPodsResult:
+        return await self._repair(ACT_FIND_DRAIN_PODS, inp, DrainPodsResult)
+
+    @calls(ACT_CHECK_GPU_HOLDERS)
+    async def check_gpu_holders(self, inp: GpuHoldersInput, limit: timedelta) -> GpuHoldersResult:
+        return await self._repair(ACT_CHECK_GPU_HOLDERS, inp, GpuHoldersResult, poll=limit)
+
+    @calls(ACT_START_RESET_JOB)
+    async def start_reset_job(self, inp: RepairJobInput) -> RepairJobStarted:
+        return await self._repair(ACT_START_RESET_JOB, inp, RepairJobStarted)
+
+    @calls(ACT_START_VALIDATION_JOB)
+    async def start_validation_job(self, inp: ValidationJobInput) -> RepairJobStarted:
+        return await self._repair(ACT_START_VALIDATION_JOB, inp, RepairJobStarted)
+
+    @calls(ACT_WAIT_REPAIR_JOB)
+    async def wait_for_repair_job(
+        self, inp: WaitRepairJobInput, limit: timedelta
+    ) -> RepairJobOutcome:
+        return await self._repair(ACT_WAIT_REPAIR_JOB, inp, RepairJobOutcome, poll=limit)
+
+    @calls(ACT_CLEAN_UP_REPAIR_JOB)
+    async def clean_up_repair_job(self, inp: CleanUpRepairJobInput) -> None:
+        await self._repair(ACT_CLEAN_UP_REPAIR_JOB, inp, type(None))
+
+    @calls(ACT_REBOOT_NODE)
+    async def reboot_node(self, inp: MachineActionInput) -> MachineActionResult:
+        return await self._machine(ACT_REBOOT_NODE, inp)
+
+    @calls(ACT_REPLACE_NODE)
+    async def replace_node(self, inp: MachineActionInput) -> MachineActionResult:
+        return await self._machine(ACT_REPLACE_NODE, inp)
+
+    @calls(ACT_WAIT_NODE_GPUS)
+    async def wait_for_node_gpus(self, inp: WaitNodeGpusInput, limit: timedelta) -> NodeGpusResult:
+        return await self._repair(ACT_WAIT_NODE_GPUS, inp, NodeGpusResult, poll=limit)
+
+    async def _repair(
+        self, name: str, arg: Any, result_type: type[T], poll: timedelta | None = None
+    ) -> T:
+        if self._state.abort is not None:
+            raise Aborted()
+        call = workflow.execute_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=POLL_CALL_TIMEOUT if poll else REPAIR_CALL_TIMEOUT,
+            schedule_to_close_timeout=poll,
+            retry_policy=POLL_RETRY if poll else REPAIR_CALL_RETRY,
+            summary=name,
+        )
+        return await self._race(call)
+
+    async def _machine(self, name: str, inp: MachineActionInput) -> MachineActionResult:
+        # Not interrupted by an abort once asked: the request's answer (or its failure) is
+        # recorded in the timeline, never left unknown.
+        return await workflow.execute_activity(
+            name,
+            inp,
+            result_type=MachineActionResult,
+            start_to_close_timeout=MACHINE_TIMEOUT,
+            retry_policy=MACHINE_RETRY,
+            summary=f"{name} {inp.node} (attempt {inp.attempt})",
         )
 
     # ------------------------------------------------------------ waits ---------------------

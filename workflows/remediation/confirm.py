@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation.guard import EarlyLease, ask_lease, give_back
     from workflows.remediation.outcome import Closed
     from workflows.remediation.quarantine import quarantine_input
+    from workflows.remediation.repair import describe as describe_repair
     from workflows.runbook_match import DEFAULT_RUNBOOK, select_runbook
 
 
@@ -191,4 +192,8 @@ async def _dry_run(r: Remediation, device: ResolvedDevice) -> Closed:
     preview = await r.act.preview_quarantine(quarantine_input(r, "None", dry_run=True))
     would = ", ".join(f"{p.namespace}/{p.name}" for p in preview.would_evict) or "no pods"
     r.j.log("dry run: would quarantine", outcome=preview.mode, reason=f"would evict {would}")
-    return Closed("dry-run", f"dry run: would quarantine {device.key} and evict {would}")
+    rungs = describe_repair(r)
+    for step in rungs:
+        r.j.log("dry run: would repair", reason=step)
+    then = f"; then {'; '.join(rungs)}" if rungs else ""
+    return Closed("dry-run", f"dry run: would quarantine {device.key} and evict {would}{then}")

@@ -38,6 +38,8 @@ NEEDED: dict[str, str] = {
     "churn": "the scheduler keeps placing pods on the tainted device: check the "
     "DeviceTaintRule support of the scheduler (kubernetes#139651) and the pods' tolerations",
     "application-error": "check the workload: the GPU looked fine, the program failed",
+    "repair-failed": "repair or replace the GPU by hand (or configure the rung's provider), "
+    "then mark it repaired; the timeline names each rung's result",
     "error": "look at the timeline: a step failed and automation stopped",
 }
 

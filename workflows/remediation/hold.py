@@ -91,13 +91,19 @@ def note_repair(r: Remediation) -> None:
 
 
 async def _release(r: Remediation, by_health: bool) -> Closed:
-    s, j = r.s, r.j
-    j.enter(Phase.RELEASING, awaiting="quarantine removal", next_action="release the budget lease")
     reason = (
         "healthy for the cool-down"
-        if by_health or s.repaired is None
-        else f"repaired ({j.who('repaired')})"
+        if by_health or r.s.repaired is None
+        else f"repaired ({r.j.who('repaired')})"
     )
+    return await release_now(r, reason)
+
+
+async def release_now(r: Remediation, reason: str) -> Closed:
+    """Lift the quarantine, give the lease back, resolve the page: the device is back in
+    service (or, replaced, gone)."""
+    s, j = r.s, r.j
+    j.enter(Phase.RELEASING, awaiting="quarantine removal", next_action="release the budget lease")
     await _remove_quarantine(r, reason)
     await j.event("GPUQuarantineReleased", f"quarantine lifted: {reason}", rule=False, pods=False)
     await release_lease(r)

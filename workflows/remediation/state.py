@@ -82,6 +82,7 @@ class RemediationState:
     wait_started: datetime | None = None
     wait_ended: datetime | None = None
     extensions: list[ExtendDeadlineRequest] = field(default_factory=list)
+    lease_gpus: int = 1  # GPUs the budget lease counts (a repair rung grows it)
     # --- signal / update flags ------------------------------------------------------------
     abort: AbortRequest | None = None
     repaired: RepairedRequest | None = None

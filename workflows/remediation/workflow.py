@@ -24,6 +24,13 @@ State machine (each step a runbook knob; phases are the `SickbayPhase` search at
                     |   churn -> escalated                 | request-capacity      |
                     |                                      | at-max / no capacity  |
                     v                                      v  -> escalated         |
+                     v                                                              |
+               repairing   per the runbook's ladder (reset / reboot / replace), each rung |
+                    |      within the budget, after its drain; then validating: the     |
+                    |      validation Job on the device. Pass -> releasing (no hold);   |
+                    |      fail -> next rung; none left / refused -> escalated ---------+
+                    |      (repair.py; replace: the old GPU is gone -> releasing)       |
+                    v                                                              |
                  holding <-------------------------------------------------------+
                     | per release.mode: repaired (signal), Healthy for release.cooldown, or
                     | either (healthy-cooldown: only the health releases, a repaired mark
@@ -97,6 +104,7 @@ with workflow.unsafe.imports_passed_through():
         guard,
         hold,
         quarantine,
+        repair,
         replace,
     )
     from workflows.remediation.calls import ACTIVITY_FAILED, Aborted
@@ -154,7 +162,7 @@ class DeviceRemediationWorkflow:
             return await self._ended(await escalation.step_failed(r, err))
 
     async def _steps(self) -> Closed:
-        """The procedure, in the README's ten steps; a step returns how it ended early."""
+        """The procedure, in the README's steps; a step returns how it ended early."""
         r = self._r
         confirmed = await confirm.confirm(r)  # 1. confirm, 2. resolve the consumers
         if isinstance(confirmed, Closed):
@@ -164,7 +172,8 @@ class DeviceRemediationWorkflow:
             ended = await approval.approval(r)  # 4. approval
         ended = ended or await quarantine.quarantine(r)  # 5. quarantine
         ended = ended or await replace.evict_and_replace(r)  # 6. evict, 7. replace, 8. scale
-        return await self._ended(ended)  # 9. escalate, 10. hold and release
+        ended = ended or await repair.repair(r)  # 9. repair ladder + validation -> release
+        return await self._ended(ended)  # 10. escalate, 11. hold and release
 
     async def _ended(self, ended: Escalation | Closed | None) -> Closed:
         """Escalate when a step asked to; hold a quarantined device; else close (the budget

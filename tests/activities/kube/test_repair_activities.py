@@ -15,7 +15,10 @@ Cases:
 - validation pass/fail on DRA (a claim selecting the device, tolerating Sickbay's NoExecute
   DeviceTaintRule still on it) and on the device plugin (NVIDIA_VISIBLE_DEVICES); clean-up
   removes the Job, its pod and the claim;
-- dry run: the manifest comes back, nothing is created.
+- dry run: the manifest comes back, nothing is created;
+- drain lists (DRA and device plugin): a reset group's drain names the pods on the group's
+  GPUs only; a node drain names every pod of the node except DaemonSet pods, mirror pods and
+  Sickbay's own namespace; both report every physical GPU of the node.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from contract.errors import ERR_GPU_HELD, ERR_STILL_WAITING
 from contract.names import REPAIR_NAMESPACE
 from contract.repair import (
     CleanUpRepairJobInput,
+    DrainPodsInput,
     GpuHoldersInput,
     RepairJobInput,
     RepairJobOutcome,
@@ -313,3 +317,43 @@ async def test_validation_claim_must_tolerate_sickbays_taint(make: Any) -> None:
     while not unschedulable():
         assert time.monotonic() < deadline, "the pod was scheduled without the toleration"
         await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("profile", ["1.36", "device-plugin"])
+async def test_drain_lists_of_a_group_and_of_the_node(make: Any, profile: str) -> None:
+    t, acts = make(profile, gpus_per_node=4, nvswitch=True)
+    node = t.node()
+    uuids = [t.uuid_of(node, i) for i in range(4)]
+    dra = profile != "device-plugin"
+    t.consumer_pod("ml", "on-gpu-1", node, "gpu-1" if dra else None, gpu_uuid=uuids[1])
+    t.consumer_pod("ml", "on-gpu-3", node, "gpu-3" if dra else None, gpu_uuid=uuids[3])
+    t.namespace("kube-system")
+    daemon = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "dcgm", "uid": "u-ds"}
+    for name, extra in (
+        ("dcgm-exporter-x", {"ownerReferences": [daemon]}),
+        ("static-proxy", {"annotations": {"kubernetes.io/config.mirror": "abc"}}),
+    ):
+        t.store.create(
+            "pods",
+            {
+                "metadata": {"name": name, "namespace": "kube-system", **extra},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+                "status": {"phase": "Running"},
+            },
+            namespace="kube-system",
+        )
+    t.store.create(
+        "pods",
+        {
+            "metadata": {"name": "sickbay-reset-1", "namespace": REPAIR_NAMESPACE},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+            "status": {"phase": "Running"},
+        },
+        namespace=REPAIR_NAMESPACE,
+    )
+    group = await t.run(acts.find_drain_pods, DrainPodsInput(node=node, gpu_uuids=uuids[:2]))
+    assert [p.name for p in group.pods] == ["on-gpu-1"]
+    assert [u.lower() for u in group.node_gpu_uuids] == [u.lower() for u in uuids]
+    whole = await t.run(acts.find_drain_pods, DrainPodsInput(node=node))
+    assert [(p.namespace, p.name) for p in whole.pods] == [("ml", "on-gpu-1"), ("ml", "on-gpu-3")]
+    assert len(whole.node_gpu_uuids) == 4

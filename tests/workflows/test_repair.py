@@ -1,0 +1,405 @@
+"""The repair ladder in the remediation workflow, on the time-skipping server with the
+activity fakes (the procedure's from fakes.py, the rungs' from repair_fakes.py).
+
+Cases:
+- reset passes: Xid 48 -> quarantine -> replacement -> reset Job (holders checked first) ->
+  validation passes -> released with no human step (no hold, no page); the status query and
+  the timeline show the rung and the validation's summary; Events for the validation;
+- reset fails validation -> reboot (provider preflight, node cordoned and drained through the
+  Eviction API with PodDisruptionBudgets honoured, the budget lease grown to the node's GPUs,
+  the reboot asked once under the attempt's key, logged before and after) -> validation
+  passes -> released;
+- Xid 79: reset not applicable (off the bus) -> reboot -> released; the timeline says why
+  the reset was skipped;
+- every rung fails validation -> escalated "repair-failed" naming each, device held until
+  repaired;
+- no provider for the node rung (runbook names none) -> escalated, nothing drained; the
+  provider refusing at the preflight -> escalated naming it, nothing drained;
+- replace: Xid 64 -> the node replaced -> the remediation follows the new node and closes
+  for the old GPU (rule removed, lease given back);
+- budget with node-wide rungs: the budget refuses the node's GPUs -> escalated
+  budget-exhausted, the node never rebooted; a reset group of 4 asks for 4;
+- the budget workflow counts GPUs per lease: an extension fits or is refused, the lease
+  stays as it was when refused;
+- dry run: the timeline and result say what each rung would do; no rung activity runs;
+- repair.enabled false (the runbook's off switch): held as before, no rung activity runs;
+- a drain blocked by a PodDisruptionBudget: escalated eviction-timeout, never forced.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.budget import BudgetActivities
+from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetState
+from contract.errors import ERR_PROVIDER_NOT_CONFIGURED
+from contract.kube import EvictionReport, EvictPodsResult, PodRef
+from contract.names import (
+    ACT_ACQUIRE_BUDGET,
+    ACT_CHECK_GPU_HOLDERS,
+    ACT_CORDON,
+    ACT_EVICT_PODS,
+    ACT_NOTIFY,
+    ACT_REBOOT_NODE,
+    ACT_RECORD_EVENT,
+    ACT_RELEASE_QUARANTINE,
+    ACT_REPLACE_NODE,
+    ACT_START_RESET_JOB,
+    ACT_START_VALIDATION_JOB,
+    ACT_WAIT_NODE_GPUS,
+    QRY_BUDGET_STATE,
+    SIG_REPAIRED,
+    budget_task_queue,
+)
+from contract.remediation import Phase, RepairedRequest, TimelineEntry
+from contract.runbook import Runbook
+from tests.workflows.fakes import (
+    FakeWorld,
+    fake_of,
+    new_worker,
+    shipped_runbooks,
+    start,
+    wait_phase,
+    xid_alert,
+)
+from tests.workflows.histories import save_history
+from tests.workflows.repair_fakes import RepairScript, repair_activities
+from workflows.budget import BudgetWorkflow
+
+REPAIR_ACTS = {
+    ACT_START_RESET_JOB,
+    ACT_START_VALIDATION_JOB,
+    ACT_REBOOT_NODE,
+    ACT_REPLACE_NODE,
+    ACT_WAIT_NODE_GPUS,
+    ACT_CHECK_GPU_HOLDERS,
+}
+
+
+def actions(timeline: list[TimelineEntry]) -> list[str]:
+    return [e.action for e in timeline]
+
+
+def entry(timeline: list[TimelineEntry], action: str) -> TimelineEntry:
+    return next(e for e in timeline if e.action == action)
+
+
+def runbooks(provider: str | None = "cluster-api", **repair: Any) -> list[Runbook]:
+    """The shipped runbooks, the node rungs' provider set (or none) and `repair` overrides."""
+    out = []
+    for rb in shipped_runbooks():
+        spec = rb.spec
+        scale = spec.scale_up.model_copy(
+            update={"provider": provider, "enabled": spec.scale_up.enabled and bool(provider)}
+        )
+        rep = spec.repair.model_copy(update=repair) if repair else spec.repair
+        out.append(
+            rb.model_copy(
+                update={"spec": spec.model_copy(update={"scale_up": scale, "repair": rep})}
+            )
+        )
+    return out
+
+
+def worker_for(client: Any, world: FakeWorld, script: RepairScript, *extra: Any) -> Worker:
+    return new_worker(client, world, extra_activities=[*repair_activities(world, script), *extra])
+
+
+async def test_reset_passes_validation_and_releases(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+    async with new_worker(
+        client,
+        world,
+        extra_activities=repair_activities(world, RepairScript()),
+        replay_every_task=True,
+    ) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(48, "fp-48")])
+        result = await handle.result()
+    assert result.outcome == "released", result.reason
+    assert "reset repaired it; validation passed" in result.reason
+    names = world.names()
+    # Rung only after the consumers are gone; holders checked before the reset Job.
+    assert names.index("wait-for-replacement") < names.index(ACT_CHECK_GPU_HOLDERS)
+    assert names.index(ACT_CHECK_GPU_HOLDERS) < names.index(ACT_START_RESET_JOB)
+    assert names.index(ACT_START_RESET_JOB) < names.index(ACT_START_VALIDATION_JOB)
+    assert names.index(ACT_START_VALIDATION_JOB) < names.index(ACT_RELEASE_QUARANTINE)
+    assert ACT_NOTIFY not in names and ACT_REBOOT_NODE not in names  # no page, no reboot
+    reset = world.args(ACT_START_RESET_JOB)[0]
+    assert reset.gpu_uuids == [world.gpu_uuid] and reset.attempt == 1
+    validation = world.args(ACT_START_VALIDATION_JOB)[0]
+    assert validation.gpu_uuid == world.gpu_uuid and validation.device == "gpu-0"
+    assert validation.taint_key == "sickbay.dev/unhealthy" and validation.level == 2
+    acts = actions(result.timeline)
+    assert "marked repaired" not in acts and "holding" not in [e.phase for e in result.timeline]
+    assert entry(result.timeline, "repair ladder").outcome == "reset -> reboot -> replace"
+    assert "Diagnostic | PASS" in entry(result.timeline, "validation passed").reason
+    assert result.status.repair_rung == "reset" and result.status.repair_attempt == 1
+    assert result.status.validation == "passed after reset: Diagnostic | PASS"
+    assert Phase.VALIDATING in [e.phase for e in result.timeline]
+    reasons = [e.reason for e in world.args(ACT_RECORD_EVENT)]
+    assert "GPUValidationPassed" in reasons
+    # Only the device's own GPU taken out: no budget extension.
+    assert [a.gpus for a in world.args(ACT_ACQUIRE_BUDGET)] == [1]
+    save_history("repair_reset_pass", await handle.fetch_history())
+
+
+async def test_reset_fails_then_reboot_passes(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+    other = PodRef(namespace="batch", name="sibling-job-xyz")
+    script = RepairScript(
+        validations=[False, True], node_gpus=[world.gpu_uuid, "GPU-b"], node_pods=[other]
+    )
+    async with new_worker(
+        client, world, extra_activities=repair_activities(world, script), replay_every_task=True
+    ) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(48, "fp-48")])
+        result = await handle.result()
+    assert result.outcome == "released", result.reason
+    assert "reboot repaired it" in result.reason
+    reboots = world.args(ACT_REBOOT_NODE)
+    # A preflight that asks nothing, then exactly one real request under attempt 2's key.
+    assert [r.dry_run for r in reboots] == [True, False]
+    asked = reboots[1]
+    assert asked.attempt == 2 and asked.pool is not None and asked.pool.provider == "cluster-api"
+    assert asked.idempotency_key.startswith(handle.id + "@") and asked.idempotency_key.endswith(
+        "/reboot/2"
+    )
+    names = world.names()
+    # Drained before the reboot: cordon, Eviction API honouring PDBs (never delete).
+    assert names.index(ACT_CORDON) < names.index(ACT_EVICT_PODS)
+    evict = world.args(ACT_EVICT_PODS)[-1]
+    assert evict.pods == [other] and not evict.delete_if_blocked and evict.retry_blocked_for
+    assert names.index(ACT_EVICT_PODS) < len(names) - names[::-1].index(ACT_REBOOT_NODE) - 1
+    # The budget counts every GPU of the node for the reboot.
+    assert [a.gpus for a in world.args(ACT_ACQUIRE_BUDGET)] == [1, 2]
+    acts = actions(result.timeline)
+    assert acts.index("reboot requested") < acts.index("reboot asked")
+    assert "validation failed" in acts and "validation passed" in acts
+    assert [v.attempt for v in world.args(ACT_START_VALIDATION_JOB)] == [1, 2]
+    wait = world.args(ACT_WAIT_NODE_GPUS)[0]
+    assert not wait.replaced and wait.expected_gpus == 2 and wait.asked_at is not None
+    # The node Sickbay cordoned for the drain is uncordoned once the reboot is done (before
+    # the validation pod must land there); the device itself stays under its rule.
+    assert [c.cordon for c in world.args(ACT_CORDON)] == [True, False]
+    uncordon = len(names) - names[::-1].index(ACT_CORDON) - 1
+    assert uncordon < len(names) - names[::-1].index(ACT_START_VALIDATION_JOB) - 1
+    save_history("repair_reset_fail_reboot", await handle.fetch_history())
+
+
+async def test_xid_79_skips_reset_and_reboots(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+    async with worker_for(client, world, RepairScript()) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(79)])
+        result = await handle.result()
+    assert result.outcome == "released", result.reason
+    assert ACT_START_RESET_JOB not in world.names()
+    ladder = entry(result.timeline, "repair ladder")
+    assert ladder.outcome == "reboot -> replace"
+    assert "reset not applicable: Xid 79" in ladder.reason
+    assert [r.attempt for r in world.args(ACT_REBOOT_NODE) if not r.dry_run] == [1]
+
+
+async def test_ladder_exhausted_escalates_and_holds(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks(order=["reset", "reboot"]))
+    script = RepairScript(validations=[False, False])
+    async with worker_for(client, world, script) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(48, "fp-48")])
+        status = await wait_phase(handle, Phase.HOLDING)
+        assert status.escalation_reason == "repair-failed"
+        assert status.validation is not None and status.validation.startswith("failed after reboot")
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="RMA done"))
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    notes = world.args(ACT_NOTIFY)
+    assert notes and "repair ladder exhausted" in notes[0].incident.summary
+    assert "reset: validation failed" in notes[0].incident.summary
+    assert "reboot: validation failed" in notes[0].incident.summary
+
+
+async def test_no_provider_escalates_before_draining(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks(provider=None))
+    async with worker_for(client, world, RepairScript()) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(79)])
+        status = await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="rebooted by hand"))
+        result = await handle.result()
+    assert status.escalation_reason == "repair-failed"
+    assert "no provider configured" in world.args(ACT_NOTIFY)[0].incident.summary
+    assert ACT_REBOOT_NODE not in world.names() and ACT_CORDON not in world.names()
+    assert result.outcome == "escalated"
+
+
+async def test_provider_refusal_escalates_naming_it(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks(provider="gke"))
+    refusal = ApplicationError(
+        "no reboot provider for node gpu-node-1: 'gke' is not configured (configured: cluster-api)",
+        type=ERR_PROVIDER_NOT_CONFIGURED,
+        non_retryable=True,
+    )
+    script = RepairScript(machine_errors={"reboot": refusal})
+    async with worker_for(client, world, script) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(79)])
+        status = await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="done"))
+        await handle.result()
+    assert status.escalation_reason == "repair-failed"
+    summary = world.args(ACT_NOTIFY)[0].incident.summary
+    assert "'gke' is not configured" in summary and "RepairProviderNotConfigured" in summary
+    assert [r.dry_run for r in world.args(ACT_REBOOT_NODE)] == [True]  # preflight only
+    assert ACT_CORDON not in world.names() and ACT_EVICT_PODS not in world.names()
+
+
+async def test_replace_follows_new_node_and_closes(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+    async with worker_for(client, world, RepairScript()) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(64, "fp-64")])
+        result = await handle.result()
+    assert result.outcome == "released", result.reason
+    assert "new node gpu-node-new" in result.reason and "no longer exists" in result.reason
+    wait = world.args(ACT_WAIT_NODE_GPUS)[0]
+    assert wait.replaced and wait.previous_uuids == [world.gpu_uuid]
+    assert [r.dry_run for r in world.args(ACT_REPLACE_NODE)] == [True, False]
+    assert ACT_START_VALIDATION_JOB not in world.names()
+    assert ACT_RELEASE_QUARANTINE in world.names()
+    # The old node is gone: no uncordon of it.
+    assert [c.cordon for c in world.args(ACT_CORDON)] == [True]
+
+
+async def test_budget_refuses_node_rung(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+
+    @fake_of(BudgetActivities.acquire_budget_lease)
+    async def acquire(req: BudgetLeaseRequest) -> BudgetDecision:
+        world.calls.append((ACT_ACQUIRE_BUDGET, req))
+        if req.gpus > 1:
+            return BudgetDecision(granted=False, reason="pool pool-a has 1 of 4 allowed")
+        return BudgetDecision(granted=True, pool_in_use=1, cluster_in_use=1)
+
+    script = RepairScript(node_gpus=[world.gpu_uuid, *(f"GPU-{i}" for i in range(7))])
+    async with worker_for(client, world, script, acquire) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(79)])
+        status = await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="done"))
+        await handle.result()
+    assert status.escalation_reason == "budget-exhausted"
+    assert [a.gpus for a in world.args(ACT_ACQUIRE_BUDGET)] == [1, 8]
+    assert "would take 8 GPUs out of service" in world.args(ACT_NOTIFY)[0].incident.summary
+    assert [r.dry_run for r in world.args(ACT_REBOOT_NODE)] == [True]  # never asked
+    assert ACT_EVICT_PODS not in world.names()
+
+
+async def test_reset_group_counts_every_gpu(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+    group = [world.gpu_uuid, "GPU-g1", "GPU-g2", "GPU-g3"]
+    sibling = PodRef(namespace="train", name="on-gpu-g1")
+    script = RepairScript(group=group, node_pods=[sibling])
+    async with worker_for(client, world, script) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(48, "fp-48")])
+        result = await handle.result()
+    assert result.outcome == "released", result.reason
+    assert [a.gpus for a in world.args(ACT_ACQUIRE_BUDGET)] == [1, 4]
+    assert world.args(ACT_START_RESET_JOB)[0].gpu_uuids == group
+    assert world.args(ACT_EVICT_PODS)[-1].pods == [sibling]  # the group drained first
+    assert world.names().index(ACT_EVICT_PODS) < world.names().index(ACT_START_RESET_JOB)
+
+
+async def test_drain_blocked_by_pdb_escalates(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+    guarded = PodRef(namespace="db", name="primary-0")
+    world.evict_results = [EvictPodsResult(blocked=[guarded])]
+    world.eviction_reports = [EvictionReport(gone=[]), EvictionReport(remaining=[guarded])]
+    script = RepairScript(node_pods=[guarded])
+    async with worker_for(client, world, script) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(79)])
+        status = await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="done"))
+        await handle.result()
+    assert status.escalation_reason == "eviction-timeout"
+    assert "db/primary-0 (PodDisruptionBudget)" in world.args(ACT_NOTIFY)[0].incident.summary
+    assert [r.dry_run for r in world.args(ACT_REBOOT_NODE)] == [True]
+    assert not any(e.delete_if_blocked for e in world.args(ACT_EVICT_PODS))
+
+
+async def test_dry_run_says_what_each_rung_would_do(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+    async with worker_for(client, world, RepairScript()) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(48, "fp-48")], dry_run=True)
+        result = await handle.result()
+    assert result.outcome == "dry-run"
+    would = [e.reason for e in result.timeline if e.action == "dry run: would repair"]
+    assert len(would) == 4  # reset, reboot, replace, validation
+    assert would[0].startswith(f"reset GPU {world.gpu_uuid}")
+    assert "reboot node" in would[1] and "provider cluster-api" in would[1]
+    assert "validate with dcgmi diag level 2" in would[3]
+    assert "then reset GPU" in result.reason
+    assert not REPAIR_ACTS & set(world.names())
+
+
+async def test_repair_disabled_holds_as_before(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks(enabled=False))
+    async with worker_for(client, world, RepairScript()) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(48, "fp-48")])
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="done"))
+        result = await handle.result()
+    assert result.outcome == "released"
+    assert not REPAIR_ACTS & set(world.names())
+    assert "repair ladder" not in actions(result.timeline)
+
+
+def _lease(holder: str, gpus: int = 1) -> BudgetLeaseRequest:
+    return BudgetLeaseRequest(
+        holder=holder,
+        device_key=f"{holder}/gpu",
+        node_pool="pool-a",
+        pool_limit=4,
+        cluster_limit=10,
+        gpus=gpus,
+    )
+
+
+async def test_budget_counts_gpus_per_lease(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    queue = f"tq-{uuid.uuid4()}"
+    budget_id = f"sickbay-budget-{uuid.uuid4().hex[:8]}"
+    budget = BudgetActivities(client, queue, workflow_id=budget_id)
+    async with Worker(
+        client,
+        task_queue=budget_task_queue(queue),
+        workflows=[BudgetWorkflow],
+        activities=[budget.reconcile_budget_leases],
+    ):
+        a = await budget.acquire_budget_lease(_lease("wf-a"))
+        b = await budget.acquire_budget_lease(_lease("wf-b"))
+        too_big = await budget.acquire_budget_lease(_lease("wf-a", gpus=4))  # 1 other + 4 > 4
+        fits = await budget.acquire_budget_lease(_lease("wf-a", gpus=3))  # 1 + 3 = 4
+        again = await budget.acquire_budget_lease(_lease("wf-a", gpus=2))  # within its lease
+        full = await budget.acquire_budget_lease(_lease("wf-c"))
+        handle = client.get_workflow_handle(budget_id)
+        state = await handle.query(QRY_BUDGET_STATE, result_type=BudgetState)
+        await handle.terminate("test done")
+    assert a.granted and b.granted
+    assert not too_big.granted and "4 GPUs asked for" in too_big.reason
+    assert fits.granted and fits.pool_in_use == 4
+    assert again.granted and again.reason == "already held"
+    assert not full.granted
+    assert {lease.holder: lease.gpus for lease in state.leases} == {"wf-a": 3, "wf-b": 1}

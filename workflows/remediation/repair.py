@@ -1,0 +1,561 @@
+"""Step 9a, repair: walk the runbook's ladder for the failure (`ladder_for`), each rung only
+once the device's consumers are gone, then validate the repaired device; pass -> release
+(no human hold), fail -> the next rung, none left -> escalate and hold as before.
+
+    consumers gone (quarantine, eviction, replacement)
+        |
+        v
+    for each rung of the ladder (reset -> reboot -> replace, those that apply):
+        budget: the lease grows to every GPU the rung takes out (reset group / node);
+                refused -> escalated "budget-exhausted", held
+        drain:  reset of a group > 1: node cordoned, the group's holders evicted;
+                reboot / replace: node cordoned, every pod evicted (Eviction API, PDBs
+                honoured; still there after eviction.timeout -> escalated, held)
+        act:    reset Job (holders checked first) | reboot / replace through the node's
+                provider (preflight first: not configured -> escalated naming it), asked for
+                once per attempt, logged before and after; then wait for the node's GPUs
+        replace: the old GPU no longer exists -> rule removed, lease given back, closed
+        validate: the validation Job on the repaired device; pass -> released
+    none passed -> escalated "repair-failed" naming each rung's result, held
+
+A rung that fails (Job failed, timeout, a node that did not come back) goes on to the next;
+a provider that is not configured or refuses escalates at once, naming it. `maintenance`
+(trigger or runbook) never repairs; `repair.enabled: false` keeps the hold as before.
+A dry run never reaches this step: `describe` says in its timeline what each rung would do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from contract.base import format_duration
+    from contract.budget import BudgetLeaseRequest
+    from contract.capacity import NodePoolTarget
+    from contract.errors import ERR_PROVIDER_NOT_CONFIGURED, ERR_PROVIDER_REFUSED
+    from contract.kube import (
+        CordonInput,
+        CountDevicesInput,
+        EvictPodsInput,
+        PodRef,
+        WaitEvictionInput,
+    )
+    from contract.remediation import Phase
+    from contract.repair import (
+        CleanUpRepairJobInput,
+        DrainPodsInput,
+        GpuHoldersInput,
+        MachineActionInput,
+        RepairJobInput,
+        RepairJobOutcome,
+        ResetGroupInput,
+        ValidationJobInput,
+        WaitNodeGpusInput,
+        WaitRepairJobInput,
+    )
+    from contract.runbook import (
+        RESET_UNREACHABLE_XIDS,
+        BudgetPolicy,
+        RebootRung,
+        ReplaceRung,
+        ResetRung,
+        RungAction,
+        ladder_for,
+    )
+    from workflows.classify import classify_xid
+    from workflows.remediation.calls import ACTIVITY_FAILED, error_text, error_type
+    from workflows.remediation.context import Remediation
+    from workflows.remediation.hold import release_now
+    from workflows.remediation.outcome import Closed, Escalation
+
+# A Job's own timeout is enforced by the activity's poll; this margin lets the Job report its
+# failure (activeDeadlineSeconds) before the poll gives up.
+JOB_MARGIN = timedelta(minutes=1)
+PROVIDER_ERRORS = (ERR_PROVIDER_NOT_CONFIGURED, ERR_PROVIDER_REFUSED)
+
+
+@dataclass(frozen=True)
+class RungFailed:
+    """The rung ran and did not repair the device: the next rung may."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Replaced:
+    node: str
+    gpu_uuids: list[str]
+
+
+def failure_xid(r: Remediation) -> int | None:
+    """The Xid the failure class came from: the latest alert's of that class, else the
+    latest Xid at all (an alert's own, else the Xid its rule stands for)."""
+    xids = [x for a in r.s.alerts if (x := a.xid if a.xid is not None else a.rule_xid)]
+    cls = r.s.status.failure_class
+    same = [x for x in xids if classify_xid(x) == cls]
+    chosen = same or xids
+    return chosen[-1] if chosen else None
+
+
+def ladder(r: Remediation) -> list[RungAction]:
+    s = r.s
+    if s.inp.trigger == "maintenance":
+        return []
+    return ladder_for(s.spec.repair, s.status.failure_class or "unknown", failure_xid(r))
+
+
+def _skipped(r: Remediation, rungs: list[RungAction]) -> str:
+    """Why the runbook's other rungs do not apply (for the timeline)."""
+    xid = failure_xid(r)
+    out = []
+    for action in r.s.spec.repair.order:
+        if action in rungs:
+            continue
+        if action == "reset" and xid in RESET_UNREACHABLE_XIDS:
+            out.append(f"reset not applicable: Xid {xid}, the GPU is off the bus")
+        else:
+            out.append(f"{action} not applicable to {_failure(r)}")
+    return "; ".join(out)
+
+
+def _failure(r: Remediation) -> str:
+    xid = failure_xid(r)
+    cls = r.s.status.failure_class or "unknown"
+    return f"Xid {xid} ({cls})" if xid is not None else cls
+
+
+def describe(r: Remediation) -> list[str]:
+    """What each rung would do (a dry run's timeline); empty when none would run."""
+    s = r.s
+    if not s.spec.repair.enabled or s.inp.trigger == "maintenance":
+        return []
+    device = s.device
+    assert device is not None
+    out = []
+    for action in ladder(r):
+        rung = s.spec.repair.rung(action)
+        if action == "reset":
+            out.append(
+                f"reset GPU {device.gpu_uuid} (with its reset group) on {device.node} by a "
+                f"privileged Job ({rung.timeout} timeout), once nothing holds it"
+            )
+        else:
+            pool = _pool(r)
+            who = f"provider {pool.provider}" if pool else "no provider (escalate)"
+            out.append(
+                f"{action} node {device.node} through {who} after draining it "
+                f"(PodDisruptionBudgets honoured), wait {rung.timeout} for its GPUs"
+            )
+    if out and s.spec.validation.enabled:
+        out.append(f"validate with dcgmi diag level {s.spec.validation.level} before release")
+    return out
+
+
+async def repair(r: Remediation) -> Escalation | Closed | None:
+    """None: no rung applies (or repair is off): the hold goes on as before."""
+    s, j = r.s, r.j
+    if s.quarantine is None or s.device is None or not s.spec.repair.enabled:
+        return None
+    if s.inp.trigger == "maintenance":
+        j.log("no repair", reason="maintenance never repairs on its own")
+        return None
+    rungs = ladder(r)
+    if not rungs:
+        j.log("no repair", reason=f"no rung of runbook {s.status.runbook} applies to {_failure(r)}")
+        return None
+    skipped = _skipped(r, rungs)
+    j.log("repair ladder", outcome=" -> ".join(rungs), reason=skipped or _failure(r))
+    results: list[str] = []
+    for attempt, action in enumerate(rungs, start=1):
+        s.status.repair_rung, s.status.repair_attempt = action, attempt
+        try:
+            done = await _RUNGS[action](r, attempt)
+        except ACTIVITY_FAILED as err:
+            if error_type(err) in PROVIDER_ERRORS:
+                return Escalation(
+                    "repair-failed",
+                    f"{action} of node {s.device.node} refused: {error_text(err)}; "
+                    "the device is held",
+                )
+            done = RungFailed(f"{action} failed: {error_text(err)}")
+        if isinstance(done, Escalation):
+            return done
+        if isinstance(done, Replaced):
+            return await _closed_replaced(r, done)
+        if isinstance(done, RungFailed):
+            results.append(done.why)
+            j.log(f"{action} failed", outcome=f"attempt {attempt}", reason=done.why)
+            await j.event("GPURepairFailed", done.why, etype="Warning", pods=False, owners=False)
+            continue
+        await _uncordon(r)
+        if not s.spec.validation.enabled:
+            j.log(
+                "not validated",
+                reason="validation.enabled is false: no automatic release, held as before",
+            )
+            return None
+        outcome = await _validate(r, attempt, action)
+        if outcome.passed:
+            return await release_now(r, f"{action} repaired it; validation passed")
+        results.append(f"{action}: validation failed ({outcome.reason or outcome.summary})")
+    return Escalation(
+        "repair-failed",
+        f"repair ladder exhausted for {_failure(r)}: " + "; ".join(results) + "; device held",
+    )
+
+
+# ------------------------------------------------------------------ rungs -------------------
+
+
+async def _reset(r: Remediation, attempt: int) -> Escalation | RungFailed | None:
+    s, j = r.s, r.j
+    device = s.device
+    assert device is not None
+    rung: ResetRung = s.spec.repair.reset
+    _enter(r, "reset", attempt, "the GPU's reset group", rung.timeout)
+    group = await r.act.find_reset_group(
+        ResetGroupInput(node=device.node, gpu_uuid=device.gpu_uuid)
+    )
+    uuids = group.gpu_uuids or [device.gpu_uuid]
+    j.log("reset group", outcome=f"{len(uuids)} GPU(s) ({group.source})", reason=", ".join(uuids))
+    plan = None
+    if len(uuids) > 1 or rung.cost == "node":
+        plan = await r.act.find_drain_pods(
+            DrainPodsInput(node=device.node, gpu_uuids=[] if rung.cost == "node" else uuids)
+        )
+    gpus = len(plan.node_gpu_uuids) if plan and rung.cost == "node" else len(uuids)
+    refused = await _extend_budget(r, gpus, "reset")
+    if refused is not None:
+        return refused
+    if plan is not None:
+        blocked = await _drain(r, plan.pods, "reset of its group")
+        if blocked is not None:
+            return blocked
+    _enter(r, "reset", attempt, "nothing else holding the GPU(s)", rung.timeout)
+    await r.act.check_gpu_holders(
+        GpuHoldersInput(node=device.node, gpu_uuids=uuids), limit=rung.timeout
+    )
+    j.log("reset requested", outcome=f"attempt {attempt}", reason=", ".join(uuids))
+    started = await r.act.start_reset_job(
+        RepairJobInput(
+            workflow_id=s.workflow_id,
+            attempt=attempt,
+            node=device.node,
+            gpu_uuids=uuids,
+            image=rung.image,
+            command=rung.command,
+            timeout=rung.timeout,
+        )
+    )
+    _enter(r, "reset", attempt, f"reset Job {started.job_name}", rung.timeout)
+    outcome = await _job_outcome(r, started.namespace, started.job_name, rung.timeout)
+    j.log(
+        "reset done" if outcome.passed else "reset Job failed",
+        outcome=started.job_name,
+        reason=outcome.summary or outcome.reason,
+    )
+    if not outcome.passed:
+        return RungFailed(f"reset Job failed: {outcome.reason or outcome.summary}")
+    return None
+
+
+async def _node_rung(
+    r: Remediation, attempt: int, action: RungAction, rung: RebootRung | ReplaceRung
+) -> Escalation | RungFailed | Replaced | None:
+    s, j = r.s, r.j
+    device = s.device
+    assert device is not None
+    _enter(r, action, attempt, "the node's provider", rung.timeout)
+    pool = _pool(r)
+    request = MachineActionInput(
+        workflow_id=_incident_key(r),
+        attempt=attempt,
+        action="reboot" if action == "reboot" else "replace",
+        node=device.node,
+        pool=pool,
+    )
+    if pool is None:
+        return Escalation(
+            "repair-failed",
+            f"{action} of node {device.node}: no provider configured (runbook "
+            f"{s.status.runbook} names neither scaleUp.pool nor scaleUp.provider); device held",
+        )
+    # Preflight (asks nothing): an unconfigured provider escalates before the node is drained.
+    call = r.act.reboot_node if action == "reboot" else r.act.replace_node
+    await call(request.model_copy(update={"dry_run": True}))
+    plan = await r.act.find_drain_pods(DrainPodsInput(node=device.node))
+    gpus = max(len(plan.node_gpu_uuids), 1)
+    refused = await _extend_budget(r, gpus, action)
+    if refused is not None:
+        return refused
+    blocked = await _drain(r, plan.pods, action)
+    if blocked is not None:
+        return blocked
+    asked_at = workflow.now()
+    # Recorded before and after: a crash between the two shows the request was being made;
+    # the retried activity carries the same key, so the provider is asked once.
+    j.log(f"{action} requested", outcome=f"attempt {attempt}", reason=f"via {pool.provider}")
+    await j.event(
+        "GPURepairStarted",
+        f"{action} of node {device.node} asked of {pool.provider} (attempt {attempt})",
+        pods=False,
+        owners=False,
+    )
+    done = await call(request)
+    j.log(
+        f"{action} asked" if done.asked else f"{action} already asked",
+        outcome=done.operation or pool.provider,
+        reason=done.detail,
+    )
+    if action == "replace" and s.quarantine is not None:
+        s.quarantine = s.quarantine.model_copy(update={"node_cordoned": False})  # node goes
+    _enter(r, action, attempt, "the node Ready with its GPUs published", rung.timeout)
+    try:
+        back = await r.act.wait_for_node_gpus(
+            WaitNodeGpusInput(
+                node=device.node,
+                replaced=action == "replace",
+                node_pool=device.node_pool,
+                previous_uuids=plan.node_gpu_uuids,
+                asked_at=asked_at,
+                expected_gpus=gpus,
+            ),
+            limit=rung.timeout,
+        )
+    except ACTIVITY_FAILED as err:
+        return RungFailed(
+            f"{action}: node not back with its GPUs within {rung.timeout} ({error_text(err)})"
+        )
+    j.log("node back", outcome=back.node, reason=f"{len(back.gpu_uuids)} GPU(s) published")
+    if action == "replace":
+        return Replaced(back.node, back.gpu_uuids)
+    return None
+
+
+async def _reboot(r: Remediation, attempt: int) -> Escalation | RungFailed | Replaced | None:
+    return await _node_rung(r, attempt, "reboot", r.s.spec.repair.reboot)
+
+
+async def _replace(r: Remediation, attempt: int) -> Escalation | RungFailed | Replaced | None:
+    return await _node_rung(r, attempt, "replace", r.s.spec.repair.replace)
+
+
+_RUNGS = {"reset": _reset, "reboot": _reboot, "replace": _replace}
+
+
+# ------------------------------------------------------------------ helpers -----------------
+
+
+def _enter(r: Remediation, action: str, attempt: int, awaiting: str, limit: timedelta) -> None:
+    r.j.enter(
+        Phase.REPAIRING,
+        awaiting=f"{action} (attempt {attempt}): {awaiting}",
+        until=limit,
+        next_action="validate the repaired device",
+    )
+    r.j.upsert()
+
+
+def _incident_key(r: Remediation) -> str:
+    """The workflow id plus its first run: the same GPU failing again weeks later is a new
+    incident whose reboot / replace must be asked for again (the provider deduplicates by
+    key)."""
+    return f"{r.s.workflow_id}@{workflow.info().first_execution_run_id}"
+
+
+def _pool(r: Remediation) -> NodePoolTarget | None:
+    """Where the node's machine lives: the runbook's scale-up pool, else its provider with the
+    device's own pool."""
+    s = r.s
+    policy = s.spec.scale_up
+    if policy.pool is not None:
+        return policy.pool
+    if policy.provider is None or s.device is None:
+        return None
+    return NodePoolTarget(
+        provider=policy.provider,
+        name=s.device.node_pool or s.device.node,
+        node_pool_label=s.device.node_pool,
+    )
+
+
+async def _extend_budget(r: Remediation, gpus: int, what: str) -> Escalation | None:
+    """The lease grows to every GPU the rung takes out of service (once per size)."""
+    s, j = r.s, r.j
+    device = s.device
+    assert device is not None
+    if gpus <= s.lease_gpus:
+        return None
+    counts = await r.act.count_devices(CountDevicesInput(node_pool=device.node_pool))
+    budget = s.spec.budget
+    pool_limit = BudgetPolicy.limit(budget.max_per_pool, counts.pool_devices)
+    cluster_limit = BudgetPolicy.limit(budget.max_per_cluster, counts.cluster_devices)
+    decision = await r.act.acquire_budget(
+        BudgetLeaseRequest(
+            holder=s.workflow_id,
+            device_key=device.key,
+            node_pool=device.node_pool,
+            pool_limit=pool_limit,
+            cluster_limit=cluster_limit,
+            observed_pool_quarantined=counts.pool_quarantined,
+            observed_cluster_quarantined=counts.cluster_quarantined,
+            gpus=gpus,
+        )
+    )
+    if not decision.granted:
+        return Escalation(
+            "budget-exhausted",
+            f"{what} would take {gpus} GPUs out of service: blast-radius budget refuses "
+            f"({decision.reason}; pool limit {pool_limit}, cluster limit {cluster_limit}); "
+            "not repaired, device held",
+        )
+    s.lease_held = True
+    s.lease_gpus = gpus
+    j.log("budget lease extended", outcome=f"{gpus} GPUs", reason=f"for the {what}")
+    return None
+
+
+async def _drain(r: Remediation, pods: list[PodRef], what: str) -> Escalation | None:
+    """Cordon the node (nothing new lands), evict `pods` through the Eviction API honouring
+    PodDisruptionBudgets for eviction.timeout, wait for them to go; never forced."""
+    s, j = r.s, r.j
+    device = s.device
+    assert device is not None
+    cordon = await r.act.cordon(
+        CordonInput(node=device.node, workflow_id=s.workflow_id), f"cordon node ({what})"
+    )
+    if cordon.changed and s.quarantine is not None:
+        s.quarantine = s.quarantine.model_copy(update={"node_cordoned": True})
+    j.log("node cordoned", outcome=cordon.message, reason=f"for the {what}")
+    if not pods:
+        return None
+    timeout = s.spec.eviction.timeout
+    r.j.enter(
+        Phase.REPAIRING,
+        awaiting=f"{len(pods)} pod(s) drained for the {what} "
+        f"(PodDisruptionBudgets honoured, {format_duration(timeout)})",
+        until=timeout,
+        next_action=what,
+    )
+    result = await r.act.evict_pods(
+        EvictPodsInput(
+            pods=pods,
+            workflow_id=s.workflow_id,
+            reason=f"Sickbay: drained for the {what} of a failed GPU",
+            retry_blocked_for=timeout,
+        )
+    )
+    report = await r.act.wait_eviction(WaitEvictionInput(pods=pods, timeout=timeout))
+    j.log(
+        "drained",
+        outcome=f"{len(report.gone)} gone, {len(report.remaining)} remaining",
+        reason=", ".join(f"{p.namespace}/{p.name}" for p in report.remaining),
+    )
+    if report.remaining:
+        blocked = {(p.namespace, p.name) for p in result.blocked}
+        names = ", ".join(
+            f"{p.namespace}/{p.name}"
+            + (" (PodDisruptionBudget)" if (p.namespace, p.name) in blocked else "")
+            for p in report.remaining
+        )
+        return Escalation(
+            "eviction-timeout",
+            f"the {what} needs node {device.node} drained, but after {timeout} these pods "
+            f"remain: {names}; not forced, not repaired, device held",
+        )
+    return None
+
+
+async def _uncordon(r: Remediation) -> None:
+    """The rung is done: the node Sickbay cordoned for its drain takes pods again (the device
+    itself stays under its rule; the validation pod must be schedulable there)."""
+    s = r.s
+    if s.quarantine is None or not s.quarantine.node_cordoned or s.device is None:
+        return
+    result = await r.act.cordon(
+        CordonInput(node=s.device.node, cordon=False, workflow_id=s.workflow_id),
+        "uncordon node (rung done)",
+    )
+    s.quarantine = s.quarantine.model_copy(update={"node_cordoned": False})
+    r.j.log("node uncordoned", outcome=result.message, reason="rung done; the device stays tainted")
+
+
+async def _job_outcome(
+    r: Remediation, namespace: str, job_name: str, limit: timedelta
+) -> RepairJobOutcome:
+    try:
+        outcome = await r.act.wait_for_repair_job(
+            WaitRepairJobInput(namespace=namespace, job_name=job_name), limit=limit + JOB_MARGIN
+        )
+    except ACTIVITY_FAILED as err:
+        outcome = RepairJobOutcome(passed=False, summary="", reason=error_text(err))
+    try:
+        await r.act.clean_up_repair_job(
+            CleanUpRepairJobInput(namespace=namespace, job_name=job_name)
+        )
+    except ACTIVITY_FAILED as err:  # the Job's TTL removes it within a day
+        r.j.log("repair Job not cleaned up", outcome=job_name, reason=error_text(err))
+    return outcome
+
+
+async def _validate(r: Remediation, attempt: int, action: str) -> RepairJobOutcome:
+    s, j = r.s, r.j
+    device = s.device
+    assert device is not None
+    policy = s.spec.validation
+    dra = device.devices[0] if device.devices else None
+    j.enter(
+        Phase.VALIDATING,
+        awaiting=f"validation Job (dcgmi diag level {policy.level}) after the {action}",
+        until=policy.timeout,
+        next_action="release when it passes, else the next rung",
+    )
+    j.upsert()
+    started = await r.act.start_validation_job(
+        ValidationJobInput(
+            workflow_id=s.workflow_id,
+            attempt=attempt,
+            mode=device.mode,
+            node=device.node,
+            gpu_uuid=device.gpu_uuid,
+            driver=dra.driver if dra else None,
+            pool=dra.pool if dra else None,
+            device=dra.device if dra else None,
+            device_class=device.device_class or "gpu.nvidia.com",
+            taint_key=s.spec.quarantine.taint_key,
+            image=policy.image,
+            command=policy.command,
+            level=policy.level,
+            timeout=policy.timeout,
+        )
+    )
+    outcome = await _job_outcome(r, started.namespace, started.job_name, policy.timeout)
+    verdict = "passed" if outcome.passed else "failed"
+    summary = outcome.summary or outcome.reason
+    s.status.validation = f"{verdict} after {action}: {summary}"[:500]
+    j.log(f"validation {verdict}", outcome=f"after {action}", reason=summary)
+    await j.event(
+        "GPUValidationPassed" if outcome.passed else "GPUValidationFailed",
+        f"validation after {action} {verdict}: {summary}",
+        etype="Normal" if outcome.passed else "Warning",
+        pods=False,
+        owners=False,
+    )
+    return outcome
+
+
+async def _closed_replaced(r: Remediation, new: Replaced) -> Closed:
+    """The old GPU no longer exists: what Sickbay holds for it goes, the remediation ends.
+    The new node's GPUs are new devices (new UUIDs, hence new workflow ids)."""
+    s = r.s
+    assert s.device is not None
+    old = s.device
+    return await release_now(
+        r,
+        f"replaced: node {old.node}'s machine was replaced; new node {new.node} with GPUs "
+        f"{', '.join(new.gpu_uuids) or 'none'}; GPU {old.gpu_uuid} no longer exists, so its "
+        "remediation ends here",
+    )
