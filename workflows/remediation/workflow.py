@@ -281,12 +281,23 @@ class DeviceRemediationWorkflow:
         description="for people, while waiting for replacements: move the Pending (or capacity) "
         'deadline. Input: {"by": "30m", "reason": "why", "actor": "you"} or {"until": "<ISO time>", ...}',
     )
-    def extend_deadline(self, req: ExtendDeadlineRequest) -> ExtendDeadlineResult:
-        return replace.extend_deadline(self._r, req)
+    def extend_deadline(self, raw: Any = None) -> ExtendDeadlineResult:
+        return replace.extend_deadline(self._r, self._update_input(UPD_EXTEND_DEADLINE, raw))
 
     @extend_deadline.validator
-    def _validate_extend(self, req: ExtendDeadlineRequest) -> None:
-        replace.check_extension(self._r, req)
+    def _validate_extend(self, raw: Any = None) -> None:
+        replace.check_extension(self._r, self._update_input(UPD_EXTEND_DEADLINE, raw))
+
+    @staticmethod
+    def _update_input(name: str, raw: Any) -> ExtendDeadlineRequest:
+        """Decode an update typed by a person (Web UI): taken raw, so a bad input is refused by
+        the validator naming the field and the problem (the SDK's own decoding would refuse it
+        as a bare "Failed decoding arguments", the reason hidden in a cause the UI never shows)."""
+        try:
+            return ExtendDeadlineRequest.model_validate(raw)
+        except ValidationError as err:
+            problems = input_problems(err, ExtendDeadlineRequest)
+            raise ValueError(f"invalid {name} input: {problems}") from None
 
     @workflow.query(name=QRY_TIMELINE, description="the ordered timeline of decisions")
     def timeline(self) -> list[TimelineEntry]:
