@@ -34,15 +34,11 @@ from contract.names import LABEL_WORKLOAD_CLASS, SIG_ABORT, UPD_EXTEND_DEADLINE
 from contract.remediation import Phase
 from harness.scenarios import Demo, Progress
 from harness.stack import Stack, StackConfig, free_port
-from tests.webui.test_start_workflow_browser import (  # noqa: F401  (fixtures)
-    README,
-    WAIT_MS,
-    _browser_ok,
-    page,
-)
+from tests.webui.browser import WAIT_MS
 
 pytestmark = [pytest.mark.devserver, pytest.mark.slow]
 
+README = Path(__file__).resolve().parents[2] / "README.md"
 RUNBOOK = "ui-extend"
 SPEC: dict[str, Any] = {
     "confirm": {"staleAfter": "1h"},
@@ -219,5 +215,3 @@ def test_readme_extension_is_valid() -> None:
 
     req = ExtendDeadlineRequest.model_validate(readme_extension())
     assert req.by == timedelta(minutes=30) and req.until is None
-
-
