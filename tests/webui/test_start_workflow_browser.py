@@ -14,9 +14,7 @@ SICKBAY_REQUIRE_BROWSER=1 (set by .ci/run) turns that skip into a failure.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,44 +29,12 @@ from temporalio.testing import WorkflowEnvironment
 from contract.names import WF_REMEDIATE
 from harness.stack import free_port
 from tests.conftest import dev_server_args
+from tests.webui.browser import WAIT_MS
 from tests.workflows.fakes import FakeWorld, new_worker
 
 pytestmark = pytest.mark.devserver
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-CHROMIUM = os.environ.get("SICKBAY_CHROMIUM", "/usr/bin/chromium")
-REQUIRE_ENV = "SICKBAY_REQUIRE_BROWSER"
-# The flags for a quiet, self-contained headless run (no network calls of its own).
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-WAIT_MS = 30_000  # generous on a busy 2-core machine; pages answer within a second or two
-
-
-def _browser_missing() -> str | None:
-    if shutil.which(CHROMIUM) is None:
-        return f"no Chromium at {CHROMIUM}: `apt-get install chromium`"
-    try:
-        import playwright.async_api  # noqa: F401
-    except ImportError:
-        return "playwright is not installed: `make venv` (dev extra)"
-    return None
-
-
-@pytest.fixture(scope="module")
-def _browser_ok() -> None:
-    missing = _browser_missing()
-    if missing is None:
-        return
-    if os.environ.get(REQUIRE_ENV, "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"{REQUIRE_ENV} is set but {missing}")
-    pytest.skip(missing)
 
 
 def readme_ui_launch() -> tuple[str, dict[str, Any]]:
@@ -95,19 +61,6 @@ async def ui_env(_browser_ok: None, temporal_cli_path: str) -> AsyncIterator[tup
         yield env, f"http://127.0.0.1:{ui_port}"
     finally:
         await env.shutdown()
-
-
-@pytest.fixture(scope="module")
-async def page(_browser_ok: None) -> AsyncIterator[Any]:
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as pw:
-        # A fresh profile per launch (playwright gives each browser its own temporary one).
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield await (await browser.new_context()).new_page()
-        finally:
-            await browser.close()
 
 
 async def _start_from_form(

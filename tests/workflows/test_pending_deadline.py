@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from contract.kube import ReplacementReport
@@ -210,3 +211,41 @@ async def test_worker_restart_keeps_the_deadline(time_skipping_env: WorkflowEnvi
         fired.event_time.ToDatetime().replace(tzinfo=first.deadline.tzinfo) - first.deadline
     ) < timedelta(seconds=1)  # type: ignore[union-attr]
     assert status.escalation_reason == "pending-deadline"
+
+
+async def test_undecodable_extension_is_refused_naming_the_problem(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """An input typed by a person (the Web UI's *Send an Update*): the refusal the caller sees
+    names the problem itself, not the SDK's bare "Failed decoding arguments"."""
+    client = time_skipping_env.client
+    world = pending_world()
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        waiting = await past_deadline(
+            time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT, past=-timedelta(minutes=4)
+        )
+        refusals = {}
+        for name, body in {
+            "both": {"by": "30m", "until": "2030-01-01T00:00:00Z", "reason": "x", "actor": "e"},
+            "negative": {"by": -300, "reason": "x", "actor": "e"},
+            "bad duration": {"by": "-5m", "reason": "x", "actor": "e"},
+            "typo": {"by": "30m", "reason": "x", "actor": "e", "actr": "e"},
+            "not an object": ["30m"],
+        }.items():
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await handle.execute_update(UPD_EXTEND_DEADLINE, body, result_type=Any)
+            cause = refused.value.cause
+            assert isinstance(cause, ApplicationError)
+            refusals[name] = cause.message
+        status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+        entries = await handle.query("timeline")
+        await handle.terminate("test over")
+    assert refusals["both"].startswith("invalid extend-deadline input: ")
+    assert "give exactly one of `by` (a duration) or `until` (a time)" in refusals["both"]
+    assert "`by` must be positive" in refusals["negative"]
+    assert refusals["bad duration"].startswith("invalid extend-deadline input: by: ")
+    assert "actr: unknown field (fields: by, until, reason, actor)" in refusals["typo"]
+    assert "must be a JSON object" in refusals["not an object"]
+    assert status.deadline == waiting.deadline  # nothing moved
+    assert not [e for e in entries if e["action"].startswith("deadline extended")]

@@ -46,6 +46,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
@@ -567,6 +568,32 @@ async def test_approve_update_then_quarantine(time_skipping_env: WorkflowEnviron
     assert len(world.args(ACT_QUARANTINE)) == 1
     approved = next(e for e in result.timeline if e.action == "approved")
     assert approved.actor == "carol"
+
+
+async def test_bad_approve_input_is_refused_naming_the_problem(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """An `approve` typed in the Web UI with a missing or unknown field: the refusal names the
+    field (not the SDK's bare "Failed decoding arguments"); a good one afterwards still works."""
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=with_spec("inference", approval={"required": True, "timeout": "1h"}))
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.AWAITING_APPROVAL)
+        refusals = []
+        for body in ({"approve": True}, {"approve": True, "actor": "carol", "reasn": "go"}):
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await handle.execute_update(UPD_APPROVE, body, result_type=ApprovalResult)
+            assert isinstance(refused.value.cause, ApplicationError)
+            refusals.append(refused.value.cause.message)
+        reply = await handle.execute_update(
+            UPD_APPROVE, {"approve": True, "actor": "carol"}, result_type=ApprovalResult
+        )
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.terminate("test over")
+    assert refusals[0] == "invalid approve input: actor: Field required"
+    assert refusals[1].startswith("invalid approve input: reasn: unknown field")
+    assert reply.accepted
 
 
 async def test_eviction_timeout_then_force(time_skipping_env: WorkflowEnvironment) -> None:

@@ -264,7 +264,8 @@ class DeviceRemediationWorkflow:
         name=UPD_APPROVE,
         description='for people, while awaiting-approval. Input: {"approve": true, "actor": "you", "reason": "why"}',
     )
-    def approve(self, decision: ApprovalDecision) -> ApprovalResult:
+    def approve(self, raw: Any = None) -> ApprovalResult:
+        decision = self._update_input(UPD_APPROVE, ApprovalDecision, raw)
         self._r.s.decision = decision
         self._r.j.log_sent(
             "decision",
@@ -275,7 +276,8 @@ class DeviceRemediationWorkflow:
         return ApprovalResult(accepted=True, phase=self._r.s.status.phase)
 
     @approve.validator
-    def _validate_approve(self, decision: ApprovalDecision) -> None:
+    def _validate_approve(self, raw: Any = None) -> None:
+        self._update_input(UPD_APPROVE, ApprovalDecision, raw)
         s = self._r.s
         if s.status.phase is not Phase.AWAITING_APPROVAL:
             raise ValueError(
@@ -290,12 +292,25 @@ class DeviceRemediationWorkflow:
         description="for people, while waiting for replacements: move the Pending (or capacity) "
         'deadline. Input: {"by": "30m", "reason": "why", "actor": "you"} or {"until": "<ISO time>", ...}',
     )
-    def extend_deadline(self, req: ExtendDeadlineRequest) -> ExtendDeadlineResult:
+    def extend_deadline(self, raw: Any = None) -> ExtendDeadlineResult:
+        req = self._update_input(UPD_EXTEND_DEADLINE, ExtendDeadlineRequest, raw)
         return replace.extend_deadline(self._r, req)
 
     @extend_deadline.validator
-    def _validate_extend(self, req: ExtendDeadlineRequest) -> None:
+    def _validate_extend(self, raw: Any = None) -> None:
+        req = self._update_input(UPD_EXTEND_DEADLINE, ExtendDeadlineRequest, raw)
         replace.check_extension(self._r, req)
+
+    @staticmethod
+    def _update_input(name: str, model: type[M], raw: Any) -> M:
+        """Decode an update typed by a person (Web UI): taken raw, so a bad input is refused by
+        the validator naming the field and the problem (the SDK's own decoding would refuse it
+        as a bare "Failed decoding arguments", the reason hidden in a cause the UI never shows)."""
+        try:
+            return model.model_validate(raw)
+        except ValidationError as err:
+            problems = input_problems(err, model)
+            raise ValueError(f"invalid {name} input: {problems}") from None
 
     @workflow.query(name=QRY_TIMELINE, description="the ordered timeline of decisions")
     def timeline(self) -> list[TimelineEntry]:
