@@ -67,6 +67,9 @@ class RepairJobInput(Contract):
     """A reset Job: pinned to `node`, privileged, one try."""
 
     workflow_id: str
+    # The incident (`<workflow id>@<first run id>`): with the attempt it names the Job, so a Job
+    # an earlier incident of the same GPU left behind is never read as this attempt's.
+    incident: str = Field(min_length=1)
     attempt: int = Field(default=1, ge=1)  # the rung attempt: a new attempt, a new Job
     node: str
     gpu_uuids: list[str] = Field(min_length=1)
@@ -81,6 +84,7 @@ class ValidationJobInput(Contract):
     """A validation Job on the repaired device itself."""
 
     workflow_id: str
+    incident: str = Field(min_length=1)  # as RepairJobInput.incident
     attempt: int = Field(default=1, ge=1)
     mode: ClusterMode = "dra"
     node: str

@@ -78,8 +78,8 @@ def _name(kind: str, key: str) -> str:
     return f"sickbay-{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def _attempt_key(workflow_id: str, kind: str, attempt: int) -> str:
-    return f"{workflow_id}/{kind}/{attempt}"
+def _attempt_key(incident: str, kind: str, attempt: int) -> str:
+    return f"{incident}/{kind}/{attempt}"
 
 
 # -- holders and reset groups --------------------------------------------------------------------
@@ -274,7 +274,7 @@ def reset_job_manifest(inp: RepairJobInput) -> dict[str, Any]:
     command = fill_command(
         inp.command or list(DEFAULT_RESET_COMMAND), uuid=uuids, node=inp.node, level=0
     )
-    key = _attempt_key(inp.workflow_id, "reset", inp.attempt)
+    key = _attempt_key(inp.incident, "reset", inp.attempt)
     container = {
         "name": "reset",
         "image": inp.image,
@@ -309,7 +309,7 @@ def validation_manifests(
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(Job, claim or None). DRA: a claim selecting the device by its uuid attribute and
     tolerating Sickbay's taint; device plugin: pinned to the node, the GPU by UUID."""
-    key = _attempt_key(inp.workflow_id, "validation", inp.attempt)
+    key = _attempt_key(inp.incident, "validation", inp.attempt)
     name = _name("validate", key)
     command = fill_command(
         inp.command or list(DEFAULT_VALIDATION_COMMAND),

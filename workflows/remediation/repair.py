@@ -242,6 +242,7 @@ async def _reset(r: Remediation, attempt: int) -> Escalation | RungFailed | None
     started = await r.act.start_reset_job(
         RepairJobInput(
             workflow_id=s.workflow_id,
+            incident=_incident_key(r),
             attempt=attempt,
             node=device.node,
             gpu_uuids=uuids,
@@ -517,6 +518,7 @@ async def _validate(r: Remediation, attempt: int, action: str) -> RepairJobOutco
     started = await r.act.start_validation_job(
         ValidationJobInput(
             workflow_id=s.workflow_id,
+            incident=_incident_key(r),
             attempt=attempt,
             mode=device.mode,
             node=device.node,

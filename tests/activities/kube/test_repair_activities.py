@@ -109,7 +109,9 @@ async def test_reset_passes_once_per_attempt(make: Any, profile: str) -> None:
     uuid = t.uuid_of(node, 0)
     _faults(t).fail(node, uuid, xid=48)
     await t.run(acts.check_gpu_holders, GpuHoldersInput(node=node, gpu_uuids=[uuid]))
-    inp = RepairJobInput(workflow_id="wf-1", attempt=1, node=node, gpu_uuids=[uuid])
+    inp = RepairJobInput(
+        workflow_id="wf-1", incident="wf-1@run-1", attempt=1, node=node, gpu_uuids=[uuid]
+    )
     first = await t.run(acts.start_reset_job, inp)
     again = await t.run(acts.start_reset_job, inp)
     assert first.created and not again.created and again.job_name == first.job_name
@@ -131,7 +133,8 @@ async def test_reset_of_a_gpu_off_the_bus_fails(make: Any) -> None:
     uuid = t.uuid_of(node, 0)
     _faults(t).fail(node, uuid, xid=79)
     job = await t.run(
-        acts.start_reset_job, RepairJobInput(workflow_id="wf", node=node, gpu_uuids=[uuid])
+        acts.start_reset_job,
+        RepairJobInput(workflow_id="wf", incident="wf@run-1", node=node, gpu_uuids=[uuid]),
     )
     outcome = await _outcome(t, acts, job)
     assert not outcome.passed and "GPU is lost" in outcome.summary
@@ -177,7 +180,7 @@ async def test_reset_group_on_an_nvswitch_baseboard(make: Any, profile: str, sou
     _faults(t).fail(node, uuids[2], xid=95)
     job = await t.run(
         acts.start_reset_job,
-        RepairJobInput(workflow_id="wf", node=node, gpu_uuids=group.gpu_uuids),
+        RepairJobInput(workflow_id="wf", incident="wf@run-1", node=node, gpu_uuids=group.gpu_uuids),
     )
     outcome = await _outcome(t, acts, job)
     assert outcome.passed and outcome.summary.count("successfully reset") == 4
@@ -223,6 +226,7 @@ async def test_validation(make: Any, profile: str, healthy: bool) -> None:
         _faults(t).fail(node, uuid, degrade="ecc-sbe")
     inp = ValidationJobInput(
         workflow_id="wf",
+        incident="wf@run-1",
         mode="dra" if t.dra else "device-plugin",
         node=node,
         gpu_uuid=uuid,
@@ -270,12 +274,15 @@ async def test_dry_run_creates_nothing(make: Any) -> None:
     uuid = t.uuid_of(node, 0)
     reset = await t.run(
         acts.start_reset_job,
-        RepairJobInput(workflow_id="wf", node=node, gpu_uuids=[uuid], dry_run=True),
+        RepairJobInput(
+            workflow_id="wf", incident="wf@run-1", node=node, gpu_uuids=[uuid], dry_run=True
+        ),
     )
     check = await t.run(
         acts.start_validation_job,
         ValidationJobInput(
             workflow_id="wf",
+            incident="wf@run-1",
             node=node,
             gpu_uuid=uuid,
             driver=DRIVER,
@@ -297,6 +304,7 @@ async def test_validation_claim_must_tolerate_sickbays_taint(make: Any) -> None:
         _taint(t, node, f"gpu-{i}")
     inp = ValidationJobInput(
         workflow_id="wf",
+        incident="wf@run-1",
         node=node,
         gpu_uuid=t.uuid_of(node, 0),
         driver=DRIVER,
@@ -357,3 +365,23 @@ async def test_drain_lists_of_a_group_and_of_the_node(make: Any, profile: str) -
     whole = await t.run(acts.find_drain_pods, DrainPodsInput(node=node))
     assert [(p.namespace, p.name) for p in whole.pods] == [("ml", "on-gpu-1"), ("ml", "on-gpu-3")]
     assert len(whole.node_gpu_uuids) == 4
+
+
+def test_a_new_incident_of_the_same_gpu_gets_its_own_jobs() -> None:
+    """The same GPU failing again later (a new run of the same workflow id) must not read the
+    Job an earlier incident left behind (kept a day by its TTL) as its own attempt's result."""
+    from activities.kube.repair import reset_job_manifest, validation_manifests
+
+    def reset(incident: str) -> str:
+        inp = RepairJobInput(workflow_id="wf", incident=incident, node="n", gpu_uuids=["GPU-1"])
+        return str(reset_job_manifest(inp)["metadata"]["name"])
+
+    def validation(incident: str) -> str:
+        inp = ValidationJobInput(
+            workflow_id="wf", incident=incident, mode="device-plugin", node="n", gpu_uuid="GPU-1"
+        )
+        return str(validation_manifests(None, inp)[0]["metadata"]["name"])
+
+    assert reset("wf@run-1") == reset("wf@run-1")  # a retry of one attempt: the same Job
+    assert reset("wf@run-1") != reset("wf@run-2")
+    assert validation("wf@run-1") != validation("wf@run-2")
