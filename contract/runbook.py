@@ -144,6 +144,7 @@ EscalationReason = Literal[
     "churn",
     "application-error",
     "error",
+    "gpu-retired",
 ]
 ALL_ESCALATION_REASONS: tuple[EscalationReason, ...] = EscalationReason.__args__  # type: ignore[attr-defined]
 

@@ -40,6 +40,7 @@ from activities.capacity import CapacityActivities
 from activities.cloud import CloudActivities
 from activities.kube import KubeActivities
 from activities.launch import LaunchActivities
+from activities.ledger import LedgerActivities
 from activities.maintenance import MaintenanceActivities
 from activities.notify.activities import NotifyActivities
 from activities.runbooks import RunbookActivities
@@ -60,6 +61,7 @@ from contract.names import (
     WF_SWEEP,
     budget_task_queue,
     budget_workflow_id,
+    ledger_workflow_id,
 )
 from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
 from worker.identity import SenderIdentityRunner
@@ -68,6 +70,7 @@ from worker.settings import Settings
 from worker.watcher import build_health_watcher
 from workflows.budget import BudgetWorkflow
 from workflows.identity import SenderIdentityInterceptor
+from workflows.ledger import GpuLedgerWorkflow
 from workflows.maintenance import MaintenanceWorkflow
 from workflows.pool_scaler import PoolScalerWorkflow
 from workflows.rejections import RejectionsWorkflow
@@ -87,6 +90,7 @@ WORKFLOWS: list[type] = [
     RejectionsWorkflow,
     PoolScalerWorkflow,
     HealthSweepWorkflow,
+    GpuLedgerWorkflow,
 ]
 
 # Activities each workflow type calls; the worker refuses to start when one is missing.
@@ -158,6 +162,13 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
                     client,
                     settings.task_queue,
                     workflow_id=budget_workflow_id(settings.task_queue, settings.cluster),
+                )
+            ),
+            *activities_of(
+                LedgerActivities(
+                    client,
+                    settings.task_queue,
+                    workflow_id=ledger_workflow_id(settings.task_queue, settings.cluster),
                 )
             ),
         ]

@@ -39,6 +39,8 @@ NEEDED: dict[str, str] = {
     "DeviceTaintRule support of the scheduler (kubernetes#139651) and the pods' tolerations",
     "application-error": "check the workload: the GPU looked fine, the program failed",
     "error": "look at the timeline: a step failed and automation stopped",
+    "gpu-retired": "RMA the GPU (it failed too often: see its history), or un-retire it "
+    "with a reason (sickbay gpus unretire)",
 }
 
 

@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
         QuarantineResult,
         ResolvedDevice,
     )
+    from contract.ledger import LedgerDecision
     from contract.remediation import (
         AbortRequest,
         AlertEvidence,
@@ -64,6 +65,8 @@ class RemediationState:
     waiting_for_budget: bool = False  # the next run confirms afresh and asks again
     # Aggregated Kubernetes Events: how often each (reason, object) was told so far.
     event_counts: dict[str, int] = field(default_factory=dict)
+    retired: bool = False  # a lemon (GPU ledger): never released until un-retired
+    incident: str = ""  # the GPU ledger's key: <workflow id>/<first run id>, kept across runs
     # --- this run only ----------------------------------------------------------------------
     consumers: list[Consumer] = field(default_factory=list)
     # Pods that exist now, for Events: None = the consumers (not evicted yet); then the ones
@@ -74,6 +77,7 @@ class RemediationState:
     sa_phase: Phase | None = None  # the phase last written to the search attributes
     health_only: bool = False  # holding under release.mode healthy-cooldown
     undoing: bool = False  # set once an abort is being handled: undo steps run to the end
+    lemon: LedgerDecision | None = None  # the GPU ledger's answer to this run's failure
     # --- signal / update flags ------------------------------------------------------------
     abort: AbortRequest | None = None
     repaired: RepairedRequest | None = None
