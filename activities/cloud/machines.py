@@ -1,7 +1,19 @@
 """Reboot and replace of one node through its provider: the node rungs of the repair ladder.
 
-Built: Cluster API and GKE. Not built yet: AKS (VMSS instance `restart` / `delete`) and the
-generic HTTP provider.
+Built: Cluster API, GKE and AKS. Not built yet: the generic HTTP provider.
+
+AKS (Azure Resource Manager, Microsoft.Compute VMSS VMs, with the AKS provider's endpoint and
+credentials):
+- the node's VM from its `spec.providerID` (`azure:///subscriptions/<s>/resourceGroups/<rg>/`
+  `providers/Microsoft.Compute/virtualMachineScaleSets/<vmss>/virtualMachines/<id>`);
+- reboot: `POST <vm>/restart?api-version=2024-07-01` (202, `Azure-AsyncOperation`);
+- replace: `DELETE <vm>?api-version=2024-07-01`; the agent pool (its count, or the cluster
+  autoscaler) brings a new VM, a new node with new GPUs;
+- asked for once per attempt: ARM has no request ids. A replace first reads the VM: gone (404)
+  or `provisioningState: Deleting` means it was asked already, and nothing is asked again. A
+  reboot's key is remembered by the worker that asked, so a retried attempt there asks nothing
+  again; a worker killed between ARM's 202 and the activity's answer leaves no trace, and the
+  retry on another worker restarts the VM once more (a restart of a VM that is restarting).
 
 GKE (Compute Engine API v1, with the GKE provider's endpoint, credentials and compute hosts):
 - the node's instance from its `spec.providerID` (`gce://<project>/<zone>/<instance>`);
@@ -35,6 +47,7 @@ RBAC: get/list/patch/delete on machines.cluster.x-k8s.io; get on nodes.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid as uuidlib
 from typing import Any, Protocol
 
@@ -42,8 +55,9 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.cloud.aks import AzureToken
 from activities.cloud.base import CloudRejected, CloudUnavailable, json_of, send
-from activities.cloud.config import GkeConfig
+from activities.cloud.config import AksConfig, GkeConfig
 from activities.cloud.gke import GkeNodePools
 from activities.outbound import ConfigError
 from contract.capacity import NodePoolTarget
@@ -308,6 +322,112 @@ class GkeMachines:
             node=node,
             operation=str(op.get("name", "")),
             detail=f"recreateInstances of {zone}/{name} in {igm.rsplit('/', 1)[-1]}",
+        )
+
+
+AZURE_COMPUTE_API = "2024-07-01"
+_AZURE_VM = re.compile(
+    r"^azure:///subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/"
+    r"virtualMachineScaleSets/([^/]+)/virtualMachines/([^/]+)$",
+    re.IGNORECASE,
+)
+
+
+class AksMachines:
+    """Reboot / replace of AKS nodes' VMSS VMs; the node is read through the kubernetes client."""
+
+    def __init__(self, client: httpx.AsyncClient, config: AksConfig, api_client: Any) -> None:
+        from kubernetes.client import CoreV1Api
+
+        self._client = client
+        self._endpoint = config.endpoint.rstrip("/")
+        self._token = AzureToken(client, config)
+        self._core = CoreV1Api(api_client)
+        self._asked: dict[str, str] = {}  # reboot keys this worker asked for -> operation
+
+    async def _vm_url(self, node: str) -> str:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = await asyncio.to_thread(self._core.read_node, node)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise NodeGone(f"node {node} not found: no VM to act on") from exc
+            raise CloudUnavailable(f"get node {node}: HTTP {exc.status}") from exc
+        provider_id = str(getattr(obj.spec, "provider_id", None) or "")
+        match = _AZURE_VM.match(provider_id)
+        if match is None:
+            raise ConfigError(
+                f"node {node} has providerID {provider_id!r}, not azure:///subscriptions/.../"
+                "virtualMachineScaleSets/<vmss>/virtualMachines/<id>: not an AKS VMSS node"
+            )
+        sub, rg, vmss, instance = match.groups()
+        return (
+            f"{self._endpoint}/subscriptions/{sub}/resourceGroups/{rg}/providers/"
+            f"Microsoft.Compute/virtualMachineScaleSets/{vmss}/virtualMachines/{instance}"
+        )
+
+    async def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {await self._token.get()}", "Accept": "application/json"}
+
+    async def reboot(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        if key in self._asked:
+            return MachineActionResult(
+                action="reboot",
+                node=node,
+                operation=self._asked[key],
+                asked=False,
+                detail="restart already asked for under this key",
+            )
+        vm = await self._vm_url(node)
+        response = await send(
+            self._client,
+            "POST",
+            f"{vm}/restart?api-version={AZURE_COMPUTE_API}",
+            headers=await self._headers(),
+        )
+        operation = response.headers.get("azure-asyncoperation", "")
+        self._asked[key] = operation
+        return MachineActionResult(
+            action="reboot",
+            node=node,
+            operation=operation,
+            detail=f"VMSS VM restart of {vm.split('/virtualMachineScaleSets/', 1)[1]}",
+        )
+
+    async def replace(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        try:
+            vm = await self._vm_url(node)
+        except NodeGone:
+            return MachineActionResult(
+                action="replace", node=node, asked=False, detail="node gone: deleted already"
+            )
+        headers = await self._headers()
+        url = f"{vm}?api-version={AZURE_COMPUTE_API}"
+        try:
+            current = json_of(await send(self._client, "GET", url, headers=headers))
+        except CloudRejected as err:
+            if err.status != 404:
+                raise
+            return MachineActionResult(
+                action="replace", node=node, asked=False, detail="the VM is gone already"
+            )
+        state = str((current.get("properties") or {}).get("provisioningState", ""))
+        if state == "Deleting":
+            return MachineActionResult(
+                action="replace", node=node, asked=False, detail="the VM is being deleted"
+            )
+        response = await send(self._client, "DELETE", url, headers=headers)
+        return MachineActionResult(
+            action="replace",
+            node=node,
+            operation=response.headers.get("azure-asyncoperation", ""),
+            detail=f"VMSS VM {vm.split('/virtualMachineScaleSets/', 1)[1]} deleted: its "
+            "agent pool brings a new one",
         )
 
 
