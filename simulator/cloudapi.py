@@ -162,6 +162,7 @@ class CloudApi:
         self.vmss_nodes: dict[str, str] = {}
         self._deleted_vms: set[str] = set()
         self._arm_ops: set[str] = set()
+        self._http_keys: dict[str, dict[str, Any]] = {}  # http provider: Idempotency-Key -> answer
         self.clock = clock or _RealClock()
         self.project, self.location, self.cluster = project, location, cluster
         self.pools: dict[str, SimPool] = {}
@@ -331,6 +332,16 @@ class CloudApi:
                 return _arm_error(404, "NotFound", f"operation {op} not found")
             return {"name": op, "status": "Succeeded"}
 
+        # A generic in-house machine API (Sickbay's `http` provider): one call per rung, acted
+        # on once per Idempotency-Key (a repeated key gets the first answer, nothing again).
+        @app.post("/v1/machines/{node}:reboot")
+        async def http_reboot(node: str, request: Request) -> Any:
+            return self._http_machine_op("reset", node, request.headers.get("idempotency-key"))
+
+        @app.delete("/v1/machines/{node}")
+        async def http_delete(node: str, request: Request) -> Any:
+            return self._http_machine_op("delete", node, request.headers.get("idempotency-key"))
+
         @app.get("/compute/v1/projects/{project}/zones/{zone}/instanceGroupManagers/{igm}")
         async def get_igm(project: str, zone: str, igm: str) -> Any:
             for pool in self.pools.values():
@@ -405,6 +416,21 @@ class CloudApi:
             f"{self.location}/operations/{op}"
         )
         return Response(status_code=202, headers={"Azure-AsyncOperation": url})
+
+    def _http_machine_op(self, action: str, node: str, key: str | None) -> Any:
+        if not key:
+            return JSONResponse({"message": "Idempotency-Key header required"}, status_code=400)
+        if key in self._http_keys:
+            return JSONResponse(self._http_keys[key], status_code=202)
+        if self.on_instance is not None:
+            try:
+                self.on_instance(action, node)
+            except KeyError:
+                return JSONResponse({"message": f"machine {node} not found"}, status_code=404)
+        self.instance_calls.append((action, node))
+        answer = {"id": f"op-{next(self._seq)}", "action": action, "machine": node}
+        self._http_keys[key] = answer
+        return JSONResponse(answer, status_code=202)
 
     def _check(self, request: Request) -> JSONResponse | None:
         header = request.headers.get("authorization", "")

@@ -1,6 +1,12 @@
 """Reboot and replace of one node through its provider: the node rungs of the repair ladder.
 
-Built: Cluster API, GKE and AKS. Not built yet: the generic HTTP provider.
+Built: Cluster API, GKE, AKS and the generic HTTP provider.
+
+Generic HTTP (a worker-side profile, `HttpProfile.reboot` / `.replace` in the cloud config
+file; the pool's `profile` names it): one templated call each, with `{node}` and
+`{provider_id}` besides the pool's placeholders, sent with the profile's idempotency header
+carrying the attempt's key: the API is expected to act once per key (as the twin's does). A
+profile without the call: RepairProviderNotConfigured. A 404 on replace: the machine is gone.
 
 AKS (Azure Resource Manager, Microsoft.Compute VMSS VMs, with the AKS provider's endpoint and
 credentials):
@@ -57,7 +63,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities.cloud.aks import AzureToken
 from activities.cloud.base import CloudRejected, CloudUnavailable, json_of, send
-from activities.cloud.config import AksConfig, GkeConfig
+from activities.cloud.config import AksConfig, GkeConfig, HttpCall, HttpProfile
+from activities.cloud.http import HttpNodePools
 from activities.cloud.gke import GkeNodePools
 from activities.outbound import ConfigError
 from contract.capacity import NodePoolTarget
@@ -429,6 +436,85 @@ class AksMachines:
             detail=f"VMSS VM {vm.split('/virtualMachineScaleSets/', 1)[1]} deleted: its "
             "agent pool brings a new one",
         )
+
+
+class HttpMachines:
+    """Reboot / replace through a generic HTTP profile (provider `http`, the pool's `profile`)."""
+
+    def __init__(
+        self, client: httpx.AsyncClient, profiles: dict[str, HttpProfile], api_client: Any
+    ) -> None:
+        from kubernetes.client import CoreV1Api
+
+        self._client = client
+        self._profiles = profiles
+        self._core = CoreV1Api(api_client)
+
+    async def _provider_id(self, node: str) -> str | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = await asyncio.to_thread(self._core.read_node, node)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise CloudUnavailable(f"get node {node}: HTTP {exc.status}") from exc
+        return str(getattr(obj.spec, "provider_id", None) or "")
+
+    def _profile(self, pool: NodePoolTarget | None, action: str) -> tuple[HttpProfile, HttpCall]:
+        name = pool.profile if pool else None
+        profile = self._profiles.get(name or "")
+        if profile is None:
+            raise ConfigError(
+                f"no HTTP profile {name!r} for the node {action} "
+                f"(configured: {', '.join(sorted(self._profiles)) or 'none'})"
+            )
+        call = profile.reboot if action == "reboot" else profile.replace
+        if call is None:
+            raise ConfigError(f"HTTP profile {name!r} has no `{action}` call")
+        return profile, call
+
+    async def _act(
+        self, action: str, node: str, key: str, pool: NodePoolTarget | None
+    ) -> MachineActionResult:
+        profile, call = self._profile(pool, action)
+        provider_id = await self._provider_id(node)
+        if provider_id is None and action == "replace":
+            return MachineActionResult(
+                action="replace", node=node, asked=False, detail="node gone: replaced already"
+            )
+        assert pool is not None  # _profile found one through it
+        pools = HttpNodePools(self._client, profile)
+        values = pools._values(pool, node=node, provider_id=provider_id, idempotency_key=key)
+        extra = {profile.idempotency_header: key} if profile.idempotency_header else {}
+        try:
+            response = await pools._call(call, values, extra)
+        except CloudRejected as err:
+            if action == "replace" and err.status == 404:
+                return MachineActionResult(
+                    action="replace", node=node, asked=False, detail="the machine is gone already"
+                )
+            raise
+        operation = ""
+        if profile.operation_id_header:
+            operation = response.headers.get(profile.operation_id_header, "")
+        return MachineActionResult(
+            action=action,  # type: ignore[arg-type]
+            node=node,
+            operation=operation,
+            detail=f"{call.method} {action} of {node} through HTTP profile {pool.profile} "
+            f"(HTTP {response.status_code})",
+        )
+
+    async def reboot(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        return await self._act("reboot", node, key, pool)
+
+    async def replace(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        return await self._act("replace", node, key, pool)
 
 
 class MachineActivities:
