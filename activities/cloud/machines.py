@@ -64,8 +64,8 @@ from temporalio.exceptions import ApplicationError
 from activities.cloud.aks import AzureToken
 from activities.cloud.base import CloudRejected, CloudUnavailable, json_of, send
 from activities.cloud.config import AksConfig, GkeConfig, HttpCall, HttpProfile
-from activities.cloud.http import HttpNodePools
 from activities.cloud.gke import GkeNodePools
+from activities.cloud.http import HttpNodePools
 from activities.outbound import ConfigError
 from contract.capacity import NodePoolTarget
 from contract.errors import ERR_CLOUD_UNAVAILABLE, ERR_PROVIDER_NOT_CONFIGURED, ERR_PROVIDER_REFUSED
