@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from contract.base import format_duration
     from contract.ledger import (
         GpuRecord,
         GpuSummary,
@@ -52,6 +53,13 @@ with workflow.unsafe.imports_passed_through():
         WF_GPU_LEDGER,
     )
     from workflows.identity import claimed_by, sender_identity
+
+
+def span(value: timedelta) -> str:
+    """`7d`, `36h`, `90m`: a lemons window as a person writes it."""
+    if value and value % timedelta(days=1) == timedelta(0):
+        return f"{value // timedelta(days=1)}d"
+    return format_duration(value)
 
 
 def _day(at: datetime) -> str:
@@ -114,7 +122,7 @@ class GpuLedgerWorkflow:
             newly = True
             gpu.retired_at = now
             gpu.retired_reason = (
-                f"{len(in_window)} failures within {req.window} (lemons: {req.failures})"
+                f"{len(in_window)} failures within {span(req.window)} (lemons: {req.failures})"
             )
             gpu.entries.append(
                 LedgerEntry(

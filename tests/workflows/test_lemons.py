@@ -19,11 +19,13 @@ Cases:
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 
 import pytest
 from pydantic import ValidationError
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -244,12 +246,29 @@ async def test_third_failure_retires_one_rma_no_release_then_unretire(
     assert len(world.args(ACT_RECORD_GPU_FAILURE)) == 0  # the real ledger answered, no fake
 
 
+def _timers(history) -> int:
+    return sum(1 for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED)
+
+
+async def _eventually(check, within: float = 60.0):
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + within
+    while loop.time() < give_up:
+        value = await check()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError("never happened")
+
+
 async def _retire_then_unretire(env, client, world, ledger, worker):
     # Automatic time skipping would jump the clock past the window while a run waits for its
     # result: the three failures happen at one time (window counting: the ledger tests above).
     with env.auto_time_skipping_disabled():
+        runs: list[str | None] = []
         for n in (1, 2):  # two failures, each repaired by hand
             handle = await start(client, worker, world, alerts=[xid_alert(48, f"fp-{n}")])
+            runs.append(handle.result_run_id)
             await wait_phase(handle, Phase.HOLDING)
             await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
             assert (await handle.result()).outcome == "released"
@@ -261,13 +280,22 @@ async def _retire_then_unretire(env, client, world, ledger, worker):
     [page] = _pages(world)
     assert page.incident.reason == "gpu-retired" and "RMA" in page.incident.summary
     assert page.incident.summary.count("failure Xid 48") == 3  # the ledger's history
-    # Neither a repaired mark, a Healthy cool-down nor a repeat alert releases or pages.
+    # Neither a repaired mark, a Healthy cool-down nor a repeat alert releases or pages: the
+    # retired hold runs no health-check timer at all (a hold in release mode `either` starts
+    # one at once, as the first runs' did), and the mark is only noted.
     world.later_health = "Healthy"
     await third.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
     await third.signal(SIG_ALERT, xid_alert(48, "fp-3b"))
-    await env.sleep(timedelta(hours=2))
-    timeline = await _timeline(third)
+
+    async def noted() -> list[TimelineEntry]:
+        entries = await _timeline(third)
+        return entries if any(e.action == "repair noted" for e in entries) else []
+
+    timeline = await _eventually(noted)
     assert any(e.action == "repair noted" and "retired" in e.reason for e in timeline)
+    assert _timers(await third.fetch_history()) == 0
+    first = client.get_workflow_handle(third.id, run_id=runs[0])
+    assert _timers(await first.fetch_history()) >= 1
     assert len(_pages(world)) == 1
     assert len(world.args(ACT_RELEASE_QUARANTINE)) == 2  # only the first two runs released
     assert (await third.describe()).status.name == "RUNNING"

@@ -22,7 +22,6 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from contract.base import format_duration
     from contract.ledger import (
         LedgerDecision,
         RecordFailureInput,
@@ -30,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
         UnretireNotice,
     )
     from contract.remediation import Phase
-    from workflows.ledger import describe
+    from workflows.ledger import describe, span
     from workflows.remediation.calls import ACTIVITY_FAILED, error_text
     from workflows.remediation.context import Remediation
     from workflows.remediation.outcome import Escalation
@@ -40,11 +39,13 @@ RMA_HISTORY_LINES = 12
 
 
 def incident_id(r: Remediation) -> str:
-    """The ledger's idempotency key for this remediation: its workflow id and its first run's
-    id, carried across continue-as-new (`RemediationCarry.incident`)."""
+    """The ledger's idempotency key for this remediation: its workflow id and the id of the run
+    that first recorded, carried across continue-as-new (`RemediationCarry.incident`). Not
+    `first_execution_run_id`: the test server gives a fresh run under a reused id the earlier
+    run's, which would merge two incidents."""
     if not r.s.incident:
         info = workflow.info()
-        r.s.incident = f"{info.workflow_id}/{info.first_execution_run_id or info.run_id}"
+        r.s.incident = f"{info.workflow_id}/{info.run_id}"
     return r.s.incident
 
 
@@ -81,9 +82,7 @@ async def record_failure(r: Remediation) -> None:
         )
         return
     s.lemon = decision
-    count = (
-        f"{decision.failures_in_window} of {lemons.failures} in {format_duration(lemons.window)}"
-    )
+    count = f"{decision.failures_in_window} of {lemons.failures} in {span(lemons.window)}"
     if not decision.retired:
         j.log("failure recorded", outcome=count)
         return
@@ -112,7 +111,7 @@ def rma(r: Remediation, ended: Escalation | None) -> Escalation | None:
     s, decision = r.s, r.s.lemon
     if not s.retired or decision is None or not decision.rma_due or s.escalated:
         return ended
-    ask = f"GPU {s.status.device} is retired (lemon: {rma_history(decision)}); RMA it"
+    ask = f"retired as a lemon ({rma_history(decision)}); RMA it"
     if ended is None:
         return Escalation("gpu-retired", ask)
     return Escalation(ended.reason, f"{ended.summary}; {ask}")
@@ -120,9 +119,8 @@ def rma(r: Remediation, ended: Escalation | None) -> Escalation | None:
 
 def rma_history(decision: LedgerDecision) -> str:
     lines = [describe(e) for e in decision.history[-RMA_HISTORY_LINES:]]
-    return (
-        f"{decision.failures_in_window} failures within {format_duration(decision.window)}; "
-        + "; ".join(lines)
+    return f"{decision.failures_in_window} failures within {span(decision.window)}; " + "; ".join(
+        lines
     )
 
 
