@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import budget, cost, latency, memory, plots, report, storm, watch
+from bench import budget, cost, human_actions, latency, memory, plots, report, storm, watch
 from bench.common import OUT, PLOTS, ROOT, machine_facts
 from bench.stacks import worker_argv
 
@@ -32,7 +32,7 @@ log = logging.getLogger("bench")
 MIB = 1024 * 1024
 MEMORY_GOAL_MB = 300
 
-ALL = ("latency", "cost", "storm", "memory", "budget", "watch")
+ALL = ("latency", "cost", "storm", "memory", "budget", "watch", "human_actions")
 FULL: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 200, "nodes": 26},
     "storm": {},
@@ -40,6 +40,7 @@ FULL: dict[str, dict[str, Any]] = {
     "cost": {},
     "budget": {"acquirers": 100, "rounds": 5},
     "watch": {"nodes": 1000, "gpus": 8, "failures": 100, "burst": 200, "idle": 60.0, "e2e": True},
+    "human_actions": {},
 }
 QUICK: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 8, "nodes": 2},
@@ -48,6 +49,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "cost": {},
     "budget": {"acquirers": 20, "limit": 6, "rounds": 1},
     "watch": {"nodes": 4, "gpus": 8, "failures": 8, "burst": 16, "idle": 2.0, "e2e": True},
+    "human_actions": {},
 }
 
 
@@ -220,6 +222,7 @@ async def run_all(which: list[str], quick: bool) -> dict[str, Any]:
         "memory": memory.run,
         "budget": budget.run,
         "watch": watch.run,
+        "human_actions": human_actions.run,
     }
     for name in which:
         log.info("benchmark %s: starting", name)

@@ -121,6 +121,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.watch import summary_rows
 
         out += summary_rows(results["watch"])
+    if results.get("human_actions"):
+        from bench.human_actions import summary_rows as human_rows
+
+        out += human_rows(results["human_actions"])
     out.append("")
     if lat and lat["sickbay"].get("n"):
         s, p = lat["sickbay"], lat["peer"]
@@ -320,6 +324,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.watch import section
 
         out += section(results["watch"])
+    if results.get("human_actions"):
+        from bench.human_actions import section as human_section
+
+        out += human_section(results["human_actions"])
     notes = results.get("findings") or []
     if notes:
         out += ["## Findings", ""] + [f"- {n}" for n in notes] + [""]
