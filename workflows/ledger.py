@@ -68,7 +68,7 @@ def _day(at: datetime) -> str:
 
 def describe(entry: LedgerEntry) -> str:
     """One history line: `2026-11-28 10:02 failure Xid 48 (unhealthy)`."""
-    what = entry.kind
+    what: str = entry.kind
     if entry.xid is not None:
         what += f" Xid {entry.xid}"
     if entry.failure_class:
