@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import budget, cost, latency, memory, plots, repair, report, storm, watch
+from bench import budget, cost, human_actions, latency, memory, plots, repair, report, storm, watch
 from bench.common import OUT, PLOTS, ROOT, machine_facts
 from bench.stacks import worker_argv
 
@@ -32,7 +32,7 @@ log = logging.getLogger("bench")
 MIB = 1024 * 1024
 MEMORY_GOAL_MB = 300
 
-ALL = ("latency", "cost", "storm", "memory", "budget", "watch", "repair")
+ALL = ("latency", "cost", "storm", "memory", "budget", "watch", "repair", "human_actions")
 FULL: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 200, "nodes": 26},
     "storm": {},
@@ -41,6 +41,7 @@ FULL: dict[str, dict[str, Any]] = {
     "budget": {"acquirers": 100, "rounds": 5},
     "watch": {"nodes": 1000, "gpus": 8, "failures": 100, "burst": 200, "idle": 60.0, "e2e": True},
     "repair": {"rounds": 20},
+    "human_actions": {},
 }
 QUICK: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 8, "nodes": 2},
@@ -50,6 +51,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "budget": {"acquirers": 20, "limit": 6, "rounds": 1},
     "watch": {"nodes": 4, "gpus": 8, "failures": 8, "burst": 16, "idle": 2.0, "e2e": True},
     "repair": {"rounds": 2},
+    "human_actions": {},
 }
 
 
@@ -223,6 +225,7 @@ async def run_all(which: list[str], quick: bool) -> dict[str, Any]:
         "budget": budget.run,
         "watch": watch.run,
         "repair": repair.run,
+        "human_actions": human_actions.run,
     }
     for name in which:
         log.info("benchmark %s: starting", name)

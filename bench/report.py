@@ -125,6 +125,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.repair import summary_rows as repair_rows
 
         out += repair_rows(results["repair"])
+    if results.get("human_actions"):
+        from bench.human_actions import summary_rows as human_rows
+
+        out += human_rows(results["human_actions"])
     out.append("")
     if lat and lat["sickbay"].get("n"):
         s, p = lat["sickbay"], lat["peer"]
@@ -328,6 +332,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.repair import section as repair_section
 
         out += repair_section(results["repair"])
+    if results.get("human_actions"):
+        from bench.human_actions import section as human_section
+
+        out += human_section(results["human_actions"])
     notes = results.get("findings") or []
     if notes:
         out += ["## Findings", ""] + [f"- {n}" for n in notes] + [""]

@@ -20,6 +20,7 @@ WF_SWEEP = "sickbay-health-sweep"
 WF_POOL_SCALER = "sickbay-pool-scaler"
 WF_MAINTENANCE = "sickbay-maintenance-drain"
 WF_REJECTIONS = "sickbay-rejections"
+WF_GPU_LEDGER = "sickbay-gpu-ledger"
 
 # Singleton workflow ids.
 BUDGET_WORKFLOW_ID = "sickbay-budget"
@@ -45,6 +46,14 @@ UPD_BUDGET_RELEASE = "release"
 # lease requests of one worker into it).
 UPD_BUDGET_ACQUIRE_MANY = "acquire-many"
 QRY_BUDGET_STATE = "state"
+
+# --- GPU ledger workflow: per-GPU failures, repairs, retirement (lemons) ----------------------
+UPD_LEDGER_FAILURE = "record-failure"  # RecordFailureInput -> LedgerDecision
+UPD_LEDGER_REPAIR = "record-repair"  # RecordRepairInput -> LedgerDecision
+UPD_LEDGER_UNRETIRE = "unretire"  # UnretireRequest -> UnretireResult (validated)
+QRY_LEDGER_REPORT = "gpus"  # LedgerQuery -> LedgerReport
+QRY_LEDGER_STATE = "state"  # -> LedgerState
+SIG_GPU_UNRETIRED = "gpu-unretired"  # ledger -> remediation: UnretireNotice
 
 # --- maintenance drain workflow -------------------------------------------------------------
 QRY_MAINTENANCE_PROGRESS = "progress"  # -> MaintenanceResult so far
@@ -86,6 +95,8 @@ ACT_CLAIM_ESCALATION = "claim-escalation"  # engine -> rejections workflow
 ACT_RECONCILE_LEASES = "reconcile-budget-leases"
 ACT_SELECT_DEVICES = "select-devices"  # maintenance selector -> physical GPUs
 ACT_AWAIT_REMEDIATION = "await-remediation-phase"  # maintenance: wait for a drain to finish
+ACT_RECORD_GPU_FAILURE = "record-gpu-failure"  # engine -> GPU ledger workflow
+ACT_RECORD_GPU_REPAIR = "record-gpu-repair"  # engine -> GPU ledger workflow
 
 # --- search attributes (Keyword) -----------------------------------------------------------
 SA_DEVICE = "SickbayDevice"
@@ -134,7 +145,9 @@ CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 # The first word of every name `scoped()` makes: a cluster named (or starting with) one of
 # these could produce the unnamed cluster's ids (cluster "gpu" + node "x" and the unnamed
 # cluster's node "gpu-x" would both be `sickbay-gpu-gpu-x-...`).
-RESERVED_CLUSTER_WORDS = frozenset({"gpu", "budget", "pool", "health", "node", "maintenance"})
+RESERVED_CLUSTER_WORDS = frozenset(
+    {"gpu", "budget", "pool", "health", "node", "maintenance", "ledger"}
+)
 
 
 def check_cluster_name(cluster: str) -> str:
@@ -238,6 +251,17 @@ def budget_workflow_id(task_queue: str = DEFAULT_TASK_QUEUE, cluster: str = "") 
 
 
 BUDGET_QUEUE_SUFFIX = "-budget"
+
+
+def ledger_workflow_id(task_queue: str = DEFAULT_TASK_QUEUE, cluster: str = "") -> str:
+    """The GPU ledger of `cluster`'s workers on `task_queue`, scoped like the budget's:
+    `sickbay-[<cluster>-]ledger`, ending `-<queue>` on a queue other than the cluster's
+    default one. GPU UUIDs are unique, but a ledger per cluster keeps each cluster's lemons
+    (and their un-retirement) with the deployment that quarantines them."""
+    base = scoped(cluster, "ledger")
+    if task_queue == cluster_task_queue(DEFAULT_TASK_QUEUE, cluster):
+        return base
+    return f"{base}-{normalise_id_part(task_queue)}"
 
 
 def rejections_workflow_id(task_queue: str = DEFAULT_TASK_QUEUE) -> str:

@@ -248,6 +248,8 @@ class RemediationCarry(Contract):
     healthy_since: datetime | None = None
     waiting_for_budget: bool = False
     event_counts: dict[str, int] = Field(default_factory=dict)  # aggregated Events so far
+    retired: bool = False  # the GPU ledger retired the GPU (lemon): held until un-retired
+    incident: str = ""  # the GPU ledger's key for this remediation: <workflow id>/<first run id>
 
 
 RemediationInput.model_rebuild()

@@ -67,7 +67,7 @@ class RepairJobInput(Contract):
     """A reset Job: pinned to `node`, privileged, one try."""
 
     workflow_id: str
-    # The incident (`<workflow id>@<first run id>`): with the attempt it names the Job, so a Job
+    # The incident (`<workflow id>/<id of its first run>`): with the attempt it names the Job, so a Job
     # an earlier incident of the same GPU left behind is never read as this attempt's.
     incident: str = Field(min_length=1)
     attempt: int = Field(default=1, ge=1)  # the rung attempt: a new attempt, a new Job

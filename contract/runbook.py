@@ -145,6 +145,7 @@ EscalationReason = Literal[
     "application-error",
     "repair-failed",
     "error",
+    "gpu-retired",
 ]
 ALL_ESCALATION_REASONS: tuple[EscalationReason, ...] = EscalationReason.__args__  # type: ignore[attr-defined]
 

@@ -40,7 +40,13 @@ import httpx
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
-from contract.names import LABEL_WORKLOAD_CLASS, WF_REMEDIATE, device_workflow_id
+from contract.ledger import UnretireRequest
+from contract.names import (
+    LABEL_WORKLOAD_CLASS,
+    WF_REMEDIATE,
+    device_workflow_id,
+    ledger_workflow_id,
+)
 from contract.remediation import (
     AbortRequest,
     Phase,
@@ -50,6 +56,7 @@ from contract.remediation import (
     TimelineEntry,
 )
 from harness.stack import Stack
+from workflows.ledger import GpuLedgerWorkflow
 from workflows.remediation import DeviceRemediationWorkflow
 
 T = TypeVar("T")
@@ -864,6 +871,61 @@ async def _pages(demo: Demo, since: int, workflow_id: str) -> list[dict[str, Any
     ]
 
 
+# The shipped runbooks' lemons knob: a GPU failing this often within the window is retired.
+LEMON_FAILURES = 3
+
+
+async def lemon_gpu(demo: Demo) -> None:
+    """A GPU failing for the third time in the lemons window is retired: it stays quarantined
+    and one page asks for an RMA with its history. Until the repair ladder releases repaired
+    GPUs by itself, the first two failures are released by a repair mark here (the human
+    actions this scenario still counts); the retirement and its page need nobody."""
+    say = demo.say
+    ns = _ns("lemon")
+    assert demo.stack.info is not None
+    ledger = demo.client.get_workflow_handle_for(
+        GpuLedgerWorkflow.run,
+        ledger_workflow_id(demo.stack.info.task_queue, demo.stack.info.cluster),
+    )
+    async with demo.scene(ns):
+        say(f"a service {ns}/model; its GPU keeps failing with Xid 48 (ECC)", tag="lemon")
+        await demo.namespace(ns)
+        await demo.deployment(ns, "model")
+        [(_pod, device)] = await demo.running(ns, "model")
+        gpu = await demo.gpu(device)
+        sent = len(await demo.notifications())
+        for n in range(1, LEMON_FAILURES + 1):
+            await demo.fail(gpu, xid=48)
+            incident = await demo.incident(gpu, f"failure {n} of the same GPU")
+            st = await demo.phase(incident, {Phase.HOLDING})
+            recorded = [e for e in await demo.timeline(incident) if "retired" in e.action]
+            if recorded:
+                break
+            demo.check(f"failure {n}: quarantined, counted in the GPU ledger")
+            await demo.recover(gpu)
+            await demo.repaired(incident)  # a human action (the repair ladder's job later)
+            await demo.closed(incident)
+        if st.escalation_reason != "gpu-retired" or "un-retire" not in st.awaiting:
+            raise DemoFailure(f"the GPU was not retired: {st.escalation_reason} {st.awaiting}")
+        demo.check(f"failure {n}: retired (a lemon): held until un-retired, never auto-released")
+        pages = [
+            x["body"]
+            for x in await demo.notifications(since=sent)
+            if x["kind"] == "pagerduty" and x["body"].get("event_action") == "trigger"
+        ]
+        if len(pages) != 1 or "RMA" not in pages[0]["payload"]["summary"]:
+            raise DemoFailure(f"expected one RMA page, got {len(pages)}")
+        demo.check("one page asks for an RMA with the GPU's history")
+        # Leave the stand as found: a person un-retires it (reason recorded), so it releases.
+        await ledger.execute_update(
+            GpuLedgerWorkflow.unretire,
+            UnretireRequest(gpu_uuid=gpu["uuid"], reason="demo finished", actor="sickbay-demo"),
+        )
+        await demo.recover(gpu)
+        await demo.repaired(incident)
+        await demo.closed(incident)
+
+
 async def application_xid(demo: Demo) -> None:
     say = demo.say
     ns = _ns("app")
@@ -1039,6 +1101,7 @@ SCENARIOS: dict[str, Scenario] = {
             repair_ladder,
             repair=True,
         ),
+        Scenario("lemon", "a GPU failing for the third time is retired: one RMA page", lemon_gpu),
     )
 }
 

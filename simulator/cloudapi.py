@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,11 @@ def _error(code: int, message: str, headers: dict[str, str] | None = None) -> JS
     )
 
 
+def _arm_error(code: int, arm_code: str, message: str) -> JSONResponse:
+    """Azure Resource Manager's error shape."""
+    return JSONResponse({"error": {"code": arm_code, "message": message}}, status_code=code)
+
+
 class CloudApi:
     """State and behaviour of the twin's cloud API (usable without HTTP from Python)."""
 
@@ -153,6 +158,11 @@ class CloudApi:
         self.on_instance = on_instance
         self.instance_calls: list[tuple[str, str]] = []  # every reset / recreate acted on
         self._by_request_id: dict[str, dict[str, Any]] = {}
+        # AKS: "<vmss>/<instance id>" -> node name (the node's providerID names the VM).
+        self.vmss_nodes: dict[str, str] = {}
+        self._deleted_vms: set[str] = set()
+        self._arm_ops: set[str] = set()
+        self._http_keys: dict[str, dict[str, Any]] = {}  # http provider: Idempotency-Key -> answer
         self.clock = clock or _RealClock()
         self.project, self.location, self.cluster = project, location, cluster
         self.pools: dict[str, SimPool] = {}
@@ -290,6 +300,48 @@ class CloudApi:
                     return op
             return _error(404, f"The resource 'operations/{name}' was not found")
 
+        # Azure Resource Manager: VMSS VMs of AKS agent pools (restart, delete, get) and the
+        # async operations ARM names in `Azure-AsyncOperation`.
+        vmss = (
+            "/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/"
+            "virtualMachineScaleSets/{scale_set}/virtualMachines/{instance}"
+        )
+
+        @app.post(vmss + "/restart")
+        async def restart_vm(sub: str, rg: str, scale_set: str, instance: str) -> Any:
+            return self._vmss_op(sub, "reset", scale_set, instance)
+
+        @app.delete(vmss)
+        async def delete_vm(sub: str, rg: str, scale_set: str, instance: str) -> Any:
+            return self._vmss_op(sub, "delete", scale_set, instance)
+
+        @app.get(vmss)
+        async def get_vm(sub: str, rg: str, scale_set: str, instance: str) -> Any:
+            key = f"{scale_set}/{instance}"
+            if key not in self.vmss_nodes or key in self._deleted_vms:
+                return _arm_error(404, "ResourceNotFound", f"VM {key} was not found.")
+            return {
+                "name": f"{scale_set}_{instance}",
+                "instanceId": instance,
+                "properties": {"provisioningState": "Succeeded"},
+            }
+
+        @app.get("/subscriptions/{sub}/providers/Microsoft.Compute/locations/{loc}/operations/{op}")
+        async def get_arm_operation(sub: str, loc: str, op: str) -> Any:
+            if op not in self._arm_ops:
+                return _arm_error(404, "NotFound", f"operation {op} not found")
+            return {"name": op, "status": "Succeeded"}
+
+        # A generic in-house machine API (Sickbay's `http` provider): one call per rung, acted
+        # on once per Idempotency-Key (a repeated key gets the first answer, nothing again).
+        @app.post("/v1/machines/{node}:reboot")
+        async def http_reboot(node: str, request: Request) -> Any:
+            return self._http_machine_op("reset", node, request.headers.get("idempotency-key"))
+
+        @app.delete("/v1/machines/{node}")
+        async def http_delete(node: str, request: Request) -> Any:
+            return self._http_machine_op("delete", node, request.headers.get("idempotency-key"))
+
         @app.get("/compute/v1/projects/{project}/zones/{zone}/instanceGroupManagers/{igm}")
         async def get_igm(project: str, zone: str, igm: str) -> Any:
             for pool in self.pools.values():
@@ -341,6 +393,44 @@ class CloudApi:
         }
         self._by_request_id[request_id or name] = op
         return op
+
+    def _vmss_op(self, sub: str, action: str, scale_set: str, instance: str) -> Any:
+        """ARM's answer to a VMSS VM restart / delete: 202 with an Azure-AsyncOperation URL.
+        ARM has no request ids: every call acts (a repeated restart restarts again)."""
+        key = f"{scale_set}/{instance}"
+        node = self.vmss_nodes.get(key)
+        if node is None or key in self._deleted_vms:
+            return _arm_error(404, "ResourceNotFound", f"VM {key} was not found.")
+        if self.on_instance is not None:
+            try:
+                self.on_instance(action, node)
+            except KeyError:
+                return _arm_error(404, "ResourceNotFound", f"VM {key} was not found.")
+        if action == "delete":
+            self._deleted_vms.add(key)
+        self.instance_calls.append((action, node))
+        op = f"{next(self._seq)}-{secrets.token_hex(4)}"
+        self._arm_ops.add(op)
+        url = (
+            f"{self.base_url}/subscriptions/{sub}/providers/Microsoft.Compute/locations/"
+            f"{self.location}/operations/{op}"
+        )
+        return Response(status_code=202, headers={"Azure-AsyncOperation": url})
+
+    def _http_machine_op(self, action: str, node: str, key: str | None) -> Any:
+        if not key:
+            return JSONResponse({"message": "Idempotency-Key header required"}, status_code=400)
+        if key in self._http_keys:
+            return JSONResponse(self._http_keys[key], status_code=202)
+        if self.on_instance is not None:
+            try:
+                self.on_instance(action, node)
+            except KeyError:
+                return JSONResponse({"message": f"machine {node} not found"}, status_code=404)
+        self.instance_calls.append((action, node))
+        answer = {"id": f"op-{next(self._seq)}", "action": action, "machine": node}
+        self._http_keys[key] = answer
+        return JSONResponse(answer, status_code=202)
 
     def _check(self, request: Request) -> JSONResponse | None:
         header = request.headers.get("authorization", "")

@@ -17,6 +17,7 @@ import harness.demo
 import simulator.cli
 import worker.commands
 import worker.doctor
+import worker.gpus_cli
 import worker.webhook_cli
 
 # Each adds its subcommands to the parser.
@@ -24,6 +25,7 @@ REGISTRARS: tuple[Callable[[Any], None], ...] = (
     worker.commands.register,  # worker, launch, status, timeline, approve, abort, extend-deadline, ...
     worker.webhook_cli.register,  # webhook, schedule
     worker.doctor.register,  # doctor
+    worker.gpus_cli.register,  # gpus, gpus unretire: the GPU ledger (lemons)
     simulator.cli.register,  # sim up/down/status/fail/recover
     harness.demo.register,  # demo, up, down: the local stack
 )

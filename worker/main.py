@@ -44,6 +44,7 @@ from activities.kube import KubeActivities
 from activities.kube.client import Kube, KubeError
 from activities.kube.repair_activities import KubeRepairActivities
 from activities.launch import LaunchActivities
+from activities.ledger import LedgerActivities
 from activities.maintenance import MaintenanceActivities
 from activities.notify.activities import NotifyActivities
 from activities.runbooks import RunbookActivities
@@ -64,6 +65,7 @@ from contract.names import (
     WF_SWEEP,
     budget_task_queue,
     budget_workflow_id,
+    ledger_workflow_id,
 )
 from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
 from worker.cluster_name import ClusterNameError, settle_worker_cluster
@@ -73,6 +75,7 @@ from worker.settings import Settings
 from worker.watcher import build_health_watcher
 from workflows.budget import BudgetWorkflow
 from workflows.identity import SenderIdentityInterceptor
+from workflows.ledger import GpuLedgerWorkflow
 from workflows.maintenance import MaintenanceWorkflow
 from workflows.pool_scaler import PoolScalerWorkflow
 from workflows.rejections import RejectionsWorkflow
@@ -92,6 +95,7 @@ WORKFLOWS: list[type] = [
     RejectionsWorkflow,
     PoolScalerWorkflow,
     HealthSweepWorkflow,
+    GpuLedgerWorkflow,
 ]
 
 # Activities each workflow type calls; the worker refuses to start when one is missing.
@@ -163,6 +167,13 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
                     client,
                     settings.task_queue,
                     workflow_id=budget_workflow_id(settings.task_queue, settings.cluster),
+                )
+            ),
+            *activities_of(
+                LedgerActivities(
+                    client,
+                    settings.task_queue,
+                    workflow_id=ledger_workflow_id(settings.task_queue, settings.cluster),
                 )
             ),
         ]

@@ -130,6 +130,11 @@ class HttpProfile(_Model):
     operation: HttpOperation | None = None  # None: the scale call is synchronous
     # Without an operation: describe until the size is reached (the call only accepted it).
     poll_size_after_scale: bool = True
+    # The repair ladder's node rungs (None: this profile cannot do them). Besides the pool's
+    # placeholders: `{node}` (the Kubernetes node name) and `{provider_id}` (its spec.providerID).
+    # The idempotency header carries the attempt's key: the API must act once per key.
+    reboot: HttpCall | None = None
+    replace: HttpCall | None = None
 
 
 class CloudConfig(_Model):

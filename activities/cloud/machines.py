@@ -1,7 +1,25 @@
 """Reboot and replace of one node through its provider: the node rungs of the repair ladder.
 
-Built: Cluster API and GKE. Not built yet: AKS (VMSS instance `restart` / `delete`) and the
-generic HTTP provider.
+Built: Cluster API, GKE, AKS and the generic HTTP provider.
+
+Generic HTTP (a worker-side profile, `HttpProfile.reboot` / `.replace` in the cloud config
+file; the pool's `profile` names it): one templated call each, with `{node}` and
+`{provider_id}` besides the pool's placeholders, sent with the profile's idempotency header
+carrying the attempt's key: the API is expected to act once per key (as the twin's does). A
+profile without the call: RepairProviderNotConfigured. A 404 on replace: the machine is gone.
+
+AKS (Azure Resource Manager, Microsoft.Compute VMSS VMs, with the AKS provider's endpoint and
+credentials):
+- the node's VM from its `spec.providerID` (`azure:///subscriptions/<s>/resourceGroups/<rg>/`
+  `providers/Microsoft.Compute/virtualMachineScaleSets/<vmss>/virtualMachines/<id>`);
+- reboot: `POST <vm>/restart?api-version=2024-07-01` (202, `Azure-AsyncOperation`);
+- replace: `DELETE <vm>?api-version=2024-07-01`; the agent pool (its count, or the cluster
+  autoscaler) brings a new VM, a new node with new GPUs;
+- asked for once per attempt: ARM has no request ids. A replace first reads the VM: gone (404)
+  or `provisioningState: Deleting` means it was asked already, and nothing is asked again. A
+  reboot's key is remembered by the worker that asked, so a retried attempt there asks nothing
+  again; a worker killed between ARM's 202 and the activity's answer leaves no trace, and the
+  retry on another worker restarts the VM once more (a restart of a VM that is restarting).
 
 GKE (Compute Engine API v1, with the GKE provider's endpoint, credentials and compute hosts):
 - the node's instance from its `spec.providerID` (`gce://<project>/<zone>/<instance>`);
@@ -35,6 +53,7 @@ RBAC: get/list/patch/delete on machines.cluster.x-k8s.io; get on nodes.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid as uuidlib
 from typing import Any, Protocol
 
@@ -42,9 +61,11 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.cloud.aks import AzureToken
 from activities.cloud.base import CloudRejected, CloudUnavailable, json_of, send
-from activities.cloud.config import CloudConfig, GkeConfig
+from activities.cloud.config import AksConfig, CloudConfig, GkeConfig, HttpCall, HttpProfile
 from activities.cloud.gke import GkeNodePools
+from activities.cloud.http import HttpNodePools
 from activities.outbound import ConfigError
 from contract.capacity import NodePoolTarget
 from contract.errors import ERR_CLOUD_UNAVAILABLE, ERR_PROVIDER_NOT_CONFIGURED, ERR_PROVIDER_REFUSED
@@ -318,13 +339,199 @@ def _secret_set(ref: Any) -> bool:
         return False
 
 
+AZURE_COMPUTE_API = "2024-07-01"
+_AZURE_VM = re.compile(
+    r"^azure:///subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/"
+    r"virtualMachineScaleSets/([^/]+)/virtualMachines/([^/]+)$",
+    re.IGNORECASE,
+)
+
+
+class AksMachines:
+    """Reboot / replace of AKS nodes' VMSS VMs; the node is read through the kubernetes client."""
+
+    def __init__(self, client: httpx.AsyncClient, config: AksConfig, api_client: Any) -> None:
+        from kubernetes.client import CoreV1Api
+
+        self._client = client
+        self._endpoint = config.endpoint.rstrip("/")
+        self._token = AzureToken(client, config)
+        self._core = CoreV1Api(api_client)
+        self._asked: dict[str, str] = {}  # reboot keys this worker asked for -> operation
+
+    async def _vm_url(self, node: str) -> str:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = await asyncio.to_thread(self._core.read_node, node)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise NodeGone(f"node {node} not found: no VM to act on") from exc
+            raise CloudUnavailable(f"get node {node}: HTTP {exc.status}") from exc
+        provider_id = str(getattr(obj.spec, "provider_id", None) or "")
+        match = _AZURE_VM.match(provider_id)
+        if match is None:
+            raise ConfigError(
+                f"node {node} has providerID {provider_id!r}, not azure:///subscriptions/.../"
+                "virtualMachineScaleSets/<vmss>/virtualMachines/<id>: not an AKS VMSS node"
+            )
+        sub, rg, vmss, instance = match.groups()
+        return (
+            f"{self._endpoint}/subscriptions/{sub}/resourceGroups/{rg}/providers/"
+            f"Microsoft.Compute/virtualMachineScaleSets/{vmss}/virtualMachines/{instance}"
+        )
+
+    async def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {await self._token.get()}", "Accept": "application/json"}
+
+    async def reboot(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        if key in self._asked:
+            return MachineActionResult(
+                action="reboot",
+                node=node,
+                operation=self._asked[key],
+                asked=False,
+                detail="restart already asked for under this key",
+            )
+        vm = await self._vm_url(node)
+        response = await send(
+            self._client,
+            "POST",
+            f"{vm}/restart?api-version={AZURE_COMPUTE_API}",
+            headers=await self._headers(),
+        )
+        operation = response.headers.get("azure-asyncoperation", "")
+        self._asked[key] = operation
+        return MachineActionResult(
+            action="reboot",
+            node=node,
+            operation=operation,
+            detail=f"VMSS VM restart of {vm.split('/virtualMachineScaleSets/', 1)[1]}",
+        )
+
+    async def replace(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        try:
+            vm = await self._vm_url(node)
+        except NodeGone:
+            return MachineActionResult(
+                action="replace", node=node, asked=False, detail="node gone: deleted already"
+            )
+        headers = await self._headers()
+        url = f"{vm}?api-version={AZURE_COMPUTE_API}"
+        try:
+            current = json_of(await send(self._client, "GET", url, headers=headers))
+        except CloudRejected as err:
+            if err.status != 404:
+                raise
+            return MachineActionResult(
+                action="replace", node=node, asked=False, detail="the VM is gone already"
+            )
+        state = str((current.get("properties") or {}).get("provisioningState", ""))
+        if state == "Deleting":
+            return MachineActionResult(
+                action="replace", node=node, asked=False, detail="the VM is being deleted"
+            )
+        response = await send(self._client, "DELETE", url, headers=headers)
+        return MachineActionResult(
+            action="replace",
+            node=node,
+            operation=response.headers.get("azure-asyncoperation", ""),
+            detail=f"VMSS VM {vm.split('/virtualMachineScaleSets/', 1)[1]} deleted: its "
+            "agent pool brings a new one",
+        )
+
+
+class HttpMachines:
+    """Reboot / replace through a generic HTTP profile (provider `http`, the pool's `profile`)."""
+
+    def __init__(
+        self, client: httpx.AsyncClient, profiles: dict[str, HttpProfile], api_client: Any
+    ) -> None:
+        from kubernetes.client import CoreV1Api
+
+        self._client = client
+        self._profiles = profiles
+        self._core = CoreV1Api(api_client)
+
+    async def _provider_id(self, node: str) -> str | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = await asyncio.to_thread(self._core.read_node, node)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise CloudUnavailable(f"get node {node}: HTTP {exc.status}") from exc
+        return str(getattr(obj.spec, "provider_id", None) or "")
+
+    def _profile(self, pool: NodePoolTarget | None, action: str) -> tuple[HttpProfile, HttpCall]:
+        name = pool.profile if pool else None
+        profile = self._profiles.get(name or "")
+        if profile is None:
+            raise ConfigError(
+                f"no HTTP profile {name!r} for the node {action} "
+                f"(configured: {', '.join(sorted(self._profiles)) or 'none'})"
+            )
+        call = profile.reboot if action == "reboot" else profile.replace
+        if call is None:
+            raise ConfigError(f"HTTP profile {name!r} has no `{action}` call")
+        return profile, call
+
+    async def _act(
+        self, action: str, node: str, key: str, pool: NodePoolTarget | None
+    ) -> MachineActionResult:
+        profile, call = self._profile(pool, action)
+        provider_id = await self._provider_id(node)
+        if provider_id is None and action == "replace":
+            return MachineActionResult(
+                action="replace", node=node, asked=False, detail="node gone: replaced already"
+            )
+        assert pool is not None  # _profile found one through it
+        pools = HttpNodePools(self._client, profile)
+        values = pools._values(pool, node=node, provider_id=provider_id, idempotency_key=key)
+        extra = {profile.idempotency_header: key} if profile.idempotency_header else {}
+        try:
+            response = await pools._call(call, values, extra)
+        except CloudRejected as err:
+            if action == "replace" and err.status == 404:
+                return MachineActionResult(
+                    action="replace", node=node, asked=False, detail="the machine is gone already"
+                )
+            raise
+        operation = ""
+        if profile.operation_id_header:
+            operation = response.headers.get(profile.operation_id_header, "")
+        return MachineActionResult(
+            action=action,  # type: ignore[arg-type]
+            node=node,
+            operation=operation,
+            detail=f"{call.method} {action} of {node} through HTTP profile {pool.profile} "
+            f"(HTTP {response.status_code})",
+        )
+
+    async def reboot(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        return await self._act("reboot", node, key, pool)
+
+    async def replace(
+        self, node: str, key: str, pool: NodePoolTarget | None = None
+    ) -> MachineActionResult:
+        return await self._act("replace", node, key, pool)
+
+
 def machine_providers(
     config: CloudConfig, http: httpx.AsyncClient, kube_api: Any
 ) -> dict[str, MachineClient]:
     """The reboot / replace providers this worker can use, by the pool's provider name; one
     not listed here is "not configured" (the remediation escalates naming it). Cluster API
     whenever the worker has a Kubernetes client; GKE when a token or the metadata server is
-    configured; `sim` (the twin's Compute Engine endpoints) when its URL is set."""
+    configured; `sim` (the twin's Compute Engine endpoints) when its URL is set; AKS when a token
+    or an Entra login is configured; `http` when a profile has a `reboot` or `replace` call."""
     providers: dict[str, MachineClient] = {}
     if kube_api is not None:
         providers["cluster-api"] = ClusterApiMachines(kube_api)
@@ -339,6 +546,15 @@ def machine_providers(
                 defaults={"project": sim.project, "location": sim.location, "cluster": sim.cluster},
             )
             providers["sim"] = GkeMachines(pools, kube_api, sim.endpoint)
+        aks = config.aks
+        if _secret_set(aks.token) or (
+            aks.tenant_id
+            and aks.client_id
+            and (_secret_set(aks.client_secret) or aks.federated_token_file)
+        ):
+            providers["aks"] = AksMachines(http, aks, kube_api)
+        if any(p.reboot or p.replace for p in config.http.values()):
+            providers["http"] = HttpMachines(http, config.http, kube_api)
     return providers
 
 

@@ -9,7 +9,10 @@ listed.
 Two grants only some set-ups use have ClusterRoles (and files) of their own, so operators can
 drop them: `sickbay-force-delete` (pods delete: only a runbook with `eviction.force: delete`
 deletes pods) and `sickbay-node-fallback` (nodes patch: only where the cluster serves no
-DeviceTaintRule does Sickbay mark, taint or cordon nodes). `needed(...)` says, for the loaded
+DeviceTaintRule does Sickbay mark, taint or cordon nodes); the repair ladder's grants live in
+deploy/rbac-repair.yaml: `sickbay-repair` (a Role in Sickbay's namespace: the reset and
+validation Jobs, their claims and pod logs) and `sickbay-repair-machines` (Cluster API Machines:
+reboot and replace), needed only by runbooks with `repair.enabled`. `needed(...)` says, for the loaded
 runbooks and the cluster, which optional grants are needed and by what.
 """
 
@@ -47,12 +50,16 @@ ROLE_FORCE_DELETE = "sickbay-force-delete"  # deploy/rbac-force-delete.yaml
 ROLE_NODE_FALLBACK = "sickbay-node-fallback"  # deploy/rbac-node-fallback.yaml
 ROLE_HEALTH_WATCHER = "sickbay-health-watcher"  # a Role in Sickbay's namespace (rbac.yaml)
 ROLE_CLUSTER_NAME = "sickbay-cluster-name"  # a Role in Sickbay's namespace (rbac.yaml)
+ROLE_REPAIR = "sickbay-repair"  # a Role in Sickbay's namespace (deploy/rbac-repair.yaml)
+ROLE_REPAIR_MACHINES = "sickbay-repair-machines"  # deploy/rbac-repair.yaml
 ROLE_FILES = {
     "sickbay": "deploy/rbac.yaml",
     ROLE_HEALTH_WATCHER: "deploy/rbac.yaml",
     ROLE_CLUSTER_NAME: "deploy/rbac.yaml",
     ROLE_FORCE_DELETE: "deploy/rbac-force-delete.yaml",
     ROLE_NODE_FALLBACK: "deploy/rbac-node-fallback.yaml",
+    ROLE_REPAIR: "deploy/rbac-repair.yaml",
+    ROLE_REPAIR_MACHINES: "deploy/rbac-repair.yaml",
 }
 
 PERMISSIONS: tuple[Permission, ...] = (
@@ -107,6 +114,41 @@ PERMISSIONS: tuple[Permission, ...] = (
         ("get", "patch"),
         "scale-up through the Cluster API provider (activities/cloud), if configured",
         False,
+    ),
+    Permission(
+        "batch",
+        "jobs",
+        ("create", "get", "delete"),
+        "repair ladder: the reset and validation Jobs (runbooks with repair.enabled)",
+        False,
+        ROLE_REPAIR,
+        namespaced=True,
+    ),
+    Permission(
+        DRA,
+        "resourceclaims",
+        ("create", "get", "delete"),
+        "repair ladder: the validation Job's claim on the repaired device (DRA)",
+        False,
+        ROLE_REPAIR,
+        namespaced=True,
+    ),
+    Permission(
+        "",
+        "pods/log",
+        ("get",),
+        "repair ladder: the summary of a reset / validation Job's output",
+        False,
+        ROLE_REPAIR,
+        namespaced=True,
+    ),
+    Permission(
+        "cluster.x-k8s.io",
+        "machines",
+        ("get", "list", "patch", "delete"),
+        "repair ladder: reboot (remediate-machine) and replace (delete) through Cluster API",
+        False,
+        ROLE_REPAIR_MACHINES,
     ),
     Permission(
         "coordination.k8s.io",
@@ -177,6 +219,14 @@ def needed(
             if taint_rules_served
             else []
         )
+    if permission.role == ROLE_REPAIR:
+        return [f"runbook {r.name} (repair.enabled)" for r in runbooks if r.spec.repair.enabled]
+    if permission.resource == "machines":
+        return [
+            f"runbook {r.name} (repair: reboot/replace, if the node's provider is cluster-api)"
+            for r in runbooks
+            if r.spec.repair.enabled and {"reboot", "replace"} & set(r.spec.repair.order)
+        ]
     if permission.resource == "machinedeployments":
         return [
             f"runbook {r.name} (scaleUp provider cluster-api)"

@@ -28,6 +28,7 @@ from activities.budget import BudgetActivities
 from activities.capacity import CapacityActivities
 from activities.kube import KubeActivities
 from activities.launch import LaunchActivities
+from activities.ledger import LedgerActivities
 from activities.notify.activities import NotifyActivities
 from activities.runbooks import RunbookActivities, load_dir
 from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
@@ -62,6 +63,7 @@ from contract.kube import (
     WaitEvictionInput,
     WaitReplacementInput,
 )
+from contract.ledger import LedgerDecision, RecordFailureInput, RecordRepairInput
 from contract.names import (
     ACT_ACQUIRE_BUDGET,
     ACT_CHECK_HEALTH,
@@ -76,6 +78,8 @@ from contract.names import (
     ACT_PREVIEW_QUARANTINE,
     ACT_QUARANTINE,
     ACT_RECORD_EVENT,
+    ACT_RECORD_GPU_FAILURE,
+    ACT_RECORD_GPU_REPAIR,
     ACT_RELEASE_BUDGET,
     ACT_RELEASE_QUARANTINE,
     ACT_REQUEST_CAPACITY,
@@ -186,6 +190,7 @@ class FakeWorld:
     )
     budget_granted: bool = True
     use_real_budget: bool = False
+    use_real_ledger: bool = False  # the caller passes LedgerActivities (the real workflow)
     budget_release_fails: bool = False  # release-budget-lease raises (non-retryable)
     eviction_reports: list[EvictionReport] = field(default_factory=list)  # consumed in order
     evict_results: list[EvictPodsResult] = field(default_factory=list)  # evict-pods, in order
@@ -360,6 +365,16 @@ class FakeWorld:
             world.calls.append((ACT_CORDON, req))
             return CordonResult(changed=True, message="cordoned" if req.cordon else "uncordoned")
 
+        @fake_of(LedgerActivities.record_gpu_failure)
+        async def record_failure(req: RecordFailureInput) -> LedgerDecision:
+            world.calls.append((ACT_RECORD_GPU_FAILURE, req))  # a first failure
+            return LedgerDecision(gpu_uuid=req.gpu_uuid, failures_in_window=1)
+
+        @fake_of(LedgerActivities.record_gpu_repair)
+        async def record_repair(req: RecordRepairInput) -> LedgerDecision:
+            world.calls.append((ACT_RECORD_GPU_REPAIR, req))
+            return LedgerDecision(gpu_uuid=req.gpu_uuid)
+
         acts: list[Callable[..., Any]] = [
             load_runbooks,
             resolve,
@@ -381,6 +396,8 @@ class FakeWorld:
         ]
         if not self.use_real_budget:
             acts += [acquire, release_budget]
+        if not self.use_real_ledger:
+            acts += [record_failure, record_repair]
         replaced = {_activity_name(a) for a in replace}
         return [a for a in acts if _activity_name(a) not in replaced] + list(replace)
 

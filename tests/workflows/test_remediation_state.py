@@ -45,6 +45,8 @@ def _carry() -> RemediationCarry:
         healthy_since=AT,
         waiting_for_budget=True,
         event_counts={"GPUQuarantined|Node||n1": 2},
+        retired=True,
+        incident="sickbay-gpu-n1-gpu-1/run-1",
     )
 
 

@@ -24,6 +24,7 @@ from contract.names import (
     ACT_QUARANTINE,
     ACT_RESOLVE_DEVICE,
     WF_BUDGET,
+    WF_GPU_LEDGER,
     WF_MAINTENANCE,
     WF_POOL_SCALER,
     WF_REJECTIONS,
@@ -44,6 +45,7 @@ def test_workflows_registered_by_name() -> None:
         WF_REJECTIONS,
         WF_POOL_SCALER,
         WF_SWEEP,
+        WF_GPU_LEDGER,
     ]
     assert len(names) == len(set(names))
 

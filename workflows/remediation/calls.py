@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         WaitReplacementInput,
     )
     from contract.launch import LaunchRequest, LaunchResult
+    from contract.ledger import LedgerDecision, RecordFailureInput, RecordRepairInput
     from contract.names import (
         ACT_ACQUIRE_BUDGET,
         ACT_CHECK_GPU_HOLDERS,
@@ -68,6 +69,8 @@ with workflow.unsafe.imports_passed_through():
         ACT_QUARANTINE,
         ACT_REBOOT_NODE,
         ACT_RECORD_EVENT,
+        ACT_RECORD_GPU_FAILURE,
+        ACT_RECORD_GPU_REPAIR,
         ACT_RELEASE_BUDGET,
         ACT_RELEASE_QUARANTINE,
         ACT_REPLACE_NODE,
@@ -321,6 +324,19 @@ class Calls:
     @calls(ACT_SIGNAL_WITH_START)
     async def signal_with_start(self, inp: LaunchRequest) -> LaunchResult:
         return await self._local(ACT_SIGNAL_WITH_START, inp, LaunchResult, "hand over")
+
+    # The GPU ledger's updates retry a refused update inside the activity, as the lease's do.
+    @calls(ACT_RECORD_GPU_FAILURE)
+    async def record_gpu_failure(self, inp: RecordFailureInput) -> LedgerDecision:
+        return await self._local(
+            ACT_RECORD_GPU_FAILURE, inp, LedgerDecision, "record GPU failure", budget=True
+        )
+
+    @calls(ACT_RECORD_GPU_REPAIR)
+    async def record_gpu_repair(self, inp: RecordRepairInput) -> LedgerDecision:
+        return await self._local(
+            ACT_RECORD_GPU_REPAIR, inp, LedgerDecision, "record GPU repair", budget=True
+        )
 
     # ------------------------------------------------------------ regular activities -------
 

@@ -41,6 +41,8 @@ NEEDED: dict[str, str] = {
     "repair-failed": "repair or replace the GPU by hand (or configure the rung's provider), "
     "then mark it repaired; the timeline names each rung's result",
     "error": "look at the timeline: a step failed and automation stopped",
+    "gpu-retired": "RMA the GPU (it failed too often: see its history), or un-retire it "
+    "with a reason (sickbay gpus unretire)",
 }
 
 

@@ -15,12 +15,14 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation.context import Remediation
     from workflows.remediation.escalation import escalate, notify_all
     from workflows.remediation.guard import release_lease
+    from workflows.remediation.lemons import wait_unretired
     from workflows.remediation.outcome import Closed, Escalation
     from workflows.remediation.state import history_full
 
 
 async def hold_and_release(r: Remediation) -> Closed:
     s, j = r.s, r.j
+    await wait_unretired(r)  # a retired GPU (lemon) is held until a person un-retires it
     release = s.spec.release
     auto = release.mode in ("healthy-cooldown", "either")
     # release.mode healthy-cooldown: only the device's health releases it; a `repaired`

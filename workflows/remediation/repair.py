@@ -69,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation.calls import ACTIVITY_FAILED, error_text, error_type
     from workflows.remediation.context import Remediation
     from workflows.remediation.hold import release_now
+    from workflows.remediation.lemons import incident_id, record_repair, repair_allowed
     from workflows.remediation.outcome import Closed, Escalation
 
 # A Job's own timeout is enforced by the activity's poll; this margin lets the Job report its
@@ -162,6 +163,8 @@ async def repair(r: Remediation) -> Escalation | Closed | None:
     if s.inp.trigger == "maintenance":
         j.log("no repair", reason="maintenance never repairs on its own")
         return None
+    if not repair_allowed(r):  # a retired GPU (lemon) is never repaired automatically
+        return None
     rungs = ladder(r)
     if not rungs:
         j.log("no repair", reason=f"no rung of runbook {s.status.runbook} applies to {_failure(r)}")
@@ -199,6 +202,7 @@ async def repair(r: Remediation) -> Escalation | Closed | None:
             return None
         outcome = await _validate(r, attempt, action)
         if outcome.passed:
+            await record_repair(r, action, outcome.summary)  # the GPU ledger counts repairs
             return await release_now(r, f"{action} repaired it; validation passed")
         results.append(f"{action}: validation failed ({outcome.reason or outcome.summary})")
     return Escalation(
@@ -361,10 +365,10 @@ def _enter(r: Remediation, action: str, attempt: int, awaiting: str, limit: time
 
 
 def _incident_key(r: Remediation) -> str:
-    """The workflow id plus its first run: the same GPU failing again weeks later is a new
-    incident whose reboot / replace must be asked for again (the provider deduplicates by
-    key)."""
-    return f"{r.s.workflow_id}@{workflow.info().first_execution_run_id}"
+    """The incident (`<workflow id>/<id of its first run>`, carried across continue-as-new):
+    the same GPU failing again weeks later is a new incident whose reboot / replace must be
+    asked for again (the provider deduplicates by key) and whose Jobs are its own."""
+    return incident_id(r)
 
 
 def _pool(r: Remediation) -> NodePoolTarget | None:

@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
         QuarantineResult,
         ResolvedDevice,
     )
+    from contract.ledger import LedgerDecision
     from contract.remediation import (
         AbortRequest,
         AlertEvidence,
@@ -65,6 +66,8 @@ class RemediationState:
     waiting_for_budget: bool = False  # the next run confirms afresh and asks again
     # Aggregated Kubernetes Events: how often each (reason, object) was told so far.
     event_counts: dict[str, int] = field(default_factory=dict)
+    retired: bool = False  # a lemon (GPU ledger): never released until un-retired
+    incident: str = ""  # the GPU ledger's key: <workflow id>/<first run id>, kept across runs
     # --- this run only ----------------------------------------------------------------------
     consumers: list[Consumer] = field(default_factory=list)
     # Pods that exist now, for Events: None = the consumers (not evicted yet); then the ones
@@ -83,6 +86,7 @@ class RemediationState:
     wait_ended: datetime | None = None
     extensions: list[ExtendDeadlineRequest] = field(default_factory=list)
     lease_gpus: int = 1  # GPUs the budget lease counts (a repair rung grows it)
+    lemon: LedgerDecision | None = None  # the GPU ledger's answer to this run's failure
     # --- signal / update flags ------------------------------------------------------------
     abort: AbortRequest | None = None
     repaired: RepairedRequest | None = None

@@ -68,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
 
 with workflow.unsafe.imports_passed_through():
     from contract.base import input_problems
+    from contract.ledger import UnretireNotice
     from contract.names import (
         QRY_STATUS,
         QRY_TIMELINE,
@@ -76,6 +77,7 @@ with workflow.unsafe.imports_passed_through():
         SIG_ALERT_RESOLVED,
         SIG_ALERTS,
         SIG_BUDGET_FREED,
+        SIG_GPU_UNRETIRED,
         SIG_REPAIRED,
         UPD_APPROVE,
         UPD_EXTEND_DEADLINE,
@@ -103,11 +105,12 @@ with workflow.unsafe.imports_passed_through():
         escalation,
         guard,
         hold,
+        lemons,
         quarantine,
         repair,
         replace,
     )
-    from workflows.remediation.calls import ACTIVITY_FAILED, Aborted
+    from workflows.remediation.calls import ACTIVITY_FAILED, Aborted, gather_all
     from workflows.remediation.context import Remediation
     from workflows.remediation.outcome import Closed, Escalation
     from workflows.remediation.state import RemediationState
@@ -167,7 +170,9 @@ class DeviceRemediationWorkflow:
         confirmed = await confirm.confirm(r)  # 1. confirm, 2. resolve the consumers
         if isinstance(confirmed, Closed):
             return confirmed
-        ended: Escalation | Closed | None = await guard.guard(r, confirmed.early)  # 3. budget
+        # 3. budget; the failure goes into the GPU ledger meanwhile (lemons: retired or not)
+        guarded, _ = await gather_all(guard.guard(r, confirmed.early), lemons.record_failure(r))
+        ended: Escalation | Closed | None = guarded
         if ended is None and r.s.spec.approval.required:
             ended = await approval.approval(r)  # 4. approval
         ended = ended or await quarantine.quarantine(r)  # 5. quarantine
@@ -179,6 +184,8 @@ class DeviceRemediationWorkflow:
         """Escalate when a step asked to; hold a quarantined device; else close (the budget
         lease given back)."""
         r = self._r
+        if not isinstance(ended, Closed):
+            ended = lemons.rma(r, ended)  # a retired GPU: the one RMA escalation
         if isinstance(ended, Escalation):
             await escalation.escalate(r, ended)
             if r.s.quarantine is None:
@@ -226,6 +233,13 @@ class DeviceRemediationWorkflow:
         self._r.s.budget_freed = True
 
     @workflow.signal(
+        name=SIG_GPU_UNRETIRED,
+        description="internal: sent by the GPU ledger when a person un-retires this GPU",
+    )
+    def gpu_unretired(self, notice: UnretireNotice) -> None:
+        lemons.unretired(self._r, notice)
+
+    @workflow.signal(
         name=SIG_ABORT,
         description='for people: stop and undo the quarantine. Input: {"reason": "why", "actor": "you"}',
     )
@@ -246,7 +260,9 @@ class DeviceRemediationWorkflow:
         if req is not None and s.repaired is None:
             s.repaired = req
             self._r.j.log_sent("repaired", "marked repaired", req.actor, reason=req.note)
-            if s.health_only:
+            if s.retired:
+                self._r.j.log("repair noted", reason="the GPU is retired: un-retire it first")
+            elif s.health_only:
                 hold.note_repair(self._r)
 
     def _message(self, name: str, model: type[M], raw: Any) -> M | None:

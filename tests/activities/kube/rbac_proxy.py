@@ -23,13 +23,13 @@ DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 
 
 def deploy_rules(*roles: str) -> list[dict[str, Any]]:
-    """The rules of the ClusterRoles deploy/rbac*.yaml ship: the named ones, or all (a cluster
+    """The rules of the (Cluster)Roles deploy/rbac*.yaml ship: the named ones, or all (a cluster
     where every file was applied)."""
     rules: list[dict[str, Any]] = []
     found: set[str] = set()
     for path in sorted(DEPLOY.glob("rbac*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
-            if doc and doc["kind"] == "ClusterRole":
+            if doc and doc["kind"] in ("ClusterRole", "Role"):
                 if roles and doc["metadata"]["name"] not in roles:
                     continue
                 found.add(doc["metadata"]["name"])

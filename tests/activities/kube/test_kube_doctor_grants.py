@@ -7,6 +7,8 @@ Cases:
 - the shipped runbooks on a cluster serving DeviceTaintRule, every role applied: ok; the
   `grants` line names the `inference` runbook as needing pods delete, and nodes patch as not
   needed (its file can be dropped);
+- the shipped runbooks (they repair) with deploy/rbac-repair.yaml dropped: error naming the
+  repair grants and the file to apply, exit 1;
 - a runbook with `eviction.force: delete` and deploy/rbac-force-delete.yaml dropped: error
   naming the runbook and the missing grant, exit 1;
 - no forcing runbook and both optional roles dropped, DeviceTaintRule served: no error, both
@@ -23,7 +25,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from activities.kube.permissions import ROLE_FORCE_DELETE, ROLE_NODE_FALLBACK
+from activities.kube.permissions import (
+    ROLE_FORCE_DELETE,
+    ROLE_HEALTH_WATCHER,
+    ROLE_NODE_FALLBACK,
+)
 from tests.activities.kube.conftest import twin
 from tests.activities.kube.rbac_proxy import deploy_rules
 from tests.activities.kube.test_kube_doctor import doctor, line
@@ -49,6 +55,18 @@ async def test_shipped_runbooks_need_force_delete_not_node_patch(tmp_path: Path)
     assert grants.startswith("ok"), out
     assert "delete pods: needed by runbook inference (eviction.force: delete)" in out
     assert "patch nodes: not needed" in out and "deploy/rbac-node-fallback.yaml" in out
+    assert "create,get,delete jobs.batch: needed by runbook batch (repair.enabled)" in grants
+
+
+async def test_repairing_runbooks_without_the_repair_grants_are_an_error(tmp_path: Path) -> None:
+    rules = deploy_rules("sickbay", ROLE_FORCE_DELETE, ROLE_NODE_FALLBACK, ROLE_HEALTH_WATCHER)
+    with twin(tmp_path, "1.37", proxy_rules=rules) as t:
+        code, out = doctor(t.kubeconfig, "--runbooks", str(ROOT / "runbooks"))
+    assert code == 1, out
+    grants = line(out, "grants")
+    assert grants.startswith("error"), out
+    assert "get pods/log: needed by runbook" in grants and "but NOT granted" in grants
+    assert "apply deploy/rbac-repair.yaml" in out
 
 
 async def test_forcing_runbook_without_its_grant_is_an_error(tmp_path: Path) -> None:
@@ -108,7 +126,22 @@ def test_needed_names_the_runbook_choice_of_each_optional_grant() -> None:
     forcing = runbook("forcing", {"eviction": {"force": "delete"}})
     capi = runbook("capi", {"scaleUp": {"enabled": True, "provider": "cluster-api", "maxSize": 4}})
     by_resource = {p.resource: p for p in PERMISSIONS if not p.required}
-    assert set(by_resource) == {"nodes", "pods", "devicetaintrules", "machinedeployments"}
+    assert set(by_resource) == {
+        "nodes",
+        "pods",
+        "devicetaintrules",
+        "machinedeployments",
+        "jobs",
+        "resourceclaims",
+        "pods/log",
+        "machines",
+    }
+    repairing = runbook("repairing", {"repair": {"enabled": True, "order": ["reset"]}})
+    assert needed(by_resource["jobs"], [plain, capi], True) == []
+    assert needed(by_resource["jobs"], [plain, repairing], True) == [
+        "runbook repairing (repair.enabled)"
+    ]
+    assert needed(by_resource["machines"], [repairing], True) == []  # a reset only
     assert needed(by_resource["pods"], [plain, capi], True) == []
     assert needed(by_resource["pods"], [plain, forcing], True) == [
         "runbook forcing (eviction.force: delete)"

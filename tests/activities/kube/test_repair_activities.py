@@ -110,7 +110,7 @@ async def test_reset_passes_once_per_attempt(make: Any, profile: str) -> None:
     _faults(t).fail(node, uuid, xid=48)
     await t.run(acts.check_gpu_holders, GpuHoldersInput(node=node, gpu_uuids=[uuid]))
     inp = RepairJobInput(
-        workflow_id="wf-1", incident="wf-1@run-1", attempt=1, node=node, gpu_uuids=[uuid]
+        workflow_id="wf-1", incident="wf-1/run-1", attempt=1, node=node, gpu_uuids=[uuid]
     )
     first = await t.run(acts.start_reset_job, inp)
     again = await t.run(acts.start_reset_job, inp)
@@ -134,7 +134,7 @@ async def test_reset_of_a_gpu_off_the_bus_fails(make: Any) -> None:
     _faults(t).fail(node, uuid, xid=79)
     job = await t.run(
         acts.start_reset_job,
-        RepairJobInput(workflow_id="wf", incident="wf@run-1", node=node, gpu_uuids=[uuid]),
+        RepairJobInput(workflow_id="wf", incident="wf/run-1", node=node, gpu_uuids=[uuid]),
     )
     outcome = await _outcome(t, acts, job)
     assert not outcome.passed and "GPU is lost" in outcome.summary
@@ -180,7 +180,7 @@ async def test_reset_group_on_an_nvswitch_baseboard(make: Any, profile: str, sou
     _faults(t).fail(node, uuids[2], xid=95)
     job = await t.run(
         acts.start_reset_job,
-        RepairJobInput(workflow_id="wf", incident="wf@run-1", node=node, gpu_uuids=group.gpu_uuids),
+        RepairJobInput(workflow_id="wf", incident="wf/run-1", node=node, gpu_uuids=group.gpu_uuids),
     )
     outcome = await _outcome(t, acts, job)
     assert outcome.passed and outcome.summary.count("successfully reset") == 4
@@ -226,7 +226,7 @@ async def test_validation(make: Any, profile: str, healthy: bool) -> None:
         _faults(t).fail(node, uuid, degrade="ecc-sbe")
     inp = ValidationJobInput(
         workflow_id="wf",
-        incident="wf@run-1",
+        incident="wf/run-1",
         mode="dra" if t.dra else "device-plugin",
         node=node,
         gpu_uuid=uuid,
@@ -275,14 +275,14 @@ async def test_dry_run_creates_nothing(make: Any) -> None:
     reset = await t.run(
         acts.start_reset_job,
         RepairJobInput(
-            workflow_id="wf", incident="wf@run-1", node=node, gpu_uuids=[uuid], dry_run=True
+            workflow_id="wf", incident="wf/run-1", node=node, gpu_uuids=[uuid], dry_run=True
         ),
     )
     check = await t.run(
         acts.start_validation_job,
         ValidationJobInput(
             workflow_id="wf",
-            incident="wf@run-1",
+            incident="wf/run-1",
             node=node,
             gpu_uuid=uuid,
             driver=DRIVER,
@@ -304,7 +304,7 @@ async def test_validation_claim_must_tolerate_sickbays_taint(make: Any) -> None:
         _taint(t, node, f"gpu-{i}")
     inp = ValidationJobInput(
         workflow_id="wf",
-        incident="wf@run-1",
+        incident="wf/run-1",
         node=node,
         gpu_uuid=t.uuid_of(node, 0),
         driver=DRIVER,
@@ -382,6 +382,6 @@ def test_a_new_incident_of_the_same_gpu_gets_its_own_jobs() -> None:
         )
         return str(validation_manifests(None, inp)[0]["metadata"]["name"])
 
-    assert reset("wf@run-1") == reset("wf@run-1")  # a retry of one attempt: the same Job
-    assert reset("wf@run-1") != reset("wf@run-2")
-    assert validation("wf@run-1") != validation("wf@run-2")
+    assert reset("wf/run-1") == reset("wf/run-1")  # a retry of one attempt: the same Job
+    assert reset("wf/run-1") != reset("wf/run-2")
+    assert validation("wf/run-1") != validation("wf/run-2")

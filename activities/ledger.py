@@ -1,0 +1,122 @@
+"""GPU ledger activities: the remediation's way to the `sickbay-gpu-ledger` workflow.
+
+Like the budget lease activities (activities/budget.py): workflows cannot send updates to other
+workflows, so these activities do it with the Temporal client, by update-with-start (the ledger
+is created on first use, `USE_EXISTING` afterwards; a ledger between continue-as-new runs is
+retried), with the same jittered retry of refused updates. Both updates are idempotent (per
+incident, per incident and rung), so a retry after a lost answer records nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any, TypeVar
+
+from temporalio import activity
+from temporalio.client import Client, WithStartWorkflowOperation
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.budget import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    MAX_IN_FLIGHT,
+    RETRY_DEADLINE,
+    is_retryable,
+)
+from contract.ledger import LedgerDecision, LedgerState, RecordFailureInput, RecordRepairInput
+from contract.names import (
+    ACT_RECORD_GPU_FAILURE,
+    ACT_RECORD_GPU_REPAIR,
+    UPD_LEDGER_FAILURE,
+    UPD_LEDGER_REPAIR,
+    WF_GPU_LEDGER,
+    ledger_workflow_id,
+)
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+class LedgerActivities:
+    def __init__(
+        self,
+        client: Client,
+        task_queue: str,
+        workflow_id: str | None = None,
+        initial_state: LedgerState | None = None,
+        *,
+        deadline: float = RETRY_DEADLINE,
+    ) -> None:
+        self._client = client
+        self._task_queue = task_queue  # the ledger runs on the remediation queue
+        self._workflow_id = workflow_id or ledger_workflow_id(task_queue)
+        self._initial = initial_state or LedgerState()
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._deadline = deadline
+
+    @property
+    def workflow_id(self) -> str:
+        return self._workflow_id
+
+    async def _update(self, update: str, arg: object, result_type: type[R]) -> R:
+        give_up = time.monotonic() + self._deadline
+        attempt = 0
+        while True:
+            try:
+                async with self._slots:
+                    return await self._update_once(update, arg, result_type)
+            except Exception as exc:
+                if not is_retryable(exc):
+                    raise
+                attempt += 1
+                delay = random.uniform(0, min(BACKOFF_MAX, BACKOFF_FIRST * 2**attempt))
+                if time.monotonic() + delay > give_up:
+                    log.warning("ledger %s still refused after %d tries: %s", update, attempt, exc)
+                    raise
+                await asyncio.sleep(delay)
+
+    async def _update_once(self, update: str, arg: object, result_type: type[R]) -> R:
+        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+            WF_GPU_LEDGER,
+            self._initial,
+            id=self._workflow_id,
+            task_queue=self._task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        try:
+            return await self._client.execute_update_with_start_workflow(
+                update, arg, start_workflow_operation=start, result_type=result_type
+            )
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.UNIMPLEMENTED:
+                raise
+        # Servers without multi-operation (the time-skipping test server): start, then update.
+        handle = await self._client.start_workflow(
+            WF_GPU_LEDGER,
+            self._initial,
+            id=self._workflow_id,
+            task_queue=self._task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        return await handle.execute_update(update, arg, result_type=result_type)
+
+    @activity.defn(name=ACT_RECORD_GPU_FAILURE)
+    async def record_gpu_failure(self, req: RecordFailureInput) -> LedgerDecision:
+        decision = await self._update(UPD_LEDGER_FAILURE, req, LedgerDecision)
+        log.info(
+            "GPU %s failure recorded: %d in %s%s",
+            req.gpu_uuid,
+            decision.failures_in_window,
+            req.window,
+            ", retired" if decision.retired else "",
+        )
+        return decision
+
+    @activity.defn(name=ACT_RECORD_GPU_REPAIR)
+    async def record_gpu_repair(self, req: RecordRepairInput) -> LedgerDecision:
+        return await self._update(UPD_LEDGER_REPAIR, req, LedgerDecision)

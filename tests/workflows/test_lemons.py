@@ -1,0 +1,364 @@
+"""Lemons: the GPU ledger workflow (real) and retirement in the remediation (activities faked,
+the ledger real), on the time-skipping server.
+
+Cases:
+- the ledger counts failures per GPU within the window (time skipped between them), retires
+  the GPU at the N-th, asks one incident for the RMA (a retry of the same incident is the same
+  answer, a later incident is not asked), and records nothing twice for one incident;
+- entries older than the retention are pruned (a GPU with none left is dropped); at most
+  max_gpus GPUs are kept, the oldest not-retired first, a retired one never;
+- the state survives continue-as-new (after max_updates_per_run updates);
+- un-retire: refused without a reason and for a GPU that is not retired; it records actor and
+  Temporal client identity, resets the count and tells the holder (`gpu-unretired`);
+- remediation: the third failure in the window retires the GPU: one RMA escalation with the
+  ledger history, no release (not by `repaired`, not by a Healthy cool-down), a repeat alert
+  pages nobody; un-retire -> the remediation releases normally; a later incident of a retired
+  GPU holds it without a second page;
+- a dry run records nothing; lemons disabled records nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+import pytest
+from pydantic import ValidationError
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.ledger import LedgerActivities
+from contract.ledger import (
+    LedgerQuery,
+    LedgerReport,
+    LedgerState,
+    RecordFailureInput,
+    RecordRepairInput,
+    UnretireRequest,
+    UnretireResult,
+)
+from contract.names import (
+    ACT_NOTIFY,
+    ACT_QUARANTINE,
+    ACT_RECORD_GPU_FAILURE,
+    ACT_RELEASE_QUARANTINE,
+    QRY_LEDGER_REPORT,
+    QRY_LEDGER_STATE,
+    QRY_TIMELINE,
+    SIG_ABORT,
+    SIG_ALERT,
+    SIG_REPAIRED,
+    UPD_LEDGER_UNRETIRE,
+)
+from contract.remediation import AbortRequest, Phase, RepairedRequest, TimelineEntry
+from tests.workflows.fakes import FakeWorld, make_runbook, new_worker, start, wait_phase, xid_alert
+from worker.main import sender_identity_options
+from workflows.ledger import GpuLedgerWorkflow
+
+WEEK = timedelta(days=7)
+
+
+def _failure(gpu: str, incident: str, *, failures: int = 3, window: timedelta = WEEK, xid=48):
+    return RecordFailureInput(
+        gpu_uuid=gpu,
+        node="node-a",
+        incident=incident,
+        holder=f"wf-{incident}",
+        failure_class="unhealthy",
+        xid=xid,
+        failures=failures,
+        window=window,
+    )
+
+
+def _ledger_activities(client: Client, queue: str, **state) -> LedgerActivities:
+    return LedgerActivities(
+        client,
+        queue,
+        workflow_id=f"sickbay-ledger-{uuid.uuid4().hex[:8]}",
+        initial_state=LedgerState(**state),
+    )
+
+
+def _ledger(client: Client, queue: str, **state) -> tuple[LedgerActivities, Worker]:
+    """The ledger's activities and a worker for it alone."""
+    acts = _ledger_activities(client, queue, **state)
+    worker = Worker(
+        client, task_queue=queue, workflows=[GpuLedgerWorkflow], **sender_identity_options()
+    )
+    return acts, worker
+
+
+async def test_window_counting_retirement_and_one_rma(time_skipping_env: WorkflowEnvironment):
+    env, client = time_skipping_env, time_skipping_env.client
+    acts, worker = _ledger(client, f"tq-{uuid.uuid4()}")
+    gpu = f"GPU-{uuid.uuid4()}"
+    async with worker:
+        first = await acts.record_gpu_failure(_failure(gpu, "i1"))
+        again = await acts.record_gpu_failure(_failure(gpu, "i1"))  # a retry: same incident
+        await env.sleep(timedelta(days=8))  # i1 leaves the 7-day window
+        second = await acts.record_gpu_failure(_failure(gpu, "i2"))
+        await env.sleep(timedelta(days=2))
+        third = await acts.record_gpu_failure(_failure(gpu, "i3", xid=79))
+        await env.sleep(timedelta(days=1))
+        fourth = await acts.record_gpu_failure(_failure(gpu, "i4"))  # the one that retires
+        fourth_retry = await acts.record_gpu_failure(_failure(gpu, "i4"))
+        fifth = await acts.record_gpu_failure(_failure(gpu, "i5"))  # retired already
+        repair = await acts.record_gpu_repair(
+            RecordRepairInput(gpu_uuid=gpu, incident="i5", rung="reset", detail="validated")
+        )
+        await acts.record_gpu_repair(
+            RecordRepairInput(gpu_uuid=gpu, incident="i5", rung="reset", detail="validated")
+        )
+        report = await client.get_workflow_handle(acts.workflow_id).query(
+            QRY_LEDGER_REPORT, LedgerQuery(), result_type=LedgerReport
+        )
+        await client.get_workflow_handle(acts.workflow_id).terminate("test done")
+    assert (first.failures_in_window, again.failures_in_window) == (1, 1)
+    assert len([e for e in again.history if e.kind == "failure"]) == 1  # recorded once
+    assert second.failures_in_window == 1 and not second.retired  # i1 is out of the window
+    assert third.failures_in_window == 2 and not third.retired
+    assert fourth.failures_in_window == 3 and fourth.retired and fourth.newly_retired
+    assert fourth.rma_due and fourth_retry.rma_due and not fourth_retry.newly_retired
+    assert fifth.retired and not fifth.rma_due  # a later incident: no second RMA page
+    assert [e.xid for e in fourth.history if e.kind == "failure"][-3:] == [48, 79, 48]
+    assert repair.retired
+    [summary] = report.gpus
+    assert summary.gpu_uuid == gpu and summary.retired and summary.repairs == 1
+    assert "3 failures within" in summary.retired_reason
+
+
+async def test_pruning_and_the_gpu_cap(time_skipping_env: WorkflowEnvironment) -> None:
+    env, client = time_skipping_env, time_skipping_env.client
+    acts, worker = _ledger(client, f"tq-{uuid.uuid4()}", max_gpus=2)
+    lemon, old, new = (f"GPU-{n}-{uuid.uuid4()}" for n in ("lemon", "old", "new"))
+    async with worker:
+        handle = client.get_workflow_handle(acts.workflow_id)
+        await acts.record_gpu_failure(_failure(lemon, "l1", failures=1))  # retired at once
+        await acts.record_gpu_failure(_failure(old, "o1"))
+        await env.sleep(timedelta(days=1))
+        await acts.record_gpu_failure(_failure(new, "n1"))  # third GPU: `old` goes, not `lemon`
+        capped = await handle.query(QRY_LEDGER_STATE, result_type=LedgerState)
+        await env.sleep(timedelta(days=8))  # past the retention: `new` has nothing left
+        await acts.record_gpu_repair(RecordRepairInput(gpu_uuid=lemon, rung="reboot"))
+        pruned = await handle.query(QRY_LEDGER_STATE, result_type=LedgerState)
+        await handle.terminate("test done")
+    assert sorted(g.gpu_uuid for g in capped.gpus) == sorted([lemon, new])
+    assert [g.gpu_uuid for g in pruned.gpus] == [lemon]  # retired: kept with its history
+    assert [e.kind for e in pruned.gpus[0].entries] == ["failure", "retired", "repair"]
+
+
+async def test_state_survives_continue_as_new(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    acts, worker = _ledger(client, f"tq-{uuid.uuid4()}", max_updates_per_run=2)
+    gpu = f"GPU-{uuid.uuid4()}"
+    async with worker:
+        handle = client.get_workflow_handle(acts.workflow_id)
+        for i in range(3):
+            await acts.record_gpu_failure(_failure(gpu, f"i{i}", failures=9))
+        fourth = await acts.record_gpu_failure(_failure(gpu, "i3", failures=4))
+        history = await handle.fetch_history()
+        await handle.terminate("test done")
+    assert fourth.failures_in_window == 4 and fourth.retired  # counted across runs
+    started = history.events[0].workflow_execution_started_event_attributes
+    assert started.continued_execution_run_id, "the ledger never continued as new"
+    carried = LedgerState.model_validate_json(started.input.payloads[0].data)
+    assert [g.gpu_uuid for g in carried.gpus] == [gpu]
+
+
+async def test_unretire(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    acts, worker = _ledger(client, f"tq-{uuid.uuid4()}")
+    gpu, healthy = f"GPU-{uuid.uuid4()}", f"GPU-{uuid.uuid4()}"
+    async with worker:
+        handle = client.get_workflow_handle(acts.workflow_id)
+        await acts.record_gpu_failure(_failure(healthy, "h1"))
+        for i in range(3):
+            await acts.record_gpu_failure(_failure(gpu, f"i{i}"))
+        for target, problem in ((healthy, "is not retired"), ("GPU-nope", "has no GPU")):
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await handle.execute_update(
+                    UPD_LEDGER_UNRETIRE,
+                    UnretireRequest(gpu_uuid=target, reason="x", actor="bob"),
+                    result_type=UnretireResult,
+                )
+            assert problem in str(refused.value.cause)
+        with pytest.raises(ValidationError):  # an empty reason is refused before sending
+            UnretireRequest(gpu_uuid=gpu, reason="", actor="bob")
+        done = await handle.execute_update(
+            UPD_LEDGER_UNRETIRE,
+            UnretireRequest(gpu_uuid=gpu, reason="vendor swapped the HBM", actor="bob"),
+            result_type=UnretireResult,
+        )
+        after = await acts.record_gpu_failure(_failure(gpu, "i9"))
+        report = await handle.query(QRY_LEDGER_REPORT, LedgerQuery(), result_type=LedgerReport)
+        await handle.terminate("test done")
+    assert done.was_retired and done.holder == "wf-i2"
+    assert after.failures_in_window == 1 and not after.retired  # the count starts afresh
+    unretired = [e for e in after.history if e.kind == "unretired"]
+    assert unretired[0].actor == "bob" and unretired[0].detail == "vendor swapped the HBM"
+    assert unretired[0].client_identity  # the Temporal client identity the server recorded
+    assert report.gpus == []  # neither retired nor repaired recently
+
+
+# --------------------------------------------------------------------- the remediation -------
+
+
+def _runbooks(**lemons):
+    """Deployment consumers get a runbook paging `pagerduty`, released by `repaired` or a
+    10-minute Healthy cool-down."""
+    return [
+        make_runbook(
+            "inference",
+            match={"ownerKinds": ["Deployment"]},
+            escalation={"channels": ["pagerduty"]},
+            release={"mode": "either", "cooldown": "10m", "healthCheckInterval": "1m"},
+            lemons={"failures": 3, "window": "7d", **lemons},
+        ),
+        make_runbook("default", precedence=0),
+    ]
+
+
+async def _timeline(handle) -> list[TimelineEntry]:
+    return await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
+
+
+def _pages(world: FakeWorld) -> list:
+    return [n for n in world.args(ACT_NOTIFY) if n.action == "trigger"]
+
+
+async def test_third_failure_retires_one_rma_no_release_then_unretire(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    env, client = time_skipping_env, time_skipping_env.client
+    queue = f"tq-{uuid.uuid4()}"
+    world = FakeWorld(use_real_ledger=True, runbooks=_runbooks(), later_health="Unhealthy")
+    ledger = _ledger_activities(client, queue)
+    extra = [ledger.record_gpu_failure, ledger.record_gpu_repair]
+    async with new_worker(client, world, extra_activities=extra, task_queue=queue) as w:
+        result = await _retire_then_unretire(env, client, world, ledger, w)
+    assert result.outcome == "escalated" and "released" in result.reason
+    assert any(e.action == "GPU un-retired" and e.actor == "ops" for e in result.timeline)
+    assert len(world.args(ACT_RELEASE_QUARANTINE)) == 3
+    assert len(world.args(ACT_RECORD_GPU_FAILURE)) == 0  # the real ledger answered, no fake
+
+
+def _timers(history) -> int:
+    return sum(1 for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED)
+
+
+async def _eventually(check, within: float = 60.0):
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + within
+    while loop.time() < give_up:
+        value = await check()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError("never happened")
+
+
+async def _retire_then_unretire(env, client, world, ledger, worker):
+    # Automatic time skipping would jump the clock past the window while a run waits for its
+    # result: the three failures happen at one time (window counting: the ledger tests above).
+    with env.auto_time_skipping_disabled():
+        runs: list[str | None] = []
+        for n in (1, 2):  # two failures, each repaired by hand
+            handle = await start(client, worker, world, alerts=[xid_alert(48, f"fp-{n}")])
+            runs.append(handle.result_run_id)
+            await wait_phase(handle, Phase.HOLDING)
+            await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+            assert (await handle.result()).outcome == "released"
+        assert _pages(world) == []
+        third = await start(client, worker, world, alerts=[xid_alert(48, "fp-3")])
+        status = await wait_phase(third, Phase.HOLDING)
+    assert "un-retire" in status.awaiting
+    assert status.escalation_reason == "gpu-retired"
+    [page] = _pages(world)
+    assert page.incident.reason == "gpu-retired" and "RMA" in page.incident.summary
+    assert page.incident.summary.count("failure Xid 48") == 3  # the ledger's history
+    # Neither a repaired mark, a Healthy cool-down nor a repeat alert releases or pages: the
+    # retired hold runs no health-check timer at all (a hold in release mode `either` starts
+    # one at once, as the first runs' did), and the mark is only noted.
+    world.later_health = "Healthy"
+    await third.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+    await third.signal(SIG_ALERT, xid_alert(48, "fp-3b"))
+
+    async def noted() -> list[TimelineEntry]:
+        entries = await _timeline(third)
+        return entries if any(e.action == "repair noted" for e in entries) else []
+
+    timeline = await _eventually(noted)
+    assert any(e.action == "repair noted" and "retired" in e.reason for e in timeline)
+    assert _timers(await third.fetch_history()) == 0
+    first = client.get_workflow_handle(third.id, run_id=runs[0])
+    assert _timers(await first.fetch_history()) >= 1
+    assert len(_pages(world)) == 1
+    assert len(world.args(ACT_RELEASE_QUARANTINE)) == 2  # only the first two runs released
+    assert (await third.describe()).status.name == "RUNNING"
+
+    # A person un-retires it (the ledger tells the remediation): it releases normally.
+    ledger_handle = client.get_workflow_handle(ledger.workflow_id)
+    with env.auto_time_skipping_disabled():
+        done = await ledger_handle.execute_update(
+            UPD_LEDGER_UNRETIRE,
+            UnretireRequest(gpu_uuid=world.gpu_uuid, reason="reseated, DCGM ok", actor="ops"),
+            result_type=UnretireResult,
+        )
+        result = await third.result()
+    await ledger_handle.terminate("test done")
+    assert done.holder == third.id
+    return result
+
+
+async def test_later_incident_of_a_retired_gpu_holds_without_a_second_page(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    queue = f"tq-{uuid.uuid4()}"
+    world = FakeWorld(use_real_ledger=True, runbooks=_runbooks(failures=1, unsafe=["failures"]))
+    ledger = _ledger_activities(client, queue)
+    extra = [ledger.record_gpu_failure, ledger.record_gpu_repair]
+    async with new_worker(client, world, extra_activities=extra, task_queue=queue) as worker:
+        first = await start(client, worker, world, alerts=[xid_alert(48, "fp-1")])
+        await wait_phase(first, Phase.HOLDING)
+        await first.signal(SIG_ABORT, AbortRequest(reason="moving the node", actor="ops"))
+        assert (await first.result()).outcome == "aborted"
+        second = await start(client, worker, world, alerts=[xid_alert(48, "fp-2")])
+        status = await wait_phase(second, Phase.HOLDING)
+        timeline = await _timeline(second)
+        await second.terminate("test done")
+        await client.get_workflow_handle(ledger.workflow_id).terminate("test done")
+    assert "un-retire" in status.awaiting and status.escalation_reason is None
+    assert len(_pages(world)) == 1  # the first incident's RMA page only
+    assert any(
+        e.action == "GPU already retired" and "asked for earlier" in e.reason for e in timeline
+    )
+    assert len(world.args(ACT_QUARANTINE)) == 2  # still quarantined
+
+
+async def test_dry_run_and_disabled_lemons_record_nothing(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=_runbooks(enabled=False))
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+        await handle.result()
+        dry = await start(client, worker, world, gpu_uuid=f"GPU-{uuid.uuid4()}", dry_run=True)
+        await dry.result()
+    assert world.args(ACT_RECORD_GPU_FAILURE) == []
+    world = FakeWorld()
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+        await handle.result()
+    [recorded] = world.args(ACT_RECORD_GPU_FAILURE)
+    assert recorded.gpu_uuid == world.gpu_uuid and recorded.failures == 3
+    assert recorded.incident.startswith(handle.id + "/")

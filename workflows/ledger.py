@@ -1,0 +1,323 @@
+"""`sickbay-gpu-ledger`: the per-GPU failure ledger, one long-running workflow per cluster and
+task queue (`contract.names.ledger_workflow_id`), keyed by GPU UUID.
+
+Remediations reach it through activities holding a Temporal client (activities/ledger.py,
+update-with-start like the budget's lease activities), so the ledger survives remediation runs,
+worker restarts and its own continue-as-new (the state is carried in the input):
+
+    start (update-with-start) --> serve the updates, one at a time on the workflow's thread:
+        record-failure (a confirmed failure; idempotent per incident) -> failures in the
+            window, retired or not, and whether this incident asks for the RMA (once per
+            retirement)
+        record-repair (a rung's repair, validated) -> the GPU's counts
+        unretire (a person, with a reason; validated: the GPU must be retired) -> the
+            `gpu-unretired` signal to the remediation holding the GPU
+        query `gpus` (retired and recently repaired GPUs), query `state`
+    after `max_updates_per_run` updates or when Temporal suggests it: continue-as-new with the
+    (pruned) state as input.
+
+Pruning on every update keeps the state bounded (contract/ledger.py): entries older than the
+retention (the longest window any request named) go, at most `max_entries_per_gpu` per GPU, at
+most `max_gpus` GPUs (the oldest not-retired GPU is dropped first; retired ones stay).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from contract.base import format_duration
+    from contract.ledger import (
+        GpuRecord,
+        GpuSummary,
+        LedgerDecision,
+        LedgerEntry,
+        LedgerQuery,
+        LedgerReport,
+        LedgerState,
+        RecordFailureInput,
+        RecordRepairInput,
+        UnretireNotice,
+        UnretireRequest,
+        UnretireResult,
+    )
+    from contract.names import (
+        QRY_LEDGER_REPORT,
+        QRY_LEDGER_STATE,
+        SIG_GPU_UNRETIRED,
+        UPD_LEDGER_FAILURE,
+        UPD_LEDGER_REPAIR,
+        UPD_LEDGER_UNRETIRE,
+        WF_GPU_LEDGER,
+    )
+    from workflows.identity import claimed_by, sender_identity
+
+
+def span(value: timedelta) -> str:
+    """`7d`, `36h`, `90m`: a lemons window as a person writes it."""
+    if value and value % timedelta(days=1) == timedelta(0):
+        return f"{value // timedelta(days=1)}d"
+    return format_duration(value)
+
+
+def _day(at: datetime) -> str:
+    return at.strftime("%Y-%m-%d %H:%M")
+
+
+def describe(entry: LedgerEntry) -> str:
+    """One history line: `2026-11-28 10:02 failure Xid 48 (unhealthy)`."""
+    what: str = entry.kind
+    if entry.xid is not None:
+        what += f" Xid {entry.xid}"
+    if entry.failure_class:
+        what += f" ({entry.failure_class})"
+    if entry.detail:
+        what += f": {entry.detail}"
+    if entry.actor:
+        what += f" by {claimed_by(entry.actor, entry.client_identity)}"
+    return f"{_day(entry.at)} {what}"
+
+
+# Sandboxed: one update per confirmed failure is not a hot path (unlike the budget's leases).
+@workflow.defn(name=WF_GPU_LEDGER)
+class GpuLedgerWorkflow:
+    @workflow.init
+    def __init__(self, state: LedgerState) -> None:
+        self._state = state
+        self._gpus: dict[str, GpuRecord] = {g.gpu_uuid: g for g in state.gpus}
+        self._retention = state.retention
+        self._updates = 0
+        self._wake: list[tuple[str, UnretireNotice]] = []  # holders to tell of an un-retire
+
+    # ------------------------------------------------------------ updates -------------------
+
+    @workflow.update(name=UPD_LEDGER_FAILURE)
+    def record_failure(self, req: RecordFailureInput) -> LedgerDecision:
+        self._updates += 1
+        now = workflow.now()
+        self._retention = max(self._retention, req.window)
+        gpu = self._gpus.get(req.gpu_uuid)
+        if gpu is None:
+            gpu = self._gpus[req.gpu_uuid] = GpuRecord(gpu_uuid=req.gpu_uuid)
+        gpu.node = req.node or gpu.node
+        gpu.device_key = req.device_key or gpu.device_key
+        gpu.holder = req.holder or gpu.holder
+        seen = any(e.kind == "failure" and e.incident == req.incident for e in gpu.entries)
+        newly = False
+        if not seen:  # an activity retry of the same remediation records nothing twice
+            gpu.entries.append(
+                LedgerEntry(
+                    at=now,
+                    kind="failure",
+                    incident=req.incident,
+                    failure_class=req.failure_class,
+                    xid=req.xid,
+                    detail=req.detail,
+                )
+            )
+        in_window = gpu.failures_since(now - req.window)
+        if gpu.retired_at is None and len(in_window) >= req.failures:
+            newly = True
+            gpu.retired_at = now
+            gpu.retired_reason = (
+                f"{len(in_window)} failures within {span(req.window)} (lemons: {req.failures})"
+            )
+            gpu.entries.append(
+                LedgerEntry(
+                    at=now, kind="retired", incident=req.incident, detail=gpu.retired_reason
+                )
+            )
+            workflow.logger.info("GPU %s retired: %s", req.gpu_uuid, gpu.retired_reason)
+        rma_due = False
+        if gpu.retired_at is not None and gpu.rma_claimed_by in (None, req.incident):
+            gpu.rma_claimed_by = req.incident
+            rma_due = True
+        decision = LedgerDecision(
+            gpu_uuid=req.gpu_uuid,
+            failures_in_window=len(in_window),
+            failures=req.failures,
+            window=req.window,
+            retired=gpu.retired_at is not None,
+            newly_retired=newly,
+            retired_at=gpu.retired_at,
+            rma_due=rma_due,
+            history=list(gpu.entries),
+        )
+        self._prune(now)
+        return decision
+
+    @record_failure.validator
+    def _validate_failure(self, req: RecordFailureInput) -> None:
+        if not req.gpu_uuid.strip() or not req.incident.strip():
+            raise ValueError("a failure needs the GPU UUID and the incident that confirmed it")
+        if req.window <= timedelta(0):
+            raise ValueError(f"lemons window {req.window} must be positive")
+
+    @workflow.update(name=UPD_LEDGER_REPAIR)
+    def record_repair(self, req: RecordRepairInput) -> LedgerDecision:
+        self._updates += 1
+        now = workflow.now()
+        gpu = self._gpus.get(req.gpu_uuid)
+        if gpu is None:
+            gpu = self._gpus[req.gpu_uuid] = GpuRecord(gpu_uuid=req.gpu_uuid, node=req.node)
+        same = [
+            e
+            for e in gpu.entries
+            if e.kind == "repair" and req.incident and e.incident == req.incident
+        ]
+        if not any(e.detail.startswith(f"{req.rung}:") for e in same):  # idempotent per rung
+            detail = f"{req.rung}: {req.detail}" if req.detail else f"{req.rung}:"
+            gpu.entries.append(
+                LedgerEntry(at=now, kind="repair", incident=req.incident, detail=detail)
+            )
+        decision = LedgerDecision(
+            gpu_uuid=req.gpu_uuid,
+            failures_in_window=len(gpu.failures_since(now - self._retention)),
+            retired=gpu.retired_at is not None,
+            retired_at=gpu.retired_at,
+            history=list(gpu.entries),
+        )
+        self._prune(now)
+        return decision
+
+    @record_repair.validator
+    def _validate_repair(self, req: RecordRepairInput) -> None:
+        if not req.gpu_uuid.strip() or not req.rung.strip():
+            raise ValueError("a repair needs the GPU UUID and the rung (or how it was repaired)")
+
+    @workflow.update(name=UPD_LEDGER_UNRETIRE)
+    def unretire(self, req: UnretireRequest) -> UnretireResult:
+        self._updates += 1
+        now = workflow.now()
+        gpu = self._gpus[req.gpu_uuid]  # the validator checked it is retired
+        identity = sender_identity()
+        gpu.retired_at = None
+        gpu.retired_reason = ""
+        gpu.rma_claimed_by = None
+        gpu.counted_since = now  # failures before the un-retire no longer count
+        gpu.entries.append(
+            LedgerEntry(
+                at=now,
+                kind="unretired",
+                detail=req.reason,
+                actor=req.actor,
+                client_identity=identity,
+            )
+        )
+        workflow.logger.info(
+            "GPU %s un-retired by %s: %s", req.gpu_uuid, claimed_by(req.actor, identity), req.reason
+        )
+        if gpu.holder:
+            notice = UnretireNotice(actor=req.actor, reason=req.reason, client_identity=identity)
+            self._wake.append((gpu.holder, notice))
+        self._prune(now)
+        return UnretireResult(gpu_uuid=req.gpu_uuid, was_retired=True, holder=gpu.holder)
+
+    @unretire.validator
+    def _validate_unretire(self, req: UnretireRequest) -> None:
+        if not req.reason.strip():
+            raise ValueError("un-retiring a GPU needs a reason")
+        gpu = self._gpus.get(req.gpu_uuid)
+        if gpu is None:
+            raise ValueError(f"the ledger has no GPU {req.gpu_uuid}")
+        if gpu.retired_at is None:
+            raise ValueError(f"GPU {req.gpu_uuid} is not retired")
+
+    # ------------------------------------------------------------ queries -------------------
+
+    @workflow.query(name=QRY_LEDGER_REPORT)
+    def gpus(self, req: LedgerQuery) -> LedgerReport:
+        """Retired GPUs, and those with a repair within `req.since`, newest first."""
+        now = workflow.now()
+        out = []
+        for gpu in self._gpus.values():
+            repairs = gpu.repairs()
+            recent = [e for e in repairs if e.at >= now - req.since]
+            if gpu.retired_at is None and not recent:
+                continue
+            failures = [e for e in gpu.entries if e.kind == "failure"]
+            out.append(
+                GpuSummary(
+                    gpu_uuid=gpu.gpu_uuid,
+                    node=gpu.node,
+                    retired=gpu.retired_at is not None,
+                    retired_at=gpu.retired_at,
+                    retired_reason=gpu.retired_reason,
+                    failures_in_window=len(gpu.failures_since(now - self._retention)),
+                    failures_total=len(failures),
+                    repairs=len(repairs),
+                    last_failure=failures[-1].at if failures else None,
+                    last_repair=repairs[-1].at if repairs else None,
+                    history=list(gpu.entries),
+                )
+            )
+        out.sort(key=lambda g: (not g.retired, -(g.last_failure or now).timestamp()))
+        return LedgerReport(gpus=out, tracked=len(self._gpus))
+
+    @workflow.query(name=QRY_LEDGER_STATE)
+    def state(self) -> LedgerState:
+        return self._snapshot()
+
+    # ------------------------------------------------------------ run -----------------------
+
+    @workflow.run
+    async def run(self, state: LedgerState) -> None:
+        while True:
+            await workflow.wait_condition(
+                lambda: (
+                    bool(self._wake)
+                    or self._updates >= state.max_updates_per_run
+                    or workflow.info().is_continue_as_new_suggested()
+                )
+            )
+            if self._wake:
+                await self._tell_holders()
+                continue
+            break
+        # Let in-flight updates finish so their callers get an answer, then start fresh.
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._tell_holders()
+        workflow.continue_as_new(self._snapshot())
+
+    async def _tell_holders(self) -> None:
+        wake, self._wake = self._wake, []
+        for holder, notice in wake:
+            try:
+                await workflow.get_external_workflow_handle(holder).signal(
+                    SIG_GPU_UNRETIRED, notice
+                )
+            except Exception as err:  # the remediation closed meanwhile: nobody to tell
+                workflow.logger.info("could not tell %s of the un-retire: %s", holder, err)
+
+    def _snapshot(self) -> LedgerState:
+        return self._state.model_copy(
+            update={"gpus": list(self._gpus.values()), "retention": self._retention}
+        )
+
+    def _prune(self, now: datetime) -> None:
+        """Entries older than the retention go (a retired GPU keeps its whole history: it is
+        the RMA's evidence); GPUs with nothing left go; then the cap on GPUs and entries."""
+        horizon = now - self._retention
+        cap = self._state.max_entries_per_gpu
+        for key in list(self._gpus):
+            gpu = self._gpus[key]
+            if gpu.retired_at is None:
+                gpu.entries = [e for e in gpu.entries if e.at >= horizon]
+            if len(gpu.entries) > cap:
+                gpu.entries = gpu.entries[-cap:]
+            if not gpu.entries and gpu.retired_at is None:
+                del self._gpus[key]
+        excess = len(self._gpus) - self._state.max_gpus
+        if excess > 0:
+            # The oldest not-retired GPUs go first; retired GPUs are never dropped.
+            candidates = sorted(
+                (g for g in self._gpus.values() if g.retired_at is None),
+                key=lambda g: g.last_at() or now,
+            )
+            for gpu in candidates[:excess]:
+                del self._gpus[gpu.gpu_uuid]
+                workflow.logger.warning(
+                    "ledger full (%d GPUs): dropped %s", self._state.max_gpus, gpu.gpu_uuid
+                )
