@@ -102,13 +102,29 @@ def _settings(args: argparse.Namespace) -> Any:
     return Settings(**overrides)
 
 
+def _cluster(
+    args: argparse.Namespace, command: str, *, acting: bool, fallback: str = ""
+) -> tuple[Any, Any]:
+    """Settings for the cluster `command` addresses (worker/cli_cluster.py: --cluster,
+    SICKBAY_CLUSTER, SICKBAY_CLUSTER_FILE, the recorded ConfigMap) and how it was found."""
+    from worker.cli_cluster import cluster_settings
+
+    flag = getattr(args, "cluster", None)
+    return cluster_settings(_settings(args), flag, command, acting=acting, fallback=fallback)
+
+
+# What a command does without a cluster name (worker/cli_cluster.py).
+AS_GIVEN = "acting on the workflow id as given (it names its cluster)"
+
+
 def _add_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="Temporal address (SICKBAY_TEMPORAL_ADDRESS)")
     p.add_argument("--namespace", help="Temporal namespace (SICKBAY_TEMPORAL_NAMESPACE)")
     p.add_argument("--task-queue", help="task queue (SICKBAY_TASK_QUEUE)")
     p.add_argument(
         "--cluster",
-        help="the Sickbay cluster (SICKBAY_CLUSTER): device ids, queue; `status` lists only it",
+        help="the Sickbay cluster (else SICKBAY_CLUSTER, SICKBAY_CLUSTER_FILE, then the name "
+        "recorded in the cluster): device ids, queue; `status` lists only it",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -125,6 +141,56 @@ def workflow_id_for(target: str, cluster: str = "") -> str:
     raise ValueError(
         f"{target!r} is neither a workflow id (sickbay-...) nor a device (node/GPU-uuid)"
     )
+
+
+async def _acting_id(args: argparse.Namespace) -> str:
+    """The workflow id an acting command addresses: the device's in the resolved cluster, or
+    the id as given (`sickbay-...`), which needs no cluster name."""
+    given = args.target.startswith("sickbay-")
+    workflow_id_for(args.target)  # a bad target is refused before anything is read
+    settings, _ = await asyncio.to_thread(
+        _cluster, args, args.command, acting=True, fallback=AS_GIVEN if given else ""
+    )
+    return workflow_id_for(args.target, settings.cluster)
+
+
+async def _timeline_id(args: argparse.Namespace) -> tuple[str | None, str]:
+    """(the workflow id `timeline` shows, or None to look the device up in every cluster;
+    the device)."""
+    if args.target.startswith("sickbay-"):
+        return args.target, ""
+    workflow_id_for(args.target)
+    _, found = await asyncio.to_thread(
+        _cluster,
+        args,
+        "timeline",
+        acting=False,
+        fallback="looking the device up in every cluster (SickbayDevice); pass --cluster NAME "
+        "to name its cluster",
+    )
+    if found.name is None:
+        return None, args.target
+    return workflow_id_for(args.target, found.name), args.target
+
+
+async def _find_device(client: Client, device: str) -> str | None:
+    """The one remediation of `device` in any cluster (by SickbayDevice), or None (said why)."""
+    if "'" in device or "\\" in device:
+        raise ValueError(f"{device!r} is not a device name (node/GPU-uuid)")
+    query = f"WorkflowType = '{WF_REMEDIATE}' AND {SA_DEVICE} = '{device}'"
+    ids = sorted({wf.id async for wf in client.list_workflows(query)})
+    if not ids:
+        print(f"no remediation of {device} in any cluster", file=sys.stderr)
+        return None
+    if len(ids) > 1:
+        print(
+            f"error: {device} has remediations in several clusters ({', '.join(ids)}): pass "
+            "--cluster NAME or give the workflow id",
+            file=sys.stderr,
+        )
+        return None
+    print(f"note: {device} is {ids[0]}", file=sys.stderr)
+    return ids[0]
 
 
 def _run(coro: Any) -> int:
@@ -277,7 +343,6 @@ async def _launch(args: argparse.Namespace) -> int:
     from contract.maintenance import MaintenanceInput, MaintenanceSelector
     from contract.remediation import RemediationInput
 
-    settings = _settings(args)
     actor = args.requested_by or getpass.getuser()
     selector_given = bool(args.select_node or args.select_label or args.select_attr)
     try:
@@ -309,6 +374,7 @@ async def _launch(args: argparse.Namespace) -> int:
 
     from worker.temporal import connect
 
+    settings, _ = await asyncio.to_thread(_cluster, args, "launch", acting=True)
     client = await connect(settings)
     if selector_given:
         wf_id = maintenance_workflow_id(uuid.uuid4().hex[:10], settings.cluster)
@@ -376,7 +442,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings, found = await asyncio.to_thread(
+        _cluster,
+        args,
+        "status",
+        acting=False,
+        fallback="listing the remediations of every cluster (no SickbayCluster filter); pass "
+        "--cluster NAME for one cluster's",
+    )
     client = await _client(args)
     query = f"WorkflowType = '{WF_REMEDIATE}'"
     if not args.all:
@@ -415,7 +488,10 @@ async def _status(args: argparse.Namespace) -> int:
         print("no open incidents" if not args.all else "no remediations")
     else:
         _print_table(rows)
-    await _print_rejections(client, settings.task_queue)
+    if found.name is None:
+        print("\nrejected alerts: not shown (the cluster name is not known)", file=sys.stderr)
+    else:
+        await _print_rejections(client, settings.task_queue)
     return 0
 
 
@@ -489,8 +565,12 @@ async def _timeline(args: argparse.Namespace) -> int:
     )
     from temporalio.service import RPCError, RPCStatusCode
 
-    wf_id = workflow_id_for(args.target, _settings(args).cluster)
+    wf_id, device = await _timeline_id(args)
     client = await _client(args)
+    if wf_id is None:
+        wf_id = await _find_device(client, device)
+        if wf_id is None:
+            return 1
     handle: RemediationHandle = client.get_workflow_handle_for(DeviceRemediationWorkflow.run, wf_id)
     try:
         desc, problem = await workflow_problem(handle)
@@ -564,11 +644,11 @@ async def _decide(args: argparse.Namespace) -> int:
 
     from contract.remediation import AbortRequest, ApprovalDecision, RepairedRequest
 
-    wf_id = workflow_id_for(args.target, _settings(args).cluster)
     actor = args.actor or getpass.getuser()
     if args.command == "abort" and not args.reason:
         print("error: abort needs --reason", file=sys.stderr)
         return 2
+    wf_id = await _acting_id(args)
     client = await _client(args)
     handle: RemediationHandle = client.get_workflow_handle_for(DeviceRemediationWorkflow.run, wf_id)
     try:
@@ -647,7 +727,7 @@ async def _extend_deadline(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    wf_id = workflow_id_for(args.target, _settings(args).cluster)
+    wf_id = await _acting_id(args)
     client = await _client(args)
     handle = client.get_workflow_handle(wf_id)
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 
 from contract.names import sweep_schedule_id
 from worker.schedules import ensure_sweep_schedule
@@ -71,10 +72,14 @@ def _run_webhook(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _schedule(action: str) -> int:
+async def _schedule(action: str, cluster: str | None = None) -> int:
+    from worker.cli_cluster import cluster_settings
     from worker.temporal import connect
 
-    settings = Settings()
+    # The Schedule's id and queue carry the cluster's name: the recorded one unless given.
+    settings, _ = await asyncio.to_thread(
+        cluster_settings, Settings(), cluster, f"schedule {action}", acting=True
+    )
     client = await connect(settings)
     schedule_id = sweep_schedule_id(settings.cluster)
     if action == "install":
@@ -91,9 +96,9 @@ async def _schedule(action: str) -> int:
 
 def _run_schedule(args: argparse.Namespace) -> int:
     try:
-        return asyncio.run(_schedule(args.action))
+        return asyncio.run(_schedule(args.action, args.cluster))
     except (RuntimeError, ValueError) as exc:
-        print(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
         return 1
 
 
@@ -122,4 +127,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "delete: remove the Schedule.",
     )
     sc.add_argument("action", choices=["install", "trigger", "delete"])
+    sc.add_argument("--cluster", help="the Sickbay cluster (else as for every command)")
     sc.set_defaults(func=_run_schedule)

@@ -37,6 +37,9 @@ from worker.cli import main as cli_main
 
 pytestmark = pytest.mark.devserver
 
+# The unnamed cluster, named: these runs have no cluster record to read (worker/cli_cluster.py).
+UNNAMED = ("--cluster", "")
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 DEADLINE_S = 60.0  # generous: every wait below ends in well under a second when healthy
 
@@ -81,7 +84,7 @@ async def test_bad_input_run_then_fresh_launch(
     client = dev_env.client
     world = FakeWorld()
     queue = f"cli-{uuid.uuid4().hex[:8]}"
-    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue]
+    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue, *UNNAMED]
     device = f"{world.node}/{world.gpu_uuid}"
     wf_id = device_workflow_id(world.node, world.gpu_uuid)
     async with new_worker(client, world, task_queue=queue):
@@ -120,7 +123,7 @@ async def test_wedged_run_is_reported_not_signalled(
     client = dev_env.client
     world = FakeWorld()
     queue = f"cli-{uuid.uuid4().hex[:8]}"
-    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue]
+    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue, *UNNAMED]
     device = f"{world.node}/{world.gpu_uuid}"
     async with Worker(client, task_queue=queue, workflows=[_WedgedRemediation]):
         handle = await client.start_workflow(
@@ -152,7 +155,7 @@ async def test_timeline_of_another_workflow_type(
     dev_env: WorkflowEnvironment, capsys: pytest.CaptureFixture[str]
 ) -> None:
     client = dev_env.client
-    conn = ["--address", client.service_client.config.target_host]
+    conn = ["--address", client.service_client.config.target_host, *UNNAMED]
     handle = await client.start_workflow(
         "sickbay-budget", id=f"sickbay-not-a-remediation-{uuid.uuid4().hex[:6]}", task_queue="none"
     )
@@ -175,7 +178,7 @@ async def test_status_shows_escalation_and_aligns(
         capacity=CapacityResult(status="at-max", current_size=2, target_size=2),
     )
     queue = f"cli-{uuid.uuid4().hex[:8]}"
-    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue]
+    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue, *UNNAMED]
     device = f"{world.node}/{world.gpu_uuid}"
     assert len(device) > 50
     monkeypatch.setenv("SICKBAY_TEMPORAL_UI_URL", "http://ui.example:18233/")
@@ -231,7 +234,7 @@ async def test_launch_without_known_ui_prints_no_guess(
     client = dev_env.client
     world = FakeWorld()
     queue = f"cli-{uuid.uuid4().hex[:8]}"
-    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue]
+    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue, *UNNAMED]
     async with new_worker(client, world, task_queue=queue):
         code, out, err = await _cli(
             capsys, "launch", *conn, "--node", world.node, "--uuid", world.gpu_uuid, "--dry-run"
@@ -248,7 +251,7 @@ async def test_launch_sets_static_summary_details_and_memo(
     client = dev_env.client
     world = FakeWorld()
     queue = f"cli-{uuid.uuid4().hex[:8]}"
-    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue]
+    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue, *UNNAMED]
     argv = ["--node", world.node, "--uuid", world.gpu_uuid, "--runbook", "inference"]
     async with new_worker(client, world, task_queue=queue):
         code, _, err = await _cli(

@@ -37,6 +37,9 @@ from workflows.maintenance import MaintenanceWorkflow
 
 pytestmark = pytest.mark.devserver
 
+# The unnamed cluster, named: these runs have no cluster record to read (worker/cli_cluster.py).
+UNNAMED = ("--cluster", "")
+
 
 async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = await asyncio.to_thread(cli_main, list(argv))
@@ -51,7 +54,7 @@ async def test_launch_status_timeline_repaired(
     address = client.service_client.config.target_host
     world = FakeWorld()
     queue = f"cli-{uuid.uuid4().hex[:8]}"
-    conn = ["--address", address, "--task-queue", queue]
+    conn = ["--address", address, "--task-queue", queue, *UNNAMED]
     device = f"{world.node}/{world.gpu_uuid}"
     async with new_worker(client, world, task_queue=queue):
         code, out, err = await _cli(
@@ -155,7 +158,7 @@ async def test_launch_maintenance_selector(
     client = dev_env.client
     queue = f"cli-{uuid.uuid4().hex[:8]}"
     world = FakeWorld()
-    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue]
+    conn = ["--address", client.service_client.config.target_host, "--task-queue", queue, *UNNAMED]
     async with Worker(
         client,
         task_queue=queue,
@@ -196,7 +199,7 @@ async def test_extend_deadline(
     address = client.service_client.config.target_host
     world = FakeWorld(replacement_reports=[ReplacementReport(status="pending")])
     queue = f"cli-{uuid.uuid4().hex[:8]}"
-    conn = ["--address", address, "--task-queue", queue]
+    conn = ["--address", address, "--task-queue", queue, *UNNAMED]
     device = f"{world.node}/{world.gpu_uuid}"
     code, _, err = await _cli(capsys, "extend-deadline", *conn, device, "--reason", "r")
     assert code == 2 and "exactly one of --by" in err

@@ -139,6 +139,8 @@ async def test_launch_example_runs(dev_env: WorkflowEnvironment) -> None:
         address,
         "--task-queue",
         queue,
+        "--cluster",
+        "",  # the unnamed cluster: this run has no cluster record to read
         "--json",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -89,7 +89,14 @@ async def test_a_claimed_actor_is_recorded_beside_the_client_identity(
     """The issue's case: `sickbay abort ... --actor ceo@example.com`."""
     world = FakeWorld()
     queue = f"id-{uuid.uuid4().hex[:8]}"
-    conn = ["--address", dev_env.client.service_client.config.target_host, "--task-queue", queue]
+    conn = [
+        "--address",
+        dev_env.client.service_client.config.target_host,
+        "--task-queue",
+        queue,
+        "--cluster",
+        "",  # the unnamed cluster: this run has no cluster record to read
+    ]
     device = f"{world.node}/{world.gpu_uuid}"
     async with new_worker(dev_env.client, world, task_queue=queue) as worker:
         handle = await start(dev_env.client, worker, world)
