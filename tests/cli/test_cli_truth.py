@@ -32,7 +32,8 @@ from temporalio.worker import Worker
 from contract.capacity import CapacityResult
 from contract.kube import ReplacementReport
 from contract.names import WF_REMEDIATE, device_workflow_id
-from tests.workflows.fakes import FakeWorld, new_worker
+from contract.runbook import Runbook
+from tests.workflows.fakes import FakeWorld, new_worker, shipped_runbooks, without_repair
 from worker.cli import main as cli_main
 
 pytestmark = pytest.mark.devserver
@@ -42,6 +43,18 @@ UNNAMED = ("--cluster", "")
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 DEADLINE_S = 60.0  # generous: every wait below ends in well under a second when healthy
+
+
+def _short_pending_deadline(runbooks: list[Runbook]) -> list[Runbook]:
+    """Each runbook with a 1 s Pending deadline and capacity deadline (validated as YAML would
+    be: the bounds need their `unsafe` acknowledgement)."""
+    out = []
+    for rb in runbooks:
+        data = rb.model_dump(mode="json", by_alias=True, exclude_none=True)
+        replacement = data["spec"].setdefault("replacement", {})
+        replacement.update(pendingDeadline="1s", unsafe=["pendingDeadline"])
+        out.append(Runbook.model_validate(data))
+    return out
 
 
 async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -173,9 +186,12 @@ async def test_status_shows_escalation_and_aligns(
 ) -> None:
     client = dev_env.client
     # Pending past the deadline, pool at max: escalated (no-capacity), then holding.
+    # The Pending deadline is a durable timer and this dev server's clock is real: a 1 s
+    # deadline (acknowledged as unsafe) instead of the shipped one.
     world = FakeWorld(
         replacement_reports=[ReplacementReport(status="pending", unschedulable_message="no GPU")],
         capacity=CapacityResult(status="at-max", current_size=2, target_size=2),
+        runbooks=_short_pending_deadline(without_repair(shipped_runbooks())),
     )
     queue = f"cli-{uuid.uuid4().hex[:8]}"
     conn = ["--address", client.service_client.config.target_host, "--task-queue", queue, *UNNAMED]
