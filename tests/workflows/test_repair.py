@@ -168,7 +168,7 @@ async def test_reset_fails_then_reboot_passes(time_skipping_env: WorkflowEnviron
     assert [r.dry_run for r in reboots] == [True, False]
     asked = reboots[1]
     assert asked.attempt == 2 and asked.pool is not None and asked.pool.provider == "cluster-api"
-    assert asked.idempotency_key.startswith(handle.id + "@") and asked.idempotency_key.endswith(
+    assert asked.idempotency_key.startswith(handle.id + "/") and asked.idempotency_key.endswith(
         "/reboot/2"
     )
     names = world.names()
