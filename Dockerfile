@@ -25,7 +25,7 @@ COPY workflows ./workflows
 COPY activities ./activities
 COPY worker ./worker
 COPY runbooks ./runbooks
-COPY simulator ./simulator
+COPY twin ./twin
 COPY harness ./harness
 # A regular (non-editable) install: the code lives in the venv, /src is not copied onward.
 RUN /opt/sickbay/bin/pip install --no-deps . \

@@ -145,14 +145,14 @@ def notification(alerts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def requests_log(kube_url: str, **filters: str) -> list[dict[str, Any]]:
-    """The twin's API request log (GET /sim/requests), optionally filtered."""
-    resp = httpx.get(f"{kube_url}/sim/requests", params=filters, timeout=60.0)
+    """The twin's API request log (GET /twin/requests), optionally filtered."""
+    resp = httpx.get(f"{kube_url}/twin/requests", params=filters, timeout=60.0)
     resp.raise_for_status()
     return list(resp.json()["items"])
 
 
 def clear_requests(kube_url: str) -> None:
-    httpx.delete(f"{kube_url}/sim/requests", timeout=30.0).raise_for_status()
+    httpx.delete(f"{kube_url}/twin/requests", timeout=30.0).raise_for_status()
 
 
 def rule_creations(kube_url: str) -> list[dict[str, Any]]:
@@ -165,7 +165,7 @@ def rule_creations(kube_url: str) -> list[dict[str, Any]]:
 
 
 def gpus(kube_url: str) -> list[dict[str, Any]]:
-    resp = httpx.get(f"{kube_url}/sim/gpus", timeout=60.0)
+    resp = httpx.get(f"{kube_url}/twin/gpus", timeout=60.0)
     resp.raise_for_status()
     return list(resp.json()["items"])
 

@@ -37,7 +37,7 @@ from activities.kube.client import Kube, KubeSettings
 from activities.sweep import SweepActivities
 from contract.launch import LaunchRequest, LaunchResult
 from contract.sweep import SweepClusterInput
-from simulator.runtime import Simulator
+from twin.runtime import Twin
 from worker.watcher import HealthWatcher, WatcherConfig
 
 DRIVER = "gpu.nvidia.com"
@@ -66,19 +66,19 @@ def _status(rid: str, health: str) -> dict[str, Any]:
     }
 
 
-def _set_health(sim: Simulator, pod: str, rid: str, health: str) -> None:
+def _set_health(twin: Twin, pod: str, rid: str, health: str) -> None:
     def update(obj: dict[str, Any]) -> dict[str, Any]:
         obj["status"] = _status(rid, health)
         return obj
 
-    sim.store.mutate("pods", pod, update, NAMESPACE, subresource="status")
+    twin.store.mutate("pods", pod, update, NAMESPACE, subresource="status")
 
 
-def _seed(sim: Simulator, gpus: int) -> list[tuple[str, str]]:
-    store = sim.store
+def _seed(twin: Twin, gpus: int) -> list[tuple[str, str]]:
+    store = twin.store
     store.create("namespaces", {"metadata": {"name": NAMESPACE}})
     pods: list[tuple[str, str]] = []
-    for node in sim.seed_info["nodes"]:
+    for node in twin.seed_info["nodes"]:
         for g in range(gpus):
             name, rid = f"job-{node}-{g}", f"{DRIVER}/{node}/gpu-{g}"
             store.create(
@@ -92,7 +92,7 @@ def _seed(sim: Simulator, gpus: int) -> list[tuple[str, str]]:
                 },
                 NAMESPACE,
             )
-            _set_health(sim, name, rid, "Healthy")
+            _set_health(twin, name, rid, "Healthy")
             pods.append((name, rid))
     return pods
 
@@ -112,7 +112,7 @@ async def _until(arrived: asyncio.Event, done: Any, deadline: float) -> None:
             return
 
 
-async def _idle_in_own_process(sim: Simulator, kubeconfig: Path, idle: float) -> dict[str, Any]:
+async def _idle_in_own_process(twin: Twin, kubeconfig: Path, idle: float) -> dict[str, Any]:
     """The watcher alone in a child process (`--watcher-process`): its RSS and CPU, and the
     API requests the twin sees from it per minute of idle after its first LISTs."""
     import sys
@@ -129,7 +129,7 @@ async def _idle_in_own_process(sim: Simulator, kubeconfig: Path, idle: float) ->
     assert child.stdout is not None and child.stdin is not None
     try:
         synced = json.loads(await child.stdout.readline())
-        log = sim.server.request_log
+        log = twin.server.request_log
         log.clear()
         await asyncio.sleep(idle)
         by: dict[str, int] = {}
@@ -209,15 +209,15 @@ async def run_detection(
     nodes: int, gpus: int, failures: int, burst: int, idle: float
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": nodes, "gpus_per_node": gpus}
-    sim = Simulator(profile="1.36")
-    sim.seed(nodes=nodes, gpus_per_node=gpus)
-    pods = _seed(sim, gpus)
+    twin = Twin(profile="1.36")
+    twin.seed(nodes=nodes, gpus_per_node=gpus)
+    pods = _seed(twin, gpus)
     out["pods"] = len(pods)
-    sim.start()
+    twin.start()
     try:
-        path = sim.write_kubeconfig(Path(tempfile.mkdtemp(prefix="sickbay-bench-")) / "kc")
+        path = twin.write_kubeconfig(Path(tempfile.mkdtemp(prefix="sickbay-bench-")) / "kc")
         kube = Kube.from_settings(KubeSettings(kubeconfig=str(path), request_timeout=60.0))
-        out["watch_idle"] = await _idle_in_own_process(sim, path, idle)
+        out["watch_idle"] = await _idle_in_own_process(twin, path, idle)
         seen: dict[str, float] = {}
         arrived = asyncio.Event()
 
@@ -255,14 +255,14 @@ async def run_detection(
                 "finding_pairs": watcher.tracker.pairs(),
             },
         }
-        log = sim.server.request_log
+        log = twin.server.request_log
         index = watcher.tracker.index
         lat: list[float] = []
         for name, rid in pods[:failures]:
             dev = index[rid]
             key = f"{dev.node}/{dev.uuid}"
             t = time.monotonic()
-            _set_health(sim, name, rid, "Unhealthy")
+            _set_health(twin, name, rid, "Unhealthy")
             await _until(arrived, lambda key=key: key in seen, t + 30)
             if key in seen:
                 lat.append((seen[key] - t) * 1000)
@@ -277,7 +277,7 @@ async def run_detection(
         keys = [f"{index[r].node}/{index[r].uuid}" for _, r in batch]
         t = time.monotonic()
         for name, rid in batch:
-            _set_health(sim, name, rid, "Unhealthy")
+            _set_health(twin, name, rid, "Unhealthy")
         write = time.monotonic() - t
         await _until(arrived, lambda: all(k in seen for k in keys), t + 60)
         got = [seen[k] for k in keys if k in seen]
@@ -302,7 +302,7 @@ async def run_detection(
             "detection_delay_seconds": "0-300 (the interval) + the sweep's own seconds",
         }
     finally:
-        sim.stop()
+        twin.stop()
     return out
 
 
@@ -327,7 +327,7 @@ async def run_e2e(
         set_budget(info.runbooks_dir, "100%", "100%")  # the hot path; the storm measures budgets
         kube = info.kube_url
         async with httpx.AsyncClient(base_url=kube, timeout=60.0) as http:
-            await http.put("/sim/alerts", json={"url": None})
+            await http.put("/twin/alerts", json={"url": None})
             lease = "/apis/coordination.k8s.io/v1/namespaces/sickbay/leases/"
             lease += "sickbay-health-watcher-default"
             deadline = time.monotonic() + 300
@@ -337,7 +337,7 @@ async def run_e2e(
                     break
                 await asyncio.sleep(0.5)
             await asyncio.sleep(5.0)
-            items = (await http.get("/sim/gpus")).json()["items"]
+            items = (await http.get("/twin/gpus")).json()["items"]
 
             gate = asyncio.Semaphore(16)  # the twin serves a thread per connection
 
@@ -346,7 +346,7 @@ async def run_e2e(
                 async with gate:
                     for attempt in range(5):
                         try:
-                            answer = await http.post("/sim/faults", json=body)
+                            answer = await http.post("/twin/faults", json=body)
                             if attempt == 0 or answer.status_code >= 500:
                                 answer.raise_for_status()  # a retry may find it already done
                             return

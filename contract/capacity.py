@@ -15,7 +15,7 @@ from contract.base import Contract, Duration
 class NodePoolTarget(Contract):
     """Where a node pool lives. Identifiers only; credentials come from the worker's env."""
 
-    provider: Literal["gke", "aks", "cluster-api", "http", "sim"]
+    provider: Literal["gke", "aks", "cluster-api", "http", "twin"]
     name: str  # the pool's name at the provider
     node_pool_label: str | None = None  # value of the node label that marks the pool
     project: str | None = None  # GKE
@@ -24,7 +24,7 @@ class NodePoolTarget(Contract):
     subscription: str | None = None  # AKS
     resource_group: str | None = None  # AKS
     namespace: str | None = None  # Cluster API MachineDeployment namespace
-    endpoint: str | None = None  # http / sim: base URL (no credentials in it)
+    endpoint: str | None = None  # http / twin: base URL (no credentials in it)
     profile: str | None = None  # http: name of a request profile configured on the worker
 
 

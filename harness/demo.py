@@ -76,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "up",
         help="start the embedded stack and keep it running (Ctrl-C stops all of it)",
         description="The demo's stack, for exploring by hand: Web UI, `sickbay` CLI, "
-        "`sickbay sim fail ...`.",
+        "`sickbay twin fail ...`.",
     )
     up.add_argument(
         "--time-scale",
@@ -116,13 +116,13 @@ def _busy(state_dir: Path) -> str | None:
     if live_stack(state_dir):
         return f"a stack is already running from {state_dir}: stop it with `sickbay down` first"
     try:
-        pid = int(json.loads((state_dir / "sim.json").read_text())["pid"])
+        pid = int(json.loads((state_dir / "twin.json").read_text())["pid"])
         os.kill(pid, 0)
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return (
         f"a cluster twin (pid {pid}) already runs from {state_dir}: stop it with "
-        "`sickbay sim down`, or set SICKBAY_STATE_DIR to another directory"
+        "`sickbay twin down`, or set SICKBAY_STATE_DIR to another directory"
     )
 
 
@@ -314,18 +314,18 @@ def _print_use(write: Callable[[str], None], stack: Stack) -> None:
     for key in (
         "SICKBAY_TEMPORAL_ADDRESS",
         "KUBECONFIG",
-        "SICKBAY_SIM_URL",
+        "SICKBAY_TWIN_URL",
         "SICKBAY_RUNBOOKS_DIR",
     ):
         write(f"    export {key}={env[key]}")
     gpus = ", ".join(f"{i} ({u})" for i, u in enumerate(info.gpus))
     write(f"  GPUs of {info.node}: {gpus}")
     gpu0 = f"{info.node}/{info.gpus[0]}" if info.gpus else f"{info.node}/<GPU uuid>"
-    write(f"  break one:    sickbay sim fail {info.node} 0 --xid 79")
+    write(f"  break one:    sickbay twin fail {info.node} 0 --xid 79")
     write("  watch it:     sickbay status    |    sickbay timeline " + gpu0)
-    write(f"  repair it:    sickbay sim recover {info.node} 0 && sickbay repaired {gpu0}")
-    write(f"  more faults:  sickbay sim fail {info.node} 1 --xid 13   (the program's fault)")
-    write("                sickbay sim known-fault ignore-device-taint-rules on")
+    write(f"  repair it:    sickbay twin recover {info.node} 0 && sickbay repaired {gpu0}")
+    write(f"  more faults:  sickbay twin fail {info.node} 1 --xid 13   (the program's fault)")
+    write("                sickbay twin known-fault ignore-device-taint-rules on")
     write(f"  logs:         {info.state_dir}/logs/   notifications: {info.notifications}")
 
 

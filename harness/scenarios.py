@@ -2,7 +2,7 @@
 what Sickbay did.
 
 A scenario only *causes* things the way the real world would (a workload is deployed through
-the Kubernetes API, a GPU fails through the twin's `/sim/faults` route, a person marks a GPU
+the Kubernetes API, a GPU fails through the twin's `/twin/faults` route, a person marks a GPU
 repaired with the `repaired` signal); everything in between - the Alertmanager notification,
 the webhook, the workflow, the DeviceTaintRule, the eviction, the scale-up - is the product
 running. Each step waits for an observable result (pod phase, workflow phase, a node) with a
@@ -367,7 +367,7 @@ class Demo:
 
     async def gpu(self, device: str) -> dict[str, Any]:
         """The twin's physical GPU (node, index, uuid) that holds `device`."""
-        items = (await self.k("GET", "/sim/gpus"))["items"]
+        items = (await self.k("GET", "/twin/gpus"))["items"]
         for gpu in items:
             if any(d["resourceID"] == device for d in gpu["devices"]):
                 return gpu
@@ -381,10 +381,10 @@ class Demo:
             self._earlier_run[gpu["uuid"]] = before.run_id
         except RPCError:  # never remediated before
             self._earlier_run.pop(gpu["uuid"], None)
-        await self.k("POST", "/sim/faults", {"node": gpu["node"], "gpu": gpu["uuid"], "xid": xid})
+        await self.k("POST", "/twin/faults", {"node": gpu["node"], "gpu": gpu["uuid"], "xid": xid})
 
     async def recover(self, gpu: dict[str, Any]) -> None:
-        await self.k("POST", "/sim/faults/recover", {"node": gpu["node"], "gpu": gpu["uuid"]})
+        await self.k("POST", "/twin/faults/recover", {"node": gpu["node"], "gpu": gpu["uuid"]})
 
     async def taint_rules(self) -> list[dict[str, Any]]:
         """Every DeviceTaintRule, through the first served version."""
@@ -539,11 +539,11 @@ class Demo:
 
     async def cleanup(self, ns: str | None = None) -> None:
         """Recover every fault, release open remediations, delete the namespace."""
-        for fault in (await self.k("GET", "/sim/faults"))["items"]:
+        for fault in (await self.k("GET", "/twin/faults"))["items"]:
             await self.k(
-                "POST", "/sim/faults/recover", {"node": fault["node"], "gpu": fault["gpu_uuid"]}
+                "POST", "/twin/faults/recover", {"node": fault["node"], "gpu": fault["gpu_uuid"]}
             )
-        await self.k("PUT", "/sim/known-faults", {"ignoreDeviceTaintRules": False})
+        await self.k("PUT", "/twin/known-faults", {"ignoreDeviceTaintRules": False})
         for incident in self.incidents:
             if incident.result is None:
                 desc = await self.handle(incident.workflow_id).describe()
@@ -963,13 +963,13 @@ async def scheduler_churn(demo: Demo) -> None:
             "known fault on: the scheduler ignores DeviceTaintRules (kubernetes#139651)",
             tag="churn",
         )
-        await demo.k("PUT", "/sim/known-faults", {"ignoreDeviceTaintRules": True})
+        await demo.k("PUT", "/twin/known-faults", {"ignoreDeviceTaintRules": True})
         await demo.namespace(ns)
         await demo.deployment(ns, "api")
         [(_pod, device)] = await demo.running(ns, "api")
         gpu = await demo.gpu(device)
         # Keep every other GPU busy, so the only free device is the one Sickbay taints.
-        free = len((await demo.k("GET", "/sim/gpus"))["items"]) - 1
+        free = len((await demo.k("GET", "/twin/gpus"))["items"]) - 1
         if free:
             await demo.deployment(ns, "filler", replicas=free)
             await demo.running(ns, "filler", count=free)
@@ -1001,10 +1001,10 @@ async def watch_detection(demo: Demo) -> None:
     """Detection by watch: the twin's Alertmanager is silenced and no sweep runs."""
     say = demo.say
     ns = _ns("watched")
-    alerts = await demo.k("GET", "/sim/alerts")
+    alerts = await demo.k("GET", "/twin/alerts")
     receiver = alerts.get("receiver")
     last_sent = (alerts.get("sent") or [])[-1:]
-    await demo.k("PUT", "/sim/alerts", {"url": None})  # nothing reaches the webhook
+    await demo.k("PUT", "/twin/alerts", {"url": None})  # nothing reaches the webhook
     try:
         async with demo.scene(ns):
             say(f"an inference Deployment {ns}/llm; Alertmanager silenced, no sweep", tag="watch")
@@ -1025,7 +1025,7 @@ async def watch_detection(demo: Demo) -> None:
                 f"the watcher started it: {entries[0].outcome[:120]}; DeviceTaintRule "
                 f"{st.rule_name} {time.monotonic() - failed_at:.1f} s after the fault"
             )
-            sent = (await demo.k("GET", "/sim/alerts")).get("sent") or []
+            sent = (await demo.k("GET", "/twin/alerts")).get("sent") or []
             if sent[-1:] != last_sent:
                 raise DemoFailure("an alert was delivered: this was not detection by watch")
             await demo.recover(gpu)
@@ -1035,7 +1035,7 @@ async def watch_detection(demo: Demo) -> None:
                 raise DemoFailure(f"closed {result.outcome}: {result.reason}")
             demo.check("repaired -> quarantine lifted, closed: released")
     finally:
-        await demo.k("PUT", "/sim/alerts", {"url": receiver})
+        await demo.k("PUT", "/twin/alerts", {"url": receiver})
 
 
 async def _repaired_without_people(

@@ -11,7 +11,7 @@ Five child processes, started in this order and stopped in the reverse one:
                and the stack says so), the Sickbay search attributes registered by flag
     sink       the local notification sink (harness/sink.py): PagerDuty / Slack / webhook
                shaped, so escalations are visible without accounts
-    twin       the cluster twin (`sickbay sim up`): Kubernetes 1.36 API with
+    twin       the cluster twin (`sickbay twin up`): Kubernetes 1.36 API with
                DeviceTaintRule, one node with 2 GPUs in node pool `gpu-pool`, the twin's
                controllers on a time-scaled clock, its Alertmanager stand-in posting to the
                webhook, and its GKE-shaped cloud API that grows the pool
@@ -341,7 +341,7 @@ def demo_runbooks(
             shipped_provider = scale_up.get("provider") or "pool " + str(scale_up.get("pool"))
             shipped_max = scale_up.get("maxSize", "unset")
             scale_up["pool"] = {
-                "provider": "sim",
+                "provider": "twin",
                 "name": pool,
                 "node_pool_label": pool,
                 "endpoint": cloud_endpoint,
@@ -418,7 +418,7 @@ class StackConfig:
     watch: bool = False
     nodes: int = 1
     gpus_per_node: int = 2
-    topology: str = "full"  # full | mig | vgpu | timeslice (simulator/seed.py)
+    topology: str = "full"  # full | mig | vgpu | timeslice (twin/seed.py)
     slices_per_gpu: int = 2
     pool_max: int = 2  # the twin's quota for the pool, and the runbook's maxSize
     # The shipped repair ladder in the demo runbooks: off unless a scenario needs it, so the
@@ -586,16 +586,16 @@ class Stack:
         info.cloud_url = f"http://127.0.0.1:{cloud_port}"
         info.kubeconfig = str(self.dir / "kubeconfig")
         twin_env = self._python_env()
-        twin_env["SICKBAY_STATE_DIR"] = str(self.dir)  # sim.json goes here, not ~/.sickbay
-        twin_env["SICKBAY_SIM_ALERT_TOKEN"] = webhook_token.read_text().strip()
-        twin_env["SICKBAY_SIM_CLOUD_TOKEN"] = cloud_token.read_text().strip()
+        twin_env["SICKBAY_STATE_DIR"] = str(self.dir)  # twin.json goes here, not ~/.sickbay
+        twin_env["SICKBAY_TWIN_ALERT_TOKEN"] = webhook_token.read_text().strip()
+        twin_env["SICKBAY_TWIN_CLOUD_TOKEN"] = cloud_token.read_text().strip()
         self._spawn(
             "twin",
             [
                 sys.executable,
                 "-m",
                 "worker.cli",
-                "sim",
+                "twin",
                 "up",
                 "--profile",
                 PROFILE,
@@ -640,9 +640,9 @@ class Stack:
         if cfg.shared_temporal is None:  # a shared one is the other stack's to watch
             self._wait("temporal", lambda: self._temporal_ready(info))
         self._wait("sink", lambda: _http("GET", info.sink_url + "/healthz")[0] == 200)
-        self._wait("twin", lambda: (self.dir / "sim.json").exists())
-        self._wait("twin", lambda: _http("GET", info.kube_url + "/sim/gpus")[0] == 200)
-        gpus = self.twin("GET", "/sim/gpus")["items"]
+        self._wait("twin", lambda: (self.dir / "twin.json").exists())
+        self._wait("twin", lambda: _http("GET", info.kube_url + "/twin/gpus")[0] == 200)
+        gpus = self.twin("GET", "/twin/gpus")["items"]
         info.node = gpus[0]["node"]
         info.gpus = [g["uuid"] for g in gpus]
 
@@ -662,7 +662,7 @@ class Stack:
                 raise StackError(f"twin: cannot create namespace {ns}: {answer}")
         env = self.sickbay_env()
         env["SICKBAY_WEBHOOK_TOKEN_FILE"] = str(webhook_token)
-        env["SICKBAY_SIM_CLOUD_TOKEN_FILE"] = str(cloud_token)
+        env["SICKBAY_TWIN_CLOUD_TOKEN_FILE"] = str(cloud_token)
         env["SICKBAY_METRICS_PORT"] = str(self._port())
         self._spawn("worker", [sys.executable, *cfg.worker_argv], env)
         # The webhook answers Alertmanager within SICKBAY_WEBHOOK_ACK_SECONDS even when
@@ -733,16 +733,16 @@ class Stack:
                 "SICKBAY_WATCH_ENABLED": "true" if self.config.watch else "false",
                 "SICKBAY_WATCH_NAMESPACE": WATCH_NAMESPACE,
                 "SICKBAY_STATE_DIR": str(self.dir),
-                "SICKBAY_SIM_URL": info.kube_url,
-                # The twin's Compute Engine endpoints: node reboot / replace (provider `sim`).
-                "SICKBAY_SIM_CLOUD_URL": info.cloud_url,
+                "SICKBAY_TWIN_URL": info.kube_url,
+                # The twin's Compute Engine endpoints: node reboot / replace (provider `twin`).
+                "SICKBAY_TWIN_CLOUD_URL": info.cloud_url,
                 "SICKBAY_GRACEFUL_SHUTDOWN_SECONDS": "5",
             }
         )
         return env
 
     def twin(self, method: str, path: str, body: Any = None) -> Any:
-        """Call the twin's `/sim/...` routes (simulator/fault_routes.py); raises StackError on a
+        """Call the twin's `/twin/...` routes (twin/fault_routes.py); raises StackError on a
         non-2xx answer."""
         assert self.info is not None
         status, answer = _http(method, self.info.kube_url + path, body)

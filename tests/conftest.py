@@ -30,7 +30,7 @@ from contract.names import SEARCH_ATTRIBUTES
 from harness.stack import free_port
 
 if TYPE_CHECKING:
-    from simulator.testing import RunningSim
+    from twin.testing import RunningTwin
 
 BIN_DIR = Path(sys.executable).parent
 
@@ -110,14 +110,14 @@ def shared_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSim]:
+def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTwin]:
     """One cluster twin per session: profile 1.36 (DeviceTaintRule on), 2 nodes x 2 GPUs.
 
     Shared by every test: create objects in your own namespace and clean up after yourself.
     """
-    from simulator.testing import start_sim
+    from twin.testing import start_twin
 
-    running = start_sim(tmp_path_factory.mktemp("sim"), profile="1.36", nodes=2, gpus_per_node=2)
+    running = start_twin(tmp_path_factory.mktemp("twin"), profile="1.36", nodes=2, gpus_per_node=2)
     try:
         yield running
     finally:
@@ -125,19 +125,19 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSim]:
 
 
 @pytest.fixture(scope="session")
-def sim_kubeconfig(sim: RunningSim) -> Path:
-    return sim.kubeconfig_path
+def twin_kubeconfig(twin: RunningTwin) -> Path:
+    return twin.kubeconfig_path
 
 
 @pytest.fixture
-def sim_factory(tmp_path: Path) -> Iterator[Callable[..., RunningSim]]:
+def twin_factory(tmp_path: Path) -> Iterator[Callable[..., RunningTwin]]:
     """Start extra twins (other profiles, seeds, tokens); all stopped after the test."""
-    from simulator.testing import start_sim
+    from twin.testing import start_twin
 
-    started: list[RunningSim] = []
+    started: list[RunningTwin] = []
 
-    def make(**kwargs: Any) -> RunningSim:
-        running = start_sim(tmp_path, **kwargs)
+    def make(**kwargs: Any) -> RunningTwin:
+        running = start_twin(tmp_path, **kwargs)
         started.append(running)
         return running
 

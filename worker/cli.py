@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import harness.demo
-import simulator.cli
+import twin.cli
 import worker.commands
 import worker.doctor
 import worker.gpus_cli
@@ -26,7 +26,7 @@ REGISTRARS: tuple[Callable[[Any], None], ...] = (
     worker.webhook_cli.register,  # webhook, schedule
     worker.doctor.register,  # doctor
     worker.gpus_cli.register,  # gpus, gpus unretire: the GPU ledger (lemons)
-    simulator.cli.register,  # sim up/down/status/fail/recover
+    twin.cli.register,  # twin up/down/status/fail/recover
     harness.demo.register,  # demo, up, down: the local stack
 )
 

@@ -106,8 +106,8 @@ class CloudActivities:
 
     def provider_for(self, pool: NodePoolTarget) -> NodePoolClient:
         key: str = pool.provider
-        if pool.provider == "sim":
-            key = f"sim:{pool.endpoint or self._config.sim.endpoint}"
+        if pool.provider == "twin":
+            key = f"twin:{pool.endpoint or self._config.twin.endpoint}"
         elif pool.provider == "http":
             key = f"http:{pool.profile}"
         if key in self._providers:
@@ -121,24 +121,28 @@ class CloudActivities:
     def _build(self, pool: NodePoolTarget) -> NodePoolClient:
         if pool.provider == "gke":
             return GkeNodePools.from_config(self._http, self._config.gke)
-        if pool.provider == "sim":
-            sim = self._config.sim
-            endpoint = pool.endpoint or sim.endpoint
+        if pool.provider == "twin":
+            twin = self._config.twin
+            endpoint = pool.endpoint or twin.endpoint
             if not endpoint:
                 raise ConfigError(
-                    "a `sim` pool needs `endpoint` (the twin's cloud API URL) in the runbook "
-                    "or SICKBAY_SIM_CLOUD_URL on the worker"
+                    "a `twin` pool needs `endpoint` (the twin's cloud API URL) in the runbook "
+                    "or SICKBAY_TWIN_CLOUD_URL on the worker"
                 )
             if not _is_loopback(endpoint):
                 raise ConfigError(
                     f"the twin's cloud API must be on loopback, not {endpoint}; "
-                    "the sim token is never sent elsewhere"
+                    "the twin token is never sent elsewhere"
                 )
             return GkeNodePools(
                 self._http,
                 endpoint=endpoint,
-                token=sim.token,
-                defaults={"project": sim.project, "location": sim.location, "cluster": sim.cluster},
+                token=twin.token,
+                defaults={
+                    "project": twin.project,
+                    "location": twin.location,
+                    "cluster": twin.cluster,
+                },
             )
         if pool.provider == "aks":
             from activities.cloud.aks import AksNodePools

@@ -73,14 +73,14 @@ class AksConfig(_Model):
     )
 
 
-class SimConfig(_Model):
-    """The cluster twin's GKE-shaped API (simulator/cloudapi.py); the pool's `endpoint` is its
+class TwinConfig(_Model):
+    """The cluster twin's GKE-shaped API (twin/cloudapi.py); the pool's `endpoint` is its
     base URL."""
 
-    token: SecretRef = SecretRef(env="SICKBAY_SIM_CLOUD_TOKEN")
-    # Used when the runbook's pool has no `endpoint` (`scaleUp.provider: sim`).
-    endpoint: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_SIM_CLOUD_URL"))
-    project: str = "sim"
+    token: SecretRef = SecretRef(env="SICKBAY_TWIN_CLOUD_TOKEN")
+    # Used when the runbook's pool has no `endpoint` (`scaleUp.provider: twin`).
+    endpoint: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_TWIN_CLOUD_URL"))
+    project: str = "twin"
     location: str = "local"
     cluster: str = "twin"
 
@@ -140,7 +140,7 @@ class HttpProfile(_Model):
 class CloudConfig(_Model):
     gke: GkeConfig = Field(default_factory=GkeConfig)
     aks: AksConfig = Field(default_factory=AksConfig)
-    sim: SimConfig = Field(default_factory=SimConfig)
+    twin: TwinConfig = Field(default_factory=TwinConfig)
     http: dict[str, HttpProfile] = Field(default_factory=dict)  # profile name -> profile
     request_timeout: float = 30.0  # seconds per HTTP call: ARM and GKE answer well within this
 

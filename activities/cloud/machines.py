@@ -530,22 +530,26 @@ def machine_providers(
     """The reboot / replace providers this worker can use, by the pool's provider name; one
     not listed here is "not configured" (the remediation escalates naming it). Cluster API
     whenever the worker has a Kubernetes client; GKE when a token or the metadata server is
-    configured; `sim` (the twin's Compute Engine endpoints) when its URL is set; AKS when a token
+    configured; `twin` (the twin's Compute Engine endpoints) when its URL is set; AKS when a token
     or an Entra login is configured; `http` when a profile has a `reboot` or `replace` call."""
     providers: dict[str, MachineClient] = {}
     if kube_api is not None:
         providers["cluster-api"] = ClusterApiMachines(kube_api)
         if config.gke.metadata_server or _secret_set(config.gke.token):
             providers["gke"] = GkeMachines.from_config(http, config.gke, kube_api)
-        sim = config.sim
-        if sim.endpoint:
+        twin = config.twin
+        if twin.endpoint:
             pools = GkeNodePools(
                 http,
-                endpoint=sim.endpoint,
-                token=sim.token,
-                defaults={"project": sim.project, "location": sim.location, "cluster": sim.cluster},
+                endpoint=twin.endpoint,
+                token=twin.token,
+                defaults={
+                    "project": twin.project,
+                    "location": twin.location,
+                    "cluster": twin.cluster,
+                },
             )
-            providers["sim"] = GkeMachines(pools, kube_api, sim.endpoint)
+            providers["twin"] = GkeMachines(pools, kube_api, twin.endpoint)
         aks = config.aks
         if _secret_set(aks.token) or (
             aks.tenant_id

@@ -1,7 +1,7 @@
 """Every Kubernetes permission the activities and `sickbay doctor` use, with why.
 
 deploy/ grants exactly these, each in the ClusterRole `role` names (a test compares the two
-and checks the simulator's request log against the roles); `sickbay doctor` asks the API
+and checks the twin's request log against the roles); `sickbay doctor` asks the API
 server about each one with a SelfSubjectAccessReview. Discovery (/version, /api, /apis/...)
 is a non-resource URL every authenticated identity may read (system:discovery), so it is not
 listed.

@@ -55,7 +55,7 @@ def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
 
 @pytest.fixture(scope="module")
 async def floor(
-    dev_env: WorkflowEnvironment, sim: Any, tmp_path_factory: pytest.TempPathFactory
+    dev_env: WorkflowEnvironment, twin: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[str]:
     """`python -m bench.floor` on the session's dev server and twin; its URL once it listens."""
     port = free_port()
@@ -67,7 +67,7 @@ async def floor(
         "--port",
         str(port),
         "--kubeconfig",
-        str(sim.kubeconfig_path),
+        str(twin.kubeconfig_path),
         "--temporal",
         dev_env.client.service_client.config.target_host,
         "--namespace",
@@ -107,9 +107,9 @@ async def _stats(url: str) -> dict[str, Any]:
         return dict(r.json())
 
 
-def _gpu(sim: Any) -> tuple[str, str, dict[str, str]]:
+def _gpu(twin: Any) -> tuple[str, str, dict[str, str]]:
     """(node, uuid, the device's selector) of the twin's first GPU."""
-    api = sim.api_client()
+    api = twin.api_client()
     for s in k8s.ResourceV1Api(api).list_resource_slice().items:
         for d in s.spec.devices or []:
             got = (d.attributes or {}).get("uuid")
@@ -120,14 +120,14 @@ def _gpu(sim: Any) -> tuple[str, str, dict[str, str]]:
 
 
 async def test_firing_alert_starts_one_eager_workflow_that_creates_the_rule(
-    floor: str, dev_env: WorkflowEnvironment, sim: Any
+    floor: str, dev_env: WorkflowEnvironment, twin: Any
 ) -> None:
     before = await _stats(floor)
-    node, uuid, selector = _gpu(sim)
+    node, uuid, selector = _gpu(twin)
     resolved = {**dcgm_alert(node, uuid, fingerprint="floortest-resolved"), "status": "resolved"}
     body = notification([dcgm_alert(node, uuid, fingerprint="floortest-firing"), resolved])
     rule = PREFIX + taint_rule_name(node, uuid)
-    version = taint_version(sim.api_client())
+    version = taint_version(twin.api_client())
     async with httpx.AsyncClient(timeout=30.0) as http:
         r = await http.post(floor, json=body)
         assert r.status_code == 200, r.text
@@ -155,7 +155,7 @@ async def test_firing_alert_starts_one_eager_workflow_that_creates_the_rule(
             # The server's own record that it started the first task in the start request.
             assert events[0].workflow_execution_started_event_attributes.eager_execution_accepted
 
-            custom = k8s.CustomObjectsApi(sim.api_client())
+            custom = k8s.CustomObjectsApi(twin.api_client())
             got = cast(
                 dict[str, Any],
                 custom.get_cluster_custom_object(GROUP, version, "devicetaintrules", rule),
@@ -163,13 +163,13 @@ async def test_firing_alert_starts_one_eager_workflow_that_creates_the_rule(
             assert got["spec"]["deviceSelector"] == selector
             creates = [
                 rec
-                for rec in sim.requests(verb="create", resource="devicetaintrules")
+                for rec in twin.requests(verb="create", resource="devicetaintrules")
                 if rec.status < 300 and rec.user_agent == AGENT
             ]
             assert len(creates) == 1
         finally:
             with contextlib.suppress(ApiException):  # absent when the create never came
-                k8s.CustomObjectsApi(sim.api_client()).delete_cluster_custom_object(
+                k8s.CustomObjectsApi(twin.api_client()).delete_cluster_custom_object(
                     GROUP, version, "devicetaintrules", rule
                 )
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from simulator.testing import RunningSim
+from twin.testing import RunningTwin
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,9 +37,9 @@ else:
 """
 
 
-def _resolve(sim: RunningSim, node: str, index: int) -> dict[str, Any]:
+def _resolve(twin: RunningTwin, node: str, index: int) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SICKBAY_")}
-    env["KUBECONFIG"] = str(sim.kubeconfig_path)
+    env["KUBECONFIG"] = str(twin.kubeconfig_path)
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, node, str(index)],
         cwd=ROOT,
@@ -53,18 +53,18 @@ def _resolve(sim: RunningSim, node: str, index: int) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def _node_and_uuid(sim: RunningSim, device: str) -> tuple[str, str]:
-    rs = sim.store.list("resourceslices.resource.k8s.io").items[0]
+def _node_and_uuid(twin: RunningTwin, device: str) -> tuple[str, str]:
+    rs = twin.store.list("resourceslices.resource.k8s.io").items[0]
     dev = next(d for d in rs["spec"]["devices"] if d["name"] == device)
     return rs["spec"]["nodeName"], dev["attributes"]["uuid"]["string"]
 
 
-def test_node_and_index_resolve_to_the_twins_uuid(sim: RunningSim) -> None:
-    node, uuid = _node_and_uuid(sim, "gpu-1")
-    assert _resolve(sim, node, 1) == {"node": node, "gpu_uuid": uuid}
+def test_node_and_index_resolve_to_the_twins_uuid(twin: RunningTwin) -> None:
+    node, uuid = _node_and_uuid(twin, "gpu-1")
+    assert _resolve(twin, node, 1) == {"node": node, "gpu_uuid": uuid}
 
 
-def test_an_index_the_node_lacks_is_not_found(sim: RunningSim) -> None:
-    node, _ = _node_and_uuid(sim, "gpu-0")
-    got = _resolve(sim, node, 7)
+def test_an_index_the_node_lacks_is_not_found(twin: RunningTwin) -> None:
+    node, _ = _node_and_uuid(twin, "gpu-0")
+    got = _resolve(twin, node, 7)
     assert got["error"] == "ApplicationError" and "7" in got["message"], got

@@ -1,14 +1,14 @@
 """The processes import what they run: a part that cannot be imported stops the process loudly.
 
-Every workflow, activity module, CLI subcommand owner and simulator extension is part of the
+Every workflow, activity module, CLI subcommand owner and twin extension is part of the
 build, so none of them is looked up by name and skipped when its import fails: a broken module
 must fail the import of the process that needs it, never leave a worker without a workflow or
 a CLI without a subcommand.
 
 Cases (each in a fresh interpreter in which one module is made unimportable):
 - the worker without `workflows.sweep` / `workflows.pool_scaler` / `activities.notify.activities`;
-- the `sickbay` CLI without `worker.doctor` / `simulator.cli`;
-- `sickbay sim` without one of its extensions (`simulator.faults`, `simulator.cloudapi`).
+- the `sickbay` CLI without `worker.doctor` / `twin.cli`;
+- `sickbay twin` without one of its extensions (`twin.faults`, `twin.cloudapi`).
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # (module made unimportable, code run after that) — the code must fail with ImportError.
-SIM_REGISTER = (
-    "import argparse, simulator.cli as c; c.register(argparse.ArgumentParser().add_subparsers())"
+TWIN_REGISTER = (
+    "import argparse, twin.cli as c; c.register(argparse.ArgumentParser().add_subparsers())"
 )
 CASES = [
     ("workflows.sweep", "import worker.main"),
     ("workflows.pool_scaler", "import worker.main"),
     ("activities.notify.activities", "import worker.main"),
     ("worker.doctor", "from worker.cli import build_parser; build_parser()"),
-    ("simulator.cli", "from worker.cli import build_parser; build_parser()"),
-    ("simulator.faults", SIM_REGISTER),
-    ("simulator.cloudapi", SIM_REGISTER),
+    ("twin.cli", "from worker.cli import build_parser; build_parser()"),
+    ("twin.faults", TWIN_REGISTER),
+    ("twin.cloudapi", TWIN_REGISTER),
 ]
 
 

@@ -57,11 +57,11 @@ NOT_SETTINGS = {
     "SICKBAY_RECORD_HISTORIES": "tests (re-record the replay histories)",
     "SICKBAY_REQUIRE_DOCKER": "tests (a missing Docker engine fails instead of skipping)",
     "SICKBAY_REQUIRE_MONITORING": "tests (missing Prometheus binaries fail instead of skipping)",
-    "SICKBAY_SIM_ALERT_TOKEN": "the twin (simulator/)",
-    "SICKBAY_SIM_CLOUD_TOKEN": "the twin (simulator/)",
-    "SICKBAY_SIM_CLOUD_URL": "the twin (simulator/)",
-    "SICKBAY_TWIN_TIME_SCALE": "the twin (simulator/)",
-    "SICKBAY_STATE_DIR": "the CLI's local state (sickbay sim / up / down)",
+    "SICKBAY_TWIN_ALERT_TOKEN": "the twin (twin/)",
+    "SICKBAY_TWIN_CLOUD_TOKEN": "the twin (twin/)",
+    "SICKBAY_TWIN_CLOUD_URL": "the twin (twin/)",
+    "SICKBAY_TWIN_TIME_SCALE": "the twin (twin/)",
+    "SICKBAY_STATE_DIR": "the CLI's local state (sickbay twin / up / down)",
 }
 # Prefixes the docs write for a family ("SICKBAY_TEMPORAL_*", "SICKBAY_REQUIRE_<X>").
 FRAGMENTS = {"SICKBAY_TEMPORAL_", "SICKBAY_REQUIRE_"}

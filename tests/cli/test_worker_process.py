@@ -47,11 +47,11 @@ def _env(dev_env: WorkflowEnvironment, kubeconfig: Path, **extra: str) -> dict[s
 async def test_worker_starts_serves_metrics_and_stops(
     dev_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    from simulator.testing import running_sim
+    from twin.testing import running_twin
 
     port = free_port()
     log_path = tmp_path / "worker.log"
-    with running_sim(tmp_path, profile="1.36", nodes=1, gpus_per_node=1) as rs:
+    with running_twin(tmp_path, profile="1.36", nodes=1, gpus_per_node=1) as rs:
         env = _env(dev_env, rs.kubeconfig_path, SICKBAY_METRICS_PORT=str(port))
         with log_path.open("w") as log:
             proc = await asyncio.to_thread(
@@ -89,14 +89,14 @@ async def test_worker_starts_serves_metrics_and_stops(
 async def test_worker_refuses_invalid_runbooks(
     dev_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    from simulator.testing import running_sim
+    from twin.testing import running_twin
 
     bad = tmp_path / "runbooks"
     bad.mkdir()
     (bad / "default.yaml").write_text(
         "apiVersion: sickbay/v1\nkind: Runbook\nmetadata: {name: default}\nspec:\n  eviction: {force: maybe}\n"
     )
-    with running_sim(tmp_path, profile="1.36", nodes=1, gpus_per_node=1) as rs:
+    with running_twin(tmp_path, profile="1.36", nodes=1, gpus_per_node=1) as rs:
         env = _env(
             dev_env, rs.kubeconfig_path, SICKBAY_METRICS_PORT="0", SICKBAY_RUNBOOKS_DIR=str(bad)
         )

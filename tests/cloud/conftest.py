@@ -10,18 +10,18 @@ import pytest
 from activities.cloud import CloudActivities
 from activities.cloud.config import CloudConfig
 from contract.capacity import NodePoolTarget
-from simulator.cloudapi import CloudApi, CloudApiServer, SimPool
+from twin.cloudapi import CloudApi, CloudApiServer, TwinPool
 
-SIM_TOKEN = "twin-token-for-tests"
+TWIN_TOKEN = "twin-token-for-tests"
 
 
 @pytest.fixture
 async def cloud_twin(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[CloudApiServer]:
-    monkeypatch.setenv("SICKBAY_SIM_CLOUD_TOKEN", SIM_TOKEN)
+    monkeypatch.setenv("SICKBAY_TWIN_CLOUD_TOKEN", TWIN_TOKEN)
     resized: list[tuple[str, int]] = []
-    api = CloudApi(token=SIM_TOKEN, on_resize=lambda pool, size: resized.append((pool, size)))
+    api = CloudApi(token=TWIN_TOKEN, on_resize=lambda pool, size: resized.append((pool, size)))
     api.resized = resized  # type: ignore[attr-defined]
-    api.add_pool(SimPool(name="gpu-pool", size=2, max_size=4, latency=0.2))
+    api.add_pool(TwinPool(name="gpu-pool", size=2, max_size=4, latency=0.2))
     server = await CloudApiServer(api).start()
     try:
         yield server
@@ -30,8 +30,8 @@ async def cloud_twin(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[CloudApiS
 
 
 @pytest.fixture
-def sim_pool(cloud_twin: CloudApiServer) -> NodePoolTarget:
-    return NodePoolTarget(provider="sim", name="gpu-pool", endpoint=cloud_twin.url)
+def twin_pool(cloud_twin: CloudApiServer) -> NodePoolTarget:
+    return NodePoolTarget(provider="twin", name="gpu-pool", endpoint=cloud_twin.url)
 
 
 @pytest.fixture

@@ -30,16 +30,16 @@ from activities.cloud import CloudActivities
 from activities.cloud.cluster_api import ANN_MAX, ANN_MIN, ANN_SCALE_REQUEST, GROUP, PLURAL, VERSION
 from contract.capacity import DescribePoolInput, NodePoolTarget, PoolOperationInput, ScalePoolInput
 from contract.errors import ERR_CLOUD_REJECTED, ERR_STILL_WAITING
-from simulator.clock import Clock
-from simulator.controllers.manager import ControllerManager, SimOptions
-from simulator.testing import start_sim
+from twin.clock import Clock
+from twin.controllers.manager import ControllerManager, TwinOptions
+from twin.testing import start_twin
 
 NS = "default"
 
 
 @pytest.fixture
-def capi(sim: Any) -> Iterator[tuple[CloudActivities, CustomObjectsApi, NodePoolTarget]]:
-    api_client = sim.api_client()
+def capi(twin: Any) -> Iterator[tuple[CloudActivities, CustomObjectsApi, NodePoolTarget]]:
+    api_client = twin.api_client()
     custom = CustomObjectsApi(api_client)
     name = f"gpu-md-{uuid.uuid4().hex[:6]}"
     custom.create_namespaced_custom_object(
@@ -153,8 +153,8 @@ async def test_missing_machine_deployment_is_rejected(
 async def test_machine_deployment_controller_brings_the_nodes(tmp_path: Any) -> None:
     """With the twin's controllers running, the MachineDeployment controller grows the node
     pool and reports readyReplicas; the operation finishes on its own."""
-    manager = ControllerManager(SimOptions())
-    rs = start_sim(tmp_path, clock=Clock(time_scale=200.0), controllers=(manager,), nodes=2)
+    manager = ControllerManager(TwinOptions())
+    rs = start_twin(tmp_path, clock=Clock(time_scale=200.0), controllers=(manager,), nodes=2)
     try:
         api_client = rs.api_client()
         custom = CustomObjectsApi(api_client)

@@ -1,5 +1,5 @@
 """Node rungs through Cluster API (activities/cloud/machines.py) against the twin's Machines and
-its model of a MachineHealthCheck (simulator/controllers/repair.py), plus wait-for-node-gpus.
+its model of a MachineHealthCheck (twin/controllers/repair.py), plus wait-for-node-gpus.
 
 Cases:
 - reboot: the Machine is annotated `cluster.x-k8s.io/remediate-machine` with the request's key;
@@ -39,9 +39,9 @@ from activities.kube.repair_activities import KubeRepairActivities
 from contract.capacity import NodePoolTarget
 from contract.errors import ERR_CLOUD_UNAVAILABLE, ERR_PROVIDER_NOT_CONFIGURED, ERR_STILL_WAITING
 from contract.repair import MachineActionInput, NodeGpusResult, WaitNodeGpusInput
-from simulator.clock import Clock
-from simulator.controllers.manager import ControllerManager, SimOptions
-from tests.activities.kube.conftest import Twin, twin
+from tests.activities.kube.conftest import KubeTwin, twin
+from twin.clock import Clock
+from twin.controllers.manager import ControllerManager, TwinOptions
 
 MACHINES = "machines.cluster.x-k8s.io"
 POOL = NodePoolTarget(provider="cluster-api", name="gpu-md", namespace="default")
@@ -54,18 +54,18 @@ def setup(tmp_path: Path) -> Iterator[Any]:
 
     def start(
         annotate_nodes: bool = True, profile: str = "1.36"
-    ) -> tuple[Twin, MachineActivities, KubeRepairActivities]:
+    ) -> tuple[KubeTwin, MachineActivities, KubeRepairActivities]:
         cm = twin(
             tmp_path,
             profile,
             controllers=ControllerManager(
-                SimOptions(pod_startup_seconds=1, reboot_seconds=20, provisioning_delay=10)
+                TwinOptions(pod_startup_seconds=1, reboot_seconds=20, provisioning_delay=10)
             ),
             clock=Clock(time_scale=20),
         )
         t = cm.__enter__()
         made.append(cm)
-        for node in t.sim.seed_info["nodes"]:
+        for node in t.twin.seed_info["nodes"]:
             t.store.create(
                 MACHINES,
                 {
@@ -147,9 +147,9 @@ async def test_reboot_is_asked_once_and_the_node_comes_back(
     t, acts, repairs = setup(annotate_nodes)
     node = t.node()
     uuids = [t.uuid_of(node, i) for i in range(2)]
-    faults = t.sim.extensions["faults"]
+    faults = t.twin.extensions["faults"]
     faults.fail(node, uuids[0], xid=79)
-    asked_at = t.sim.clock.now()
+    asked_at = t.twin.clock.now()
     first = await _run(acts.reboot_node, _inp(node, "reboot"))
     retried = await _run(acts.reboot_node, _inp(node, "reboot"))  # the activity retried
     assert first.asked and not retried.asked and first.operation == f"default/m-{node}"
@@ -160,7 +160,7 @@ async def test_reboot_is_asked_once_and_the_node_comes_back(
     )
     assert back.node == node and sorted(back.gpu_uuids) == sorted(uuids)
     assert faults.faults() == []
-    assert t.sim.extensions["repairs"].reboots == [node]
+    assert t.twin.extensions["repairs"].reboots == [node]
     deadline = time.monotonic() + WAIT  # the remediator is done: its annotation goes
     while ANN_REMEDIATE in (
         t.store.get(MACHINES, f"m-{node}", "default")["metadata"].get("annotations") or {}
@@ -175,7 +175,7 @@ async def test_replace_deletes_the_machine_and_follows_the_new_node(setup: Any) 
     t, acts, repairs = setup()
     node = t.node()
     uuids = [t.uuid_of(node, i) for i in range(2)]
-    asked_at = t.sim.clock.now()  # the cluster's time of the request
+    asked_at = t.twin.clock.now()  # the cluster's time of the request
     result = await _run(acts.replace_node, _inp(node, "replace"))
     assert result.asked and t.store.try_get(MACHINES, f"m-{node}", "default") is None
     fresh = await _node_back(
@@ -189,11 +189,11 @@ async def test_replace_deletes_the_machine_and_follows_the_new_node(setup: Any) 
             asked_at=asked_at,
         ),
     )
-    assert fresh.node != node and fresh.node not in t.sim.seed_info["nodes"]
+    assert fresh.node != node and fresh.node not in t.twin.seed_info["nodes"]
     assert len(fresh.gpu_uuids) == 2 and not set(fresh.gpu_uuids) & set(uuids)
     retried = await _run(acts.replace_node, _inp(node, "replace"))
     assert not retried.asked
-    assert t.sim.extensions["repairs"].replacements == [node]
+    assert t.twin.extensions["repairs"].replacements == [node]
 
 
 async def test_not_configured_is_a_clear_non_retryable_error(setup: Any) -> None:
@@ -218,7 +218,7 @@ async def test_not_configured_is_a_clear_non_retryable_error(setup: Any) -> None
 async def test_a_5xx_is_retried_and_the_retry_asks_once(setup: Any) -> None:
     t, acts, _repairs = setup()
     node = t.node()
-    t.sim.extensions["api_faults"].add("500", verb="patch", resource="machines", count=1)
+    t.twin.extensions["api_faults"].add("500", verb="patch", resource="machines", count=1)
     with pytest.raises(ApplicationError) as err:
         await _run(acts.reboot_node, _inp(node, "reboot"))
     assert err.value.type == ERR_CLOUD_UNAVAILABLE and not err.value.non_retryable
@@ -228,10 +228,10 @@ async def test_a_5xx_is_retried_and_the_retry_asks_once(setup: Any) -> None:
     retried = await _run(acts.reboot_node, _inp(node, "reboot"))
     assert retried.asked
     deadline = time.monotonic() + WAIT
-    while not t.sim.extensions["repairs"].reboots:
+    while not t.twin.extensions["repairs"].reboots:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.1)
-    assert t.sim.extensions["repairs"].reboots == [node]
+    assert t.twin.extensions["repairs"].reboots == [node]
 
 
 async def test_dry_run_asks_nothing(setup: Any) -> None:
@@ -249,7 +249,7 @@ async def test_a_node_not_rebooted_yet_is_not_back(setup: Any) -> None:
     with pytest.raises(ApplicationError) as err:
         await _run(
             repairs.wait_for_node_gpus,
-            WaitNodeGpusInput(node=node, expected_gpus=2, asked_at=t.sim.clock.now()),
+            WaitNodeGpusInput(node=node, expected_gpus=2, asked_at=t.twin.clock.now()),
         )
     assert err.value.type == ERR_STILL_WAITING and "not rebooted yet" in str(err.value)
     with pytest.raises(ApplicationError) as err:

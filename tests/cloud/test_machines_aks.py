@@ -1,5 +1,5 @@
 """Node rungs through AKS (activities/cloud/machines.py `AksMachines`) against the twin's Azure
-Resource Manager VMSS endpoints (simulator/cloudapi.py), wired to the twin's node rungs.
+Resource Manager VMSS endpoints (twin/cloudapi.py), wired to the twin's node rungs.
 
 Cases:
 - reboot: `virtualMachines/{id}/restart` of the node's VMSS VM (from its providerID), 202 with
@@ -38,10 +38,10 @@ from contract.errors import (
     ERR_STILL_WAITING,
 )
 from contract.repair import MachineActionInput, WaitNodeGpusInput
-from simulator.clock import Clock
-from simulator.cloudapi import CloudApi, CloudApiServer
-from simulator.controllers.manager import ControllerManager, SimOptions
 from tests.activities.kube.conftest import twin
+from twin.clock import Clock
+from twin.cloudapi import CloudApi, CloudApiServer
+from twin.controllers.manager import ControllerManager, TwinOptions
 
 TOKEN = "aks-twin-token"
 POOL = NodePoolTarget(
@@ -65,12 +65,12 @@ async def aks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
         tmp_path,
         "1.36",
         controllers=ControllerManager(
-            SimOptions(pod_startup_seconds=1, reboot_seconds=20, provisioning_delay=10)
+            TwinOptions(pod_startup_seconds=1, reboot_seconds=20, provisioning_delay=10)
         ),
         clock=Clock(time_scale=20),
     )
     t = cm.__enter__()
-    repairs = t.sim.extensions["repairs"]
+    repairs = t.twin.extensions["repairs"]
 
     def on_instance(action: str, node: str) -> None:
         if action == "reset":
@@ -123,23 +123,23 @@ def _inp(node: str, action: str, key: str = "wf") -> MachineActionInput:
 async def test_restart_once_and_the_node_comes_back(aks: Any) -> None:
     t, api, acts, repairs = aks
     node = t.node()
-    t.sim.extensions["faults"].fail(node, "0", xid=79)
-    asked_at = t.sim.clock.now()
+    t.twin.extensions["faults"].fail(node, "0", xid=79)
+    asked_at = t.twin.clock.now()
     first = await _run(acts.reboot_node, _inp(node, "reboot"))
     retried = await _run(acts.reboot_node, _inp(node, "reboot"))
     assert first.asked and "/operations/" in first.operation
     assert not retried.asked and retried.operation == first.operation
     assert api.instance_calls == [("reset", node)]
     back = await _back(repairs, WaitNodeGpusInput(node=node, expected_gpus=2, asked_at=asked_at))
-    assert back.node == node and t.sim.extensions["faults"].faults() == []
-    assert t.sim.extensions["repairs"].reboots == [node]
+    assert back.node == node and t.twin.extensions["faults"].faults() == []
+    assert t.twin.extensions["repairs"].reboots == [node]
 
 
 async def test_delete_once_and_the_new_node_is_followed(aks: Any) -> None:
     t, api, acts, repairs = aks
     node = t.node()
     uuids = [t.uuid_of(node, i) for i in range(2)]
-    asked_at = t.sim.clock.now()
+    asked_at = t.twin.clock.now()
     first = await _run(acts.replace_node, _inp(node, "replace"))
     retried = await _run(acts.replace_node, _inp(node, "replace"))  # the retry
     assert first.asked and not retried.asked

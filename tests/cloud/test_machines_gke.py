@@ -1,5 +1,5 @@
 """Node rungs through GKE (activities/cloud/machines.py `GkeMachines`) against the twin's
-Compute Engine endpoints (simulator/cloudapi.py), wired to the twin's node rungs.
+Compute Engine endpoints (twin/cloudapi.py), wired to the twin's node rungs.
 
 Cases:
 - reboot: `instances.reset` of the node's VM (from its providerID); the twin reboots the node
@@ -38,14 +38,14 @@ from contract.errors import (
     ERR_STILL_WAITING,
 )
 from contract.repair import MachineActionInput, WaitNodeGpusInput
-from simulator.clock import Clock
-from simulator.cloudapi import CloudApi, CloudApiServer, SimPool
-from simulator.controllers.manager import ControllerManager, SimOptions
 from tests.activities.kube.conftest import twin
+from twin.clock import Clock
+from twin.cloudapi import CloudApi, CloudApiServer, TwinPool
+from twin.controllers.manager import ControllerManager, TwinOptions
 
 TOKEN = "gke-twin-token"
 POOL = NodePoolTarget(
-    provider="gke", name="gpu-pool", project="sim", location="local", cluster="twin"
+    provider="gke", name="gpu-pool", project="twin", location="local", cluster="twin"
 )
 WAIT = 30.0
 
@@ -57,12 +57,12 @@ async def gke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
         tmp_path,
         "1.36",
         controllers=ControllerManager(
-            SimOptions(pod_startup_seconds=1, reboot_seconds=20, provisioning_delay=10)
+            TwinOptions(pod_startup_seconds=1, reboot_seconds=20, provisioning_delay=10)
         ),
         clock=Clock(time_scale=20),
     )
     t = cm.__enter__()
-    repairs = t.sim.extensions["repairs"]
+    repairs = t.twin.extensions["repairs"]
 
     def on_instance(action: str, instance: str) -> None:
         if action == "reset":
@@ -71,7 +71,7 @@ async def gke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
             repairs.replace(instance, same_name=True)
 
     api = CloudApi(token=TOKEN, on_instance=on_instance)
-    api.add_pool(SimPool(name="gpu-pool", size=2, zone="us-central1-a"))
+    api.add_pool(TwinPool(name="gpu-pool", size=2, zone="us-central1-a"))
     server = await CloudApiServer(api).start()
     http = httpx.AsyncClient(timeout=10.0)
     kube_client = config.new_client_from_config(str(t.kubeconfig))
@@ -110,22 +110,22 @@ def _inp(node: str, action: str) -> MachineActionInput:
 async def test_reset_once_and_the_node_comes_back(gke: Any) -> None:
     t, api, acts, repairs = gke
     node = t.node()
-    t.sim.extensions["faults"].fail(node, "0", xid=79)
-    asked_at = t.sim.clock.now()
+    t.twin.extensions["faults"].fail(node, "0", xid=79)
+    asked_at = t.twin.clock.now()
     first = await _run(acts.reboot_node, _inp(node, "reboot"))
     retried = await _run(acts.reboot_node, _inp(node, "reboot"))
     assert first.operation and retried.operation == first.operation
     assert api.instance_calls == [("reset", node)]
     back = await _back(repairs, WaitNodeGpusInput(node=node, expected_gpus=2, asked_at=asked_at))
-    assert back.node == node and t.sim.extensions["faults"].faults() == []
-    assert t.sim.extensions["repairs"].reboots == [node]
+    assert back.node == node and t.twin.extensions["faults"].faults() == []
+    assert t.twin.extensions["repairs"].reboots == [node]
 
 
 async def test_recreate_once_and_the_new_node_is_followed(gke: Any) -> None:
     t, api, acts, repairs = gke
     node = t.node()
     uuids = [t.uuid_of(node, i) for i in range(2)]
-    asked_at = t.sim.clock.now()
+    asked_at = t.twin.clock.now()
     await _run(acts.replace_node, _inp(node, "replace"))
     await _run(acts.replace_node, _inp(node, "replace"))  # the retry
     assert api.instance_calls == [("recreate", node)]

@@ -1,5 +1,5 @@
 """Node rungs through the generic HTTP provider (activities/cloud/machines.py `HttpMachines`)
-against the twin's machine endpoints (simulator/cloudapi.py), wired to the twin's node rungs.
+against the twin's machine endpoints (twin/cloudapi.py), wired to the twin's node rungs.
 
 Cases:
 - reboot: the profile's `reboot` call (templated with {node}, {provider_id}), with the
@@ -33,10 +33,10 @@ from contract.errors import (
     ERR_PROVIDER_REFUSED,
 )
 from contract.repair import MachineActionInput
-from simulator.clock import Clock
-from simulator.cloudapi import CloudApi, CloudApiServer
-from simulator.controllers.manager import ControllerManager, SimOptions
 from tests.activities.kube.conftest import twin
+from twin.clock import Clock
+from twin.cloudapi import CloudApi, CloudApiServer
+from twin.controllers.manager import ControllerManager, TwinOptions
 
 TOKEN = "http-twin-token"
 
@@ -61,12 +61,12 @@ async def http_rungs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIt
         tmp_path,
         "1.36",
         controllers=ControllerManager(
-            SimOptions(pod_startup_seconds=1, reboot_seconds=20, provisioning_delay=10)
+            TwinOptions(pod_startup_seconds=1, reboot_seconds=20, provisioning_delay=10)
         ),
         clock=Clock(time_scale=20),
     )
     t = cm.__enter__()
-    repairs = t.sim.extensions["repairs"]
+    repairs = t.twin.extensions["repairs"]
 
     def on_instance(action: str, node: str) -> None:
         if action == "reset":
@@ -104,11 +104,11 @@ async def test_reboot_and_replace_act_once_per_key(http_rungs: Any) -> None:
     first = await _run(acts.reboot_node, _inp(node, "reboot"))
     await _run(acts.reboot_node, _inp(node, "reboot"))  # the retried attempt: same key
     assert first.asked and "HTTP 202" in first.detail
-    assert t.sim.extensions["repairs"].reboots == [node]
+    assert t.twin.extensions["repairs"].reboots == [node]
     await _run(acts.replace_node, _inp(other, "replace"))
     await _run(acts.replace_node, _inp(other, "replace"))
     assert api.instance_calls == [("reset", node), ("delete", other)]
-    assert t.sim.extensions["repairs"].replacements == [other]
+    assert t.twin.extensions["repairs"].replacements == [other]
 
 
 @pytest.mark.parametrize(

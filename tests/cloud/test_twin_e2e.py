@@ -1,5 +1,5 @@
-"""End to end against the twin's cloud node-pool API (simulator/cloudapi.py) over real
-loopback HTTP: the `sim` provider is the GKE provider pointed at the twin.
+"""End to end against the twin's cloud node-pool API (twin/cloudapi.py) over real
+loopback HTTP: the `twin` provider is the GKE provider pointed at the twin.
 
 Cases (activities, ActivityEnvironment):
 - scale-up: setSize moves the pool's size, the operation finishes, the twin's resize hook
@@ -7,7 +7,7 @@ Cases (activities, ActivityEnvironment):
 - quota (twin's max size) -> ERR_CLOUD_REJECTED, non-retryable, with the quota message;
 - wrong token -> 401 -> rejected; injected 503 -> retryable;
 - a second resize while one runs -> the running one is adopted, no second POST;
-- the sim provider refuses a non-loopback endpoint (the token stays local).
+- the twin provider refuses a non-loopback endpoint (the token stays local).
 Cases (pool scaler on the dev server, real worker, real activities, twin over HTTP):
 - two remediation-like callers at once -> ONE setSize reaches the twin, pool 2 -> 4, both
   satisfied; the resize hook ran once;
@@ -37,8 +37,8 @@ from contract.capacity import (
     ScalePoolInput,
 )
 from contract.errors import ERR_CLOUD_REJECTED, ERR_CLOUD_UNAVAILABLE, ERR_CONFIG
-from simulator.cloudapi import CloudApiServer, SimPool
 from tests.cloud.callers import CapacityCaller
+from twin.cloudapi import CloudApiServer, TwinPool
 from workflows.pool_scaler import PoolScalerWorkflow
 
 
@@ -55,30 +55,30 @@ async def wait_done(acts: CloudActivities, pool: NodePoolTarget, op: str) -> obj
 
 
 async def test_scale_up_resizes_the_twin(
-    cloud_twin: CloudApiServer, sim_pool: NodePoolTarget, cloud_activities: CloudActivities
+    cloud_twin: CloudApiServer, twin_pool: NodePoolTarget, cloud_activities: CloudActivities
 ) -> None:
     env = ActivityEnvironment()
     result = await env.run(
         cloud_activities.scale_pool,
-        ScalePoolInput(pool=sim_pool, target_size=3, max_size=4, idempotency_key="k"),
+        ScalePoolInput(pool=twin_pool, target_size=3, max_size=4, idempotency_key="k"),
     )
     assert result.previous_size == 2 and result.target_size == 3
     assert result.operation is not None and not result.operation.done
-    op = await wait_done(cloud_activities, sim_pool, result.operation.id)
+    op = await wait_done(cloud_activities, twin_pool, result.operation.id)
     assert op.done and op.error is None  # type: ignore[attr-defined]
-    desc = await env.run(cloud_activities.describe_pool, DescribePoolInput(pool=sim_pool))
+    desc = await env.run(cloud_activities.describe_pool, DescribePoolInput(pool=twin_pool))
     assert desc.current_size == 3 and desc.pending_operation is None
     assert cloud_twin.api.resized == [("gpu-pool", 3)]  # type: ignore[attr-defined]
     assert len(cloud_twin.api.resize_requests()) == 1
 
 
 async def test_quota_is_rejected_for_good(
-    cloud_twin: CloudApiServer, sim_pool: NodePoolTarget, cloud_activities: CloudActivities
+    cloud_twin: CloudApiServer, twin_pool: NodePoolTarget, cloud_activities: CloudActivities
 ) -> None:
     with pytest.raises(ApplicationError) as info:
         await ActivityEnvironment().run(
             cloud_activities.scale_pool,
-            ScalePoolInput(pool=sim_pool, target_size=6, max_size=8, idempotency_key="k"),
+            ScalePoolInput(pool=twin_pool, target_size=6, max_size=8, idempotency_key="k"),
         )
     assert info.value.type == ERR_CLOUD_REJECTED and info.value.non_retryable
     assert "Insufficient regional quota" in str(info.value)
@@ -87,45 +87,45 @@ async def test_quota_is_rejected_for_good(
 
 async def test_wrong_token_is_rejected(
     cloud_twin: CloudApiServer,
-    sim_pool: NodePoolTarget,
+    twin_pool: NodePoolTarget,
     cloud_activities: CloudActivities,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("SICKBAY_SIM_CLOUD_TOKEN", "not-the-token")
+    monkeypatch.setenv("SICKBAY_TWIN_CLOUD_TOKEN", "not-the-token")
     with pytest.raises(ApplicationError) as info:
         await ActivityEnvironment().run(
-            cloud_activities.describe_pool, DescribePoolInput(pool=sim_pool)
+            cloud_activities.describe_pool, DescribePoolInput(pool=twin_pool)
         )
     assert info.value.type == ERR_CLOUD_REJECTED and "UNAUTHENTICATED" in str(info.value)
 
 
 async def test_injected_outage_is_retryable(
-    cloud_twin: CloudApiServer, sim_pool: NodePoolTarget, cloud_activities: CloudActivities
+    cloud_twin: CloudApiServer, twin_pool: NodePoolTarget, cloud_activities: CloudActivities
 ) -> None:
     cloud_twin.api.inject(503)
     with pytest.raises(ApplicationError) as info:
         await ActivityEnvironment().run(
-            cloud_activities.describe_pool, DescribePoolInput(pool=sim_pool)
+            cloud_activities.describe_pool, DescribePoolInput(pool=twin_pool)
         )
     assert info.value.type == ERR_CLOUD_UNAVAILABLE and not info.value.non_retryable
     desc = await ActivityEnvironment().run(
-        cloud_activities.describe_pool, DescribePoolInput(pool=sim_pool)
+        cloud_activities.describe_pool, DescribePoolInput(pool=twin_pool)
     )
     assert desc.current_size == 2  # the next try goes through
 
 
 async def test_running_resize_is_adopted(
-    cloud_twin: CloudApiServer, sim_pool: NodePoolTarget, cloud_activities: CloudActivities
+    cloud_twin: CloudApiServer, twin_pool: NodePoolTarget, cloud_activities: CloudActivities
 ) -> None:
     cloud_twin.api.pools["gpu-pool"].latency = 5.0
     env = ActivityEnvironment()
     first = await env.run(
         cloud_activities.scale_pool,
-        ScalePoolInput(pool=sim_pool, target_size=3, max_size=4, idempotency_key="a"),
+        ScalePoolInput(pool=twin_pool, target_size=3, max_size=4, idempotency_key="a"),
     )
     second = await env.run(
         cloud_activities.scale_pool,
-        ScalePoolInput(pool=sim_pool, target_size=4, max_size=4, idempotency_key="b"),
+        ScalePoolInput(pool=twin_pool, target_size=4, max_size=4, idempotency_key="b"),
     )
     assert second.adopted and second.operation is not None and first.operation is not None
     assert second.operation.id == first.operation.id
@@ -133,7 +133,7 @@ async def test_running_resize_is_adopted(
 
 
 async def test_sim_provider_stays_on_loopback(cloud_activities: CloudActivities) -> None:
-    pool = NodePoolTarget(provider="sim", name="gpu-pool", endpoint="http://10.0.0.5:8080")
+    pool = NodePoolTarget(provider="twin", name="gpu-pool", endpoint="http://10.0.0.5:8080")
     with pytest.raises(ApplicationError) as info:
         await ActivityEnvironment().run(
             cloud_activities.describe_pool, DescribePoolInput(pool=pool)
@@ -190,8 +190,8 @@ async def test_two_concurrent_needs_one_request_to_the_twin(
 ) -> None:
     # a pool name of its own: its own scaler workflow on the shared dev server
     name = f"gpu-{uuid.uuid4().hex[:6]}"
-    cloud_twin.api.add_pool(SimPool(name=name, size=2, max_size=6, latency=0.3))
-    pool = NodePoolTarget(provider="sim", name=name, endpoint=cloud_twin.url)
+    cloud_twin.api.add_pool(TwinPool(name=name, size=2, max_size=6, latency=0.3))
+    pool = NodePoolTarget(provider="twin", name=name, endpoint=cloud_twin.url)
     results = await run_callers(dev_env.client, pool, cloud_activities)
     assert [r.status for r in results] == ["satisfied", "satisfied"]
     assert {r.target_size for r in results} == {4}
@@ -205,9 +205,9 @@ async def test_quota_inside_the_operation_rejects_every_caller(
 ) -> None:
     name = f"gpu-{uuid.uuid4().hex[:6]}"
     cloud_twin.api.add_pool(
-        SimPool(name=name, size=2, max_size=3, latency=0.2, quota_error="operation")
+        TwinPool(name=name, size=2, max_size=3, latency=0.2, quota_error="operation")
     )
-    pool = NodePoolTarget(provider="sim", name=name, endpoint=cloud_twin.url)
+    pool = NodePoolTarget(provider="twin", name=name, endpoint=cloud_twin.url)
     results = await run_callers(dev_env.client, pool, cloud_activities)
     assert [r.status for r in results] == ["rejected", "rejected"]
     assert all("Insufficient quota" in r.message for r in results)
@@ -219,14 +219,14 @@ async def test_quota_inside_the_operation_rejects_every_caller(
 async def test_provider_only_runbook_uses_the_workers_twin_url(
     cloud_twin: CloudApiServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`scaleUp.provider: sim` without a pool: the engine names the failed node's pool and
-    the worker knows where the twin is (SICKBAY_SIM_CLOUD_URL)."""
-    monkeypatch.setenv("SICKBAY_SIM_CLOUD_URL", cloud_twin.url)
+    """`scaleUp.provider: twin` without a pool: the engine names the failed node's pool and
+    the worker knows where the twin is (SICKBAY_TWIN_CLOUD_URL)."""
+    monkeypatch.setenv("SICKBAY_TWIN_CLOUD_URL", cloud_twin.url)
     acts = CloudActivities()
     try:
         desc = await ActivityEnvironment().run(
             acts.describe_pool,
-            DescribePoolInput(pool=NodePoolTarget(provider="sim", name="gpu-pool")),
+            DescribePoolInput(pool=NodePoolTarget(provider="twin", name="gpu-pool")),
         )
     finally:
         await acts.aclose()

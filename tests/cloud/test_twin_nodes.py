@@ -1,13 +1,13 @@
-"""Scale-up through the whole twin: the cloud API wired to the simulator's node-pool
+"""Scale-up through the whole twin: the cloud API wired to the twin's node-pool
 controller (`attach_cloud_api`), the pool scaler on the dev server, two remediation-like
 callers at once. New Nodes (and their ResourceSlices) appear in the twin's Kubernetes API.
 
 Cases:
 - two concurrent needs -> one setSize -> the pool grows 2 -> 4 Nodes with ResourceSlices,
   seen through the official kubernetes client;
-- `sickbay sim up` wiring: `add_sim_up_arguments` + `configure_sim` serve the API for the
+- `sickbay twin up` wiring: `add_sim_up_arguments` + `configure_twin` serve the API for the
   seeded pool with the token given on the command line.
-- `PUT /sim/pools/<pool>/cloud {"latency"}` (drills: a slow resize): the next setSize
+- `PUT /twin/pools/<pool>/cloud {"latency"}` (drills: a slow resize): the next setSize
   operation stays RUNNING for that many simulated seconds, then is DONE; a bad latency or an
   unknown setting is 400, an unknown pool 404.
 """
@@ -26,18 +26,18 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.cloud import CloudActivities
 from contract.capacity import NodePoolTarget
-from simulator.clock import Clock
-from simulator.cloudapi import (
+from tests.cloud.conftest import TWIN_TOKEN
+from tests.cloud.test_twin_e2e import run_callers
+from twin.clock import Clock
+from twin.cloudapi import (
     POOL_LABEL,
     CloudApi,
     add_sim_up_arguments,
     attach_cloud_api,
-    configure_sim,
+    configure_twin,
 )
-from simulator.controllers.manager import ControllerManager, SimOptions
-from simulator.testing import RunningSim, start_sim
-from tests.cloud.conftest import SIM_TOKEN
-from tests.cloud.test_twin_e2e import run_callers
+from twin.controllers.manager import ControllerManager, TwinOptions
+from twin.testing import RunningTwin, start_twin
 
 TIME_SCALE = 200.0  # 30 s node provisioning passes in 0.15 s
 
@@ -53,9 +53,9 @@ def eventually(check: Any, timeout: float = 15.0) -> Any:
 
 
 @pytest.fixture
-def twin(tmp_path: Any) -> Iterator[tuple[RunningSim, CloudApi]]:
-    manager = ControllerManager(SimOptions())
-    rs = start_sim(
+def twin(tmp_path: Any) -> Iterator[tuple[RunningTwin, CloudApi]]:
+    manager = ControllerManager(TwinOptions())
+    rs = start_twin(
         tmp_path,
         clock=Clock(time_scale=TIME_SCALE),
         controllers=(manager,),
@@ -63,13 +63,13 @@ def twin(tmp_path: Any) -> Iterator[tuple[RunningSim, CloudApi]]:
         gpus_per_node=2,
     )
     try:
-        api = attach_cloud_api(rs.sim, token=SIM_TOKEN, max_size=6, latency=5.0)
+        api = attach_cloud_api(rs.twin, token=TWIN_TOKEN, max_size=6, latency=5.0)
         yield rs, api
     finally:
         rs.stop()
 
 
-def pool_nodes(rs: RunningSim, pool: str) -> list[str]:
+def pool_nodes(rs: RunningTwin, pool: str) -> list[str]:
     core = k8s.CoreV1Api(rs.api_client())
     return sorted(
         n.metadata.name for n in core.list_node(label_selector=f"{POOL_LABEL}={pool}").items
@@ -78,16 +78,16 @@ def pool_nodes(rs: RunningSim, pool: str) -> list[str]:
 
 async def test_scale_up_adds_nodes_to_the_twin(
     dev_env: WorkflowEnvironment,
-    twin: tuple[RunningSim, CloudApi],
+    twin: tuple[RunningTwin, CloudApi],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rs, api = twin
-    monkeypatch.setenv("SICKBAY_SIM_CLOUD_TOKEN", SIM_TOKEN)
+    monkeypatch.setenv("SICKBAY_TWIN_CLOUD_TOKEN", TWIN_TOKEN)
     (pool_name,) = api.pools
     before = pool_nodes(rs, pool_name)
     assert len(before) == 2
-    cloud_url = rs.sim.extensions["cloud"].url
-    pool = NodePoolTarget(provider="sim", name=pool_name, endpoint=cloud_url)
+    cloud_url = rs.twin.extensions["cloud"].url
+    pool = NodePoolTarget(provider="twin", name=pool_name, endpoint=cloud_url)
     cloud = CloudActivities()
     try:
         results = await run_callers(dev_env.client, pool, cloud)
@@ -106,14 +106,14 @@ def test_sim_up_serves_the_cloud_api(tmp_path: Any) -> None:
     parser = argparse.ArgumentParser()
     add_sim_up_arguments(parser)
     args = parser.parse_args(["--cloud-token", "cli-token", "--cloud-max-size", "5"])
-    rs = start_sim(tmp_path, nodes=1, gpus_per_node=1)
+    rs = start_twin(tmp_path, nodes=1, gpus_per_node=1)
     try:
-        api = configure_sim(rs.sim, args)
+        api = configure_twin(rs.twin, args)
         assert api is not None and api.token == "cli-token"
         (pool,) = api.pools.values()
         assert (pool.size, pool.max_size) == (1, 5)
-        url = rs.sim.extensions["cloud"].url
-        path = f"/v1/projects/sim/locations/local/clusters/twin/nodePools/{pool.name}"
+        url = rs.twin.extensions["cloud"].url
+        path = f"/v1/projects/twin/locations/local/clusters/twin/nodePools/{pool.name}"
         assert httpx.get(url + path).status_code == 401
         answer = httpx.get(url + path, headers={"Authorization": "Bearer cli-token"})
         assert answer.status_code == 200 and answer.json()["name"] == pool.name
@@ -121,13 +121,13 @@ def test_sim_up_serves_the_cloud_api(tmp_path: Any) -> None:
         rs.stop()
 
 
-def test_slow_resize_knob(twin: tuple[RunningSim, CloudApi]) -> None:
+def test_slow_resize_knob(twin: tuple[RunningTwin, CloudApi]) -> None:
     rs, api = twin
     (pool_name,) = api.pools
-    token = {"Authorization": f"Bearer {SIM_TOKEN}"}
+    token = {"Authorization": f"Bearer {TWIN_TOKEN}"}
 
     def put(name: str, body: Any) -> httpx.Response:
-        return httpx.put(f"{rs.url}/sim/pools/{name}/cloud", json=body, timeout=10)
+        return httpx.put(f"{rs.url}/twin/pools/{name}/cloud", json=body, timeout=10)
 
     answer = put(pool_name, {"latency": 400})  # 400 simulated s = 2 real s at 200x
     assert answer.status_code == 200, answer.text
@@ -136,8 +136,8 @@ def test_slow_resize_knob(twin: tuple[RunningSim, CloudApi]) -> None:
     assert put(pool_name, {"latency": "slow"}).status_code == 400
     assert put(pool_name, {"speed": 1}).status_code == 400
     assert put("no-such-pool", {"latency": 1}).status_code == 404
-    url = rs.sim.extensions["cloud"].url
-    base = f"{url}/v1/projects/sim/locations/local"
+    url = rs.twin.extensions["cloud"].url
+    base = f"{url}/v1/projects/twin/locations/local"
     op = httpx.post(
         f"{base}/clusters/twin/nodePools/{pool_name}:setSize",
         json={"nodeCount": 3},

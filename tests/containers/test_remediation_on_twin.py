@@ -12,9 +12,9 @@ from pathlib import Path
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from simulator.testing import running_sim
 from tests.conftest import dev_server_args
 from tests.containers.scenario import DRIVER, remediation_scenario
+from twin.testing import running_twin
 
 
 async def test_remediation_scenario_on_the_twin(temporal_cli_path: str, tmp_path: Path) -> None:
@@ -30,7 +30,7 @@ async def test_remediation_scenario_on_the_twin(temporal_cli_path: str, tmp_path
     try:
         # A 1.36 twin serving DeviceTaintRules, one node and no GPUs: the scenario publishes
         # the DeviceClass and ResourceSlice itself, as it does on K3s.
-        with running_sim(tmp_path, profile="1.36", nodes=1, gpus_per_node=0) as twin:
+        with running_twin(tmp_path, profile="1.36", nodes=1, gpus_per_node=0) as twin:
             from kubernetes import client
 
             api = twin.api_client()

@@ -6,7 +6,7 @@
   process group is alive;
 - `sickbay demo --scenario app-xid --keep`: exit 0, prints how to stop; the stack still answers;
   `sickbay down` stops every process of the group;
-- `sickbay up`: prints the Web UI / env / `sickbay sim fail` help; `sickbay sim fail` works
+- `sickbay up`: prints the Web UI / env / `sickbay twin fail` help; `sickbay twin fail` works
   against it from another process; Ctrl-C (SIGINT) stops all of it, exit 0;
 - `sickbay down` with nothing running says so and exits 1.
 """
@@ -101,7 +101,7 @@ def test_demo_keep_then_down(tmp_path: Path) -> None:
         pgid = _pgid(out.stdout)
         assert _group_alive(pgid)
         gpus = subprocess.run(
-            [*SICKBAY, "sim", "gpus"], capture_output=True, text=True, env=env, timeout=30
+            [*SICKBAY, "twin", "gpus"], capture_output=True, text=True, env=env, timeout=30
         )
         assert gpus.returncode == 0, gpus.stderr  # found through $SICKBAY_STATE_DIR
     finally:
@@ -134,10 +134,10 @@ def test_up_until_ctrl_c(tmp_path: Path) -> None:
                 break
         text = "".join(lines)
         assert "The stack is up" in text, text
-        node = re.search(r"sickbay sim fail (\S+) 0 --xid 79", text)
+        node = re.search(r"sickbay twin fail (\S+) 0 --xid 79", text)
         assert node, text
         fail = subprocess.run(
-            [*SICKBAY, "sim", "fail", node.group(1), "0", "--xid", "79"],
+            [*SICKBAY, "twin", "fail", node.group(1), "0", "--xid", "79"],
             capture_output=True,
             text=True,
             env=env,

@@ -76,7 +76,7 @@ async def test_scheduler_ignoring_taints_churn(demo: Demo) -> None:
     incident = demo.incidents[-1]
     assert incident.result is not None
     assert incident.result.status.escalation_reason == "churn"
-    assert (await demo.k("GET", "/sim/known-faults"))["ignoreDeviceTaintRules"] is False
+    assert (await demo.k("GET", "/twin/known-faults"))["ignoreDeviceTaintRules"] is False
     pages = [
         n["body"]
         for n in await demo.notifications(since=sent)

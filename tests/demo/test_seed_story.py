@@ -71,7 +71,7 @@ async def test_act1_gpu_dies_restart_loop(demo: Demo) -> None:
     )["metadata"]["uid"]
     cdi = f"k8s.gpu.nvidia.com/claim={uid}-{STATE.device.rsplit('/', 1)[-1]}"
     assert res == {"resourceID": cdi, "health": "Unhealthy", "message": "XID 79"}
-    alerts = (await demo.k("GET", "/sim/alerts"))["active"]
+    alerts = (await demo.k("GET", "/twin/alerts"))["active"]
     mine = [a for a in alerts if a["labels"]["UUID"] == STATE.gpu1["uuid"]]
     assert mine and mine[0]["labels"]["err_code"] == "79"
     assert mine[0]["labels"]["pod"] == STATE.pod
@@ -87,7 +87,7 @@ async def test_act2_alert_taint_eviction_replacement(demo: Demo) -> None:
     # An Xid 79 fires the fell-off-the-bus alert: its class comes from its name, not a code.
     assert timeline[0].actor == "alertmanager"
     assert timeline[0].outcome == "SickbayGpuFellOffBus" and "Xid 79" in timeline[0].reason
-    sent = (await demo.k("GET", "/sim/alerts"))["sent"]
+    sent = (await demo.k("GET", "/twin/alerts"))["sent"]
     assert any(a["labels"]["UUID"] == STATE.gpu1["uuid"] for p in sent for a in p["alerts"])
     desc = await demo.handle(STATE.first.workflow_id).describe()
     attrs = desc.search_attributes
@@ -124,7 +124,7 @@ async def test_act3_second_gpu_pending_deadline_scale_up(demo: Demo) -> None:
     capacity = next(i for i, (a, _o) in enumerate(actions) if a == "capacity requested")
     assert pending < capacity
     assert actions[capacity][1] in ("satisfied", "requested", "in-progress")
-    pools = (await demo.k("GET", "/sim/pools"))["items"]
+    pools = (await demo.k("GET", "/twin/pools"))["items"]
     [pool] = [p for p in pools if p["name"] == "gpu-pool"]
     assert sorted(pool["nodes"]) == sorted([STATE.gpu1["node"], *STATE.new_nodes])
     slices = (await demo.k("GET", "/apis/resource.k8s.io/v1/resourceslices"))["items"]

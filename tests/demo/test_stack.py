@@ -1,7 +1,7 @@
 """The embedded stack's pieces without playing a scenario:
 
 - demo runbooks: every shipped runbook written, durations divided by the time scale with the
-  floors of MIN_SECONDS, the inference scale-up aimed at the twin's cloud API (provider sim,
+  floors of MIN_SECONDS, the inference scale-up aimed at the twin's cloud API (provider twin,
   the pool, its max), the widened inference budget; every change listed; the generated set
   loads with the worker's loader; a runbook the loader rejects fails loudly;
 - channels file: valid for the worker (ChannelsConfig), secrets only as file references;
@@ -11,7 +11,7 @@
   `holding` meanwhile), answered 503 and not recorded; then delivery is normal again; a bad
   rule is a 400 naming the field; DELETE /faults removes the rules;
 - ports: a taken preferred port is reported and a free one used;
-- lifecycle: start without the engine, `sickbay sim fail` against it via the stack's env,
+- lifecycle: start without the engine, `sickbay twin fail` against it via the stack's env,
   stop leaves no child alive and removes the temporary directory;
 - a piece that fails at start-up: StackError naming it with the end of its log, and every
   child already started is stopped.
@@ -61,7 +61,7 @@ def test_demo_runbooks_scaled_and_wired(tmp_path: Path) -> None:
     assert inf.eviction.timeout == timedelta(seconds=MIN_SECONDS["timeout"])  # 2m/30 = 4 s
     assert inf.confirm.stale_after == timedelta(seconds=60)  # 30m/30
     pool = inf.scale_up.pool
-    assert pool is not None and pool.provider == "sim"
+    assert pool is not None and pool.provider == "twin"
     assert (pool.name, pool.endpoint, pool.node_pool_label) == (
         "gpu-pool",
         "http://127.0.0.1:4321",
@@ -196,14 +196,14 @@ def test_engine_less_stack_lifecycle(tmp_path: Path) -> None:
             assert len(info.gpus) == 2 and info.node
             env = stack.sickbay_env()
             fail = subprocess.run(
-                [sys.executable, "-m", "worker.cli", "sim", "fail", info.node, "1", "--xid", "79"],
+                [sys.executable, "-m", "worker.cli", "twin", "fail", info.node, "1", "--xid", "79"],
                 env=env,
                 capture_output=True,
                 text=True,
                 timeout=60,
             )
             assert fail.returncode == 0, fail.stderr
-            faults = stack.twin("GET", "/sim/faults")["items"]
+            faults = stack.twin("GET", "/twin/faults")["items"]
             assert [f["gpu_uuid"] for f in faults] == [info.gpus[1]]
             children = list(stack.children)
             directory = stack.dir

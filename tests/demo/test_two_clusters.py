@@ -79,7 +79,7 @@ async def _eventually(what: str, probe: Any) -> Any:
 async def test_storms_on_two_clusters_never_cross(stacks: dict[str, Stack]) -> None:
     demos = {c: await Demo.open(s, Progress(lambda line: None)) for c, s in stacks.items()}
     try:
-        gpus = {c: (await d.k("GET", "/sim/gpus"))["items"] for c, d in demos.items()}
+        gpus = {c: (await d.k("GET", "/twin/gpus"))["items"] for c, d in demos.items()}
         # Same seed: the twins' GPUs are indistinguishable without the cluster name.
         assert [g["uuid"] for g in gpus["east"]] == [g["uuid"] for g in gpus["west"]]
         assert len(gpus["east"]) == GPUS

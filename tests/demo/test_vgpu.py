@@ -36,5 +36,5 @@ async def test_vgpu_correlated_failure(demo: Demo) -> None:
     assert len(incident.result.status.consumers) == 2
     assert any(c.startswith("one remediation for the physical GPU tainted") for c in demo.checks)
     assert await demo.taint_rules() == []  # all removed after repair
-    gpus = (await demo.k("GET", "/sim/gpus"))["items"]
+    gpus = (await demo.k("GET", "/twin/gpus"))["items"]
     assert [len(g["devices"]) for g in gpus] == [2, 2]  # the twin really had vGPU pairs

@@ -100,7 +100,7 @@ def known_env_names() -> frozenset[str]:
 
     names = {name.upper() for name in Settings.env_names()}
     # tests/containers reads SICKBAY_REQUIRE_DOCKER / SICKBAY_TEST_K3S_IMAGE.
-    for package in ("worker", "activities", "simulator", "tests/containers"):
+    for package in ("worker", "activities", "twin", "tests/containers"):
         for path in (ROOT / package).rglob("*.py"):
             names |= set(_ENV_LITERAL.findall(path.read_text()))
     names |= set(_ENV_LITERAL.findall(DOCKERFILE.read_text()))
@@ -111,7 +111,7 @@ def assert_known_env(names: set[str] | list[str], where: str) -> None:
     unknown = sorted(n for n in names if n.startswith("SICKBAY_") and n not in known_env_names())
     assert not unknown, (
         f"{where} sets {unknown}, which no Settings class or code in worker/activities/"
-        "simulator reads: a typo, or a setting that does not exist yet"
+        "twin reads: a typo, or a setting that does not exist yet"
     )
 
 

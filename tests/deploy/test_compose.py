@@ -214,9 +214,9 @@ def test_twin_sends_alerts_to_the_webhook_with_the_secret_token(compose: dict[st
     port = webhook_port[webhook_port.index("--port") + 1]
     assert argv[argv.index("--alert-webhook") + 1] == f"http://webhook:{port}/v1/alertmanager"
     script = compose_script(twin) or ""
-    assert 'SICKBAY_SIM_ALERT_TOKEN="$(cat /run/secrets/webhook_token)"' in script
+    assert 'SICKBAY_TWIN_ALERT_TOKEN="$(cat /run/secrets/webhook_token)"' in script
     assert "webhook_token" in twin["secrets"]
-    assert_known_env({"SICKBAY_SIM_ALERT_TOKEN"}, "the twin's start script")
+    assert_known_env({"SICKBAY_TWIN_ALERT_TOKEN"}, "the twin's start script")
 
 
 def test_no_secret_values_inline(compose: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ Cases:
   node whose ResourceSlice publishes two GPUs; an Xid 79 fault makes the twin post an
   Alertmanager notification to the webhook URL with the token from the compose secret file;
 - the `twin` profile end to end (twin + webhook + worker from their compose definitions, the
-  dev server as Temporal): `sim fail` -> alert -> webhook -> remediation -> a DeviceTaintRule
+  dev server as Temporal): `twin fail` -> alert -> webhook -> remediation -> a DeviceTaintRule
   in the twin; `sickbay repaired` -> the rule is gone.
 """
 
@@ -202,7 +202,7 @@ def test_webhook_from_its_compose_definition(tmp_path: Path) -> None:
 
 def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     _require_commands("worker")
-    from simulator.testing import running_sim
+    from twin.testing import running_twin
 
     dev_env = request.getfixturevalue("own_dev_server")
     metrics = free_port()
@@ -221,7 +221,7 @@ def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.Fixt
     # The worker reads (or records) the cluster name in its cluster before it polls: a twin
     # with Sickbay's namespace, as the compose twin makes it (`--namespace sickbay`).
     with contextlib.ExitStack() as stack:
-        rs = stack.enter_context(running_sim(tmp_path / "twin", nodes=1, gpus_per_node=1))
+        rs = stack.enter_context(running_twin(tmp_path / "twin", nodes=1, gpus_per_node=1))
         rs.store.create("namespaces", {"metadata": {"name": "sickbay"}})
         env["KUBECONFIG"] = str(rs.kubeconfig_path)
         _run_compose_worker(env, log, metrics)
@@ -247,7 +247,7 @@ def _run_compose_worker(env: dict[str, str], log: Path, metrics: int) -> None:
 
 def test_twin_from_its_compose_definition(tmp_path: Path) -> None:
     """The twin's compose shell script itself, run by /bin/sh: secret file and ports mapped."""
-    _require_commands("sim")
+    _require_commands("twin")
     from kubernetes import client, config
 
     compose = _compose()
@@ -281,7 +281,7 @@ def test_twin_from_its_compose_definition(tmp_path: Path) -> None:
             node = nodes[0].metadata.name
             assert node == "gpu-pool-node-0", "docs/deploy.md names the twin's node"
             fail = subprocess.run(
-                [SICKBAY, "sim", "fail", node, "0", "--xid", "79"],
+                [SICKBAY, "twin", "fail", node, "0", "--xid", "79"],
                 env=env,
                 capture_output=True,
                 text=True,
@@ -355,9 +355,9 @@ def _until(check: Any, within: float, what: str, logs: list[Path]) -> Any:
 def test_twin_profile_remediates_end_to_end(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """`docker compose --profile twin up` as processes: twin, webhook and worker from their
     compose definitions (one shared token file, the worker's default kubeconfig), the dev
-    server as Temporal. docs/deploy.md's steps: `sim fail` -> the twin's alert -> webhook ->
+    server as Temporal. docs/deploy.md's steps: `twin fail` -> the twin's alert -> webhook ->
     remediation -> DeviceTaintRule in the twin; `sickbay repaired` -> the rule is gone."""
-    _require_commands("worker", "sim", "repaired")
+    _require_commands("worker", "twin", "repaired")
     from kubernetes import client, config
 
     dev_env = request.getfixturevalue("own_dev_server")
@@ -410,7 +410,7 @@ def test_twin_profile_remediates_end_to_end(tmp_path: Path, request: pytest.Fixt
         gpu0 = next(d for d in devices if d.name == "gpu-0")
         uuid = gpu0.attributes["uuid"].string
         fail = subprocess.run(
-            [SICKBAY, "sim", "fail", "gpu-pool-node-0", "0", "--xid", "79"],
+            [SICKBAY, "twin", "fail", "gpu-pool-node-0", "0", "--xid", "79"],
             env=twin_env,
             capture_output=True,
             text=True,

@@ -89,7 +89,7 @@ class Drill:
         env = self.stack.sickbay_env()
         secrets = Path(self.stack.dir) / "secrets"
         env["SICKBAY_WEBHOOK_TOKEN_FILE"] = str(secrets / "webhook-token")
-        env["SICKBAY_SIM_CLOUD_TOKEN_FILE"] = str(secrets / "cloud-token")
+        env["SICKBAY_TWIN_CLOUD_TOKEN_FILE"] = str(secrets / "cloud-token")
         env["SICKBAY_METRICS_PORT"] = str(free_port())
         if kubeconfig is not None:
             env["KUBECONFIG"] = kubeconfig
@@ -111,7 +111,7 @@ class Drill:
     # -- what the world saw ----------------------------------------------------------------------
 
     def kube_requests(self, **filters: str) -> list[dict[str, Any]]:
-        resp = httpx.get(f"{self.info.kube_url}/sim/requests", params=filters, timeout=30)
+        resp = httpx.get(f"{self.info.kube_url}/twin/requests", params=filters, timeout=30)
         resp.raise_for_status()
         return list(resp.json()["items"])
 
@@ -137,7 +137,7 @@ class Drill:
         """The twin cloud API's resize operations (one per accepted setSize request)."""
         token = (Path(self.stack.dir) / "secrets" / "cloud-token").read_text().strip()
         r = httpx.get(
-            f"{self.info.cloud_url}/v1/projects/sim/locations/local/operations",
+            f"{self.info.cloud_url}/v1/projects/twin/locations/local/operations",
             headers={"Authorization": f"Bearer {token}"},
             timeout=30,
         )
@@ -149,13 +149,13 @@ class Drill:
 
     def api_fault(self, kind: str, verb: str = "*", resource: str = "*", **extra: Any) -> int:
         body = {"kind": kind, "verb": verb, "resource": resource, **extra}
-        return int(self.stack.twin("POST", "/sim/api-faults", body)["id"])
+        return int(self.stack.twin("POST", "/twin/api-faults", body)["id"])
 
     def api_faults(self) -> list[dict[str, Any]]:
-        return list(self.stack.twin("GET", "/sim/api-faults")["items"])
+        return list(self.stack.twin("GET", "/twin/api-faults")["items"])
 
     def clear_api_faults(self) -> None:
-        self.stack.twin("DELETE", "/sim/api-faults")
+        self.stack.twin("DELETE", "/twin/api-faults")
 
     def api_fault_hits(self, rule_id: int) -> int:
         """How many requests a twin API fault rule has taken so far (0 once removed)."""
@@ -188,12 +188,12 @@ class Drill:
         path = Path(self.info.runbooks_dir) / f"{name}.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
-    def sim_pool(self) -> dict[str, Any]:
+    def twin_pool(self) -> dict[str, Any]:
         """The twin cloud API's target for the stack's pool (a runbook's scaleUp.pool)."""
         from harness.stack import POOL
 
         return {
-            "provider": "sim",
+            "provider": "twin",
             "name": POOL,
             "node_pool_label": POOL,
             "endpoint": self.info.cloud_url,
@@ -203,7 +203,7 @@ class Drill:
         """Simulated seconds the twin cloud API's next resize operations run."""
         from harness.stack import POOL
 
-        self.stack.twin("PUT", f"/sim/pools/{POOL}/cloud", {"latency": seconds})
+        self.stack.twin("PUT", f"/twin/pools/{POOL}/cloud", {"latency": seconds})
 
 
 @dataclass

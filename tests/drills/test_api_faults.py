@@ -4,7 +4,7 @@
 Embedded stack with 2 nodes x 4 GPUs (twin and runbooks 30x). Three inference Deployments run
 on three GPUs; then the twin's API fault injection is switched on for every verb and resource
 at 4% per kind (500, 429 with Retry-After, 504 after a 2 s hang, connection reset, 409): 20%
-of requests fail. The three GPUs fail (through /sim/faults, which is not subject to the
+of requests fail. The three GPUs fail (through /twin/faults, which is not subject to the
 faults), and later they are marked repaired while the faults still run. Expected for each
 remediation, within a bound (none stuck):
 

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.devserver
 
 
 def instance_calls(d: Drill) -> list[list[str]]:
-    return list(d.stack.twin("GET", f"/sim/pools/{POOL}/cloud")["instanceCalls"])
+    return list(d.stack.twin("GET", f"/twin/pools/{POOL}/cloud")["instanceCalls"])
 
 
 async def kill_while(d: Drill, workflow_id: str, awaiting: str, within: float = 90.0) -> None:

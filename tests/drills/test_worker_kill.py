@@ -121,7 +121,7 @@ def drill_runbooks(d: Drill) -> None:
             "replacement": {"pendingDeadline": "3s", "unsafe": ["pendingDeadline"]},
             "scaleUp": {
                 "enabled": True,
-                "pool": d.sim_pool(),
+                "pool": d.twin_pool(),
                 "step": 1,
                 "maxSize": 6,
                 "capacityDeadline": "300s",
@@ -237,7 +237,7 @@ async def test_one_sigkill_at_every_phase_boundary(tmp_path: Path) -> None:
         # The twin's Alertmanager groups alerts per (alertname, node): a GPU failing on a node
         # with an earlier alert waits for the group interval (5 simulated min = 10 s here).
         # 1 s instead, so the short parks below take seconds.
-        d.stack.twin("PUT", "/sim/alerts", {"groupInterval": 30})
+        d.stack.twin("PUT", "/twin/alerts", {"groupInterval": 30})
         for ns in ("drill-r", "drill-e", "drill-p", "drill-s", "drill-q", "drill-c", "drill-n"):
             await demo.namespace(ns)
         # Placement: node-0 R (+ its replacement), node-1 E (+ its replacement), node-2 P and

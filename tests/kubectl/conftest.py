@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.clock import Clock
-from simulator.controllers.manager import ControllerManager, SimOptions
-from simulator.runtime import Simulator
+from twin.clock import Clock
+from twin.controllers.manager import ControllerManager, TwinOptions
+from twin.runtime import Twin
 
 REQUIRE_ENV = "SICKBAY_REQUIRE_KUBECTL"
 KUBECTL_TIMEOUT = 120.0  # seconds; a generous bound for a busy 2-core machine
@@ -71,19 +71,19 @@ def kubectl_path() -> str:
 
 
 @pytest.fixture(scope="module")
-def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulator]:
-    sim = Simulator(profile="1.36", clock=Clock(time_scale=10.0))
-    sim.seed(nodes=2, gpus_per_node=2)
-    sim.add_controller(ControllerManager(SimOptions()))
-    sim.start()
+def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Twin]:
+    twin = Twin(profile="1.36", clock=Clock(time_scale=10.0))
+    twin.seed(nodes=2, gpus_per_node=2)
+    twin.add_controller(ControllerManager(TwinOptions()))
+    twin.start()
     try:
-        yield sim
+        yield twin
     finally:
-        sim.stop()
+        twin.stop()
 
 
 @pytest.fixture
-def ns(twin: Simulator) -> str:
+def ns(twin: Twin) -> str:
     """A fresh namespace (made in the store: protobuf creation has its own test)."""
     name = f"k-{uuid.uuid4().hex[:8]}"
     twin.store.create("namespaces", {"metadata": {"name": name}})
@@ -91,9 +91,7 @@ def ns(twin: Simulator) -> str:
 
 
 @pytest.fixture(scope="module")
-def kubectl(
-    kubectl_path: str, twin: Simulator, tmp_path_factory: pytest.TempPathFactory
-) -> Kubectl:
+def kubectl(kubectl_path: str, twin: Twin, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
     home = tmp_path_factory.mktemp("kubectl-home")
     config = twin.write_kubeconfig(Path(home) / "kubeconfig")
     env = {

@@ -20,8 +20,8 @@ import subprocess
 import time
 import uuid
 
-from simulator.runtime import Simulator
 from tests.kubectl.conftest import KUBECTL_TIMEOUT, Kubectl
+from twin.runtime import Twin
 
 WAIT = 60.0  # seconds: a generous deadline for a state on a busy machine
 
@@ -121,7 +121,7 @@ def test_explain_reads_the_served_openapi(kubectl: Kubectl) -> None:
 # ---- protobuf bodies ---------------------------------------------------------------------
 
 
-def test_create_commands_send_protobuf(kubectl: Kubectl, twin: Simulator) -> None:
+def test_create_commands_send_protobuf(kubectl: Kubectl, twin: Twin) -> None:
     name = f"p-{uuid.uuid4().hex[:8]}"
     assert kubectl("create", "namespace", name).stdout.strip() == f"namespace/{name} created"
     done = kubectl("create", "configmap", "settings", "-n", name, "--from-literal=mode=fast")
@@ -141,7 +141,7 @@ def test_create_commands_send_protobuf(kubectl: Kubectl, twin: Simulator) -> Non
     }
 
 
-def test_more_create_commands(kubectl: Kubectl, twin: Simulator, ns: str) -> None:
+def test_more_create_commands(kubectl: Kubectl, twin: Twin, ns: str) -> None:
     made = [
         ("secret", "generic", "creds", "--from-literal=user=alice"),
         ("serviceaccount", "runner"),
@@ -215,7 +215,7 @@ def test_get_workloads_print_their_columns(kubectl: Kubectl, ns: str) -> None:
     assert nodes == sorted(nodes) and len(nodes) == 2
 
 
-def test_get_dra_objects_and_events(kubectl: Kubectl, twin: Simulator, ns: str) -> None:
+def test_get_dra_objects_and_events(kubectl: Kubectl, twin: Twin, ns: str) -> None:
     empty = kubectl("get", "resourceclaims", "-n", ns)
     assert empty.stdout == "" and empty.stderr.strip() == f"No resources found in {ns} namespace."
     twin.store.create(
@@ -272,7 +272,7 @@ def test_get_dra_objects_and_events(kubectl: Kubectl, twin: Simulator, ns: str) 
     ]
 
 
-def test_get_watch_prints_rows(kubectl: Kubectl, twin: Simulator, ns: str) -> None:
+def test_get_watch_prints_rows(kubectl: Kubectl, twin: Twin, ns: str) -> None:
     kubectl("create", "configmap", "first", "-n", ns, "--from-literal=a=1")
     proc = subprocess.Popen(
         [*kubectl.argv, "get", "configmaps", "-n", ns, "-w"],  # type: ignore[attr-defined]
@@ -327,7 +327,7 @@ def test_scale_rollout_and_wait(kubectl: Kubectl, ns: str) -> None:
     assert len(pods.strip().splitlines()) == 3
 
 
-def test_cordon_and_drain(kubectl: Kubectl, twin: Simulator, ns: str) -> None:
+def test_cordon_and_drain(kubectl: Kubectl, twin: Twin, ns: str) -> None:
     kubectl("create", "deployment", "d", "-n", ns, "--image=nginx:1.27", "--replicas=2")
     kubectl("rollout", "status", "deployment/d", "-n", ns, f"--timeout={int(WAIT)}s")
     node = "gpu-pool-node-1"
@@ -347,7 +347,7 @@ def test_cordon_and_drain(kubectl: Kubectl, twin: Simulator, ns: str) -> None:
         assert kubectl("uncordon", node).stdout.strip() == f"node/{node} uncordoned"
 
 
-def test_day_two_edits(kubectl: Kubectl, twin: Simulator, ns: str) -> None:
+def test_day_two_edits(kubectl: Kubectl, twin: Twin, ns: str) -> None:
     kubectl("create", "deployment", "t", "-n", ns, "--image=nginx:1.27", "--port=80")
     kubectl("rollout", "status", "deployment/t", "-n", ns, f"--timeout={int(WAIT)}s")
     assert kubectl("expose", "deployment", "t", "-n", ns, "--port=80").stdout.strip() == (

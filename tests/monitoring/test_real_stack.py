@@ -88,7 +88,7 @@ async def until(what: str, probe: Callable[[], Awaitable[Any]], within: float = 
 
 def gpus(stack: Stack) -> list[tuple[str, str, int]]:
     """(node, uuid, index) of the twin's GPUs, node by node."""
-    items = stack.twin("GET", "/sim/gpus")["items"]
+    items = stack.twin("GET", "/twin/gpus")["items"]
     out = [(g["node"], g["uuid"], int(g.get("index", 0))) for g in items]
     return sorted(out)
 

@@ -115,7 +115,7 @@ def _yaml_value(value: Any) -> Any:
 def _spec(block: str, key: str, value: Any, **extra: Any) -> dict[str, Any]:
     body: dict[str, Any] = {key: _yaml_value(value), **extra}
     if block == "scaleUp":
-        body.setdefault("provider", "sim")
+        body.setdefault("provider", "twin")
     for part in reversed(block.split(".")):  # nested blocks: {repair: {reset: {...}}}
         body = {part: body}
     return body
@@ -161,7 +161,7 @@ def test_the_issue_examples_are_refused_then_load_when_acknowledged() -> None:
         "eviction": {"timeout": "0s"},
         "replacement": {"pendingDeadline": "0s"},
         "budget": {"maxPerPool": "100%", "maxPerCluster": "100%"},
-        "scaleUp": {"enabled": True, "provider": "sim", "maxSize": 100000, "step": 1000},
+        "scaleUp": {"enabled": True, "provider": "twin", "maxSize": 100000, "step": 1000},
     }
     fields = {p.split(": ", 2)[1] for p in _problems(_doc(spec))}
     # One error per block (each block reports its first unsafe field).

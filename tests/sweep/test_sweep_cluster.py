@@ -40,26 +40,26 @@ from activities.launch import LaunchActivities
 from activities.sweep import SweepActivities
 from contract.names import device_workflow_id
 from contract.sweep import SweepClusterInput, SweepInput, SweepResult
-from simulator.seed import gpu_uuid
-from simulator.testing import RunningSim, running_sim
 from tests.webhook.helpers import count_runs, history_counts
+from twin.seed import gpu_uuid
+from twin.testing import RunningTwin, running_twin
 from workflows.sweep import HealthSweepWorkflow
 
 DRIVER = "gpu.nvidia.com"
 
 
 @pytest.fixture
-def dra(tmp_path: Path) -> Iterator[RunningSim]:
-    with running_sim(tmp_path, profile="1.36", nodes=2, gpus_per_node=2) as rs:
+def dra(tmp_path: Path) -> Iterator[RunningTwin]:
+    with running_twin(tmp_path, profile="1.36", nodes=2, gpus_per_node=2) as rs:
         yield rs
 
 
-def kube_for(rs: RunningSim) -> Kube:
+def kube_for(rs: RunningTwin) -> Kube:
     return Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
 
 
 def make_pod(
-    rs: RunningSim,
+    rs: RunningTwin,
     name: str,
     node: str,
     resources: list[dict[str, Any]],
@@ -102,15 +102,15 @@ def make_pod(
     )
 
 
-def node_names(rs: RunningSim) -> list[str]:
-    return list(rs.sim.seed_info["nodes"])
+def node_names(rs: RunningTwin) -> list[str]:
+    return list(rs.twin.seed_info["nodes"])
 
 
-def sweep(rs: RunningSim, **kwargs: Any):
+def sweep(rs: RunningTwin, **kwargs: Any):
     return SweepActivities(kube_for(rs)).sweep(SweepClusterInput(**kwargs))
 
 
-def test_unhealthy_dra_device_maps_to_node_and_uuid(dra: RunningSim) -> None:
+def test_unhealthy_dra_device_maps_to_node_and_uuid(dra: RunningTwin) -> None:
     n0, _ = node_names(dra)
     make_pod(
         dra,
@@ -137,7 +137,7 @@ def test_unhealthy_dra_device_maps_to_node_and_uuid(dra: RunningSim) -> None:
     assert report.unresolved == [] and report.nodes == []
 
 
-def test_slice_taint_found_terminal_pod_ignored(dra: RunningSim) -> None:
+def test_slice_taint_found_terminal_pod_ignored(dra: RunningTwin) -> None:
     n0, n1 = node_names(dra)
     make_pod(
         dra,
@@ -162,7 +162,7 @@ def test_slice_taint_found_terminal_pod_ignored(dra: RunningSim) -> None:
     assert report.findings[0].taint.effect == "NoSchedule"
 
 
-def test_unknown_and_recheck_filter(dra: RunningSim) -> None:
+def test_unknown_and_recheck_filter(dra: RunningTwin) -> None:
     n0, n1 = node_names(dra)
     make_pod(dra, "a", n0, [{"resourceID": f"{DRIVER}/{n0}/gpu-0", "health": "Unknown"}])
     make_pod(dra, "b", n1, [{"resourceID": f"{DRIVER}/{n1}/gpu-1", "health": "Unknown"}])
@@ -177,7 +177,7 @@ def test_unknown_and_recheck_filter(dra: RunningSim) -> None:
     assert [f.key for f in again.findings] == [f"{n1}/{gpu_uuid(n1, 1)}"]
 
 
-def test_unresolved_resource_id_reported(dra: RunningSim) -> None:
+def test_unresolved_resource_id_reported(dra: RunningTwin) -> None:
     n0, _ = node_names(dra)
     make_pod(dra, "x", n0, [{"resourceID": f"{DRIVER}/{n0}/gpu-7", "health": "Unhealthy"}])
     report = sweep(dra)
@@ -186,7 +186,7 @@ def test_unresolved_resource_id_reported(dra: RunningSim) -> None:
 
 
 def claim_pod(
-    rs: RunningSim,
+    rs: RunningTwin,
     name: str,
     node: str,
     devices: list[tuple[str, str]],
@@ -255,7 +255,7 @@ def claim_pod(
     return str(uid)
 
 
-def test_cdi_device_id_resolved_through_the_claim(dra: RunningSim) -> None:
+def test_cdi_device_id_resolved_through_the_claim(dra: RunningTwin) -> None:
     """The 1.36 kubelet writes the NVIDIA driver's CDI id, not driver/pool/device."""
     n0, _ = node_names(dra)
     cdi = "k8s.gpu.nvidia.com/claim=0c3e4b1a-5f6d-4e8b-9a7c-2d1e0f9b8a77-gpu-1"
@@ -274,7 +274,7 @@ def test_cdi_device_id_resolved_through_the_claim(dra: RunningSim) -> None:
     assert [p.name for p in report.findings[0].pods] == ["server-0"]
 
 
-def test_cdi_id_picks_its_device_among_several_of_one_request(dra: RunningSim) -> None:
+def test_cdi_id_picks_its_device_among_several_of_one_request(dra: RunningTwin) -> None:
     n0, _ = node_names(dra)
     claim_pod(
         dra,
@@ -292,7 +292,7 @@ def test_cdi_id_picks_its_device_among_several_of_one_request(dra: RunningSim) -
 
 
 def test_cdi_id_that_names_no_device_is_a_loud_unresolved(
-    dra: RunningSim, caplog: pytest.LogCaptureFixture
+    dra: RunningTwin, caplog: pytest.LogCaptureFixture
 ) -> None:
     n0, _ = node_names(dra)
     opaque = "vendor.example/gpu=common"
@@ -315,7 +315,7 @@ def test_cdi_id_that_names_no_device_is_a_loud_unresolved(
 
 
 def test_mig_slices_fold_into_parent(tmp_path: Path) -> None:
-    with running_sim(
+    with running_twin(
         tmp_path, profile="1.36", nodes=1, gpus_per_node=1, topology="mig", slices_per_gpu=2
     ) as rs:
         (n0,) = node_names(rs)
@@ -331,7 +331,7 @@ def test_mig_slices_fold_into_parent(tmp_path: Path) -> None:
         assert sorted(p.name for p in report.findings[0].pods) == ["m0", "m1"]
 
 
-def test_gpu_missing_from_dra_node(dra: RunningSim) -> None:
+def test_gpu_missing_from_dra_node(dra: RunningTwin) -> None:
     _, n1 = node_names(dra)
     res = k8s.ResourceV1Api(dra.api_client())
     name = f"{n1}-{DRIVER}"
@@ -345,7 +345,7 @@ def test_gpu_missing_from_dra_node(dra: RunningSim) -> None:
 
 
 def test_device_plugin_node_and_time_sliced_pod(tmp_path: Path) -> None:
-    with running_sim(tmp_path, profile="device-plugin", nodes=2, gpus_per_node=2) as rs:
+    with running_twin(tmp_path, profile="device-plugin", nodes=2, gpus_per_node=2) as rs:
         n0, n1 = node_names(rs)
         api = k8s.CoreV1Api(rs.api_client())
         api.patch_node_status(n1, {"status": {"allocatable": {"nvidia.com/gpu": "1"}}})
@@ -362,16 +362,16 @@ def test_device_plugin_node_and_time_sliced_pod(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def dra_unique(tmp_path: Path) -> Iterator[RunningSim]:
+def dra_unique(tmp_path: Path) -> Iterator[RunningTwin]:
     """Node names no other test uses, so the device workflow id is fresh on the shared server."""
     prefix = f"sweep-{uuid.uuid4().hex[:6]}-"
-    with running_sim(tmp_path, profile="1.36", nodes=2, gpus_per_node=2, node_prefix=prefix) as rs:
+    with running_twin(tmp_path, profile="1.36", nodes=2, gpus_per_node=2, node_prefix=prefix) as rs:
         yield rs
 
 
 @pytest.mark.devserver
 async def test_sweep_workflow_starts_exactly_one(
-    dra_unique: RunningSim, dev_env: WorkflowEnvironment
+    dra_unique: RunningTwin, dev_env: WorkflowEnvironment
 ) -> None:
     dra = dra_unique
     n0, _ = node_names(dra)

@@ -29,10 +29,10 @@ from activities.sweep import SweepActivities
 from contract.names import ACT_NOTIFY, device_workflow_id
 from contract.notify import NotifyInput, NotifyResult
 from contract.sweep import SweepInput, SweepResult
-from simulator.clock import Clock
-from simulator.controllers.manager import ControllerManager, SimOptions
-from simulator.testing import RunningSim, start_sim
 from tests.webhook.helpers import count_runs, history_counts
+from twin.clock import Clock
+from twin.controllers.manager import ControllerManager, TwinOptions
+from twin.testing import RunningTwin, start_twin
 from workflows.sweep import HealthSweepWorkflow
 
 pytestmark = pytest.mark.devserver  # the session's Temporal dev server (dev_env)
@@ -42,9 +42,9 @@ TIME_SCALE = 200.0  # simulated seconds per real second: container starts take m
 
 
 @pytest.fixture
-def twin(tmp_path: Path) -> Iterator[tuple[RunningSim, ControllerManager]]:
-    manager = ControllerManager(SimOptions())
-    rs = start_sim(
+def twin(tmp_path: Path) -> Iterator[tuple[RunningTwin, ControllerManager]]:
+    manager = ControllerManager(TwinOptions())
+    rs = start_twin(
         tmp_path,
         profile="1.36",
         nodes=1,
@@ -113,12 +113,12 @@ async def wait_for(check: Any, within: float = 15.0) -> Any:
 
 
 async def test_twin_fault_to_one_remediation(
-    twin: tuple[RunningSim, ControllerManager], dev_env: WorkflowEnvironment
+    twin: tuple[RunningTwin, ControllerManager], dev_env: WorkflowEnvironment
 ) -> None:
     rs, manager = twin
     api = rs.api_client()
     core = k8s.CoreV1Api(api)
-    (node,) = rs.sim.seed_info["nodes"]
+    (node,) = rs.twin.seed_info["nodes"]
     deploy_trainer(api)
 
     def allocated() -> str | None:

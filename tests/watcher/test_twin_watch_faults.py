@@ -3,9 +3,9 @@
 - a BOOKMARK carries the server's current resourceVersion (as kube-apiserver's watch cache
   does), not the last event of this watch: an idle watch on nodes moves on while pods change,
   so resuming it later never needs a relist;
-- `POST /sim/api-faults/drop-watches` cuts open watch streams mid-way (no clean end of the
+- `POST /twin/api-faults/drop-watches` cuts open watch streams mid-way (no clean end of the
   chunked body); objects are untouched;
-- `POST /sim/api-faults/restart` {downSeconds, compact}: requests are refused while down,
+- `POST /twin/api-faults/restart` {downSeconds, compact}: requests are refused while down,
   then a watch from an older resourceVersion gets the recorded 410 ERROR event
   (k8s-golden 62-watch-too-old-resourceversion.json), and the current one works.
 """
@@ -22,21 +22,21 @@ from typing import Any
 import httpx
 import pytest
 
-from simulator.controllers.manager import ControllerManager, SimOptions
-from simulator.testing import RunningSim, start_sim
+from twin.controllers.manager import ControllerManager, TwinOptions
+from twin.testing import RunningTwin, start_twin
 
 # Responses recorded from a real 1.36.2 API server (copied from ../shared/k8s-golden).
 GOLDEN = Path(__file__).resolve().parents[1] / "k8s_golden"
 
 
 @pytest.fixture
-def twin(tmp_path: Path) -> Iterator[RunningSim]:
-    rs = start_sim(
+def twin(tmp_path: Path) -> Iterator[RunningTwin]:
+    rs = start_twin(
         tmp_path,
         profile="1.36",
         nodes=1,
         gpus_per_node=1,
-        controllers=(ControllerManager(SimOptions()),),
+        controllers=(ControllerManager(TwinOptions()),),
     )
     try:
         yield rs
@@ -44,16 +44,16 @@ def twin(tmp_path: Path) -> Iterator[RunningSim]:
         rs.stop()
 
 
-def _rv(rs: RunningSim) -> int:
+def _rv(rs: RunningTwin) -> int:
     return int(
-        httpx.get(f"{rs.sim.url}/api/v1/nodes", timeout=10).json()["metadata"]["resourceVersion"]
+        httpx.get(f"{rs.twin.url}/api/v1/nodes", timeout=10).json()["metadata"]["resourceVersion"]
     )
 
 
-def test_bookmark_carries_the_current_resource_version(twin: RunningSim) -> None:
+def test_bookmark_carries_the_current_resource_version(twin: RunningTwin) -> None:
     start = _rv(twin)
     url = (
-        f"{twin.sim.url}/api/v1/nodes?watch=true&allowWatchBookmarks=true"
+        f"{twin.twin.url}/api/v1/nodes?watch=true&allowWatchBookmarks=true"
         f"&resourceVersion={start}&timeoutSeconds=2"
     )
     lines: list[str] = []
@@ -62,7 +62,7 @@ def test_bookmark_carries_the_current_resource_version(twin: RunningSim) -> None
     )
     reader.start()
     made = httpx.post(
-        f"{twin.sim.url}/api/v1/namespaces/default/configmaps",
+        f"{twin.twin.url}/api/v1/namespaces/default/configmaps",
         json={"metadata": {"name": "moves-the-clock"}},
         timeout=10,
     ).json()
@@ -85,33 +85,33 @@ def _stream(url: str, out: dict[str, Any]) -> None:
         out["ended"] = type(exc).__name__
 
 
-def test_drop_watches_cuts_streams(twin: RunningSim) -> None:
-    url = f"{twin.sim.url}/api/v1/pods?watch=true&resourceVersion={_rv(twin)}&timeoutSeconds=20"
+def test_drop_watches_cuts_streams(twin: RunningTwin) -> None:
+    url = f"{twin.twin.url}/api/v1/pods?watch=true&resourceVersion={_rv(twin)}&timeoutSeconds=20"
     out: dict[str, Any] = {}
     reader = threading.Thread(target=_stream, args=(url, out))
     reader.start()
     deadline = time.monotonic() + 10
-    while twin.sim.store.watch_count == 0 and time.monotonic() < deadline:
+    while twin.twin.store.watch_count == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
-    dropped = httpx.post(f"{twin.sim.url}/sim/api-faults/drop-watches", timeout=10).json()
+    dropped = httpx.post(f"{twin.twin.url}/twin/api-faults/drop-watches", timeout=10).json()
     reader.join(timeout=30)
     assert dropped["dropped"] >= 1
     assert out["ended"] != "clean"  # no terminating chunk: the client sees a broken stream
 
 
-def test_restart_refuses_then_expires_old_resource_versions(twin: RunningSim) -> None:
+def test_restart_refuses_then_expires_old_resource_versions(twin: RunningTwin) -> None:
     old = _rv(twin)
     httpx.post(
-        f"{twin.sim.url}/api/v1/namespaces/default/configmaps",
+        f"{twin.twin.url}/api/v1/namespaces/default/configmaps",
         json={"metadata": {"name": "after-old"}},
         timeout=10,
     )
     answer = httpx.post(
-        f"{twin.sim.url}/sim/api-faults/restart", json={"downSeconds": 1.0}, timeout=10
+        f"{twin.twin.url}/twin/api-faults/restart", json={"downSeconds": 1.0}, timeout=10
     )
     assert answer.status_code == 200
     with pytest.raises(httpx.HTTPError):  # down: the connection is reset
-        httpx.get(f"{twin.sim.url}/api/v1/nodes", timeout=10)
+        httpx.get(f"{twin.twin.url}/api/v1/nodes", timeout=10)
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -121,7 +121,7 @@ def test_restart_refuses_then_expires_old_resource_versions(twin: RunningSim) ->
             assert time.monotonic() < deadline, "the twin's API never came back"
             time.sleep(0.1)
     expired = httpx.get(
-        f"{twin.sim.url}/api/v1/pods?watch=true&resourceVersion={old}&timeoutSeconds=1",
+        f"{twin.twin.url}/api/v1/pods?watch=true&resourceVersion={old}&timeoutSeconds=1",
         timeout=10,
     )
     [event] = [json.loads(line) for line in expired.text.splitlines() if line]
@@ -133,9 +133,9 @@ def test_restart_refuses_then_expires_old_resource_versions(twin: RunningSim) ->
         assert event["object"][key] == want["object"][key]
     assert event["object"]["message"].startswith("too old resource version: ")
     fresh = httpx.get(
-        f"{twin.sim.url}/api/v1/pods?watch=true&resourceVersion={current}&timeoutSeconds=1",
+        f"{twin.twin.url}/api/v1/pods?watch=true&resourceVersion={current}&timeoutSeconds=1",
         timeout=10,
     )
     assert "ERROR" not in fresh.text
-    bad = httpx.post(f"{twin.sim.url}/sim/api-faults/restart", json={"down": 1}, timeout=10)
+    bad = httpx.post(f"{twin.twin.url}/twin/api-faults/restart", json={"down": 1}, timeout=10)
     assert bad.status_code == 400 and "down" in bad.json()["message"]

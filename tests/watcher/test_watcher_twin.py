@@ -35,9 +35,9 @@ from activities.kube.client import Kube, KubeSettings
 from activities.sweep import SweepActivities
 from contract.launch import LaunchRequest, LaunchResult
 from contract.sweep import SweepClusterInput, SweepFinding
-from simulator.clock import Clock
-from simulator.controllers.manager import ControllerManager, SimOptions
-from simulator.testing import RunningSim, start_sim
+from twin.clock import Clock
+from twin.controllers.manager import ControllerManager, TwinOptions
+from twin.testing import RunningTwin, start_twin
 from worker.watcher import HealthWatcher, WatcherConfig
 from workflows.sweep import finding_fingerprint
 
@@ -66,9 +66,9 @@ class Recorder:
 
 
 @pytest.fixture
-def twin(tmp_path: Path) -> Iterator[tuple[RunningSim, ControllerManager]]:
-    manager = ControllerManager(SimOptions())
-    rs = start_sim(
+def twin(tmp_path: Path) -> Iterator[tuple[RunningTwin, ControllerManager]]:
+    manager = ControllerManager(TwinOptions())
+    rs = start_twin(
         tmp_path,
         profile="1.36",
         nodes=2,
@@ -84,7 +84,7 @@ def twin(tmp_path: Path) -> Iterator[tuple[RunningSim, ControllerManager]]:
         rs.stop()
 
 
-def kube_for(rs: RunningSim) -> Kube:
+def kube_for(rs: RunningTwin) -> Kube:
     return Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
 
 
@@ -178,7 +178,7 @@ def running_pods(api: Any) -> int:
     return sum(1 for p in pods if p.status.phase == "Running" and p.status.resource_claim_statuses)
 
 
-def allocated_gpus(rs: RunningSim, manager: ControllerManager) -> list[tuple[str, int]]:
+def allocated_gpus(rs: RunningTwin, manager: ControllerManager) -> list[tuple[str, int]]:
     """(node, gpu index) of every GPU a Running pod holds."""
     api = rs.api_client()
     out = []
@@ -198,14 +198,14 @@ def uuid_of(manager: ControllerManager, node: str, index: int) -> str:
 
 
 async def test_watch_finds_what_the_sweep_finds(
-    twin: tuple[RunningSim, ControllerManager],
+    twin: tuple[RunningTwin, ControllerManager],
 ) -> None:
     rs, manager = twin
     api = rs.api_client()
     deploy(api, replicas=2)
     await wait_for(lambda: running_pods(api) == 2, what="2 running pods")
     held = allocated_gpus(rs, manager)
-    nodes = rs.sim.seed_info["nodes"]
+    nodes = rs.twin.seed_info["nodes"]
     rec = Recorder()
     kube = kube_for(rs)
     watcher = HealthWatcher(kube, rec.launch, config(), on_node=rec.node)
@@ -247,7 +247,7 @@ async def test_watch_finds_what_the_sweep_finds(
 
 
 async def test_no_missed_no_doubled_across_drops_restarts_and_watcher_restart(
-    twin: tuple[RunningSim, ControllerManager],
+    twin: tuple[RunningTwin, ControllerManager],
 ) -> None:
     rs, manager = twin
     api = rs.api_client()
@@ -303,9 +303,9 @@ async def test_no_missed_no_doubled_across_drops_restarts_and_watcher_restart(
         assert first < again  # same evidence for the same failures, plus the new one
 
 
-async def test_idle_watcher_sends_no_list(twin: tuple[RunningSim, ControllerManager]) -> None:
+async def test_idle_watcher_sends_no_list(twin: tuple[RunningTwin, ControllerManager]) -> None:
     rs, _manager = twin
-    log = rs.sim.server.request_log
+    log = rs.twin.server.request_log
     rec = Recorder()
     watcher = HealthWatcher(kube_for(rs), rec.launch, config(window=2), on_node=rec.node)
     async with Running(watcher):
@@ -316,7 +316,7 @@ async def test_idle_watcher_sends_no_list(twin: tuple[RunningSim, ControllerMana
         assert log.count(verb="list") == before  # windows ended and resumed: no LIST
 
 
-async def test_lease_one_active_and_hand_over(twin: tuple[RunningSim, ControllerManager]) -> None:
+async def test_lease_one_active_and_hand_over(twin: tuple[RunningTwin, ControllerManager]) -> None:
     rs, _manager = twin
     kube = kube_for(rs)
     a = HealthWatcher(kube, Recorder().launch, config(identity="replica-a"))
@@ -345,7 +345,7 @@ async def test_lease_one_active_and_hand_over(twin: tuple[RunningSim, Controller
         await rb.__aexit__()
 
 
-async def test_rbac_yaml_covers_the_watcher(twin: tuple[RunningSim, ControllerManager]) -> None:
+async def test_rbac_yaml_covers_the_watcher(twin: tuple[RunningTwin, ControllerManager]) -> None:
     """Through a proxy enforcing deploy/rbac.yaml, the watcher leads, lists, watches and
     launches with no request refused."""
     import yaml
@@ -364,7 +364,7 @@ async def test_rbac_yaml_covers_the_watcher(twin: tuple[RunningSim, ControllerMa
     deploy(api, replicas=1)
     await wait_for(lambda: running_pods(api) == 1, what="a running pod")
     ((node, index),) = allocated_gpus(rs, manager)
-    with RbacProxy(rs.sim.url, rules, roles=ROLES) as proxy:
+    with RbacProxy(rs.twin.url, rules, roles=ROLES) as proxy:
         config_doc = yaml.safe_load(rs.kubeconfig_path.read_text())
         config_doc["clusters"][0]["cluster"]["server"] = proxy.url
         path = rs.kubeconfig_path.with_name("proxied.yaml")
@@ -379,9 +379,9 @@ async def test_rbac_yaml_covers_the_watcher(twin: tuple[RunningSim, ControllerMa
         assert proxy.denied == []
 
 
-def _health_pod(rs: RunningSim, name: str, rid: str, health: str, create: bool = False) -> None:
+def _health_pod(rs: RunningTwin, name: str, rid: str, health: str, create: bool = False) -> None:
     """A bound pod whose container reports `rid` with `health` (the twin without a kubelet)."""
-    store, node = rs.sim.store, rid.split("/")[1]
+    store, node = rs.twin.store, rid.split("/")[1]
     if create:
         store.create(
             "pods",
@@ -411,9 +411,9 @@ def _health_pod(rs: RunningSim, name: str, rid: str, health: str, create: bool =
 async def test_unknown_waits_for_the_timeout(tmp_path: Path) -> None:
     """A device reported Unknown is launched only once Unknown outlasted `unknown_timeout`
     (as the sweep re-checks); one Healthy again before that is never launched."""
-    rs = start_sim(tmp_path, profile="1.36", nodes=1, gpus_per_node=2)
+    rs = start_twin(tmp_path, profile="1.36", nodes=1, gpus_per_node=2)
     try:
-        (node,) = rs.sim.seed_info["nodes"]
+        (node,) = rs.twin.seed_info["nodes"]
         a, b = f"gpu.nvidia.com/{node}/gpu-0", f"gpu.nvidia.com/{node}/gpu-1"
         _health_pod(rs, "a", a, "Healthy", create=True)
         _health_pod(rs, "b", b, "Healthy", create=True)
@@ -441,7 +441,7 @@ async def test_unknown_waits_for_the_timeout(tmp_path: Path) -> None:
 
 
 async def test_missing_lease_namespace_is_said_loudly(
-    twin: tuple[RunningSim, ControllerManager], caplog: pytest.LogCaptureFixture
+    twin: tuple[RunningTwin, ControllerManager], caplog: pytest.LogCaptureFixture
 ) -> None:
     """No namespace for the Lease: the watcher does not watch (it cannot know it is the only
     one) and says why, with the fix, instead of failing or watching anyway."""
@@ -458,8 +458,8 @@ async def test_missing_lease_namespace_is_said_loudly(
 async def test_device_plugin_cluster_without_resource_slices(tmp_path: Path) -> None:
     """No resource.k8s.io (device plugin): the slice reflector notes the kind is not served
     and the pods and nodes are watched anyway; a node short of GPUs is still found."""
-    manager = ControllerManager(SimOptions())
-    rs = start_sim(
+    manager = ControllerManager(TwinOptions())
+    rs = start_twin(
         tmp_path, profile="device-plugin", nodes=1, gpus_per_node=2, controllers=(manager,)
     )
     try:
@@ -471,7 +471,7 @@ async def test_device_plugin_cluster_without_resource_slices(tmp_path: Path) -> 
             slices, nodes, _pods = watcher.reflectors
             assert slices.stats.not_served and slices.stats.errors == 0
             assert nodes.stats.lists == 1
-            (node,) = rs.sim.seed_info["nodes"]
+            (node,) = rs.twin.seed_info["nodes"]
             manager.faults.fail(node, "0", vanish=True)  # capacity and allocatable drop
             await wait_for(lambda: len(rec.nodes) == 1, what="node notice")
             assert rec.nodes[0].node == node

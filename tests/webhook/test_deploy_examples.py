@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import promql_parser
 import yaml
 
-from simulator import alerts as twin_alerts
+from twin import alerts as twin_alerts
 from worker.alerts import DEFAULT_ALERT_NAMES, AlertMapping, AmAlert, MappedAlert, map_alert
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -6,7 +6,7 @@ randomness, the environment or the network. This test is that check, done on the
 
 - every `workflows/` and `contract/` module (workflows run the contract's validators and
   properties too) imports only the standard-library modules listed here, `temporalio`,
-  `pydantic`, `workflows.*` and `contract.*` (lint-imports keeps kubernetes/httpx/simulator out;
+  `pydantic`, `workflows.*` and `contract.*` (lint-imports keeps kubernetes/httpx/twin out;
   this also keeps `time`, `random`, `os`, `socket`, `threading`... out);
 - no module calls a wall clock or an entropy source by attribute (`datetime.now()`,
   `datetime.utcnow()`, `date.today()`, `uuid.uuid4()`, `uuid.uuid1()`) or `open()`/`input()`;

@@ -212,10 +212,10 @@ def test_select_by_node_label_and_attribute() -> None:
 def test_select_against_the_twin(tmp_path: Any, topology: str) -> None:
     """select-devices' body over real HTTP against the cluster twin (profile 1.36)."""
     from activities.kube.client import Kube, KubeSettings
-    from simulator.seed import DRIVER_VERSION, gpu_uuid
-    from simulator.testing import running_sim
+    from twin.seed import DRIVER_VERSION, gpu_uuid
+    from twin.testing import running_twin
 
-    with running_sim(tmp_path, profile="1.36", nodes=2, gpus_per_node=2, topology=topology) as rs:
+    with running_twin(tmp_path, profile="1.36", nodes=2, gpus_per_node=2, topology=topology) as rs:
         kube = Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
         node = "gpu-pool-node-1"
         picked = select(kube, MaintenanceSelector(nodes=[node]))
@@ -243,10 +243,10 @@ def test_select_against_the_twin(tmp_path: Any, topology: str) -> None:
 
 def test_select_device_plugin_twin(tmp_path: Any) -> None:
     from activities.kube.client import Kube, KubeSettings
-    from simulator.seed import gpu_uuid
-    from simulator.testing import running_sim
+    from twin.seed import gpu_uuid
+    from twin.testing import running_twin
 
-    with running_sim(tmp_path, profile="device-plugin", nodes=1, gpus_per_node=2) as rs:
+    with running_twin(tmp_path, profile="device-plugin", nodes=1, gpus_per_node=2) as rs:
         kube = Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
         picked = select(kube, MaintenanceSelector(nodes=["gpu-pool-node-0"]))
     assert [(d.gpu_uuid, d.mode) for d in picked] == [

@@ -1120,7 +1120,7 @@ async def test_scale_up_waits_for_approval(time_skipping_env: WorkflowEnvironmen
         runbooks=with_spec(
             "inference",
             replacement={"pendingDeadline": "5m"},
-            scaleUp={"enabled": True, "provider": "sim", "maxSize": 4, "approval": True},
+            scaleUp={"enabled": True, "provider": "twin", "maxSize": 4, "approval": True},
         ),
         replacement_reports=[
             ReplacementReport(status="pending"),
@@ -1140,7 +1140,7 @@ async def test_scale_up_waits_for_approval(time_skipping_env: WorkflowEnvironmen
         result = await handle.result()
     assert result.outcome == "released"
     req = world.args(ACT_REQUEST_CAPACITY)[0]
-    assert req.pool.provider == "sim" and req.max_size == 4
+    assert req.pool.provider == "twin" and req.max_size == 4
 
 
 async def test_scale_up_rejected_escalates_and_holds_the_quarantined_device(
@@ -1154,7 +1154,7 @@ async def test_scale_up_rejected_escalates_and_holds_the_quarantined_device(
         runbooks=with_spec(
             "inference",
             replacement={"pendingDeadline": "5m"},
-            scaleUp={"enabled": True, "provider": "sim", "maxSize": 4, "approval": True},
+            scaleUp={"enabled": True, "provider": "twin", "maxSize": 4, "approval": True},
         ),
         replacement_reports=[ReplacementReport(status="pending")],
     )

@@ -21,8 +21,8 @@ import yaml
 from temporalio.testing import ActivityEnvironment
 
 from activities.kube import KubeActivities, KubeSettings
-from simulator.runtime import Simulator
 from tests.activities.kube.rbac_proxy import RbacProxy, role_rules
+from twin.runtime import Twin
 
 # The namespaced Roles of deploy/rbac.yaml (the health watcher's Lease), for the RBAC proxy.
 ROLES = role_rules(
@@ -38,8 +38,8 @@ DRIVER = "gpu.nvidia.com"
 
 
 @dataclass
-class Twin:
-    sim: Simulator
+class KubeTwin:
+    twin: Twin
     acts: KubeActivities
     kubeconfig: Path
     env: ActivityEnvironment = field(default_factory=ActivityEnvironment)
@@ -48,18 +48,18 @@ class Twin:
 
     @property
     def store(self) -> Any:
-        return self.sim.store
+        return self.twin.store
 
     @property
     def dra(self) -> bool:
-        return self.sim.profile.dra
+        return self.twin.profile.dra
 
     async def run(self, fn: Any, arg: Any) -> Any:
         self.env.on_heartbeat = lambda *details: self.heartbeats.append(details)
         return await self.env.run(fn, arg)
 
     def node(self, i: int = 0) -> str:
-        return self.sim.seed_info["nodes"][i]
+        return self.twin.seed_info["nodes"][i]
 
     def slice_device(self, node: str, name: str) -> dict[str, Any]:
         for s in self.store.list("resourceslices.resource.k8s.io").items:
@@ -80,13 +80,13 @@ class Twin:
         return len(list(self.requests()))
 
     def requests(self) -> list[Any]:
-        log = self.sim.requests
+        log = self.twin.requests
         if hasattr(log, "entries"):
             return list(log.entries())
         return list(log)
 
     def clear_requests(self) -> None:
-        log = self.sim.requests
+        log = self.twin.requests
         if hasattr(log, "clear"):
             log.clear()
 
@@ -301,21 +301,21 @@ def twin(
     clock: Any = None,
     proxy_rules: list[dict[str, Any]] | None = None,
     **seed: Any,
-) -> Iterator[Twin]:
+) -> Iterator[KubeTwin]:
     """A running twin (+ controllers if given); with `proxy_rules`, the activities reach it
     through an RBAC-enforcing proxy holding those ClusterRole rules."""
-    sim = Simulator(profile=profile, token=token, clock=clock)
+    twin = Twin(profile=profile, token=token, clock=clock)
     seed.setdefault("nodes", 2)
     seed.setdefault("gpus_per_node", 2)
-    sim.seed(**seed)
+    twin.seed(**seed)
     if controllers is not None:
-        sim.add_controller(controllers)
-    sim.start()
-    path = sim.write_kubeconfig(tmp_path / f"kubeconfig-{uuid.uuid4().hex[:6]}", token=kube_token)
+        twin.add_controller(controllers)
+    twin.start()
+    path = twin.write_kubeconfig(tmp_path / f"kubeconfig-{uuid.uuid4().hex[:6]}", token=kube_token)
     with contextlib.ExitStack() as stack:
         proxy = None
         if proxy_rules is not None:
-            proxy = stack.enter_context(RbacProxy(sim.url, proxy_rules, roles=ROLES))
+            proxy = stack.enter_context(RbacProxy(twin.url, proxy_rules, roles=ROLES))
             config = yaml.safe_load(path.read_text())
             config["clusters"][0]["cluster"]["server"] = proxy.url
             path.write_text(yaml.safe_dump(config))
@@ -323,13 +323,13 @@ def twin(
             KubeSettings(kubeconfig=str(path), request_timeout=5.0, max_threads=8)
         )
         try:
-            yield Twin(sim=sim, acts=acts, kubeconfig=path, proxy=proxy)
+            yield KubeTwin(twin=twin, acts=acts, kubeconfig=path, proxy=proxy)
         finally:
             acts.close()
-            sim.stop()
+            twin.stop()
 
 
 @pytest.fixture(params=PROFILES)
-def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Twin]:
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KubeTwin]:
     with twin(tmp_path, request.param) as t:
         yield t

@@ -46,11 +46,11 @@ from activities.kube.devices import (
 )
 from activities.kube.quarantine import count_devices
 from contract.kube import CountDevicesInput, DeviceRef, QuarantineInput, ResolveDeviceInput
-from simulator.testing import RunningSim
+from twin.testing import RunningTwin
 
 
-def _kube(sim: RunningSim) -> Kube:
-    return Kube.from_settings(KubeSettings(kubeconfig=str(sim.kubeconfig_path)))
+def _kube(twin: RunningTwin) -> Kube:
+    return Kube.from_settings(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
 
 
 def test_concurrent_readers_share_one_load() -> None:
@@ -88,24 +88,24 @@ def test_failed_load_fails_waiters_and_is_not_cached() -> None:
     assert calls == 1
 
 
-def test_node_devices_read_with_field_selector(sim: RunningSim) -> None:
-    kube = _kube(sim)
+def test_node_devices_read_with_field_selector(twin: RunningTwin) -> None:
+    kube = _kube(twin)
     node = sorted(d.node for d in list_slice_devices(kube, fresh=True))[0]
-    sim.clear_requests()
+    twin.clear_requests()
     devices = list_slice_devices(kube, node, fresh=True)
-    reads = sim.requests(resource="resourceslices")
+    reads = twin.requests(resource="resourceslices")
     assert len(reads) == 1
     assert f"fieldSelector=spec.nodeName={node}" in unquote(reads[0].query)
     assert devices and {d.node for d in devices} == {node}
 
 
-def test_young_cluster_list_serves_a_node_without_a_request(sim: RunningSim) -> None:
-    kube = _kube(sim)
+def test_young_cluster_list_serves_a_node_without_a_request(twin: RunningTwin) -> None:
+    kube = _kube(twin)
     everything = list_slice_devices(kube, fresh=True)
     node = everything[0].node
-    sim.clear_requests()
+    twin.clear_requests()
     devices = list_slice_devices(kube, node)
-    assert sim.requests(resource="resourceslices") == []
+    assert twin.requests(resource="resourceslices") == []
     assert devices == [d for d in everything if d.node == node]
 
 
@@ -124,8 +124,8 @@ def _slices(kube: Kube) -> list[dict[str, Any]]:
     return body["items"]
 
 
-def test_inventory_matches_device_semantics_on_mixed_twin(sim_factory: Any) -> None:
-    twin = sim_factory(profile="1.36", pools=MIXED)
+def test_inventory_matches_device_semantics_on_mixed_twin(twin_factory: Any) -> None:
+    twin = twin_factory(profile="1.36", pools=MIXED)
     kube = _kube(twin)
     items = _slices(kube)
     light = gpus_per_node(items)
@@ -176,8 +176,8 @@ def test_inventory_matches_device_semantics_on_odd_slices() -> None:
     assert light == {"n1": 6, "fabric": 2}
 
 
-def test_count_devices_on_mixed_twin(sim_factory: Any) -> None:
-    twin = sim_factory(profile="1.36", pools=MIXED)
+def test_count_devices_on_mixed_twin(twin_factory: Any) -> None:
+    twin = twin_factory(profile="1.36", pools=MIXED)
     acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
     env = ActivityEnvironment()
     counts = asyncio.run(env.run(acts.count_devices, CountDevicesInput(node_pool="vgpu")))
@@ -187,8 +187,8 @@ def test_count_devices_on_mixed_twin(sim_factory: Any) -> None:
     assert (counts.cluster_devices, counts.pool_devices) == (22, 0)
 
 
-def test_concurrent_counts_list_slices_once(sim_factory: Any) -> None:
-    twin = sim_factory(profile="1.36", pools=MIXED)
+def test_concurrent_counts_list_slices_once(twin_factory: Any) -> None:
+    twin = twin_factory(profile="1.36", pools=MIXED)
     acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
     kube, apis = acts.kube, acts._apis()
     twin.clear_requests()
@@ -203,16 +203,16 @@ def test_concurrent_counts_list_slices_once(sim_factory: Any) -> None:
     assert len(twin.requests(resource="resourceslices")) == 1
 
 
-def test_inventory_reuses_young_device_list(sim: RunningSim) -> None:
-    kube = _kube(sim)
+def test_inventory_reuses_young_device_list(twin: RunningTwin) -> None:
+    kube = _kube(twin)
     everything = list_slice_devices(kube, fresh=True)
-    sim.clear_requests()
+    twin.clear_requests()
     assert gpu_inventory(kube) == count_by_node(everything)
-    assert sim.requests(resource="resourceslices") == []
+    assert twin.requests(resource="resourceslices") == []
 
 
-def test_counts_share_an_inflight_rule_list_but_never_cache_it(sim_factory: Any) -> None:
-    twin = sim_factory(profile="1.36", pools=MIXED)
+def test_counts_share_an_inflight_rule_list_but_never_cache_it(twin_factory: Any) -> None:
+    twin = twin_factory(profile="1.36", pools=MIXED)
     acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
     kube, apis = acts.kube, acts._apis()
     env = ActivityEnvironment()
@@ -229,7 +229,7 @@ def test_counts_share_an_inflight_rule_list_but_never_cache_it(sim_factory: Any)
         listing = info.verb == "list" and info.resource == "devicetaintrules"
         return 1.0 if listing else None
 
-    twin.sim.add_request_interceptor(slow_rule_list)
+    twin.twin.add_request_interceptor(slow_rule_list)
     twin.clear_requests()
     callers = 12
     with ThreadPoolExecutor(callers) as pool:
@@ -239,7 +239,7 @@ def test_counts_share_an_inflight_rule_list_but_never_cache_it(sim_factory: Any)
     assert len(twin.requests(verb="list", resource="devicetaintrules")) < callers // 2
 
 
-def test_evidence_and_consumers_side_by_side_share_one_pod_list(sim_factory: Any) -> None:
+def test_evidence_and_consumers_side_by_side_share_one_pod_list(twin_factory: Any) -> None:
     """The workflow runs gather-evidence (a fresh read) and find-consumers (a read of at most
     a few seconds) at once: while one node's pod list is under way (held 1 s by the twin),
     the other joins it instead of listing again; a later fresh read lists again."""
@@ -247,7 +247,7 @@ def test_evidence_and_consumers_side_by_side_share_one_pod_list(sim_factory: Any
     from activities.kube.evidence import gather_evidence
     from contract.kube import FindConsumersInput
 
-    twin = sim_factory(profile="1.36", pools=MIXED)
+    twin = twin_factory(profile="1.36", pools=MIXED)
     acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
     kube = acts.kube
     env = ActivityEnvironment()
@@ -261,7 +261,7 @@ def test_evidence_and_consumers_side_by_side_share_one_pod_list(sim_factory: Any
     def slow_pod_list(info: Any) -> float | None:
         return 1.0 if info.verb == "list" and info.resource == "pods" else None
 
-    twin.sim.add_request_interceptor(slow_pod_list)
+    twin.twin.add_request_interceptor(slow_pod_list)
     twin.clear_requests()
     with ThreadPoolExecutor(2) as pool:
         evidence = pool.submit(gather_evidence, kube, device)
@@ -273,7 +273,7 @@ def test_evidence_and_consumers_side_by_side_share_one_pod_list(sim_factory: Any
     assert len(twin.requests(verb="list", resource="pods")) == 2
 
 
-def test_evidence_reuses_a_pod_list_loaded_since_it_was_scheduled(sim_factory: Any) -> None:
+def test_evidence_reuses_a_pod_list_loaded_since_it_was_scheduled(twin_factory: Any) -> None:
     """find-consumers finished its list before gather-evidence (scheduled with it) started:
     the evidence uses that list, loaded after the step was scheduled, instead of listing
     again; a list loaded before the step was scheduled is never used."""
@@ -281,7 +281,7 @@ def test_evidence_reuses_a_pod_list_loaded_since_it_was_scheduled(sim_factory: A
     from activities.kube.evidence import gather_evidence
     from contract.kube import FindConsumersInput
 
-    twin = sim_factory(profile="1.36", pools=MIXED)
+    twin = twin_factory(profile="1.36", pools=MIXED)
     acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
     kube = acts.kube
     device = asyncio.run(

@@ -26,10 +26,10 @@ from contract.kube import (
     PodRef,
     ResolveDeviceInput,
 )
-from tests.activities.kube.conftest import Twin
+from tests.activities.kube.conftest import KubeTwin
 
 
-async def test_consumers_through_deployment_and_job(cluster: Twin) -> None:
+async def test_consumers_through_deployment_and_job(cluster: KubeTwin) -> None:
     t = cluster
     node = t.node(0)
     uuid0, uuid1 = t.uuid_of(node, 0), t.uuid_of(node, 1)
@@ -141,7 +141,7 @@ async def test_device_plugin_alert_pods_are_hints_only(tmp_path) -> None:
         assert [c.pod.name for c in result.consumers] == ["trainer"]
 
 
-async def test_evidence_reports_health_and_presence(cluster: Twin) -> None:
+async def test_evidence_reports_health_and_presence(cluster: KubeTwin) -> None:
     t = cluster
     node = t.node(0)
     uuid = t.uuid_of(node, 0)

@@ -27,10 +27,10 @@ from contract.kube import (
     WaitEvictionInput,
     WaitReplacementInput,
 )
-from simulator.clock import Clock
-from simulator.controllers.manager import ControllerManager, SimOptions
 from tests.activities.kube.conftest import twin
 from tests.activities.kube.test_kube_e2e import RULES, _gpu_of, _running_pod, _workload
+from twin.clock import Clock
+from twin.controllers.manager import ControllerManager, TwinOptions
 
 OWNER = OwnerRef(kind="Deployment", name="trainer", namespace="ml")
 
@@ -52,7 +52,7 @@ async def test_eviction_and_replacement_watched(tmp_path: Path) -> None:
     with twin(
         tmp_path,
         "1.37",
-        controllers=ControllerManager(SimOptions(pod_startup_seconds=1)),
+        controllers=ControllerManager(TwinOptions(pod_startup_seconds=1)),
         clock=Clock(time_scale=10),
     ) as t:
         device, ref = await _setup(t, grace=30)
@@ -85,7 +85,7 @@ async def test_replacement_pending_unschedulable_when_every_gpu_is_tainted(tmp_p
         "1.36",
         nodes=1,
         gpus_per_node=1,
-        controllers=ControllerManager(SimOptions(pod_startup_seconds=0.5)),
+        controllers=ControllerManager(TwinOptions(pod_startup_seconds=0.5)),
         clock=Clock(time_scale=10),
     ) as t:
         device, ref = await _setup(t)
@@ -108,7 +108,7 @@ async def test_replacement_pending_unschedulable_when_every_gpu_is_tainted(tmp_p
 
 
 async def test_scheduler_ignoring_rules_is_churn(tmp_path: Path) -> None:
-    options = SimOptions(pod_startup_seconds=0.5, ignore_device_taint_rules=True)
+    options = TwinOptions(pod_startup_seconds=0.5, ignore_device_taint_rules=True)
     with twin(
         tmp_path,
         "1.36",
@@ -137,7 +137,7 @@ async def test_preview_reads_the_controller_verdict(tmp_path: Path) -> None:
     with twin(
         tmp_path,
         "1.36",
-        controllers=ControllerManager(SimOptions(pod_startup_seconds=0.5)),
+        controllers=ControllerManager(TwinOptions(pod_startup_seconds=0.5)),
         clock=Clock(time_scale=10),
         proxy_rules=RULES,
     ) as t:
@@ -162,7 +162,7 @@ async def test_eviction_api_mode_pieces(tmp_path: Path) -> None:
     with twin(
         tmp_path,
         "1.37",
-        controllers=ControllerManager(SimOptions(pod_startup_seconds=0.5)),
+        controllers=ControllerManager(TwinOptions(pod_startup_seconds=0.5)),
         clock=Clock(time_scale=10),
         proxy_rules=RULES,
     ) as t:
@@ -208,7 +208,7 @@ async def test_evidence_and_health_from_an_injected_fault(tmp_path: Path) -> Non
     from contract.kube import CheckHealthInput, EvidenceInput
 
     for profile, cdi in (("1.36", True), ("1.36", False), ("device-plugin", True)):
-        manager = ControllerManager(SimOptions(pod_startup_seconds=0.5, cdi_device_ids=cdi))
+        manager = ControllerManager(TwinOptions(pod_startup_seconds=0.5, cdi_device_ids=cdi))
         with twin(tmp_path, profile, controllers=manager, clock=Clock(time_scale=10)) as t:
             device, ref = await _setup(t)
             manager.faults.fail(device.node, device.gpu_uuid, xid=79, driver_taint=True)
@@ -250,7 +250,7 @@ async def test_evidence_and_consumers_share_a_claim_list_loaded_since_scheduled(
     from activities.kube.evidence import gather_evidence
     from contract.kube import FindConsumersInput
 
-    manager = ControllerManager(SimOptions(pod_startup_seconds=0.5, cdi_device_ids=True))
+    manager = ControllerManager(TwinOptions(pod_startup_seconds=0.5, cdi_device_ids=True))
     with twin(tmp_path, "1.36", controllers=manager, clock=Clock(time_scale=10)) as t:
         device, ref = await _setup(t)
         manager.faults.fail(device.node, device.gpu_uuid, xid=79, driver_taint=True)
@@ -261,7 +261,7 @@ async def test_evidence_and_consumers_share_a_claim_list_loaded_since_scheduled(
             await asyncio.sleep(0.25)
 
         def claim_lists() -> int:
-            return len(t.sim.requests.entries(verb="list", resource="resourceclaims"))
+            return len(t.twin.requests.entries(verb="list", resource="resourceclaims"))
 
         before = claim_lists()
         scheduled = time.time()  # both steps scheduled in one workflow task

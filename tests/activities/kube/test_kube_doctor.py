@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 
-from simulator import errors
-from simulator.controllers.manager import ControllerManager, SimOptions
 from tests.activities.kube.conftest import PROFILES, twin
 from tests.activities.kube.test_kube_errors import RULES, without
+from twin import errors
+from twin.controllers.manager import ControllerManager, TwinOptions
 from worker.cli import build_parser
 
 
@@ -86,7 +86,7 @@ async def test_doctor_missing_permission_is_an_error(tmp_path: Path) -> None:
 async def test_doctor_without_access_reviews_warns(tmp_path: Path) -> None:
     with twin(tmp_path, "1.36") as t:
         # A cluster that does not serve SelfSubjectAccessReview answers 404 for it.
-        t.sim.add_request_interceptor(
+        t.twin.add_request_interceptor(
             lambda info: (
                 errors.unknown_resource() if info.resource == "selfsubjectaccessreviews" else None
             )
@@ -140,7 +140,7 @@ async def test_doctor_probe_tells_the_scheduler_by_behaviour_not_version(tmp_pat
         assert "known-bad version" not in out  # the behaviour, not the number, decides
         assert line(out, "scheduler crash").startswith("warning") and "tracker.go" in out
         assert _left_behind(t) == []
-    broken = ControllerManager(SimOptions(ignore_device_taint_rules=True))
+    broken = ControllerManager(TwinOptions(ignore_device_taint_rules=True))
     with twin(tmp_path, "1.36", controllers=broken) as t:
         code, out = doctor(t.kubeconfig, "--probe")
         assert code == 1

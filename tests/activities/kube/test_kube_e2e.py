@@ -44,16 +44,16 @@ from contract.kube import (
     WaitEvictionInput,
     WaitReplacementInput,
 )
-from simulator.clock import Clock
-from simulator.controllers.manager import ControllerManager, SimOptions
-from tests.activities.kube.conftest import Twin, twin
+from tests.activities.kube.conftest import KubeTwin, twin
 from tests.activities.kube.rbac_proxy import allows, deploy_rules
+from twin.clock import Clock
+from twin.controllers.manager import ControllerManager, TwinOptions
 
 RULES = deploy_rules()  # every ClusterRole deploy/ ships
 WF = "sickbay-gpu-e2e"
 
 
-def _workload(t: Twin, ns: str = "ml", name: str = "trainer", grace: int = 2) -> None:
+def _workload(t: KubeTwin, ns: str = "ml", name: str = "trainer", grace: int = 2) -> None:
     t.namespace(ns)
     container: dict[str, Any] = {"name": "main", "image": "cuda:12"}
     pod_spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": grace}
@@ -92,7 +92,7 @@ def _workload(t: Twin, ns: str = "ml", name: str = "trainer", grace: int = 2) ->
     )
 
 
-async def _running_pod(t: Twin, ns: str = "ml") -> dict[str, Any]:
+async def _running_pod(t: KubeTwin, ns: str = "ml") -> dict[str, Any]:
     for _ in range(600):
         pods = [
             p
@@ -106,7 +106,7 @@ async def _running_pod(t: Twin, ns: str = "ml") -> dict[str, Any]:
     raise AssertionError("the twin never ran the workload")
 
 
-async def _reports_unhealthy(t: Twin, pod: dict[str, Any]) -> None:
+async def _reports_unhealthy(t: KubeTwin, pod: dict[str, Any]) -> None:
     name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
     for _ in range(400):
         current = t.store.try_get("pods", name, ns) or {}
@@ -119,7 +119,7 @@ async def _reports_unhealthy(t: Twin, pod: dict[str, Any]) -> None:
     raise AssertionError("the twin's kubelet never reported the failed GPU Unhealthy")
 
 
-def _gpu_of(t: Twin, pod: dict[str, Any]) -> tuple[str, int]:
+def _gpu_of(t: KubeTwin, pod: dict[str, Any]) -> tuple[str, int]:
     node = pod["spec"]["nodeName"]
     if t.dra:
         claim = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
@@ -131,7 +131,7 @@ def _gpu_of(t: Twin, pod: dict[str, Any]) -> tuple[str, int]:
 
 @pytest.mark.parametrize("profile", ["1.35", "1.36", "1.37", "1.34", "device-plugin"])
 async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
-    manager = ControllerManager(SimOptions(pod_startup_seconds=0.5))
+    manager = ControllerManager(TwinOptions(pod_startup_seconds=0.5))
     # Only the roles this cluster needs (the optional ones dropped where they are not).
     fallback = profile in ("1.34", "device-plugin")
     rules = deploy_rules("sickbay", ROLE_NODE_FALLBACK) if fallback else deploy_rules("sickbay")
@@ -149,10 +149,10 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
         # What the worker does once at start (worker/main.py): discovery + DeviceClasses.
         t.clear_requests()
         await t.acts.warm_up()
-        warm_up = t.sim.requests.count()
+        warm_up = t.twin.requests.count()
         t.clear_requests()
         started = time.monotonic()
-        log = t.sim.requests
+        log = t.twin.requests
         steps: list[tuple[str, int]] = []
 
         def mark(name: str) -> None:
@@ -260,7 +260,7 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
         elapsed = time.monotonic() - started
 
         manager.stop()
-        t.sim.stop()  # ends open watch streams, so the log holds them
+        t.twin.stop()  # ends open watch streams, so the log holds them
         records = [r for r in log.entries() if r.user_agent.startswith("OpenAPI-Generator")]
         late_watches = len(records) - sum(n for _, n in steps)
         happy = sum(n for name, n in steps if "not happy" not in name and "holding" not in name)

@@ -56,13 +56,13 @@ from contract.names import (
     TAINT_KEY,
     taint_rule_name,
 )
-from tests.activities.kube.conftest import Twin, twin
+from tests.activities.kube.conftest import KubeTwin, twin
 
 RULES = "devicetaintrules.resource.k8s.io"
 WF = "sickbay-gpu-test"
 
 
-async def _resolved(t: Twin, node: str, index: int):
+async def _resolved(t: KubeTwin, node: str, index: int):
     return await t.run(
         t.acts.resolve_device,
         ResolveDeviceInput(device=DeviceRef(node=node, gpu_uuid=t.uuid_of(node, index))),
@@ -203,7 +203,7 @@ async def test_preview_names_would_be_evicted_and_leaves_nothing(
         assert len(creates) == len(deletes) == 1
 
 
-def _pdb(t: Twin, ns: str, app: str) -> None:
+def _pdb(t: KubeTwin, ns: str, app: str) -> None:
     t.store.create(
         "poddisruptionbudgets.policy",
         {
@@ -268,7 +268,7 @@ async def test_fallback_eviction_with_and_without_pdb(tmp_path: Path, profile: s
         assert "sickbay.dev/quarantined-gpus" not in (node_obj["metadata"].get("annotations") or {})
 
 
-async def _wait_pdb_status(t: Twin, ns: str, name: str) -> None:
+async def _wait_pdb_status(t: KubeTwin, ns: str, name: str) -> None:
     import asyncio
 
     for _ in range(300):
@@ -325,7 +325,7 @@ class _FakeTime:
             self.on_sleep(len(self.slept))
 
 
-def _wait_healthy(t: Twin, ns: str, name: str, healthy: int) -> None:
+def _wait_healthy(t: KubeTwin, ns: str, name: str, healthy: int) -> None:
     deadline = time.monotonic() + 10  # the disruption controller reacts within milliseconds
     while time.monotonic() < deadline:
         status = t.store.get("poddisruptionbudgets.policy", name, ns).get("status") or {}

@@ -19,7 +19,7 @@ from temporalio.exceptions import ApplicationError
 
 from contract.errors import ERR_DEVICE_NOT_FOUND
 from contract.kube import DeviceRef, ResolveDeviceInput
-from tests.activities.kube.conftest import Twin, twin
+from tests.activities.kube.conftest import KubeTwin, twin
 
 EXPECTED_TAINT_VERSION = {
     "1.34": None,
@@ -30,11 +30,11 @@ EXPECTED_TAINT_VERSION = {
 }
 
 
-async def _resolve(t: Twin, **ref: object):
+async def _resolve(t: KubeTwin, **ref: object):
     return await t.run(t.acts.resolve_device, ResolveDeviceInput(device=DeviceRef(**ref)))
 
 
-async def test_resolve_by_uuid_and_index(cluster: Twin) -> None:
+async def test_resolve_by_uuid_and_index(cluster: KubeTwin) -> None:
     node = cluster.node(1)
     uuid = cluster.uuid_of(node, 1)
     by_uuid = await _resolve(cluster, node=node, gpu_uuid=uuid)
@@ -42,7 +42,7 @@ async def test_resolve_by_uuid_and_index(cluster: Twin) -> None:
     assert by_uuid == by_index
     assert (by_uuid.node, by_uuid.gpu_uuid, by_uuid.gpu_index) == (node, uuid, 1)
     assert by_uuid.node_pool == "gpu-pool"
-    assert by_uuid.taint_api_version == EXPECTED_TAINT_VERSION[cluster.sim.profile.name]
+    assert by_uuid.taint_api_version == EXPECTED_TAINT_VERSION[cluster.twin.profile.name]
     if cluster.dra:
         assert by_uuid.mode == "dra"
         assert [d.resource_id for d in by_uuid.devices] == [f"gpu.nvidia.com/{node}/gpu-1"]
@@ -53,7 +53,7 @@ async def test_resolve_by_uuid_and_index(cluster: Twin) -> None:
         assert by_uuid.mode == "device-plugin" and by_uuid.devices == []
 
 
-async def test_unknown_devices_are_not_found(cluster: Twin) -> None:
+async def test_unknown_devices_are_not_found(cluster: KubeTwin) -> None:
     node = cluster.node(0)
     for ref, words in (
         ({"node": node, "gpu_uuid": "GPU-does-not-exist"}, "GPU-does-not-exist"),

@@ -27,7 +27,7 @@ from pathlib import Path
 from temporalio.testing import ActivityEnvironment
 
 from contract.kube import DraDevice, OwnerRef, PodRef, WaitEvictionInput, WaitReplacementInput
-from tests.activities.kube.conftest import Twin, twin
+from tests.activities.kube.conftest import KubeTwin, twin
 
 UNSCHEDULABLE = (
     "0/2 nodes are available: 2 cannot allocate all claims. still not schedulable, "
@@ -141,7 +141,7 @@ async def test_restart_resumes_from_heartbeat(tmp_path: Path) -> None:
         ]
 
 
-def _deployment_with_old_pod(t: Twin) -> tuple[OwnerRef, dict]:
+def _deployment_with_old_pod(t: KubeTwin) -> tuple[OwnerRef, dict]:
     node = t.node(0)
     rs = t.deployment_owner("ml", "web", replicas=1)
     old = t.consumer_pod("ml", "web-old", node, "gpu-0", rs, {"app": "web"})
@@ -416,7 +416,7 @@ async def test_api_server_gone_mid_wait_is_retryable(tmp_path: Path) -> None:
             )
         )
         await asyncio.sleep(0.5)
-        await asyncio.to_thread(t.sim.stop)
+        await asyncio.to_thread(t.twin.stop)
         try:
             await asyncio.wait_for(task, 15)
         except ApplicationError as err:

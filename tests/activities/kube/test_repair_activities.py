@@ -46,9 +46,9 @@ from contract.repair import (
     ValidationJobInput,
     WaitRepairJobInput,
 )
-from simulator.clock import Clock
-from simulator.controllers.manager import ControllerManager, SimOptions
-from tests.activities.kube.conftest import DRIVER, Twin, twin
+from tests.activities.kube.conftest import DRIVER, KubeTwin, twin
+from twin.clock import Clock
+from twin.controllers.manager import ControllerManager, TwinOptions
 
 WAIT = 30.0  # real seconds for a Job to end on a busy machine
 
@@ -57,11 +57,11 @@ WAIT = 30.0  # real seconds for a Job to end on a busy machine
 def make(tmp_path: Path) -> Iterator[Any]:
     stack: list[Any] = []
 
-    def start(profile: str, **seed: Any) -> tuple[Twin, KubeRepairActivities]:
+    def start(profile: str, **seed: Any) -> tuple[KubeTwin, KubeRepairActivities]:
         cm = twin(
             tmp_path,
             profile,
-            controllers=ControllerManager(SimOptions(pod_startup_seconds=1)),
+            controllers=ControllerManager(TwinOptions(pod_startup_seconds=1)),
             clock=Clock(time_scale=20),
             **seed,
         )
@@ -80,11 +80,13 @@ def make(tmp_path: Path) -> Iterator[Any]:
             item.__exit__(None, None, None)
 
 
-def _faults(t: Twin) -> Any:
-    return t.sim.extensions["faults"]
+def _faults(t: KubeTwin) -> Any:
+    return t.twin.extensions["faults"]
 
 
-async def _outcome(t: Twin, acts: KubeRepairActivities, job: RepairJobStarted) -> RepairJobOutcome:
+async def _outcome(
+    t: KubeTwin, acts: KubeRepairActivities, job: RepairJobStarted
+) -> RepairJobOutcome:
     deadline = time.monotonic() + WAIT
     while True:
         try:
@@ -98,7 +100,7 @@ async def _outcome(t: Twin, acts: KubeRepairActivities, job: RepairJobStarted) -
         await asyncio.sleep(0.1)
 
 
-def _jobs(t: Twin) -> list[dict[str, Any]]:
+def _jobs(t: KubeTwin) -> list[dict[str, Any]]:
     return t.store.list("jobs.batch", namespace=REPAIR_NAMESPACE).items
 
 
@@ -195,7 +197,7 @@ async def test_a_plain_gpu_is_its_own_reset_group(make: Any) -> None:
     assert group.gpu_uuids == [uuid] and group.source == "single"
 
 
-def _taint(t: Twin, node: str, device: str) -> None:
+def _taint(t: KubeTwin, node: str, device: str) -> None:
     t.store.create(
         "devicetaintrules.resource.k8s.io",
         {
