@@ -12,9 +12,9 @@ kubeconfig). `--detach` starts the same command in the background, waits until i
 ~/.sickbay.
 
 Other twin modules extend the command through these hooks:
-- `add_sim_up_arguments(parser)`: flags of `twin up` (controllers: --time-scale,
+- `add_twin_up_arguments(parser)`: flags of `twin up` (controllers: --time-scale,
   --alert-webhook...; cloudapi: the cloud API's flags);
-- `register_sim_commands(twin_subparsers)`: `twin <command>` subcommands (faults: fail, recover...);
+- `register_twin_commands(twin_subparsers)`: `twin <command>` subcommands (faults: fail, recover...);
 - `make_clock(args)`: the clock the Twin runs on (controllers);
 - `configure_twin(twin, args)`: called after seeding, before start (controllers, cloud API).
 """
@@ -100,9 +100,9 @@ def register(subparsers: Any) -> None:
     status = twin_sub.add_parser("status", help="show the running twin (state file + health)")
     status.set_defaults(func=cmd_status)
     twin.set_defaults(func=lambda args: (twin.print_help(), 2)[1])
-    controllers.add_sim_up_arguments(up)
-    faults.register_sim_commands(twin_sub)
-    cloudapi.add_sim_up_arguments(up)
+    controllers.add_twin_up_arguments(up)
+    faults.register_twin_commands(twin_sub)
+    cloudapi.add_twin_up_arguments(up)
 
 
 def _state_file() -> Path:

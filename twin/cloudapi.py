@@ -698,7 +698,7 @@ def attach_cloud_api(
     return api
 
 
-def add_sim_up_arguments(parser: argparse.ArgumentParser) -> None:
+def add_twin_up_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cloud node-pool API (GKE-shaped)")
     group.add_argument("--no-cloud-api", action="store_true", help="do not serve the cloud API")
     group.add_argument("--cloud-port", type=int, default=0, help="port (default: a free one)")

@@ -14,7 +14,7 @@ They talk HTTP to the twin's `/twin/...` routes (twin/fault_routes.py). The twin
 by `--url`, else `$SICKBAY_TWIN_URL`, else the state file `sickbay twin up` writes; the bearer
 token by `--token`, else `$SICKBAY_TWIN_TOKEN`.
 
-twin/cli.py picks these commands up through `register_sim_commands` in
+twin/cli.py picks these commands up through `register_twin_commands` in
 twin/faults.py, which calls `register_fault_commands(twin_subparsers)` here.
 """
 

@@ -318,7 +318,7 @@ def install_server_hooks(twin: Any) -> bool:
         return False
     if getattr(base, "_sickbay_faults", False):
         return True  # already installed
-    if not all(hasattr(base, n) for n in ("_sim_endpoint", "_dispatch", "_send_json")):
+    if not all(hasattr(base, n) for n in ("_twin_endpoint", "_dispatch", "_send_json")):
         return False
     local = threading.local()
 
@@ -332,10 +332,10 @@ def install_server_hooks(twin: Any) -> bool:
             finally:
                 local.handler = None
 
-        def _sim_endpoint(self, method: str, parts: list[str]) -> None:
+        def _twin_endpoint(self, method: str, parts: list[str]) -> None:
             result = dispatch(twin, method, parts, self._query, getattr(self, "_sickbay_body", b""))
             if result is None:
-                return super()._sim_endpoint(method, parts)
+                return super()._twin_endpoint(method, parts)
             self._send_json(*result)
 
     original_target = server.target

@@ -772,7 +772,7 @@ class ApiFaults:
         raise ConnectionResetError("connection reset injected by the cluster twin")
 
 
-def register_sim_commands(twin_subparsers: Any) -> None:
+def register_twin_commands(twin_subparsers: Any) -> None:
     """twin/cli.py extension hook: `sickbay twin fail|recover|...` (fault_cli.py)."""
     from twin.fault_cli import register_fault_commands
 

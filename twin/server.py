@@ -492,7 +492,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str, path: str, body: bytes) -> None:
         parts = [unquote(p) for p in path.split("/") if p]
         if parts and parts[0] == "twin":
-            return self._sim_endpoint(method, parts[1:])
+            return self._twin_endpoint(method, parts[1:])
         self._who = authz.authenticate(self.api.twin.token, self.headers)
         profile = self.api.profile
         if method == "GET":
@@ -641,7 +641,7 @@ class _Handler(BaseHTTPRequestHandler):
             known = self._extra_headers.get("Warning")
             self._extra_headers["Warning"] = ", ".join(([known] if known else []) + warnings)
 
-    def _sim_endpoint(self, method: str, parts: list[str]) -> None:
+    def _twin_endpoint(self, method: str, parts: list[str]) -> None:
         if parts == ["healthz"]:
             store = self.api.store
             return self._send_json(

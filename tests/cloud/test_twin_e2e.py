@@ -132,7 +132,7 @@ async def test_running_resize_is_adopted(
     assert len(cloud_twin.api.resize_requests()) == 1
 
 
-async def test_sim_provider_stays_on_loopback(cloud_activities: CloudActivities) -> None:
+async def test_twin_provider_stays_on_loopback(cloud_activities: CloudActivities) -> None:
     pool = NodePoolTarget(provider="twin", name="gpu-pool", endpoint="http://10.0.0.5:8080")
     with pytest.raises(ApplicationError) as info:
         await ActivityEnvironment().run(

@@ -5,7 +5,7 @@ callers at once. New Nodes (and their ResourceSlices) appear in the twin's Kuber
 Cases:
 - two concurrent needs -> one setSize -> the pool grows 2 -> 4 Nodes with ResourceSlices,
   seen through the official kubernetes client;
-- `sickbay twin up` wiring: `add_sim_up_arguments` + `configure_twin` serve the API for the
+- `sickbay twin up` wiring: `add_twin_up_arguments` + `configure_twin` serve the API for the
   seeded pool with the token given on the command line.
 - `PUT /twin/pools/<pool>/cloud {"latency"}` (drills: a slow resize): the next setSize
   operation stays RUNNING for that many simulated seconds, then is DONE; a bad latency or an
@@ -32,7 +32,7 @@ from twin.clock import Clock
 from twin.cloudapi import (
     POOL_LABEL,
     CloudApi,
-    add_sim_up_arguments,
+    add_twin_up_arguments,
     attach_cloud_api,
     configure_twin,
 )
@@ -102,9 +102,9 @@ async def test_scale_up_adds_nodes_to_the_twin(
     assert new <= {s.spec.node_name for s in slices}  # each new node publishes its GPUs
 
 
-def test_sim_up_serves_the_cloud_api(tmp_path: Any) -> None:
+def test_twin_up_serves_the_cloud_api(tmp_path: Any) -> None:
     parser = argparse.ArgumentParser()
-    add_sim_up_arguments(parser)
+    add_twin_up_arguments(parser)
     args = parser.parse_args(["--cloud-token", "cli-token", "--cloud-max-size", "5"])
     rs = start_twin(tmp_path, nodes=1, gpus_per_node=1)
     try:

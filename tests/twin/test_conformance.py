@@ -44,7 +44,7 @@ NAMESPACES = (
 
 
 @pytest.fixture(scope="module")
-def gsim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTwin]:
+def gtwin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTwin]:
     rs = start_twin(tmp_path_factory.mktemp("golden"), profile="1.36", nodes=2, gpus_per_node=2)
     for name in NAMESPACES:
         rs.store.create("namespaces", {"metadata": {"name": name}})
@@ -81,13 +81,13 @@ def _running_ready(rs: RunningTwin, ns: str, name: str) -> None:
 # ---- discovery ---------------------------------------------------------------------------
 
 
-def test_version_and_api_shapes(gsim: RunningTwin) -> None:
+def test_version_and_api_shapes(gtwin: RunningTwin) -> None:
     for n in (1, 2):
-        resp = replay(gsim, n)
+        resp = replay(gtwin, n)
         assert resp.status_code == 200
         assert_shape(resp.json(), golden(n)["response"])
-    assert gsim.store is not None
-    assert replay(gsim, 1).json()["minor"] == "36"
+    assert gtwin.store is not None
+    assert replay(gtwin, 1).json()["minor"] == "36"
 
 
 def _entries(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -95,8 +95,8 @@ def _entries(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("number", [3, 6, 7, 8, 9])
-def test_resource_lists_match_recorded_entries(gsim: RunningTwin, number: int) -> None:
-    resp = replay(gsim, number)
+def test_resource_lists_match_recorded_entries(gtwin: RunningTwin, number: int) -> None:
+    resp = replay(gtwin, number)
     assert resp.status_code == 200
     ours, recorded = resp.json(), golden(number)["response"]
     assert set(ours) == set(recorded)
@@ -113,19 +113,19 @@ def test_resource_lists_match_recorded_entries(gsim: RunningTwin, number: int) -
         assert entry == expected, name
 
 
-def test_group_list_and_resource_group(gsim: RunningTwin) -> None:
-    groups = {g["name"]: g for g in replay(gsim, 4).json()["groups"]}
+def test_group_list_and_resource_group(gtwin: RunningTwin) -> None:
+    groups = {g["name"]: g for g in replay(gtwin, 4).json()["groups"]}
     recorded = {g["name"]: g for g in golden(4)["response"]["groups"]}
     for name, group in groups.items():
         if name != "cluster.x-k8s.io":
             assert group == recorded[name]
-    assert replay(gsim, 5).json() == golden(5)["response"]
+    assert replay(gtwin, 5).json() == golden(5)["response"]
 
 
-def test_aggregated_discovery_matches_recorded_entries(gsim: RunningTwin) -> None:
+def test_aggregated_discovery_matches_recorded_entries(gtwin: RunningTwin) -> None:
     for n in (110, 111):
         req = golden(n)["request"]
-        resp = raw(gsim, "GET", req["path"], headers=req.get("headers"))
+        resp = raw(gtwin, "GET", req["path"], headers=req.get("headers"))
         assert resp.status_code == 200
         assert resp.headers["content-type"] == golden(n)["responseHeaders"]["content-type"]
         doc, recorded = resp.json(), golden(n)["response"]
@@ -156,19 +156,19 @@ def test_aggregated_discovery_matches_recorded_entries(gsim: RunningTwin) -> Non
 # ---- errors ------------------------------------------------------------------------------
 
 
-def test_error_statuses_match_exactly(gsim: RunningTwin) -> None:
+def test_error_statuses_match_exactly(gtwin: RunningTwin) -> None:
     existing = golden(11)["request"]["body"]
-    assert raw(gsim, "POST", "/api/v1/namespaces/golden-errors/pods", existing).status_code == 201
+    assert raw(gtwin, "POST", "/api/v1/namespaces/golden-errors/pods", existing).status_code == 201
     for n in (10, 11, 12, 13, 14, 15, 16):
-        resp = replay(gsim, n)
+        resp = replay(gtwin, n)
         expected = golden(n)
         assert resp.status_code == expected["status"], (n, resp.text)
         assert resp.headers["content-type"] == "application/json"
         assert resp.json() == expected["response"], n
 
 
-def test_unknown_group_is_plain_text_404(gsim: RunningTwin) -> None:
-    resp = replay(gsim, 17)
+def test_unknown_group_is_plain_text_404(gtwin: RunningTwin) -> None:
+    resp = replay(gtwin, 17)
     assert resp.status_code == 404
     assert resp.text == golden(17)["response"]
     assert resp.headers["content-type"] == "text/plain; charset=utf-8"
@@ -199,21 +199,21 @@ def _wait(predicate: Any, timeout: float = 5.0) -> Any:
     raise AssertionError("condition not met in time")
 
 
-def test_pdb_and_eviction_sequence(gsim: RunningTwin) -> None:
+def test_pdb_and_eviction_sequence(gtwin: RunningTwin) -> None:
     ns = "golden-evict"
     for pod in (
         _pod("protected", {"app": "protected"}, "node-b"),
         _pod("protected-pending", {"app": "protected"}, "node-a"),
         _pod("unprotected", {"app": "unprotected"}, "node-b"),
     ):
-        assert raw(gsim, "POST", f"/api/v1/namespaces/{ns}/pods", pod).status_code == 201
-    created = replay(gsim, 20)
+        assert raw(gtwin, "POST", f"/api/v1/namespaces/{ns}/pods", pod).status_code == 201
+    created = replay(gtwin, 20)
     assert created.status_code == 201
     assert_shape(created.json(), golden(20)["response"])
-    _running_ready(gsim, ns, "protected")
+    _running_ready(gtwin, ns, "protected")
 
     def observed() -> dict[str, Any] | None:
-        body = replay(gsim, 21).json()
+        body = replay(gtwin, 21).json()
         return body if body["status"].get("currentHealthy") == 1 else None
 
     pdb = _wait(observed)
@@ -221,18 +221,18 @@ def test_pdb_and_eviction_sequence(gsim: RunningTwin) -> None:
     for key in ("currentHealthy", "desiredHealthy", "disruptionsAllowed", "expectedPods"):
         assert pdb["status"][key] == golden(21)["response"]["status"][key], key
 
-    refused = replay(gsim, 22)
+    refused = replay(gtwin, 22)
     assert refused.status_code == 429
     assert refused.json() == golden(22)["response"]
-    after = replay(gsim, 23).json()
+    after = replay(gtwin, 23).json()
     assert "deletionTimestamp" not in after["metadata"]
     assert not [c for c in after["status"].get("conditions", []) if c["type"] == "DisruptionTarget"]
 
     for evict_n, after_n in ((24, 25), (26, 27)):
-        resp = replay(gsim, evict_n)
+        resp = replay(gtwin, evict_n)
         assert resp.status_code == 201
         assert resp.json() == golden(evict_n)["response"]
-        pod = replay(gsim, after_n).json()
+        pod = replay(gtwin, after_n).json()
         assert_shape(pod["metadata"], golden(after_n)["response"]["metadata"])
         assert pod["metadata"]["deletionGracePeriodSeconds"] == 30
         target = [c for c in pod["status"]["conditions"] if c["type"] == "DisruptionTarget"]
@@ -245,7 +245,7 @@ def test_pdb_and_eviction_sequence(gsim: RunningTwin) -> None:
         assert target[0]["reason"] == "EvictionByEvictionAPI"
         assert target[0]["message"] == expected[0]["message"]
 
-    missing = replay(gsim, 28)
+    missing = replay(gtwin, 28)
     assert missing.status_code == 404
     assert missing.json() == golden(28)["response"]
 
@@ -254,22 +254,22 @@ def test_pdb_and_eviction_sequence(gsim: RunningTwin) -> None:
 
 
 @pytest.mark.parametrize("number", [30, 31, 34])
-def test_create_responses_have_recorded_shape(gsim: RunningTwin, number: int) -> None:
-    resp = replay(gsim, number)
+def test_create_responses_have_recorded_shape(gtwin: RunningTwin, number: int) -> None:
+    resp = replay(gtwin, number)
     assert resp.status_code == 201, resp.text
     assert_shape(resp.json(), golden(number)["response"])
 
 
-def test_v1alpha3_view_carries_deprecation_warning(gsim: RunningTwin) -> None:
-    if gsim.store.try_get("devicetaintrules.resource.k8s.io", "golden-noexecute") is None:
-        assert replay(gsim, 34).status_code == 201
-    resp = replay(gsim, 46)
+def test_v1alpha3_view_carries_deprecation_warning(gtwin: RunningTwin) -> None:
+    if gtwin.store.try_get("devicetaintrules.resource.k8s.io", "golden-noexecute") is None:
+        assert replay(gtwin, 34).status_code == 201
+    resp = replay(gtwin, 46)
     assert resp.status_code == 200
     assert resp.headers["warning"] == golden(46)["responseHeaders"]["warning"]
     body = resp.json()
     assert body["apiVersion"] == "resource.k8s.io/v1alpha3"
     assert body["spec"]["taint"]["effect"] == "NoExecute"
-    beta = raw(gsim, "GET", "/apis/resource.k8s.io/v1beta2/devicetaintrules/golden-noexecute")
+    beta = raw(gtwin, "GET", "/apis/resource.k8s.io/v1beta2/devicetaintrules/golden-noexecute")
     assert "warning" not in beta.headers
 
 
@@ -306,14 +306,14 @@ def _watch_during(rs: RunningTwin, ns: str, actions: Any) -> list[dict[str, Any]
     return events
 
 
-def test_watch_unbound_pod_create_label_delete(gsim: RunningTwin) -> None:
+def test_watch_unbound_pod_create_label_delete(gtwin: RunningTwin) -> None:
     ns = "golden-watch"
     base = f"/api/v1/namespaces/{ns}/pods"
 
     def actions() -> None:
         assert (
             raw(
-                gsim,
+                gtwin,
                 "POST",
                 base,
                 _pod("watched", {"app": "watched"}, scheduler="golden-unscheduled"),
@@ -323,7 +323,7 @@ def test_watch_unbound_pod_create_label_delete(gsim: RunningTwin) -> None:
         patch = {"metadata": {"labels": {"stage": "labelled"}}}
         assert (
             raw(
-                gsim,
+                gtwin,
                 "PATCH",
                 f"{base}/watched",
                 patch,
@@ -331,9 +331,9 @@ def test_watch_unbound_pod_create_label_delete(gsim: RunningTwin) -> None:
             ).status_code
             == 200
         )
-        assert raw(gsim, "DELETE", f"{base}/watched").status_code == 200
+        assert raw(gtwin, "DELETE", f"{base}/watched").status_code == 200
 
-    events = _watch_during(gsim, ns, actions)
+    events = _watch_during(gtwin, ns, actions)
     recorded = golden(60)["response"]
     assert [e["type"] for e in events] == [e["type"] for e in recorded]
     for ours, theirs in zip(events, recorded, strict=True):
@@ -341,19 +341,19 @@ def test_watch_unbound_pod_create_label_delete(gsim: RunningTwin) -> None:
     assert events[2]["object"]["metadata"]["deletionGracePeriodSeconds"] == 0
 
 
-def test_watch_bound_pod_graceful_then_force_delete(gsim: RunningTwin) -> None:
+def test_watch_bound_pod_graceful_then_force_delete(gtwin: RunningTwin) -> None:
     ns = "golden-watch"
     base = f"/api/v1/namespaces/{ns}/pods"
 
     def actions() -> None:
         assert (
-            raw(gsim, "POST", base, _pod("bound", {"app": "bound"}, node="node-a")).status_code
+            raw(gtwin, "POST", base, _pod("bound", {"app": "bound"}, node="node-a")).status_code
             == 201
         )
         patch = {"metadata": {"labels": {"stage": "labelled"}}}
         assert (
             raw(
-                gsim,
+                gtwin,
                 "PATCH",
                 f"{base}/bound",
                 patch,
@@ -361,20 +361,20 @@ def test_watch_bound_pod_graceful_then_force_delete(gsim: RunningTwin) -> None:
             ).status_code
             == 200
         )
-        graceful = raw(gsim, "DELETE", f"{base}/bound")
+        graceful = raw(gtwin, "DELETE", f"{base}/bound")
         assert graceful.status_code == 200
         assert graceful.json()["metadata"]["deletionGracePeriodSeconds"] == 30
-        assert raw(gsim, "DELETE", f"{base}/bound?gracePeriodSeconds=0").status_code == 200
+        assert raw(gtwin, "DELETE", f"{base}/bound?gracePeriodSeconds=0").status_code == 200
 
-    events = _watch_during(gsim, ns, actions)
+    events = _watch_during(gtwin, ns, actions)
     recorded = golden(61)["response"]
     assert [e["type"] for e in events] == [e["type"] for e in recorded]
     for ours, theirs in zip(events, recorded, strict=True):
         assert_shape(ours, theirs)
 
 
-def test_watch_too_old_resource_version_is_410_event(gsim: RunningTwin) -> None:
-    resp = replay(gsim, 62)
+def test_watch_too_old_resource_version_is_410_event(gtwin: RunningTwin) -> None:
+    resp = replay(gtwin, 62)
     assert resp.status_code == 200
     events = [json.loads(line) for line in resp.text.splitlines() if line]
     recorded = golden(62)["response"]
@@ -387,7 +387,7 @@ def test_watch_too_old_resource_version_is_410_event(gsim: RunningTwin) -> None:
 
 
 @pytest.fixture(scope="module")
-def list_pods(gsim: RunningTwin) -> None:
+def list_pods(gtwin: RunningTwin) -> None:
     for item in golden(70)["response"]["items"]:
         spec = item["spec"]
         pod = _pod(
@@ -396,9 +396,9 @@ def list_pods(gsim: RunningTwin) -> None:
             spec.get("nodeName"),
             spec.get("schedulerName"),
         )
-        assert raw(gsim, "POST", "/api/v1/namespaces/golden-lists/pods", pod).status_code == 201
+        assert raw(gtwin, "POST", "/api/v1/namespaces/golden-lists/pods", pod).status_code == 201
         if item["status"].get("phase") == "Running":
-            _running_ready(gsim, "golden-lists", item["metadata"]["name"])
+            _running_ready(gtwin, "golden-lists", item["metadata"]["name"])
 
 
 def _names(body: dict[str, Any]) -> list[str]:
@@ -407,9 +407,9 @@ def _names(body: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("number", [70, 71, 72, 73, 74, 75, 76, 77, 82])
 def test_list_selectors_select_the_recorded_pods(
-    gsim: RunningTwin, list_pods: None, number: int
+    gtwin: RunningTwin, list_pods: None, number: int
 ) -> None:
-    resp = replay(gsim, number)
+    resp = replay(gtwin, number)
     assert resp.status_code == 200
     body, recorded = resp.json(), golden(number)["response"]
     assert set(body) == set(recorded)
@@ -418,15 +418,15 @@ def test_list_selectors_select_the_recorded_pods(
     assert body["kind"] == recorded["kind"]
 
 
-def test_pagination_with_continue(gsim: RunningTwin, list_pods: None) -> None:
-    first = replay(gsim, 78).json()
+def test_pagination_with_continue(gtwin: RunningTwin, list_pods: None) -> None:
+    first = replay(gtwin, 78).json()
     recorded = golden(78)["response"]
     assert set(first["metadata"]) == set(recorded["metadata"])
     assert first["metadata"]["remainingItemCount"] == 2
     assert _names(first) == _names(recorded)
     token = first["metadata"]["continue"]
     second = raw(
-        gsim, "GET", f"/api/v1/namespaces/golden-lists/pods?limit=2&continue={token}"
+        gtwin, "GET", f"/api/v1/namespaces/golden-lists/pods?limit=2&continue={token}"
     ).json()
     assert set(second["metadata"]) == set(golden(79)["response"]["metadata"])
     assert _names(second) == _names(golden(79)["response"])
@@ -434,21 +434,21 @@ def test_pagination_with_continue(gsim: RunningTwin, list_pods: None) -> None:
 
 
 @pytest.mark.parametrize("number", [80, 81])
-def test_selector_errors_are_400(gsim: RunningTwin, number: int) -> None:
-    resp = replay(gsim, number)
+def test_selector_errors_are_400(gtwin: RunningTwin, number: int) -> None:
+    resp = replay(gtwin, number)
     assert resp.status_code == 400
     assert resp.json() == golden(number)["response"]
 
 
-def test_metadata_only_and_table_lists(gsim: RunningTwin, list_pods: None) -> None:
-    partial = replay(gsim, 83).json()
+def test_metadata_only_and_table_lists(gtwin: RunningTwin, list_pods: None) -> None:
+    partial = replay(gtwin, 83).json()
     recorded = golden(83)["response"]
     assert set(partial) == set(recorded)
     assert partial["kind"] == "PartialObjectMetadataList"
     assert_shape(
         partial["items"][0]["metadata"]["labels"], recorded["items"][0]["metadata"]["labels"]
     )
-    table, recorded_table = replay(gsim, 84).json(), golden(84)["response"]
+    table, recorded_table = replay(gtwin, 84).json(), golden(84)["response"]
     assert set(table) == set(recorded_table)
     columns = [(c["name"], c["priority"]) for c in table["columnDefinitions"]]
     assert columns == [(c["name"], c["priority"]) for c in recorded_table["columnDefinitions"]]
@@ -462,15 +462,15 @@ def test_metadata_only_and_table_lists(gsim: RunningTwin, list_pods: None) -> No
 # ---- patches -------------------------------------------------------------------------------
 
 
-def test_patch_sequence(gsim: RunningTwin) -> None:
+def test_patch_sequence(gtwin: RunningTwin) -> None:
     target = _pod("patch-target", {"app": "patch-target", "tier": "web"})
-    assert raw(gsim, "POST", "/api/v1/namespaces/golden-patch/pods", target).status_code == 201
+    assert raw(gtwin, "POST", "/api/v1/namespaces/golden-patch/pods", target).status_code == 201
     for n in (90, 91, 92):
-        resp = replay(gsim, n)
+        resp = replay(gtwin, n)
         assert resp.status_code == 200, resp.text
         assert resp.json()["metadata"]["labels"] == golden(n)["response"]["metadata"]["labels"], n
     for n in (93, 94, 95):
-        resp = replay(gsim, n)
+        resp = replay(gtwin, n)
         assert resp.status_code == golden(n)["status"], n
         assert resp.json() == golden(n)["response"], n
 
@@ -482,8 +482,8 @@ def _managers(obj: dict[str, Any]) -> dict[tuple[str, str | None], dict[str, Any
     return {(m["manager"], m.get("subresource")): m for m in obj["metadata"]["managedFields"]}
 
 
-def test_server_side_apply_sequence(gsim: RunningTwin) -> None:
-    created = replay(gsim, 96)
+def test_server_side_apply_sequence(gtwin: RunningTwin) -> None:
+    created = replay(gtwin, 96)
     assert created.status_code == 201
     body = created.json()
     assert_shape(body, golden(96)["response"])
@@ -493,16 +493,16 @@ def test_server_side_apply_sequence(gsim: RunningTwin) -> None:
     )
     time_added = body["spec"]["taint"]["timeAdded"]
 
-    again = replay(gsim, 97).json()
+    again = replay(gtwin, 97).json()
     assert again["metadata"]["generation"] == 2
     assert again["spec"]["taint"]["value"] == "v2"
     assert again["spec"]["taint"]["timeAdded"] == time_added
 
-    conflict = replay(gsim, 98)
+    conflict = replay(gtwin, 98)
     assert conflict.status_code == 409
     assert conflict.json() == golden(98)["response"]
 
-    forced = replay(gsim, 99)
+    forced = replay(gtwin, 99)
     assert forced.status_code == 200
     fb = forced.json()
     assert fb["spec"]["taint"]["value"] == "from-other-manager"
@@ -511,35 +511,37 @@ def test_server_side_apply_sequence(gsim: RunningTwin) -> None:
     assert ours[("other-manager", None)]["fieldsV1"] == theirs[("other-manager", None)]["fieldsV1"]
     assert ours[("golden-ssa", None)]["fieldsV1"] == theirs[("golden-ssa", None)]["fieldsV1"]
 
-    missing = replay(gsim, 100)
+    missing = replay(gtwin, 100)
     assert missing.status_code == 422
     assert missing.json() == golden(100)["response"]
 
-    dry_conflict = replay(gsim, 101)
+    dry_conflict = replay(gtwin, 101)
     assert dry_conflict.status_code == 409
     assert dry_conflict.json() == golden(101)["response"]
 
-    before = raw(gsim, "GET", "/apis/resource.k8s.io/v1beta2/devicetaintrules/golden-ssa").json()
-    dry_force = replay(gsim, 103)
+    before = raw(gtwin, "GET", "/apis/resource.k8s.io/v1beta2/devicetaintrules/golden-ssa").json()
+    dry_force = replay(gtwin, 103)
     assert dry_force.status_code == 200
     would_be = dry_force.json()
     assert would_be["spec"]["taint"]["value"] == "dry"
     assert would_be["metadata"]["labels"] == golden(103)["response"]["metadata"]["labels"]
     assert would_be["metadata"]["generation"] == 4
     assert would_be["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
-    after = replay(gsim, 104).json()
+    after = replay(gtwin, 104).json()
     assert after == before
 
 
 # ---- differences found on a real 1.36.2 API (dra-facts.md, "Real 1.36.2 API vs the twin") ---
 
 
-def test_eviction_naming_another_pod_is_400_and_evicts_nothing(gsim: RunningTwin) -> None:
+def test_eviction_naming_another_pod_is_400_and_evicts_nothing(gtwin: RunningTwin) -> None:
     ns = "golden-evict"
     for name in ("named-a", "named-b"):
-        assert raw(gsim, "POST", f"/api/v1/namespaces/{ns}/pods", _pod(name, {})).status_code == 201
+        assert (
+            raw(gtwin, "POST", f"/api/v1/namespaces/{ns}/pods", _pod(name, {})).status_code == 201
+        )
     body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "named-b"}}
-    resp = raw(gsim, "POST", f"/api/v1/namespaces/{ns}/pods/named-a/eviction", body)
+    resp = raw(gtwin, "POST", f"/api/v1/namespaces/{ns}/pods/named-a/eviction", body)
     assert resp.status_code == 400, resp.text
     assert resp.json() == {
         "kind": "Status",
@@ -551,22 +553,22 @@ def test_eviction_naming_another_pod_is_400_and_evicts_nothing(gsim: RunningTwin
         "code": 400,
     }
     for name in ("named-a", "named-b"):
-        pod = raw(gsim, "GET", f"/api/v1/namespaces/{ns}/pods/{name}").json()
+        pod = raw(gtwin, "GET", f"/api/v1/namespaces/{ns}/pods/{name}").json()
         assert "deletionTimestamp" not in pod["metadata"], name
 
 
-def test_strategic_patch_unschedulable_false_reads_back_absent(gsim: RunningTwin) -> None:
+def test_strategic_patch_unschedulable_false_reads_back_absent(gtwin: RunningTwin) -> None:
     smp = {"Content-Type": "application/strategic-merge-patch+json"}
     path = "/api/v1/nodes/gpu-pool-node-0"
-    on = raw(gsim, "PATCH", path, {"spec": {"unschedulable": True}}, smp)
+    on = raw(gtwin, "PATCH", path, {"spec": {"unschedulable": True}}, smp)
     assert on.status_code == 200 and on.json()["spec"]["unschedulable"] is True
-    off = raw(gsim, "PATCH", path, {"spec": {"unschedulable": False}}, smp)
+    off = raw(gtwin, "PATCH", path, {"spec": {"unschedulable": False}}, smp)
     assert off.status_code == 200
     assert "unschedulable" not in off.json()["spec"]
-    assert "unschedulable" not in raw(gsim, "GET", path).json()["spec"]
+    assert "unschedulable" not in raw(gtwin, "GET", path).json()["spec"]
 
 
-def test_core_event_create_answers_with_null_event_time(gsim: RunningTwin) -> None:
+def test_core_event_create_answers_with_null_event_time(gtwin: RunningTwin) -> None:
     event = {
         "apiVersion": "v1",
         "kind": "Event",
@@ -576,7 +578,7 @@ def test_core_event_create_answers_with_null_event_time(gsim: RunningTwin) -> No
         "message": "twin conformance",
         "type": "Normal",
     }
-    resp = raw(gsim, "POST", "/api/v1/namespaces/golden-errors/events", event)
+    resp = raw(gtwin, "POST", "/api/v1/namespaces/golden-errors/events", event)
     assert resp.status_code == 201, resp.text
     created = resp.json()
     # Go's omitempty does not drop zero structs: a core Event always carries these keys.
@@ -587,10 +589,10 @@ def test_core_event_create_answers_with_null_event_time(gsim: RunningTwin) -> No
 
 
 def test_unknown_field_selector_on_a_dra_resource_names_the_supported_ones(
-    gsim: RunningTwin,
+    gtwin: RunningTwin,
 ) -> None:
     resp = raw(
-        gsim,
+        gtwin,
         "GET",
         "/apis/resource.k8s.io/v1/namespaces/golden-dra/resourceclaims"
         "?fieldSelector=status.allocation%3Dx",

@@ -154,7 +154,7 @@ def test_crash_loop_backoff_sequence() -> None:
     assert waiting["reason"] == "CrashLoopBackOff"
 
 
-def test_sim_up_wiring() -> None:
+def test_twin_up_wiring() -> None:
     from twin import cli
 
     parser = argparse.ArgumentParser()

@@ -24,7 +24,7 @@ node pools / MachineDeployments -> garbage collection. Every controller writes o
 At start the manager also mounts the `/twin/...` fault, alert, API-fault and pool routes on
 the twin's API server and enables API fault injection there
 (twin/fault_routes.py `install_server_hooks`). `sickbay twin up` uses the module-level
-hooks below (`add_sim_up_arguments`, `make_clock`, `configure_twin`): --time-scale,
+hooks below (`add_twin_up_arguments`, `make_clock`, `configure_twin`): --time-scale,
 --alert-webhook/--alert-token/--alert-*, --provisioning-delay, --ignore-device-taint-rules,
 --expired-toleration-bug, --no-controllers.
 
@@ -335,7 +335,7 @@ class ControllerManager:
 # --------------------------------------------------------------------------------------------
 
 
-def add_sim_up_arguments(parser: Any) -> None:
+def add_twin_up_arguments(parser: Any) -> None:
     """Flags of `sickbay twin up` for the controllers, the clock, faults and alerts."""
     import os
 

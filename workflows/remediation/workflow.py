@@ -1,42 +1,6 @@
 """`remediate-gpu-device`: one durable remediation per physical GPU.
 
-State machine (each step a runbook knob; phases are the `SickbayPhase` search attribute):
-
-    received -> confirming --stale / application / ignore / dry-run----------------> closed
-                    | resolve-device, gather-evidence, find-consumers, classify,
-                    | pick runbook (strictest of the consumers')
-                    v
-                guarding --budget exhausted / unreachable--> escalated (once), stays open:
-                    |   retries the lease every minute (then 5 min), absorbs repeat alerts;
-                    |   ends on abort, repaired, alert resolved + Healthy -> closed,
-                    |   or a granted lease -> on to approval / quarantine; a wait of days
-                    |   continues-as-new and confirms afresh
-                    | budget lease (sickbay-budget workflow)
-                    v
-          [awaiting-approval] --rejected / timeout per runbook--> escalated / closed
-                    v
-              quarantining   DeviceTaintRule (taint: NoExecute; eviction-api: NoSchedule,
-                    |        Eviction API, NoExecute backstop after the eviction timeout)
-                    v
-                evicting --timeout--> force per policy --still there--> escalated --+
-                    v                                                              |
-         awaiting-replacement --Pending past deadline--> scaling                   |
-                    |   churn -> escalated                 | request-capacity      |
-                    |                                      | at-max / no capacity  |
-                    v                                      v  -> escalated         |
-                     v                                                              |
-               repairing   per the runbook's ladder (reset / reboot / replace), each rung |
-                    |      within the budget, after its drain; then validating: the     |
-                    |      validation Job on the device. Pass -> releasing (no hold);   |
-                    |      fail -> next rung; none left / refused -> escalated ---------+
-                    |      (repair.py; replace: the old GPU is gone -> releasing)       |
-                    v                                                              |
-                 holding <-------------------------------------------------------+
-                    | per release.mode: repaired (signal), Healthy for release.cooldown, or
-                    | either (healthy-cooldown: only the health releases, a repaired mark
-                    | is recorded)
-                    v
-                releasing (remove rule, release lease, resolve page) -> closed
+The state machine is drawn in the package docstring (workflows/remediation/__init__.py).
 
 `abort` interrupts any wait: what Sickbay did is undone (rule removed, lease released) and the
 remediation closes as `aborted`. One escalation per incident; a step that needs people returns
