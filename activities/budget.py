@@ -28,7 +28,6 @@ import random
 import time
 from typing import Any, TypeVar
 
-from temporalio import activity
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
@@ -38,6 +37,7 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.defn import defn
 from contract.budget import (
     BudgetDecision,
     BudgetDecisions,
@@ -252,7 +252,7 @@ class BudgetActivities:
             if not decided.done():
                 decided.set_result(decision)
 
-    @activity.defn(name=ACT_ACQUIRE_BUDGET)
+    @defn(ACT_ACQUIRE_BUDGET)
     async def acquire_budget_lease(self, req: BudgetLeaseRequest) -> BudgetDecision:
         decision = await self._acquire(req)
         log.info(
@@ -263,11 +263,11 @@ class BudgetActivities:
         )
         return decision
 
-    @activity.defn(name=ACT_RELEASE_BUDGET)
+    @defn(ACT_RELEASE_BUDGET)
     async def release_budget_lease(self, req: BudgetReleaseRequest) -> BudgetDecision:
         return await self._update(UPD_BUDGET_RELEASE, req)
 
-    @activity.defn(name=ACT_RECONCILE_LEASES)
+    @defn(ACT_RECONCILE_LEASES)
     async def reconcile_budget_leases(self, req: ReconcileLeasesInput) -> ReconcileLeasesResult:
         closed: list[str] = []
         for holder in req.holders:

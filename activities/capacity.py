@@ -33,6 +33,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.defn import defn
 from contract.capacity import CapacityRequest, CapacityResult, PoolScalerInput
 from contract.errors import ERR_INVALID_INPUT
 from contract.names import (
@@ -79,7 +80,7 @@ class CapacityActivities:
         scaler._cluster = settings.cluster  # pool scalers are per Sickbay cluster
         return scaler
 
-    @activity.defn(name=ACT_REQUEST_CAPACITY)
+    @defn(ACT_REQUEST_CAPACITY)
     async def request_capacity(self, req: CapacityRequest) -> CapacityResult:
         workflow_id = pool_scaler_workflow_id(req.pool.name, req.pool.cluster, self._cluster)
         start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(

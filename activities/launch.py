@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from temporalio import activity
 from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.defn import defn
 from contract.errors import ERR_INVALID_INPUT
 from contract.launch import LaunchRequest, LaunchResult
 from contract.names import (
@@ -246,7 +246,7 @@ class LaunchActivities:
         self._task_queue = task_queue
         self._cluster = cluster  # this worker's cluster: every launch is one of its devices
 
-    @activity.defn(name=ACT_CLAIM_ESCALATION)
+    @defn(ACT_CLAIM_ESCALATION)
     async def claim_escalation(self, req: EscalationClaim) -> EscalationClaimResult:
         result = await claim_escalation(self._client, self._task_queue, req)
         if result.granted:
@@ -269,7 +269,7 @@ class LaunchActivities:
             )
         return result
 
-    @activity.defn(name=ACT_SIGNAL_WITH_START)
+    @defn(ACT_SIGNAL_WITH_START)
     async def signal_with_start_remediation(self, req: LaunchRequest) -> LaunchResult:
         inp = req.remediation
         if inp.cluster and inp.cluster != self._cluster:

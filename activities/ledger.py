@@ -15,7 +15,6 @@ import random
 import time
 from typing import Any, TypeVar
 
-from temporalio import activity
 from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
@@ -27,6 +26,7 @@ from activities.budget import (
     RETRY_DEADLINE,
     is_retryable,
 )
+from activities.defn import defn
 from contract.ledger import LedgerDecision, LedgerState, RecordFailureInput, RecordRepairInput
 from contract.names import (
     ACT_RECORD_GPU_FAILURE,
@@ -105,7 +105,7 @@ class LedgerActivities:
         )
         return await handle.execute_update(update, arg, result_type=result_type)
 
-    @activity.defn(name=ACT_RECORD_GPU_FAILURE)
+    @defn(ACT_RECORD_GPU_FAILURE)
     async def record_gpu_failure(self, req: RecordFailureInput) -> LedgerDecision:
         decision = await self._update(UPD_LEDGER_FAILURE, req, LedgerDecision)
         log.info(
@@ -117,6 +117,6 @@ class LedgerActivities:
         )
         return decision
 
-    @activity.defn(name=ACT_RECORD_GPU_REPAIR)
+    @defn(ACT_RECORD_GPU_REPAIR)
     async def record_gpu_repair(self, req: RecordRepairInput) -> LedgerDecision:
         return await self._update(UPD_LEDGER_REPAIR, req, LedgerDecision)

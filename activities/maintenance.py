@@ -21,6 +21,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.defn import defn
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.devices import list_slice_devices, node_gpu_uuids, node_pool_of
 from contract.errors import ERR_INVALID_INPUT
@@ -113,7 +114,7 @@ class MaintenanceActivities:
         self._kube = kube
         self._client = client
 
-    @activity.defn(name=ACT_SELECT_DEVICES)
+    @defn(ACT_SELECT_DEVICES)
     async def select_devices(self, req: SelectDevicesInput) -> SelectedDevices:
         try:
             devices = await asyncio.to_thread(select, self._kube, req.selector)
@@ -122,7 +123,7 @@ class MaintenanceActivities:
         activity.logger.info("maintenance selector matched %d device(s)", len(devices))
         return SelectedDevices(devices=devices)
 
-    @activity.defn(name=ACT_AWAIT_REMEDIATION)
+    @defn(ACT_AWAIT_REMEDIATION)
     async def await_remediation_phase(self, req: AwaitRemediationInput) -> AwaitRemediationResult:
         handle = self._client.get_workflow_handle(req.workflow_id)
         wanted = set(req.phases)

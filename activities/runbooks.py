@@ -25,9 +25,9 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
-from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.defn import defn
 from contract.errors import ERR_RUNBOOK_INVALID
 from contract.names import ACT_LOAD_RUNBOOKS
 from contract.runbook import Runbook, RunbookSet
@@ -282,7 +282,7 @@ class RunbookActivities:
         log.info("loaded %d runbooks from %s", len(loaded.runbooks), self._dir)
         return loaded
 
-    @activity.defn(name=ACT_LOAD_RUNBOOKS)
+    @defn(ACT_LOAD_RUNBOOKS)
     def load_runbooks(self) -> RunbookSet:
         # Sync activity (file reads) on the worker's thread pool; a few ms when cached.
         try:

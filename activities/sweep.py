@@ -36,8 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from temporalio import activity
-
+from activities.defn import defn
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.health import (
     ClaimIndex,
@@ -114,7 +113,7 @@ class SweepActivities:
         self._parent_attributes = parent_uuid_attributes
         self._page_size = page_size
 
-    @activity.defn(name=ACT_SWEEP_CLUSTER)
+    @defn(ACT_SWEEP_CLUSTER)
     async def sweep_cluster(self, req: SweepClusterInput) -> SweepReport:
         # The client is blocking: run it on a thread so the worker's event loop stays free.
         try:

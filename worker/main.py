@@ -40,6 +40,7 @@ from activities.capacity import CapacityActivities
 from activities.cloud import CloudActivities
 from activities.cloud.config import CloudConfig
 from activities.cloud.machines import MachineActivities
+from activities.defn import name_of
 from activities.kube import KubeActivities
 from activities.kube.client import Kube, KubeError
 from activities.kube.repair_activities import KubeRepairActivities
@@ -59,8 +60,10 @@ from contract.names import (
     ACT_SWEEP_CLUSTER,
     ACT_WAIT_POOL_OPERATION,
     WF_BUDGET,
+    WF_GPU_LEDGER,
     WF_MAINTENANCE,
     WF_POOL_SCALER,
+    WF_REJECTIONS,
     WF_REMEDIATE,
     WF_SWEEP,
     budget_task_queue,
@@ -88,15 +91,18 @@ log = logging.getLogger(__name__)
 WARM_UP_TIMEOUT = 15.0  # seconds
 
 
-WORKFLOWS: list[type] = [
-    DeviceRemediationWorkflow,
-    BudgetWorkflow,
-    MaintenanceWorkflow,
-    RejectionsWorkflow,
-    PoolScalerWorkflow,
-    HealthSweepWorkflow,
-    GpuLedgerWorkflow,
-]
+# Every workflow type by the name it is defined with (`@workflow.defn(name=...)`; the
+# registration test holds the two together).
+WORKFLOW_NAMES: dict[type, str] = {
+    DeviceRemediationWorkflow: WF_REMEDIATE,
+    BudgetWorkflow: WF_BUDGET,
+    MaintenanceWorkflow: WF_MAINTENANCE,
+    RejectionsWorkflow: WF_REJECTIONS,
+    PoolScalerWorkflow: WF_POOL_SCALER,
+    HealthSweepWorkflow: WF_SWEEP,
+    GpuLedgerWorkflow: WF_GPU_LEDGER,
+}
+WORKFLOWS: list[type] = list(WORKFLOW_NAMES)
 
 # Activities each workflow type calls; the worker refuses to start when one is missing.
 REQUIRED: dict[str, tuple[str, ...]] = {
@@ -109,8 +115,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 
 
 def activity_name(fn: Callable[..., Any]) -> str | None:
-    defn = getattr(fn, "__temporal_activity_definition", None)
-    return defn.name if defn is not None else None
+    """The name `activities.defn.defn` recorded (every product activity is declared with it)."""
+    return name_of(fn)
 
 
 def activities_of(obj: Any) -> list[Callable[..., Any]]:
@@ -126,8 +132,7 @@ def activities_of(obj: Any) -> list[Callable[..., Any]]:
 
 
 def workflow_name(wf: type) -> str:
-    defn = getattr(wf, "__temporal_workflow_definition", None)
-    return defn.name if defn is not None and defn.name else wf.__name__
+    return WORKFLOW_NAMES[wf]
 
 
 def missing_activities(

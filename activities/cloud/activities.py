@@ -28,6 +28,7 @@ from temporalio.exceptions import ApplicationError
 from activities.cloud.base import CloudRejected, CloudUnavailable, NodePoolClient
 from activities.cloud.config import CloudConfig
 from activities.cloud.gke import GkeNodePools
+from activities.defn import defn
 from activities.outbound import ConfigError
 from contract.capacity import (
     DescribePoolInput,
@@ -168,12 +169,12 @@ class CloudActivities:
 
     # --- activities ------------------------------------------------------------------------
 
-    @activity.defn(name=ACT_DESCRIBE_POOL)
+    @defn(ACT_DESCRIBE_POOL)
     async def describe_pool(self, req: DescribePoolInput) -> PoolDescription:
         with mapped_errors(f"describe {req.pool.provider} pool {req.pool.name}"):
             return await self.provider_for(req.pool).describe(req.pool)
 
-    @activity.defn(name=ACT_SCALE_POOL)
+    @defn(ACT_SCALE_POOL)
     async def scale_pool(self, req: ScalePoolInput) -> ScalePoolResult:
         pool = req.pool
         if req.target_size > req.max_size:
@@ -238,7 +239,7 @@ class CloudActivities:
             message=f"asked {desc.current_size} -> {outcome.target_size}",
         )
 
-    @activity.defn(name=ACT_WAIT_POOL_OPERATION)
+    @defn(ACT_WAIT_POOL_OPERATION)
     async def wait_pool_operation(self, req: PoolOperationInput) -> PoolOperation:
         """One look at a resize; raises retryable ERR_STILL_WAITING while it runs, so the
         caller's retry policy is the polling loop. A failed operation is returned, not raised:

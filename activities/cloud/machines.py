@@ -66,6 +66,7 @@ from activities.cloud.base import CloudRejected, CloudUnavailable, json_of, send
 from activities.cloud.config import AksConfig, CloudConfig, GkeConfig, HttpCall, HttpProfile
 from activities.cloud.gke import GkeNodePools
 from activities.cloud.http import HttpNodePools
+from activities.defn import defn
 from activities.outbound import ConfigError
 from contract.capacity import NodePoolTarget
 from contract.errors import ERR_CLOUD_UNAVAILABLE, ERR_PROVIDER_NOT_CONFIGURED, ERR_PROVIDER_REFUSED
@@ -628,10 +629,10 @@ class MachineActivities:
         )
         return result
 
-    @activity.defn(name=ACT_REBOOT_NODE)
+    @defn(ACT_REBOOT_NODE)
     async def reboot_node(self, inp: MachineActionInput) -> MachineActionResult:
         return await self._act(inp)
 
-    @activity.defn(name=ACT_REPLACE_NODE)
+    @defn(ACT_REPLACE_NODE)
     async def replace_node(self, inp: MachineActionInput) -> MachineActionResult:
         return await self._act(inp)

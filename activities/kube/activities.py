@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.defn import defn
 from activities.kube import consumers, devices, events, evidence, nodes, quarantine, waits
 from activities.kube.client import ErrorKind, Kube, KubeError, KubeSettings, to_application_error
 from activities.kube.discovery import ClusterApis, Discovery
@@ -158,11 +159,11 @@ class KubeActivities:
 
     # -- activities -----------------------------------------------------------------------
 
-    @activity.defn(name=ACT_RESOLVE_DEVICE)
+    @defn(ACT_RESOLVE_DEVICE)
     async def resolve_device(self, inp: ResolveDeviceInput) -> ResolvedDevice:
         return await self._run(lambda: devices.resolve(self._kube, self._apis(), inp.device))
 
-    @activity.defn(name=ACT_GATHER_EVIDENCE)
+    @defn(ACT_GATHER_EVIDENCE)
     async def gather_evidence(self, inp: EvidenceInput) -> Evidence:
         # A node pod list (or claim list) loaded since this step was scheduled is as fresh as
         # the step asked for: find-consumers, scheduled with it, may have read it a moment
@@ -172,7 +173,7 @@ class KubeActivities:
             lambda: evidence.gather_evidence(self._kube, inp.device, fresh_since=fresh_since)
         )
 
-    @activity.defn(name=ACT_FIND_CONSUMERS)
+    @defn(ACT_FIND_CONSUMERS)
     async def find_consumers(self, inp: FindConsumersInput) -> ConsumersResult:
         # A claim list loaded since this step was scheduled (by gather-evidence, scheduled
         # with it) is a read from the API made after the workflow asked: used, not repeated.
@@ -181,13 +182,13 @@ class KubeActivities:
             lambda: consumers.find_consumers(self._kube, inp, fresh_since=fresh_since)
         )
 
-    @activity.defn(name=ACT_COUNT_DEVICES)
+    @defn(ACT_COUNT_DEVICES)
     async def count_devices(self, inp: CountDevicesInput) -> DeviceCounts:
         return await self._run(
             lambda: quarantine.count_devices(self._kube, self._apis(), inp.node_pool)
         )
 
-    @activity.defn(name=ACT_QUARANTINE)
+    @defn(ACT_QUARANTINE)
     async def quarantine_device(self, inp: QuarantineInput) -> QuarantineResult:
         """Rule mode when DeviceTaintRule is served and the device is a DRA device; else the
         fallback. `dry_run` -> the preview (nothing is left behind)."""
@@ -214,11 +215,11 @@ class KubeActivities:
 
         return await self._run(body)
 
-    @activity.defn(name=ACT_PREVIEW_QUARANTINE)
+    @defn(ACT_PREVIEW_QUARANTINE)
     async def preview_quarantine(self, inp: QuarantineInput) -> QuarantineResult:
         return await self._run(lambda: quarantine.preview(self._kube, self._apis(), inp))
 
-    @activity.defn(name=ACT_EVICT_PODS)
+    @defn(ACT_EVICT_PODS)
     async def evict_pods(self, inp: EvictPodsInput) -> EvictPodsResult:
         def body() -> EvictPodsResult:
             result = quarantine.evict_pods(self._kube, inp)
@@ -236,21 +237,21 @@ class KubeActivities:
         # workflow's heartbeat_timeout notices a killed worker long before start-to-close.
         return await self._run(body, heartbeat_every=EVICT_HEARTBEAT_EVERY)
 
-    @activity.defn(name=ACT_WAIT_EVICTION)
+    @defn(ACT_WAIT_EVICTION)
     async def wait_for_eviction(self, inp: WaitEvictionInput) -> EvictionReport:
         try:
             return await waits.wait_eviction(self._kube, self._executor, inp)
         except KubeError as err:
             raise to_application_error(err) from err
 
-    @activity.defn(name=ACT_WAIT_REPLACEMENT)
+    @defn(ACT_WAIT_REPLACEMENT)
     async def wait_for_replacement(self, inp: WaitReplacementInput) -> ReplacementReport:
         try:
             return await waits.wait_replacement(self._kube, self._executor, inp)
         except KubeError as err:
             raise to_application_error(err) from err
 
-    @activity.defn(name=ACT_RELEASE_QUARANTINE)
+    @defn(ACT_RELEASE_QUARANTINE)
     async def release_quarantine(self, inp: ReleaseInput) -> ReleaseResult:
         def body() -> ReleaseResult:
             result = quarantine.release(self._kube, self._apis(), inp)
@@ -259,11 +260,11 @@ class KubeActivities:
 
         return await self._run(body)
 
-    @activity.defn(name=ACT_CHECK_HEALTH)
+    @defn(ACT_CHECK_HEALTH)
     async def check_device_health(self, inp: CheckHealthInput) -> HealthResult:
         return await self._run(evidence.check_health, self._kube, inp.device)
 
-    @activity.defn(name=ACT_RECORD_EVENT)
+    @defn(ACT_RECORD_EVENT)
     async def record_event(self, inp: RecordEventInput) -> None:
         """One Event per target (workflows call it with result_type=type(None))."""
         if not inp.targets:
@@ -274,7 +275,7 @@ class KubeActivities:
         written = await self._run(events.record_events, self._kube, inp, token)
         activity.logger.info("recorded %d event(s) %s for %s", written, inp.reason, inp.workflow_id)
 
-    @activity.defn(name=ACT_CORDON)
+    @defn(ACT_CORDON)
     async def cordon_node(self, inp: CordonInput) -> CordonResult:
         if not inp.node:
             raise ApplicationError(

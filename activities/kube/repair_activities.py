@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from temporalio import activity
 
+from activities.defn import defn
 from activities.kube import repair
 from activities.kube.client import Kube, KubeError, to_application_error
 from contract.names import (
@@ -76,21 +77,21 @@ class KubeRepairActivities:
         except KubeError as err:
             raise to_application_error(err) from err
 
-    @activity.defn(name=ACT_CHECK_GPU_HOLDERS)
+    @defn(ACT_CHECK_GPU_HOLDERS)
     async def check_gpu_holders(self, inp: GpuHoldersInput) -> GpuHoldersResult:
         """Raises a retryable GpuStillHeld while anything holds the GPU(s): poll it with the
         retry policy before a reset."""
         return await self._run(repair.require_free, self._kube, inp)
 
-    @activity.defn(name=ACT_FIND_RESET_GROUP)
+    @defn(ACT_FIND_RESET_GROUP)
     async def find_reset_group(self, inp: ResetGroupInput) -> ResetGroupResult:
         return await self._run(repair.reset_group, self._kube, inp)
 
-    @activity.defn(name=ACT_FIND_DRAIN_PODS)
+    @defn(ACT_FIND_DRAIN_PODS)
     async def find_drain_pods(self, inp: DrainPodsInput) -> DrainPodsResult:
         return await self._run(repair.drain_pods, self._kube, inp)
 
-    @activity.defn(name=ACT_START_RESET_JOB)
+    @defn(ACT_START_RESET_JOB)
     async def start_reset_job(self, inp: RepairJobInput) -> RepairJobStarted:
         result = await self._run(repair.start_reset_job, self._kube, inp)
         activity.logger.info(
@@ -103,7 +104,7 @@ class KubeRepairActivities:
         )
         return result
 
-    @activity.defn(name=ACT_START_VALIDATION_JOB)
+    @defn(ACT_START_VALIDATION_JOB)
     async def start_validation_job(self, inp: ValidationJobInput) -> RepairJobStarted:
         result = await self._run(repair.start_validation_job, self._kube, inp)
         activity.logger.info(
@@ -116,17 +117,17 @@ class KubeRepairActivities:
         )
         return result
 
-    @activity.defn(name=ACT_WAIT_REPAIR_JOB)
+    @defn(ACT_WAIT_REPAIR_JOB)
     async def wait_for_repair_job(self, inp: WaitRepairJobInput) -> RepairJobOutcome:
         """Retryable StillWaiting until the Job ends: poll with the retry policy, bounded by
         the rung's timeout (schedule_to_close)."""
         return await self._run(repair.wait_repair_job, self._kube, inp)
 
-    @activity.defn(name=ACT_CLEAN_UP_REPAIR_JOB)
+    @defn(ACT_CLEAN_UP_REPAIR_JOB)
     async def clean_up_repair_job(self, inp: CleanUpRepairJobInput) -> None:
         await self._run(repair.clean_up_repair_job, self._kube, inp)
 
-    @activity.defn(name=ACT_WAIT_NODE_GPUS)
+    @defn(ACT_WAIT_NODE_GPUS)
     async def wait_for_node_gpus(self, inp: WaitNodeGpusInput) -> NodeGpusResult:
         """Retryable StillWaiting until the node (or its replacement) is Ready with its GPUs
         published: poll with the retry policy, bounded by the rung's timeout."""

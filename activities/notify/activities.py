@@ -24,6 +24,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.defn import defn
 from activities.notify.config import (
     Channel,
     ChannelsConfig,
@@ -76,7 +77,7 @@ class NotifyActivities:
     def channel_names(self) -> list[str]:
         return sorted(self._channels.channels)
 
-    @activity.defn(name=ACT_NOTIFY)
+    @defn(ACT_NOTIFY)
     async def notify(self, req: NotifyInput) -> NotifyResult:
         info = activity.info()
         earlier: list[str] = []

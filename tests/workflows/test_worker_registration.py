@@ -48,6 +48,9 @@ def test_workflows_registered_by_name() -> None:
         WF_GPU_LEDGER,
     ]
     assert len(names) == len(set(names))
+    # The worker's map holds the name each workflow is defined with (the SDK's own record).
+    for wf in worker_main.WORKFLOWS:
+        assert getattr(wf, "__temporal_workflow_definition").name == worker_main.workflow_name(wf)
 
 
 class _FakeApi:
@@ -73,6 +76,9 @@ async def test_every_required_activity_is_registered(
         time_skipping_env.client, settings, kube_activities=_kube_activities()
     )
     names = [worker_main.activity_name(a) for a in built.activities]
+    # Every activity carries its public name, the one Temporal registers it under.
+    for fn in built.activities:
+        assert worker_main.activity_name(fn) == getattr(fn, "__temporal_activity_definition").name
     assert len(names) == len(set(names)), "an activity name is registered twice"
     assert worker_main.missing_activities(worker_main.WORKFLOWS, built.activities) == {}
     worker = await worker_main.build_worker(time_skipping_env.client, settings, built=built)
