@@ -129,6 +129,7 @@ async def test_cli_install(
     monkeypatch.setenv("SICKBAY_SWEEP_INTERVAL", "2m")
     queue = f"sched-cli-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("SICKBAY_TASK_QUEUE", queue)
+    monkeypatch.setenv("SICKBAY_CLUSTER", "")  # the unnamed cluster (no record to read here)
     assert await _schedule("install") == 0
     desc = await clean.get_schedule_handle(SWEEP_SCHEDULE_ID).describe()
     assert [i.every for i in desc.schedule.spec.intervals] == [timedelta(minutes=2)]

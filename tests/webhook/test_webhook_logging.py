@@ -128,7 +128,7 @@ async def test_rejected_alerts_reach_temporal_and_sickbay_status(
         assert counts == {"missing-uuid": 2, "alertname-not-configured": 1}
         address = dev_env.client.service_client.config.target_host
         code = await asyncio.to_thread(
-            cli_main, ["status", "--address", address, "--task-queue", queue]
+            cli_main, ["status", "--address", address, "--task-queue", queue, "--cluster", ""]
         )
         out = capsys.readouterr().out
     assert code == 0

@@ -88,14 +88,14 @@ def repair_activities(world: FakeWorld, script: RepairScript) -> list[Callable[.
         calls.append((ACT_START_RESET_JOB, req))
         name = f"sickbay-reset-{req.attempt}"
         jobs[name] = "reset"
-        return RepairJobStarted(namespace="sickbay-system", job_name=name, created=True)
+        return RepairJobStarted(namespace="sickbay", job_name=name, created=True)
 
     @fake_of(KubeRepairActivities.start_validation_job)
     async def start_validation_job(req: ValidationJobInput) -> RepairJobStarted:
         calls.append((ACT_START_VALIDATION_JOB, req))
         name = f"sickbay-validate-{req.attempt}"
         jobs[name] = "validation"
-        return RepairJobStarted(namespace="sickbay-system", job_name=name, created=True)
+        return RepairJobStarted(namespace="sickbay", job_name=name, created=True)
 
     @fake_of(KubeRepairActivities.wait_for_repair_job)
     async def wait_for_repair_job(req: WaitRepairJobInput) -> RepairJobOutcome:
