@@ -87,7 +87,7 @@ def section(h: dict[str, Any]) -> list[str]:
         for name, s in h["scenarios"].items()
     ]
     return [
-        "## Human actions in the repair scenario",
+        "## 8. Human actions in the repair scenario",
         "",
         "`bench/human_actions.py`: `sickbay demo --scenario repair` on the embedded stack "
         f"(twin x{h.get('time_scale', 60):g}, shipped ladder and lemons on): Xid 48 -> reset -> "

@@ -80,7 +80,7 @@ def summary_rows(r: dict[str, Any]) -> list[str]:
 
 def section(r: dict[str, Any]) -> list[str]:
     out = [
-        "## Closed-loop repair: failure -> validated release",
+        "## 7. Closed-loop repair: failure -> validated release",
         "",
         f"`bench/repair.py`: {r['rounds']} rounds on a 1-node x 2-GPU twin (x{r['time_scale']:g}, "
         "demo runbooks with the shipped ladder on); each round Xid 48 (reset, validation) and "
