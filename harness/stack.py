@@ -359,8 +359,8 @@ def demo_runbooks(
             changes.append(
                 f"{name}: repair ladder off (shipped: on); `--scenario repair` turns it on"
             )
-        if not lemons and "lemons" in spec:
-            spec["lemons"] = {**spec["lemons"], "enabled": False}
+        if not lemons:  # a runbook without the block has the knob on by default
+            spec["lemons"] = {**(spec.get("lemons") or {}), "enabled": False}
             changes.append(f"{name}: lemons off (shipped: on): no GPU is retired")
         if name == "inference":
             spec["budget"] = {
