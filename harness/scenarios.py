@@ -529,7 +529,7 @@ class Demo:
         )
         await ledger.execute_update(
             GpuLedgerWorkflow.unretire,
-            UnretireRequest(gpu_uuid=gpu_uuid, reason=reason, actor="sickbay-demo"),
+            UnretireRequest(gpu_uuid=gpu_uuid, reason=reason, actor="sickbay-demo cleanup"),
         )
 
     async def closed(self, incident: Incident, within: float = STEP_TIMEOUT) -> RemediationResult:
@@ -582,6 +582,16 @@ class Demo:
         finally:
             self._cleaning = False
 
+    async def _unretired(self, incident: Incident) -> None:
+        """Wait for the ledger's un-retire notice to reach the remediation (the update returns
+        before its signal lands), so a repair mark sent next is not merely noted."""
+
+        async def probe() -> bool:
+            st = await self.status(incident.workflow_id)
+            return "un-retire" not in st.awaiting
+
+        await self.until(f"{incident.workflow_id} to hear of the un-retire", probe)
+
     async def _cleanup(self, ns: str | None) -> None:
         for fault in (await self.k("GET", "/twin/faults"))["items"]:
             await self.k(
@@ -598,6 +608,7 @@ class Demo:
                             await self.unretire(
                                 incident.device.split("/")[-1], reason="demo scenario finished"
                             )
+                            await self._unretired(incident)
                         await self.repaired(incident, actor="sickbay-demo cleanup")
                     else:  # mid-wait (e.g. a Pending deadline): undo and close
                         await self.abort(incident, reason="demo scenario finished")
