@@ -20,9 +20,15 @@ deadline and raises `DemoFailure` naming what did not happen.
               node) and escalates
     watch     no Alertmanager and no sweep: the health watcher sees the pod's device turn
               Unhealthy in the API and starts the remediation within seconds
+    repair    the shipped repair ladder, no human step: Xid 48 -> reset -> validation ->
+              released; Xid 79 -> reboot -> validation -> released; the same GPU failing
+              again until its third failure in the window retires it (one RMA page)
+    lemon     the repair scenario's lemon part alone
 
 Every scenario leaves the stack as it found it (faults recovered, remediations closed,
-namespace deleted), so tests can run several on one stack.
+namespace deleted), so tests can run several on one stack. What a person would do (a
+`repaired` or `abort` signal, an approval, an un-retire) goes through `Demo`, which counts it:
+`Demo.people` for a scenario's own steps, `Demo.cleanup_people` for the clean-up's.
 """
 
 from __future__ import annotations
@@ -125,8 +131,14 @@ class Demo:
     say: Progress
     incidents: list[Incident] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
+    # What a person would have done, as sent by the scenario ("repaired <workflow id>", ...):
+    # `people` by a scenario's own steps, `cleanup_people` by `cleanup` leaving the stand as
+    # found (a repair mark, an abort, an un-retire). A no-human scenario leaves `people` empty.
+    people: list[str] = field(default_factory=list)
+    cleanup_people: list[str] = field(default_factory=list)
     _watchers: list[asyncio.Task[None]] = field(default_factory=list)
     _earlier_run: dict[str, str] = field(default_factory=dict)
+    _cleaning: bool = False
 
     @classmethod
     async def open(cls, stack: Stack, say: Progress | None = None) -> Demo:
@@ -491,10 +503,34 @@ class Demo:
         wanted = " or ".join(sorted(p.value for p in phases))
         return await self.until(f"{incident.workflow_id} to reach {wanted}", probe, within)
 
+    def person(self, action: str) -> None:
+        """Count one action a person would take (a signal or update the scenario sends)."""
+        (self.cleanup_people if self._cleaning else self.people).append(action)
+
     async def repaired(self, incident: Incident, actor: str = "sickbay-demo") -> None:
+        self.person(f"repaired {incident.workflow_id}")
         await self.handle(incident.workflow_id).signal(
             DeviceRemediationWorkflow.repaired,
             RepairedRequest(actor=actor, note="GPU replaced (demo)"),
+        )
+
+    async def abort(self, incident: Incident, reason: str) -> None:
+        self.person(f"abort {incident.workflow_id}")
+        await self.handle(incident.workflow_id).signal(
+            DeviceRemediationWorkflow.abort, AbortRequest(reason=reason, actor="sickbay-demo")
+        )
+
+    async def unretire(self, gpu_uuid: str, reason: str) -> None:
+        """`sickbay gpus unretire`: the ledger lets the GPU's remediation release it."""
+        assert self.stack.info is not None
+        self.person(f"unretire {gpu_uuid}")
+        ledger = self.client.get_workflow_handle_for(
+            GpuLedgerWorkflow.run,
+            ledger_workflow_id(self.stack.info.task_queue, self.stack.info.cluster),
+        )
+        await ledger.execute_update(
+            GpuLedgerWorkflow.unretire,
+            UnretireRequest(gpu_uuid=gpu_uuid, reason=reason, actor="sickbay-demo cleanup"),
         )
 
     async def closed(self, incident: Incident, within: float = STEP_TIMEOUT) -> RemediationResult:
@@ -539,7 +575,25 @@ class Demo:
         await self.cleanup(ns)
 
     async def cleanup(self, ns: str | None = None) -> None:
-        """Recover every fault, release open remediations, delete the namespace."""
+        """Recover every fault, release open remediations (un-retiring a retired GPU first),
+        delete the namespace. What it sends counts in `cleanup_people`, not `people`."""
+        self._cleaning = True
+        try:
+            await self._cleanup(ns)
+        finally:
+            self._cleaning = False
+
+    async def _unretired(self, incident: Incident) -> None:
+        """Wait for the ledger's un-retire notice to reach the remediation (the update returns
+        before its signal lands), so a repair mark sent next is not merely noted."""
+
+        async def probe() -> bool:
+            st = await self.status(incident.workflow_id)
+            return "un-retire" not in st.awaiting
+
+        await self.until(f"{incident.workflow_id} to hear of the un-retire", probe)
+
+    async def _cleanup(self, ns: str | None) -> None:
         for fault in (await self.k("GET", "/twin/faults"))["items"]:
             await self.k(
                 "POST", "/twin/faults/recover", {"node": fault["node"], "gpu": fault["gpu_uuid"]}
@@ -551,12 +605,14 @@ class Demo:
                 if desc.status == WorkflowExecutionStatus.RUNNING:
                     st = await self.status(incident.workflow_id)
                     if st.phase is Phase.HOLDING:
+                        if "un-retire" in st.awaiting:  # a lemon: held until un-retired
+                            await self.unretire(
+                                incident.device.split("/")[-1], reason="demo scenario finished"
+                            )
+                            await self._unretired(incident)
                         await self.repaired(incident, actor="sickbay-demo cleanup")
                     else:  # mid-wait (e.g. a Pending deadline): undo and close
-                        await self.handle(incident.workflow_id).signal(
-                            DeviceRemediationWorkflow.abort,
-                            AbortRequest(reason="demo scenario finished", actor="sickbay-demo"),
-                        )
+                        await self.abort(incident, reason="demo scenario finished")
                 await self.closed(incident)
         if ns:
             await self.delete_namespace(ns)
@@ -872,61 +928,6 @@ async def _pages(demo: Demo, since: int, workflow_id: str) -> list[dict[str, Any
     ]
 
 
-# The shipped runbooks' lemons knob: a GPU failing this often within the window is retired.
-LEMON_FAILURES = 3
-
-
-async def lemon_gpu(demo: Demo) -> None:
-    """A GPU failing for the third time in the lemons window is retired: it stays quarantined
-    and one page asks for an RMA with its history. Until the repair ladder releases repaired
-    GPUs by itself, the first two failures are released by a repair mark here (the human
-    actions this scenario still counts); the retirement and its page need nobody."""
-    say = demo.say
-    ns = _ns("lemon")
-    assert demo.stack.info is not None
-    ledger = demo.client.get_workflow_handle_for(
-        GpuLedgerWorkflow.run,
-        ledger_workflow_id(demo.stack.info.task_queue, demo.stack.info.cluster),
-    )
-    async with demo.scene(ns):
-        say(f"a service {ns}/model; its GPU keeps failing with Xid 48 (ECC)", tag="lemon")
-        await demo.namespace(ns)
-        await demo.deployment(ns, "model")
-        [(_pod, device)] = await demo.running(ns, "model")
-        gpu = await demo.gpu(device)
-        sent = len(await demo.notifications())
-        for n in range(1, LEMON_FAILURES + 1):
-            await demo.fail(gpu, xid=48)
-            incident = await demo.incident(gpu, f"failure {n} of the same GPU")
-            st = await demo.phase(incident, {Phase.HOLDING})
-            recorded = [e for e in await demo.timeline(incident) if "retired" in e.action]
-            if recorded:
-                break
-            demo.check(f"failure {n}: quarantined, counted in the GPU ledger")
-            await demo.recover(gpu)
-            await demo.repaired(incident)  # a human action (the repair ladder's job later)
-            await demo.closed(incident)
-        if st.escalation_reason != "gpu-retired" or "un-retire" not in st.awaiting:
-            raise DemoFailure(f"the GPU was not retired: {st.escalation_reason} {st.awaiting}")
-        demo.check(f"failure {n}: retired (a lemon): held until un-retired, never auto-released")
-        pages = [
-            x["body"]
-            for x in await demo.notifications(since=sent)
-            if x["kind"] == "pagerduty" and x["body"].get("event_action") == "trigger"
-        ]
-        if len(pages) != 1 or "RMA" not in pages[0]["payload"]["summary"]:
-            raise DemoFailure(f"expected one RMA page, got {len(pages)}")
-        demo.check("one page asks for an RMA with the GPU's history")
-        # Leave the stand as found: a person un-retires it (reason recorded), so it releases.
-        await ledger.execute_update(
-            GpuLedgerWorkflow.unretire,
-            UnretireRequest(gpu_uuid=gpu["uuid"], reason="demo finished", actor="sickbay-demo"),
-        )
-        await demo.recover(gpu)
-        await demo.repaired(incident)
-        await demo.closed(incident)
-
-
 async def application_xid(demo: Demo) -> None:
     say = demo.say
     ns = _ns("app")
@@ -1039,24 +1040,40 @@ async def watch_detection(demo: Demo) -> None:
         await demo.k("PUT", "/twin/alerts", {"url": receiver})
 
 
+HUMAN_ACTIONS = ("marked repaired", "approved", "rejected", "abort requested", "GPU un-retired")
+
+
+def _people_in(entries: list[TimelineEntry]) -> list[TimelineEntry]:
+    """Timeline entries a person caused (a repair mark, approval, abort, un-retire)."""
+    return [e for e in entries if e.action in HUMAN_ACTIONS]
+
+
 async def _repaired_without_people(
-    demo: Demo, ns: str, app: str, xid: int, rung: str, part: str
+    demo: Demo,
+    ns: str,
+    app: str,
+    xid: int,
+    rung: str,
+    part: str,
+    gpu: dict[str, Any] | None = None,
 ) -> RemediationResult:
-    """One GPU of `app` fails with `xid`; the ladder repairs it and validation releases it."""
-    [(pod, device)] = await demo.running(ns, app)
-    gpu = await demo.gpu(device)
-    demo.say(f"GPU {gpu['index']} ({gpu['uuid']}) under {pod['metadata']['name']}: Xid {xid}")
+    """A GPU fails with `xid` (the one under `app`'s pod unless `gpu` is given); the ladder's
+    `rung` repairs it and validation releases it, nobody acting."""
+    if gpu is None:
+        [(pod, device)] = await demo.running(ns, app)
+        gpu = await demo.gpu(device)
+        demo.say(f"GPU {gpu['index']} ({gpu['uuid']}) under {pod['metadata']['name']}: Xid {xid}")
+    else:
+        demo.say(f"GPU {gpu['index']} ({gpu['uuid']}) again: Xid {xid}")
     await demo.fail(gpu, xid=xid)
     incident = await demo.incident(gpu, part)
     result = await demo.closed(incident, within=REPAIR_TIMEOUT)
     if result.outcome != "released" or f"{rung} repaired it" not in result.reason:
         raise DemoFailure(f"{part}: closed {result.outcome}: {result.reason}")
-    entries = await demo.timeline(incident)
-    human = ("marked repaired", "approved", "rejected", "abort requested")
-    people = [e for e in entries if e.action in human]
+    people = _people_in(result.timeline)
     if people:
         raise DemoFailure(f"{part}: a person acted: {people[0].action} by {people[0].actor}")
-    ladder = next((e for e in entries if e.action == "repair ladder"), None)
+    ladder = next((e for e in result.timeline if e.action == "repair ladder"), None)
     if ladder is not None:
         demo.check(f"ladder {ladder.outcome}" + (f" ({ladder.reason})" if ladder.reason else ""))
     demo.check(f"{rung}, then validation: {result.status.validation}")
@@ -1064,8 +1081,74 @@ async def _repaired_without_people(
     return result
 
 
-# Parts of the repair scenario, played in order on one stand; a later part (e.g. the lemon
-# ledger's retirement) appends its own (demo, namespace, app) coroutine here.
+# The shipped runbooks' lemons knob: a GPU failing this often within the window is retired.
+LEMON_FAILURES = 3
+
+
+async def _lemon_without_people(demo: Demo, ns: str, app: str) -> Incident:
+    """The GPU under `app`'s pod keeps failing with Xid 48: each failure the ledger counts
+    under `LEMON_FAILURES` is repaired by the ladder (reset, validation, released); the one
+    that reaches it retires the GPU: held until un-retired, no rung run, one RMA page. Earlier
+    parts' failures of the same GPU count too (the ledger's window spans the whole stand)."""
+    [(pod, device)] = await demo.running(ns, app)
+    gpu = await demo.gpu(device)
+    demo.say(
+        f"GPU {gpu['index']} ({gpu['uuid']}) under {pod['metadata']['name']} keeps failing "
+        "with Xid 48 (ECC)",
+        tag="lemon",
+    )
+    sent = len(await demo.notifications())
+    for n in range(1, LEMON_FAILURES + 1):
+        await demo.fail(gpu, xid=48)
+        incident = await demo.incident(gpu, f"the same GPU failing again ({n})")
+
+        async def counted(incident: Incident = incident) -> TimelineEntry | None:
+            entries = await demo.timeline(incident)
+            return next(
+                (e for e in entries if e.action in ("failure recorded", "GPU retired")), None
+            )
+
+        recorded = await demo.until(f"failure {n} of {gpu['uuid']} in the GPU ledger", counted)
+        if recorded.action == "GPU retired":
+
+            async def held(incident: Incident = incident) -> RemediationStatus | None:
+                st = incident.status
+                held = st is not None and st.phase is Phase.HOLDING and "un-retire" in st.awaiting
+                return st if held else None
+
+            st = await demo.until("the retired GPU held until un-retired", held, REPAIR_TIMEOUT)
+            entries = await demo.timeline(incident)
+            break
+        demo.check(f"failure counted: {recorded.outcome}; the ladder repairs it")
+        result = await demo.closed(incident, within=REPAIR_TIMEOUT)
+        if result.outcome != "released" or "reset repaired it" not in result.reason:
+            raise DemoFailure(f"failure {n}: closed {result.outcome}: {result.reason}")
+        if _people_in(result.timeline):
+            raise DemoFailure(f"failure {n}: a person acted")
+        demo.check(f"reset, then validation: {result.status.validation}; released")
+    else:
+        raise DemoFailure(f"{gpu['uuid']} failed {LEMON_FAILURES} times and was not retired")
+    if not recorded.outcome.startswith(f"{LEMON_FAILURES} of {LEMON_FAILURES}"):
+        raise DemoFailure(f"retired at the wrong count: {recorded.outcome}")
+    if st.escalation_reason != "gpu-retired" or "un-retire" not in st.awaiting:
+        raise DemoFailure(f"the GPU was not held retired: {st.escalation_reason} {st.awaiting}")
+    if not any(e.action == "repair skipped" for e in entries):
+        raise DemoFailure("the repair ladder was not skipped for the retired GPU")
+    demo.check(f"retired (a lemon, {recorded.outcome}): held until un-retired, no repair rung")
+    pages = [
+        x["body"]
+        for x in await demo.notifications(since=sent)
+        if x["kind"] == "pagerduty" and x["body"].get("event_action") == "trigger"
+    ]
+    if len(pages) != 1 or "RMA" not in pages[0]["payload"]["summary"]:
+        said = [p["payload"]["summary"][:200] for p in pages]
+        raise DemoFailure(f"expected one RMA page, got {len(pages)}: {said}")
+    demo.check("one page asks for an RMA with the GPU's history; nobody else was paged")
+    return incident
+
+
+# Parts of the repair scenario, played in order on one stand, each a (demo, namespace, app)
+# coroutine; none needs a person (the scenario's clean-up un-retires the lemon at the end).
 REPAIR_PARTS: list[Callable[[Demo, str, str], Awaitable[object]]] = [
     lambda demo, ns, app: _repaired_without_people(
         demo, ns, app, 48, "reset", "Xid 48 -> reset -> validation"
@@ -1073,17 +1156,30 @@ REPAIR_PARTS: list[Callable[[Demo, str, str], Awaitable[object]]] = [
     lambda demo, ns, app: _repaired_without_people(
         demo, ns, app, 79, "reboot", "Xid 79 -> reset not applicable -> reboot -> validation"
     ),
+    _lemon_without_people,
 ]
 
 
-async def repair_ladder(demo: Demo) -> None:
-    ns = _ns("repair")
+async def _play(
+    demo: Demo, prefix: str, parts: list[Callable[[Demo, str, str], Awaitable[object]]]
+) -> None:
+    ns = _ns(prefix)
     async with demo.scene(ns):
-        demo.say(f"an inference Deployment {ns}/llm; the shipped repair ladder is on", tag="repair")
+        demo.say(f"an inference Deployment {ns}/llm; the shipped repair ladder is on", tag=prefix)
         await demo.namespace(ns)
         await demo.deployment(ns, "llm")
-        for part in REPAIR_PARTS:
+        for part in parts:
             await part(demo, ns, "llm")
+
+
+async def repair_ladder(demo: Demo) -> None:
+    await _play(demo, "repair", REPAIR_PARTS)
+
+
+async def lemon_gpu(demo: Demo) -> None:
+    """The repair scenario's lemon part alone: on a fresh stand two failures repaired by the
+    ladder, the third retires the GPU (one RMA page); no human step."""
+    await _play(demo, "lemon", [_lemon_without_people])
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -1098,11 +1194,16 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("watch", "detection by watch: no alert, no sweep", watch_detection, watch=True),
         Scenario(
             "repair",
-            "closed-loop repair: reset, reboot, validated release, no human step",
+            "closed-loop repair: reset, reboot, validated release, a lemon retired, no human step",
             repair_ladder,
             repair=True,
         ),
-        Scenario("lemon", "a GPU failing for the third time is retired: one RMA page", lemon_gpu),
+        Scenario(
+            "lemon",
+            "a GPU failing for the third time is retired: one RMA page, no human step",
+            lemon_gpu,
+            repair=True,
+        ),
     )
 }
 

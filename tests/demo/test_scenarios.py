@@ -10,14 +10,10 @@
 - churn: the scheduler ignores DeviceTaintRules -> replacements land on the tainted device
   again -> the node is cordoned (replacement.onChurn default) and the escalation (reason
   `churn`, page delivered) says so; after the release no node is left cordoned;
-- lemon: one GPU fails (Xid 48) until its third failure in the window -> retired: held with
-  `gpu-retired`, exactly one PagerDuty trigger asking for an RMA with the ledger history (three
-  Xid 48 failures); the earlier incidents paged nobody; un-retired, it is released.
+(the lemon scenario needs the repair ladder: tests/demo/test_repair_scenario.py)
 """
 
 from __future__ import annotations
-
-import re
 
 import pytest
 
@@ -25,7 +21,6 @@ from harness.scenarios import (
     Demo,
     application_xid,
     budget_exhausted,
-    lemon_gpu,
     scheduler_churn,
     training_job,
 )
@@ -88,25 +83,3 @@ async def test_scheduler_ignoring_taints_churn(demo: Demo) -> None:
     assert "cordoning node" in pages[0]["payload"]["summary"]
     nodes = (await demo.k("GET", "/api/v1/nodes"))["items"]
     assert not [n for n in nodes if (n.get("spec") or {}).get("unschedulable")]
-
-
-async def test_lemon_gpu_is_retired_with_one_rma_page(demo: Demo) -> None:
-    before, sent = len(demo.incidents), len(await demo.notifications())
-    await lemon_gpu(demo)
-    incidents = demo.incidents[before:]
-    assert len({i.workflow_id for i in incidents}) == 1  # one GPU, several incidents
-    retired = incidents[-1]
-    assert retired.result is not None
-    assert retired.result.status.escalation_reason == "gpu-retired"
-    assert any(e.action == "GPU un-retired" for e in retired.result.timeline)
-    assert all(i.result is not None and i.result.outcome == "released" for i in incidents[:-1])
-    triggers = [
-        n["body"]
-        for n in await demo.notifications(since=sent)
-        if n["kind"] == "pagerduty" and n["body"]["event_action"] == "trigger"
-    ]
-    [page] = triggers
-    summary = page["payload"]["summary"]
-    # The ledger's history: three failures (each with its date), then the retirement.
-    assert "RMA" in summary and len(re.findall(r"\d\d:\d\d failure", summary)) == 3
-    assert "3 failures within 7d" in summary

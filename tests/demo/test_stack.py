@@ -281,3 +281,19 @@ def test_demo_runbooks_repair_off_unless_asked(tmp_path: Path) -> None:
     assert demo_on["inference"].spec.repair.reset.xids == [48, 94, 95]
     assert not demo_on["maintenance"].spec.repair.enabled  # maintenance never repairs
     assert not any("repair ladder off" in line for line in on)
+
+
+def test_demo_runbooks_lemons_on_unless_turned_off(tmp_path: Path) -> None:
+    """The shipped lemons knob stays on in the demo (the repair scenario retires a lemon);
+    bench/repair.py, failing the same two GPUs every round, turns it off, and it says so."""
+    kept = demo_runbooks(tmp_path / "kept", 30, None, repair=True)
+    off = demo_runbooks(tmp_path / "off", 30, None, repair=True, lemons=False)
+    shipped = {r.name: r for r in load_dir(PACKAGED_RUNBOOKS).runbooks}
+    demo_kept = {r.name: r for r in load_dir(tmp_path / "kept").runbooks}
+    demo_off = {r.name: r for r in load_dir(tmp_path / "off").runbooks}
+    assert shipped["inference"].spec.lemons.enabled
+    assert all(r.spec.lemons == shipped[name].spec.lemons for name, r in demo_kept.items())
+    assert not any("lemons off" in line for line in kept)
+    assert not any(r.spec.lemons.enabled for r in demo_off.values())
+    assert demo_off["inference"].spec.lemons.failures == shipped["inference"].spec.lemons.failures
+    assert any("inference: lemons off" in line for line in off)

@@ -286,6 +286,8 @@ async def _retire_then_unretire(env, client, world, ledger, worker):
     assert status.escalation_reason == "gpu-retired"
     [page] = _pages(world)
     assert page.incident.reason == "gpu-retired" and "RMA" in page.incident.summary
+    # The ask leads: a PagerDuty summary is cut at 1024 characters, a long history is not.
+    assert "retired as a lemon: RMA it (" in page.incident.summary[:200]
     assert page.incident.summary.count("failure Xid 48") == 3  # the ledger's history
     # Neither a repaired mark, a Healthy cool-down nor a repeat alert releases or pages: the
     # retired hold runs no health-check timer at all (a hold in release mode `either` starts

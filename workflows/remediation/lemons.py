@@ -111,10 +111,12 @@ def rma(r: Remediation, ended: Escalation | None) -> Escalation | None:
     s, decision = r.s, r.s.lemon
     if not s.retired or decision is None or not decision.rma_due or s.escalated:
         return ended
-    ask = f"retired as a lemon ({rma_history(decision)}); RMA it"
+    # The ask leads, the history follows: a page's summary is cut at 1024 characters (PagerDuty
+    # Events v2), and a history with the ladder's repairs in it can be longer than that.
+    ask, history = "retired as a lemon: RMA it", rma_history(decision)
     if ended is None:
-        return Escalation("gpu-retired", ask)
-    return Escalation(ended.reason, f"{ended.summary}; {ask}")
+        return Escalation("gpu-retired", f"{ask} ({history})")
+    return Escalation(ended.reason, f"{ask}; {ended.summary} ({history})")
 
 
 def rma_history(decision: LedgerDecision) -> str:
