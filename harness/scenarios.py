@@ -115,7 +115,7 @@ class Progress:
 
 
 @dataclass
-class Incident:
+class WatchedRemediation:
     workflow_id: str
     device: str
     title: str
@@ -129,7 +129,7 @@ class Demo:
     client: Client
     kube: httpx.AsyncClient
     say: Progress
-    incidents: list[Incident] = field(default_factory=list)
+    incidents: list[WatchedRemediation] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
     # What a person would have done, as sent by the scenario ("repaired <workflow id>", ...):
     # `people` by a scenario's own steps, `cleanup_people` by `cleanup` leaving the stand as
@@ -447,7 +447,7 @@ class Demo:
     async def status(self, workflow_id: str) -> RemediationStatus:
         return await self.handle(workflow_id).query(DeviceRemediationWorkflow.status)
 
-    async def incident(self, gpu: dict[str, Any], title: str) -> Incident:
+    async def incident(self, gpu: dict[str, Any], title: str) -> WatchedRemediation:
         """Wait for the device's remediation to exist and follow its phases on screen."""
         wf_id = self.workflow_id(gpu)
 
@@ -458,12 +458,12 @@ class Demo:
             return desc.workflow_type == WF_REMEDIATE and desc.run_id != earlier
 
         await self.until(f"remediation {wf_id} to start", probe)
-        incident = Incident(wf_id, f"{gpu['node']}/{gpu['uuid']}", title)
+        incident = WatchedRemediation(wf_id, f"{gpu['node']}/{gpu['uuid']}", title)
         self.incidents.append(incident)
         self._watchers.append(asyncio.create_task(self._watch(incident)))
         return incident
 
-    async def _watch(self, incident: Incident) -> None:
+    async def _watch(self, incident: WatchedRemediation) -> None:
         """The one poller of a remediation's `status` query: prints each phase change with
         what it waits for, and caches the status for `phase()` (one query per POLL, however
         many steps wait on it, so a busy workflow is not flooded with queries)."""
@@ -487,7 +487,7 @@ class Demo:
             await asyncio.sleep(POLL)
 
     async def phase(
-        self, incident: Incident, phases: set[Phase], within: float = STEP_TIMEOUT
+        self, incident: WatchedRemediation, phases: set[Phase], within: float = STEP_TIMEOUT
     ) -> RemediationStatus:
         async def probe() -> RemediationStatus | None:
             st = incident.status
@@ -507,14 +507,14 @@ class Demo:
         """Count one action a person would take (a signal or update the scenario sends)."""
         (self.cleanup_people if self._cleaning else self.people).append(action)
 
-    async def repaired(self, incident: Incident, actor: str = "sickbay-demo") -> None:
+    async def repaired(self, incident: WatchedRemediation, actor: str = "sickbay-demo") -> None:
         self.person(f"repaired {incident.workflow_id}")
         await self.handle(incident.workflow_id).signal(
             DeviceRemediationWorkflow.repaired,
             RepairedRequest(actor=actor, note="GPU replaced (demo)"),
         )
 
-    async def abort(self, incident: Incident, reason: str) -> None:
+    async def abort(self, incident: WatchedRemediation, reason: str) -> None:
         self.person(f"abort {incident.workflow_id}")
         await self.handle(incident.workflow_id).signal(
             DeviceRemediationWorkflow.abort, AbortRequest(reason=reason, actor="sickbay-demo")
@@ -533,7 +533,9 @@ class Demo:
             UnretireRequest(gpu_uuid=gpu_uuid, reason=reason, actor="sickbay-demo cleanup"),
         )
 
-    async def closed(self, incident: Incident, within: float = STEP_TIMEOUT) -> RemediationResult:
+    async def closed(
+        self, incident: WatchedRemediation, within: float = STEP_TIMEOUT
+    ) -> RemediationResult:
         handle = self.client.get_workflow_handle(
             incident.workflow_id, result_type=RemediationResult
         )
@@ -547,7 +549,7 @@ class Demo:
         incident.result = result
         return result
 
-    async def timeline(self, incident: Incident) -> list[TimelineEntry]:
+    async def timeline(self, incident: WatchedRemediation) -> list[TimelineEntry]:
         """The workflow's `timeline` query (answered by the worker, closed runs too); the
         result's copy if the query cannot be answered."""
         try:
@@ -583,7 +585,7 @@ class Demo:
         finally:
             self._cleaning = False
 
-    async def _unretired(self, incident: Incident) -> None:
+    async def _unretired(self, incident: WatchedRemediation) -> None:
         """Wait for the ledger's un-retire notice to reach the remediation (the update returns
         before its signal lands), so a repair mark sent next is not merely noted."""
 
@@ -647,11 +649,11 @@ class SeedState:
     pod: str = ""  # the first pod, on the first GPU
     device: str = ""  # its device
     gpu1: dict[str, Any] = field(default_factory=dict)
-    first: Incident | None = None
+    first: WatchedRemediation | None = None
     replacement: str = ""  # the pod on the second GPU
     device2: str = ""
     gpu2: dict[str, Any] = field(default_factory=dict)
-    second: Incident | None = None
+    second: WatchedRemediation | None = None
     new_nodes: list[str] = field(default_factory=list)
     device3: str = ""  # the replacement's device on the new node
 
@@ -1085,7 +1087,7 @@ async def _repaired_without_people(
 LEMON_FAILURES = 3
 
 
-async def _lemon_without_people(demo: Demo, ns: str, app: str) -> Incident:
+async def _lemon_without_people(demo: Demo, ns: str, app: str) -> WatchedRemediation:
     """The GPU under `app`'s pod keeps failing with Xid 48: each failure the ledger counts
     under `LEMON_FAILURES` is repaired by the ladder (reset, validation, released); the one
     that reaches it retires the GPU: held until un-retired, no rung run, one RMA page. Earlier
@@ -1102,7 +1104,7 @@ async def _lemon_without_people(demo: Demo, ns: str, app: str) -> Incident:
         await demo.fail(gpu, xid=48)
         incident = await demo.incident(gpu, f"the same GPU failing again ({n})")
 
-        async def counted(incident: Incident = incident) -> TimelineEntry | None:
+        async def counted(incident: WatchedRemediation = incident) -> TimelineEntry | None:
             entries = await demo.timeline(incident)
             return next(
                 (e for e in entries if e.action in ("failure recorded", "GPU retired")), None
@@ -1111,7 +1113,7 @@ async def _lemon_without_people(demo: Demo, ns: str, app: str) -> Incident:
         recorded = await demo.until(f"failure {n} of {gpu['uuid']} in the GPU ledger", counted)
         if recorded.action == "GPU retired":
 
-            async def held(incident: Incident = incident) -> RemediationStatus | None:
+            async def held(incident: WatchedRemediation = incident) -> RemediationStatus | None:
                 st = incident.status
                 held = st is not None and st.phase is Phase.HOLDING and "un-retire" in st.awaiting
                 return st if held else None
@@ -1208,7 +1210,7 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-def ui_links(stack: Stack, incidents: list[Incident]) -> list[str]:
+def ui_links(stack: Stack, incidents: list[WatchedRemediation]) -> list[str]:
     info = stack.info
     assert info is not None
     if not info.ui_url:

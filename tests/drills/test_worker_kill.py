@@ -65,7 +65,7 @@ from contract.names import (
     WF_REMEDIATE,
 )
 from contract.remediation import Phase, RemediationStatus
-from harness.scenarios import Demo, Incident
+from harness.scenarios import Demo, WatchedRemediation
 from tests.drills.conftest import Drill, closed, drill_stack, history_facts, run_count
 from workflows.remediation import DeviceRemediationWorkflow
 
@@ -447,9 +447,9 @@ async def test_one_sigkill_at_every_phase_boundary(tmp_path: Path) -> None:
             )
 
 
-def _incident(workflow_id: str) -> Incident:
+def _incident(workflow_id: str) -> WatchedRemediation:
     """What Demo.repaired / conftest.closed need (no phase watcher: the drill polls itself)."""
-    return Incident(workflow_id, device="", title="")
+    return WatchedRemediation(workflow_id, device="", title="")
 
 
 def _hit(d: Drill, rule_id: int) -> Any:
