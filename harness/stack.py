@@ -429,7 +429,8 @@ class StackConfig:
     # other scenarios (and the tests on this stack) play the hold-and-release procedure.
     repair: bool = False
     # The shipped lemons knob (retire a GPU failing 3 times in 7d). Off only where a GPU is
-    # failed over and over on purpose: bench/repair.py's rung timings.
+    # failed over and over on purpose: bench/repair.py's rung timings and the tests' shared
+    # stack (tests/demo/conftest.py), where each scenario fails the same two GPUs again.
     lemons: bool = True
     task_queue: str = DEFAULT_TASK_QUEUE
     namespace: str = DEFAULT_NAMESPACE

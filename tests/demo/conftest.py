@@ -36,8 +36,11 @@ def start_stack(tmp: Path, **overrides: object) -> Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """One full-topology stack (1 node x 2 GPUs, pool may grow to 2 nodes) per module."""
-    s = start_stack(tmp_path_factory.mktemp("stack"))
+    """One full-topology stack (1 node x 2 GPUs, pool may grow to 2 nodes) per module. Its
+    scenarios fail the same two GPUs again and again, so the GPU ledger would retire one by the
+    third failure within its 7-day window and hold it: lemons off here (the repair scenario's
+    own stack tests them)."""
+    s = start_stack(tmp_path_factory.mktemp("stack"), lemons=False)
     try:
         yield s
     finally:

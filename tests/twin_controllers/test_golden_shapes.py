@@ -112,7 +112,14 @@ def test_controller_output_matches_a_real_cluster(twin: Any) -> None:
 
     same_shape(rule_status("golden-noexecute"), golden(35)["status"])
 
-    evicted = get(f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}")
+    # The taint controller evicts after the rule's first status (as a real cluster's does):
+    # wait for the pod to be marked for deletion, never assume it already is.
+    def being_evicted() -> Any:
+        current = get(f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}")
+        assert "deletionTimestamp" in current["metadata"], current["metadata"]
+        return current
+
+    evicted = eventually(being_evicted)
     assert evicted["metadata"]["deletionGracePeriodSeconds"] == 30
     same_shape(_condition(evicted, "DisruptionTarget"), _condition(golden(36), "DisruptionTarget"))
 
