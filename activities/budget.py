@@ -26,18 +26,17 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from temporalio.client import (
     Client,
-    WithStartWorkflowOperation,
     WorkflowExecutionStatus,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.defn import defn
+from activities.update_with_start import update_with_start
 from contract.budget import (
     BudgetDecision,
     BudgetDecisions,
@@ -176,29 +175,16 @@ class BudgetActivities:
                 await asyncio.sleep(delay)
 
     async def _update_once(self, update: str, arg: object, result_type: type[R]) -> R:
-        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+        return await update_with_start(
+            self._client,
             WF_BUDGET,
             self._initial,
-            id=self._workflow_id,
+            workflow_id=self._workflow_id,
             task_queue=self._task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            update=update,
+            arg=arg,
+            result_type=result_type,
         )
-        try:
-            return await self._client.execute_update_with_start_workflow(
-                update, arg, start_workflow_operation=start, result_type=result_type
-            )
-        except RPCError as exc:
-            if exc.status != RPCStatusCode.UNIMPLEMENTED:
-                raise
-        # Servers without multi-operation (the time-skipping test server): start, then update.
-        handle = await self._client.start_workflow(
-            WF_BUDGET,
-            self._initial,
-            id=self._workflow_id,
-            task_queue=self._task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        return await handle.execute_update(update, arg, result_type=result_type)
 
     async def _acquire(self, req: BudgetLeaseRequest) -> BudgetDecision:
         """Join the next batch of this instance's lease requests and await its decision. A

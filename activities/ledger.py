@@ -13,11 +13,9 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from temporalio.client import Client, WithStartWorkflowOperation
-from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.client import Client
 
 from activities.budget import (
     BACKOFF_FIRST,
@@ -27,6 +25,7 @@ from activities.budget import (
     is_retryable,
 )
 from activities.defn import defn
+from activities.update_with_start import update_with_start
 from contract.ledger import LedgerDecision, LedgerState, RecordFailureInput, RecordRepairInput
 from contract.names import (
     ACT_RECORD_GPU_FAILURE,
@@ -81,29 +80,16 @@ class LedgerActivities:
                 await asyncio.sleep(delay)
 
     async def _update_once(self, update: str, arg: object, result_type: type[R]) -> R:
-        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+        return await update_with_start(
+            self._client,
             WF_GPU_LEDGER,
             self._initial,
-            id=self._workflow_id,
+            workflow_id=self._workflow_id,
             task_queue=self._task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            update=update,
+            arg=arg,
+            result_type=result_type,
         )
-        try:
-            return await self._client.execute_update_with_start_workflow(
-                update, arg, start_workflow_operation=start, result_type=result_type
-            )
-        except RPCError as exc:
-            if exc.status != RPCStatusCode.UNIMPLEMENTED:
-                raise
-        # Servers without multi-operation (the time-skipping test server): start, then update.
-        handle = await self._client.start_workflow(
-            WF_GPU_LEDGER,
-            self._initial,
-            id=self._workflow_id,
-            task_queue=self._task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        return await handle.execute_update(update, arg, result_type=result_type)
 
     @defn(ACT_RECORD_GPU_FAILURE)
     async def record_gpu_failure(self, req: RecordFailureInput) -> LedgerDecision:
