@@ -331,16 +331,19 @@ async def test_later_incident_of_a_retired_gpu_holds_without_a_second_page(
     world = FakeWorld(use_real_ledger=True, runbooks=_runbooks(failures=1, unsafe=["failures"]))
     ledger = _ledger_activities(client, queue)
     extra = [ledger.record_gpu_failure, ledger.record_gpu_repair]
-    async with new_worker(client, world, extra_activities=extra, task_queue=queue) as worker:
-        first = await start(client, worker, world, alerts=[xid_alert(48, "fp-1")])
-        await wait_phase(first, Phase.HOLDING)
-        await first.signal(SIG_ABORT, AbortRequest(reason="moving the node", actor="ops"))
-        assert (await first.result()).outcome == "aborted"
-        second = await start(client, worker, world, alerts=[xid_alert(48, "fp-2")])
-        status = await wait_phase(second, Phase.HOLDING)
-        timeline = await _timeline(second)
-        await second.terminate("test done")
-        await client.get_workflow_handle(ledger.workflow_id).terminate("test done")
+    # Without this, a wait for the first run's result on a loaded machine lets the test server
+    # skip to its ten-year default execution timeout, which ends the ledger with its history.
+    with time_skipping_env.auto_time_skipping_disabled():
+        async with new_worker(client, world, extra_activities=extra, task_queue=queue) as worker:
+            first = await start(client, worker, world, alerts=[xid_alert(48, "fp-1")])
+            await wait_phase(first, Phase.HOLDING)
+            await first.signal(SIG_ABORT, AbortRequest(reason="moving the node", actor="ops"))
+            assert (await first.result()).outcome == "aborted"
+            second = await start(client, worker, world, alerts=[xid_alert(48, "fp-2")])
+            status = await wait_phase(second, Phase.HOLDING)
+            timeline = await _timeline(second)
+            await second.terminate("test done")
+            await client.get_workflow_handle(ledger.workflow_id).terminate("test done")
     assert "un-retire" in status.awaiting and status.escalation_reason is None
     assert len(_pages(world)) == 1  # the first incident's RMA page only
     assert any(
