@@ -109,6 +109,10 @@ class DeviceTaintEviction:
     def __init__(self, manager: Any) -> None:
         self.manager = manager
         self._rules: dict[str, _RuleState] = {}
+        # slice uid -> (resourceVersion, its devices, their taints)
+        self._slices: dict[
+            str, tuple[Any, list[DeviceId], dict[DeviceId, list[dict[str, Any]]]]
+        ] = {}
         self.evictions = 0  # pods marked for deletion since start (all taints)
 
     def sync(self, ctx: Any) -> float | None:
@@ -124,18 +128,14 @@ class DeviceTaintEviction:
         pods = {(ns_of(p), name_of(p)): p for p in store.list(PODS, copy_objects=False).items}
         slice_taints: dict[DeviceId, list[dict[str, Any]]] = {}
         published: list[DeviceId] = []
+        seen: set[str] = set()
         for piece in slices:
-            spec = piece.get("spec") or {}
-            for dev in spec.get("devices") or []:
-                dev_id = DeviceId(
-                    spec.get("driver", ""),
-                    (spec.get("pool") or {}).get("name", ""),
-                    dev.get("name", ""),
-                )
-                published.append(dev_id)
-                taints = (dev.get("basic", dev)).get("taints") or []
-                if taints:
-                    slice_taints[dev_id] = list(taints)
+            devices, taints = self._slice_devices(piece)
+            seen.add(uid_of(piece))
+            published.extend(devices)
+            slice_taints.update(taints)
+        for uid in self._slices.keys() - seen:
+            del self._slices[uid]
         candidates, consumers = self._candidates(ctx, rules, claims, pods, slice_taints)
         # Status first: the real controller reports the pending count before evicting.
         earliest = self._rule_statuses(ctx, rules, published, claims, candidates, consumers)
@@ -154,6 +154,28 @@ class DeviceTaintEviction:
             if uid not in live:
                 del self._rules[uid]
         return earliest
+
+    def _slice_devices(
+        self, piece: dict[str, Any]
+    ) -> tuple[list[DeviceId], dict[DeviceId, list[dict[str, Any]]]]:
+        """A slice's devices and their taints, read again only when the slice changed (its
+        resourceVersion): a pass on a 1,000-node cluster otherwise rebuilds 8,000 ids."""
+        uid, version = uid_of(piece), meta(piece).get("resourceVersion")
+        hit = self._slices.get(uid)
+        if hit is not None and hit[0] == version:
+            return hit[1], hit[2]
+        spec = piece.get("spec") or {}
+        driver, pool = spec.get("driver", ""), (spec.get("pool") or {}).get("name", "")
+        devices: list[DeviceId] = []
+        taints: dict[DeviceId, list[dict[str, Any]]] = {}
+        for dev in spec.get("devices") or []:
+            dev_id = DeviceId(driver, pool, dev.get("name", ""))
+            devices.append(dev_id)
+            found = (dev.get("basic", dev)).get("taints") or []
+            if found:
+                taints[dev_id] = [dict(t) for t in found]
+        self._slices[uid] = (version, devices, taints)
+        return devices, taints
 
     # -- which pods must go ----------------------------------------------------------------
 
