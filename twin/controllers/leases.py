@@ -53,6 +53,7 @@ class NodeLeases:
         self._last_write: dict[str, float] = {}
         self._tokens = BURST
         self._refilled = time.monotonic()
+        self._cursor = 0
 
     def _due(self, name: str) -> bool:
         """This node's write may go now: its own spacing passed and the shared budget allows."""
@@ -66,15 +67,31 @@ class NodeLeases:
         self._tokens -= 1.0
         return True
 
+    def _tokens_now(self) -> float:
+        return min(
+            BURST, self._tokens + (time.monotonic() - self._refilled) * MAX_WRITES_PER_SECOND
+        )
+
     def sync(self, ctx: Any) -> float | None:
         store, now = ctx.store, ctx.now
+        # Wake for the next renewal, but never more than once per real second.
+        wake = max(RENEW_INTERVAL, ctx.clock.time_scale * MIN_REAL_INTERVAL)
+        if self._tokens_now() < 1.0:
+            return wake  # no write could go: the other controllers' passes skip the scan
         nodes = store.list(NODES, copy_objects=False).items
         names = {name_of(n) for n in nodes}
         leases = {
             name_of(lease): lease
             for lease in store.list(LEASES, LEASE_NAMESPACE, copy_objects=False).items
         }
-        for node in nodes:
+        # Round robin from where the last pass ran out of writes, so a big twin's scan stops
+        # at the first nodes it cannot write for instead of reading every node each pass.
+        start = self._cursor % len(nodes) if nodes else 0
+        for offset in range(len(nodes)):
+            if self._tokens_now() < 1.0:
+                self._cursor = start + offset
+                break
+            node = nodes[(start + offset) % len(nodes)]
             name = name_of(node)
             ready = next(
                 (
@@ -107,8 +124,7 @@ class NodeLeases:
                 self._heartbeat(store, name, now)
         for gone in set(self._last_write) - names - {n + "/status" for n in names}:
             self._last_write.pop(gone, None)
-        # Wake for the next renewal, but never more than once per real second.
-        return max(RENEW_INTERVAL, ctx.clock.time_scale * MIN_REAL_INTERVAL)
+        return wake
 
     def _renew(self, store: Any, name: str, now: datetime) -> None:
         def renew(lease: dict[str, Any]) -> None:
