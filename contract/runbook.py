@@ -82,6 +82,9 @@ SAFE_BOUNDS: dict[str, SafeBound] = {
 }
 
 
+_BOUNDED: dict[tuple[type, int], list[tuple[str, str, Any]]] = {}
+
+
 class BoundedRunbookModel(RunbookModel):
     """A runbook block whose fields have safe bounds (`SAFE_BOUNDS`); `unsafe` lists the
     camelCase fields of this block deliberately set outside them."""
@@ -91,9 +94,23 @@ class BoundedRunbookModel(RunbookModel):
     # The block's key under `spec` (e.g. "eviction"), set by each subclass.
     block: ClassVar[str] = ""
 
+    @classmethod
+    def _bounded(cls) -> list[tuple[str, str, Any]]:
+        """(camelCase key, field name, bound) of the block's bounded fields, computed once per
+        class: every runbook a worker validates (each activity result carrying the runbook set)
+        would otherwise rebuild it."""
+        at = (cls, len(SAFE_BOUNDS))  # bounds added later (the repair blocks') count too
+        hit = _BOUNDED.get(at)
+        if hit is None:
+            hit = _BOUNDED[at] = [
+                (key, name, SAFE_BOUNDS[f"{cls.block}.{key}"])
+                for name in cls.model_fields
+                if name != "unsafe" and f"{cls.block}.{(key := to_camel(name))}" in SAFE_BOUNDS
+            ]
+        return hit
+
     @model_validator(mode="after")
     def _within_safe_bounds(self) -> Any:
-        fields = {to_camel(name): name for name in type(self).model_fields if name != "unsafe"}
         for key in self.unsafe:
             if f"{self.block}.{key}" not in SAFE_BOUNDS:
                 raise PydanticCustomError(
@@ -111,10 +128,9 @@ class BoundedRunbookModel(RunbookModel):
                         "field": "unsafe",
                     },
                 )
-        for key, name in fields.items():
-            bound = SAFE_BOUNDS.get(f"{self.block}.{key}")
+        for key, name, bound in self._bounded():
             value = getattr(self, name)
-            if bound is None or key in self.unsafe or bound.holds(value):
+            if key in self.unsafe or bound.holds(value):
                 continue
             shown = format_duration(value) if isinstance(value, timedelta) else str(value)
             raise PydanticCustomError(

@@ -244,9 +244,9 @@ class Kube:
         ResourceSlice inventory), so a remediation does not pay for them in every activity.
         Pods and nodes only with a max age of seconds, to share one list between consecutive
         steps of one remediation (consumers.list_node_pods, devices.list_nodes); node writes
-        drop the node list. Claims and Sickbay's rules only with `ttl` 0, which
+        drop the node list. Claims only with `ttl` 0, which
         serves nothing from the cache and only lets concurrent readers share a load under way
-        (quarantine.managed_rule_keys)."""
+        (consumers.list_claims); Sickbay's rules for a second (quarantine.managed_rule_keys)."""
         now = time.monotonic()
         with self._cache_lock:
             hit = self._cache.get(key)

@@ -155,6 +155,7 @@ def apply_rule(kube: Kube, version: str, want: dict[str, Any]) -> tuple[str, dic
             created = kube.call(
                 api.create_device_taint_rule, want, verb="create", resource=RULES, name=name
             )
+            kube.forget(_rules_key(version))
             return "created", created
         except KubeError as err:
             if err.kind is not ErrorKind.CONFLICT:
@@ -318,6 +319,7 @@ def _delete_rule(kube: Kube, version: str, name: str, uid: str | None = None) ->
         name=name,
         **kwargs,
     )
+    kube.forget(_rules_key(version))
 
 
 def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
@@ -387,13 +389,21 @@ def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
 # --- budget count --------------------------------------------------------------------------
 
 
-def managed_rule_keys(kube: Kube, version: str) -> list[tuple[str | None, str]]:
-    """(node-pool label, device key) of every DeviceTaintRule Sickbay manages, read now.
+# How old a DeviceTaintRule list a budget count may use. A 200-GPU burst otherwise lists
+# every rule for each count (quadratic in the burst). What a young list can miss is a rule
+# another worker created since, and that rule belongs to a remediation holding a budget lease,
+# which the budget counts anyway; this worker's own creates and deletes drop the list.
+RULES_MAX_AGE = 1.0  # seconds
 
-    Never served from a cache: counts running at the same moment share the list one of them
-    has under way (single flight), which can predate a caller by the milliseconds of one
-    request; a rule created meanwhile belongs to a remediation holding a budget lease, and
-    the budget counts leases too."""
+
+def _rules_key(version: str) -> tuple[str, str]:
+    return ("managed-rules", version)
+
+
+def managed_rule_keys(kube: Kube, version: str) -> list[tuple[str | None, str]]:
+    """(node-pool label, device key) of every DeviceTaintRule Sickbay manages: a list at most
+    RULES_MAX_AGE old and read since this worker last created or deleted a rule; counts
+    running at the same moment share the list one of them has under way (single flight)."""
 
     def load() -> list[tuple[str | None, str]]:
         body = kube.call(
@@ -409,7 +419,7 @@ def managed_rule_keys(kube: Kube, version: str) -> list[tuple[str | None, str]]:
             out.append(((m.get("labels") or {}).get(LABEL_NODE_POOL), key))
         return out
 
-    return list(kube.cached(("managed-rules", version), 0.0, load))
+    return list(kube.cached(_rules_key(version), RULES_MAX_AGE, load))
 
 
 def count_devices(kube: Kube, apis: ClusterApis, node_pool: str | None) -> DeviceCounts:

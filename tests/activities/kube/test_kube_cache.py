@@ -16,7 +16,7 @@ Cases:
   all, and a young cluster-wide device list is reused without a request;
 - evidence and consumers running side by side share one node pod list (held 1 s by the twin);
   a later fresh read lists again;
-- Sickbay's DeviceTaintRules are never cached for a count: concurrent counts share the list
+- Sickbay's DeviceTaintRules are cached a second at most for a count: concurrent counts share the list
   one of them has under way (held 1 s by the twin here), and a count after a quarantine sees
   the new rule.
 """
@@ -45,7 +45,13 @@ from activities.kube.devices import (
     slice_devices,
 )
 from activities.kube.quarantine import count_devices
-from contract.kube import CountDevicesInput, DeviceRef, QuarantineInput, ResolveDeviceInput
+from contract.kube import (
+    CountDevicesInput,
+    DeviceRef,
+    QuarantineInput,
+    ReleaseInput,
+    ResolveDeviceInput,
+)
 from twin.testing import RunningTwin
 
 
@@ -211,7 +217,7 @@ def test_inventory_reuses_young_device_list(twin: RunningTwin) -> None:
     assert twin.requests(resource="resourceslices") == []
 
 
-def test_counts_share_an_inflight_rule_list_but_never_cache_it(twin_factory: Any) -> None:
+def test_counts_share_a_young_rule_list_and_see_their_own_writes(twin_factory: Any) -> None:
     twin = twin_factory(profile="1.36", pools=MIXED)
     acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
     kube, apis = acts.kube, acts._apis()
@@ -221,8 +227,10 @@ def test_counts_share_an_inflight_rule_list_but_never_cache_it(twin_factory: Any
         env.run(acts.resolve_device, ResolveDeviceInput(device=DeviceRef(node=node, gpu_index=1)))
     )
     assert count_devices(kube, apis, "mig").cluster_quarantined == 0
-    asyncio.run(env.run(acts.quarantine_device, QuarantineInput(device=device, workflow_id="wf-1")))
-    after = count_devices(kube, apis, "mig")  # right after: read again, not remembered
+    held = asyncio.run(
+        env.run(acts.quarantine_device, QuarantineInput(device=device, workflow_id="wf-1"))
+    )
+    after = count_devices(kube, apis, "mig")  # right after its own create: read again
     assert (after.cluster_quarantined, after.pool_quarantined) == (1, 1)
 
     def slow_rule_list(info: Any) -> float | None:
@@ -237,6 +245,22 @@ def test_counts_share_an_inflight_rule_list_but_never_cache_it(twin_factory: Any
     assert {(c.cluster_quarantined, c.pool_quarantined) for c in results} == {(1, 1)}
     # Without sharing every count lists once; each list is held 1 s, so they overlap.
     assert len(twin.requests(verb="list", resource="devicetaintrules")) < callers // 2
+    twin.twin.remove_request_interceptor(slow_rule_list)
+    assert count_devices(kube, apis, "mig").cluster_quarantined == 1  # a young list, kept
+    asyncio.run(
+        env.run(
+            acts.release_quarantine,
+            ReleaseInput(
+                device=device,
+                rule_name=held.rule_name,
+                api_version=held.api_version,
+                workflow_id="wf-1",
+                rule_uids=held.rule_uids,
+            ),
+        )
+    )
+    gone = count_devices(kube, apis, "mig")  # its own delete dropped the young list
+    assert (gone.cluster_quarantined, gone.pool_quarantined) == (0, 0)
 
 
 def test_evidence_and_consumers_side_by_side_share_one_pod_list(twin_factory: Any) -> None:
