@@ -7,6 +7,8 @@ GPU or pool), never a 500 for a client mistake.
     GET    /twin/faults                        active device faults
     POST   /twin/faults                        {"node", "gpu", "xid": 79 | "degrade": "nvlink" |
                                                "vanish": true, "driverTaint": false}   -> 201
+                                               or {"items": [<that body>, ...]}: all checked
+                                               first, none made if one is bad
     POST   /twin/faults/recover                {"node", "gpu"?}  (no gpu: the whole node)
     GET    /twin/known-faults                  {"ignoreDeviceTaintRules", "expiredTolerationBug"}
     PUT    /twin/known-faults                  same body; omitted keys stay as they are
@@ -74,6 +76,28 @@ def _body(raw: bytes | dict[str, Any] | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise errors.bad_request("request body must be a JSON object")
     return data
+
+
+def _fault_batch(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """`{"items": [<a POST /twin/faults body>, ...]}` -> FaultInjector.fail_many's specs."""
+    items = data.get("items")
+    if not isinstance(items, list) or not items:
+        raise FaultError("items must be a non-empty list of faults")
+    specs = []
+    for n, item in enumerate(items):
+        if not isinstance(item, dict) or not item.get("node"):
+            raise FaultError(f"fault {n}: node is required")
+        specs.append(
+            {
+                "node": str(item["node"]),
+                "gpu": item.get("gpu"),
+                "xid": _int(item, "xid"),
+                "degrade": item.get("degrade"),
+                "vanish": bool(item.get("vanish")),
+                "driver_taint": bool(item.get("driverTaint")),
+            }
+        )
+    return specs
 
 
 def _int(data: dict[str, Any], key: str) -> int | None:
@@ -170,6 +194,8 @@ def _route(
         if method == "GET" and not rest:
             return 200, {"items": [f.to_json() for f in faults.faults()]}
         data = _body(body)
+        if method == "POST" and not rest and "items" in data:
+            return 201, {"items": [f.to_json() for f in faults.fail_many(_fault_batch(data))]}
         if method == "POST" and not rest:
             node = data.get("node")
             if not node:

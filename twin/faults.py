@@ -303,6 +303,43 @@ class FaultInjector:
         vanish: bool = False,
         driver_taint: bool = False,
     ) -> list[Fault]:
+        targets = self._checked(node, gpu, xid, degrade, vanish)
+        made = self._fail(node, targets, xid, degrade, vanish, driver_taint)
+        self.manager.poke()
+        return made
+
+    def fail_many(self, faults: list[dict[str, Any]]) -> list[Fault]:
+        """Several faults at once (`fail`'s keyword arguments each): all are checked before
+        any is made, so a bad one makes none."""
+        checked = []
+        for n, spec in enumerate(faults):
+            try:
+                targets = self._checked(
+                    spec["node"],
+                    spec.get("gpu"),
+                    spec.get("xid"),
+                    spec.get("degrade"),
+                    bool(spec.get("vanish")),
+                )
+            except FaultError as err:
+                raise FaultError(f"fault {n}: {err}", err.code) from err
+            checked.append((spec, targets))
+        made: list[Fault] = []
+        for spec, targets in checked:
+            made += self._fail(
+                spec["node"],
+                targets,
+                spec.get("xid"),
+                spec.get("degrade"),
+                bool(spec.get("vanish")),
+                bool(spec.get("driver_taint")),
+            )
+        self.manager.poke()
+        return made
+
+    def _checked(
+        self, node: str, gpu: str | int | None, xid: int | None, degrade: str | None, vanish: bool
+    ) -> list[Gpu]:
         chosen = [
             k
             for k, v in (("xid", xid), ("degrade", degrade), ("vanish", vanish or None))
@@ -314,7 +351,17 @@ class FaultInjector:
             raise FaultError(f"degrade must be one of {', '.join(DEGRADE_XIDS)}, not {degrade!r}")
         if xid is not None and (not isinstance(xid, int) or isinstance(xid, bool) or xid <= 0):
             raise FaultError(f"xid must be a positive integer, not {xid!r}")
-        targets = self.resolve(node, gpu)
+        return self.resolve(node, gpu)
+
+    def _fail(
+        self,
+        node: str,
+        targets: list[Gpu],
+        xid: int | None,
+        degrade: str | None,
+        vanish: bool,
+        driver_taint: bool,
+    ) -> list[Fault]:
         now = rfc3339(self.manager.clock.now())
         made: list[Fault] = []
         with self._lock:
@@ -360,7 +407,6 @@ class FaultInjector:
                     fault.alerts = self._fire_alerts(fault)
                 made.append(fault)
                 log.info("fault on %s GPU %s (%s): %s", node, g.index, g.uuid, fault.kind)
-        self.manager.poke()
         return made
 
     def recover(self, node: str, gpu: str | int | None = None) -> list[Fault]:

@@ -331,3 +331,35 @@ def test_driver_taint_on_slice_blocks_new_pods(twin: Any) -> None:
     (piece,) = t.dra.list_resource_slice().items
     assert not any(d.taints for d in piece.spec.devices)
     eventually(lambda: [p.status.phase for p in pods(t.core, ns)] == ["Running", "Running"])
+
+
+def test_fault_batch_is_checked_whole_before_any_is_made(twin: Any) -> None:
+    """`{"items": [...]}`: several faults in one request (a burst within one second); a bad
+    item refuses the whole batch, naming it, and makes none."""
+    t = twin()
+    bad = t.twin(
+        "POST",
+        "/twin/faults",
+        {"items": [{"node": NODE, "gpu": "0", "xid": 79}, {"node": NODE, "gpu": "1"}]},
+    )
+    assert bad.status_code == 400 and "fault 1: give exactly one of" in bad.json()["message"]
+    unknown = t.twin("POST", "/twin/faults", {"items": [{"node": "nope", "gpu": "0", "xid": 79}]})
+    assert unknown.status_code == 404 and "fault 0" in unknown.json()["message"]
+    assert t.twin("POST", "/twin/faults", {"items": []}).status_code == 400
+    assert t.twin("GET", "/twin/faults").json()["items"] == []
+    made = t.twin(
+        "POST",
+        "/twin/faults",
+        {
+            "items": [
+                {"node": NODE, "gpu": "0", "xid": 79, "driverTaint": True},
+                {"node": NODE, "gpu": "1", "xid": 48},
+            ]
+        },
+    )
+    assert made.status_code == 201
+    assert [(f["xid"], f["driver_taint"]) for f in made.json()["items"]] == [(79, True), (48, False)]
+    (piece,) = t.dra.list_resource_slice().items
+    taints = {d.name: [(x.key, x.value) for x in d.taints or []] for d in piece.spec.devices}
+    assert taints == {"gpu-0": [("gpu.nvidia.com/xid", "79")], "gpu-1": []}
+    assert len(t.twin("GET", "/twin/faults").json()["items"]) == 2
