@@ -358,7 +358,10 @@ def test_fault_batch_is_checked_whole_before_any_is_made(twin: Any) -> None:
         },
     )
     assert made.status_code == 201
-    assert [(f["xid"], f["driver_taint"]) for f in made.json()["items"]] == [(79, True), (48, False)]
+    assert [(f["xid"], f["driver_taint"]) for f in made.json()["items"]] == [
+        (79, True),
+        (48, False),
+    ]
     (piece,) = t.dra.list_resource_slice().items
     taints = {d.name: [(x.key, x.value) for x in d.taints or []] for d in piece.spec.devices}
     assert taints == {"gpu-0": [("gpu.nvidia.com/xid", "79")], "gpu-1": []}
