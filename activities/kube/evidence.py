@@ -6,8 +6,9 @@ Requests: DRA 1 slice list (shared with resolve) + 1 pod list (reused by find-co
 + 1 claim list only when a pod reports health under a CDI device id (activities/kube/health.py;
 shared with find-consumers, scheduled with it)
 + 0-3 event lists; device plugin 1 node read + 1 pod list + 0-3 event lists. Events are
-context only (no decision reads them): they are listed only when no pod status reports the
-device Unhealthy, i.e. when a person reading the evidence needs more than the pod status.
+context only (no decision reads them): they are listed only when neither a pod status nor a
+driver health taint on the slice says the device is Unhealthy, i.e. when a person reading the
+evidence needs more than that.
 check_health skips the events.
 """
 
@@ -140,7 +141,7 @@ def gather_evidence(
             )
     health = worst_health(reports)
     events: list[dict[str, Any]] = []
-    if health != "Unhealthy":
+    if health != "Unhealthy" and not _sick(taints):
         events = _events_about(kube, device.node, None)
         unhealthy = sorted({(r.namespace, r.pod) for r in reports if r.health != "Healthy"})
         for ns, pod in unhealthy[:MAX_POD_EVENT_READS]:
@@ -159,6 +160,10 @@ def gather_evidence(
 
 # Driver taints that mean the device itself is sick (NVIDIA DRA driver health checks).
 HEALTH_TAINT_KEYS = ("gpu.nvidia.com/xid", "gpu.nvidia.com/gpu-lost")
+
+
+def _sick(taints: list[SliceTaint]) -> list[SliceTaint]:
+    return [t for t in taints if t.key in HEALTH_TAINT_KEYS or t.key.endswith("/gpu-lost")]
 
 
 def check_health(kube: Kube, device: ResolvedDevice) -> HealthResult:
@@ -184,7 +189,7 @@ def check_health(kube: Kube, device: ResolvedDevice) -> HealthResult:
             return HealthResult(
                 health="Unhealthy", message="the driver no longer publishes the device"
             )
-        sick = [t for t in taints if t.key in HEALTH_TAINT_KEYS or t.key.endswith("/gpu-lost")]
+        sick = _sick(taints)
         if sick:
             return HealthResult(
                 health="Unhealthy",

@@ -184,6 +184,25 @@ async def test_evidence_reports_health_and_presence(cluster: KubeTwin) -> None:
     ev = await t.run(t.acts.gather_evidence, EvidenceInput(device=device))
     assert ev.health == "Unknown"
     assert any("BackOff" in e for e in ev.recent_events)  # inconclusive: Events for context
+    if t.dra:  # the driver's own health taint on the slice is conclusive too: no Event lists
+        (piece,) = [
+            s
+            for s in t.store.list("resourceslices.resource.k8s.io").items
+            if s["spec"].get("nodeName") == node
+        ]
+
+        def driver_taint(obj: dict) -> None:
+            for d in obj["spec"]["devices"]:
+                if d["name"] == "gpu-0":
+                    taint = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+                    d.get("basic", d)["taints"] = [taint]
+
+        t.store.mutate("resourceslices.resource.k8s.io", piece["metadata"]["name"], driver_taint)
+        for key in ("resourceslices", ("resourceslices", node)):
+            t.acts.kube.forget(key)  # the slice list resolve read moments ago
+        ev = await t.run(t.acts.gather_evidence, EvidenceInput(device=device))
+        assert [(x.key, x.value) for x in ev.slice_taints] == [("gpu.nvidia.com/xid", "79")]
+        assert ev.recent_events == []
 
     before = len([r for r in t.requests() if r.resource == "pods" and r.verb == "list"])
     result = await t.run(t.acts.find_consumers, FindConsumersInput(device=device, alert_pods=[]))
