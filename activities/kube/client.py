@@ -238,6 +238,7 @@ class Kube:
         # instead of all re-reading it (a storm of remediations must not list the cluster's
         # ResourceSlices once each).
         self._inflight: dict[Any, Future[Any]] = {}
+        self._derived: dict[Any, tuple[Any, Any]] = {}
 
     def cached(self, key: Any, ttl: float, load: Callable[[], Any]) -> Any:
         """Per-worker cache for slow-changing reads (DeviceClasses, namespace labels,
@@ -282,6 +283,18 @@ class Kube:
     def store_cached(self, key: Any, value: Any) -> None:
         with self._cache_lock:
             self._cache[key] = (time.monotonic(), value)
+
+    def derived(self, key: Any, source: Any, compute: Callable[[Any], Any]) -> Any:
+        """`compute(source)`, remembered while `source` is the very object it was computed
+        from (a cached list: a summary of it is computed once per list, not per caller)."""
+        with self._cache_lock:
+            hit = self._derived.get(key)
+        if hit is not None and hit[0] is source:
+            return hit[1]
+        value = compute(source)
+        with self._cache_lock:
+            self._derived[key] = (source, value)
+        return value
 
     def forget(self, key: Any) -> None:
         """Drop a cached value after this worker changed what it describes."""

@@ -314,6 +314,11 @@ NODES_MAX_AGE = 2.0  # seconds
 
 def list_nodes(kube: Kube, *, max_age: float = 0.0) -> list[dict[str, Any]]:
     """Every node; with `max_age`, this worker's list from at most that long ago."""
+    return list(shared_nodes(kube, max_age=max_age))
+
+
+def shared_nodes(kube: Kube, *, max_age: float = 0.0) -> list[dict[str, Any]]:
+    """`list_nodes`' list itself, shared with other callers: read it, never change it."""
 
     def load() -> list[dict[str, Any]]:
         return kube.call(kube.core.list_node, verb="list", resource="nodes").get("items") or []
@@ -322,7 +327,7 @@ def list_nodes(kube: Kube, *, max_age: float = 0.0) -> list[dict[str, Any]]:
         nodes = load()
         kube.store_cached("nodes", nodes)
         return nodes
-    return list(kube.cached("nodes", max_age, load))
+    return kube.cached("nodes", max_age, load)  # type: ignore[no-any-return]
 
 
 def node_from_list(kube: Kube, name: str) -> dict[str, Any] | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from temporalio.exceptions import ApplicationError
@@ -27,10 +28,10 @@ from activities.kube.devices import (
     get_node,
     gpu_capacity,
     gpu_inventory,
-    list_nodes,
     list_slice_devices,
     node_pool_of,
     physical_gpus,
+    shared_nodes,
 )
 from activities.kube.discovery import ClusterApis
 from activities.kube.nodes import (
@@ -422,10 +423,33 @@ def managed_rule_keys(kube: Kube, version: str) -> list[tuple[str | None, str]]:
     return list(kube.cached(_rules_key(version), RULES_MAX_AGE, load))
 
 
+@dataclass(frozen=True)
+class _NodeSummary:
+    """What a budget count needs of a node list, computed once per list (a burst of counts
+    shares one list of maybe 1,000 nodes)."""
+
+    pool_of: dict[str, str | None]
+    capacity: dict[str, int]  # device plugin: nvidia.com/gpu capacity per node
+    marked: list[tuple[str | None, str]]  # fallback quarantines recorded on nodes
+
+
+def _summarize(nodes: list[dict[str, Any]]) -> _NodeSummary:
+    pool_of: dict[str, str | None] = {}
+    capacity: dict[str, int] = {}
+    marked: list[tuple[str | None, str]] = []
+    for n in nodes:
+        name = meta(n).get("name", "")
+        pool_of[name] = node_pool_of(n)
+        capacity[name] = gpu_capacity(n)[0] or 0
+        marked += [(pool_of[name], f"{name}/{uuid}") for uuid in quarantined_on(n)]
+    return _NodeSummary(pool_of, capacity, marked)
+
+
 def count_devices(kube: Kube, apis: ClusterApis, node_pool: str | None) -> DeviceCounts:
     counts = DeviceCounts()
-    nodes = list_nodes(kube, max_age=NODES_MAX_AGE)  # usually resolve's list, ms old
-    pool_of = {meta(n).get("name"): node_pool_of(n) for n in nodes}
+    nodes = shared_nodes(kube, max_age=NODES_MAX_AGE)  # usually resolve's list, ms old
+    summary: _NodeSummary = kube.derived("node-summary", nodes, _summarize)
+    pool_of = summary.pool_of
     quarantined: set[tuple[str | None, str]] = set()  # (pool, device key)
     if apis.dra:
         # Physical GPUs per node, summarised from one cached ResourceSlice list (no device
@@ -439,16 +463,12 @@ def count_devices(kube: Kube, apis: ClusterApis, node_pool: str | None) -> Devic
             for pool, key in managed_rule_keys(kube, apis.taint_version):
                 quarantined.add((pool or pool_of.get(key.split("/")[0]), key))
     else:
-        for n in nodes:
-            capacity, _ = gpu_capacity(n)
-            counts.cluster_devices += capacity or 0
-            if node_pool and pool_of.get(meta(n).get("name")) == node_pool:
-                counts.pool_devices += capacity or 0
+        for name, capacity in summary.capacity.items():
+            counts.cluster_devices += capacity
+            if node_pool and pool_of.get(name) == node_pool:
+                counts.pool_devices += capacity
     # Fallback quarantines are recorded on nodes (any mode: the taint API may have been off).
-    for n in nodes:
-        name = meta(n).get("name", "")
-        for uuid in quarantined_on(n):
-            quarantined.add((pool_of.get(name), f"{name}/{uuid}"))
+    quarantined.update(summary.marked)
     counts.cluster_quarantined = len({key for _, key in quarantined})
     counts.pool_quarantined = len(
         {key for pool, key in quarantined if node_pool and pool == node_pool}

@@ -324,3 +324,21 @@ def test_evidence_reuses_a_pod_list_loaded_since_it_was_scheduled(twin_factory: 
     assert len(twin.requests(verb="list", resource="pods")) == 2
     gather_evidence(kube, device, fresh_since=0.0)  # no usable schedule time: a fresh read
     assert len(twin.requests(verb="list", resource="pods")) == 3
+
+
+def test_derived_values_follow_their_source_object() -> None:
+    """A summary of a cached list is computed once per list object, and again for a new
+    list (a node write drops the node list, so the next count summarizes the new one)."""
+    kube = Kube(ApiClient(), 5.0)
+    calls: list[int] = []
+
+    def summarize(items: list[int]) -> int:
+        calls.append(len(items))
+        return sum(items)
+
+    first, second = [1, 2], [1, 2]
+    assert kube.derived("sum", first, summarize) == 3
+    assert kube.derived("sum", first, summarize) == 3
+    assert calls == [2]
+    assert kube.derived("sum", second, summarize) == 3  # equal but not the same list
+    assert calls == [2, 2]
