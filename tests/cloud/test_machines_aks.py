@@ -21,6 +21,8 @@ Cases:
 - replace: DELETE of the VM; the pool's new node (new name, new UUIDs) is followed; the retry
   reads the VM (Deleting, or 404: gone) and deletes nothing again, also when the worker was
   killed between ARM's 202 and the answer;
+- the worker's Kubernetes calls pass through an RBAC proxy holding deploy/'s `sickbay` and
+  `sickbay-repair-machines` roles (nodes patch for the record);
 - failure modes through the twin's injection: 500, 429 and 409 retryable; 403 (quota,
   authorization) non-retryable RepairProviderRefused with the provider's words; a node whose
   providerID is no VMSS VM -> RepairProviderNotConfigured.
@@ -48,6 +50,7 @@ from activities.cloud.machines import (
     AksMachines,
     MachineActivities,
 )
+from activities.kube.permissions import ROLE_REPAIR_MACHINES
 from activities.kube.repair_activities import KubeRepairActivities
 from activities.outbound import SecretRef
 from contract.capacity import NodePoolTarget
@@ -59,6 +62,7 @@ from contract.errors import (
 )
 from contract.repair import MachineActionInput, WaitNodeGpusInput
 from tests.activities.kube.conftest import twin
+from tests.activities.kube.rbac_proxy import deploy_rules
 from twin.clock import Clock
 from twin.cloudapi import CloudApi, CloudApiServer
 from twin.controllers.manager import ControllerManager, TwinOptions
@@ -90,6 +94,8 @@ async def aks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
             TwinOptions(pod_startup_seconds=1, reboot_seconds=20, provisioning_delay=10)
         ),
         clock=Clock(time_scale=20),
+        # the worker's Kubernetes calls go through deploy/'s roles (RBAC-enforcing proxy)
+        proxy_rules=deploy_rules("sickbay", ROLE_REPAIR_MACHINES),
     )
     t = cm.__enter__()
     repairs = t.twin.extensions["repairs"]
