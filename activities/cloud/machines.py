@@ -15,11 +15,20 @@ credentials):
 - reboot: `POST <vm>/restart?api-version=2024-07-01` (202, `Azure-AsyncOperation`);
 - replace: `DELETE <vm>?api-version=2024-07-01`; the agent pool (its count, or the cluster
   autoscaler) brings a new VM, a new node with new GPUs;
-- asked for once per attempt: ARM has no request ids. A replace first reads the VM: gone (404)
-  or `provisioningState: Deleting` means it was asked already, and nothing is asked again. A
-  reboot's key is remembered by the worker that asked, so a retried attempt there asks nothing
-  again; a worker killed between ARM's 202 and the activity's answer leaves no trace, and the
-  retry on another worker restarts the VM once more (a restart of a VM that is restarting).
+- asked for once per attempt: ARM has no request ids, so the record is kept on the Node,
+  never in the worker's memory. Before the POST one patch writes `sickbay.dev/repair-request:
+  <key>` and `sickbay.dev/restart-record` (JSON: state `asking`, the node's bootID, its Ready
+  condition as `<status>@<lastTransitionTime>`, the VM's instanceView provisioning status as
+  `<code>@<time>`); after ARM's answer the state becomes `asked` (202) or `refused` (a 4xx: ARM
+  did not act); a 5xx or no answer leaves `asking`. A retry under the same key: `asked` ->
+  nothing asked; `refused` -> asked again; `asking` -> nothing asked when the bootID or the
+  Ready condition changed, or the VM shows an operation running or ended since the record (the
+  evidence is named in the result's detail and logged as a warning; if it came from something
+  else, the rung's wait times out into the next rung or escalation); no evidence -> asked (the
+  try before died before the POST). Each check compares a value with the same value read
+  earlier: no two clocks are compared. RBAC: patch on nodes.
+  A replace first reads the VM: gone (404) or `provisioningState: Deleting` means it was asked
+  already, and nothing is asked again.
 
 GKE (Compute Engine API v1, with the GKE provider's endpoint, credentials and compute hosts):
 - the node's instance from its `spec.providerID` (`gce://<project>/<zone>/<instance>`);
@@ -47,7 +56,7 @@ Cluster API (cluster.x-k8s.io/v1beta1 Machines, through the official kubernetes 
   before the delete; a retried call that finds its key (or its Machine already being deleted
   under that key) asks nothing again (`asked: false`).
 
-RBAC: get/list/patch/delete on machines.cluster.x-k8s.io; get on nodes.
+RBAC: get/list/patch/delete on machines.cluster.x-k8s.io; get on nodes (AKS: patch too).
 """
 
 from __future__ import annotations
