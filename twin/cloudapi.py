@@ -168,6 +168,9 @@ class CloudApi:
         # ARM's VM operations: "<vmss>/<id>" -> (action, started, ends); ProvisioningState is
         # Updating (restart) or Deleting (delete) until `ends`, then Succeeded (or the VM gone).
         self.vm_operation_seconds = 30.0  # simulated seconds a VM restart / delete runs
+        # Real seconds ARM holds its answer to a restart / delete after acting on it (drills:
+        # a worker killed in the window between the act and the answer).
+        self.arm_answer_delay = 0.0
         self._vm_ops: dict[str, tuple[str, datetime, datetime]] = {}
         self._arm_ops: dict[str, tuple[datetime, datetime]] = {}  # op name -> (start, end)
         self._http_keys: dict[str, dict[str, Any]] = {}  # http provider: Idempotency-Key -> answer
@@ -324,11 +327,15 @@ class CloudApi:
 
         @app.post(vmss + "/restart")
         async def restart_vm(sub: str, rg: str, scale_set: str, instance: str) -> Any:
-            return self._vmss_op(sub, "reset", scale_set, instance)
+            answer = self._vmss_op(sub, "reset", scale_set, instance)
+            await asyncio.sleep(self.arm_answer_delay)  # acted on; the answer is held
+            return answer
 
         @app.delete(vmss)
         async def delete_vm(sub: str, rg: str, scale_set: str, instance: str) -> Any:
-            return self._vmss_op(sub, "delete", scale_set, instance)
+            answer = self._vmss_op(sub, "delete", scale_set, instance)
+            await asyncio.sleep(self.arm_answer_delay)
+            return answer
 
         @app.get(vmss)
         async def get_vm(sub: str, rg: str, scale_set: str, instance: str, request: Request) -> Any:
