@@ -23,6 +23,8 @@ Cases:
   killed between ARM's 202 and the answer;
 - the worker's Kubernetes calls pass through an RBAC proxy holding deploy/'s `sickbay` and
   `sickbay-repair-machines` roles (nodes patch for the record);
+- without deploy/'s `sickbay-repair-machines` (no nodes patch) the reboot is refused before
+  anything is asked, naming the forbidden patch;
 - failure modes through the twin's injection: 500, 429 and 409 retryable; 403 (quota,
   authorization) non-retryable RepairProviderRefused with the provider's words; a node whose
   providerID is no VMSS VM -> RepairProviderNotConfigured.
@@ -83,7 +85,9 @@ def _provider_id(instance: str) -> str:
 
 
 @pytest.fixture
-async def aks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+async def aks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> AsyncIterator[Any]:
     """(twin, its cloud API, MachineActivities, KubeRepairActivities, a factory of new
     MachineActivities: another worker, with its own HTTP client and no memory)."""
     monkeypatch.setenv("SICKBAY_TEST_AZURE_TOKEN", TOKEN)
@@ -95,7 +99,7 @@ async def aks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
         ),
         clock=Clock(time_scale=20),
         # the worker's Kubernetes calls go through deploy/'s roles (RBAC-enforcing proxy)
-        proxy_rules=deploy_rules("sickbay", ROLE_REPAIR_MACHINES),
+        proxy_rules=deploy_rules(*getattr(request, "param", ("sickbay", ROLE_REPAIR_MACHINES))),
     )
     t = cm.__enter__()
     repairs = t.twin.extensions["repairs"]
@@ -396,3 +400,14 @@ async def test_replace_killed_after_arms_answer_deletes_once(aks: Any) -> None:
     retried = await _run(worker().replace_node, _inp(node, "replace"))
     assert not retried.asked, retried
     assert api.instance_calls == [("delete", node)]
+
+
+@pytest.mark.parametrize("aks", [("sickbay",)], indirect=True)  # rbac-repair.yaml not applied
+async def test_without_the_node_patch_grant_nothing_is_asked(aks: Any) -> None:
+    t, api, acts, _repairs, _worker = aks
+    node = t.node()
+    with pytest.raises(ApplicationError) as err:
+        await _run(acts.reboot_node, _inp(node, "reboot"))
+    assert err.value.type == ERR_PROVIDER_REFUSED and err.value.non_retryable
+    assert f"patch node {node}: HTTP 403" in str(err.value)
+    assert api.instance_calls == []
