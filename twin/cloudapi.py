@@ -43,7 +43,7 @@ import secrets
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import uvicorn
@@ -133,6 +133,11 @@ def _error(code: int, message: str, headers: dict[str, str] | None = None) -> JS
     )
 
 
+def _arm_time(when: datetime) -> str:
+    """ARM's timestamps: seven fractional digits and an offset (2026-12-01T17:42:05.1234567+00:00)."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") + "0+00:00"
+
+
 def _arm_error(code: int, arm_code: str, message: str) -> JSONResponse:
     """Azure Resource Manager's error shape."""
     return JSONResponse({"error": {"code": arm_code, "message": message}}, status_code=code)
@@ -160,15 +165,22 @@ class CloudApi:
         self._by_request_id: dict[str, dict[str, Any]] = {}
         # AKS: "<vmss>/<instance id>" -> node name (the node's providerID names the VM).
         self.vmss_nodes: dict[str, str] = {}
-        self._deleted_vms: set[str] = set()
-        self._arm_ops: set[str] = set()
+        # ARM's VM operations: "<vmss>/<id>" -> (action, started, ends); ProvisioningState is
+        # Updating (restart) or Deleting (delete) until `ends`, then Succeeded (or the VM gone).
+        self.vm_operation_seconds = 30.0  # simulated seconds a VM restart / delete runs
+        # Real seconds ARM holds its answer to a restart / delete after acting on it (drills:
+        # a worker killed in the window between the act and the answer).
+        self.arm_answer_delay = 0.0
+        self._vm_ops: dict[str, tuple[str, datetime, datetime]] = {}
+        self._arm_ops: dict[str, tuple[datetime, datetime]] = {}  # op name -> (start, end)
         self._http_keys: dict[str, dict[str, Any]] = {}  # http provider: Idempotency-Key -> answer
         self.clock = clock or _RealClock()
+        self._created = self.clock.now()  # the VMs' last provisioning before any operation
         self.project, self.location, self.cluster = project, location, cluster
         self.pools: dict[str, TwinPool] = {}
         self.operations: dict[str, _Operation] = {}
         self.requests: list[LoggedRequest] = []
-        self._injected: list[tuple[int, str, float | None]] = []
+        self._injected: list[tuple[int, str, float | None, str | None]] = []
         self._seq = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self.base_url = ""  # set by the server once it listens
@@ -181,11 +193,17 @@ class CloudApi:
         return pool
 
     def inject(
-        self, status: int, count: int = 1, message: str = "", retry_after: float | None = None
+        self,
+        status: int,
+        count: int = 1,
+        message: str = "",
+        retry_after: float | None = None,
+        method: str | None = None,
     ) -> None:
-        """Fail the next `count` authenticated calls with `status`."""
+        """Fail the next `count` authenticated calls (only `method` ones, if given) with
+        `status`."""
         text = message or f"injected {status} from the twin's cloud API"
-        self._injected.extend([(status, text, retry_after)] * count)
+        self._injected.extend([(status, text, retry_after, method)] * count)
 
     def resize_requests(self, pool: str | None = None) -> list[LoggedRequest]:
         """setSize calls that reached the API (whatever their answer)."""
@@ -309,28 +327,51 @@ class CloudApi:
 
         @app.post(vmss + "/restart")
         async def restart_vm(sub: str, rg: str, scale_set: str, instance: str) -> Any:
-            return self._vmss_op(sub, "reset", scale_set, instance)
+            answer = self._vmss_op(sub, "reset", scale_set, instance)
+            await asyncio.sleep(self.arm_answer_delay)  # acted on; the answer is held
+            return answer
 
         @app.delete(vmss)
         async def delete_vm(sub: str, rg: str, scale_set: str, instance: str) -> Any:
-            return self._vmss_op(sub, "delete", scale_set, instance)
+            answer = self._vmss_op(sub, "delete", scale_set, instance)
+            await asyncio.sleep(self.arm_answer_delay)
+            return answer
 
         @app.get(vmss)
-        async def get_vm(sub: str, rg: str, scale_set: str, instance: str) -> Any:
+        async def get_vm(sub: str, rg: str, scale_set: str, instance: str, request: Request) -> Any:
             key = f"{scale_set}/{instance}"
-            if key not in self.vmss_nodes or key in self._deleted_vms:
+            if key not in self.vmss_nodes or self._vm_gone(key):
                 return _arm_error(404, "ResourceNotFound", f"VM {key} was not found.")
-            return {
+            state, _time, _running = self._vm_state(key)
+            body: dict[str, Any] = {
+                "id": request.url.path,
                 "name": f"{scale_set}_{instance}",
+                "type": "Microsoft.Compute/virtualMachineScaleSets/virtualMachines",
+                "location": self.location,
                 "instanceId": instance,
-                "properties": {"provisioningState": "Succeeded"},
+                "properties": {"provisioningState": state, "latestModelApplied": True},
             }
+            if request.query_params.get("$expand") == "instanceView":
+                body["properties"]["instanceView"] = self._instance_view(key)
+            return body
+
+        @app.get(vmss + "/instanceView")
+        async def get_vm_instance_view(sub: str, rg: str, scale_set: str, instance: str) -> Any:
+            key = f"{scale_set}/{instance}"
+            if key not in self.vmss_nodes or self._vm_gone(key):
+                return _arm_error(404, "ResourceNotFound", f"VM {key} was not found.")
+            return self._instance_view(key)
 
         @app.get("/subscriptions/{sub}/providers/Microsoft.Compute/locations/{loc}/operations/{op}")
         async def get_arm_operation(sub: str, loc: str, op: str) -> Any:
-            if op not in self._arm_ops:
+            found = self._arm_ops.get(op)
+            if found is None:
                 return _arm_error(404, "NotFound", f"operation {op} not found")
-            return {"name": op, "status": "Succeeded"}
+            started, ends = found
+            body = {"name": op, "startTime": _arm_time(started), "status": "InProgress"}
+            if self.clock.now() >= ends:
+                body.update(status="Succeeded", endTime=_arm_time(ends))
+            return body
 
         # A generic in-house machine API (Sickbay's `http` provider): one call per rung, acted
         # on once per Idempotency-Key (a repeated key gets the first answer, nothing again).
@@ -394,23 +435,65 @@ class CloudApi:
         self._by_request_id[request_id or name] = op
         return op
 
+    def _vm_gone(self, key: str) -> bool:
+        op = self._vm_ops.get(key)
+        return op is not None and op[0] == "delete" and self.clock.now() >= op[2]
+
+    def _vm_state(self, key: str) -> tuple[str, datetime | None, bool]:
+        """(provisioningState, when the last operation ended, whether one runs)."""
+        op = self._vm_ops.get(key)
+        if op is None:
+            return "Succeeded", self._created, False
+        action, _started, ends = op
+        if self.clock.now() < ends:
+            return ("Deleting" if action == "delete" else "Updating"), None, True
+        return "Succeeded", ends, False
+
+    def _instance_view(self, key: str) -> dict[str, Any]:
+        """ARM's VirtualMachineScaleSetVMInstanceView: a transitional ProvisioningState (no
+        time) while an operation runs, else `succeeded` with the time the last one ended."""
+        state, ended, _running = self._vm_state(key)
+        provisioning: dict[str, Any] = {
+            "code": f"ProvisioningState/{state.lower()}",
+            "level": "Info",
+            "displayStatus": "Provisioning succeeded" if state == "Succeeded" else state,
+        }
+        if ended is not None:
+            provisioning["time"] = _arm_time(ended)
+        return {
+            "platformUpdateDomain": 0,
+            "platformFaultDomain": 0,
+            "computerName": self.vmss_nodes.get(key, ""),
+            "osName": "ubuntu",
+            "osVersion": "22.04",
+            "statuses": [
+                provisioning,
+                {"code": "PowerState/running", "level": "Info", "displayStatus": "VM running"},
+            ],
+        }
+
+    def vm_restarts(self, node: str | None = None) -> int:
+        """Restarts ARM acted on (every POST that got its 202), for one node or all."""
+        return sum(1 for a, n in self.instance_calls if a == "reset" and node in (None, n))
+
     def _vmss_op(self, sub: str, action: str, scale_set: str, instance: str) -> Any:
         """ARM's answer to a VMSS VM restart / delete: 202 with an Azure-AsyncOperation URL.
         ARM has no request ids: every call acts (a repeated restart restarts again)."""
         key = f"{scale_set}/{instance}"
         node = self.vmss_nodes.get(key)
-        if node is None or key in self._deleted_vms:
+        if node is None or self._vm_gone(key):
             return _arm_error(404, "ResourceNotFound", f"VM {key} was not found.")
         if self.on_instance is not None:
             try:
                 self.on_instance(action, node)
             except KeyError:
                 return _arm_error(404, "ResourceNotFound", f"VM {key} was not found.")
-        if action == "delete":
-            self._deleted_vms.add(key)
         self.instance_calls.append((action, node))
+        now = self.clock.now()
+        ends = now + timedelta(seconds=self.vm_operation_seconds)
+        self._vm_ops[key] = (action, now, ends)
         op = f"{next(self._seq)}-{secrets.token_hex(4)}"
-        self._arm_ops.add(op)
+        self._arm_ops[op] = (now, ends)
         url = (
             f"{self.base_url}/subscriptions/{sub}/providers/Microsoft.Compute/locations/"
             f"{self.location}/operations/{op}"
@@ -440,8 +523,11 @@ class CloudApi:
                 "Request had invalid authentication credentials. Expected OAuth 2 access token, "
                 "login cookie or other valid authentication credential.",
             )
-        if self._injected:
-            status, message, retry_after = self._injected.pop(0)
+        chosen = next(
+            (i for i, f in enumerate(self._injected) if f[3] in (None, request.method)), None
+        )
+        if chosen is not None:
+            status, message, retry_after, _method = self._injected.pop(chosen)
             headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
             return _error(status, message, headers)
         return None

@@ -27,7 +27,11 @@ GPU or pool), never a 500 for a client mistake.
     GET    /twin/pools                         node pools: nodes, target, provisioning
     POST   /twin/pools/<pool>/resize           {"size": 3, "delay"?: seconds}
     PUT    /twin/pools/<pool>/cloud            {"latency": seconds}: how long (simulated) the
-                                               twin cloud API's next resize operations run
+                                               twin cloud API's next resize operations run;
+                                               {"aks": {"subscription", "resourceGroup",
+                                               "vmss"}}: the pool's nodes become AKS VMSS VMs
+                                               (providerIDs, ARM endpoints); {"armAnswerDelay":
+                                               real seconds ARM holds its answer after acting}
     GET    /twin/pools/<pool>/cloud            {"instanceCalls": [[action, instance], ...]}:
                                                every VM reset / recreate the cloud API acted on
 
@@ -128,14 +132,15 @@ def _gpu_json(manager: Any, gpu: Any) -> dict[str, Any]:
 
 
 def _cloud_pool(twin: Any, name: str, data: dict[str, Any]) -> dict[str, Any]:
-    """Set the twin cloud API's knobs for one pool (a slow resize for drills)."""
+    """Set the twin cloud API's knobs for one pool: a slow resize, the pool's nodes as AKS VMSS
+    VMs (their providerIDs, served by the ARM endpoints), ARM's answers held (drills)."""
     cloud = (getattr(twin, "extensions", None) or {}).get("cloud")
     if cloud is None:
         raise FaultError("the twin serves no cloud API (twin up --no-cloud-api)", 404)
     pool = cloud.api.pools.get(name)
     if pool is None:
         raise FaultError(f'the twin cloud API has no node pool "{name}"', 404)
-    unknown = set(data) - {"latency"}
+    unknown = set(data) - {"latency", "aks", "armAnswerDelay"}
     if unknown:
         raise FaultError(f"unknown cloud pool setting(s): {', '.join(sorted(unknown))}")
     if "latency" in data:
@@ -143,7 +148,45 @@ def _cloud_pool(twin: Any, name: str, data: dict[str, Any]) -> dict[str, Any]:
         if isinstance(latency, bool) or not isinstance(latency, int | float) or latency < 0:
             raise FaultError(f"latency must be a number of seconds >= 0, not {latency!r}")
         pool.latency = float(latency)
-    return {"pool": pool.name, "latency": pool.latency, "size": pool.size, "maxSize": pool.max_size}
+    if "armAnswerDelay" in data:
+        delay = data["armAnswerDelay"]
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+            raise FaultError(f"armAnswerDelay must be a number of seconds >= 0, not {delay!r}")
+        cloud.api.arm_answer_delay = float(delay)
+    if "aks" in data:
+        _aks_pool(twin, cloud.api, name, data["aks"])
+    return {
+        "pool": pool.name,
+        "latency": pool.latency,
+        "size": pool.size,
+        "maxSize": pool.max_size,
+        "vmssNodes": dict(cloud.api.vmss_nodes),
+        "armAnswerDelay": cloud.api.arm_answer_delay,
+    }
+
+
+def _aks_pool(twin: Any, api: Any, pool: str, aks: Any) -> None:
+    """Make the pool's nodes AKS VMSS VMs: providerID azure:///subscriptions/<s>/resourceGroups/
+    <rg>/providers/Microsoft.Compute/virtualMachineScaleSets/<vmss>/virtualMachines/<i>."""
+    if not isinstance(aks, dict) or set(aks) - {"subscription", "resourceGroup", "vmss"}:
+        raise FaultError('aks must be {"subscription", "resourceGroup", "vmss"}')
+    ids = [aks.get(k) for k in ("subscription", "resourceGroup", "vmss")]
+    if not all(isinstance(v, str) and v and "/" not in v for v in ids):
+        raise FaultError("aks subscription, resourceGroup and vmss must be non-empty names")
+    sub, rg, vmss = ids
+    nodes = [
+        n
+        for n in twin.store.list("nodes").items
+        if ((n.get("metadata") or {}).get("labels") or {}).get("sickbay.dev/node-pool") == pool
+    ]
+    for i, node in enumerate(sorted(nodes, key=lambda n: n["metadata"]["name"])):
+        name = node["metadata"]["name"]
+        provider_id = (
+            f"azure:///subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/"
+            f"virtualMachineScaleSets/{vmss}/virtualMachines/{i}"
+        )
+        twin.store.mutate("nodes", name, lambda n, p=provider_id: n["spec"].update(providerID=p))
+        api.vmss_nodes[f"{vmss}/{i}"] = name
 
 
 def dispatch(

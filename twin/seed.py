@@ -236,7 +236,8 @@ def node_object(
                 "kernelVersion": "6.8.0",
                 "machineID": "",
                 "systemUUID": "",
-                "bootID": "",
+                # /proc/sys/kernel/random/boot_id of the first boot; a reboot brings a new one
+                "bootID": str(uuid.uuid5(_NS, f"{ident or name}/boot")),
             },
         },
     }

@@ -42,9 +42,12 @@ class CloudRejected(Exception):
 class CloudUnavailable(Exception):
     """The provider could not answer now; retry (after `retry_after` seconds if given)."""
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str, retry_after: float | None = None, status: int | None = None
+    ) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.status = status  # the HTTP status of the provider's answer; None: no answer
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,9 @@ async def send(
     except httpx.TransportError as exc:
         raise CloudUnavailable(f"{method} {_safe(url)} failed: {exc!r}") from exc
     if response.status_code in RETRYABLE_4XX or response.status_code >= 500:
-        raise CloudUnavailable(provider_message(response), retry_after_seconds(response))
+        raise CloudUnavailable(
+            provider_message(response), retry_after_seconds(response), response.status_code
+        )
     if response.status_code >= 400:
         raise CloudRejected(provider_message(response), response.status_code)
     return response

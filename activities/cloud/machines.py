@@ -15,11 +15,20 @@ credentials):
 - reboot: `POST <vm>/restart?api-version=2024-07-01` (202, `Azure-AsyncOperation`);
 - replace: `DELETE <vm>?api-version=2024-07-01`; the agent pool (its count, or the cluster
   autoscaler) brings a new VM, a new node with new GPUs;
-- asked for once per attempt: ARM has no request ids. A replace first reads the VM: gone (404)
-  or `provisioningState: Deleting` means it was asked already, and nothing is asked again. A
-  reboot's key is remembered by the worker that asked, so a retried attempt there asks nothing
-  again; a worker killed between ARM's 202 and the activity's answer leaves no trace, and the
-  retry on another worker restarts the VM once more (a restart of a VM that is restarting).
+- asked for once per attempt: ARM has no request ids, so the record is kept on the Node,
+  never in the worker's memory. Before the POST one patch writes `sickbay.dev/repair-request:
+  <key>` and `sickbay.dev/restart-record` (JSON: state `asking`, the node's bootID, its Ready
+  condition as `<status>@<lastTransitionTime>`, the VM's instanceView provisioning status as
+  `<code>@<time>`); after ARM's answer the state becomes `asked` (202) or `refused` (a 4xx: ARM
+  did not act); a 5xx or no answer leaves `asking`. A retry under the same key: `asked` ->
+  nothing asked; `refused` -> asked again; `asking` -> nothing asked when the bootID or the
+  Ready condition changed, or the VM shows an operation running or ended since the record (the
+  evidence is named in the result's detail and logged as a warning; if it came from something
+  else, the rung's wait times out into the next rung or escalation); no evidence -> asked (the
+  try before died before the POST). Each check compares a value with the same value read
+  earlier: no two clocks are compared. RBAC: patch on nodes.
+  A replace first reads the VM: gone (404) or `provisioningState: Deleting` means it was asked
+  already, and nothing is asked again.
 
 GKE (Compute Engine API v1, with the GKE provider's endpoint, credentials and compute hosts):
 - the node's instance from its `spec.providerID` (`gce://<project>/<zone>/<instance>`);
@@ -47,14 +56,16 @@ Cluster API (cluster.x-k8s.io/v1beta1 Machines, through the official kubernetes 
   before the delete; a retried call that finds its key (or its Machine already being deleted
   under that key) asks nothing again (`asked: false`).
 
-RBAC: get/list/patch/delete on machines.cluster.x-k8s.io; get on nodes.
+RBAC: get/list/patch/delete on machines.cluster.x-k8s.io; get on nodes (AKS: patch too).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import uuid as uuidlib
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import httpx
@@ -346,10 +357,43 @@ _AZURE_VM = re.compile(
     r"virtualMachineScaleSets/([^/]+)/virtualMachines/([^/]+)$",
     re.IGNORECASE,
 )
+# The AKS reboot's durable record on the Node, beside `sickbay.dev/repair-request: <key>`: a
+# JSON object written in the same patch before the restart and updated after ARM's answer:
+# {"state": "asking" | "asked" | "refused", "bootID", "ready", "vm", "at", "operation"}.
+ANN_RESTART_RECORD = "sickbay.dev/restart-record"
+# ARM's instanceView while a user-initiated operation runs on the VM (its transitional states).
+_ARM_RUNNING = frozenset(
+    {"provisioningstate/creating", "provisioningstate/updating", "provisioningstate/deleting"}
+)
+
+
+def _boot_id(obj: Any) -> str:
+    return str(getattr(getattr(obj.status, "node_info", None), "boot_id", "") or "")
+
+
+def _ready_mark(obj: Any) -> str:
+    """The node's Ready condition as `<status>@<lastTransitionTime>`: it changes with every
+    transition, whoever's clock wrote the time."""
+    for cond in getattr(obj.status, "conditions", None) or []:
+        if cond.type == "Ready":
+            when = cond.last_transition_time
+            stamp = when.isoformat() if isinstance(when, datetime) else str(when or "")
+            return f"{cond.status}@{stamp}"
+    return ""
+
+
+def _vm_mark(view: dict[str, Any]) -> tuple[str, bool]:
+    """(the VM's provisioning status as `<code>@<time>`, whether an operation runs on it)."""
+    for status in view.get("statuses") or []:
+        code = str(status.get("code", ""))
+        if code.lower().startswith("provisioningstate/"):
+            return f"{code}@{status.get('time', '')}", code.lower() in _ARM_RUNNING
+    return "", False
 
 
 class AksMachines:
-    """Reboot / replace of AKS nodes' VMSS VMs; the node is read through the kubernetes client."""
+    """Reboot / replace of AKS nodes' VMSS VMs; the node is read (and, for a reboot, annotated)
+    through the kubernetes client."""
 
     def __init__(self, client: httpx.AsyncClient, config: AksConfig, api_client: Any) -> None:
         from kubernetes.client import CoreV1Api
@@ -358,17 +402,18 @@ class AksMachines:
         self._endpoint = config.endpoint.rstrip("/")
         self._token = AzureToken(client, config)
         self._core = CoreV1Api(api_client)
-        self._asked: dict[str, str] = {}  # reboot keys this worker asked for -> operation
 
-    async def _vm_url(self, node: str) -> str:
+    async def _node(self, node: str) -> Any:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            obj = await asyncio.to_thread(self._core.read_node, node)
+            return await asyncio.to_thread(self._core.read_node, node)
         except ApiException as exc:
             if exc.status == 404:
                 raise NodeGone(f"node {node} not found: no VM to act on") from exc
             raise CloudUnavailable(f"get node {node}: HTTP {exc.status}") from exc
+
+    def _vm_of(self, node: str, obj: Any) -> str:
         provider_id = str(getattr(obj.spec, "provider_id", None) or "")
         match = _AZURE_VM.match(provider_id)
         if match is None:
@@ -382,34 +427,136 @@ class AksMachines:
             f"Microsoft.Compute/virtualMachineScaleSets/{vmss}/virtualMachines/{instance}"
         )
 
+    async def _vm_url(self, node: str) -> str:
+        return self._vm_of(node, await self._node(node))
+
     async def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {await self._token.get()}", "Accept": "application/json"}
+
+    async def _instance_view(self, vm: str) -> dict[str, Any]:
+        url = f"{vm}/instanceView?api-version={AZURE_COMPUTE_API}"
+        return json_of(await send(self._client, "GET", url, headers=await self._headers()))
+
+    async def _annotate(self, node: str, annotations: dict[str, str]) -> None:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        body = {"metadata": {"annotations": annotations}}
+        try:
+            await asyncio.to_thread(self._core.patch_node, node, body)
+        except ApiException as exc:
+            message = f"patch node {node}: HTTP {exc.status} {exc.reason}"
+            if exc.status in (409, 429) or (exc.status or 0) >= 500:
+                raise CloudUnavailable(message) from exc
+            raise CloudRejected(f"{message}: {str(exc.body or '')[:300]}", exc.status) from exc
+        except HTTPError as exc:
+            raise CloudUnavailable(f"patch node {node}: {exc!r}") from exc
+
+    async def _record_after(self, node: str, key: str, record: dict[str, Any]) -> None:
+        """The record after ARM's answer. Best effort: without it a retry finds `asking` and
+        decides from the evidence instead."""
+        try:
+            await self._annotate(
+                node, {ANN_REPAIR_REQUEST: key, ANN_RESTART_RECORD: json.dumps(record)}
+            )
+        except (CloudUnavailable, CloudRejected) as err:
+            activity.logger.warning(
+                "node %s: ARM's answer to the restart not recorded: %s", node, err
+            )
+
+    async def _evidence(self, vm: str, obj: Any, record: dict[str, Any]) -> str:
+        """Why a restart recorded as `asking` (the try that asked died or lost ARM's answer)
+        may have reached ARM, from what changed since the record; "" when nothing did."""
+        boot_id = _boot_id(obj)
+        if record.get("bootID") and boot_id and boot_id != record["bootID"]:
+            return f"the node booted again since (bootID {record['bootID']} -> {boot_id})"
+        ready = _ready_mark(obj)
+        if ready != record.get("ready", ""):
+            return f"the node's Ready condition changed since ({record.get('ready')} -> {ready})"
+        mark, running = _vm_mark(await self._instance_view(vm))
+        if running:
+            return f"an operation is running on the VM ({mark.split('@', 1)[0]})"
+        if mark != record.get("vm", ""):
+            return f"an operation on the VM ended since ({record.get('vm')} -> {mark})"
+        return ""
 
     async def reboot(
         self, node: str, key: str, pool: NodePoolTarget | None = None
     ) -> MachineActionResult:
-        if key in self._asked:
-            return MachineActionResult(
-                action="reboot",
-                node=node,
-                operation=self._asked[key],
-                asked=False,
-                detail="restart already asked for under this key",
-            )
-        vm = await self._vm_url(node)
-        response = await send(
-            self._client,
-            "POST",
-            f"{vm}/restart?api-version={AZURE_COMPUTE_API}",
-            headers=await self._headers(),
+        obj = await self._node(node)
+        vm = self._vm_of(node, obj)
+        name = vm.split("/virtualMachineScaleSets/", 1)[1]
+        annotations = obj.metadata.annotations or {}
+        if annotations.get(ANN_REPAIR_REQUEST) == key:
+            try:
+                record = json.loads(annotations.get(ANN_RESTART_RECORD) or "{}")
+            except ValueError:
+                record = {}
+            if not isinstance(record, dict):
+                record = {}
+            state = record.get("state")
+            if state == "asked":
+                return MachineActionResult(
+                    action="reboot",
+                    node=node,
+                    operation=str(record.get("operation") or ""),
+                    asked=False,
+                    detail=f"restart of {name} already asked for under this key (recorded on "
+                    "the node)",
+                )
+            if state != "refused":  # asking, or unreadable: the try that asked may have reached ARM
+                evidence = (
+                    await self._evidence(vm, obj, record)
+                    if state == "asking"
+                    else (f"its record on the node is unreadable ({ANN_RESTART_RECORD})")
+                )
+                if evidence:
+                    activity.logger.warning(
+                        "restart of %s (node %s) NOT asked again: an earlier try of this "
+                        "attempt was cut off after recording it, and %s; the rung's wait "
+                        "decides",
+                        name,
+                        node,
+                        evidence,
+                    )
+                    return MachineActionResult(
+                        action="reboot",
+                        node=node,
+                        asked=False,
+                        detail=f"restart of {name} not asked again: an earlier try of this "
+                        f"attempt was cut off after recording it, and {evidence}",
+                    )
+        # Recorded before the restart (one patch): what a retry compares to find evidence.
+        view_mark, _running = _vm_mark(await self._instance_view(vm))
+        record = {
+            "state": "asking",
+            "bootID": _boot_id(obj),
+            "ready": _ready_mark(obj),
+            "vm": view_mark,
+            "at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        }
+        await self._annotate(
+            node, {ANN_REPAIR_REQUEST: key, ANN_RESTART_RECORD: json.dumps(record)}
         )
+        try:
+            response = await send(
+                self._client,
+                "POST",
+                f"{vm}/restart?api-version={AZURE_COMPUTE_API}",
+                headers=await self._headers(),
+            )
+        except (CloudRejected, CloudUnavailable) as err:
+            status = getattr(err, "status", None)
+            if status is not None and status < 500:  # a 4xx answer: ARM refused, did not act
+                await self._record_after(node, key, {**record, "state": "refused"})
+            raise  # 5xx or no answer: left `asking`, the retry decides from the evidence
         operation = response.headers.get("azure-asyncoperation", "")
-        self._asked[key] = operation
+        await self._record_after(node, key, {**record, "state": "asked", "operation": operation})
         return MachineActionResult(
             action="reboot",
             node=node,
             operation=operation,
-            detail=f"VMSS VM restart of {vm.split('/virtualMachineScaleSets/', 1)[1]}",
+            detail=f"VMSS VM restart of {name}",
         )
 
     async def replace(

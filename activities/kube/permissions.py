@@ -12,7 +12,8 @@ deletes pods) and `sickbay-node-fallback` (nodes patch: only where the cluster s
 DeviceTaintRule does Sickbay mark, taint or cordon nodes); the repair ladder's grants live in
 deploy/rbac-repair.yaml: `sickbay-repair` (a Role in Sickbay's namespace: the reset and
 validation Jobs, their claims and pod logs) and `sickbay-repair-machines` (Cluster API Machines:
-reboot and replace), needed only by runbooks with `repair.enabled`. `needed(...)` says, for the loaded
+reboot and replace; nodes patch: an AKS reboot's record on its node), needed only by runbooks
+with `repair.enabled`. `needed(...)` says, for the loaded
 runbooks and the cluster, which optional grants are needed and by what.
 """
 
@@ -151,6 +152,15 @@ PERMISSIONS: tuple[Permission, ...] = (
         ROLE_REPAIR_MACHINES,
     ),
     Permission(
+        "",
+        "nodes",
+        ("patch",),
+        "repair ladder: an AKS reboot's record on its node (sickbay.dev/repair-request, "
+        "sickbay.dev/restart-record), so a retried attempt restarts the VM at most once",
+        False,
+        ROLE_REPAIR_MACHINES,
+    ),
+    Permission(
         "coordination.k8s.io",
         "leases",
         ("get", "create", "update"),
@@ -190,10 +200,14 @@ def granted(group: str, resource: str, verb: str) -> bool:
     return any(p.group == group and p.resource == resource and verb in p.verbs for p in PERMISSIONS)
 
 
-def _uses_cluster_api(runbook: Runbook) -> bool:
+def _machine_provider(runbook: Runbook) -> str | None:
+    """The provider of the runbook's node pool (the repair ladder's node rungs use it too)."""
     scale = runbook.spec.scale_up
-    provider = scale.pool.provider if scale.pool is not None else scale.provider
-    return scale.enabled and provider == "cluster-api"
+    return scale.pool.provider if scale.pool is not None else scale.provider
+
+
+def _uses_cluster_api(runbook: Runbook) -> bool:
+    return runbook.spec.scale_up.enabled and _machine_provider(runbook) == "cluster-api"
 
 
 def needed(
@@ -208,6 +222,14 @@ def needed(
             f"runbook {r.name} (eviction.force: delete)"
             for r in runbooks
             if r.spec.eviction.force == "delete"
+        ]
+    if permission.resource == "nodes" and permission.role == ROLE_REPAIR_MACHINES:  # patch
+        return [
+            f"runbook {r.name} (repair: reboot through provider aks)"
+            for r in runbooks
+            if r.spec.repair.enabled
+            and "reboot" in r.spec.repair.order
+            and _machine_provider(r) == "aks"
         ]
     if permission.group == "" and permission.resource == "nodes":  # patch
         if taint_rules_served:

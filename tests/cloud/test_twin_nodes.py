@@ -9,7 +9,10 @@ Cases:
   seeded pool with the token given on the command line.
 - `PUT /twin/pools/<pool>/cloud {"latency"}` (drills: a slow resize): the next setSize
   operation stays RUNNING for that many simulated seconds, then is DONE; a bad latency or an
-  unknown setting is 400, an unknown pool 404.
+  unknown setting is 400, an unknown pool 404;
+- `PUT /twin/pools/<pool>/cloud {"aks", "armAnswerDelay"}` (the AKS crash drill): the pool's
+  nodes get VMSS providerIDs the ARM endpoints serve (a restart reboots that twin node), ARM's
+  answer is held after it acted; a bad body is 400.
 """
 
 from __future__ import annotations
@@ -153,3 +156,33 @@ def test_slow_resize_knob(twin: tuple[RunningTwin, CloudApi]) -> None:
             == "DONE"
         )
     )
+
+
+def test_aks_pool_knobs(twin: tuple[RunningTwin, CloudApi]) -> None:
+    rs, api = twin
+    (pool_name,) = api.pools
+
+    def put(body: Any) -> httpx.Response:
+        return httpx.put(f"{rs.url}/twin/pools/{pool_name}/cloud", json=body, timeout=10)
+
+    aks = {"subscription": "s", "resourceGroup": "mc_rg", "vmss": "aks-gpu-vmss"}
+    assert put({"aks": {"subscription": "s"}}).status_code == 400
+    assert put({"aks": {**aks, "vmss": "a/b"}}).status_code == 400
+    assert put({"armAnswerDelay": -1}).status_code == 400
+    answer = put({"aks": aks, "armAnswerDelay": 0.5})
+    assert answer.status_code == 200, answer.text
+    vms = answer.json()["vmssNodes"]
+    assert sorted(vms.values()) == sorted(
+        n["metadata"]["name"] for n in rs.twin.store.list("nodes").items
+    )
+    vm_key, node = sorted(vms.items())[0]
+    provider_id = rs.twin.store.get("nodes", node)["spec"]["providerID"]
+    assert provider_id == (
+        "azure:///subscriptions/s/resourceGroups/mc_rg/providers/Microsoft.Compute/"
+        f"virtualMachineScaleSets/{vm_key.replace('/', '/virtualMachines/')}"
+    )
+    url = rs.twin.extensions["cloud"].url + provider_id.removeprefix("azure://")
+    headers = {"Authorization": f"Bearer {TWIN_TOKEN}"}
+    restarted = httpx.post(f"{url}/restart", headers=headers, timeout=10)
+    assert restarted.status_code == 202 and api.instance_calls == [("reset", node)]
+    eventually(lambda: rs.twin.extensions["repairs"].reboots == [node])

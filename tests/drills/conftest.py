@@ -85,7 +85,9 @@ class Drill:
             self.stack.children.remove(child)  # dead on purpose: not a stack failure
         return killed
 
-    def start_worker(self, kubeconfig: str | None = None) -> Child:
+    def start_worker(
+        self, kubeconfig: str | None = None, extra_env: dict[str, str] | None = None
+    ) -> Child:
         env = self.stack.sickbay_env()
         secrets = Path(self.stack.dir) / "secrets"
         env["SICKBAY_WEBHOOK_TOKEN_FILE"] = str(secrets / "webhook-token")
@@ -93,6 +95,7 @@ class Drill:
         env["SICKBAY_METRICS_PORT"] = str(free_port())
         if kubeconfig is not None:
             env["KUBECONFIG"] = kubeconfig
+        env.update(extra_env or {})
         n = len(list((Path(self.stack.dir) / "logs").glob("worker*.log")))
         log_path = Path(self.stack.dir) / "logs" / f"worker-{n + 1}.log"
         with open(log_path, "ab") as out:

@@ -5,7 +5,8 @@ ladder on, the real `sickbay worker` SIGKILLed and replaced):
   a new worker finishes it (validation, release) and the twin's Compute Engine endpoint acted
   on exactly one reset of the node's VM;
 - Xid 64 (row-remap failure) -> replace: the worker is killed while the remediation follows the
-  replacement; a new worker closes it for the old GPU, and exactly one recreate was acted on.
+  replacement; a new worker closes it for the old GPU, and exactly one recreate was acted on
+(the AKS reboot's drill: test_repair_kill_aks.py).
 """
 
 from __future__ import annotations

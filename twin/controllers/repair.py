@@ -23,8 +23,9 @@ Their output lines are added to the container's log (`GET .../log`); a non-zero 
 
 Node rungs (`NodeRepairs`, a controller): `reboot(node)` takes the node NotReady
 (`KubeletNotReady`) with its devices withdrawn (the DRA slice loses its devices; the device
-plugin's capacity drops to 0) for `reboot_seconds`, then Ready again with the devices
-republished and the faults a reboot clears (`REBOOT_CLEARS`, and vanished devices) gone.
+plugin's capacity drops to 0) for `reboot_seconds`, then Ready again with a new
+`status.nodeInfo.bootID` (as the kubelet reports after a boot), the devices republished and
+the faults a reboot clears (`REBOOT_CLEARS`, and vanished devices) gone.
 `replace(node)` deletes the node and lets its pool bring a new one under a new name (a new
 Cluster API Machine), or with `same_name` under the same name (a recreated cloud VM), in both
 cases with new GPU UUIDs (twin/controllers/nodepools.py `replace_node`). Pods on the node are not
@@ -36,6 +37,7 @@ from __future__ import annotations
 import logging
 import shlex
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -376,6 +378,8 @@ class NodeRepairs:
             return
 
         def ready(obj: dict[str, Any]) -> None:
+            # The kubelet reports the new boot's id (it reads /proc/sys/kernel/random/boot_id).
+            obj.setdefault("status", {}).setdefault("nodeInfo", {})["bootID"] = str(uuid.uuid4())
             set_condition(
                 obj.setdefault("status", {}),
                 "Ready",

@@ -29,6 +29,7 @@ from activities.kube.permissions import (
     ROLE_FORCE_DELETE,
     ROLE_HEALTH_WATCHER,
     ROLE_NODE_FALLBACK,
+    ROLE_REPAIR_MACHINES,
 )
 from tests.activities.kube.conftest import twin
 from tests.activities.kube.rbac_proxy import deploy_rules
@@ -125,7 +126,12 @@ def test_needed_names_the_runbook_choice_of_each_optional_grant() -> None:
     plain = runbook("plain", {})
     forcing = runbook("forcing", {"eviction": {"force": "delete"}})
     capi = runbook("capi", {"scaleUp": {"enabled": True, "provider": "cluster-api", "maxSize": 4}})
-    by_resource = {p.resource: p for p in PERMISSIONS if not p.required}
+    optional = [p for p in PERMISSIONS if not p.required]
+    # nodes patch is in two roles: the fallback's (by_resource) and the AKS reboot's record
+    by_resource = {
+        p.resource: p for p in optional if (p.resource, p.role) != ("nodes", ROLE_REPAIR_MACHINES)
+    }
+    (aks_record,) = [p for p in optional if p.role == ROLE_REPAIR_MACHINES and p.plural == "nodes"]
     assert set(by_resource) == {
         "nodes",
         "pods",
@@ -154,3 +160,21 @@ def test_needed_names_the_runbook_choice_of_each_optional_grant() -> None:
         "runbook capi (scaleUp provider cluster-api)"
     ]
     assert all(needed(p, [], True) == ["always"] for p in PERMISSIONS if p.required)
+    aks = runbook(
+        "aks",
+        {
+            "scaleUp": {"provider": "aks", "maxSize": 4},
+            "repair": {"enabled": True, "order": ["reset", "reboot"]},
+        },
+    )
+    aks_reset = runbook(
+        "aks-reset",
+        {
+            "scaleUp": {"provider": "aks", "maxSize": 4},
+            "repair": {"enabled": True, "order": ["reset"]},
+        },
+    )
+    assert needed(aks_record, [aks, aks_reset, repairing], True) == [
+        "runbook aks (repair: reboot through provider aks)"
+    ]
+    assert needed(aks_record, [plain], False) == []  # the fallback's need is its own grant
