@@ -710,6 +710,18 @@ def machine_providers(
     return providers
 
 
+# The reboot / replace activities heartbeat while the provider is asked, so a worker that dies
+# meanwhile is noticed within the workflow's heartbeat timeout (30 s), not its 2-minute
+# start-to-close timeout; the retry then decides from the provider's own record.
+HEARTBEAT_EVERY = 10.0  # seconds
+
+
+async def _heartbeat() -> None:
+    while True:
+        activity.heartbeat()
+        await asyncio.sleep(HEARTBEAT_EVERY)
+
+
 class MachineActivities:
     """reboot-node / replace-node, one provider per name (`machine_providers`)."""
 
@@ -754,6 +766,7 @@ class MachineActivities:
                 dry_run=True,
                 detail=f"would ask {inp.pool.provider if inp.pool else '?'} to {inp.action} it",
             )
+        beat = asyncio.create_task(_heartbeat()) if activity.in_activity() else None
         try:
             if inp.action == "reboot":
                 result = await client.reboot(inp.node, inp.idempotency_key, inp.pool)
@@ -767,6 +780,9 @@ class MachineActivities:
             raise ApplicationError(str(err), type=ERR_PROVIDER_REFUSED, non_retryable=True) from err
         except CloudUnavailable as err:
             raise ApplicationError(str(err), type=ERR_CLOUD_UNAVAILABLE) from err
+        finally:
+            if beat is not None:
+                beat.cancel()
         activity.logger.info(
             "%s of node %s: %s (%s)",
             inp.action,

@@ -190,6 +190,9 @@ POLL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=5), backoff_coeffici
 # is the attempt's), so retrying a lost answer (503, a killed worker) asks nothing twice;
 # not configured / refused are non-retryable and escalate.
 MACHINE_TIMEOUT = timedelta(minutes=2)
+# The activity heartbeats while it asks: a worker killed mid-request is retried elsewhere
+# within this, and the retry asks nothing twice (the provider's record, docs/cloud.md).
+MACHINE_HEARTBEAT = timedelta(seconds=30)
 MACHINE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=5),
     backoff_coefficient=2.0,
@@ -484,6 +487,7 @@ class Calls:
             inp,
             result_type=MachineActionResult,
             start_to_close_timeout=MACHINE_TIMEOUT,
+            heartbeat_timeout=MACHINE_HEARTBEAT,
             retry_policy=MACHINE_RETRY,
             summary=f"{name} {inp.node} (attempt {inp.attempt})",
         )
