@@ -77,6 +77,10 @@ class TwinOptions:
     # Node pools: time from a resize until new nodes (and their ResourceSlices) appear.
     provisioning_delay: float = 30.0
     reboot_seconds: float = 20.0  # a rebooted twin node is NotReady this long (simulated)
+    # A replacement node (repairs.replace) registers NotReady with no GPUs published, then is
+    # Ready with its devices this long after (kubelet start, then the device plugin / DRA
+    # driver DaemonSet); 0: registered Ready with its devices at once.
+    node_startup_seconds: float = 0.0
     # What the twin's Cluster API MachineHealthCheck does with `remediate-machine`: an external
     # reboot remediator ("reboot") or the owner's delete-and-recreate ("replace").
     capi_remediation: str = "reboot"
