@@ -383,6 +383,13 @@ def add_twin_up_arguments(parser: Any) -> None:
         help="simulated seconds until a node added to a pool registers",
     )
     group.add_argument(
+        "--node-startup-seconds",
+        type=float,
+        default=TwinOptions.node_startup_seconds,
+        help="simulated seconds a replaced node stays NotReady with no GPU published "
+        "(kubelet and GPU driver starting; 0: Ready with its GPUs at once)",
+    )
+    group.add_argument(
         "--ignore-device-taint-rules",
         action="store_true",
         help="known fault kubernetes#139651: the scheduler ignores DeviceTaintRules",
@@ -417,6 +424,9 @@ def options_from_args(args: Any) -> TwinOptions:
     )
     options.provisioning_delay = float(
         getattr(args, "provisioning_delay", options.provisioning_delay)
+    )
+    options.node_startup_seconds = float(
+        getattr(args, "node_startup_seconds", options.node_startup_seconds)
     )
     options.ignore_device_taint_rules = bool(getattr(args, "ignore_device_taint_rules", False))
     options.expired_toleration_bug = bool(getattr(args, "expired_toleration_bug", False))
