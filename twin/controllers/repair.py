@@ -356,6 +356,9 @@ class NodeRepairs:
 
     def replace(self, node: str, seconds: float | None = None, same_name: bool = False) -> str:
         wait = self.manager.options.provisioning_delay if seconds is None else float(seconds)
+        # New hardware: the old GPUs' faults do not follow a recreated VM that keeps the name.
+        if self.manager.faults is not None:
+            self.manager.faults.forget_node(node)
         pool = self.manager.node_pools.replace_node(node, delay=wait, same_name=same_name)
         with self._lock:
             self.replacements.append(node)

@@ -568,7 +568,9 @@ async def _validate(r: Remediation, attempt: int, action: str) -> RepairJobOutco
             timeout=policy.timeout,
         )
     )
-    outcome = await _job_outcome(r, started.namespace, started.job_name, policy.timeout)
+    outcome = await _job_outcome(
+        r, started.namespace, started.job_name, policy.timeout, claim=started.claim_name
+    )
     verdict = "passed" if outcome.passed else "failed"
     summary = outcome.summary or outcome.reason
     s.status.validation = f"{verdict} after {action}: {summary}"[:500]

@@ -398,15 +398,20 @@ def test_a_new_incident_of_the_same_gpu_gets_its_own_jobs() -> None:
     assert validation("wf/run-1") != validation("wf/run-2")
 
 
-@pytest.mark.parametrize("profile", ["1.36", "device-plugin"])
-async def test_a_replaced_nodes_new_gpus_are_guarded_and_validated(make: Any, profile: str) -> None:
+# A new Machine (new name) on DRA; a recreated VM (same name) on the device plugin.
+@pytest.mark.parametrize(("profile", "same_name"), [("1.36", False), ("device-plugin", True)])
+async def test_a_replaced_nodes_new_gpus_are_guarded_and_validated(
+    make: Any, profile: str, same_name: bool
+) -> None:
     options = TwinOptions(pod_startup_seconds=1, provisioning_delay=5, node_startup_seconds=200)
     t, acts = make(profile, options=options)
     node = t.node()
     old = [t.uuid_of(node, i) for i in range(2)]
+    _faults(t).fail(node, old[0], xid=64)  # the failure the node is replaced for
     pool = t.store.get("nodes", node)["metadata"]["labels"]["sickbay.dev/node-pool"]
     asked_at = t.twin.clock.now()
-    t.twin.extensions["repairs"].replace(node)
+    t.twin.extensions["repairs"].replace(node, same_name=same_name)
+    assert _faults(t).faults() == []  # new hardware: the old GPU's fault went with it
     wait = WaitNodeGpusInput(
         node=node,
         replaced=True,
@@ -428,6 +433,7 @@ async def test_a_replaced_nodes_new_gpus_are_guarded_and_validated(make: Any, pr
             n
             for n in t.store.list("nodes").items
             if n["metadata"]["name"] not in t.twin.seed_info["nodes"]
+            or (same_name and n["metadata"]["name"] == node)
         ]
         if fresh and fresh[0]["spec"].get("unschedulable"):
             # Cordoned by the wait before the node published any GPU.
@@ -440,7 +446,7 @@ async def test_a_replaced_nodes_new_gpus_are_guarded_and_validated(make: Any, pr
                 seen_unpublished_and_cordoned = True
         await asyncio.sleep(0.1)
     assert seen_unpublished_and_cordoned
-    assert back.node != node and back.cordoned and len(back.gpu_uuids) == 2
+    assert (back.node == node) is same_name and back.cordoned and len(back.gpu_uuids) == 2
     assert not set(back.gpu_uuids) & set(old)
     assert t.store.get("nodes", back.node)["spec"]["unschedulable"] is True
     # A fault injected on one new GPU before validation fails that GPU's Job only.
