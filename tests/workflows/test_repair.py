@@ -19,7 +19,8 @@ Cases:
   moment it is seen, runs one validation Job per new GPU; all pass -> the new node uncordoned,
   closed for the old GPU (rule removed, lease given back) with the validation in the
   timeline, Events and outcome; one fails -> escalated "repair-failed" naming it, the new
-  node kept cordoned until a person releases; validation.enabled false -> the timeline and
+  node kept cordoned until a person releases; a new GPU a pod took before the guard ->
+  not validated, not evicted, named in the escalation; validation.enabled false -> the timeline and
   outcome say the new GPUs were not validated; dry run says it would validate them;
 - budget with node-wide rungs: the budget refuses the node's GPUs -> escalated
   budget-exhausted, the node never rebooted; a reset group of 4 asks for 4;
@@ -348,6 +349,30 @@ async def test_replace_new_gpu_fails_validation_escalates_and_keeps_it_guarded(
     assert ("GPUValidationFailed", "Warning") in events
     # Released by the person: Sickbay's cordon of the new node goes with the quarantine.
     assert [(c.node, c.cordon) for c in world.args(ACT_CORDON)][-1] == ("gpu-node-new", False)
+
+
+async def test_replace_new_gpu_taken_before_the_guard_is_named_not_validated(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+    pod = PodRef(namespace="serving", name="llm-new", uid="u-new")
+    script = RepairScript(new_gpus=NEW_GPUS, new_gpu_holders={"GPU-new-1": [pod]})
+    async with worker_for(client, world, script) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(64, "fp-64")])
+        status = await wait_phase(handle, Phase.HOLDING)
+        assert status.escalation_reason == "repair-failed"
+        # Only the free GPU is validated; the workload is not evicted from the other.
+        jobs = world.args(ACT_START_VALIDATION_JOB)
+        assert [j.gpu_uuid for j in jobs] == ["GPU-new-0"]
+        assert ACT_EVICT_PODS not in world.names()[world.names().index(ACT_REPLACE_NODE) :]
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="checked"))
+        await handle.result()
+    summary = world.args(ACT_NOTIFY)[0].incident.summary
+    assert "GPU GPU-new-1 not validated: in use by serving/llm-new" in summary
+    assert "passed: GPU-new-0" in summary and "kept cordoned" in summary
+    reasons = [(e.reason, e.type) for e in world.args(ACT_RECORD_EVENT)]
+    assert ("GPUValidationSkipped", "Warning") in reasons
 
 
 async def test_replace_without_validation_says_the_new_gpus_were_not_validated(

@@ -15,10 +15,10 @@ once the device's consumers are gone, then validate the repaired device; pass ->
                 provider (preflight first: not configured -> escalated naming it), asked for
                 once per attempt, logged before and after; then wait for the node's GPUs
         replace: the new node cordoned the moment it registers (before its GPUs are
-                published), then one validation Job per new GPU (the lease now counts
-                them); all pass -> new node uncordoned, the old GPU's rule removed, lease
-                given back, closed "replaced: ..."; one fails -> escalated "repair-failed"
-                naming the failed GPUs and their summaries, the new node kept cordoned and
+                published), then one validation Job per new GPU a pod did not take first
+                (the lease now counts them); all pass -> new node uncordoned, the old GPU's rule removed, lease
+                given back, closed "replaced: ..."; one fails (or was taken) -> escalated
+                "repair-failed" naming the failed / taken GPUs and the summaries, the new node kept cordoned and
                 the device held (released by a person: rule, cordon and lease go);
                 validation.enabled false -> closed, saying the new GPUs were not validated
         validate: the validation Job on the repaired device; pass -> released
@@ -613,19 +613,24 @@ async def _after_replace(r: Remediation, attempt: int, new: Replaced) -> Escalat
     refused = await _extend_budget(r, len(new.gpu_uuids), f"validation of node {new.node}'s GPUs")
     if refused is not None:
         return refused
-    results = await _validate_new(r, attempt, new)
+    taken = await _taken_before_guard(r, new)
+    free = Replaced(new.node, [u for u in new.gpu_uuids if u not in taken])
+    results = await _validate_new(r, attempt, free) if free.gpu_uuids else []
     failed = [(u, o) for u, o in results if not o.passed]
-    if failed:
+    if failed or taken:
         passed = [u for u, o in results if o.passed]
         guard = (
             f"node {new.node} kept cordoned by Sickbay"
             if s.guard_node
             else f"node {new.node} NOT cordoned by Sickbay (check it)"
         )
+        problems = [f"GPU {u} failed validation ({o.summary or o.reason})" for u, o in failed] + [
+            f"GPU {u} not validated: in use by {', '.join(p)}" for u, p in taken.items()
+        ]
         return Escalation(
             "repair-failed",
             f"replace of node {old.node}: new node {new.node}'s "
-            + "; ".join(f"GPU {u} failed validation ({o.summary or o.reason})" for u, o in failed)
+            + "; ".join(problems)
             + (f"; passed: {', '.join(passed)}" if passed else "")
             + f"; {guard}, its GPUs out of service until a person releases (repaired / abort)",
         )
@@ -633,6 +638,29 @@ async def _after_replace(r: Remediation, attempt: int, new: Replaced) -> Escalat
         r,
         f"{closing}; new GPUs validated: dcgmi diag level {policy.level} passed on {gpus}",
     )
+
+
+async def _taken_before_guard(r: Remediation, new: Replaced) -> dict[str, list[str]]:
+    """New GPUs a pod already holds (it landed before the cordon: the node came up Ready with
+    its GPUs between two looks, or someone else's cordon was lifted): no validation Job can
+    have them, and Sickbay does not evict a workload from them; said loudly instead."""
+    taken: dict[str, list[str]] = {}
+    for uuid in new.gpu_uuids:
+        plan = await r.act.find_drain_pods(DrainPodsInput(node=new.node, gpu_uuids=[uuid]))
+        if plan.pods:
+            taken[uuid] = [f"{p.namespace}/{p.name}" for p in plan.pods]
+    if taken:
+        what = "; ".join(f"{u}: {', '.join(p)}" for u, p in taken.items())
+        r.j.log("new GPUs in use before validation", outcome=new.node, reason=what)
+        await r.j.event(
+            "GPUValidationSkipped",
+            f"new GPU(s) on {new.node} taken by pods before Sickbay could guard them, not "
+            f"validated: {what}",
+            etype="Warning",
+            pods=False,
+            owners=False,
+        )
+    return taken
 
 
 async def _validate_new(
