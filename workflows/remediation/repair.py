@@ -16,10 +16,11 @@ once the device's consumers are gone, then validate the repaired device; pass ->
                 once per attempt, logged before and after; then wait for the node's GPUs
         replace: the new node cordoned the moment it registers (before its GPUs are
                 published), then one validation Job per new GPU a pod did not take first
-                (the lease now counts them); all pass -> new node uncordoned, the old GPU's rule removed, lease
-                given back, closed "replaced: ..."; one fails (or was taken) -> escalated
-                "repair-failed" naming the failed / taken GPUs and the summaries, the new node kept cordoned and
-                the device held (released by a person: rule, cordon and lease go);
+                (the lease now counts them); all pass -> new node uncordoned, the old
+                GPU's rule removed, lease given back, closed "replaced: ..."; one fails
+                (or was taken) -> escalated "repair-failed" naming the failed / taken
+                GPUs and the summaries, the new node kept cordoned and the device held
+                (released by a person: rule, cordon and lease go);
                 validation.enabled false -> closed, saying the new GPUs were not validated
         validate: the validation Job on the repaired device; pass -> released
     none passed -> escalated "repair-failed" naming each rung's result, held
