@@ -617,7 +617,9 @@ def _published(kube: Kube, node: dict[str, Any]) -> list[str]:
 
 def wait_node_gpus(kube: Kube, inp: WaitNodeGpusInput) -> NodeGpusResult:
     """The node (or, after a replace, the pool's new node: another name, other GPU UUIDs)
-    Ready with at least `expected_gpus` GPUs published; a retryable StillWaiting until then."""
+    Ready with at least `expected_gpus` GPUs published; a retryable StillWaiting until then.
+    With `guard_workflow_id` the replacement is cordoned for that workflow on the first look
+    that finds it, Ready or not (its GPUs are unvalidated), and is the one followed."""
     previous = {u.lower() for u in inp.previous_uuids}
     if inp.asked_at is None or (inp.replaced and not inp.node_pool):
         raise ApplicationError(
