@@ -2,10 +2,15 @@
 
 An embedded stack with the shipped repair ladder on (harness StackConfig.repair) runs one
 inference Deployment on a 1-node x 2-GPU stand. Each round fails the GPU under the pod with
-Xid 48 (ECC: reset, then the validation Job) and then with Xid 79 (off the bus: the node drained
-and rebooted through the twin's Compute Engine endpoint, then validation), and times each
+Xid 48 (ECC: reset, then the validation Job), then with Xid 79 (off the bus: the node drained
+and rebooted through the twin's Compute Engine endpoint, then validation), then with Xid 64
+(row-remap failure: the shipped ladder's only rung for it is replace: the node drained, its
+instance recreated through the same endpoint - same name, new GPU UUIDs - the new node
+cordoned while it registers, one validation Job per new GPU, uncordoned), and times each
 from the fault to the remediation closed `released` (harness.scenarios does the checks: no
-person acted, the rung named, validation passed). Wall-clock seconds on the twin running
+person acted, the rung named, validation passed; for replace: closed "replaced", the new
+GPUs validated). The replaced node starts for `harness.stack.NODE_STARTUP_SECONDS`
+simulated seconds (kubelet, then the GPU driver) before it publishes its GPUs. Wall-clock seconds on the twin running
 `time_scale` times faster with the demo runbooks' durations divided by the same factor; the
 rung polls run every 5 s of real time (workflows/remediation/calls.py POLL_RETRY), which
 dominates at this scale. Also counted: the human actions the runs needed (goal 0).
@@ -24,13 +29,17 @@ from typing import Any
 from bench.common import summary
 from bench.stacks import open_stack
 from harness.scenarios import Demo, Progress, _ns, _people_in, _repaired_without_people
+from harness.stack import NODE_STARTUP_SECONDS
 
 log = logging.getLogger("bench.repair")
+
+# (Xid, the shipped ladder's first rung for it) measured each round.
+RUNGS = ((48, "reset"), (79, "reboot"), (64, "replace"))
 
 
 async def run(rounds: int = 10, time_scale: float = 30.0) -> dict[str, Any]:
     stack = open_stack(time_scale=time_scale, repair=True, lemons=False)
-    timings: dict[str, list[float]] = {"reset": [], "reboot": []}
+    timings: dict[str, list[float]] = {"reset": [], "reboot": [], "replace": []}
     human = 0
     try:
         demo = await Demo.open(stack, Progress(lambda line: log.info("%s", line)))
@@ -39,7 +48,7 @@ async def run(rounds: int = 10, time_scale: float = 30.0) -> dict[str, Any]:
             await demo.namespace(ns)
             await demo.deployment(ns, "llm")
             for i in range(rounds):
-                for xid, rung in ((48, "reset"), (79, "reboot")):
+                for xid, rung in RUNGS:
                     t = time.monotonic()
                     result = await _repaired_without_people(
                         demo, ns, "llm", xid, rung, f"round {i + 1}: Xid {xid} -> {rung}"
@@ -54,6 +63,7 @@ async def run(rounds: int = 10, time_scale: float = 30.0) -> dict[str, Any]:
     return {
         "rounds": rounds,
         "time_scale": time_scale,
+        "node_startup_seconds": NODE_STARTUP_SECONDS,
         "seconds": {rung: summary(values) for rung, values in timings.items()},
         "human_actions": human,
     }
@@ -83,8 +93,11 @@ def section(r: dict[str, Any]) -> list[str]:
         "## 7. Closed-loop repair: failure -> validated release",
         "",
         f"`bench/repair.py`: {r['rounds']} rounds on a 1-node x 2-GPU twin (x{r['time_scale']:g}, "
-        "demo runbooks with the shipped ladder on); each round Xid 48 (reset, validation) and "
-        "Xid 79 (reset not applicable: node drained, rebooted, validation), from the fault to "
+        "demo runbooks with the shipped ladder on); each round Xid 48 (reset, validation), "
+        "Xid 79 (reset not applicable: node drained, rebooted, validation) and Xid 64 "
+        "(replace only: node drained, its instance recreated with new GPUs, the new node "
+        f"cordoned while it starts ({r.get('node_startup_seconds', 0):g} s simulated before its "
+        "GPUs are published), one validation Job per new GPU, uncordoned), from the fault to "
         "the remediation closed `released`. No person acts. Lemons off on this stand (the same "
         "two GPUs fail every round; the lemon part is in the human-actions section).",
         "",

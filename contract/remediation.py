@@ -250,6 +250,9 @@ class RemediationCarry(Contract):
     event_counts: dict[str, int] = Field(default_factory=dict)  # aggregated Events so far
     retired: bool = False  # the GPU ledger retired the GPU (lemon): held until un-retired
     incident: str = ""  # the GPU ledger's key for this remediation: <workflow id>/<first run id>
+    # A replace's new node, cordoned by Sickbay while (or because) its GPUs did not pass
+    # validation: uncordoned on release or abort.
+    guard_node: str | None = None
 
 
 RemediationInput.model_rebuild()

@@ -163,8 +163,14 @@ class WaitNodeGpusInput(Contract):
     # node of the pool is not, however healthy).
     asked_at: datetime | None = None
     expected_gpus: int = Field(default=1, ge=1)
+    # After a replace whose new GPUs are validated: cordon the replacement (Sickbay's cordon
+    # for this workflow id) the first time it is seen, before its GPUs are published, so no
+    # workload lands on an unvalidated GPU; None: no guard.
+    guard_workflow_id: str | None = None
 
 
 class NodeGpusResult(Contract):
     node: str
     gpu_uuids: list[str]
+    cordoned: bool = False  # the guard: Sickbay's cordon (this workflow's) is on the node
+    guard_note: str = ""  # how the guard went (already cordoned by someone else, ...)

@@ -1070,7 +1070,13 @@ async def _repaired_without_people(
     await demo.fail(gpu, xid=xid)
     incident = await demo.incident(gpu, part)
     result = await demo.closed(incident, within=REPAIR_TIMEOUT)
-    if result.outcome != "released" or f"{rung} repaired it" not in result.reason:
+    # A replace ends the old GPU's remediation once the new node's GPUs passed validation.
+    done = (
+        result.reason.startswith("replaced:") and "new GPUs validated" in result.reason
+        if rung == "replace"
+        else f"{rung} repaired it" in result.reason
+    )
+    if result.outcome != "released" or not done:
         raise DemoFailure(f"{part}: closed {result.outcome}: {result.reason}")
     people = _people_in(result.timeline)
     if people:

@@ -72,6 +72,9 @@ PREFERRED_TEMPORAL_PORT = 7233
 PREFERRED_UI_PORT = 8233
 POOL = "gpu-pool"
 PROFILE = "1.36"
+# Simulated seconds a replaced twin node is NotReady with no GPU published (repair stacks):
+# a GPU node's boot, kubelet and driver DaemonSet take minutes; longer than a wait poll at x30.
+NODE_STARTUP_SECONDS = 300
 WATCH_NAMESPACE = "sickbay"  # the health watcher's Lease, as deploy/ has it
 # Readiness: the dev server needs ~2-5 s (SQLite in memory), a Python child 2-4 s to import on
 # a busy 2-core machine; 60 s covers a machine shared with other test runs.
@@ -629,6 +632,10 @@ class Stack:
                 str(cloud_port),
                 "--cloud-max-size",
                 str(cfg.pool_max),
+                # With the ladder on, a replaced node registers before its GPUs are published
+                # (kubelet, then the GPU driver), as a real one does: Sickbay guards it then.
+                "--node-startup-seconds",
+                str(NODE_STARTUP_SECONDS if cfg.repair else 0),
             ],
             twin_env,
         )

@@ -423,6 +423,23 @@ class FaultInjector:
         self.manager.poke()
         return targets
 
+    def forget_node(self, node: str) -> list[Fault]:
+        """The node's machine is gone (replaced): its GPUs' faults go with it, nothing is
+        republished for it, and their alerts resolve (the exporter on it stopped)."""
+        with self._lock:
+            targets = [f for f in self._faults.values() if f.node == node]
+            for fault in targets:
+                self._faults.pop(fault.key, None)
+                self.epoch += 1
+                for resource_id in fault.devices:
+                    if self._by_resource.get((fault.node, resource_id)) is fault:
+                        del self._by_resource[(fault.node, resource_id)]
+                alerts = self.manager.alerts
+                if alerts is not None and fault.alerts:
+                    alerts.resolve(fault.alerts)
+        self.manager.poke()
+        return targets
+
     def _clear(self, fault: Fault) -> None:
         self._faults.pop(fault.key, None)
         self.epoch += 1

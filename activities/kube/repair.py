@@ -38,7 +38,7 @@ from activities.kube.devices import (
     node_gpu_uuids,
     node_pool_of,
 )
-from activities.kube.nodes import read_node
+from activities.kube.nodes import ANN_CORDONED_BY, converge_node, cordon_change, read_node
 from activities.kube.pods import is_terminal, meta, pod_ref, requests_gpu
 from contract.errors import ERR_GPU_HELD, ERR_INVALID_INPUT, ERR_STILL_WAITING
 from contract.kube import PodRef
@@ -329,6 +329,8 @@ def validation_manifests(
     }
     claim: dict[str, Any] | None = None
     if inp.mode == "dra":
+        if kube is not None and inp.driver and not (inp.pool and inp.device):
+            inp = _device_of(kube, inp)  # a replaced node's new GPU: known by its UUID only
         if not (inp.driver and inp.pool and inp.device):
             raise ApplicationError(
                 "validation on DRA needs the device (driver, pool, device)",
@@ -396,6 +398,23 @@ def validation_manifests(
         int(inp.timeout.total_seconds()),
     )
     return job, claim
+
+
+def _device_of(kube: Kube, inp: ValidationJobInput) -> ValidationJobInput:
+    """The node's DRA device of the GPU `inp.gpu_uuid` (the whole GPU, else a slice of it)."""
+    want = inp.gpu_uuid.lower()
+    devices = [d for d in list_slice_devices(kube, inp.node, fresh=True) if d.driver == inp.driver]
+    found = next((d for d in devices if (d.uuid or "").lower() == want), None) or next(
+        (d for d in devices if (d.physical_uuid or "").lower() == want), None
+    )
+    if found is None:
+        raise ApplicationError(
+            f"GPU {inp.gpu_uuid} is not published by {inp.driver} on {inp.node}: nothing to "
+            "validate",
+            type=ERR_INVALID_INPUT,
+            non_retryable=True,
+        )
+    return inp.model_copy(update={"pool": found.pool, "device": found.device})
 
 
 def _create_once(kube: Kube, resource: str, body: dict[str, Any]) -> bool:
@@ -598,7 +617,9 @@ def _published(kube: Kube, node: dict[str, Any]) -> list[str]:
 
 def wait_node_gpus(kube: Kube, inp: WaitNodeGpusInput) -> NodeGpusResult:
     """The node (or, after a replace, the pool's new node: another name, other GPU UUIDs)
-    Ready with at least `expected_gpus` GPUs published; a retryable StillWaiting until then."""
+    Ready with at least `expected_gpus` GPUs published; a retryable StillWaiting until then.
+    With `guard_workflow_id` the replacement is cordoned for that workflow on the first look
+    that finds it, Ready or not (its GPUs are unvalidated), and is the one followed."""
     previous = {u.lower() for u in inp.previous_uuids}
     if inp.asked_at is None or (inp.replaced and not inp.node_pool):
         raise ApplicationError(
@@ -624,18 +645,30 @@ def wait_node_gpus(kube: Kube, inp: WaitNodeGpusInput) -> NodeGpusResult:
                 raise
             candidates = []
     waiting: list[str] = []
+    eligible: list[tuple[dict[str, Any], list[str]]] = []
     for node in sorted(candidates, key=lambda n: meta(n).get("creationTimestamp") or ""):
-        name = meta(node).get("name", "")
         uuids = _published(kube, node)
         if inp.replaced and {u.lower() for u in uuids} & previous:
             continue  # an old node of the pool, not the replacement
         if inp.replaced and not previous.isdisjoint({u.lower() for u in node_gpu_uuids(node)}):
             continue
+        eligible.append((node, uuids))
+    cordoned, note = False, ""
+    if inp.replaced and inp.guard_workflow_id and eligible:
+        # Guard one replacement (the one this workflow cordoned on an earlier look, else the
+        # oldest new node of the pool) the first time it is seen, Ready or not, and follow it.
+        wf = inp.guard_workflow_id
+        ours = [e for e in eligible if _cordoned_by(e[0]) == wf]
+        target = ours[0] if ours else eligible[0]
+        eligible = [target]
+        cordoned, note = _guard(kube, meta(target[0]).get("name", ""), wf)
+    for node, uuids in eligible:
+        name = meta(node).get("name", "")
         # After a reboot the node must have been down since the request: Ready again later
         # than it (a node still Ready from before has not rebooted yet).
         rebooted = inp.replaced or _ready_since(node, inp.asked_at)
         if _ready(node) and rebooted and len(uuids) >= inp.expected_gpus:
-            return NodeGpusResult(node=name, gpu_uuids=uuids)
+            return NodeGpusResult(node=name, gpu_uuids=uuids, cordoned=cordoned, guard_note=note)
         if _ready(node) and not rebooted:
             waiting.append(f"{name}: still Ready since before the request (not rebooted yet)")
             continue
@@ -645,3 +678,20 @@ def wait_node_gpus(kube: Kube, inp: WaitNodeGpusInput) -> NodeGpusResult:
         + ("; ".join(waiting) or "no node yet"),
         type=ERR_STILL_WAITING,
     )
+
+
+def _cordoned_by(node: dict[str, Any]) -> str | None:
+    return (meta(node).get("annotations") or {}).get(ANN_CORDONED_BY)
+
+
+def _guard(kube: Kube, name: str, workflow_id: str) -> tuple[bool, str]:
+    """Cordon a replacement node for `workflow_id` (idempotent): (Sickbay's cordon of this
+    workflow is on it, what happened). A node someone else cordoned stays theirs."""
+    outcome: dict[str, str] = {}
+    try:
+        node, _changed = converge_node(kube, name, cordon_change(True, workflow_id, outcome))
+    except KubeError as err:
+        if err.kind is not ErrorKind.NOT_FOUND:
+            raise
+        return False, f"node {name} is gone"
+    return _cordoned_by(node) == workflow_id, outcome.get("message", "")

@@ -5,7 +5,8 @@ ladder on, the real `sickbay worker` SIGKILLed and replaced):
   a new worker finishes it (validation, release) and the twin's Compute Engine endpoint acted
   on exactly one reset of the node's VM;
 - Xid 64 (row-remap failure) -> replace: the worker is killed while the remediation follows the
-  replacement; a new worker closes it for the old GPU, and exactly one recreate was acted on
+  replacement; a new worker validates the new node's GPUs and closes it for the old GPU, and
+  exactly one recreate was acted on; the new node is left uncordoned
 (the AKS reboot's drill: test_repair_kill_aks.py).
 """
 
@@ -44,7 +45,7 @@ async def kill_while(d: Drill, workflow_id: str, awaiting: str, within: float = 
     ("xid", "awaiting", "action", "outcome"),
     [
         (79, "reboot (attempt 1): the node Ready", "reset", "reboot repaired it"),
-        (64, "replace (attempt 1): the node Ready", "recreate", "replaced"),
+        (64, "replace (attempt 1): the node Ready", "recreate", "new GPUs validated"),
     ],
 )
 async def test_worker_killed_during_a_node_rung_asks_once(
@@ -64,3 +65,11 @@ async def test_worker_killed_during_a_node_rung_asks_once(
         assert outcome in result.reason
         calls = instance_calls(d)
         assert [c[0] for c in calls] == [action], calls  # asked once, acted on once
+        if xid == 64:  # the guard of the new node went with the validation's pass
+            assert result.reason.startswith("replaced:")
+            assert not any(n.get("unschedulable") for n in await _node_specs(d))
+
+
+async def _node_specs(d: Drill) -> list[dict[str, object]]:
+    nodes = (await d.demo.k("GET", "/api/v1/nodes"))["items"]
+    return [n.get("spec") or {} for n in nodes]

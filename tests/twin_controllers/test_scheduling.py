@@ -18,7 +18,8 @@ Cases:
 - a pod naming a missing ResourceClaimTemplate gets a FailedResourceClaimCreation warning and
   runs once the template exists;
 - a shared ResourceClaim (resourceClaimName) serves two pods from one device (both in
-  reservedFor); a NoExecute rule evicts both, then the claim is deallocated.
+  reservedFor); a NoExecute rule evicts both, then the claim is deallocated;
+- a cordoned node takes only pods tolerating node.kubernetes.io/unschedulable:NoSchedule.
 """
 
 from __future__ import annotations
@@ -320,3 +321,32 @@ def test_shared_claim_two_pods_one_device(twin: Any) -> None:
     eventually(released)
     events = t.core.list_namespaced_event(ns).items
     assert len([e for e in events if e.reason == "DeviceTaintManagerEviction"]) == 2
+
+
+def test_a_cordoned_node_takes_only_pods_tolerating_the_cordon(twin: Any) -> None:
+    """kube-scheduler's NodeUnschedulable filter: `spec.unschedulable` keeps pods off unless
+    they tolerate node.kubernetes.io/unschedulable:NoSchedule (Sickbay's validation Job on a
+    replace's cordoned new node)."""
+    t = twin()
+    ns = t.namespace()
+    t.core.patch_node(NODE, {"spec": {"unschedulable": True}})
+
+    def pod(name: str, tolerations: list[dict[str, Any]]) -> dict[str, Any]:
+        container = {"name": "main", "image": "busybox", "command": ["sleep", "3600"]}
+        spec = {"containers": [container], "tolerations": tolerations}
+        return {"metadata": {"name": name}, "spec": spec}
+
+    cordon = {"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}
+    t.core.create_namespaced_pod(ns, pod("plain", []))
+    t.core.create_namespaced_pod(ns, pod("tolerant", [{**cordon, "effect": "NoSchedule"}]))
+
+    def placed() -> bool:
+        tolerant = t.core.read_namespaced_pod("tolerant", ns)
+        assert tolerant.spec.node_name == NODE
+        plain = t.core.read_namespaced_pod("plain", ns)
+        scheduled = condition(plain, "PodScheduled")
+        assert scheduled is not None and scheduled.status == "False"
+        assert "unschedulable" in scheduled.message and plain.spec.node_name is None
+        return True
+
+    assert eventually(placed)

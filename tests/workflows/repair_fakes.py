@@ -59,6 +59,8 @@ class RepairScript:
     machine_errors: dict[str, ApplicationError] = field(default_factory=dict)
     node_back: bool = True
     new_node: str = "gpu-node-new"
+    new_gpus: list[str] = field(default_factory=lambda: ["GPU-new-0"])  # the new node's GPUs
+    new_gpu_holders: dict[str, list[PodRef]] = field(default_factory=dict)  # pods on new GPUs
 
 
 def repair_activities(world: FakeWorld, script: RepairScript) -> list[Callable[..., Any]]:
@@ -74,6 +76,9 @@ def repair_activities(world: FakeWorld, script: RepairScript) -> list[Callable[.
     @fake_of(KubeRepairActivities.find_drain_pods)
     async def find_drain_pods(req: DrainPodsInput) -> DrainPodsResult:
         calls.append((ACT_FIND_DRAIN_PODS, req))
+        if req.node == script.new_node:
+            held = [p for u in req.gpu_uuids for p in script.new_gpu_holders.get(u, [])]
+            return DrainPodsResult(pods=held, node_gpu_uuids=list(script.new_gpus))
         return DrainPodsResult(
             pods=script.node_pods, node_gpu_uuids=script.node_gpus or [world.gpu_uuid]
         )
@@ -144,7 +149,12 @@ def repair_activities(world: FakeWorld, script: RepairScript) -> list[Callable[.
         if not script.node_back:
             raise ApplicationError("node NotReady", type=ERR_STILL_WAITING, non_retryable=True)
         if req.replaced:
-            return NodeGpusResult(node=script.new_node, gpu_uuids=["GPU-new-0"])
+            # The guard (Sickbay's cordon) goes on the new node the moment it is seen.
+            return NodeGpusResult(
+                node=script.new_node,
+                gpu_uuids=list(script.new_gpus),
+                cordoned=req.guard_workflow_id is not None,
+            )
         return NodeGpusResult(node=req.node, gpu_uuids=script.node_gpus or [world.gpu_uuid])
 
     return [

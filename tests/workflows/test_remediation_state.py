@@ -47,6 +47,7 @@ def _carry() -> RemediationCarry:
         event_counts={"GPUQuarantined|Node||n1": 2},
         retired=True,
         incident="sickbay-gpu-n1-gpu-1/run-1",
+        guard_node="n1-new",
     )
 
 

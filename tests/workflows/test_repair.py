@@ -15,8 +15,13 @@ Cases:
   repaired;
 - no provider for the node rung (runbook names none) -> escalated, nothing drained; the
   provider refusing at the preflight -> escalated naming it, nothing drained;
-- replace: Xid 64 -> the node replaced -> the remediation follows the new node and closes
-  for the old GPU (rule removed, lease given back);
+- replace: Xid 64 -> the node replaced -> the remediation follows the new node, cordoned the
+  moment it is seen, runs one validation Job per new GPU; all pass -> the new node uncordoned,
+  closed for the old GPU (rule removed, lease given back) with the validation in the
+  timeline, Events and outcome; one fails -> escalated "repair-failed" naming it, the new
+  node kept cordoned until a person releases; a new GPU a pod took before the guard ->
+  not validated, not evicted, named in the escalation; validation.enabled false -> the timeline and
+  outcome say the new GPUs were not validated; dry run says it would validate them;
 - budget with node-wide rungs: the budget refuses the node's GPUs -> escalated
   budget-exhausted, the node never rebooted; a reset group of 4 asks for 4;
 - the budget workflow counts GPUs per lease: an extension fits or is refused, the lease
@@ -262,21 +267,144 @@ async def test_provider_refusal_escalates_naming_it(time_skipping_env: WorkflowE
     assert ACT_CORDON not in world.names() and ACT_EVICT_PODS not in world.names()
 
 
-async def test_replace_follows_new_node_and_closes(time_skipping_env: WorkflowEnvironment) -> None:
+def without_validation(rbs: list[Runbook]) -> list[Runbook]:
+    out = []
+    for rb in rbs:
+        val = rb.spec.validation.model_copy(update={"enabled": False})
+        out.append(rb.model_copy(update={"spec": rb.spec.model_copy(update={"validation": val})}))
+    return out
+
+
+NEW_GPUS = ["GPU-new-0", "GPU-new-1"]
+
+
+async def test_replace_validates_new_gpus_then_closes(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
     client = time_skipping_env.client
     world = FakeWorld(runbooks=runbooks())
-    async with worker_for(client, world, RepairScript()) as worker:
+    script = RepairScript(new_gpus=NEW_GPUS, node_gpus=[world.gpu_uuid, "GPU-old-1"])
+    async with worker_for(client, world, script) as worker:
         handle = await start(client, worker, world, alerts=[xid_alert(64, "fp-64")])
         result = await handle.result()
     assert result.outcome == "released", result.reason
-    assert "new node gpu-node-new" in result.reason and "no longer exists" in result.reason
+    assert result.reason.startswith("replaced:") and "new node gpu-node-new" in result.reason
+    assert "no longer exists" in result.reason
+    assert "validated: dcgmi diag level 2 passed on GPU-new-0, GPU-new-1" in result.reason
     wait = world.args(ACT_WAIT_NODE_GPUS)[0]
-    assert wait.replaced and wait.previous_uuids == [world.gpu_uuid]
+    assert wait.replaced and wait.previous_uuids == [world.gpu_uuid, "GPU-old-1"]
+    # The guard goes on the new node the moment it is seen (before its GPUs are published).
+    assert wait.guard_workflow_id == handle.id
     assert [r.dry_run for r in world.args(ACT_REPLACE_NODE)] == [True, False]
+    # One validation Job per new GPU, on the new node, started before any is waited for.
+    jobs = world.args(ACT_START_VALIDATION_JOB)
+    assert [(j.node, j.gpu_uuid) for j in jobs] == [("gpu-node-new", u) for u in NEW_GPUS]
+    assert all(j.device is None and j.pool is None for j in jobs)  # resolved on the new node
+    assert len({j.incident for j in jobs}) == 2  # a Job of its own per GPU
+    names = world.names()
+    assert names.index(ACT_START_VALIDATION_JOB) < names.index(ACT_RELEASE_QUARANTINE)
+    # The old node (gone) is never uncordoned; the new one is once every GPU passed.
+    cordons = [(c.node, c.cordon) for c in world.args(ACT_CORDON)]
+    assert cordons == [(world.node, True), ("gpu-node-new", False)]
+    assert names.index(ACT_CORDON, names.index(ACT_START_VALIDATION_JOB)) < names.index(
+        ACT_RELEASE_QUARANTINE
+    )
+    acts = actions(result.timeline)
+    assert "new GPUs guarded" in acts and "validation passed" in acts
+    passed = [e for e in result.timeline if e.action == "validation passed"]
+    assert [e.outcome for e in passed] == [f"GPU {u} after replace" for u in NEW_GPUS]
+    events = [(e.reason, e.message) for e in world.args(ACT_RECORD_EVENT)]
+    passed_events = [m for r, m in events if r == "GPUValidationPassed"]
+    assert [m.split(": ", 1)[1] for m in passed_events] == [
+        f"validation of new GPU {u} on gpu-node-new after replace passed: Diagnostic | PASS"
+        for u in NEW_GPUS
+    ]
+    # The budget: the lease that counted the old node's 2 GPUs covers the 2 new ones.
+    leases = [a.gpus for a in world.args(ACT_ACQUIRE_BUDGET)]
+    assert leases[-1] == 2 and ACT_NOTIFY not in names
+
+
+async def test_replace_new_gpu_fails_validation_escalates_and_keeps_it_guarded(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+    script = RepairScript(new_gpus=NEW_GPUS, validations=[True, False])
+    async with worker_for(client, world, script) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(64, "fp-64")])
+        status = await wait_phase(handle, Phase.HOLDING)
+        assert status.escalation_reason == "repair-failed"
+        assert status.validation is not None and "GPU-new-1" in status.validation
+        # Held: the new node stays cordoned (its unvalidated GPUs out of service).
+        assert [c.cordon for c in world.args(ACT_CORDON)] == [True]
+        assert ACT_RELEASE_QUARANTINE not in world.names()
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="GPU swapped"))
+        result = await handle.result()
+    assert result.outcome == "escalated"
+    summary = world.args(ACT_NOTIFY)[0].incident.summary
+    assert "new node gpu-node-new" in summary and "GPU-new-1 failed validation" in summary
+    assert "Memory | FAIL: ECC DBE" in summary and "GPU-new-0" in summary  # passed, named
+    assert "kept cordoned" in summary
+    events = [(e.reason, e.type) for e in world.args(ACT_RECORD_EVENT)]
+    assert ("GPUValidationFailed", "Warning") in events
+    # Released by the person: Sickbay's cordon of the new node goes with the quarantine.
+    assert [(c.node, c.cordon) for c in world.args(ACT_CORDON)][-1] == ("gpu-node-new", False)
+
+
+async def test_replace_new_gpu_taken_before_the_guard_is_named_not_validated(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+    pod = PodRef(namespace="serving", name="llm-new", uid="u-new")
+    script = RepairScript(new_gpus=NEW_GPUS, new_gpu_holders={"GPU-new-1": [pod]})
+    async with worker_for(client, world, script) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(64, "fp-64")])
+        status = await wait_phase(handle, Phase.HOLDING)
+        assert status.escalation_reason == "repair-failed"
+        # Only the free GPU is validated; the workload is not evicted from the other.
+        jobs = world.args(ACT_START_VALIDATION_JOB)
+        assert [j.gpu_uuid for j in jobs] == ["GPU-new-0"]
+        assert ACT_EVICT_PODS not in world.names()[world.names().index(ACT_REPLACE_NODE) :]
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="checked"))
+        await handle.result()
+    summary = world.args(ACT_NOTIFY)[0].incident.summary
+    assert "GPU GPU-new-1 not validated: in use by serving/llm-new" in summary
+    assert "passed: GPU-new-0" in summary and "kept cordoned" in summary
+    reasons = [(e.reason, e.type) for e in world.args(ACT_RECORD_EVENT)]
+    assert ("GPUValidationSkipped", "Warning") in reasons
+
+
+async def test_replace_without_validation_says_the_new_gpus_were_not_validated(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=without_validation(runbooks()))
+    async with worker_for(client, world, RepairScript(new_gpus=NEW_GPUS)) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(64, "fp-64")])
+        result = await handle.result()
+    assert result.outcome == "released", result.reason
+    assert "not validated (validation.enabled is false)" in result.reason
     assert ACT_START_VALIDATION_JOB not in world.names()
-    assert ACT_RELEASE_QUARANTINE in world.names()
-    # The old node is gone: no uncordon of it.
+    assert world.args(ACT_WAIT_NODE_GPUS)[0].guard_workflow_id is None  # nothing to guard
+    note = entry(result.timeline, "not validated")
+    assert "GPU-new-0, GPU-new-1" in note.reason and "gpu-node-new" in note.reason
     assert [c.cordon for c in world.args(ACT_CORDON)] == [True]
+
+
+async def test_dry_run_of_a_replace_says_it_would_validate_the_new_gpus(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+    async with worker_for(client, world, RepairScript()) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(64, "fp-64")], dry_run=True)
+        result = await handle.result()
+    would = [e.reason for e in result.timeline if e.action == "dry run: would repair"]
+    assert len(would) == 2 and "replace node" in would[0]
+    assert "cordon the new node as soon as it registers" in would[1]
+    assert "one validation Job per new GPU" in would[1]
+    assert not REPAIR_ACTS & set(world.names())
 
 
 async def test_budget_refuses_node_rung(time_skipping_env: WorkflowEnvironment) -> None:

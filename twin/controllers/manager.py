@@ -77,6 +77,10 @@ class TwinOptions:
     # Node pools: time from a resize until new nodes (and their ResourceSlices) appear.
     provisioning_delay: float = 30.0
     reboot_seconds: float = 20.0  # a rebooted twin node is NotReady this long (simulated)
+    # A replacement node (repairs.replace) registers NotReady with no GPUs published, then is
+    # Ready with its devices this long after (kubelet start, then the device plugin / DRA
+    # driver DaemonSet); 0: registered Ready with its devices at once.
+    node_startup_seconds: float = 0.0
     # What the twin's Cluster API MachineHealthCheck does with `remediate-machine`: an external
     # reboot remediator ("reboot") or the owner's delete-and-recreate ("replace").
     capi_remediation: str = "reboot"
@@ -379,6 +383,13 @@ def add_twin_up_arguments(parser: Any) -> None:
         help="simulated seconds until a node added to a pool registers",
     )
     group.add_argument(
+        "--node-startup-seconds",
+        type=float,
+        default=TwinOptions.node_startup_seconds,
+        help="simulated seconds a replaced node stays NotReady with no GPU published "
+        "(kubelet and GPU driver starting; 0: Ready with its GPUs at once)",
+    )
+    group.add_argument(
         "--ignore-device-taint-rules",
         action="store_true",
         help="known fault kubernetes#139651: the scheduler ignores DeviceTaintRules",
@@ -413,6 +424,9 @@ def options_from_args(args: Any) -> TwinOptions:
     )
     options.provisioning_delay = float(
         getattr(args, "provisioning_delay", options.provisioning_delay)
+    )
+    options.node_startup_seconds = float(
+        getattr(args, "node_startup_seconds", options.node_startup_seconds)
     )
     options.ignore_device_taint_rules = bool(getattr(args, "ignore_device_taint_rules", False))
     options.expired_toleration_bug = bool(getattr(args, "expired_toleration_bug", False))

@@ -247,6 +247,7 @@ class NodePools:
                     self._idents.get(name),
                 )
                 log.info("node pool %s: node %s registered", pool, name)
+                self.manager.repairs.registered(name, pool)
             except (ApiError, ValueError) as err:
                 log.warning("node pool %s: node %s not created: %s", pool, name, err)
         if later:

@@ -317,17 +317,22 @@ class NodeRepairs:
         self._reboots: dict[str, _Reboot] = {}
         self.reboots: list[str] = []  # every node rebooted, in order (tests count them)
         self.replacements: list[str] = []
+        self.starting_pools: set[str] = set()  # pools whose next new node is a replacement
 
     def reboot(self, node: str, seconds: float | None = None) -> None:
+        wait = self.manager.options.reboot_seconds if seconds is None else float(seconds)
+        self._down(node, wait, record=True)
+
+    def _down(self, node: str, wait: float, record: bool) -> None:
         store = self.manager.store
         if store.try_get(NODES, node) is None:
             raise KeyError(f'node "{node}" not found')
-        wait = self.manager.options.reboot_seconds if seconds is None else float(seconds)
         with self._lock:
             if node in self._reboots:
                 return  # already rebooting: a second reset of the instance changes nothing
             entry = self._reboots[node] = _Reboot(node, self.manager.clock.monotonic() + wait)
-            self.reboots.append(node)
+            if record:
+                self.reboots.append(node)
 
         def not_ready(obj: dict[str, Any]) -> None:
             status = obj.setdefault("status", {})
@@ -353,10 +358,24 @@ class NodeRepairs:
 
     def replace(self, node: str, seconds: float | None = None, same_name: bool = False) -> str:
         wait = self.manager.options.provisioning_delay if seconds is None else float(seconds)
+        # New hardware: the old GPUs' faults do not follow a recreated VM that keeps the name.
+        if self.manager.faults is not None:
+            self.manager.faults.forget_node(node)
         pool = self.manager.node_pools.replace_node(node, delay=wait, same_name=same_name)
         with self._lock:
             self.replacements.append(node)
+            self.starting_pools.add(pool)
         return pool
+
+    def registered(self, node: str, pool: str) -> None:
+        """A pool node was just registered: a replacement's kubelet and GPU driver still start
+        (`node_startup_seconds`): NotReady, nothing published, until then."""
+        seconds = self.manager.options.node_startup_seconds
+        with self._lock:
+            if seconds <= 0 or pool not in self.starting_pools:
+                return
+            self.starting_pools.discard(pool)
+        self._down(node, seconds, record=False)
 
     def rebooting(self, node: str) -> bool:
         with self._lock:

@@ -328,7 +328,10 @@ class Scheduler:
         state: _PassState,
         now: Any,
     ) -> str | None:
-        if node["spec"].get("unschedulable"):
+        if node["spec"].get("unschedulable") and not _tolerates_cordon(pod):
+            # kube-scheduler's NodeUnschedulable filter: a cordoned node takes only pods that
+            # tolerate node.kubernetes.io/unschedulable:NoSchedule (DaemonSets, Sickbay's
+            # validation Job on a replace's new node).
             return "node(s) were unschedulable"
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         max_pods = quantity_int(allocatable.get("pods")) if "pods" in allocatable else None
@@ -447,3 +450,15 @@ class Scheduler:
         except ApiError:
             return
         ctx.events.scheduler(updated, "FailedScheduling", "Scheduling", message, "Warning")
+
+
+def _tolerates_cordon(pod: dict[str, Any]) -> bool:
+    for t in pod["spec"].get("tolerations") or []:
+        key, op, effect = t.get("key"), t.get("operator") or "Equal", t.get("effect")
+        if effect not in (None, "", "NoSchedule"):
+            continue
+        if (key in (None, "") and op == "Exists") or (
+            key == "node.kubernetes.io/unschedulable" and (op == "Exists" or not t.get("value"))
+        ):
+            return True
+    return False

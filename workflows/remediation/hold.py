@@ -117,6 +117,13 @@ async def release_now(r: Remediation, reason: str) -> Closed:
 
 async def _remove_quarantine(r: Remediation, reason: str) -> None:
     s = r.s
+    if s.guard_node is not None:  # a replace's new node, cordoned while its GPUs validated
+        uncordon = await r.act.cordon(
+            CordonInput(node=s.guard_node, cordon=False, workflow_id=s.workflow_id),
+            "uncordon new node",
+        )
+        r.j.log("new node uncordoned", outcome=f"{s.guard_node}: {uncordon.message}", reason=reason)
+        s.guard_node = None
     if s.quarantine is None or s.device is None:
         return
     result = await r.act.release_quarantine(

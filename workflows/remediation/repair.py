@@ -14,7 +14,14 @@ once the device's consumers are gone, then validate the repaired device; pass ->
         act:    reset Job (holders checked first) | reboot / replace through the node's
                 provider (preflight first: not configured -> escalated naming it), asked for
                 once per attempt, logged before and after; then wait for the node's GPUs
-        replace: the old GPU no longer exists -> rule removed, lease given back, closed
+        replace: the new node cordoned the moment it registers (before its GPUs are
+                published), then one validation Job per new GPU a pod did not take first
+                (the lease now counts them); all pass -> new node uncordoned, the old
+                GPU's rule removed, lease given back, closed "replaced: ..."; one fails
+                (or was taken) -> escalated "repair-failed" naming the failed / taken
+                GPUs and the summaries, the new node kept cordoned and the device held
+                (released by a person: rule, cordon and lease go);
+                validation.enabled false -> closed, saying the new GPUs were not validated
         validate: the validation Job on the repaired device; pass -> released
     none passed -> escalated "repair-failed" naming each rung's result, held
 
@@ -151,7 +158,16 @@ def describe(r: Remediation) -> list[str]:
                 f"(PodDisruptionBudgets honoured), wait {rung.timeout} for its GPUs"
             )
     if out and s.spec.validation.enabled:
-        out.append(f"validate with dcgmi diag level {s.spec.validation.level} before release")
+        text = f"validate with dcgmi diag level {s.spec.validation.level} before release"
+        if "replace" in ladder(r):
+            text += (
+                "; after a replace, cordon the new node as soon as it registers and run one "
+                "validation Job per new GPU before closing (a failure keeps it cordoned and "
+                "escalates)"
+            )
+        out.append(text)
+    elif out and "replace" in ladder(r):
+        out.append("a replace's new GPUs would go into service unvalidated (validation off)")
     return out
 
 
@@ -187,7 +203,7 @@ async def repair(r: Remediation) -> Escalation | Closed | None:
         if isinstance(done, Escalation):
             return done
         if isinstance(done, Replaced):
-            return await _closed_replaced(r, done)
+            return await _after_replace(r, attempt, done)
         if isinstance(done, RungFailed):
             results.append(done.why)
             j.log(f"{action} failed", outcome=f"attempt {attempt}", reason=done.why)
@@ -318,6 +334,10 @@ async def _node_rung(
     if action == "replace" and s.quarantine is not None:
         s.quarantine = s.quarantine.model_copy(update={"node_cordoned": False})  # node goes
     _enter(r, action, attempt, "the node Ready with its GPUs published", rung.timeout)
+    # A replace's new GPUs are unvalidated: the activity cordons the new node the moment it
+    # sees it (nodes register before their device plugin / DRA driver publishes GPUs), so the
+    # pods drained for the replace do not land on them before validation.
+    guard = action == "replace" and s.spec.validation.enabled
     try:
         back = await r.act.wait_for_node_gpus(
             WaitNodeGpusInput(
@@ -327,6 +347,7 @@ async def _node_rung(
                 previous_uuids=plan.node_gpu_uuids,
                 asked_at=asked_at,
                 expected_gpus=gpus,
+                guard_workflow_id=s.workflow_id if guard else None,
             ),
             limit=rung.timeout,
         )
@@ -336,6 +357,16 @@ async def _node_rung(
         )
     j.log("node back", outcome=back.node, reason=f"{len(back.gpu_uuids)} GPU(s) published")
     if action == "replace":
+        if back.cordoned:
+            s.guard_node = back.node
+            j.log(
+                "new GPUs guarded",
+                outcome=f"node {back.node} cordoned",
+                reason="cordoned when it registered: no workload on its GPUs until they pass "
+                "validation",
+            )
+        elif guard:
+            j.log("new GPUs not guarded by Sickbay", outcome=back.node, reason=back.guard_note)
         return Replaced(back.node, back.gpu_uuids)
     return None
 
@@ -489,7 +520,7 @@ async def _uncordon(r: Remediation) -> None:
 
 
 async def _job_outcome(
-    r: Remediation, namespace: str, job_name: str, limit: timedelta
+    r: Remediation, namespace: str, job_name: str, limit: timedelta, claim: str | None = None
 ) -> RepairJobOutcome:
     try:
         outcome = await r.act.wait_for_repair_job(
@@ -499,7 +530,7 @@ async def _job_outcome(
         outcome = RepairJobOutcome(passed=False, summary="", reason=error_text(err))
     try:
         await r.act.clean_up_repair_job(
-            CleanUpRepairJobInput(namespace=namespace, job_name=job_name)
+            CleanUpRepairJobInput(namespace=namespace, job_name=job_name, claim_name=claim)
         )
     except ACTIVITY_FAILED as err:  # the Job's TTL removes it within a day
         r.j.log("repair Job not cleaned up", outcome=job_name, reason=error_text(err))
@@ -538,7 +569,9 @@ async def _validate(r: Remediation, attempt: int, action: str) -> RepairJobOutco
             timeout=policy.timeout,
         )
     )
-    outcome = await _job_outcome(r, started.namespace, started.job_name, policy.timeout)
+    outcome = await _job_outcome(
+        r, started.namespace, started.job_name, policy.timeout, claim=started.claim_name
+    )
     verdict = "passed" if outcome.passed else "failed"
     summary = outcome.summary or outcome.reason
     s.status.validation = f"{verdict} after {action}: {summary}"[:500]
@@ -553,15 +586,144 @@ async def _validate(r: Remediation, attempt: int, action: str) -> RepairJobOutco
     return outcome
 
 
-async def _closed_replaced(r: Remediation, new: Replaced) -> Closed:
-    """The old GPU no longer exists: what Sickbay holds for it goes, the remediation ends.
-    The new node's GPUs are new devices (new UUIDs, hence new workflow ids)."""
-    s = r.s
+async def _after_replace(r: Remediation, attempt: int, new: Replaced) -> Escalation | Closed:
+    """The old GPU no longer exists; the new node's GPUs are new devices (new UUIDs, hence new
+    workflow ids for their later failures). With validation on, each new GPU passes its own
+    validation Job (under the new node's cordon) before the remediation closes; one failing
+    keeps the node cordoned and escalates. The old GPU's rule goes, the lease is given back
+    when the remediation closes (until then it counts the new GPUs under the guard)."""
+    s, j = r.s, r.j
     assert s.device is not None
     old = s.device
+    gpus = ", ".join(new.gpu_uuids) or "none"
+    closing = (
+        f"replaced: node {old.node}'s machine was replaced; new node {new.node} with GPUs "
+        f"{gpus}; GPU {old.gpu_uuid} no longer exists, so its remediation ends here"
+    )
+    policy = s.spec.validation
+    if not policy.enabled:
+        j.log(
+            "not validated",
+            outcome=f"new node {new.node}",
+            reason=f"validation.enabled is false: node {new.node}'s GPUs {gpus} go into "
+            "service unvalidated",
+        )
+        return await release_now(
+            r, f"{closing}; new GPUs not validated (validation.enabled is false)"
+        )
+    refused = await _extend_budget(r, len(new.gpu_uuids), f"validation of node {new.node}'s GPUs")
+    if refused is not None:
+        return refused
+    taken = await _taken_before_guard(r, new)
+    free = Replaced(new.node, [u for u in new.gpu_uuids if u not in taken])
+    results = await _validate_new(r, attempt, free) if free.gpu_uuids else []
+    failed = [(u, o) for u, o in results if not o.passed]
+    if failed or taken:
+        passed = [u for u, o in results if o.passed]
+        guard = (
+            f"node {new.node} kept cordoned by Sickbay"
+            if s.guard_node
+            else f"node {new.node} NOT cordoned by Sickbay (check it)"
+        )
+        problems = [f"GPU {u} failed validation ({o.summary or o.reason})" for u, o in failed] + [
+            f"GPU {u} not validated: in use by {', '.join(p)}" for u, p in taken.items()
+        ]
+        return Escalation(
+            "repair-failed",
+            f"replace of node {old.node}: new node {new.node}'s "
+            + "; ".join(problems)
+            + (f"; passed: {', '.join(passed)}" if passed else "")
+            + f"; {guard}, its GPUs out of service until a person releases (repaired / abort)",
+        )
     return await release_now(
         r,
-        f"replaced: node {old.node}'s machine was replaced; new node {new.node} with GPUs "
-        f"{', '.join(new.gpu_uuids) or 'none'}; GPU {old.gpu_uuid} no longer exists, so its "
-        "remediation ends here",
+        f"{closing}; new GPUs validated: dcgmi diag level {policy.level} passed on {gpus}",
     )
+
+
+async def _taken_before_guard(r: Remediation, new: Replaced) -> dict[str, list[str]]:
+    """New GPUs a pod already holds (it landed before the cordon: the node came up Ready with
+    its GPUs between two looks, or someone else's cordon was lifted): no validation Job can
+    have them, and Sickbay does not evict a workload from them; said loudly instead."""
+    taken: dict[str, list[str]] = {}
+    for uuid in new.gpu_uuids:
+        plan = await r.act.find_drain_pods(DrainPodsInput(node=new.node, gpu_uuids=[uuid]))
+        if plan.pods:
+            taken[uuid] = [f"{p.namespace}/{p.name}" for p in plan.pods]
+    if taken:
+        what = "; ".join(f"{u}: {', '.join(p)}" for u, p in taken.items())
+        r.j.log("new GPUs in use before validation", outcome=new.node, reason=what)
+        await r.j.event(
+            "GPUValidationSkipped",
+            f"new GPU(s) on {new.node} taken by pods before Sickbay could guard them, not "
+            f"validated: {what}",
+            etype="Warning",
+            pods=False,
+            owners=False,
+        )
+    return taken
+
+
+async def _validate_new(
+    r: Remediation, attempt: int, new: Replaced
+) -> list[tuple[str, RepairJobOutcome]]:
+    """One validation Job per new GPU (the Job validates one GPU: on DRA its claim selects one
+    device by UUID, on the device plugin NVIDIA_VISIBLE_DEVICES names one): a verdict per GPU.
+    All are started first, so they run side by side; then each is waited for."""
+    s, j = r.s, r.j
+    device = s.device
+    assert device is not None
+    policy = s.spec.validation
+    dra = device.devices[0] if device.devices else None
+    j.enter(
+        Phase.VALIDATING,
+        awaiting=f"{len(new.gpu_uuids)} validation Job(s) on new node {new.node} "
+        f"(dcgmi diag level {policy.level}) after the replace",
+        until=policy.timeout,
+        next_action="close when every new GPU passes, else escalate",
+    )
+    j.upsert()
+    started = []
+    for uuid in new.gpu_uuids:
+        job = await r.act.start_validation_job(
+            ValidationJobInput(
+                workflow_id=s.workflow_id,
+                # A Job of its own per new GPU (the Job's name comes from this key).
+                incident=f"{_incident_key(r)}/{uuid}",
+                attempt=attempt,
+                mode=device.mode,
+                node=new.node,
+                gpu_uuid=uuid,
+                driver=dra.driver if dra else None,  # pool and device: found on the new node
+                device_class=device.device_class or "gpu.nvidia.com",
+                taint_key=s.spec.quarantine.taint_key,
+                image=policy.image,
+                command=policy.command,
+                level=policy.level,
+                timeout=policy.timeout,
+            )
+        )
+        started.append((uuid, job))
+    results = []
+    for uuid, job in started:
+        outcome = await _job_outcome(
+            r, job.namespace, job.job_name, policy.timeout, claim=job.claim_name
+        )
+        verdict = "passed" if outcome.passed else "failed"
+        summary = outcome.summary or outcome.reason
+        j.log(f"validation {verdict}", outcome=f"GPU {uuid} after replace", reason=summary)
+        await j.event(
+            "GPUValidationPassed" if outcome.passed else "GPUValidationFailed",
+            f"validation of new GPU {uuid} on {new.node} after replace {verdict}: {summary}",
+            etype="Normal" if outcome.passed else "Warning",
+            pods=False,
+            owners=False,
+        )
+        results.append((uuid, outcome))
+    s.status.validation = (
+        "after replace: "
+        + "; ".join(
+            f"{u} {'passed' if o.passed else 'failed'}: {o.summary or o.reason}" for u, o in results
+        )
+    )[:500]
+    return results

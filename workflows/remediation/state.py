@@ -68,6 +68,7 @@ class RemediationState:
     event_counts: dict[str, int] = field(default_factory=dict)
     retired: bool = False  # a lemon (GPU ledger): never released until un-retired
     incident: str = ""  # the GPU ledger's key: <workflow id>/<first run id>, kept across runs
+    guard_node: str | None = None  # a replace's new node under Sickbay's cordon (validation)
     # --- this run only ----------------------------------------------------------------------
     consumers: list[Consumer] = field(default_factory=list)
     # Pods that exist now, for Events: None = the consumers (not evicted yet); then the ones

@@ -15,6 +15,11 @@ Cases:
 - validation pass/fail on DRA (a claim selecting the device, tolerating Sickbay's NoExecute
   DeviceTaintRule still on it) and on the device plugin (NVIDIA_VISIBLE_DEVICES); clean-up
   removes the Job, its pod and the claim;
+- a replace's new node: wait-for-node-gpus with the guard cordons it (Sickbay's cordon) while
+  it is still NotReady with no GPU published, then returns it Ready with its new GPUs; one
+  validation Job per new GPU runs on the cordoned node (DRA: the claim found by the GPU's
+  UUID, the pod tolerating the cordon; device plugin: pinned by nodeName) and passes or fails
+  from the twin's health (a fault injected on a new GPU fails its Job only);
 - dry run: the manifest comes back, nothing is created;
 - drain lists (DRA and device plugin): a reset group's drain names the pods on the group's
   GPUs only; a node drain names every pod of the node except DaemonSet pods, mirror pods and
@@ -39,11 +44,13 @@ from contract.repair import (
     CleanUpRepairJobInput,
     DrainPodsInput,
     GpuHoldersInput,
+    NodeGpusResult,
     RepairJobInput,
     RepairJobOutcome,
     RepairJobStarted,
     ResetGroupInput,
     ValidationJobInput,
+    WaitNodeGpusInput,
     WaitRepairJobInput,
 )
 from tests.activities.kube.conftest import DRIVER, KubeTwin, twin
@@ -57,11 +64,13 @@ WAIT = 30.0  # real seconds for a Job to end on a busy machine
 def make(tmp_path: Path) -> Iterator[Any]:
     stack: list[Any] = []
 
-    def start(profile: str, **seed: Any) -> tuple[KubeTwin, KubeRepairActivities]:
+    def start(
+        profile: str, options: TwinOptions | None = None, **seed: Any
+    ) -> tuple[KubeTwin, KubeRepairActivities]:
         cm = twin(
             tmp_path,
             profile,
-            controllers=ControllerManager(TwinOptions(pod_startup_seconds=1)),
+            controllers=ControllerManager(options or TwinOptions(pod_startup_seconds=1)),
             clock=Clock(time_scale=20),
             **seed,
         )
@@ -387,3 +396,80 @@ def test_a_new_incident_of_the_same_gpu_gets_its_own_jobs() -> None:
     assert reset("wf/run-1") == reset("wf/run-1")  # a retry of one attempt: the same Job
     assert reset("wf/run-1") != reset("wf/run-2")
     assert validation("wf/run-1") != validation("wf/run-2")
+
+
+# A new Machine (new name) on DRA; a recreated VM (same name) on the device plugin.
+@pytest.mark.parametrize(("profile", "same_name"), [("1.36", False), ("device-plugin", True)])
+async def test_a_replaced_nodes_new_gpus_are_guarded_and_validated(
+    make: Any, profile: str, same_name: bool
+) -> None:
+    options = TwinOptions(pod_startup_seconds=1, provisioning_delay=5, node_startup_seconds=200)
+    t, acts = make(profile, options=options)
+    node = t.node()
+    old = [t.uuid_of(node, i) for i in range(2)]
+    _faults(t).fail(node, old[0], xid=64)  # the failure the node is replaced for
+    pool = t.store.get("nodes", node)["metadata"]["labels"]["sickbay.dev/node-pool"]
+    asked_at = t.twin.clock.now()
+    t.twin.extensions["repairs"].replace(node, same_name=same_name)
+    assert _faults(t).faults() == []  # new hardware: the old GPU's fault went with it
+    wait = WaitNodeGpusInput(
+        node=node,
+        replaced=True,
+        node_pool=pool,
+        previous_uuids=old,
+        asked_at=asked_at,
+        expected_gpus=2,
+        guard_workflow_id="wf-guard",
+    )
+    seen_unpublished_and_cordoned = False
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            back: NodeGpusResult = await t.run(acts.wait_for_node_gpus, wait)
+            break
+        except ApplicationError as err:
+            assert err.type == ERR_STILL_WAITING and time.monotonic() < deadline, err
+        fresh = [
+            n
+            for n in t.store.list("nodes").items
+            if n["metadata"]["name"] not in t.twin.seed_info["nodes"]
+            or (same_name and n["metadata"]["name"] == node)
+        ]
+        if fresh and fresh[0]["spec"].get("unschedulable"):
+            # Cordoned by the wait before the node published any GPU.
+            ready = [c for c in fresh[0]["status"]["conditions"] if c["type"] == "Ready"][0][
+                "status"
+            ]
+            annotations = fresh[0]["metadata"].get("annotations") or {}
+            assert annotations.get("sickbay.dev/cordoned-by") == "wf-guard"
+            if ready != "True":
+                seen_unpublished_and_cordoned = True
+        await asyncio.sleep(0.1)
+    assert seen_unpublished_and_cordoned
+    assert (back.node == node) is same_name and back.cordoned and len(back.gpu_uuids) == 2
+    assert not set(back.gpu_uuids) & set(old)
+    assert t.store.get("nodes", back.node)["spec"]["unschedulable"] is True
+    # A fault injected on one new GPU before validation fails that GPU's Job only.
+    bad, good = back.gpu_uuids[1], back.gpu_uuids[0]
+    _faults(t).fail(back.node, bad, degrade="ecc-sbe")
+    jobs = {}
+    for uuid in back.gpu_uuids:
+        jobs[uuid] = await t.run(
+            acts.start_validation_job,
+            ValidationJobInput(
+                workflow_id="wf-guard",
+                incident=f"wf-guard/run-1/{uuid}",
+                mode="dra" if t.dra else "device-plugin",
+                node=back.node,
+                gpu_uuid=uuid,
+                driver=DRIVER if t.dra else None,  # pool and device found by the UUID
+                level=1,
+            ),
+        )
+    assert len({j.job_name for j in jobs.values()}) == 2
+    outcomes = {u: await _outcome(t, acts, j) for u, j in jobs.items()}
+    assert outcomes[good].passed, outcomes[good].summary
+    assert not outcomes[bad].passed and "Result: Fail" in outcomes[bad].summary
+    assert "Result: Pass" in outcomes[good].summary
+    pods = t.store.list("pods", namespace=REPAIR_NAMESPACE).items
+    assert {p["spec"]["nodeName"] for p in pods} == {back.node}  # ran on the cordoned node
