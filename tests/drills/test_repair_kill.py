@@ -7,7 +7,7 @@ ladder on, the real `sickbay worker` SIGKILLed and replaced):
 - Xid 64 (row-remap failure) -> replace: the worker is killed while the remediation follows the
   replacement; a new worker validates the new node's GPUs and closes it for the old GPU, and
   exactly one recreate was acted on; the new node is left uncordoned
-(the AKS reboot's drill: test_repair_kill_aks.py).
+  (the AKS reboot's drill: test_repair_kill_aks.py).
 """
 
 from __future__ import annotations
