@@ -672,7 +672,13 @@ def wait_node_gpus(kube: Kube, inp: WaitNodeGpusInput) -> NodeGpusResult:
         if _ready(node) and not rebooted:
             waiting.append(f"{name}: still Ready since before the request (not rebooted yet)")
             continue
-        waiting.append(f"{name}: {'Ready' if _ready(node) else 'not Ready'}, {len(uuids)} GPUs")
+        state = f"{name}: {'Ready' if _ready(node) else 'not Ready'}, {len(uuids)} GPUs"
+        if cordoned:  # said in every StillWaiting, so a rung that times out names it
+            state += (
+                f" (cordoned by Sickbay for {inp.guard_workflow_id}: its GPUs are unvalidated;"
+                " uncordon it once they are checked)"
+            )
+        waiting.append(state)
     raise ApplicationError(
         f"waiting for {'a replacement of ' if inp.replaced else ''}{inp.node}: "
         + ("; ".join(waiting) or "no node yet"),

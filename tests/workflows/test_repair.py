@@ -42,7 +42,7 @@ from temporalio.worker import Worker
 
 from activities.budget import BudgetActivities
 from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetState
-from contract.errors import ERR_PROVIDER_NOT_CONFIGURED
+from contract.errors import ERR_PROVIDER_NOT_CONFIGURED, ERR_STILL_WAITING
 from contract.kube import EvictionReport, EvictPodsResult, PodRef
 from contract.names import (
     ACT_ACQUIRE_BUDGET,
@@ -531,3 +531,31 @@ async def test_budget_counts_gpus_per_lease(time_skipping_env: WorkflowEnvironme
     assert again.granted and again.reason == "already held"
     assert not full.granted
     assert {lease.holder: lease.gpus for lease in state.leases} == {"wf-a": 3, "wf-b": 1}
+
+
+def test_a_poll_that_ran_out_of_time_says_what_it_still_waited_for() -> None:
+    """A wait for a node (schedule-to-close = the rung's timeout) ends in a TimeoutError whose
+    cause is the last StillWaiting: the rung's failure names it, e.g. the replacement Sickbay
+    left cordoned, instead of only "activity ScheduleToClose timeout"."""
+    from temporalio.exceptions import TimeoutError as TemporalTimeoutError
+    from temporalio.exceptions import TimeoutType
+
+    from workflows.remediation.calls import error_text
+
+    timeout = TemporalTimeoutError(
+        "activity ScheduleToClose timeout",
+        type=TimeoutType.SCHEDULE_TO_CLOSE,
+        last_heartbeat_details=[],
+    )
+    timeout.__cause__ = ApplicationError(
+        "waiting for a replacement of gpu-node-1: gpu-node-9: not Ready, 0 GPUs (cordoned by "
+        "Sickbay for wf-1: its GPUs are unvalidated; uncordon it once they are checked)",
+        type=ERR_STILL_WAITING,
+    )
+    text = error_text(timeout)
+    assert text.startswith("TimeoutError: activity ScheduleToClose timeout; last: StillWaiting:")
+    assert "gpu-node-9: not Ready, 0 GPUs (cordoned by Sickbay for wf-1" in text
+    bare = TemporalTimeoutError(
+        "activity StartToClose timeout", type=None, last_heartbeat_details=[]
+    )
+    assert error_text(bare) == "TimeoutError: activity StartToClose timeout"

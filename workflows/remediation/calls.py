@@ -226,6 +226,10 @@ def error_text(err: BaseException) -> str:
     cause = err.cause if isinstance(err, ActivityError) else err
     if isinstance(cause, ApplicationError):
         return f"{cause.type or 'error'}: {cause.message}"
+    if isinstance(cause, TemporalTimeoutError) and isinstance(cause.cause, ApplicationError):
+        # A poll that ran out of time: its last answer says what it was still waiting for.
+        last = cause.cause
+        return f"TimeoutError: {cause}; last: {last.type or 'error'}: {last.message}"
     if cause is not None:
         return f"{type(cause).__name__}: {cause}"
     return str(err)

@@ -422,6 +422,7 @@ async def test_a_replaced_nodes_new_gpus_are_guarded_and_validated(
         guard_workflow_id="wf-guard",
     )
     seen_unpublished_and_cordoned = False
+    said_cordoned = False  # a wait that times out names the cordon it leaves
     deadline = time.monotonic() + WAIT
     while True:
         try:
@@ -429,6 +430,7 @@ async def test_a_replaced_nodes_new_gpus_are_guarded_and_validated(
             break
         except ApplicationError as err:
             assert err.type == ERR_STILL_WAITING and time.monotonic() < deadline, err
+            said_cordoned |= "cordoned by Sickbay for wf-guard" in str(err)
         fresh = [
             n
             for n in t.store.list("nodes").items
@@ -446,6 +448,7 @@ async def test_a_replaced_nodes_new_gpus_are_guarded_and_validated(
                 seen_unpublished_and_cordoned = True
         await asyncio.sleep(0.1)
     assert seen_unpublished_and_cordoned
+    assert said_cordoned
     assert (back.node == node) is same_name and back.cordoned and len(back.gpu_uuids) == 2
     assert not set(back.gpu_uuids) & set(old)
     assert t.store.get("nodes", back.node)["spec"]["unschedulable"] is True
