@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Most tests wait on servers and timers rather than the CPU: four workers, one test file each at
 # a time (files share session-scoped servers), keep the suite at a few minutes on 2 cores.
-PYTEST_ARGS ?= -n 4 --dist loadfile --tb=native
+PYTEST_ARGS ?= -n 4 --dist loadfile --tb=native --durations=15
 
 .PHONY: venv test lint typecheck demo up bench drills clean
 

@@ -35,6 +35,20 @@ if TYPE_CHECKING:
 BIN_DIR = Path(sys.executable).parent
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Long files first: `make test` runs `--dist loadfile` (a file on one worker), so a
+    minutes-long drill collected last keeps the whole run waiting for it alone. Files with a
+    `slow` test go first, then those needing the dev server; the order within each group,
+    and within a file, stays as collected."""
+
+    def rank(item: pytest.Item) -> int:
+        return 0 if item.path in slow else 1 if item.path in devserver else 2
+
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    devserver = {item.path for item in items if item.get_closest_marker("devserver")}
+    items.sort(key=rank)
+
+
 def _binary(name: str) -> str:
     candidate = BIN_DIR / name
     if candidate.exists():
