@@ -261,3 +261,22 @@ def test_replace_brings_a_new_node_with_new_uuids(twin: Any) -> None:
     assert not set(_uuids(t, fresh)) & old_uuids
     with pytest.raises(client.ApiException):
         t.core.read_node(old)
+
+
+def test_each_recreate_of_a_same_name_vm_is_new_hardware(twin: Any) -> None:
+    """A cloud VM recreated under its name (Compute Engine recreateInstances) gets new GPU
+    UUIDs every time, not only the first two: the third recreate used to bring back the
+    second's UUIDs, so a remediation following it never saw a new node."""
+    t = twin(OPTS, profile="1.36", nodes=1)
+    node = t.rs.twin.seed_info["nodes"][0]
+    seen = [set(_uuids(t, node))]
+    for _ in range(3):
+        before = seen[-1]
+        t.manager.repairs.replace(node, same_name=True)
+
+        def renewed(before: set[str] = before) -> set[str]:
+            now = set(_uuids(t, node))
+            return now if now and not now & before else set()
+
+        seen.append(eventually(renewed))
+    assert len(set().union(*seen)) == 4 * len(seen[0])  # four generations, no UUID twice

@@ -179,7 +179,9 @@ class NodePools:
             target = self._targets.get(pool, len(nodes))
             if same_name:
                 wait = self.manager.options.provisioning_delay if delay is None else delay
-                generation = sum(1 for k in self._idents.values() if k.startswith(node + "#"))
+                # Each recreate is new hardware: node#1, node#2, ... (counted from the last).
+                _, _, last = self._idents.get(node, "").rpartition("#")
+                generation = int(last) if last.isdigit() else 0
                 self._idents[node] = f"{node}#{generation + 1}"
                 self._targets[pool] = target
                 self._pending.append((self.manager.clock.monotonic() + wait, pool, node))
