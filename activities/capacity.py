@@ -18,8 +18,6 @@ gets the same answer; nothing is asked twice. After `operation_timeout` the scal
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +32,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.defn import defn
+from activities.heartbeat import heartbeating
 from contract.capacity import CapacityRequest, CapacityResult, PoolScalerInput
 from contract.errors import ERR_INVALID_INPUT
 from contract.names import (
@@ -93,15 +92,15 @@ class CapacityActivities:
         activity.logger.info(
             "asking pool scaler %s for %d node(s) for %s", workflow_id, req.need, req.requester
         )
-        beat = asyncio.create_task(self._heartbeat())
         try:
-            result: CapacityResult = await self._client.execute_update_with_start_workflow(
-                UPD_POOL_NEED,
-                req,
-                start_workflow_operation=start,
-                id=req.idempotency_key,
-                result_type=CapacityResult,
-            )
+            async with heartbeating(self._heartbeat_every):
+                result: CapacityResult = await self._client.execute_update_with_start_workflow(
+                    UPD_POOL_NEED,
+                    req,
+                    start_workflow_operation=start,
+                    id=req.idempotency_key,
+                    result_type=CapacityResult,
+                )
         except WorkflowUpdateFailedError as exc:
             # The scaler's validator refused the need (wrong pool for that id): permanent.
             raise ApplicationError(
@@ -117,10 +116,6 @@ class CapacityActivities:
                     non_retryable=True,
                 ) from exc
             raise  # unavailable / deadline: retried by the caller's policy
-        finally:
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
         activity.logger.info(
             "pool scaler %s answered %s for %s: %s",
             workflow_id,
@@ -129,8 +124,3 @@ class CapacityActivities:
             result.message,
         )
         return result
-
-    async def _heartbeat(self) -> None:
-        while True:
-            activity.heartbeat()
-            await asyncio.sleep(self._heartbeat_every)

@@ -78,6 +78,7 @@ from activities.cloud.config import AksConfig, CloudConfig, GkeConfig, HttpCall,
 from activities.cloud.gke import GkeNodePools
 from activities.cloud.http import HttpNodePools
 from activities.defn import defn
+from activities.heartbeat import heartbeating
 from activities.outbound import ConfigError
 from contract.capacity import NodePoolTarget
 from contract.errors import ERR_CLOUD_UNAVAILABLE, ERR_PROVIDER_NOT_CONFIGURED, ERR_PROVIDER_REFUSED
@@ -716,12 +717,6 @@ def machine_providers(
 HEARTBEAT_EVERY = 10.0  # seconds
 
 
-async def _heartbeat() -> None:
-    while True:
-        activity.heartbeat()
-        await asyncio.sleep(HEARTBEAT_EVERY)
-
-
 class MachineActivities:
     """reboot-node / replace-node, one provider per name (`machine_providers`)."""
 
@@ -766,12 +761,12 @@ class MachineActivities:
                 dry_run=True,
                 detail=f"would ask {inp.pool.provider if inp.pool else '?'} to {inp.action} it",
             )
-        beat = asyncio.create_task(_heartbeat()) if activity.in_activity() else None
         try:
-            if inp.action == "reboot":
-                result = await client.reboot(inp.node, inp.idempotency_key, inp.pool)
-            else:
-                result = await client.replace(inp.node, inp.idempotency_key, inp.pool)
+            async with heartbeating(HEARTBEAT_EVERY):
+                if inp.action == "reboot":
+                    result = await client.reboot(inp.node, inp.idempotency_key, inp.pool)
+                else:
+                    result = await client.replace(inp.node, inp.idempotency_key, inp.pool)
         except ConfigError as err:
             raise ApplicationError(
                 str(err), type=ERR_PROVIDER_NOT_CONFIGURED, non_retryable=True
@@ -780,9 +775,6 @@ class MachineActivities:
             raise ApplicationError(str(err), type=ERR_PROVIDER_REFUSED, non_retryable=True) from err
         except CloudUnavailable as err:
             raise ApplicationError(str(err), type=ERR_CLOUD_UNAVAILABLE) from err
-        finally:
-            if beat is not None:
-                beat.cancel()
         activity.logger.info(
             "%s of node %s: %s (%s)",
             inp.action,
