@@ -3,42 +3,44 @@
 Like the budget lease activities (activities/budget.py): workflows cannot send updates to other
 workflows, so these activities do it with the Temporal client, by update-with-start (the ledger
 is created on first use, `USE_EXISTING` afterwards; a ledger between continue-as-new runs is
-retried), with the same jittered retry of refused updates. Both updates are idempotent (per
-incident, per incident and rung), so a retry after a lost answer records nothing twice.
+retried), with the same jittered retry of refused updates (activities/update_with_start.py).
+The ledger runs on its own task queue (`ledger_task_queue`: `<queue>-ledger`, polled by every
+worker of `<queue>` with separate pollers), so its updates never wait behind remediation
+workflow tasks. Failure records that arrive together go as one `record-failures` update (at
+most MAX_BATCH): 200 GPUs failing at once cost a handful of updates. Both updates are
+idempotent (per incident, per incident and rung), so a retry after a lost answer records
+nothing twice.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
-import time
-from typing import TypeVar
+from datetime import timedelta
 
 from temporalio.client import Client
 
-from activities.budget import (
-    BACKOFF_FIRST,
-    BACKOFF_MAX,
-    MAX_IN_FLIGHT,
-    RETRY_DEADLINE,
-    is_retryable,
-)
 from activities.defn import defn
-from activities.update_with_start import update_with_start
-from contract.ledger import LedgerDecision, LedgerState, RecordFailureInput, RecordRepairInput
+from activities.update_with_start import RETRY_DEADLINE, Batcher, UpdateSender
+from contract.ledger import (
+    LedgerDecision,
+    LedgerDecisions,
+    LedgerState,
+    RecordFailureBatch,
+    RecordFailureInput,
+    RecordRepairInput,
+)
 from contract.names import (
     ACT_RECORD_GPU_FAILURE,
     ACT_RECORD_GPU_REPAIR,
     UPD_LEDGER_FAILURE,
+    UPD_LEDGER_FAILURES,
     UPD_LEDGER_REPAIR,
     WF_GPU_LEDGER,
+    ledger_task_queue,
     ledger_workflow_id,
 )
 
 log = logging.getLogger(__name__)
-
-R = TypeVar("R")
 
 
 class LedgerActivities:
@@ -51,49 +53,44 @@ class LedgerActivities:
         *,
         deadline: float = RETRY_DEADLINE,
     ) -> None:
-        self._client = client
-        self._task_queue = task_queue  # the ledger runs on the remediation queue
-        self._workflow_id = workflow_id or ledger_workflow_id(task_queue)
-        self._initial = initial_state or LedgerState()
-        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
-        self._deadline = deadline
+        # The id is keyed by the remediation queue; the workflow runs on its own queue.
+        self._sender = UpdateSender(
+            client,
+            WF_GPU_LEDGER,
+            initial_state or LedgerState(),
+            workflow_id=workflow_id or ledger_workflow_id(task_queue),
+            task_queue=ledger_task_queue(task_queue),
+            what="ledger",
+            deadline=deadline,
+        )
+        self._failures: Batcher[RecordFailureInput, LedgerDecision] = Batcher(
+            self._sender,
+            UPD_LEDGER_FAILURES,
+            batch=lambda requests: RecordFailureBatch(requests=requests),
+            result_type=LedgerDecisions,
+            answers=lambda answer: answer.decisions,
+        )
 
     @property
     def workflow_id(self) -> str:
-        return self._workflow_id
+        return self._sender.workflow_id
 
-    async def _update(self, update: str, arg: object, result_type: type[R]) -> R:
-        give_up = time.monotonic() + self._deadline
-        attempt = 0
-        while True:
-            try:
-                async with self._slots:
-                    return await self._update_once(update, arg, result_type)
-            except Exception as exc:
-                if not is_retryable(exc):
-                    raise
-                attempt += 1
-                delay = random.uniform(0, min(BACKOFF_MAX, BACKOFF_FIRST * 2**attempt))
-                if time.monotonic() + delay > give_up:
-                    log.warning("ledger %s still refused after %d tries: %s", update, attempt, exc)
-                    raise
-                await asyncio.sleep(delay)
+    @property
+    def batches_sent(self) -> int:
+        """record-failures updates sent (tests, diagnostics)."""
+        return self._failures.batches_sent
 
-    async def _update_once(self, update: str, arg: object, result_type: type[R]) -> R:
-        return await update_with_start(
-            self._client,
-            WF_GPU_LEDGER,
-            self._initial,
-            workflow_id=self._workflow_id,
-            task_queue=self._task_queue,
-            update=update,
-            arg=arg,
-            result_type=result_type,
-        )
+    async def _record(self, req: RecordFailureInput) -> LedgerDecision:
+        """Join the next batch; a request the ledger's validator would refuse goes alone (the
+        `record-failure` update), so it fails with its own error and never takes a batch
+        down with it."""
+        if not req.gpu_uuid.strip() or not req.incident.strip() or req.window <= timedelta(0):
+            return await self._sender.send(UPD_LEDGER_FAILURE, req, LedgerDecision)
+        return await self._failures.submit(req)
 
     @defn(ACT_RECORD_GPU_FAILURE)
     async def record_gpu_failure(self, req: RecordFailureInput) -> LedgerDecision:
-        decision = await self._update(UPD_LEDGER_FAILURE, req, LedgerDecision)
+        decision = await self._record(req)
         log.info(
             "GPU %s failure recorded: %d in %s%s",
             req.gpu_uuid,
@@ -105,4 +102,4 @@ class LedgerActivities:
 
     @defn(ACT_RECORD_GPU_REPAIR)
     async def record_gpu_repair(self, req: RecordRepairInput) -> LedgerDecision:
-        return await self._update(UPD_LEDGER_REPAIR, req, LedgerDecision)
+        return await self._sender.send(UPD_LEDGER_REPAIR, req, LedgerDecision)

@@ -100,6 +100,17 @@ class LedgerDecision(Contract):
     history: list[LedgerEntry] = Field(default_factory=list)
 
 
+class RecordFailureBatch(Contract):
+    """Failures recorded together (activities/ledger.py batches concurrent records; a burst
+    of failures costs a handful of updates), decided in order."""
+
+    requests: list[RecordFailureInput] = Field(min_length=1)
+
+
+class LedgerDecisions(Contract):
+    decisions: list[LedgerDecision]  # one per request, in order
+
+
 class RecordRepairInput(Contract):
     gpu_uuid: str = Field(min_length=1)
     node: str = ""

@@ -49,6 +49,7 @@ QRY_BUDGET_STATE = "state"
 
 # --- GPU ledger workflow: per-GPU failures, repairs, retirement (lemons) ----------------------
 UPD_LEDGER_FAILURE = "record-failure"  # RecordFailureInput -> LedgerDecision
+UPD_LEDGER_FAILURES = "record-failures"  # RecordFailureBatch -> LedgerDecisions (in order)
 UPD_LEDGER_REPAIR = "record-repair"  # RecordRepairInput -> LedgerDecision
 UPD_LEDGER_UNRETIRE = "unretire"  # UnretireRequest -> UnretireResult (validated)
 QRY_LEDGER_REPORT = "gpus"  # LedgerQuery -> LedgerReport
@@ -282,6 +283,19 @@ def budget_task_queue(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
     if task_queue.endswith(BUDGET_QUEUE_SUFFIX):
         return task_queue
     return task_queue + BUDGET_QUEUE_SUFFIX
+
+
+LEDGER_QUEUE_SUFFIX = "-ledger"
+
+
+def ledger_task_queue(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
+    """The task queue the GPU ledger of the workers on `task_queue` runs on: its own
+    (`<task_queue>-ledger`, polled by the same worker processes with their own pollers), as the
+    budget's, so a burst of failure records never waits behind remediation workflow tasks.
+    Idempotent: a ledger queue maps to itself."""
+    if task_queue.endswith(LEDGER_QUEUE_SUFFIX):
+        return task_queue
+    return task_queue + LEDGER_QUEUE_SUFFIX
 
 
 def taint_rule_name(node: str, gpu_uuid: str) -> str:

@@ -8,8 +8,9 @@
   `activities.notify`, the sweep, capacity requests, budget leases, launches, runbooks) and
   returns their activity callables; `missing_activities()` names every activity a registered
   workflow calls that nobody provides, and the worker refuses to start, listing them.
-- `build_worker(client, settings)`: a `SickbayWorker`, the remediation-queue worker plus a
-  small worker for the budget workflow's own queue (`budget_task_queue`), run together.
+- `build_worker(client, settings)`: a `SickbayWorker`, the remediation-queue worker plus
+  small workers for the budget's and the GPU ledger's own queues (`budget_task_queue`,
+  `ledger_task_queue`), run together.
 - `run_worker(settings)`: registers search attributes (or prints exactly what to run where
   the server does not allow it), serves Prometheus metrics on `Settings.metrics_port` (the
   SDK's own plus the workflows' `sickbay_*` counters and time-to-quarantine / time-to-recovery
@@ -68,6 +69,7 @@ from contract.names import (
     WF_SWEEP,
     budget_task_queue,
     budget_workflow_id,
+    ledger_task_queue,
     ledger_workflow_id,
 )
 from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
@@ -225,16 +227,19 @@ def _add_repair_activities(built: Built, kube: Kube) -> None:
 
 
 class SickbayWorker:
-    """The remediation-queue worker and the budget-queue worker, run and stopped together.
+    """The remediation-queue worker and the budget- and ledger-queue workers, run and stopped
+    together.
 
-    The budget workflow polls its own queue (`budget_task_queue`), so its update tasks never
-    wait for a workflow-task poller busy with remediations. Used like a `Worker`: `run()`,
-    `shutdown()`, `async with`, `task_queue` (the remediation queue).
+    The budget and GPU ledger workflows poll their own queues (`budget_task_queue`,
+    `ledger_task_queue`), so their update tasks never wait for a workflow-task poller busy with
+    remediations. Used like a `Worker`: `run()`, `shutdown()`, `async with`, `task_queue` (the
+    remediation queue).
     """
 
-    def __init__(self, main: Worker, budget: Worker) -> None:
+    def __init__(self, main: Worker, budget: Worker, ledger: Worker) -> None:
         self.main = main
         self.budget = budget
+        self.ledger = ledger
         self._running: asyncio.Task[None] | None = None
 
     @property
@@ -242,8 +247,8 @@ class SickbayWorker:
         return self.main.task_queue
 
     @property
-    def workers(self) -> tuple[Worker, Worker]:
-        return (self.main, self.budget)
+    def workers(self) -> tuple[Worker, Worker, Worker]:
+        return (self.main, self.budget, self.ledger)
 
     async def run(self) -> None:
         """Until shutdown; if one worker stops with an error, the other is shut down too."""
@@ -272,7 +277,8 @@ class SickbayWorker:
 
 # The budget queue carries one workflow (a few updates per remediation) and its reconcile
 # activity: two workflow-task pollers (the SDK's minimum with a sticky queue) and one
-# activity poller are plenty, and a small cache since there is one budget per queue.
+# activity poller are plenty, and a small cache since there is one budget per queue. The
+# ledger queue is sized the same (one workflow, no activities).
 BUDGET_WORKFLOW_POLLS = 2
 BUDGET_ACTIVITY_POLLS = 1
 BUDGET_CACHED_WORKFLOWS = 10
@@ -306,7 +312,18 @@ async def build_worker(
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
         identity=identity,
     )
-    return SickbayWorker(_main_worker(client, settings, built, identity), budget)
+    ledger = Worker(
+        client,
+        task_queue=ledger_task_queue(settings.task_queue),
+        workflows=[GpuLedgerWorkflow],
+        max_concurrent_workflow_task_polls=BUDGET_WORKFLOW_POLLS,
+        max_concurrent_activity_task_polls=BUDGET_ACTIVITY_POLLS,
+        max_cached_workflows=BUDGET_CACHED_WORKFLOWS,
+        graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+        identity=identity,
+        **sender_identity_options(),
+    )
+    return SickbayWorker(_main_worker(client, settings, built, identity), budget, ledger)
 
 
 def sender_identity_options() -> dict[str, Any]:
@@ -323,8 +340,9 @@ def sender_identity_options() -> dict[str, Any]:
 def _main_worker(
     client: Client, settings: Settings, built: Built, identity: str | None = None
 ) -> Worker:
-    # BudgetWorkflow stays registered here: a budget started on the remediation queue keeps
-    # running on this one until its next continue-as-new moves it to its own queue.
+    # BudgetWorkflow and GpuLedgerWorkflow stay registered here: one started on the
+    # remediation queue keeps running on this one until its next continue-as-new moves it to
+    # its own queue.
     return Worker(
         client,
         task_queue=settings.task_queue,
@@ -473,9 +491,10 @@ async def run_worker(settings: Settings) -> int:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     log.info(
-        "worker polling %s (+ %s) on %s/%s (%d workflows, %d activities, metrics %s:%s)",
+        "worker polling %s (+ %s, %s) on %s/%s (%d workflows, %d activities, metrics %s:%s)",
         settings.task_queue,
         budget_task_queue(settings.task_queue),
+        ledger_task_queue(settings.task_queue),
         settings.temporal_address,
         settings.temporal_namespace,
         len(WORKFLOWS),

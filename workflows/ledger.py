@@ -8,13 +8,15 @@ worker restarts and its own continue-as-new (the state is carried in the input):
     start (update-with-start) --> serve the updates, one at a time on the workflow's thread:
         record-failure (a confirmed failure; idempotent per incident) -> failures in the
             window, retired or not, and whether this incident asks for the RMA (once per
-            retirement)
+            retirement); record-failures: several, each decided as its own record-failure
+            would be, in order (activities/ledger.py batches a burst's records)
         record-repair (a rung's repair, validated) -> the GPU's counts
         unretire (a person, with a reason; validated: the GPU must be retired) -> the
             `gpu-unretired` signal to the remediation holding the GPU
         query `gpus` (retired and recently repaired GPUs), query `state`
     after `max_updates_per_run` updates or when Temporal suggests it: continue-as-new with the
-    (pruned) state as input.
+    (pruned) state as input, on the ledger's own task queue (`ledger_task_queue`: a ledger
+    started on the remediation queue moves there).
 
 Pruning on every update keeps the state bounded (contract/ledger.py): entries older than the
 retention (the longest window any request named) go, at most `max_entries_per_gpu` per GPU, at
@@ -33,10 +35,12 @@ with workflow.unsafe.imports_passed_through():
         GpuRecord,
         GpuSummary,
         LedgerDecision,
+        LedgerDecisions,
         LedgerEntry,
         LedgerQuery,
         LedgerReport,
         LedgerState,
+        RecordFailureBatch,
         RecordFailureInput,
         RecordRepairInput,
         UnretireNotice,
@@ -48,9 +52,11 @@ with workflow.unsafe.imports_passed_through():
         QRY_LEDGER_STATE,
         SIG_GPU_UNRETIRED,
         UPD_LEDGER_FAILURE,
+        UPD_LEDGER_FAILURES,
         UPD_LEDGER_REPAIR,
         UPD_LEDGER_UNRETIRE,
         WF_GPU_LEDGER,
+        ledger_task_queue,
     )
     from workflows.identity import claimed_by, sender_identity
 
@@ -80,7 +86,7 @@ def describe(entry: LedgerEntry) -> str:
     return f"{_day(entry.at)} {what}"
 
 
-# Sandboxed: one update per confirmed failure is not a hot path (unlike the budget's leases).
+# Sandboxed: its own task queue, and a burst's failures arrive in a few batched updates.
 @workflow.defn(name=WF_GPU_LEDGER)
 class GpuLedgerWorkflow:
     @workflow.init
@@ -96,6 +102,21 @@ class GpuLedgerWorkflow:
     @workflow.update(name=UPD_LEDGER_FAILURE)
     def record_failure(self, req: RecordFailureInput) -> LedgerDecision:
         self._updates += 1
+        return self._record_failure(req)
+
+    @workflow.update(name=UPD_LEDGER_FAILURES)
+    def record_failures(self, batch: RecordFailureBatch) -> LedgerDecisions:
+        """Each failure decided as its own `record-failure` would be, in the batch's order
+        (one handler run: nothing interleaves)."""
+        self._updates += 1
+        return LedgerDecisions(decisions=[self._record_failure(req) for req in batch.requests])
+
+    @record_failures.validator
+    def _validate_failures(self, batch: RecordFailureBatch) -> None:
+        for req in batch.requests:
+            self._validate_failure(req)
+
+    def _record_failure(self, req: RecordFailureInput) -> LedgerDecision:
         now = workflow.now()
         self._retention = max(self._retention, req.window)
         gpu = self._gpus.get(req.gpu_uuid)
@@ -279,7 +300,9 @@ class GpuLedgerWorkflow:
         # Let in-flight updates finish so their callers get an answer, then start fresh.
         await workflow.wait_condition(workflow.all_handlers_finished)
         await self._tell_holders()
-        workflow.continue_as_new(self._snapshot())
+        workflow.continue_as_new(
+            self._snapshot(), task_queue=ledger_task_queue(workflow.info().task_queue)
+        )
 
     async def _tell_holders(self) -> None:
         wake, self._wake = self._wake, []

@@ -24,7 +24,7 @@ from temporalio.worker import Worker
 
 from activities.ledger import LedgerActivities
 from contract.ledger import LedgerState, RecordFailureInput, RecordRepairInput
-from contract.names import QRY_LEDGER_STATE, ledger_workflow_id
+from contract.names import QRY_LEDGER_STATE, ledger_task_queue, ledger_workflow_id
 from worker.cli import main as cli_main
 from worker.main import sender_identity_options
 from workflows.ledger import GpuLedgerWorkflow
@@ -68,7 +68,10 @@ async def test_gpus_list_and_unretire(
     acts = LedgerActivities(client, queue)
     assert acts.workflow_id == ledger_workflow_id(queue)
     worker = Worker(
-        client, task_queue=queue, workflows=[GpuLedgerWorkflow], **sender_identity_options()
+        client,
+        task_queue=ledger_task_queue(queue),
+        workflows=[GpuLedgerWorkflow],
+        **sender_identity_options(),
     )
     async with worker:
         decisions = [await acts.record_gpu_failure(_failure(lemon, f"i{i}")) for i in range(3)]

@@ -8,12 +8,18 @@ Cases:
 - entries older than the retention are pruned (a GPU with none left is dropped); at most
   max_gpus GPUs are kept, the oldest not-retired first, a retired one never;
 - the state survives continue-as-new (after max_updates_per_run updates);
+- a burst of concurrent records goes in a few batched updates, each answered as if alone (a
+  retry of one incident counted once, the third incident retires, one RMA); the ledger runs on
+  its own task queue, and one started on the remediation queue moves there at its next
+  continue-as-new;
 - un-retire: refused without a reason and for a GPU that is not retired; it records actor and
   Temporal client identity, resets the count and tells the holder (`gpu-unretired`);
 - remediation: the third failure in the window retires the GPU: one RMA escalation with the
   ledger history, no release (not by `repaired`, not by a Healthy cool-down), a repeat alert
   pages nobody; un-retire -> the remediation releases normally; a later incident of a retired
   GPU holds it without a second page;
+- the quarantine never waits for the ledger: with the ledger's answer held back the device is
+  quarantined, and the remediation goes on once it comes;
 - a dry run records nothing; lemons disabled records nothing.
 """
 
@@ -25,6 +31,7 @@ from datetime import timedelta
 
 import pytest
 from pydantic import ValidationError
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
@@ -32,6 +39,7 @@ from temporalio.worker import Worker
 
 from activities.ledger import LedgerActivities
 from contract.ledger import (
+    LedgerDecision,
     LedgerQuery,
     LedgerReport,
     LedgerState,
@@ -52,6 +60,8 @@ from contract.names import (
     SIG_ALERT,
     SIG_REPAIRED,
     UPD_LEDGER_UNRETIRE,
+    WF_GPU_LEDGER,
+    ledger_task_queue,
 )
 from contract.remediation import AbortRequest, Phase, RepairedRequest, TimelineEntry
 from tests.workflows.fakes import FakeWorld, make_runbook, new_worker, start, wait_phase, xid_alert
@@ -83,13 +93,19 @@ def _ledger_activities(client: Client, queue: str, **state) -> LedgerActivities:
     )
 
 
+def _ledger_worker(client: Client, queue: str) -> Worker:
+    """A worker for the ledger alone, on its own queue (as in production: worker.main)."""
+    return Worker(
+        client,
+        task_queue=ledger_task_queue(queue),
+        workflows=[GpuLedgerWorkflow],
+        **sender_identity_options(),
+    )
+
+
 def _ledger(client: Client, queue: str, **state) -> tuple[LedgerActivities, Worker]:
     """The ledger's activities and a worker for it alone."""
-    acts = _ledger_activities(client, queue, **state)
-    worker = Worker(
-        client, task_queue=queue, workflows=[GpuLedgerWorkflow], **sender_identity_options()
-    )
-    return acts, worker
+    return _ledger_activities(client, queue, **state), _ledger_worker(client, queue)
 
 
 async def test_window_counting_retirement_and_one_rma(time_skipping_env: WorkflowEnvironment):
@@ -222,6 +238,104 @@ def _runbooks(**lemons):
     ]
 
 
+async def test_a_burst_of_records_goes_in_a_few_updates(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    acts, worker = _ledger(client, f"tq-{uuid.uuid4()}")
+    lemon = f"GPU-lemon-{uuid.uuid4()}"
+    others = [f"GPU-{n}-{uuid.uuid4()}" for n in range(40)]
+    requests = [_failure(gpu, f"i-{gpu}") for gpu in others]
+    # One GPU failing in three incidents (one of them retried) among the others.
+    requests[5:5] = [_failure(lemon, "l1"), _failure(lemon, "l2")]
+    requests += [_failure(lemon, "l2"), _failure(lemon, "l3")]
+    async with worker:
+        answers = await asyncio.gather(*(acts.record_gpu_failure(r) for r in requests))
+        await client.get_workflow_handle(acts.workflow_id).terminate("test done")
+    assert len(requests) == 44 and acts.batches_sent <= 8  # not one update per record
+    for req, answer in zip(requests, answers, strict=True):
+        assert answer.gpu_uuid == req.gpu_uuid  # each its own answer, in order
+    by_incident = {
+        r.incident: a for r, a in zip(requests, answers, strict=True) if r.gpu_uuid == lemon
+    }
+    assert [a.failures_in_window for a in answers if a.gpu_uuid in others] == [1] * 40
+    assert by_incident["l1"].failures_in_window == 1 and not by_incident["l1"].retired
+    assert by_incident["l2"].failures_in_window == 2  # its retry counted once
+    assert by_incident["l3"].retired and by_incident["l3"].newly_retired
+    assert by_incident["l3"].rma_due
+
+
+async def test_ledger_on_the_remediation_queue_moves_to_its_own(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """A ledger started on the remediation queue is still served there, and its next
+    continue-as-new moves it, with what it holds, to its own queue."""
+    client = time_skipping_env.client
+    queue = f"tq-{uuid.uuid4()}"
+    acts = _ledger_activities(client, queue)
+    legacy = Worker(
+        client, task_queue=queue, workflows=[GpuLedgerWorkflow], **sender_identity_options()
+    )
+    gpu = f"GPU-{uuid.uuid4()}"
+    async with legacy, _ledger_worker(client, queue):
+        handle = await client.start_workflow(
+            WF_GPU_LEDGER,
+            LedgerState(max_updates_per_run=2),
+            id=acts.workflow_id,
+            task_queue=queue,
+        )
+        await acts.record_gpu_failure(_failure(gpu, "i1"))
+        await acts.record_gpu_failure(_failure(gpu, "i2"))
+        desc = await handle.describe()
+        for _ in range(200):
+            desc = await client.get_workflow_handle(acts.workflow_id).describe()
+            if desc.run_id != handle.result_run_id:
+                break
+            await asyncio.sleep(0.02)
+        third = await acts.record_gpu_failure(_failure(gpu, "i3"))
+        await client.get_workflow_handle(acts.workflow_id).terminate("test done")
+    assert desc.run_id != handle.result_run_id, "never continued as new"
+    assert desc.task_queue == ledger_task_queue(queue) != queue
+    assert third.failures_in_window == 3 and third.retired  # the count moved with it
+
+
+async def test_quarantine_does_not_wait_for_the_ledger(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """The ledger answers every failure of the cluster; a slow answer (a burst, a ledger
+    between runs) must not hold a failed GPU unquarantined."""
+    client = time_skipping_env.client
+    world = FakeWorld()
+    answer = asyncio.Event()
+
+    @activity.defn(name=ACT_RECORD_GPU_FAILURE)
+    async def held_back(req: RecordFailureInput) -> LedgerDecision:
+        await answer.wait()
+        return LedgerDecision(gpu_uuid=req.gpu_uuid, failures_in_window=1, failures=3)
+
+    with time_skipping_env.auto_time_skipping_disabled():
+        async with new_worker(client, world, extra_activities=[held_back]) as worker:
+            handle = await start(client, worker, world)
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + 60
+            for _ in range(100_000):  # until quarantined, for at most 60 s
+                if world.args(ACT_QUARANTINE) or loop.time() > give_up:
+                    break
+                await asyncio.sleep(0.02)
+            quarantined_first = bool(world.args(ACT_QUARANTINE))
+            before = await _timeline(handle)
+            answer.set()
+            await wait_phase(handle, Phase.HOLDING)
+            after = await _timeline(handle)
+            await handle.terminate("test done")
+    assert quarantined_first, "the quarantine waited for the ledger"
+    assert not any(e.action == "failure recorded" for e in before)
+    actions = [e.action for e in after]
+    assert "failure recorded" in actions
+    first_rule = next(i for i, a in enumerate(actions) if a.startswith("quarantined"))
+    assert first_rule < actions.index("failure recorded")
+
+
 async def _timeline(handle) -> list[TimelineEntry]:
     return await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
 
@@ -238,7 +352,10 @@ async def test_third_failure_retires_one_rma_no_release_then_unretire(
     world = FakeWorld(use_real_ledger=True, runbooks=_runbooks(), later_health="Unhealthy")
     ledger = _ledger_activities(client, queue)
     extra = [ledger.record_gpu_failure, ledger.record_gpu_repair]
-    async with new_worker(client, world, extra_activities=extra, task_queue=queue) as w:
+    async with (
+        _ledger_worker(client, queue),
+        new_worker(client, world, extra_activities=extra, task_queue=queue) as w,
+    ):
         result = await _retire_then_unretire(env, client, world, ledger, w)
     assert result.outcome == "escalated" and "released" in result.reason
     assert any(e.action == "GPU un-retired" and e.actor == "ops" for e in result.timeline)
@@ -334,7 +451,10 @@ async def test_later_incident_of_a_retired_gpu_holds_without_a_second_page(
     # Without this, a wait for the first run's result on a loaded machine lets the test server
     # skip to its ten-year default execution timeout, which ends the ledger with its history.
     with time_skipping_env.auto_time_skipping_disabled():
-        async with new_worker(client, world, extra_activities=extra, task_queue=queue) as worker:
+        async with (
+            _ledger_worker(client, queue),
+            new_worker(client, world, extra_activities=extra, task_queue=queue) as worker,
+        ):
             first = await start(client, worker, world, alerts=[xid_alert(48, "fp-1")])
             await wait_phase(first, Phase.HOLDING)
             await first.signal(SIG_ABORT, AbortRequest(reason="moving the node", actor="ops"))

@@ -1,7 +1,11 @@
 """Lemons: the GPU's failure ledger (`sickbay-gpu-ledger`, through the record-gpu-failure /
 record-gpu-repair activities) and retirement.
 
-After the failure is confirmed, the remediation records it (idempotent per incident: the
+After the failure is confirmed, the remediation records it while it goes on (`start_recording`):
+the budget guard, an approval and the quarantine never wait for the ledger, whose one workflow
+answers every failure of the cluster (a burst of 200 failures is 200 records). The steps that
+read its answer wait for it first (`recorded`): the repair ladder, the escalation and the hold.
+A record is idempotent per incident: the
 workflow id and its first run's id, carried, so a continue-as-new that confirms afresh records nothing
 twice). A GPU the ledger calls retired (`lemons.failures` within `lemons.window`):
 
@@ -18,6 +22,8 @@ failure, and says so in the timeline.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from temporalio import workflow
 
@@ -47,6 +53,18 @@ def incident_id(r: Remediation) -> str:
         info = workflow.info()
         r.s.incident = f"{info.workflow_id}/{info.run_id}"
     return r.s.incident
+
+
+def start_recording(r: Remediation) -> None:
+    """Record the confirmed failure in the ledger, side by side with what follows."""
+    if r.s.ledger_call is None:
+        r.s.ledger_call = asyncio.ensure_future(record_failure(r))
+
+
+async def recorded(r: Remediation) -> None:
+    """Wait for the ledger's answer, if this run asked for one (a no-op once it is in)."""
+    if r.s.ledger_call is not None:
+        await r.s.ledger_call
 
 
 async def record_failure(r: Remediation) -> None:

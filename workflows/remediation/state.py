@@ -8,6 +8,7 @@ set flags here; the steps read them.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -88,6 +89,9 @@ class RemediationState:
     extensions: list[ExtendDeadlineRequest] = field(default_factory=list)
     lease_gpus: int = 1  # GPUs the budget lease counts (a repair rung grows it)
     lemon: LedgerDecision | None = None  # the GPU ledger's answer to this run's failure
+    # The record-gpu-failure call on its way (lemons.start_recording): nothing before the
+    # repair ladder, the escalation and the hold waits for it.
+    ledger_call: asyncio.Task[None] | None = None
     # --- signal / update flags ------------------------------------------------------------
     abort: AbortRequest | None = None
     repaired: RepairedRequest | None = None

@@ -74,7 +74,7 @@ with workflow.unsafe.imports_passed_through():
         repair,
         replace,
     )
-    from workflows.remediation.calls import ACTIVITY_FAILED, Aborted, gather_all
+    from workflows.remediation.calls import ACTIVITY_FAILED, Aborted
     from workflows.remediation.context import Remediation
     from workflows.remediation.outcome import Closed, Escalation
     from workflows.remediation.state import RemediationState
@@ -111,6 +111,7 @@ class DeviceRemediationWorkflow:
             ended = await self._procedure()
         except Aborted:
             ended = await hold.undo_after_abort(r)
+        await lemons.recorded(r)  # never closed with the ledger's answer still on its way
         return await r.j.close(ended)
 
     async def _procedure(self) -> Closed:
@@ -134,13 +135,15 @@ class DeviceRemediationWorkflow:
         confirmed = await confirm.confirm(r)  # 1. confirm, 2. resolve the consumers
         if isinstance(confirmed, Closed):
             return confirmed
-        # 3. budget; the failure goes into the GPU ledger meanwhile (lemons: retired or not)
-        guarded, _ = await gather_all(guard.guard(r, confirmed.early), lemons.record_failure(r))
-        ended: Escalation | Closed | None = guarded
+        # The failure goes into the GPU ledger meanwhile (lemons: retired or not); only the
+        # repair ladder, the escalation and the hold wait for its answer.
+        lemons.start_recording(r)
+        ended: Escalation | Closed | None = await guard.guard(r, confirmed.early)  # 3. budget
         if ended is None and r.s.spec.approval.required:
             ended = await approval.approval(r)  # 4. approval
         ended = ended or await quarantine.quarantine(r)  # 5. quarantine
         ended = ended or await replace.evict_and_replace(r)  # 6. evict, 7. replace, 8. scale
+        await lemons.recorded(r)
         ended = ended or await repair.repair(r)  # 9. repair ladder + validation -> release
         return await self._ended(ended)  # 10. escalate, 11. hold and release
 
@@ -148,6 +151,7 @@ class DeviceRemediationWorkflow:
         """Escalate when a step asked to; hold a quarantined device; else close (the budget
         lease given back)."""
         r = self._r
+        await lemons.recorded(r)
         if not isinstance(ended, Closed):
             ended = lemons.rma(r, ended)  # a retired GPU: the one RMA escalation
         if isinstance(ended, Escalation):
