@@ -353,6 +353,8 @@ def _main_worker(
             max_workers=settings.max_concurrent_activities, thread_name_prefix="sickbay-act"
         ),
         max_concurrent_activities=settings.max_concurrent_activities,
+        max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
+        max_concurrent_local_activities=settings.max_concurrent_local_activities,
         max_cached_workflows=settings.max_cached_workflows,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
         identity=identity,

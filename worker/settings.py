@@ -334,6 +334,12 @@ class Settings(BaseSettings):
     # NetworkPolicy that lets only the monitoring namespace in).
     metrics_host: str = "127.0.0.1"
     max_concurrent_activities: int = 200
+    # Workflow tasks and local activities in progress at once. A remediation's first task runs
+    # its confirm step's local activities inside it, holding a task slot for a second or two
+    # in a burst: with the SDK's 100, the second hundred of 200 GPUs failing together waited
+    # for the first hundred to finish confirming (BENCHMARKS.md, detection burst).
+    max_concurrent_workflow_tasks: int = Field(default=400, ge=2)
+    max_concurrent_local_activities: int = Field(default=400, ge=1)
     # Workflows kept in the worker's memory between tasks (~0.5 MiB each). A remediation that
     # falls out of the cache is replayed from its (short) history on its next task, so a
     # bounded cache keeps RSS flat with thousands of remediations holding.

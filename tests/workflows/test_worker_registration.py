@@ -31,6 +31,7 @@ from contract.names import (
     WF_REMEDIATE,
     WF_SWEEP,
     budget_task_queue,
+    ledger_task_queue,
 )
 from worker import main as worker_main
 from worker.settings import Settings
@@ -81,8 +82,14 @@ async def test_every_required_activity_is_registered(
     assert worker_main.missing_activities(worker_main.WORKFLOWS, built.activities) == {}
     worker = await worker_main.build_worker(time_skipping_env.client, settings, built=built)
     assert worker.task_queue == settings.task_queue
-    # The budget workflow polls its own queue, with the reconcile activity it calls.
+    # The budget workflow polls its own queue, with the reconcile activity it calls; the GPU
+    # ledger its own.
     assert worker.budget.task_queue == budget_task_queue(settings.task_queue)
+    assert worker.ledger.task_queue == ledger_task_queue(settings.task_queue)
+    # A burst needs a task slot per confirming remediation: the settings, not the SDK's 100.
+    config = worker.main.config()
+    assert config.get("max_concurrent_workflow_tasks") == settings.max_concurrent_workflow_tasks
+    assert config.get("max_concurrent_local_activities") == 400
 
 
 def test_remediation_requires_every_activity_it_calls(
