@@ -119,13 +119,17 @@ class KubeActivities:
         ]
 
     async def warm_up(self) -> None:
-        """At worker start: API discovery (cached for the worker's life) and the DeviceClass
-        list (cached 5 min), so a remediation does not pay for them (3 reads on 1.36)."""
+        """At worker start: API discovery (cached for the worker's life), the DeviceClass
+        list (cached 5 min), and the GPU inventory and node list the budget count reads, so a
+        remediation does not pay for them, and the first burst of failures after a start does
+        not wait for one cluster-wide list together."""
 
         def body() -> None:
             apis = self._apis()
             if apis.dra:
                 devices.device_classes(self._kube)
+                devices.gpu_inventory(self._kube)
+            devices.list_nodes(self._kube, max_age=devices.NODES_MAX_AGE)
 
         await self._run(body)
 

@@ -240,14 +240,20 @@ class Kube:
         self._inflight: dict[Any, Future[Any]] = {}
         self._derived: dict[Any, tuple[Any, Any]] = {}
 
-    def cached(self, key: Any, ttl: float, load: Callable[[], Any]) -> Any:
+    def cached(self, key: Any, ttl: float, load: Callable[[], Any], *, stale: float = 0.0) -> Any:
         """Per-worker cache for slow-changing reads (DeviceClasses, namespace labels,
         ResourceSlice inventory), so a remediation does not pay for them in every activity.
         Pods and nodes only with a max age of seconds, to share one list between consecutive
         steps of one remediation (consumers.list_node_pods, devices.list_nodes); node writes
         drop the node list. Claims only with `ttl` 0, which
         serves nothing from the cache and only lets concurrent readers share a load under way
-        (consumers.list_claims); Sickbay's rules for a second (quarantine.managed_rule_keys)."""
+        (consumers.list_claims); Sickbay's rules for a second (quarantine.managed_rule_keys).
+
+        `stale`: while one caller reloads an expired entry, the others get the entry it
+        replaces if that is younger than `ttl + stale`, instead of waiting. Each waiter holds
+        a thread of the Kubernetes pool, so a storm of remediations all waiting for one
+        cluster-wide list (the budget count's inventory, the node list) left none for their
+        other reads: 200 GPUs failing together waited seconds for one list."""
         now = time.monotonic()
         with self._cache_lock:
             hit = self._cache.get(key)
@@ -257,6 +263,8 @@ class Kube:
             leader = flight is None
             if flight is None:
                 flight = self._inflight[key] = Future()
+            elif hit is not None and now - hit[0] < ttl + stale:
+                return hit[1]  # being reloaded: the value it replaces, without waiting
         if not leader:
             return flight.result()  # started after we asked: at least as fresh as we need
         try:

@@ -161,6 +161,12 @@ def slice_devices(slices: list[dict[str, Any]]) -> list[SliceDevice]:
 # count), so one cluster-wide list is shared for a few seconds. Anything that would conclude
 # "not found" from a cached list re-reads first (`fresh=True`).
 SLICE_TTL = 10.0  # seconds
+# While one caller reloads the GPU inventory (the budget's denominator) or the node list,
+# others use the one it replaces if it is at most this much older than its max age (Kube.cached):
+# the inventory changes when nodes come and go, and the budget workflow's leases, not these
+# observed counts, are what keeps two remediations from taking one slot.
+INVENTORY_STALE = 300.0
+NODES_STALE = 30.0
 
 
 def list_slice_devices(
@@ -308,8 +314,11 @@ def get_node(kube: Kube, name: str) -> dict[str, Any] | None:
 
 # Resolve needs one node's pool label and the budget count, a few milliseconds later in the
 # same workflow task, needs every node: one list serves both if it is at most this old (a
-# quarantine made meanwhile by another remediation is covered by its budget lease).
-NODES_MAX_AGE = 2.0  # seconds
+# quarantine made meanwhile by another remediation is covered by its budget lease; Sickbay's
+# own node writes drop the list; a node missing from it is read on its own). 10 s, not 2:
+# under a burst of 200 failures each reload of a 1,000-node list cost about a second of the
+# worker's time (last DeviceTaintRule 11-12 s with 2 s, 8-10 s with 10 s, cold worker).
+NODES_MAX_AGE = 10.0  # seconds
 
 
 def list_nodes(kube: Kube, *, max_age: float = 0.0) -> list[dict[str, Any]]:
@@ -327,7 +336,7 @@ def shared_nodes(kube: Kube, *, max_age: float = 0.0) -> list[dict[str, Any]]:
         nodes = load()
         kube.store_cached("nodes", nodes)
         return nodes
-    return kube.cached("nodes", max_age, load)  # type: ignore[no-any-return]
+    return kube.cached("nodes", max_age, load, stale=NODES_STALE)  # type: ignore[no-any-return]
 
 
 def node_from_list(kube: Kube, name: str) -> dict[str, Any] | None:

@@ -3,6 +3,9 @@
 Cases:
 - concurrent readers of an expired key share one load (single flight), and its result;
 - a failing load fails every waiter and is not cached: the next reader loads again;
+- with `stale`, readers of an expired entry that one reader is reloading get the entry it
+  replaces at once (none holds a thread waiting), the reloader the new one; past
+  `ttl + stale`, or without `stale`, they wait for the load;
 - one node's devices are read with a `spec.nodeName` field selector: one request, only that
   node's slices (against the cluster twin);
 - a young cluster-wide list serves a node's devices without another request;
@@ -77,6 +80,45 @@ def test_concurrent_readers_share_one_load() -> None:
         results = [f.result(timeout=5) for f in futures]
     assert results == ["inventory"] * 16
     assert loads == 1
+
+
+def test_readers_get_the_replaced_entry_while_one_reloads() -> None:
+    kube = Kube(ApiClient())
+    assert kube.cached("k", 0.05, lambda: "old", stale=60.0) == "old"
+    assert kube.cached("plain", 0.05, lambda: "old") == "old"
+    time.sleep(0.1)  # both expired
+    release = threading.Event()
+
+    def reload() -> str:
+        release.wait(5)
+        return "new"
+
+    with ThreadPoolExecutor(8) as pool:
+        leader = pool.submit(kube.cached, "k", 0.05, reload, stale=60.0)
+        time.sleep(0.1)  # the reload is under way
+        readers = [pool.submit(kube.cached, "k", 0.05, reload, stale=60.0) for _ in range(4)]
+        answered = [f.result(timeout=2) for f in readers]  # without waiting for the reload
+        plain_leader = pool.submit(kube.cached, "plain", 0.05, reload)
+        time.sleep(0.1)
+        plain = pool.submit(kube.cached, "plain", 0.05, reload)
+        time.sleep(0.1)
+        assert not plain.done(), "a reader without `stale` must wait for the load"
+        release.set()
+        assert leader.result(timeout=5) == "new" and plain.result(timeout=5) == "new"
+        assert plain_leader.result(timeout=5) == "new"
+    assert answered == ["old"] * 4
+    assert kube.cached("k", 60.0, lambda: "never") == "new"
+    # Older than ttl + stale: a reader waits, as without `stale`.
+    release.clear()
+    time.sleep(0.1)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(kube.cached, "k", 0.01, reload, stale=0.02)
+        time.sleep(0.1)
+        second = pool.submit(kube.cached, "k", 0.01, reload, stale=0.02)
+        time.sleep(0.1)
+        assert not second.done()
+        release.set()
+        assert first.result(timeout=5) == second.result(timeout=5) == "new"
 
 
 def test_failed_load_fails_waiters_and_is_not_cached() -> None:
