@@ -47,6 +47,12 @@ BACKOFF_INITIAL = 0.5  # seconds; doubled per consecutive failure (client-go: 80
 BACKOFF_MAX = 30.0
 HEALTHY_AFTER = 10.0  # a watch that stays up this long resets the backoff
 NOT_SERVED_RECHECK = 300.0  # seconds between looks at a kind the cluster does not serve
+# Items per LIST page. Small pages keep what a full list leaves behind small: the handler keeps
+# a summary of each item, allocated among the page's parsed objects, so large pages leave the
+# process's heap fragmented. Measured (bench/watch.py's watcher alone, 8,000 pods, 1,000 nodes
+# and slices): RSS after the first sync 150 MiB with pages of 500, 119 MiB with 100, 115 MiB
+# with 50; a page is one request, so 100 is 100 requests for that cluster's first sync.
+LIST_PAGE_SIZE = 100
 
 
 class Handler(Protocol):
@@ -83,7 +89,7 @@ class Reflector:
         handler: Handler,
         field_selector: str | None = None,
         label_selector: str | None = None,
-        page_size: int = 500,
+        page_size: int = LIST_PAGE_SIZE,
         window: int = WATCH_WINDOW,
         backoff_initial: float = BACKOFF_INITIAL,
         backoff_max: float = BACKOFF_MAX,
