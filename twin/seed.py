@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from twin.discovery import Profile
-from twin.store import Store
+from twin.store import Store, format_time
 
 DRIVER = "gpu.nvidia.com"
 MIG_CLASS = "mig.nvidia.com"
@@ -302,9 +302,14 @@ def add_node(
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}: choose one of {', '.join(TOPOLOGIES)}")
     mem = memory or _PRODUCTS.get(product, ("", "", "81559Mi", ""))[2]
-    node = store.create(
-        "nodes", node_object(name, pool, gpus, product, profile, nvswitch=nvswitch, ident=ident)
-    )
+    body = node_object(name, pool, gpus, product, profile, nvswitch=nvswitch, ident=ident)
+    # A registered node has posted Ready once: its condition carries the times (a Ready
+    # without lastTransitionTime would read as "Ready since its first heartbeat").
+    stamp = format_time(store.now())
+    for cond in body["status"]["conditions"]:
+        cond.setdefault("lastHeartbeatTime", stamp)
+        cond.setdefault("lastTransitionTime", stamp)
+    node = store.create("nodes", body)
     if profile.dra and gpus > 0:
         devices = _devices(name, gpus, product, mem, topology, slices_per_gpu, nvswitch, ident)
         store.create(
