@@ -309,6 +309,14 @@ class Kube:
         with self._cache_lock:
             self._cache.pop(key, None)
 
+    def amend_cached(self, key: Any, change: Callable[[Any], Any]) -> None:
+        """Apply this worker's own change to a cached value (`change(old) -> new`, never
+        mutating `old`: readers may hold it), keeping its age; nothing when none is cached."""
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache[key] = (hit[0], change(hit[1]))
+
     @classmethod
     def from_settings(cls, settings: KubeSettings) -> Kube:
         return cls(load_api_client(settings), settings.request_timeout)

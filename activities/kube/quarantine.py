@@ -13,6 +13,7 @@ with the read resourceVersion (409 -> re-read, converge). Happy path: 1 request 
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -156,7 +157,9 @@ def apply_rule(kube: Kube, version: str, want: dict[str, Any]) -> tuple[str, dic
             created = kube.call(
                 api.create_device_taint_rule, want, verb="create", resource=RULES, name=name
             )
-            kube.forget(_rules_key(version))
+            kube.amend_cached(
+                _rules_key(version), functools.partial(_with, _rule_entry(created or want))
+            )
             return "created", created
         except KubeError as err:
             if err.kind is not ErrorKind.CONFLICT:
@@ -320,7 +323,7 @@ def _delete_rule(kube: Kube, version: str, name: str, uid: str | None = None) ->
         name=name,
         **kwargs,
     )
-    kube.forget(_rules_key(version))
+    kube.amend_cached(_rules_key(version), lambda rules: [r for r in rules if r[2] != name])
 
 
 def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
@@ -393,34 +396,45 @@ def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
 # How old a DeviceTaintRule list a budget count may use. A 200-GPU burst otherwise lists
 # every rule for each count (quadratic in the burst). What a young list can miss is a rule
 # another worker created since, and that rule belongs to a remediation holding a budget lease,
-# which the budget counts anyway; this worker's own creates and deletes drop the list.
+# which the budget counts anyway. This worker's own creates and deletes are applied to the
+# cached list (they used to drop it: under a burst every count then listed every rule again,
+# 200 lists of up to 400 rules), and while one count reloads an expired list the others use
+# the one it replaces for up to RULES_STALE more (Kube.cached).
 RULES_MAX_AGE = 1.0  # seconds
+RULES_STALE = 5.0  # seconds
 
 
 def _rules_key(version: str) -> tuple[str, str]:
     return ("managed-rules", version)
 
 
+def _with(entry: tuple[str | None, str, str], rules: list[Any]) -> list[Any]:
+    return [*rules, entry]
+
+
+def _rule_entry(rule: dict[str, Any]) -> tuple[str | None, str, str]:
+    """(node-pool label, device key, name) of one managed rule."""
+    m = meta(rule)
+    key = (m.get("annotations") or {}).get(ANN_DEVICE_KEY) or m.get("name", "")
+    return ((m.get("labels") or {}).get(LABEL_NODE_POOL), key, m.get("name", ""))
+
+
 def managed_rule_keys(kube: Kube, version: str) -> list[tuple[str | None, str]]:
     """(node-pool label, device key) of every DeviceTaintRule Sickbay manages: a list at most
-    RULES_MAX_AGE old and read since this worker last created or deleted a rule; counts
+    RULES_MAX_AGE old, with this worker's own creates and deletes applied to it; counts
     running at the same moment share the list one of them has under way (single flight)."""
 
-    def load() -> list[tuple[str | None, str]]:
+    def load() -> list[tuple[str | None, str, str]]:
         body = kube.call(
             _api(kube, version).list_device_taint_rule,
             verb="list",
             resource=RULES,
             label_selector=MANAGED_SELECTOR,
         )
-        out: list[tuple[str | None, str]] = []
-        for rule in body.get("items") or []:
-            m = meta(rule)
-            key = (m.get("annotations") or {}).get(ANN_DEVICE_KEY) or m.get("name", "")
-            out.append(((m.get("labels") or {}).get(LABEL_NODE_POOL), key))
-        return out
+        return [_rule_entry(rule) for rule in body.get("items") or []]
 
-    return list(kube.cached(_rules_key(version), RULES_MAX_AGE, load))
+    rules = kube.cached(_rules_key(version), RULES_MAX_AGE, load, stale=RULES_STALE)
+    return [(pool, key) for pool, key, _ in rules]
 
 
 @dataclass(frozen=True)
