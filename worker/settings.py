@@ -337,9 +337,13 @@ class Settings(BaseSettings):
     # Workflow tasks and local activities in progress at once. A remediation's first task runs
     # its confirm step's local activities inside it, holding a task slot for a second or two
     # in a burst: with the SDK's 100, the second hundred of 200 GPUs failing together waited
-    # for the first hundred to finish confirming (BENCHMARKS.md, detection burst).
-    max_concurrent_workflow_tasks: int = Field(default=400, ge=2)
-    max_concurrent_local_activities: int = Field(default=400, ge=1)
+    # for the first hundred to finish confirming. More is not better: with 400 the one
+    # process took on more than its CPU finished within a task's 10 s timeout, and timed-out
+    # tasks were replayed and their local activities run again (BENCHMARKS.md, detection
+    # burst: last rule 14.4 s with 100, 11.7 s with 200, 22-39 s with 400, 200 remediations
+    # already holding).
+    max_concurrent_workflow_tasks: int = Field(default=200, ge=2)
+    max_concurrent_local_activities: int = Field(default=200, ge=1)
     # Workflows kept in the worker's memory between tasks (~0.5 MiB each). A remediation that
     # falls out of the cache is replayed from its (short) history on its next task, so a
     # bounded cache keeps RSS flat with thousands of remediations holding.

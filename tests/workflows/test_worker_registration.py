@@ -89,7 +89,7 @@ async def test_every_required_activity_is_registered(
     # A burst needs a task slot per confirming remediation: the settings, not the SDK's 100.
     config = worker.main.config()
     assert config.get("max_concurrent_workflow_tasks") == settings.max_concurrent_workflow_tasks
-    assert config.get("max_concurrent_local_activities") == 400
+    assert config.get("max_concurrent_local_activities") == 200
 
 
 def test_remediation_requires_every_activity_it_calls(
