@@ -364,7 +364,7 @@ async def run_e2e(
     from bench.common import rule_creations, set_budget
     from bench.stacks import open_stack, worker_pid
 
-    stack = open_stack(watch=True, nodes=nodes, gpus_per_node=gpus, time_scale=30.0)
+    stack = open_stack(watch=True, nodes=nodes, gpus_per_node=gpus, time_scale=1.0)
     out: dict[str, Any] = {"nodes": nodes, "gpus_per_node": gpus}
     try:
         info = stack.info
