@@ -380,20 +380,7 @@ class ControllerManager:
 
     def run_once(self) -> float | None:
         """One pass of every controller (thread-safe). Returns the earliest timer, if any."""
-        with self._pass_lock:
-            self.passes += 1
-            earliest: float | None = None
-            for controller in self.controllers:
-                ctx = SyncContext(self)
-                try:
-                    wanted = controller.sync(ctx)
-                except Exception:
-                    log.exception("controller %s failed", type(controller).__name__)
-                    wanted = 1.0  # retry soon rather than never
-                if wanted is not None:
-                    wanted = max(0.0, wanted)
-                    earliest = wanted if earliest is None else min(earliest, wanted)
-            return earliest
+        return self._pass(everyone=True)
 
     def settle(self, max_passes: int = 200) -> None:
         """Run passes until nothing changes (unit tests with a ManualClock)."""
