@@ -19,7 +19,9 @@ import pytest
 
 from tests.drills.conftest import worker_argv
 
-pytestmark = [pytest.mark.slow, pytest.mark.devserver]
+# The run's own bound is the subprocess timeout below; pytest-timeout's suite-wide 300 s would
+# end it first on a loaded CI machine (it did: 300.04 s) and report a hang that was not one.
+pytestmark = [pytest.mark.slow, pytest.mark.devserver, pytest.mark.timeout(660)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
