@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,8 +56,14 @@ MAX_IDLE_REAL = 0.5
 DEBOUNCE_REAL = 0.003
 # A due timer still waits this long, so a controller that keeps asking for 0 s cannot spin.
 MIN_SLEEP_REAL = 0.01
-# Upper bound on back-to-back passes before yielding, so a controller bug cannot spin forever.
-MAX_PASSES_PER_WAKE = 50
+# After passes that took S real seconds, the next change-triggered pass waits at least
+# S * PASS_REST_RATIO (capped at MAX_REST_REAL): a pass over 8,000 pods costs ~150 ms, and a
+# stream of API writes (a 200-GPU burst) otherwise kept this thread passing back to back, a
+# whole core and the API server's GIL taken from the clients the twin stands in a cluster for.
+# Changes arriving meanwhile are batched into that next pass, as a controller's work queue
+# batches them; a real control plane reacts in the same tens to hundreds of milliseconds.
+PASS_REST_RATIO = 1.0
+MAX_REST_REAL = 0.25
 
 
 @dataclass
@@ -322,7 +329,13 @@ class ControllerManager:
             while not self._stop.is_set():
                 current = self._changes  # read once: a change after this is seen next time
                 changed, seen = current != seen, current
-                delay = self._run_passes(changed)
+                started = time.monotonic()
+                # One pass, then rest: changes made meanwhile (the controllers' own writes
+                # included) have set `wake`, so a cascade goes on pass by pass. Without a
+                # change (a timer or the idle wake-up), only the controllers whose own timer
+                # is due run: a controller with nothing due and nothing changed would only read.
+                delay = self._pass(everyone=changed)
+                spent = time.monotonic() - started
                 real = MAX_IDLE_REAL if delay is None else self.clock.real_seconds(delay)
                 real = min(MAX_IDLE_REAL, max(MIN_SLEEP_REAL, real))
                 try:
@@ -330,7 +343,9 @@ class ControllerManager:
                 except TimeoutError:
                     pass
                 wake.clear()
-                await asyncio.sleep(DEBOUNCE_REAL)
+                rested = time.monotonic() - started - spent
+                rest = min(MAX_REST_REAL, spent * PASS_REST_RATIO) - rested
+                await asyncio.sleep(max(DEBOUNCE_REAL, rest))
         finally:
             if self._unsubscribe is not None:
                 self._unsubscribe()
@@ -339,20 +354,6 @@ class ControllerManager:
                 await notifier
             except (asyncio.CancelledError, Exception):
                 pass
-
-    def _run_passes(self, changed: bool = True) -> float | None:
-        """Passes until the store stops changing; returns the earliest timer (twin seconds).
-        Without a change (`changed` False: only a timer or the idle wake-up), only the
-        controllers whose own timer is due run: a pass over 8,000 pods costs ~150 ms, and a
-        controller with nothing due and nothing changed would only read."""
-        delay: float | None = None
-        for _ in range(MAX_PASSES_PER_WAKE):
-            before, changes = self.store.resource_version, self._changes
-            delay = self._pass(everyone=changed)
-            if self.store.resource_version == before:
-                break
-            changed = changed or self._changes != changes  # a write someone may act on
-        return delay
 
     def _pass(self, everyone: bool) -> float | None:
         """One pass of the controllers that are due (all of them with `everyone`)."""
