@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import timedelta
 from typing import Annotated, Any
@@ -28,16 +29,25 @@ def parse_duration(value: Any) -> Any:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return timedelta(seconds=value)
         if isinstance(value, str):
-            text = value.strip()
-            if re.fullmatch(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+", text):
-                unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-                total = sum(float(n) * unit[u] for n, u in _DURATION_PART.findall(text))
-                return timedelta(seconds=total)
-            if re.fullmatch(r"\d+(?:\.\d+)?", text):
-                return timedelta(seconds=float(text))
+            parsed = _parse_text(value.strip())
+            if parsed is not None:
+                return parsed
     except OverflowError:  # e.g. 1e20 seconds: a validation error, not a crash
         raise ValueError(f"duration {value!r} is out of range") from None
     return value  # let pydantic try ISO 8601 and report a clear error
+
+
+@functools.lru_cache(maxsize=512)
+def _parse_text(text: str) -> timedelta | None:
+    """`5m` -> 5 minutes (None: not this notation). Cached: every runbook set decoded in a
+    workflow parses the same few dozen durations again."""
+    if re.fullmatch(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+", text):
+        unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+        total = sum(float(n) * unit[u] for n, u in _DURATION_PART.findall(text))
+        return timedelta(seconds=total)
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return timedelta(seconds=float(text))
+    return None
 
 
 def format_duration(value: timedelta) -> str:
