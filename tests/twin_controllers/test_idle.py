@@ -8,7 +8,9 @@ Cases:
 - a stream of API writes does not keep the loop passing back to back: after a pass that took S
   seconds the next waits about S (at most 0.25 s), so on a big twin (a pass over 8,000 pods
   takes ~150 ms) the controllers take at most about half a core and the API server's GIL
-  while clients write, and what changed meanwhile is handled in that next pass.
+  while clients write, and what changed meanwhile is handled in that next pass;
+- a DeviceTaintRule change wakes only the controllers that read rules (device-taint eviction,
+  scheduler), not the kubelet stand-in's pass over every pod; the rules still get their status.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from tests.twin_controllers.conftest import ControllersTwin, eventually
 from twin.controllers.kubelet import Kubelet
 from twin.controllers.leases import LEASE_NAMESPACE, LEASES
+from twin.controllers.taints import DeviceTaintEviction
 
 
 def test_heartbeats_do_not_wake_every_controller(twin: Any) -> None:
@@ -110,3 +113,52 @@ def test_a_stream_of_writes_leaves_the_loop_time_to_rest(twin: Any) -> None:
         "default",
     )
     eventually(lambda: store.get("pods", "late", "default")["status"]["phase"] == "Running")
+
+
+def _counting(controller: Any) -> list[int]:
+    calls = [0]
+    real = controller.sync
+
+    def counted(ctx: Any) -> Any:
+        calls[0] += 1
+        return real(ctx)
+
+    controller.sync = counted
+    return calls
+
+
+def test_a_rule_change_wakes_only_the_controllers_that_read_rules(twin: Any) -> None:
+    t: ControllersTwin = twin(nodes=2, gpus_per_node=2)
+    store, manager = t.rs.store, t.manager
+    node = "gpu-pool-node-0"
+    store.create(
+        "pods",
+        {
+            "metadata": {"name": "busy", "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+        },
+        "default",
+    )
+    eventually(lambda: store.get("pods", "busy", "default")["status"]["phase"] == "Running")
+    time.sleep(0.5)  # the pod's start-up timers are spent
+    kubelet = _counting(next(c for c in manager.controllers if isinstance(c, Kubelet)))
+    taints = _counting(next(c for c in manager.controllers if isinstance(c, DeviceTaintEviction)))
+    rules = "devicetaintrules.resource.k8s.io"
+    for n in range(20):
+        store.create(
+            rules,
+            {
+                "metadata": {"name": f"r-{n}"},
+                "spec": {
+                    "deviceSelector": {"driver": "gpu.nvidia.com", "pool": node, "device": "gpu-1"},
+                    "taint": {"key": f"k{n}", "effect": "NoSchedule"},
+                },
+            },
+        )
+        time.sleep(0.02)
+    eventually(lambda: taints[0] >= 1)
+    time.sleep(0.3)
+    assert kubelet[0] <= 2, f"the kubelet stand-in passed {kubelet[0]} times for 20 rule creates"
+    # Still acted on: the eviction controller writes each rule's status. (Evictions through
+    # the running loop: test_scheduling.py and test_seed_story.py.)
+    eventually(lambda: (store.get(rules, "r-19").get("status") or {}).get("conditions"))

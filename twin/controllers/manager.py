@@ -45,7 +45,7 @@ from typing import Any
 
 from twin.alerts import AlertConfig, AlertmanagerTwin
 from twin.clock import Clock
-from twin.controllers.common import EventRecorder
+from twin.controllers.common import TAINT_RULES, EventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +164,13 @@ def _wakes_controllers(event: Any) -> bool:
     return not (event.resource == "nodes" and _heartbeat_only(event))
 
 
+def _rules_only(event: Any) -> bool:
+    """A DeviceTaintRule change: only the controllers that read rules act on it (the device
+    taint eviction and the scheduler, `rule_readers`). Sickbay creates one per failed GPU, and a
+    burst of 200 made every controller pass over every pod 200 times."""
+    return bool(event.resource == TAINT_RULES)
+
+
 class ControllerManager:
     """Owns the controllers, the fault injector and the alert notifier of one twin."""
 
@@ -175,6 +182,7 @@ class ControllerManager:
         self.dra = True
         self.events: EventRecorder | None = None  # type: ignore[assignment]
         self.controllers: list[Any] = []
+        self.rule_readers: list[Any] = []
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -185,6 +193,7 @@ class ControllerManager:
         # Store changes a controller may act on (and pokes), and each controller's next timer
         # (twin seconds; None: only a change wakes it): the loop skips what is not due.
         self._changes = 0
+        self._rule_changes = 0  # DeviceTaintRule changes: only `rule_readers` look
         self._due: dict[int, float | None] = {}
         self.alerts: AlertmanagerTwin | None = None
         self.faults: Any = None
@@ -225,6 +234,8 @@ class ControllerManager:
         self.repairs = NodeRepairs(self)
         self.scheduler = Scheduler(self)
         self.taints = DeviceTaintEviction(self)
+        # The controllers a DeviceTaintRule change wakes (no other reads rules).
+        self.rule_readers = [self.taints, self.scheduler]
         self.controllers = [
             ResourceClaimController(self),
             self.scheduler,
@@ -315,7 +326,10 @@ class ControllerManager:
         def on_change(event: Any) -> None:
             if not _wakes_controllers(event):
                 return
-            self._changes += 1
+            if _rules_only(event):
+                self._rule_changes += 1
+            else:
+                self._changes += 1
             try:
                 loop.call_soon_threadsafe(wake.set)
             except RuntimeError:
@@ -325,16 +339,18 @@ class ControllerManager:
         assert self.alerts is not None
         notifier = asyncio.create_task(self.alerts.run())
         try:
-            seen = -1  # the first pass runs every controller
+            seen = seen_rules = -1  # the first pass runs every controller
             while not self._stop.is_set():
-                current = self._changes  # read once: a change after this is seen next time
+                # Read once: a change after this is seen next time.
+                current, current_rules = self._changes, self._rule_changes
                 changed, seen = current != seen, current
+                rules_changed, seen_rules = current_rules != seen_rules, current_rules
                 started = time.monotonic()
                 # One pass, then rest: changes made meanwhile (the controllers' own writes
                 # included) have set `wake`, so a cascade goes on pass by pass. Without a
                 # change (a timer or the idle wake-up), only the controllers whose own timer
                 # is due run: a controller with nothing due and nothing changed would only read.
-                delay = self._pass(everyone=changed)
+                delay = self._pass(everyone=changed, rules_changed=rules_changed)
                 spent = time.monotonic() - started
                 real = MAX_IDLE_REAL if delay is None else self.clock.real_seconds(delay)
                 real = min(MAX_IDLE_REAL, max(MIN_SLEEP_REAL, real))
@@ -355,15 +371,17 @@ class ControllerManager:
             except (asyncio.CancelledError, Exception):
                 pass
 
-    def _pass(self, everyone: bool) -> float | None:
-        """One pass of the controllers that are due (all of them with `everyone`)."""
+    def _pass(self, everyone: bool, rules_changed: bool = False) -> float | None:
+        """One pass of the controllers that are due (all of them with `everyone`; with
+        `rules_changed`, the ones that read DeviceTaintRules too)."""
         with self._pass_lock:
             self.passes += 1
             now = self.clock.monotonic()
             earliest: float | None = None
             for controller in self.controllers:
                 due = self._due.get(id(controller))
-                if not everyone and id(controller) in self._due and (due is None or due > now):
+                woken = everyone or (rules_changed and controller in self.rule_readers)
+                if not woken and id(controller) in self._due and (due is None or due > now):
                     wanted = None if due is None else due - now  # not due, nothing changed
                 else:
                     ctx = SyncContext(self)
