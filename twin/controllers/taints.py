@@ -28,6 +28,7 @@ DeviceTaintRule status (condition `EvictionInProgress`, golden 35/41/48/50/55):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -125,7 +126,11 @@ class DeviceTaintEviction:
             rules = []
         slices = store.list(SLICES, copy_objects=False).items
         claims = store.list(CLAIMS, copy_objects=False).items
-        pods = {(ns_of(p), name_of(p)): p for p in store.list(PODS, copy_objects=False).items}
+        # A claim's consumers are looked up by name (the stored objects, not copies): a dict of
+        # every pod, built on every pass, was most of a pass on a cluster of 8,000 pods.
+        def pod_of(namespace: str, name: str) -> dict[str, Any] | None:
+            return store.get_ref(PODS, name, namespace)
+
         slice_taints: dict[DeviceId, list[dict[str, Any]]] = {}
         published: list[DeviceId] = []
         seen: set[str] = set()
@@ -136,7 +141,7 @@ class DeviceTaintEviction:
             slice_taints.update(taints)
         for uid in self._slices.keys() - seen:
             del self._slices[uid]
-        candidates, consumers = self._candidates(ctx, rules, claims, pods, slice_taints)
+        candidates, consumers = self._candidates(ctx, rules, claims, pod_of, slice_taints)
         # Status first: the real controller reports the pending count before evicting.
         earliest = self._rule_statuses(ctx, rules, published, claims, candidates, consumers)
         for cand in candidates.values():
@@ -184,7 +189,7 @@ class DeviceTaintEviction:
         ctx: Any,
         rules: list[dict[str, Any]],
         claims: list[dict[str, Any]],
-        pods: dict[tuple[str, str], dict[str, Any]],
+        pod_of: Callable[[str, str], dict[str, Any] | None],
         slice_taints: dict[DeviceId, list[dict[str, Any]]],
     ) -> tuple[dict[str, _Candidate], dict[str, list[tuple[dict[str, Any], dict[str, Any]]]]]:
         """Pods to evict (uid -> candidate) and, per rule uid, the (pod, allocation result) pairs
@@ -201,7 +206,7 @@ class DeviceTaintEviction:
             if not devices:
                 continue
             for ref in (claim.get("status") or {}).get("reservedFor") or []:
-                pod = pods.get((ns_of(claim), ref.get("name", "")))
+                pod = pod_of(ns_of(claim), ref.get("name", ""))
                 if pod is None or uid_of(pod) != ref.get("uid") or not pod["spec"].get("nodeName"):
                     continue
                 if is_terminal(pod) or not self._references(pod, name_of(claim)):
