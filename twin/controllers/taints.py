@@ -126,6 +126,7 @@ class DeviceTaintEviction:
             rules = []
         slices = store.list(SLICES, copy_objects=False).items
         claims = store.list(CLAIMS, copy_objects=False).items
+
         # A claim's consumers are looked up by name (the stored objects, not copies): a dict of
         # every pod, built on every pass, was most of a pass on a cluster of 8,000 pods.
         def pod_of(namespace: str, name: str) -> dict[str, Any] | None:
