@@ -25,6 +25,19 @@ from twin.controllers.leases import LEASE_NAMESPACE, LEASES
 from twin.controllers.taints import DeviceTaintEviction
 
 
+def _bound_pod_runs(store: Any, name: str, node: str) -> None:
+    """A pod bound to `node` now is acted on: it runs."""
+    store.create(
+        "pods",
+        {
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+        },
+        "default",
+    )
+    eventually(lambda: store.get("pods", name, "default")["status"]["phase"] == "Running")
+
+
 def test_heartbeats_do_not_wake_every_controller(twin: Any) -> None:
     t: ControllersTwin = twin(nodes=20, gpus_per_node=1)
     store, manager = t.rs.store, t.manager
@@ -54,15 +67,7 @@ def test_heartbeats_do_not_wake_every_controller(twin: Any) -> None:
     assert writes >= 10, f"only {writes} heartbeat writes: the test measures nothing"
     assert syncs * 3 < writes, f"{syncs} kubelet passes for {writes} heartbeat writes"
 
-    store.create(
-        "pods",
-        {
-            "metadata": {"name": "late", "namespace": "default"},
-            "spec": {"nodeName": "gpu-pool-node-3", "containers": [{"name": "c", "image": "i"}]},
-        },
-        "default",
-    )
-    eventually(lambda: store.get("pods", "late", "default")["status"]["phase"] == "Running")
+    _bound_pod_runs(store, "late", "gpu-pool-node-3")
 
 
 def test_a_stream_of_writes_leaves_the_loop_time_to_rest(twin: Any) -> None:
@@ -104,15 +109,7 @@ def test_a_stream_of_writes_leaves_the_loop_time_to_rest(twin: Any) -> None:
     most = elapsed / (2 * pass_seconds) + 2
     assert 0 < syncs <= most, f"{syncs} passes in {elapsed:.2f} s (at most {most:.0f})"
 
-    store.create(
-        "pods",
-        {
-            "metadata": {"name": "late", "namespace": "default"},
-            "spec": {"nodeName": "gpu-pool-node-1", "containers": [{"name": "c", "image": "i"}]},
-        },
-        "default",
-    )
-    eventually(lambda: store.get("pods", "late", "default")["status"]["phase"] == "Running")
+    _bound_pod_runs(store, "late", "gpu-pool-node-1")
 
 
 def _counting(controller: Any) -> list[int]:
@@ -131,15 +128,7 @@ def test_a_rule_change_wakes_only_the_controllers_that_read_rules(twin: Any) -> 
     t: ControllersTwin = twin(nodes=2, gpus_per_node=2)
     store, manager = t.rs.store, t.manager
     node = "gpu-pool-node-0"
-    store.create(
-        "pods",
-        {
-            "metadata": {"name": "busy", "namespace": "default"},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
-        },
-        "default",
-    )
-    eventually(lambda: store.get("pods", "busy", "default")["status"]["phase"] == "Running")
+    _bound_pod_runs(store, "busy", node)
     time.sleep(0.5)  # the pod's start-up timers are spent
     kubelet = _counting(next(c for c in manager.controllers if isinstance(c, Kubelet)))
     taints = _counting(next(c for c in manager.controllers if isinstance(c, DeviceTaintEviction)))
