@@ -20,6 +20,8 @@ import time
 from typing import Any
 
 from tests.twin_controllers.conftest import ControllersTwin, eventually
+from tests.twin_controllers.helpers import taint_rule
+from twin.controllers.common import TAINT_RULES
 from twin.controllers.kubelet import Kubelet
 from twin.controllers.leases import LEASE_NAMESPACE, LEASES
 from twin.controllers.taints import DeviceTaintEviction
@@ -38,20 +40,24 @@ def _bound_pod_runs(store: Any, name: str, node: str) -> None:
     eventually(lambda: store.get("pods", name, "default")["status"]["phase"] == "Running")
 
 
+def _counting(controller: Any) -> list[int]:
+    """Count the controller's passes from now on (a one-item list, read as [0])."""
+    calls = [0]
+    real = controller.sync
+
+    def counted(ctx: Any) -> Any:
+        calls[0] += 1
+        return real(ctx)
+
+    controller.sync = counted
+    return calls
+
+
 def test_heartbeats_do_not_wake_every_controller(twin: Any) -> None:
     t: ControllersTwin = twin(nodes=20, gpus_per_node=1)
     store, manager = t.rs.store, t.manager
     eventually(lambda: len(store.list(LEASES, LEASE_NAMESPACE).items) == 20)
-    kubelet = next(c for c in manager.controllers if isinstance(c, Kubelet))
-    syncs = 0
-    real_sync = kubelet.sync
-
-    def counted(ctx: Any) -> Any:
-        nonlocal syncs
-        syncs += 1
-        return real_sync(ctx)
-
-    kubelet.sync = counted  # type: ignore[method-assign]
+    syncs = _counting(next(c for c in manager.controllers if isinstance(c, Kubelet)))
     writes = 0
 
     def on_change(event: Any) -> None:
@@ -65,7 +71,7 @@ def test_heartbeats_do_not_wake_every_controller(twin: Any) -> None:
     finally:
         unsubscribe()
     assert writes >= 10, f"only {writes} heartbeat writes: the test measures nothing"
-    assert syncs * 3 < writes, f"{syncs} kubelet passes for {writes} heartbeat writes"
+    assert syncs[0] * 3 < writes, f"{syncs[0]} kubelet passes for {writes} heartbeat writes"
 
     _bound_pod_runs(store, "late", "gpu-pool-node-3")
 
@@ -112,18 +118,6 @@ def test_a_stream_of_writes_leaves_the_loop_time_to_rest(twin: Any) -> None:
     _bound_pod_runs(store, "late", "gpu-pool-node-1")
 
 
-def _counting(controller: Any) -> list[int]:
-    calls = [0]
-    real = controller.sync
-
-    def counted(ctx: Any) -> Any:
-        calls[0] += 1
-        return real(ctx)
-
-    controller.sync = counted
-    return calls
-
-
 def test_a_rule_change_wakes_only_the_controllers_that_read_rules(twin: Any) -> None:
     t: ControllersTwin = twin(nodes=2, gpus_per_node=2)
     store, manager = t.rs.store, t.manager
@@ -132,22 +126,12 @@ def test_a_rule_change_wakes_only_the_controllers_that_read_rules(twin: Any) -> 
     time.sleep(0.5)  # the pod's start-up timers are spent
     kubelet = _counting(next(c for c in manager.controllers if isinstance(c, Kubelet)))
     taints = _counting(next(c for c in manager.controllers if isinstance(c, DeviceTaintEviction)))
-    rules = "devicetaintrules.resource.k8s.io"
     for n in range(20):
-        store.create(
-            rules,
-            {
-                "metadata": {"name": f"r-{n}"},
-                "spec": {
-                    "deviceSelector": {"driver": "gpu.nvidia.com", "pool": node, "device": "gpu-1"},
-                    "taint": {"key": f"k{n}", "effect": "NoSchedule"},
-                },
-            },
-        )
+        store.create(TAINT_RULES, taint_rule(f"r-{n}", node, "gpu-1", effect="NoSchedule"))
         time.sleep(0.02)
     eventually(lambda: taints[0] >= 1)
     time.sleep(0.3)
     assert kubelet[0] <= 2, f"the kubelet stand-in passed {kubelet[0]} times for 20 rule creates"
     # Still acted on: the eviction controller writes each rule's status. (Evictions through
     # the running loop: test_scheduling.py and test_seed_story.py.)
-    eventually(lambda: (store.get(rules, "r-19").get("status") or {}).get("conditions"))
+    eventually(lambda: (store.get(TAINT_RULES, "r-19").get("status") or {}).get("conditions"))

@@ -28,7 +28,6 @@ DeviceTaintRule status (condition `EvictionInProgress`, golden 35/41/48/50/55):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -126,12 +125,6 @@ class DeviceTaintEviction:
             rules = []
         slices = store.list(SLICES, copy_objects=False).items
         claims = store.list(CLAIMS, copy_objects=False).items
-
-        # A claim's consumers are looked up by name (the stored objects, not copies): a dict of
-        # every pod, built on every pass, was most of a pass on a cluster of 8,000 pods.
-        def pod_of(namespace: str, name: str) -> dict[str, Any] | None:
-            return store.get_ref(PODS, name, namespace)
-
         slice_taints: dict[DeviceId, list[dict[str, Any]]] = {}
         published: list[DeviceId] = []
         seen: set[str] = set()
@@ -142,7 +135,7 @@ class DeviceTaintEviction:
             slice_taints.update(taints)
         for uid in self._slices.keys() - seen:
             del self._slices[uid]
-        candidates, consumers = self._candidates(ctx, rules, claims, pod_of, slice_taints)
+        candidates, consumers = self._candidates(ctx, rules, claims, slice_taints)
         # Status first: the real controller reports the pending count before evicting.
         earliest = self._rule_statuses(ctx, rules, published, claims, candidates, consumers)
         for cand in candidates.values():
@@ -190,7 +183,6 @@ class DeviceTaintEviction:
         ctx: Any,
         rules: list[dict[str, Any]],
         claims: list[dict[str, Any]],
-        pod_of: Callable[[str, str], dict[str, Any] | None],
         slice_taints: dict[DeviceId, list[dict[str, Any]]],
     ) -> tuple[dict[str, _Candidate], dict[str, list[tuple[dict[str, Any], dict[str, Any]]]]]:
         """Pods to evict (uid -> candidate) and, per rule uid, the (pod, allocation result) pairs
@@ -207,7 +199,9 @@ class DeviceTaintEviction:
             if not devices:
                 continue
             for ref in (claim.get("status") or {}).get("reservedFor") or []:
-                pod = pod_of(ns_of(claim), ref.get("name", ""))
+                # The stored pod, looked up by name (not a dict of every pod per pass: on a
+                # cluster of 8,000 pods building it was most of a pass).
+                pod = ctx.store.get_ref(PODS, ref.get("name", ""), ns_of(claim))
                 if pod is None or uid_of(pod) != ref.get("uid") or not pod["spec"].get("nodeName"):
                     continue
                 if is_terminal(pod) or not self._references(pod, name_of(claim)):
