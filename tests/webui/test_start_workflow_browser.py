@@ -93,6 +93,21 @@ async def _start_from_form(
     return str(await page.inner_text("body"))
 
 
+async def _frame_texts(page: Any) -> list[str]:
+    """The text of every frame still attached: the tab's refresh replaces the markdown frame,
+    and one that detaches while it is read is left out (the caller reads again)."""
+    from playwright.async_api import Error as PageError
+
+    texts = []
+    for frame in page.frames:
+        try:
+            texts.append(str(await frame.locator("body").inner_text()))
+        except PageError as err:
+            if "detached" not in str(err):
+                raise
+    return texts
+
+
 async def _run_page(page: Any, status: str, shows: str = "") -> str:
     """The run's page once it shows `status` and the text `shows` (the page loads its parts
     one after the other; reloaded if the run closed after it loaded)."""
@@ -165,8 +180,7 @@ async def test_running_remediation_shows_current_details(
         shown = ""
         for _ in range(int(WAIT_MS / 500)):
             # The details are rendered as markdown, in a frame of their own.
-            texts = [await f.locator("body").inner_text() for f in page.frames]
-            shown = "\n".join(texts)
+            shown = "\n".join(await _frame_texts(page))
             if "waiting for: marked repaired" in shown:
                 break
             await page.keyboard.press("r")  # the tab's own refresh key
