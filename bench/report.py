@@ -129,6 +129,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.human_actions import summary_rows as human_rows
 
         out += human_rows(results["human_actions"])
+    if results.get("abuse"):
+        from bench.webhook_abuse import summary_rows as abuse_rows
+
+        out += abuse_rows(results["abuse"])
     out.append("")
     if lat and lat["sickbay"].get("n"):
         s, p = lat["sickbay"], lat["peer"]
@@ -336,6 +340,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.human_actions import section as human_section
 
         out += human_section(results["human_actions"])
+    if results.get("abuse"):
+        from bench.webhook_abuse import section as abuse_section
+
+        out += abuse_section(results["abuse"])
     notes = results.get("findings") or []
     if notes:
         out += ["## Findings", ""] + [f"- {n}" for n in notes] + [""]

@@ -18,6 +18,14 @@ here adds, per connection (settings `SICKBAY_WEBHOOK_*`):
                            connection is busy (a request read or handled), the new one is
                            answered 503 and closed before a byte of it is read (Alertmanager
                            retries a 503)
+    per peer         a quarter of max_connections (at least 4) from one client address. One
+                     more evicts that peer's own oldest slow or idle connection; all of its
+                     connections busy, the new one is answered 503 and closed. A flood from
+                     one address cannot take the slots Alertmanager needs.
+
+A response sent before the request's body was read (a 401 for a missing or wrong token, a 413)
+closes the connection with it (`Connection: close`): the body is never read, so a client
+without the token holds nothing open, whatever it sends after its headers.
 
 Headers are at most 16 KiB (h11's bound; past it: 400). Idle kept-alive connections close after
 30 s (uvicorn's keep-alive timeout). Closed connections are counted and logged at most once a
@@ -52,6 +60,9 @@ from worker.settings import ServerSettings
 log = logging.getLogger(__name__)
 
 MAX_HEADER_BYTES = 16 * 1024
+# One client address may hold a quarter of the connections, and at least this many (Alertmanager
+# opens a few per receiver; the storm benchmark 64 against the default 256).
+MIN_PER_PEER = 4
 KEEP_ALIVE_SECONDS = 30  # Alertmanager keeps connections open between notifications
 # In-flight notifications finish on SIGTERM (bounded by the Temporal timeout); below the
 # Deployment's 20 s termination grace period.
@@ -82,19 +93,46 @@ class ConnectionLimits:
     body_timeout: float
     max_connections: int
     closed: dict[str, int] = field(
-        default_factory=lambda: {"headers": 0, "body": 0, "busy": 0, "evicted": 0}
+        default_factory=lambda: {
+            "headers": 0,
+            "body": 0,
+            "busy": 0,
+            "evicted": 0,
+            "peer-busy": 0,
+            "peer-evicted": 0,
+        }
     )
     # Connections that may give way to a new one (waiting for headers, or idle between
     # requests), with the monotonic time since when; oldest first.
     evictable: dict[BoundedH11Protocol, float] = field(default_factory=dict)
+    # Open connections by client address.
+    by_peer: dict[str, set[BoundedH11Protocol]] = field(default_factory=dict)
+    # Connections (client address and port) that carried a request whose body the app read
+    # and answered 2xx: an authenticated client such as Alertmanager. They give way last.
+    proven: set[tuple[str, int]] = field(default_factory=set)
     _logged: dict[str, int] = field(default_factory=dict)
     _logged_at: float = 0.0
 
-    def victim(self, newcomer: BoundedH11Protocol) -> BoundedH11Protocol | None:
-        for protocol in self.evictable:  # insertion order: the oldest first
-            if protocol is not newcomer and not protocol.transport.is_closing():
+    @property
+    def max_per_peer(self) -> int:
+        return max(MIN_PER_PEER, self.max_connections // 4)
+
+    def victim(
+        self, newcomer: BoundedH11Protocol, peer: str | None = None
+    ) -> BoundedH11Protocol | None:
+        """The oldest evictable connection (of `peer` only, when given) but `newcomer`; one
+        that has proven itself (an answered request with a body) only when no other is left."""
+        candidates = [
+            protocol
+            for protocol in self.evictable  # insertion order: the oldest first
+            if protocol is not newcomer
+            and not protocol.transport.is_closing()
+            and (peer is None or protocol.peer == peer)
+        ]
+        for protocol in candidates:
+            if protocol.client not in self.proven:
                 return protocol
-        return None
+        return candidates[0] if candidates else None
 
     def note(self, reason: str) -> None:
         self.closed[reason] += 1
@@ -106,8 +144,9 @@ class ConnectionLimits:
         log.warning(
             "webhook closed slow or surplus connections: %d with headers not complete in %g s, "
             "%d with a body not complete in %g s, %d slow or idle ones to make room and %d new "
-            "ones (503) past %d open connections (since the last such line; said at most "
-            "every %g s)",
+            "ones (503) past %d open connections, %d slow or idle ones and %d new ones (503) "
+            "of a client address past its %d (since the last such line; said at most every "
+            "%g s)",
             new["headers"],
             self.header_timeout,
             new["body"],
@@ -115,6 +154,9 @@ class ConnectionLimits:
             new["evicted"],
             new["busy"],
             self.max_connections,
+            new["peer-evicted"],
+            new["peer-busy"],
+            self.max_per_peer,
             LOG_EVERY_SECONDS,
         )
 
@@ -129,19 +171,32 @@ class BoundedH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
         self._waiting_for = ""
+        self.peer = ""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
-            victim = self.limits.victim(self)
-            if victim is None:  # every connection is busy with a request
-                self.limits.note("busy")
-                transport.write(_BUSY)
-                transport.close()
-                return
-            self.limits.note("evicted")
-            victim._close_slow()
+        peername = transport.get_extra_info("peername")
+        self.peer = str(peername[0]) if peername else ""
+        mine = self.limits.by_peer.setdefault(self.peer, set())
+        mine.add(self)
+        if len(mine) > self.limits.max_per_peer and not self._make_room("peer-", self.peer):
+            return
+        if len(self.connections) > self.limits.max_connections and not self._make_room("", None):
+            return
         self._arm("headers")
+
+    def _make_room(self, kind: str, peer: str | None) -> bool:
+        """Past a cap: evict the oldest slow or idle connection (of `peer`, when given), or,
+        every one busy, refuse this one (503, closed). True when this connection may stay."""
+        victim = self.limits.victim(self, peer)
+        if victim is None:  # every connection is busy with a request
+            self.limits.note(f"{kind}busy")
+            self.transport.write(_BUSY)
+            self.transport.close()
+            return False
+        self.limits.note(f"{kind}evicted")
+        victim._close_slow()
+        return True
 
     def data_received(self, data: bytes) -> None:
         if self._deadline is None and self.conn.their_state is h11.IDLE:
@@ -151,6 +206,12 @@ class BoundedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self.conn.their_state is h11.SEND_BODY:
+            # Answered before the body was read (401, 413): the connection closed with the
+            # answer (`Connection: close`, set by `close_unread_bodies`); nothing more is read.
+            self._disarm()
+            self.transport.close()
+            return
         if self.conn.their_state is h11.IDLE:
             self._disarm()  # idle between requests: uvicorn's keep-alive timeout applies
             self.limits.evictable[self] = time.monotonic()
@@ -160,6 +221,13 @@ class BoundedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self.limits.evictable.pop(self, None)
+        if self.client is not None:
+            self.limits.proven.discard(self.client)
+        mine = self.limits.by_peer.get(self.peer)
+        if mine is not None:
+            mine.discard(self)
+            if not mine:
+                del self.limits.by_peer[self.peer]
         super().connection_lost(exc)
 
     def _follow(self) -> None:
@@ -207,6 +275,61 @@ class BoundedH11Protocol(H11Protocol):
 
 def bounded_protocol(limits: ConnectionLimits) -> type[BoundedH11Protocol]:
     return type("BoundedH11Protocol", (BoundedH11Protocol,), {"limits": limits})
+
+
+def _has_body(scope: dict[str, Any]) -> bool:
+    for name, value in scope.get("headers", ()):
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
+
+
+def close_unread_bodies(app: Any, limits: ConnectionLimits) -> Any:
+    """ASGI wrapper: a response that starts before the request's body was read (the route
+    refused the request on its headers: 401, 413) says `Connection: close`, so the server
+    closes the connection with it instead of reading a body nobody wants. A 2xx after the
+    body was read marks the connection proven (`ConnectionLimits.proven`)."""
+
+    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not _has_body(scope):
+            await app(scope, receive, send)
+            return
+        read = False
+
+        async def receiving() -> dict[str, Any]:
+            nonlocal read
+            message: dict[str, Any] = await receive()
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                read = True
+            return message
+
+        async def sending(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                if not read:
+                    headers = [*message.get("headers", ()), (b"connection", b"close")]
+                    message = {**message, "headers": headers}
+                elif 200 <= message["status"] < 300 and scope.get("client"):
+                    limits.proven.add(tuple(scope["client"]))
+            await send(message)
+
+        await app(scope, receiving, sending)
+
+    return wrapped
+
+
+class QueryRedactingFilter(logging.Filter):
+    """The access log names a request's path, never its query string's values (a token put in
+    the URL by mistake must not end up in the logs): `?token=...` becomes `?token=<redacted>`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            path, sep, query = args[2].partition("?")
+            if sep:
+                names = (part.partition("=")[0] for part in query.split("&"))
+                redacted = "&".join(f"{name}=<redacted>" for name in names)
+                record.args = (*args[:2], f"{path}?{redacted}", *args[3:])
+        return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,7 +425,7 @@ def build_config(
         max_connections=server.webhook_max_connections,
     )
     config = uvicorn.Config(
-        app,
+        close_unread_bodies(app, limits),
         host=host,
         port=port,
         http=bounded_protocol(limits),
@@ -316,6 +439,9 @@ def build_config(
         ssl_keyfile=str(server.webhook_tls_key_file) if tls else None,
     )
     config.load()
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, QueryRedactingFilter) for f in access.filters):
+        access.addFilter(QueryRedactingFilter())
     if tls is not None:
         config.ssl = tls.context
     return config, limits, tls

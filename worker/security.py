@@ -7,7 +7,10 @@ guess is as good as none. `check_webhook_token` refuses, with a message naming t
 - a token shorter than `MIN_TOKEN_CHARS` (32: `openssl rand -hex 16`, 128 bits; the docs make
   one with `openssl rand -hex 32`);
 - a known example or placeholder (the demo token once shipped with the compose file, or any
-  token that says it wants replacing).
+  token that says it wants replacing, or is a word such as "password");
+- a token of fewer than `MIN_DISTINCT_CHARS` (8) distinct characters: one character repeated
+  (`aaaa...`), or a word repeated (`tokentoken...`). A random token of 32 characters or more has
+  far more (`openssl rand -hex 32`: all 16 hex digits, practically always).
 
 The webhook checks at start-up and on every rotation of its token file (a weak new token is
 refused and the previous one kept); `sickbay worker` checks too when the same settings reach it
@@ -25,7 +28,21 @@ if TYPE_CHECKING:  # worker.settings imports this module (the token check)
 MIN_TOKEN_CHARS = 32
 # The token that deploy/compose once shipped for the twin demo, and words a placeholder uses.
 EXAMPLE_TOKENS = frozenset({"sickbay-demo-token-replace-me"})
-PLACEHOLDER_WORDS = ("replace-me", "replaceme", "change-me", "changeme", "example", "placeholder")
+PLACEHOLDER_WORDS = (
+    "replace-me",
+    "replaceme",
+    "change-me",
+    "changeme",
+    "example",
+    "placeholder",
+    "password",
+    "passw0rd",
+    "your-token",
+    "yourtoken",
+    "insert-token",
+    "dummy",
+)
+MIN_DISTINCT_CHARS = 8
 
 
 class WeakTokenError(RuntimeError):
@@ -47,6 +64,11 @@ def check_webhook_token(token: str, source: str = "the webhook token") -> None:
         raise WeakTokenError(
             f"{source} has {len(token)} characters, fewer than {MIN_TOKEN_CHARS}; make a "
             "longer one (openssl rand -hex 32)"
+        )
+    if len(set(token)) < MIN_DISTINCT_CHARS:
+        raise WeakTokenError(
+            f"{source} repeats fewer than {MIN_DISTINCT_CHARS} distinct characters (one "
+            "character or a word over and over); make a random one (openssl rand -hex 32)"
         )
 
 

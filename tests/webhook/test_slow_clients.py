@@ -12,27 +12,41 @@ Cases:
   client is served and the oldest slow connection gives way (408, closed);
 - at the cap with every connection busy (a request being read), one more is answered 503 at
   once and closed, no busy one is touched; once they are gone, new connections are served;
+- a request without a valid token (none, or a wrong one) is answered 401 and closed at once,
+  before its body is read, however long the body deadline is: a flood of such connections holds
+  nothing open; a normal request is served meanwhile;
+- one peer holds at most a quarter of SICKBAY_WEBHOOK_MAX_CONNECTIONS (at least 4): past that
+  its own slowest connection gives way, or, all of its connections busy, the newcomer is
+  answered 503; another peer (127.0.0.2) is still served;
+- at the cap, a kept-alive connection that carried an answered POST (Alertmanager's) is the
+  last to give way: slow newcomers evict each other (in-process server, a stand-in app);
+- a token in the query string is never written to the access log;
 - the settings are refused when out of range or when only half of the TLS pair is set.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import selectors
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from pydantic import ValidationError
 
 from harness.stack import free_port
 from tests.webhook.helpers import TOKEN
+from worker.http_server import build_config
 from worker.settings import ServerSettings
 
 SICKBAY = str(Path(sys.executable).parent / "sickbay")
@@ -57,12 +71,12 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def _webhook(tmp_path: Path, **env: str) -> Iterator[int]:
+def _webhook(tmp_path: Path, *args: str, **env: str) -> Iterator[int]:
     port = free_port()
     log = tmp_path / "webhook.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [SICKBAY, "webhook", "--host", "127.0.0.1", "--port", str(port)],
+            [SICKBAY, "webhook", "--host", "127.0.0.1", "--port", str(port), *args],
             env=_env(**env),
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -87,8 +101,17 @@ def _webhook(tmp_path: Path, **env: str) -> Iterator[int]:
             proc.wait(timeout=5)
 
 
-def _connect(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+_ADDRESSES = itertools.count()
+
+
+def _connect(port: int, source: str = "") -> socket.socket:
+    """A connection from `source`, by default from an address of its own (127.1.x.y: Linux
+    answers the whole 127/8 on loopback), so the per-address cap only counts where a test
+    means it to."""
+    if not source:
+        n = next(_ADDRESSES)
+        source = f"127.1.{n // 250}.{n % 250 + 1}"
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
     sock.setblocking(False)
     return sock
 
@@ -276,6 +299,136 @@ def _closed(socks: list[socket.socket], within: float, at_least: int) -> list[so
     return closed
 
 
+def _send_all(socks: list[socket.socket], data: bytes) -> None:
+    for s in socks:
+        s.setblocking(True)
+        s.sendall(data)
+        s.setblocking(False)
+
+
+def _answers_then_closed(socks: list[socket.socket], within: float) -> list[bytes]:
+    """What the server sent each socket before closing it; fails unless it closed all of them
+    within `within` seconds."""
+    received = {s: b"" for s in socks}
+    sel = selectors.DefaultSelector()
+    for s in socks:
+        sel.register(s, selectors.EVENT_READ)
+    deadline = time.monotonic() + within
+    try:
+        while sel.get_map():
+            assert time.monotonic() < deadline, (
+                f"{len(sel.get_map())} of {len(socks)} connections still open after {within} s"
+            )
+            for key, _ in sel.select(timeout=0.2):
+                s = key.fileobj
+                assert isinstance(s, socket.socket)
+                try:
+                    chunk = s.recv(4096)
+                except (BlockingIOError, ConnectionResetError):
+                    chunk = b""
+                received[s] += chunk
+                if not chunk:
+                    sel.unregister(s)
+    finally:
+        sel.close()
+        for s in socks:
+            s.close()
+    return [received[s] for s in socks]
+
+
+def test_unauthenticated_requests_are_answered_and_closed_before_their_body(
+    tmp_path: Path,
+) -> None:
+    # A body deadline far beyond the test's patience: only the early answer can close them.
+    with _webhook(
+        tmp_path, SICKBAY_WEBHOOK_BODY_TIMEOUT="600", SICKBAY_WEBHOOK_MAX_CONNECTIONS="64"
+    ) as port:
+        head = (
+            b"POST /v1/alertmanager HTTP/1.1\r\nHost: sickbay\r\nContent-Length: 5000\r\n"
+            b"Content-Type: application/json\r\n"
+        )
+        no_token = [_connect(port) for _ in range(6)]
+        wrong_token = [_connect(port) for _ in range(6)]
+        _send_all(no_token, head + b"\r\n{")  # headers and one body byte
+        _send_all(wrong_token, head + b"Authorization: Bearer " + b"w" * 40 + b"\r\n\r\n{")
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+        answers = _answers_then_closed(no_token + wrong_token, within=CLOSED_WITHIN)
+        assert all(a.startswith(b"HTTP/1.1 401") for a in answers), answers
+        # Closed with the answer, not by a deadline later on (keep-alive: 30 s).
+        assert all(b"\r\nconnection: close\r\n" in a.lower() for a in answers), answers
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert 'sickbay_webhook_requests_rejected_total{reason="unauthorized"} 12.0' in metrics
+
+
+def test_one_peer_holds_at_most_a_quarter_of_the_connections(tmp_path: Path) -> None:
+    per_peer = 4  # a quarter of 16
+    with _webhook(
+        tmp_path,
+        SICKBAY_WEBHOOK_MAX_CONNECTIONS="16",
+        SICKBAY_WEBHOOK_HEADER_TIMEOUT="600",
+        SICKBAY_WEBHOOK_BODY_TIMEOUT="600",
+    ) as port:
+        # Slow ones: past its share, the peer's own oldest slow connection gives way.
+        slow = [_connect(port, "127.0.0.1") for _ in range(per_peer)]
+        _send_all(slow, HEADERS[:1])
+        newer = [_connect(port, "127.0.0.1") for _ in range(2)]
+        _send_all(newer, HEADERS[:1])
+        evicted = _closed(slow + newer, within=CLOSED_WITHIN, at_least=2)
+        assert set(evicted) == set(slow[:2]), "the peer's oldest slow connections give way"
+        for s in slow + newer:
+            s.close()
+        # Busy ones (a request being read): past its share, the newcomer is refused with 503.
+        deadline = time.monotonic() + CLOSED_WITHIN
+        while True:  # until the server has let go of the closed ones
+            busy = [_connect(port, "127.0.0.1") for _ in range(per_peer)]
+            _send_all(
+                busy,
+                b"POST /v1/alertmanager HTTP/1.1\r\nHost: sickbay\r\nContent-Length: 100\r\n"
+                + f"Authorization: Bearer {TOKEN}\r\nExpect: 100-continue\r\n\r\n".encode(),
+            )
+            try:
+                _wait_continue(busy)
+                break
+            except AssertionError:
+                for s in busy:
+                    s.close()
+                assert time.monotonic() < deadline, "the peer's slots never freed"
+        extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: sickbay\r\n\r\n")
+            refused = extra.recv(4096)
+        finally:
+            extra.close()
+        assert refused.startswith(b"HTTP/1.1 503"), refused
+        # Another peer is served meanwhile.
+        other = socket.create_connection(
+            ("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0)
+        )
+        try:
+            other.sendall(b"GET /healthz HTTP/1.1\r\nHost: sickbay\r\n\r\n")
+            assert other.recv(4096).startswith(b"HTTP/1.1 200")
+        finally:
+            other.close()
+        assert _closed(busy, within=0.5, at_least=0) == [], "a busy connection was closed"
+        for s in busy:
+            s.close()
+
+
+def test_a_token_in_the_query_string_never_reaches_the_access_log(tmp_path: Path) -> None:
+    secret = "q" + "9f3c1a7e5b2d" * 4
+    with _webhook(tmp_path, "--access-log") as port:
+        for target in (f"/v1/alertmanager?token={secret}", f"/healthz?a=1&token={secret}"):
+            httpx.post(f"http://127.0.0.1:{port}{target}", content=b"{}", timeout=10)
+        log = (tmp_path / "webhook.log").read_text()
+        deadline = time.monotonic() + CLOSED_WITHIN
+        while "/healthz" not in log:  # the access log line of the last request
+            assert time.monotonic() < deadline, log[-3000:]
+            time.sleep(0.1)
+            log = (tmp_path / "webhook.log").read_text()
+    assert secret not in log
+    assert "/v1/alertmanager?" in log, "the access log still names the request"
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -290,3 +443,65 @@ def _closed(socks: list[socket.socket], within: float, at_least: int) -> list[so
 def test_bad_server_settings_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         ServerSettings(**bad)  # type: ignore[arg-type]
+
+
+async def _accept_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A stand-in for the webhook app: reads the whole body, answers 202."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more and scope["method"] == "POST":
+        more = (await receive()).get("more_body", False)
+    headers = [(b"content-length", b"2")]
+    await send({"type": "http.response.start", "status": 202, "headers": headers})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_a_proven_client_gives_way_last(tmp_path: Path) -> None:
+    """At the cap, a kept-alive connection that carried an answered POST (Alertmanager's) stays;
+    the slow newcomers give way to each other instead."""
+    port = free_port()
+    server_settings = ServerSettings(
+        webhook_header_timeout=600, webhook_body_timeout=600, webhook_max_connections=8
+    )
+    config, _limits, _tls = build_config(_accept_app, "127.0.0.1", port, server_settings)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + START_WITHIN
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.05)
+        post = b"POST /v1/alertmanager HTTP/1.1\r\nHost: sickbay\r\nContent-Length: 2\r\n\r\n{}"
+        alertmanager = _connect(port)
+        _send_all([alertmanager], post)
+        assert _read_answer(alertmanager).startswith(b"HTTP/1.1 202")
+        slow = [_connect(port) for _ in range(12)]  # 7 fill the cap, 5 more evict
+        _send_all(slow, HEADERS[:1])
+        evicted = _closed(slow, within=CLOSED_WITHIN, at_least=5)
+        assert set(evicted) == set(slow[:5]), "the oldest slow connections give way first"
+        _send_all([alertmanager], post)  # still open, still served
+        assert _read_answer(alertmanager).startswith(b"HTTP/1.1 202")
+        for s in [alertmanager, *slow]:
+            s.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    """One whole answer of the stand-in app (its body is `ok`), or what came before EOF."""
+    got = b""
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    try:
+        while not got.endswith(b"\r\n\r\nok"):
+            assert sel.select(timeout=CLOSED_WITHIN), f"no whole answer: {got!r}"
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+        return got
+    finally:
+        sel.close()

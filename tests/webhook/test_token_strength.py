@@ -2,7 +2,8 @@
 
 Cases:
 - `check_webhook_token`: empty, shorter than 32 characters, the example token once shipped with
-  the compose file and placeholders ("replace-me", "changeme", ...) are refused with a message
+  the compose file, placeholders ("replace-me", "changeme", "password", ...), one character
+  repeated and a word repeated are refused with a message
   naming the problem and never the token; a 64-hex-character token is accepted;
 - `create_app` refuses to build with such a token, from SICKBAY_WEBHOOK_TOKEN or a token file;
 - a token file rotated to a weak token keeps the previous (good) token;
@@ -42,6 +43,9 @@ WEAK = {
     "short": ("a" * (MIN_TOKEN_CHARS - 1), "fewer than 32"),
     "example": (EXAMPLE, "example or placeholder"),
     "placeholder": ("changeme-" + "x" * 40, "example or placeholder"),
+    "password": ("Password-" + secrets.token_hex(20), "example or placeholder"),
+    "one-character": ("x" * (MIN_TOKEN_CHARS + 8), "distinct characters"),
+    "repeated-word": ("token" * 10, "distinct characters"),
 }
 
 
@@ -57,7 +61,7 @@ def test_weak_tokens_are_refused_with_the_reason(case: str) -> None:
 
 def test_a_random_token_is_accepted() -> None:
     check_webhook_token(GOOD)
-    check_webhook_token("x" * MIN_TOKEN_CHARS)
+    check_webhook_token(secrets.token_urlsafe(MIN_TOKEN_CHARS))
 
 
 @pytest.mark.parametrize("case", ["short", "example", "placeholder"])
