@@ -15,6 +15,8 @@ import asyncio
 import getpass
 import json
 import logging
+import os
+import re
 import sys
 import uuid
 from collections.abc import Mapping
@@ -193,23 +195,69 @@ async def _find_device(client: Client, device: str) -> str | None:
     return ids[0]
 
 
-def _run(coro: Any) -> int:
+class TemporalUnreachable(Exception):
+    """The command could not reach Temporal (connect refused, timed out, or the server went
+    away mid-command); the message names the address."""
+
+
+# Exit code of a command whose reader closed the pipe (`sickbay status | head`), as a shell
+# reports a process ended by SIGPIPE.
+EXIT_PIPE_CLOSED = 141
+
+
+def _run(coro: Any, address: str = "") -> int:
     from temporalio.client import WorkflowQueryFailedError
     from temporalio.exceptions import TemporalError
-    from temporalio.service import RPCError
+    from temporalio.service import RPCError, RPCStatusCode
 
     try:
         return int(asyncio.run(coro) or 0)
+    except BrokenPipeError:
+        # The reader left (`| head`): nothing more to say, and nowhere to say it. Point stdout at
+        # /dev/null so the interpreter's last flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_PIPE_CLOSED
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except ConnectionError as exc:
-        print(f"error: cannot reach Temporal: {exc}", file=sys.stderr)
+    except TemporalUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
-    except (RPCError, WorkflowQueryFailedError, TemporalError) as exc:
+    except RPCError as exc:
+        if exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+            where = f" at {address}" if address else ""
+            print(f"error: cannot reach Temporal{where}: {exc.message or exc}", file=sys.stderr)
+        else:  # never a traceback for what Temporal refused: say what it said
+            print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except (WorkflowQueryFailedError, TemporalError) as exc:
         # Never a traceback for a workflow the command did not expect: say what Temporal said.
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+
+
+# The few words worth showing of the SDK's connect error: the OS's message, else the kind.
+_CONNECT_REASONS = (re.compile(r'message: "([^"]+)"'), re.compile(r'ConnectError\("([^"]+)"'))
+
+
+async def connect_or_explain(settings: Any) -> Client:
+    """`worker.temporal.connect`, with a failure to connect raised as TemporalUnreachable
+    naming the address and the reason in a few words (the SDK's message is a Rust debug dump)."""
+    from worker.temporal import connect
+
+    try:
+        return await connect(settings)
+    except RuntimeError as exc:
+        text = str(exc)
+        if not text.startswith("Failed client connect"):
+            raise
+        found = [m.group(1) for m in (r.search(text) for r in _CONNECT_REASONS) if m]
+        reason = found[0].lower() if found else text.splitlines()[0]
+        raise TemporalUnreachable(
+            f"cannot reach Temporal at {settings.temporal_address} (namespace "
+            f"{settings.temporal_namespace}): {reason}"
+        ) from None
 
 
 def ui_url(settings: Any) -> str | None:
@@ -293,9 +341,7 @@ async def _confirmed(handle: RemediationHandle, action: str, actor: str) -> bool
 
 
 async def _client(args: argparse.Namespace) -> Client:
-    from worker.temporal import connect
-
-    return await connect(_settings(args))
+    return await connect_or_explain(_settings(args))
 
 
 def _out(args: argparse.Namespace, payload: Any, text: str) -> None:
@@ -372,10 +418,8 @@ async def _launch(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         raise ValueError("; ".join(e["msg"] for e in exc.errors())) from exc
 
-    from worker.temporal import connect
-
     settings, _ = await asyncio.to_thread(_cluster, args, "launch", acting=True)
-    client = await connect(settings)
+    client = await connect_or_explain(settings)
     if selector_given:
         wf_id = maintenance_workflow_id(uuid.uuid4().hex[:10], settings.cluster)
         handle = await client.start_workflow(
