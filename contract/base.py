@@ -50,16 +50,32 @@ def _parse_text(text: str) -> timedelta | None:
     return None
 
 
+def _compound(seconds: float) -> str:
+    """`1h30m`, `6m24s`, `2.5s`: hours, minutes and seconds as people write them (what
+    `parse_duration` reads back), the zero parts left out."""
+    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{int(hours)}h"] if hours else []
+    parts += [f"{int(minutes)}m"] if minutes else []
+    if secs or not parts:
+        parts.append(f"{secs:.6f}".rstrip("0").rstrip(".") + "s")
+    return sign + "".join(parts)
+
+
 def format_duration(value: timedelta) -> str:
-    """`5m`, `1h`, `30s`: how durations read in the Web UI."""
+    """`5m`, `1h30m`, `6m24.138s`: how durations read in the Web UI and in JSON; exact, so it
+    reads back to the same value."""
+    return _compound(value.total_seconds())
+
+
+def human_duration(value: timedelta) -> str:
+    """A duration for people (timelines, escalations, the CLI): `6m24s`, `1h30m`, `2.5s`,
+    `300ms`; to the second from 10 s on, a tenth below, milliseconds under one second."""
     seconds = value.total_seconds()
-    if seconds and seconds % 3600 == 0:
-        return f"{int(seconds // 3600)}h"
-    if seconds and seconds % 60 == 0:
-        return f"{int(seconds // 60)}m"
-    if seconds == int(seconds):
-        return f"{int(seconds)}s"
-    return f"{seconds}s"
+    if 0 < abs(seconds) < 1:
+        return f"{round(seconds * 1000)}ms"
+    return _compound(round(seconds, 1) if abs(seconds) < 10 else round(seconds))
 
 
 Duration = Annotated[

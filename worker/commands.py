@@ -41,6 +41,7 @@ from contract.names import (
 )
 from contract.remediation import RemediationResult
 from worker.local_stack import default_state_dir, live_stack
+from worker.terminal import safe
 from workflows.rejections import RejectionsWorkflow
 from workflows.remediation import DeviceRemediationWorkflow
 
@@ -347,8 +348,8 @@ async def _client(args: argparse.Namespace) -> Client:
 def _out(args: argparse.Namespace, payload: Any, text: str) -> None:
     if getattr(args, "json", False):
         print(json.dumps(payload, indent=2, default=str))
-    else:
-        print(text)
+    else:  # line by line: a cluster-supplied escape sequence or bidi control shows as such
+        print("\n".join(safe(line) for line in text.split("\n")))
 
 
 # ------------------------------------------------------------------------------ worker -----
@@ -544,14 +545,17 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     clustered = any(r["cluster"] for r in rows)
     table = [
         {
-            **({"CLUSTER": r["cluster"] or "-"} if clustered else {}),
-            "PHASE": r["phase"] or "-",
-            "OUTCOME": r["outcome"] or "-",
-            "ESCALATED": r["escalation"] or "-",
-            "SINCE (UTC)": r["since"][:16].replace("T", " ") or "-",
-            "CLASS": r["workload_class"] or "-",
-            "DEVICE": r["device"] or "-",
-            "WORKFLOW": r["workflow_id"],
+            k: safe(v)  # cluster-supplied text: never raw into a terminal
+            for k, v in {
+                **({"CLUSTER": r["cluster"] or "-"} if clustered else {}),
+                "PHASE": r["phase"] or "-",
+                "OUTCOME": r["outcome"] or "-",
+                "ESCALATED": r["escalation"] or "-",
+                "SINCE (UTC)": r["since"][:16].replace("T", " ") or "-",
+                "CLASS": r["workload_class"] or "-",
+                "DEVICE": r["device"] or "-",
+                "WORKFLOW": r["workflow_id"],
+            }.items()
         }
         for r in rows
     ]
@@ -584,13 +588,13 @@ async def _print_rejections(client: Any, task_queue: str) -> None:
         return
     print("\nrejected alerts (last 24 h; alerts Sickbay was told about but could not use):")
     for r in summary.reasons:
-        example = f"  e.g. {r.examples[-1]}" if r.examples else ""
+        example = f"  e.g. {safe(r.examples[-1])}" if r.examples else ""
         print(f"  {r.reason:<26} {r.count:>6}  last {r.last_at:%Y-%m-%d %H:%M:%S}Z{example}")
     for c in summary.claims:
         if c.suppressed:
             print(
-                f"  not paged: {c.suppressed} {c.cause} on node {c.node} "
-                f"(paged once, by {c.holder}, at {c.at:%H:%M:%S}Z)"
+                f"  not paged: {c.suppressed} {safe(c.cause)} on node {safe(c.node)} "
+                f"(paged once, by {safe(c.holder)}, at {c.at:%H:%M:%S}Z)"
             )
 
 
@@ -655,14 +659,20 @@ async def _timeline(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    print(f"{wf_id}  device {status.device}  phase {status.phase.value}  runbook {status.runbook}")
+    print(
+        f"{wf_id}  device {safe(status.device)}  phase {status.phase.value}  "
+        f"runbook {safe(status.runbook)}"
+    )
     if status.outcome or status.escalation_reason:
-        print(f"  outcome {status.outcome or '-'}  escalated {status.escalation_reason or '-'}")
+        print(
+            f"  outcome {safe(status.outcome or '-')}  "
+            f"escalated {safe(status.escalation_reason or '-')}"
+        )
     if status.awaiting:
         until = f" until {status.until:%Y-%m-%d %H:%M:%S} UTC" if status.until else ""
-        print(f"  waiting for {status.awaiting}{until}")
+        print(f"  waiting for {safe(status.awaiting)}{until}")
     if status.next_action:
-        print(f"  next: {status.next_action}")
+        print(f"  next: {safe(status.next_action)}")
     for e in entries:
         line = f"{e.at:%Y-%m-%d %H:%M:%S}  {e.phase.value:<20} {e.action}"
         if e.outcome:
@@ -671,7 +681,7 @@ async def _timeline(args: argparse.Namespace) -> int:
             line += f"  [{e.who()}]"
         if e.reason:
             line += f"  ({e.reason})"
-        print(line)
+        print(safe(line))
     return 0
 
 
@@ -745,6 +755,28 @@ def cmd_decide(args: argparse.Namespace) -> int:
     return _run(_decide(args))
 
 
+def _positive_duration(text: str, flag: str) -> timedelta | None:
+    """`text` as a duration above zero, or None after saying why in one line."""
+    from contract.base import format_duration, parse_duration
+
+    try:
+        value = None if text.strip().startswith("-") else parse_duration(text.strip())
+    except ValueError:
+        value = None
+    if not isinstance(value, timedelta):
+        why = "is negative" if text.strip().startswith("-") else "is not a duration"
+        print(f"error: {flag} {text!r} {why}: give how much later, e.g. 30m, 2h", file=sys.stderr)
+        return None
+    if value <= timedelta(0):
+        print(
+            f"error: {flag} {format_duration(value)} moves nothing: give how much later, "
+            "e.g. 30m, 2h",
+            file=sys.stderr,
+        )
+        return None
+    return value
+
+
 async def _extend_deadline(args: argparse.Namespace) -> int:
     """`extend-deadline`: move the running replacement wait's deadline (an update: the
     workflow's validator answers, refusals name the phase or the bound)."""
@@ -754,22 +786,33 @@ async def _extend_deadline(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.service import RPCError, RPCStatusCode
 
-    from contract.base import format_duration
+    from contract.base import human_duration
     from contract.names import UPD_EXTEND_DEADLINE
     from contract.remediation import ExtendDeadlineRequest, ExtendDeadlineResult
 
     if (args.by is None) == (args.until is None):
         print("error: give exactly one of --by (e.g. 30m) or --until (ISO time)", file=sys.stderr)
         return 2
+    by = None
+    if args.by is not None:
+        by = _positive_duration(args.by, "--by")
+        if by is None:
+            return 2
     try:
         req = ExtendDeadlineRequest(
-            by=args.by,
+            by=by,
             until=datetime.fromisoformat(args.until) if args.until else None,
             reason=args.reason,
             actor=args.actor or getpass.getuser(),
         )
-    except (ValidationError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except ValidationError as exc:  # one line: each field and its problem
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
+        )
+        print(f"error: {problems}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # --until that is not an ISO time
+        print(f"error: --until: {exc}", file=sys.stderr)
         return 2
     wf_id = await _acting_id(args)
     client = await _client(args)
@@ -793,7 +836,7 @@ async def _extend_deadline(args: argparse.Namespace) -> int:
     left = result.deadline - datetime.now(UTC)
     print(
         f"{wf_id}: deadline {result.previous:%Y-%m-%d %H:%M:%S} -> "
-        f"{result.deadline:%Y-%m-%d %H:%M:%S} UTC (in {format_duration(left)}; "
+        f"{result.deadline:%Y-%m-%d %H:%M:%S} UTC (in {human_duration(left)}; "
         f"phase {result.phase.value})"
     )
     return 0
@@ -825,10 +868,12 @@ def cmd_runbooks_validate(args: argparse.Namespace) -> int:
 
 def explain_steps(runbook: Any, failure_class: str) -> list[str]:
     """What the workflow would do with `runbook` for a device of `failure_class`, in order."""
+    from contract.base import human_duration
+
     spec = runbook.spec
     action = getattr(spec.on, failure_class)
     steps = [
-        f"confirm: gather evidence; an Alertmanager alert older than {spec.confirm.stale_after} "
+        f"confirm: gather evidence; an Alertmanager alert older than {human_duration(spec.confirm.stale_after)} "
         "for a device that reports Healthy is stale -> nothing is done",
     ]
     if spec.confirm.require_unhealthy_status:
@@ -852,14 +897,14 @@ def explain_steps(runbook: Any, failure_class: str) -> list[str]:
     )
     if spec.approval.required:
         steps.append(
-            f"approve: wait up to {spec.approval.timeout} for `sickbay approve`; "
+            f"approve: wait up to {human_duration(spec.approval.timeout)} for `sickbay approve`; "
             f"then {spec.approval.on_timeout}"
         )
     ev = spec.eviction
     if ev.mode == "eviction-api":
         steps.append(
             "quarantine: DeviceTaintRule NoSchedule, then the Eviction API (honours PDBs), "
-            f"then NoExecute as a backstop after {ev.timeout}"
+            f"then NoExecute as a backstop after {human_duration(ev.timeout)}"
         )
     else:
         steps.append(f"quarantine: DeviceTaintRule {spec.quarantine.effect}")
@@ -871,9 +916,11 @@ def explain_steps(runbook: Any, failure_class: str) -> list[str]:
             "eviction-api": "evict again, then escalate",
             "delete": "delete the pods, then escalate",
         }[ev.force]
-        steps.append(f"evict: wait up to {ev.timeout} for the consumers to go; then {force}")
         steps.append(
-            f"replace: wait up to {spec.replacement.pending_deadline} for replacements to run; "
+            f"evict: wait up to {human_duration(ev.timeout)} for the consumers to go; then {force}"
+        )
+        steps.append(
+            f"replace: wait up to {human_duration(spec.replacement.pending_deadline)} for replacements to run; "
             f"{spec.replacement.churn_evictions}+ evictions of one owner = churn -> escalate"
         )
         su = spec.scale_up
@@ -881,8 +928,8 @@ def explain_steps(runbook: Any, failure_class: str) -> list[str]:
             pool = su.pool.name if su.pool else f"the device's node pool ({su.provider})"
             steps.append(
                 f"scale up: ask {pool} for +{su.step} (max {su.max_size}, cool-down "
-                f"{su.cooldown}{', after approval' if su.approval else ''}); wait "
-                f"{su.capacity_deadline} for capacity; at max -> escalate"
+                f"{human_duration(su.cooldown)}{', after approval' if su.approval else ''}); wait "
+                f"{human_duration(su.capacity_deadline)} for capacity; at max -> escalate"
             )
         else:
             steps.append("scale up: off -> escalate when the Pending deadline passes")
@@ -894,10 +941,12 @@ def explain_steps(runbook: Any, failure_class: str) -> list[str]:
     rel = spec.release
     how = {
         "repaired": "only when marked repaired",
-        "healthy-cooldown": f"when Healthy for {rel.cooldown}",
-        "either": f"when marked repaired or Healthy for {rel.cooldown}",
+        "healthy-cooldown": f"when Healthy for {human_duration(rel.cooldown)}",
+        "either": f"when marked repaired or Healthy for {human_duration(rel.cooldown)}",
     }[rel.mode]
-    steps.append(f"hold and release: {how} (checked every {rel.health_check_interval})")
+    steps.append(
+        f"hold and release: {how} (checked every {human_duration(rel.health_check_interval)})"
+    )
     return steps
 
 
@@ -1020,7 +1069,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     _add_connection(p)
     p.add_argument("target", type=_nonempty, help="node/GPU-uuid or workflow id")
-    p.add_argument("--by", type=_duration, help="how much later, e.g. 30m, 2h")
+    p.add_argument("--by", help="how much later, e.g. 30m, 2h (above zero)")
     p.add_argument("--until", help="the new deadline, ISO 8601 (UTC without an offset)")
     p.add_argument("--reason", type=_nonempty, required=True)
     p.add_argument("--actor", type=_nonempty)

@@ -23,6 +23,7 @@ from contract.base import parse_duration
 from contract.ledger import GpuSummary, LedgerQuery, UnretireRequest
 from contract.names import ledger_workflow_id
 from worker.commands import _add_connection, _client, _nonempty, _out, _run, _settings
+from worker.terminal import safe
 from workflows.ledger import GpuLedgerWorkflow, describe
 
 LedgerHandle = WorkflowHandle[GpuLedgerWorkflow, None]
@@ -43,8 +44,8 @@ def _since(text: str) -> Any:
 
 def _row(g: GpuSummary) -> dict[str, str]:
     return {
-        "GPU": g.gpu_uuid,
-        "NODE": g.node or "-",
+        "GPU": safe(g.gpu_uuid),
+        "NODE": safe(g.node or "-"),
         "STATE": "retired" if g.retired else "repaired",
         "FAILURES (WINDOW)": str(g.failures_in_window),
         "FAILURES (KEPT)": str(g.failures_total),

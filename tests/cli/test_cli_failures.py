@@ -5,6 +5,11 @@ Cases:
 - Temporal unreachable (a closed port): `status`, `timeline`, `launch`, `approve`, `abort`,
   `repaired`, `extend-deadline`, `gpus` and `gpus unretire` exit 1 with one line naming the
   address and saying Temporal cannot be reached, and no traceback;
+- a node name or device holding a newline, an escape sequence or a right-to-left override is
+  shown escaped by `sickbay status`, never raw;
+- `extend-deadline --by 0m`, `--by=-5m` and `--by soon` are refused in one line naming the
+  flag; durations read as people write them (`runbooks explain`: `30m`, never `0:30:00`;
+  `6m24s`, never `384.138064s`), while the exact form still reads back to the same value;
 - a reader that closed the pipe (`sickbay status --all | head -c 0`, the dev server up) ends
   the command quietly: no "cannot reach Temporal", nothing on stderr.
 """
@@ -13,13 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
+import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.testing import WorkflowEnvironment
 
+from contract.base import format_duration, human_duration, parse_duration
+from contract.names import SA_DEVICE, SA_NODE, SA_PHASE, WF_REMEDIATE
 from harness.stack import free_port
 
 SICKBAY = str(Path(sys.executable).parent / "sickbay")
@@ -82,3 +93,83 @@ async def test_a_closed_pipe_ends_quietly(dev_env: WorkflowEnvironment) -> None:
     assert "cannot reach Temporal" not in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip() == "", proc.stderr
+
+
+async def test_cluster_supplied_text_is_escaped_in_status(dev_env: WorkflowEnvironment) -> None:
+    """A node name or device carrying a newline, an escape sequence or a right-to-left override
+    (from labels, alerts) shows as visible escapes in `sickbay status`, never raw."""
+    client = dev_env.client
+    node = "gpu-node-1\n\x1b[2Jevil\u202eLIVE"
+    wf_id = f"sickbay-gpu-escape-{uuid.uuid4().hex[:8]}"
+    await client.start_workflow(
+        WF_REMEDIATE,
+        id=wf_id,
+        task_queue=f"nobody-{uuid.uuid4().hex[:8]}",  # no worker: it just stays Running
+        search_attributes=TypedSearchAttributes(
+            [
+                SearchAttributePair(SearchAttributeKey.for_keyword(SA_NODE), node),
+                SearchAttributePair(SearchAttributeKey.for_keyword(SA_DEVICE), f"{node}/GPU-1"),
+                SearchAttributePair(SearchAttributeKey.for_keyword(SA_PHASE), "holding"),
+            ]
+        ),
+    )
+    try:
+        address = client.service_client.config.target_host
+        out = ""
+        for _ in range(100):  # visibility is eventually consistent
+            proc = await asyncio.to_thread(
+                subprocess.run,
+                [SICKBAY, "status"],
+                env=_env(address),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            out = proc.stdout
+            if wf_id in out:
+                break
+            await asyncio.sleep(0.1)
+        row = next(line for line in out.splitlines() if wf_id in line)
+        assert "gpu-node-1\\n\\x1b[2Jevil\\u202eLIVE/GPU-1" in row, row
+        assert "\x1b" not in out and "\u202e" not in out
+        assert not any(line.startswith("\x1b[2Jevil") for line in out.splitlines())
+    finally:
+        await client.get_workflow_handle(wf_id).terminate("test done")
+
+
+@pytest.mark.parametrize(
+    ("by", "why"), [("0m", "moves nothing"), ("-5m", "is negative"), ("soon", "not a duration")]
+)
+def test_extend_deadline_by_a_non_positive_duration_is_one_line(by: str, why: str) -> None:
+    proc = subprocess.run(
+        [SICKBAY, "extend-deadline", WORKFLOW_ID, f"--by={by}", "--reason", "r"],
+        env=_env(f"127.0.0.1:{free_port()}"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and why in lines[0] and "--by" in lines[0], proc.stderr
+
+
+def test_durations_read_as_people_write_them() -> None:
+    proc = subprocess.run(
+        [SICKBAY, "runbooks", "explain", "--namespace", "serving", "--owner-kind", "Deployment"],
+        env=_env(f"127.0.0.1:{free_port()}"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Healthy for 30m" in proc.stdout and "wait up to 5m" in proc.stdout, proc.stdout
+    assert not re.search(r"\d+:\d\d:\d\d", proc.stdout), proc.stdout  # no 0:30:00
+    assert human_duration(timedelta(seconds=384.138064)) == "6m24s"
+    assert human_duration(timedelta(hours=1, minutes=30)) == "1h30m"
+    assert human_duration(timedelta(seconds=2.25)) == "2.2s"
+    assert human_duration(timedelta(milliseconds=300)) == "300ms"
+    # The exact form (JSON, the Web UI) reads back to the same value.
+    exact = timedelta(seconds=384.138064)
+    assert (
+        format_duration(exact) == "6m24.138064s" and parse_duration(format_duration(exact)) == exact
+    )
