@@ -18,6 +18,7 @@ import twin.cli
 import worker.commands
 import worker.doctor
 import worker.gpus_cli
+import worker.logs
 import worker.webhook_cli
 
 # Each adds its subcommands to the parser.
@@ -36,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sickbay",
         description="Remediate failed GPUs in Kubernetes clusters as durable Temporal workflows.",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=worker.logs.FORMATS,
+        default="text",
+        help="text (default) or json: one JSON object a line with workflow id, device, node and "
+        "phase where known (put it before the command: sickbay --log-format json worker)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for register in REGISTRARS:
         register(sub)
@@ -45,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    worker.logs.configure(args.log_format)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -55,6 +55,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from worker.logs import is_json
 from worker.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -434,6 +435,8 @@ def build_config(
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        # JSON logs: uvicorn's loggers propagate to the root's JSON handler instead of their own.
+        **({"log_config": None} if is_json() else {}),
         # Given so uvicorn reports the scheme as https; the context is replaced by ours below.
         ssl_certfile=str(server.webhook_tls_cert_file) if tls else None,
         ssl_keyfile=str(server.webhook_tls_key_file) if tls else None,

@@ -136,7 +136,19 @@ class Journal:
         deadline, retry); `next_action`: what happens then, in words (current details)."""
         st = self._s.status
         if phase is not st.phase:
-            workflow.logger.info("remediation %s: %s -> %s", st.device, st.phase.value, phase.value)
+            workflow.logger.info(
+                "remediation %s: %s -> %s",
+                st.device,
+                st.phase.value,
+                phase.value,
+                extra={
+                    "sickbay": {
+                        "device": st.device,
+                        "node": st.device.partition("/")[0],
+                        "phase": phase.value,
+                    }
+                },
+            )
             self.metrics.create_counter(
                 "sickbay_remediation_phase_entered", "Remediations entering each phase"
             ).with_additional_attributes({"phase": phase.value}).add(1)
