@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -259,28 +260,55 @@ def _signature(path: Path) -> tuple[tuple[str, int, int], ...]:
 
 
 class RunbookActivities:
-    def __init__(self, runbooks_dir: Path) -> None:
+    """Loads the runbooks, reloading them when a file changes (a ConfigMap update lands in the
+    mounted files). A bad edit keeps the last good set and is reported once per edit: logged,
+    counted (`sickbay_runbook_reload_failures`, gauge `sickbay_runbooks_valid` 0 until a good
+    set loads again) and told to `on_invalid` (the worker posts a Warning Event)."""
+
+    def __init__(
+        self, runbooks_dir: Path, on_invalid: Callable[[str], object] | None = None
+    ) -> None:
         self._dir = runbooks_dir
         self._cached: RunbookSet | None = None
         self._signature: tuple[tuple[str, int, int], ...] | None = None
+        self._bad_signature: tuple[tuple[str, int, int], ...] | None = None
+        self.on_invalid: Callable[[str], object] | None = on_invalid
+        self.failed_reloads = 0
 
     def current(self) -> RunbookSet:
         """The cached set, reloaded when a file changed; the last good set on a bad edit."""
+        signature = None
         try:
             signature = _signature(self._dir)
             if self._cached is not None and signature == self._signature:
                 return self._cached
+            if self._cached is not None and signature == self._bad_signature:
+                return self._cached  # the same bad edit: reported already
             loaded = load_dir(self._dir)
         except RunbookError as exc:
             if self._cached is None:
                 raise
-            log.error(
-                "runbooks in %s are invalid; still using the last good set:\n%s", self._dir, exc
-            )
+            self._bad_signature = signature
+            self._report_invalid(str(exc))
             return self._cached
-        self._cached, self._signature = loaded, signature
+        if self._cached is not None:
+            _metrics("valid", 1)
+        self._cached, self._signature, self._bad_signature = loaded, signature, None
         log.info("loaded %d runbooks from %s", len(loaded.runbooks), self._dir)
         return loaded
+
+    def _report_invalid(self, problems: str) -> None:
+        self.failed_reloads += 1
+        log.error(
+            "runbooks in %s are invalid; still using the last good set:\n%s", self._dir, problems
+        )
+        _metrics("failed", 1)
+        _metrics("valid", 0)
+        if self.on_invalid is not None:
+            try:
+                self.on_invalid(problems)
+            except Exception:  # the report is best effort; the last good set still serves
+                log.exception("could not report the invalid runbooks")
 
     @defn(ACT_LOAD_RUNBOOKS)
     def load_runbooks(self) -> RunbookSet:
@@ -293,3 +321,19 @@ class RunbookActivities:
                 type=ERR_RUNBOOK_INVALID,
                 non_retryable=True,
             ) from exc
+
+
+def _metrics(what: str, value: int) -> None:
+    """The reload metrics, on the process's Temporal runtime (the worker's Prometheus port)."""
+    from temporalio.runtime import Runtime
+
+    meter = Runtime.default().metric_meter
+    if what == "failed":
+        meter.create_counter(
+            "sickbay_runbook_reload_failures",
+            "Runbook reloads refused (invalid files); the last good set stays in use",
+        ).add(value)
+    else:
+        meter.create_gauge(
+            "sickbay_runbooks_valid", "1 when the runbook files on disk are the set in use"
+        ).set(value)

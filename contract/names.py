@@ -171,6 +171,8 @@ def check_cluster_name(cluster: str) -> str:
 # The cluster's name, recorded once in Sickbay's namespace (worker/cluster_name.py): the first
 # worker to start writes it, nobody overwrites it, every Sickbay process reads it at start.
 CLUSTER_CONFIGMAP = "sickbay-cluster"
+# The runbooks as deploy/ ships them (mounted at SICKBAY_RUNBOOKS_DIR); a bad edit is an Event on it.
+RUNBOOKS_CONFIGMAP = "sickbay-runbooks"
 CLUSTER_CONFIGMAP_KEY = "name"
 DERIVED_CLUSTER_PREFIX = "k-"
 

@@ -436,7 +436,7 @@ def build_config(
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         # JSON logs: uvicorn's loggers propagate to the root's JSON handler instead of their own.
-        **({"log_config": None} if is_json() else {}),
+        log_config=None if is_json() else uvicorn.config.LOGGING_CONFIG,
         # Given so uvicorn reports the scheme as https; the context is replaced by ours below.
         ssl_certfile=str(server.webhook_tls_cert_file) if tls else None,
         ssl_keyfile=str(server.webhook_tls_key_file) if tls else None,

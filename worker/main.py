@@ -44,6 +44,7 @@ from activities.cloud.machines import MachineActivities
 from activities.defn import name_of
 from activities.kube import KubeActivities
 from activities.kube.client import Kube, KubeError
+from activities.kube.events import report_runbooks_invalid
 from activities.kube.repair_activities import KubeRepairActivities
 from activities.launch import LaunchActivities
 from activities.ledger import LedgerActivities
@@ -189,6 +190,10 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
         kube_activities if kube_activities is not None else KubeActivities.from_settings(settings)
     )
     built.kube = kube.kube
+    # A bad runbook edit after start-up: a Warning Event on the runbooks ConfigMap.
+    runbooks.on_invalid = functools.partial(
+        report_runbooks_invalid, kube.kube, settings.watch.watch_namespace
+    )
     built.activities += activities_of(kube)
     built.closers.append(kube.close)
     built.warmers.append(kube.warm_up)

@@ -20,7 +20,7 @@ from typing import Any
 
 from activities.kube.client import ErrorKind, Kube, KubeError
 from contract.kube import EventTarget, RecordEventInput
-from contract.names import EVENT_COMPONENT
+from contract.names import EVENT_COMPONENT, RUNBOOKS_CONFIGMAP
 
 EVENT_NAMESPACE_FOR_CLUSTER_OBJECTS = "default"
 MAX_MESSAGE = 1024  # the API server truncates longer event messages
@@ -123,3 +123,38 @@ def record_events(kube: Kube, inp: RecordEventInput, token: str) -> int:
             _create(kube, namespace, body)
         written += 1
     return written
+
+
+def report_runbooks_invalid(kube: Kube, namespace: str, problems: str) -> bool:
+    """A Warning Event `RunbookReloadFailed` on the runbooks ConfigMap (with its uid, so
+    `kubectl describe configmap sickbay-runbooks` shows it): the edit did not take, the last
+    good set is in use. False when there is no such ConfigMap (runbooks from another source:
+    the log line and the metric say it)."""
+    try:
+        cm = kube.call(
+            kube.core.read_namespaced_config_map,
+            RUNBOOKS_CONFIGMAP,
+            namespace,
+            verb="get",
+            resource="configmaps",
+            name=RUNBOOKS_CONFIGMAP,
+        )
+    except KubeError as err:
+        if err.kind is ErrorKind.NOT_FOUND:
+            return False
+        raise
+    meta = cm.get("metadata") or {}
+    uid, version = meta.get("uid"), meta.get("resourceVersion", "")
+    target = EventTarget(
+        api_version="v1", kind="ConfigMap", name=RUNBOOKS_CONFIGMAP, namespace=namespace, uid=uid
+    )
+    inp = RecordEventInput(
+        targets=[target],
+        reason="RunbookReloadFailed",
+        message=f"the runbooks are invalid; the last good set stays in use: {problems}",
+        type="Warning",
+        workflow_id="",
+    )
+    # One Event per edit of the ConfigMap: a retry of the same report is the same name.
+    record_events(kube, inp, token=f"runbooks|{uid}|{version}|{problems}")
+    return True

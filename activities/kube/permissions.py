@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from contract.names import CLUSTER_CONFIGMAP
+from contract.names import CLUSTER_CONFIGMAP, RUNBOOKS_CONFIGMAP
 from contract.runbook import Runbook
 
 
@@ -177,6 +177,16 @@ PERMISSIONS: tuple[Permission, ...] = (
         role=ROLE_CLUSTER_NAME,
         namespaced=True,
         name=CLUSTER_CONFIGMAP,
+    ),
+    Permission(
+        "",
+        "configmaps",
+        ("get",),
+        "the runbooks ConfigMap's uid, for the Warning Event when an edit of the runbooks does "
+        "not load (ConfigMap sickbay-runbooks in Sickbay's namespace)",
+        role=ROLE_CLUSTER_NAME,
+        namespaced=True,
+        name=RUNBOOKS_CONFIGMAP,
     ),
     Permission(
         "",
