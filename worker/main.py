@@ -75,6 +75,7 @@ from contract.names import (
 )
 from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
 from worker.cluster_name import ClusterNameError, settle_worker_cluster
+from worker.gauges import report_open_remediations
 from worker.identity import SenderIdentityRunner
 from worker.schedules import ensure_sweep_schedule
 from worker.settings import Settings
@@ -399,14 +400,29 @@ def _start_health_watcher(
     return task
 
 
+# Buckets of Sickbay's duration histograms, in seconds: from a fast quarantine (well under a
+# second) to a recovery that waited for a new node (minutes) or a person (hours).
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400,
+    28800, 86400,
+)  # fmt: skip
+DURATION_HISTOGRAMS = ("sickbay_time_to_quarantine_seconds", "sickbay_time_to_recovery_seconds")
+
+
 def metrics_runtime(port: int, host: str = "127.0.0.1") -> Runtime | None:
-    """A Temporal runtime exporting SDK + workflow metrics for Prometheus on `host:port`."""
+    """A Temporal runtime exporting SDK + workflow metrics for Prometheus on `host:port`, by
+    the Prometheus conventions: counters end in `_total`, durations are in seconds."""
     if port <= 0:
         return None
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 in brackets
     return Runtime(
         telemetry=TelemetryConfig(
-            metrics=PrometheusConfig(bind_address=address),
+            metrics=PrometheusConfig(
+                bind_address=address,
+                counters_total_suffix=True,
+                durations_as_seconds=True,
+                histogram_bucket_overrides=dict.fromkeys(DURATION_HISTOGRAMS, DURATION_BUCKETS),
+            ),
         )
     )
 
@@ -511,6 +527,7 @@ async def run_worker(settings: Settings) -> int:
     )
     run = asyncio.create_task(worker.run())
     watcher_task = _start_health_watcher(client, settings, built, stop)
+    gauges = asyncio.create_task(report_open_remediations(client, settings.cluster, stop))
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({run, stopper}, return_when=asyncio.FIRST_COMPLETED)
     if stopper.done():
@@ -523,6 +540,7 @@ async def run_worker(settings: Settings) -> int:
     if watcher_task is not None:
         # Releases its Lease, so a standby replica takes over at once.
         await asyncio.gather(watcher_task, return_exceptions=True)
+    await asyncio.gather(gauges, return_exceptions=True)
     with contextlib.suppress(asyncio.CancelledError):
         await run
     for close in built.closers:

@@ -165,6 +165,21 @@ async def test_workflow_metrics_reach_prometheus(time_skipping_env: WorkflowEnvi
         if "sickbay_remediations_closed" in text:
             break
         await asyncio.sleep(0.1)
-    assert "sickbay_remediations_closed{" in text and 'outcome="not-quarantined"' in text
-    assert "sickbay_remediation_phase_entered" in text
+    assert "sickbay_remediations_closed_total{" in text and 'outcome="not-quarantined"' in text
+    assert "sickbay_remediation_phase_entered_total" in text
     assert "temporal_workflow_completed" in text or "temporal_request" in text  # SDK's own
+    # The Prometheus conventions: counters end in _total, durations are _seconds histograms.
+    families = {
+        line.split()[2]: line.split()[3] for line in text.splitlines() if line.startswith("# TYPE")
+    }
+    for name, kind in families.items():
+        if kind == "counter":
+            assert name.endswith("_total"), name
+        if kind == "histogram" and name.startswith("sickbay_"):
+            assert name.endswith("_seconds"), name
+
+
+def test_duration_buckets_cover_seconds_to_hours() -> None:
+    buckets = worker_main.DURATION_BUCKETS
+    assert buckets[0] <= 1 and buckets[-1] >= 4 * 3600
+    assert all(a < b for a, b in zip(buckets, buckets[1:], strict=False))

@@ -66,7 +66,7 @@ async def quarantine(r: Remediation) -> Escalation | None:
         return Escalation("error", f"quarantine failed: {error_text(err)}")
     await j.event("GPUQuarantined", s.quarantine.message or effect)
     j.metrics.create_histogram_timedelta(
-        "sickbay_time_to_quarantine",
+        "sickbay_time_to_quarantine_seconds",
         "From the remediation's start to the device's quarantine",
     ).with_additional_attributes({"workload_class": s.status.runbook or ""}).record(
         workflow.now() - workflow.info().start_time

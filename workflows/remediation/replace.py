@@ -89,7 +89,7 @@ async def replace(r: Remediation) -> Escalation | None:
         return Escalation("churn", f"eviction churn: {diag} {stopped}")
     if report.status in ("running", "no-replacement-needed"):
         j.metrics.create_histogram_timedelta(
-            "sickbay_time_to_recovery",
+            "sickbay_time_to_recovery_seconds",
             "From the remediation's start to the workload Running on healthy devices",
         ).with_additional_attributes({"workload_class": s.status.workload_class or ""}).record(
             workflow.now() - workflow.info().start_time
