@@ -210,6 +210,10 @@ class KubeActivities:
                         # running worker): re-discover on the retry.
                         self._discovery.invalidate()
                     raise
+            elif inp.device.hami:
+                result = quarantine.quarantine_hami(
+                    self._kube, apis, inp, device_cordon=self._settings.hami_device_cordon
+                )
             else:
                 result = quarantine.quarantine_fallback(self._kube, apis, inp)
             activity.logger.info(

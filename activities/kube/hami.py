@@ -31,6 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from temporalio.exceptions import ApplicationError
+
+from contract.errors import ERR_HAMI_UNREADABLE
+
 ANN_ALLOCATED = "hami.io/vgpu-devices-allocated"
 ANN_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
 ANN_ASSIGNED_NODE = "hami.io/vgpu-node"
@@ -72,6 +76,15 @@ _BOOLS = {
 
 class HamiFormatError(ValueError):
     """A HAMi annotation Sickbay cannot read exactly."""
+
+    def application_error(self) -> ApplicationError:
+        """Non-retryable: reading it again gives the same text (the remediation escalates
+        naming the object and annotation instead of acting on a guess)."""
+        return ApplicationError(
+            f"HAMi annotation unreadable, not acting on a guess: {self}",
+            type=ERR_HAMI_UNREADABLE,
+            non_retryable=True,
+        )
 
 
 @dataclass(frozen=True)
@@ -241,6 +254,12 @@ def parse_register(value: str, where: str = ANN_REGISTER) -> tuple[str, list[Ham
     if len(formats) > 1:
         raise HamiFormatError(f"{where}: mixes 7- and 9-field GPU entries")
     return (formats.pop() if formats else FORMAT_NINE), gpus
+
+
+def is_share_of(device_id: str, uuid: str) -> bool:
+    """A kubelet device id of HAMi's plugin (`<UUID>-<i>`, one per share) of this GPU."""
+    head, _, tail = device_id.rpartition("-")
+    return device_id.lower() == uuid.lower() or (head.lower() == uuid.lower() and tail.isdigit())
 
 
 def _meta(obj: dict[str, Any]) -> dict[str, Any]:

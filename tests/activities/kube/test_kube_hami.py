@@ -1,0 +1,202 @@
+"""HAMi-shared GPUs (twin profile `hami`) through the real activities over HTTP.
+
+Cases:
+- resolve: a node HAMi registers is `hami`; UUID <-> index from the registration; a UUID it
+  does not register (and no pod holds) is not found; an unreadable registration is refused;
+- consumers: exactly the pods whose `hami.io/vgpu-devices-allocated` names the GPU (every
+  share, also a second container's), not the node's other GPU pods nor an alert's hint; a
+  record that does not parse stops the step (HamiAnnotationUnreadable), never a guess;
+- evidence: HAMi's registered `health` false is a `hami.io/node-nvidia-register=health=false`
+  entry (device evidence like a driver taint), check_health Unhealthy; a GPU no longer
+  registered is not present (vanished);
+- quarantine with the per-GPU cordon: the UUID in `hami.io/device-cordon`, consumers evicted,
+  the node untainted, the budget counting physical GPUs (not shares); release takes out only
+  Sickbay's UUID (an administrator's stays);
+- quarantine without it: the node tainted NoSchedule with `node_level` saying why; release
+  lifts the taint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.kube import KubeActivities, KubeSettings, hami
+from contract.errors import ERR_DEVICE_NOT_FOUND, ERR_HAMI_UNREADABLE
+from contract.kube import (
+    CheckHealthInput,
+    CountDevicesInput,
+    DeviceRef,
+    EvidenceInput,
+    FindConsumersInput,
+    PodRef,
+    QuarantineInput,
+    ReleaseInput,
+    ResolvedDevice,
+    ResolveDeviceInput,
+)
+from contract.names import TAINT_KEY
+from tests.activities.kube.conftest import KubeTwin, twin
+
+WF = "sickbay-remediate-hami"
+
+
+async def _resolve(t: KubeTwin, **ref: Any) -> ResolvedDevice:
+    result: ResolvedDevice = await t.run(
+        t.acts.resolve_device, ResolveDeviceInput(device=DeviceRef(**ref))
+    )
+    return result
+
+
+def _register(t: KubeTwin, node: str) -> list[dict[str, Any]]:
+    return list(
+        json.loads(t.store.get("nodes", node)["metadata"]["annotations"][hami.ANN_REGISTER])
+    )
+
+
+def _set_register(t: KubeTwin, node: str, value: str) -> None:
+    t.store.mutate(
+        "nodes", node, lambda n: n["metadata"]["annotations"].update({hami.ANN_REGISTER: value})
+    )
+
+
+def _holder(t: KubeTwin, ns: str, name: str, node: str, allocated: str) -> dict[str, Any]:
+    """A running GPU pod whose HAMi placement record is `allocated`."""
+    t.consumer_pod(ns, name, node, None)
+    return t.store.mutate(
+        "pods",
+        name,
+        lambda p: (
+            p["metadata"]
+            .setdefault("annotations", {})
+            .update(
+                {
+                    hami.ANN_ALLOCATED: allocated,
+                    hami.ANN_TO_ALLOCATE: ";",
+                    hami.ANN_ASSIGNED_NODE: node,
+                    hami.ANN_BIND_PHASE: "success",
+                }
+            )
+        ),
+        namespace=ns,
+    )
+
+
+async def test_resolve_from_hamis_registration(tmp_path: Path) -> None:
+    with twin(tmp_path, "hami", nodes=1) as t:
+        node = t.node(0)
+        gpus = _register(t, node)
+        by_uuid = await _resolve(t, node=node, gpu_uuid=gpus[1]["id"])
+        by_index = await _resolve(t, node=node, gpu_index=1)
+        assert by_uuid == by_index
+        assert (by_uuid.gpu_uuid, by_uuid.gpu_index, by_uuid.hami) == (gpus[1]["id"], 1, True)
+        assert by_uuid.mode == "device-plugin" and by_uuid.devices == []
+        with pytest.raises(ApplicationError) as info:
+            await _resolve(t, node=node, gpu_uuid="GPU-not-here")
+        assert info.value.type == ERR_DEVICE_NOT_FOUND and "HAMi registers no GPU" in str(
+            info.value
+        )
+        _set_register(t, node, "GPU-x,10,81559,100,NVIDIA-H100,0:")  # 6 fields
+        with pytest.raises(ApplicationError) as info:
+            await _resolve(t, node=node, gpu_uuid=gpus[1]["id"])
+        assert info.value.type == ERR_HAMI_UNREADABLE and info.value.non_retryable
+        assert f"node {node} annotation {hami.ANN_REGISTER}" in str(info.value)
+
+
+async def test_consumers_are_the_pods_hamis_record_places_on_the_gpu(tmp_path: Path) -> None:
+    with twin(tmp_path, "hami", nodes=1) as t:
+        node = t.node(0)
+        first, second = (g["id"] for g in _register(t, node))
+        _holder(t, "vdi", "desk-a", node, f"{first},NVIDIA,20000,0:;")
+        _holder(t, "vdi", "desk-b", node, f";{first},NVIDIA,10000,30:;")  # its 2nd container
+        _holder(t, "vdi", "other", node, f"{second},NVIDIA,20000,0:;")
+        device = await _resolve(t, node=node, gpu_uuid=first)
+        hint = [PodRef(namespace="vdi", name="other")]  # an alert label naming the wrong pod
+        result = await t.run(
+            t.acts.find_consumers, FindConsumersInput(device=device, alert_pods=hint)
+        )
+        assert sorted(c.pod.name for c in result.consumers) == ["desk-a", "desk-b"]
+
+        _holder(t, "vdi", "broken", node, f"{first},NVIDIA,20000:;")  # 3 fields
+        t.acts.kube.forget(("node-pods", node))  # a later remediation reads the pods afresh
+        with pytest.raises(ApplicationError) as info:
+            await t.run(t.acts.find_consumers, FindConsumersInput(device=device))
+        assert info.value.type == ERR_HAMI_UNREADABLE
+        assert "pod vdi/broken" in str(info.value) and "3 fields" in str(info.value)
+
+
+async def test_evidence_reads_hamis_health_flag_and_a_vanished_gpu(tmp_path: Path) -> None:
+    with twin(tmp_path, "hami", nodes=1) as t:
+        node = t.node(0)
+        device = await _resolve(t, node=node, gpu_index=0)
+        healthy = await t.run(t.acts.gather_evidence, EvidenceInput(device=device))
+        assert healthy.device_present and healthy.slice_taints == []
+        gpus = _register(t, node)
+        gpus[0].pop("health")  # how HAMi v2.8+ writes an unhealthy GPU (omitempty false)
+        _set_register(t, node, json.dumps(gpus))
+        sick = await t.run(t.acts.gather_evidence, EvidenceInput(device=device))
+        assert [(x.key, x.value, x.device) for x in sick.slice_taints] == [
+            (hami.ANN_REGISTER, "health=false", device.gpu_uuid)
+        ]
+        health = await t.run(t.acts.check_device_health, CheckHealthInput(device=device))
+        assert health.health == "Unhealthy" and "unhealthy" in health.message
+        _set_register(t, node, json.dumps(gpus[1:]))
+        gone = await t.run(t.acts.gather_evidence, EvidenceInput(device=device))
+        assert not gone.device_present
+
+
+async def test_quarantine_with_hamis_device_cordon(tmp_path: Path) -> None:
+    with twin(tmp_path, "hami", nodes=1) as t:
+        acts = KubeActivities(KubeSettings(kubeconfig=str(t.kubeconfig), hami_device_cordon=True))
+        try:
+            node = t.node(0)
+            first, second = (g["id"] for g in _register(t, node))
+            admin = "GPU-cordoned-by-an-admin"
+            t.store.mutate(
+                "nodes",
+                node,
+                lambda n: n["metadata"]["annotations"].update({hami.ANN_DEVICE_CORDON: admin}),
+            )
+            pod = _holder(t, "vdi", "desk", node, f"{first},NVIDIA,20000,0:;")
+            device = await _resolve(t, node=node, gpu_uuid=first)
+            ref = PodRef(namespace="vdi", name="desk", uid=pod["metadata"]["uid"])
+            inp = QuarantineInput(device=device, workflow_id=WF, consumers=[ref])
+            result = await t.run(acts.quarantine_device, inp)
+            assert result.hami_cordon and not result.node_level and not result.node_tainted
+            assert [p.name for p in result.evicted] == ["desk"]
+            ann = t.store.get("nodes", node)["metadata"]["annotations"]
+            assert ann[hami.ANN_DEVICE_CORDON] == f"{admin},{first}"
+            assert not t.store.get("nodes", node)["spec"].get("taints")
+            counts = await t.run(acts.count_devices, CountDevicesInput(node_pool="gpu-pool"))
+            assert (counts.cluster_devices, counts.cluster_quarantined) == (2, 1)  # GPUs
+            assert second not in ann[hami.ANN_DEVICE_CORDON]
+
+            await t.run(acts.release_quarantine, ReleaseInput(device=device, workflow_id=WF))
+            ann = t.store.get("nodes", node)["metadata"]["annotations"]
+            assert ann[hami.ANN_DEVICE_CORDON] == admin  # not Sickbay's to lift
+            assert hami.ANN_SICKBAY_CORDONED not in ann
+        finally:
+            acts.close()
+
+
+async def test_quarantine_without_a_per_gpu_cordon_taints_the_node(tmp_path: Path) -> None:
+    with twin(tmp_path, "hami", nodes=1) as t:
+        node = t.node(0)
+        device = await _resolve(t, node=node, gpu_index=0)
+        result = await t.run(
+            t.acts.quarantine_device, QuarantineInput(device=device, workflow_id=WF)
+        )
+        assert result.node_tainted and not result.hami_cordon
+        assert "tainted NoSchedule" in result.node_level and "v2.10" in result.node_level
+        node_obj = t.store.get("nodes", node)
+        assert [x["key"] for x in node_obj["spec"]["taints"]] == [TAINT_KEY]
+        assert hami.ANN_DEVICE_CORDON not in node_obj["metadata"]["annotations"]
+        await t.run(
+            t.acts.release_quarantine,
+            ReleaseInput(device=device, node_tainted=True, workflow_id=WF),
+        )
+        assert not t.store.get("nodes", node)["spec"].get("taints")
