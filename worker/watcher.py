@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from activities.kube.client import ErrorKind, Kube, KubeError
+from activities.kube.hami import ANN_REGISTER as HAMI_REGISTER
 from activities.kube.lease import LeaseConfig, LeaseElector
 from activities.kube.reflector import Reflector
 from activities.sweep import POD_FIELD_SELECTOR, SliceDevice, SweepActivities
@@ -238,6 +239,9 @@ class Tracker:
         }
         if count in (meta.get("labels") or {}):
             summary["metadata"]["labels"][count] = meta["labels"][count]
+        register = (meta.get("annotations") or {}).get(HAMI_REGISTER)
+        if register is not None:  # HAMi: its GPUs' registration (health, vanished GPUs)
+            summary["metadata"]["annotations"] = {HAMI_REGISTER: register}
         for part in ("capacity", "allocatable"):
             value = (status.get(part) or {}).get(gpu)
             if value is not None:
@@ -254,7 +258,9 @@ class Tracker:
             devs = (self.index.get(r) for r in self.node_rids.get(name, ()))
             seen = len({d.uuid for d in devs if d is not None and d.uuid})
             finding = self._finder.node_finding(summary, seen, bool(self.index))
-        self.set_source(f"node:{name}", [finding] if finding else [])
+            findings = [finding] if finding else []
+            findings += self._finder.hami_findings(summary)
+        self.set_source(f"node:{name}", findings)
 
 
 class _KindHandler:
