@@ -225,7 +225,11 @@ class KubeActivities:
 
     @defn(ACT_PREVIEW_QUARANTINE)
     async def preview_quarantine(self, inp: QuarantineInput) -> QuarantineResult:
-        return await self._run(lambda: quarantine.preview(self._kube, self._apis(), inp))
+        return await self._run(
+            lambda: quarantine.preview(
+                self._kube, self._apis(), inp, hami_cordon=self._settings.hami_device_cordon
+            )
+        )
 
     @defn(ACT_EVICT_PODS)
     async def evict_pods(self, inp: EvictPodsInput) -> EvictPodsResult:

@@ -297,13 +297,25 @@ def would_evict_from_claims(kube: Kube, device: ResolvedDevice, taint_key: str) 
     return out
 
 
-def preview_fallback(inp: QuarantineInput) -> QuarantineResult:
+def preview_fallback(inp: QuarantineInput, hami_cordon: bool = False) -> QuarantineResult:
+    message = (
+        "no DeviceTaintRule served: the fallback would evict these pods through the "
+        "Eviction API (PodDisruptionBudgets honoured)"
+    )
+    if inp.device.hami:
+        message = (
+            f"HAMi: would add GPU {inp.device.gpu_uuid} to {hami.ANN_DEVICE_CORDON} on "
+            f"{inp.device.node}"
+            if hami_cordon
+            else f"HAMi without a per-GPU cordon: would taint node {inp.device.node} NoSchedule "
+            "and escalate node-quarantined"
+        ) + "; would evict these pods through the Eviction API (PodDisruptionBudgets honoured)"
     return QuarantineResult(
         mode="dry-run",
         action="skipped",
         would_evict=list(inp.consumers),
-        message="no DeviceTaintRule served: the fallback would evict these pods through the "
-        "Eviction API (PodDisruptionBudgets honoured)",
+        node_level="" if hami_cordon or not inp.device.hami else "no per-GPU cordon for HAMi",
+        message=message,
     )
 
 
@@ -825,12 +837,14 @@ def delete_rule(kube: Kube, version: str, name: str) -> bool:
         raise
 
 
-def preview(kube: Kube, apis: ClusterApis, inp: QuarantineInput) -> QuarantineResult:
+def preview(
+    kube: Kube, apis: ClusterApis, inp: QuarantineInput, *, hami_cordon: bool = False
+) -> QuarantineResult:
     """Dry run. With `effect: None` served: create short-lived preview rules, read the
     controller's verdict from their status, delete them. The pods that would go are computed
     from the claims (status messages only carry counts)."""
     if apis.taint_version is None or not inp.device.devices:
-        return preview_fallback(inp)
+        return preview_fallback(inp, hami_cordon)
     would = would_evict_from_claims(kube, inp.device, inp.taint_key)
     if not apis.effect_none:
         return QuarantineResult(

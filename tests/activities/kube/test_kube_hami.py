@@ -13,7 +13,9 @@ Cases:
   the node untainted, the budget counting physical GPUs (not shares); release takes out only
   Sickbay's UUID (an administrator's stays);
 - quarantine without it: the node tainted NoSchedule with `node_level` saying why; release
-  lifts the taint.
+  lifts the taint;
+- repair holders: a HAMi pod holds only the GPU its record names; the node's GPUs are the
+  registered ones.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.kube import KubeActivities, KubeSettings, hami
+from activities.kube import KubeActivities, KubeSettings, hami, repair
 from contract.errors import ERR_DEVICE_NOT_FOUND, ERR_HAMI_UNREADABLE
 from contract.kube import (
     CheckHealthInput,
@@ -40,6 +42,7 @@ from contract.kube import (
     ResolveDeviceInput,
 )
 from contract.names import TAINT_KEY
+from contract.repair import GpuHoldersInput
 from tests.activities.kube.conftest import KubeTwin, twin
 
 WF = "sickbay-remediate-hami"
@@ -187,6 +190,12 @@ async def test_quarantine_without_a_per_gpu_cordon_taints_the_node(tmp_path: Pat
     with twin(tmp_path, "hami", nodes=1) as t:
         node = t.node(0)
         device = await _resolve(t, node=node, gpu_index=0)
+        preview = await t.run(
+            t.acts.quarantine_device,
+            QuarantineInput(device=device, workflow_id=WF, dry_run=True),
+        )
+        assert preview.mode == "dry-run" and f"would taint node {node}" in preview.message
+        assert not t.store.get("nodes", node)["spec"].get("taints")  # a preview changes nothing
         result = await t.run(
             t.acts.quarantine_device, QuarantineInput(device=device, workflow_id=WF)
         )
@@ -200,3 +209,18 @@ async def test_quarantine_without_a_per_gpu_cordon_taints_the_node(tmp_path: Pat
             ReleaseInput(device=device, node_tainted=True, workflow_id=WF),
         )
         assert not t.store.get("nodes", node)["spec"].get("taints")
+
+
+def test_repair_holders_and_node_gpus_from_hamis_records(tmp_path: Path) -> None:
+    """The repair ladder's holder check: a HAMi pod holds only the GPU its record names (no
+    reset of GPU 1 waits for GPU 0's desktops); the node's GPUs are the registered ones."""
+    with twin(tmp_path, "hami", nodes=1) as t:
+        node = t.node(0)
+        first, second = (g["id"] for g in _register(t, node))
+        _holder(t, "vdi", "desk", node, f"{first},NVIDIA,20000,0:;")
+        kube = t.acts.kube
+        held = repair.gpu_holders(kube, GpuHoldersInput(node=node, gpu_uuids=[first]))
+        assert held.holders == ["vdi/desk (HAMi share)"]
+        free = repair.gpu_holders(kube, GpuHoldersInput(node=node, gpu_uuids=[second]))
+        assert free.holders == []
+        assert repair.node_gpus(kube, node) == [first, second]
