@@ -425,6 +425,7 @@ class SweepActivities:
         """HAMi's registration of a node's GPUs: one Unhealthy device finding per GPU its
         device plugin registers with `health` false (evidence like a driver taint)."""
         name = (node.get("metadata") or {}).get("name", "")
+        key = hami.register_key(node)
         try:
             gpus = hami.node_gpus(node) or []
         except hami.HamiFormatError:
@@ -436,10 +437,8 @@ class SweepActivities:
                 gpu_uuid=g.uuid,
                 resource_id=g.uuid,
                 health="Unhealthy",
-                message=f"HAMi registers GPU {g.uuid} on {name} unhealthy ({hami.ANN_REGISTER})",
-                taint=SliceTaint(
-                    key=hami.ANN_REGISTER, value=HAMI_UNHEALTHY, effect="NoSchedule", device=g.uuid
-                ),
+                message=f"HAMi registers GPU {g.uuid} on {name} unhealthy ({key})",
+                taint=SliceTaint(key=key, value=HAMI_UNHEALTHY, effect="NoSchedule", device=g.uuid),
             )
             for g in gpus
             if not g.healthy
@@ -466,7 +465,7 @@ class SweepActivities:
             else:
                 if expected is not None and registered < expected:
                     problem = (
-                        f"{registered} GPU(s) registered by HAMi ({hami.ANN_REGISTER}) < "
+                        f"{registered} GPU(s) registered by HAMi ({hami.register_key(node)}) < "
                         f"{expected} ({GPU_COUNT_LABEL}): GPU(s) missing from the node"
                     )
         elif capacity is not None and allocatable is not None and allocatable < capacity:

@@ -96,7 +96,7 @@ def _slice_state(kube: Kube, device: ResolvedDevice) -> tuple[bool, list[SliceTa
 
 # HAMi's registration entry of a GPU registered unhealthy, told like a driver's health taint
 # (the sweep and the health watcher report it with the same key and value).
-HAMI_HEALTH_KEY = hami.ANN_REGISTER
+HAMI_HEALTH_KEYS = (hami.ANN_REGISTER, hami.VOLCANO_REGISTER)
 HAMI_UNHEALTHY = "health=false"
 
 
@@ -112,7 +112,7 @@ def _hami_state(node: dict[str, Any], device: ResolvedDevice) -> tuple[bool, lis
     if gpu.healthy:
         return True, []
     taint = SliceTaint(
-        key=HAMI_HEALTH_KEY, value=HAMI_UNHEALTHY, effect="NoSchedule", device=gpu.uuid
+        key=hami.register_key(node), value=HAMI_UNHEALTHY, effect="NoSchedule", device=gpu.uuid
     )
     return True, [taint]
 
@@ -214,7 +214,7 @@ def _sick(taints: list[SliceTaint]) -> list[SliceTaint]:
     return [
         t
         for t in taints
-        if t.key in HEALTH_TAINT_KEYS or t.key.endswith("/gpu-lost") or t.key == HAMI_HEALTH_KEY
+        if t.key in HEALTH_TAINT_KEYS or t.key.endswith("/gpu-lost") or t.key in HAMI_HEALTH_KEYS
     ]
 
 

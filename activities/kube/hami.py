@@ -18,6 +18,11 @@ records the choice on the pod and its device plugin registers every GPU on the n
 - node `hami.io/device-cordon` (HAMi v2.10 and later): comma-separated GPU UUIDs the scheduler
   places no new share on; the device plugin never writes it, so it survives re-registration.
 
+Volcano's vGPU (its deviceshare plugin with the HAMi-core `volcano-vgpu-device-plugin`) writes
+the same placement encoding under `volcano.sh/vgpu-ids-new` (containers joined by `;`, the last
+one unterminated) and registers `volcano.sh/node-vgpu-register`: `UUID,count,memory,type,
+healthy` per GPU, later `,mode` added; it has no per-GPU cordon.
+
 HAMi before v2.3 (the `4pd.io/` annotations of k8s-vGPU-scheduler) is recognised and refused.
 Anything that does not parse exactly raises `HamiFormatError` naming the object, the
 annotation and what is wrong: Sickbay never guesses which GPU a pod holds.
@@ -49,6 +54,10 @@ ANN_NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
 # Sickbay's record of the UUIDs *it* added to hami.io/device-cordon on a node: release takes
 # out only those (a UUID an administrator cordoned stays cordoned).
 ANN_SICKBAY_CORDONED = "sickbay.dev/hami-cordoned-gpus"
+# Volcano's vGPU (deviceshare plugin + the HAMi-core volcano-vgpu-device-plugin): the same
+# placement encoding under its own key, and its own registration.
+VOLCANO_ALLOCATED = "volcano.sh/vgpu-ids-new"
+VOLCANO_REGISTER = "volcano.sh/node-vgpu-register"
 # k8s-vGPU-scheduler, HAMi's name before v2.3: placements under these keys are refused.
 LEGACY_PREFIX = "4pd.io/"
 
@@ -133,12 +142,16 @@ def physical_uuid(device_id: str, where: str = "") -> str:
     return device_id[: device_id.index("[")]
 
 
-def parse_allocation(value: str, where: str = ANN_ALLOCATED) -> list[HamiShare]:
-    """Every share in a `hami.io/vgpu-devices-allocated` (or `-to-allocate`) value."""
+def parse_allocation(
+    value: str, where: str = ANN_ALLOCATED, *, terminated: bool = True
+) -> list[HamiShare]:
+    """Every share in a `hami.io/vgpu-devices-allocated` (or `-to-allocate`) value; with
+    `terminated` False a Volcano `volcano.sh/vgpu-ids-new` (containers joined by `;`, the last
+    one unterminated)."""
     shares: list[HamiShare] = []
     if not value.strip():
         return shares
-    if ";" not in value and value.strip():
+    if terminated and ";" not in value:
         raise HamiFormatError(f"{where}: no container separator ';' in {value!r}")
     for container, segment in enumerate(value.split(";")):
         for entry in segment.split(":"):
@@ -256,6 +269,44 @@ def parse_register(value: str, where: str = ANN_REGISTER) -> tuple[str, list[Ham
     return (formats.pop() if formats else FORMAT_NINE), gpus
 
 
+def parse_volcano_register(value: str, where: str = VOLCANO_REGISTER) -> list[HamiGpu]:
+    """The GPUs of a `volcano.sh/node-vgpu-register` value (Volcano's vGPU device plugin,
+    HAMi-core): `UUID,count,memory,type,healthy` (5 fields), later with `,mode` (6)."""
+    text = value.strip()
+    if text.startswith(("[", "{")):
+        return _json_register(text, where)
+    if ":" not in text:
+        raise HamiFormatError(f"{where}: {value!r} is not a ':'-separated GPU list")
+    gpus: list[HamiGpu] = []
+    for segment in text.split(":"):
+        if not segment.strip():
+            continue
+        fields = segment.split(",")
+        if len(fields) not in (5, 6):
+            raise HamiFormatError(
+                f"{where}: GPU entry {segment!r} has {len(fields)} fields; Volcano's vGPU "
+                "plugin writes 5 or 6"
+            )
+        healthy = _BOOLS.get(fields[4].strip())
+        if healthy is None:
+            raise HamiFormatError(f"{where}: healthy field {fields[4]!r} is not a boolean")
+        if not fields[0].strip():
+            raise HamiFormatError(f"{where}: GPU entry {segment!r} has no UUID")
+        gpus.append(
+            HamiGpu(
+                uuid=fields[0].strip(),
+                count=_int(fields[1], "count", where),
+                memory_mb=_int(fields[2], "memory", where),
+                cores=100,
+                type=fields[3].strip(),
+                numa=0,
+                healthy=healthy,
+                mode=fields[5].strip() if len(fields) == 6 else None,
+            )
+        )
+    return gpus
+
+
 def is_share_of(device_id: str, uuid: str) -> bool:
     """A kubelet device id of HAMi's plugin (`<UUID>-<i>`, one per share) of this GPU."""
     head, _, tail = device_id.rpartition("-")
@@ -280,6 +331,9 @@ def pod_shares(pod: dict[str, Any]) -> list[HamiShare] | None:
     `HamiFormatError` for a record Sickbay cannot read, or one of HAMi before v2.3."""
     annotations = _annotations(pod)
     value = annotations.get(ANN_ALLOCATED)
+    if value is None and VOLCANO_ALLOCATED in annotations:
+        where = f"pod {_name(pod)} annotation {VOLCANO_ALLOCATED}"
+        return parse_allocation(annotations[VOLCANO_ALLOCATED], where, terminated=False)
     if value is None:
         legacy = sorted(k for k in annotations if k.startswith(LEGACY_PREFIX + "vgpu-ids"))
         if legacy:
@@ -297,12 +351,30 @@ def pod_gpu_uuids(pod: dict[str, Any]) -> set[str] | None:
 
 
 def is_hami_node(node: dict[str, Any]) -> bool:
-    return ANN_REGISTER in _annotations(node)
+    """HAMi's device plugin (or Volcano's HAMi-core vGPU plugin) registers the node's GPUs."""
+    annotations = _annotations(node)
+    return ANN_REGISTER in annotations or VOLCANO_REGISTER in annotations
+
+
+def is_volcano_node(node: dict[str, Any]) -> bool:
+    """Volcano's vGPU plugin, not HAMi's, registers the node: its scheduler (Volcano's
+    deviceshare) reads neither `hami.io/device-cordon` nor any other per-GPU exclusion."""
+    annotations = _annotations(node)
+    return VOLCANO_REGISTER in annotations and ANN_REGISTER not in annotations
+
+
+def register_key(node: dict[str, Any]) -> str:
+    """The annotation the node's GPUs are registered under (HAMi's, else Volcano's)."""
+    return VOLCANO_REGISTER if is_volcano_node(node) else ANN_REGISTER
 
 
 def node_gpus(node: dict[str, Any]) -> list[HamiGpu] | None:
     """The GPUs HAMi's device plugin registered on a node; None when it registers none."""
-    value = _annotations(node).get(ANN_REGISTER)
+    annotations = _annotations(node)
+    value = annotations.get(ANN_REGISTER)
+    if value is None and VOLCANO_REGISTER in annotations:
+        where = f"node {_name(node)} annotation {VOLCANO_REGISTER}"
+        return parse_volcano_register(annotations[VOLCANO_REGISTER], where)
     if value is None:
         return None
     return parse_register(value, f"node {_name(node)} annotation {ANN_REGISTER}")[1]

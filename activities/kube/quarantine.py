@@ -678,6 +678,8 @@ def quarantine_hami(
     through the Eviction API."""
     device = inp.device
     node, _ = converge_node(kube, device.node, add_quarantined(device.gpu_uuid))
+    volcano = hami.is_volcano_node(node)
+    device_cordon = device_cordon and not volcano
     if device_cordon:
         node, _ = converge_node(kube, device.node, hami.cordon_change(device.gpu_uuid), node)
     evicted = evict_pods(
@@ -686,9 +688,14 @@ def quarantine_hami(
     healthy = healthy_gpus_on_node(kube, apis, device, node)
     node_level = ""
     if not device_cordon:
+        why = (
+            "Volcano's vGPU scheduler has no per-GPU cordon"
+            if volcano
+            else f"its per-GPU {hami.ANN_DEVICE_CORDON} needs HAMi v2.10+ and "
+            "SICKBAY_HAMI_DEVICE_CORDON"
+        )
         node_level = (
-            f"HAMi's scheduler cannot be kept off GPU {device.gpu_uuid} alone (its per-GPU "
-            f"{hami.ANN_DEVICE_CORDON} needs HAMi v2.10+ and SICKBAY_HAMI_DEVICE_CORDON): node "
+            f"HAMi's scheduler cannot be kept off GPU {device.gpu_uuid} alone ({why}): node "
             f"{device.node} tainted NoSchedule, its {healthy} healthy GPU(s) idle for new pods"
         )
     tainted = bool(node_level) or healthy < inp.fallback_node_threshold
@@ -844,6 +851,9 @@ def preview(
     controller's verdict from their status, delete them. The pods that would go are computed
     from the claims (status messages only carry counts)."""
     if apis.taint_version is None or not inp.device.devices:
+        if inp.device.hami and hami_cordon:
+            node = get_node(kube, inp.device.node)
+            hami_cordon = node is not None and not hami.is_volcano_node(node)
         return preview_fallback(inp, hami_cordon)
     would = would_evict_from_claims(kube, inp.device, inp.taint_key)
     if not apis.effect_none:

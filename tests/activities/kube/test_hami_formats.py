@@ -159,3 +159,27 @@ def test_device_cordon_is_shared_with_administrators() -> None:
         "metadata": {"annotations": {hami.ANN_DEVICE_CORDON: B, hami.ANN_SICKBAY_CORDONED: None}}
     }
     assert hami.uncordon_change(B)(node) is None  # not Sickbay's to lift
+
+
+def test_volcano_vgpu_records() -> None:
+    """Volcano's vGPU plugin (HAMi-core): the same placement encoding, containers joined by
+    `;` (the last unterminated); its registration 5 fields, later 6 (`,mode`)."""
+    pod = _pod({hami.VOLCANO_ALLOCATED: f"{A},NVIDIA,3000,0:;{B},NVIDIA,2000,0:"})
+    assert [(s.container, s.uuid) for s in hami.pod_shares(pod) or []] == [(0, A), (1, B)]
+    five = hami.parse_volcano_register(
+        f"{A},10,32768,NVIDIA-Tesla V100,true:{B},10,32768,T4,false:"
+    )
+    assert [(g.uuid, g.count, g.healthy, g.mode) for g in five] == [
+        (A, 10, True, None),
+        (B, 10, False, None),
+    ]
+    [six] = hami.parse_volcano_register(f"{A},4,4914,NVIDIA-RTX4090,true,hami-core:")
+    assert (six.memory_mb, six.mode) == (4914, "hami-core")
+    node = {
+        "metadata": {"name": "v", "annotations": {hami.VOLCANO_REGISTER: f"{A},4,4914,x,true:"}}
+    }
+    assert hami.is_hami_node(node) and hami.is_volcano_node(node)
+    assert hami.register_key(node) == hami.VOLCANO_REGISTER
+    assert [g.uuid for g in hami.node_gpus(node) or []] == [A]
+    with pytest.raises(HamiFormatError, match="7 fields; Volcano's vGPU plugin writes 5 or 6"):
+        hami.parse_volcano_register(f"{A},10,32768,100,T4,0,true:")

@@ -224,3 +224,56 @@ def test_repair_holders_and_node_gpus_from_hamis_records(tmp_path: Path) -> None
         free = repair.gpu_holders(kube, GpuHoldersInput(node=node, gpu_uuids=[second]))
         assert free.holders == []
         assert repair.node_gpus(kube, node) == [first, second]
+
+
+async def test_volcano_vgpu_node_is_read_and_quarantined_at_node_level(tmp_path: Path) -> None:
+    """A node Volcano's vGPU plugin registers (no hami.io keys): consumers from
+    `volcano.sh/vgpu-ids-new`; Volcano's scheduler has no per-GPU cordon, so even with
+    SICKBAY_HAMI_DEVICE_CORDON the node is tainted, and the result says why."""
+    with twin(tmp_path, "hami", nodes=1) as t:
+        acts = KubeActivities(KubeSettings(kubeconfig=str(t.kubeconfig), hami_device_cordon=True))
+        try:
+            node = t.node(0)
+            first, second = (g["id"] for g in _register(t, node))
+            register = f"{first},10,81559,NVIDIA-H100,true,hami-core:{second},10,81559,NVIDIA-H100,true,hami-core:"
+
+            def volcano(n: dict[str, Any]) -> None:
+                n["metadata"]["annotations"].pop(hami.ANN_REGISTER)
+                n["metadata"]["annotations"][hami.VOLCANO_REGISTER] = register
+
+            t.store.mutate("nodes", node, volcano)
+            t.consumer_pod("vc", "job-0", node, None)
+            t.store.mutate(
+                "pods",
+                "job-0",
+                lambda p: (
+                    p["metadata"]
+                    .setdefault("annotations", {})
+                    .update({hami.VOLCANO_ALLOCATED: f"{second},NVIDIA,4000,0:"})
+                ),
+                namespace="vc",
+            )
+            t.consumer_pod("vc", "job-1", node, None)
+            t.store.mutate(
+                "pods",
+                "job-1",
+                lambda p: (
+                    p["metadata"]
+                    .setdefault("annotations", {})
+                    .update({hami.VOLCANO_ALLOCATED: f"{first},NVIDIA,4000,0:"})
+                ),
+                namespace="vc",
+            )
+            device = await _resolve(t, node=node, gpu_index=1)
+            assert device.hami and device.gpu_uuid == second
+            found = await t.run(acts.find_consumers, FindConsumersInput(device=device))
+            assert [c.pod.name for c in found.consumers] == ["job-0"]
+            result = await t.run(
+                acts.quarantine_device, QuarantineInput(device=device, workflow_id=WF)
+            )
+            assert result.node_tainted and not result.hami_cordon
+            assert "Volcano's vGPU scheduler has no per-GPU cordon" in result.node_level
+            ann = t.store.get("nodes", node)["metadata"]["annotations"]
+            assert hami.ANN_DEVICE_CORDON not in ann
+        finally:
+            acts.close()
