@@ -258,6 +258,9 @@ class WaitReplacementInput(Contract):
     owners: list[OwnerRef]
     old_pods: list[PodRef] = Field(default_factory=list)
     tainted: list[DraDevice] = Field(default_factory=list)
+    # HAMi: `<node>/<uuid>` of the quarantined GPU; a replacement HAMi's record places on it
+    # counts as placed on a tainted device (the scheduler ignored the quarantine).
+    hami_gpu: str = ""
     churn_evictions: int = 3  # evictions of the same owner that mean "scheduler ignores taints"
     # The watch has no deadline: it runs until the replacements run, churn is seen or no
     # owner needs one, and the workflow cancels it when its deadline timer fires. `look_once`:

@@ -15,7 +15,10 @@ Cases:
 - quarantine without it: the node tainted NoSchedule with `node_level` saying why; release
   lifts the taint;
 - repair holders: a HAMi pod holds only the GPU its record names; the node's GPUs are the
-  registered ones.
+  registered ones;
+- a replacement HAMi places on the quarantined GPU again is reported as on a tainted device;
+- a node Volcano's vGPU plugin registers: consumers from `volcano.sh/vgpu-ids-new`, and the
+  quarantine taints the node (Volcano has no per-GPU cordon) saying why.
 """
 
 from __future__ import annotations
@@ -35,11 +38,13 @@ from contract.kube import (
     DeviceRef,
     EvidenceInput,
     FindConsumersInput,
+    OwnerRef,
     PodRef,
     QuarantineInput,
     ReleaseInput,
     ResolvedDevice,
     ResolveDeviceInput,
+    WaitReplacementInput,
 )
 from contract.names import TAINT_KEY
 from contract.repair import GpuHoldersInput
@@ -277,3 +282,42 @@ async def test_volcano_vgpu_node_is_read_and_quarantined_at_node_level(tmp_path:
             assert hami.ANN_DEVICE_CORDON not in ann
         finally:
             acts.close()
+
+
+async def test_replacement_placed_on_the_quarantined_gpu_is_not_a_replacement(
+    tmp_path: Path,
+) -> None:
+    """A HAMi that ignores the cordon (the setting on an older HAMi) places the replacement
+    on the quarantined GPU again: reported as on a tainted device, not as Running."""
+    with twin(tmp_path, "hami", nodes=1) as t:
+        node = t.node(0)
+        first, second = (g["id"] for g in _register(t, node))
+        rs = t.deployment_owner("vdi", "desk", replicas=1)
+        old = _holder(t, "vdi", "desk-old", node, f"{first},NVIDIA,20000,0:;")
+        t.store.mutate(
+            "pods",
+            "desk-old",
+            lambda p: p["metadata"].update(ownerReferences=[rs], labels={"app": "desk"}),
+            namespace="vdi",
+        )
+        again = _holder(t, "vdi", "desk-again", node, f"{first},NVIDIA,20000,0:;")
+        t.store.mutate(
+            "pods",
+            "desk-again",
+            lambda p: p["metadata"].update(ownerReferences=[rs], labels={"app": "desk"}),
+            namespace="vdi",
+        )
+        device = await _resolve(t, node=node, gpu_uuid=first)
+        inp = WaitReplacementInput(
+            owners=[OwnerRef(kind="Deployment", name="desk", namespace="vdi")],
+            old_pods=[PodRef(namespace="vdi", name="desk-old", uid=old["metadata"]["uid"])],
+            hami_gpu=device.key,
+            look_once=True,
+        )
+        report = await t.run(t.acts.wait_for_replacement, inp)
+        assert report.status == "pending"
+        [state] = report.pods
+        assert state.pod.name == "desk-again" and "tainted" in state.message
+        assert state.devices == [f"{node}/{first}"]
+        assert again["metadata"]["uid"]  # the pod the watch judged
+        assert second not in state.message
