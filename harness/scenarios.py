@@ -15,7 +15,8 @@ deadline and raises `DemoFailure` naming what did not happen.
     vgpu      two vGPUs of one physical GPU fail together: one workflow quarantines both
     hami      HAMi vGPU (device plugin, no DRA): two pods share one GPU by HAMi's record; it
               fails: both found from HAMi's annotations, the GPU put in HAMi's per-GPU cordon
-              (hami.io/device-cordon), both pods moved to the healthy GPU, node untouched
+              (hami.io/device-cordon), both pods moved to the healthy GPU, node untouched; the
+              cordon outlives the plugin's re-registration until the GPU is marked repaired
     budget    two GPUs fail at once under the shipped 50% budget: the 2nd is NOT tainted
     app-xid   Xid 13 (the program's fault): Event + warning, no quarantine
     churn     the scheduler ignores DeviceTaintRules (kubernetes#139651): replacements land
@@ -969,17 +970,40 @@ async def hami_shared_gpu(demo: Demo) -> None:
             + ", ".join(f"{p} on {uuid}" for p, uuid in moved)
         )
 
+        say("the GPU recovers on its own; Sickbay still holds it until it is marked repaired")
+        await demo.recover(gpu)
+
         async def survives() -> bool:
             node = await _hami_node(demo, gpu["node"])
             registered = {g["id"]: g for g in hami.registered_gpus(node)}
             annotations = node["metadata"].get("annotations", {})
-            return "health" not in registered.get(failed_uuid, {}) and failed_uuid in (
+            return registered.get(failed_uuid, {}).get("health") is True and failed_uuid in (
                 hami.uuid_list(annotations.get(hami.ANN_DEVICE_CORDON))
             )
 
-        await demo.until("HAMi's device plugin to re-register the GPU unhealthy", survives)
-        demo.check("HAMi re-registered the GPU unhealthy; the cordon survived the rewrite")
-        await demo.recover(gpu)
+        await demo.until("HAMi's device plugin to re-register the GPU healthy", survives)
+        demo.check("HAMi re-registered the GPU healthy; the cordon survived the rewrite")
+        probe = _hami_template("probe")
+        probe["metadata"]["name"] = "probe"
+        probe["metadata"]["annotations"][hami.ANN_USE_UUID] = failed_uuid
+        await demo.k(
+            "POST", f"/api/v1/namespaces/{ns}/pods", {"apiVersion": "v1", "kind": "Pod", **probe}
+        )
+
+        async def held_off() -> str | None:
+            pod = await demo.k("GET", f"/api/v1/namespaces/{ns}/pods/probe")
+            cond: dict[str, Any] = next(
+                (
+                    c
+                    for c in pod.get("status", {}).get("conditions") or []
+                    if c["type"] == "PodScheduled"
+                ),
+                {},
+            )
+            return str(cond.get("message")) if cond.get("reason") == "Unschedulable" else None
+
+        why = await demo.until("a pod asking for that GPU by UUID to be refused", held_off)
+        demo.check(f"a pod asking for GPU {gpu['index']} by UUID stays Pending: {why}")
         await demo.repaired(incident)
         result = await demo.closed(incident)
         if result.outcome != "released":
@@ -989,7 +1013,13 @@ async def hami_shared_gpu(demo: Demo) -> None:
             node["metadata"].get("annotations", {}).get(hami.ANN_DEVICE_CORDON)
         ):
             raise DemoFailure("the repaired GPU is still in HAMi's device cordon")
-        demo.check("repaired -> taken out of HAMi's device cordon, closed: released")
+        [(_probe, placed_on)] = await _hami_running(demo, ns, "probe", 1)
+        if placed_on != failed_uuid:
+            raise DemoFailure(f"the probe ran on {placed_on}, not the released GPU")
+        demo.check(
+            "repaired -> taken out of HAMi's device cordon, closed: released; the waiting pod "
+            "now runs on it"
+        )
 
 
 async def budget_exhausted(demo: Demo) -> None:

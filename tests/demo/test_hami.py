@@ -4,8 +4,10 @@ shared by HAMi, 1 node x 2 GPUs, the worker with SICKBAY_HAMI_DEVICE_CORDON on):
 - two desktops binpacked by HAMi's scheduler onto one GPU (its record on both pods); the GPU
   fails (Xid 79): one remediation whose consumers are exactly the two desktops;
 - the GPU in the node's `hami.io/device-cordon`, the node neither tainted nor cordoned; both
-  desktops replaced on the healthy GPU; HAMi re-registers the GPU unhealthy and the cordon
-  survives the rewrite; after repair the cordon is lifted and the remediation released.
+  desktops replaced on the healthy GPU;
+- the GPU recovers: HAMi's plugin re-registers it healthy and the cordon survives the rewrite,
+  so a pod asking for that GPU by UUID (`nvidia.com/use-gpuuuid`) stays Pending; after the
+  repair mark the cordon is lifted, the remediation released and that pod runs on the GPU.
 """
 
 from __future__ import annotations
@@ -38,5 +40,7 @@ async def test_hami_shared_gpu_failure(demo: Demo) -> None:
     assert incident.result.status.escalation_reason is None
     assert any(c.startswith("GPU quarantined alone") for c in demo.checks)
     assert any(c.startswith("both desktops replaced on the healthy GPU") for c in demo.checks)
+    assert any("the cordon survived the rewrite" in c for c in demo.checks)
+    assert any(c.startswith("a pod asking for GPU") for c in demo.checks)
     nodes = (await demo.k("GET", "/api/v1/nodes"))["items"]
     assert all("hami.io/device-cordon" not in n["metadata"].get("annotations", {}) for n in nodes)
