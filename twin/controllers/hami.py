@@ -67,6 +67,7 @@ class HamiController:
     def __init__(self, manager: Any) -> None:
         self.manager = manager
         self._registered: dict[str, float] = {}  # node -> monotonic time of its registration
+        self.registrations: Counter[str] = Counter()  # node -> registrations written (tests)
         self._tried: dict[str, float] = {}  # pod uid -> monotonic time of its last attempt
 
     def sync(self, ctx: Any) -> float | None:
@@ -96,6 +97,7 @@ class HamiController:
 
             try:
                 ctx.store.mutate(NODES, name, write)
+                self.registrations[name] += 1
             except ApiError as err:
                 log.debug("hami: register %s: %s", name, err.message)
             earliest = (
