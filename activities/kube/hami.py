@@ -115,7 +115,7 @@ class HamiGpu:
     uuid: str
     count: int  # shares it may be split into
     memory_mb: int
-    cores: int
+    cores: int | None  # percent; None where the format has no such field (Volcano)
     type: str
     numa: int
     healthy: bool
@@ -297,7 +297,7 @@ def parse_volcano_register(value: str, where: str = VOLCANO_REGISTER) -> list[Ha
                 uuid=fields[0].strip(),
                 count=_int(fields[1], "count", where),
                 memory_mb=_int(fields[2], "memory", where),
-                cores=100,
+                cores=None,
                 type=fields[3].strip(),
                 numa=0,
                 healthy=healthy,
