@@ -17,7 +17,10 @@ Three read-only checks, each a paginated LIST (no watches: the sweep runs every 
    Sickbay's own quarantines never show up here.
 3. Nodes: allocatable `nvidia.com/gpu` below capacity, or capacity below the GPU feature
    discovery count label (a GPU vanished after a driver upgrade). These are node-level
-   findings with no UUID: the workflow notifies people and never taints.
+   findings with no UUID: the workflow notifies people and never taints. On a HAMi node
+   (`hami.io/node-nvidia-register`): a GPU its device plugin registers with `health` false
+   is a device finding (`hami-health`, like a driver taint); fewer GPUs registered than the
+   count label, or a registration Sickbay cannot read, is a node-level finding.
 
 Findings are merged per physical GPU (`node/uuid`; MIG and vGPU devices are folded into their
 parent via the `parentUUID` attribute), worst health first, so one device = one finding.
@@ -37,7 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from activities.defn import defn
+from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
+from activities.kube.evidence import HAMI_UNHEALTHY
 from activities.kube.health import (
     ClaimIndex,
     ClaimLookup,
@@ -134,7 +139,7 @@ class SweepActivities:
         if req.check_slice_taints and not req.only_unknown:
             self.check_slice_taints(index, merged)
         if req.check_nodes and not req.only_unknown:
-            report.nodes, report.nodes_checked = self._check_nodes(index)
+            report.nodes, report.nodes_checked = self._check_nodes(index, merged)
         findings = list(merged.values())
         if req.only_unknown:
             keep = set(req.only_unknown)
@@ -344,8 +349,17 @@ class SweepActivities:
         elif dev is not None:
             return None, f"device {key} publishes no uuid attribute"
         elif "/" not in rid and rid:
-            # Device plugin: the id is the GPU UUID; time-slicing appends `::<replica>`.
+            # Device plugin: the id is the GPU UUID; time-slicing appends `::<replica>`,
+            # HAMi `-<share>`: its placement record says which GPU the share is of.
             node, uuid = pod_node, rid.split("::", 1)[0]
+            try:
+                shares = hami.pod_shares(pod)
+            except hami.HamiFormatError as err:
+                return None, str(err)
+            if shares is not None:
+                uuid = next((x.uuid for x in shares if hami.is_share_of(rid, x.uuid)), "")
+                if not uuid:
+                    return None, f"HAMi's record on the pod names no GPU of share {rid}"
         else:
             return None, f"device {key} is in no ResourceSlice"
         text = message or f"allocatedResourcesStatus {health}"
@@ -387,7 +401,9 @@ class SweepActivities:
                     ),
                 )
 
-    def _check_nodes(self, index: dict[str, SliceDevice]) -> tuple[list[SweepFinding], int]:
+    def _check_nodes(
+        self, index: dict[str, SliceDevice], merged: dict[str, SweepFinding]
+    ) -> tuple[list[SweepFinding], int]:
         # Physical GPUs each node publishes in ResourceSlices (DRA clusters).
         published: dict[str, set[str]] = {}
         for dev in index.values():
@@ -401,11 +417,39 @@ class SweepActivities:
             finding = self.node_finding(node, len(published.get(name, ())), bool(index))
             if finding is not None:
                 out.append(finding)
+            for device in self.hami_findings(node):
+                merge_finding(merged, device)
         return out, count
+
+    def hami_findings(self, node: dict[str, Any]) -> list[SweepFinding]:
+        """HAMi's registration of a node's GPUs: one Unhealthy device finding per GPU its
+        device plugin registers with `health` false (evidence like a driver taint)."""
+        name = (node.get("metadata") or {}).get("name", "")
+        key = hami.register_key(node)
+        try:
+            gpus = hami.node_gpus(node) or []
+        except hami.HamiFormatError:
+            return []  # node_finding reports the unreadable registration (never a guess)
+        return [
+            SweepFinding(
+                kind="hami-health",
+                node=name,
+                gpu_uuid=g.uuid,
+                resource_id=g.uuid,
+                health="Unhealthy",
+                message=f"HAMi registers GPU {g.uuid} on {name} unhealthy ({key})",
+                taint=SliceTaint(key=key, value=HAMI_UNHEALTHY, effect="NoSchedule", device=g.uuid),
+            )
+            for g in gpus
+            if not g.healthy
+        ]
 
     def node_finding(self, node: dict[str, Any], seen: int, dra: bool) -> SweepFinding | None:
         """A node-capacity finding for one Node, or None. `seen`: physical GPUs the node
-        publishes in ResourceSlices; `dra`: whether the cluster has any (the sweep's index)."""
+        publishes in ResourceSlices; `dra`: whether the cluster has any (the sweep's index).
+        A HAMi node (`hami.io/node-nvidia-register`): GPUs registered there below the GPU
+        feature discovery count (a GPU vanished from the registration), or a registration
+        Sickbay cannot read; its nvidia.com/gpu counts shares, so that is not compared."""
         name = (node.get("metadata") or {}).get("name", "")
         labels = (node.get("metadata") or {}).get("labels") or {}
         status = node.get("status") or {}
@@ -413,7 +457,18 @@ class SweepActivities:
         allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
         expected = _quantity(labels.get(GPU_COUNT_LABEL))
         problem = ""
-        if capacity is not None and allocatable is not None and allocatable < capacity:
+        if hami.is_hami_node(node):
+            try:
+                registered = len(hami.node_gpus(node) or [])
+            except hami.HamiFormatError as err:
+                problem = f"HAMi's GPU registration is unreadable, not acting on a guess: {err}"
+            else:
+                if expected is not None and registered < expected:
+                    problem = (
+                        f"{registered} GPU(s) registered by HAMi ({hami.register_key(node)}) < "
+                        f"{expected} ({GPU_COUNT_LABEL}): GPU(s) missing from the node"
+                    )
+        elif capacity is not None and allocatable is not None and allocatable < capacity:
             problem = (
                 f"allocatable {GPU_RESOURCE} {allocatable} < capacity {capacity}: "
                 f"{capacity - allocatable} GPU(s) unhealthy or gone per the device plugin"

@@ -12,6 +12,8 @@ ERR_FORBIDDEN = "KubeForbidden"
 ERR_INVALID_INPUT = "InvalidInput"
 ERR_RUNBOOK_INVALID = "RunbookInvalid"
 ERR_NO_TAINT_API = "DeviceTaintRuleUnavailable"
+# A HAMi annotation (placement or registration) Sickbay cannot read exactly: never guessed.
+ERR_HAMI_UNREADABLE = "HamiAnnotationUnreadable"
 ERR_CLOUD_REJECTED = "CloudRequestRejected"  # 4xx from a provider: quota, auth
 ERR_CLOUD_UNAVAILABLE = "CloudUnavailable"  # retryable: 429/5xx/transport from a provider
 ERR_CHANNEL_UNAVAILABLE = "NotificationChannelUnavailable"  # retryable: 429/5xx/transport

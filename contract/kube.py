@@ -88,6 +88,9 @@ class ResolvedDevice(Contract):
     device_class: str | None = None
     node_pool: str | None = None  # value of the node's pool label, if any
     taint_api_version: str | None = None  # "v1" | "v1beta2" | "v1alpha3" | None (not served)
+    # Device plugin: the node's GPUs are shared by HAMi (hami.io/node-nvidia-register), whose
+    # pod annotations say which pods hold this GPU (activities/kube/hami.py).
+    hami: bool = False
 
     @property
     def key(self) -> str:
@@ -206,6 +209,10 @@ class QuarantineResult(Contract):
     # rule name -> uid of the rule(s) this quarantine made or adopted: release deletes with a
     # uid precondition (one request, only that very rule) instead of list-then-delete.
     rule_uids: dict[str, str] = Field(default_factory=dict)
+    hami_cordon: bool = False  # HAMi: the GPU is in its node's hami.io/device-cordon
+    # Set when the GPU alone could not be quarantined and its whole node was tainted instead
+    # (HAMi without a per-GPU cordon): why, for the escalation that says so.
+    node_level: str = ""
 
 
 class EvictPodsInput(Contract):
@@ -251,6 +258,9 @@ class WaitReplacementInput(Contract):
     owners: list[OwnerRef]
     old_pods: list[PodRef] = Field(default_factory=list)
     tainted: list[DraDevice] = Field(default_factory=list)
+    # HAMi: `<node>/<uuid>` of the quarantined GPU; a replacement HAMi's record places on it
+    # counts as placed on a tainted device (the scheduler ignored the quarantine).
+    hami_gpu: str = ""
     churn_evictions: int = 3  # evictions of the same owner that mean "scheduler ignores taints"
     # The watch has no deadline: it runs until the replacements run, churn is seen or no
     # owner needs one, and the workflow cancels it when its deadline timer fires. `look_once`:

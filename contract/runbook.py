@@ -162,6 +162,7 @@ EscalationReason = Literal[
     "repair-failed",
     "error",
     "gpu-retired",
+    "node-quarantined",
 ]
 ALL_ESCALATION_REASONS: tuple[EscalationReason, ...] = EscalationReason.__args__  # type: ignore[attr-defined]
 

@@ -37,7 +37,7 @@ class SweepClusterInput(Contract):
 class SweepFinding(Contract):
     """One unhealthy device (or, for `node-capacity`, one node) the sweep found."""
 
-    kind: Literal["pod-health", "slice-taint", "node-capacity"]
+    kind: Literal["pod-health", "slice-taint", "node-capacity", "hami-health"]
     node: str | None = None
     gpu_uuid: str | None = None
     resource_id: str = ""  # driver/pool/device (DRA) or the device plugin's device id

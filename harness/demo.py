@@ -192,6 +192,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             time_scale=args.time_scale,
             keep=args.keep,
             topology=scenario.topology,
+            profile=scenario.profile,
             watch=scenario.watch,
             repair=scenario.repair,
             state_dir=state_dir,

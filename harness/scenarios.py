@@ -13,6 +13,10 @@ deadline and raises `DemoFailure` naming what did not happen.
               node-pool scale-up -> replacement on the new node; repair -> released
     training  a training Job (pinned to the `training` runbook) moves to the healthy GPU
     vgpu      two vGPUs of one physical GPU fail together: one workflow quarantines both
+    hami      HAMi vGPU (device plugin, no DRA): two pods share one GPU by HAMi's record; it
+              fails: both found from HAMi's annotations, the GPU put in HAMi's per-GPU cordon
+              (hami.io/device-cordon), both pods moved to the healthy GPU, node untouched; the
+              cordon outlives the plugin's re-registration until the GPU is marked repaired
     budget    two GPUs fail at once under the shipped 50% budget: the 2nd is NOT tainted
     app-xid   Xid 13 (the program's fault): Event + warning, no quarantine
     churn     the scheduler ignores DeviceTaintRules (kubernetes#139651): replacements land
@@ -62,6 +66,7 @@ from contract.remediation import (
     TimelineEntry,
 )
 from harness.stack import Stack
+from twin import hami
 from workflows.ledger import GpuLedgerWorkflow
 from workflows.remediation import DeviceRemediationWorkflow
 
@@ -634,6 +639,7 @@ class Scenario:
     acts: int = 1
     watch: bool = False  # needs the health watcher in the worker (StackConfig.watch)
     repair: bool = False  # needs the shipped repair ladder on (StackConfig.repair)
+    profile: str = "1.36"  # the twin's profile (StackConfig.profile)
 
 
 def _ns(prefix: str) -> str:
@@ -870,6 +876,150 @@ async def vgpu_correlated(demo: Demo) -> None:
         await demo.recover(shared)
         await demo.repaired(incident)
         await demo.closed(incident)
+
+
+def _hami_template(app: str) -> dict[str, Any]:
+    """A pod template as a HAMi user writes it: HAMi's scheduler, one share of 20 GB, and
+    binpack so the replicas share one GPU."""
+    return {
+        "metadata": {"labels": {"app": app}, "annotations": {hami.ANN_POLICY: "binpack"}},
+        "spec": {
+            "schedulerName": hami.SCHEDULER_NAME,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": f"registry.invalid/{app}:demo",
+                    "resources": {"limits": {"nvidia.com/gpu": "1", hami.MEM_RESOURCE: "20000"}},
+                }
+            ],
+        },
+    }
+
+
+async def _hami_running(
+    demo: Demo,
+    ns: str,
+    app: str,
+    count: int,
+    avoid: frozenset[str] = frozenset(),
+) -> list[tuple[str, str]]:
+    """`count` Running, ready pods of `app` HAMi placed, none of `avoid`: [(pod, GPU UUID)]."""
+
+    async def probe() -> list[tuple[str, str]] | None:
+        ready = []
+        for pod in await demo.pods(ns, app):
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            uuids = hami.allocated_uuids(pod)
+            if (
+                pod.get("status", {}).get("phase") == "Running"
+                and statuses
+                and all(s.get("ready") for s in statuses)
+                and len(uuids) == 1
+                and pod["metadata"]["name"] not in avoid
+            ):
+                ready.append((pod["metadata"]["name"], next(iter(uuids))))
+        return sorted(ready) if len(ready) >= count else None
+
+    return await demo.until(f"{count} HAMi pod(s) of {ns}/{app} Running", probe)
+
+
+async def _hami_node(demo: Demo, node: str) -> dict[str, Any]:
+    body: dict[str, Any] = await demo.k("GET", f"/api/v1/nodes/{node}")
+    return body
+
+
+async def hami_shared_gpu(demo: Demo) -> None:
+    say = demo.say
+    ns = _ns("hami")
+    async with demo.scene(ns):
+        await demo.k("POST", "/api/v1/namespaces", {"metadata": {"name": ns}}, ok=(409,))
+        say(f"two desktops ({ns}/desktop, 2 replicas) on HAMi vGPU shares", tag="hami")
+        await demo.deployment(ns, "desktop", replicas=2, template=_hami_template("desktop"))
+        placed = await _hami_running(demo, ns, "desktop", 2)
+        shared = {uuid for _pod, uuid in placed}
+        if len(shared) != 1:
+            raise DemoFailure(f"HAMi did not binpack the two desktops onto one GPU: {placed}")
+        failed_uuid = shared.pop()
+        gpu = next(
+            g for g in (await demo.k("GET", "/twin/gpus"))["items"] if g["uuid"] == failed_uuid
+        )
+        demo.check(
+            f"HAMi's scheduler put both desktops on GPU {gpu['index']} "
+            f"({hami.ANN_ALLOCATED}: {failed_uuid},NVIDIA,20000,0:;)"
+        )
+        say(f"GPU {gpu['index']} fails (Xid 79) under both shares")
+        await demo.fail(gpu)
+        incident = await demo.incident(gpu, "HAMi shared GPU failure")
+        st = await demo.phase(incident, {Phase.HOLDING})
+        consumers = sorted(f"{c.namespace}/{c.name}" for c in st.consumers)
+        if consumers != sorted(f"{ns}/{p}" for p, _u in placed):
+            raise DemoFailure(f"consumers {consumers}, expected both desktops: {placed}")
+        demo.check(f"consumers from HAMi's records: {', '.join(consumers)}")
+        node = await _hami_node(demo, gpu["node"])
+        cordon = hami.uuid_list(node["metadata"].get("annotations", {}).get(hami.ANN_DEVICE_CORDON))
+        if failed_uuid not in cordon:
+            raise DemoFailure(f"{hami.ANN_DEVICE_CORDON} on {gpu['node']} is {sorted(cordon)}")
+        if node["spec"].get("taints") or node["spec"].get("unschedulable"):
+            raise DemoFailure(f"node {gpu['node']} was tainted or cordoned: {node['spec']}")
+        demo.check(f"GPU quarantined alone: {hami.ANN_DEVICE_CORDON}={failed_uuid}, node untouched")
+        moved = await _hami_running(demo, ns, "desktop", 2, avoid=frozenset(p for p, _u in placed))
+        if any(uuid == failed_uuid for _p, uuid in moved):
+            raise DemoFailure(f"a desktop was placed on the failed GPU again: {moved}")
+        demo.check(
+            "both desktops replaced on the healthy GPU: "
+            + ", ".join(f"{p} on {uuid}" for p, uuid in moved)
+        )
+
+        say("the GPU recovers on its own; Sickbay still holds it until it is marked repaired")
+        await demo.recover(gpu)
+
+        async def survives() -> bool:
+            node = await _hami_node(demo, gpu["node"])
+            registered = {g["id"]: g for g in hami.registered_gpus(node)}
+            annotations = node["metadata"].get("annotations", {})
+            return registered.get(failed_uuid, {}).get("health") is True and failed_uuid in (
+                hami.uuid_list(annotations.get(hami.ANN_DEVICE_CORDON))
+            )
+
+        await demo.until("HAMi's device plugin to re-register the GPU healthy", survives)
+        demo.check("HAMi re-registered the GPU healthy; the cordon survived the rewrite")
+        probe = _hami_template("probe")
+        probe["metadata"]["name"] = "probe"
+        probe["metadata"]["annotations"][hami.ANN_USE_UUID] = failed_uuid
+        await demo.k(
+            "POST", f"/api/v1/namespaces/{ns}/pods", {"apiVersion": "v1", "kind": "Pod", **probe}
+        )
+
+        async def held_off() -> str | None:
+            pod = await demo.k("GET", f"/api/v1/namespaces/{ns}/pods/probe")
+            cond: dict[str, Any] = next(
+                (
+                    c
+                    for c in pod.get("status", {}).get("conditions") or []
+                    if c["type"] == "PodScheduled"
+                ),
+                {},
+            )
+            return str(cond.get("message")) if cond.get("reason") == "Unschedulable" else None
+
+        why = await demo.until("a pod asking for that GPU by UUID to be refused", held_off)
+        demo.check(f"a pod asking for GPU {gpu['index']} by UUID stays Pending: {why}")
+        await demo.repaired(incident)
+        result = await demo.closed(incident)
+        if result.outcome != "released":
+            raise DemoFailure(f"closed {result.outcome}: {result.reason}")
+        node = await _hami_node(demo, gpu["node"])
+        if failed_uuid in hami.uuid_list(
+            node["metadata"].get("annotations", {}).get(hami.ANN_DEVICE_CORDON)
+        ):
+            raise DemoFailure("the repaired GPU is still in HAMi's device cordon")
+        [(_probe, placed_on)] = await _hami_running(demo, ns, "probe", 1)
+        if placed_on != failed_uuid:
+            raise DemoFailure(f"the probe ran on {placed_on}, not the released GPU")
+        demo.check(
+            "repaired -> taken out of HAMi's device cordon, closed: released; the waiting pod "
+            "now runs on it"
+        )
 
 
 async def budget_exhausted(demo: Demo) -> None:
@@ -1196,6 +1346,12 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("seed", "the seed incident, end to end", seed_story, acts=4),
         Scenario("training", "training Job moves off a failed GPU", training_job),
         Scenario("vgpu", "vGPU correlated failure: one GPU, two vGPUs", vgpu_correlated, "vgpu"),
+        Scenario(
+            "hami",
+            "HAMi vGPU: a failed shared GPU, every share moved",
+            hami_shared_gpu,
+            profile="hami",
+        ),
         Scenario("budget", "blast-radius budget exhausted", budget_exhausted),
         Scenario("app-xid", "application Xid: notify, no quarantine", application_xid),
         Scenario("churn", "scheduler ignoring DeviceTaintRules", scheduler_churn),

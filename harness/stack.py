@@ -427,6 +427,9 @@ class StackConfig:
     gpus_per_node: int = 2
     topology: str = "full"  # full | mig | vgpu | timeslice (twin/seed.py)
     slices_per_gpu: int = 2
+    # The twin's profile (twin/discovery.py). `hami`: device plugin shared by HAMi, and the
+    # worker quarantines with HAMi's per-GPU cordon (SICKBAY_HAMI_DEVICE_CORDON).
+    profile: str = PROFILE
     pool_max: int = 2  # the twin's quota for the pool, and the runbook's maxSize
     # The shipped repair ladder in the demo runbooks: off unless a scenario needs it, so the
     # other scenarios (and the tests on this stack) play the hold-and-release procedure.
@@ -609,7 +612,7 @@ class Stack:
                 "twin",
                 "up",
                 "--profile",
-                PROFILE,
+                cfg.profile,
                 "--nodes",
                 str(cfg.nodes),
                 "--gpus-per-node",
@@ -748,6 +751,7 @@ class Stack:
                 "SICKBAY_SWEEP_ENABLED": "true" if self.config.sweep else "false",
                 "SICKBAY_WATCH_ENABLED": "true" if self.config.watch else "false",
                 "SICKBAY_WATCH_NAMESPACE": WATCH_NAMESPACE,
+                "SICKBAY_HAMI_DEVICE_CORDON": "true" if self.config.profile == "hami" else "false",
                 "SICKBAY_STATE_DIR": str(self.dir),
                 "SICKBAY_TWIN_URL": info.kube_url,
                 # The twin's Compute Engine endpoints: node reboot / replace (provider `twin`).

@@ -7,6 +7,7 @@
 | 1.36           | v1, v1beta2, v1alpha3 (rule only)      | v1beta2 + v1alpha3 (admin enabled)  |
 | 1.37           | v1                                     | v1                                  |
 | device-plugin  | none (no DRA; nodes advertise nvidia.com/gpu)                      |
+| hami           | none (device plugin shared by HAMi: twin/hami.py)                  |
 
 `device_taint_rules=False` (`--no-device-taint-rules`) serves 1.35/1.36 as they ship by
 default: no DeviceTaintRule, no v1alpha3, and on 1.36 no v1beta2 (it needs runtime-config).
@@ -21,7 +22,9 @@ from typing import Any
 
 from twin.resources import CATALOGUE, DRA_GROUP, ResourceType
 
-PROFILES = ("1.34", "1.35", "1.36", "1.37", "device-plugin")
+PROFILES = ("1.34", "1.35", "1.36", "1.37", "device-plugin", "hami")
+# Profiles without DRA: GPUs through a device plugin (`hami`: shared by HAMi's vGPU scheduler).
+DEVICE_PLUGIN_PROFILES = ("device-plugin", "hami")
 
 _PATCH = {"1.34": "5", "1.35": "3", "1.36": "2", "1.37": "0"}
 
@@ -46,7 +49,7 @@ class Profile:
             if rt.group != DRA_GROUP:
                 for v in rt.versions:
                     p.served.setdefault((rt.group, v), []).append(rt.key)
-        if name == "device-plugin":
+        if name in DEVICE_PLUGIN_PROFILES:
             return p
         v1 = list(dra_core)
         v1beta2 = list(dra_core)
@@ -74,11 +77,17 @@ class Profile:
 
     @property
     def dra(self) -> bool:
-        return self.name != "device-plugin"
+        return self.name not in DEVICE_PLUGIN_PROFILES
+
+    @property
+    def hami(self) -> bool:
+        """HAMi shares the GPUs: its device plugin registers them in node annotations and its
+        scheduler records each pod's GPU in pod annotations (twin/hami.py)."""
+        return self.name == "hami"
 
     @property
     def minor(self) -> str:
-        return "36" if self.name == "device-plugin" else self.name.split(".")[1]
+        return "36" if not self.dra else self.name.split(".")[1]
 
     def serves(self, group: str, version: str, key: str) -> bool:
         return key in self.served.get((group, version), ())

@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-from twin import errors
+from twin import errors, hami
 from twin.alerts import (
     ALERT_ECC_DBE,
     ALERT_FELL_OFF_BUS,
@@ -255,10 +255,13 @@ class FaultInjector:
             ns = uuidlib.UUID("6f1c54f4-5ad9-4a55-9c57-7f7b0c6e2a11")
             uuids = ["GPU-" + str(uuidlib.uuid5(ns, f"{node}/{i}")) for i in range(count)]
         replicas = int(labels.get(REPLICAS_LABEL, "1") or 1)
+        shared = hami.ANN_REGISTER in (meta(obj).get("annotations") or {})
         model = labels.get("nvidia.com/gpu.product", "").replace("-", " ")
         gpus = []
         for i, gpu_uuid in enumerate(uuids):
             ids = [gpu_uuid] if replicas <= 1 else [f"{gpu_uuid}::{r}" for r in range(replicas)]
+            if shared:  # HAMi's plugin: `<UUID>-<i>`, one per share
+                ids = hami.device_ids(gpu_uuid)
             gpus.append(Gpu(node, i, gpu_uuid, model, pci_bus_id(i), ids, ids))
         return gpus
 

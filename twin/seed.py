@@ -6,6 +6,8 @@ type, uuid "GPU-<uuid>", index, minor, productName, brand, architecture, cudaCom
 driverVersion, cudaDriverVersion, pcieBusID, and capacity memory). The device-plugin profile
 instead gives nodes `nvidia.com/gpu` capacity/allocatable and no DRA objects; the GPU UUIDs
 (the device plugin's device IDs) are listed in the node annotation `sickbay.dev/gpu-uuids`.
+The `hami` profile adds HAMi's device plugin on top (twin/hami.py): nvidia.com/gpu counts
+shares (GPUs x split count) and `hami.io/node-nvidia-register` registers the GPUs.
 
 Topologies (several devices per physical GPU, each carrying `parentUUID` = the GPU's uuid):
 - `full`      : one device per GPU (default).
@@ -42,6 +44,7 @@ from typing import Any
 
 import yaml
 
+from twin import hami
 from twin.discovery import Profile
 from twin.store import Store, format_time
 
@@ -202,6 +205,8 @@ def node_object(
         annotations[GPU_UUIDS_ANNOTATION] = ",".join(
             gpu_uuid(ident or name, i) for i in range(gpus)
         )
+    if profile.hami:
+        _hami_node(labels, capacity, allocatable, annotations, name, gpus, product, ident)
     minor = profile.minor
     meta: dict[str, Any] = {"name": name, "labels": labels}
     if annotations:
@@ -281,6 +286,41 @@ def ensure_device_classes(store: Store, mig: bool = False) -> None:
                     "spec": {"selectors": [{"cel": {"expression": expr}}]},
                 },
             )
+
+
+def product_memory_mb(product: str) -> int:
+    """A product's memory in MB (HAMi registers MB; the table's Mi is close enough)."""
+    mem = _PRODUCTS.get(product, ("", "", "81559Mi", ""))[2]
+    return int(mem.removesuffix("Mi"))
+
+
+def _hami_node(
+    labels: dict[str, str],
+    capacity: dict[str, str],
+    allocatable: dict[str, str],
+    annotations: dict[str, str],
+    name: str,
+    gpus: int,
+    product: str,
+    ident: str | None,
+) -> None:
+    """HAMi's device plugin on the node: `gpu=on`, every GPU split SPLIT_COUNT ways, and its
+    first registration (the HAMi controller rewrites it every REGISTER_PERIOD)."""
+    labels[hami.DEVICE_LABEL] = "on"
+    shares = str(gpus * hami.SPLIT_COUNT)
+    capacity["nvidia.com/gpu"] = allocatable["nvidia.com/gpu"] = shares
+    annotations[hami.ANN_REGISTER] = hami.register_value(
+        [
+            {
+                "uuid": gpu_uuid(ident or name, i),
+                "index": i,
+                "devmem": product_memory_mb(product),
+                "type": f"NVIDIA-{product}",
+                "healthy": True,
+            }
+            for i in range(gpus)
+        ]
+    )
 
 
 def add_node(

@@ -323,6 +323,10 @@ class Settings(BaseSettings):
     kubeconfig: Path | None = Field(default=None, validation_alias="KUBECONFIG")
     kube_context: str | None = None
     kube_request_timeout: float = 10.0  # seconds, every API call
+    # The cluster runs HAMi v2.10 or later, whose scheduler honours the node annotation
+    # `hami.io/device-cordon`: a HAMi GPU is quarantined with it. Off (HAMi before v2.10, or
+    # not known): the GPU's node is tainted NoSchedule and the remediation escalates.
+    hami_device_cordon: bool = False
 
     # Runbooks
     runbooks_dir: Path = PACKAGED_RUNBOOKS

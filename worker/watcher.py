@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from activities.kube.client import ErrorKind, Kube, KubeError
+from activities.kube.hami import ANN_REGISTER, VOLCANO_REGISTER
 from activities.kube.lease import LeaseConfig, LeaseElector
 from activities.kube.reflector import Reflector
 from activities.sweep import POD_FIELD_SELECTOR, SliceDevice, SweepActivities
@@ -38,6 +39,8 @@ from worker.settings import Settings
 from workflows.sweep import finding_fingerprint, finding_launch
 
 log = logging.getLogger(__name__)
+
+HAMI_REGISTERS = (ANN_REGISTER, VOLCANO_REGISTER)  # node annotations the findings read
 
 Pair = tuple[str, str]  # (device key, evidence fingerprint)
 # A launch that fails (Temporal unreachable) is retried this long before it is given up and
@@ -238,6 +241,10 @@ class Tracker:
         }
         if count in (meta.get("labels") or {}):
             summary["metadata"]["labels"][count] = meta["labels"][count]
+        annotations = meta.get("annotations") or {}
+        registers = {k: annotations[k] for k in HAMI_REGISTERS if k in annotations}
+        if registers:  # HAMi: its GPUs' registration (health, vanished GPUs)
+            summary["metadata"]["annotations"] = registers
         for part in ("capacity", "allocatable"):
             value = (status.get(part) or {}).get(gpu)
             if value is not None:
@@ -254,7 +261,9 @@ class Tracker:
             devs = (self.index.get(r) for r in self.node_rids.get(name, ()))
             seen = len({d.uuid for d in devs if d is not None and d.uuid})
             finding = self._finder.node_finding(summary, seen, bool(self.index))
-        self.set_source(f"node:{name}", [finding] if finding else [])
+            findings = [finding] if finding else []
+            findings += self._finder.hami_findings(summary)
+        self.set_source(f"node:{name}", findings)
 
 
 class _KindHandler:

@@ -88,6 +88,8 @@ def finding_launch(
         alertname=f"{trigger}-{f.kind}",
         fingerprint=finding_fingerprint(f),
         xid=f.xid,
+        # HAMi's plugin registers a GPU unhealthy on the GPU's own failure (critical Xid).
+        failure_class="unhealthy" if f.kind == "hami-health" else None,
         received_at=now,
         summary=f.message,
         labels={

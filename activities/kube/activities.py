@@ -210,6 +210,10 @@ class KubeActivities:
                         # running worker): re-discover on the retry.
                         self._discovery.invalidate()
                     raise
+            elif inp.device.hami:
+                result = quarantine.quarantine_hami(
+                    self._kube, apis, inp, device_cordon=self._settings.hami_device_cordon
+                )
             else:
                 result = quarantine.quarantine_fallback(self._kube, apis, inp)
             activity.logger.info(
@@ -221,7 +225,11 @@ class KubeActivities:
 
     @defn(ACT_PREVIEW_QUARANTINE)
     async def preview_quarantine(self, inp: QuarantineInput) -> QuarantineResult:
-        return await self._run(lambda: quarantine.preview(self._kube, self._apis(), inp))
+        return await self._run(
+            lambda: quarantine.preview(
+                self._kube, self._apis(), inp, hami_cordon=self._settings.hami_device_cordon
+            )
+        )
 
     @defn(ACT_EVICT_PODS)
     async def evict_pods(self, inp: EvictPodsInput) -> EvictPodsResult:

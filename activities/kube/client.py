@@ -61,6 +61,9 @@ class KubeSettings:
     context: str | None = None
     request_timeout: float = 10.0  # seconds per API call; Settings.kube_request_timeout
     max_threads: int = 32  # concurrent blocking client calls (watches hold one each)
+    # HAMi v2.10+ honours `hami.io/device-cordon`: quarantine a HAMi GPU with it. Off: HAMi
+    # cannot be kept off one GPU, so its whole node is tainted (Settings.hami_device_cordon).
+    hami_device_cordon: bool = False
 
     @classmethod
     def from_settings(cls, settings: Any) -> KubeSettings:
@@ -70,6 +73,7 @@ class KubeSettings:
             kubeconfig=str(path) if path else None,
             context=getattr(settings, "kube_context", None),
             request_timeout=float(getattr(settings, "kube_request_timeout", 10.0)),
+            hami_device_cordon=bool(getattr(settings, "hami_device_cordon", False)),
         )
 
 

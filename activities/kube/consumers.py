@@ -7,13 +7,17 @@ under way, or when one loaded it after the other was scheduled) + 1 list of the 
 + 1 read per
 distinct ReplicaSet/Job + 1 read per distinct namespace.
 Device plugin: 1 list of the node's pods (alert-named pods count only when found there).
+HAMi (device plugin with HAMi's annotations): the same list; a pod is a consumer when its
+`hami.io/vgpu-devices-allocated` names the GPU, so every vGPU share of it is found at once.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
+from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.pods import (
     OwnerResolver,
@@ -27,6 +31,8 @@ from activities.kube.pods import (
     requests_gpu,
 )
 from contract.kube import Consumer, ConsumersResult, FindConsumersInput, ResolvedDevice
+
+log = logging.getLogger(__name__)
 
 
 def claim_devices(claim: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -152,6 +158,8 @@ def find_consumers(
                 if key[0] == ns and cname in claim_names(pod):
                     pods_by_key[key] = pod
                     claim_of.setdefault(key, cname)
+    elif device.hami:
+        pods_by_key.update(_hami_holders(index, device))
     else:
         uuid = device.gpu_uuid
         # Alert labels are hints only: a named pod is a consumer when the API shows it on
@@ -203,6 +211,35 @@ def find_consumers(
             )
         )
     return ConsumersResult(consumers=consumers)
+
+
+def _hami_holders(index: dict[Any, dict[str, Any]], device: ResolvedDevice) -> dict[Any, Any]:
+    """HAMi: the node's pods whose placement record names this GPU, every share of it (the
+    record is the scheduler's own choice, so alert labels and guesses are not needed). A
+    record that does not parse stops the step (never a guess); a GPU pod without any record
+    cannot hold a HAMi share (HAMi's device plugin refuses it), so it is named in a warning."""
+    want = device.gpu_uuid.lower()
+    held: dict[Any, dict[str, Any]] = {}
+    for key, pod in index.items():
+        try:
+            uuids = hami.pod_gpu_uuids(pod)
+        except hami.HamiFormatError as err:
+            raise err.application_error() from err
+        if uuids is None:
+            if requests_gpu(pod) and not is_terminal(pod):
+                log.warning(
+                    "HAMi node %s: pod %s/%s requests a GPU but carries no %s; not a consumer "
+                    "of %s",
+                    device.node,
+                    key[0],
+                    key[1],
+                    hami.ANN_ALLOCATED,
+                    device.gpu_uuid,
+                )
+            continue
+        if want in uuids:
+            held[key] = pod
+    return held
 
 
 NAMESPACE_TTL = 60.0  # seconds; runbook-matching labels on namespaces rarely change

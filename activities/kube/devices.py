@@ -17,6 +17,7 @@ from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
+from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.discovery import ClusterApis
 from contract.errors import ERR_DEVICE_NOT_FOUND
@@ -518,6 +519,8 @@ def _resolve_device_plugin(kube: Kube, apis: ClusterApis, ref: DeviceRef) -> Res
     if not capacity:
         raise _not_found(f"node {ref.node} advertises no {GPU_RESOURCE}")
     uuid = ref.gpu_uuid
+    if hami.is_hami_node(node):
+        return _resolve_hami(kube, apis, ref, node)
     known = node_gpu_uuids(node)
     if uuid is None:
         # An index maps to a UUID only where the node publishes its GPU list.
@@ -540,6 +543,62 @@ def _resolve_device_plugin(kube: Kube, apis: ClusterApis, ref: DeviceRef) -> Res
         devices=[],
         node_pool=node_pool_of(node),
         taint_api_version=apis.taint_version,
+    )
+
+
+def _resolve_hami(
+    kube: Kube, apis: ClusterApis, ref: DeviceRef, node: dict[str, Any]
+) -> ResolvedDevice:
+    """A HAMi node: its GPUs are the ones HAMi's device plugin registers. A UUID no longer
+    registered still resolves while a pod on the node holds it by HAMi's record (the GPU
+    vanished under its consumers: the evidence says so); otherwise it is not found."""
+    assert ref.node is not None
+    try:
+        gpus = hami.node_gpus(node) or []
+    except hami.HamiFormatError as err:
+        raise err.application_error() from err
+    by_index = sorted(gpus, key=lambda g: (g.index is None, g.index or 0))
+    uuid, index = ref.gpu_uuid, ref.gpu_index
+    if uuid is None:
+        match = next(
+            (g for i, g in enumerate(by_index) if (g.index if g.index is not None else i) == index),
+            None,
+        )
+        if match is None:
+            raise _not_found(
+                f"node {ref.node}: HAMi registers no GPU with index {index} "
+                f"({len(gpus)} registered)"
+            )
+        uuid = match.uuid
+    want = uuid.lower()
+    found = next((i for i, g in enumerate(by_index) if g.uuid.lower() == want), None)
+    if found is None:
+        from activities.kube.consumers import list_node_pods  # consumers imports this module
+
+        try:
+            held = any(
+                want in (hami.pod_gpu_uuids(p) or set()) for p in list_node_pods(kube, ref.node)
+            )
+        except hami.HamiFormatError as err:
+            raise err.application_error() from err
+        if not held:
+            raise _not_found(
+                f"node {ref.node}: HAMi registers no GPU {uuid} and no pod holds it (registered: "
+                f"{', '.join(g.uuid for g in by_index) or 'none'})"
+            )
+    elif index is None:
+        gpu = by_index[found]
+        index = gpu.index if gpu.index is not None else found
+    return ResolvedDevice(
+        node=ref.node,
+        gpu_uuid=by_index[found].uuid if found is not None else uuid,
+        gpu_index=index,
+        product=by_index[found].type or None if found is not None else None,
+        mode="device-plugin",
+        devices=[],
+        node_pool=node_pool_of(node),
+        taint_api_version=apis.taint_version,
+        hami=True,
     )
 
 

@@ -5,7 +5,10 @@ ResourceSlice entry and its driver taints, node capacity vs allocatable for `nvi
 Requests: DRA 1 slice list (shared with resolve) + 1 pod list (reused by find-consumers)
 + 1 claim list only when a pod reports health under a CDI device id (activities/kube/health.py;
 shared with find-consumers, scheduled with it)
-+ 0-3 event lists; device plugin 1 node read + 1 pod list + 0-3 event lists. Events are
++ 0-3 event lists; device plugin 1 node read + 1 pod list + 0-3 event lists. HAMi: the GPU's
+entry in `hami.io/node-nvidia-register` (same node read): registered `health` false is an
+entry `hami.io/node-nvidia-register=health=false` among the taints, like a driver taint; not
+registered any more is a vanished device (`device_present` false). Events are
 context only (no decision reads them): they are listed only when neither a pod status nor a
 driver health taint on the slice says the device is Unhealthy, i.e. when a person reading the
 evidence needs more than that.
@@ -17,6 +20,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from activities.kube import hami
 from activities.kube.client import Kube
 from activities.kube.consumers import list_claims, list_node_pods, loaded_since
 from activities.kube.devices import (
@@ -27,7 +31,7 @@ from activities.kube.devices import (
 )
 from activities.kube.health import ClaimIndex, ClaimLookup
 from activities.kube.pods import health_reports, meta, worst_health
-from contract.kube import Evidence, HealthResult, ResolvedDevice, SliceTaint
+from contract.kube import Evidence, HealthReport, HealthResult, ResolvedDevice, SliceTaint
 
 MAX_EVENTS = 10
 EVIDENCE_SLICE_MAX_AGE = 2.0  # seconds
@@ -38,6 +42,24 @@ def resource_ids(device: ResolvedDevice) -> set[str]:
     if device.mode == "dra" and device.devices:
         return {d.resource_id for d in device.devices}
     return {device.gpu_uuid}
+
+
+def _reports(
+    pods: list[dict[str, Any]],
+    device: ResolvedDevice,
+    ids: set[str],
+    claims: ClaimLookup | None,
+) -> list[HealthReport]:
+    """The pods' health entries for this device; HAMi's plugin names each share
+    `<UUID>-<i>`, so there every share of the GPU counts."""
+    if device.hami:
+        return [
+            r
+            for p in pods
+            for r in health_reports(p, None)
+            if hami.is_share_of(r.resource_id, device.gpu_uuid)
+        ]
+    return [r for p in pods for r in health_reports(p, ids, claims)]
 
 
 def claim_lookup(kube: Kube, device: ResolvedDevice, *, max_age: float = 0.0) -> ClaimLookup | None:
@@ -70,6 +92,29 @@ def _slice_state(kube: Kube, device: ResolvedDevice) -> tuple[bool, list[SliceTa
                 )
             )
     return bool(present), taints
+
+
+# HAMi's registration entry of a GPU registered unhealthy, told like a driver's health taint
+# (the sweep and the health watcher report it with the same key and value).
+HAMI_HEALTH_KEYS = (hami.ANN_REGISTER, hami.VOLCANO_REGISTER)
+HAMI_UNHEALTHY = "health=false"
+
+
+def _hami_state(node: dict[str, Any], device: ResolvedDevice) -> tuple[bool, list[SliceTaint]]:
+    """(registered, [unhealthy entry]) from HAMi's registration of the GPU on its node; an
+    unreadable registration stops the step (never a guess)."""
+    try:
+        gpu = hami.registered(node, device.gpu_uuid)
+    except hami.HamiFormatError as err:
+        raise err.application_error() from err
+    if gpu is None:
+        return False, []
+    if gpu.healthy:
+        return True, []
+    taint = SliceTaint(
+        key=hami.register_key(node), value=HAMI_UNHEALTHY, effect="NoSchedule", device=gpu.uuid
+    )
+    return True, [taint]
 
 
 def _event_time(ev: dict[str, Any]) -> str:
@@ -123,7 +168,7 @@ def gather_evidence(
     max_age = loaded_since(fresh_since)
     pods = list_node_pods(kube, device.node, max_age=max_age)
     claims = claim_lookup(kube, device, max_age=max_age)
-    reports = [r for p in pods for r in health_reports(p, ids, claims)]
+    reports = _reports(pods, device, ids, claims)
     present = True
     taints: list[SliceTaint] = []
     capacity = allocatable = None
@@ -133,6 +178,9 @@ def gather_evidence(
         node = get_node(kube, device.node)
         if node is None:
             present = False
+        elif device.hami:
+            capacity, allocatable = gpu_capacity(node)
+            present, taints = _hami_state(node, device)
         else:
             capacity, allocatable = gpu_capacity(node)
             known = node_gpu_uuids(node)
@@ -163,7 +211,11 @@ HEALTH_TAINT_KEYS = ("gpu.nvidia.com/xid", "gpu.nvidia.com/gpu-lost")
 
 
 def _sick(taints: list[SliceTaint]) -> list[SliceTaint]:
-    return [t for t in taints if t.key in HEALTH_TAINT_KEYS or t.key.endswith("/gpu-lost")]
+    return [
+        t
+        for t in taints
+        if t.key in HEALTH_TAINT_KEYS or t.key.endswith("/gpu-lost") or t.key in HAMI_HEALTH_KEYS
+    ]
 
 
 def check_health(kube: Kube, device: ResolvedDevice) -> HealthResult:
@@ -171,7 +223,7 @@ def check_health(kube: Kube, device: ResolvedDevice) -> HealthResult:
     ResourceSlice (device published, no driver health taint) or node allocatable."""
     ids = resource_ids(device)
     claims = claim_lookup(kube, device)
-    reports = [r for p in list_node_pods(kube, device.node) for r in health_reports(p, ids, claims)]
+    reports = _reports(list_node_pods(kube, device.node), device, ids, claims)
     if reports:
         worst = worst_health(reports)
         detail = "; ".join(
@@ -203,6 +255,16 @@ def check_health(kube: Kube, device: ResolvedDevice) -> HealthResult:
     node = get_node(kube, device.node)
     if node is None:
         return HealthResult(health="Unhealthy", message=f"node {device.node} is gone")
+    if device.hami:
+        registered, taints = _hami_state(node, device)
+        if not registered:
+            return HealthResult(health="Unhealthy", message="HAMi no longer registers the GPU")
+        if taints:
+            return HealthResult(health="Unhealthy", message="HAMi registers the GPU unhealthy")
+        return HealthResult(
+            health=None,
+            message=f"no pod reports this GPU's health at {now}; HAMi registers it healthy",
+        )
     capacity, allocatable = gpu_capacity(node)
     if capacity is not None and allocatable is not None and allocatable < capacity:
         return HealthResult(

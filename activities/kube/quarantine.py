@@ -1,5 +1,7 @@
 """Quarantine a physical GPU: DeviceTaintRules (served version from discovery), or the fallback
-(Eviction API + node taint below the healthy-GPU threshold) where no rule is served.
+(Eviction API + node taint below the healthy-GPU threshold) where no rule is served. A GPU
+HAMi shares: its UUID in the node's `hami.io/device-cordon` (HAMi v2.10+, setting
+hami_device_cordon) or, without it, a NoSchedule taint on the whole node (`quarantine_hami`).
 
 Rules: a rule's deviceSelector is exact driver/pool/device, so a group (MIG slices, vGPUs) gets
 one rule per device. Names are deterministic: `taint_rule_name(node, uuid)` for a one-device
@@ -14,6 +16,7 @@ with the read resourceVersion (409 -> re-read, converge). Happy path: 1 request 
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -22,6 +25,7 @@ from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
+from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.consumers import group_keys, list_claims
 from activities.kube.devices import (
@@ -65,6 +69,8 @@ from contract.names import (
     normalise_id_part,
     taint_rule_name,
 )
+
+log = logging.getLogger(__name__)
 
 RULES = "devicetaintrules.resource.k8s.io"
 LABEL_NODE_POOL = "sickbay.dev/node-pool"
@@ -291,13 +297,25 @@ def would_evict_from_claims(kube: Kube, device: ResolvedDevice, taint_key: str) 
     return out
 
 
-def preview_fallback(inp: QuarantineInput) -> QuarantineResult:
+def preview_fallback(inp: QuarantineInput, hami_cordon: bool = False) -> QuarantineResult:
+    message = (
+        "no DeviceTaintRule served: the fallback would evict these pods through the "
+        "Eviction API (PodDisruptionBudgets honoured)"
+    )
+    if inp.device.hami:
+        message = (
+            f"HAMi: would add GPU {inp.device.gpu_uuid} to {hami.ANN_DEVICE_CORDON} on "
+            f"{inp.device.node}"
+            if hami_cordon
+            else f"HAMi without a per-GPU cordon: would taint node {inp.device.node} NoSchedule "
+            "and escalate node-quarantined"
+        ) + "; would evict these pods through the Eviction API (PodDisruptionBudgets honoured)"
     return QuarantineResult(
         mode="dry-run",
         action="skipped",
         would_evict=list(inp.consumers),
-        message="no DeviceTaintRule served: the fallback would evict these pods through the "
-        "Eviction API (PodDisruptionBudgets honoured)",
+        node_level="" if hami_cordon or not inp.device.hami else "no per-GPU cordon for HAMi",
+        message=message,
     )
 
 
@@ -380,6 +398,13 @@ def release(kube: Kube, apis: ClusterApis, inp: ReleaseInput) -> ReleaseResult:
                 messages.append(f"rule {name} already gone")
     if inp.node_tainted or not version or not inp.device.devices:
         node = get_node(kube, inp.device.node)
+        if node is not None and inp.device.hami:
+            node, changed = converge_node(
+                kube, inp.device.node, hami.uncordon_change(inp.device.gpu_uuid), node
+            )
+            if changed:
+                removed = True
+                messages.append(f"took GPU {inp.device.gpu_uuid} out of {hami.ANN_DEVICE_CORDON}")
         if node is not None:
             _, changed = converge_node(
                 kube, inp.device.node, release_gpu(inp.device.gpu_uuid, untaint=True), node
@@ -454,9 +479,22 @@ def _summarize(nodes: list[dict[str, Any]]) -> _NodeSummary:
     for n in nodes:
         name = meta(n).get("name", "")
         pool_of[name] = node_pool_of(n)
-        capacity[name] = gpu_capacity(n)[0] or 0
+        capacity[name] = _hami_gpus(n) if hami.is_hami_node(n) else gpu_capacity(n)[0] or 0
         marked += [(pool_of[name], f"{name}/{uuid}") for uuid in quarantined_on(n)]
     return _NodeSummary(pool_of, capacity, marked)
+
+
+def _hami_gpus(node: dict[str, Any]) -> int:
+    """Physical GPUs of a HAMi node (its nvidia.com/gpu counts shares): the registered ones.
+    One unreadable registration must not stop every budget count of the cluster: it counts
+    as GPU feature discovery's `nvidia.com/gpu.count` (0 without it), with a warning."""
+    try:
+        return len(hami.node_gpus(node) or [])
+    except hami.HamiFormatError as err:
+        labels = meta(node).get("labels") or {}
+        count = str(labels.get("nvidia.com/gpu.count", "0"))
+        log.warning("budget count: %s; counting %s GPU(s) (nvidia.com/gpu.count)", err, count)
+        return int(count) if count.isdigit() else 0
 
 
 def count_devices(kube: Kube, apis: ClusterApis, node_pool: str | None) -> DeviceCounts:
@@ -616,11 +654,83 @@ def healthy_gpus_on_node(
     kube: Kube, apis: ClusterApis, device: ResolvedDevice, node: dict[str, Any]
 ) -> int:
     quarantined = set(quarantined_on(node)) | {device.gpu_uuid}
+    if device.hami:
+        try:
+            registered = hami.node_gpus(node) or []
+        except hami.HamiFormatError as err:
+            raise err.application_error() from err
+        return len({g.uuid for g in registered if g.healthy} - quarantined)
     if apis.dra:
         gpus = {uuid for _, uuid in physical_gpus(list_slice_devices(kube, device.node))}
         return len(gpus - quarantined)
     capacity, allocatable = gpu_capacity(node)
     return max(0, min(allocatable or 0, (capacity or 0) - len(quarantined)))
+
+
+def quarantine_hami(
+    kube: Kube, apis: ClusterApis, inp: QuarantineInput, *, device_cordon: bool
+) -> QuarantineResult:
+    """A GPU HAMi shares: with `device_cordon` (HAMi v2.10+), the UUID goes into the node's
+    `hami.io/device-cordon`, which HAMi's scheduler honours and its device plugin never
+    rewrites; else HAMi cannot be kept off one GPU and the node is tainted NoSchedule (the
+    result's `node_level` says why, for the escalation). Either way the GPU is recorded on the
+    node for the budget and its consumers (every share, from HAMi's records) are evicted
+    through the Eviction API."""
+    device = inp.device
+    node, _ = converge_node(kube, device.node, add_quarantined(device.gpu_uuid))
+    volcano = hami.is_volcano_node(node)
+    device_cordon = device_cordon and not volcano
+    if device_cordon:
+        node, _ = converge_node(kube, device.node, hami.cordon_change(device.gpu_uuid), node)
+    evicted = evict_pods(
+        kube, EvictPodsInput(pods=inp.consumers, workflow_id=inp.workflow_id, reason=inp.reason)
+    )
+    healthy = healthy_gpus_on_node(kube, apis, device, node)
+    node_level = ""
+    if not device_cordon:
+        why = (
+            "Volcano's vGPU scheduler has no per-GPU cordon"
+            if volcano
+            else f"its per-GPU {hami.ANN_DEVICE_CORDON} needs HAMi v2.10+ and "
+            "SICKBAY_HAMI_DEVICE_CORDON"
+        )
+        node_level = (
+            f"HAMi's scheduler cannot be kept off GPU {device.gpu_uuid} alone ({why}): node "
+            f"{device.node} tainted NoSchedule, its {healthy} healthy GPU(s) idle for new pods"
+        )
+    tainted = bool(node_level) or healthy < inp.fallback_node_threshold
+    if tainted:
+        converge_node(kube, device.node, set_node_taint(inp.workflow_id, inp.taint_value), node)
+    parts = [
+        f"HAMi {hami.ANN_DEVICE_CORDON} {device.gpu_uuid}"
+        if device_cordon
+        else "no per-GPU cordon for HAMi",
+        f"evicted {len(evicted.evicted)} HAMi share holder(s) via the Eviction API",
+    ]
+    if evicted.blocked:
+        parts.append(
+            "PodDisruptionBudget blocked "
+            + ", ".join(f"{p.namespace}/{p.name}" for p in evicted.blocked)
+        )
+    parts.append(
+        node_level
+        or f"{healthy} healthy GPU(s) left on {device.node}; node "
+        + (
+            "tainted NoSchedule"
+            if tainted
+            else f"not tainted (threshold {inp.fallback_node_threshold})"
+        )
+    )
+    return QuarantineResult(
+        mode="fallback",
+        action="created",
+        evicted=evicted.evicted + evicted.gone,
+        blocked=evicted.blocked,
+        node_tainted=tainted,
+        hami_cordon=device_cordon,
+        node_level=node_level,
+        message="; ".join(parts),
+    )
 
 
 def quarantine_fallback(kube: Kube, apis: ClusterApis, inp: QuarantineInput) -> QuarantineResult:
@@ -734,12 +844,17 @@ def delete_rule(kube: Kube, version: str, name: str) -> bool:
         raise
 
 
-def preview(kube: Kube, apis: ClusterApis, inp: QuarantineInput) -> QuarantineResult:
+def preview(
+    kube: Kube, apis: ClusterApis, inp: QuarantineInput, *, hami_cordon: bool = False
+) -> QuarantineResult:
     """Dry run. With `effect: None` served: create short-lived preview rules, read the
     controller's verdict from their status, delete them. The pods that would go are computed
     from the claims (status messages only carry counts)."""
     if apis.taint_version is None or not inp.device.devices:
-        return preview_fallback(inp)
+        if inp.device.hami and hami_cordon:
+            node = get_node(kube, inp.device.node)
+            hami_cordon = node is not None and not hami.is_volcano_node(node)
+        return preview_fallback(inp, hami_cordon)
     would = would_evict_from_claims(kube, inp.device, inp.taint_key)
     if not apis.effect_none:
         return QuarantineResult(

@@ -5,8 +5,9 @@ reset Job, the validation Job (and its claim), waiting for a Job and cleaning up
   on any device whose ResourceSlice `uuid`/`parentUUID` is the GPU (MIG slices, vGPUs and
   time-sliced replicas included), and device-plugin pods on the node asking for
   `nvidia.com/gpu` unless their `allocatedResourcesStatus` shows another GPU (a pod that does
-  not say which GPU it has is counted: when in doubt, no reset). An allocated claim no pod
-  uses yet holds the device too.
+  not say which GPU it has is counted: when in doubt, no reset; a HAMi pod holds the GPUs its
+  `hami.io/vgpu-devices-allocated` names). An allocated claim no pod uses yet holds the device
+  too.
 - Reset group: the GPUs sharing the ResourceSlice attribute `sickbay.dev/resetGroup` with the
   GPU, else every GPU of the node when it carries `sickbay.dev/gpu-reset-group: node`, else the
   GPU alone. The NVIDIA DRA driver publishes neither (its devices carry type, uuid,
@@ -29,6 +30,7 @@ from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
+from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.consumers import _may_hold, claim_devices, list_claims, list_node_pods
 from activities.kube.devices import (
@@ -137,6 +139,15 @@ def _holders(kube: Kube, inp: GpuHoldersInput) -> tuple[list[str], dict[str, Pod
         key = f"{meta(pod).get('namespace', '')}/{meta(pod).get('name', '')}"
         if key in ignore or is_terminal(pod) or not requests_gpu(pod):
             continue
+        try:
+            shares = hami.pod_gpu_uuids(pod)  # HAMi says which GPU the pod holds
+        except hami.HamiFormatError as err:
+            raise err.application_error() from err
+        if shares is not None:
+            if shares & wanted:
+                found.append(f"{key} (HAMi share)")
+                pods[key] = pod_ref(pod)
+            continue
         if any(_may_hold(pod, u) for u in inp.gpu_uuids):
             found.append(f"{key} (nvidia.com/gpu)")
             pods[key] = pod_ref(pod)
@@ -156,7 +167,14 @@ def node_gpus(kube: Kube, node: str) -> list[str]:
     for d in _node_devices(kube, node):
         if d.physical_uuid and d.physical_uuid not in seen:
             seen.append(d.physical_uuid)
-    return seen or node_gpu_uuids(read_node(kube, node))
+    if seen:
+        return seen
+    obj = read_node(kube, node)
+    try:
+        registered = hami.node_gpus(obj)  # a HAMi node: the GPUs its device plugin registers
+    except hami.HamiFormatError as err:
+        raise err.application_error() from err
+    return [g.uuid for g in registered] if registered is not None else node_gpu_uuids(obj)
 
 
 def drain_pods(kube: Kube, inp: DrainPodsInput) -> DrainPodsResult:

@@ -11,7 +11,8 @@ lists when replacements bind.
 
 "Gone" means the pod object is gone (or replaced under the same name with a new uid): a pod
 with a deletionTimestamp still holds its device. Replacements are verified, not trusted: a
-replacement whose claim got a device Sickbay tainted, and owners whose new pods keep being
+replacement whose claim got a device Sickbay tainted (HAMi: whose placement record names the
+quarantined GPU), and owners whose new pods keep being
 evicted by the device-taint manager (DisruptionTarget reason DeletionByDeviceTaintManager,
 the same signal as the DeviceTaintManagerEviction event), are reported as churn.
 """
@@ -26,6 +27,7 @@ from typing import Any
 
 from temporalio import activity
 
+from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.consumers import claim_devices
 from activities.kube.pods import claim_names, is_terminating, meta, pod_ref, same_pod
@@ -266,6 +268,16 @@ class _Claims:
         )
 
 
+def _hami_devices(pod: dict[str, Any], node: str) -> list[str] | None:
+    """`<node>/<uuid>` of the GPUs HAMi's record places the pod on (as `hami_gpu` is keyed);
+    None when the record cannot be read (the replacement is then not counted as running)."""
+    try:
+        shares = hami.pod_shares(pod) or []
+    except hami.HamiFormatError:
+        return None
+    return sorted({f"{node}/{s.uuid}" for s in shares})
+
+
 async def wait_replacement(
     kube: Kube, executor: Executor, inp: WaitReplacementInput
 ) -> ReplacementReport:
@@ -281,7 +293,7 @@ async def wait_replacement(
             owners.append(w)
     if not owners:
         return ReplacementReport(status="no-replacement-needed")
-    tainted = {d.resource_id for d in inp.tainted}
+    tainted = {d.resource_id for d in inp.tainted} | ({inp.hami_gpu} if inp.hami_gpu else set())
     claims = _Claims(kube)
     pods: dict[str, dict[str, Any]] = {}  # uid -> latest object
     toleration_churn: dict[str, bool] = {}
@@ -314,11 +326,19 @@ async def wait_replacement(
             node = (pod.get("spec") or {}).get("nodeName")
             allocated = claims.of(pod) if node and claim_names(pod) else []
             devices = allocated or []
+            unreadable = ""
+            if inp.hami_gpu and node:
+                held = _hami_devices(pod, node)
+                if held is None:
+                    unreadable = f"its {hami.ANN_ALLOCATED} cannot be read: not counted"
+                devices = held or devices
             phase = status.get("phase", "Pending")
             msg = _unschedulable(pod) if not node else ""
             bad = sorted(set(devices) & tainted)
             if allocated is None:
                 msg = "its resource claim is not allocated (or already gone)"
+            elif unreadable:
+                msg = unreadable
             elif bad:
                 w.evicted.add(uid)  # placed on a device Sickbay tainted: the scheduler ignored it
                 toleration_churn[uid] = claims.tolerates_with_seconds(pod)

@@ -18,6 +18,10 @@ Cases:
 - a GPU gone from a node's ResourceSlice (fewer than its gpu.count label) is a node finding
 - device plugin: allocatable nvidia.com/gpu below capacity is a node finding; a pod's
   Unhealthy device id `GPU-...::1` (time-slicing) maps to the pod's node and the GPU UUID
+- HAMi: a GPU its registration marks unhealthy (no `health` key) is a `hami-health` device
+  finding; fewer GPUs registered than gpu.count, or an unreadable registration, is a node
+  finding (HAMi's nvidia.com/gpu counts shares and is not compared); a pod's Unhealthy share
+  id `<UUID>-<i>` maps to the GPU its HAMi record names
 - end to end: the sweep workflow on the dev server, real activities, finds the Unhealthy
   device and starts exactly one remediation; a second sweep signals it, still one workflow
 """
@@ -36,6 +40,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.kube.client import Kube, KubeSettings
+from activities.kube.hami import ANN_REGISTER as HAMI_REGISTER
 from activities.launch import LaunchActivities
 from activities.sweep import SweepActivities
 from contract.names import device_workflow_id
@@ -359,6 +364,45 @@ def test_device_plugin_node_and_time_sliced_pod(tmp_path: Path) -> None:
         assert report.slices_checked == 0
         assert [(f.node, f.gpu_uuid, f.xid) for f in report.findings] == [(n0, gpu_uuid(n0, 1), 48)]
         assert [(n.node, n.gpu_capacity, n.gpu_allocatable) for n in report.nodes] == [(n1, 2, 1)]
+
+
+def test_hami_registration_health_and_vanished_gpu(tmp_path: Path) -> None:
+    with running_twin(tmp_path, profile="hami", nodes=2, gpus_per_node=2) as rs:
+        n0, n1 = node_names(rs)
+        api = k8s.CoreV1Api(rs.api_client())
+
+        def register(node: str) -> list[dict[str, Any]]:
+            annotations = api.read_node(node).metadata.annotations
+            return list(json.loads(annotations["hami.io/node-nvidia-register"]))
+
+        sick = register(n0)
+        sick[1].pop("health")  # HAMi v2.8+ leaves a false health out (omitempty)
+        api.patch_node(n0, {"metadata": {"annotations": {HAMI_REGISTER: json.dumps(sick)}}})
+        vanished = register(n1)[:1]
+        api.patch_node(n1, {"metadata": {"annotations": {HAMI_REGISTER: json.dumps(vanished)}}})
+        report = sweep(rs)
+        assert [(f.kind, f.node, f.gpu_uuid, f.health) for f in report.findings] == [
+            ("hami-health", n0, gpu_uuid(n0, 1), "Unhealthy")
+        ]
+        assert report.findings[0].taint is not None
+        assert report.findings[0].taint.key == HAMI_REGISTER
+        # HAMi's nvidia.com/gpu counts shares (20 per node): never compared with the 2 GPUs.
+        assert [n.node for n in report.nodes] == [n1]
+        assert "1 GPU(s) registered by HAMi" in report.nodes[0].message
+
+        # A pod's share id `<UUID>-<i>` (HAMi's plugin) is of the GPU its record names.
+        make_pod(rs, "desk", n1, [{"resourceID": f"{gpu_uuid(n1, 0)}-3", "health": "Unhealthy"}])
+        allocated = {"hami.io/vgpu-devices-allocated": f"{gpu_uuid(n1, 0)},NVIDIA,1000,0:;"}
+        api.patch_namespaced_pod("desk", "ml", {"metadata": {"annotations": allocated}})
+        report = sweep(rs)
+        assert sorted((f.kind, f.gpu_uuid) for f in report.findings) == sorted(
+            [("hami-health", gpu_uuid(n0, 1)), ("pod-health", gpu_uuid(n1, 0))]
+        )
+
+        api.patch_node(n1, {"metadata": {"annotations": {HAMI_REGISTER: "GPU-1,10:"}}})
+        report = sweep(rs)
+        assert [n.node for n in report.nodes] == [n1]
+        assert "unreadable, not acting on a guess" in report.nodes[0].message
 
 
 @pytest.fixture

@@ -477,3 +477,37 @@ async def test_device_plugin_cluster_without_resource_slices(tmp_path: Path) -> 
             assert rec.nodes[0].node == node
     finally:
         rs.stop()
+
+
+async def test_hami_registration_health_is_watched(tmp_path: Path) -> None:
+    """HAMi (twin profile `hami`): the GPU's fault reaches HAMi's registration at the device
+    plugin's next re-registration (`health` left out), and the watcher launches the same
+    `hami-health` finding the sweep produces; the GPU vanishing from the registration is a
+    node notice."""
+    manager = ControllerManager(TwinOptions())
+    clock = Clock(time_scale=120)  # HAMi re-registers every 30 simulated seconds: 0.25 s
+    rs = start_twin(
+        tmp_path, profile="hami", nodes=1, gpus_per_node=2, controllers=(manager,), clock=clock
+    )
+    try:
+        k8s.CoreV1Api(rs.api_client()).create_namespace({"metadata": {"name": NAMESPACE}})
+        rec = Recorder()
+        watcher = HealthWatcher(kube_for(rs), rec.launch, config(), on_node=rec.node)
+        async with Running(watcher):
+            assert await watcher.synced()
+            (node,) = rs.twin.seed_info["nodes"]
+            gpu = manager.faults.resolve(node, "1")[0]
+            manager.faults.fail(node, "1", xid=79)
+            await wait_for(lambda: rec.requests, what="launch")
+            [req] = rec.requests
+            assert req.remediation.device.key == f"{node}/{gpu.uuid}"
+            assert req.evidence is not None and req.evidence.alertname == "watch-hami-health"
+            assert req.evidence.failure_class == "unhealthy"
+            swept = SweepActivities(kube_for(rs)).sweep(SweepClusterInput())
+            assert [f.key for f in swept.findings] == [req.remediation.device.key]
+            assert swept.findings[0].kind == "hami-health"
+            manager.faults.fail(node, "0", vanish=True)
+            await wait_for(lambda: rec.nodes, what="node notice")
+            assert "registered by HAMi" in rec.nodes[0].message
+    finally:
+        rs.stop()

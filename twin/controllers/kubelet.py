@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from twin import hami
 from twin.clock import parse_time, rfc3339
 from twin.controllers.allocator import claim_devices
 from twin.controllers.common import (
@@ -242,11 +243,20 @@ class Kubelet:
             gid for other in self._pods.values() if other is not runtime for gid in other.gpu_ids
         }
         faults = self.manager.faults
+        # HAMi's device plugin hands out shares of the GPUs its scheduler recorded on the pod.
+        chosen = hami.allocated_uuids(pod)
         free = [
             gid
             for gid in faults.plugin_device_ids(node)
-            if gid not in taken and faults.health(node, gid)[0] == "Healthy"
+            if gid not in taken
+            and faults.health(node, gid)[0] == "Healthy"
+            and (not chosen or hami.uuid_of_device_id(gid) in chosen)
         ]
+        if chosen:  # one share of each recorded GPU
+            firsts: dict[str, str] = {}
+            for gid in free:
+                firsts.setdefault(hami.uuid_of_device_id(gid), gid)
+            free = list(firsts.values())
         if len(free) < need:
             log.info("kubelet: no free GPU for %s/%s on %s", ns_of(pod), name_of(pod), node)
             return False

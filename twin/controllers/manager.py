@@ -252,6 +252,12 @@ class ControllerManager:
             MachineDeploymentController(self),
             GarbageCollector(self),
         ]
+        if bool(getattr(profile, "hami", False)):
+            from twin.controllers.hami import HamiController
+
+            # HAMi's scheduler and device plugin (pods with schedulerName hami-scheduler).
+            self.hami = HamiController(self)
+            self.controllers.insert(self.controllers.index(self.scheduler) + 1, self.hami)
         extensions = getattr(twin, "extensions", None)
         if isinstance(extensions, dict):
             extensions.update(

@@ -41,6 +41,9 @@ NEEDED: dict[str, str] = {
     "repair-failed": "repair or replace the GPU by hand (or configure the rung's provider), "
     "then mark it repaired; the timeline names each rung's result",
     "error": "look at the timeline: a step failed and automation stopped",
+    "node-quarantined": "the GPU could not be quarantined alone (HAMi before v2.10, "
+    "SICKBAY_HAMI_DEVICE_CORDON off, or Volcano's vGPU), so its whole node takes no new pods: "
+    "repair the GPU and mark it repaired, or run HAMi v2.10+ with SICKBAY_HAMI_DEVICE_CORDON=true",
     "gpu-retired": "RMA the GPU (it failed too often: see its history), or un-retire it "
     "with a reason (sickbay gpus unretire)",
 }

@@ -71,6 +71,10 @@ async def quarantine(r: Remediation) -> Escalation | None:
     ).with_additional_attributes({"workload_class": s.status.runbook or ""}).record(
         workflow.now() - workflow.info().start_time
     )
+    if s.quarantine.node_level:
+        # HAMi without a per-GPU cordon: the whole node was tainted and its consumers evicted
+        # by the quarantine itself; say so to people and hold it until the GPU is repaired.
+        return Escalation("node-quarantined", s.quarantine.node_level)
     return None
 
 

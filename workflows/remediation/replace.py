@@ -135,6 +135,7 @@ async def _wait_replacement(
         owners=owners,
         old_pods=[c.pod for c in s.consumers],
         tainted=s.device.devices if s.device else [],
+        hami_gpu=s.device.key if s.device and s.device.hami else "",
         churn_evictions=s.spec.replacement.churn_evictions,
     )
     start = workflow.now()
