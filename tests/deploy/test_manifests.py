@@ -12,8 +12,10 @@ Cases:
 - hardening: non-root, read-only root filesystem, no privilege escalation, all capabilities
   dropped, RuntimeDefault seccomp, memory requests and limits, probes; worker probes on the
   metrics port the ConfigMap configures; the webhook has no API token;
-- the ConfigMap's SICKBAY_* keys are read by the code; its runbooks validate against the
-  Runbook schema (and load with the runbook loader); container args are `sickbay` commands;
+- the ConfigMap's SICKBAY_* keys are read by the code; container args are `sickbay` commands;
+- the runbooks ConfigMap `kubectl kustomize deploy/` builds is runbooks/*.yaml byte for byte
+  (and parses to the same runbooks), from a copy under deploy/runbooks/ that is current
+  (`make deploy-runbooks`); its runbooks validate and load with the runbook loader;
 - RBAC (deploy/rbac.yaml, when present): every bound ServiceAccount exists and the worker's
   ServiceAccount is bound to a role; the webhook's is bound to none;
 - NetworkPolicies (deploy/networkpolicy.yaml): everything in the namespace is denied both ways
@@ -113,6 +115,10 @@ def test_kustomization_lists_exactly_the_manifests() -> None:
         for generator in kustomization.get("configMapGenerator", [])
         for file in generator.get("files", [])
     ]
+    # A directory entry is a kustomization of its own (runbooks/: the generated runbooks).
+    bases = [r for r in listed if (DEPLOY / r / "kustomization.yaml").is_file()]
+    assert bases == ["runbooks"], f"unexpected kustomization directories: {bases}"
+    listed = [r for r in listed if r not in bases]
     missing = [r for r in listed + generated if not (DEPLOY / r).is_file()]
     assert not missing, f"kustomization.yaml lists files that do not exist: {missing}"
     objects_files = {p.name for p in manifest_files()} - _non_kubernetes_files()
@@ -234,9 +240,9 @@ def _secret_refs(pod: dict[str, Any]) -> list[tuple[str, bool]]:
     return refs
 
 
-def test_referenced_configmaps_exist(objects: list[dict[str, Any]]) -> None:
-    configmaps = _by_kind(objects, "ConfigMap")
-    for name, deployment in _deployments(objects).items():
+def test_referenced_configmaps_exist(built: list[dict[str, Any]]) -> None:
+    configmaps = _by_kind(built, "ConfigMap")
+    for name, deployment in _deployments(built).items():
         for ref, keys in _configmap_refs(_pod_spec(deployment)):
             if ref == CLUSTER_CONFIGMAP:  # the worker writes it (test below)
                 continue
@@ -338,11 +344,62 @@ def test_config_keys_are_read_by_the_code(objects: list[dict[str, Any]]) -> None
             assert_known_env({e["name"] for e in container.get("env", [])}, f"Deployment {name}")
 
 
-def test_runbooks_configmap_validates(objects: list[dict[str, Any]], tmp_path: Path) -> None:
+def _kubectl_or_skip() -> str:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        reason = "kubectl is not installed: apt-get install kubectl (the YAML checks above ran)"
+        if os.environ.get("SICKBAY_REQUIRE_KUBECTL", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"SICKBAY_REQUIRE_KUBECTL is set but {reason}")
+        pytest.skip(reason)
+    return kubectl
+
+
+@pytest.fixture(scope="module")
+def built() -> list[dict[str, Any]]:
+    """What `kubectl apply -k deploy/` sends: the objects `kubectl kustomize deploy/` builds."""
+    import subprocess
+
+    done = subprocess.run(
+        [_kubectl_or_skip(), "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def _shipped_runbooks() -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((ROOT / "runbooks").glob("*.yaml"))}
+
+
+def test_deployed_runbooks_are_the_tested_runbooks(built: list[dict[str, Any]]) -> None:
+    """One source of truth: the runbooks ConfigMap that `kubectl apply -k deploy/` installs
+    holds runbooks/*.yaml (what the demo and the tests load) byte for byte, and so parses to
+    the same runbooks, repair, validation and lemons blocks included."""
+    from activities.runbooks import load_text
+
+    (configmap,) = [
+        o for o in built if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "sickbay-runbooks"
+    ]
+    assert configmap["metadata"]["namespace"] == "sickbay"
+    data = configmap["data"]
+    shipped = _shipped_runbooks()
+    assert sorted(data) == sorted(shipped), "the ConfigMap's keys are not runbooks/*.yaml"
+    for key, source in shipped.items():
+        deployed = data[key].encode()
+        (tested,) = load_text(source.decode(), f"runbooks/{key}")
+        (installed,) = load_text(data[key], f"ConfigMap sickbay-runbooks key {key}")
+        assert installed.model_dump() == tested.model_dump(), f"{key}: parsed content differs"
+        assert deployed == source, f"{key}: the deployed bytes differ from runbooks/{key}"
+    # The generated copy under deploy/ is current (`make deploy-runbooks` rewrites it).
+    from harness.deploy_runbooks import stale
+
+    assert not stale(), f"deploy/runbooks/ is stale in {stale()}: run `make deploy-runbooks`"
+
+
+def test_runbooks_configmap_validates(built: list[dict[str, Any]], tmp_path: Path) -> None:
     # The runbook loader, not yaml.safe_load: YAML 1.1 reads the key `on:` as True.
     from activities.runbooks import load_dir, load_text
 
-    data = _by_kind(objects, "ConfigMap")["sickbay-runbooks"]["data"]
+    data = _by_kind(built, "ConfigMap")["sickbay-runbooks"]["data"]
     assert "default.yaml" in data, "the default runbook catches every unmatched workload"
     for key, text in data.items():
         (runbook,) = load_text(text, f"ConfigMap sickbay-runbooks key {key}")
@@ -391,12 +448,7 @@ def test_rbac_binds_the_worker_only(objects: list[dict[str, Any]]) -> None:
 
 def test_kubectl_dry_run_when_available() -> None:
     """With kubectl on PATH, `kubectl kustomize deploy/` must build (no cluster needed)."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        reason = "kubectl is not installed: apt-get install kubectl (the YAML checks above ran)"
-        if os.environ.get("SICKBAY_REQUIRE_KUBECTL", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"SICKBAY_REQUIRE_KUBECTL is set but {reason}")
-        pytest.skip(reason)
+    kubectl = _kubectl_or_skip()
     import subprocess
 
     done = subprocess.run(
