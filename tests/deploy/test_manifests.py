@@ -27,8 +27,6 @@ Cases:
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,7 @@ from tests.deploy.helpers import (
     assert_known_env,
     command_args,
     is_kubernetes_object,
+    kubectl_or_skip,
     manifest_files,
 )
 
@@ -344,23 +343,13 @@ def test_config_keys_are_read_by_the_code(objects: list[dict[str, Any]]) -> None
             assert_known_env({e["name"] for e in container.get("env", [])}, f"Deployment {name}")
 
 
-def _kubectl_or_skip() -> str:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        reason = "kubectl is not installed: apt-get install kubectl (the YAML checks above ran)"
-        if os.environ.get("SICKBAY_REQUIRE_KUBECTL", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"SICKBAY_REQUIRE_KUBECTL is set but {reason}")
-        pytest.skip(reason)
-    return kubectl
-
-
 @pytest.fixture(scope="module")
 def built() -> list[dict[str, Any]]:
     """What `kubectl apply -k deploy/` sends: the objects `kubectl kustomize deploy/` builds."""
     import subprocess
 
     done = subprocess.run(
-        [_kubectl_or_skip(), "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60
+        [kubectl_or_skip(), "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     return [d for d in yaml.safe_load_all(done.stdout) if d]
@@ -448,7 +437,7 @@ def test_rbac_binds_the_worker_only(objects: list[dict[str, Any]]) -> None:
 
 def test_kubectl_dry_run_when_available() -> None:
     """With kubectl on PATH, `kubectl kustomize deploy/` must build (no cluster needed)."""
-    kubectl = _kubectl_or_skip()
+    kubectl = kubectl_or_skip()
     import subprocess
 
     done = subprocess.run(
@@ -583,3 +572,23 @@ def test_network_policies_let_out_dns_temporal_and_https(objects: list[dict[str,
         else:
             assert ("TCP", 443) not in by_port, "the webhook talks to Temporal only"
     assert config["SICKBAY_METRICS_HOST"] == "0.0.0.0", "probes and Prometheus need the pod IP"
+
+
+def test_service_links_cannot_set_settings(objects: list[dict[str, Any]]) -> None:
+    """The kubelet sets Docker-link variables (<SERVICE>_PORT=tcp://ip:port, ...) for every
+    Service of the pod's namespace unless the pod says `enableServiceLinks: false`; Service
+    `sickbay-webhook` yields SICKBAY_WEBHOOK_PORT, a setting: such a name must never reach a
+    Sickbay process."""
+    from tests.deploy.helpers import known_env_names
+    from tests.deploy.kubelet import service_link_env
+
+    services = [
+        {**s, "spec": {"clusterIP": "10.96.0.10", **s["spec"]}}
+        for s in _by_kind(objects, "Service").values()
+    ]
+    names = set(service_link_env(services))
+    for name, deployment in _deployments(objects).items():
+        if _pod_spec(deployment).get("enableServiceLinks", True) is False:
+            continue
+        clashes = sorted(n for n in names if n in known_env_names())
+        assert not clashes, f"{name}: the kubelet would set {clashes} from Service links"
