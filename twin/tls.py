@@ -11,13 +11,11 @@ names and addresses), in memory, for one test or one session; nothing is kept.
     twin = Twin(tls=pki)                       # serves https://127.0.0.1:<port>
     pki.ca_pem                                 # the bundle clients trust
 
-Needs the `cryptography` package (a development dependency); imported only when used.
+Needs the `trustme` package (a development dependency); imported only when used.
 """
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import ssl
 import tempfile
 from dataclasses import dataclass
@@ -37,7 +35,7 @@ class Pki:
         # load_cert_chain reads files only: a private temporary directory, removed at once.
         with tempfile.TemporaryDirectory(prefix="twin-tls-") as directory:
             cert, key = Path(directory) / "tls.crt", Path(directory) / "tls.key"
-            cert.write_bytes(self.cert_pem + self.ca_pem)
+            cert.write_bytes(self.cert_pem)
             key.touch(mode=0o600)
             key.write_bytes(self.key_pem)
             ctx.load_cert_chain(cert, key)
@@ -47,69 +45,14 @@ class Pki:
 def throwaway_pki(
     dns: list[str] | tuple[str, ...] = (),
     ips: list[str] | tuple[str, ...] = ("127.0.0.1",),
-    days: int = 1,
 ) -> Pki:
-    """A new CA and a server certificate for `dns` names and `ips` (EC P-256 keys)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    """A new CA and a server certificate for `dns` names and `ips` (trustme's defaults)."""
+    import trustme
 
-    now = datetime.datetime.now(datetime.UTC)
-    # Backdated a minute: a client whose clock is a little behind still accepts it.
-    start, end = now - datetime.timedelta(minutes=1), now + datetime.timedelta(days=days)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sickbay-twin-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
-    names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
+    ca = trustme.CA(organization_name="sickbay twin")
+    leaf = ca.issue_cert(*dns, *ips, common_name="kube-apiserver")
     return Pki(
-        ca_pem=ca.public_bytes(pem),
-        cert_pem=cert.public_bytes(pem),
-        key_pem=key.private_bytes(
-            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        ),
+        ca_pem=ca.cert_pem.bytes(),
+        cert_pem=b"".join(pem.bytes() for pem in leaf.cert_chain_pems),
+        key_pem=leaf.private_key_pem.bytes(),
     )

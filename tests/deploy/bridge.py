@@ -94,6 +94,10 @@ class Bridges:
         async def stop() -> None:
             for server in self._servers:
                 server.close()
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
         with contextlib.suppress(Exception):
             self._run(stop())

@@ -36,6 +36,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,6 +210,10 @@ class Kubelet:
         self.pods: list[Pod] = []
         self.image = Image.from_dockerfile()
         self._routes: list[dict[str, Any]] = []
+        self._specs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        self._synced: dict[str, str] = {}
+        self._stopping = threading.Event()
+        self._sync_thread: threading.Thread | None = None
         self._hosts: list[str] = []
         self._addresses: list[str] = []
         for n, backend in enumerate(backends):
@@ -284,7 +289,11 @@ class Kubelet:
                 raise KubeletError(f"env {entry['name']}: unsupported source {sorted(source)}")
         return env
 
-    def volumes(self, pod: dict[str, Any], container: dict[str, Any]) -> list[dict[str, Any]]:
+    def volumes(
+        self, pod: dict[str, Any], container: dict[str, Any], synced_only: bool = False
+    ) -> list[dict[str, Any]]:
+        """The container's volumes as podrun mounts them. `synced_only`: just the ConfigMap
+        and Secret volumes, which the kubelet keeps current while the pod runs."""
         ns = pod["metadata"]["namespace"]
         spec = pod["spec"]
         security = spec.get("securityContext") or {}
@@ -300,7 +309,10 @@ class Kubelet:
                 raise KubeletError(f"volumeMount {mount['name']}: subPath is not modelled")
             files: dict[str, tuple[bytes, int]] = {}
             mode, size = 0o755, None
-            if "configMap" in volume or "secret" in volume:
+            synced = "configMap" in volume or "secret" in volume
+            if synced_only and not synced:
+                continue
+            if synced:
                 kind = "configmaps" if "configMap" in volume else "secrets"
                 source = volume.get("configMap") or volume["secret"]
                 name = source.get("name") or source.get("secretName")
@@ -442,6 +454,7 @@ class Kubelet:
             "outbound": self._routes,
             "inbound": inbound,
             "volumes": volumes,
+            "name": name,
             "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost\n" + "".join(self._hosts),
             "readOnlyRoot": bool(security.get("readOnlyRootFilesystem")),
             "traverse": _closed_ancestors([sys.base_prefix, sys.prefix, str(ROOT)]),
@@ -482,9 +495,37 @@ class Kubelet:
             {v["path"]: sorted(v["files"]) for v in volumes},
         )
         self.pods.append(started)
+        self._specs[name] = (pod, container)
+        self._synced[name] = self._sync_payload(pod, container)
+        if self._sync_thread is None:
+            self._sync_thread = threading.Thread(target=self._sync_loop, daemon=True)
+            self._sync_thread.start()
         return started
 
+    def _sync_payload(self, pod: dict[str, Any], container: dict[str, Any]) -> str:
+        return json.dumps(self.volumes(pod, container, synced_only=True), sort_keys=True)
+
+    def _sync_loop(self) -> None:
+        """The kubelet's volume manager: a ConfigMap or Secret that changes (or appears, when
+        optional) reaches the running container's volume. A real kubelet takes up to its
+        sync period plus the cache's TTL (about a minute); this one looks every second.
+        podrun applies `<pod>.volumes.json` when it changes."""
+        while not self._stopping.wait(1.0):
+            for name, (pod, container) in list(self._specs.items()):
+                try:
+                    payload = self._sync_payload(pod, container)
+                except (KubeletError, AssertionError, httpx.HTTPError):
+                    continue  # a kubelet keeps the last content when the API fails
+                if payload != self._synced.get(name):
+                    self._synced[name] = payload
+                    temp = self.dir / f".{name}.volumes.json"
+                    temp.write_text(payload)
+                    temp.rename(self.dir / f"{name}.volumes.json")
+
     def stop(self, timeout: float = 45.0) -> None:
+        self._stopping.set()
+        if self._sync_thread is not None:
+            self._sync_thread.join(timeout=10)
         for pod in self.pods:
             pod.stop(timeout)
         self.bridges.close()

@@ -11,7 +11,8 @@ a container, then runs the container's command as the pod's user and relays its 
   a Unix socket too (probes, the webhook's Service);
 - files: each volume (ConfigMap, Secret, projected ServiceAccount token, emptyDir) is a tmpfs
   at its mount path holding exactly the plan's files (mode, group fsGroup), read-only when
-  the mount says so; /etc/hosts resolves the Services' DNS names to their ClusterIPs (the
+  the mount says so, and kept current when the kubelet sends new content (an optional
+  ConfigMap that appears later, an edited one); /etc/hosts resolves the Services' DNS names to their ClusterIPs (the
   cluster DNS); new directories (/etc/sickbay, /var/run/secrets, the image's WORKDIR) appear
   through overlays that only this process tree sees; the host is never changed;
 - `readOnlyRootFilesystem`: every other mount is remounted read-only;
@@ -96,18 +97,55 @@ def _prepare_files(plan: dict[str, Any]) -> None:
             options += f",size={volume['size']}"
         _run("mount", "-t", "tmpfs", "-o", options, "tmpfs", path)
         os.chown(path, 0, volume["gid"])
-        for name, (data, mode) in volume["files"].items():
-            file = Path(path) / name
-            file.parent.mkdir(parents=True, exist_ok=True)
-            file.write_bytes(base64.b64decode(data))
-            os.chown(file, 0, volume["gid"])
-            os.chmod(file, mode)
+        _write_volume(volume)
         if volume["readOnly"]:
-            _run("mount", "-o", "remount,ro", path)
+            _run("mount", "-o", "remount,bind,ro", path)
+
+
+def _write_volume(volume: dict[str, Any]) -> None:
+    """The volume's files exactly (others removed), as the kubelet's atomic writer leaves it."""
+    path = Path(volume["path"])
+    for old in path.iterdir():
+        if old.name not in volume["files"]:
+            old.unlink()
+    for name, (data, mode) in volume["files"].items():
+        file = path / name
+        file.parent.mkdir(parents=True, exist_ok=True)
+        temp = file.with_name(f".{file.name}.tmp")
+        temp.write_bytes(base64.b64decode(data))
+        os.chown(temp, 0, volume["gid"])
+        os.chmod(temp, mode)
+        temp.rename(file)
+
+
+async def _sync_volumes(plan: dict[str, Any], updates: str) -> None:
+    """Apply the kubelet's new content of ConfigMap / Secret volumes (`<pod>.volumes.json`)."""
+    seen = 0.0
+    while True:
+        await asyncio.sleep(0.5)
+        try:
+            stamp = os.stat(updates).st_mtime
+        except FileNotFoundError:
+            continue
+        if stamp == seen:
+            continue
+        seen = stamp
+        _apply(updates)
+
+
+def _apply(updates: str) -> None:
+    for volume in json.loads(Path(updates).read_text()):
+        if volume["readOnly"]:
+            _run("mount", "-o", "remount,bind,rw", volume["path"])
+        try:
+            _write_volume(volume)
+        finally:
+            if volume["readOnly"]:
+                _run("mount", "-o", "remount,bind,ro", volume["path"])
 
 
 def _read_only_root(plan: dict[str, Any]) -> None:
-    keep = {v["path"] for v in plan["volumes"] if not v["readOnly"]}
+    keep = {v["path"] for v in plan["volumes"]}  # each volume is as its mount says
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         mount_point = line.split()[4].replace("\\040", " ")
         if mount_point in keep or mount_point.startswith(("/proc", "/sys", "/dev")):
@@ -148,10 +186,12 @@ async def _main(plan: dict[str, Any]) -> int:
         extra_groups=plan["groups"],
         preexec_fn=_die_with_parent,
     )
+    syncing = asyncio.create_task(_sync_volumes(plan, f"{via}/{plan['name']}.volumes.json"))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, child.send_signal, sig)
     code = await child.wait()
+    syncing.cancel()
     for server in servers:
         server.close()
     return code if code >= 0 else 128 - code
