@@ -425,11 +425,13 @@ class Kubelet:
         gid = int(security.get("runAsGroup", 0))
         fs_group = (spec.get("securityContext") or {}).get("fsGroup")
         env = self.environment(pod, container)
-        command = container.get("command") or self.image.entrypoint
-        args = container.get("args") if container.get("command") or "args" in container else None
-        argv = [
-            _expand(a, env) for a in [*command, *(args if args is not None else self.image.cmd)]
-        ]
+        # `command` replaces the image's ENTRYPOINT and drops its CMD; `args` alone replace CMD.
+        if container.get("command"):
+            raw = [*container["command"], *(container.get("args") or [])]
+        else:
+            cmd = container["args"] if "args" in container else self.image.cmd
+            raw = [*self.image.entrypoint, *cmd]
+        argv = [_expand(a, env) for a in raw]
         program = shutil.which(argv[0], path=env.get("PATH"))
         if program is None:
             raise KubeletError(f'exec: "{argv[0]}": executable file not found in $PATH')

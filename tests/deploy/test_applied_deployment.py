@@ -424,7 +424,10 @@ def test_alert_quarantine_replacement(applied: Applied) -> None:
         rules = [
             r
             for r in _managed_rules(applied)
-            if r["spec"]["deviceSelector"]["device"] == device.split("/")[-1]
+            if "/".join(
+                r["spec"]["deviceSelector"].get(k, "") for k in ("driver", "pool", "device")
+            )
+            == device
         ]
         return rules[0] if rules else None
 
