@@ -12,6 +12,8 @@ and the in-cluster variables (KUBERNETES_SERVICE_HOST/PORT, as the `kubernetes` 
 Service DNS names and ClusterIPs, its user, group and read-only root. No setting is added.
 
 Cases:
+- `kubectl diff -k deploy/ --server-side` finds nothing to change; the runbooks ConfigMap holds
+  runbooks/*.yaml byte for byte;
 - both pods start; every httpGet probe (startup, readiness, liveness) answers 200 at its path
   and port on the running process; the worker polls Temporal and records the cluster name;
 - an Alertmanager notification, sent as deploy/alertmanager.yaml configures it (to the
@@ -129,9 +131,9 @@ class Applied:
 def _kubectl(path: str, kubeconfig: Path, home: Path) -> Callable[..., Any]:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "KUBECONFIG": str(kubeconfig)}
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
+    def run(*args: str, ok_codes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
         done = subprocess.run([path, *args], capture_output=True, text=True, env=env, timeout=120)
-        assert done.returncode == 0, f"kubectl {' '.join(args)}:\n{done.stderr}{done.stdout}"
+        assert done.returncode in ok_codes, f"kubectl {' '.join(args)}:\n{done.stderr}{done.stdout}"
         return done
 
     return run
@@ -266,6 +268,17 @@ def applied(
         yield Applied(
             twin, api, kubectl, pods, temporal, config["data"]["SICKBAY_TEMPORAL_NAMESPACE"]
         )
+
+
+def test_the_cluster_holds_what_deploy_says(applied: Applied) -> None:
+    """Server-side apply stored the files' content: `kubectl diff --server-side` finds
+    nothing, and the runbooks the worker mounts are runbooks/*.yaml byte for byte."""
+    done = applied.kubectl("diff", "-k", str(DEPLOY), "--server-side", ok_codes=(0, 1))
+    assert done.returncode == 0, f"the applied objects differ from deploy/:\n{done.stdout}"
+    runbooks = applied.api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/sickbay-runbooks")
+    assert runbooks is not None
+    shipped = {p.name: p.read_bytes() for p in (DEPLOY.parent / "runbooks").glob("*.yaml")}
+    assert {k: v.encode() for k, v in runbooks["data"].items()} == shipped
 
 
 def _ready(applied: Applied) -> None:

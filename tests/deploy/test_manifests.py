@@ -16,6 +16,8 @@ Cases:
 - the runbooks ConfigMap `kubectl kustomize deploy/` builds is runbooks/*.yaml byte for byte
   (and parses to the same runbooks), from a copy under deploy/runbooks/ that is current
   (`make deploy-runbooks`); its runbooks validate and load with the runbook loader;
+- no Service link variable the kubelet would set (`<SERVICE>_PORT=tcp://...`) is a setting the
+  code reads, unless the pod turns them off (`enableServiceLinks: false`);
 - RBAC (deploy/rbac.yaml, when present): every bound ServiceAccount exists and the worker's
   ServiceAccount is bound to a role; the webhook's is bound to none;
 - NetworkPolicies (deploy/networkpolicy.yaml): everything in the namespace is denied both ways
