@@ -5,16 +5,15 @@ What a kubelet and container runtime give the container, and nothing else:
 - the command: the container's `command` else the image's ENTRYPOINT, then `args` else the
   image's CMD (the image is this checkout: Dockerfile ENTRYPOINT/CMD/ENV/WORKDIR, its
   /opt/sickbay venv being this checkout's .venv);
-- the environment: the image's ENV, then the Service links of the pod's namespace and the
-  `kubernetes` Service (KUBERNETES_SERVICE_HOST/PORT, ...) unless `enableServiceLinks: false`,
-  then `envFrom`, then `env` (values, ConfigMap/Secret keys, the downward API), plus HOSTNAME
-  and HOME;
-- volumes: ConfigMaps and Secrets (`items`, `defaultMode`, `optional`), emptyDirs
-  (`sizeLimit`), and, unless `automountServiceAccountToken` is false on the pod (or on its
-  ServiceAccount), the projected ServiceAccount volume at
-  /var/run/secrets/kubernetes.io/serviceaccount: a token minted through TokenRequest, the
-  cluster CA as ca.crt, the namespace; a volume kind it does not know fails the start (never
-  skipped);
+- the environment: the image's ENV, then Service links: the `kubernetes` Service's always
+  (KUBERNETES_SERVICE_HOST/PORT, ...), the pod namespace's Services' unless
+  `enableServiceLinks: false`; then `envFrom`, then `env` (values, `$(VAR)` references,
+  ConfigMap/Secret keys, the downward API), plus HOSTNAME and HOME;
+- volumes, as the Pod lists them: ConfigMaps and Secrets (`items`, `defaultMode`, `optional`;
+  kept current while the pod runs), emptyDirs (`sizeLimit`), projected volumes, among them the
+  ServiceAccount volume the API's admission added (kube-api-access-*, mounted at SA_DIR): a
+  token minted through TokenRequest, ca.crt from ConfigMap kube-root-ca.crt, the namespace;
+  a volume kind or source it does not know fails the start (never skipped);
 - the network: Service DNS names (<svc>.<ns>.svc.cluster.local, ...) resolve to ClusterIPs
   through /etc/hosts; a ClusterIP:port reaches the host process given as that Service's
   backend; container ports are reachable from the host (`Pod.port()`), for probes and for a

@@ -53,7 +53,7 @@ from contract.names import (
     device_workflow_id,
 )
 from tests.deploy.helpers import DEPLOY, kubectl_or_skip
-from tests.deploy.kubelet import Api, Backend, Kubelet, Pod
+from tests.deploy.kubelet import SA_DIR, Api, Backend, Kubelet, Pod
 
 T = TypeVar("T")
 NAMESPACE = "sickbay"
@@ -310,14 +310,20 @@ def test_pods_start_and_answer_their_probes(applied: Applied) -> None:
     # What the kubelet gave it, and nothing of this machine's: the in-cluster variables.
     assert worker.env["KUBERNETES_SERVICE_HOST"] == "10.96.0.1"
     assert worker.env["KUBERNETES_SERVICE_PORT"] == "443"
-    assert sorted(worker.files["/var/run/secrets/kubernetes.io/serviceaccount"]) == [
-        "ca.crt",
-        "namespace",
-        "token",
-    ]
-    assert (
-        "/var/run/secrets/kubernetes.io/serviceaccount" not in applied.pods["sickbay-webhook"].files
-    )
+    assert sorted(worker.files[SA_DIR]) == ["ca.crt", "namespace", "token"]
+    # The webhook runs without an API token (automountServiceAccountToken: false).
+    assert SA_DIR not in applied.pods["sickbay-webhook"].files
+    # Both run as the pod's user and groups (runAsUser, runAsGroup, fsGroup), never root.
+    import psutil
+
+    for pod in applied.pods.values():
+        (container,) = psutil.Process(pod.process.pid).children()
+        security = pod.spec["securityContext"]
+        assert container.uids().effective == security["runAsUser"] != 0
+        assert container.gids().effective == security["runAsGroup"]
+        status = Path(f"/proc/{container.pid}/status").read_text()
+        groups = next(ln for ln in status.splitlines() if ln.startswith("Groups:"))
+        assert str(security["fsGroup"]) in groups.split()[1:]
 
 
 def _workload(applied: Applied, namespace: str, app: str) -> tuple[dict[str, Any], str]:
