@@ -594,3 +594,21 @@ def test_service_links_cannot_set_settings(objects: list[dict[str, Any]]) -> Non
             continue
         clashes = sorted(n for n in names if n in known_env_names())
         assert not clashes, f"{name}: the kubelet would set {clashes} from Service links"
+
+
+def test_a_stale_runbook_copy_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make deploy-runbooks --check` names a copy that differs by one byte, a missing one and
+    one that runbooks/ no longer has; after a rewrite nothing is stale."""
+    from harness import deploy_runbooks
+
+    monkeypatch.setattr(deploy_runbooks, "TARGET", tmp_path)
+    deploy_runbooks.write()
+    assert deploy_runbooks.stale() == []
+    first = sorted(tmp_path.glob("*.yaml"))[0]
+    first.write_bytes(first.read_bytes() + b" ")
+    (tmp_path / "default.yaml").unlink()
+    (tmp_path / "retired.yaml").write_text("kind: Runbook\n")
+    assert deploy_runbooks.stale() == sorted({first.name, "default.yaml", "retired.yaml"})
+    assert deploy_runbooks.main(["--check"]) == 1
+    deploy_runbooks.write()
+    assert deploy_runbooks.stale() == [] and deploy_runbooks.main(["--check"]) == 0
