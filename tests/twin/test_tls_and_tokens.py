@@ -11,6 +11,7 @@ Cases:
   recorded 403 shape, then allowed once bound); `bearer` in lower case (the Python client's
   in-cluster configuration) authenticates like `Bearer`; an unknown token and a token whose
   account was deleted get the recorded 401; the account cannot impersonate (403);
+- the ServiceAccount volume of a pod follows its account's automountServiceAccountToken;
 - ConfigMap kube-root-ca.crt (key ca.crt, the CA) in existing and new namespaces, put back
   after a deletion;
 - NetworkPolicy: networking.k8s.io in the group list (recorded order), server-side apply of
@@ -237,3 +238,38 @@ def test_network_policies_apply_server_side(secure: tuple[Twin, str, Path]) -> N
             got = http.get(url).json()
             assert got["spec"] == doc["spec"]
             assert got["metadata"]["managedFields"][0]["operation"] == "Apply"
+
+
+def test_service_account_volume_follows_the_account(secure: tuple[Twin, str, Path]) -> None:
+    """The ServiceAccount admission plugin: a pod of an account with
+    `automountServiceAccountToken: false` gets no token volume unless the pod asks for it."""
+    twin, admin, ca = secure
+
+    def pod(name: str, **spec: Any) -> dict[str, Any]:
+        body = {
+            "metadata": {"name": name},
+            "spec": {
+                "serviceAccountName": "quiet",
+                "containers": [{"name": "c", "image": "registry.invalid/c:1"}],
+                **spec,
+            },
+        }
+        with _client(twin, ca, admin) as http:
+            created = http.post("/api/v1/namespaces/quiet/pods", json=body)
+        assert created.status_code == 201, created.text
+        return dict(created.json())
+
+    def token_volumes(p: dict[str, Any]) -> list[str]:
+        return [v["name"] for v in p["spec"].get("volumes") or [] if "projected" in v]
+
+    with _client(twin, ca, admin) as http:
+        _account(http, "quiet", "quiet")
+        account = "/api/v1/namespaces/quiet/serviceaccounts/quiet"
+        http.patch(
+            account,
+            json={"automountServiceAccountToken": False},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+    assert token_volumes(pod("silent")) == []
+    (asked,) = token_volumes(pod("asks", automountServiceAccountToken=True))
+    assert asked.startswith("kube-api-access-")
