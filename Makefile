@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # a time (files share session-scoped servers), keep the suite at a few minutes on 2 cores.
 PYTEST_ARGS ?= -n 4 --dist loadfile --tb=native --durations=15
 
-.PHONY: venv test lint typecheck demo up bench drills clean
+.PHONY: venv test lint typecheck demo up bench drills deploy-runbooks clean
 
 # The venv is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -45,6 +45,10 @@ bench: $(STAMP)
 
 drills: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow tests/drills
+
+# deploy/runbooks/ (what `kubectl apply -k deploy/` installs) from runbooks/, byte for byte.
+deploy-runbooks: $(STAMP)
+	$(BIN)/python -m harness.deploy_runbooks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build *.egg-info

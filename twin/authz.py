@@ -95,10 +95,37 @@ class Identity:
         return bool(self.extra.get("impersonated"))
 
 
-def authenticate(token: str | None, headers: Any) -> Identity:
-    """The requester (401 when the twin has a token and the request lacks it)."""
-    if token:
-        if headers.get("Authorization", "") != f"Bearer {token}":
+def bearer_token(header: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, read as the API server's
+    bearer-token authenticator reads it: surrounding space trimmed, the scheme in any case
+    (the official Python client's in-cluster configuration sends `bearer`)."""
+    parts = header.strip().split(" ", 2)
+    if len(parts) < 2 or parts[0].lower() != "bearer" or not parts[1]:
+        return None
+    return parts[1]
+
+
+def service_account(namespace: str, name: str, uid: str = "") -> Identity:
+    """A ServiceAccount's identity, as the API server's token authenticator makes it."""
+    return Identity(
+        f"system:serviceaccount:{namespace}:{name}",
+        ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", AUTHENTICATED),
+        uid,
+    )
+
+
+def authenticate(token: str | None, headers: Any, bound: Any = None) -> Identity:
+    """The requester (401 when the twin has a token and the request lacks it).
+
+    `bound(token) -> Identity | None` recognises ServiceAccount tokens the twin minted
+    (TokenRequest): such a token is that account, with exactly what RBAC grants it, whether
+    or not the twin has an admin token."""
+    bearer = bearer_token(headers.get("Authorization", ""))
+    account = bound(bearer) if bound is not None and bearer else None
+    if account is not None:
+        me = account
+    elif token:
+        if bearer != token:
             raise errors.ApiError(401, "Unauthorized", "Unauthorized")
         me = Identity(ADMIN, (MASTERS, AUTHENTICATED))
     else:
@@ -113,6 +140,14 @@ def authenticate(token: str | None, headers: Any) -> Identity:
                 "Internal error occurred: requested impersonation of groups without a user",
             )
         return me
+    if account is not None:  # no ServiceAccount is granted `impersonate`
+        raise errors.ApiError(
+            403,
+            "Forbidden",
+            f'users "{user}" is forbidden: User "{account.user}" cannot impersonate resource '
+            '"users" in API group "" at the cluster scope',
+            {"kind": "users", "name": user},
+        )
     return impersonate(user, list(groups or []), headers.get("Impersonate-Uid", ""))
 
 

@@ -122,6 +122,7 @@ class Profile:
             "authentication.k8s.io",
             "authorization.k8s.io",
             "batch",
+            "networking.k8s.io",
             "policy",
             "rbac.authorization.k8s.io",
             "coordination.k8s.io",
@@ -256,7 +257,7 @@ _BY_KEY = {rt.key: rt for rt in CATALOGUE}
 
 
 def _sub_verbs(sub: str) -> list[str]:
-    if sub in ("eviction", "binding"):
+    if sub in ("eviction", "binding", "token"):
         return ["create"]
     if sub == "log":
         return ["get"]
@@ -268,6 +269,8 @@ def _sub_kind(rt: ResourceType, sub: str) -> dict[str, str]:
         return {"group": "policy", "kind": "Eviction", "version": "v1"}
     if sub == "binding":
         return {"group": "", "kind": "Binding", "version": ""}
+    if sub == "token":
+        return {"group": "authentication.k8s.io", "kind": "TokenRequest", "version": "v1"}
     if sub == "scale":
         return {"group": "autoscaling", "kind": "Scale", "version": "v1"}
     return {"group": "", "kind": rt.kind, "version": ""}
@@ -285,6 +288,8 @@ def _subresource(rt: ResourceType, sub: str) -> dict[str, Any]:
         entry.update(group="policy", version="v1", kind="Eviction")
     elif sub == "binding":
         entry["kind"] = "Binding"
+    elif sub == "token":
+        entry.update(group="authentication.k8s.io", version="v1", kind="TokenRequest")
     elif sub == "scale":
         entry.update(group="autoscaling", version="v1", kind="Scale")
     return entry

@@ -324,6 +324,23 @@ SCHEMAS: dict[str, dict[int, F]] = {
     ),
     "SelfSubjectRulesReviewSpec": _msg(f1=("namespace", "string")),
     "SelfSubjectReview": _msg(f1=("metadata", "msg:ObjectMeta"), f2=("status", "skip")),
+    # authentication.k8s.io/v1 (`kubectl create token`)
+    "TokenRequest": _msg(
+        f1=("metadata", "msg:ObjectMeta"),
+        f2=("spec", "msg:TokenRequestSpec"),
+        f3=("status", "skip"),
+    ),
+    "TokenRequestSpec": _msg(
+        f1=("audiences", "strings"),
+        f3=("boundObjectRef", "msg:BoundObjectReference"),
+        f4=("expirationSeconds", "int", True),
+    ),
+    "BoundObjectReference": _msg(
+        f1=("kind", "string"),
+        f2=("apiVersion", "string"),
+        f3=("name", "string"),
+        f4=("uid", "string"),
+    ),
 }
 
 # (apiVersion, kind) of the top-level objects the twin decodes.
@@ -345,6 +362,7 @@ KINDS = {
     ("authorization.k8s.io/v1", "SelfSubjectAccessReview"),
     ("authorization.k8s.io/v1", "SelfSubjectRulesReview"),
     ("authentication.k8s.io/v1", "SelfSubjectReview"),
+    ("authentication.k8s.io/v1", "TokenRequest"),
 }
 
 

@@ -16,6 +16,10 @@ twin/clock.py provides a time-scaled one; pass it as `Twin(clock=...)`).
 asyncio task). `stop()` is called in reverse order on shutdown.
 
 A built-in disruption controller keeps PodDisruptionBudget status current (twin/disruption.py).
+Served with TLS (`Twin(tls=twin.tls.throwaway_pki(...))`: https, the CA in the kubeconfig), it
+also publishes ConfigMap kube-root-ca.crt in every namespace (twin/rootca.py). ServiceAccount
+tokens minted through TokenRequest (`kubectl create token`, the projected token of a pod)
+authenticate as their account, with what RBAC grants it (twin/authz.py).
 
 Extension points for fault injection and extra HTTP routes (no need to touch the server):
 - `twin.add_request_interceptor(fn)`: fn(twin.server.RequestInfo) returns None (proceed),
@@ -57,12 +61,18 @@ class Twin:
         host: str = "127.0.0.1",
         port: int = 0,
         history: int = 20_000,
+        tls: Any = None,
     ) -> None:
         from twin.validation import Admission
 
         self.profile = Profile.make(profile, device_taint_rules)
         self.clock: Any = clock or SystemClock()
         self.token = token
+        # twin.tls.Pki: serve https with its certificate (None: plain http, as before).
+        self.tls = tls
+        # ServiceAccount tokens minted through TokenRequest (serviceaccounts/<name>/token):
+        # token -> (namespace, name, uid of the account it was minted for).
+        self.service_account_tokens: dict[str, tuple[str, str, str]] = {}
         self.host = host
         self.port = port
         self.store = Store(
@@ -137,9 +147,14 @@ class Twin:
         self.server = ApiServer(self, self.host, self.port)
         self.server.start()
         self.port = self.server.port
-        builtin = DisruptionController()
-        builtin.start(self)
-        self._started.append(builtin)
+        builtins: list[Any] = [DisruptionController()]
+        if self.tls is not None:
+            from twin.rootca import RootCaPublisher
+
+            builtins.append(RootCaPublisher(self.tls.ca_pem))
+        for builtin in builtins:
+            builtin.start(self)
+            self._started.append(builtin)
         for c in list(self._controllers):
             c.start(self)
             self._started.append(c)
@@ -167,7 +182,32 @@ class Twin:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
+
+    def mint_token(self, namespace: str, name: str) -> str:
+        """A bearer token for ServiceAccount namespace/name (what TokenRequest answers): the
+        API authenticates it as system:serviceaccount:<namespace>:<name> for as long as that
+        account (the same uid) exists, and RBAC decides the rest."""
+        import secrets
+
+        account = self.store.get("serviceaccounts", name, namespace)
+        token = secrets.token_urlsafe(32)
+        self.service_account_tokens[token] = (namespace, name, account["metadata"]["uid"])
+        return token
+
+    def token_identity(self, token: str) -> Any:
+        """The ServiceAccount identity of a minted token, or None (unknown, account gone)."""
+        from twin import authz
+
+        bound = self.service_account_tokens.get(token)
+        if bound is None:
+            return None
+        namespace, name, uid = bound
+        account = self.store.try_get("serviceaccounts", name, namespace)
+        if account is None or account["metadata"].get("uid") != uid:
+            return None
+        return authz.service_account(namespace, name, uid)
 
     @property
     def requests(self) -> Any:
@@ -179,10 +219,15 @@ class Twin:
         tok = token if token is not None else self.token
         if tok:
             user["token"] = tok
+        cluster: dict[str, Any] = {"server": self.url}
+        if self.tls is not None:
+            import base64
+
+            cluster["certificate-authority-data"] = base64.b64encode(self.tls.ca_pem).decode()
         return {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "sickbay-twin", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "sickbay-twin", "cluster": cluster}],
             "users": [{"name": "sickbay-twin", "user": user}],
             "contexts": [
                 {

@@ -32,10 +32,12 @@ import json
 import logging
 import operator
 import socket
+import ssl
 import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -261,7 +263,7 @@ class _Server(ThreadingHTTPServer):
         import sys
 
         exc = sys.exc_info()[1]
-        if isinstance(exc, ConnectionError | TimeoutError):
+        if isinstance(exc, ConnectionError | TimeoutError | ssl.SSLError):
             log.debug("connection from %s dropped: %s", client_address, exc)
             return
         log.exception("error serving %s", client_address)
@@ -288,6 +290,12 @@ class ApiServer:
             raise OSError(
                 exc.errno, f"the Kubernetes API cannot listen on {host}:{port}: {exc.strerror}"
             ) from exc
+        if twin.tls is not None:
+            # The handshake runs on the connection's own thread (setup), never on the
+            # accepting loop: one slow or broken client does not stall the others.
+            self.httpd.socket = twin.tls.server_context().wrap_socket(
+                self.httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
         self.httpd.daemon_threads = True
         self.httpd.request_queue_size = 256
         self.port = self.httpd.server_address[1]
@@ -363,6 +371,10 @@ class _Handler(BaseHTTPRequestHandler):
     api: ApiServer
 
     def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(30.0)  # a client that never finishes its handshake
+            self.request.do_handshake()
+            self.request.settimeout(None)
         super().setup()
         # Headers and body go out in separate writes: without TCP_NODELAY, Nagle plus the
         # client's delayed ACK would add ~40 ms to every keep-alive request.
@@ -500,7 +512,9 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in path.split("/") if p]
         if parts and parts[0] == "twin":
             return self._twin_endpoint(method, parts[1:])
-        self._who = authz.authenticate(self.api.twin.token, self.headers)
+        self._who = authz.authenticate(
+            self.api.twin.token, self.headers, self.api.twin.token_identity
+        )
         profile = self.api.profile
         if method == "GET":
             if path in ("/healthz", "/livez", "/readyz"):
@@ -1058,6 +1072,8 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             if tgt.sub == "binding":
                 return self._bind(tgt, body)
+            if tgt.sub == "token":
+                return self._token_request(tgt, body)
             raise errors.method_not_allowed(
                 "the server does not allow this method on the requested resource"
             )
@@ -1067,6 +1083,50 @@ class _Handler(BaseHTTPRequestHandler):
             tgt.rt, obj, tgt.namespace, dry_run=self._dry_run(), manager=self._manager()
         )
         self._send_json(201, self._present(tgt, created))
+
+    def _token_request(self, tgt: Target, body: bytes) -> None:
+        """TokenRequest (`kubectl create token`, the kubelet's projected token): a bearer
+        token for the ServiceAccount, answered with the request's spec, defaults filled in."""
+        assert tgt.name is not None and tgt.namespace is not None
+        data = self._decode(tgt, body)
+        spec = dict((data or {}).get("spec") or {}) if isinstance(data, dict) else {}
+        # The API server's defaults: one hour, its own audience.
+        seconds = int(spec.get("expirationSeconds") or 3600)
+        if seconds < 600:
+            raise errors.invalid(
+                "TokenRequest",
+                tgt.name,
+                [
+                    errors.cause(
+                        "spec.expirationSeconds",
+                        "FieldValueInvalid",
+                        f"Invalid value: {seconds}: may not specify a duration less than 10 minutes",
+                    )
+                ],
+            )
+        spec["expirationSeconds"] = seconds
+        spec.setdefault("audiences", ["https://kubernetes.default.svc.cluster.local"])
+        spec.setdefault("boundObjectRef", None)
+        token = self.api.twin.mint_token(tgt.namespace, tgt.name)  # 404 when there is none
+        now = self.api.store.clock.now()
+        expires = now + timedelta(seconds=seconds)
+        self._send_json(
+            201,
+            {
+                "kind": "TokenRequest",
+                "apiVersion": "authentication.k8s.io/v1",
+                "metadata": {
+                    "name": tgt.name,
+                    "namespace": tgt.namespace,
+                    "creationTimestamp": None,
+                },
+                "spec": spec,
+                "status": {
+                    "token": token,
+                    "expirationTimestamp": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                },
+            },
+        )
 
     def _bind(self, tgt: Target, body: bytes) -> None:
         data = self._decode(tgt, body)

@@ -405,6 +405,9 @@ class Store:
     ) -> None:
         self.clock: Clock = clock or SystemClock()
         self.admission = admission
+        if admission is not None and hasattr(admission, "accounts"):
+            # The ServiceAccount admission plugin reads the pod's account.
+            admission.accounts = lambda ns, name: self.try_get("serviceaccounts", name, ns)
         self._lock = threading.RLock()
         self._rv = 1
         self._buckets: dict[str, _Bucket] = {}

@@ -133,9 +133,13 @@ SA_MOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 _SUFFIX = "bcdfghjklmnpqrstvwxz2456789"
 
 
-def _inject_service_account_volume(spec: dict[str, Any]) -> None:
-    """The ServiceAccount admission plugin's projected token volume (kube-api-access-xxxxx)."""
-    if spec.get("automountServiceAccountToken") is False:
+def _inject_service_account_volume(spec: dict[str, Any], account: dict[str, Any] | None) -> None:
+    """The ServiceAccount admission plugin's projected token volume (kube-api-access-xxxxx):
+    not when the pod, or (the pod saying nothing) its ServiceAccount, turns automount off."""
+    automount = spec.get("automountServiceAccountToken")
+    if automount is None and account is not None:
+        automount = account.get("automountServiceAccountToken")
+    if automount is False:
         return
     containers = [
         c
@@ -189,12 +193,16 @@ def _inject_service_account_volume(spec: dict[str, Any]) -> None:
             mounts.append({"name": name, "mountPath": SA_MOUNT_PATH, "readOnly": True})
 
 
-def _default_pod(pod: dict[str, Any]) -> None:
+def _default_pod(pod: dict[str, Any], accounts: Any = None) -> None:
     spec = pod.setdefault("spec", {})
     if not isinstance(spec, dict):
         return
     default_pod_spec(spec)
-    _inject_service_account_volume(spec)
+    account = None
+    namespace = (pod.get("metadata") or {}).get("namespace")
+    if accounts is not None and namespace:
+        account = accounts(namespace, spec.get("serviceAccountName") or "default")
+    _inject_service_account_volume(spec, account)
     spec.setdefault("enableServiceLinks", True)
     spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
     spec.setdefault("priority", 0)
@@ -745,6 +753,8 @@ def _drop_omitted_zero_values(rt: ResourceType, obj: dict[str, Any]) -> None:
 class Admission:
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
+        # (namespace, name) -> the ServiceAccount or None; set by the store it admits for.
+        self.accounts: Any = None
 
     def admit(
         self,
@@ -785,7 +795,7 @@ class Admission:
         key = rt.storage
         spec = obj.get("spec")
         if key == "pods":
-            _default_pod(obj)
+            _default_pod(obj, self.accounts)
         elif key == "namespaces":
             obj.setdefault("spec", {"finalizers": ["kubernetes"]})
             obj.setdefault("status", {"phase": "Active"})

@@ -7,8 +7,10 @@ a rollout. Everything reads files from the checkout; nothing needs Docker or a c
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
+import shutil
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -166,3 +168,14 @@ def service_argv(service: dict[str, Any]) -> list[str]:
     _, found, rest = script.partition("exec sickbay ")
     assert found, f"the shell script does not `exec sickbay ...`: {script}"
     return shlex.split(rest)
+
+
+def kubectl_or_skip() -> str:
+    """kubectl's path; without it the test skips (fails with SICKBAY_REQUIRE_KUBECTL=1)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        reason = "kubectl is not installed: apt-get install kubectl (the YAML checks ran)"
+        if os.environ.get("SICKBAY_REQUIRE_KUBECTL", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"SICKBAY_REQUIRE_KUBECTL is set but {reason}")
+        pytest.skip(reason)
+    return kubectl

@@ -12,8 +12,12 @@ Cases:
 - hardening: non-root, read-only root filesystem, no privilege escalation, all capabilities
   dropped, RuntimeDefault seccomp, memory requests and limits, probes; worker probes on the
   metrics port the ConfigMap configures; the webhook has no API token;
-- the ConfigMap's SICKBAY_* keys are read by the code; its runbooks validate against the
-  Runbook schema (and load with the runbook loader); container args are `sickbay` commands;
+- the ConfigMap's SICKBAY_* keys are read by the code; container args are `sickbay` commands;
+- the runbooks ConfigMap `kubectl kustomize deploy/` builds is runbooks/*.yaml byte for byte
+  (and parses to the same runbooks), from a copy under deploy/runbooks/ that is current
+  (`make deploy-runbooks`); its runbooks validate and load with the runbook loader;
+- no Service link variable the kubelet would set (`<SERVICE>_PORT=tcp://...`) is a setting the
+  code reads, unless the pod turns them off (`enableServiceLinks: false`);
 - RBAC (deploy/rbac.yaml, when present): every bound ServiceAccount exists and the worker's
   ServiceAccount is bound to a role; the webhook's is bound to none;
 - NetworkPolicies (deploy/networkpolicy.yaml): everything in the namespace is denied both ways
@@ -25,8 +29,6 @@ Cases:
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ from tests.deploy.helpers import (
     assert_known_env,
     command_args,
     is_kubernetes_object,
+    kubectl_or_skip,
     manifest_files,
 )
 
@@ -113,6 +116,10 @@ def test_kustomization_lists_exactly_the_manifests() -> None:
         for generator in kustomization.get("configMapGenerator", [])
         for file in generator.get("files", [])
     ]
+    # A directory entry is a kustomization of its own (runbooks/: the generated runbooks).
+    bases = [r for r in listed if (DEPLOY / r / "kustomization.yaml").is_file()]
+    assert bases == ["runbooks"], f"unexpected kustomization directories: {bases}"
+    listed = [r for r in listed if r not in bases]
     missing = [r for r in listed + generated if not (DEPLOY / r).is_file()]
     assert not missing, f"kustomization.yaml lists files that do not exist: {missing}"
     objects_files = {p.name for p in manifest_files()} - _non_kubernetes_files()
@@ -234,9 +241,9 @@ def _secret_refs(pod: dict[str, Any]) -> list[tuple[str, bool]]:
     return refs
 
 
-def test_referenced_configmaps_exist(objects: list[dict[str, Any]]) -> None:
-    configmaps = _by_kind(objects, "ConfigMap")
-    for name, deployment in _deployments(objects).items():
+def test_referenced_configmaps_exist(built: list[dict[str, Any]]) -> None:
+    configmaps = _by_kind(built, "ConfigMap")
+    for name, deployment in _deployments(built).items():
         for ref, keys in _configmap_refs(_pod_spec(deployment)):
             if ref == CLUSTER_CONFIGMAP:  # the worker writes it (test below)
                 continue
@@ -338,11 +345,52 @@ def test_config_keys_are_read_by_the_code(objects: list[dict[str, Any]]) -> None
             assert_known_env({e["name"] for e in container.get("env", [])}, f"Deployment {name}")
 
 
-def test_runbooks_configmap_validates(objects: list[dict[str, Any]], tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def built() -> list[dict[str, Any]]:
+    """What `kubectl apply -k deploy/` sends: the objects `kubectl kustomize deploy/` builds."""
+    import subprocess
+
+    done = subprocess.run(
+        [kubectl_or_skip(), "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def _shipped_runbooks() -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((ROOT / "runbooks").glob("*.yaml"))}
+
+
+def test_deployed_runbooks_are_the_tested_runbooks(built: list[dict[str, Any]]) -> None:
+    """One source of truth: the runbooks ConfigMap that `kubectl apply -k deploy/` installs
+    holds runbooks/*.yaml (what the demo and the tests load) byte for byte, and so parses to
+    the same runbooks, repair, validation and lemons blocks included."""
+    from activities.runbooks import load_text
+
+    (configmap,) = [
+        o for o in built if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "sickbay-runbooks"
+    ]
+    assert configmap["metadata"]["namespace"] == "sickbay"
+    data = configmap["data"]
+    shipped = _shipped_runbooks()
+    assert sorted(data) == sorted(shipped), "the ConfigMap's keys are not runbooks/*.yaml"
+    for key, source in shipped.items():
+        deployed = data[key].encode()
+        (tested,) = load_text(source.decode(), f"runbooks/{key}")
+        (installed,) = load_text(data[key], f"ConfigMap sickbay-runbooks key {key}")
+        assert installed.model_dump() == tested.model_dump(), f"{key}: parsed content differs"
+        assert deployed == source, f"{key}: the deployed bytes differ from runbooks/{key}"
+    # The generated copy under deploy/ is current (`make deploy-runbooks` rewrites it).
+    from harness.deploy_runbooks import stale
+
+    assert not stale(), f"deploy/runbooks/ is stale in {stale()}: run `make deploy-runbooks`"
+
+
+def test_runbooks_configmap_validates(built: list[dict[str, Any]], tmp_path: Path) -> None:
     # The runbook loader, not yaml.safe_load: YAML 1.1 reads the key `on:` as True.
     from activities.runbooks import load_dir, load_text
 
-    data = _by_kind(objects, "ConfigMap")["sickbay-runbooks"]["data"]
+    data = _by_kind(built, "ConfigMap")["sickbay-runbooks"]["data"]
     assert "default.yaml" in data, "the default runbook catches every unmatched workload"
     for key, text in data.items():
         (runbook,) = load_text(text, f"ConfigMap sickbay-runbooks key {key}")
@@ -391,12 +439,7 @@ def test_rbac_binds_the_worker_only(objects: list[dict[str, Any]]) -> None:
 
 def test_kubectl_dry_run_when_available() -> None:
     """With kubectl on PATH, `kubectl kustomize deploy/` must build (no cluster needed)."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        reason = "kubectl is not installed: apt-get install kubectl (the YAML checks above ran)"
-        if os.environ.get("SICKBAY_REQUIRE_KUBECTL", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"SICKBAY_REQUIRE_KUBECTL is set but {reason}")
-        pytest.skip(reason)
+    kubectl = kubectl_or_skip()
     import subprocess
 
     done = subprocess.run(
@@ -531,3 +574,41 @@ def test_network_policies_let_out_dns_temporal_and_https(objects: list[dict[str,
         else:
             assert ("TCP", 443) not in by_port, "the webhook talks to Temporal only"
     assert config["SICKBAY_METRICS_HOST"] == "0.0.0.0", "probes and Prometheus need the pod IP"
+
+
+def test_service_links_cannot_set_settings(objects: list[dict[str, Any]]) -> None:
+    """The kubelet sets Docker-link variables (<SERVICE>_PORT=tcp://ip:port, ...) for every
+    Service of the pod's namespace unless the pod says `enableServiceLinks: false`; Service
+    `sickbay-webhook` yields SICKBAY_WEBHOOK_PORT, a setting: such a name must never reach a
+    Sickbay process."""
+    from tests.deploy.helpers import known_env_names
+    from tests.deploy.kubelet import service_link_env
+
+    services = [
+        {**s, "spec": {"clusterIP": "10.96.0.10", **s["spec"]}}
+        for s in _by_kind(objects, "Service").values()
+    ]
+    names = set(service_link_env(services))
+    for name, deployment in _deployments(objects).items():
+        if _pod_spec(deployment).get("enableServiceLinks", True) is False:
+            continue
+        clashes = sorted(n for n in names if n in known_env_names())
+        assert not clashes, f"{name}: the kubelet would set {clashes} from Service links"
+
+
+def test_a_stale_runbook_copy_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make deploy-runbooks --check` names a copy that differs by one byte, a missing one and
+    one that runbooks/ no longer has; after a rewrite nothing is stale."""
+    from harness import deploy_runbooks
+
+    monkeypatch.setattr(deploy_runbooks, "TARGET", tmp_path)
+    deploy_runbooks.write()
+    assert deploy_runbooks.stale() == []
+    first = sorted(tmp_path.glob("*.yaml"))[0]
+    first.write_bytes(first.read_bytes() + b" ")
+    (tmp_path / "default.yaml").unlink()
+    (tmp_path / "retired.yaml").write_text("kind: Runbook\n")
+    assert deploy_runbooks.stale() == sorted({first.name, "default.yaml", "retired.yaml"})
+    assert deploy_runbooks.main(["--check"]) == 1
+    deploy_runbooks.write()
+    assert deploy_runbooks.stale() == [] and deploy_runbooks.main(["--check"]) == 0

@@ -3,7 +3,8 @@
 Cases: `auth can-i` (SelfSubjectAccessReview; `--list` via SelfSubjectRulesReview; `--as` a
 service account answered from deploy/rbac.yaml's role), `auth whoami` (SelfSubjectReview),
 `describe node` (its Lease, real heartbeats), `get leases`, `logs` of a Deployment's pod,
-`cluster-info` and the `kubernetes` Service.
+`cluster-info` and the `kubernetes` Service, `create token` (TokenRequest; the token is its
+service account).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from tests.kubectl.conftest import Kubectl
 from tests.kubectl.test_kubectl import WAIT, header, row
+from twin.runtime import Twin
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -90,3 +92,27 @@ def test_logs_cluster_info_and_services(kubectl: Kubectl, ns: str) -> None:
     svc = kubectl("get", "services", "-n", "default").stdout
     assert header(svc) == ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE"]
     assert row(svc, "kubernetes")[1:5] == ["ClusterIP", "10.96.0.1", "<none>", "443/TCP"]
+
+
+def test_create_token_mints_a_service_account_token(kubectl: Kubectl, twin: Twin, ns: str) -> None:
+    """`kubectl create token` (a protobuf TokenRequest): the token authenticates as the
+    account, which gets what RBAC grants it and nothing else."""
+    import httpx
+
+    kubectl("create", "serviceaccount", "minted", "-n", ns)
+    token = kubectl("create", "token", "minted", "-n", ns, "--duration=20m").stdout.strip()
+    assert token
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=twin.url, headers=headers, timeout=10) as http:
+        review = http.post(
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+        )
+        assert review.json()["status"]["userInfo"]["username"] == (
+            f"system:serviceaccount:{ns}:minted"
+        )
+        assert http.get(f"/api/v1/namespaces/{ns}/pods").status_code == 403
+    short = kubectl("create", "token", "minted", "-n", ns, "--duration=1m", ok=False)
+    assert (
+        short.returncode == 1 and "may not specify a duration less than 10 minutes" in short.stderr
+    )
