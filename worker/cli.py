@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 import harness.demo
 import twin.cli
 import worker.commands
@@ -49,7 +51,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
-    return int(func(args) or 0)
+    try:
+        return int(func(args) or 0)
+    except ValidationError as exc:
+        if exc.title != "Settings":
+            raise
+        # A bad SICKBAY_* setting: one line naming it, not a traceback.
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        print(f"sickbay: invalid settings: {problems}", file=sys.stderr)
+        return 2
 
 
 def entrypoint() -> None:

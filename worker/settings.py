@@ -312,6 +312,11 @@ class Settings(BaseSettings):
     # The webhook (no Kubernetes API access): a file holding the recorded name (the
     # ConfigMap's `name` key, mounted by deploy/webhook.yaml). Until it exists: 503.
     cluster_file: Path | None = None
+    # TLS to Temporal (worker/temporal.py `tls_config`): a client certificate and its key
+    # (mTLS, Temporal Cloud) always as a pair; a CA alone is server-side TLS to a self-hosted
+    # Temporal whose certificate that CA signed; SICKBAY_TEMPORAL_TLS=true alone is TLS with
+    # the system's trusted roots. None of them (and no API key): plaintext.
+    temporal_tls: bool = False
     temporal_tls_cert: Path | None = None  # client certificate (mTLS, Temporal Cloud)
     temporal_tls_key: Path | None = None
     temporal_tls_ca: Path | None = None
@@ -401,6 +406,22 @@ class Settings(BaseSettings):
         # Computed once, here, so every process (worker, webhook, CLI) of one cluster uses the
         # same queue and no two clusters share one.
         self.task_queue = cluster_task_queue(self.task_queue, self.cluster)
+        return self
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        # A certificate without its key (or the reverse) must not fall back to plaintext.
+        if (self.temporal_tls_cert is None) != (self.temporal_tls_key is None):
+            given, absent = (
+                ("SICKBAY_TEMPORAL_TLS_CERT", "SICKBAY_TEMPORAL_TLS_KEY")
+                if self.temporal_tls_cert is not None
+                else ("SICKBAY_TEMPORAL_TLS_KEY", "SICKBAY_TEMPORAL_TLS_CERT")
+            )
+            raise ValueError(
+                f"{given} is set but {absent} is not: a Temporal client certificate needs its "
+                "key (set both SICKBAY_TEMPORAL_TLS_CERT and SICKBAY_TEMPORAL_TLS_KEY for mTLS, "
+                "or neither; SICKBAY_TEMPORAL_TLS_CA alone is server-side TLS)"
+            )
         return self
 
     @property
