@@ -44,7 +44,13 @@ from typing import Any, TextIO
 from activities.kube.client import ErrorKind, Kube, KubeError, KubeSettings
 from activities.kube.devices import _device_class_for, list_slice_devices
 from activities.kube.discovery import ClusterApis, Discovery
-from activities.kube.permissions import PERMISSIONS, ROLE_FILES, Permission, needed
+from activities.kube.permissions import (
+    COMPONENTS,
+    PERMISSIONS,
+    Permission,
+    components_needed,
+    needed,
+)
 from activities.kube.pods import requests_gpu
 from activities.kube.quarantine import delete_rule, wait_rule_conditions
 from contract.names import LABEL_MANAGED_BY, MANAGED_BY_VALUE
@@ -236,19 +242,24 @@ class Doctor:
             )
             why = needed(perm, self.runbooks, served)
             has = None if granted is None else granted[perm]
-            own_file = ROLE_FILES[perm.role] if perm.role != "sickbay" else None
+            component = COMPONENTS.get(perm.role)
+            where = f"deploy/components/{component}" if component else "deploy/rbac.yaml"
             if why:
                 text = f"{name}: needed by {', '.join(why)}"
                 if has is False:
                     needed_missing = True
                     text += " but NOT granted"
                     fixes.append(
-                        f"apply {own_file}" if own_file else f"grant {name} (deploy/rbac.yaml)"
+                        f"add component {where} (kustomization.yaml components:)"
+                        if component
+                        else f"grant {name} ({where})"
                     )
             elif has is False:
                 text = f"{name}: not needed; not granted ({perm.role})"
             else:
-                drop = f"{own_file} can be dropped" if own_file else "its rule can be removed"
+                drop = (
+                    f"component {where} can be dropped" if component else "its rule can be removed"
+                )
                 text = f"{name}: not needed ({drop})"
             parts.append(text)
         self.add(
@@ -258,7 +269,14 @@ class Doctor:
             + ("served" if served else "not served")
             + ": "
             + "; ".join(parts),
-            "; ".join(fixes),
+            "; ".join(dict.fromkeys(fixes)),
+        )
+        wanted = components_needed(self.runbooks, served)
+        self.add(
+            "ok",
+            "components",
+            "these runbooks and this cluster need deploy/components: "
+            + (", ".join(wanted) if wanted else "none"),
         )
 
     def taint_api(self, apis: ClusterApis) -> None:
