@@ -394,6 +394,46 @@ def _start_health_watcher(
     return task
 
 
+UNCONFIGURED_GAUGE = "sickbay_unconfigured_integrations"
+
+
+def check_integrations(settings: Settings, kube_api: Any, runtime: Runtime | None = None) -> bool:
+    """Every channel and provider the runbooks name is configured (worker/integrations.py).
+    False: the worker must not start (each problem logged on one ERROR line naming the
+    runbook, the channel or provider and the setting to fix). With
+    SICKBAY_ALLOW_UNCONFIGURED_INTEGRATIONS it starts degraded: each problem at WARNING and
+    the count, per kind, in the gauge `sickbay_unconfigured_integrations` (0 when none)."""
+    from activities.runbooks import load_dir
+    from worker.integrations import load_and_check
+
+    problems = load_and_check(
+        load_dir(settings.runbooks_dir).runbooks, settings.channels_file, kube_api
+    )
+    meter = (runtime or Runtime.default()).metric_meter
+    gauge = meter.create_gauge(
+        UNCONFIGURED_GAUGE,
+        "Channels and providers runbooks name that this worker has not configured "
+        "(non-zero only when started degraded: SICKBAY_ALLOW_UNCONFIGURED_INTEGRATIONS)",
+    )
+    for kind in ("channel", "provider"):
+        gauge.set(sum(p.kind == kind for p in problems), {"kind": kind})
+    if not problems:
+        return True
+    if not settings.allow_unconfigured_integrations:
+        for problem in problems:
+            log.error(
+                "refusing to start: %s (or set SICKBAY_ALLOW_UNCONFIGURED_INTEGRATIONS=true to "
+                "start degraded)",
+                problem.line(),
+            )
+        return False
+    for problem in problems:
+        log.warning(
+            "starting DEGRADED (SICKBAY_ALLOW_UNCONFIGURED_INTEGRATIONS): %s", problem.line()
+        )
+    return True
+
+
 def metrics_runtime(port: int, host: str = "127.0.0.1") -> Runtime | None:
     """A Temporal runtime exporting SDK + workflow metrics for Prometheus on `host:port`."""
     if port <= 0:
@@ -444,6 +484,13 @@ async def run_worker(settings: Settings) -> int:
     except Exception as exc:  # any configuration problem: report, then stop
         log.error("cannot build the activities: %s: %s", type(exc).__name__, exc)
         return 5
+    # After build_activities: the runbooks are valid (file:line errors were said there).
+    if not check_integrations(settings, kube_activities.kube.api_client, runtime):
+        for close in built.closers:
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result
+        return 8
     for note in built.notes:
         log.warning("%s", note)
     if settings.cluster:

@@ -357,6 +357,11 @@ class Settings(BaseSettings):
 
     # Notification channels and cloud credentials: see activities/notify and activities/cloud
     channels_file: Path | None = None  # YAML: channel name -> type + secret reference
+    # A runbook that names a channel or provider this worker has not configured stops the
+    # worker at start-up (worker/integrations.py); true: it starts anyway, degraded, saying so
+    # at WARNING and in the gauge sickbay_unconfigured_integrations (escalations to those
+    # channels, scale-ups and node rungs through those providers then fail when they come).
+    allow_unconfigured_integrations: bool = False
 
     # The process parts (SUB_MODELS), each from its own flat SICKBAY_* variables.
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)

@@ -230,10 +230,13 @@ class Feature:
         if self.cluster_level:
             why = self.uses(Runbook.model_validate(_EMPTY), taint_rules_served)
             return [why] if why else []
+        by_why: dict[str, list[str]] = {}
+        for r in runbooks:
+            if why := self.uses(r, taint_rules_served):
+                by_why.setdefault(why, []).append(r.name)
         return [
-            f"runbook {r.name} ({why})"
-            for r in runbooks
-            if (why := self.uses(r, taint_rules_served))
+            f"runbook{'s' if len(names) > 1 else ''} {', '.join(names)} ({why})"
+            for why, names in by_why.items()
         ]
 
 

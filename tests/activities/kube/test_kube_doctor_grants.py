@@ -63,8 +63,12 @@ async def test_shipped_runbooks_need_their_components(tmp_path: Path) -> None:
     grants = line(out, "grants")
     assert grants.startswith("ok"), out
     assert "delete pods: needed by runbook inference (eviction.force: delete)" in out
-    assert "patch nodes: needed by runbook batch (replacement.onChurn: cordon)" in grants
-    assert "create,get,delete jobs.batch: needed by runbook batch (repair.enabled)" in grants
+    every = "batch, default, inference, long-session, maintenance, training"
+    assert f"patch nodes: needed by runbooks {every} (replacement.onChurn: cordon)" in grants
+    repairing = "batch, default, inference, long-session, training"
+    assert (
+        f"create,get,delete jobs.batch: needed by runbooks {repairing} (repair.enabled)" in grants
+    )
     components = line(out, "components")
     assert components.endswith("node-patch, force-delete, repair"), components
 
@@ -76,8 +80,8 @@ async def test_churn_cordon_without_node_patch_is_an_error(tmp_path: Path) -> No
     assert code == 1, out
     grants = line(out, "grants")
     assert grants.startswith("error"), out
-    assert "patch nodes: needed by runbook batch (replacement.onChurn: cordon)" in grants
-    assert "but NOT granted" in grants
+    assert "patch nodes: needed by runbooks batch, default" in grants
+    assert "(replacement.onChurn: cordon)" in grants and "but NOT granted" in grants
     assert "add component deploy/components/node-patch" in out
 
 
