@@ -47,13 +47,15 @@ ENV PATH=/opt/sickbay/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     SICKBAY_METRICS_PORT=9464 \
-    SICKBAY_HEALTHCHECK_URL=http://127.0.0.1:9464/metrics
+    SICKBAY_HEALTH_PORT=9465 \
+    SICKBAY_HEALTHCHECK_URL=http://127.0.0.1:9465/healthz
 USER 10001:10001
 WORKDIR /home/sickbay
-# 8080: webhook (POST /v1/alertmanager, GET /healthz); 9464: worker Prometheus metrics.
-EXPOSE 8080 9464
+# 8080: webhook (POST /v1/alertmanager, GET /healthz); 9464: worker Prometheus metrics;
+# 9465: the worker's GET /healthz (200 only while it polls Temporal, worker/health.py).
+EXPOSE 8080 9464 9465
 # One image, several roles: each role sets SICKBAY_HEALTHCHECK_URL to what it serves (the
-# worker's metrics by default, the webhook's /healthz in compose). Python's urllib, because
+# worker's /healthz by default, the webhook's /healthz in compose). Python's urllib, because
 # the slim base has no curl. 30 s interval / 5 s timeout: a worker busy with a burst of
 # activities still answers within 5 s; 3 misses (~90 s) before Docker calls it unhealthy.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \

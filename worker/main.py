@@ -394,6 +394,36 @@ def _start_health_watcher(
     return task
 
 
+def _start_health(
+    client: Client,
+    settings: Settings,
+    identity: str,
+    run: asyncio.Task[None],
+    stop: asyncio.Event,
+) -> tuple[asyncio.Task[None] | None, Any]:
+    """`GET /healthz` on SICKBAY_HEALTH_PORT: 200 only while this worker polls Temporal
+    (worker/health.py), and the task that checks it. Off when the port is 0."""
+    from worker import health
+
+    if settings.health_port <= 0:
+        return None, None
+    state = health.PollingHealth(settings.health_stale_seconds)
+    server = health.serve(state, settings.metrics_host, settings.health_port)
+    task = asyncio.create_task(
+        health.monitor(
+            client,
+            settings.task_queue,
+            identity,
+            lambda: not run.done(),
+            state,
+            settings.health_interval_seconds,
+            stop,
+        )
+    )
+    log.info("health: http://%s:%s/healthz", settings.metrics_host, settings.health_port)
+    return task, server
+
+
 UNCONFIGURED_GAUGE = "sickbay_unconfigured_integrations"
 
 
@@ -512,13 +542,9 @@ async def run_worker(settings: Settings) -> int:
     if problem is not None:
         log.error("%s", problem)
         return 6
+    identity = worker_identity(settings.cluster, fingerprint)
     try:
-        worker = await build_worker(
-            client,
-            settings,
-            built=built,
-            identity=worker_identity(settings.cluster, fingerprint),
-        )
+        worker = await build_worker(client, settings, built=built, identity=identity)
     except RuntimeError as exc:
         log.error("%s", exc)
         return 4
@@ -553,6 +579,7 @@ async def run_worker(settings: Settings) -> int:
     )
     run = asyncio.create_task(worker.run())
     watcher_task = _start_health_watcher(client, settings, built, stop)
+    health_task, health_server = _start_health(client, settings, identity, run, stop)
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({run, stopper}, return_when=asyncio.FIRST_COMPLETED)
     if stopper.done():
@@ -565,6 +592,10 @@ async def run_worker(settings: Settings) -> int:
     if watcher_task is not None:
         # Releases its Lease, so a standby replica takes over at once.
         await asyncio.gather(watcher_task, return_exceptions=True)
+    if health_task is not None:
+        await asyncio.gather(health_task, return_exceptions=True)
+    if health_server is not None:
+        await asyncio.to_thread(health_server.shutdown)
     with contextlib.suppress(asyncio.CancelledError):
         await run
     for close in built.closers:

@@ -338,6 +338,15 @@ class Settings(BaseSettings):
     # 0.0.0.0 so the kubelet's probes and Prometheus reach it; deploy/ sets that and a
     # NetworkPolicy that lets only the monitoring namespace in).
     metrics_host: str = "127.0.0.1"
+    # `GET /healthz` (worker/health.py), at metrics_host: 200 only while the worker polls
+    # Temporal; the liveness probe's target. 0 (the default of a local process, so several
+    # can run on one host) disables it; the image, deploy/ and compose set 9465.
+    health_port: int = Field(default=0, ge=0, le=65535)
+    # A check every 15 s (one DescribeTaskQueue: cheap for the frontend); unhealthy after 90 s
+    # without a passing one: several checks, so one slow answer during a Temporal failover
+    # does not restart the worker, yet a dead connection is seen well within two minutes.
+    health_interval_seconds: float = Field(default=15.0, gt=0)
+    health_stale_seconds: float = Field(default=90.0, gt=0)
     max_concurrent_activities: int = 200
     # Workflow tasks and local activities in progress at once. A remediation's first task runs
     # its confirm step's local activities inside it, holding a task slot for a second or two
