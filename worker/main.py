@@ -15,7 +15,10 @@
   the server does not allow it), serves Prometheus metrics on `Settings.metrics_port` (the
   SDK's own plus the workflows' `sickbay_*` counters and time-to-quarantine / time-to-recovery
   histograms, emitted replay-safely through the workflow metric meter), installs the sweep
-  Schedule, and shuts down gracefully on SIGINT/SIGTERM.
+  Schedule, and shuts down gracefully on SIGINT/SIGTERM. Before polling it checks that every
+  channel and provider the runbooks name is configured (`check_integrations`: refuses to
+  start, exit 8, or starts degraded with SICKBAY_ALLOW_UNCONFIGURED_INTEGRATIONS); while
+  polling it serves `GET /healthz` on SICKBAY_HEALTH_PORT (worker/health.py).
 """
 
 from __future__ import annotations
