@@ -8,13 +8,13 @@ STAMP  := $(VENV)/.installed
 # a time (files share session-scoped servers), keep the suite at a few minutes on 2 cores.
 PYTEST_ARGS ?= -n 4 --dist loadfile --tb=native --durations=15
 
-.PHONY: venv test lint typecheck demo up bench drills deploy-runbooks clean
+.PHONY: venv test lint typecheck demo up bench drills deploy-runbooks clean lock
 
 # The venv is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench,lock]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -33,6 +33,13 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+# The runtime image's install set: every runtime dependency and the build backend, pinned with
+# their hashes, from PyPI (Dockerfile: pip install --require-hashes). Run after editing
+# [project] dependencies in pyproject.toml; tests/deploy/test_lock.py says when it is due.
+lock: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml requirements-build.in --universal --python-version 3.11 \
+		--generate-hashes --no-annotate -o requirements.lock
 
 demo: $(STAMP)
 	$(BIN)/sickbay demo

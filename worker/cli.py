@@ -2,24 +2,59 @@
 
 Each module in `REGISTRARS` exposes `register(subparsers)`, adding its subcommands with
 `set_defaults(func=...)`; `func(args)` returns the exit code.
+
+The development commands (`twin ...` from the cluster twin, `demo`, `up`, `down` from the
+demo harness) are registered only where those packages are installed: the runtime image
+carries the product alone, and there they answer with one line saying so (exit 2) while every
+operator command works.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import harness.demo
-import twin.cli
+from pydantic import ValidationError
+
 import worker.commands
 import worker.doctor
 import worker.gpus_cli
 import worker.logs
 import worker.webhook_cli
+
+
+def _dev_only(module: str, commands: tuple[str, ...], what: str) -> Callable[[Any], None]:
+    """The `register` of a development package, or, where it is not installed (the runtime
+    image), stand-ins for its `commands` that say so and exit 2."""
+    package = module.split(".")[0]
+    try:
+        return importlib.import_module(module).register  # type: ignore[no-any-return]
+    except ModuleNotFoundError as exc:
+        if exc.name != package:
+            raise  # the package is there but broken (a module of it, or what it imports)
+
+    def missing(args: argparse.Namespace) -> int:
+        print(
+            f"sickbay {args.command}: not in this install: {what} (package "
+            f"{package!r}) ships with the source install for development "
+            "(pip install -e '.[dev]'), not the runtime image",
+            file=sys.stderr,
+        )
+        return 2
+
+    def register(subparsers: Any) -> None:
+        for name in commands:
+            stub = subparsers.add_parser(name, help=f"(not installed: {what})", add_help=False)
+            stub.add_argument("rest", nargs=argparse.REMAINDER)
+            stub.set_defaults(func=missing)
+
+    return register
+
 
 # Each adds its subcommands to the parser.
 REGISTRARS: tuple[Callable[[Any], None], ...] = (
@@ -27,8 +62,8 @@ REGISTRARS: tuple[Callable[[Any], None], ...] = (
     worker.webhook_cli.register,  # webhook, schedule
     worker.doctor.register,  # doctor
     worker.gpus_cli.register,  # gpus, gpus unretire: the GPU ledger (lemons)
-    twin.cli.register,  # twin up/down/status/fail/recover
-    harness.demo.register,  # demo, up, down: the local stack
+    _dev_only("twin.cli", ("twin",), "the cluster twin"),  # twin up/down/status/fail/recover
+    _dev_only("harness.demo", ("demo", "up", "down"), "the demo harness"),  # the local stack
 )
 
 
@@ -58,7 +93,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
-    return int(func(args) or 0)
+    try:
+        return int(func(args) or 0)
+    except ValidationError as exc:
+        if exc.title != "Settings":
+            raise
+        # A bad SICKBAY_* setting: one line naming it, not a traceback.
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        print(f"sickbay: invalid settings: {problems}", file=sys.stderr)
+        return 2
 
 
 def entrypoint() -> None:

@@ -8,6 +8,14 @@ Checks, one line each, `ok` / `warning` / `error` plus what to do:
   SICKBAY_RUNBOOKS_DIR) and this cluster need: pods delete for `eviction.force: delete`
   runbooks, nodes patch where no DeviceTaintRule is served, ...; one that is needed and not
   granted is an error naming the runbook, one nothing needs can be dropped (its file named);
+- `components`: the deploy/components those grants make (activities/kube/permissions.py
+  FEATURES maps each runbook feature to its grants, e.g. replacement.onChurn: cordon -> nodes
+  patch -> node-patch);
+- `integrations`: every escalation channel and node-pool provider a loaded runbook names is
+  configured (worker/integrations.py; the worker refuses to start otherwise);
+- Temporal, unless `--no-temporal`: reachable with the worker's TLS / API key settings, the
+  namespace exists, Sickbay's search attributes are registered, a worker polls the task queue
+  (describe_task_queue; the recorded cluster's queue unless SICKBAY_CLUSTER says);
 - which resource.k8s.io versions serve DeviceTaintRule (else: the Eviction API fallback);
 - with `--probe` only: whether the device-taint eviction controller acts. A short-lived rule
   with effect None that selects no device (a driver name no device has) gets a status condition
@@ -44,7 +52,13 @@ from typing import Any, TextIO
 from activities.kube.client import ErrorKind, Kube, KubeError, KubeSettings
 from activities.kube.devices import _device_class_for, list_slice_devices
 from activities.kube.discovery import ClusterApis, Discovery
-from activities.kube.permissions import PERMISSIONS, ROLE_FILES, Permission, needed
+from activities.kube.permissions import (
+    COMPONENTS,
+    PERMISSIONS,
+    Permission,
+    components_needed,
+    needed,
+)
 from activities.kube.pods import requests_gpu
 from activities.kube.quarantine import delete_rule, wait_rule_conditions
 from contract.names import LABEL_MANAGED_BY, MANAGED_BY_VALUE
@@ -236,19 +250,24 @@ class Doctor:
             )
             why = needed(perm, self.runbooks, served)
             has = None if granted is None else granted[perm]
-            own_file = ROLE_FILES[perm.role] if perm.role != "sickbay" else None
+            component = COMPONENTS.get(perm.role)
+            where = f"deploy/components/{component}" if component else "deploy/rbac.yaml"
             if why:
                 text = f"{name}: needed by {', '.join(why)}"
                 if has is False:
                     needed_missing = True
                     text += " but NOT granted"
                     fixes.append(
-                        f"apply {own_file}" if own_file else f"grant {name} (deploy/rbac.yaml)"
+                        f"add component {where} (kustomization.yaml components:)"
+                        if component
+                        else f"grant {name} ({where})"
                     )
             elif has is False:
                 text = f"{name}: not needed; not granted ({perm.role})"
             else:
-                drop = f"{own_file} can be dropped" if own_file else "its rule can be removed"
+                drop = (
+                    f"component {where} can be dropped" if component else "its rule can be removed"
+                )
                 text = f"{name}: not needed ({drop})"
             parts.append(text)
         self.add(
@@ -258,7 +277,14 @@ class Doctor:
             + ("served" if served else "not served")
             + ": "
             + "; ".join(parts),
-            "; ".join(fixes),
+            "; ".join(dict.fromkeys(fixes)),
+        )
+        wanted = components_needed(self.runbooks, served)
+        self.add(
+            "ok",
+            "components",
+            "these runbooks and this cluster need deploy/components: "
+            + (", ".join(wanted) if wanted else "none"),
         )
 
     def taint_api(self, apis: ClusterApis) -> None:
@@ -727,6 +753,15 @@ def _load_runbooks(path: Path) -> tuple[list[Runbook] | None, Check]:
     return loaded.runbooks, Check("ok", "runbooks", f"{len(loaded.runbooks)} from {path}: {names}")
 
 
+def _recorded_name(kube: Kube, namespace: str) -> str | None:
+    from worker.cluster_name import ClusterNameError, read_recorded
+
+    try:
+        return read_recorded(kube, namespace)
+    except (KubeError, ClusterNameError):
+        return None
+
+
 def cluster_name_check(kube: Kube, namespace: str, explicit: str | None) -> Check:
     """The recorded cluster name (worker/cluster_name.py) and whether SICKBAY_CLUSTER (when
     set: `explicit`) agrees with it; read-only, records nothing."""
@@ -768,6 +803,172 @@ def cluster_name_check(kube: Kube, namespace: str, explicit: str | None) -> Chec
     return Check("ok", "cluster name", f"{shown(recorded)}, recorded in {where}")
 
 
+TEMPORAL_TIMEOUT = 10.0  # seconds for all Temporal checks: a healthy frontend answers in ms
+
+
+def temporal_checks(settings: Any, timeout: float = TEMPORAL_TIMEOUT) -> list[Check]:
+    """Temporal as the worker will use it: reachable (with the TLS / API key settings),
+    the namespace exists, Sickbay's search attributes are registered, and a worker polls the
+    task queue (`describe_task_queue`, workflow and activity pollers)."""
+    import asyncio
+
+    try:
+        return asyncio.run(asyncio.wait_for(_temporal_checks(settings), timeout))
+    except TimeoutError:
+        return [
+            Check(
+                "error",
+                "temporal",
+                f"no answer from {settings.temporal_address} within {timeout:.0f} s",
+                "check SICKBAY_TEMPORAL_ADDRESS and the network policy's egress to Temporal",
+            )
+        ]
+
+
+async def _temporal_checks(settings: Any) -> list[Check]:
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import (
+        DescribeNamespaceRequest,
+        DescribeTaskQueueRequest,
+    )
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from contract.names import SEARCH_ATTRIBUTES
+    from worker.temporal import connect, search_attribute_commands
+
+    address, namespace = settings.temporal_address, settings.temporal_namespace
+    try:
+        client = await connect(settings)
+    except Exception as exc:  # unreachable, TLS or credentials refused: one line, no trace
+        return [
+            Check(
+                "error",
+                "temporal",
+                f"cannot connect to {address}: {exc}",
+                "check SICKBAY_TEMPORAL_ADDRESS and its TLS / API key settings (docs/deploy.md)",
+            )
+        ]
+    checks = [Check("ok", "temporal", f"reachable at {address}")]
+    try:
+        await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=namespace)
+        )
+    except RPCError as exc:
+        checks.append(
+            Check(
+                "error",
+                "temporal namespace",
+                f"{namespace!r}: {exc.status.name} {exc.message}",
+                "create it (temporal operator namespace create) or fix SICKBAY_TEMPORAL_NAMESPACE",
+            )
+        )
+        return checks
+    checks.append(Check("ok", "temporal namespace", f"{namespace!r} exists"))
+    try:
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace)
+        )
+        missing = [n for n in SEARCH_ATTRIBUTES if n not in listed.custom_attributes]
+        if missing:
+            checks.append(
+                Check(
+                    "warning",
+                    "search attributes",
+                    f"not registered on {namespace!r}: {', '.join(missing)}; the worker "
+                    "registers them at start where the server allows it, else refuses to start",
+                    "; ".join(search_attribute_commands(namespace)[len(SEARCH_ATTRIBUTES) :][:1])
+                    + " (and the others likewise)",
+                )
+            )
+        else:
+            checks.append(
+                Check("ok", "search attributes", f"all {len(SEARCH_ATTRIBUTES)} registered")
+            )
+    except RPCError as exc:
+        status = "warning" if exc.status is not RPCStatusCode.UNAVAILABLE else "error"
+        checks.append(
+            Check(status, "search attributes", f"cannot list: {exc.status.name} {exc.message}")
+        )
+    queue = settings.task_queue
+    pollers: dict[str, int] = {}
+    for kind, value in (
+        ("workflow", TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW),
+        ("activity", TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY),
+    ):
+        try:
+            described = await client.workflow_service.describe_task_queue(
+                DescribeTaskQueueRequest(
+                    namespace=namespace, task_queue=TaskQueue(name=queue), task_queue_type=value
+                )
+            )
+        except RPCError as exc:
+            checks.append(
+                Check("warning", "worker", f"cannot describe task queue {queue!r}: {exc.message}")
+            )
+            return checks
+        pollers[kind] = len(described.pollers)
+    if all(pollers.values()):
+        checks.append(
+            Check(
+                "ok",
+                "worker",
+                f"task queue {queue!r}: {pollers['workflow']} workflow and "
+                f"{pollers['activity']} activity poller(s)",
+            )
+        )
+    else:
+        idle = [k for k, n in pollers.items() if not n]
+        checks.append(
+            Check(
+                "warning",
+                "worker",
+                f"no {' or '.join(idle)} poller on task queue {queue!r} (seen in the last "
+                "minutes): remediations started now would wait for a worker",
+                "start the worker (kubectl -n sickbay rollout status deploy/sickbay-worker) "
+                "and check SICKBAY_TASK_QUEUE / SICKBAY_CLUSTER match it",
+            )
+        )
+    return checks
+
+
+def integrations_check(runbooks: list[Runbook] | None, settings: Any, kube_api: Any) -> Check:
+    """Every channel and provider a loaded runbook names is configured (worker/integrations.py;
+    the worker refuses to start otherwise)."""
+    from worker.integrations import load_and_check
+
+    if runbooks is None:
+        return Check("warning", "integrations", "not checked: the runbooks did not load")
+    try:
+        problems = load_and_check(runbooks, settings.channels_file, kube_api)
+    except Exception as exc:  # the channels or cloud file does not load
+        return Check(
+            "error",
+            "integrations",
+            f"cannot load the channels / cloud configuration: {exc}",
+            "fix the file SICKBAY_CHANNELS_FILE / SICKBAY_CLOUD_FILE names",
+        )
+    if not problems:
+        return Check(
+            "ok", "integrations", "every channel and provider the runbooks name is configured"
+        )
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for p in problems:
+        grouped.setdefault((p.kind, p.name, p.setting), []).append(f"{p.runbook} ({p.use})")
+    return Check(
+        "error",
+        "integrations",
+        "not configured: "
+        + "; ".join(
+            f"{kind} {name!r}, named by runbook(s) {', '.join(users)}: {setting}"
+            for (kind, name, setting), users in grouped.items()
+        ),
+        "the worker refuses to start until they are configured (or starts degraded with "
+        "SICKBAY_ALLOW_UNCONFIGURED_INTEGRATIONS=true)",
+    )
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from worker.settings import Settings
@@ -796,9 +997,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 probe=args.probe, probe_namespace=args.probe_namespace
             ),
         ]
+        recorded: str | None = None
         if any(c.name == "api" and c.status != "error" for c in checks):  # it answered
             explicit = settings.cluster if settings.cluster_explicit else None
             checks.append(cluster_name_check(kube, namespace, explicit))
+            if explicit is None:
+                recorded = _recorded_name(kube, namespace)
+        checks.append(integrations_check(runbooks, settings, kube.api_client))
+        if args.temporal:
+            # The queue the worker polls: the recorded cluster's, unless SICKBAY_CLUSTER says.
+            if recorded is not None:
+                settings = settings.with_cluster(recorded)
+            checks += temporal_checks(settings)
     except KubeError as err:
         checks = [loaded, Check("error", "doctor", f"stopped: {err}")]
     finally:
@@ -847,5 +1057,12 @@ def register(subparsers: Any) -> None:
         default=None,
         help="Sickbay's namespace, where the health watcher's Lease lives "
         "(default: SICKBAY_WATCH_NAMESPACE, the service account's, else sickbay)",
+    )
+    parser.add_argument(
+        "--no-temporal",
+        dest="temporal",
+        action="store_false",
+        help="skip the Temporal checks (reachable, namespace, search attributes, a worker "
+        "polling the task queue), e.g. where Temporal is not reachable from here",
     )
     parser.set_defaults(func=run)

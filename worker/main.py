@@ -15,7 +15,10 @@
   the server does not allow it), serves Prometheus metrics on `Settings.metrics_port` (the
   SDK's own plus the workflows' `sickbay_*` counters and time-to-quarantine / time-to-recovery
   histograms, emitted replay-safely through the workflow metric meter), installs the sweep
-  Schedule, and shuts down gracefully on SIGINT/SIGTERM.
+  Schedule, and shuts down gracefully on SIGINT/SIGTERM. Before polling it checks that every
+  channel and provider the runbooks name is configured (`check_integrations`: refuses to
+  start, exit 8, or starts degraded with SICKBAY_ALLOW_UNCONFIGURED_INTEGRATIONS); while
+  polling it serves `GET /healthz` on SICKBAY_HEALTH_PORT (worker/health.py).
 """
 
 from __future__ import annotations
@@ -407,6 +410,74 @@ DURATION_BUCKETS: tuple[float, ...] = (
     28800, 86400,
 )  # fmt: skip
 DURATION_HISTOGRAMS = ("sickbay_time_to_quarantine_seconds", "sickbay_time_to_recovery_seconds")
+def _start_health(
+    client: Client,
+    settings: Settings,
+    identity: str,
+    run: asyncio.Task[None],
+    stop: asyncio.Event,
+) -> tuple[asyncio.Task[None] | None, Any]:
+    """`GET /healthz` on SICKBAY_HEALTH_PORT: 200 only while this worker polls Temporal
+    (worker/health.py), and the task that checks it. Off when the port is 0."""
+    from worker import health
+
+    if settings.health_port <= 0:
+        return None, None
+    state = health.PollingHealth(settings.health_stale_seconds)
+    server = health.serve(state, settings.metrics_host, settings.health_port)
+    task = asyncio.create_task(
+        health.monitor(
+            client,
+            settings.task_queue,
+            identity,
+            lambda: not run.done(),
+            state,
+            settings.health_interval_seconds,
+            stop,
+        )
+    )
+    log.info("health: http://%s:%s/healthz", settings.metrics_host, settings.health_port)
+    return task, server
+
+
+UNCONFIGURED_GAUGE = "sickbay_unconfigured_integrations"
+
+
+def check_integrations(settings: Settings, kube_api: Any, runtime: Runtime | None = None) -> bool:
+    """Every channel and provider the runbooks name is configured (worker/integrations.py).
+    False: the worker must not start (each problem logged on one ERROR line naming the
+    runbook, the channel or provider and the setting to fix). With
+    SICKBAY_ALLOW_UNCONFIGURED_INTEGRATIONS it starts degraded: each problem at WARNING and
+    the count, per kind, in the gauge `sickbay_unconfigured_integrations` (0 when none)."""
+    from activities.runbooks import load_dir
+    from worker.integrations import load_and_check
+
+    problems = load_and_check(
+        load_dir(settings.runbooks_dir).runbooks, settings.channels_file, kube_api
+    )
+    meter = (runtime or Runtime.default()).metric_meter
+    gauge = meter.create_gauge(
+        UNCONFIGURED_GAUGE,
+        "Channels and providers runbooks name that this worker has not configured "
+        "(non-zero only when started degraded: SICKBAY_ALLOW_UNCONFIGURED_INTEGRATIONS)",
+    )
+    for kind in ("channel", "provider"):
+        gauge.set(sum(p.kind == kind for p in problems), {"kind": kind})
+    if not problems:
+        return True
+    if not settings.allow_unconfigured_integrations:
+        for problem in problems:
+            log.error(
+                "refusing to start: %s (or set SICKBAY_ALLOW_UNCONFIGURED_INTEGRATIONS=true to "
+                "start degraded)",
+                problem.line(),
+            )
+        return False
+    for problem in problems:
+        log.warning(
+            "starting DEGRADED (SICKBAY_ALLOW_UNCONFIGURED_INTEGRATIONS): %s", problem.line()
+        )
+    return True
 
 
 def metrics_runtime(port: int, host: str = "127.0.0.1") -> Runtime | None:
@@ -465,6 +536,13 @@ async def run_worker(settings: Settings) -> int:
     except Exception as exc:  # any configuration problem: report, then stop
         log.error("cannot build the activities: %s: %s", type(exc).__name__, exc)
         return 5
+    # After build_activities: the runbooks are valid (file:line errors were said there).
+    if not check_integrations(settings, kube_activities.kube.api_client, runtime):
+        for close in built.closers:
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result
+        return 8
     for note in built.notes:
         log.warning("%s", note)
     if settings.cluster:
@@ -486,13 +564,9 @@ async def run_worker(settings: Settings) -> int:
     if problem is not None:
         log.error("%s", problem)
         return 6
+    identity = worker_identity(settings.cluster, fingerprint)
     try:
-        worker = await build_worker(
-            client,
-            settings,
-            built=built,
-            identity=worker_identity(settings.cluster, fingerprint),
-        )
+        worker = await build_worker(client, settings, built=built, identity=identity)
     except RuntimeError as exc:
         log.error("%s", exc)
         return 4
@@ -528,6 +602,7 @@ async def run_worker(settings: Settings) -> int:
     run = asyncio.create_task(worker.run())
     watcher_task = _start_health_watcher(client, settings, built, stop)
     gauges = asyncio.create_task(report_open_remediations(client, settings.cluster, stop))
+    health_task, health_server = _start_health(client, settings, identity, run, stop)
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({run, stopper}, return_when=asyncio.FIRST_COMPLETED)
     if stopper.done():
@@ -541,6 +616,10 @@ async def run_worker(settings: Settings) -> int:
         # Releases its Lease, so a standby replica takes over at once.
         await asyncio.gather(watcher_task, return_exceptions=True)
     await asyncio.gather(gauges, return_exceptions=True)
+    if health_task is not None:
+        await asyncio.gather(health_task, return_exceptions=True)
+    if health_server is not None:
+        await asyncio.to_thread(health_server.shutdown)
     with contextlib.suppress(asyncio.CancelledError):
         await run
     for close in built.closers:

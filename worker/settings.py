@@ -312,6 +312,11 @@ class Settings(BaseSettings):
     # The webhook (no Kubernetes API access): a file holding the recorded name (the
     # ConfigMap's `name` key, mounted by deploy/webhook.yaml). Until it exists: 503.
     cluster_file: Path | None = None
+    # TLS to Temporal (worker/temporal.py `tls_config`): a client certificate and its key
+    # (mTLS, Temporal Cloud) always as a pair; a CA alone is server-side TLS to a self-hosted
+    # Temporal whose certificate that CA signed; SICKBAY_TEMPORAL_TLS=true alone is TLS with
+    # the system's trusted roots. None of them (and no API key): plaintext.
+    temporal_tls: bool = False
     temporal_tls_cert: Path | None = None  # client certificate (mTLS, Temporal Cloud)
     temporal_tls_key: Path | None = None
     temporal_tls_ca: Path | None = None
@@ -337,6 +342,15 @@ class Settings(BaseSettings):
     # 0.0.0.0 so the kubelet's probes and Prometheus reach it; deploy/ sets that and a
     # NetworkPolicy that lets only the monitoring namespace in).
     metrics_host: str = "127.0.0.1"
+    # `GET /healthz` (worker/health.py), at metrics_host: 200 only while the worker polls
+    # Temporal; the liveness probe's target. 0 (the default of a local process, so several
+    # can run on one host) disables it; the image, deploy/ and compose set 9465.
+    health_port: int = Field(default=0, ge=0, le=65535)
+    # A check every 15 s (one DescribeTaskQueue: cheap for the frontend); unhealthy after 90 s
+    # without a passing one: several checks, so one slow answer during a Temporal failover
+    # does not restart the worker, yet a dead connection is seen well within two minutes.
+    health_interval_seconds: float = Field(default=15.0, gt=0)
+    health_stale_seconds: float = Field(default=90.0, gt=0)
     max_concurrent_activities: int = 200
     # Workflow tasks and local activities in progress at once. A remediation's first task runs
     # its confirm step's local activities inside it, holding a task slot for a second or two
@@ -356,6 +370,11 @@ class Settings(BaseSettings):
 
     # Notification channels and cloud credentials: see activities/notify and activities/cloud
     channels_file: Path | None = None  # YAML: channel name -> type + secret reference
+    # A runbook that names a channel or provider this worker has not configured stops the
+    # worker at start-up (worker/integrations.py); true: it starts anyway, degraded, saying so
+    # at WARNING and in the gauge sickbay_unconfigured_integrations (escalations to those
+    # channels, scale-ups and node rungs through those providers then fail when they come).
+    allow_unconfigured_integrations: bool = False
 
     # The process parts (SUB_MODELS), each from its own flat SICKBAY_* variables.
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
@@ -405,6 +424,22 @@ class Settings(BaseSettings):
         # Computed once, here, so every process (worker, webhook, CLI) of one cluster uses the
         # same queue and no two clusters share one.
         self.task_queue = cluster_task_queue(self.task_queue, self.cluster)
+        return self
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        # A certificate without its key (or the reverse) must not fall back to plaintext.
+        if (self.temporal_tls_cert is None) != (self.temporal_tls_key is None):
+            given, absent = (
+                ("SICKBAY_TEMPORAL_TLS_CERT", "SICKBAY_TEMPORAL_TLS_KEY")
+                if self.temporal_tls_cert is not None
+                else ("SICKBAY_TEMPORAL_TLS_KEY", "SICKBAY_TEMPORAL_TLS_CERT")
+            )
+            raise ValueError(
+                f"{given} is set but {absent} is not: a Temporal client certificate needs its "
+                "key (set both SICKBAY_TEMPORAL_TLS_CERT and SICKBAY_TEMPORAL_TLS_KEY for mTLS, "
+                "or neither; SICKBAY_TEMPORAL_TLS_CA alone is server-side TLS)"
+            )
         return self
 
     @property

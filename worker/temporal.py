@@ -21,20 +21,30 @@ from worker.settings import Settings
 log = logging.getLogger(__name__)
 
 
+def tls_config(settings: Settings) -> TLSConfig | bool:
+    """What `Client.connect(tls=...)` gets: a `TLSConfig` when a CA or a client certificate is
+    set (the CA alone: server-side TLS to a self-hosted Temporal), True for TLS with the
+    system's roots (SICKBAY_TEMPORAL_TLS, or an API key: Temporal Cloud API keys need TLS),
+    False for plaintext. A certificate without its key never gets here: `Settings` refuses it.
+    """
+    cert, key, ca = settings.temporal_tls_cert, settings.temporal_tls_key, settings.temporal_tls_ca
+    if (cert is None) != (key is None):  # Settings checks it; a model_copy could skip that
+        raise ValueError(
+            "SICKBAY_TEMPORAL_TLS_CERT and SICKBAY_TEMPORAL_TLS_KEY must be set together"
+        )
+    if cert is not None or ca is not None:
+        return TLSConfig(
+            client_cert=cert.read_bytes() if cert is not None else None,
+            client_private_key=key.read_bytes() if key is not None else None,
+            server_root_ca_cert=ca.read_bytes() if ca is not None else None,
+        )
+    return settings.temporal_tls or settings.api_key() is not None
+
+
 async def connect(settings: Settings) -> Client:
     """A client with the pydantic data converter, TLS / API key as configured."""
-    tls: TLSConfig | bool = False
-    if settings.temporal_tls_cert and settings.temporal_tls_key:
-        tls = TLSConfig(
-            client_cert=settings.temporal_tls_cert.read_bytes(),
-            client_private_key=settings.temporal_tls_key.read_bytes(),
-            server_root_ca_cert=(
-                settings.temporal_tls_ca.read_bytes() if settings.temporal_tls_ca else None
-            ),
-        )
+    tls = tls_config(settings)
     api_key = settings.api_key()
-    if api_key and tls is False:
-        tls = True  # Temporal Cloud API keys need TLS
     return await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,

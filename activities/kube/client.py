@@ -163,8 +163,8 @@ def to_application_error(err: KubeError) -> ApplicationError:
     if err.kind is ErrorKind.FORBIDDEN:
         return ApplicationError(
             f"forbidden: Sickbay's service account may not '{err.verb}' {err.resource}"
-            f" ({target}); grant verb '{err.verb}' on '{err.resource}' as deploy/rbac*.yaml do"
-            " (pods delete: rbac-force-delete.yaml; nodes patch: rbac-node-fallback.yaml)"
+            f" ({target}); grant verb '{err.verb}' on '{err.resource}' as deploy/ does"
+            " (optional grants are components: deploy/components/<name>, docs/deploy.md)"
             f" and run `sickbay doctor`. Server said: {err.message}",
             type=ERR_FORBIDDEN,
             non_retryable=True,

@@ -6,20 +6,17 @@ server about each one with a SelfSubjectAccessReview. Discovery (/version, /api,
 is a non-resource URL every authenticated identity may read (system:discovery), so it is not
 listed.
 
-Two grants only some set-ups use have ClusterRoles (and files) of their own, so operators can
-drop them: `sickbay-force-delete` (pods delete: only a runbook with `eviction.force: delete`
-deletes pods) and `sickbay-node-fallback` (nodes patch: only where the cluster serves no
-DeviceTaintRule does Sickbay mark, taint or cordon nodes); the repair ladder's grants live in
-deploy/rbac-repair.yaml: `sickbay-repair` (a Role in Sickbay's namespace: the reset and
-validation Jobs, their claims and pod logs) and `sickbay-repair-machines` (Cluster API Machines:
-reboot and replace; nodes patch: an AKS reboot's record on its node), needed only by runbooks
-with `repair.enabled`. `needed(...)` says, for the loaded
-runbooks and the cluster, which optional grants are needed and by what.
+Grants only some runbooks or clusters use live in roles of their own, each shipped as a
+kustomize component (deploy/components/<name>, `kind: Component`) named after what needs it.
+`FEATURES` is the one table of what needs them: each code path a runbook setting or the cluster
+switches on, the role that carries its grants, and the grants. `sickbay doctor` derives the
+needed grants from the loaded runbooks through it (`needed`, `features_in_use`), and a test
+holds deploy/ to it: every component grants exactly what its features need.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from contract.names import CLUSTER_CONFIGMAP, RUNBOOKS_CONFIGMAP
@@ -47,20 +44,26 @@ class Permission:
 
 
 DRA = "resource.k8s.io"
-ROLE_FORCE_DELETE = "sickbay-force-delete"  # deploy/rbac-force-delete.yaml
-ROLE_NODE_FALLBACK = "sickbay-node-fallback"  # deploy/rbac-node-fallback.yaml
+ROLE_FORCE_DELETE = "sickbay-force-delete"  # component force-delete
+ROLE_NODE_PATCH = "sickbay-node-patch"  # component node-patch
 ROLE_HEALTH_WATCHER = "sickbay-health-watcher"  # a Role in Sickbay's namespace (rbac.yaml)
 ROLE_CLUSTER_NAME = "sickbay-cluster-name"  # a Role in Sickbay's namespace (rbac.yaml)
-ROLE_REPAIR = "sickbay-repair"  # a Role in Sickbay's namespace (deploy/rbac-repair.yaml)
-ROLE_REPAIR_MACHINES = "sickbay-repair-machines"  # deploy/rbac-repair.yaml
+ROLE_REPAIR = "sickbay-repair"  # a Role in the repair Jobs' namespace (component repair)
+ROLE_REPAIR_MACHINES = "sickbay-repair-machines"  # component repair-cluster-api
+ROLE_SCALE_CLUSTER_API = "sickbay-scale-up-cluster-api"  # component scale-up-cluster-api
+# The kustomize component (deploy/components/<name>) that carries each optional role.
+COMPONENTS = {
+    ROLE_FORCE_DELETE: "force-delete",
+    ROLE_NODE_PATCH: "node-patch",
+    ROLE_REPAIR: "repair",
+    ROLE_REPAIR_MACHINES: "repair-cluster-api",
+    ROLE_SCALE_CLUSTER_API: "scale-up-cluster-api",
+}
 ROLE_FILES = {
     "sickbay": "deploy/rbac.yaml",
     ROLE_HEALTH_WATCHER: "deploy/rbac.yaml",
     ROLE_CLUSTER_NAME: "deploy/rbac.yaml",
-    ROLE_FORCE_DELETE: "deploy/rbac-force-delete.yaml",
-    ROLE_NODE_FALLBACK: "deploy/rbac-node-fallback.yaml",
-    ROLE_REPAIR: "deploy/rbac-repair.yaml",
-    ROLE_REPAIR_MACHINES: "deploy/rbac-repair.yaml",
+    **{role: f"deploy/components/{name}/rbac.yaml" for role, name in COMPONENTS.items()},
 }
 
 PERMISSIONS: tuple[Permission, ...] = (
@@ -70,10 +73,12 @@ PERMISSIONS: tuple[Permission, ...] = (
         "",
         "nodes",
         ("patch",),
-        "without DeviceTaintRule: the GPU recorded on its node, the node taint below the "
-        "healthy-GPU threshold, cordon (all undone by Sickbay)",
+        "the churn stop's cordon (replacement.onChurn: cordon); without DeviceTaintRule the "
+        "GPU recorded on its node, the node taint below the healthy-GPU threshold, cordon; a "
+        "replaced node cordoned while its GPUs validate; an AKS reboot's record on its node "
+        "(sickbay.dev/repair-request, sickbay.dev/restart-record); all undone by Sickbay",
         False,
-        ROLE_NODE_FALLBACK,
+        ROLE_NODE_PATCH,
     ),
     Permission(
         "",
@@ -115,6 +120,7 @@ PERMISSIONS: tuple[Permission, ...] = (
         ("get", "patch"),
         "scale-up through the Cluster API provider (activities/cloud), if configured",
         False,
+        ROLE_SCALE_CLUSTER_API,
     ),
     Permission(
         "batch",
@@ -148,15 +154,6 @@ PERMISSIONS: tuple[Permission, ...] = (
         "machines",
         ("get", "list", "patch", "delete"),
         "repair ladder: reboot (remediate-machine) and replace (delete) through Cluster API",
-        False,
-        ROLE_REPAIR_MACHINES,
-    ),
-    Permission(
-        "",
-        "nodes",
-        ("patch",),
-        "repair ladder: an AKS reboot's record on its node (sickbay.dev/repair-request, "
-        "sickbay.dev/restart-record), so a retried attempt restarts the VM at most once",
         False,
         ROLE_REPAIR_MACHINES,
     ),
@@ -216,53 +213,172 @@ def _machine_provider(runbook: Runbook) -> str | None:
     return scale.pool.provider if scale.pool is not None else scale.provider
 
 
-def _uses_cluster_api(runbook: Runbook) -> bool:
-    return runbook.spec.scale_up.enabled and _machine_provider(runbook) == "cluster-api"
+def _repairs(runbook: Runbook, *rungs: str) -> bool:
+    repair = runbook.spec.repair
+    return repair.enabled and bool(set(rungs) & set(repair.order))
+
+
+Grant = tuple[str, str, str]  # (API group, resource, verb)
+CLUSTER = "cluster"  # a Feature.uses value: the cluster, not a runbook, decides
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A code path some runbooks (or the cluster) switch on, and the grants it needs.
+
+    `uses` says, for one runbook and whether the cluster serves DeviceTaintRule, why that
+    runbook needs it ("" when it does not); a cluster-level feature (the fallback) answers
+    for the cluster the same for every runbook."""
+
+    name: str
+    role: str
+    grants: tuple[Grant, ...]
+    uses: Callable[[Runbook, bool], str]
+    cluster_level: bool = False
+
+    def reasons(self, runbooks: Sequence[Runbook], taint_rules_served: bool) -> list[str]:
+        if self.cluster_level:
+            why = self.uses(Runbook.model_validate(_EMPTY), taint_rules_served)
+            return [why] if why else []
+        by_why: dict[str, list[str]] = {}
+        for r in runbooks:
+            if why := self.uses(r, taint_rules_served):
+                by_why.setdefault(why, []).append(r.name)
+        return [
+            f"runbook{'s' if len(names) > 1 else ''} {', '.join(names)} ({why})"
+            for why, names in by_why.items()
+        ]
+
+
+_EMPTY = {"apiVersion": "sickbay/v1", "kind": "Runbook", "metadata": {"name": "cluster"}}
+_NODE_PATCH: tuple[Grant, ...] = (("", "nodes", "patch"),)
+_REPAIR_JOBS: tuple[Grant, ...] = tuple(
+    [("batch", "jobs", v) for v in ("create", "get", "delete")]
+    + [(DRA, "resourceclaims", v) for v in ("create", "get", "delete")]
+    + [("", "pods/log", "get")]
+)
+
+# Every optional code path and the grants it needs: the one table doctor and the deploy/
+# test read. A runbook setting not named here needs only the base role (deploy/rbac.yaml).
+FEATURES: tuple[Feature, ...] = (
+    Feature(
+        "churn-cordon",
+        ROLE_NODE_PATCH,
+        _NODE_PATCH,
+        lambda r, _s: (
+            "replacement.onChurn: cordon" if r.spec.replacement.on_churn == "cordon" else ""
+        ),
+    ),
+    Feature(
+        "node-fallback",
+        ROLE_NODE_PATCH,
+        _NODE_PATCH,
+        lambda _r, served: (
+            ""
+            if served
+            else "the fallback: node marks and taints (the cluster serves no DeviceTaintRule)"
+        ),
+        cluster_level=True,
+    ),
+    Feature(
+        "replace-guard",
+        ROLE_NODE_PATCH,
+        _NODE_PATCH,
+        lambda r, _s: (
+            "repair: replace cordons the new node while validation runs"
+            if _repairs(r, "replace") and r.spec.validation.enabled
+            else ""
+        ),
+    ),
+    Feature(
+        "repair-aks-reboot",
+        ROLE_NODE_PATCH,
+        _NODE_PATCH,
+        lambda r, _s: (
+            "repair: reboot through provider aks"
+            if _repairs(r, "reboot") and _machine_provider(r) == "aks"
+            else ""
+        ),
+    ),
+    Feature(
+        "force-delete",
+        ROLE_FORCE_DELETE,
+        (("", "pods", "delete"),),
+        lambda r, _s: "eviction.force: delete" if r.spec.eviction.force == "delete" else "",
+    ),
+    Feature(
+        "repair-jobs",
+        ROLE_REPAIR,
+        _REPAIR_JOBS,
+        lambda r, _s: (
+            "repair.enabled"
+            if r.spec.repair.enabled
+            and ("reset" in r.spec.repair.order or r.spec.validation.enabled)
+            else ""
+        ),
+    ),
+    Feature(
+        "repair-cluster-api",
+        ROLE_REPAIR_MACHINES,
+        tuple(("cluster.x-k8s.io", "machines", v) for v in ("get", "list", "patch", "delete")),
+        lambda r, _s: (
+            "repair: reboot/replace through provider cluster-api"
+            if _repairs(r, "reboot", "replace") and _machine_provider(r) == "cluster-api"
+            else ""
+        ),
+    ),
+    Feature(
+        "scale-up-cluster-api",
+        ROLE_SCALE_CLUSTER_API,
+        tuple(("cluster.x-k8s.io", "machinedeployments", v) for v in ("get", "patch")),
+        lambda r, _s: (
+            "scaleUp provider cluster-api"
+            if r.spec.scale_up.enabled and _machine_provider(r) == "cluster-api"
+            else ""
+        ),
+    ),
+    Feature(
+        "quarantine-rule",
+        "sickbay",
+        tuple(
+            (DRA, "devicetaintrules", v)
+            for v in ("get", "list", "watch", "create", "update", "delete")
+        ),
+        lambda _r, served: (
+            "the quarantine rule (the cluster serves DeviceTaintRule)" if served else ""
+        ),
+        cluster_level=True,
+    ),
+)
+
+
+def feature_grants(permission: Permission) -> set[Grant]:
+    return {(permission.group, permission.resource, v) for v in permission.verbs}
 
 
 def needed(
     permission: Permission, runbooks: Sequence[Runbook], taint_rules_served: bool
 ) -> list[str]:
     """Why the loaded `runbooks` on this cluster need an optional `permission` (empty: they
-    do not, and its grant can be dropped). A required permission is always needed."""
+    do not, and its grant can be dropped), from `FEATURES`. A required permission is always
+    needed."""
     if permission.required:
         return ["always"]
-    if permission.group == "" and permission.resource == "pods":  # delete
-        return [
-            f"runbook {r.name} (eviction.force: delete)"
-            for r in runbooks
-            if r.spec.eviction.force == "delete"
-        ]
-    if permission.resource == "nodes" and permission.role == ROLE_REPAIR_MACHINES:  # patch
-        return [
-            f"runbook {r.name} (repair: reboot through provider aks)"
-            for r in runbooks
-            if r.spec.repair.enabled
-            and "reboot" in r.spec.repair.order
-            and _machine_provider(r) == "aks"
-        ]
-    if permission.group == "" and permission.resource == "nodes":  # patch
-        if taint_rules_served:
-            return []
-        return ["the fallback: node marks and taints (the cluster serves no DeviceTaintRule)"]
-    if permission.resource == "devicetaintrules":
-        return (
-            ["the quarantine rule (the cluster serves DeviceTaintRule)"]
-            if taint_rules_served
-            else []
-        )
-    if permission.role == ROLE_REPAIR:
-        return [f"runbook {r.name} (repair.enabled)" for r in runbooks if r.spec.repair.enabled]
-    if permission.resource == "machines":
-        return [
-            f"runbook {r.name} (repair: reboot/replace, if the node's provider is cluster-api)"
-            for r in runbooks
-            if r.spec.repair.enabled and {"reboot", "replace"} & set(r.spec.repair.order)
-        ]
-    if permission.resource == "machinedeployments":
-        return [
-            f"runbook {r.name} (scaleUp provider cluster-api)"
-            for r in runbooks
-            if _uses_cluster_api(r)
-        ]
-    return ["(no rule: assumed needed)"]
+    grants = feature_grants(permission)
+    out: list[str] = []
+    for feature in FEATURES:
+        if feature.role == permission.role and grants & set(feature.grants):
+            out += [w for w in feature.reasons(runbooks, taint_rules_served) if w not in out]
+    return out
+
+
+def features_in_use(runbooks: Sequence[Runbook], taint_rules_served: bool) -> dict[str, list[str]]:
+    """Feature name -> why it is in use, for the features the runbooks and cluster switch on."""
+    return {f.name: why for f in FEATURES if (why := f.reasons(runbooks, taint_rules_served))}
+
+
+def components_needed(runbooks: Sequence[Runbook], taint_rules_served: bool) -> list[str]:
+    """The deploy/components the loaded runbooks and cluster need, in table order."""
+    in_use = features_in_use(runbooks, taint_rules_served)
+    names = [COMPONENTS[f.role] for f in FEATURES if f.name in in_use and f.role in COMPONENTS]
+    return list(dict.fromkeys(names))

@@ -38,6 +38,9 @@ def _env(dev_env: WorkflowEnvironment, kubeconfig: Path, **extra: str) -> dict[s
             "SICKBAY_GRACEFUL_SHUTDOWN_SECONDS": "2",
             # Sickbay's namespace (the recorded cluster name): one every cluster has.
             "SICKBAY_WATCH_NAMESPACE": "default",
+            # The shipped runbooks name channels and a provider these tests do not configure
+            # (tests/cli/test_worker_integrations.py covers the refusal without this).
+            "SICKBAY_ALLOW_UNCONFIGURED_INTEGRATIONS": "true",
             **extra,
         }
     )

@@ -52,7 +52,7 @@ from activities.cloud.machines import (
     AksMachines,
     MachineActivities,
 )
-from activities.kube.permissions import ROLE_REPAIR_MACHINES
+from activities.kube.permissions import ROLE_NODE_PATCH
 from activities.kube.repair_activities import KubeRepairActivities
 from activities.outbound import SecretRef
 from contract.capacity import NodePoolTarget
@@ -99,7 +99,7 @@ async def aks(
         ),
         clock=Clock(time_scale=20),
         # the worker's Kubernetes calls go through deploy/'s roles (RBAC-enforcing proxy)
-        proxy_rules=deploy_rules(*getattr(request, "param", ("sickbay", ROLE_REPAIR_MACHINES))),
+        proxy_rules=deploy_rules(*getattr(request, "param", ("sickbay", ROLE_NODE_PATCH))),
     )
     t = cm.__enter__()
     repairs = t.twin.extensions["repairs"]
@@ -402,7 +402,7 @@ async def test_replace_killed_after_arms_answer_deletes_once(aks: Any) -> None:
     assert api.instance_calls == [("delete", node)]
 
 
-@pytest.mark.parametrize("aks", [("sickbay",)], indirect=True)  # rbac-repair.yaml not applied
+@pytest.mark.parametrize("aks", [("sickbay",)], indirect=True)  # components/node-patch not applied
 async def test_without_the_node_patch_grant_nothing_is_asked(aks: Any) -> None:
     t, api, acts, _repairs, _worker = aks
     node = t.node()

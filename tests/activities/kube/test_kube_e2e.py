@@ -11,8 +11,8 @@ Cases:
   Eviction API, same waits;
 - RBAC: no request is denied by the proxy, and every request in the twin's log is covered
   by deploy/rbac.yaml alone where DeviceTaintRule is served, and with
-  deploy/rbac-node-fallback.yaml on the fallback profiles (so the optional roles can be
-  dropped where they are not needed; none needs rbac-force-delete.yaml);
+  deploy/components/node-patch on the fallback profiles (so the optional roles can be
+  dropped where they are not needed; none needs components/force-delete);
 - request count of the happy path (the GPU fails with Xid 79 first, so the consumer reports
   it Unhealthy as in a real remediation), from the twin's request log (watches counted once),
   after the worker's start-up warm-up (discovery, DeviceClasses; counted and printed apart):
@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from activities.kube.permissions import ROLE_NODE_FALLBACK
+from activities.kube.permissions import ROLE_NODE_PATCH
 from contract.kube import (
     CheckHealthInput,
     CountDevicesInput,
@@ -134,7 +134,7 @@ async def test_remediation_sequence(tmp_path: Path, profile: str) -> None:
     manager = ControllerManager(TwinOptions(pod_startup_seconds=0.5))
     # Only the roles this cluster needs (the optional ones dropped where they are not).
     fallback = profile in ("1.34", "device-plugin")
-    rules = deploy_rules("sickbay", ROLE_NODE_FALLBACK) if fallback else deploy_rules("sickbay")
+    rules = deploy_rules("sickbay", ROLE_NODE_PATCH) if fallback else deploy_rules("sickbay")
     with twin(
         tmp_path, profile, controllers=manager, clock=Clock(time_scale=10), proxy_rules=rules
     ) as t:

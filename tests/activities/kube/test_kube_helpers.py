@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from activities.kube.client import ErrorKind, classify, to_application_error
 from activities.kube.devices import group_of, slice_devices
-from activities.kube.permissions import PERMISSIONS, ROLE_FILES
+from activities.kube.permissions import COMPONENTS, FEATURES, PERMISSIONS, ROLE_FILES
 from activities.kube.quarantine import parse_would_evict, rule_plan
 from contract.errors import ERR_FORBIDDEN, ERR_INVALID_INPUT
 from contract.kube import DraDevice, ResolvedDevice
@@ -173,8 +173,8 @@ def test_rbac_yaml_matches_permissions(role: str) -> None:
 
 
 def test_optional_roles_hold_only_optional_grants() -> None:
-    """pods delete and nodes patch are not in the base file: dropping the optional files (every
-    rbac*.yaml but rbac.yaml) drops them, and nothing required lives there."""
+    """pods delete, nodes patch and the Cluster API grants are not in the base file: dropping
+    a component drops them, and nothing required lives in a component."""
     for p in PERMISSIONS:
         if ROLE_FILES[p.role] != "deploy/rbac.yaml":
             assert not p.required, f"{p.resource} {p.verbs} is required but in {p.role}"
@@ -185,5 +185,44 @@ def test_optional_roles_hold_only_optional_grants() -> None:
         for v in p.verbs
     }
     assert ("pods", "delete") not in base and ("nodes", "patch") not in base
-    files = sorted(p.name for p in (ROOT / "deploy").glob("rbac*.yaml"))
-    assert files == sorted({Path(f).name for f in ROLE_FILES.values()})
+    assert not {r for r, _ in base} & {"machines", "machinedeployments"}
+    files = sorted(
+        str(p.relative_to(ROOT))
+        for p in [
+            *(ROOT / "deploy").glob("rbac*.yaml"),
+            *(ROOT / "deploy").glob("components/*/rbac.yaml"),
+        ]
+    )
+    assert files == sorted(set(ROLE_FILES.values()))
+
+
+@pytest.mark.parametrize("role", sorted(COMPONENTS))
+def test_each_component_grants_exactly_what_its_features_need(role: str) -> None:
+    """deploy/components/<name> is a kustomize Component whose role grants exactly the union
+    of the grants of the FEATURES that name that role; and each of them is listed."""
+    directory = ROOT / "deploy" / "components" / COMPONENTS[role]
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Component"
+    assert kustomization["resources"] == ["rbac.yaml"]
+    docs = [d for d in yaml.safe_load_all((directory / "rbac.yaml").read_text()) if d]
+    (granting,) = [d for d in docs if d["kind"] in ("Role", "ClusterRole")]
+    assert granting["metadata"]["name"] == role
+    granted = {
+        (g, r, v)
+        for rule in granting["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    features = [f for f in FEATURES if f.role == role]
+    assert features, f"no feature needs {role}: drop the component"
+    assert granted == {g for f in features for g in f.grants}
+
+
+def test_base_role_optional_grants_are_features() -> None:
+    """An optional grant of the base role (DeviceTaintRule: the cluster decides) has a
+    feature too, so doctor can say why it is needed."""
+    for p in PERMISSIONS:
+        if not p.required and p.role == "sickbay":
+            grants = {(p.group, p.resource, v) for v in p.verbs}
+            assert any(grants <= set(f.grants) for f in FEATURES if f.role == "sickbay"), p
