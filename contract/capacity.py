@@ -15,12 +15,12 @@ from contract.base import Contract, Duration
 class NodePoolTarget(Contract):
     """Where a node pool lives. Identifiers only; credentials come from the worker's env."""
 
-    provider: Literal["gke", "aks", "cluster-api", "http", "twin"]
+    provider: Literal["gke", "aks", "eks", "cluster-api", "http", "twin"]
     name: str  # the pool's name at the provider
     node_pool_label: str | None = None  # value of the node label that marks the pool
     project: str | None = None  # GKE
-    location: str | None = None  # GKE
-    cluster: str | None = None  # GKE, AKS
+    location: str | None = None  # GKE; EKS: the AWS region
+    cluster: str | None = None  # GKE, AKS, EKS
     subscription: str | None = None  # AKS
     resource_group: str | None = None  # AKS
     namespace: str | None = None  # Cluster API MachineDeployment namespace

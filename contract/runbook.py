@@ -253,7 +253,7 @@ class ScaleUpPolicy(BoundedRunbookModel):
     approval: bool = False
     # Without `pool`: the failed device's own node pool (ResolvedDevice.node_pool) at this
     # provider, so one shipped runbook serves every pool of a cluster.
-    provider: Literal["gke", "aks", "cluster-api", "http", "twin"] | None = None
+    provider: Literal["gke", "aks", "eks", "cluster-api", "http", "twin"] | None = None
 
     @model_validator(mode="after")
     def _pool_when_enabled(self) -> ScaleUpPolicy:

@@ -98,13 +98,14 @@ class _Operation:
     ended: datetime | None = None
     error: dict[str, Any] | None = None
     location: str = ""
+    kind: str = "SET_NODE_POOL_SIZE"
 
     def resource(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "name": self.name,
             "zone": self.location,
             "location": self.location,
-            "operationType": "SET_NODE_POOL_SIZE",
+            "operationType": self.kind,
             "status": self.status,
             "selfLink": self.self_link,
             "targetLink": self.target_link,
@@ -184,6 +185,9 @@ class CloudApi:
         self._seq = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self.base_url = ""  # set by the server once it listens
+        from twin.awsapi import AwsShapes
+
+        self.aws = AwsShapes(self)  # EKS, EC2 and Auto Scaling (twin/awsapi.py)
         self.app = self._build_app()
 
     # --- Python API ----------------------------------------------------------------------
@@ -245,6 +249,8 @@ class CloudApi:
             )
             return response
 
+        self.aws.mount(app)
+
         @app.get(prefix + "/clusters/{cluster}/nodePools/{pool}")
         async def get_pool(project: str, location: str, cluster: str, pool: str) -> Any:
             found = self._pool(project, location, cluster, pool)
@@ -274,7 +280,9 @@ class CloudApi:
         async def list_operations(project: str, location: str) -> Any:
             return {
                 "operations": [
-                    op.resource() for op in self.operations.values() if op.location == location
+                    op.resource()
+                    for op in self.operations.values()
+                    if op.location == location and op.kind == "SET_NODE_POOL_SIZE"
                 ]
             }
 
@@ -515,20 +523,28 @@ class CloudApi:
         self._http_keys[key] = answer
         return JSONResponse(answer, status_code=202)
 
-    def _check(self, request: Request) -> JSONResponse | None:
-        header = request.headers.get("authorization", "")
-        if not secrets.compare_digest(header, f"Bearer {self.token}"):
-            return _error(
-                401,
-                "Request had invalid authentication credentials. Expected OAuth 2 access token, "
-                "login cookie or other valid authentication credential.",
-            )
+    def _check(self, request: Request) -> Response | None:
+        aws = request.url.path.startswith("/aws/")
+        if aws:
+            denied = self.aws.check(request)
+            if denied is not None:
+                return denied
+        else:
+            header = request.headers.get("authorization", "")
+            if not secrets.compare_digest(header, f"Bearer {self.token}"):
+                return _error(
+                    401,
+                    "Request had invalid authentication credentials. Expected OAuth 2 access "
+                    "token, login cookie or other valid authentication credential.",
+                )
         chosen = next(
             (i for i, f in enumerate(self._injected) if f[3] in (None, request.method)), None
         )
         if chosen is not None:
             status, message, retry_after, _method = self._injected.pop(chosen)
             headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
+            if aws:
+                return self.aws.injected(request, status, message)
             return _error(status, message, headers)
         return None
 
@@ -601,6 +617,13 @@ class CloudApi:
                 f"\"{pool.quota_resource}\": request requires '{count}.0' and is short "
                 f"'{count - pool.max_size}.0'. Quota limit is '{pool.max_size}.0'.",
             )
+        op = await self._start_resize(pool, count, "SET_NODE_POOL_SIZE", quota_short)
+        return op.resource()
+
+    async def _start_resize(
+        self, pool: TwinPool, count: int, kind: str, quota_short: bool = False
+    ) -> _Operation:
+        """A resize operation of `pool` to `count` nodes (GKE setSize, EKS config update)."""
         name = f"operation-{next(self._seq)}-{secrets.token_hex(4)}"
         op = _Operation(
             name=name,
@@ -611,15 +634,16 @@ class CloudApi:
             f"/operations/{name}",
             target_link=self._pool_link(pool),
             started=self.clock.now(),
+            kind=kind,
         )
         self.operations[name] = op
         if not quota_short:
             pool.size = count  # the instance group's target moves at once, nodes follow
-        log.info("twin cloud: pool %s resize to %d (%s)", pool.name, count, name)
+        log.info("twin cloud: pool %s resize to %d (%s, %s)", pool.name, count, kind, name)
         task = asyncio.create_task(self._finish(pool, op, quota_short))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return op.resource()
+        return op
 
     async def _sleep(self, seconds: float) -> None:
         sleep = getattr(self.clock, "sleep", None)

@@ -95,6 +95,7 @@ class CloudActivities:
         self._http = http or httpx.AsyncClient(timeout=self._config.request_timeout)
         self._kube_api = kube_api  # kubernetes.client.ApiClient for the Cluster API provider
         self._providers: dict[str, NodePoolClient] = dict(providers or {})
+        self._aws: Any = None  # AwsClients, made at the first EKS pool
 
     @classmethod
     def from_env(cls, kube_api: Any = None) -> CloudActivities:
@@ -118,6 +119,13 @@ class CloudActivities:
         provider = self._build(pool)
         self._providers[key] = provider
         return provider
+
+    def _aws_clients(self) -> Any:
+        if self._aws is None:
+            from activities.cloud.aws import AwsClients
+
+            self._aws = AwsClients(self._config.aws)
+        return self._aws
 
     def _build(self, pool: NodePoolTarget) -> NodePoolClient:
         if pool.provider == "gke":
@@ -149,6 +157,10 @@ class CloudActivities:
             from activities.cloud.aks import AksNodePools
 
             return AksNodePools.from_config(self._http, self._config.aks)
+        if pool.provider == "eks":
+            from activities.cloud.aws import EksNodeGroups
+
+            return EksNodeGroups(self._aws_clients(), self._config.aws)
         if pool.provider == "http":
             from activities.cloud.http import HttpNodePools
 

@@ -73,6 +73,23 @@ class AksConfig(_Model):
     )
 
 
+class AwsConfig(_Model):
+    """EKS managed node groups and their EC2 instances, through boto3. Credentials are never in
+    this file: boto3's standard chain finds them (EKS Pod Identity, IRSA web identity, the
+    environment, a shared config profile, the instance profile) and botocore signs every
+    request."""
+
+    # The region of the runbooks' pools when a pool names none (`location`); boto3's own
+    # defaults ($AWS_REGION / $AWS_DEFAULT_REGION, the shared config file) otherwise.
+    region: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_AWS_REGION"))
+    # A named profile of the shared config file; None: the standard chain.
+    profile: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_AWS_PROFILE"))
+    cluster: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_EKS_CLUSTER"))
+    # Service -> endpoint URL (`eks`, `ec2`, `autoscaling`): VPC endpoints, or the twin's AWS
+    # shapes in tests and the demo. Unset: AWS's own endpoints for the region.
+    endpoints: dict[Literal["eks", "ec2", "autoscaling"], str] = Field(default_factory=dict)
+
+
 class TwinConfig(_Model):
     """The cluster twin's GKE-shaped API (twin/cloudapi.py); the pool's `endpoint` is its
     base URL."""
@@ -140,6 +157,7 @@ class HttpProfile(_Model):
 class CloudConfig(_Model):
     gke: GkeConfig = Field(default_factory=GkeConfig)
     aks: AksConfig = Field(default_factory=AksConfig)
+    aws: AwsConfig = Field(default_factory=AwsConfig)
     twin: TwinConfig = Field(default_factory=TwinConfig)
     http: dict[str, HttpProfile] = Field(default_factory=dict)  # profile name -> profile
     request_timeout: float = 30.0  # seconds per HTTP call: ARM and GKE answer well within this

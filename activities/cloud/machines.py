@@ -1,6 +1,7 @@
 """Reboot and replace of one node through its provider: the node rungs of the repair ladder.
 
-Built: Cluster API, GKE, AKS and the generic HTTP provider.
+Built: Cluster API, GKE, AKS, EKS (EC2 instances: activities/cloud/ec2.py) and the generic
+HTTP provider.
 
 Generic HTTP (a worker-side profile, `HttpProfile.reboot` / `.replace` in the cloud config
 file; the pool's `profile` names it): one templated call each, with `{node}` and
@@ -63,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import uuid as uuidlib
 from datetime import UTC, datetime
@@ -74,7 +76,14 @@ from temporalio.exceptions import ApplicationError
 
 from activities.cloud.aks import AzureToken
 from activities.cloud.base import CloudRejected, CloudUnavailable, json_of, send
-from activities.cloud.config import AksConfig, CloudConfig, GkeConfig, HttpCall, HttpProfile
+from activities.cloud.config import (
+    AksConfig,
+    AwsConfig,
+    CloudConfig,
+    GkeConfig,
+    HttpCall,
+    HttpProfile,
+)
 from activities.cloud.gke import GkeNodePools
 from activities.cloud.http import HttpNodePools
 from activities.defn import defn
@@ -345,6 +354,23 @@ class GkeMachines:
         )
 
 
+async def patch_node_annotations(core: Any, node: str, annotations: dict[str, str]) -> None:
+    """One merge patch of the node's annotations (the reboot records), errors mapped."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    body = {"metadata": {"annotations": annotations}}
+    try:
+        await asyncio.to_thread(core.patch_node, node, body)
+    except ApiException as exc:
+        message = f"patch node {node}: HTTP {exc.status} {exc.reason}"
+        if exc.status in (409, 429) or (exc.status or 0) >= 500:
+            raise CloudUnavailable(message) from exc
+        raise CloudRejected(f"{message}: {str(exc.body or '')[:300]}", exc.status) from exc
+    except HTTPError as exc:
+        raise CloudUnavailable(f"patch node {node}: {exc!r}") from exc
+
+
 def _secret_set(ref: Any) -> bool:
     try:
         return bool(ref.resolve())
@@ -439,19 +465,7 @@ class AksMachines:
         return json_of(await send(self._client, "GET", url, headers=await self._headers()))
 
     async def _annotate(self, node: str, annotations: dict[str, str]) -> None:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        body = {"metadata": {"annotations": annotations}}
-        try:
-            await asyncio.to_thread(self._core.patch_node, node, body)
-        except ApiException as exc:
-            message = f"patch node {node}: HTTP {exc.status} {exc.reason}"
-            if exc.status in (409, 429) or (exc.status or 0) >= 500:
-                raise CloudUnavailable(message) from exc
-            raise CloudRejected(f"{message}: {str(exc.body or '')[:300]}", exc.status) from exc
-        except HTTPError as exc:
-            raise CloudUnavailable(f"patch node {node}: {exc!r}") from exc
+        await patch_node_annotations(self._core, node, annotations)
 
     async def _record_after(self, node: str, key: str, record: dict[str, Any]) -> None:
         """The record after ARM's answer. Best effort: without it a retry finds `asking` and
@@ -680,7 +694,8 @@ def machine_providers(
     not listed here is "not configured" (the remediation escalates naming it). Cluster API
     whenever the worker has a Kubernetes client; GKE when a token or the metadata server is
     configured; `twin` (the twin's Compute Engine endpoints) when its URL is set; AKS when a token
-    or an Entra login is configured; `http` when a profile has a `reboot` or `replace` call."""
+    or an Entra login is configured; `eks` (EC2) when AWS is (`aws_configured`); `http` when a
+    profile has a `reboot` or `replace` call."""
     providers: dict[str, MachineClient] = {}
     if kube_api is not None:
         providers["cluster-api"] = ClusterApiMachines(kube_api)
@@ -708,7 +723,26 @@ def machine_providers(
             providers["aks"] = AksMachines(http, aks, kube_api)
         if any(p.reboot or p.replace for p in config.http.values()):
             providers["http"] = HttpMachines(http, config.http, kube_api)
+        if aws_configured(config.aws):
+            from activities.cloud.aws import AwsClients
+            from activities.cloud.ec2 import Ec2Machines
+
+            providers["eks"] = Ec2Machines(AwsClients(config.aws), kube_api)
     return providers
+
+
+def aws_configured(aws: AwsConfig) -> bool:
+    """Whether this worker is meant to act on AWS: a region, cluster, profile or endpoint in
+    its config, or the region variables the AWS SDK reads. (Credentials are the SDK's chain,
+    found at the first call; missing ones are named then.)"""
+    return bool(
+        aws.region
+        or aws.cluster
+        or aws.profile
+        or aws.endpoints
+        or os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+    )
 
 
 # The reboot / replace activities heartbeat while the provider is asked, so a worker that dies
