@@ -99,7 +99,7 @@ class AwsShapes:
         self.updates: dict[str, tuple[str, str, int, datetime]] = {}
         self._by_token: dict[str, str] = {}  # clientRequestToken -> update id
         self.instances: dict[str, str] = {}  # instance id -> node name
-        self.instance_pool: dict[str, str] = {}  # instance id -> pool name
+        self.instance_pool: dict[str, str] = {}  # instance id -> its pool (Auto Scaling group)
         self._terminating: dict[str, datetime] = {}  # instance id -> when termination ends
         self.answer_delay = 0.0  # real seconds an answer is held after acting (drills)
 
@@ -333,7 +333,7 @@ class AwsShapes:
                 "<HealthStatus>HEALTHY</HealthStatus>"
                 "<ProtectedFromScaleIn>false</ProtectedFromScaleIn></member>"
                 for i in ids
-                if i in self.instances and self._state(i) != "Terminated"
+                if i in self.instance_pool and self._state(i) != "Terminated"
             )
             return _xml(
                 f'<DescribeAutoScalingInstancesResponse xmlns="{ASG_NS}">'
@@ -348,7 +348,7 @@ class AwsShapes:
                 return query_error(
                     400, "ValidationError", "ShouldDecrementDesiredCapacity is required"
                 )
-            if instance not in self.instances:
+            if instance not in self.instance_pool:
                 return query_error(
                     400,
                     "ValidationError",
@@ -425,10 +425,12 @@ class AwsShapes:
                 )
             return {"update": self.update(update_id)}
 
+        @app.post("/aws/ec2")
         @app.post("/aws/ec2/")
         async def ec2(request: Request) -> Any:
             return await self.ec2(await _form(request))
 
+        @app.post("/aws/autoscaling")
         @app.post("/aws/autoscaling/")
         async def autoscaling(request: Request) -> Any:
             return await self.autoscaling(await _form(request))
