@@ -10,6 +10,10 @@ provider is the GKE provider pointed here):
     GET  /v1/projects/{p}/locations/{l}/operations                           {"operations": []}
     GET  /v1/projects/{p}/locations/{l}/operations/{op}                      Operation
     GET  /compute/v1/projects/{p}/zones/{z}/instanceGroupManagers/{igm}      {"targetSize": n}
+    GET  /computeMetadata/v1/instance/service-accounts/default/token         the metadata
+                                                          server's token (google-auth's ADC)
+
+and the AWS shapes of twin/awsapi.py (EKS node groups, EC2, Auto Scaling) under /aws/.
 
 Every call needs `Authorization: Bearer <token>` (401 UNAUTHENTICATED otherwise). Errors use
 Google's body `{"error": {"code", "message", "status"}}`.
@@ -181,6 +185,7 @@ class CloudApi:
         self.pools: dict[str, TwinPool] = {}
         self.operations: dict[str, _Operation] = {}
         self.requests: list[LoggedRequest] = []
+        self.metadata_requests = 0  # answered metadata-server calls (Metadata-Flavor: Google)
         self._injected: list[tuple[int, str, float | None, str | None]] = []
         self._seq = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -250,6 +255,7 @@ class CloudApi:
             return response
 
         self.aws.mount(app)
+        self._mount_metadata(app)
 
         @app.get(prefix + "/clusters/{cluster}/nodePools/{pool}")
         async def get_pool(project: str, location: str, cluster: str, pool: str) -> Any:
@@ -407,6 +413,41 @@ class CloudApi:
 
         return app
 
+    def _mount_metadata(self, app: FastAPI) -> None:
+        """The GKE metadata server's token endpoints (what google-auth asks on a GKE node with
+        Workload Identity): the twin's bearer token for the `default` service account. Only
+        with `Metadata-Flavor: Google`, answered with that header, as the real server does."""
+        flavor = {"Metadata-Flavor": "Google"}
+
+        def answer(request: Request, body: Any, text: bool = False) -> Response:
+            if request.headers.get("metadata-flavor") != "Google":
+                return Response("Missing Metadata-Flavor:Google header.", status_code=403)
+            self.metadata_requests += 1
+            if text:
+                return Response(str(body), media_type="application/text", headers=flavor)
+            return JSONResponse(body, headers=flavor)
+
+        @app.get("/")
+        async def metadata_root(request: Request) -> Any:
+            return answer(request, "computeMetadata/", text=True)
+
+        account = "/computeMetadata/v1/instance/service-accounts/default"
+
+        @app.get(account + "/")
+        async def metadata_account(request: Request) -> Any:
+            scopes = ["https://www.googleapis.com/auth/cloud-platform"]
+            email = f"sickbay@{self.project}.iam.gserviceaccount.com"
+            return answer(request, {"aliases": ["default"], "email": email, "scopes": scopes})
+
+        @app.get(account + "/token")
+        async def metadata_token(request: Request) -> Any:
+            body = {"access_token": self.token, "expires_in": 3599, "token_type": "Bearer"}
+            return answer(request, body)
+
+        @app.get("/computeMetadata/v1/project/project-id")
+        async def metadata_project(request: Request) -> Any:
+            return answer(request, self.project, text=True)
+
     def _instance_op(
         self, project: str, zone: str, action: str, instance: str, target: str, request_id: str
     ) -> Any:
@@ -524,6 +565,8 @@ class CloudApi:
         return JSONResponse(answer, status_code=202)
 
     def _check(self, request: Request) -> Response | None:
+        if request.url.path == "/" or request.url.path.startswith("/computeMetadata/"):
+            return None  # the metadata server: no token (it hands them out)
         aws = request.url.path.startswith("/aws/")
         if aws:
             denied = self.aws.check(request)

@@ -27,6 +27,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.cloud.base import CloudRejected, CloudUnavailable, NodePoolClient
 from activities.cloud.config import CloudConfig
+from activities.cloud.credentials import StaticToken
 from activities.cloud.gke import GkeNodePools
 from activities.defn import defn
 from activities.outbound import ConfigError
@@ -146,7 +147,7 @@ class CloudActivities:
             return GkeNodePools(
                 self._http,
                 endpoint=endpoint,
-                token=twin.token,
+                token=StaticToken(twin.token),
                 defaults={
                     "project": twin.project,
                     "location": twin.location,

@@ -27,13 +27,10 @@ class _Model(BaseModel):
 
 class GkeConfig(_Model):
     endpoint: str = "https://container.googleapis.com"
-    # Bearer token: $SICKBAY_GKE_TOKEN, or the file named by $SICKBAY_GKE_TOKEN_FILE.
+    # A ready bearer token: $SICKBAY_GKE_TOKEN, or the file named by $SICKBAY_GKE_TOKEN_FILE.
+    # Unset: google-auth's Application Default Credentials (the GKE metadata server with
+    # Workload Identity, $GOOGLE_APPLICATION_CREDENTIALS, ...; activities/cloud/credentials.py).
     token: SecretRef = SecretRef(env="SICKBAY_GKE_TOKEN")
-    # Or ask the GKE metadata server (Workload Identity) when no token is configured.
-    metadata_server: bool = False
-    metadata_url: str = (
-        "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
-    )
     # Defaults for runbooks that name only the provider (`scaleUp.provider: gke`): the pool is
     # then the failed node's pool in this cluster.
     project: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_GKE_PROJECT"))
@@ -56,21 +53,15 @@ class AksConfig(_Model):
         default_factory=lambda: os.environ.get("SICKBAY_AKS_RESOURCE_GROUP")
     )
     cluster: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_AKS_CLUSTER"))
-    # Either a ready bearer token ($SICKBAY_AZURE_TOKEN / _FILE) ...
+    # A ready bearer token ($SICKBAY_AZURE_TOKEN / _FILE); unset: azure-identity's credential
+    # chain (environment, AKS workload identity, managed identity; credentials.py), which reads
+    # AZURE_TENANT_ID, AZURE_CLIENT_ID, AZURE_FEDERATED_TOKEN_FILE, ... itself.
     token: SecretRef = SecretRef(env="SICKBAY_AZURE_TOKEN")
-    # ... or a Microsoft Entra client-credentials login: client secret, or the federated token
-    # file of AKS workload identity. Defaults are the variables workload identity injects.
-    authority: str = "https://login.microsoftonline.com"
-    tenant_id: str | None = Field(default_factory=lambda: os.environ.get("AZURE_TENANT_ID"))
-    client_id: str | None = Field(default_factory=lambda: os.environ.get("AZURE_CLIENT_ID"))
-    client_secret: SecretRef = SecretRef(env="AZURE_CLIENT_SECRET")
-    federated_token_file: Path | None = Field(
-        default_factory=lambda: (
-            Path(os.environ["AZURE_FEDERATED_TOKEN_FILE"])
-            if os.environ.get("AZURE_FEDERATED_TOKEN_FILE")
-            else None
-        )
-    )
+    # Microsoft Entra's host for sovereign clouds (login.microsoftonline.us, ...); None:
+    # $AZURE_AUTHORITY_HOST, else the public cloud.
+    authority: str | None = None
+    # The user-assigned managed identity to sign in as, when the nodes have several.
+    managed_identity_client_id: str | None = None
 
 
 class AwsConfig(_Model):

@@ -74,7 +74,6 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.cloud.aks import AzureToken
 from activities.cloud.base import CloudRejected, CloudUnavailable, json_of, send
 from activities.cloud.config import (
     AksConfig,
@@ -84,6 +83,7 @@ from activities.cloud.config import (
     HttpCall,
     HttpProfile,
 )
+from activities.cloud.credentials import AzureToken, StaticToken
 from activities.cloud.gke import GkeNodePools
 from activities.cloud.http import HttpNodePools
 from activities.defn import defn
@@ -427,7 +427,7 @@ class AksMachines:
 
         self._client = client
         self._endpoint = config.endpoint.rstrip("/")
-        self._token = AzureToken(client, config)
+        self._token = AzureToken(config)
         self._core = CoreV1Api(api_client)
 
     async def _node(self, node: str) -> Any:
@@ -692,21 +692,20 @@ def machine_providers(
 ) -> dict[str, MachineClient]:
     """The reboot / replace providers this worker can use, by the pool's provider name; one
     not listed here is "not configured" (the remediation escalates naming it). Cluster API
-    whenever the worker has a Kubernetes client; GKE when a token or the metadata server is
-    configured; `twin` (the twin's Compute Engine endpoints) when its URL is set; AKS when a token
-    or an Entra login is configured; `eks` (EC2) when AWS is (`aws_configured`); `http` when a
+    whenever the worker has a Kubernetes client; GKE and AKS when `gke_configured` /
+    `aks_configured`; `twin` (the twin's Compute Engine endpoints) when its URL is set; `eks` (EC2) when AWS is (`aws_configured`); `http` when a
     profile has a `reboot` or `replace` call."""
     providers: dict[str, MachineClient] = {}
     if kube_api is not None:
         providers["cluster-api"] = ClusterApiMachines(kube_api)
-        if config.gke.metadata_server or _secret_set(config.gke.token):
+        if gke_configured(config.gke):
             providers["gke"] = GkeMachines.from_config(http, config.gke, kube_api)
         twin = config.twin
         if twin.endpoint:
             pools = GkeNodePools(
                 http,
                 endpoint=twin.endpoint,
-                token=twin.token,
+                token=StaticToken(twin.token),
                 defaults={
                     "project": twin.project,
                     "location": twin.location,
@@ -715,11 +714,7 @@ def machine_providers(
             )
             providers["twin"] = GkeMachines(pools, kube_api, twin.endpoint)
         aks = config.aks
-        if _secret_set(aks.token) or (
-            aks.tenant_id
-            and aks.client_id
-            and (_secret_set(aks.client_secret) or aks.federated_token_file)
-        ):
+        if aks_configured(aks):
             providers["aks"] = AksMachines(http, aks, kube_api)
         if any(p.reboot or p.replace for p in config.http.values()):
             providers["http"] = HttpMachines(http, config.http, kube_api)
@@ -729,6 +724,30 @@ def machine_providers(
 
             providers["eks"] = Ec2Machines(AwsClients(config.aws), kube_api)
     return providers
+
+
+def gke_configured(gke: GkeConfig) -> bool:
+    """Whether this worker is meant to act on GKE: a ready token, a default project or cluster,
+    or Application Default Credentials named by $GOOGLE_APPLICATION_CREDENTIALS. (On GKE with
+    Workload Identity no variable is needed for the token: set SICKBAY_GKE_PROJECT.)"""
+    return bool(
+        _secret_set(gke.token)
+        or gke.project
+        or gke.cluster
+        or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    )
+
+
+def aks_configured(aks: AksConfig) -> bool:
+    """Whether this worker is meant to act on AKS: a ready token, a default subscription or
+    cluster, or the variables azure-identity signs in with (workload identity's among them)."""
+    return bool(
+        _secret_set(aks.token)
+        or aks.subscription
+        or aks.cluster
+        or os.environ.get("AZURE_CLIENT_ID")
+        or os.environ.get("AZURE_FEDERATED_TOKEN_FILE")
+    )
 
 
 def aws_configured(aws: AwsConfig) -> bool:
