@@ -38,8 +38,9 @@ from contract.capacity import NodePoolTarget, PoolDescription, PoolOperation
 
 STATE_OPERATION = "provisioning-state"
 _TERMINAL = ("Succeeded", "Failed", "Canceled")
-# Read-only agent pool properties: ARM ignores or refuses them on PUT.
-_READ_ONLY = ("provisioningState", "nodeImageVersion", "currentOrchestratorVersion")
+# Read-only agent pool properties (the ARM agent-pool schema's read-only fields, and the node
+# image an upgrade sets): ARM ignores or refuses them on PUT. The etag goes in If-Match.
+_READ_ONLY = ("provisioningState", "nodeImageVersion", "currentOrchestratorVersion", "eTag")
 # PUT with a stale etag: another change won the race; describe again and retry.
 _PRECONDITION_FAILED = 412
 
