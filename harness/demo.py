@@ -194,6 +194,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             topology=scenario.topology,
             watch=scenario.watch,
             repair=scenario.repair,
+            cloud=scenario.cloud,
             state_dir=state_dir,
             notes=lambda text: say(text, tag="stack"),
         )

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
 ASG_NS = "http://autoscaling.amazonaws.com/doc/2011-01-01/"
+# The twin's AWS access key id (a made-up one): any secret is taken, the signature is not checked.
+TWIN_ACCESS_KEY_ID = "AKIATWINEXAMPLE00001"
 _SIGV4 = re.compile(
     r"^AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request, "
     r"SignedHeaders=([a-z0-9;-]+), Signature=([0-9a-f]{64})$"
@@ -92,9 +94,9 @@ class AwsShapes:
 
     def __init__(self, api: CloudApi) -> None:
         self.api = api
-        self.region = "us-twin-1"
+        self.region = "us-twin-1"  # harness/stack.py EKS_REGION
         self.account = "123456789012"
-        self.aws_access_key_id = "AKIATWINEXAMPLE00001"
+        self.aws_access_key_id = TWIN_ACCESS_KEY_ID
         # EKS updates: id -> (operation name in api.operations, pool, desired size, created)
         self.updates: dict[str, tuple[str, str, int, datetime]] = {}
         self._by_token: dict[str, str] = {}  # clientRequestToken -> update id
