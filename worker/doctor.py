@@ -799,6 +799,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if any(c.name == "api" and c.status != "error" for c in checks):  # it answered
             explicit = settings.cluster if settings.cluster_explicit else None
             checks.append(cluster_name_check(kube, namespace, explicit))
+        from worker.doctor_cloud import cloud_checks  # the clouds: worker/doctor_cloud.py
+
+        checks.extend(cloud_checks(runbooks))
     except KubeError as err:
         checks = [loaded, Check("error", "doctor", f"stopped: {err}")]
     finally:

@@ -76,9 +76,9 @@ class AwsConfig(_Model):
     # A named profile of the shared config file; None: the standard chain.
     profile: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_AWS_PROFILE"))
     cluster: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_EKS_CLUSTER"))
-    # Service -> endpoint URL (`eks`, `ec2`, `autoscaling`): VPC endpoints, or the twin's AWS
-    # shapes in tests and the demo. Unset: AWS's own endpoints for the region.
-    endpoints: dict[Literal["eks", "ec2", "autoscaling"], str] = Field(default_factory=dict)
+    # Service -> endpoint URL (`eks`, `ec2`, `autoscaling`, `sts` for `sickbay doctor`): VPC
+    # endpoints, or the twin's AWS shapes in tests and the demo. Unset: AWS's own endpoints.
+    endpoints: dict[Literal["eks", "ec2", "autoscaling", "sts"], str] = Field(default_factory=dict)
 
 
 class TwinConfig(_Model):
