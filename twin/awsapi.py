@@ -22,7 +22,8 @@ Instances: `aws_instances[<instance id>] = node name` (the node's providerID is
 `aws:///<zone>/<instance id>`), each in the pool's Auto Scaling group. `RebootInstances` acts on
 every call (EC2 has no request token); `TerminateInstanceInAutoScalingGroup` moves the instance
 to `Terminating` for `vm_operation_seconds`, then `Terminated`; the group keeps its desired
-capacity and the twin's node-pool controller brings a new node (`on_instance("delete", node)`).
+capacity and the twin's node-pool controller brings a new node, with a new name
+(`on_instance("terminate", node)`).
 `aws_answer_delay` holds the answer after acting (drills: a worker killed in that window).
 
 Every call must carry a SigV4 `Authorization` header for `aws_access_key_id` and the right
@@ -251,6 +252,7 @@ class AwsShapes:
         self.updates[update_id] = (op.name, pool.name, desired, op.started)
         if token:
             self._by_token[token] = update_id
+        await asyncio.sleep(self.answer_delay)  # acted on; the answer is held (drills)
         return {"update": self.update(update_id)}
 
     # --- EC2 and Auto Scaling --------------------------------------------------------------
@@ -366,7 +368,7 @@ class AwsShapes:
                 pool = self.api.pools.get(self.instance_pool.get(instance, ""))
                 if pool is not None:
                     pool.size = max(0, pool.size - 1)
-            self._act("delete", instance)
+            self._act("terminate", instance)
             now = self.api.clock.now()
             self._terminating[instance] = now + _seconds(self.api.vm_operation_seconds)
             await asyncio.sleep(self.answer_delay)

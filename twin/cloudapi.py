@@ -164,7 +164,8 @@ class CloudApi:
     ) -> None:
         self.token = token or secrets.token_urlsafe(24)
         self.on_resize = on_resize
-        # ("reset" | "recreate", instance name): the twin's node rungs (controllers/repair.py)
+        # ("reset" | "recreate" | "delete" | "terminate", node name): the twin's node rungs
+        # (controllers/repair.py)
         self.on_instance = on_instance
         self.instance_calls: list[tuple[str, str]] = []  # every reset / recreate acted on
         self._by_request_id: dict[str, dict[str, Any]] = {}
@@ -831,6 +832,8 @@ def attach_cloud_api(
             raise KeyError(instance)
         if action == "reset":
             repairs.reboot(instance)
+        elif action == "terminate":
+            repairs.replace(instance)  # EC2: the group launches a new instance, a new node
         else:
             repairs.replace(instance, same_name=True)  # a recreated VM keeps its name
 

@@ -224,7 +224,7 @@ async def test_replace_terminates_once_keeping_desired_capacity(eks: Any) -> Non
     retried = await _run(acts.replace_node, _inp(node, "replace"))
     assert first.asked and "desired capacity kept" in first.detail
     assert not retried.asked and "gone" in retried.detail  # the twin removed the node at once
-    assert api.instance_calls == [("delete", node)]
+    assert api.instance_calls == [("terminate", node)]
     assert api.pools["gpu-pool"].size == 2  # not decremented
     terminate = [r for r in api.requests if r.body and "TerminateInstance" in r.body]
     assert len(terminate) == 1 and "ShouldDecrementDesiredCapacity=false" in terminate[0].body
@@ -253,7 +253,7 @@ async def test_replace_killed_after_the_termination_terminates_once(eks: Any) ->
         await _run(acts.replace_node, _inp(node, "replace"))
     retried = await _run(worker()[0].replace_node, _inp(node, "replace"))
     assert not retried.asked and "is Terminating in eks-gpu-pool-twin" in retried.detail
-    assert api.instance_calls == [("delete", node)] and calls == [("delete", node)]
+    assert api.instance_calls == [("terminate", node)] and calls == [("terminate", node)]
 
 
 async def test_a_terminated_instance_is_gone(eks: Any) -> None:
