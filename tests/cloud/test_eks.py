@@ -111,6 +111,7 @@ async def test_scale_asks_one_update_and_follows_it(eks: Any) -> None:
 
 async def test_a_retry_on_another_worker_adopts_the_running_update(eks: Any) -> None:
     api, worker = eks
+    api.pools["gpu-ng"].latency = 3600.0  # still running when the retry looks, however slow
     req = ScalePoolInput(pool=POOL, target_size=4, max_size=8, idempotency_key="wf-2-scale")
     first = await _run(worker().scale_pool, req)
     # the worker died before its answer reached the workflow: the retry runs elsewhere
