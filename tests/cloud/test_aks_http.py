@@ -355,7 +355,8 @@ async def test_unknown_http_profile(http_acts: CloudActivities) -> None:
     assert info.value.type == ERR_CONFIG and "configured: magnum, sync" in str(info.value)
 
 
-# --- EKS managed node groups through a SigV4 signing proxy (docs/cloud.md profile) ----------
+# --- a generic HTTP profile with EKS shapes (e.g. behind a signing proxy; EKS itself is the -----
+# --- built-in `eks` provider, tests/cloud/test_eks.py) -----------------------------------------
 
 EKS_PROXY = "http://127.0.0.1:8005"
 EKS_PROFILE = """
