@@ -15,12 +15,12 @@ from contract.base import Contract, Duration
 class NodePoolTarget(Contract):
     """Where a node pool lives. Identifiers only; credentials come from the worker's env."""
 
-    provider: Literal["gke", "aks", "cluster-api", "http", "twin"]
+    provider: Literal["gke", "aks", "eks", "cluster-api", "http", "twin"]
     name: str  # the pool's name at the provider
     node_pool_label: str | None = None  # value of the node label that marks the pool
     project: str | None = None  # GKE
-    location: str | None = None  # GKE
-    cluster: str | None = None  # GKE, AKS
+    location: str | None = None  # GKE; EKS: the AWS region
+    cluster: str | None = None  # GKE, AKS, EKS
     subscription: str | None = None  # AKS
     resource_group: str | None = None  # AKS
     namespace: str | None = None  # Cluster API MachineDeployment namespace
@@ -128,3 +128,24 @@ class PoolScalerStatus(Contract):
     last_scaled_at: datetime | None = None
     last_target: int | None = None
     last_result: CapacityResult | None = None
+
+
+class KarpenterInput(Contract):
+    """Does a Karpenter NodePool serve the failed node's workloads (and so their Pending
+    replacements), and, with `raise_limits`, raise its `nvidia.com/gpu` limit once per `key`."""
+
+    node: str = Field(min_length=1)  # the failed device's node
+    raise_limits: bool = False
+    gpu_step: int = Field(default=8, ge=1)  # GPUs added to the limit
+    max_gpus: int = Field(default=0, ge=0)  # never past this limit (0: nothing is raised)
+    key: str = Field(min_length=1)  # idempotency: one raise per key
+
+
+class KarpenterResult(Contract):
+    node_pool: str | None = None  # None: no Karpenter NodePool serves the node
+    gpu_limit: int | None = None  # its spec.limits["nvidia.com/gpu"] (None: no limit)
+    gpus_used: int | None = None  # its status.resources["nvidia.com/gpu"]
+    at_limit: bool = False  # no room for one more node's GPUs under the limit
+    raised_from: int | None = None  # set when this call (or its key's earlier try) raised it
+    raised_to: int | None = None
+    message: str = ""

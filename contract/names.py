@@ -85,6 +85,7 @@ ACT_RELEASE_QUARANTINE = "release-quarantine"
 ACT_CHECK_HEALTH = "check-device-health"
 ACT_RECORD_EVENT = "record-event"
 ACT_CORDON = "cordon-node"
+ACT_KARPENTER_CAPACITY = "karpenter-capacity"
 ACT_REQUEST_CAPACITY = "request-capacity"  # engine -> pool scaler workflow
 ACT_SCALE_POOL = "scale-node-pool"  # pool scaler -> cloud provider
 ACT_DESCRIBE_POOL = "describe-node-pool"

@@ -243,6 +243,23 @@ class ReplacementPolicy(BoundedRunbookModel):
     on_churn: Literal["cordon", "noschedule", "none"] = "cordon"
 
 
+class KarpenterPolicy(RunbookModel):
+    """Where Karpenter provisions the failed node's pool (its NodePool named by the node's
+    `karpenter.sh/nodepool` label), Sickbay never scales a second way: the Pending deadline
+    measures Karpenter's provisioning. At the deadline, a NodePool whose `nvidia.com/gpu` limit
+    leaves no room is raised by `gpuStep`, up to `maxGpus`, only with `raiseLimits`."""
+
+    raise_limits: bool = False
+    gpu_step: int = Field(default=8, ge=1)
+    max_gpus: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _raise_needs_max(self) -> KarpenterPolicy:
+        if self.raise_limits and self.max_gpus < 1:
+            raise ValueError("scaleUp.karpenter.raiseLimits needs scaleUp.karpenter.maxGpus >= 1")
+        return self
+
+
 class ScaleUpPolicy(BoundedRunbookModel):
     block: ClassVar[str] = "scaleUp"
     enabled: bool = False
@@ -254,7 +271,9 @@ class ScaleUpPolicy(BoundedRunbookModel):
     approval: bool = False
     # Without `pool`: the failed device's own node pool (ResolvedDevice.node_pool) at this
     # provider, so one shipped runbook serves every pool of a cluster.
-    provider: Literal["gke", "aks", "cluster-api", "http", "twin"] | None = None
+    # `karpenter`: only Karpenter's NodePool (the `karpenter` block); no node group is scaled.
+    provider: Literal["gke", "aks", "eks", "cluster-api", "http", "twin", "karpenter"] | None = None
+    karpenter: KarpenterPolicy = Field(default_factory=KarpenterPolicy)
 
     @model_validator(mode="after")
     def _pool_when_enabled(self) -> ScaleUpPolicy:

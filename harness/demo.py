@@ -195,6 +195,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             profile=scenario.profile,
             watch=scenario.watch,
             repair=scenario.repair,
+            cloud=scenario.cloud,
             state_dir=state_dir,
             notes=lambda text: say(text, tag="stack"),
         )

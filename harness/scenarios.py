@@ -43,7 +43,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -65,7 +65,7 @@ from contract.remediation import (
     RepairedRequest,
     TimelineEntry,
 )
-from harness.stack import Stack
+from harness.stack import POOL, Stack
 from twin import hami
 from workflows.ledger import GpuLedgerWorkflow
 from workflows.remediation import DeviceRemediationWorkflow
@@ -640,6 +640,7 @@ class Scenario:
     watch: bool = False  # needs the health watcher in the worker (StackConfig.watch)
     repair: bool = False  # needs the shipped repair ladder on (StackConfig.repair)
     profile: str = "1.36"  # the twin's profile (StackConfig.profile)
+    cloud: Literal["gke", "eks"] = "gke"  # the pool's cloud shape (StackConfig.cloud)
 
 
 def _ns(prefix: str) -> str:
@@ -735,11 +736,18 @@ async def act3_scale_up(demo: Demo, st: SeedState) -> None:
     await demo.phase(st.second, {Phase.AWAITING_REPLACEMENT, Phase.SCALING})
     say("no healthy GPU is free: the replacement stays Pending until the deadline")
     await demo.phase(st.second, {Phase.SCALING}, within=SCALE_TIMEOUT)
-    say("Pending deadline passed: asking the node pool for one more node (GKE-shaped API)")
+    eks = demo.stack.config.cloud == "eks"
+    shape = "EKS UpdateNodegroupConfig through boto3" if eks else "GKE-shaped API"
+    say(f"Pending deadline passed: asking the node pool for one more node ({shape})")
     await demo.phase(st.second, {Phase.HOLDING}, within=SCALE_TIMEOUT)
     st.new_nodes = sorted(set(await demo.nodes()) - set(nodes_before))
     if not st.new_nodes:
         raise DemoFailure("the remediation is holding but no node was added to the pool")
+    if eks:
+        cloud = demo.stack.twin("PUT", f"/twin/pools/{POOL}/cloud", {})
+        if cloud["eksUpdates"] != 1:
+            raise DemoFailure(f"EKS node group updates: {cloud['eksUpdates']}, expected 1")
+        demo.check("one EKS node-group update (UpdateNodegroupConfig desiredSize, SigV4-signed)")
     [(third, device3)] = await demo.running(st.ns, st.app)
     if not any(f"/{n}/" in device3 for n in st.new_nodes):
         raise DemoFailure(f"the replacement runs on {device3}, not on the new node {st.new_nodes}")
@@ -1334,6 +1342,23 @@ async def repair_ladder(demo: Demo) -> None:
     await _play(demo, "repair", REPAIR_PARTS)
 
 
+async def eks_repair(demo: Demo) -> None:
+    """The repair ladder on an EKS node group: Xid 79 -> reboot through EC2 RebootInstances
+    (boto3, the twin's EC2 shapes) -> validation -> released, asked once."""
+
+    async def reboot(demo: Demo, ns: str, app: str) -> None:
+        await _repaired_without_people(
+            demo, ns, app, 79, "reboot", "Xid 79 -> reboot through EC2 -> validation"
+        )
+        cloud = demo.stack.twin("PUT", f"/twin/pools/{POOL}/cloud", {})
+        calls = [c for c in cloud["instanceCalls"] if c[0] == "reset"]
+        if len(calls) != 1:
+            raise DemoFailure(f"EC2 reboots acted on: {calls}, expected one")
+        demo.check(f"one EC2 RebootInstances of node {calls[0][1]}'s instance")
+
+    await _play(demo, "eks-repair", [reboot])
+
+
 async def lemon_gpu(demo: Demo) -> None:
     """The repair scenario's lemon part alone: on a fresh stand two failures repaired by the
     ladder, the third retires the GPU (one RMA page); no human step."""
@@ -1361,6 +1386,20 @@ SCENARIOS: dict[str, Scenario] = {
             "closed-loop repair: reset, reboot, validated release, a lemon retired, no human step",
             repair_ladder,
             repair=True,
+        ),
+        Scenario(
+            "eks",
+            "the seed incident on an EKS node group: scale-up through UpdateNodegroupConfig",
+            seed_story,
+            acts=4,
+            cloud="eks",
+        ),
+        Scenario(
+            "eks-repair",
+            "closed-loop repair on EKS: Xid 79 -> EC2 reboot -> validated release",
+            eks_repair,
+            repair=True,
+            cloud="eks",
         ),
         Scenario(
             "lemon",

@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -302,6 +302,11 @@ def _acknowledge(block: dict[str, Any], path: str, value: str) -> None:
         acknowledged.append(path.rsplit(".", 1)[1])
 
 
+# The twin's EKS shapes (twin/awsapi.py): its cluster is the twin's cloud API's cluster.
+EKS_REGION = "us-twin-1"
+EKS_CLUSTER = "twin"
+
+
 def demo_runbooks(
     dest: Path,
     scale: float,
@@ -311,6 +316,7 @@ def demo_runbooks(
     source: Path = PACKAGED_RUNBOOKS,
     repair: bool = False,
     lemons: bool = True,
+    cloud: str = "gke",
 ) -> list[str]:
     """Write the shipped runbooks to `dest` with durations divided by `scale` and the demo's
     wiring; returns one line per change (what the demo prints)."""
@@ -344,16 +350,26 @@ def demo_runbooks(
         if scale_up.get("enabled") and cloud_endpoint:
             shipped_provider = scale_up.get("provider") or "pool " + str(scale_up.get("pool"))
             shipped_max = scale_up.get("maxSize", "unset")
-            scale_up["pool"] = {
-                "provider": "twin",
-                "name": pool,
-                "node_pool_label": pool,
-                "endpoint": cloud_endpoint,
-            }
+            if cloud == "eks":  # boto3 reaches the twin through the worker's AWS config
+                scale_up["pool"] = {
+                    "provider": "eks",
+                    "name": pool,
+                    "node_pool_label": pool,
+                    "cluster": EKS_CLUSTER,
+                    "location": EKS_REGION,
+                }
+            else:
+                scale_up["pool"] = {
+                    "provider": "twin",
+                    "name": pool,
+                    "node_pool_label": pool,
+                    "endpoint": cloud_endpoint,
+                }
             scale_up.pop("provider", None)
             scale_up["maxSize"] = pool_max
+            shape = "EKS node group" if cloud == "eks" else "GKE-shaped cloud API"
             changes.append(
-                f"{name}: scale-up via the twin's GKE-shaped cloud API, pool {pool}, "
+                f"{name}: scale-up via the twin's {shape}, pool {pool}, "
                 f"max {pool_max} nodes (shipped: provider {shipped_provider}, max {shipped_max})"
             )
         ladder = spec.get("repair") or {}
@@ -434,6 +450,9 @@ class StackConfig:
     # The shipped repair ladder in the demo runbooks: off unless a scenario needs it, so the
     # other scenarios (and the tests on this stack) play the hold-and-release procedure.
     repair: bool = False
+    # The cloud shape of the pool: `gke` (the twin's GKE-shaped API, provider `twin`) or `eks`
+    # (its EKS / EC2 / Auto Scaling shapes through boto3, provider `eks`; twin/awsapi.py).
+    cloud: Literal["gke", "eks"] = "gke"
     # The shipped lemons knob (retire a GPU failing 3 times in 7d). Off only where a GPU is
     # failed over and over on purpose: bench/repair.py's rung timings and the tests' shared
     # stack (tests/demo/conftest.py), where each scenario fails the same two GPUs again.
@@ -653,6 +672,7 @@ class Stack:
             cfg.pool_max,
             repair=cfg.repair,
             lemons=cfg.lemons,
+            cloud=cfg.cloud,
         )
         info.channels_file = str(channels_file(self.dir / "channels.yaml", info.sink_url, pd_key))
 
@@ -661,6 +681,9 @@ class Stack:
         self._wait("sink", lambda: _http("GET", info.sink_url + "/healthz")[0] == 200)
         self._wait("twin", lambda: (self.dir / "twin.json").exists())
         self._wait("twin", lambda: _http("GET", info.kube_url + "/twin/gpus")[0] == 200)
+        if cfg.cloud == "eks":  # the pool's nodes become EC2 instances of its node group
+            self.twin("PUT", f"/twin/pools/{POOL}/cloud", {"eks": {"zone": f"{EKS_REGION}a"}})
+            self._aws_files(info, cloud_token)
         gpus = self.twin("GET", "/twin/gpus")["items"]
         info.node = gpus[0]["node"]
         info.gpus = [g["uuid"] for g in gpus]
@@ -759,7 +782,34 @@ class Stack:
                 "SICKBAY_GRACEFUL_SHUTDOWN_SECONDS": "5",
             }
         )
+        if self.config.cloud == "eks":
+            env.update(self.aws_env())
         return env
+
+    def aws_env(self) -> dict[str, str]:
+        """boto3's standard chain aimed at the twin: its shared-files leg (the twin's key in
+        this stack's own credentials file), no profile, no instance metadata."""
+        secrets_dir = self.dir / "secrets"
+        return {
+            "SICKBAY_CLOUD_FILE": str(self.dir / "cloud-eks.yaml"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(secrets_dir / "aws-credentials"),
+            "AWS_CONFIG_FILE": str(secrets_dir / "aws-config"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
+    def _aws_files(self, info: StackInfo, cloud_token: Path) -> None:
+        from twin.awsapi import TWIN_ACCESS_KEY_ID
+
+        secrets_dir = self.dir / "secrets"
+        (secrets_dir / "aws-credentials").write_text(
+            f"[default]\naws_access_key_id = {TWIN_ACCESS_KEY_ID}\n"
+            f"aws_secret_access_key = {cloud_token.read_text().strip()}\n"
+        )
+        (secrets_dir / "aws-config").write_text(f"[default]\nregion = {EKS_REGION}\n")
+        base = f"{info.cloud_url}/aws"
+        endpoints = {s: f"{base}/{s}" for s in ("eks", "ec2", "autoscaling")}
+        aws = {"region": EKS_REGION, "cluster": EKS_CLUSTER, "endpoints": endpoints}
+        (self.dir / "cloud-eks.yaml").write_text(yaml.safe_dump({"aws": aws}))
 
     def twin(self, method: str, path: str, body: Any = None) -> Any:
         """Call the twin's `/twin/...` routes (twin/fault_routes.py); raises StackError on a

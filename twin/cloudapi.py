@@ -10,6 +10,10 @@ provider is the GKE provider pointed here):
     GET  /v1/projects/{p}/locations/{l}/operations                           {"operations": []}
     GET  /v1/projects/{p}/locations/{l}/operations/{op}                      Operation
     GET  /compute/v1/projects/{p}/zones/{z}/instanceGroupManagers/{igm}      {"targetSize": n}
+    GET  /computeMetadata/v1/instance/service-accounts/default/token         the metadata
+                                                          server's token (google-auth's ADC)
+
+and the AWS shapes of twin/awsapi.py (EKS node groups, EC2, Auto Scaling) under /aws/.
 
 Every call needs `Authorization: Bearer <token>` (401 UNAUTHENTICATED otherwise). Errors use
 Google's body `{"error": {"code", "message", "status"}}`.
@@ -98,13 +102,14 @@ class _Operation:
     ended: datetime | None = None
     error: dict[str, Any] | None = None
     location: str = ""
+    kind: str = "SET_NODE_POOL_SIZE"
 
     def resource(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "name": self.name,
             "zone": self.location,
             "location": self.location,
-            "operationType": "SET_NODE_POOL_SIZE",
+            "operationType": self.kind,
             "status": self.status,
             "selfLink": self.self_link,
             "targetLink": self.target_link,
@@ -159,7 +164,8 @@ class CloudApi:
     ) -> None:
         self.token = token or secrets.token_urlsafe(24)
         self.on_resize = on_resize
-        # ("reset" | "recreate", instance name): the twin's node rungs (controllers/repair.py)
+        # ("reset" | "recreate" | "delete" | "terminate", node name): the twin's node rungs
+        # (controllers/repair.py)
         self.on_instance = on_instance
         self.instance_calls: list[tuple[str, str]] = []  # every reset / recreate acted on
         self._by_request_id: dict[str, dict[str, Any]] = {}
@@ -180,10 +186,14 @@ class CloudApi:
         self.pools: dict[str, TwinPool] = {}
         self.operations: dict[str, _Operation] = {}
         self.requests: list[LoggedRequest] = []
+        self.metadata_requests = 0  # answered metadata-server calls (Metadata-Flavor: Google)
         self._injected: list[tuple[int, str, float | None, str | None]] = []
         self._seq = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self.base_url = ""  # set by the server once it listens
+        from twin.awsapi import AwsShapes
+
+        self.aws = AwsShapes(self)  # EKS, EC2 and Auto Scaling (twin/awsapi.py)
         self.app = self._build_app()
 
     # --- Python API ----------------------------------------------------------------------
@@ -245,6 +255,9 @@ class CloudApi:
             )
             return response
 
+        self.aws.mount(app)
+        self._mount_metadata(app)
+
         @app.get(prefix + "/clusters/{cluster}/nodePools/{pool}")
         async def get_pool(project: str, location: str, cluster: str, pool: str) -> Any:
             found = self._pool(project, location, cluster, pool)
@@ -274,7 +287,9 @@ class CloudApi:
         async def list_operations(project: str, location: str) -> Any:
             return {
                 "operations": [
-                    op.resource() for op in self.operations.values() if op.location == location
+                    op.resource()
+                    for op in self.operations.values()
+                    if op.location == location and op.kind == "SET_NODE_POOL_SIZE"
                 ]
             }
 
@@ -399,6 +414,41 @@ class CloudApi:
 
         return app
 
+    def _mount_metadata(self, app: FastAPI) -> None:
+        """The GKE metadata server's token endpoints (what google-auth asks on a GKE node with
+        Workload Identity): the twin's bearer token for the `default` service account. Only
+        with `Metadata-Flavor: Google`, answered with that header, as the real server does."""
+        flavor = {"Metadata-Flavor": "Google"}
+
+        def answer(request: Request, body: Any, text: bool = False) -> Response:
+            if request.headers.get("metadata-flavor") != "Google":
+                return Response("Missing Metadata-Flavor:Google header.", status_code=403)
+            self.metadata_requests += 1
+            if text:
+                return Response(str(body), media_type="application/text", headers=flavor)
+            return JSONResponse(body, headers=flavor)
+
+        @app.get("/")
+        async def metadata_root(request: Request) -> Any:
+            return answer(request, "computeMetadata/", text=True)
+
+        account = "/computeMetadata/v1/instance/service-accounts/default"
+
+        @app.get(account + "/")
+        async def metadata_account(request: Request) -> Any:
+            scopes = ["https://www.googleapis.com/auth/cloud-platform"]
+            email = f"sickbay@{self.project}.iam.gserviceaccount.com"
+            return answer(request, {"aliases": ["default"], "email": email, "scopes": scopes})
+
+        @app.get(account + "/token")
+        async def metadata_token(request: Request) -> Any:
+            body = {"access_token": self.token, "expires_in": 3599, "token_type": "Bearer"}
+            return answer(request, body)
+
+        @app.get("/computeMetadata/v1/project/project-id")
+        async def metadata_project(request: Request) -> Any:
+            return answer(request, self.project, text=True)
+
     def _instance_op(
         self, project: str, zone: str, action: str, instance: str, target: str, request_id: str
     ) -> Any:
@@ -515,20 +565,30 @@ class CloudApi:
         self._http_keys[key] = answer
         return JSONResponse(answer, status_code=202)
 
-    def _check(self, request: Request) -> JSONResponse | None:
-        header = request.headers.get("authorization", "")
-        if not secrets.compare_digest(header, f"Bearer {self.token}"):
-            return _error(
-                401,
-                "Request had invalid authentication credentials. Expected OAuth 2 access token, "
-                "login cookie or other valid authentication credential.",
-            )
+    def _check(self, request: Request) -> Response | None:
+        if request.url.path == "/" or request.url.path.startswith("/computeMetadata/"):
+            return None  # the metadata server: no token (it hands them out)
+        aws = request.url.path.startswith("/aws/")
+        if aws:
+            denied = self.aws.check(request)
+            if denied is not None:
+                return denied
+        else:
+            header = request.headers.get("authorization", "")
+            if not secrets.compare_digest(header, f"Bearer {self.token}"):
+                return _error(
+                    401,
+                    "Request had invalid authentication credentials. Expected OAuth 2 access "
+                    "token, login cookie or other valid authentication credential.",
+                )
         chosen = next(
             (i for i, f in enumerate(self._injected) if f[3] in (None, request.method)), None
         )
         if chosen is not None:
             status, message, retry_after, _method = self._injected.pop(chosen)
             headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
+            if aws:
+                return self.aws.injected(request, status, message)
             return _error(status, message, headers)
         return None
 
@@ -601,6 +661,13 @@ class CloudApi:
                 f"\"{pool.quota_resource}\": request requires '{count}.0' and is short "
                 f"'{count - pool.max_size}.0'. Quota limit is '{pool.max_size}.0'.",
             )
+        op = await self._start_resize(pool, count, "SET_NODE_POOL_SIZE", quota_short)
+        return op.resource()
+
+    async def _start_resize(
+        self, pool: TwinPool, count: int, kind: str, quota_short: bool = False
+    ) -> _Operation:
+        """A resize operation of `pool` to `count` nodes (GKE setSize, EKS config update)."""
         name = f"operation-{next(self._seq)}-{secrets.token_hex(4)}"
         op = _Operation(
             name=name,
@@ -611,15 +678,16 @@ class CloudApi:
             f"/operations/{name}",
             target_link=self._pool_link(pool),
             started=self.clock.now(),
+            kind=kind,
         )
         self.operations[name] = op
         if not quota_short:
             pool.size = count  # the instance group's target moves at once, nodes follow
-        log.info("twin cloud: pool %s resize to %d (%s)", pool.name, count, name)
+        log.info("twin cloud: pool %s resize to %d (%s, %s)", pool.name, count, kind, name)
         task = asyncio.create_task(self._finish(pool, op, quota_short))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return op.resource()
+        return op
 
     async def _sleep(self, seconds: float) -> None:
         sleep = getattr(self.clock, "sleep", None)
@@ -764,6 +832,8 @@ def attach_cloud_api(
             raise KeyError(instance)
         if action == "reset":
             repairs.reboot(instance)
+        elif action == "terminate":
+            repairs.replace(instance)  # EC2: the group launches a new instance, a new node
         else:
             repairs.replace(instance, same_name=True)  # a recreated VM keeps its name
 

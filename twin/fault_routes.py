@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -140,7 +141,7 @@ def _cloud_pool(twin: Any, name: str, data: dict[str, Any]) -> dict[str, Any]:
     pool = cloud.api.pools.get(name)
     if pool is None:
         raise FaultError(f'the twin cloud API has no node pool "{name}"', 404)
-    unknown = set(data) - {"latency", "aks", "armAnswerDelay"}
+    unknown = set(data) - {"latency", "aks", "armAnswerDelay", "eks", "awsAnswerDelay"}
     if unknown:
         raise FaultError(f"unknown cloud pool setting(s): {', '.join(sorted(unknown))}")
     if "latency" in data:
@@ -153,8 +154,15 @@ def _cloud_pool(twin: Any, name: str, data: dict[str, Any]) -> dict[str, Any]:
         if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
             raise FaultError(f"armAnswerDelay must be a number of seconds >= 0, not {delay!r}")
         cloud.api.arm_answer_delay = float(delay)
+    if "awsAnswerDelay" in data:
+        delay = data["awsAnswerDelay"]
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+            raise FaultError(f"awsAnswerDelay must be a number of seconds >= 0, not {delay!r}")
+        cloud.api.aws.answer_delay = float(delay)
     if "aks" in data:
         _aks_pool(twin, cloud.api, name, data["aks"])
+    if "eks" in data:
+        _eks_pool(twin, cloud.api, name, data["eks"])
     return {
         "pool": pool.name,
         "latency": pool.latency,
@@ -162,6 +170,9 @@ def _cloud_pool(twin: Any, name: str, data: dict[str, Any]) -> dict[str, Any]:
         "maxSize": pool.max_size,
         "vmssNodes": dict(cloud.api.vmss_nodes),
         "armAnswerDelay": cloud.api.arm_answer_delay,
+        "awsInstances": dict(cloud.api.aws.instances),
+        "eksUpdates": len(cloud.api.aws.updates),
+        "instanceCalls": [list(c) for c in cloud.api.instance_calls],
     }
 
 
@@ -187,6 +198,28 @@ def _aks_pool(twin: Any, api: Any, pool: str, aks: Any) -> None:
         )
         twin.store.mutate("nodes", name, lambda n, p=provider_id: n["spec"].update(providerID=p))
         api.vmss_nodes[f"{vmss}/{i}"] = name
+
+
+def _eks_pool(twin: Any, api: Any, pool: str, eks: Any) -> None:
+    """Make the pool's nodes EC2 instances of its managed node group's Auto Scaling group:
+    providerID aws:///<zone>/i-<17 hex digits>."""
+    if not isinstance(eks, dict) or set(eks) - {"zone"}:
+        raise FaultError('eks must be {"zone": "<availability zone>"}')
+    zone = eks.get("zone")
+    if not isinstance(zone, str) or not re.fullmatch(r"[a-z0-9-]+", zone):
+        raise FaultError("eks zone must be an availability zone name like us-twin-1a")
+    nodes = [
+        n
+        for n in twin.store.list("nodes").items
+        if ((n.get("metadata") or {}).get("labels") or {}).get("sickbay.dev/node-pool") == pool
+    ]
+    for i, node in enumerate(sorted(nodes, key=lambda n: n["metadata"]["name"])):
+        name = node["metadata"]["name"]
+        instance = f"i-{i:017x}"
+        provider_id = f"aws:///{zone}/{instance}"
+        twin.store.mutate("nodes", name, lambda n, p=provider_id: n["spec"].update(providerID=p))
+        api.aws.instances[instance] = name
+        api.aws.instance_pool[instance] = pool
 
 
 def dispatch(

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from twin import errors
-from twin.resources import CAPI_GROUP, ResourceType
+from twin.resources import CUSTOM_GROUPS, ResourceType
 
 # list field name → merge key, for strategic merge patch and apply (core and DRA kinds).
 MERGE_KEYS: dict[str, str] = {
@@ -235,7 +235,7 @@ def apply_patch(rt: ResourceType, current: dict[str, Any], body: Any, patch_type
     if patch_type == "merge":
         return merge_patch(current, body)
     if patch_type == "strategic":
-        if rt.group == CAPI_GROUP:  # custom resources have no strategic-merge schema
+        if rt.group in CUSTOM_GROUPS:  # custom resources have no strategic-merge schema
             raise errors.ApiError(
                 415,
                 "UnsupportedMediaType",

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 DRA_GROUP = "resource.k8s.io"
 CAPI_GROUP = "cluster.x-k8s.io"
+KARPENTER_GROUP = "karpenter.sh"
+CUSTOM_GROUPS = frozenset({CAPI_GROUP, KARPENTER_GROUP})  # custom resources (CRDs)
 COORDINATION_GROUP = "coordination.k8s.io"
 AUTHZ_GROUP = "authorization.k8s.io"
 AUTHN_GROUP = "authentication.k8s.io"
@@ -241,6 +243,17 @@ CATALOGUE: tuple[ResourceType, ...] = (
         "machine",
         ("ma",),
         ("cluster-api",),
+        ("status",),
+    ),
+    ResourceType(  # Karpenter's NodePool (its CRD, karpenter.sh/v1): limits and usage
+        KARPENTER_GROUP,
+        "nodepools",
+        "NodePool",
+        False,
+        ("v1",),
+        "nodepool",
+        (),
+        ("karpenter",),
         ("status",),
     ),
 )

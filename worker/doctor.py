@@ -1009,6 +1009,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             if recorded is not None:
                 settings = settings.with_cluster(recorded)
             checks += temporal_checks(settings)
+        from worker.doctor_cloud import cloud_checks  # the clouds: worker/doctor_cloud.py
+
+        checks.extend(cloud_checks(runbooks))
     except KubeError as err:
         checks = [loaded, Check("error", "doctor", f"stopped: {err}")]
     finally:

@@ -27,6 +27,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.cloud.base import CloudRejected, CloudUnavailable, NodePoolClient
 from activities.cloud.config import CloudConfig
+from activities.cloud.credentials import StaticToken
 from activities.cloud.gke import GkeNodePools
 from activities.defn import defn
 from activities.outbound import ConfigError
@@ -95,6 +96,7 @@ class CloudActivities:
         self._http = http or httpx.AsyncClient(timeout=self._config.request_timeout)
         self._kube_api = kube_api  # kubernetes.client.ApiClient for the Cluster API provider
         self._providers: dict[str, NodePoolClient] = dict(providers or {})
+        self._aws: Any = None  # AwsClients, made at the first EKS pool
 
     @classmethod
     def from_env(cls, kube_api: Any = None) -> CloudActivities:
@@ -119,6 +121,13 @@ class CloudActivities:
         self._providers[key] = provider
         return provider
 
+    def _aws_clients(self) -> Any:
+        if self._aws is None:
+            from activities.cloud.aws import AwsClients
+
+            self._aws = AwsClients(self._config.aws)
+        return self._aws
+
     def _build(self, pool: NodePoolTarget) -> NodePoolClient:
         if pool.provider == "gke":
             return GkeNodePools.from_config(self._http, self._config.gke)
@@ -138,7 +147,7 @@ class CloudActivities:
             return GkeNodePools(
                 self._http,
                 endpoint=endpoint,
-                token=twin.token,
+                token=StaticToken(twin.token),
                 defaults={
                     "project": twin.project,
                     "location": twin.location,
@@ -149,6 +158,10 @@ class CloudActivities:
             from activities.cloud.aks import AksNodePools
 
             return AksNodePools.from_config(self._http, self._config.aks)
+        if pool.provider == "eks":
+            from activities.cloud.aws import EksNodeGroups
+
+            return EksNodeGroups(self._aws_clients(), self._config.aws)
         if pool.provider == "http":
             from activities.cloud.http import HttpNodePools
 

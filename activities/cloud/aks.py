@@ -11,17 +11,15 @@
   Failed / Canceled, `error.message` on failure. Without such a header the pool's
   `provisioningState` is followed instead (operation id `provisioning-state`).
 
-Credentials: a bearer token from `$SICKBAY_AZURE_TOKEN` / `_FILE`, or a Microsoft Entra
-client-credentials login (`AZURE_TENANT_ID`, `AZURE_CLIENT_ID` and `AZURE_CLIENT_SECRET` or
-the workload-identity `AZURE_FEDERATED_TOKEN_FILE`) for the scope
-`https://management.azure.com/.default`. Tokens go only to the ARM endpoint.
+Credentials: a bearer token from `$SICKBAY_AZURE_TOKEN` / `_FILE`, else azure-identity's
+credential chain (AKS workload identity, managed identity, a client secret or certificate in
+the environment; credentials.py) for the scope `https://management.azure.com/.default`. Tokens
+go only to the ARM endpoint.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -34,75 +32,17 @@ from activities.cloud.base import (
     send,
 )
 from activities.cloud.config import AksConfig
+from activities.cloud.credentials import AzureToken
 from activities.outbound import ConfigError
 from contract.capacity import NodePoolTarget, PoolDescription, PoolOperation
 
 STATE_OPERATION = "provisioning-state"
 _TERMINAL = ("Succeeded", "Failed", "Canceled")
-# Read-only agent pool properties: ARM ignores or refuses them on PUT.
-_READ_ONLY = ("provisioningState", "nodeImageVersion", "currentOrchestratorVersion")
+# Read-only agent pool properties (the ARM agent-pool schema's read-only fields, and the node
+# image an upgrade sets): ARM ignores or refuses them on PUT. The etag goes in If-Match.
+_READ_ONLY = ("provisioningState", "nodeImageVersion", "currentOrchestratorVersion", "eTag")
 # PUT with a stale etag: another change won the race; describe again and retry.
 _PRECONDITION_FAILED = 412
-
-
-class AzureToken:
-    """A bearer token for ARM: configured directly, or from a client-credentials login."""
-
-    def __init__(self, client: httpx.AsyncClient, config: AksConfig) -> None:
-        self._client, self._config = client, config
-        self._token: str | None = None
-        self._expires = 0.0
-
-    async def get(self) -> str:
-        cfg = self._config
-        if cfg.token.available():
-            return cfg.token.resolve()
-        if self._token and time.monotonic() < self._expires:
-            return self._token
-        if not (cfg.tenant_id and cfg.client_id):
-            raise ConfigError(
-                f"no Azure credentials: set {cfg.token.describe()} (or its _FILE), or "
-                "AZURE_TENANT_ID + AZURE_CLIENT_ID with AZURE_CLIENT_SECRET or "
-                "AZURE_FEDERATED_TOKEN_FILE"
-            )
-        form = {
-            "grant_type": "client_credentials",
-            "client_id": cfg.client_id,
-            "scope": f"{cfg.endpoint.rstrip('/')}/.default",
-        }
-        if cfg.client_secret.available():
-            form["client_secret"] = cfg.client_secret.resolve()
-        elif cfg.federated_token_file is not None:
-            try:
-                assertion = cfg.federated_token_file.read_text().strip()
-            except OSError as exc:
-                raise ConfigError(
-                    f"cannot read federated token file {cfg.federated_token_file}: {exc.strerror}"
-                ) from exc
-            form["client_assertion_type"] = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
-            form["client_assertion"] = assertion
-        else:
-            raise ConfigError("Azure login needs AZURE_CLIENT_SECRET or AZURE_FEDERATED_TOKEN_FILE")
-        url = f"{cfg.authority.rstrip('/')}/{quote(cfg.tenant_id)}/oauth2/v2.0/token"
-        try:
-            response = await self._client.post(url, data=form)
-        except httpx.HTTPError as exc:
-            raise CloudUnavailable(f"Microsoft Entra login failed: {exc!r}") from exc
-        if response.status_code >= 500 or response.status_code == 429:
-            raise CloudUnavailable(f"Microsoft Entra login: HTTP {response.status_code}")
-        try:
-            body = response.json()
-        except ValueError:
-            body = {}
-        if response.status_code >= 400:
-            raise CloudRejected(
-                f"Microsoft Entra login refused: {body.get('error', '')}: "
-                f"{str(body.get('error_description', ''))[:300]}",
-                response.status_code,
-            )
-        self._token = str(body["access_token"])
-        self._expires = time.monotonic() + float(body.get("expires_in", 300)) - 60
-        return self._token
 
 
 class AksNodePools:
@@ -112,7 +52,7 @@ class AksNodePools:
         self._client = client
         self._config = config
         self._endpoint = config.endpoint.rstrip("/")
-        self._token = AzureToken(client, config)
+        self._token = AzureToken(config)
 
     @classmethod
     def from_config(cls, client: httpx.AsyncClient, config: AksConfig) -> AksNodePools:

@@ -27,13 +27,10 @@ class _Model(BaseModel):
 
 class GkeConfig(_Model):
     endpoint: str = "https://container.googleapis.com"
-    # Bearer token: $SICKBAY_GKE_TOKEN, or the file named by $SICKBAY_GKE_TOKEN_FILE.
+    # A ready bearer token: $SICKBAY_GKE_TOKEN, or the file named by $SICKBAY_GKE_TOKEN_FILE.
+    # Unset: google-auth's Application Default Credentials (the GKE metadata server with
+    # Workload Identity, $GOOGLE_APPLICATION_CREDENTIALS, ...; activities/cloud/credentials.py).
     token: SecretRef = SecretRef(env="SICKBAY_GKE_TOKEN")
-    # Or ask the GKE metadata server (Workload Identity) when no token is configured.
-    metadata_server: bool = False
-    metadata_url: str = (
-        "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
-    )
     # Defaults for runbooks that name only the provider (`scaleUp.provider: gke`): the pool is
     # then the failed node's pool in this cluster.
     project: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_GKE_PROJECT"))
@@ -56,21 +53,32 @@ class AksConfig(_Model):
         default_factory=lambda: os.environ.get("SICKBAY_AKS_RESOURCE_GROUP")
     )
     cluster: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_AKS_CLUSTER"))
-    # Either a ready bearer token ($SICKBAY_AZURE_TOKEN / _FILE) ...
+    # A ready bearer token ($SICKBAY_AZURE_TOKEN / _FILE); unset: azure-identity's credential
+    # chain (environment, AKS workload identity, managed identity; credentials.py), which reads
+    # AZURE_TENANT_ID, AZURE_CLIENT_ID, AZURE_FEDERATED_TOKEN_FILE, ... itself.
     token: SecretRef = SecretRef(env="SICKBAY_AZURE_TOKEN")
-    # ... or a Microsoft Entra client-credentials login: client secret, or the federated token
-    # file of AKS workload identity. Defaults are the variables workload identity injects.
-    authority: str = "https://login.microsoftonline.com"
-    tenant_id: str | None = Field(default_factory=lambda: os.environ.get("AZURE_TENANT_ID"))
-    client_id: str | None = Field(default_factory=lambda: os.environ.get("AZURE_CLIENT_ID"))
-    client_secret: SecretRef = SecretRef(env="AZURE_CLIENT_SECRET")
-    federated_token_file: Path | None = Field(
-        default_factory=lambda: (
-            Path(os.environ["AZURE_FEDERATED_TOKEN_FILE"])
-            if os.environ.get("AZURE_FEDERATED_TOKEN_FILE")
-            else None
-        )
-    )
+    # Microsoft Entra's host for sovereign clouds (login.microsoftonline.us, ...); None:
+    # $AZURE_AUTHORITY_HOST, else the public cloud.
+    authority: str | None = None
+    # The user-assigned managed identity to sign in as, when the nodes have several.
+    managed_identity_client_id: str | None = None
+
+
+class AwsConfig(_Model):
+    """EKS managed node groups and their EC2 instances, through boto3. Credentials are never in
+    this file: boto3's standard chain finds them (EKS Pod Identity, IRSA web identity, the
+    environment, a shared config profile, the instance profile) and botocore signs every
+    request."""
+
+    # The region of the runbooks' pools when a pool names none (`location`); boto3's own
+    # defaults ($AWS_REGION / $AWS_DEFAULT_REGION, the shared config file) otherwise.
+    region: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_AWS_REGION"))
+    # A named profile of the shared config file; None: the standard chain.
+    profile: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_AWS_PROFILE"))
+    cluster: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_EKS_CLUSTER"))
+    # Service -> endpoint URL (`eks`, `ec2`, `autoscaling`, `sts` for `sickbay doctor`): VPC
+    # endpoints, or the twin's AWS shapes in tests and the demo. Unset: AWS's own endpoints.
+    endpoints: dict[Literal["eks", "ec2", "autoscaling", "sts"], str] = Field(default_factory=dict)
 
 
 class TwinConfig(_Model):
@@ -140,6 +148,7 @@ class HttpProfile(_Model):
 class CloudConfig(_Model):
     gke: GkeConfig = Field(default_factory=GkeConfig)
     aks: AksConfig = Field(default_factory=AksConfig)
+    aws: AwsConfig = Field(default_factory=AwsConfig)
     twin: TwinConfig = Field(default_factory=TwinConfig)
     http: dict[str, HttpProfile] = Field(default_factory=dict)  # profile name -> profile
     request_timeout: float = 30.0  # seconds per HTTP call: ARM and GKE answer well within this

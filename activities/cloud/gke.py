@@ -11,14 +11,14 @@ the same shapes).
 - get_operation: `GET .../locations/{l}/operations/{name}` until `status == DONE`; a DONE
   operation with `error` failed (quota exhausted while creating VMs, for instance).
 
-The bearer token comes from `$SICKBAY_GKE_TOKEN` / `$SICKBAY_GKE_TOKEN_FILE` (or the metadata
-server with Workload Identity); it is sent only to the API endpoint and the compute hosts.
+The bearer token comes from `$SICKBAY_GKE_TOKEN` / `$SICKBAY_GKE_TOKEN_FILE`, else google-auth's
+Application Default Credentials (Workload Identity on GKE; credentials.py); it is sent only to
+the API endpoint and the compute hosts.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -32,28 +32,15 @@ from activities.cloud.base import (
     send,
 )
 from activities.cloud.config import GkeConfig
-from activities.outbound import ConfigError, SecretRef
+from activities.cloud.credentials import GoogleToken
+from activities.outbound import ConfigError
 from contract.capacity import NodePoolTarget, PoolDescription, PoolOperation
 
 _ACTIVE = ("PENDING", "RUNNING", "ABORTING")
 
 
-class MetadataToken:
-    """Access token from the GKE metadata server, cached until a minute before expiry."""
-
-    def __init__(self, client: httpx.AsyncClient, url: str) -> None:
-        self._client, self._url = client, url
-        self._token: str | None = None
-        self._expires = 0.0
-
-    async def get(self) -> str:
-        if self._token and time.monotonic() < self._expires:
-            return self._token
-        response = await send(self._client, "GET", self._url, headers={"Metadata-Flavor": "Google"})
-        body = json_of(response)
-        self._token = str(body["access_token"])
-        self._expires = time.monotonic() + float(body.get("expires_in", 300)) - 60
-        return self._token
+class TokenSource(Protocol):
+    async def get(self) -> str: ...
 
 
 class GkeNodePools:
@@ -64,21 +51,18 @@ class GkeNodePools:
         client: httpx.AsyncClient,
         *,
         endpoint: str,
-        token: SecretRef | None,
-        metadata: MetadataToken | None = None,
+        token: TokenSource,
         compute_hosts: list[str] | None = None,
         defaults: dict[str, str] | None = None,
     ) -> None:
         self._client = client
         self._endpoint = endpoint.rstrip("/")
         self._token = token
-        self._metadata = metadata
         self._compute_hosts = compute_hosts or []
         self._defaults = defaults or {}  # project/location/cluster for the twin
 
     @classmethod
     def from_config(cls, client: httpx.AsyncClient, config: GkeConfig) -> GkeNodePools:
-        metadata = MetadataToken(client, config.metadata_url) if config.metadata_server else None
         defaults = {
             k: v
             for k, v in (
@@ -91,8 +75,7 @@ class GkeNodePools:
         return cls(
             client,
             endpoint=config.endpoint,
-            token=config.token,
-            metadata=metadata,
+            token=GoogleToken(config),
             compute_hosts=config.compute_hosts,
             defaults=defaults,
         )
@@ -194,15 +177,7 @@ class GkeNodePools:
         return url
 
     async def _headers(self) -> dict[str, str]:
-        if self._token is not None and self._token.available():
-            token = self._token.resolve()
-        elif self._metadata is not None:
-            token = await self._metadata.get()
-        elif self._token is not None:
-            token = self._token.resolve()  # raises ConfigError naming the variable
-        else:
-            raise ConfigError("no GKE credentials configured")
-        return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        return {"Authorization": f"Bearer {await self._token.get()}", "Accept": "application/json"}
 
     async def _get(self, url: str) -> dict[str, Any]:
         return json_of(await send(self._client, "GET", url, headers=await self._headers()))

@@ -1,6 +1,7 @@
 """Reboot and replace of one node through its provider: the node rungs of the repair ladder.
 
-Built: Cluster API, GKE, AKS and the generic HTTP provider.
+Built: Cluster API, GKE, AKS, EKS (EC2 instances: activities/cloud/ec2.py) and the generic
+HTTP provider.
 
 Generic HTTP (a worker-side profile, `HttpProfile.reboot` / `.replace` in the cloud config
 file; the pool's `profile` names it): one templated call each, with `{node}` and
@@ -63,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import uuid as uuidlib
 from datetime import UTC, datetime
@@ -72,9 +74,16 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.cloud.aks import AzureToken
 from activities.cloud.base import CloudRejected, CloudUnavailable, json_of, send
-from activities.cloud.config import AksConfig, CloudConfig, GkeConfig, HttpCall, HttpProfile
+from activities.cloud.config import (
+    AksConfig,
+    AwsConfig,
+    CloudConfig,
+    GkeConfig,
+    HttpCall,
+    HttpProfile,
+)
+from activities.cloud.credentials import AzureToken, StaticToken
 from activities.cloud.gke import GkeNodePools
 from activities.cloud.http import HttpNodePools
 from activities.defn import defn
@@ -345,6 +354,23 @@ class GkeMachines:
         )
 
 
+async def patch_node_annotations(core: Any, node: str, annotations: dict[str, str]) -> None:
+    """One merge patch of the node's annotations (the reboot records), errors mapped."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    body = {"metadata": {"annotations": annotations}}
+    try:
+        await asyncio.to_thread(core.patch_node, node, body)
+    except ApiException as exc:
+        message = f"patch node {node}: HTTP {exc.status} {exc.reason}"
+        if exc.status in (409, 429) or (exc.status or 0) >= 500:
+            raise CloudUnavailable(message) from exc
+        raise CloudRejected(f"{message}: {str(exc.body or '')[:300]}", exc.status) from exc
+    except HTTPError as exc:
+        raise CloudUnavailable(f"patch node {node}: {exc!r}") from exc
+
+
 def _secret_set(ref: Any) -> bool:
     try:
         return bool(ref.resolve())
@@ -401,7 +427,7 @@ class AksMachines:
 
         self._client = client
         self._endpoint = config.endpoint.rstrip("/")
-        self._token = AzureToken(client, config)
+        self._token = AzureToken(config)
         self._core = CoreV1Api(api_client)
 
     async def _node(self, node: str) -> Any:
@@ -439,19 +465,7 @@ class AksMachines:
         return json_of(await send(self._client, "GET", url, headers=await self._headers()))
 
     async def _annotate(self, node: str, annotations: dict[str, str]) -> None:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        body = {"metadata": {"annotations": annotations}}
-        try:
-            await asyncio.to_thread(self._core.patch_node, node, body)
-        except ApiException as exc:
-            message = f"patch node {node}: HTTP {exc.status} {exc.reason}"
-            if exc.status in (409, 429) or (exc.status or 0) >= 500:
-                raise CloudUnavailable(message) from exc
-            raise CloudRejected(f"{message}: {str(exc.body or '')[:300]}", exc.status) from exc
-        except HTTPError as exc:
-            raise CloudUnavailable(f"patch node {node}: {exc!r}") from exc
+        await patch_node_annotations(self._core, node, annotations)
 
     async def _record_after(self, node: str, key: str, record: dict[str, Any]) -> None:
         """The record after ARM's answer. Best effort: without it a retry finds `asking` and
@@ -678,20 +692,20 @@ def machine_providers(
 ) -> dict[str, MachineClient]:
     """The reboot / replace providers this worker can use, by the pool's provider name; one
     not listed here is "not configured" (the remediation escalates naming it). Cluster API
-    whenever the worker has a Kubernetes client; GKE when a token or the metadata server is
-    configured; `twin` (the twin's Compute Engine endpoints) when its URL is set; AKS when a token
-    or an Entra login is configured; `http` when a profile has a `reboot` or `replace` call."""
+    whenever the worker has a Kubernetes client; GKE and AKS when `gke_configured` /
+    `aks_configured`; `twin` (the twin's Compute Engine endpoints) when its URL is set; `eks` (EC2) when AWS is (`aws_configured`); `http` when a
+    profile has a `reboot` or `replace` call."""
     providers: dict[str, MachineClient] = {}
     if kube_api is not None:
         providers["cluster-api"] = ClusterApiMachines(kube_api)
-        if config.gke.metadata_server or _secret_set(config.gke.token):
+        if gke_configured(config.gke):
             providers["gke"] = GkeMachines.from_config(http, config.gke, kube_api)
         twin = config.twin
         if twin.endpoint:
             pools = GkeNodePools(
                 http,
                 endpoint=twin.endpoint,
-                token=twin.token,
+                token=StaticToken(twin.token),
                 defaults={
                     "project": twin.project,
                     "location": twin.location,
@@ -700,15 +714,54 @@ def machine_providers(
             )
             providers["twin"] = GkeMachines(pools, kube_api, twin.endpoint)
         aks = config.aks
-        if _secret_set(aks.token) or (
-            aks.tenant_id
-            and aks.client_id
-            and (_secret_set(aks.client_secret) or aks.federated_token_file)
-        ):
+        if aks_configured(aks):
             providers["aks"] = AksMachines(http, aks, kube_api)
         if any(p.reboot or p.replace for p in config.http.values()):
             providers["http"] = HttpMachines(http, config.http, kube_api)
+        if aws_configured(config.aws):
+            from activities.cloud.aws import AwsClients
+            from activities.cloud.ec2 import Ec2Machines
+
+            providers["eks"] = Ec2Machines(AwsClients(config.aws), kube_api)
     return providers
+
+
+def gke_configured(gke: GkeConfig) -> bool:
+    """Whether this worker is meant to act on GKE: a ready token, a default project or cluster,
+    or Application Default Credentials named by $GOOGLE_APPLICATION_CREDENTIALS. (On GKE with
+    Workload Identity no variable is needed for the token: set SICKBAY_GKE_PROJECT.)"""
+    return bool(
+        _secret_set(gke.token)
+        or gke.project
+        or gke.cluster
+        or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    )
+
+
+def aks_configured(aks: AksConfig) -> bool:
+    """Whether this worker is meant to act on AKS: a ready token, a default subscription or
+    cluster, or the variables azure-identity signs in with (workload identity's among them)."""
+    return bool(
+        _secret_set(aks.token)
+        or aks.subscription
+        or aks.cluster
+        or os.environ.get("AZURE_CLIENT_ID")
+        or os.environ.get("AZURE_FEDERATED_TOKEN_FILE")
+    )
+
+
+def aws_configured(aws: AwsConfig) -> bool:
+    """Whether this worker is meant to act on AWS: a region, cluster, profile or endpoint in
+    its config, or the region variables the AWS SDK reads. (Credentials are the SDK's chain,
+    found at the first call; missing ones are named then.)"""
+    return bool(
+        aws.region
+        or aws.cluster
+        or aws.profile
+        or aws.endpoints
+        or os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+    )
 
 
 # The reboot / replace activities heartbeat while the provider is asked, so a worker that dies

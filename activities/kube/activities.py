@@ -27,6 +27,7 @@ from activities.defn import defn
 from activities.kube import consumers, devices, events, evidence, nodes, quarantine, waits
 from activities.kube.client import ErrorKind, Kube, KubeError, KubeSettings, to_application_error
 from activities.kube.discovery import ClusterApis, Discovery
+from contract.capacity import KarpenterInput, KarpenterResult
 from contract.errors import ERR_INVALID_INPUT
 from contract.kube import (
     CheckHealthInput,
@@ -60,6 +61,7 @@ from contract.names import (
     ACT_EVICT_PODS,
     ACT_FIND_CONSUMERS,
     ACT_GATHER_EVIDENCE,
+    ACT_KARPENTER_CAPACITY,
     ACT_PREVIEW_QUARANTINE,
     ACT_QUARANTINE,
     ACT_RECORD_EVENT,
@@ -116,6 +118,7 @@ class KubeActivities:
             self.check_device_health,
             self.record_event,
             self.cordon_node,
+            self.karpenter_capacity,
         ]
 
     async def warm_up(self) -> None:
@@ -286,6 +289,16 @@ class KubeActivities:
         token = f"{info.workflow_id}|{info.workflow_run_id}|{info.activity_id}"
         written = await self._run(events.record_events, self._kube, inp, token)
         activity.logger.info("recorded %d event(s) %s for %s", written, inp.reason, inp.workflow_id)
+
+    @defn(ACT_KARPENTER_CAPACITY)
+    async def karpenter_capacity(self, inp: KarpenterInput) -> KarpenterResult:
+        """The Karpenter NodePool serving the node's workloads, its GPU limit raised when
+        asked (activities/kube/karpenter.py)."""
+        from activities.kube.karpenter import karpenter_capacity
+
+        result = await self._run(karpenter_capacity, self._kube, inp)
+        activity.logger.info("karpenter for node %s: %s", inp.node, result.message)
+        return result
 
     @defn(ACT_CORDON)
     async def cordon_node(self, inp: CordonInput) -> CordonResult:

@@ -20,17 +20,20 @@ Generic HTTP (an OpenStack Magnum-like profile):
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
-from urllib.parse import parse_qs
 
 import httpx
 import pytest
 import respx
+from azure.core.credentials import AccessToken
+from azure.identity import CredentialUnavailableError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.cloud import CloudActivities
 from activities.cloud.config import AksConfig, CloudConfig
+from activities.cloud.credentials import AzureToken
 from contract.capacity import DescribePoolInput, NodePoolTarget, PoolOperationInput, ScalePoolInput
 from contract.errors import ERR_CLOUD_REJECTED, ERR_CLOUD_UNAVAILABLE, ERR_CONFIG, ERR_STILL_WAITING
 
@@ -167,42 +170,73 @@ async def test_aks_foreign_async_url_is_not_followed(aks: CloudActivities) -> No
     assert info.value.type == ERR_CONFIG
 
 
+class FakeCredential:
+    """An azure-identity credential (its `get_token` protocol) that counts its sign-ins."""
+
+    def __init__(self, lifetime: float) -> None:
+        self.lifetime, self.scopes = lifetime, []  # type: list[str]
+
+    def get_token(self, *scopes: str, **_: object) -> AccessToken:
+        self.scopes.extend(scopes)
+        return AccessToken(f"entra-token-{len(self.scopes)}", int(time.time() + self.lifetime))
+
+
 @respx.mock
-async def test_aks_client_credentials_login(
+async def test_aks_token_from_the_azure_identity_credential(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No token configured: the credential's token for ARM's scope is sent, reused while it
+    has more than the margin left, asked again after."""
+    monkeypatch.delenv("SICKBAY_AZURE_TOKEN", raising=False)
+    respx.get(POOL_URL).respond(200, json=agent_pool(2))
+    long, short = FakeCredential(3600), FakeCredential(60)  # 60 s: inside the margin
+    for credential in (long, short):
+        acts = CloudActivities(CloudConfig())
+        provider = acts.provider_for(AKS)
+        provider._token = AzureToken(AksConfig(), credential)  # type: ignore[attr-defined]
+        await run(acts.describe_pool, DescribePoolInput(pool=AKS))
+        await run(acts.describe_pool, DescribePoolInput(pool=AKS))
+    assert long.scopes == ["https://management.azure.com/.default"]  # once, then reused
+    assert len(short.scopes) == 2
+    assert respx.calls.last.request.headers["authorization"] == "Bearer entra-token-2"
+
+
+def test_the_azure_chain_is_workload_identity_and_managed_identity(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.delenv("SICKBAY_AZURE_TOKEN", raising=False)
-    monkeypatch.delenv("AZURE_CLIENT_SECRET", raising=False)
+    """What AKS workload identity injects selects azure-identity's workload identity
+    credential; no developer sign-in (CLI, PowerShell, VS Code, browser) is in the chain."""
     federated = tmp_path / "azure-identity-token"
     federated.write_text("eyJfederated")
-    config = CloudConfig(
-        aks=AksConfig(tenant_id="tenant-1", client_id="client-1", federated_token_file=federated)
-    )
-    login = respx.post("https://login.microsoftonline.com/tenant-1/oauth2/v2.0/token").respond(
-        200, json={"access_token": "entra-token", "expires_in": 3599, "token_type": "Bearer"}
-    )
-    respx.get(POOL_URL).respond(200, json=agent_pool(2))
-    acts = CloudActivities(config)
-    await run(acts.describe_pool, DescribePoolInput(pool=AKS))
-    await run(acts.describe_pool, DescribePoolInput(pool=AKS))
-    assert login.call_count == 1  # cached until shortly before expiry
-    form = parse_qs(login.calls.last.request.content.decode())
-    assert form["grant_type"] == ["client_credentials"]
-    assert form["scope"] == ["https://management.azure.com/.default"]
-    assert form["client_assertion"] == ["eyJfederated"]
-    assert form["client_assertion_type"] == [
-        "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
-    ]
-    assert respx.calls.last.request.headers["authorization"] == "Bearer entra-token"
+    monkeypatch.setenv("AZURE_TENANT_ID", "tenant-1")
+    monkeypatch.setenv("AZURE_CLIENT_ID", "client-1")
+    monkeypatch.setenv("AZURE_FEDERATED_TOKEN_FILE", str(federated))
+    monkeypatch.setenv("AZURE_AUTHORITY_HOST", "https://login.microsoftonline.us")
+    chain = AzureToken(AksConfig()).credential()
+    kinds = [type(c).__name__ for c in chain.credentials]
+    assert "WorkloadIdentityCredential" in kinds and "ManagedIdentityCredential" in kinds
+    assert not {
+        "AzureCliCredential",
+        "AzurePowerShellCredential",
+        "VisualStudioCodeCredential",
+        "InteractiveBrowserCredential",
+        "AzureDeveloperCliCredential",
+    } & set(kinds)
 
 
 async def test_aks_without_credentials_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("SICKBAY_AZURE_TOKEN", "AZURE_TENANT_ID", "AZURE_CLIENT_ID"):
-        monkeypatch.delenv(var, raising=False)
-    acts = CloudActivities(CloudConfig(aks=AksConfig(tenant_id=None, client_id=None)))
+    monkeypatch.delenv("SICKBAY_AZURE_TOKEN", raising=False)
+    acts = CloudActivities(CloudConfig())
+    provider = acts.provider_for(AKS)
+
+    class Nothing:
+        def get_token(self, *scopes: str, **_: object) -> AccessToken:
+            raise CredentialUnavailableError("DefaultAzureCredential failed to retrieve a token")
+
+    provider._token = AzureToken(AksConfig(), Nothing())  # type: ignore[attr-defined]
     with pytest.raises(ApplicationError) as info:
         await run(acts.describe_pool, DescribePoolInput(pool=AKS))
-    assert info.value.type == ERR_CONFIG and "AZURE_CLIENT_ID" in str(info.value)
+    assert info.value.type == ERR_CONFIG and "AZURE_FEDERATED_TOKEN_FILE" in str(info.value)
 
 
 # --- generic HTTP --------------------------------------------------------------------------
@@ -321,7 +355,8 @@ async def test_unknown_http_profile(http_acts: CloudActivities) -> None:
     assert info.value.type == ERR_CONFIG and "configured: magnum, sync" in str(info.value)
 
 
-# --- EKS managed node groups through a SigV4 signing proxy (docs/cloud.md profile) ----------
+# --- a generic HTTP profile with EKS shapes (e.g. behind a signing proxy; EKS itself is the -----
+# --- built-in `eks` provider, tests/cloud/test_eks.py) -----------------------------------------
 
 EKS_PROXY = "http://127.0.0.1:8005"
 EKS_PROFILE = """

@@ -41,6 +41,7 @@ from contract.errors import (
     ERR_INVALID_INPUT,
     ERR_STILL_WAITING,
 )
+from twin.cloudapi import CloudApi, CloudApiServer, TwinPool
 
 API = "https://container.googleapis.com/v1"
 LOC = f"{API}/projects/proj-1/locations/us-central1"
@@ -314,19 +315,36 @@ async def test_missing_token_names_the_variable(monkeypatch: pytest.MonkeyPatch)
     assert info.value.type == ERR_CONFIG and "SICKBAY_GKE_TOKEN" in str(info.value)
 
 
-@respx.mock
-async def test_metadata_server_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SICKBAY_GKE_TOKEN", raising=False)
-    monkeypatch.delenv("SICKBAY_GKE_TOKEN_FILE", raising=False)
-    acts = CloudActivities(CloudConfig(gke=GkeConfig(metadata_server=True)))
-    meta = respx.get(GkeConfig().metadata_url).respond(
-        200, json={"access_token": "from-metadata", "expires_in": 3599, "token_type": "Bearer"}
-    )
-    mock_pool()
-    await run(acts.describe_pool, DescribePoolInput(pool=POOL))
-    assert meta.calls.last.request.headers["metadata-flavor"] == "Google"
-    assert meta.call_count == 1  # cached
-    assert respx.calls[-1].request.headers["authorization"] == "Bearer from-metadata"
+async def test_workload_identity_token_through_google_auth(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No token configured: google-auth's Application Default Credentials find the metadata
+    server (the twin's, as on a GKE node with Workload Identity) and its token is sent; it is
+    asked once and reused while valid."""
+    for var in ("SICKBAY_GKE_TOKEN", "SICKBAY_GKE_TOKEN_FILE", "GOOGLE_APPLICATION_CREDENTIALS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no gcloud login of this machine
+    api = CloudApi(token="from-the-metadata-server", project="proj-1", location="us-central1")
+    api.add_pool(TwinPool(name="h100-pool", size=2, max_size=4))
+    async with CloudApiServer(api) as server:
+        host = server.url.removeprefix("http://")
+        monkeypatch.setenv("GCE_METADATA_IP", host)
+        # google-auth reads GCE_METADATA_HOST once, when it is imported: set what it read
+        from google.auth.compute_engine import _metadata
+
+        monkeypatch.setattr(_metadata, "_GCE_METADATA_HOST", host)
+        gke = GkeConfig(endpoint=server.url, compute_hosts=[server.url])
+        acts = CloudActivities(CloudConfig(gke=gke))
+        pool = POOL.model_copy(update={"cluster": "twin"})
+        try:
+            first = await run(acts.describe_pool, DescribePoolInput(pool=pool))
+            asked = api.metadata_requests
+            await run(acts.describe_pool, DescribePoolInput(pool=pool))
+        finally:
+            await acts.aclose()
+    assert first.current_size == 2  # the twin took the metadata server's token
+    assert asked >= 1 and api.metadata_requests == asked  # reused, not asked again
+    assert all(r.status == 200 for r in api.requests)
 
 
 @respx.mock

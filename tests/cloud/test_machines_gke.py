@@ -26,6 +26,7 @@ from kubernetes import config
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from activities.cloud.credentials import StaticToken
 from activities.cloud.gke import GkeNodePools
 from activities.cloud.machines import GkeMachines, MachineActivities
 from activities.kube.repair_activities import KubeRepairActivities
@@ -75,7 +76,9 @@ async def gke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
     server = await CloudApiServer(api).start()
     http = httpx.AsyncClient(timeout=10.0)
     kube_client = config.new_client_from_config(str(t.kubeconfig))
-    pools = GkeNodePools(http, endpoint=server.url, token=SecretRef(env="SICKBAY_TEST_GKE_TOKEN"))
+    pools = GkeNodePools(
+        http, endpoint=server.url, token=StaticToken(SecretRef(env="SICKBAY_TEST_GKE_TOKEN"))
+    )
     acts = MachineActivities({"gke": GkeMachines(pools, kube_client, server.url)})
     kube_repairs = KubeRepairActivities(t.acts.kube)
     try:

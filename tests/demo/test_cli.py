@@ -59,7 +59,7 @@ def test_list_and_bad_arguments(
     monkeypatch.setenv("SICKBAY_STATE_DIR", str(tmp_path))
     assert main(["demo", "--list"]) == 0
     listed = capsys.readouterr().out
-    for name in ("seed", "training", "vgpu", "budget", "app-xid", "churn"):
+    for name in ("seed", "training", "vgpu", "budget", "app-xid", "churn", "eks", "eks-repair"):
         assert re.search(rf"^{name}\s", listed, re.M), listed
     with pytest.raises(SystemExit) as bad:
         main(["demo", "--time-scale", "0"])
@@ -83,6 +83,28 @@ def test_demo_runs_and_leaves_nothing(tmp_path: Path) -> None:
     assert "scenario app-xid: all" in text and "checks passed" in text
     assert re.search(r"wall time \d+\.\d s", text)
     assert "Demo runbooks" in text and "pendingDeadline 5m->8s" in text
+    assert not _group_alive(_pgid(text))
+
+
+@pytest.mark.parametrize("scenario", ["eks-repair", "eks"])
+def test_the_eks_scenarios_scale_and_repair_through_boto3(tmp_path: Path, scenario: str) -> None:
+    """`sickbay demo --scenario eks[-repair]`: the worker's boto3 reaches the twin's EKS / EC2
+    shapes (its AWS config and credentials file made by the stack), asks once."""
+    out = subprocess.run(
+        [*SICKBAY, "demo", "--scenario", scenario],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        timeout=RUN_TIMEOUT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    assert f"scenario {scenario}: all" in text and "checks passed" in text
+    if scenario == "eks":
+        assert "scale-up via the twin's EKS node group" in text
+        assert "one EKS node-group update (UpdateNodegroupConfig" in text
+    else:
+        assert "one EC2 RebootInstances of node" in text
     assert not _group_alive(_pgid(text))
 
 

@@ -32,7 +32,7 @@ from activities.ledger import LedgerActivities
 from activities.notify.activities import NotifyActivities
 from activities.runbooks import RunbookActivities, load_dir
 from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
-from contract.capacity import CapacityRequest, CapacityResult
+from contract.capacity import CapacityRequest, CapacityResult, KarpenterInput, KarpenterResult
 from contract.kube import (
     CheckHealthInput,
     Consumer,
@@ -73,6 +73,7 @@ from contract.names import (
     ACT_EVICT_PODS,
     ACT_FIND_CONSUMERS,
     ACT_GATHER_EVIDENCE,
+    ACT_KARPENTER_CAPACITY,
     ACT_LOAD_RUNBOOKS,
     ACT_NOTIFY,
     ACT_PREVIEW_QUARANTINE,
@@ -183,6 +184,10 @@ class FakeWorld:
     node_pool: str = "pool-a"
     health: str | None = "Unhealthy"
     later_health: str | None = "Unhealthy"  # check-device-health during the hold
+    # karpenter-capacity's answer (default: the node is no Karpenter node)
+    karpenter: KarpenterResult = field(
+        default_factory=lambda: KarpenterResult(message="node was not provisioned by Karpenter")
+    )
     consumers: list[Consumer] = field(default_factory=lambda: [deployment_consumer()])
     runbooks: list[Runbook] = field(default_factory=lambda: without_repair(shipped_runbooks()))
     counts: DeviceCounts = field(
@@ -360,6 +365,18 @@ class FakeWorld:
             world.calls.append((ACT_CHECK_HEALTH, req))
             return HealthResult(health=world.later_health)  # type: ignore[arg-type]
 
+        @fake_of(KubeActivities.karpenter_capacity)
+        async def karpenter(req: KarpenterInput) -> KarpenterResult:
+            world.calls.append((ACT_KARPENTER_CAPACITY, req))
+            found = world.karpenter
+            if req.raise_limits and found.at_limit and found.gpu_limit is not None:
+                new = min(found.gpu_limit + req.gpu_step, req.max_gpus)
+                if new > found.gpu_limit:
+                    return found.model_copy(
+                        update={"raised_from": found.gpu_limit, "raised_to": new}
+                    )
+            return found
+
         @fake_of(KubeActivities.cordon_node)
         async def cordon(req: CordonInput) -> CordonResult:
             world.calls.append((ACT_CORDON, req))
@@ -393,6 +410,7 @@ class FakeWorld:
             check_health,
             claim_escalation,
             cordon,
+            karpenter,
         ]
         if not self.use_real_budget:
             acts += [acquire, release_budget]

@@ -36,6 +36,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -230,11 +231,12 @@ async def test_ladder_exhausted_escalates_and_holds(time_skipping_env: WorkflowE
     assert "reboot: validation failed" in notes[0].incident.summary
 
 
+@pytest.mark.parametrize("provider", [None, "karpenter"])  # Karpenter reboots nothing
 async def test_no_provider_escalates_before_draining(
-    time_skipping_env: WorkflowEnvironment,
+    time_skipping_env: WorkflowEnvironment, provider: str | None
 ) -> None:
     client = time_skipping_env.client
-    world = FakeWorld(runbooks=runbooks(provider=None))
+    world = FakeWorld(runbooks=runbooks(provider=provider))
     async with worker_for(client, world, RepairScript()) as worker:
         handle = await start(client, worker, world, alerts=[xid_alert(79)])
         status = await wait_phase(handle, Phase.HOLDING)

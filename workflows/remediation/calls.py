@@ -21,7 +21,12 @@ from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
-    from contract.capacity import CapacityRequest, CapacityResult
+    from contract.capacity import (
+        CapacityRequest,
+        CapacityResult,
+        KarpenterInput,
+        KarpenterResult,
+    )
     from contract.errors import ERR_CHANNEL_REJECTED, ERR_CONFIG
     from contract.kube import (
         CheckHealthInput,
@@ -63,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
         ACT_FIND_DRAIN_PODS,
         ACT_FIND_RESET_GROUP,
         ACT_GATHER_EVIDENCE,
+        ACT_KARPENTER_CAPACITY,
         ACT_LOAD_RUNBOOKS,
         ACT_NOTIFY,
         ACT_PREVIEW_QUARANTINE,
@@ -319,6 +325,10 @@ class Calls:
     @calls(ACT_CORDON)
     async def cordon(self, inp: CordonInput, label: str) -> CordonResult:
         return await self._local(ACT_CORDON, inp, CordonResult, label)
+
+    @calls(ACT_KARPENTER_CAPACITY)
+    async def karpenter_capacity(self, inp: KarpenterInput, label: str) -> KarpenterResult:
+        return await self._local(ACT_KARPENTER_CAPACITY, inp, KarpenterResult, label)
 
     @calls(ACT_CHECK_HEALTH)
     async def check_health(self, inp: CheckHealthInput) -> HealthResult:

@@ -409,7 +409,8 @@ def _pool(r: Remediation) -> NodePoolTarget | None:
     policy = s.spec.scale_up
     if policy.pool is not None:
         return policy.pool
-    if policy.provider is None or s.device is None:
+    # `karpenter` names no machine provider (Karpenter provisions, it reboots nothing).
+    if policy.provider is None or policy.provider == "karpenter" or s.device is None:
         return None
     return NodePoolTarget(
         provider=policy.provider,

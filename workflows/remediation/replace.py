@@ -19,7 +19,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from contract.base import format_duration
-    from contract.capacity import CapacityRequest, NodePoolTarget
+    from contract.capacity import CapacityRequest, KarpenterInput, NodePoolTarget
     from contract.errors import ERR_POOL_AT_MAX
     from contract.kube import CordonInput, OwnerRef, ReplacementReport, WaitReplacementInput
     from contract.remediation import (
@@ -262,6 +262,10 @@ async def _scale_up(r: Remediation, owners: list[OwnerRef]) -> ReplacementReport
         next_action="approval of the scale-up" if policy.approval else "wait for capacity",
     )
     j.upsert()
+    karpenter = await _karpenter(r, owners)
+    if karpenter is not None:  # Karpenter serves them: it provisions, Sickbay scales nothing
+        return karpenter
+    assert policy.provider != "karpenter"  # _karpenter answered for it
     pool = policy.pool or NodePoolTarget(
         provider=policy.provider or "http",
         name=device.node_pool or device.node,
@@ -312,7 +316,15 @@ async def _scale_up(r: Remediation, owners: list[OwnerRef]) -> ReplacementReport
         f"(size {result.current_size} -> {result.target_size})",
         rule=False,
     )
-    j.enter(
+    return await _wait_capacity(r, owners, "scale-up request")
+
+
+async def _wait_capacity(
+    r: Remediation, owners: list[OwnerRef], after_what: str
+) -> ReplacementReport | Escalation:
+    """The capacity deadline after capacity was asked for (a scale-up, a Karpenter limit)."""
+    policy = r.s.spec.scale_up
+    r.j.enter(
         Phase.SCALING,
         awaiting="replacements Running (capacity deadline "
         f"{format_duration(policy.capacity_deadline)})",
@@ -324,6 +336,68 @@ async def _scale_up(r: Remediation, owners: list[OwnerRef]) -> ReplacementReport
         return Escalation(
             "no-capacity",
             f"replacements still Pending at the capacity deadline ({_waited(r)} after the "
-            f"scale-up request): {after.unschedulable_message or 'unschedulable'}",
+            f"{after_what}): {after.unschedulable_message or 'unschedulable'}",
         )
     return after
+
+
+async def _karpenter(
+    r: Remediation, owners: list[OwnerRef]
+) -> ReplacementReport | Escalation | None:
+    """At the Pending deadline with scale-up on: when a Karpenter NodePool serves the failed
+    node's workloads, Karpenter's answer (Sickbay never scales a node group beside it: the
+    Pending deadline measured Karpenter's provisioning); None: no Karpenter, scale the pool."""
+    s, j = r.s, r.j
+    policy = s.spec.scale_up
+    device = s.device
+    assert device is not None
+    knobs = policy.karpenter
+    ask = KarpenterInput(
+        node=device.node,
+        gpu_step=knobs.gpu_step,
+        max_gpus=knobs.max_gpus,
+        key=f"{s.workflow_id}-{workflow.info().run_id}-karpenter",
+    )
+    found = await r.act.karpenter_capacity(ask, "look for a Karpenter NodePool")
+    if found.node_pool is None:
+        if policy.provider == "karpenter":
+            return Escalation(
+                "scale-up-failed",
+                f"scaleUp.provider is karpenter but {found.message}: nothing was scaled",
+            )
+        return None
+    waited = format_duration(s.spec.replacement.pending_deadline)
+    j.log("Karpenter serves the replacements", outcome=found.node_pool, reason=found.message)
+    if not found.at_limit or not knobs.raise_limits:
+        why = (
+            "its nvidia.com/gpu limit leaves no room (scaleUp.karpenter.raiseLimits is off)"
+            if found.at_limit
+            else "Karpenter did not provision a node for them within it"
+        )
+        return Escalation(
+            "no-capacity",
+            f"replacements still Pending at the deadline ({waited}): Karpenter NodePool "
+            f"{found.node_pool} serves them and {why}; Sickbay scales no node group beside "
+            f"Karpenter ({found.message})",
+        )
+    if policy.approval:
+        refused = await approval(r)
+        if isinstance(refused, Escalation):
+            return refused
+        if refused is not None:
+            return Escalation("approval-timeout", f"limit raise not approved: {refused.reason}")
+        j.enter(Phase.SCALING, awaiting="Karpenter capacity")
+    raised = await r.act.karpenter_capacity(
+        ask.model_copy(update={"raise_limits": True}), "raise the Karpenter NodePool's limit"
+    )
+    if raised.raised_to is None:
+        return Escalation("no-capacity", f"Karpenter NodePool at its limit: {raised.message}")
+    j.log("Karpenter limit raised", outcome=str(raised.node_pool), reason=raised.message)
+    await j.event(
+        "GPUKarpenterLimitRaised",
+        f"no healthy GPU free: raised Karpenter NodePool {raised.node_pool}'s nvidia.com/gpu "
+        f"limit {raised.raised_from} -> {raised.raised_to} (runbook scaleUp.karpenter."
+        "raiseLimits); Karpenter provisions the node",
+        rule=False,
+    )
+    return await _wait_capacity(r, owners, "Karpenter limit raise")
