@@ -410,6 +410,8 @@ DURATION_BUCKETS: tuple[float, ...] = (
     28800, 86400,
 )  # fmt: skip
 DURATION_HISTOGRAMS = ("sickbay_time_to_quarantine_seconds", "sickbay_time_to_recovery_seconds")
+
+
 def _start_health(
     client: Client,
     settings: Settings,
