@@ -75,7 +75,7 @@ PERMISSIONS: tuple[Permission, ...] = (
         ("patch",),
         "the churn stop's cordon (replacement.onChurn: cordon); without DeviceTaintRule the "
         "GPU recorded on its node, the node taint below the healthy-GPU threshold, cordon; a "
-        "replaced node cordoned while its GPUs validate; an AKS reboot's record on its node "
+        "replaced node cordoned while its GPUs validate; an AKS or EC2 reboot's record on its node "
         "(sickbay.dev/repair-request, sickbay.dev/restart-record); all undone by Sickbay",
         False,
         ROLE_NODE_PATCH,
@@ -291,12 +291,13 @@ FEATURES: tuple[Feature, ...] = (
         ),
     ),
     Feature(
-        "repair-aks-reboot",
+        "repair-reboot-record",
         ROLE_NODE_PATCH,
         _NODE_PATCH,
         lambda r, _s: (
-            "repair: reboot through provider aks"
-            if _repairs(r, "reboot") and _machine_provider(r) == "aks"
+            f"repair: reboot through provider {_machine_provider(r)}"
+            # AKS and EC2 take no request token: the ask is recorded on the node first
+            if _repairs(r, "reboot") and _machine_provider(r) in ("aks", "eks")
             else ""
         ),
     ),

@@ -38,7 +38,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.cloud.aws import AwsClients
 from activities.cloud.ec2 import Ec2Machines
 from activities.cloud.machines import ANN_REPAIR_REQUEST, ANN_RESTART_RECORD, MachineActivities
-from activities.kube.permissions import ROLE_REPAIR_MACHINES
+from activities.kube.permissions import ROLE_NODE_PATCH
 from activities.kube.repair_activities import KubeRepairActivities
 from contract.capacity import NodePoolTarget
 from contract.errors import (
@@ -74,7 +74,7 @@ async def eks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
             TwinOptions(pod_startup_seconds=1, reboot_seconds=20, provisioning_delay=10)
         ),
         clock=Clock(time_scale=20),
-        proxy_rules=deploy_rules("sickbay", ROLE_REPAIR_MACHINES),
+        proxy_rules=deploy_rules("sickbay", ROLE_NODE_PATCH),
     )
     t = cm.__enter__()
     repairs = t.twin.extensions["repairs"]

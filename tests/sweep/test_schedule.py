@@ -71,7 +71,7 @@ async def test_create_then_update_idempotently(dev_env: WorkflowEnvironment, cle
     assert action.workflow == WF_SWEEP and action.task_queue == "sweep-sched"
     assert desc.schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
     args = await clean.data_converter.decode(action.args)  # raw JSON payload of SweepInput
-    assert args[0]["unknown_timeout"] == "90s"
+    assert args[0]["unknown_timeout"] == "1m30s"  # format_duration: compound, exact
     assert args[0]["notify_channels"] == ["ops", "pager"]
 
     faster = SweepSettings(sweep_interval="1m")
