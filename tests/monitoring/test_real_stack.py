@@ -16,22 +16,38 @@ Cases (one GPU each; each test stops its own alert when it ends):
 - row-remap failure fires, then resolves: the remediation's timeline shows the resolution;
 - the webhook down (connections refused) while Xid 79 fires: nothing started, Alertmanager
   counts failed deliveries; back up, Alertmanager's retry starts the remediation;
-- a receiver with a wrong token: 401s, the webhook logs the refusal, nothing started.
+- a receiver with a wrong token: 401s, the webhook logs the refusal, nothing started;
+- the GPU ledger against the twin: a GPU with two failures in the ledger is drained for
+  maintenance (`sickbay launch --select-node ... --select-attr uuid=...`): its remediation
+  quarantines and holds, the timeline says the failure was not counted, the ledger still
+  holds two failures and the GPU is not retired, nobody is asked for an RMA.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from contract.names import QRY_STATUS, QRY_TIMELINE, SIG_REPAIRED, device_workflow_id
+from activities.ledger import LedgerActivities
+from contract.ledger import LedgerState, RecordFailureInput
+from contract.names import (
+    QRY_LEDGER_STATE,
+    QRY_STATUS,
+    QRY_TIMELINE,
+    SIG_REPAIRED,
+    device_workflow_id,
+    ledger_workflow_id,
+)
 from contract.remediation import Phase, RemediationStatus, RepairedRequest, TimelineEntry
 from harness.stack import Stack, StackConfig, free_port
 from tests.monitoring.conftest import binary
@@ -326,3 +342,67 @@ async def _closed_run(client: Client, wid: str) -> bool:
         return await closed(client, wid)
     except Exception:  # not started yet
         return False
+
+
+async def test_maintenance_drain_of_a_gpu_with_two_failures_does_not_retire_it(
+    stacks: tuple[Stack, Monitoring], temporal: Client
+) -> None:
+    stack, _mon = stacks
+    assert stack.info is not None
+    node, uuid, _index = gpus(stack)[2]
+    wid = device_workflow_id(node, uuid)
+    queue = stack.info.task_queue
+    ledger = LedgerActivities(temporal, queue)
+    for n in (1, 2):  # two earlier, real failures of this GPU
+        await ledger.record_gpu_failure(
+            RecordFailureInput(
+                gpu_uuid=uuid,
+                node=node,
+                incident=f"earlier-{n}",
+                failure_class="unhealthy",
+                xid=48,
+                evidence="pod status reports the device Unhealthy",
+                failures=3,
+                window=timedelta(days=7),
+            )
+        )
+    before = pages(stack, wid)
+    launch = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "worker.cli",
+            "launch",
+            "--select-node",
+            node,
+            "--select-attr",
+            f"uuid={uuid}",
+            "--reason",
+            "kernel upgrade",
+        ],
+        env=stack.sickbay_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert launch.returncode == 0, launch.stdout + launch.stderr
+    handle = temporal.get_workflow_handle(wid)
+    try:
+        await until("the drained GPU held", lambda: _phase(temporal, wid, Phase.HOLDING))
+        timeline = await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
+        [entry] = [e for e in timeline if e.action == "failure not counted"]
+        assert "maintenance" in entry.reason
+        assert not any(e.action in ("failure recorded", "GPU retired") for e in timeline)
+        state = await temporal.get_workflow_handle(ledger_workflow_id(queue)).query(
+            QRY_LEDGER_STATE, result_type=LedgerState
+        )
+        [gpu] = [g for g in state.gpus if g.gpu_uuid == uuid]
+        assert [e.kind for e in gpu.entries] == ["failure", "failure"]
+        assert gpu.retired_at is None
+        held = await status(temporal, wid)
+        assert held is not None and held.escalation_reason != "gpu-retired"
+        assert not any("RMA" in json.dumps(e) for e in stack.notifications()[before:])
+    finally:
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="test", note="upgraded"))
+        await until("the drain's remediation closed", lambda: _closed_run(temporal, wid))

@@ -16,6 +16,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from contract.errors import ERR_DEVICE_NOT_FOUND
     from contract.kube import (
         ConsumersResult,
         CountDevicesInput,
@@ -30,12 +31,12 @@ with workflow.unsafe.imports_passed_through():
     from contract.launch import LaunchRequest
     from contract.remediation import Phase
     from contract.runbook import ClassAction, RunbookSet
-    from workflows.classify import classify, is_stale
-    from workflows.remediation.calls import ACTIVITY_FAILED, gather_all
+    from workflows.classify import classify, device_evidence, is_stale
+    from workflows.remediation.calls import ACTIVITY_FAILED, error_text, error_type, gather_all
     from workflows.remediation.context import Remediation
     from workflows.remediation.escalation import notify_owner
     from workflows.remediation.guard import EarlyLease, ask_lease, give_back
-    from workflows.remediation.outcome import Closed
+    from workflows.remediation.outcome import Closed, InputRefused
     from workflows.remediation.quarantine import quarantine_input
     from workflows.remediation.repair import describe as describe_repair
     from workflows.runbook_match import DEFAULT_RUNBOOK, select_runbook
@@ -63,6 +64,16 @@ async def confirm(r: Remediation) -> Confirmed | Closed:
     await workflow.wait(started)
     if loading.exception() is None:  # a failed resolve escalates through `default`
         s.fallback = loading.result().get(DEFAULT_RUNBOOK) or s.fallback
+        pinned = inp.runbook
+        if pinned and loading.result().get(pinned) is None:
+            await workflow.wait([resolving])  # never leave it running behind the refusal
+            known = ", ".join(sorted(rb.name for rb in loading.result().runbooks))
+            raise InputRefused(f"runbook: no runbook named {pinned!r} (known: {known})")
+    failed = resolving.exception()
+    person = inp.trigger in ("ui", "manual")
+    if failed is not None and person and error_type(failed) == ERR_DEVICE_NOT_FOUND:
+        # A person's typo (a UUID the node has not got): invalid input, not an incident.
+        raise InputRefused(f"device: {error_text(failed)}")
     await gather_all(loading, resolving)  # raises the first failure
     runbooks, device = loading.result(), resolving.result()
     s.device = device
@@ -84,6 +95,7 @@ async def confirm(r: Remediation) -> Confirmed | Closed:
     failure_class, why = classify(s.alerts, evidence)
     s.status.failure_class = failure_class
     j.log("classified", outcome=failure_class, reason=why)
+    s.counts, s.counts_why = device_evidence(inp.trigger, s.alerts, evidence)
     spec = runbook.spec
     stale, stale_why = is_stale(s.alerts, evidence, workflow.now(), spec.confirm.stale_after)
     if stale:
