@@ -195,8 +195,17 @@ async def _hand_over(r: Remediation, device: ResolvedDevice) -> Closed:
             ),
             evidence=s.alerts[-1] if s.alerts else None,
             task_queue=workflow.info().task_queue,
+            # An alert under the exporter pod's name (Hostname without NODE_NAME) repeating
+            # what the device's last run handled starts nothing there either.
+            respect_handled=bool(s.alerts) and s.alerts[-1].source == "alertmanager",
         )
     )
+    if launch.already_handled:
+        return Closed(
+            "not-quarantined",
+            f"already handled: {launch.workflow_id}'s last run handled this evidence "
+            "(same Xid under other labels); nothing started",
+        )
     return Closed("not-quarantined", f"handed over to {launch.workflow_id}")
 
 

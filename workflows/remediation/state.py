@@ -166,7 +166,7 @@ class RemediationState:
         seen: dict[tuple[str, str], HandledAlert] = {h.key(): h for h in self.inp.handled_before}
         for a in self.alerts:
             if a.source == "alertmanager" and a.fingerprint:
-                h = HandledAlert(fingerprint=a.fingerprint, starts_at=a.starts_at)
+                h = HandledAlert.of(a)
                 seen.setdefault(h.key(), h)
         return list(seen.values())[-MAX_HANDLED_ALERTS:]  # newest last: the oldest go first
 
