@@ -406,3 +406,49 @@ async def test_maintenance_drain_of_a_gpu_with_two_failures_does_not_retire_it(
     finally:
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="test", note="upgraded"))
         await until("the drain's remediation closed", lambda: _closed_run(temporal, wid))
+
+
+async def test_same_xid_under_a_new_pod_label_after_repaired_is_already_handled(
+    stacks: tuple[Stack, Monitoring], temporal: Client
+) -> None:
+    """The exporter's pod mapping changes after `repaired` (a new `exported_pod` behind the
+    Operator-style scrape): Prometheus makes a new series and Alertmanager a new alert
+    (fingerprint, startsAt) of the same Xid; the webhook answers already-handled, no second
+    run, no page, no DeviceTaintRule, and `sickbay status` lists it."""
+    stack, mon = stacks
+    node, uuid, index = gpus(stack)[1]
+    wid = device_workflow_id(node, uuid)
+    path, labels = dcgm_labels(node, uuid, index, "main")
+    moved = {**labels, "pod": "trainer-rescheduled"}
+    mon.exporter.set(path, "DCGM_FI_DEV_XID_ERRORS", labels, 79)
+    try:
+        await until("the Xid 79 remediation holding", lambda: _phase(temporal, wid, Phase.HOLDING))
+        first = await runs(temporal, wid)
+        await temporal.get_workflow_handle(wid).signal(
+            SIG_REPAIRED, RepairedRequest(actor="test", note="GPU reseated")
+        )
+        await until("the remediation closed", lambda: _closed_run(temporal, wid))
+        paged = pages(stack, wid)
+        mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", labels)
+        mon.exporter.set(path, "DCGM_FI_DEV_XID_ERRORS", moved, 79)
+
+        async def listed() -> str:
+            status_cmd = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "worker.cli", "status", "--all"],
+                env=stack.sickbay_env(),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            out = status_cmd.stdout
+            return out if "already-handled (same Xid, new labels)" in out else ""
+
+        shown = await until("sickbay status listing the repeat under new labels", listed)
+        assert wid in shown
+        assert await runs(temporal, wid) == first  # nothing started for it
+        assert pages(stack, wid) == paged  # nobody paged again
+        assert taint_rules(stack) == []  # never re-quarantined
+    finally:
+        mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", labels)
+        mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", moved)
