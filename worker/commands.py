@@ -383,6 +383,13 @@ async def _api_device(settings: Any, ref: Any) -> Any:
         if exc.type != ERR_DEVICE_NOT_FOUND:
             raise
         raise ValueError(f"no such device, nothing launched: {exc}") from None
+    except ValueError:
+        raise
+    except Exception as exc:  # no kubeconfig, API unreachable: never a traceback
+        raise ValueError(
+            f"cannot confirm the device with the Kubernetes API ({type(exc).__name__}: "
+            f"{str(exc).strip()[:300]}); nothing launched: check KUBECONFIG / the cluster"
+        ) from None
 
 
 def _check_runbook(settings: Any, name: str | None) -> None:

@@ -204,3 +204,45 @@ async def test_same_xid_under_new_labels_after_repaired_is_already_handled(
             await wait_phase(handle, Phase.HOLDING)
             await handle.signal(SIG_REPAIRED, RepairedRequest(actor="test"))
             await client.get_workflow_handle(wid, result_type=RemediationResult).result()
+
+
+async def test_hostname_as_the_exporter_pod_after_repaired_is_already_handled(
+    dev_env: WorkflowEnvironment,
+) -> None:
+    """dcgm-exporter without NODE_NAME labels `Hostname` with its own pod's name: the alert's
+    id is not the device's, the run there resolves the device and hands the evidence over to
+    the canonical id; after that id's run was repaired and completed, the same Xid is
+    already handled there too: nothing started, quarantined or paged."""
+    from activities.launch import LaunchActivities
+
+    client = dev_env.client
+    world = FakeWorld(node=f"node-{uuid.uuid4().hex[:8]}")
+    wid = device_workflow_id(world.node, world.gpu_uuid)
+    async with new_worker(client, world) as probe:
+        queue = probe.task_queue
+    launch = LaunchActivities(client, queue)
+    async with (
+        new_worker(
+            client, world, extra_activities=[launch.signal_with_start_remediation], task_queue=queue
+        ) as worker,
+        serve(app_for(dev_env, worker.task_queue)) as url,
+    ):
+        assert (await post(url, xid_alert(world.node, world.gpu_uuid)))["started"] == 1
+        handle = client.get_workflow_handle(wid, result_type=RemediationResult)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="test"))
+        await handle.result()
+        pages, quarantines = len(world.args(ACT_NOTIFY)), len(world.args(ACT_QUARANTINE))
+        exporter_pod = f"nvidia-dcgm-exporter-{uuid.uuid4().hex[:5]}"
+        renamed = xid_alert(exporter_pod, world.gpu_uuid)
+        renamed["startsAt"] = "2026-11-29T12:00:00Z"
+        assert (await post(url, renamed))["started"] == 1  # under the exporter pod's id
+        there = client.get_workflow_handle(
+            device_workflow_id(exporter_pod, world.gpu_uuid), result_type=RemediationResult
+        )
+        closed = await there.result()
+        assert closed.outcome == "not-quarantined" and "already handled" in closed.reason
+        assert wid in closed.reason
+        assert await count_runs(client, f"WorkflowId = '{wid}'", expect=1) == 1
+        assert len(world.args(ACT_NOTIFY)) == pages
+        assert len(world.args(ACT_QUARANTINE)) == quarantines
