@@ -100,3 +100,36 @@ async def test_application_xid_tells_the_owners_never_on_call(
     assert keys[0] != keys[1] and all(k.startswith(first.id + "/") for k in keys)
     assert world.args(ACT_QUARANTINE) == []
     assert one.status.phase is Phase.CLOSED
+
+
+async def test_conflicting_index_and_uuid_are_invalid_input(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """The Web UI form with `gpu_index` 1 and GPU 0's UUID: refused, nothing done."""
+    from contract.kube import DeviceRef
+    from contract.names import WF_REMEDIATE, device_workflow_id
+    from contract.remediation import RemediationInput, RemediationResult
+
+    client = time_skipping_env.client
+    world = FakeWorld()
+
+    @fake_of(KubeActivities.resolve_device)
+    async def gpu_zero(req: ResolveDeviceInput) -> ResolvedDevice:
+        return world.device.model_copy(update={"gpu_index": 0})
+
+    async with new_worker(client, world, extra_activities=[gpu_zero]) as worker:
+        handle = await client.start_workflow(
+            WF_REMEDIATE,
+            RemediationInput(
+                device=DeviceRef(node=world.node, gpu_uuid=world.gpu_uuid, gpu_index=1)
+            ),
+            id=device_workflow_id(world.node, world.gpu_uuid),
+            task_queue=worker.task_queue,
+            result_type=RemediationResult,
+        )
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == ERR_INVALID_INPUT
+    assert "name different GPUs" in cause.message
+    assert world.args(ACT_QUARANTINE) == [] and world.args(ACT_NOTIFY) == []

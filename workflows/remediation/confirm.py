@@ -76,6 +76,18 @@ async def confirm(r: Remediation) -> Confirmed | Closed:
         raise InputRefused(f"device: {error_text(failed)}")
     await gather_all(loading, resolving)  # raises the first failure
     runbooks, device = loading.result(), resolving.result()
+    asked = inp.device
+    if (
+        person
+        and asked.gpu_uuid
+        and asked.gpu_index is not None
+        and device.gpu_index is not None
+        and device.gpu_index != asked.gpu_index
+    ):  # two selectors naming two GPUs: acting on either could take the wrong one
+        raise InputRefused(
+            f"device: gpu_index {asked.gpu_index} and gpu_uuid {asked.gpu_uuid} name different "
+            f"GPUs ({asked.gpu_uuid} is GPU {device.gpu_index} of node {device.node})"
+        )
     s.device = device
     s.status.device, s.status.node = device.key, device.node
     if device.workflow_id(inp.cluster) != s.workflow_id:
