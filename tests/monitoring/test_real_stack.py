@@ -12,7 +12,8 @@ Cases (one GPU each; each test stops its own alert when it ends):
   repaired it closes; Alertmanager keeps repeating the still-firing alert -> `already-handled`,
   no second run, no re-quarantine;
 - Xid 13 (main's `hostname`, Prometheus Operator scrape: pod mapping in `exported_*`) -> a run
-  that does not quarantine and closes; its repeats start nothing;
+  that does not quarantine and closes, the owners' channel (Slack) told once, PagerDuty never;
+  its repeats start nothing;
 - row-remap failure fires, then resolves: the remediation's timeline shows the resolution;
 - the webhook down (connections refused) while Xid 79 fires: nothing started, Alertmanager
   counts failed deliveries; back up, Alertmanager's retry starts the remediation;
@@ -20,7 +21,10 @@ Cases (one GPU each; each test stops its own alert when it ends):
 - the GPU ledger against the twin: a GPU with two failures in the ledger is drained for
   maintenance (`sickbay launch --select-node ... --select-attr uuid=...`): its remediation
   quarantines and holds, the timeline says the failure was not counted, the ledger still
-  holds two failures and the GPU is not retired, nobody is asked for an RMA.
+  holds two failures and the GPU is not retired, nobody is asked for an RMA;
+- the same Xid under new labels after `repaired`: a new pod mapping (`exported_pod`), and
+  `Hostname` turning into the exporter pod's name -> already-handled, no second run of the
+  device, no page, no DeviceTaintRule; `sickbay status` lists the first.
 """
 
 from __future__ import annotations
@@ -158,6 +162,11 @@ def pages(stack: Stack, wid: str) -> int:
     return sum(wid in json.dumps(event) for event in stack.notifications())
 
 
+def owner_notes(stack: Stack, uuid: str) -> int:
+    """Slack messages (the shipped runbooks' owner channel) about this GPU at the sink."""
+    return sum(e.get("kind") == "slack" and uuid in json.dumps(e) for e in stack.notifications())
+
+
 async def runs(client: Client, wid: str) -> int:
     return (await client.count_workflows(f"WorkflowId = '{wid}'")).count
 
@@ -236,11 +245,12 @@ async def test_xid13_no_remediation_and_no_new_run_on_repeats(
         assert final is not None
         assert final.failure_class == "application" and final.rule_name is None
         assert final.outcome == "not-quarantined"
-        paged = pages(stack, wid)
-        assert paged >= 1  # the owner was told once
+        told = owner_notes(stack, uuid)
+        assert told >= 1  # the owners' channel was told once
+        assert pages(stack, wid) == 0  # on-call (PagerDuty) never paged for the program's error
         await repeats_answered_already_handled(stack, mon)
         assert await runs(temporal, wid) == 1
-        assert pages(stack, wid) == paged
+        assert owner_notes(stack, uuid) == told and pages(stack, wid) == 0
     finally:
         mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", labels)
 
@@ -452,3 +462,65 @@ async def test_same_xid_under_a_new_pod_label_after_repaired_is_already_handled(
     finally:
         mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", labels)
         mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", moved)
+
+
+async def test_hostname_turning_into_the_exporter_pod_after_repaired_is_already_handled(
+    stacks: tuple[Stack, Monitoring], temporal: Client
+) -> None:
+    """dcgm-exporter restarted without NODE_NAME labels `Hostname` with its own pod's name:
+    Prometheus makes a new series of the same Xid, Alertmanager a new alert naming the pod as
+    the node. Its run resolves the pod to its node and hands over to the device's id, where
+    the last run handled that Xid: closed `already handled`, no second run of the device, no
+    page, no DeviceTaintRule."""
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    stack, mon = stacks
+    assert stack.info is not None
+    node, uuid, index = gpus(stack)[0]
+    wid = device_workflow_id(node, uuid)
+    path, labels = dcgm_labels(node, uuid, index, "4.x")
+    exporter_pod = "nvidia-dcgm-exporter-q7x2p"
+    renamed = {**labels, "Hostname": exporter_pod}
+    core = k8s.CoreV1Api(k8s_config.new_client_from_config(stack.info.kubeconfig))
+    core.create_namespaced_pod(
+        "default",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": exporter_pod, "labels": {"app": "nvidia-dcgm-exporter"}},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter"}],
+            },
+        },
+    )
+    mon.exporter.set(path, "DCGM_FI_DEV_XID_ERRORS", labels, 79)
+    try:
+        await until("the Xid 79 remediation holding", lambda: _phase(temporal, wid, Phase.HOLDING))
+        first = await runs(temporal, wid)
+        await temporal.get_workflow_handle(wid).signal(
+            SIG_REPAIRED, RepairedRequest(actor="test", note="GPU reseated")
+        )
+        await until("the remediation closed", lambda: _closed_run(temporal, wid))
+        paged = pages(stack, wid)
+        mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", labels)
+        mon.exporter.set(path, "DCGM_FI_DEV_XID_ERRORS", renamed, 79)
+        there = device_workflow_id(exporter_pod, uuid)
+        await until(
+            "the run under the exporter pod's name closed", lambda: _closed_run(temporal, there)
+        )
+        final = await status(temporal, there)
+        assert final is not None and final.outcome == "not-quarantined"
+        timeline = await temporal.get_workflow_handle(there).query(
+            QRY_TIMELINE, result_type=list[TimelineEntry]
+        )
+        closing = [e for e in timeline if e.action == "closed"]
+        assert closing and "already handled" in closing[-1].reason and wid in closing[-1].reason
+        assert await runs(temporal, wid) == first  # the device's id: nothing started
+        assert pages(stack, wid) == paged and pages(stack, there) == 0
+        assert taint_rules(stack) == []
+    finally:
+        mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", labels)
+        mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", renamed)
+        core.delete_namespaced_pod(exporter_pod, "default")
