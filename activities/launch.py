@@ -20,13 +20,13 @@ activity for workflows (sweep, maintenance), which must not talk to Temporal the
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from temporalio.client import Client, WithStartWorkflowOperation
+from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.defn import defn
@@ -44,7 +44,13 @@ from contract.names import (
     rejections_workflow_id,
 )
 from contract.notify import EscalationClaim, EscalationClaimResult, RejectedAlerts, RejectionsState
-from contract.remediation import AlertEvidence, RemediationInput, RemediationResult
+from contract.remediation import (
+    AlertEvidence,
+    HandledAlert,
+    RemediationInput,
+    RemediationResult,
+    already_handled,
+)
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +196,67 @@ async def signal_with_start(
     )
 
 
+async def closed_run_handled(
+    client: Client,
+    workflow_id: str,
+    rpc_timeout: timedelta | None = None,
+    count: Callable[[str], None] | None = None,
+) -> list[HandledAlert]:
+    """The alert instances (and their evidence) the device's last run handled, when that run
+    completed (a running one de-duplicates its own evidence). Asked of Temporal, so every
+    webhook replica, restart and worker answers the same. A run that closed without a result
+    (terminated, failed) lists nothing: its alerts may start a new one. `count(call)` is told
+    of each Temporal call (`describe`, `result`)."""
+    handle = client.get_workflow_handle(workflow_id)
+    if count is not None:
+        count("describe")
+    try:
+        desc = await handle.describe(rpc_timeout=rpc_timeout)
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:  # never ran (or its history expired)
+            return []
+        raise
+    if desc.status != WorkflowExecutionStatus.COMPLETED:
+        return []
+    last = client.get_workflow_handle(
+        workflow_id, run_id=desc.run_id, result_type=RemediationResult
+    )
+    if count is not None:
+        count("result")
+    result = await last.result(follow_runs=False, rpc_timeout=rpc_timeout)
+    return list(result.handled_alerts)
+
+
+async def start_unless_handled(
+    client: Client, inp: RemediationInput, evidence: AlertEvidence, *, task_queue: str
+) -> LaunchResult:
+    """signal_with_start, except after a completed run that handled this evidence (the same
+    Alertmanager instance, or the same Xid under other labels): then nothing is started and
+    the result says `already_handled`. The webhook's rule, for a hand-over between ids."""
+    try:
+        return await signal_with_start(
+            client,
+            inp,
+            task_queue=task_queue,
+            evidence=evidence,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+        )
+    except WorkflowAlreadyStartedError:
+        pass  # the last run completed: did it handle this evidence?
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.ALREADY_EXISTS:
+            raise
+    workflow_id = inp.device.workflow_id(inp.cluster)
+    handled = await closed_run_handled(client, workflow_id)
+    if already_handled(evidence, handled):
+        log.info("%s: evidence already handled by its last run; nothing started", workflow_id)
+        return LaunchResult(
+            workflow_id=workflow_id, started=False, device=inp.device.key, already_handled=True
+        )
+    inp = inp.model_copy(update={"handled_before": handled})
+    return await signal_with_start(client, inp, task_queue=task_queue, evidence=evidence)
+
+
 async def claim_escalation(
     client: Client, task_queue: str, req: EscalationClaim
 ) -> EscalationClaimResult:
@@ -282,12 +349,12 @@ class LaunchActivities:
             )
         if not inp.cluster and self._cluster:
             inp = inp.model_copy(update={"cluster": self._cluster})
+        queue = req.task_queue or self._task_queue
         try:
+            if req.respect_handled and req.evidence is not None:
+                return await start_unless_handled(self._client, inp, req.evidence, task_queue=queue)
             return await signal_with_start(
-                self._client,
-                inp,
-                task_queue=req.task_queue or self._task_queue,
-                evidence=req.evidence,
+                self._client, inp, task_queue=queue, evidence=req.evidence
             )
         except ValueError as exc:
             raise ApplicationError(str(exc), type=ERR_INVALID_INPUT, non_retryable=True) from exc

@@ -18,9 +18,11 @@ import logging
 from datetime import timedelta
 
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 
 from activities.defn import defn
 from activities.update_with_start import RETRY_DEADLINE, Batcher, UpdateSender
+from contract.errors import ERR_INVALID_INPUT
 from contract.ledger import (
     LedgerDecision,
     LedgerDecisions,
@@ -90,6 +92,15 @@ class LedgerActivities:
 
     @defn(ACT_RECORD_GPU_FAILURE)
     async def record_gpu_failure(self, req: RecordFailureInput) -> LedgerDecision:
+        if not req.evidence.strip():
+            # Refused here, not only by the ledger's validator: in a batch it would refuse
+            # the other remediations' failures with it.
+            raise ApplicationError(
+                f"GPU {req.gpu_uuid}: a failure needs the device evidence that confirmed it "
+                "(alert, pod health, driver taint or failed validation); not recorded",
+                type=ERR_INVALID_INPUT,
+                non_retryable=True,
+            )
         decision = await self._record(req)
         log.info(
             "GPU %s failure recorded: %d in %s%s",

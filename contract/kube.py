@@ -133,6 +133,16 @@ class SliceTaint(Contract):
     effect: TaintEffect
     device: str = ""
 
+    @property
+    def driver_health(self) -> bool:
+        """A taint the driver's health checks put on the device (NVIDIA DRA driver: an Xid,
+        a lost GPU): evidence that the device itself is sick, unlike a person's taint."""
+        return self.key in DRIVER_HEALTH_TAINT_KEYS or self.key.endswith("/gpu-lost")
+
+
+# Driver taints that mean the device itself is sick (NVIDIA DRA driver health checks).
+DRIVER_HEALTH_TAINT_KEYS = ("gpu.nvidia.com/xid", "gpu.nvidia.com/gpu-lost")
+
 
 class EvidenceInput(Contract):
     device: ResolvedDevice

@@ -13,6 +13,9 @@ class LaunchRequest(Contract):
     remediation: RemediationInput
     evidence: AlertEvidence | None = None  # None: a manual-launch evidence entry is sent
     task_queue: str | None = None  # None: the worker's / caller's configured queue
+    # True (an alert handed over to its device's canonical id): never start a run after a
+    # completed one for evidence that run handled (`already_handled`), as the webhook does.
+    respect_handled: bool = False
 
 
 class LaunchResult(Contract):
@@ -20,3 +23,5 @@ class LaunchResult(Contract):
     run_id: str | None = None
     started: bool  # True: a new run started; False: an existing run was signalled
     device: str = ""
+    # The device's last, completed run handled this evidence: nothing started or signalled.
+    already_handled: bool = False

@@ -83,6 +83,10 @@ class RecordFailureInput(Contract):
     failure_class: str | None = None
     xid: int | None = None
     detail: str = ""
+    # The confirmed device evidence that makes this a failure (an unhealthy/degraded alert on
+    # the resolved device, pod device health, a driver taint, a failed validation): the ledger
+    # refuses a failure without it, so a maintenance drain or a bare launch never counts.
+    evidence: str = ""
     failures: int = Field(ge=1)  # lemons.failures
     window: Duration  # lemons.window
 

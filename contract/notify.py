@@ -72,7 +72,11 @@ class RejectionsSummary(Contract):
 
 
 class Incident(Contract):
-    id: str  # workflow id; also the PagerDuty dedup key
+    id: str  # workflow id (the Web UI link)
+    # The PagerDuty dedup key: one per incident (the remediation's workflow id and its first
+    # run's id), so a later incident of the same GPU is a new alert, not a repeat of a
+    # resolved one; "" -> `id`.
+    dedup_key: str = ""
     device: str
     node: str | None = None
     workload: str | None = None

@@ -59,13 +59,55 @@ class AlertEvidence(Contract):
 
 class HandledAlert(Contract):
     """One Alertmanager alert instance a run handled: its fingerprint and startsAt (constant
-    over one firing episode; a new firing after resolution gets a new startsAt)."""
+    over one firing episode; a new firing after resolution gets a new startsAt), and the
+    evidence it stood for (alert name and Xid), which outlives its label set."""
 
     fingerprint: str
     starts_at: datetime | None = None
+    alertname: str = ""
+    xid: int | None = None  # the Xid of an Xid-kind alert (a held gauge's value)
 
     def key(self) -> tuple[str, str]:
         return instance_key(self.fingerprint, self.starts_at)
+
+    @classmethod
+    def of(cls, alert: AlertEvidence) -> HandledAlert:
+        return cls(
+            fingerprint=alert.fingerprint,
+            starts_at=alert.starts_at,
+            alertname=alert.alertname,
+            xid=alert.xid if alert.failure_class is None else None,
+        )
+
+
+def xid_evidence(alertname: str, xid: int | None) -> tuple[str, int] | None:
+    """What an Xid alert says about its device, whatever its labels: (alert name, Xid).
+    DCGM_FI_DEV_XID_ERRORS holds the last Xid until the driver reloads, so the rule keeps
+    firing after a repair, and an exporter restart (`pod`), a pod mapping change
+    (`exported_pod`) or a `Hostname` change makes a new series (new fingerprint, later
+    startsAt) of the same evidence. None: not an Xid alert."""
+    return (alertname, xid) if xid is not None else None
+
+
+def already_handled(alert: AlertEvidence, handled: list[HandledAlert]) -> str:
+    """Why `alert` is no new evidence for a device whose earlier run handled `handled` ("":
+    it is new): "instance", the same Alertmanager instance (fingerprint + startsAt); or
+    "evidence", an Xid alert of a series the run never saw (another label set: exporter
+    restart, pod mapping, Hostname) carrying an Xid the run handled. New evidence after a
+    repair: another Xid, or a series the run handled firing again (later startsAt: its value
+    went and came back, a changed value); also pod health, a driver taint and a failed
+    validation, which the sweep, the watcher and the repair ladder report."""
+    if alert.source != "alertmanager":
+        return ""
+    key = instance_key(alert.fingerprint, alert.starts_at)
+    if any(h.key() == key for h in handled):
+        return "instance"
+    if any(h.fingerprint == alert.fingerprint for h in handled):
+        return ""  # the same series fired again after it resolved: a changed value
+    same = xid_evidence(alert.alertname, alert.xid if alert.failure_class is None else None)
+    if same is not None and any(xid_evidence(h.alertname, h.xid) == same for h in handled):
+        return "evidence"
+    return ""
 
 
 def instance_key(fingerprint: str, starts_at: datetime | None) -> tuple[str, str]:

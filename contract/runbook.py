@@ -321,6 +321,10 @@ class BudgetPolicy(BoundedRunbookModel):
 
 class EscalationPolicy(RunbookModel):
     channels: list[str] = Field(default_factory=list)  # names configured on the worker
+    # Where an application error (Xid 13/31/43/45: the program's fault, the GPU fine) is told:
+    # the workload owners' channel, never `channels` (on-call). Empty: the Warning Event on the
+    # pods is the only notice.
+    owner_channels: list[str] = Field(default_factory=list)
     severity: Literal["critical", "error", "warning", "info"] = "error"
     on: list[EscalationReason] = Field(default_factory=lambda: list(ALL_ESCALATION_REASONS))
 

@@ -59,7 +59,28 @@ def _kv(text: str) -> tuple[str, str]:
     if "=" not in text or text.startswith("="):
         raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
     key, value = text.split("=", 1)
+    if not key.strip() or not value.strip() or "=" in value or "\x00" in text:
+        # `a==b` is no selector: a typo must not select (or drain) something else.
+        raise argparse.ArgumentTypeError(
+            f"expected key=value with one '=' and both sides non-empty, got {text!r}"
+        )
     return key, value
+
+
+# An NVIDIA GPU (or MIG device) UUID, as nvidia-smi, dcgm-exporter and the DRA driver print it.
+_GPU_UUID = re.compile(
+    r"(GPU|MIG)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE
+)
+
+
+def _gpu_uuid(text: str) -> str:
+    text = _nonempty(text).strip()
+    if not _GPU_UUID.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as "
+            "nvidia-smi -L and dcgm-exporter's UUID label print it)"
+        )
+    return text
 
 
 def _nonempty(text: str) -> str:
@@ -379,7 +400,53 @@ async def _resolve(settings: Any, ref: Any) -> Any:
         resolved = await kube.resolve_device(ResolveDeviceInput(device=ref))
     finally:
         kube.close()
+    if ref.gpu_uuid and ref.gpu_index is not None and resolved.gpu_index != ref.gpu_index:
+        # Two selectors that name different GPUs: acting on either could drain the wrong one.
+        raise ValueError(
+            f"--gpu {ref.gpu_index} and --uuid {ref.gpu_uuid} name different GPUs: "
+            f"{ref.gpu_uuid} is GPU "
+            f"{resolved.gpu_index if resolved.gpu_index is not None else '(index unknown)'} "
+            f"of node {resolved.node}; give one of them"
+        )
     return ref.model_copy(update={"node": resolved.node, "gpu_uuid": resolved.gpu_uuid})
+
+
+async def _api_device(settings: Any, ref: Any) -> Any:
+    """The launch's device as the API confirms it (node + GPU UUID), or ValueError naming what
+    the cluster does not have: a typo is refused here, before anything starts or pages."""
+    from temporalio.exceptions import ApplicationError
+
+    from contract.errors import ERR_DEVICE_NOT_FOUND
+
+    try:
+        return await _resolve(settings, ref)
+    except ApplicationError as exc:
+        if exc.type != ERR_DEVICE_NOT_FOUND:
+            raise
+        raise ValueError(f"no such device, nothing launched: {exc}") from None
+    except ValueError:
+        raise
+    except Exception as exc:  # no kubeconfig, API unreachable: never a traceback
+        raise ValueError(
+            f"cannot confirm the device with the Kubernetes API ({type(exc).__name__}: "
+            f"{str(exc).strip()[:300]}); nothing launched: check KUBECONFIG / the cluster"
+        ) from None
+
+
+def _check_runbook(settings: Any, name: str | None) -> None:
+    """A pinned runbook must exist (no fallback to matching): checked against the runbooks this
+    CLI can read; when it can read none, the workflow refuses the run instead (invalid-input)."""
+    if not name:
+        return
+    from activities.runbooks import RunbookError, load_dir
+
+    try:
+        known = load_dir(settings.runbooks_dir)
+    except (RunbookError, OSError):
+        return
+    if known.get(name) is None:
+        names = ", ".join(sorted(r.name for r in known.runbooks))
+        raise ValueError(f"--runbook {name}: no such runbook in {known.source} (known: {names})")
 
 
 async def _launch(args: argparse.Namespace) -> int:
@@ -420,6 +487,9 @@ async def _launch(args: argparse.Namespace) -> int:
         raise ValueError("; ".join(e["msg"] for e in exc.errors())) from exc
 
     settings, _ = await asyncio.to_thread(_cluster, args, "launch", acting=True)
+    _check_runbook(settings, args.runbook)
+    if not selector_given:
+        ref = await _api_device(settings, ref)
     client = await connect_or_explain(settings)
     if selector_given:
         wf_id = maintenance_workflow_id(uuid.uuid4().hex[:10], settings.cluster)
@@ -441,8 +511,6 @@ async def _launch(args: argparse.Namespace) -> int:
             + f"\n  follow: sickbay status; {ui_link(settings, handle.id)}",
         )
         return 0
-    if not ref.canonical:
-        ref = await _resolve(settings, ref)
     inp = RemediationInput(
         device=ref,
         trigger="manual",
@@ -884,7 +952,8 @@ def explain_steps(runbook: Any, failure_class: str) -> list[str]:
         return [
             *steps,
             f"{failure_class}: notify -> Warning Event on the consumer pods and "
-            f"{spec.escalation.channels or 'no channels'}; nothing tainted",
+            f"the owners' channels {spec.escalation.owner_channels or '(none: the Event only)'}"
+            " (never on-call's); nothing tainted",
         ]
     if spec.dry_run:
         steps.append("dry run: preview the DeviceTaintRule (effect None); nothing tainted")
@@ -1022,7 +1091,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     _add_connection(p)
     p.add_argument("--node", type=_nonempty)
-    p.add_argument("--uuid", type=_nonempty, help="GPU UUID (dcgm-exporter's UUID label)")
+    p.add_argument("--uuid", type=_gpu_uuid, help="GPU UUID (dcgm-exporter's UUID label)")
     p.add_argument("--gpu", type=int, help="GPU index on the node")
     p.add_argument("--device", type=_dra, help="DRA device driver/pool/device")
     p.add_argument("--select-node", action="append", type=_nonempty, help="maintenance: node")

@@ -4,7 +4,7 @@ Read by the worker at start-up (it refuses to start, or with SICKBAY_ALLOW_UNCON
 starts degraded and says so) and by `sickbay doctor`, so the first escalation is never where a
 missing channel is found out.
 
-- channels: `escalation.channels` of every runbook against the file SICKBAY_CHANNELS_FILE names
+- channels: `escalation.channels` and `escalation.ownerChannels` of every runbook against the file SICKBAY_CHANNELS_FILE names
   (activities/notify/config.py);
 - providers: the runbook's node-pool provider (`scaleUp.pool.provider`, else `scaleUp.provider`)
   when it scales up (`scaleUp.enabled`) or its repair ladder has a reboot or replace rung,
@@ -80,14 +80,17 @@ def unconfigured(
     out: list[Unconfigured] = []
     where = f"{CHANNELS_ENV}={channels_file}" if channels_file else f"{CHANNELS_ENV} is unset"
     for runbook in runbooks:
-        for name in runbook.spec.escalation.channels:
+        esc = runbook.spec.escalation
+        named = [(n, "escalation.channels") for n in esc.channels]
+        named += [(n, "escalation.ownerChannels") for n in esc.owner_channels]
+        for name, field in named:
             if name not in channels.channels:
                 out.append(
                     Unconfigured(
                         runbook.name,
                         "channel",
                         name,
-                        "escalation.channels",
+                        field,
                         f"add channel {name!r} to the channels file ({where})",
                     )
                 )

@@ -143,3 +143,40 @@ def is_stale(
         f"every alert started more than {stale_after} ago (newest {newest.isoformat()}) "
         "and the device reports Healthy now"
     )
+
+
+# Where an alert comes from that can count as device evidence: Alertmanager's rules, the
+# health sweep's and watcher's findings (pod health, driver taints). A person's launch (CLI,
+# Web UI) or a maintenance drain is a request, never evidence by itself.
+_EVIDENCE_SOURCES = frozenset({"alertmanager", "sweep", "watch"})
+
+
+def device_evidence(
+    trigger: str, alerts: list[AlertEvidence], evidence: Evidence | None
+) -> tuple[bool, str]:
+    """Whether this remediation counts as a GPU failure in the ledger, and why (or why not).
+
+    Only confirmed device evidence counts: the device was resolved through the API (the caller
+    asks after `resolve-device`), and an alert or finding classified unhealthy/degraded names
+    it, or its pod device health says Unhealthy, or the driver tainted it. A maintenance drain
+    never counts (planned work on healthy GPUs); neither does a hand launch that carries no
+    such evidence. A failed validation counts later (the repair ladder records it)."""
+    if trigger == "maintenance":
+        return False, "a maintenance drain is planned work, not a GPU failure"
+    if evidence is not None and evidence.health == "Unhealthy":
+        return True, "pod status reports the device Unhealthy"
+    sick = [t for t in (evidence.slice_taints if evidence else []) if t.driver_health]
+    if sick:
+        return True, "the driver tainted the device (" + ", ".join(t.key for t in sick) + ")"
+    bad = [
+        a
+        for a in alerts
+        if a.source in _EVIDENCE_SOURCES and alert_class(a) in ("unhealthy", "degraded")
+    ]
+    if bad:
+        what = ", ".join(sorted({_what(a) for a in bad}))
+        return True, f"{what} -> {worst([c for a in bad if (c := alert_class(a))])}"
+    return False, (
+        "no device evidence: no unhealthy/degraded alert, no Unhealthy pod status and no driver "
+        "taint names the device (a launch alone is not a failure)"
+    )

@@ -135,7 +135,7 @@ class GpuLedgerWorkflow:
                     incident=req.incident,
                     failure_class=req.failure_class,
                     xid=req.xid,
-                    detail=req.detail,
+                    detail=f"{req.evidence} ({req.detail})" if req.detail else req.evidence,
                 )
             )
         in_window = gpu.failures_since(now - req.window)
@@ -173,6 +173,11 @@ class GpuLedgerWorkflow:
     def _validate_failure(self, req: RecordFailureInput) -> None:
         if not req.gpu_uuid.strip() or not req.incident.strip():
             raise ValueError("a failure needs the GPU UUID and the incident that confirmed it")
+        if not req.evidence.strip():
+            raise ValueError(
+                "a failure needs the device evidence that confirmed it (alert, pod health, "
+                "driver taint or failed validation): nothing else counts"
+            )
         if req.window <= timedelta(0):
             raise ValueError(f"lemons window {req.window} must be positive")
 

@@ -206,16 +206,8 @@ def gather_evidence(
     )
 
 
-# Driver taints that mean the device itself is sick (NVIDIA DRA driver health checks).
-HEALTH_TAINT_KEYS = ("gpu.nvidia.com/xid", "gpu.nvidia.com/gpu-lost")
-
-
 def _sick(taints: list[SliceTaint]) -> list[SliceTaint]:
-    return [
-        t
-        for t in taints
-        if t.key in HEALTH_TAINT_KEYS or t.key.endswith("/gpu-lost") or t.key in HAMI_HEALTH_KEYS
-    ]
+    return [t for t in taints if t.driver_health or t.key in HAMI_HEALTH_KEYS]
 
 
 def check_health(kube: Kube, device: ResolvedDevice) -> HealthResult:

@@ -3,7 +3,8 @@
 - PagerDuty Events API v2: `trigger` carries the full payload (summary, source, severity,
   component, group, class, custom_details with the timeline summary, a link to the workflow);
   `acknowledge` / `resolve` carry only the routing and dedup keys, as the API asks. The dedup
-  key is the incident id (the workflow id), so every event of one incident lands on one alert.
+  key is the incident's own (`Incident.dedup_key`: workflow id + first run id), so every event
+  of one incident lands on one alert and a later incident of the same GPU is a new one.
 - Slack incoming webhook: `text` (notification fallback) plus Block Kit blocks a person can
   read at 3 a.m.: device, node, workload, phase, what was done, what is needed, a link.
 - Generic webhook: the incident and its timeline as JSON.
@@ -56,7 +57,7 @@ def pagerduty_event(
     event: dict[str, Any] = {
         "routing_key": routing_key,
         "event_action": action,
-        "dedup_key": incident.id[:PD_DEDUP_MAX],
+        "dedup_key": (incident.dedup_key or incident.id)[:PD_DEDUP_MAX],
     }
     if action != "trigger":
         return event

@@ -39,6 +39,7 @@ pytestmark = pytest.mark.devserver
 
 # The unnamed cluster, named: these runs have no cluster record to read (worker/cli_cluster.py).
 UNNAMED = ("--cluster", "")
+ZERO_UUID = "GPU-00000000-0000-0000-0000-000000000000"
 
 
 async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -110,7 +111,9 @@ async def test_launch_status_timeline_repaired(
 async def test_launch_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = await _cli(capsys, "launch")
     assert code == 2 and "give a device" in err
-    code, _, err = await _cli(capsys, "launch", "--node", "n", "--uuid", "u", "--select-node", "n")
+    code, _, err = await _cli(
+        capsys, "launch", "--node", "n", "--uuid", ZERO_UUID, "--select-node", "n"
+    )
     assert code == 2
     code, _, err = await _cli(capsys, "launch", "--node", "n")
     assert code == 2 and "node + gpu_uuid" in err

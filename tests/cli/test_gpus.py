@@ -46,6 +46,7 @@ def _failure(gpu: str, incident: str) -> RecordFailureInput:
         incident=incident,
         holder=f"sickbay-gpu-node-a-{incident}",
         failure_class="unhealthy",
+        evidence="pod status reports the device Unhealthy",
         xid=95,
         failures=3,
         window=timedelta(days=7),

@@ -58,7 +58,10 @@ PROFILE = {
 
 def test_unconfigured_channels_and_providers() -> None:
     kube_api = object()
-    paging = _runbook("paging", {"escalation": {"channels": ["oncall", "audit"]}})
+    paging = _runbook(
+        "paging",
+        {"escalation": {"channels": ["oncall", "audit"], "ownerChannels": ["owners", "audit"]}},
+    )
     gke = _runbook("gke", {"scaleUp": {"enabled": True, "provider": "gke", "maxSize": 4}})
     http_pool = {"provider": "http", "name": "p", "profile": "missing"}
     http = _runbook("http", {"scaleUp": {"enabled": True, "pool": http_pool, "maxSize": 4}})
@@ -77,13 +80,15 @@ def test_unconfigured_channels_and_providers() -> None:
     lines = [p.line() for p in found]
     assert [(p.runbook, p.kind, p.name) for p in found] == [
         ("paging", "channel", "oncall"),
+        ("paging", "channel", "owners"),  # application errors' channel (ownerChannels)
         ("gke", "provider", "gke"),
         ("http", "provider", "http"),
         ("aks-repair", "provider", "aks"),
     ], lines
     assert "SICKBAY_CHANNELS_FILE=/etc/channels.yaml" in lines[0]
-    assert "SICKBAY_CLOUD_FILE is unset" in lines[1]
-    assert "repair reset/reboot/replace" not in lines[3] and "repair reboot/replace" in lines[3]
+    assert "escalation.ownerChannels" in lines[1]
+    assert "SICKBAY_CLOUD_FILE is unset" in lines[2]
+    assert "repair reset/reboot/replace" not in lines[4] and "repair reboot/replace" in lines[4]
 
     configured = CloudConfig.model_validate(
         {

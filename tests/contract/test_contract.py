@@ -79,3 +79,40 @@ def test_the_package_reexports_nothing() -> None:
     body = ast.parse((ROOT / "contract" / "__init__.py").read_text()).body
     assert len(body) == 1 and isinstance(body[0], ast.Expr), "only a docstring"
     assert isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
+
+
+def test_already_handled_is_decided_by_the_device_evidence_not_the_label_set() -> None:
+    """After a run handled Xid 79 of fingerprint fp-a: its repeat (same startsAt) and the same
+    Xid under another label set (exporter restart, pod mapping: new fingerprint, later
+    startsAt) are repeats; another Xid, the same series firing again after it resolved, and a
+    class alert (a counter's rule) under new labels are new evidence; a person's launch is
+    never a repeat."""
+    from datetime import UTC, datetime, timedelta
+
+    from contract.remediation import AlertEvidence, HandledAlert, already_handled
+
+    at = datetime(2026, 12, 5, 7, 0, tzinfo=UTC)
+    seen = AlertEvidence(
+        source="alertmanager",
+        alertname="SickbayGpuXidError",
+        fingerprint="fp-a",
+        xid=79,
+        starts_at=at,
+    )
+    handled = [HandledAlert.of(seen)]
+    later = at + timedelta(hours=1)
+    assert already_handled(seen, handled) == "instance"
+    churn = seen.model_copy(update={"fingerprint": "fp-b", "starts_at": later})
+    assert already_handled(churn, handled) == "evidence"
+    assert already_handled(churn.model_copy(update={"xid": 48}), handled) == ""
+    assert already_handled(seen.model_copy(update={"starts_at": later}), handled) == ""
+    ecc = AlertEvidence(
+        source="alertmanager",
+        alertname="SickbayGpuEccDoubleBitError",
+        fingerprint="fp-e",
+        failure_class="unhealthy",
+        starts_at=at,
+    )
+    ecc_handled = [HandledAlert.of(ecc)]
+    assert already_handled(ecc.model_copy(update={"fingerprint": "fp-f"}), ecc_handled) == ""
+    assert already_handled(churn.model_copy(update={"source": "manual"}), handled) == ""

@@ -49,7 +49,8 @@ async def test_budget_exhausted(demo: Demo) -> None:
     pages = [
         n["body"]
         for n in await demo.notifications(since=sent)
-        if n["kind"] == "pagerduty" and n["body"]["dedup_key"] == second.workflow_id
+        if n["kind"] == "pagerduty"
+        and n["body"]["dedup_key"].rsplit("/", 1)[0] == second.workflow_id
     ]
     assert [p["event_action"] for p in pages] == ["trigger", "resolve"]
     assert "budget" in pages[0]["payload"]["summary"]
@@ -75,7 +76,8 @@ async def test_scheduler_ignoring_taints_churn(demo: Demo) -> None:
     pages = [
         n["body"]
         for n in await demo.notifications(since=sent)
-        if n["kind"] == "pagerduty" and n["body"]["dedup_key"] == incident.workflow_id
+        if n["kind"] == "pagerduty"
+        and n["body"]["dedup_key"].rsplit("/", 1)[0] == incident.workflow_id
     ]
     assert [p["event_action"] for p in pages][:1] == ["trigger"]
     assert "churn" in pages[0]["payload"]["summary"]

@@ -12,26 +12,46 @@ Cases (one GPU each; each test stops its own alert when it ends):
   repaired it closes; Alertmanager keeps repeating the still-firing alert -> `already-handled`,
   no second run, no re-quarantine;
 - Xid 13 (main's `hostname`, Prometheus Operator scrape: pod mapping in `exported_*`) -> a run
-  that does not quarantine and closes; its repeats start nothing;
+  that does not quarantine and closes, the owners' channel (Slack) told once, PagerDuty never;
+  its repeats start nothing;
 - row-remap failure fires, then resolves: the remediation's timeline shows the resolution;
 - the webhook down (connections refused) while Xid 79 fires: nothing started, Alertmanager
   counts failed deliveries; back up, Alertmanager's retry starts the remediation;
-- a receiver with a wrong token: 401s, the webhook logs the refusal, nothing started.
+- a receiver with a wrong token: 401s, the webhook logs the refusal, nothing started;
+- the GPU ledger against the twin: a GPU with two failures in the ledger is drained for
+  maintenance (`sickbay launch --select-node ... --select-attr uuid=...`): its remediation
+  quarantines and holds, the timeline says the failure was not counted, the ledger still
+  holds two failures and the GPU is not retired, nobody is asked for an RMA;
+- the same Xid under new labels after `repaired`: a new pod mapping (`exported_pod`), and
+  `Hostname` turning into the exporter pod's name -> already-handled, no second run of the
+  device, no page, no DeviceTaintRule; `sickbay status` lists the first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from contract.names import QRY_STATUS, QRY_TIMELINE, SIG_REPAIRED, device_workflow_id
+from activities.ledger import LedgerActivities
+from contract.ledger import LedgerState, RecordFailureInput
+from contract.names import (
+    QRY_LEDGER_STATE,
+    QRY_STATUS,
+    QRY_TIMELINE,
+    SIG_REPAIRED,
+    device_workflow_id,
+    ledger_workflow_id,
+)
 from contract.remediation import Phase, RemediationStatus, RepairedRequest, TimelineEntry
 from harness.stack import Stack, StackConfig, free_port
 from tests.monitoring.conftest import binary
@@ -142,6 +162,11 @@ def pages(stack: Stack, wid: str) -> int:
     return sum(wid in json.dumps(event) for event in stack.notifications())
 
 
+def owner_notes(stack: Stack, uuid: str) -> int:
+    """Slack messages (the shipped runbooks' owner channel) about this GPU at the sink."""
+    return sum(e.get("kind") == "slack" and uuid in json.dumps(e) for e in stack.notifications())
+
+
 async def runs(client: Client, wid: str) -> int:
     return (await client.count_workflows(f"WorkflowId = '{wid}'")).count
 
@@ -220,11 +245,12 @@ async def test_xid13_no_remediation_and_no_new_run_on_repeats(
         assert final is not None
         assert final.failure_class == "application" and final.rule_name is None
         assert final.outcome == "not-quarantined"
-        paged = pages(stack, wid)
-        assert paged >= 1  # the owner was told once
+        told = owner_notes(stack, uuid)
+        assert told >= 1  # the owners' channel was told once
+        assert pages(stack, wid) == 0  # on-call (PagerDuty) never paged for the program's error
         await repeats_answered_already_handled(stack, mon)
         assert await runs(temporal, wid) == 1
-        assert pages(stack, wid) == paged
+        assert owner_notes(stack, uuid) == told and pages(stack, wid) == 0
     finally:
         mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", labels)
 
@@ -326,3 +352,175 @@ async def _closed_run(client: Client, wid: str) -> bool:
         return await closed(client, wid)
     except Exception:  # not started yet
         return False
+
+
+async def test_maintenance_drain_of_a_gpu_with_two_failures_does_not_retire_it(
+    stacks: tuple[Stack, Monitoring], temporal: Client
+) -> None:
+    stack, _mon = stacks
+    assert stack.info is not None
+    node, uuid, _index = gpus(stack)[2]
+    wid = device_workflow_id(node, uuid)
+    queue = stack.info.task_queue
+    ledger = LedgerActivities(temporal, queue)
+    for n in (1, 2):  # two earlier, real failures of this GPU
+        await ledger.record_gpu_failure(
+            RecordFailureInput(
+                gpu_uuid=uuid,
+                node=node,
+                incident=f"earlier-{n}",
+                failure_class="unhealthy",
+                xid=48,
+                evidence="pod status reports the device Unhealthy",
+                failures=3,
+                window=timedelta(days=7),
+            )
+        )
+    before = pages(stack, wid)
+    launch = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "worker.cli",
+            "launch",
+            "--select-node",
+            node,
+            "--select-attr",
+            f"uuid={uuid}",
+            "--reason",
+            "kernel upgrade",
+        ],
+        env=stack.sickbay_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert launch.returncode == 0, launch.stdout + launch.stderr
+    handle = temporal.get_workflow_handle(wid)
+    try:
+        await until("the drained GPU held", lambda: _phase(temporal, wid, Phase.HOLDING))
+        timeline = await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
+        [entry] = [e for e in timeline if e.action == "failure not counted"]
+        assert "maintenance" in entry.reason
+        assert not any(e.action in ("failure recorded", "GPU retired") for e in timeline)
+        state = await temporal.get_workflow_handle(ledger_workflow_id(queue)).query(
+            QRY_LEDGER_STATE, result_type=LedgerState
+        )
+        [gpu] = [g for g in state.gpus if g.gpu_uuid == uuid]
+        assert [e.kind for e in gpu.entries] == ["failure", "failure"]
+        assert gpu.retired_at is None
+        held = await status(temporal, wid)
+        assert held is not None and held.escalation_reason != "gpu-retired"
+        assert not any("RMA" in json.dumps(e) for e in stack.notifications()[before:])
+    finally:
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="test", note="upgraded"))
+        await until("the drain's remediation closed", lambda: _closed_run(temporal, wid))
+
+
+async def test_same_xid_under_a_new_pod_label_after_repaired_is_already_handled(
+    stacks: tuple[Stack, Monitoring], temporal: Client
+) -> None:
+    """The exporter's pod mapping changes after `repaired` (a new `exported_pod` behind the
+    Operator-style scrape): Prometheus makes a new series and Alertmanager a new alert
+    (fingerprint, startsAt) of the same Xid; the webhook answers already-handled, no second
+    run, no page, no DeviceTaintRule, and `sickbay status` lists it."""
+    stack, mon = stacks
+    node, uuid, index = gpus(stack)[1]
+    wid = device_workflow_id(node, uuid)
+    path, labels = dcgm_labels(node, uuid, index, "main")
+    moved = {**labels, "pod": "trainer-rescheduled"}
+    mon.exporter.set(path, "DCGM_FI_DEV_XID_ERRORS", labels, 79)
+    try:
+        await until("the Xid 79 remediation holding", lambda: _phase(temporal, wid, Phase.HOLDING))
+        first = await runs(temporal, wid)
+        await temporal.get_workflow_handle(wid).signal(
+            SIG_REPAIRED, RepairedRequest(actor="test", note="GPU reseated")
+        )
+        await until("the remediation closed", lambda: _closed_run(temporal, wid))
+        paged = pages(stack, wid)
+        mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", labels)
+        mon.exporter.set(path, "DCGM_FI_DEV_XID_ERRORS", moved, 79)
+
+        async def listed() -> str:
+            status_cmd = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "worker.cli", "status", "--all"],
+                env=stack.sickbay_env(),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            out = status_cmd.stdout
+            return out if "already-handled (same Xid, new labels)" in out else ""
+
+        shown = await until("sickbay status listing the repeat under new labels", listed)
+        assert wid in shown
+        assert await runs(temporal, wid) == first  # nothing started for it
+        assert pages(stack, wid) == paged  # nobody paged again
+        assert taint_rules(stack) == []  # never re-quarantined
+    finally:
+        mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", labels)
+        mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", moved)
+
+
+async def test_hostname_turning_into_the_exporter_pod_after_repaired_is_already_handled(
+    stacks: tuple[Stack, Monitoring], temporal: Client
+) -> None:
+    """dcgm-exporter restarted without NODE_NAME labels `Hostname` with its own pod's name:
+    Prometheus makes a new series of the same Xid, Alertmanager a new alert naming the pod as
+    the node. Its run resolves the pod to its node and hands over to the device's id, where
+    the last run handled that Xid: closed `already handled`, no second run of the device, no
+    page, no DeviceTaintRule."""
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    stack, mon = stacks
+    assert stack.info is not None
+    node, uuid, index = gpus(stack)[0]
+    wid = device_workflow_id(node, uuid)
+    path, labels = dcgm_labels(node, uuid, index, "4.x")
+    exporter_pod = "nvidia-dcgm-exporter-q7x2p"
+    renamed = {**labels, "Hostname": exporter_pod}
+    core = k8s.CoreV1Api(k8s_config.new_client_from_config(stack.info.kubeconfig))
+    core.create_namespaced_pod(
+        "default",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": exporter_pod, "labels": {"app": "nvidia-dcgm-exporter"}},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter"}],
+            },
+        },
+    )
+    mon.exporter.set(path, "DCGM_FI_DEV_XID_ERRORS", labels, 79)
+    try:
+        await until("the Xid 79 remediation holding", lambda: _phase(temporal, wid, Phase.HOLDING))
+        first = await runs(temporal, wid)
+        await temporal.get_workflow_handle(wid).signal(
+            SIG_REPAIRED, RepairedRequest(actor="test", note="GPU reseated")
+        )
+        await until("the remediation closed", lambda: _closed_run(temporal, wid))
+        paged = pages(stack, wid)
+        mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", labels)
+        mon.exporter.set(path, "DCGM_FI_DEV_XID_ERRORS", renamed, 79)
+        there = device_workflow_id(exporter_pod, uuid)
+        await until(
+            "the run under the exporter pod's name closed", lambda: _closed_run(temporal, there)
+        )
+        final = await status(temporal, there)
+        assert final is not None and final.outcome == "not-quarantined"
+        timeline = await temporal.get_workflow_handle(there).query(
+            QRY_TIMELINE, result_type=list[TimelineEntry]
+        )
+        closing = [e for e in timeline if e.action == "closed"]
+        assert closing and "already handled" in closing[-1].reason and wid in closing[-1].reason
+        assert await runs(temporal, wid) == first  # the device's id: nothing started
+        assert pages(stack, wid) == paged and pages(stack, there) == 0
+        assert taint_rules(stack) == []
+    finally:
+        mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", labels)
+        mon.exporter.remove(path, "DCGM_FI_DEV_XID_ERRORS", renamed)
+        core.delete_namespaced_pod(exporter_pod, "default")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shlex
 import sys
@@ -30,6 +31,7 @@ from contract.maintenance import MaintenanceInput
 from contract.names import DEFAULT_TASK_QUEUE, SIG_ALERT, WF_MAINTENANCE, WF_REMEDIATE
 from contract.remediation import AlertEvidence, RemediationInput
 from tests.webhook.helpers import signal_names
+from twin.testing import RunningTwin
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "triggers.md"
 INPUTS = {"RemediationInput": RemediationInput, "MaintenanceInput": MaintenanceInput}
@@ -127,8 +129,12 @@ def test_launch_examples_parse() -> None:
 
 
 @pytest.mark.devserver
-async def test_launch_example_runs(dev_env: WorkflowEnvironment) -> None:
-    argv = _launch_lines()[0]  # the single-GPU launch: no cluster call needed
+async def test_launch_example_runs(dev_env: WorkflowEnvironment, twin: RunningTwin) -> None:
+    argv = list(_launch_lines()[0])  # the single-GPU launch, on a GPU the twin has
+    rs = twin.store.list("resourceslices.resource.k8s.io").items[0]
+    dev = next(d for d in rs["spec"]["devices"] if d["name"] == "gpu-0")
+    argv[argv.index("--node") + 1] = rs["spec"]["nodeName"]
+    argv[argv.index("--uuid") + 1] = dev["attributes"]["uuid"]["string"]
     queue = f"docs-launch-{uuid.uuid4().hex[:8]}"
     address = dev_env.client.service_client.config.target_host
     sickbay = str(Path(sys.executable).parent / "sickbay")
@@ -144,6 +150,7 @@ async def test_launch_example_runs(dev_env: WorkflowEnvironment) -> None:
         "--json",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "KUBECONFIG": str(twin.kubeconfig_path)},  # the launch asks the API
     )
     out, err = await proc.communicate()
     assert proc.returncode == 0, (out, err)

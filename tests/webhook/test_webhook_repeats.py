@@ -8,7 +8,11 @@ is off here, and a second webhook app (a restart, another replica) decides the s
 
 Cases:
 - Xid 13 (application): one run, closed; its repeats -> `already-handled`, no new run, no page;
-- the same alert with a later startsAt (a new firing after resolution) starts a new run;
+- the same alert with a later startsAt (its series fired again after it resolved: a changed
+  value) starts a new run;
+- the same Xid under new labels after `repaired` (exporter restart: new `pod`; pod mapping:
+  new `exported_pod`; a new fingerprint and a later startsAt) -> `already-handled`, no run, no
+  page, no quarantine, and counted for `sickbay status`; another Xid starts a new run;
 - ECC double-bit after `repaired`: the repeat never re-quarantines (one quarantine call);
 - what the check costs (the webhook's `temporal_calls` counter): a run still running is
   signalled with one signal-with-start per lane call, nothing asked before it (the storm's
@@ -155,3 +159,90 @@ async def test_a_running_run_is_signalled_without_a_describe(dev_env: WorkflowEn
         assert await count_runs(client, f"WorkflowId = '{wid}'", expect=1) == 1
     finally:
         await client.get_workflow_handle(wid).terminate("test done")
+
+
+async def test_same_xid_under_new_labels_after_repaired_is_already_handled(
+    dev_env: WorkflowEnvironment,
+) -> None:
+    from contract.names import QRY_REJECTIONS, rejections_workflow_id
+    from contract.notify import RejectionsSummary
+
+    client = dev_env.client
+    world = FakeWorld(node=f"node-{uuid.uuid4().hex[:8]}")
+    wid = device_workflow_id(world.node, world.gpu_uuid)
+    alert = xid_alert(world.node, world.gpu_uuid)
+    async with new_worker(client, world) as worker:
+        app = app_for(dev_env, worker.task_queue)
+        async with serve(app) as url:
+            assert (await post(url, alert))["started"] == 1
+            handle = client.get_workflow_handle(wid, result_type=RemediationResult)
+            await wait_phase(handle, Phase.HOLDING)
+            await handle.signal(SIG_REPAIRED, RepairedRequest(actor="test"))
+            await handle.result()
+            pages, quarantines = len(world.args(ACT_NOTIFY)), len(world.args(ACT_QUARANTINE))
+            for n, label in enumerate(("pod", "exported_pod")):
+                churned = xid_alert(world.node, world.gpu_uuid)
+                churned["labels"][label] = f"dcgm-exporter-{n}x7k2q"
+                churned["fingerprint"] = f"fp-churn-{n}"
+                churned["startsAt"] = f"2026-11-29T1{n + 1}:00:00Z"
+                again = await post(url, churned)
+                assert again["already_handled"] == 1 and again["started"] == 0, again
+            assert await count_runs(client, f"WorkflowId = '{wid}'", expect=1) == 1
+            assert len(world.args(ACT_NOTIFY)) == pages
+            assert len(world.args(ACT_QUARANTINE)) == quarantines
+            assert await app.state.service.report_rejected() == 2
+            summary = await client.get_workflow_handle(
+                rejections_workflow_id(worker.task_queue)
+            ).query(QRY_REJECTIONS, result_type=RejectionsSummary)
+            [counted] = [r for r in summary.reasons if r.reason.startswith("already-handled")]
+            assert counted.count == 2 and wid in counted.examples[0]
+            # Another Xid on the same GPU is new evidence: a new incident.
+            other = xid_alert(world.node, world.gpu_uuid)
+            other["labels"]["err_code"] = "48"
+            other["fingerprint"], other["startsAt"] = "fp-xid48", "2026-11-29T14:00:00Z"
+            assert (await post(url, other))["started"] == 1
+            await wait_phase(handle, Phase.HOLDING)
+            await handle.signal(SIG_REPAIRED, RepairedRequest(actor="test"))
+            await client.get_workflow_handle(wid, result_type=RemediationResult).result()
+
+
+async def test_hostname_as_the_exporter_pod_after_repaired_is_already_handled(
+    dev_env: WorkflowEnvironment,
+) -> None:
+    """dcgm-exporter without NODE_NAME labels `Hostname` with its own pod's name: the alert's
+    id is not the device's, the run there resolves the device and hands the evidence over to
+    the canonical id; after that id's run was repaired and completed, the same Xid is
+    already handled there too: nothing started, quarantined or paged."""
+    from activities.launch import LaunchActivities
+
+    client = dev_env.client
+    world = FakeWorld(node=f"node-{uuid.uuid4().hex[:8]}")
+    wid = device_workflow_id(world.node, world.gpu_uuid)
+    async with new_worker(client, world) as probe:
+        queue = probe.task_queue
+    launch = LaunchActivities(client, queue)
+    async with (
+        new_worker(
+            client, world, extra_activities=[launch.signal_with_start_remediation], task_queue=queue
+        ) as worker,
+        serve(app_for(dev_env, worker.task_queue)) as url,
+    ):
+        assert (await post(url, xid_alert(world.node, world.gpu_uuid)))["started"] == 1
+        handle = client.get_workflow_handle(wid, result_type=RemediationResult)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="test"))
+        await handle.result()
+        pages, quarantines = len(world.args(ACT_NOTIFY)), len(world.args(ACT_QUARANTINE))
+        exporter_pod = f"nvidia-dcgm-exporter-{uuid.uuid4().hex[:5]}"
+        renamed = xid_alert(exporter_pod, world.gpu_uuid)
+        renamed["startsAt"] = "2026-11-29T12:00:00Z"
+        assert (await post(url, renamed))["started"] == 1  # under the exporter pod's id
+        there = client.get_workflow_handle(
+            device_workflow_id(exporter_pod, world.gpu_uuid), result_type=RemediationResult
+        )
+        closed = await there.result()
+        assert closed.outcome == "not-quarantined" and "already handled" in closed.reason
+        assert wid in closed.reason
+        assert await count_runs(client, f"WorkflowId = '{wid}'", expect=1) == 1
+        assert len(world.args(ACT_NOTIFY)) == pages
+        assert len(world.args(ACT_QUARANTINE)) == quarantines

@@ -487,8 +487,7 @@ async def start(
     inp = RemediationInput(
         device=DeviceRef(node=node, gpu_uuid=gpu_uuid),
         alerts=alerts if alerts is not None else [xid_alert()],
-        trigger="alert",
-        **kw,
+        **{"trigger": "alert", **kw},
     )
     return await client.start_workflow(
         WF_REMEDIATE,

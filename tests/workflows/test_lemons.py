@@ -59,6 +59,7 @@ from contract.names import (
     SIG_ABORT,
     SIG_ALERT,
     SIG_REPAIRED,
+    UPD_LEDGER_FAILURE,
     UPD_LEDGER_UNRETIRE,
     WF_GPU_LEDGER,
     ledger_task_queue,
@@ -78,6 +79,7 @@ def _failure(gpu: str, incident: str, *, failures: int = 3, window: timedelta = 
         incident=incident,
         holder=f"wf-{incident}",
         failure_class="unhealthy",
+        evidence="pod status reports the device Unhealthy",
         xid=xid,
         failures=failures,
         window=window,
@@ -494,3 +496,56 @@ async def test_dry_run_and_disabled_lemons_record_nothing(
     [recorded] = world.args(ACT_RECORD_GPU_FAILURE)
     assert recorded.gpu_uuid == world.gpu_uuid and recorded.failures == 3
     assert recorded.incident.startswith(handle.id + "/")
+
+
+async def test_only_device_evidence_counts(time_skipping_env: WorkflowEnvironment) -> None:
+    """A maintenance drain (even of a GPU a consumer calls Unhealthy) and a hand launch with no
+    evidence never reach the ledger; the timeline says why. A hand launch on a device its pod
+    reports Unhealthy counts, and says which evidence."""
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=_runbooks())
+    async with new_worker(client, world) as worker:
+        maint = await start(client, worker, world, alerts=[], trigger="maintenance")
+        await wait_phase(maint, Phase.HOLDING)
+        await maint.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+        maint_result = await maint.result()
+        world.health = world.later_health = None
+        bare = await start(client, worker, world, alerts=[], trigger="manual")
+        await wait_phase(bare, Phase.HOLDING)
+        await bare.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+        bare_result = await bare.result()
+        assert world.args(ACT_RECORD_GPU_FAILURE) == []
+        world.health = "Unhealthy"
+        sick = await start(client, worker, world, alerts=[], trigger="manual")
+        await wait_phase(sick, Phase.HOLDING)
+        await sick.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+        sick_result = await sick.result()
+    for result, why in ((maint_result, "maintenance"), (bare_result, "no device evidence")):
+        [entry] = [e for e in result.timeline if e.action == "failure not counted"]
+        assert why in entry.reason, entry
+        assert not any(e.action == "failure recorded" for e in result.timeline)
+    [recorded] = world.args(ACT_RECORD_GPU_FAILURE)
+    assert recorded.incident.startswith(sick.id + "/")
+    assert "Unhealthy" in recorded.evidence
+    assert any(
+        e.action == "failure recorded" and "Unhealthy" in e.reason for e in sick_result.timeline
+    )
+
+
+async def test_the_ledger_refuses_a_failure_without_evidence(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    acts, worker = _ledger(client, f"tq-{uuid.uuid4()}")
+    gpu, other = f"GPU-{uuid.uuid4()}", f"GPU-{uuid.uuid4()}"
+    async with worker:
+        await acts.record_gpu_failure(_failure(other, "i0"))
+        bare = _failure(gpu, "i1").model_copy(update={"evidence": " "})
+        with pytest.raises(Exception, match="device evidence"):
+            await acts.record_gpu_failure(bare)
+        handle = client.get_workflow_handle(acts.workflow_id)
+        with pytest.raises(WorkflowUpdateFailedError):  # the ledger's own validator, too
+            await handle.execute_update(UPD_LEDGER_FAILURE, bare, result_type=LedgerDecision)
+        state = await handle.query(QRY_LEDGER_STATE, result_type=LedgerState)
+        await handle.terminate("test done")
+    assert [g.gpu_uuid for g in state.gpus] == [other]

@@ -49,7 +49,11 @@ from typing import Any
 import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.client import (
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowUpdateFailedError,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
@@ -242,7 +246,8 @@ async def test_application_xid_does_not_taint(time_skipping_env: WorkflowEnviron
     assert event.type == "Warning" and event.targets[0].name == "llm-7d9f-abcde"
     assert "NOT quarantined" in event.message
     notes = world.args(ACT_NOTIFY)
-    assert [n.channel for n in notes] == ["pagerduty"] and notes[0].incident.severity == "warning"
+    # The owners' channel (default runbook: ownerChannels [slack]), never on-call's pagerduty.
+    assert [n.channel for n in notes] == ["slack"] and notes[0].incident.severity == "warning"
 
 
 async def test_result_lists_the_alert_instances_it_handled(
@@ -947,7 +952,7 @@ async def test_channel_configuration_error_is_not_retried(
         handle = await start(client, worker, world, alerts=[xid_alert(13, "fp-13")])
         result = await handle.result()
     assert tries == [1]
-    failed = [e for e in result.timeline if e.action.startswith("notify pagerduty")]
+    failed = [e for e in result.timeline if e.action.startswith("notify slack")]
     assert failed and failed[-1].outcome == "failed"
     assert "not retried" in failed[-1].reason and "6 tries" not in failed[-1].reason
     assert "ConfigurationError" in failed[-1].reason
@@ -1314,8 +1319,8 @@ async def test_unknown_device_escalates_with_default_runbook(
 async def test_made_up_devices_page_once_per_node(time_skipping_env: WorkflowEnvironment) -> None:
     """Alerts naming GPUs the cluster does not have (5,000 fabricated UUIDs paged 5,000 times):
     the first remediation of a node pages, the others say who did and page nobody; the
-    rejections workflow counts them. Another node pages once for itself; a person's launch
-    always pages."""
+    rejections workflow counts them. Another node pages once for itself; a person's launch of
+    a device the cluster has not got is invalid input: it fails at once and pages nobody."""
     from temporalio import activity as act
     from temporalio.worker import Worker
 
@@ -1370,13 +1375,18 @@ async def test_made_up_devices_page_once_per_node(time_skipping_env: WorkflowEnv
                 task_queue=queue,
                 result_type=RemediationResult,
             )
-            results.append(await by_hand.result())
+            with pytest.raises(WorkflowFailureError) as typo:
+                await by_hand.result()
             summary = await client.get_workflow_handle(rejections_workflow_id(queue)).query(
                 QRY_REJECTIONS, result_type=RejectionsSummary
             )
     assert all(r.outcome == "escalated" for r in results)
     pages = [n for n in world.args(ACT_NOTIFY) if n.action == "trigger"]
-    assert len(pages) == 3  # node 1 once, the other node once, the person's launch
+    assert len(pages) == 2  # node 1 once, the other node once; never the person's typo
+    assert isinstance(typo.value.cause, ApplicationError)
+    assert (
+        typo.value.cause.type == "InvalidInput" and "no ResourceSlice" in typo.value.cause.message
+    )
     first = device_workflow_id(world.node, "GPU-made-up-0")
     for r in results[1:4]:
         assert "not paged" in r.reason and first in r.reason

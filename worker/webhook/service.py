@@ -52,15 +52,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.launch import report_rejected, signal_with_start
+from activities.launch import closed_run_handled, report_rejected, signal_with_start
 from contract.names import SIG_ALERT_RESOLVED
 from contract.notify import RejectedAlerts
-from contract.remediation import HandledAlert, RemediationInput, RemediationResult, instance_key
+from contract.remediation import HandledAlert, RemediationInput, already_handled
 from worker.alerts import AmPayload, MappedAlert, Unmapped, map_alert
 from worker.settings import Settings, WebhookSettings
 from worker.spool import Spool
@@ -95,8 +95,9 @@ REJECTED_REPORT_SECONDS = 5.0
 REJECTED_EXAMPLES = 5
 
 
-def _instance(m: MappedAlert) -> tuple[str, str]:
-    return instance_key(m.fingerprint, m.starts_at)
+def _repeat(m: MappedAlert, handled: list[HandledAlert]) -> str:
+    """Why a firing alert is a repeat of what the closed run handled ("": it is not)."""
+    return already_handled(m.evidence, handled) if m.evidence is not None else ""
 
 
 class AlertService(SpoolDelivery):
@@ -284,6 +285,18 @@ class AlertService(SpoolDelivery):
         examples = self._rejected_examples.setdefault(u.reason, [])
         if len(examples) < REJECTED_EXAMPLES:
             examples.append(f"{u.alertname or '(no alertname)'} ({u.fingerprint}): {u.detail}")
+
+    def _note_repeat(self, m: MappedAlert) -> None:
+        """An Xid alert under new labels (exporter restart, pod mapping, Hostname) repeating
+        what the device's last run handled: counted for `sickbay status`, nothing started."""
+        reason = "already-handled (same Xid, new labels)"
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        examples = self._rejected_examples.setdefault(reason, [])
+        if len(examples) < REJECTED_EXAMPLES and m.evidence is not None:
+            examples.append(
+                f"{m.evidence.alertname} Xid {m.evidence.xid} on {m.device.key} "
+                f"({m.fingerprint}): {m.workflow_id}'s last run handled it"
+            )
 
     async def report_rejected(self) -> int:
         """Hand the unusable alerts counted since the last report to the rejections workflow
@@ -492,9 +505,12 @@ class AlertService(SpoolDelivery):
             if exc.status != RPCStatusCode.ALREADY_EXISTS:
                 raise
         handled = await self._handled_before(client, firing[0].alert.workflow_id)
-        done = {h.key() for h in handled}
-        repeats = [d for d in firing if _instance(d.alert) in done]
-        fresh = [d for d in firing if _instance(d.alert) not in done]
+        why = {id(d): _repeat(d.alert, handled) for d in firing}
+        repeats = [d for d in firing if why[id(d)]]
+        fresh = [d for d in firing if not why[id(d)]]
+        for d in repeats:
+            if why[id(d)] == "evidence":  # same Xid, new labels: say so in `sickbay status`
+                self._note_repeat(d.alert)
         if not fresh:
             return repeats, [], None
         result = await self._fire(client, [d.alert for d in fresh], handled, after_closed=True)
@@ -552,26 +568,13 @@ class AlertService(SpoolDelivery):
         return timedelta(seconds=self.webhook.webhook_temporal_timeout)
 
     async def _handled_before(self, client: Client, workflow_id: str) -> list[HandledAlert]:
-        """The alert instances the device's last run handled, when that run is closed (a
-        running one de-duplicates its own evidence). Asked of Temporal, not of this process's
-        memory, so every webhook replica and restart answers the same. A run that closed
-        without a result (terminated, failed) lists nothing: its alerts may start a new one."""
-        handle = client.get_workflow_handle(workflow_id)
-        self.metrics.temporal_calls.labels("describe").inc()
-        try:
-            desc = await handle.describe(rpc_timeout=self._rpc_timeout)
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:  # never ran (or its history expired)
-                return []
-            raise
-        if desc.status != WorkflowExecutionStatus.COMPLETED:
-            return []
-        last = client.get_workflow_handle(
-            workflow_id, run_id=desc.run_id, result_type=RemediationResult
+        """The alert instances (and evidence) the device's last, completed run handled."""
+        return await closed_run_handled(
+            client,
+            workflow_id,
+            self._rpc_timeout,
+            lambda call: self.metrics.temporal_calls.labels(call).inc(),
         )
-        self.metrics.temporal_calls.labels("result").inc()
-        result = await last.result(follow_runs=False, rpc_timeout=self._rpc_timeout)
-        return list(result.handled_alerts)
 
     async def _fire(
         self,

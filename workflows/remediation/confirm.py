@@ -16,6 +16,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from contract.errors import ERR_DEVICE_NOT_FOUND
     from contract.kube import (
         ConsumersResult,
         CountDevicesInput,
@@ -30,12 +31,12 @@ with workflow.unsafe.imports_passed_through():
     from contract.launch import LaunchRequest
     from contract.remediation import Phase
     from contract.runbook import ClassAction, RunbookSet
-    from workflows.classify import classify, is_stale
-    from workflows.remediation.calls import ACTIVITY_FAILED, gather_all
+    from workflows.classify import classify, device_evidence, is_stale
+    from workflows.remediation.calls import ACTIVITY_FAILED, error_text, error_type, gather_all
     from workflows.remediation.context import Remediation
     from workflows.remediation.escalation import notify_owner
     from workflows.remediation.guard import EarlyLease, ask_lease, give_back
-    from workflows.remediation.outcome import Closed
+    from workflows.remediation.outcome import Closed, InputRefused
     from workflows.remediation.quarantine import quarantine_input
     from workflows.remediation.repair import describe as describe_repair
     from workflows.runbook_match import DEFAULT_RUNBOOK, select_runbook
@@ -63,8 +64,30 @@ async def confirm(r: Remediation) -> Confirmed | Closed:
     await workflow.wait(started)
     if loading.exception() is None:  # a failed resolve escalates through `default`
         s.fallback = loading.result().get(DEFAULT_RUNBOOK) or s.fallback
+        pinned = inp.runbook
+        if pinned and loading.result().get(pinned) is None:
+            await workflow.wait([resolving])  # never leave it running behind the refusal
+            known = ", ".join(sorted(rb.name for rb in loading.result().runbooks))
+            raise InputRefused(f"runbook: no runbook named {pinned!r} (known: {known})")
+    failed = resolving.exception()
+    person = inp.trigger in ("ui", "manual")
+    if failed is not None and person and error_type(failed) == ERR_DEVICE_NOT_FOUND:
+        # A person's typo (a UUID the node has not got): invalid input, not an incident.
+        raise InputRefused(f"device: {error_text(failed)}")
     await gather_all(loading, resolving)  # raises the first failure
     runbooks, device = loading.result(), resolving.result()
+    asked = inp.device
+    if (
+        person
+        and asked.gpu_uuid
+        and asked.gpu_index is not None
+        and device.gpu_index is not None
+        and device.gpu_index != asked.gpu_index
+    ):  # two selectors naming two GPUs: acting on either could take the wrong one
+        raise InputRefused(
+            f"device: gpu_index {asked.gpu_index} and gpu_uuid {asked.gpu_uuid} name different "
+            f"GPUs ({asked.gpu_uuid} is GPU {device.gpu_index} of node {device.node})"
+        )
     s.device = device
     s.status.device, s.status.node = device.key, device.node
     if device.workflow_id(inp.cluster) != s.workflow_id:
@@ -84,6 +107,7 @@ async def confirm(r: Remediation) -> Confirmed | Closed:
     failure_class, why = classify(s.alerts, evidence)
     s.status.failure_class = failure_class
     j.log("classified", outcome=failure_class, reason=why)
+    s.counts, s.counts_why = device_evidence(inp.trigger, s.alerts, evidence)
     spec = runbook.spec
     stale, stale_why = is_stale(s.alerts, evidence, workflow.now(), spec.confirm.stale_after)
     if stale:
@@ -183,8 +207,17 @@ async def _hand_over(r: Remediation, device: ResolvedDevice) -> Closed:
             ),
             evidence=s.alerts[-1] if s.alerts else None,
             task_queue=workflow.info().task_queue,
+            # An alert under the exporter pod's name (Hostname without NODE_NAME) repeating
+            # what the device's last run handled starts nothing there either.
+            respect_handled=bool(s.alerts) and s.alerts[-1].source == "alertmanager",
         )
     )
+    if launch.already_handled:
+        return Closed(
+            "not-quarantined",
+            f"already handled: {launch.workflow_id}'s last run handled this evidence "
+            "(same Xid under other labels); nothing started",
+        )
     return Closed("not-quarantined", f"handed over to {launch.workflow_id}")
 
 

@@ -16,6 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from contract.remediation import Phase
     from workflows.remediation.calls import ACTIVITY_FAILED, error_text, error_type, gave_up
     from workflows.remediation.context import Remediation
+    from workflows.remediation.lemons import incident_id
     from workflows.remediation.outcome import Closed, Escalation
 
 Severity = Literal["critical", "error", "warning", "info"]
@@ -83,8 +84,25 @@ async def escalate(
             "escalation not sent",
             reason=f"runbook {s.status.runbook} escalates only on {policy.on}",
         )
-    elif not policy.channels:
+    elif not policy.channels and reason != "application-error":
         j.log("escalation not sent", reason="the runbook names no channels")
+    elif reason == "application-error":  # the owners' channel, never on-call's
+        if policy.owner_channels:
+            await notify_all(
+                r,
+                "trigger",
+                summary,
+                severity=severity,
+                needed=NEEDED[reason],
+                channels=policy.owner_channels,
+            )
+        else:
+            j.log(
+                "escalation not sent",
+                reason=f"runbook {s.status.runbook} names no owner channel: the owners were "
+                "told by a Warning Event on the pods; on-call is never paged for the program's "
+                "error",
+            )
     else:
         await notify_all(r, "trigger", summary, severity=severity, needed=NEEDED[reason])
     j.metrics.create_counter(
@@ -100,6 +118,8 @@ def would_escalate(r: Remediation, esc: Escalation) -> None:
     policy = s.spec.escalation
     if esc.reason not in policy.on:
         send = f"no page (runbook {s.status.runbook} escalates only on {policy.on})"
+    elif esc.reason == "application-error":
+        send = f"the owners' channels {policy.owner_channels or '(none)'}, no page"
     elif not policy.channels:
         send = "no page (the runbook names no channels)"
     else:
@@ -119,16 +139,21 @@ async def notify_all(
     summary: str,
     severity: Severity | None = None,
     needed: str = "",
+    channels: list[str] | None = None,
 ) -> None:
     s, j = r.s, r.j
     policy = s.spec.escalation
-    if action == "resolve" and not policy.channels:
+    if channels is None:  # where this incident's escalation went (resolved there too)
+        app = s.status.escalation_reason == "application-error"
+        channels = policy.owner_channels if app else policy.channels
+    if action == "resolve" and not channels:
         return
     if s.dry:  # never reached by the procedure; a last guard against paging
         j.log(f"dry run: would notify ({action})", reason=summary)
         return
     incident = Incident(
         id=s.workflow_id,
+        dedup_key=incident_id(r),
         device=s.status.device,
         node=s.status.node,
         workload=", ".join(f"{p.namespace}/{p.name}" for p in s.status.consumers) or None,
@@ -142,7 +167,7 @@ async def notify_all(
         needed=needed,
         timeline=s.timeline,
     )
-    for channel in policy.channels:
+    for channel in channels:
         try:
             result = await r.act.notify(
                 NotifyInput(channel=channel, action=action, incident=incident)

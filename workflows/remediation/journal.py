@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
         Phase,
         RemediationResult,
         TimelineEntry,
-        instance_key,
+        already_handled,
     )
     from workflows.classify import merge_evidence
     from workflows.identity import claimed_by, sender_identity
@@ -103,9 +103,9 @@ class Journal:
 
     def add_alerts(self, alerts: list[AlertEvidence], initial: bool = False) -> None:
         st = self._s
-        before = {h.key() for h in st.inp.handled_before}
-        if before:  # an earlier run handled these: repeats, not evidence
-            fresh = [a for a in alerts if instance_key(a.fingerprint, a.starts_at) not in before]
+        before = st.inp.handled_before
+        if before:  # an earlier run handled these (or their evidence): repeats, not evidence
+            fresh = [a for a in alerts if not already_handled(a, before)]
             st.status.duplicate_alerts += len(alerts) - len(fresh)
             alerts = fresh
         merged, added = merge_evidence(st.alerts, alerts)

@@ -56,9 +56,26 @@ def incident_id(r: Remediation) -> str:
 
 
 def start_recording(r: Remediation) -> None:
-    """Record the confirmed failure in the ledger, side by side with what follows."""
-    if r.s.ledger_call is None:
-        r.s.ledger_call = asyncio.ensure_future(record_failure(r))
+    """Record the confirmed failure in the ledger, side by side with what follows; only
+    confirmed device evidence counts (`classify.device_evidence`): a maintenance drain or a
+    hand launch without evidence is not a failure, and the timeline says so."""
+    s = r.s
+    if s.ledger_call is not None or not s.spec.lemons.enabled or s.device is None:
+        return
+    if not s.counts:
+        r.j.log("failure not counted", outcome="GPU ledger unchanged", reason=s.counts_why)
+        return
+    s.ledger_call = asyncio.ensure_future(record_failure(r))
+
+
+async def record_validation_failure(r: Remediation, action: str, summary: str) -> None:
+    """A failed validation is device evidence: an incident the ledger did not count yet (a
+    hand launch without evidence) counts now, and the answer is waited for (retired or not)."""
+    s = r.s
+    if s.ledger_call is None and not s.counts:
+        s.counts, s.counts_why = True, f"validation failed after {action}: {summary}"[:300]
+        start_recording(r)
+    await recorded(r)
 
 
 async def recorded(r: Remediation) -> None:
@@ -88,6 +105,7 @@ async def record_failure(r: Remediation) -> None:
                 failure_class=s.status.failure_class,
                 xid=xid,
                 detail=f"runbook {s.status.runbook}",
+                evidence=s.counts_why,
                 failures=lemons.failures,
                 window=lemons.window,
             )
@@ -102,7 +120,7 @@ async def record_failure(r: Remediation) -> None:
     s.lemon = decision
     count = f"{decision.failures_in_window} of {lemons.failures} in {span(lemons.window)}"
     if not decision.retired:
-        j.log("failure recorded", outcome=count)
+        j.log("failure recorded", outcome=count, reason=s.counts_why)
         return
     s.retired = True
     since = decision.retired_at.isoformat() if decision.retired_at else "now"

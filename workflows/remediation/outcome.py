@@ -23,3 +23,9 @@ class Escalation:
 class Closed:
     outcome: Outcome
     reason: str
+
+
+class InputRefused(Exception):
+    """A person's launch (CLI, Web UI) named what the cluster does not have (a device, a
+    runbook): the run fails at once as invalid input, before anything is done; never an
+    escalation, never a page, never a GPU failure. The one exception a step raises."""

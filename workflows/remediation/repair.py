@@ -76,7 +76,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation.calls import ACTIVITY_FAILED, error_text, error_type
     from workflows.remediation.context import Remediation
     from workflows.remediation.hold import release_now
-    from workflows.remediation.lemons import incident_id, record_repair, repair_allowed
+    from workflows.remediation.lemons import (
+        incident_id,
+        record_repair,
+        record_validation_failure,
+        repair_allowed,
+    )
     from workflows.remediation.outcome import Closed, Escalation
 
 # A Job's own timeout is enforced by the activity's poll; this margin lets the Job report its
@@ -221,6 +226,10 @@ async def repair(r: Remediation) -> Escalation | Closed | None:
             await record_repair(r, action, outcome.summary)  # the GPU ledger counts repairs
             return await release_now(r, f"{action} repaired it; validation passed")
         results.append(f"{action}: validation failed ({outcome.reason or outcome.summary})")
+        await record_validation_failure(r, action, outcome.reason or outcome.summary)
+        if s.retired:  # that failure retired it: a lemon is not repaired further
+            results.append("the GPU is retired (lemon): no further rung")
+            break
     return Escalation(
         "repair-failed",
         f"repair ladder exhausted for {_failure(r)}: " + "; ".join(results) + "; device held",

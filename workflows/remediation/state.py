@@ -89,6 +89,10 @@ class RemediationState:
     extensions: list[ExtendDeadlineRequest] = field(default_factory=list)
     lease_gpus: int = 1  # GPUs the budget lease counts (a repair rung grows it)
     lemon: LedgerDecision | None = None  # the GPU ledger's answer to this run's failure
+    # Whether this incident is a GPU failure for the ledger (confirmed device evidence), and
+    # why or why not (classify.device_evidence; a failed validation makes it one later).
+    counts: bool = False
+    counts_why: str = ""
     # The record-gpu-failure call on its way (lemons.start_recording): nothing before the
     # repair ladder, the escalation and the hold waits for it.
     ledger_call: asyncio.Task[None] | None = None
@@ -162,7 +166,7 @@ class RemediationState:
         seen: dict[tuple[str, str], HandledAlert] = {h.key(): h for h in self.inp.handled_before}
         for a in self.alerts:
             if a.source == "alertmanager" and a.fingerprint:
-                h = HandledAlert(fingerprint=a.fingerprint, starts_at=a.starts_at)
+                h = HandledAlert.of(a)
                 seen.setdefault(h.key(), h)
         return list(seen.values())[-MAX_HANDLED_ALERTS:]  # newest last: the oldest go first
 

@@ -76,7 +76,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.remediation.calls import ACTIVITY_FAILED, Aborted
     from workflows.remediation.context import Remediation
-    from workflows.remediation.outcome import Closed, Escalation
+    from workflows.remediation.outcome import Closed, Escalation, InputRefused
     from workflows.remediation.state import RemediationState
 
 M = TypeVar("M", bound=BaseModel)
@@ -111,6 +111,8 @@ class DeviceRemediationWorkflow:
             ended = await self._procedure()
         except Aborted:
             ended = await hold.undo_after_abort(r)
+        except InputRefused as refused:  # a launch naming what the cluster has not got
+            raise r.j.refuse_input(str(refused)) from None
         await lemons.recorded(r)  # never closed with the ledger's answer still on its way
         return await r.j.close(ended)
 
