@@ -2,9 +2,10 @@
 console script in a subprocess, as a person runs it.
 
 Cases:
-- Temporal unreachable (a closed port): `status`, `timeline`, `launch`, `approve`, `abort`,
+- Temporal unreachable (a closed port): `status`, `timeline`, `approve`, `abort`,
   `repaired`, `extend-deadline`, `gpus` and `gpus unretire` exit 1 with one line naming the
-  address and saying Temporal cannot be reached, and no traceback;
+  address and saying Temporal cannot be reached, and no traceback; so does `launch` of a device
+  the cluster (the twin) confirms;
 - a node name or device holding a newline, an escape sequence or a right-to-left override is
   shown escaped by `sickbay status`, never raw;
 - `extend-deadline --by 0m`, `--by=-5m` and `--by soon` are refused in one line naming the
@@ -32,6 +33,8 @@ from temporalio.testing import WorkflowEnvironment
 from contract.base import format_duration, human_duration, parse_duration
 from contract.names import SA_DEVICE, SA_NODE, SA_PHASE, WF_REMEDIATE
 from harness.stack import free_port
+from tests.cli.test_launch_resolve import _node_and_uuid
+from twin.testing import RunningTwin
 
 SICKBAY = str(Path(sys.executable).parent / "sickbay")
 WORKFLOW_ID = "sickbay-gpu-gpu-node-1-gpu-0b6b5d9e-3c5c-4c3f-9a39-5f1c2d7e8a11"
@@ -47,7 +50,6 @@ def _env(address: str) -> dict[str, str]:
 COMMANDS = {
     "status": ["status"],
     "timeline": ["timeline", WORKFLOW_ID],
-    "launch": ["launch", "--node", "gpu-node-1", "--uuid", DEVICE.split("/")[1]],
     "approve": ["approve", WORKFLOW_ID, "--actor", "alice"],
     "abort": ["abort", WORKFLOW_ID, "--reason", "wrong GPU", "--actor", "alice"],
     "repaired": ["repaired", WORKFLOW_ID, "--actor", "alice"],
@@ -72,6 +74,24 @@ def test_unreachable_temporal_is_one_line(name: str) -> None:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
     assert f"cannot reach Temporal at {address}" in lines[0], lines[0]
+
+
+def test_launch_with_temporal_unreachable_is_one_line(twin: RunningTwin) -> None:
+    """`launch` confirms the device with the Kubernetes API first (the twin has it), then
+    cannot reach Temporal: one line, nothing launched."""
+    node, gpu_uuid = _node_and_uuid(twin, "gpu-0")
+    address = f"127.0.0.1:{free_port()}"
+    env = {**_env(address), "KUBECONFIG": str(twin.kubeconfig_path)}
+    proc = subprocess.run(
+        [SICKBAY, "launch", "--node", node, "--uuid", gpu_uuid],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"cannot reach Temporal at {address}" in lines[0], proc.stderr
 
 
 async def test_a_closed_pipe_ends_quietly(dev_env: WorkflowEnvironment) -> None:
