@@ -15,9 +15,12 @@ Three read-only checks, each a paginated LIST (no watches: the sweep runs every 
 2. ResourceSlices: device taints a DRA driver set (`spec.devices[].taints[]`, e.g. the NVIDIA
    driver's `gpu.nvidia.com/xid=79`). DeviceTaintRules are not written into slices, so
    Sickbay's own quarantines never show up here.
-3. Nodes: allocatable `nvidia.com/gpu` below capacity, or capacity below the GPU feature
-   discovery count label (a GPU vanished after a driver upgrade). These are node-level
-   findings with no UUID: the workflow notifies people and never taints.
+3. Nodes: capacity below the GPU feature discovery count label, or fewer GPUs in the node's
+   ResourceSlices (GPUs vanished, most often after an upgrade broke the plugin: `vanished`,
+   one node incident, workflows/node_incident/), or allocatable `nvidia.com/gpu` below
+   capacity (notified). Node-level findings with no UUID: never a taint. A vanished node's
+   pods report its GPUs Unknown (or name devices it no longer publishes): those are dropped,
+   the node incident owns them, never a per-GPU remediation.
 
 Findings are merged per physical GPU (`node/uuid`; MIG and vGPU devices are folded into their
 parent via the `parentUUID` attribute), worst health first, so one device = one finding.
@@ -133,9 +136,19 @@ class SweepActivities:
             report.pods_checked = self._check_pods(index, merged, report)
         if req.check_slice_taints and not req.only_unknown:
             self.check_slice_taints(index, merged)
-        if req.check_nodes and not req.only_unknown:
-            report.nodes, report.nodes_checked = self._check_nodes(index)
+        vanished: set[str] = set()
+        if req.check_nodes or req.only_unknown:
+            nodes, report.nodes_checked = self._check_nodes(index)
+            vanished = {f.node for f in nodes if f.vanished and f.node}
+            if not req.only_unknown:
+                report.nodes = nodes
         findings = list(merged.values())
+        if vanished:
+            # A GPU that merely vanished with its node's plugin is the node incident's, never
+            # a per-GPU remediation (nor a quarantine): its pods report it Unknown, or name a
+            # device the node no longer publishes.
+            findings = [f for f in findings if not (f.node in vanished and f.health == "Unknown")]
+            report.unresolved = [f for f in report.unresolved if f.node not in vanished]
         if req.only_unknown:
             keep = set(req.only_unknown)
             findings = [f for f in findings if f.key in keep]
@@ -403,30 +416,42 @@ class SweepActivities:
                 out.append(finding)
         return out, count
 
-    def node_finding(self, node: dict[str, Any], seen: int, dra: bool) -> SweepFinding | None:
+    def node_finding(
+        self, node: dict[str, Any], seen: int, dra: bool, last_seen: int | None = None
+    ) -> SweepFinding | None:
         """A node-capacity finding for one Node, or None. `seen`: physical GPUs the node
-        publishes in ResourceSlices; `dra`: whether the cluster has any (the sweep's index)."""
+        publishes in ResourceSlices; `dra`: whether the cluster has any (the sweep's index);
+        `last_seen`: the most GPUs the health watcher saw on it (the expected count where no
+        `nvidia.com/gpu.count` label says it). `vanished`: fewer GPUs than expected (a node
+        incident), as opposed to GPUs the device plugin reports unhealthy."""
         name = (node.get("metadata") or {}).get("name", "")
         labels = (node.get("metadata") or {}).get("labels") or {}
         status = node.get("status") or {}
         capacity = _quantity((status.get("capacity") or {}).get(GPU_RESOURCE))
         allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
         expected = _quantity(labels.get(GPU_COUNT_LABEL))
+        source = GPU_COUNT_LABEL
+        if expected is None and last_seen:
+            expected, source = last_seen, "the count Sickbay last saw"
         problem = ""
-        if capacity is not None and allocatable is not None and allocatable < capacity:
+        vanished = False
+        if capacity is not None and expected is not None and capacity < expected:
+            # Checked first: a plugin that lost its GPUs drops capacity (and allocatable).
+            vanished = True
+            problem = (
+                f"capacity {GPU_RESOURCE} {capacity} < {expected} GPUs "
+                f"({source}): GPU(s) missing from the node"
+            )
+        elif capacity is not None and allocatable is not None and allocatable < capacity:
             problem = (
                 f"allocatable {GPU_RESOURCE} {allocatable} < capacity {capacity}: "
                 f"{capacity - allocatable} GPU(s) unhealthy or gone per the device plugin"
             )
-        elif capacity is not None and expected is not None and capacity < expected:
-            problem = (
-                f"capacity {GPU_RESOURCE} {capacity} < {expected} GPUs "
-                f"({GPU_COUNT_LABEL}): GPU(s) missing from the node"
-            )
         elif capacity is None and dra and expected is not None:
             if seen < expected:
+                vanished = True
                 problem = (
-                    f"{seen} GPU(s) in ResourceSlices < {expected} ({GPU_COUNT_LABEL}): "
+                    f"{seen} GPU(s) in ResourceSlices < {expected} ({source}): "
                     "GPU(s) missing from the node or its DRA driver is not publishing"
                 )
         if not problem:
@@ -437,6 +462,8 @@ class SweepActivities:
             message=f"node {name}: {problem}",
             gpu_capacity=capacity,
             gpu_allocatable=allocatable,
+            expected_gpus=expected,
+            vanished=vanished,
         )
 
 

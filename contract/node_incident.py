@@ -7,12 +7,12 @@ all reach the same run, so a node that lost eight GPUs is one incident, never ei
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from pydantic import Field
 
-from contract.base import Contract
+from contract.base import Contract, Duration
 
 NodeRungAction = Literal["restart-plugin", "reboot", "replace"]
 NODE_RUNG_ACTIONS: tuple[NodeRungAction, ...] = ("restart-plugin", "reboot", "replace")
@@ -83,6 +83,8 @@ class DiagnoseNodeInput(Contract):
     node: str
     expected_gpus: int | None = None
     recorded: RecordedNode | None = None
+    # Other nodes of the pool whose GPUs vanished within this window count for a pool incident.
+    pool_window: Duration = timedelta(minutes=30)
 
 
 class NodeDiagnosis(Contract):
@@ -98,6 +100,9 @@ class NodeDiagnosis(Contract):
     runtime_version: str = ""
     recorded: RecordedNode | None = None
     peers: dict[str, int] = Field(default_factory=dict)  # kubelet version -> other pool nodes
+    # Other nodes of the pool short of GPUs now, or that Sickbay marked GPUDevicesAvailable=
+    # False within the pool window (a rollout breaking node after node).
+    pool_vanished: list[str] = Field(default_factory=list)
     plugin_pods: list[PluginPod] = Field(default_factory=list)
     runtime_class: str = ""
     runtime_class_found: bool | None = None  # the RuntimeClass the plugin names exists
@@ -172,3 +177,10 @@ class NodeIncidentResult(Contract):
     summary: str = ""
     diagnosis: NodeDiagnosis | None = None
     timeline: list[str] = Field(default_factory=list)
+
+
+class NodeLaunch(Contract):
+    """The sweep's request to start (or signal) a node incident."""
+
+    incident: NodeIncidentInput
+    task_queue: str | None = None

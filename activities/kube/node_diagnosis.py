@@ -35,7 +35,7 @@ import contextvars
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import activity
@@ -197,18 +197,44 @@ def _published(kube: Kube, node: str) -> tuple[bool, list[str]]:
     return True, sorted({d.physical_uuid for d in devices if d.physical_uuid})
 
 
-def _peers(kube: Kube, node: dict[str, Any], pool: str | None) -> dict[str, int]:
+def _short_of_gpus(node: dict[str, Any], since: datetime) -> bool:
+    """The node lacks GPUs now (capacity below its count label), or Sickbay marked it
+    GPUDevicesAvailable=False at or after `since`."""
+    status = node.get("status") or {}
+    capacity = _int((status.get("capacity") or {}).get(GPU_RESOURCE))
+    expected = _int((meta(node).get("labels") or {}).get(GPU_COUNT_LABEL))
+    if capacity is not None and expected is not None and capacity < expected:
+        return True
+    for c in status.get("conditions") or []:
+        if c.get("type") == CONDITION_GPU_DEVICES and c.get("status") == "False":
+            try:
+                at = datetime.fromisoformat(str(c.get("lastTransitionTime")).replace("Z", "+00:00"))
+            except ValueError:
+                return True
+            return at >= since
+    return False
+
+
+def _peers(
+    kube: Kube, node: dict[str, Any], pool: str | None, window: timedelta
+) -> tuple[dict[str, int], list[str]]:
+    """(kubelet version -> other nodes of the pool, the other nodes short of GPUs)."""
     if not pool:
-        return {}
+        return {}, []
     body = kube.call(kube.core.list_node, verb="list", resource="nodes")
-    out: dict[str, int] = {}
+    versions: dict[str, int] = {}
+    short: list[str] = []
     name = meta(node).get("name")
+    since = datetime.now(UTC) - window
     for other in body.get("items") or []:
-        if meta(other).get("name") == name or node_pool_of(other) != pool:
+        other_name = meta(other).get("name")
+        if other_name == name or node_pool_of(other) != pool:
             continue
         version = ((other.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion", "")
-        out[version] = out.get(version, 0) + 1
-    return out
+        versions[version] = versions.get(version, 0) + 1
+        if _short_of_gpus(other, since):
+            short.append(str(other_name))
+    return versions, sorted(short)
 
 
 def _runtime_class(kube: Kube, name: str) -> bool | None:
@@ -315,6 +341,7 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
     plugins = [p for p in pods if p.component != "validator"]
     vanished = (expected is not None and have < expected) or any(not p.ready for p in plugins)
     pool = node_pool_of(node)
+    peers, pool_vanished = _peers(kube, node, pool, inp.pool_window)
     d = NodeDiagnosis(
         node=inp.node,
         node_pool=pool,
@@ -327,7 +354,8 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
         kubelet_version=str(info.get("kubeletVersion") or ""),
         runtime_version=str(info.get("containerRuntimeVersion") or ""),
         recorded=inp.recorded,
-        peers=_peers(kube, node, pool),
+        peers=peers,
+        pool_vanished=pool_vanished,
         plugin_pods=pods,
         vanished=vanished,
     )
