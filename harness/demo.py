@@ -194,6 +194,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             topology=scenario.topology,
             watch=scenario.watch,
             repair=scenario.repair,
+            nodes=scenario.nodes,
+            pool_max=max(2, scenario.nodes),
             state_dir=state_dir,
             notes=lambda text: say(text, tag="stack"),
         )

@@ -634,6 +634,7 @@ class Scenario:
     acts: int = 1
     watch: bool = False  # needs the health watcher in the worker (StackConfig.watch)
     repair: bool = False  # needs the shipped repair ladder on (StackConfig.repair)
+    nodes: int = 1  # GPU nodes in the twin's pool (StackConfig.nodes)
 
 
 def _ns(prefix: str) -> str:
@@ -1190,6 +1191,13 @@ async def lemon_gpu(demo: Demo) -> None:
     await _play(demo, "lemon", [_lemon_without_people])
 
 
+async def node_upgrade(demo: Demo) -> None:
+    """After the upgrade the node forgot its GPU: harness/upgrade_scenario.py."""
+    from harness.upgrade_scenario import upgrade_story
+
+    await upgrade_story(demo)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -1211,6 +1219,13 @@ SCENARIOS: dict[str, Scenario] = {
             "a GPU failing for the third time is retired: one RMA page, no human step",
             lemon_gpu,
             repair=True,
+        ),
+        Scenario(
+            "upgrade",
+            "after the upgrade the node forgot its GPU: one node incident, diagnosed, healed",
+            node_upgrade,
+            watch=True,
+            nodes=3,
         ),
     )
 }
