@@ -13,7 +13,7 @@ GPU or pool), never a 500 for a client mistake.
     GET    /twin/known-faults                  {"ignoreDeviceTaintRules", "expiredTolerationBug"}
     PUT    /twin/known-faults                  same body; omitted keys stay as they are
     GET    /twin/api-faults                    injection rules
-    POST   /twin/api-faults                    {"kind": "500|429|409|timeout|reset", "verb",
+    POST   /twin/api-faults                    {"kind": "500|429|409|timeout|reset|delay", "verb",
                                                "resource", "rate", "count", "timeoutSeconds",
                                                "match": text the decoded path+query contains}
     DELETE /twin/api-faults[/<id>]             remove one rule or all
@@ -290,7 +290,7 @@ def _route(
         if method == "POST" and not rest:
             data = _body(body)
             if not data.get("kind"):
-                raise FaultError("kind is required (500, 429, 409, timeout or reset)")
+                raise FaultError("kind is required (500, 429, 409, timeout, reset or delay)")
             rule = api.add(
                 kind=str(data["kind"]),
                 verb=str(data.get("verb") or "*"),

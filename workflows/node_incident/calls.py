@@ -105,6 +105,9 @@ MACHINE_RETRY = RetryPolicy(
     maximum_attempts=5,
     non_retryable_error_types=[ERR_CONFIG, ERR_INVALID_INPUT],
 )
+# The plugin restart: a pod list, a node patch, a delete or two. 15 s: a worker killed mid-way
+# is retried elsewhere soon, and the retry deletes only the pods this attempt chose.
+RESTART_TIMEOUT = timedelta(seconds=15)
 # A page: retried for about a minute; a configuration error or a rejecting channel is final.
 NOTIFY_TIMEOUT = timedelta(seconds=30)
 NOTIFY_RETRY = RetryPolicy(
@@ -168,7 +171,9 @@ class NodeCalls:
 
     @calls(ACT_RESTART_GPU_PLUGIN)
     async def restart_plugin(self, inp: RestartPluginInput) -> RestartPluginResult:
-        return await _call(ACT_RESTART_GPU_PLUGIN, inp, RestartPluginResult)
+        return await _call(
+            ACT_RESTART_GPU_PLUGIN, inp, RestartPluginResult, start_to_close=RESTART_TIMEOUT
+        )
 
     @calls(ACT_WAIT_GPUS_BACK)
     async def wait_gpus_back(self, inp: WaitGpusBackInput, limit: timedelta) -> GpusBackResult:
