@@ -129,6 +129,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.human_actions import summary_rows as human_rows
 
         out += human_rows(results["human_actions"])
+    if results.get("node_upgrade"):
+        from bench.node_upgrade import summary_rows as node_rows
+
+        out += node_rows(results["node_upgrade"])
     out.append("")
     if lat and lat["sickbay"].get("n"):
         s, p = lat["sickbay"], lat["peer"]
@@ -336,6 +340,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.human_actions import section as human_section
 
         out += human_section(results["human_actions"])
+    if results.get("node_upgrade"):
+        from bench.node_upgrade import section as node_section
+
+        out += node_section(results["node_upgrade"])
     notes = results.get("findings") or []
     if notes:
         out += ["## Findings", ""] + [f"- {n}" for n in notes] + [""]
