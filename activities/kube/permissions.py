@@ -13,7 +13,8 @@ DeviceTaintRule does Sickbay mark, taint or cordon nodes); the repair ladder's g
 deploy/rbac-repair.yaml: `sickbay-repair` (a Role in Sickbay's namespace: the reset and
 validation Jobs, their claims and pod logs) and `sickbay-repair-machines` (Cluster API Machines:
 reboot and replace; nodes patch: an AKS reboot's record on its node), needed only by runbooks
-with `repair.enabled`. `needed(...)` says, for the loaded
+with `repair.enabled`; the node incident's in deploy/rbac-node-incident.yaml
+(`sickbay-node-incident`: node taint and condition, the GPU plugin pod's restart). `needed(...)` says, for the loaded
 runbooks and the cluster, which optional grants are needed and by what.
 """
 
@@ -53,6 +54,7 @@ ROLE_HEALTH_WATCHER = "sickbay-health-watcher"  # a Role in Sickbay's namespace 
 ROLE_CLUSTER_NAME = "sickbay-cluster-name"  # a Role in Sickbay's namespace (rbac.yaml)
 ROLE_REPAIR = "sickbay-repair"  # a Role in Sickbay's namespace (deploy/rbac-repair.yaml)
 ROLE_REPAIR_MACHINES = "sickbay-repair-machines"  # deploy/rbac-repair.yaml
+ROLE_NODE_INCIDENT = "sickbay-node-incident"  # deploy/rbac-node-incident.yaml
 ROLE_FILES = {
     "sickbay": "deploy/rbac.yaml",
     ROLE_HEALTH_WATCHER: "deploy/rbac.yaml",
@@ -61,6 +63,7 @@ ROLE_FILES = {
     ROLE_NODE_FALLBACK: "deploy/rbac-node-fallback.yaml",
     ROLE_REPAIR: "deploy/rbac-repair.yaml",
     ROLE_REPAIR_MACHINES: "deploy/rbac-repair.yaml",
+    ROLE_NODE_INCIDENT: "deploy/rbac-node-incident.yaml",
 }
 
 PERMISSIONS: tuple[Permission, ...] = (
@@ -188,6 +191,39 @@ PERMISSIONS: tuple[Permission, ...] = (
         namespaced=True,
     ),
     Permission(
+        "",
+        "nodes",
+        ("patch",),
+        "node incident: Sickbay's taint sickbay.dev/gpus-vanished (or cordon) on a node whose "
+        "GPUs vanished, the plugin-restart record (all undone by Sickbay)",
+        False,
+        ROLE_NODE_INCIDENT,
+    ),
+    Permission(
+        "",
+        "nodes/status",
+        ("patch",),
+        "node incident: the node condition GPUDevicesAvailable",
+        False,
+        ROLE_NODE_INCIDENT,
+    ),
+    Permission(
+        "",
+        "pods",
+        ("delete",),
+        "node incident: restart the GPU plugin pod on the node (once per attempt)",
+        False,
+        ROLE_NODE_INCIDENT,
+    ),
+    Permission(
+        "node.k8s.io",
+        "runtimeclasses",
+        ("get",),
+        "node incident: the diagnosis checks the RuntimeClass the GPU plugin names",
+        False,
+        ROLE_NODE_INCIDENT,
+    ),
+    Permission(
         "authorization.k8s.io",
         "selfsubjectaccessreviews",
         ("create",),
@@ -217,6 +253,14 @@ def needed(
     do not, and its grant can be dropped). A required permission is always needed."""
     if permission.required:
         return ["always"]
+    if permission.role == ROLE_NODE_INCIDENT:
+        # The node incident reads the runbook named default, else the first one.
+        chosen = next((r for r in runbooks if r.name == "default"), None) or (
+            runbooks[0] if runbooks else None
+        )
+        if chosen is None or not chosen.spec.node_incident.enabled:
+            return []
+        return [f"runbook {chosen.name} (nodeIncident.enabled)"]
     if permission.group == "" and permission.resource == "pods":  # delete
         return [
             f"runbook {r.name} (eviction.force: delete)"

@@ -29,6 +29,7 @@ from activities.kube.permissions import (
     ROLE_FORCE_DELETE,
     ROLE_HEALTH_WATCHER,
     ROLE_NODE_FALLBACK,
+    ROLE_NODE_INCIDENT,
     ROLE_REPAIR_MACHINES,
 )
 from tests.activities.kube.conftest import twin
@@ -44,6 +45,8 @@ def _runbooks(tmp_path: Path, force: str) -> Path:
     (directory / "one.yaml").write_text(
         "apiVersion: sickbay/v1\nkind: Runbook\nmetadata:\n  name: stuck-pods\n"
         f"spec:\n  eviction:\n    mode: taint\n    force: {force}\n"
+        # The node incident's grants are checked on their own (below): off here.
+        "  nodeIncident:\n    enabled: false\n"
     )
     return directory
 
@@ -129,8 +132,22 @@ def test_needed_names_the_runbook_choice_of_each_optional_grant() -> None:
     optional = [p for p in PERMISSIONS if not p.required]
     # nodes patch is in two roles: the fallback's (by_resource) and the AKS reboot's record
     by_resource = {
-        p.resource: p for p in optional if (p.resource, p.role) != ("nodes", ROLE_REPAIR_MACHINES)
+        p.resource: p
+        for p in optional
+        if (p.resource, p.role) != ("nodes", ROLE_REPAIR_MACHINES) and p.role != ROLE_NODE_INCIDENT
     }
+    node_incident = [p for p in optional if p.role == ROLE_NODE_INCIDENT]
+    assert {(p.resource, p.verbs) for p in node_incident} == {
+        ("nodes", ("patch",)),
+        ("nodes/status", ("patch",)),
+        ("pods", ("delete",)),
+        ("runtimeclasses", ("get",)),
+    }
+    default_off = runbook("default", {"nodeIncident": {"enabled": False}})
+    for p in node_incident:  # read from the runbook named default, else the first
+        assert needed(p, [forcing, plain], True) == ["runbook forcing (nodeIncident.enabled)"]
+        assert needed(p, [plain, default_off], True) == []
+        assert needed(p, [], True) == []
     (aks_record,) = [p for p in optional if p.role == ROLE_REPAIR_MACHINES and p.plural == "nodes"]
     assert set(by_resource) == {
         "nodes",

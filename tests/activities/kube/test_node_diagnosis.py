@@ -14,6 +14,9 @@ Cases:
 - restart-gpu-plugin: deletes the plugin pod once per attempt: the same attempt run again (a
   retried activity) deletes nothing more, though the DaemonSet's new pod is there; the next
   attempt restarts again; wait-for-gpus-back answers StillWaiting, then the GPUs once back.
+
+Every case runs through a proxy enforcing the roles deploy/rbac*.yaml ship: nothing the node
+incident asks is refused.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from contract.node_incident import (
     WaitGpusBackInput,
 )
 from tests.activities.kube.conftest import KubeTwin, twin
+from tests.activities.kube.rbac_proxy import deploy_rules
 from twin.clock import Clock
 from twin.controllers.manager import ControllerManager, TwinOptions
 from twin.upgrade import NAMESPACE
@@ -57,6 +61,7 @@ def make(tmp_path: Path) -> Iterator[Any]:
             profile,
             controllers=ControllerManager(TwinOptions(pod_startup_seconds=1)),
             clock=Clock(time_scale=20),
+            proxy_rules=deploy_rules(),
             **seed,
         )
         t = cm.__enter__()
