@@ -137,8 +137,15 @@ class SweepActivities:
         if req.check_slice_taints and not req.only_unknown:
             self.check_slice_taints(index, merged)
         vanished: set[str] = set()
+        plugins, report.nodes = report.nodes, []  # GPU plugin pods in error, from the pod list
         if req.check_nodes or req.only_unknown:
             nodes, report.nodes_checked = self._check_nodes(index)
+            # One finding per node: its capacity's, else its first plugin pod's.
+            seen = {n.node for n in nodes}
+            for f in plugins:
+                if f.node not in seen:
+                    nodes.append(f)
+                    seen.add(f.node)
             vanished = {f.node for f in nodes if f.vanished and f.node}
             if not req.only_unknown:
                 report.nodes = nodes
@@ -241,6 +248,9 @@ class SweepActivities:
             count += 1
             before = len(report.unresolved)
             self.check_pod(pod, index, merged, report, claims)
+            plugin = plugin_pod_finding(pod)
+            if plugin is not None:
+                report.nodes.append(plugin)
             for u in report.unresolved[before:]:
                 log.warning("sweep: %s", u.message)
         return count
@@ -465,6 +475,54 @@ class SweepActivities:
             expected_gpus=expected,
             vanished=vanished,
         )
+
+
+# The pods that publish a node's GPUs (NVIDIA device plugin chart / GPU Operator, NVIDIA DRA
+# driver) and the GPU Operator's validator: (label, value).
+PLUGIN_POD_LABELS = (
+    ("app", "nvidia-device-plugin-daemonset"),
+    ("app.kubernetes.io/name", "nvidia-device-plugin"),
+    ("app.kubernetes.io/name", "nvidia-dra-driver-gpu"),
+    ("app", "nvidia-operator-validator"),
+)
+# Waiting reasons of a container that cannot run (not the ContainerCreating of a rollout).
+PLUGIN_ERROR_REASONS = frozenset(
+    {
+        "CreateContainerError",
+        "CreateContainerConfigError",
+        "RunContainerError",
+        "CrashLoopBackOff",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "StartError",
+    }
+)
+
+
+def plugin_pod_finding(pod: dict[str, Any]) -> SweepFinding | None:
+    """A GPU plugin / validator pod whose container cannot run: its node's GPUs are (or are
+    about to be) gone: a node finding (`vanished`, the node incident's), or None."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if not any(labels.get(k) == v for k, v in PLUGIN_POD_LABELS) or meta.get("deletionTimestamp"):
+        return None
+    node = (pod.get("spec") or {}).get("nodeName")
+    status = pod.get("status") or {}
+    for cs in list(status.get("initContainerStatuses") or []) + list(
+        status.get("containerStatuses") or []
+    ):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason = str(waiting.get("reason") or "")
+        if node and reason in PLUGIN_ERROR_REASONS:
+            text = str(waiting.get("message") or "").strip()
+            return SweepFinding(
+                kind="node-capacity",
+                node=node,
+                message=f"node {node}: GPU plugin pod {meta.get('namespace', '')}/"
+                f"{meta.get('name', '')} {reason}" + (f": {text[:200]}" if text else ""),
+                vanished=True,
+            )
+    return None
 
 
 def merge_finding(merged: dict[str, SweepFinding], finding: SweepFinding) -> None:

@@ -34,7 +34,12 @@ from typing import Any
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.lease import LeaseConfig, LeaseElector
 from activities.kube.reflector import Reflector
-from activities.sweep import POD_FIELD_SELECTOR, SliceDevice, SweepActivities
+from activities.sweep import (
+    POD_FIELD_SELECTOR,
+    SliceDevice,
+    SweepActivities,
+    plugin_pod_finding,
+)
 from contract.launch import LaunchRequest
 from contract.node_incident import NodeIncidentInput, RecordedNode
 from contract.sweep import SweepFinding, SweepReport
@@ -200,7 +205,11 @@ class Tracker:
                         u.resource_id,
                         u.health,
                     )
-        self.set_source(source, list(merged.values()))
+        plugin = plugin_pod_finding(obj)  # a GPU plugin pod that cannot run: its node's
+        if plugin is not None and plugin.node:
+            with self.lock:
+                self.vanished.add(plugin.node)
+        self.set_source(source, list(merged.values()) + ([plugin] if plugin else []))
 
     # ---- slices -------------------------------------------------------------------------
 
