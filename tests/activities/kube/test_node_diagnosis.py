@@ -5,7 +5,8 @@ Cases:
 - diagnose, device plugin, toolkit hook broken by a kubelet upgrade: capacity 0 of 2, the
   plugin pod's CreateContainerError and its `Failed` Event read, cause `toolkit-hook`, not
   restartable, the summary naming the kubelet change (from what Sickbay recorded) and the
-  other node of the pool still on the old version; a healthy node: not vanished;
+  other nodes of the pool still on the old version; a healthy node: not vanished; a second
+  node of the pool losing its GPUs too is named in `pool_vanished`;
 - diagnose, DRA, lost socket: the slice lost its devices, the plugin is Ready: cause
   `driver-not-publishing`, restartable;
 - contain and release: the condition GPUDevicesAvailable=False with the reason, Sickbay's
@@ -130,6 +131,17 @@ async def test_diagnose_names_the_hook_and_the_kubelet_change(make: Any) -> None
     assert d.peers == {before: 2}
     assert f"2 other nodes of the pool run {before}" in d.summary
     assert "(0 of 2 GPUs published)" in d.summary
+    assert d.pool_vanished == []
+
+    # The rollout goes on: a second node of the pool loses its GPUs too (pool incident input).
+    second = t.node(1)
+    _upgrade(t, second, kubelet="v1.37.1", breaks="hook")
+    await _until(
+        lambda: t.store.get("nodes", second)["status"]["capacity"]["nvidia.com/gpu"] == "0"
+    )
+    d2 = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
+    assert d2.pool_vanished == [second]
+    assert d2.peers == {before: 1, "v1.37.1": 1}
 
 
 async def test_diagnose_dra_lost_socket_is_restartable(make: Any) -> None:
