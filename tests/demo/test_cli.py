@@ -59,7 +59,7 @@ def test_list_and_bad_arguments(
     monkeypatch.setenv("SICKBAY_STATE_DIR", str(tmp_path))
     assert main(["demo", "--list"]) == 0
     listed = capsys.readouterr().out
-    for name in ("seed", "training", "vgpu", "budget", "app-xid", "churn"):
+    for name in ("seed", "training", "vgpu", "budget", "app-xid", "churn", "upgrade"):
         assert re.search(rf"^{name}\s", listed, re.M), listed
     with pytest.raises(SystemExit) as bad:
         main(["demo", "--time-scale", "0"])
