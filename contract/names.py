@@ -110,6 +110,7 @@ ACT_CONTAIN_NODE = "contain-node-gpus"  # condition + Sickbay's node taint / cor
 ACT_RELEASE_NODE = "release-node-gpus"  # condition True, taint / cordon undone
 ACT_RESTART_GPU_PLUGIN = "restart-gpu-plugin"  # once per attempt (node annotation)
 ACT_WAIT_GPUS_BACK = "wait-for-gpus-back"  # polls: ERR_STILL_WAITING until published again
+ACT_FIND_GPU_PODS = "find-gpu-pods-on-node"  # the workloads whose GPUs vanished
 ACT_START_NODE_INCIDENT = "signal-with-start-node-incident"  # sweep -> node incident
 
 # --- search attributes (Keyword) -----------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from contract.base import Contract, Duration
+from contract.kube import PodRef
 
 NodeRungAction = Literal["restart-plugin", "reboot", "replace"]
 NODE_RUNG_ACTIONS: tuple[NodeRungAction, ...] = ("restart-plugin", "reboot", "replace")
@@ -144,6 +145,18 @@ class RestartPluginResult(Contract):
     restarted: list[str] = Field(default_factory=list)  # ns/name deleted by this call
     already: bool = False  # this attempt had restarted them before (a retried activity)
     detail: str = ""
+
+
+class GpuPodsInput(Contract):
+    node: str
+    ignore_namespaces: list[str] = Field(default_factory=lambda: ["sickbay"])
+
+
+class GpuPodsResult(Contract):
+    """The pods on the node that hold GPUs (nvidia.com/gpu or a ResourceClaim), the ones whose
+    GPUs vanished; DaemonSet and mirror pods (the GPU plugin itself) are never listed."""
+
+    pods: list[PodRef] = Field(default_factory=list)
 
 
 class WaitGpusBackInput(Contract):

@@ -550,6 +550,9 @@ class NodeIncidentPolicy(BoundedRunbookModel):
     order: list[NodeRungAction] = Field(default_factory=lambda: list(NODE_RUNG_ACTIONS))
     plugin_restarts: int = Field(default=1, ge=0)  # restart-plugin attempts per incident
     gpus_back_timeout: Duration = timedelta(minutes=5)  # after each rung
+    # Escalated (the node stays broken): evict the pods that hold its vanished GPUs (PDBs
+    # honoured, within the blast-radius budget) so their controllers start them elsewhere.
+    relocate: bool = True
     # Several nodes of one pool vanishing GPUs within poolWindow after a kubelet/runtime
     # change: one pool incident naming every node instead of N pages.
     pool_incident: bool = False

@@ -18,6 +18,9 @@ container toolkit hook fails on this node since its kubelet went from v1.28.15 t
 (`restartable`: not when the hook fails or NVML is missing: a restart runs the same hook
 against the same runtime).
 
+`find-gpu-pods-on-node` lists the workloads whose GPUs vanished (pods holding nvidia.com/gpu or
+a ResourceClaim; never DaemonSet or mirror pods), which an escalated incident evicts.
+
 Containment writes only what Sickbay owns: the node condition `GPUDevicesAvailable`, its
 NoSchedule taint `sickbay.dev/gpus-vanished` (or a cordon), each marked with the workflow id,
 so release never undoes what someone else did.
@@ -47,9 +50,11 @@ from activities.kube.devices import list_slice_devices, node_gpu_uuids, node_poo
 from activities.kube.nodes import ANN_CORDONED_BY, converge_node, cordon_change, read_node
 from activities.kube.pods import meta
 from contract.errors import ERR_INVALID_INPUT, ERR_STILL_WAITING
+from contract.kube import PodRef
 from contract.names import (
     ACT_CONTAIN_NODE,
     ACT_DIAGNOSE_NODE,
+    ACT_FIND_GPU_PODS,
     ACT_RELEASE_NODE,
     ACT_RESTART_GPU_PLUGIN,
     ACT_WAIT_GPUS_BACK,
@@ -62,6 +67,8 @@ from contract.node_incident import (
     ContainNodeInput,
     ContainNodeResult,
     DiagnoseNodeInput,
+    GpuPodsInput,
+    GpuPodsResult,
     GpusBackResult,
     NodeDiagnosis,
     PluginPod,
@@ -484,6 +491,47 @@ def release_node(kube: Kube, inp: ReleaseNodeInput) -> ContainNodeResult:
     return ContainNodeResult(changed=bool(done), detail=", ".join(done) or "nothing to undo")
 
 
+# ---- the workloads whose GPUs vanished ---------------------------------------------------
+
+
+def _holds_gpu(pod: dict[str, Any]) -> bool:
+    spec = pod.get("spec") or {}
+    if spec.get("resourceClaims"):
+        return True
+    for c in list(spec.get("containers") or []) + list(spec.get("initContainers") or []):
+        res = c.get("resources") or {}
+        for part in ("limits", "requests"):
+            if (_int((res.get(part) or {}).get(GPU_RESOURCE)) or 0) > 0:
+                return True
+    return False
+
+
+def gpu_pods(kube: Kube, inp: GpuPodsInput) -> GpuPodsResult:
+    body = kube.call(
+        kube.core.list_pod_for_all_namespaces,
+        verb="list",
+        resource="pods",
+        field_selector=f"spec.nodeName={inp.node}",
+    )
+    refs: list[PodRef] = []
+    for pod in body.get("items") or []:
+        m = meta(pod)
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed") or m.get("deletionTimestamp"):
+            continue
+        if m.get("namespace") in inp.ignore_namespaces:
+            continue
+        if "kubernetes.io/config.mirror" in (m.get("annotations") or {}) or any(
+            o.get("kind") == "DaemonSet" for o in m.get("ownerReferences") or []
+        ):
+            continue
+        if _holds_gpu(pod):
+            refs.append(
+                PodRef(namespace=m.get("namespace", ""), name=m.get("name", ""), uid=m.get("uid"))
+            )
+    return GpuPodsResult(pods=sorted(refs, key=lambda p: (p.namespace, p.name)))
+
+
 # ---- the plugin restart -------------------------------------------------------------------
 
 
@@ -597,6 +645,7 @@ class NodeIncidentActivities:
             self.release_node,
             self.restart_gpu_plugin,
             self.wait_for_gpus_back,
+            self.find_gpu_pods,
         ]
 
     def close(self) -> None:
@@ -642,6 +691,11 @@ class NodeIncidentActivities:
         res = await self._run(restart_plugin, self._kube, inp)
         activity.logger.info("node %s: plugin restart: %s", inp.node, res.detail)
         return res
+
+    @defn(ACT_FIND_GPU_PODS)
+    async def find_gpu_pods(self, inp: GpuPodsInput) -> GpuPodsResult:
+        self._need_node(inp.node)
+        return await self._run(gpu_pods, self._kube, inp)
 
     @defn(ACT_WAIT_GPUS_BACK)
     async def wait_for_gpus_back(self, inp: WaitGpusBackInput) -> GpusBackResult:

@@ -7,8 +7,9 @@ Cases:
   StillWaiting answers, each GPU validated -> released, GPUDevicesRestored, closed `healed`;
   no page;
 - the toolkit hook fails (a restart cannot fix it): no restart at all, one page at once with
-  the diagnosis, held contained; the GPUs come back (a fix by hand) -> validated, released,
-  the page resolved;
+  the diagnosis, its GPU workload evicted within the budget (a lease for the node's GPUs),
+  held contained; the GPUs come back (a fix by hand) -> validated, released, the page
+  resolved, the lease given back; the budget refusing: the workloads stay, named;
 - a restart that does not bring the GPUs back within gpusBackTimeout, reboot/replace off
   (repair disabled): exactly one restart, escalated, held; `abort` undoes the containment;
 - a validation failure after the GPUs came back is no heal: escalated;
@@ -32,18 +33,34 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
 from contract.errors import ERR_STILL_WAITING
-from contract.kube import RecordEventInput
+from contract.kube import (
+    CountDevicesInput,
+    DeviceCounts,
+    EvictionReport,
+    EvictPodsInput,
+    EvictPodsResult,
+    PodRef,
+    RecordEventInput,
+    WaitEvictionInput,
+)
 from contract.names import (
+    ACT_ACQUIRE_BUDGET,
     ACT_CLEAN_UP_REPAIR_JOB,
     ACT_CONTAIN_NODE,
+    ACT_COUNT_DEVICES,
     ACT_DIAGNOSE_NODE,
+    ACT_EVICT_PODS,
+    ACT_FIND_GPU_PODS,
     ACT_LOAD_RUNBOOKS,
     ACT_NOTIFY,
     ACT_RECORD_EVENT,
+    ACT_RELEASE_BUDGET,
     ACT_RELEASE_NODE,
     ACT_RESTART_GPU_PLUGIN,
     ACT_START_VALIDATION_JOB,
+    ACT_WAIT_EVICTION,
     ACT_WAIT_GPUS_BACK,
     ACT_WAIT_REPAIR_JOB,
     QRY_NODE_STATUS,
@@ -54,6 +71,8 @@ from contract.node_incident import (
     ContainNodeInput,
     ContainNodeResult,
     DiagnoseNodeInput,
+    GpuPodsInput,
+    GpuPodsResult,
     GpusBackResult,
     NodeDiagnosis,
     NodeIncidentInput,
@@ -126,6 +145,10 @@ class World:
     )
     calls: list[tuple[str, Any]] = field(default_factory=list)
     waits: int = 0
+    gpu_pods: list[PodRef] = field(
+        default_factory=lambda: [PodRef(namespace="ml", name="trainer-0", uid="u1")]
+    )
+    budget_grants: bool = True
 
     def names(self) -> list[str]:
         return [n for n, _ in self.calls]
@@ -205,7 +228,45 @@ class World:
             clean,
             event,
             notify,
+            *w.relocation(),
         ]
+
+    def relocation(self) -> list[Callable[..., Any]]:
+        w = self
+
+        @activity.defn(name=ACT_FIND_GPU_PODS)
+        async def find_pods(inp: GpuPodsInput) -> GpuPodsResult:
+            w.calls.append((ACT_FIND_GPU_PODS, inp))
+            return GpuPodsResult(pods=w.gpu_pods)
+
+        @activity.defn(name=ACT_COUNT_DEVICES)
+        async def count(inp: CountDevicesInput) -> DeviceCounts:
+            w.calls.append((ACT_COUNT_DEVICES, inp))
+            return DeviceCounts(pool_devices=8, cluster_devices=16)
+
+        @activity.defn(name=ACT_ACQUIRE_BUDGET)
+        async def acquire(inp: BudgetLeaseRequest) -> BudgetDecision:
+            w.calls.append((ACT_ACQUIRE_BUDGET, inp))
+            return BudgetDecision(
+                granted=w.budget_grants, reason="" if w.budget_grants else "pool at 4 of 4"
+            )
+
+        @activity.defn(name=ACT_RELEASE_BUDGET)
+        async def release_budget(inp: BudgetReleaseRequest) -> BudgetDecision:
+            w.calls.append((ACT_RELEASE_BUDGET, inp))
+            return BudgetDecision(granted=True)
+
+        @activity.defn(name=ACT_EVICT_PODS)
+        async def evict(inp: EvictPodsInput) -> EvictPodsResult:
+            w.calls.append((ACT_EVICT_PODS, inp))
+            return EvictPodsResult(evicted=inp.pods)
+
+        @activity.defn(name=ACT_WAIT_EVICTION)
+        async def wait_evicted(inp: WaitEvictionInput) -> EvictionReport:
+            w.calls.append((ACT_WAIT_EVICTION, inp))
+            return EvictionReport(gone=inp.pods)
+
+        return [find_pods, count, acquire, release_budget, evict, wait_evicted]
 
 
 async def run(
@@ -281,6 +342,27 @@ async def test_a_hook_failure_escalates_at_once_and_is_held_until_fixed(
         "GPUDevicesRestored",
     ]
     assert world.of(ACT_CONTAIN_NODE)[0].reason == "ContainerToolkitHookFailed"
+    # The node stays broken: its GPU workload is evicted within the budget (a lease for the
+    # node's 2 GPUs), after the page; the lease is given back on release.
+    [lease] = world.of(ACT_ACQUIRE_BUDGET)
+    assert lease.gpus == 2 and lease.node_pool == "a100" and lease.holder == node_workflow_id(NODE)
+    [evict] = world.of(ACT_EVICT_PODS)
+    assert [p.name for p in evict.pods] == ["trainer-0"] and evict.delete_if_blocked is False
+    assert names.index(ACT_NOTIFY) < names.index(ACT_EVICT_PODS) < names.index(ACT_WAIT_GPUS_BACK)
+    assert len(world.of(ACT_RELEASE_BUDGET)) == 1
+    assert any("workloads evicted -> 1 gone" in line for line in result.timeline)
+
+
+async def test_workloads_stay_when_the_budget_refuses(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    world = World(
+        diag=diagnosis("toolkit-hook", restartable=False), waits_before_back=0, budget_grants=False
+    )
+    result = await run(time_skipping_env, world)
+    assert world.of(ACT_EVICT_PODS) == []
+    assert any("workloads left in place -> ml/trainer-0" in line for line in result.timeline)
+    assert world.of(ACT_RELEASE_BUDGET) == []  # no lease was held
 
 
 async def test_restart_that_does_not_help_is_not_retried_and_abort_undoes(

@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         ACT_DIAGNOSE_NODE,
         ACT_EVICT_PODS,
         ACT_FIND_DRAIN_PODS,
+        ACT_FIND_GPU_PODS,
         ACT_LOAD_RUNBOOKS,
         ACT_NOTIFY,
         ACT_REBOOT_NODE,
@@ -53,6 +54,8 @@ with workflow.unsafe.imports_passed_through():
         ContainNodeInput,
         ContainNodeResult,
         DiagnoseNodeInput,
+        GpuPodsInput,
+        GpuPodsResult,
         GpusBackResult,
         NodeDiagnosis,
         ReleaseNodeInput,
@@ -185,6 +188,10 @@ class NodeCalls:
             retry=POLL_RETRY,
             limit=limit,
         )
+
+    @calls(ACT_FIND_GPU_PODS)
+    async def find_gpu_pods(self, inp: GpuPodsInput) -> GpuPodsResult:
+        return await _call(ACT_FIND_GPU_PODS, inp, GpuPodsResult)
 
     @calls(ACT_RECORD_EVENT)
     async def record_event(self, inp: RecordEventInput) -> None:

@@ -18,8 +18,10 @@ remediation (one run per node: `contract.names.node_workflow_id`).
       ├─ healed ─▶ releasing (condition True, taint / cordon undone, Event) ─▶ closed `healed`
       ▼
     escalated    one page with the diagnosis (one per pool with nodeIncident.poolIncident),
-      │          the node stays contained; held until its GPUs come back (validated, then
-      │          released: `healed`) or `abort` (containment undone: `aborted`)
+      │          the node stays contained; its GPU workloads evicted (nodeIncident.relocate:
+      │          within the budget, PDBs honoured) so their owners start them elsewhere;
+      │          held until its GPUs come back (validated, then released: `healed`) or
+      │          `abort` (containment undone: `aborted`)
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
     from contract.node_incident import (
         ContainNodeInput,
         DiagnoseNodeInput,
+        GpuPodsInput,
         GpusBackResult,
         NodeDiagnosis,
         NodeFinding,
@@ -428,25 +431,8 @@ class NodeIncidentWorkflow:
             return False
         rung = spec.repair.reboot if action == "reboot" else spec.repair.replace
         self._enter("healing", action, 1)
-        counts = await self._act.count_devices(CountDevicesInput(node_pool=d.node_pool))
-        decision = await self._act.acquire_budget(
-            BudgetLeaseRequest(
-                holder=wid,
-                device_key=f"{inp.node}/nvidia.com/gpu",
-                node_pool=d.node_pool,
-                pool_limit=BudgetPolicy.limit(spec.budget.max_per_pool, counts.pool_devices),
-                cluster_limit=BudgetPolicy.limit(
-                    spec.budget.max_per_cluster, counts.cluster_devices
-                ),
-                observed_pool_quarantined=counts.pool_quarantined,
-                observed_cluster_quarantined=counts.cluster_quarantined,
-                gpus=expected,
-            )
-        )
-        if not decision.granted:
-            self._log(f"{action} refused by the blast-radius budget", decision.reason)
+        if not await self._lease_gpus(spec, expected, f"the {action}"):
             return False
-        self._lease = True
         plan = await self._act.find_drain_pods(DrainPodsInput(node=inp.node))
         await self._act.cordon(CordonInput(node=inp.node, workflow_id=wid))
         if plan.pods:
@@ -498,6 +484,69 @@ class NodeIncidentWorkflow:
             return True  # a new node: its GPUs are new, validated by their own procedure
         return await self._verify(
             spec, action, expected, asked_at, spec.node_incident.gpus_back_timeout
+        )
+
+    async def _lease_gpus(self, spec: RunbookSpec, gpus: int, what: str) -> bool:
+        """The blast-radius budget lease for the node's GPUs (once per incident), as the
+        remediation's rungs take theirs: False, logged, when the budget refuses."""
+        if self._lease:
+            return True
+        inp, d = self._inp, self._diag
+        assert d is not None
+        counts = await self._act.count_devices(CountDevicesInput(node_pool=d.node_pool))
+        decision = await self._act.acquire_budget(
+            BudgetLeaseRequest(
+                holder=workflow.info().workflow_id,
+                device_key=f"{inp.node}/nvidia.com/gpu",
+                node_pool=d.node_pool,
+                pool_limit=BudgetPolicy.limit(spec.budget.max_per_pool, counts.pool_devices),
+                cluster_limit=BudgetPolicy.limit(
+                    spec.budget.max_per_cluster, counts.cluster_devices
+                ),
+                observed_pool_quarantined=counts.pool_quarantined,
+                observed_cluster_quarantined=counts.cluster_quarantined,
+                gpus=gpus,
+            )
+        )
+        if not decision.granted:
+            self._log(f"{what} refused by the blast-radius budget", decision.reason)
+            return False
+        self._lease = True
+        self._log("budget lease", f"{gpus} GPU(s) for {what}")
+        return True
+
+    async def _relocate(self, spec: RunbookSpec, gpus: int) -> None:
+        """The node stays broken: the pods holding its vanished GPUs are evicted (PDBs
+        honoured, within the budget, never forced), so their controllers start them on other
+        nodes (Sickbay's taint keeps them off this one)."""
+        inp, wid = self._inp, workflow.info().workflow_id
+        found = await self._act.find_gpu_pods(GpuPodsInput(node=inp.node))
+        if not found.pods:
+            self._log("no workload holds the node's GPUs")
+            return
+        names = ", ".join(f"{p.namespace}/{p.name}" for p in found.pods)
+        if not await self._lease_gpus(spec, gpus, "moving the workloads"):
+            self._log("workloads left in place", names)
+            return
+        timeout = spec.eviction.timeout
+        self._enter("relocating")
+        await self._interruptible(
+            self._act.evict_pods(
+                EvictPodsInput(
+                    pods=found.pods,
+                    workflow_id=wid,
+                    reason="Sickbay: the node's GPUs vanished; started elsewhere by its owner",
+                    retry_blocked_for=timeout,
+                )
+            )
+        )
+        report = await self._interruptible(
+            self._act.wait_eviction(WaitEvictionInput(pods=found.pods, timeout=timeout))
+        )
+        left = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
+        self._log(
+            "workloads evicted",
+            f"{len(report.gone)} gone" + (f"; still there (PDB): {left}" if left else ""),
         )
 
     # ---- endings -------------------------------------------------------------------------
@@ -578,6 +627,8 @@ class NodeIncidentWorkflow:
         self._log("escalated" + (" as a pool incident" if as_pool else ""), summary[:300])
         await self._event(EVENT_ESCALATED, summary)
         expected = d.expected_gpus or max(len(d.gpu_uuids), 1)
+        if policy.relocate:
+            await self._relocate(spec, expected)
         validations = 0
         while True:
             self._enter("held")

@@ -14,7 +14,8 @@ Cases:
   a taint someone else set is left alone;
 - restart-gpu-plugin: deletes the plugin pod once per attempt: the same attempt run again (a
   retried activity) deletes nothing more, though the DaemonSet's new pod is there; the next
-  attempt restarts again; wait-for-gpus-back answers StillWaiting, then the GPUs once back.
+  attempt restarts again; wait-for-gpus-back answers StillWaiting, then the GPUs once back;
+- find-gpu-pods-on-node: the pod asking for nvidia.com/gpu, not the CPU pod nor the plugin;
 
 Every case runs through a proxy enforcing the roles deploy/rbac*.yaml ship: nothing the node
 incident asks is refused.
@@ -37,6 +38,7 @@ from contract.names import NODE_TAINT_KEY
 from contract.node_incident import (
     ContainNodeInput,
     DiagnoseNodeInput,
+    GpuPodsInput,
     GpusBackResult,
     RecordedNode,
     ReleaseNodeInput,
@@ -227,3 +229,26 @@ async def test_restart_once_per_attempt_then_gpus_back(make: Any) -> None:
 
     nxt = await t.run(acts.restart_gpu_plugin, inp.model_copy(update={"attempt": 2}))
     assert nxt.restarted == [f"{NAMESPACE}/{new['metadata']['name']}"]
+
+
+async def test_find_gpu_pods_lists_the_workloads_holding_gpus(make: Any) -> None:
+    t, acts = make("device-plugin", nodes=1)
+    node = t.node(0)
+    ns = "ml"
+    t.namespace(ns)
+
+    def pod(name: str, gpus: int) -> dict[str, Any]:
+        res = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+        return {
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "m", "image": "x", "resources": res}],
+            },
+        }
+
+    t.store.create("pods", pod("trainer", 1), namespace=ns)
+    t.store.create("pods", pod("web", 0), namespace=ns)
+    await _until(lambda: len(_plugin_pods(t, node)) == 1)  # the GPU plugin pod: never listed
+    found = await t.run(acts.find_gpu_pods, GpuPodsInput(node=node))
+    assert [(p.namespace, p.name) for p in found.pods] == [(ns, "trainer")]
