@@ -8,9 +8,11 @@ no sweep: the health watcher detects, the node incident (`sickbay-node-incident`
    publishes fewer GPUs ... lost its registration"), contained (condition
    GPUDevicesAvailable=False, Sickbay's NoSchedule taint, a Node Event), the plugin restarted
    once, the GPUs back and validated (a validation Job per GPU), released: `healed`.
-2. The next node's upgrade breaks the container toolkit hook (CreateContainerError). A restart
-   cannot fix that: one page at once, with the diagnosis naming the hook, the kubelet change
-   and the pool's other nodes; no restart, no per-GPU remediation; the node stays tainted.
+2. An inference Deployment runs on a node whose upgrade then breaks the container toolkit
+   hook (CreateContainerError). A restart cannot fix that: one page at once, with the
+   diagnosis naming the hook, the kubelet change and the pool's other nodes; no restart, no
+   per-GPU remediation; the node stays tainted; the workload that lost its GPU is evicted and
+   runs again on another node.
    The platform team rolls out a fixed toolkit; the GPUs come back, are validated, and the
    node is released (`healed`, by hand), the page resolved.
 """
@@ -24,7 +26,7 @@ from temporalio.client import WorkflowExecutionStatus
 
 from contract.names import QRY_NODE_STATUS, QRY_TIMELINE, WF_REMEDIATE, node_workflow_id
 from contract.node_incident import CONDITION_GPU_DEVICES, NodeIncidentResult, NodeIncidentStatus
-from harness.scenarios import Demo, DemoFailure
+from harness.scenarios import Demo, DemoFailure, _ns
 
 PLUGIN_NS = "gpu-operator"
 REPAIR_WAIT = 120.0  # real seconds: a restart, GPUs back and two validation Jobs at demo pace
@@ -92,8 +94,21 @@ def _print_timeline(demo: Demo, lines: list[str]) -> None:
         demo.say(f"  {line[:200]}", tag="timeline")
 
 
-async def _diagnosed(demo: Demo, wid: str, t0: float) -> NodeIncidentStatus:
+async def _run_id(demo: Demo, wid: str) -> str | None:
+    """The latest run of `wid` (None: never started), so a new incident of the same node is
+    told from the closed one."""
+    try:
+        return (await demo.client.get_workflow_handle(wid).describe()).run_id
+    except Exception:
+        return None
+
+
+async def _diagnosed(
+    demo: Demo, wid: str, t0: float, earlier: str | None = None
+) -> NodeIncidentStatus:
     async def probe() -> NodeIncidentStatus | None:
+        if earlier is not None and await _run_id(demo, wid) == earlier:
+            return None  # the node's earlier incident, closed
         st = await _status(demo, wid)
         return st if st is not None and st.summary else None
 
@@ -138,12 +153,19 @@ async def upgrade_story(demo: Demo) -> None:
     demo.check(f"node {node}: {CONDITION_GPU_DEVICES}=True, Sickbay's taint removed")
 
     # -- act 2: the toolkit hook fails; a restart cannot fix it: escalate at once ----------
-    node = nodes[1]
+    ns = _ns("upgrade")
+    await demo.namespace(ns)
+    await demo.deployment(ns, "llm")
+    [(pod, _device)] = await demo.running(ns, "llm")
+    node = pod["spec"]["nodeName"]
+    before = (await _node(demo, node))["status"]["nodeInfo"]["kubeletVersion"]
     wid = node_workflow_id(node, cluster)
-    say(f"act 2: node {node}'s upgrade breaks the container toolkit hook (CreateContainerError)")
+    earlier = await _run_id(demo, wid)
+    say(f"act 2: an inference Deployment {ns}/llm runs on {node}; the node's upgrade breaks")
+    say("the container toolkit hook (CreateContainerError)")
     t0 = time.monotonic()
-    await demo.k("POST", "/twin/upgrades", {"node": node, "kubelet": "v1.36.3", "breaks": "hook"})
-    st = await _diagnosed(demo, wid, t0)
+    await demo.k("POST", "/twin/upgrades", {"node": node, "kubelet": "v1.36.9", "breaks": "hook"})
+    st = await _diagnosed(demo, wid, t0, earlier)
     if st.cause != "toolkit-hook" or "nvidia-container-toolkit" not in st.summary.replace(
         "container toolkit", "nvidia-container-toolkit"
     ):
@@ -163,7 +185,7 @@ async def upgrade_story(demo: Demo) -> None:
         raise DemoFailure(f"no page for {wid}")
     summary = str(pages[0]["body"].get("payload", {}).get("summary", ""))
     say(f"paged: {summary[:300]}")
-    if f"from {before} to v1.36.3" not in summary:
+    if f"from {before} to v1.36.9" not in summary:
         raise DemoFailure(f"the page does not name the kubelet change: {summary}")
     demo.check("escalated at once with the diagnosis: no restart of a plugin a restart cannot fix")
     obj = await _node(demo, node)
@@ -178,6 +200,27 @@ async def upgrade_story(demo: Demo) -> None:
     )
     if any("restart-plugin (attempt" in line for line in timeline):
         raise DemoFailure("the plugin was restarted though a restart cannot fix the hook")
+
+    async def moved() -> str | None:
+        for p in await demo.pods(ns, "llm"):
+            running = (p.get("status") or {}).get("phase") == "Running"
+            if (
+                running
+                and p["spec"].get("nodeName") != node
+                and not p["metadata"].get("deletionTimestamp")
+            ):
+                return str(p["spec"]["nodeName"])
+        return None
+
+    try:
+        elsewhere = await demo.until(f"{ns}/llm running on another node", moved)
+    except DemoFailure:
+        _print_timeline(
+            demo,
+            await demo.client.get_workflow_handle(wid).query(QRY_TIMELINE, result_type=list[str]),
+        )
+        raise
+    demo.check(f"the workload that lost its GPU was evicted and runs again on {elsewhere}")
 
     say("the platform team rolls out a container toolkit that works with the new runtime")
     demo.person(f"rolled out a fixed container toolkit on {node}")
@@ -194,11 +237,12 @@ async def upgrade_story(demo: Demo) -> None:
     if actions != ["trigger", "resolve"]:
         raise DemoFailure(f"pages of {wid}: {actions}, not one trigger then its resolve")
     demo.check("GPUs back, validated, node released; the page resolved")
+    await demo.delete_namespace(ns)
 
     listed = [
         w
         async for w in demo.client.list_workflows(
-            f"WorkflowType = '{WF_REMEDIATE}' AND SickbayNode IN ('{nodes[0]}', '{nodes[1]}')"
+            f"WorkflowType = '{WF_REMEDIATE}' AND SickbayNode IN ('{nodes[0]}', '{node}')"
         )
     ]
     if listed:

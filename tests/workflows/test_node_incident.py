@@ -342,10 +342,10 @@ async def test_a_hook_failure_escalates_at_once_and_is_held_until_fixed(
         "GPUDevicesRestored",
     ]
     assert world.of(ACT_CONTAIN_NODE)[0].reason == "ContainerToolkitHookFailed"
-    # The node stays broken: its GPU workload is evicted within the budget (a lease for the
-    # node's 2 GPUs), after the page; the lease is given back on release.
+    # The node stays broken: its GPU workload is evicted within the budget (a lease of one
+    # GPU per pod moved), after the page; the lease is given back on release.
     [lease] = world.of(ACT_ACQUIRE_BUDGET)
-    assert lease.gpus == 2 and lease.node_pool == "a100" and lease.holder == node_workflow_id(NODE)
+    assert lease.gpus == 1 and lease.node_pool == "a100" and lease.holder == node_workflow_id(NODE)
     [evict] = world.of(ACT_EVICT_PODS)
     assert [p.name for p in evict.pods] == ["trainer-0"] and evict.delete_if_blocked is False
     assert names.index(ACT_NOTIFY) < names.index(ACT_EVICT_PODS) < names.index(ACT_WAIT_GPUS_BACK)

@@ -129,6 +129,7 @@ class NodeIncidentWorkflow:
         self._act = NodeCalls()
         self._diag: NodeDiagnosis | None = None
         self._lease = False
+        self._leased = 0  # GPUs the lease holds
         self._paged: list[tuple[str, Incident]] = []
 
     # ---- messages ------------------------------------------------------------------------
@@ -487,9 +488,10 @@ class NodeIncidentWorkflow:
         )
 
     async def _lease_gpus(self, spec: RunbookSpec, gpus: int, what: str) -> bool:
-        """The blast-radius budget lease for the node's GPUs (once per incident), as the
-        remediation's rungs take theirs: False, logged, when the budget refuses."""
-        if self._lease:
+        """The blast-radius budget lease for `gpus` GPUs of the node, as the remediation's
+        rungs take theirs: a larger ask extends the incident's lease (a refusal leaves it as
+        it was); False, logged, when the budget refuses."""
+        if self._lease and gpus <= self._leased:
             return True
         inp, d = self._inp, self._diag
         assert d is not None
@@ -511,7 +513,7 @@ class NodeIncidentWorkflow:
         if not decision.granted:
             self._log(f"{what} refused by the blast-radius budget", decision.reason)
             return False
-        self._lease = True
+        self._lease, self._leased = True, gpus
         self._log("budget lease", f"{gpus} GPU(s) for {what}")
         return True
 
@@ -525,7 +527,8 @@ class NodeIncidentWorkflow:
             self._log("no workload holds the node's GPUs")
             return
         names = ", ".join(f"{p.namespace}/{p.name}" for p in found.pods)
-        if not await self._lease_gpus(spec, gpus, "moving the workloads"):
+        # The disruption is the workloads moved: one GPU's worth per pod, at most the node's.
+        if not await self._lease_gpus(spec, min(len(found.pods), gpus), "moving the workloads"):
             self._log("workloads left in place", names)
             return
         timeout = spec.eviction.timeout
