@@ -95,6 +95,7 @@ from contract.repair import (
 )
 from contract.runbook import RunbookSet
 from tests.workflows.fakes import shipped_runbooks, without_repair
+from tests.workflows.histories import save_history
 from workflows.node_incident.workflow import NodeIncidentWorkflow
 
 NODE = "gpu-node-3"
@@ -270,7 +271,12 @@ class World:
 
 
 async def run(
-    env: WorkflowEnvironment, world: World, *, dry_run: bool = False, then: Any = None
+    env: WorkflowEnvironment,
+    world: World,
+    *,
+    dry_run: bool = False,
+    then: Any = None,
+    history: str | None = None,
 ) -> NodeIncidentResult:
     client: Client = env.client
     tq = f"tq-{uuid.uuid4()}"
@@ -285,7 +291,10 @@ async def run(
         )
         if then is not None:
             await then(handle)
-        return await handle.result()
+        result = await handle.result()
+        if history is not None:  # recorded for the replay tests (tests/histories/)
+            save_history(history, await handle.fetch_history())
+        return result
 
 
 def reasons(world: World) -> list[str]:
@@ -296,7 +305,7 @@ async def test_restartable_cause_is_healed_by_one_plugin_restart(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
     world = World()
-    result = await run(time_skipping_env, world)
+    result = await run(time_skipping_env, world, history="node_incident_restart_healed")
     assert result.outcome == "healed" and result.rung == "restart-plugin"
     [restart] = world.of(ACT_RESTART_GPU_PLUGIN)
     assert restart.attempt == 1 and restart.workflow_id.startswith(node_workflow_id(NODE) + "/")
@@ -323,7 +332,7 @@ async def test_a_hook_failure_escalates_at_once_and_is_held_until_fixed(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
     world = World(diag=diagnosis("toolkit-hook", restartable=False), waits_before_back=3)
-    result = await run(time_skipping_env, world)
+    result = await run(time_skipping_env, world, history="node_incident_hook_escalated")
     assert world.of(ACT_RESTART_GPU_PLUGIN) == []  # a restart cannot fix it: never tried
     [page] = [n for n in world.of(ACT_NOTIFY) if n.action == "trigger"]
     assert page.incident.id == node_workflow_id(NODE)
