@@ -258,9 +258,12 @@ def _runtime_class(kube: Kube, name: str) -> bool | None:
 
 
 def _text(pods: list[PluginPod]) -> str:
+    """What the pods that are not Ready say now: a Ready pod's Events and last termination are
+    history (an earlier break, healed since) and must not name today's cause."""
     return " ".join(
         " ".join([p.waiting_reason, p.waiting_message, p.last_terminated_reason, *p.events])
         for p in pods
+        if not p.ready
     ).lower()
 
 

@@ -252,3 +252,20 @@ async def test_find_gpu_pods_lists_the_workloads_holding_gpus(make: Any) -> None
     await _until(lambda: len(_plugin_pods(t, node)) == 1)  # the GPU plugin pod: never listed
     found = await t.run(acts.find_gpu_pods, GpuPodsInput(node=node))
     assert [(p.namespace, p.name) for p in found.pods] == [(ns, "trainer")]
+
+
+async def test_a_healed_break_s_events_do_not_name_today_s_cause(make: Any) -> None:
+    """The hook broke and was fixed (the plugin pod Ready again, its Failed Events still
+    listed); the next upgrade loses the socket: restartable, not `toolkit-hook`."""
+    t, acts = make("device-plugin", nodes=1)
+    node = t.node(0)
+    await _until(lambda: len(_plugin_pods(t, node)) == 1)
+    _upgrade(t, node, breaks="hook")
+    t.twin.extensions["gpu_plugins"].recover(node)
+    await _until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "2")
+    _upgrade(t, node, breaks="socket")
+    await _until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "0")
+    d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node, expected_gpus=2))
+    [plugin] = [p for p in d.plugin_pods if p.component == "device-plugin"]
+    assert plugin.ready and any(e.startswith("Failed: ") for e in plugin.events)  # history
+    assert d.cause == "plugin-not-registered" and d.restartable
