@@ -36,6 +36,8 @@ from temporalio.worker import Worker
 from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
 from contract.errors import ERR_STILL_WAITING
 from contract.kube import (
+    CordonInput,
+    CordonResult,
     CountDevicesInput,
     DeviceCounts,
     EvictionReport,
@@ -49,12 +51,15 @@ from contract.names import (
     ACT_ACQUIRE_BUDGET,
     ACT_CLEAN_UP_REPAIR_JOB,
     ACT_CONTAIN_NODE,
+    ACT_CORDON,
     ACT_COUNT_DEVICES,
     ACT_DIAGNOSE_NODE,
     ACT_EVICT_PODS,
+    ACT_FIND_DRAIN_PODS,
     ACT_FIND_GPU_PODS,
     ACT_LOAD_RUNBOOKS,
     ACT_NOTIFY,
+    ACT_REBOOT_NODE,
     ACT_RECORD_EVENT,
     ACT_RELEASE_BUDGET,
     ACT_RELEASE_NODE,
@@ -62,6 +67,7 @@ from contract.names import (
     ACT_START_VALIDATION_JOB,
     ACT_WAIT_EVICTION,
     ACT_WAIT_GPUS_BACK,
+    ACT_WAIT_NODE_GPUS,
     ACT_WAIT_REPAIR_JOB,
     QRY_NODE_STATUS,
     SIG_ABORT,
@@ -88,9 +94,15 @@ from contract.notify import NotifyInput, NotifyResult
 from contract.remediation import AbortRequest
 from contract.repair import (
     CleanUpRepairJobInput,
+    DrainPodsInput,
+    DrainPodsResult,
+    MachineActionInput,
+    MachineActionResult,
+    NodeGpusResult,
     RepairJobOutcome,
     RepairJobStarted,
     ValidationJobInput,
+    WaitNodeGpusInput,
     WaitRepairJobInput,
 )
 from contract.runbook import RunbookSet
@@ -443,3 +455,67 @@ async def test_dry_run_and_recovered_touch_nothing(
     assert world.names() == [ACT_DIAGNOSE_NODE]
     if case == "dry-run":
         assert "would contain (taint) and heal (restart-plugin, reboot, replace)" in result.summary
+
+
+async def test_restart_not_enough_then_reboot_heals(time_skipping_env: WorkflowEnvironment) -> None:
+    """The ladder goes on: the restart does not bring the GPUs back within gpusBackTimeout, so
+    the existing reboot rung runs (repair enabled, provider configured): a budget lease for
+    the node's 2 GPUs, the node cordoned and drained (PDBs honoured), the reboot asked once,
+    the node back, the GPUs published and validated -> released (uncordoned), `healed`."""
+    out = []
+    for rb in shipped_runbooks():
+        spec = rb.spec
+        scale = spec.scale_up.model_copy(update={"provider": "cluster-api"})
+        rep = spec.repair.model_copy(update={"enabled": True})
+        out.append(
+            rb.model_copy(
+                update={"spec": spec.model_copy(update={"scale_up": scale, "repair": rep})}
+            )
+        )
+    world = World(runbooks=RunbookSet(runbooks=out), waits_before_back=10**6, gpu_pods=[])
+    rebooted: list[MachineActionInput] = []
+
+    @activity.defn(name=ACT_FIND_DRAIN_PODS)
+    async def drain(inp: DrainPodsInput) -> DrainPodsResult:
+        world.calls.append((ACT_FIND_DRAIN_PODS, inp))
+        return DrainPodsResult(pods=[PodRef(namespace="ml", name="web-0")], node_gpu_uuids=UUIDS)
+
+    @activity.defn(name=ACT_CORDON)
+    async def cordon(inp: CordonInput) -> CordonResult:
+        world.calls.append((ACT_CORDON, inp))
+        return CordonResult(changed=True, message="cordoned")
+
+    @activity.defn(name=ACT_REBOOT_NODE)
+    async def reboot(inp: MachineActionInput) -> MachineActionResult:
+        world.calls.append((ACT_REBOOT_NODE, inp))
+        rebooted.append(inp)
+        world.waits_before_back = world.waits  # the node comes back with its GPUs
+        return MachineActionResult(action="reboot", node=inp.node, operation="op-1")
+
+    @activity.defn(name=ACT_WAIT_NODE_GPUS)
+    async def node_back(inp: WaitNodeGpusInput) -> NodeGpusResult:
+        world.calls.append((ACT_WAIT_NODE_GPUS, inp))
+        return NodeGpusResult(node=inp.node, gpu_uuids=UUIDS)
+
+    client = time_skipping_env.client
+    tq = f"tq-{uuid.uuid4()}"
+    acts = [*world.activities(), drain, cordon, reboot, node_back]
+    async with Worker(client, task_queue=tq, workflows=[NodeIncidentWorkflow], activities=acts):
+        result = await client.execute_workflow(
+            NodeIncidentWorkflow.run,
+            NodeIncidentInput(node=NODE, trigger="sweep", reason="capacity 0 < 2"),
+            id=node_workflow_id(NODE),
+            task_queue=tq,
+        )
+    assert result.outcome == "healed" and result.rung == "reboot", result.timeline
+    assert len(world.of(ACT_RESTART_GPU_PLUGIN)) == 1
+    [lease] = world.of(ACT_ACQUIRE_BUDGET)
+    assert lease.gpus == 2
+    [req] = rebooted
+    assert req.action == "reboot" and req.attempt == 1 and req.pool is not None
+    assert req.pool.provider == "cluster-api"
+    names = world.names()
+    assert names.index(ACT_CORDON) < names.index(ACT_EVICT_PODS) < names.index(ACT_REBOOT_NODE)
+    assert [p.name for p in world.of(ACT_EVICT_PODS)[0].pods] == ["web-0"]
+    assert len(world.of(ACT_START_VALIDATION_JOB)) == 2
+    assert len(world.of(ACT_RELEASE_BUDGET)) == 1 and len(world.of(ACT_RELEASE_NODE)) == 1
