@@ -599,13 +599,15 @@ class HealthWatcher:
         """One node incident per node whose GPUs vanished; retried like a launch, then left to
         the sweep."""
         assert finding.node and self._on_vanished is not None
+        recorded = self.tracker.recorded(finding.node)
         inp = NodeIncidentInput(
             node=finding.node,
             cluster=self.config.cluster,
             trigger="watch",
             reason=finding.message,
-            expected_gpus=finding.expected_gpus,
-            recorded=self.tracker.recorded(finding.node),
+            # A plugin pod's finding carries no count: the most GPUs seen on the node.
+            expected_gpus=finding.expected_gpus or recorded.gpu_count,
+            recorded=recorded,
             dry_run=self.config.dry_run,
             task_queue=self.config.task_queue,
         )
