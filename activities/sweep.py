@@ -15,12 +15,16 @@ Three read-only checks, each a paginated LIST (no watches: the sweep runs every 
 2. ResourceSlices: device taints a DRA driver set (`spec.devices[].taints[]`, e.g. the NVIDIA
    driver's `gpu.nvidia.com/xid=79`). DeviceTaintRules are not written into slices, so
    Sickbay's own quarantines never show up here.
-3. Nodes: allocatable `nvidia.com/gpu` below capacity, or capacity below the GPU feature
-   discovery count label (a GPU vanished after a driver upgrade). These are node-level
-   findings with no UUID: the workflow notifies people and never taints. On a HAMi node
-   (`hami.io/node-nvidia-register`): a GPU its device plugin registers with `health` false
-   is a device finding (`hami-health`, like a driver taint); fewer GPUs registered than the
-   count label, or a registration Sickbay cannot read, is a node-level finding.
+3. Nodes: capacity below the GPU feature discovery count label, or fewer GPUs in the node's
+   ResourceSlices (GPUs vanished, most often after an upgrade broke the plugin: `vanished`,
+   one node incident, workflows/node_incident/), or allocatable `nvidia.com/gpu` below
+   capacity (notified). Node-level findings with no UUID: never a taint. A vanished node's
+   pods report its GPUs Unknown (or name devices it no longer publishes): those are dropped,
+   the node incident owns them, never a per-GPU remediation.
+   On a HAMi node (`hami.io/node-nvidia-register`): a GPU its device plugin registers with
+   `health` false is a device finding (`hami-health`, like a driver taint); fewer GPUs
+   registered than the count label is a vanished GPU (the node incident's), and a
+   registration Sickbay cannot read is a node-level finding.
 
 Findings are merged per physical GPU (`node/uuid`; MIG and vGPU devices are folded into their
 parent via the `parentUUID` attribute), worst health first, so one device = one finding.
@@ -138,9 +142,26 @@ class SweepActivities:
             report.pods_checked = self._check_pods(index, merged, report)
         if req.check_slice_taints and not req.only_unknown:
             self.check_slice_taints(index, merged)
-        if req.check_nodes and not req.only_unknown:
-            report.nodes, report.nodes_checked = self._check_nodes(index, merged)
+        vanished: set[str] = set()
+        plugins, report.nodes = report.nodes, []  # GPU plugin pods in error, from the pod list
+        if req.check_nodes or req.only_unknown:
+            nodes, report.nodes_checked = self._check_nodes(index, merged)
+            # One finding per node: its capacity's, else its first plugin pod's.
+            seen = {n.node for n in nodes}
+            for f in plugins:
+                if f.node not in seen:
+                    nodes.append(f)
+                    seen.add(f.node)
+            vanished = {f.node for f in nodes if f.vanished and f.node}
+            if not req.only_unknown:
+                report.nodes = nodes
         findings = list(merged.values())
+        if vanished:
+            # A GPU that merely vanished with its node's plugin is the node incident's, never
+            # a per-GPU remediation (nor a quarantine): its pods report it Unknown, or name a
+            # device the node no longer publishes.
+            findings = [f for f in findings if not (f.node in vanished and f.health == "Unknown")]
+            report.unresolved = [f for f in report.unresolved if f.node not in vanished]
         if req.only_unknown:
             keep = set(req.only_unknown)
             findings = [f for f in findings if f.key in keep]
@@ -233,6 +254,9 @@ class SweepActivities:
             count += 1
             before = len(report.unresolved)
             self.check_pod(pod, index, merged, report, claims)
+            plugin = plugin_pod_finding(pod)
+            if plugin is not None:
+                report.nodes.append(plugin)
             for u in report.unresolved[before:]:
                 log.warning("sweep: %s", u.message)
         return count
@@ -444,19 +468,27 @@ class SweepActivities:
             if not g.healthy
         ]
 
-    def node_finding(self, node: dict[str, Any], seen: int, dra: bool) -> SweepFinding | None:
+    def node_finding(
+        self, node: dict[str, Any], seen: int, dra: bool, last_seen: int | None = None
+    ) -> SweepFinding | None:
         """A node-capacity finding for one Node, or None. `seen`: physical GPUs the node
-        publishes in ResourceSlices; `dra`: whether the cluster has any (the sweep's index).
-        A HAMi node (`hami.io/node-nvidia-register`): GPUs registered there below the GPU
-        feature discovery count (a GPU vanished from the registration), or a registration
-        Sickbay cannot read; its nvidia.com/gpu counts shares, so that is not compared."""
+        publishes in ResourceSlices; `dra`: whether the cluster has any (the sweep's index);
+        `last_seen`: the most GPUs the health watcher saw on it (the expected count where no
+        `nvidia.com/gpu.count` label says it). `vanished`: fewer GPUs than expected (a node
+        incident), as opposed to GPUs the device plugin reports unhealthy. A HAMi node: GPUs its
+        device plugin registers below the expected count (vanished), or a registration Sickbay
+        cannot read; its nvidia.com/gpu counts shares, so that is not compared."""
         name = (node.get("metadata") or {}).get("name", "")
         labels = (node.get("metadata") or {}).get("labels") or {}
         status = node.get("status") or {}
         capacity = _quantity((status.get("capacity") or {}).get(GPU_RESOURCE))
         allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
         expected = _quantity(labels.get(GPU_COUNT_LABEL))
+        source = GPU_COUNT_LABEL
+        if expected is None and last_seen:
+            expected, source = last_seen, "the count Sickbay last saw"
         problem = ""
+        vanished = False
         if hami.is_hami_node(node):
             try:
                 registered = len(hami.node_gpus(node) or [])
@@ -464,24 +496,28 @@ class SweepActivities:
                 problem = f"HAMi's GPU registration is unreadable, not acting on a guess: {err}"
             else:
                 if expected is not None and registered < expected:
+                    vanished = True
                     problem = (
                         f"{registered} GPU(s) registered by HAMi ({hami.register_key(node)}) < "
-                        f"{expected} ({GPU_COUNT_LABEL}): GPU(s) missing from the node"
+                        f"{expected} ({source}): GPU(s) missing from the node"
                     )
+        elif capacity is not None and expected is not None and capacity < expected:
+            # Checked first: a plugin that lost its GPUs drops capacity (and allocatable).
+            vanished = True
+            problem = (
+                f"capacity {GPU_RESOURCE} {capacity} < {expected} GPUs "
+                f"({source}): GPU(s) missing from the node"
+            )
         elif capacity is not None and allocatable is not None and allocatable < capacity:
             problem = (
                 f"allocatable {GPU_RESOURCE} {allocatable} < capacity {capacity}: "
                 f"{capacity - allocatable} GPU(s) unhealthy or gone per the device plugin"
             )
-        elif capacity is not None and expected is not None and capacity < expected:
-            problem = (
-                f"capacity {GPU_RESOURCE} {capacity} < {expected} GPUs "
-                f"({GPU_COUNT_LABEL}): GPU(s) missing from the node"
-            )
         elif capacity is None and dra and expected is not None:
             if seen < expected:
+                vanished = True
                 problem = (
-                    f"{seen} GPU(s) in ResourceSlices < {expected} ({GPU_COUNT_LABEL}): "
+                    f"{seen} GPU(s) in ResourceSlices < {expected} ({source}): "
                     "GPU(s) missing from the node or its DRA driver is not publishing"
                 )
         if not problem:
@@ -492,7 +528,57 @@ class SweepActivities:
             message=f"node {name}: {problem}",
             gpu_capacity=capacity,
             gpu_allocatable=allocatable,
+            expected_gpus=expected,
+            vanished=vanished,
         )
+
+
+# The pods that publish a node's GPUs (NVIDIA device plugin chart / GPU Operator, NVIDIA DRA
+# driver) and the GPU Operator's validator: (label, value).
+PLUGIN_POD_LABELS = (
+    ("app", "nvidia-device-plugin-daemonset"),
+    ("app.kubernetes.io/name", "nvidia-device-plugin"),
+    ("app.kubernetes.io/name", "nvidia-dra-driver-gpu"),
+    ("app", "nvidia-operator-validator"),
+)
+# Waiting reasons of a container that cannot run (not the ContainerCreating of a rollout).
+PLUGIN_ERROR_REASONS = frozenset(
+    {
+        "CreateContainerError",
+        "CreateContainerConfigError",
+        "RunContainerError",
+        "CrashLoopBackOff",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "StartError",
+    }
+)
+
+
+def plugin_pod_finding(pod: dict[str, Any]) -> SweepFinding | None:
+    """A GPU plugin / validator pod whose container cannot run: its node's GPUs are (or are
+    about to be) gone: a node finding (`vanished`, the node incident's), or None."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if not any(labels.get(k) == v for k, v in PLUGIN_POD_LABELS) or meta.get("deletionTimestamp"):
+        return None
+    node = (pod.get("spec") or {}).get("nodeName")
+    status = pod.get("status") or {}
+    for cs in list(status.get("initContainerStatuses") or []) + list(
+        status.get("containerStatuses") or []
+    ):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason = str(waiting.get("reason") or "")
+        if node and reason in PLUGIN_ERROR_REASONS:
+            text = str(waiting.get("message") or "").strip()
+            return SweepFinding(
+                kind="node-capacity",
+                node=node,
+                message=f"node {node}: GPU plugin pod {meta.get('namespace', '')}/"
+                f"{meta.get('name', '')} {reason}" + (f": {text[:200]}" if text else ""),
+                vanished=True,
+            )
+    return None
 
 
 def merge_finding(merged: dict[str, SweepFinding], finding: SweepFinding) -> None:

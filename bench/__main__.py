@@ -1,6 +1,6 @@
 """`python -m bench` (`make bench`): run the benchmarks, write BENCHMARKS.md and its plots.
 
-    python -m bench                       # all seven, full size (~15 min on 2 cores)
+    python -m bench                       # all of them, full size (~15 min on 2 cores)
     python -m bench --quick               # small counts: proves the code runs (a smoke test)
     python -m bench --only latency,cost   # a subset
     python -m bench --render-only         # re-render BENCHMARKS.md from bench/out/results.json
@@ -29,6 +29,7 @@ from bench import (
     human_actions,
     latency,
     memory,
+    node_upgrade,
     plots,
     repair,
     report,
@@ -54,6 +55,7 @@ ALL = (
     "repair",
     "human_actions",
     "abuse",
+    "node_upgrade",
 )
 FULL: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 200, "nodes": 26},
@@ -65,6 +67,7 @@ FULL: dict[str, dict[str, Any]] = {
     "repair": {"rounds": 20},
     "human_actions": {},
     "abuse": {"connections": 800, "seconds": 20.0},
+    "node_upgrade": {"rounds": 10},
 }
 QUICK: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 8, "nodes": 2},
@@ -76,6 +79,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "repair": {"rounds": 2},
     "human_actions": {},
     "abuse": {"connections": 40, "seconds": 2.0, "addresses": 4},
+    "node_upgrade": {"rounds": 1},
 }
 
 
@@ -251,6 +255,7 @@ async def run_all(which: list[str], quick: bool) -> dict[str, Any]:
         "repair": repair.run,
         "human_actions": human_actions.run,
         "abuse": webhook_abuse.run,
+        "node_upgrade": node_upgrade.run,
     }
     for name in which:
         log.info("benchmark %s: starting", name)

@@ -133,6 +133,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.webhook_abuse import summary_rows as abuse_rows
 
         out += abuse_rows(results["abuse"])
+    if results.get("node_upgrade"):
+        from bench.node_upgrade import summary_rows as node_rows
+
+        out += node_rows(results["node_upgrade"])
     out.append("")
     if lat and lat["sickbay"].get("n"):
         s, p = lat["sickbay"], lat["peer"]
@@ -344,6 +348,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.webhook_abuse import section as abuse_section
 
         out += abuse_section(results["abuse"])
+    if results.get("node_upgrade"):
+        from bench.node_upgrade import section as node_section
+
+        out += node_section(results["node_upgrade"])
     notes = results.get("findings") or []
     if notes:
         out += ["## Findings", ""] + [f"- {n}" for n in notes] + [""]

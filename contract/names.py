@@ -21,6 +21,7 @@ WF_POOL_SCALER = "sickbay-pool-scaler"
 WF_MAINTENANCE = "sickbay-maintenance-drain"
 WF_REJECTIONS = "sickbay-rejections"
 WF_GPU_LEDGER = "sickbay-gpu-ledger"
+WF_NODE_INCIDENT = "sickbay-node-incident"  # one per node whose GPUs vanished
 
 # Singleton workflow ids.
 BUDGET_WORKFLOW_ID = "sickbay-budget"
@@ -64,6 +65,11 @@ SIG_REJECTED = "rejected"  # RejectedAlerts, from the webhook
 UPD_CLAIM_ESCALATION = "claim-escalation"  # EscalationClaim -> EscalationClaimResult
 QRY_REJECTIONS = "rejections"  # -> RejectionsSummary
 
+# --- node incident workflow: signals and query -----------------------------------------------
+SIG_NODE_FINDING = "node-finding"  # NodeFinding: the watcher / sweep saw the node short again
+QRY_NODE_STATUS = "node-status"  # -> NodeIncidentStatus
+# (`abort` is SIG_ABORT, as on the remediation)
+
 # --- pool scaler workflow --------------------------------------------------------------------
 UPD_POOL_NEED = "need-capacity"
 QRY_POOL_SCALER_STATUS = "pool-status"
@@ -99,6 +105,14 @@ ACT_SELECT_DEVICES = "select-devices"  # maintenance selector -> physical GPUs
 ACT_AWAIT_REMEDIATION = "await-remediation-phase"  # maintenance: wait for a drain to finish
 ACT_RECORD_GPU_FAILURE = "record-gpu-failure"  # engine -> GPU ledger workflow
 ACT_RECORD_GPU_REPAIR = "record-gpu-repair"  # engine -> GPU ledger workflow
+# Node incident (a node whose GPUs vanished): activities/kube/node_diagnosis.py
+ACT_DIAGNOSE_NODE = "diagnose-node-gpus"
+ACT_CONTAIN_NODE = "contain-node-gpus"  # condition + Sickbay's node taint / cordon + Event
+ACT_RELEASE_NODE = "release-node-gpus"  # condition True, taint / cordon undone
+ACT_RESTART_GPU_PLUGIN = "restart-gpu-plugin"  # once per attempt (node annotation)
+ACT_WAIT_GPUS_BACK = "wait-for-gpus-back"  # polls: ERR_STILL_WAITING until published again
+ACT_FIND_GPU_PODS = "find-gpu-pods-on-node"  # the workloads whose GPUs vanished
+ACT_START_NODE_INCIDENT = "signal-with-start-node-incident"  # sweep -> node incident
 
 # --- search attributes (Keyword) -----------------------------------------------------------
 SA_DEVICE = "SickbayDevice"
@@ -233,6 +247,19 @@ def sweep_schedule_id(cluster: str = "") -> str:
 def node_notice_workflow_id(node: str, cluster: str = "") -> str:
     """One node-capacity notice per node (channels dedup on it)."""
     return scoped(cluster, f"node-gpus-{node}")
+
+
+def node_workflow_id(node: str, cluster: str = "") -> str:
+    """The one node incident per node: `sickbay-[<cluster>-]node-<node>`."""
+    if not node:
+        raise ValueError("a node incident id needs the node")
+    return scoped(cluster, f"node-{normalise_id_part(node)}")
+
+
+# Sickbay's node taint while a node incident holds the node (contain: taint).
+NODE_TAINT_KEY = "sickbay.dev/gpus-vanished"
+# On the Node: the incident attempt whose plugin restart already ran (once per attempt).
+ANN_PLUGIN_RESTART = "sickbay.dev/plugin-restart"
 
 
 def maintenance_workflow_id(suffix: str, cluster: str = "") -> str:

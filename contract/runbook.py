@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 from contract.base import Contract, Duration, format_duration
 from contract.capacity import NodePoolTarget
 from contract.names import TAINT_KEY
+from contract.node_incident import NODE_RUNG_ACTIONS, NodeRungAction
 
 # How a confirmed failure is classified (contract.remediation reports it; runbooks act on it).
 FailureClass = Literal["unhealthy", "degraded", "application", "unknown"]
@@ -79,6 +80,13 @@ SAFE_BOUNDS: dict[str, SafeBound] = {
     "release.healthCheckInterval": SafeBound(low=timedelta(seconds=10), high=_H),
     "fallback.nodeTaintBelowHealthy": SafeBound(low=0, high=8),
     "maintenance.maxParallel": SafeBound(low=1, high=16),
+    # A restarted device plugin registers within seconds; shorter fails a healthy restart,
+    # longer leaves a GPU-less node waiting before the next rung.
+    "nodeIncident.gpusBackTimeout": SafeBound(low=timedelta(seconds=30), high=_H),
+    # More restarts of a plugin that keeps failing only delay the escalation.
+    "nodeIncident.pluginRestarts": SafeBound(low=0, high=3),
+    "nodeIncident.poolWindow": SafeBound(low=_MIN, high=_D),
+    "nodeIncident.poolNodes": SafeBound(low=2, high=64),
 }
 
 
@@ -554,6 +562,28 @@ def fill_command(template: list[str], *, uuid: str, node: str, level: int = 0) -
 # --------------------------------------------------------------------------------------------
 
 
+class NodeIncidentPolicy(BoundedRunbookModel):
+    """The node procedure (`sickbay-node-incident`): a node whose GPUs vanished. Read from the
+    runbook named `default` (else the first), since no workload picks it."""
+
+    block: ClassVar[str] = "nodeIncident"
+    enabled: bool = True  # False: a vanished GPU is only notified, as before
+    # Keep new GPU pods off the node: Sickbay's NoSchedule node taint, a cordon, or nothing.
+    contain: Literal["taint", "cordon", "none"] = "taint"
+    # The node ladder, in order; reboot / replace run only when spec.repair enables them.
+    order: list[NodeRungAction] = Field(default_factory=lambda: list(NODE_RUNG_ACTIONS))
+    plugin_restarts: int = Field(default=1, ge=0)  # restart-plugin attempts per incident
+    gpus_back_timeout: Duration = timedelta(minutes=5)  # after each rung
+    # Escalated (the node stays broken): evict the pods that hold its vanished GPUs (PDBs
+    # honoured, within the blast-radius budget) so their controllers start them elsewhere.
+    relocate: bool = True
+    # Several nodes of one pool vanishing GPUs within poolWindow after a kubelet/runtime
+    # change: one pool incident naming every node instead of N pages.
+    pool_incident: bool = False
+    pool_window: Duration = timedelta(minutes=30)
+    pool_nodes: int = Field(default=2, ge=2)  # this many nodes make a pool incident
+
+
 class RunbookSpec(RunbookModel):
     precedence: int = 0  # with several consumers, the highest precedence wins
     match: RunbookMatch = Field(default_factory=RunbookMatch)
@@ -572,6 +602,7 @@ class RunbookSpec(RunbookModel):
     repair: RepairPolicy = Field(default_factory=lambda: RepairPolicy())
     validation: ValidationPolicy = Field(default_factory=lambda: ValidationPolicy())
     lemons: LemonPolicy = Field(default_factory=lambda: LemonPolicy())
+    node_incident: NodeIncidentPolicy = Field(default_factory=lambda: NodeIncidentPolicy())
     dry_run: bool = False
 
 

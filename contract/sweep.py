@@ -48,6 +48,10 @@ class SweepFinding(Contract):
     taint: SliceTaint | None = None
     gpu_capacity: int | None = None
     gpu_allocatable: int | None = None
+    # node-capacity: the GPUs it should have (count label / last seen), and whether they
+    # vanished (a node incident) rather than being reported unhealthy (a notice).
+    expected_gpus: int | None = None
+    vanished: bool = False
 
     @property
     def key(self) -> str:
@@ -75,3 +79,4 @@ class SweepResult(Contract):
     notified_unresolved: list[str] = Field(default_factory=list)  # "<ns>/<pod> <resourceID>"
     unknown_cleared: list[str] = Field(default_factory=list)  # Unknown, then healthy again
     missed_by_watch: list[str] = Field(default_factory=list)  # started here, not by the watcher
+    node_incidents: list[str] = Field(default_factory=list)  # node incident ids started/signalled

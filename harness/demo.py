@@ -196,6 +196,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             watch=scenario.watch,
             repair=scenario.repair,
             cloud=scenario.cloud,
+            nodes=scenario.nodes,
+            pool_max=max(2, scenario.nodes),
             state_dir=state_dir,
             notes=lambda text: say(text, tag="stack"),
         )

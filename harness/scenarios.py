@@ -641,6 +641,7 @@ class Scenario:
     repair: bool = False  # needs the shipped repair ladder on (StackConfig.repair)
     profile: str = "1.36"  # the twin's profile (StackConfig.profile)
     cloud: Literal["gke", "eks"] = "gke"  # the pool's cloud shape (StackConfig.cloud)
+    nodes: int = 1  # GPU nodes in the twin's pool (StackConfig.nodes)
 
 
 def _ns(prefix: str) -> str:
@@ -1365,6 +1366,13 @@ async def lemon_gpu(demo: Demo) -> None:
     await _play(demo, "lemon", [_lemon_without_people])
 
 
+async def node_upgrade(demo: Demo) -> None:
+    """After the upgrade the node forgot its GPU: harness/upgrade_scenario.py."""
+    from harness.upgrade_scenario import upgrade_story
+
+    await upgrade_story(demo)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -1406,6 +1414,13 @@ SCENARIOS: dict[str, Scenario] = {
             "a GPU failing for the third time is retired: one RMA page, no human step",
             lemon_gpu,
             repair=True,
+        ),
+        Scenario(
+            "upgrade",
+            "after the upgrade the node forgot its GPU: one node incident, diagnosed, healed",
+            node_upgrade,
+            watch=True,
+            nodes=3,
         ),
     )
 }

@@ -153,7 +153,7 @@ def cmd_api_fault(args: argparse.Namespace) -> int:
         _print(_call(args, "DELETE", path))
     else:
         if not args.kind:
-            raise CliError("api-fault add needs a kind: 500, 429, 409, timeout or reset")
+            raise CliError("api-fault add needs a kind: 500, 429, 409, timeout, reset or delay")
         body: dict[str, Any] = {
             "kind": args.kind,
             "verb": args.verb,

@@ -13,7 +13,7 @@ GPU or pool), never a 500 for a client mistake.
     GET    /twin/known-faults                  {"ignoreDeviceTaintRules", "expiredTolerationBug"}
     PUT    /twin/known-faults                  same body; omitted keys stay as they are
     GET    /twin/api-faults                    injection rules
-    POST   /twin/api-faults                    {"kind": "500|429|409|timeout|reset", "verb",
+    POST   /twin/api-faults                    {"kind": "500|429|409|timeout|reset|delay", "verb",
                                                "resource", "rate", "count", "timeoutSeconds",
                                                "match": text the decoded path+query contains}
     DELETE /twin/api-faults[/<id>]             remove one rule or all
@@ -34,6 +34,11 @@ GPU or pool), never a 500 for a client mistake.
                                                real seconds ARM holds its answer after acting}
     GET    /twin/pools/<pool>/cloud            {"instanceCalls": [[action, instance], ...]}:
                                                every VM reset / recreate the cloud API acted on
+    POST   /twin/gpu-plugins                   run GPU plugin pods on every GPU node (upgrade.py)
+    GET    /twin/upgrades                      node upgrades that broke their GPU plugin
+    POST   /twin/upgrades                      {"node", "kubelet"?, "runtime"?, "breaks": "hook|
+                                               nvml|socket", "healsOnRestart": true} -> 201
+    POST   /twin/upgrades/recover              {"node"}: the break is fixed
 
 `dispatch(twin, method, parts, query, body)` answers one request (parts = the path after
 `/twin/`) and returns `(status, json)` or None for a path it does not serve. The controller
@@ -59,7 +64,16 @@ from twin.faults import FaultError
 
 log = logging.getLogger(__name__)
 
-PREFIXES = ("gpus", "faults", "known-faults", "api-faults", "alerts", "pools")
+PREFIXES = (
+    "gpus",
+    "faults",
+    "known-faults",
+    "api-faults",
+    "alerts",
+    "pools",
+    "gpu-plugins",
+    "upgrades",
+)
 
 
 def _manager(twin: Any) -> Any:
@@ -309,7 +323,7 @@ def _route(
         if method == "POST" and not rest:
             data = _body(body)
             if not data.get("kind"):
-                raise FaultError("kind is required (500, 429, 409, timeout or reset)")
+                raise FaultError("kind is required (500, 429, 409, timeout, reset or delay)")
             rule = api.add(
                 kind=str(data["kind"]),
                 verb=str(data.get("verb") or "*"),
@@ -368,6 +382,11 @@ def _route(
             "failures": alerts.failures,
             "receiver": alerts.config.url,  # the token is never shown
         }
+    if head == "gpu-plugins" and method == "POST" and not rest:
+        manager.gpu_plugins.install()
+        return 200, {"installed": True}
+    if head == "upgrades":
+        return _upgrades(manager, method, rest, body)
     if head == "pools":
         pools = manager.node_pools
         if method == "GET" and not rest:
@@ -392,6 +411,39 @@ def _route(
         "MethodNotAllowed",
         f"{method} /twin/{'/'.join(parts)} is not supported",
     )
+
+
+def _upgrades(
+    manager: Any, method: str, rest: list[str], body: bytes | dict[str, Any] | None
+) -> tuple[int, Any]:
+    plugins = manager.gpu_plugins
+    if method == "GET" and not rest:
+        return 200, {"items": [f.to_json() for f in plugins.faults()]}
+    data = _body(body)
+    node = str(data.get("node") or "")
+    if method == "POST" and rest in ([], ["recover"]) and not node:
+        raise FaultError("node is required")
+    if method == "POST" and not rest:
+        unknown = set(data) - {"node", "kubelet", "runtime", "breaks", "healsOnRestart"}
+        if unknown:
+            raise FaultError(f"unknown upgrade setting(s): {', '.join(sorted(unknown))}")
+        try:
+            fault = plugins.upgrade(
+                node,
+                kubelet=data.get("kubelet"),
+                runtime=data.get("runtime"),
+                breaks=str(data.get("breaks") or "hook"),
+                heals_on_restart=bool(data.get("healsOnRestart", True)),
+            )
+        except KeyError:
+            raise FaultError(f'node "{node}" not found', 404) from None
+        except ValueError as err:
+            raise FaultError(str(err)) from None
+        return 201, fault.to_json()
+    if method == "POST" and rest == ["recover"]:
+        done = plugins.recover(node)
+        return 200, {"items": [done.to_json()] if done else []}
+    raise errors.ApiError(405, "MethodNotAllowed", f"{method} /twin/upgrades is not supported")
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,8 +32,9 @@ alpha health check. Alerts go through twin/alerts.py with dcgm-exporter's labels
 resolve on recovery.
 
 API fault injection (`ApiFaults`): rules of (verb, resource, kind, rate, count) where kind is
-`500`, `429` (with Retry-After), `409` (Conflict), `timeout` (the request hangs, then 504) or
-`reset` (the connection is closed without an answer). A rule's optional `match` narrows it to
+`500`, `429` (with Retry-After), `409` (Conflict), `timeout` (the request hangs, then 504),
+`delay` (the request is held `timeoutSeconds`, then served as usual) or `reset` (the connection
+is closed without an answer). A rule's optional `match` narrows it to
 requests whose URL-decoded path and query contain that text (one node's pod list:
 `spec.nodeName=<node>`; one object: its name), so a drill can hold one remediation's request
 while the others go through. The API server calls, once it knows the
@@ -685,7 +686,7 @@ def _natural(name: str) -> list[Any]:
 # API fault injection
 # --------------------------------------------------------------------------------------------
 
-API_FAULT_KINDS = ("500", "429", "409", "timeout", "reset")
+API_FAULT_KINDS = ("500", "429", "409", "timeout", "reset", "delay")
 
 
 @dataclass
@@ -803,6 +804,11 @@ class ApiFaults:
             return
         plural = resource.split("/")[0]
         log.info("api fault %s injected on %s %s", rule.kind, verb, resource)
+        if rule.kind == "delay":
+            # A slow API server: the request is held, then served as usual (even if its client
+            # went away meanwhile, as a real server finishes a request it started).
+            time.sleep(rule.timeout_seconds)
+            return
         if rule.kind == "500":
             raise errors.ApiError(
                 500, "InternalError", "Internal error occurred: injected by the cluster twin"

@@ -1,8 +1,8 @@
 """The Temporal worker process (`sickbay worker`): the one WORKFLOWS / ACTIVITIES registration.
 
 - `WORKFLOWS`: every workflow type Sickbay runs: the remediation, budget, maintenance,
-  rejections, pool-scaler (`workflows.pool_scaler`) and health-sweep (`workflows.sweep`)
-  workflows.
+  rejections, pool-scaler (`workflows.pool_scaler`), health-sweep (`workflows.sweep`) and
+  node-incident (`workflows.node_incident`) workflows.
 - `build_activities(client, settings)` builds each activity class once from `Settings`
   (Kubernetes from `activities.kube`, cloud from `activities.cloud`, notifications from
   `activities.notify`, the sweep, capacity requests, budget leases, launches, runbooks) and
@@ -48,10 +48,12 @@ from activities.defn import name_of
 from activities.kube import KubeActivities
 from activities.kube.client import Kube, KubeError
 from activities.kube.events import report_runbooks_invalid
+from activities.kube.node_diagnosis import NodeIncidentActivities
 from activities.kube.repair_activities import KubeRepairActivities
 from activities.launch import LaunchActivities
 from activities.ledger import LedgerActivities
 from activities.maintenance import MaintenanceActivities
+from activities.node_launch import NodeLaunchActivities
 from activities.notify.activities import NotifyActivities
 from activities.runbooks import RunbookActivities
 from activities.sweep import SweepActivities
@@ -62,11 +64,13 @@ from contract.names import (
     ACT_SCALE_POOL,
     ACT_SELECT_DEVICES,
     ACT_SIGNAL_WITH_START,
+    ACT_START_NODE_INCIDENT,
     ACT_SWEEP_CLUSTER,
     ACT_WAIT_POOL_OPERATION,
     WF_BUDGET,
     WF_GPU_LEDGER,
     WF_MAINTENANCE,
+    WF_NODE_INCIDENT,
     WF_POOL_SCALER,
     WF_REJECTIONS,
     WF_REMEDIATE,
@@ -87,6 +91,8 @@ from workflows.budget import BudgetWorkflow
 from workflows.identity import SenderIdentityInterceptor
 from workflows.ledger import GpuLedgerWorkflow
 from workflows.maintenance import MaintenanceWorkflow
+from workflows.node_incident.calls import REQUIRED_ACTIVITIES as NODE_INCIDENT_ACTIVITIES
+from workflows.node_incident.workflow import NodeIncidentWorkflow
 from workflows.pool_scaler import PoolScalerWorkflow
 from workflows.rejections import RejectionsWorkflow
 from workflows.remediation import REQUIRED_ACTIVITIES, DeviceRemediationWorkflow
@@ -108,6 +114,7 @@ WORKFLOW_NAMES: dict[type, str] = {
     PoolScalerWorkflow: WF_POOL_SCALER,
     HealthSweepWorkflow: WF_SWEEP,
     GpuLedgerWorkflow: WF_GPU_LEDGER,
+    NodeIncidentWorkflow: WF_NODE_INCIDENT,
 }
 WORKFLOWS: list[type] = list(WORKFLOW_NAMES)
 
@@ -117,7 +124,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     WF_BUDGET: (ACT_RECONCILE_LEASES,),
     WF_MAINTENANCE: (ACT_SELECT_DEVICES, ACT_SIGNAL_WITH_START, ACT_AWAIT_REMEDIATION),
     WF_POOL_SCALER: (ACT_DESCRIBE_POOL, ACT_SCALE_POOL, ACT_WAIT_POOL_OPERATION),
-    WF_SWEEP: (ACT_SWEEP_CLUSTER, ACT_SIGNAL_WITH_START),
+    WF_SWEEP: (ACT_SWEEP_CLUSTER, ACT_SIGNAL_WITH_START, ACT_START_NODE_INCIDENT),
+    WF_NODE_INCIDENT: tuple(NODE_INCIDENT_ACTIVITIES),  # from its typed activity calls
 }
 
 
@@ -174,6 +182,7 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
         activities=[
             runbooks.load_runbooks,
             *activities_of(LaunchActivities(client, settings.task_queue, settings.cluster)),
+            *activities_of(NodeLaunchActivities(client, settings.task_queue, settings.cluster)),
             *activities_of(
                 BudgetActivities(
                     client,
@@ -230,6 +239,9 @@ def _add_repair_activities(built: Built, kube: Kube) -> None:
     repair = KubeRepairActivities(kube)
     built.activities += repair.all()
     built.closers.append(repair.close)
+    node = NodeIncidentActivities(kube)  # the node incident (workflows/node_incident/)
+    built.activities += node.all()
+    built.closers.append(node.close)
     machines = MachineActivities.from_config(CloudConfig.load(), kube.api_client)
     built.activities += machines.all()
     built.closers.append(machines.aclose)

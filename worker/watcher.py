@@ -6,7 +6,10 @@
         (per pod / device / node summaries, never whole objects)
     a finding that appears ──> signal-with-start of the device's workflow (same evidence
         fingerprint as the sweep: a repeat is harmless); Unknown only after `unknown_timeout`;
-    a node short of GPUs ──> `on_node` (the worker triggers the sweep, which notifies people)
+    a node whose GPUs vanished ──> `on_vanished`: its node incident (one per node, with what
+        the node looked like before: kubelet / runtime versions, most GPUs seen); GPUs it
+        reports Unknown are left to that incident, never a per-GPU remediation;
+    another node short of GPUs ──> `on_node` (the worker triggers the sweep, which notifies)
 
 Runs inside `sickbay worker` (`SICKBAY_WATCH_ENABLED`, default on). With
 several replicas only the Lease holder watches; a replica that cannot renew within the renew
@@ -28,12 +31,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.hami import ANN_REGISTER, VOLCANO_REGISTER
 from activities.kube.lease import LeaseConfig, LeaseElector
 from activities.kube.reflector import Reflector
-from activities.sweep import POD_FIELD_SELECTOR, SliceDevice, SweepActivities
+from activities.sweep import (
+    POD_FIELD_SELECTOR,
+    SliceDevice,
+    SweepActivities,
+    plugin_pod_finding,
+)
 from contract.launch import LaunchRequest
+from contract.node_incident import NodeIncidentInput, RecordedNode
 from contract.sweep import SweepFinding, SweepReport
 from worker.settings import Settings
 from workflows.sweep import finding_fingerprint, finding_launch
@@ -48,6 +58,8 @@ Pair = tuple[str, str]  # (device key, evidence fingerprint)
 LAUNCH_GIVE_UP = 600.0  # seconds
 LAUNCH_BACKOFF_MAX = 30.0
 LEASE_WARN_EVERY = 60.0  # seconds between errors about a Lease it cannot take or renew
+# A kubelet / runtime change this recent is "the upgrade" a node incident names (seconds).
+RECENT_CHANGE = 24 * 3600.0
 
 
 def default_identity() -> str:
@@ -82,6 +94,8 @@ class WatcherStats:
     launch_errors: int = 0
     given_up: int = 0
     node_findings: int = 0
+    node_incidents: int = 0  # node incidents started / signalled (GPUs vanished)
+    left_to_node_incident: int = 0  # Unknown GPUs of such a node: no per-GPU remediation
     unresolved: int = 0  # pod device ids no ResourceSlice maps
     leader: bool = False
     leader_transitions: int = 0
@@ -114,6 +128,12 @@ class Tracker:
         self._by_source: dict[str, set[Pair]] = {}
         self.unresolved: set[tuple[str, str]] = set()
         self._replacing: dict[str, set[str]] = {}  # kind -> sources seen in this relist
+        # Node incidents (workflows/node_incident/): what each node looked like before its
+        # GPUs vanished. Versions: (kubelet, runtime) now and the ones before the last change
+        # with when it changed; the most GPUs seen (the expected count without a count label).
+        self.versions: dict[str, tuple[tuple[str, str], tuple[str, str] | None, float]] = {}
+        self.max_gpus: dict[str, int] = {}
+        self.vanished: set[str] = set()  # nodes whose GPUs vanished, right now
 
     # ---- generic bookkeeping ------------------------------------------------------------
 
@@ -189,7 +209,11 @@ class Tracker:
                         u.resource_id,
                         u.health,
                     )
-        self.set_source(source, list(merged.values()))
+        plugin = plugin_pod_finding(obj)  # a GPU plugin pod that cannot run: its node's
+        if plugin is not None and plugin.node:
+            with self.lock:
+                self.vanished.add(plugin.node)
+        self.set_source(source, list(merged.values()) + ([plugin] if plugin else []))
 
     # ---- slices -------------------------------------------------------------------------
 
@@ -249,8 +273,18 @@ class Tracker:
             value = (status.get(part) or {}).get(gpu)
             if value is not None:
                 summary["status"][part][gpu] = value
+        info = status.get("nodeInfo") or {}
+        now_versions = (
+            str(info.get("kubeletVersion") or ""),
+            str(info.get("containerRuntimeVersion") or ""),
+        )
         with self.lock:
             self.nodes[name] = summary
+            current = self.versions.get(name)
+            if current is None:
+                self.versions[name] = (now_versions, None, 0.0)
+            elif current[0] != now_versions:
+                self.versions[name] = (now_versions, current[0], time.time())
         self._node_check(name)
 
     def _node_check(self, name: str) -> None:
@@ -260,10 +294,41 @@ class Tracker:
                 return
             devs = (self.index.get(r) for r in self.node_rids.get(name, ()))
             seen = len({d.uuid for d in devs if d is not None and d.uuid})
-            finding = self._finder.node_finding(summary, seen, bool(self.index))
+            capacity = (summary.get("status") or {}).get("capacity", {}).get("nvidia.com/gpu")
+            try:
+                have = int(str(capacity)) if capacity is not None else seen
+            except ValueError:
+                have = seen
+            if hami.is_hami_node(summary):  # nvidia.com/gpu counts HAMi's shares, not GPUs
+                try:
+                    have = len(hami.node_gpus(summary) or [])
+                except hami.HamiFormatError:
+                    have = 0  # unreadable: node_finding says so; nothing learnt
+            finding = self._finder.node_finding(
+                summary, seen, bool(self.index), last_seen=self.max_gpus.get(name)
+            )
+            if finding is not None and finding.vanished:
+                self.vanished.add(name)
+            else:
+                self.vanished.discard(name)
+                if have:
+                    self.max_gpus[name] = max(have, self.max_gpus.get(name, 0))
             findings = [finding] if finding else []
             findings += self._finder.hami_findings(summary)
         self.set_source(f"node:{name}", findings)
+
+    def recorded(self, name: str) -> RecordedNode:
+        """What the node looked like before its GPUs vanished: the versions before its last
+        kubelet / runtime change (when that change came within RECENT_CHANGE), the most GPUs
+        seen on it."""
+        with self.lock:
+            now, before, changed = self.versions.get(name, (("", ""), None, 0.0))
+            old = before if before is not None and time.time() - changed < RECENT_CHANGE else now
+            return RecordedNode(
+                kubelet_version=old[0],
+                runtime_version=old[1],
+                gpu_count=self.max_gpus.get(name),
+            )
 
 
 class _KindHandler:
@@ -300,11 +365,13 @@ class HealthWatcher:
         finder: SweepActivities | None = None,
         on_node: Callable[[SweepFinding], Awaitable[Any]] | None = None,
         use_lease: bool = True,
+        on_vanished: Callable[[NodeIncidentInput], Awaitable[Any]] | None = None,
     ) -> None:
         self.config = config or WatcherConfig()
         self._kube = kube
         self._launch = launch
         self._on_node = on_node
+        self._on_vanished = on_vanished  # starts the node's incident (signal-with-start)
         self.elector = (
             LeaseElector(
                 kube,
@@ -501,6 +568,12 @@ class HealthWatcher:
                     del self._unknown[pair]  # healthy again (or the pod went away)
                 elif now >= due:
                     del self._unknown[pair]
+                    if finding.node in self.tracker.vanished:
+                        # The GPU vanished with its node's plugin: the node incident's, never a
+                        # per-GPU remediation.
+                        log.info("watch: %s Unknown on a node whose GPUs vanished", finding.key)
+                        self.stats.left_to_node_incident += 1
+                        continue
                     late = finding.model_copy(
                         update={
                             "message": f"{finding.message} (Unknown for over "
@@ -516,6 +589,9 @@ class HealthWatcher:
             if what == "unknown":
                 pair = (finding.key, finding_fingerprint(finding))
                 self._unknown[pair] = (time.monotonic() + self.config.unknown_timeout, finding)
+                continue
+            if what == "node" and finding.vanished and self._on_vanished is not None:
+                await self._start_node_incident(finding)
                 continue
             if what == "node":
                 if self._on_node is not None:
@@ -533,6 +609,38 @@ class HealthWatcher:
                 cluster=self.config.cluster,
             )
             await self._launch_until_done(finding, req)
+
+    async def _start_node_incident(self, finding: SweepFinding) -> None:
+        """One node incident per node whose GPUs vanished; retried like a launch, then left to
+        the sweep."""
+        assert finding.node and self._on_vanished is not None
+        recorded = self.tracker.recorded(finding.node)
+        inp = NodeIncidentInput(
+            node=finding.node,
+            cluster=self.config.cluster,
+            trigger="watch",
+            reason=finding.message,
+            # A plugin pod's finding carries no count: the most GPUs seen on the node.
+            expected_gpus=finding.expected_gpus or recorded.gpu_count,
+            recorded=recorded,
+            dry_run=self.config.dry_run,
+            task_queue=self.config.task_queue,
+        )
+        deadline = time.monotonic() + LAUNCH_GIVE_UP
+        delay = 0.5
+        while True:
+            try:
+                await self._on_vanished(inp)
+                self.stats.node_incidents += 1
+                log.warning("watch: %s; node incident started", finding.message)
+                return
+            except Exception as exc:
+                self.stats.launch_errors += 1
+                if time.monotonic() > deadline or not self.tracker.present(finding):
+                    log.error("watch: node incident of %s not started (%s)", finding.node, exc)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(LAUNCH_BACKOFF_MAX, delay * 2)
 
     async def _launch_until_done(self, finding: SweepFinding, req: LaunchRequest) -> None:
         deadline = time.monotonic() + LAUNCH_GIVE_UP
@@ -585,6 +693,7 @@ def build_health_watcher(client: Any, settings: Settings, kube: Kube) -> HealthW
     """The watcher `sickbay worker` runs: launches through signal-with-start on `client`, and
     a node short of GPUs triggers the sweep Schedule (which notifies the channels)."""
     from activities.launch import signal_with_start
+    from activities.node_launch import start_node_incident
     from contract.names import sweep_schedule_id
 
     sweep = settings.sweep
@@ -612,4 +721,7 @@ def build_health_watcher(client: Any, settings: Settings, kube: Kube) -> HealthW
         await client.get_schedule_handle(sweep_schedule_id(cfg.cluster)).trigger()
         log.info("watch: %s; triggered the health sweep to notify", finding.message)
 
-    return HealthWatcher(kube, launch, cfg, on_node=on_node)
+    async def on_vanished(inp: NodeIncidentInput) -> Any:
+        return await start_node_incident(client, inp, task_queue=settings.task_queue)
+
+    return HealthWatcher(kube, launch, cfg, on_node=on_node, on_vanished=on_vanished)

@@ -2,7 +2,9 @@
 
     sweep-cluster ──> Unhealthy / driver-tainted devices ──> signal-with-start each device
          │                                                    workflow (never a second one)
-         ├──> node-capacity findings (a GPU vanished) ──> notify the channels; never taint
+         ├──> GPUs vanished from a node ──> signal-with-start its node incident
+         │        (workflows/node_incident/: one per node, never a per-GPU remediation)
+         ├──> other node-capacity findings (allocatable < capacity) ──> notify; never taint
          ├──> pod health Sickbay cannot map to a GPU ──> WARNING + notify; never taint
          └──> Unknown devices ──> sleep(unknown_timeout) ──> sweep-cluster(only those)
                                                           ──> still Unknown/Unhealthy: start
@@ -32,11 +34,13 @@ with workflow.unsafe.imports_passed_through():
     from contract.names import (
         ACT_NOTIFY,
         ACT_SIGNAL_WITH_START,
+        ACT_START_NODE_INCIDENT,
         ACT_SWEEP_CLUSTER,
         WF_SWEEP,
         node_notice_workflow_id,
         scoped,
     )
+    from contract.node_incident import NodeIncidentInput, NodeLaunch
     from contract.notify import Incident, NotifyInput, NotifyResult
     from contract.remediation import AlertEvidence, Phase, RemediationInput, Trigger
     from contract.sweep import SweepClusterInput, SweepFinding, SweepInput, SweepReport, SweepResult
@@ -134,7 +138,8 @@ class HealthSweepWorkflow:
         self._result.unresolved = sorted({f.resource_id for f in report.unresolved})
         unknown = [f for f in report.findings if f.health == "Unknown"]
         await self._launch_all([f for f in report.findings if f.health != "Unknown"], inp)
-        await self._notify_nodes(report.nodes, inp)
+        await self._node_incidents([f for f in report.nodes if f.vanished], inp)
+        await self._notify_nodes([f for f in report.nodes if not f.vanished], inp)
         for f in report.unresolved:
             workflow.logger.warning("sweep: %s", f.message)
         await self._notify_unresolved(report.unresolved, inp)
@@ -216,6 +221,37 @@ class HealthSweepWorkflow:
                 "sickbay_sweep_missed_by_watch",
                 "device failures the health sweep found that the health watcher had not launched",
             ).add(1)
+
+    async def _node_incidents(self, nodes: list[SweepFinding], inp: SweepInput) -> None:
+        """One node incident per node whose GPUs vanished (signalled when it runs)."""
+        for f in nodes:
+            assert f.node
+            req = NodeLaunch(
+                incident=NodeIncidentInput(
+                    node=f.node,
+                    cluster=inp.cluster,
+                    trigger="sweep",
+                    reason=f.message,
+                    expected_gpus=f.expected_gpus,
+                    dry_run=inp.dry_run,
+                    task_queue=inp.task_queue,
+                ),
+                task_queue=inp.task_queue,
+            )
+            try:
+                res = await workflow.execute_activity(
+                    ACT_START_NODE_INCIDENT,
+                    req,
+                    start_to_close_timeout=LAUNCH_TIMEOUT,
+                    retry_policy=LAUNCH_RETRY,
+                    result_type=LaunchResult,
+                )
+            except ActivityError as exc:
+                workflow.logger.warning(
+                    "could not start the node incident of %s: %s", f.node, exc.cause
+                )
+                continue
+            self._result.node_incidents.append(res.workflow_id)
 
     async def _notify_nodes(self, nodes: list[SweepFinding], inp: SweepInput) -> None:
         for f in nodes:

@@ -12,6 +12,9 @@ kustomize component (deploy/components/<name>, `kind: Component`) named after wh
 switches on, the role that carries its grants, and the grants. `sickbay doctor` derives the
 needed grants from the loaded runbooks through it (`needed`, `features_in_use`), and a test
 holds deploy/ to it: every component grants exactly what its features need.
+The node incident's grants (`sickbay-node-incident`, deploy/rbac-node-incident.yaml: node taint
+and condition, the GPU plugin pod's restart) are installed by default, as `nodeIncident.enabled`
+is; `needed` names the runbook that enables it.
 """
 
 from __future__ import annotations
@@ -59,11 +62,13 @@ COMPONENTS = {
     ROLE_REPAIR_MACHINES: "repair-cluster-api",
     ROLE_SCALE_CLUSTER_API: "scale-up-cluster-api",
 }
+ROLE_NODE_INCIDENT = "sickbay-node-incident"  # deploy/rbac-node-incident.yaml (not a component)
 ROLE_FILES = {
     "sickbay": "deploy/rbac.yaml",
     ROLE_HEALTH_WATCHER: "deploy/rbac.yaml",
     ROLE_CLUSTER_NAME: "deploy/rbac.yaml",
     **{role: f"deploy/components/{name}/rbac.yaml" for role, name in COMPONENTS.items()},
+    ROLE_NODE_INCIDENT: "deploy/rbac-node-incident.yaml",
 }
 
 PERMISSIONS: tuple[Permission, ...] = (
@@ -193,6 +198,39 @@ PERMISSIONS: tuple[Permission, ...] = (
         "ever updated or deleted)",
         role=ROLE_CLUSTER_NAME,
         namespaced=True,
+    ),
+    Permission(
+        "",
+        "nodes",
+        ("patch",),
+        "node incident: Sickbay's taint sickbay.dev/gpus-vanished (or cordon) on a node whose "
+        "GPUs vanished, the plugin-restart record (all undone by Sickbay)",
+        False,
+        ROLE_NODE_INCIDENT,
+    ),
+    Permission(
+        "",
+        "nodes/status",
+        ("patch",),
+        "node incident: the node condition GPUDevicesAvailable",
+        False,
+        ROLE_NODE_INCIDENT,
+    ),
+    Permission(
+        "",
+        "pods",
+        ("delete",),
+        "node incident: restart the GPU plugin pod on the node (once per attempt)",
+        False,
+        ROLE_NODE_INCIDENT,
+    ),
+    Permission(
+        "node.k8s.io",
+        "runtimeclasses",
+        ("get",),
+        "node incident: the diagnosis checks the RuntimeClass the GPU plugin names",
+        False,
+        ROLE_NODE_INCIDENT,
     ),
     Permission(
         "authorization.k8s.io",
@@ -365,6 +403,14 @@ def needed(
     needed."""
     if permission.required:
         return ["always"]
+    if permission.role == ROLE_NODE_INCIDENT:
+        # The node incident reads the runbook named default, else the first one.
+        chosen = next((r for r in runbooks if r.name == "default"), None) or (
+            runbooks[0] if runbooks else None
+        )
+        if chosen is None or not chosen.spec.node_incident.enabled:
+            return []
+        return [f"runbook {chosen.name} (nodeIncident.enabled)"]
     grants = feature_grants(permission)
     out: list[str] = []
     for feature in FEATURES:

@@ -59,7 +59,17 @@ def test_list_and_bad_arguments(
     monkeypatch.setenv("SICKBAY_STATE_DIR", str(tmp_path))
     assert main(["demo", "--list"]) == 0
     listed = capsys.readouterr().out
-    for name in ("seed", "training", "vgpu", "budget", "app-xid", "churn", "eks", "eks-repair"):
+    for name in (
+        "seed",
+        "training",
+        "vgpu",
+        "budget",
+        "app-xid",
+        "churn",
+        "eks",
+        "eks-repair",
+        "upgrade",
+    ):
         assert re.search(rf"^{name}\s", listed, re.M), listed
     with pytest.raises(SystemExit) as bad:
         main(["demo", "--time-scale", "0"])

@@ -61,8 +61,12 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     assert results["storm"]["alerts"] == 240
     assert results["memory"]["remediations"] == 16
     assert [r["granted"] for r in results["budget"]["rounds"]] == [6]  # the quick limit
+    node = results["node_upgrade"]["seconds"]  # one round of each upgrade story
+    assert node["socket: vanish -> diagnosis"]["n"] == node["socket: vanish -> GPUs back"]["n"] == 1
+    assert node["hook: vanish -> page"]["n"] == 1
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "## Summary" in text and "Quick mode" in text
+    assert "## Node upgrade: GPUs that vanish" in text
     for name in ("latency", "storm", "memory"):
         png = tmp_path / "plots" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

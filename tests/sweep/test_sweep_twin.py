@@ -4,8 +4,9 @@ fault injection), on the Temporal dev server with the real activities.
 Cases:
 - a Deployment's pod gets a GPU; the twin kills that GPU (Xid 79) and its kubelet reports the
   pod's device Unhealthy; another GPU of the node vanishes from the ResourceSlice. One sweep
-  starts exactly one remediation, for the killed GPU, and notifies about the node short of a
-  GPU without starting anything for it; a second sweep only signals the same workflow.
+  starts exactly one remediation, for the killed GPU, and one node incident for the node
+  short of a GPU (no notice, no remediation for the vanished GPU); a second sweep only
+  signals the same two workflows.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from temporalio.worker import Worker
 
 from activities.kube.client import Kube, KubeSettings
 from activities.launch import LaunchActivities
+from activities.node_launch import NodeLaunchActivities
 from activities.sweep import SweepActivities
-from contract.names import ACT_NOTIFY, device_workflow_id
+from contract.names import ACT_NOTIFY, device_workflow_id, node_workflow_id
 from contract.notify import NotifyInput, NotifyResult
 from contract.sweep import SweepInput, SweepResult
 from tests.webhook.helpers import count_runs, history_counts
@@ -167,6 +169,7 @@ async def test_twin_fault_to_one_remediation(
         activities=[
             SweepActivities(kube).sweep_cluster,
             LaunchActivities(client, device_queue).signal_with_start_remediation,
+            NodeLaunchActivities(client, device_queue).signal_with_start_node_incident,
             notify,
         ],
     ):
@@ -184,9 +187,12 @@ async def test_twin_fault_to_one_remediation(
     first, second = results
     assert first.started == [wid] and first.signalled == []
     assert second.started == [] and second.signalled == [wid]
-    assert first.notified_nodes == [node]
-    assert "GPU(s) missing" in notices[0].incident.summary and notices[0].channel == "ops"
-    assert await count_runs(client, f"TaskQueue = '{device_queue}'", expect=1) == 1
+    node_wid = node_workflow_id(node)
+    assert first.node_incidents == [node_wid] and second.node_incidents == [node_wid]
+    assert first.notified_nodes == [] and notices == []
+    assert await count_runs(client, f"TaskQueue = '{device_queue}'", expect=2) == 2
     counts = await history_counts(client, wid)
     assert counts == {"started": 1, "signaled": 2}
+    assert await history_counts(client, node_wid) == {"started": 1, "signaled": 2}
     await client.get_workflow_handle(wid).terminate("test done")
+    await client.get_workflow_handle(node_wid).terminate("test done")

@@ -23,7 +23,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from contract.names import device_workflow_id
+from contract.names import device_workflow_id, node_workflow_id
 from tests.workflows.histories import patch_markers
 from worker.main import WORKFLOWS
 
@@ -42,6 +42,8 @@ def recorded_workflow_id(text: str) -> str:
     history JSON does not carry the workflow id, and the workflow checks its own id)."""
     started = json.loads(text)["events"][0]["workflowExecutionStartedEventAttributes"]
     payload = json.loads(base64.b64decode(started["input"]["payloads"][0]["data"]))
+    if "device" not in payload:  # a node incident (NodeIncidentInput)
+        return node_workflow_id(payload["node"], payload.get("cluster", ""))
     return device_workflow_id(payload["device"]["node"], payload["device"]["gpu_uuid"])
 
 

@@ -26,6 +26,7 @@ from contract.names import (
     WF_BUDGET,
     WF_GPU_LEDGER,
     WF_MAINTENANCE,
+    WF_NODE_INCIDENT,
     WF_POOL_SCALER,
     WF_REJECTIONS,
     WF_REMEDIATE,
@@ -47,6 +48,7 @@ def test_workflows_registered_by_name() -> None:
         WF_POOL_SCALER,
         WF_SWEEP,
         WF_GPU_LEDGER,
+        WF_NODE_INCIDENT,
     ]
     assert len(names) == len(set(names))
     # The worker's map holds the name each workflow is defined with (the SDK's own record).
@@ -104,7 +106,8 @@ def test_remediation_requires_every_activity_it_calls(
     without = [a for a in built.activities if worker_main.activity_name(a) != ACT_CORDON]
     assert len(without) == len(built.activities) - 1
     assert worker_main.missing_activities(worker_main.WORKFLOWS, without) == {
-        WF_REMEDIATE: [ACT_CORDON]
+        WF_REMEDIATE: [ACT_CORDON],
+        WF_NODE_INCIDENT: [ACT_CORDON],  # its reboot / replace rungs drain like the remediation's
     }
 
 

@@ -60,6 +60,7 @@ from twin.errors import ApiError
 log = logging.getLogger(__name__)
 
 CRASH_EXIT_CODE = 1
+TWIN_GPU_PLUGIN = "twin.sickbay.dev/gpu-plugin"  # twin/upgrade.py's ANN_PLUGIN
 TERMINATED_BY_SIGNAL = 137  # SIGKILL after the grace period, as the runtime reports it
 
 
@@ -188,6 +189,8 @@ class Kubelet:
             live.add(uid_of(pod))
             if pod["spec"]["nodeName"] not in nodes:
                 continue  # the node is gone: the pod garbage collector removes the pod
+            if TWIN_GPU_PLUGIN in (meta(pod).get("annotations") or {}):
+                continue  # twin/upgrade.py's GpuPlugins runs the GPU plugin pods
             try:
                 wait = self._sync_pod(ctx, pod, claims_by_ns.get(ns_of(pod), {}))
             except ApiError as err:

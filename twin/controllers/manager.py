@@ -219,6 +219,7 @@ class ControllerManager:
             StatefulSetController,
         )
         from twin.faults import FaultInjector
+        from twin.upgrade import GpuPlugins
 
         self.twin = twin
         self.store = twin.store
@@ -234,6 +235,7 @@ class ControllerManager:
         self.repairs = NodeRepairs(self)
         self.scheduler = Scheduler(self)
         self.taints = DeviceTaintEviction(self)
+        self.gpu_plugins = GpuPlugins(self)  # off until installed (twin/upgrade.py)
         # The controllers a DeviceTaintRule change wakes (no other reads rules).
         self.rule_readers = [self.taints, self.scheduler]
         self.controllers = [
@@ -251,6 +253,7 @@ class ControllerManager:
             MachineRemediation(self),
             MachineDeploymentController(self),
             GarbageCollector(self),
+            self.gpu_plugins,
         ]
         if bool(getattr(profile, "hami", False)):
             from twin.controllers.hami import HamiController
@@ -267,6 +270,7 @@ class ControllerManager:
                     "alerts": self.alerts,
                     "node_pools": self.node_pools,
                     "repairs": self.repairs,
+                    "gpu_plugins": self.gpu_plugins,
                     "container_output": self.kubelet.output,
                 }
             )

@@ -32,6 +32,7 @@ from activities.kube.permissions import (
     ROLE_CLUSTER_NAME,
     ROLE_FORCE_DELETE,
     ROLE_HEALTH_WATCHER,
+    ROLE_NODE_INCIDENT,
     ROLE_NODE_PATCH,
     ROLE_REPAIR,
 )
@@ -52,6 +53,8 @@ def _runbooks(tmp_path: Path, force: str, on_churn: str = "cordon") -> Path:
         "apiVersion: sickbay/v1\nkind: Runbook\nmetadata:\n  name: stuck-pods\n"
         f"spec:\n  eviction:\n    mode: taint\n    force: {force}\n"
         f"  replacement:\n    onChurn: {on_churn}\n"
+        # The node incident's grants are checked on their own (below): off here.
+        "  nodeIncident:\n    enabled: false\n"
     )
     return directory
 
@@ -158,8 +161,21 @@ def test_needed_names_the_runbook_choice_of_each_optional_grant() -> None:
     forcing = runbook("forcing", {"eviction": {"force": "delete"}})
     capi = runbook("capi", {"scaleUp": {"enabled": True, "provider": "cluster-api", "maxSize": 4}})
     optional = [p for p in PERMISSIONS if not p.required]
-    by_resource = {p.resource: p for p in optional}
-    assert len(by_resource) == len(optional)  # one optional Permission per resource
+    by_resource = {p.resource: p for p in optional if p.role != ROLE_NODE_INCIDENT}
+    # one optional Permission per resource, the node incident's (a role of its own) aside
+    assert len(by_resource) == len([p for p in optional if p.role != ROLE_NODE_INCIDENT])
+    node_incident = [p for p in optional if p.role == ROLE_NODE_INCIDENT]
+    assert {(p.resource, p.verbs) for p in node_incident} == {
+        ("nodes", ("patch",)),
+        ("nodes/status", ("patch",)),
+        ("pods", ("delete",)),
+        ("runtimeclasses", ("get",)),
+    }
+    default_off = runbook("default", {"nodeIncident": {"enabled": False}})
+    for p in node_incident:  # read from the runbook named default, else the first
+        assert needed(p, [forcing, plain], True) == ["runbook forcing (nodeIncident.enabled)"]
+        assert needed(p, [plain, default_off], True) == []
+        assert needed(p, [], True) == []
     assert set(by_resource) == {
         "nodes",
         "pods",

@@ -1,0 +1,271 @@
+"""The node incident's activities (activities/kube/node_diagnosis.py) against the twin with its
+controllers and its GPU plugin pods (twin/upgrade.py).
+
+Cases:
+- diagnose, device plugin, toolkit hook broken by a kubelet upgrade: capacity 0 of 2, the
+  plugin pod's CreateContainerError and its `Failed` Event read, cause `toolkit-hook`, not
+  restartable, the summary naming the kubelet change (from what Sickbay recorded) and the
+  other nodes of the pool still on the old version; a healthy node: not vanished; a second
+  node of the pool losing its GPUs too is named in `pool_vanished`;
+- diagnose, DRA, lost socket: the slice lost its devices, the plugin is Ready: cause
+  `driver-not-publishing`, restartable;
+- contain and release: the condition GPUDevicesAvailable=False with the reason, Sickbay's
+  NoSchedule taint (annotated); release sets the condition True and removes only its taint;
+  a taint someone else set is left alone;
+- restart-gpu-plugin: deletes the plugin pod once per attempt: the same attempt run again (a
+  retried activity) deletes nothing more, though the DaemonSet's new pod is there; the next
+  attempt restarts again; wait-for-gpus-back answers StillWaiting, then the GPUs once back;
+- find-gpu-pods-on-node: the pod asking for nvidia.com/gpu, not the CPU pod nor the plugin;
+
+Every case runs through a proxy enforcing the roles deploy/rbac*.yaml ship: nothing the node
+incident asks is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.kube.node_diagnosis import NodeIncidentActivities
+from contract.errors import ERR_STILL_WAITING
+from contract.names import NODE_TAINT_KEY
+from contract.node_incident import (
+    ContainNodeInput,
+    DiagnoseNodeInput,
+    GpuPodsInput,
+    GpusBackResult,
+    RecordedNode,
+    ReleaseNodeInput,
+    RestartPluginInput,
+    WaitGpusBackInput,
+)
+from tests.activities.kube.conftest import KubeTwin, twin
+from tests.activities.kube.rbac_proxy import deploy_rules
+from twin.clock import Clock
+from twin.controllers.manager import ControllerManager, TwinOptions
+from twin.upgrade import NAMESPACE
+
+WAIT = 30.0
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Any]:
+    stack: list[Any] = []
+
+    def start(profile: str, **seed: Any) -> tuple[KubeTwin, NodeIncidentActivities]:
+        cm = twin(
+            tmp_path,
+            profile,
+            controllers=ControllerManager(TwinOptions(pod_startup_seconds=1)),
+            clock=Clock(time_scale=20),
+            proxy_rules=deploy_rules(),
+            **seed,
+        )
+        t = cm.__enter__()
+        stack.append(cm)
+        t.twin.extensions["gpu_plugins"].install()
+        acts = NodeIncidentActivities(t.acts.kube)
+        stack.append(acts)
+        return t, acts
+
+    yield start
+    for item in reversed(stack):
+        if isinstance(item, NodeIncidentActivities):
+            item.close()
+        else:
+            item.__exit__(None, None, None)
+
+
+async def _until(check: Any) -> Any:
+    deadline = time.monotonic() + WAIT
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, "not reached"
+        await asyncio.sleep(0.05)
+
+
+def _plugin_pods(t: KubeTwin, node: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in t.store.list("pods", namespace=NAMESPACE).items
+        if p["spec"].get("nodeName") == node
+        and "validator" not in p["metadata"]["name"]
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def _upgrade(t: KubeTwin, node: str, **kw: Any) -> Any:
+    return t.twin.extensions["gpu_plugins"].upgrade(node, **kw)
+
+
+async def test_diagnose_names_the_hook_and_the_kubelet_change(make: Any) -> None:
+    t, acts = make("device-plugin", nodes=3)
+    node = t.node(0)
+    await _until(lambda: len(_plugin_pods(t, node)) == 1)
+    healthy = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node, expected_gpus=2))
+    assert not healthy.vanished and healthy.capacity == 2
+
+    before = t.store.get("nodes", node)["status"]["nodeInfo"]["kubeletVersion"]
+    _upgrade(t, node, kubelet="v1.37.1", breaks="hook")
+    await _until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "0")
+    d = await t.run(
+        acts.diagnose_node,
+        DiagnoseNodeInput(node=node, recorded=RecordedNode(kubelet_version=before, gpu_count=2)),
+    )
+    assert d.vanished and d.mode == "device-plugin"
+    assert (d.capacity, d.expected_gpus) == (0, 2)
+    assert d.cause == "toolkit-hook" and not d.restartable
+    [plugin] = [p for p in d.plugin_pods if p.component == "device-plugin"]
+    assert plugin.waiting_reason == "CreateContainerError"
+    assert "/usr/bin/nvidia-container-toolkit" in plugin.waiting_message
+    assert any(e.startswith("Failed: ") for e in plugin.events)
+    assert plugin.runtime_class == "nvidia"
+    assert d.kubelet_version == "v1.37.1"
+    assert f"since its kubelet went from {before} to v1.37.1" in d.summary
+    assert d.peers == {before: 2}
+    assert f"2 other nodes of the pool run {before}" in d.summary
+    assert "(0 of 2 GPUs published)" in d.summary
+    assert d.pool_vanished == []
+
+    # The rollout goes on: a second node of the pool loses its GPUs too (pool incident input).
+    second = t.node(1)
+    _upgrade(t, second, kubelet="v1.37.1", breaks="hook")
+    await _until(
+        lambda: t.store.get("nodes", second)["status"]["capacity"]["nvidia.com/gpu"] == "0"
+    )
+    d2 = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
+    assert d2.pool_vanished == [second]
+    assert d2.peers == {before: 1, "v1.37.1": 1}
+
+
+async def test_diagnose_dra_lost_socket_is_restartable(make: Any) -> None:
+    t, acts = make("1.36", nodes=1)
+    node = t.node(0)
+    await _until(lambda: len(_plugin_pods(t, node)) == 1)
+    _upgrade(t, node, breaks="socket")
+    d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node, expected_gpus=2))
+    assert d.mode == "dra" and d.published == 0 and d.vanished
+    assert d.cause == "driver-not-publishing" and d.restartable
+    assert "publishes fewer GPUs" in d.summary
+
+
+async def test_contain_and_release_touch_only_what_sickbay_set(make: Any) -> None:
+    t, acts = make("device-plugin", nodes=2)
+    node, other = t.node(0), t.node(1)
+    inp = ContainNodeInput(
+        node=node, workflow_id="sickbay-node-x", reason="ToolkitHook", message="the hook fails"
+    )
+    res = await t.run(acts.contain_node, inp)
+    assert res.changed
+    again = await t.run(acts.contain_node, inp)
+    assert not again.changed
+    obj = t.store.get("nodes", node)
+    [cond] = [c for c in obj["status"]["conditions"] if c["type"] == "GPUDevicesAvailable"]
+    assert (cond["status"], cond["reason"], cond["message"]) == (
+        "False",
+        "ToolkitHook",
+        "the hook fails",
+    )
+    assert any(c["type"] == "Ready" for c in obj["status"]["conditions"])  # kubelet's stays
+    assert {"key": NODE_TAINT_KEY, "value": "true", "effect": "NoSchedule"} in obj["spec"]["taints"]
+
+    # Someone else's taint of the same key on the other node is never removed.
+    t.store.mutate(
+        "nodes",
+        other,
+        lambda o: o["spec"].update(taints=[{"key": NODE_TAINT_KEY, "effect": "NoSchedule"}]),
+    )
+    await t.run(acts.release_node, ReleaseNodeInput(node=other, workflow_id="sickbay-node-x"))
+    assert t.store.get("nodes", other)["spec"]["taints"]
+
+    rel = await t.run(acts.release_node, ReleaseNodeInput(node=node, workflow_id="sickbay-node-x"))
+    assert rel.changed
+    obj = t.store.get("nodes", node)
+    assert not [x for x in obj["spec"].get("taints") or [] if x["key"] == NODE_TAINT_KEY]
+    [cond] = [c for c in obj["status"]["conditions"] if c["type"] == "GPUDevicesAvailable"]
+    assert cond["status"] == "True"
+
+
+async def test_restart_once_per_attempt_then_gpus_back(make: Any) -> None:
+    t, acts = make("device-plugin", nodes=1)
+    node = t.node(0)
+    await _until(lambda: len(_plugin_pods(t, node)) == 1)
+    _upgrade(t, node, breaks="socket")
+    await _until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "0")
+    with pytest.raises(ApplicationError) as err:
+        await t.run(acts.wait_for_gpus_back, WaitGpusBackInput(node=node, expected_gpus=2))
+    assert err.value.type == ERR_STILL_WAITING and "0 of 2" in str(err.value)
+
+    [old] = _plugin_pods(t, node)
+    inp = RestartPluginInput(node=node, workflow_id="sickbay-node-x", attempt=1)
+    first = await t.run(acts.restart_gpu_plugin, inp)
+    assert first.restarted == [f"{NAMESPACE}/{old['metadata']['name']}"] and not first.already
+    [new] = await _until(
+        lambda: [p for p in _plugin_pods(t, node) if p["metadata"]["uid"] != old["metadata"]["uid"]]
+    )
+    again = await t.run(acts.restart_gpu_plugin, inp)  # a retried activity
+    assert again.already and again.restarted == []
+    assert [p["metadata"]["uid"] for p in _plugin_pods(t, node)] == [new["metadata"]["uid"]]
+
+    back: GpusBackResult | None = None
+    deadline = time.monotonic() + WAIT
+    while back is None:
+        try:
+            back = await t.run(
+                acts.wait_for_gpus_back, WaitGpusBackInput(node=node, expected_gpus=2)
+            )
+        except ApplicationError as e:
+            assert e.type == ERR_STILL_WAITING and time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+    assert len(back.gpu_uuids) == 2 and back.mode == "device-plugin"
+
+    nxt = await t.run(acts.restart_gpu_plugin, inp.model_copy(update={"attempt": 2}))
+    assert nxt.restarted == [f"{NAMESPACE}/{new['metadata']['name']}"]
+
+
+async def test_find_gpu_pods_lists_the_workloads_holding_gpus(make: Any) -> None:
+    t, acts = make("device-plugin", nodes=1)
+    node = t.node(0)
+    ns = "ml"
+    t.namespace(ns)
+
+    def pod(name: str, gpus: int) -> dict[str, Any]:
+        res = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+        return {
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "m", "image": "x", "resources": res}],
+            },
+        }
+
+    t.store.create("pods", pod("trainer", 1), namespace=ns)
+    t.store.create("pods", pod("web", 0), namespace=ns)
+    await _until(lambda: len(_plugin_pods(t, node)) == 1)  # the GPU plugin pod: never listed
+    found = await t.run(acts.find_gpu_pods, GpuPodsInput(node=node))
+    assert [(p.namespace, p.name) for p in found.pods] == [(ns, "trainer")]
+
+
+async def test_a_healed_break_s_events_do_not_name_today_s_cause(make: Any) -> None:
+    """The hook broke and was fixed (the plugin pod Ready again, its Failed Events still
+    listed); the next upgrade loses the socket: restartable, not `toolkit-hook`."""
+    t, acts = make("device-plugin", nodes=1)
+    node = t.node(0)
+    await _until(lambda: len(_plugin_pods(t, node)) == 1)
+    _upgrade(t, node, breaks="hook")
+    t.twin.extensions["gpu_plugins"].recover(node)
+    await _until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "2")
+    _upgrade(t, node, breaks="socket")
+    await _until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "0")
+    d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node, expected_gpus=2))
+    [plugin] = [p for p in d.plugin_pods if p.component == "device-plugin"]
+    assert plugin.ready and any(e.startswith("Failed: ") for e in plugin.events)  # history
+    assert d.cause == "plugin-not-registered" and d.restartable

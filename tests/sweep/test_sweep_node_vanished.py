@@ -1,0 +1,127 @@
+"""The sweep and a node whose GPUs vanished after an upgrade (twin/upgrade.py), device plugin,
+a pod on one of the node's GPUs.
+
+Cases:
+- the toolkit hook breaks the plugin: one `vanished` node finding for the node (capacity 0 <
+  the count label: the node incident's), the pod's Unknown GPU is no finding (never a per-GPU
+  remediation), the other node nothing;
+- a GPU plugin pod that cannot run (CreateContainerError, CrashLoopBackOff) is a vanished node
+  finding on its own; one that is merely starting (ContainerCreating), Ready, deleting or
+  not a GPU plugin is none.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+
+from activities.kube.client import Kube, KubeSettings
+from activities.sweep import SweepActivities, plugin_pod_finding
+from contract.sweep import SweepClusterInput
+from twin.clock import Clock
+from twin.controllers.manager import ControllerManager, TwinOptions
+from twin.testing import start_twin
+
+
+def _wait(check: Any, within: float = 30.0) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, "not reached"
+        time.sleep(0.05)
+
+
+def test_vanished_node_is_one_node_finding_and_no_device_finding(tmp_path: Path) -> None:
+    manager = ControllerManager(TwinOptions(pod_startup_seconds=1))
+    rs = start_twin(
+        tmp_path,
+        profile="device-plugin",
+        nodes=2,
+        gpus_per_node=2,
+        node_prefix=f"s-{uuid.uuid4().hex[:5]}-",
+        clock=Clock(time_scale=100.0),
+        controllers=(manager,),
+    )
+    try:
+        node, other = rs.twin.seed_info["nodes"]
+        core = k8s.CoreV1Api(rs.api_client())
+        core.create_namespace({"metadata": {"name": "ml"}})
+        limits = {"nvidia.com/gpu": "1"}
+        core.create_namespaced_pod(
+            "ml",
+            {
+                "metadata": {"name": "trainer"},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "m", "image": "x", "resources": {"limits": limits}}],
+                },
+            },
+        )
+        _wait(lambda: core.read_namespaced_pod("trainer", "ml").status.phase == "Running")
+        manager.gpu_plugins.install()
+        manager.gpu_plugins.upgrade(node, kubelet="v1.99.0", breaks="hook")
+
+        def unknown() -> bool:
+            pod = core.read_namespaced_pod("trainer", "ml")
+            return any(
+                r.health == "Unknown"
+                for cs in pod.status.container_statuses or []
+                for e in cs.allocated_resources_status or []
+                for r in e.resources or []
+            )
+
+        _wait(unknown)
+        sweep = SweepActivities(
+            Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
+        )
+        report = _wait(lambda: (r := sweep.sweep(SweepClusterInput())).nodes and r)
+        [finding] = report.nodes
+        assert finding.node == node and finding.vanished and finding.expected_gpus == 2
+        assert report.findings == [], "a vanished GPU must be no per-GPU finding"
+        pod = core.read_namespaced_pod("trainer", "ml")
+        [gpu] = [
+            r.resource_id
+            for cs in pod.status.container_statuses
+            for e in cs.allocated_resources_status or []
+            for r in e.resources or []
+        ]
+        # The workflow's re-check of Unknown devices drops it as well.
+        again = sweep.sweep(SweepClusterInput(only_unknown=[f"{node}/{gpu}"]))
+        assert again.findings == [] and again.nodes == []
+    finally:
+        rs.stop()
+
+
+def _pod(reason: str = "", labels: dict[str, str] | None = None, **meta: Any) -> dict[str, Any]:
+    state = {"waiting": {"reason": reason, "message": "boom"}} if reason else {"running": {}}
+    return {
+        "metadata": {
+            "name": "p",
+            "namespace": "gpu-operator",
+            "labels": labels if labels is not None else {"app": "nvidia-device-plugin-daemonset"},
+            **meta,
+        },
+        "spec": {"nodeName": "n1"},
+        "status": {"containerStatuses": [{"name": "c", "state": state, "ready": not reason}]},
+    }
+
+
+def test_plugin_pod_that_cannot_run_is_a_vanished_node_finding() -> None:
+    for reason in ("CreateContainerError", "CrashLoopBackOff"):
+        f = plugin_pod_finding(_pod(reason))
+        assert f is not None and f.vanished and f.node == "n1" and reason in f.message
+    dra = _pod("CrashLoopBackOff", {"app.kubernetes.io/name": "nvidia-dra-driver-gpu"})
+    assert plugin_pod_finding(dra) is not None
+    assert plugin_pod_finding(_pod("ContainerCreating")) is None  # a rollout, not a failure
+    assert plugin_pod_finding(_pod()) is None
+    assert plugin_pod_finding(_pod("CrashLoopBackOff", {"app": "web"})) is None
+    assert (
+        plugin_pod_finding(_pod("CrashLoopBackOff", deletionTimestamp="2026-01-01T00:00:00Z"))
+        is None
+    )

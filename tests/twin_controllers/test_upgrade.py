@@ -1,0 +1,154 @@
+"""The twin's "after the upgrade the node forgot its GPU" story (twin/upgrade.py).
+
+Cases:
+- device plugin, `breaks=hook`: the node's kubelet version changes, `nvidia.com/gpu` capacity
+  drops to 0, the plugin pod waits in CreateContainerError naming the toolkit hook, with the
+  kubelet's Warning `Failed` Event; deleting the plugin pod (a restart) heals it;
+- `breaks=nvml`, not healed by a restart: CrashLoopBackOff with exit 1 and the NVML message,
+  a `BackOff` Event; the restarted pod breaks the same way and the GPUs stay gone;
+- DRA, `breaks=socket`: the plugin pod stays Ready while the node's ResourceSlice loses every
+  device; a restart republishes them;
+- the HTTP routes refuse bad input with a 400 naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.twin_controllers.conftest import eventually
+from twin.controllers.manager import TwinOptions
+from twin.upgrade import NAMESPACE
+
+OPTS = TwinOptions(pod_startup_seconds=1)
+
+
+def _plugin(t: Any, node: str, app: str) -> dict[str, Any]:
+    pods = t.core.list_namespaced_pod(
+        NAMESPACE, label_selector=app, field_selector=f"spec.nodeName={node}"
+    ).items
+    live = [p for p in pods if p.metadata.deletion_timestamp is None]
+    assert len(live) == 1, [p.metadata.name for p in pods]
+    return t.api.sanitize_for_serialization(live[0])
+
+
+def _capacity(t: Any, node: str) -> str | None:
+    return (t.core.read_node(node).status.capacity or {}).get("nvidia.com/gpu")
+
+
+def _events(t: Any, pod: dict[str, Any]) -> list[tuple[str, str, str]]:
+    items = t.core.list_namespaced_event(
+        NAMESPACE, field_selector=f"involvedObject.name={pod['metadata']['name']}"
+    ).items
+    return [(e.type, e.reason, e.message) for e in items]
+
+
+def test_hook_failure_after_a_kubelet_upgrade_is_healed_by_a_restart(twin: Any) -> None:
+    t = twin(OPTS, profile="device-plugin", nodes=2, gpus_per_node=2)
+    node, other = t.rs.twin.seed_info["nodes"][:2]
+    assert t.twin("POST", "/twin/gpu-plugins").status_code == 200
+    app = "app=nvidia-device-plugin-daemonset"
+    eventually(lambda: _plugin(t, node, app)["status"]["containerStatuses"][0]["ready"])
+    assert _capacity(t, node) == "2"
+
+    r = t.twin("POST", "/twin/upgrades", {"node": node, "kubelet": "v1.36.3", "breaks": "hook"})
+    assert r.status_code == 201, r.text
+    assert r.json()["kubelet"] == {"from": "v1.36.0", "to": "v1.36.3"}
+    assert t.core.read_node(node).status.node_info.kubelet_version == "v1.36.3"
+    eventually(lambda: _capacity(t, node) == "0")
+    pod = _plugin(t, node, app)
+    cs = pod["status"]["containerStatuses"][0]
+    assert cs["ready"] is False and cs["restartCount"] == 0
+    waiting = cs["state"]["waiting"]
+    assert waiting["reason"] == "CreateContainerError"
+    assert "error executing hook `/usr/bin/nvidia-container-toolkit`" in waiting["message"]
+    assert pod["status"]["phase"] == "Pending"
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
+    assert any(
+        ty == "Warning" and reason == "Failed" and "nvidia-container-toolkit" in msg
+        for ty, reason, msg in _events(t, pod)
+    )
+    assert _capacity(t, other) == "2"  # the other node was not upgraded
+
+    t.core.delete_namespaced_pod(pod["metadata"]["name"], NAMESPACE)
+    eventually(lambda: _capacity(t, node) == "2")
+    fresh = eventually(lambda: _plugin(t, node, app))
+    assert fresh["metadata"]["name"] != pod["metadata"]["name"]
+    assert fresh["status"]["containerStatuses"][0]["ready"] is True
+    assert t.twin("GET", "/twin/upgrades").json()["items"] == []
+
+
+def test_missing_nvml_survives_a_restart_when_the_fault_says_so(twin: Any) -> None:
+    t = twin(OPTS, profile="device-plugin", nodes=1, gpus_per_node=2)
+    node = t.rs.twin.seed_info["nodes"][0]
+    t.twin("POST", "/twin/gpu-plugins")
+    app = "app=nvidia-device-plugin-daemonset"
+    eventually(lambda: _plugin(t, node, app))
+    body = {
+        "node": node,
+        "breaks": "nvml",
+        "healsOnRestart": False,
+        "runtime": "containerd://2.2.0",
+    }
+    assert t.twin("POST", "/twin/upgrades", body).status_code == 201
+    eventually(lambda: _capacity(t, node) == "0")
+    pod = _plugin(t, node, app)
+    cs = pod["status"]["containerStatuses"][0]
+    assert cs["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    assert cs["lastState"]["terminated"]["exitCode"] == 1
+    assert (
+        "could not load NVML library: libnvidia-ml.so.1" in cs["lastState"]["terminated"]["message"]
+    )
+    assert cs["restartCount"] >= 1
+    assert ("Warning", "BackOff") in {(ty, reason) for ty, reason, _ in _events(t, pod)}
+    info = t.core.read_node(node).status.node_info
+    assert info.container_runtime_version == "containerd://2.2.0"
+
+    t.core.delete_namespaced_pod(pod["metadata"]["name"], NAMESPACE)
+
+    def rebroken() -> bool:
+        p = _plugin(t, node, app)
+        return p["metadata"]["name"] != pod["metadata"]["name"] and (
+            p["status"]["containerStatuses"][0]["state"].get("waiting", {}).get("reason")
+            == "CrashLoopBackOff"
+        )
+
+    eventually(rebroken)
+    assert _capacity(t, node) == "0"
+    assert t.twin("GET", "/twin/upgrades").json()["items"][0]["restarts"] == 1
+    assert t.twin("POST", "/twin/upgrades/recover", {"node": node}).status_code == 200
+    eventually(lambda: _capacity(t, node) == "2")
+
+
+def test_dra_socket_lost_leaves_the_plugin_ready_and_the_slice_empty(twin: Any) -> None:
+    t = twin(OPTS, nodes=1, gpus_per_node=2)
+    node = t.rs.twin.seed_info["nodes"][0]
+    t.twin("POST", "/twin/gpu-plugins")
+    app = "app.kubernetes.io/name=nvidia-dra-driver-gpu"
+    eventually(lambda: _plugin(t, node, app))
+
+    def devices() -> int:
+        return sum(
+            len(s.spec.devices or [])
+            for s in t.dra.list_resource_slice().items
+            if s.spec.node_name == node
+        )
+
+    assert devices() == 2
+    assert t.twin("POST", "/twin/upgrades", {"node": node, "breaks": "socket"}).status_code == 201
+    eventually(lambda: devices() == 0)
+    pod = _plugin(t, node, app)
+    assert pod["status"]["containerStatuses"][0]["ready"] is True
+    t.core.delete_namespaced_pod(pod["metadata"]["name"], NAMESPACE)
+    eventually(lambda: devices() == 2)
+
+
+def test_upgrade_routes_refuse_bad_input(twin: Any) -> None:
+    t = twin(OPTS, profile="device-plugin", nodes=1)
+    node = t.rs.twin.seed_info["nodes"][0]
+    r = t.twin("POST", "/twin/upgrades", {"node": node, "breaks": "solar-flare"})
+    assert r.status_code == 400 and "breaks must be one of" in r.text
+    r = t.twin("POST", "/twin/upgrades", {"node": "nope"})
+    assert r.status_code == 404
+    r = t.twin("POST", "/twin/upgrades", {"node": node, "color": "red"})
+    assert r.status_code == 400 and "color" in r.text
+    assert t.twin("POST", "/twin/upgrades", {}).status_code == 400

@@ -1,0 +1,126 @@
+"""The health watcher and a node whose GPUs vanish after an upgrade (twin/upgrade.py), with a
+recording launcher in place of Temporal.
+
+Cases (device plugin, a pod on one of the node's GPUs):
+- the kubelet upgrade breaks the device plugin: capacity 0 of 2 and the plugin pod in
+  CreateContainerError -> exactly one node incident start (whichever the watch saw first),
+  carrying what the node looked like before (the old kubelet version, 2 GPUs); the
+  pod's device goes Unknown and, past `unknown_timeout`, is NOT launched as a per-GPU
+  remediation (no quarantine for a GPU that merely vanished); no node notice either;
+- the GPUs come back (a plugin restart) and vanish again: a second node incident start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from contract.node_incident import NodeIncidentInput
+from tests.watcher.test_watcher_twin import NAMESPACE, Recorder, Running, config, kube_for
+from twin.clock import Clock
+from twin.controllers.manager import ControllerManager, TwinOptions
+from twin.testing import RunningTwin, start_twin
+from twin.upgrade import NAMESPACE as PLUGIN_NS
+from worker.watcher import HealthWatcher
+
+WAIT = 30.0
+
+
+@pytest.fixture
+def twin(tmp_path: Path) -> Iterator[tuple[RunningTwin, ControllerManager]]:
+    manager = ControllerManager(TwinOptions(pod_startup_seconds=1))
+    rs = start_twin(
+        tmp_path,
+        profile="device-plugin",
+        nodes=2,
+        gpus_per_node=2,
+        node_prefix=f"u-{uuid.uuid4().hex[:5]}-",
+        clock=Clock(time_scale=100.0),
+        controllers=(manager,),
+    )
+    core = k8s.CoreV1Api(rs.api_client())
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    manager.gpu_plugins.install()
+    try:
+        yield rs, manager
+    finally:
+        rs.stop()
+
+
+async def until(check: Any) -> Any:
+    deadline = time.monotonic() + WAIT
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{check} not reached"
+        await asyncio.sleep(0.05)
+
+
+async def test_vanished_gpus_are_one_node_incident_and_no_remediation(
+    twin: tuple[RunningTwin, ControllerManager],
+) -> None:
+    rs, manager = twin
+    node = rs.twin.seed_info["nodes"][0]
+    core = k8s.CoreV1Api(rs.api_client())
+    core.create_namespace({"metadata": {"name": "ml"}})
+    core.create_namespaced_pod(
+        "ml",
+        {
+            "metadata": {"name": "trainer"},
+            "spec": {
+                "nodeName": node,
+                "containers": [
+                    {"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                ],
+            },
+        },
+    )
+    await until(lambda: core.read_namespaced_pod("trainer", "ml").status.phase == "Running")
+    await until(lambda: core.list_namespaced_pod(PLUGIN_NS).items)
+    before = core.read_node(node).status.node_info.kubelet_version
+
+    rec = Recorder()
+    incidents: list[NodeIncidentInput] = []
+
+    async def on_vanished(inp: NodeIncidentInput) -> None:
+        incidents.append(inp)
+
+    watcher = HealthWatcher(
+        kube_for(rs), rec.launch, config(), on_node=rec.node, on_vanished=on_vanished
+    )
+    async with Running(watcher):
+        assert await watcher.synced()
+        manager.gpu_plugins.upgrade(node, kubelet="v1.99.1", breaks="hook")
+        await until(lambda: incidents)
+        [inc] = incidents
+        assert inc.node == node and inc.trigger == "watch" and inc.expected_gpus == 2
+        assert inc.recorded is not None and inc.recorded.kubelet_version == before
+        # Whichever the watch saw first: the capacity drop or the plugin pod's error.
+        assert "capacity nvidia.com/gpu 0 < 2" in inc.reason or (
+            "CreateContainerError" in inc.reason and "nvidia-container-toolkit" in inc.reason
+        )
+
+        # The pod's GPU went Unknown; past unknown_timeout it is left to the node incident.
+        await until(lambda: watcher.stats.left_to_node_incident == 1)
+        assert rec.requests == [], "a vanished GPU must never become a per-GPU remediation"
+        assert rec.nodes == []
+
+        # A plugin restart heals it; the GPUs vanish again later: a second incident.
+        [plugin] = [
+            p
+            for p in core.list_namespaced_pod(PLUGIN_NS).items
+            if p.spec.node_name == node and "device-plugin" in p.metadata.name
+        ]
+        core.delete_namespaced_pod(plugin.metadata.name, PLUGIN_NS)
+        await until(lambda: node not in watcher.tracker.vanished)
+        manager.gpu_plugins.upgrade(node, breaks="socket")
+        await until(lambda: len(incidents) == 2)
+        assert rec.requests == []

@@ -1,0 +1,521 @@
+"""The node incident workflow (`sickbay-node-incident`) on the time-skipping server with fake
+activities (the node ladder's own and the remediation's it reuses, by name).
+
+Cases:
+- a plugin that lost its socket (restartable): diagnosed, contained (condition + taint), one
+  GPUDevicesVanished Event, the plugin restarted once (attempt 1), the GPUs back after a few
+  StillWaiting answers, each GPU validated -> released, GPUDevicesRestored, closed `healed`;
+  no page;
+- the toolkit hook fails (a restart cannot fix it): no restart at all, one page at once with
+  the diagnosis, its GPU workload evicted within the budget (a lease for the node's GPUs),
+  held contained; the GPUs come back (a fix by hand) -> validated, released, the page
+  resolved, the lease given back; the budget refusing: the workloads stay, named;
+- a restart that does not bring the GPUs back within gpusBackTimeout, reboot/replace off
+  (repair disabled): exactly one restart, escalated, held; `abort` undoes the containment;
+- a validation failure after the GPUs came back is no heal: escalated;
+- pool incident: two other nodes of the pool lost their GPUs too -> one page whose id is the
+  pool's and which names every node;
+- dry run: diagnosed, nothing contained, nothing restarted; GPUs already back: `recovered`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
+from contract.errors import ERR_STILL_WAITING
+from contract.kube import (
+    CordonInput,
+    CordonResult,
+    CountDevicesInput,
+    DeviceCounts,
+    EvictionReport,
+    EvictPodsInput,
+    EvictPodsResult,
+    PodRef,
+    RecordEventInput,
+    WaitEvictionInput,
+)
+from contract.names import (
+    ACT_ACQUIRE_BUDGET,
+    ACT_CLEAN_UP_REPAIR_JOB,
+    ACT_CONTAIN_NODE,
+    ACT_CORDON,
+    ACT_COUNT_DEVICES,
+    ACT_DIAGNOSE_NODE,
+    ACT_EVICT_PODS,
+    ACT_FIND_DRAIN_PODS,
+    ACT_FIND_GPU_PODS,
+    ACT_LOAD_RUNBOOKS,
+    ACT_NOTIFY,
+    ACT_REBOOT_NODE,
+    ACT_RECORD_EVENT,
+    ACT_RELEASE_BUDGET,
+    ACT_RELEASE_NODE,
+    ACT_RESTART_GPU_PLUGIN,
+    ACT_START_VALIDATION_JOB,
+    ACT_WAIT_EVICTION,
+    ACT_WAIT_GPUS_BACK,
+    ACT_WAIT_NODE_GPUS,
+    ACT_WAIT_REPAIR_JOB,
+    QRY_NODE_STATUS,
+    SIG_ABORT,
+    node_workflow_id,
+)
+from contract.node_incident import (
+    ContainNodeInput,
+    ContainNodeResult,
+    DiagnoseNodeInput,
+    GpuPodsInput,
+    GpuPodsResult,
+    GpusBackResult,
+    NodeDiagnosis,
+    NodeIncidentInput,
+    NodeIncidentResult,
+    NodeIncidentStatus,
+    PluginPod,
+    ReleaseNodeInput,
+    RestartPluginInput,
+    RestartPluginResult,
+    WaitGpusBackInput,
+)
+from contract.notify import NotifyInput, NotifyResult
+from contract.remediation import AbortRequest
+from contract.repair import (
+    CleanUpRepairJobInput,
+    DrainPodsInput,
+    DrainPodsResult,
+    MachineActionInput,
+    MachineActionResult,
+    NodeGpusResult,
+    RepairJobOutcome,
+    RepairJobStarted,
+    ValidationJobInput,
+    WaitNodeGpusInput,
+    WaitRepairJobInput,
+)
+from contract.runbook import RunbookSet
+from tests.workflows.fakes import shipped_runbooks, without_repair
+from tests.workflows.histories import save_history
+from workflows.node_incident.workflow import NodeIncidentWorkflow
+
+NODE = "gpu-node-3"
+UUIDS = ["GPU-aaaa", "GPU-bbbb"]
+
+
+def diagnosis(
+    cause: str = "plugin-not-registered", restartable: bool = True, **kw: Any
+) -> NodeDiagnosis:
+    return NodeDiagnosis(
+        node=NODE,
+        node_pool="a100",
+        mode="device-plugin",
+        expected_gpus=2,
+        capacity=0,
+        allocatable=0,
+        kubelet_version="v1.29.15",
+        peers={"v1.28.15": 3},
+        plugin_pods=[
+            PluginPod(
+                namespace="gpu-operator",
+                name="nvidia-device-plugin-daemonset-x1",
+                component="device-plugin",
+                phase="Pending",
+                waiting_reason="CreateContainerError" if cause == "toolkit-hook" else "",
+                waiting_message="error executing hook /usr/bin/nvidia-container-toolkit"
+                if cause == "toolkit-hook"
+                else "",
+                ready=cause != "toolkit-hook",
+            )
+        ],
+        vanished=True,
+        cause=cause,  # type: ignore[arg-type]
+        restartable=restartable,
+        summary=f"{cause}: the container toolkit hook fails on node {NODE} since its kubelet "
+        "went from v1.28.15 to v1.29.15; 3 other nodes of the pool run v1.28.15",
+        **kw,
+    )
+
+
+@dataclass
+class World:
+    diag: NodeDiagnosis = field(default_factory=diagnosis)
+    waits_before_back: int = 2  # StillWaiting answers before the GPUs are back; -1: never
+    validation_passes: bool = True
+    runbooks: RunbookSet = field(
+        default_factory=lambda: RunbookSet(runbooks=without_repair(shipped_runbooks()))
+    )
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    waits: int = 0
+    gpu_pods: list[PodRef] = field(
+        default_factory=lambda: [PodRef(namespace="ml", name="trainer-0", uid="u1")]
+    )
+    budget_grants: bool = True
+
+    def names(self) -> list[str]:
+        return [n for n, _ in self.calls]
+
+    def of(self, name: str) -> list[Any]:
+        return [a for n, a in self.calls if n == name]
+
+    def activities(self) -> list[Callable[..., Any]]:
+        w = self
+
+        @activity.defn(name=ACT_LOAD_RUNBOOKS)
+        async def load() -> RunbookSet:
+            return w.runbooks
+
+        @activity.defn(name=ACT_DIAGNOSE_NODE)
+        async def diagnose(inp: DiagnoseNodeInput) -> NodeDiagnosis:
+            w.calls.append((ACT_DIAGNOSE_NODE, inp))
+            return w.diag
+
+        @activity.defn(name=ACT_CONTAIN_NODE)
+        async def contain(inp: ContainNodeInput) -> ContainNodeResult:
+            w.calls.append((ACT_CONTAIN_NODE, inp))
+            return ContainNodeResult(changed=True, detail="condition, taint")
+
+        @activity.defn(name=ACT_RELEASE_NODE)
+        async def release(inp: ReleaseNodeInput) -> ContainNodeResult:
+            w.calls.append((ACT_RELEASE_NODE, inp))
+            return ContainNodeResult(changed=True, detail="undone")
+
+        @activity.defn(name=ACT_RESTART_GPU_PLUGIN)
+        async def restart(inp: RestartPluginInput) -> RestartPluginResult:
+            w.calls.append((ACT_RESTART_GPU_PLUGIN, inp))
+            return RestartPluginResult(restarted=["gpu-operator/p"], detail="deleted")
+
+        @activity.defn(name=ACT_WAIT_GPUS_BACK)
+        async def wait_back(inp: WaitGpusBackInput) -> GpusBackResult:
+            w.calls.append((ACT_WAIT_GPUS_BACK, inp))
+            w.waits += 1
+            if w.waits_before_back < 0 or w.waits <= w.waits_before_back:
+                raise ApplicationError("0 of 2 GPUs published", type=ERR_STILL_WAITING)
+            return GpusBackResult(node=NODE, gpu_uuids=UUIDS, mode="device-plugin")
+
+        @activity.defn(name=ACT_START_VALIDATION_JOB)
+        async def start_validation(inp: ValidationJobInput) -> RepairJobStarted:
+            w.calls.append((ACT_START_VALIDATION_JOB, inp))
+            return RepairJobStarted(namespace="sickbay", job_name=f"v-{inp.gpu_uuid}", created=True)
+
+        @activity.defn(name=ACT_WAIT_REPAIR_JOB)
+        async def wait_job(inp: WaitRepairJobInput) -> RepairJobOutcome:
+            w.calls.append((ACT_WAIT_REPAIR_JOB, inp))
+            return RepairJobOutcome(
+                passed=w.validation_passes, summary="Pass" if w.validation_passes else "Fail"
+            )
+
+        @activity.defn(name=ACT_CLEAN_UP_REPAIR_JOB)
+        async def clean(inp: CleanUpRepairJobInput) -> None:
+            w.calls.append((ACT_CLEAN_UP_REPAIR_JOB, inp))
+
+        @activity.defn(name=ACT_RECORD_EVENT)
+        async def event(inp: RecordEventInput) -> None:
+            w.calls.append((ACT_RECORD_EVENT, inp))
+
+        @activity.defn(name=ACT_NOTIFY)
+        async def notify(inp: NotifyInput) -> NotifyResult:
+            w.calls.append((ACT_NOTIFY, inp))
+            return NotifyResult(channel=inp.channel, delivered=True)
+
+        return [
+            load,
+            diagnose,
+            contain,
+            release,
+            restart,
+            wait_back,
+            start_validation,
+            wait_job,
+            clean,
+            event,
+            notify,
+            *w.relocation(),
+        ]
+
+    def relocation(self) -> list[Callable[..., Any]]:
+        w = self
+
+        @activity.defn(name=ACT_FIND_GPU_PODS)
+        async def find_pods(inp: GpuPodsInput) -> GpuPodsResult:
+            w.calls.append((ACT_FIND_GPU_PODS, inp))
+            return GpuPodsResult(pods=w.gpu_pods)
+
+        @activity.defn(name=ACT_COUNT_DEVICES)
+        async def count(inp: CountDevicesInput) -> DeviceCounts:
+            w.calls.append((ACT_COUNT_DEVICES, inp))
+            return DeviceCounts(pool_devices=8, cluster_devices=16)
+
+        @activity.defn(name=ACT_ACQUIRE_BUDGET)
+        async def acquire(inp: BudgetLeaseRequest) -> BudgetDecision:
+            w.calls.append((ACT_ACQUIRE_BUDGET, inp))
+            return BudgetDecision(
+                granted=w.budget_grants, reason="" if w.budget_grants else "pool at 4 of 4"
+            )
+
+        @activity.defn(name=ACT_RELEASE_BUDGET)
+        async def release_budget(inp: BudgetReleaseRequest) -> BudgetDecision:
+            w.calls.append((ACT_RELEASE_BUDGET, inp))
+            return BudgetDecision(granted=True)
+
+        @activity.defn(name=ACT_EVICT_PODS)
+        async def evict(inp: EvictPodsInput) -> EvictPodsResult:
+            w.calls.append((ACT_EVICT_PODS, inp))
+            return EvictPodsResult(evicted=inp.pods)
+
+        @activity.defn(name=ACT_WAIT_EVICTION)
+        async def wait_evicted(inp: WaitEvictionInput) -> EvictionReport:
+            w.calls.append((ACT_WAIT_EVICTION, inp))
+            return EvictionReport(gone=inp.pods)
+
+        return [find_pods, count, acquire, release_budget, evict, wait_evicted]
+
+
+async def run(
+    env: WorkflowEnvironment,
+    world: World,
+    *,
+    dry_run: bool = False,
+    then: Any = None,
+    history: str | None = None,
+) -> NodeIncidentResult:
+    client: Client = env.client
+    tq = f"tq-{uuid.uuid4()}"
+    async with Worker(
+        client, task_queue=tq, workflows=[NodeIncidentWorkflow], activities=world.activities()
+    ):
+        handle = await client.start_workflow(
+            NodeIncidentWorkflow.run,
+            NodeIncidentInput(node=NODE, trigger="watch", reason="capacity 0 < 2", dry_run=dry_run),
+            id=node_workflow_id(NODE),
+            task_queue=tq,
+        )
+        if then is not None:
+            await then(handle)
+        result = await handle.result()
+        if history is not None:  # recorded for the replay tests (tests/histories/)
+            save_history(history, await handle.fetch_history())
+        return result
+
+
+def reasons(world: World) -> list[str]:
+    return [e.reason for e in world.of(ACT_RECORD_EVENT)]
+
+
+async def test_restartable_cause_is_healed_by_one_plugin_restart(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    world = World()
+    result = await run(time_skipping_env, world, history="node_incident_restart_healed")
+    assert result.outcome == "healed" and result.rung == "restart-plugin"
+    [restart] = world.of(ACT_RESTART_GPU_PLUGIN)
+    assert restart.attempt == 1 and restart.workflow_id.startswith(node_workflow_id(NODE) + "/")
+    [contain] = world.of(ACT_CONTAIN_NODE)
+    assert contain.mode == "taint" and contain.reason == "PluginNotRegistered"
+    assert contain.message == world.diag.summary
+    assert [v.gpu_uuid for v in world.of(ACT_START_VALIDATION_JOB)] == UUIDS
+    assert all(
+        v.taint_key == "sickbay.dev/gpus-vanished" for v in world.of(ACT_START_VALIDATION_JOB)
+    )
+    assert len(world.of(ACT_CLEAN_UP_REPAIR_JOB)) == 2
+    assert reasons(world) == ["GPUDevicesVanished", "GPUDevicesRestored"]
+    assert world.of(ACT_NOTIFY) == []
+    assert len(world.of(ACT_RELEASE_NODE)) == 1
+    # The release comes after the validations.
+    names = world.names()
+    assert names.index(ACT_RELEASE_NODE) > max(
+        i for i, n in enumerate(names) if n == ACT_WAIT_REPAIR_JOB
+    )
+    assert any("diagnosed" in line and "toolkit hook" in line for line in result.timeline)
+
+
+async def test_a_hook_failure_escalates_at_once_and_is_held_until_fixed(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    world = World(diag=diagnosis("toolkit-hook", restartable=False), waits_before_back=3)
+    result = await run(time_skipping_env, world, history="node_incident_hook_escalated")
+    assert world.of(ACT_RESTART_GPU_PLUGIN) == []  # a restart cannot fix it: never tried
+    [page] = [n for n in world.of(ACT_NOTIFY) if n.action == "trigger"]
+    assert page.incident.id == node_workflow_id(NODE)
+    assert (
+        "toolkit hook fails" in page.incident.summary
+        and "v1.28.15 to v1.29.15" in page.incident.summary
+    )
+    assert page.incident.reason == "gpus-vanished"
+    names = world.names()
+    assert names.index(ACT_NOTIFY) < names.index(ACT_WAIT_GPUS_BACK)  # paged before any wait
+    assert result.outcome == "healed" and result.rung == "a fix by hand"
+    assert [n.action for n in world.of(ACT_NOTIFY)] == ["trigger", "resolve"]
+    assert reasons(world) == [
+        "GPUDevicesVanished",
+        "GPUNodeIncidentEscalated",
+        "GPUDevicesRestored",
+    ]
+    assert world.of(ACT_CONTAIN_NODE)[0].reason == "ContainerToolkitHookFailed"
+    # The node stays broken: its GPU workload is evicted within the budget (a lease of one
+    # GPU per pod moved), after the page; the lease is given back on release.
+    [lease] = world.of(ACT_ACQUIRE_BUDGET)
+    assert lease.gpus == 1 and lease.node_pool == "a100" and lease.holder == node_workflow_id(NODE)
+    [evict] = world.of(ACT_EVICT_PODS)
+    assert [p.name for p in evict.pods] == ["trainer-0"] and evict.delete_if_blocked is False
+    assert names.index(ACT_NOTIFY) < names.index(ACT_EVICT_PODS) < names.index(ACT_WAIT_GPUS_BACK)
+    assert len(world.of(ACT_RELEASE_BUDGET)) == 1
+    assert any("workloads evicted -> 1 gone" in line for line in result.timeline)
+
+
+async def test_workloads_stay_when_the_budget_refuses(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    world = World(
+        diag=diagnosis("toolkit-hook", restartable=False), waits_before_back=0, budget_grants=False
+    )
+    result = await run(time_skipping_env, world)
+    assert world.of(ACT_EVICT_PODS) == []
+    assert any("workloads left in place -> ml/trainer-0" in line for line in result.timeline)
+    assert world.of(ACT_RELEASE_BUDGET) == []  # no lease was held
+
+
+async def test_restart_that_does_not_help_is_not_retried_and_abort_undoes(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    world = World(waits_before_back=-1)
+
+    async def then(handle: Any) -> None:
+        for _ in range(400):
+            st = await handle.query(QRY_NODE_STATUS, result_type=NodeIncidentStatus)
+            if st.phase == "held":
+                break
+            await time_skipping_env.sleep(timedelta(seconds=30))
+        assert st.phase == "held"
+        await handle.signal(SIG_ABORT, AbortRequest(reason="rolling back the upgrade", actor="sre"))
+
+    result = await run(time_skipping_env, world, then=then)
+    assert len(world.of(ACT_RESTART_GPU_PLUGIN)) == 1  # pluginRestarts: 1, nothing forever
+    assert any("reboot skipped" in line for line in result.timeline)
+    assert result.outcome == "aborted"
+    assert len(world.of(ACT_RELEASE_NODE)) == 1
+    assert world.of(ACT_START_VALIDATION_JOB) == []
+
+
+async def test_failed_validation_is_no_heal(time_skipping_env: WorkflowEnvironment) -> None:
+    world = World(validation_passes=False)
+
+    async def then(handle: Any) -> None:
+        for _ in range(400):
+            st = await handle.query(QRY_NODE_STATUS, result_type=NodeIncidentStatus)
+            if st.phase == "held" and world.of(ACT_NOTIFY):
+                break
+            await time_skipping_env.sleep(timedelta(seconds=30))
+        await handle.signal(SIG_ABORT, AbortRequest(reason="done looking"))
+
+    result = await run(time_skipping_env, world, then=then)
+    assert any("validation of GPU-aaaa failed" in line for line in result.timeline)
+    assert world.of(ACT_NOTIFY), "a GPU that fails validation escalates"
+    assert result.outcome == "aborted"
+
+
+async def test_pool_incident_names_every_node(time_skipping_env: WorkflowEnvironment) -> None:
+    runbooks = without_repair(shipped_runbooks())
+    out = []
+    for rb in runbooks:
+        ni = rb.spec.node_incident.model_copy(update={"pool_incident": True})
+        out.append(rb.model_copy(update={"spec": rb.spec.model_copy(update={"node_incident": ni})}))
+    world = World(
+        diag=diagnosis(
+            "toolkit-hook", restartable=False, pool_vanished=["gpu-node-1", "gpu-node-2"]
+        ),
+        runbooks=RunbookSet(runbooks=out),
+        waits_before_back=0,
+    )
+    await run(time_skipping_env, world)
+    [page] = [n for n in world.of(ACT_NOTIFY) if n.action == "trigger"]
+    assert page.incident.id == "sickbay-pool-gpus-a100"
+    assert "3 nodes lost their GPUs (gpu-node-1, gpu-node-2, gpu-node-3)" in page.incident.summary
+
+
+@pytest.mark.parametrize("case", ["dry-run", "recovered"])
+async def test_dry_run_and_recovered_touch_nothing(
+    time_skipping_env: WorkflowEnvironment, case: str
+) -> None:
+    diag = diagnosis() if case == "dry-run" else diagnosis().model_copy(update={"vanished": False})
+    world = World(diag=diag)
+    result = await run(time_skipping_env, world, dry_run=case == "dry-run")
+    assert result.outcome == case
+    assert world.names() == [ACT_DIAGNOSE_NODE]
+    if case == "dry-run":
+        assert "would contain (taint) and heal (restart-plugin, reboot, replace)" in result.summary
+
+
+async def test_restart_not_enough_then_reboot_heals(time_skipping_env: WorkflowEnvironment) -> None:
+    """The ladder goes on: the restart does not bring the GPUs back within gpusBackTimeout, so
+    the existing reboot rung runs (repair enabled, provider configured): a budget lease for
+    the node's 2 GPUs, the node cordoned and drained (PDBs honoured), the reboot asked once,
+    the node back, the GPUs published and validated -> released (uncordoned), `healed`."""
+    out = []
+    for rb in shipped_runbooks():
+        spec = rb.spec
+        scale = spec.scale_up.model_copy(update={"provider": "cluster-api"})
+        rep = spec.repair.model_copy(update={"enabled": True})
+        out.append(
+            rb.model_copy(
+                update={"spec": spec.model_copy(update={"scale_up": scale, "repair": rep})}
+            )
+        )
+    world = World(runbooks=RunbookSet(runbooks=out), waits_before_back=10**6, gpu_pods=[])
+    rebooted: list[MachineActionInput] = []
+
+    @activity.defn(name=ACT_FIND_DRAIN_PODS)
+    async def drain(inp: DrainPodsInput) -> DrainPodsResult:
+        world.calls.append((ACT_FIND_DRAIN_PODS, inp))
+        return DrainPodsResult(pods=[PodRef(namespace="ml", name="web-0")], node_gpu_uuids=UUIDS)
+
+    @activity.defn(name=ACT_CORDON)
+    async def cordon(inp: CordonInput) -> CordonResult:
+        world.calls.append((ACT_CORDON, inp))
+        return CordonResult(changed=True, message="cordoned")
+
+    @activity.defn(name=ACT_REBOOT_NODE)
+    async def reboot(inp: MachineActionInput) -> MachineActionResult:
+        world.calls.append((ACT_REBOOT_NODE, inp))
+        rebooted.append(inp)
+        world.waits_before_back = world.waits  # the node comes back with its GPUs
+        return MachineActionResult(action="reboot", node=inp.node, operation="op-1")
+
+    @activity.defn(name=ACT_WAIT_NODE_GPUS)
+    async def node_back(inp: WaitNodeGpusInput) -> NodeGpusResult:
+        world.calls.append((ACT_WAIT_NODE_GPUS, inp))
+        return NodeGpusResult(node=inp.node, gpu_uuids=UUIDS)
+
+    client = time_skipping_env.client
+    tq = f"tq-{uuid.uuid4()}"
+    acts = [*world.activities(), drain, cordon, reboot, node_back]
+    async with Worker(client, task_queue=tq, workflows=[NodeIncidentWorkflow], activities=acts):
+        result = await client.execute_workflow(
+            NodeIncidentWorkflow.run,
+            NodeIncidentInput(node=NODE, trigger="sweep", reason="capacity 0 < 2"),
+            id=node_workflow_id(NODE),
+            task_queue=tq,
+        )
+    assert result.outcome == "healed" and result.rung == "reboot", result.timeline
+    assert len(world.of(ACT_RESTART_GPU_PLUGIN)) == 1
+    [lease] = world.of(ACT_ACQUIRE_BUDGET)
+    assert lease.gpus == 2
+    [req] = rebooted
+    assert req.action == "reboot" and req.attempt == 1 and req.pool is not None
+    assert req.pool.provider == "cluster-api"
+    names = world.names()
+    assert names.index(ACT_CORDON) < names.index(ACT_EVICT_PODS) < names.index(ACT_REBOOT_NODE)
+    assert [p.name for p in world.of(ACT_EVICT_PODS)[0].pods] == ["web-0"]
+    assert len(world.of(ACT_START_VALIDATION_JOB)) == 2
+    assert len(world.of(ACT_RELEASE_BUDGET)) == 1 and len(world.of(ACT_RELEASE_NODE)) == 1
