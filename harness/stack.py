@@ -76,6 +76,20 @@ PROFILE = "1.36"
 # a GPU node's boot, kubelet and driver DaemonSet take minutes; longer than a wait poll at x30.
 NODE_STARTUP_SECONDS = 300
 WATCH_NAMESPACE = "sickbay"  # the health watcher's Lease, as deploy/ has it
+# The repair namespace's Pod Security labels, as deploy/namespace.yaml has them (the twin
+# enforces them: a Job whose pods the level refuses fails as on a real cluster).
+REPAIR_NAMESPACE_LABELS = {
+    "pod-security.kubernetes.io/enforce": "privileged",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+    "pod-security.kubernetes.io/warn": "baseline",
+    "pod-security.kubernetes.io/audit": "baseline",
+}
+# The stack's repair allowlist (SICKBAY_REPAIR_ALLOWLIST): the twin runs no image, so these
+# digests name nothing real (registry.invalid); a cluster's come from its operator.
+TWIN_REPAIR_ALLOWLIST = {
+    "reset": {"images": ["registry.invalid/sickbay-twin/nvidia-smi@sha256:" + "1" * 64]},
+    "validation": {"images": ["registry.invalid/sickbay-twin/dcgm@sha256:" + "2" * 64]},
+}
 # Readiness: the dev server needs ~2-5 s (SQLite in memory), a Python child 2-4 s to import on
 # a busy 2-core machine; 60 s covers a machine shared with other test runs.
 READY_TIMEOUT = 60.0
@@ -669,10 +683,15 @@ class Stack:
         # Sickbay's namespace: the watcher's Lease and the recorded cluster name live there;
         # the repair Jobs in their own.
         for ns in (WATCH_NAMESPACE, *((REPAIR_NAMESPACE,) if cfg.repair else ())):
+            labels = REPAIR_NAMESPACE_LABELS if ns == REPAIR_NAMESPACE else {}
             status, answer = _http(
                 "POST",
                 info.kube_url + "/api/v1/namespaces",
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": ns, "labels": labels},
+                },
             )
             if status not in (201, 409):
                 raise StackError(f"twin: cannot create namespace {ns}: {answer}")
@@ -753,6 +772,8 @@ class Stack:
                 # The twin's Compute Engine endpoints: node reboot / replace (provider `twin`).
                 "SICKBAY_TWIN_CLOUD_URL": info.cloud_url,
                 "SICKBAY_GRACEFUL_SHUTDOWN_SECONDS": "5",
+                "SICKBAY_REPAIR_NAMESPACE": REPAIR_NAMESPACE,
+                "SICKBAY_REPAIR_ALLOWLIST": json.dumps(TWIN_REPAIR_ALLOWLIST),
             }
         )
         return env
