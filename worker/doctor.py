@@ -26,7 +26,10 @@ Checks, one line each, `ok` / `warning` / `error` plus what to do:
   the doctor says so on 1.36.0-1.36.2 builds serving v1beta2 rules (watch kube-scheduler's
   restarts); a quarantine (or this probe) on such a cluster can set it off;
 - whether pods report `allocatedResourcesStatus` (ResourceHealthStatus), DRA drivers and
-  device classes present and whether their devices carry a uuid attribute.
+  device classes present and whether their devices carry a uuid attribute;
+- the repair namespace (worker/doctor_repair.py): it exists and its Pod Security enforce level
+  admits the reset / validation pods the runbooks will have Sickbay create; the allowlist
+  names their images.
 Exit code 0 when nothing is `error`, 1 otherwise.
 """
 
@@ -47,7 +50,7 @@ from activities.kube.discovery import ClusterApis, Discovery
 from activities.kube.permissions import PERMISSIONS, ROLE_FILES, Permission, needed
 from activities.kube.pods import requests_gpu
 from activities.kube.quarantine import delete_rule, wait_rule_conditions
-from contract.names import LABEL_MANAGED_BY, MANAGED_BY_VALUE
+from contract.names import LABEL_MANAGED_BY, MANAGED_BY_VALUE, REPAIR_NAMESPACE
 from contract.runbook import Runbook
 from worker.settings import WatchSettings
 
@@ -77,12 +80,14 @@ class Doctor:
         probe_timeout: float = PROBE_TIMEOUT,
         runbooks: list[Runbook] | None = None,
         namespace: str | None = None,
+        repair_namespace: str = REPAIR_NAMESPACE,
     ) -> None:
         self.kube = kube
         self.probe_timeout = probe_timeout
         self.runbooks = runbooks  # None: not loaded (the grants line is left out)
         # Sickbay's own namespace: the health watcher's Lease (a namespaced permission)
         self.namespace = namespace or WatchSettings().watch_namespace
+        self.repair_namespace = repair_namespace  # where the repair Role's grants must be
         self.checks: list[Check] = []
 
     def add(self, status: str, name: str, detail: str, fix: str = "") -> None:
@@ -170,7 +175,8 @@ class Doctor:
                 if perm.subresource:
                     attrs["subresource"] = perm.subresource
                 if perm.namespaced:
-                    attrs["namespace"] = self.namespace
+                    repair = perm.in_repair_namespace
+                    attrs["namespace"] = self.repair_namespace if repair else self.namespace
                 if perm.name:
                     attrs["name"] = perm.name
                 body = {
@@ -792,13 +798,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         checks = [
             loaded,
-            *Doctor(kube, args.probe_timeout, runbooks, namespace).run(
+            *Doctor(kube, args.probe_timeout, runbooks, namespace, settings.repair_namespace).run(
                 probe=args.probe, probe_namespace=args.probe_namespace
             ),
         ]
         if any(c.name == "api" and c.status != "error" for c in checks):  # it answered
             explicit = settings.cluster if settings.cluster_explicit else None
             checks.append(cluster_name_check(kube, namespace, explicit))
+            from worker.doctor_repair import repair_namespace_checks
+
+            checks += repair_namespace_checks(
+                kube, settings.repair_namespace, settings.repair_allowlist, runbooks
+            )
     except KubeError as err:
         checks = [loaded, Check("error", "doctor", f"stopped: {err}")]
     finally:

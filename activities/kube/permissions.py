@@ -10,8 +10,9 @@ Two grants only some set-ups use have ClusterRoles (and files) of their own, so 
 drop them: `sickbay-force-delete` (pods delete: only a runbook with `eviction.force: delete`
 deletes pods) and `sickbay-node-fallback` (nodes patch: only where the cluster serves no
 DeviceTaintRule does Sickbay mark, taint or cordon nodes); the repair ladder's grants live in
-deploy/rbac-repair.yaml: `sickbay-repair` (a Role in Sickbay's namespace: the reset and
-validation Jobs, their claims and pod logs) and `sickbay-repair-machines` (Cluster API Machines:
+deploy/rbac-repair.yaml: `sickbay-repair` (a Role in the repair namespace, SICKBAY_REPAIR_NAMESPACE,
+the only place the worker creates Jobs: the reset and validation Jobs, their claims, pod logs
+and Events) and `sickbay-repair-machines` (Cluster API Machines:
 reboot and replace; nodes patch: an AKS reboot's record on its node), needed only by runbooks
 with `repair.enabled`. `needed(...)` says, for the loaded
 runbooks and the cluster, which optional grants are needed and by what.
@@ -34,8 +35,14 @@ class Permission:
     why: str
     required: bool = True  # False: only some runbooks/paths need it (see `needed`)
     role: str = "sickbay"  # the ClusterRole in deploy/ that grants it (or the Role, namespaced)
-    namespaced: bool = False  # True: a Role in Sickbay's own namespace grants it
+    # True: a Role grants it in Sickbay's own namespace (in the repair namespace for
+    # ROLE_REPAIR's permissions: `in_repair_namespace`)
+    namespaced: bool = False
     name: str = ""  # the one object it is granted for (RBAC resourceNames), "" for any
+
+    @property
+    def in_repair_namespace(self) -> bool:
+        return self.namespaced and self.role == ROLE_REPAIR
 
     @property
     def plural(self) -> str:
@@ -51,7 +58,7 @@ ROLE_FORCE_DELETE = "sickbay-force-delete"  # deploy/rbac-force-delete.yaml
 ROLE_NODE_FALLBACK = "sickbay-node-fallback"  # deploy/rbac-node-fallback.yaml
 ROLE_HEALTH_WATCHER = "sickbay-health-watcher"  # a Role in Sickbay's namespace (rbac.yaml)
 ROLE_CLUSTER_NAME = "sickbay-cluster-name"  # a Role in Sickbay's namespace (rbac.yaml)
-ROLE_REPAIR = "sickbay-repair"  # a Role in Sickbay's namespace (deploy/rbac-repair.yaml)
+ROLE_REPAIR = "sickbay-repair"  # a Role in the repair namespace (deploy/rbac-repair.yaml)
 ROLE_REPAIR_MACHINES = "sickbay-repair-machines"  # deploy/rbac-repair.yaml
 ROLE_FILES = {
     "sickbay": "deploy/rbac.yaml",
@@ -139,6 +146,16 @@ PERMISSIONS: tuple[Permission, ...] = (
         "pods/log",
         ("get",),
         "repair ladder: the summary of a reset / validation Job's output",
+        False,
+        ROLE_REPAIR,
+        namespaced=True,
+    ),
+    Permission(
+        "",
+        "events",
+        ("list",),
+        "repair ladder: why a Job's pod was refused or never started (FailedCreate, image "
+        "pull), reported at the next poll",
         False,
         ROLE_REPAIR,
         namespaced=True,
