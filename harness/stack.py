@@ -24,7 +24,8 @@ PR_SET_PDEATHSIG), so a killed demo or test run leaves nothing behind.
 
 Honesty about time: the twin runs `time_scale` times faster than real time, but workflow timers
 on the dev server run in real time. The stack therefore writes *demo runbooks*: the shipped
-runbooks with every duration divided by `time_scale` (floors in `MIN_SECONDS`), the inference
+runbooks with every duration divided by `time_scale` (floors in `MIN_SECONDS`; a repair Job's
+timeout, its activeDeadlineSeconds on the twin's clock, stays as shipped), the inference
 scale-up pointed at the twin's cloud API, escalations at the sink, and the inference budget
 widened so a 2-GPU stand can quarantine both GPUs. `runbook_changes()` lists every change and
 the demo prints them.
@@ -107,6 +108,11 @@ MIN_SECONDS = {
     "staleAfter": 60.0,
 }
 DURATION_KEYS = frozenset(MIN_SECONDS)
+# Durations kept as shipped: they become a Job's activeDeadlineSeconds, which the twin's Job
+# controller counts on its own clock (`time_scale` times faster); divided, the Job would pass
+# its deadline before its pod ran. The workflow waits for them in real time, which only a Job
+# that neither ends nor is refused ever uses up.
+UNSCALED = frozenset({"repair.reset.timeout", "validation.timeout"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,6 +348,8 @@ def demo_runbooks(
             if not isinstance(node, dict):
                 return
             for key, value in list(node.items()):
+                if f"{where}{key}" in UNSCALED:
+                    continue
                 if key in DURATION_KEYS and isinstance(value, str | int | float):
                     scaled = _scaled(key, value, scale)
                     if scaled is not None:
