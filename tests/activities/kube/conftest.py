@@ -33,14 +33,15 @@ ROLES = role_rules(
     )
 )
 
-# The Namespaces deploy/namespace.yaml creates (Sickbay's, the repair Jobs'), with their Pod
-# Security labels: every twin here starts with them, as a cluster Sickbay was deployed to.
+# The repair Jobs' namespace as deploy/namespace.yaml ships it (its Pod Security labels):
+# every twin here starts with it, as a cluster Sickbay was deployed to. (Sickbay's own
+# namespace is left to the tests that need it.)
 DEPLOYED_NAMESPACES = [
     {"metadata": {"name": d["metadata"]["name"], "labels": d["metadata"].get("labels") or {}}}
     for d in yaml.safe_load_all(
         (Path(__file__).resolve().parents[3] / "deploy" / "namespace.yaml").read_text()
     )
-    if d and d.get("kind") == "Namespace"
+    if d and d.get("kind") == "Namespace" and d["metadata"]["name"] == "sickbay-repair"
 ]
 PROFILES = ("1.34", "1.35", "1.36", "1.37", "device-plugin")
 DRIVER = "gpu.nvidia.com"

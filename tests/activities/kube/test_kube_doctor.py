@@ -180,7 +180,7 @@ def test_doctor_reports_the_recorded_cluster_name_and_a_mismatch(
 
     monkeypatch.delenv("SICKBAY_CLUSTER", raising=False)
     with twin(tmp_path, "1.37", proxy_rules=RULES) as t:
-        t.namespace("sickbay")  # deploy/namespace.yaml made it already
+        t.store.create("namespaces", {"metadata": {"name": "sickbay"}})
         uid = t.store.get("namespaces", "kube-system")["metadata"]["uid"]
         code, out = doctor(t.kubeconfig, "--namespace", "sickbay")
         assert code == 0, out
