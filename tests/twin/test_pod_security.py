@@ -10,7 +10,9 @@ and added capabilities but admits a root pod with no extra privileges; a Job in 
 namespace is accepted, its pod is refused with a `FailedCreate` Warning Event on the Job
 carrying the server's text, the Job never gets a pod and fails with `DeadlineExceeded` at
 activeDeadlineSeconds; an Eviction whose body says `deleteOptions.dryRun: ["All"]` (what
-`kubectl drain --dry-run=server` sends) answers 201 and evicts nothing.
+`kubectl drain --dry-run=server` sends) answers 201 and evicts nothing; Events listed by
+`involvedObject.uid` (with name, namespace and kind, as `kubectl describe` asks) leave out one
+written without the uid.
 """
 
 from __future__ import annotations
@@ -249,3 +251,31 @@ def test_eviction_with_dry_run_in_the_body_evicts_nothing(pst: RunningTwin) -> N
     )
     gone = raw(pst, "GET", f"/api/v1/namespaces/{ns}/pods/victim")
     assert gone.status_code == 404 or "deletionTimestamp" in gone.json()["metadata"]
+
+
+def test_events_listed_by_involved_object_uid_as_kubectl_describe_does(pst: RunningTwin) -> None:
+    """`kubectl describe` lists a pod's Events with name, namespace, kind and uid: an Event
+    written without the uid is not among them (it shows only in `kubectl get events`)."""
+    ns = "psa-evict"
+    created = raw(pst, "POST", f"/api/v1/namespaces/{ns}/pods", _pod("described", {})).json()
+    uid = created["metadata"]["uid"]
+    involved = {"apiVersion": "v1", "kind": "Pod", "name": "described", "namespace": ns}
+    for name, ref in (("with-uid", {**involved, "uid": uid}), ("without-uid", involved)):
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name},
+            "involvedObject": ref,
+            "reason": "GPUQuarantined",
+            "message": name,
+            "type": "Normal",
+        }
+        assert raw(pst, "POST", f"/api/v1/namespaces/{ns}/events", event).status_code == 201
+    selector = (
+        f"involvedObject.name=described,involvedObject.namespace={ns},"
+        f"involvedObject.kind=Pod,involvedObject.uid={uid}"
+    )
+    listed = raw(pst, "GET", f"/api/v1/namespaces/{ns}/events?fieldSelector={selector}").json()
+    names = {e["metadata"]["name"] for e in listed["items"]}  # the twin's own Events too
+    assert "with-uid" in names and "without-uid" not in names
+    assert all(e["involvedObject"]["uid"] == uid for e in listed["items"])
