@@ -146,19 +146,30 @@ def _allowed(
         ) from err
 
 
+def _namespace(config: RepairConfig, kind: RepairWork, asked: str | None) -> str:
+    """The worker's repair namespace: a Job is created nowhere else (an input naming another,
+    say one recorded before the setting changed, is refused, not followed)."""
+    if asked and asked != config.namespace:
+        raise ApplicationError(
+            f"{kind} Job not created: namespace {asked!r} is not the repair namespace "
+            f"{config.namespace!r} (SICKBAY_REPAIR_NAMESPACE)",
+            type=ERR_REPAIR_NOT_ALLOWED,
+            non_retryable=True,
+        )
+    return config.namespace
+
+
 def resolve_reset(inp: RepairJobInput, config: RepairConfig) -> RepairJobInput:
     """The input with the worker's namespace and the allowlisted image and command."""
+    namespace = _namespace(config, "reset", inp.namespace)
     image, command = _allowed(config, "reset", inp.image, inp.command)
-    return inp.model_copy(
-        update={"namespace": inp.namespace or config.namespace, "image": image, "command": command}
-    )
+    return inp.model_copy(update={"namespace": namespace, "image": image, "command": command})
 
 
 def resolve_validation(inp: ValidationJobInput, config: RepairConfig) -> ValidationJobInput:
+    namespace = _namespace(config, "validation", inp.namespace)
     image, command = _allowed(config, "validation", inp.image, inp.command)
-    return inp.model_copy(
-        update={"namespace": inp.namespace or config.namespace, "image": image, "command": command}
-    )
+    return inp.model_copy(update={"namespace": namespace, "image": image, "command": command})
 
 
 def _name(kind: str, key: str) -> str:

@@ -33,7 +33,8 @@ Cases:
   while the Job has not failed yet (long before its deadline); a pod stuck on an image pull ->
   RepairJobRefused naming ErrImagePull and its message;
 - the allowlist: an image or command the allowlist lacks, or no image allowlisted ->
-  RepairNotAllowed naming it, nothing created; the allowlist's first image is the default.
+  RepairNotAllowed naming it, nothing created; the allowlist's first image is the default; an
+  input naming another namespace than the repair namespace -> RepairNotAllowed too.
 """
 
 from __future__ import annotations
@@ -625,3 +626,22 @@ async def test_images_and_commands_come_from_the_allowlist(
     assert caught.value.type == ERR_REPAIR_NOT_ALLOWED and caught.value.non_retryable
     assert says in caught.value.message
     assert _jobs(t) == []
+
+
+async def test_jobs_are_created_in_the_repair_namespace_only(make: Any) -> None:
+    t, acts = make("1.36")
+    node = t.node()
+    inp = RepairJobInput(
+        workflow_id="wf",
+        incident="wf/run-1",
+        node=node,
+        gpu_uuids=[t.uuid_of(node, 0)],
+        namespace="sickbay",  # as recorded before the repair namespace existed
+    )
+    with pytest.raises(ApplicationError) as caught:
+        await t.run(acts.start_reset_job, inp)
+    assert caught.value.type == ERR_REPAIR_NOT_ALLOWED
+    assert "namespace 'sickbay' is not the repair namespace 'sickbay-repair'" in (
+        caught.value.message
+    )
+    assert t.store.list("jobs.batch").items == []
