@@ -26,8 +26,8 @@ reset Job, the validation Job (and its claim), waiting for a Job and cleaning up
   the reset pod is privileged (a GPU reset through the driver needs every GPU device node
   and CAP_SYS_ADMIN); the validation pod is not: it gets the one GPU through its claim (DRA,
   the driver's CDI devices) or the container toolkit (device plugin), drops every capability,
-  no privilege escalation, the runtime's seccomp profile; it runs as the image's user (root
-  in NVIDIA's DCGM image). So the validation pod passes Pod Security `baseline`, the reset pod
+  no privilege escalation, the runtime's seccomp profile; it runs as the image's user, not
+  forced to non-root (DCGM's host engine is normally run as root). So the validation pod passes Pod Security `baseline`, the reset pod
   only `privileged` (docs/deploy.md).
 - A Job whose pod is refused (its `FailedCreate` Warning Event: Pod Security, quota, a missing
   ServiceAccount) or cannot start (image pull, container config) is reported at the next poll
@@ -107,7 +107,7 @@ VALIDATION_RESOURCES = {
     "limits": {"cpu": "2", "memory": "2Gi"},
 }
 # The validation container: no privilege, no capability, the runtime's seccomp profile (Pod
-# Security baseline; restricted would also need runAsNonRoot, which DCGM's image does not do).
+# Security baseline; restricted would also need runAsNonRoot, which DCGM is not run with).
 VALIDATION_SECURITY = {
     "privileged": False,
     "allowPrivilegeEscalation": False,
