@@ -9,6 +9,10 @@
   or alias-bomb file is refused in milliseconds instead of stalling the worker.
 - Values outside the documented safe bounds (`contract.runbook.SAFE_BOUNDS`) are refused by
   the schema unless the block acknowledges them with `unsafe: [field]`.
+- A repair or validation image / command outside the operator's allowlist
+  (`RepairAllowlist`, SICKBAY_REPAIR_ALLOWLIST) is refused, e.g.
+  `runbooks/training.yaml:40: spec.repair.reset.image: image '...' is not in the operator's
+  reset allowlist (...)`: the runbooks never choose what runs privileged on a node.
 - `RunbookActivities.load_runbooks` is the `load-runbooks` activity: it reads
   `Settings.runbooks_dir`, caches the set until a file changes, and keeps serving the last good
   set (logging the problems) when an edit breaks a file, so a typo made during an incident
@@ -31,7 +35,7 @@ from temporalio.exceptions import ApplicationError
 from activities.defn import defn
 from contract.errors import ERR_RUNBOOK_INVALID
 from contract.names import ACT_LOAD_RUNBOOKS
-from contract.runbook import Runbook, RunbookSet
+from contract.runbook import RepairAllowlist, Runbook, RunbookSet
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +173,10 @@ def _structure_problems(root: yaml.Node, where: str) -> list[str]:
     return sorted(problems, key=lambda p: int(p[len(where) + 1 :].split(":", 1)[0]))
 
 
-def load_text(text: str, where: str) -> list[Runbook]:
-    """All runbooks in one YAML text (one or more documents)."""
+def load_text(text: str, where: str, allowlist: RepairAllowlist | None = None) -> list[Runbook]:
+    """All runbooks in one YAML text (one or more documents); each image and command a
+    repair block names checked against `allowlist` (None: the empty one, the default)."""
+    allowlist = allowlist if allowlist is not None else RepairAllowlist()
     if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
         raise RunbookError([_too_large(where)])
     try:
@@ -193,7 +199,13 @@ def load_text(text: str, where: str) -> list[Runbook]:
         runbook, errs = _validate(doc, node, where)
         problems += errs
         if runbook is not None:
-            runbooks.append(runbook)
+            refused = [
+                f"{where}:{_line_of(node, loc)}: {'.'.join(loc)}: {msg}"
+                for loc, msg in allowlist.runbook_problems(runbook)
+            ]
+            problems += refused
+            if not refused:
+                runbooks.append(runbook)
     if problems:
         raise RunbookError(problems)
     return runbooks
@@ -205,7 +217,7 @@ def _too_large(where: str) -> str:
     )
 
 
-def load_file(path: Path) -> list[Runbook]:
+def load_file(path: Path, allowlist: RepairAllowlist | None = None) -> list[Runbook]:
     try:
         with path.open("rb") as f:
             raw = f.read(MAX_FILE_BYTES + 1)  # never read a huge file whole
@@ -216,7 +228,7 @@ def load_file(path: Path) -> list[Runbook]:
         raise RunbookError([f"{path}:1: (file): cannot read: {exc.strerror}"]) from exc
     except UnicodeDecodeError as exc:
         raise RunbookError([f"{path}:1: (file): not UTF-8 text"]) from exc
-    return load_text(text, str(path))
+    return load_text(text, str(path), allowlist)
 
 
 def runbook_files(path: Path) -> list[Path]:
@@ -227,14 +239,15 @@ def runbook_files(path: Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file())
 
 
-def load_dir(path: Path) -> RunbookSet:
-    """Every runbook under `path` (a directory or one file); all problems at once."""
+def load_dir(path: Path, allowlist: RepairAllowlist | None = None) -> RunbookSet:
+    """Every runbook under `path` (a directory or one file); all problems at once. Repair
+    images and commands are checked against `allowlist` (the worker's setting)."""
     problems: list[str] = []
     runbooks: list[Runbook] = []
     where: dict[str, str] = {}
     for file in runbook_files(path):
         try:
-            loaded = load_file(file)
+            loaded = load_file(file, allowlist)
         except RunbookError as exc:
             problems += exc.problems
             continue
@@ -266,9 +279,13 @@ class RunbookActivities:
     set loads again) and told to `on_invalid` (the worker posts a Warning Event)."""
 
     def __init__(
-        self, runbooks_dir: Path, on_invalid: Callable[[str], object] | None = None
+        self,
+        runbooks_dir: Path,
+        allowlist: RepairAllowlist | None = None,
+        on_invalid: Callable[[str], object] | None = None,
     ) -> None:
         self._dir = runbooks_dir
+        self._allowlist = allowlist
         self._cached: RunbookSet | None = None
         self._signature: tuple[tuple[str, int, int], ...] | None = None
         self._bad_signature: tuple[tuple[str, int, int], ...] | None = None
@@ -284,7 +301,7 @@ class RunbookActivities:
                 return self._cached
             if self._cached is not None and signature == self._bad_signature:
                 return self._cached  # the same bad edit: reported already
-            loaded = load_dir(self._dir)
+            loaded = load_dir(self._dir, self._allowlist)
         except RunbookError as exc:
             if self._cached is None:
                 raise

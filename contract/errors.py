@@ -36,3 +36,8 @@ ERR_MAINTENANCE_FAILED = "MaintenanceFailed"
 ERR_GPU_HELD = "GpuStillHeld"  # something else holds the GPU: no reset (retryable: wait)
 ERR_PROVIDER_NOT_CONFIGURED = "RepairProviderNotConfigured"
 ERR_PROVIDER_REFUSED = "RepairProviderRefused"
+# A repair Job's pods are refused or cannot start (the API's own reason: FailedCreate, image
+# pull): a configuration problem no rung fixes, escalated at once (non-retryable).
+ERR_REPAIR_JOB_REFUSED = "RepairJobRefused"
+# A repair / validation image or command outside the operator's allowlist, or none allowlisted.
+ERR_REPAIR_NOT_ALLOWED = "RepairNotAllowed"

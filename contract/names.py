@@ -354,4 +354,8 @@ RESET_GROUP_ATTRIBUTE = "sickbay.dev/resetGroup"
 RESET_GROUP_LABEL = "sickbay.dev/gpu-reset-group"
 LABEL_REPAIR = "sickbay.dev/repair"  # on repair Jobs, their pods and claims: reset | validation
 ANN_REPAIR_KEY = "sickbay.dev/repair-key"  # the attempt a Job belongs to
-REPAIR_NAMESPACE = "sickbay"  # Sickbay's own namespace (deploy/namespace.yaml, rbac-repair.yaml)
+# Where the reset and validation Jobs run (SICKBAY_REPAIR_NAMESPACE; deploy/namespace.yaml,
+# components/repair): their own namespace, Pod Security `privileged` for the reset pod, apart
+# from Sickbay's `restricted` one. Their pods run as REPAIR_SERVICE_ACCOUNT (no permissions).
+REPAIR_NAMESPACE = "sickbay-repair"
+REPAIR_SERVICE_ACCOUNT = "sickbay-repair"

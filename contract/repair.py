@@ -24,8 +24,6 @@ from pydantic import Field
 from contract.base import Contract, Duration
 from contract.capacity import NodePoolTarget
 from contract.kube import ClusterMode, PodRef
-from contract.names import REPAIR_NAMESPACE
-from contract.runbook import DEFAULT_RESET_IMAGE, DEFAULT_VALIDATION_IMAGE
 
 
 class GpuHoldersInput(Contract):
@@ -45,7 +43,8 @@ class DrainPodsInput(Contract):
 
     node: str
     gpu_uuids: list[str] = Field(default_factory=list)
-    ignore_namespaces: list[str] = Field(default_factory=lambda: [REPAIR_NAMESPACE])
+    # Besides these, the worker's repair namespace (the activity adds it).
+    ignore_namespaces: list[str] = Field(default_factory=list)
 
 
 class DrainPodsResult(Contract):
@@ -73,9 +72,11 @@ class RepairJobInput(Contract):
     attempt: int = Field(default=1, ge=1)  # the rung attempt: a new attempt, a new Job
     node: str
     gpu_uuids: list[str] = Field(min_length=1)
-    image: str = DEFAULT_RESET_IMAGE
+    # The runbook's choice, checked against the worker's allowlist by the activity (None: the
+    # allowlist's first reset image).
+    image: str | None = None
     command: list[str] = Field(default_factory=list)  # empty: DEFAULT_RESET_COMMAND
-    namespace: str = REPAIR_NAMESPACE
+    namespace: str | None = None  # None: the worker's repair namespace (SICKBAY_REPAIR_NAMESPACE)
     timeout: Duration = timedelta(minutes=5)
     dry_run: bool = False
 
@@ -94,10 +95,10 @@ class ValidationJobInput(Contract):
     device: str | None = None
     device_class: str = "gpu.nvidia.com"
     taint_key: str = "sickbay.dev/unhealthy"  # Sickbay's own taint, tolerated by the claim
-    image: str = DEFAULT_VALIDATION_IMAGE
+    image: str | None = None  # as RepairJobInput.image (the validation allowlist)
     command: list[str] = Field(default_factory=list)  # empty: DEFAULT_VALIDATION_COMMAND
     level: int = Field(default=2, ge=1, le=4)
-    namespace: str = REPAIR_NAMESPACE
+    namespace: str | None = None  # as RepairJobInput.namespace
     timeout: Duration = timedelta(minutes=15)
     dry_run: bool = False
 
@@ -120,6 +121,10 @@ class RepairJobOutcome(Contract):
     passed: bool
     summary: str  # the last lines of the pod's log (or the Job's failure reason)
     reason: str = ""
+    # The Job could not run at all (its pod refused or never started, or its image / command
+    # not allowlisted): `reason` is the API's (or the allowlist's) text. Not a verdict on the
+    # GPU: the remediation escalates instead of trying the next rung.
+    refused: bool = False
 
 
 class CleanUpRepairJobInput(Contract):

@@ -375,9 +375,9 @@ RUNG_SCOPE: dict[RungAction, BudgetScope] = {
 # Xid 79 "GPU has fallen off the bus": the driver cannot reach the GPU, so neither can a reset.
 RESET_UNREACHABLE_XIDS = frozenset({79})
 
-DEFAULT_RESET_IMAGE = "nvcr.io/nvidia/cuda:12.8.1-base-ubuntu24.04"
+# The commands Sickbay runs when a runbook names none (always allowed: the product's own). The
+# images come only from the operator's allowlist (RepairAllowlist): no default image exists.
 DEFAULT_RESET_COMMAND = ("nvidia-smi", "-r", "-i", "{uuid}")
-DEFAULT_VALIDATION_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
 DEFAULT_VALIDATION_COMMAND = ("dcgmi", "diag", "-r", "{level}")
 PLACEHOLDERS = frozenset({"uuid", "node", "level"})
 
@@ -445,8 +445,11 @@ class ResetRung(_Rung):
     block: ClassVar[str] = "repair.reset"
     action: ClassVar[RungAction] = "reset"
     timeout: Duration = timedelta(minutes=5)
-    image: str = DEFAULT_RESET_IMAGE
-    # Empty: `nvidia-smi -r -i {uuid}`. `{uuid}` and `{node}` are filled in.
+    # None: the first reset image of the operator's allowlist; a named one must be in it
+    # (the reset pod is privileged: the runbook never chooses what runs as root on a node).
+    image: str | None = None
+    # Empty: `nvidia-smi -r -i {uuid}`; another must be in the allowlist. `{uuid}` and `{node}`
+    # are filled in.
     command: list[str] = Field(default_factory=list)
 
     @field_validator("command")
@@ -507,8 +510,10 @@ class ValidationPolicy(BoundedRunbookModel):
 
     block: ClassVar[str] = "validation"
     enabled: bool = True
-    image: str = DEFAULT_VALIDATION_IMAGE
-    # Empty: `dcgmi diag -r {level}`. `{uuid}`, `{node}` and `{level}` are filled in.
+    # None: the first validation image of the operator's allowlist; a named one must be in it.
+    image: str | None = None
+    # Empty: `dcgmi diag -r {level}`; another must be in the allowlist. `{uuid}`, `{node}` and
+    # `{level}` are filled in.
     command: list[str] = Field(default_factory=list)
     level: int = Field(default=2, ge=1, le=4)  # dcgmi diag run level: 1 quick .. 4 extended
     timeout: Duration = timedelta(minutes=15)
@@ -545,6 +550,118 @@ def ladder_for(
         if repair.rung(action).applies(failure_class, xid, listed):
             out.append(action)
     return out
+
+
+# The operator's allowlist of repair images and commands (SICKBAY_REPAIR_ALLOWLIST)
+# --------------------------------------------------------------------------------------------
+
+RepairWork = Literal["reset", "validation"]
+# `<repository>@sha256:<64 hex>`: a tag can be moved to other content, a digest cannot.
+DIGEST_PINNED = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
+DEFAULT_COMMANDS: dict[RepairWork, tuple[str, ...]] = {
+    "reset": DEFAULT_RESET_COMMAND,
+    "validation": DEFAULT_VALIDATION_COMMAND,
+}
+
+
+class AllowedWork(Contract):
+    """The images (digest-pinned; the first is the default) and the commands (besides the
+    default one) one kind of repair pod may run."""
+
+    images: list[str] = Field(default_factory=list)
+    commands: list[list[str]] = Field(default_factory=list)
+
+    @field_validator("images")
+    @classmethod
+    def _pinned(cls, images: list[str]) -> list[str]:
+        bad = [i for i in images if not DIGEST_PINNED.match(i)]
+        if bad:
+            raise ValueError(
+                f"{', '.join(bad)}: not pinned by digest (write <repository>@sha256:<64 hex>)"
+            )
+        return images
+
+    @field_validator("commands")
+    @classmethod
+    def _placeholders(cls, commands: list[list[str]]) -> list[list[str]]:
+        for command in commands:
+            if not command:
+                raise ValueError("an empty command")
+            _check_command(command)
+        return commands
+
+
+class RepairAllowlist(Contract):
+    """What repair and validation pods may run, from the operator's deployment settings (not
+    the runbooks): whoever edits runbooks must not choose what runs privileged on GPU nodes."""
+
+    reset: AllowedWork = Field(default_factory=AllowedWork)
+    validation: AllowedWork = Field(default_factory=AllowedWork)
+
+    def work(self, kind: RepairWork) -> AllowedWork:
+        return self.reset if kind == "reset" else self.validation
+
+    def commands(self, kind: RepairWork) -> list[list[str]]:
+        return [list(DEFAULT_COMMANDS[kind]), *self.work(kind).commands]
+
+    def image_problem(self, kind: RepairWork, image: str | None) -> str | None:
+        images = self.work(kind).images
+        if image is None:
+            if images:
+                return None
+            return (
+                f"no {kind} image is allowlisted: the operator sets SICKBAY_REPAIR_ALLOWLIST "
+                f'({{"{kind}": {{"images": ["<repository>@sha256:<digest>"]}}}})'
+            )
+        if image in images:
+            return None
+        return (
+            f"image {image!r} is not in the operator's {kind} allowlist "
+            f"(SICKBAY_REPAIR_ALLOWLIST {kind}.images: {', '.join(images) or 'none'})"
+        )
+
+    def command_problem(self, kind: RepairWork, command: list[str]) -> str | None:
+        if not command or command in self.commands(kind):
+            return None
+        return (
+            f"command {command!r} is not in the operator's {kind} allowlist "
+            f"(SICKBAY_REPAIR_ALLOWLIST {kind}.commands, or the default "
+            f"{list(DEFAULT_COMMANDS[kind])!r})"
+        )
+
+    def resolve(
+        self, kind: RepairWork, image: str | None, command: list[str]
+    ) -> tuple[str, list[str]]:
+        """(image, command template) to run; ValueError naming the problem when not allowed."""
+        problem = self.image_problem(kind, image) or self.command_problem(kind, command)
+        if problem:
+            raise ValueError(problem)
+        return image or self.work(kind).images[0], list(command or DEFAULT_COMMANDS[kind])
+
+    def runbook_problems(self, runbook: Runbook) -> list[tuple[tuple[str, ...], str]]:
+        """(field path, problem) for every image/command the runbook names outside the
+        allowlist. Images left unnamed are not checked here (none allowlisted is reported by
+        `sickbay doctor` and escalated by the rung)."""
+        spec = runbook.spec
+        out: list[tuple[tuple[str, ...], str]] = []
+        blocks: list[tuple[tuple[str, ...], RepairWork, str | None, list[str]]] = [
+            (
+                ("spec", "repair", "reset"),
+                "reset",
+                spec.repair.reset.image,
+                spec.repair.reset.command,
+            ),
+            (("spec", "validation"), "validation", spec.validation.image, spec.validation.command),
+        ]
+        for path, kind, image, command in blocks:
+            if image is not None:
+                problem = self.image_problem(kind, image)
+                if problem:
+                    out.append(((*path, "image"), problem))
+            problem = self.command_problem(kind, command)
+            if problem:
+                out.append(((*path, "command"), problem))
+        return out
 
 
 def fill_command(template: list[str], *, uuid: str, node: str, level: int = 0) -> list[str]:

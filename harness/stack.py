@@ -24,7 +24,8 @@ PR_SET_PDEATHSIG), so a killed demo or test run leaves nothing behind.
 
 Honesty about time: the twin runs `time_scale` times faster than real time, but workflow timers
 on the dev server run in real time. The stack therefore writes *demo runbooks*: the shipped
-runbooks with every duration divided by `time_scale` (floors in `MIN_SECONDS`), the inference
+runbooks with every duration divided by `time_scale` (floors in `MIN_SECONDS`; a repair Job's
+timeout, its activeDeadlineSeconds on the twin's clock, stays as shipped), the inference
 scale-up pointed at the twin's cloud API, escalations at the sink, and the inference budget
 widened so a 2-GPU stand can quarantine both GPUs. `runbook_changes()` lists every change and
 the demo prints them.
@@ -76,6 +77,20 @@ PROFILE = "1.36"
 # a GPU node's boot, kubelet and driver DaemonSet take minutes; longer than a wait poll at x30.
 NODE_STARTUP_SECONDS = 300
 WATCH_NAMESPACE = "sickbay"  # the health watcher's Lease, as deploy/ has it
+# The repair namespace's Pod Security labels, as deploy/namespace.yaml has them (the twin
+# enforces them: a Job whose pods the level refuses fails as on a real cluster).
+REPAIR_NAMESPACE_LABELS = {
+    "pod-security.kubernetes.io/enforce": "privileged",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+    "pod-security.kubernetes.io/warn": "baseline",
+    "pod-security.kubernetes.io/audit": "baseline",
+}
+# The stack's repair allowlist (SICKBAY_REPAIR_ALLOWLIST): the twin runs no image, so these
+# digests name nothing real (registry.invalid); a cluster's come from its operator.
+TWIN_REPAIR_ALLOWLIST = {
+    "reset": {"images": ["registry.invalid/sickbay-twin/nvidia-smi@sha256:" + "1" * 64]},
+    "validation": {"images": ["registry.invalid/sickbay-twin/dcgm@sha256:" + "2" * 64]},
+}
 # Readiness: the dev server needs ~2-5 s (SQLite in memory), a Python child 2-4 s to import on
 # a busy 2-core machine; 60 s covers a machine shared with other test runs.
 READY_TIMEOUT = 60.0
@@ -93,6 +108,11 @@ MIN_SECONDS = {
     "staleAfter": 60.0,
 }
 DURATION_KEYS = frozenset(MIN_SECONDS)
+# Durations kept as shipped: they become a Job's activeDeadlineSeconds, which the twin's Job
+# controller counts on its own clock (`time_scale` times faster); divided, the Job would pass
+# its deadline before its pod ran. The workflow waits for them in real time, which only a Job
+# that neither ends nor is refused ever uses up.
+UNSCALED = frozenset({"repair.reset.timeout", "validation.timeout"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,6 +354,8 @@ def demo_runbooks(
             if not isinstance(node, dict):
                 return
             for key, value in list(node.items()):
+                if f"{where}{key}" in UNSCALED:
+                    continue
                 if key in DURATION_KEYS and isinstance(value, str | int | float):
                     scaled = _scaled(key, value, scale)
                     if scaled is not None:
@@ -695,10 +717,15 @@ class Stack:
         # Sickbay's namespace: the watcher's Lease and the recorded cluster name live there;
         # the repair Jobs in their own.
         for ns in (WATCH_NAMESPACE, *((REPAIR_NAMESPACE,) if cfg.repair else ())):
+            labels = REPAIR_NAMESPACE_LABELS if ns == REPAIR_NAMESPACE else {}
             status, answer = _http(
                 "POST",
                 info.kube_url + "/api/v1/namespaces",
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": ns, "labels": labels},
+                },
             )
             if status not in (201, 409):
                 raise StackError(f"twin: cannot create namespace {ns}: {answer}")
@@ -780,6 +807,8 @@ class Stack:
                 # The twin's Compute Engine endpoints: node reboot / replace (provider `twin`).
                 "SICKBAY_TWIN_CLOUD_URL": info.cloud_url,
                 "SICKBAY_GRACEFUL_SHUTDOWN_SECONDS": "5",
+                "SICKBAY_REPAIR_NAMESPACE": REPAIR_NAMESPACE,
+                "SICKBAY_REPAIR_ALLOWLIST": json.dumps(TWIN_REPAIR_ALLOWLIST),
             }
         )
         if self.config.cloud == "eks":

@@ -133,6 +133,8 @@ def evict(
 ) -> None:
     """POST pods/{name}/eviction. Raises ApiError (404, 429, 500) or returns once evicted."""
     delete_options = (body or {}).get("deleteOptions") or {}
+    # `kubectl drain --dry-run=server` says it in the body, not the query: nothing is evicted.
+    dry_run = dry_run or "All" in (delete_options.get("dryRun") or [])
     body_meta = (body or {}).get("metadata") or {}
     # The create handler checks the namespace, then EvictionREST.Create the name (an empty
     # one too), both before the pod is read: a mismatch evicts nothing.

@@ -44,7 +44,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
-from twin import authz, disruption, errors, logs, openapi, printing, protobuf
+from twin import authz, disruption, errors, logs, openapi, podsecurity, printing, protobuf
 from twin.resources import ResourceType
 from twin.selectors import EVENTS_V1_FIELDS, parse_field_selector, parse_label_selector
 from twin.store import (
@@ -1082,6 +1082,18 @@ class _Handler(BaseHTTPRequestHandler):
         created = store.create(
             tgt.rt, obj, tgt.namespace, dry_run=self._dry_run(), manager=self._manager()
         )
+        if tgt.rt.namespaced:
+            # Pod Security admission's warnings: a pod failing the `warn` level, a workload
+            # whose pod template its namespace's levels would refuse (nothing refused here).
+            found = podsecurity.warnings(
+                store.namespace_labels(tgt.namespace), tgt.rt.storage, created
+            )
+            if found:
+                known = self._extra_headers.get("Warning")
+                # A quoted-string: the server escapes `"` and `\` (kubectl shows the text).
+                quoted = (w.replace("\\", "\\\\").replace('"', '\\"') for w in found)
+                texts = [f'299 - "{q}"' for q in quoted]
+                self._extra_headers["Warning"] = ", ".join(([known] if known else []) + texts)
         self._send_json(201, self._present(tgt, created))
 
     def _token_request(self, tgt: Target, body: bytes) -> None:

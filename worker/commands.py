@@ -920,9 +920,10 @@ def cmd_extend_deadline(args: argparse.Namespace) -> int:
 def cmd_runbooks_validate(args: argparse.Namespace) -> int:
     from activities.runbooks import RunbookError, load_dir
 
-    path = Path(args.path) if args.path else _settings(args).runbooks_dir
+    settings = _settings(args)
+    path = Path(args.path) if args.path else settings.runbooks_dir
     try:
-        loaded = load_dir(path)
+        loaded = load_dir(path, settings.repair_allowlist)  # images/commands: the allowlist's
     except RunbookError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

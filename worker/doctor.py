@@ -34,7 +34,10 @@ Checks, one line each, `ok` / `warning` / `error` plus what to do:
   the doctor says so on 1.36.0-1.36.2 builds serving v1beta2 rules (watch kube-scheduler's
   restarts); a quarantine (or this probe) on such a cluster can set it off;
 - whether pods report `allocatedResourcesStatus` (ResourceHealthStatus), DRA drivers and
-  device classes present and whether their devices carry a uuid attribute.
+  device classes present and whether their devices carry a uuid attribute;
+- the repair namespace (worker/doctor_repair.py): it exists and its Pod Security enforce level
+  admits the reset / validation pods the runbooks will have Sickbay create; the allowlist
+  names their images.
 Exit code 0 when nothing is `error`, 1 otherwise.
 """
 
@@ -61,7 +64,7 @@ from activities.kube.permissions import (
 )
 from activities.kube.pods import requests_gpu
 from activities.kube.quarantine import delete_rule, wait_rule_conditions
-from contract.names import LABEL_MANAGED_BY, MANAGED_BY_VALUE
+from contract.names import LABEL_MANAGED_BY, MANAGED_BY_VALUE, REPAIR_NAMESPACE
 from contract.runbook import Runbook
 from worker.settings import WatchSettings
 
@@ -91,12 +94,14 @@ class Doctor:
         probe_timeout: float = PROBE_TIMEOUT,
         runbooks: list[Runbook] | None = None,
         namespace: str | None = None,
+        repair_namespace: str = REPAIR_NAMESPACE,
     ) -> None:
         self.kube = kube
         self.probe_timeout = probe_timeout
         self.runbooks = runbooks  # None: not loaded (the grants line is left out)
         # Sickbay's own namespace: the health watcher's Lease (a namespaced permission)
         self.namespace = namespace or WatchSettings().watch_namespace
+        self.repair_namespace = repair_namespace  # where the repair Role's grants must be
         self.checks: list[Check] = []
 
     def add(self, status: str, name: str, detail: str, fix: str = "") -> None:
@@ -184,7 +189,8 @@ class Doctor:
                 if perm.subresource:
                     attrs["subresource"] = perm.subresource
                 if perm.namespaced:
-                    attrs["namespace"] = self.namespace
+                    repair = perm.in_repair_namespace
+                    attrs["namespace"] = self.repair_namespace if repair else self.namespace
                 if perm.name:
                     attrs["name"] = perm.name
                 body = {
@@ -993,7 +999,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         checks = [
             loaded,
-            *Doctor(kube, args.probe_timeout, runbooks, namespace).run(
+            *Doctor(kube, args.probe_timeout, runbooks, namespace, settings.repair_namespace).run(
                 probe=args.probe, probe_namespace=args.probe_namespace
             ),
         ]
@@ -1003,6 +1009,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             checks.append(cluster_name_check(kube, namespace, explicit))
             if explicit is None:
                 recorded = _recorded_name(kube, namespace)
+            from worker.doctor_repair import repair_namespace_checks
+
+            checks += repair_namespace_checks(
+                kube, settings.repair_namespace, settings.repair_allowlist, runbooks
+            )
         checks.append(integrations_check(runbooks, settings, kube.api_client))
         if args.temporal:
             # The queue the worker polls: the recorded cluster's, unless SICKBAY_CLUSTER says.

@@ -49,6 +49,7 @@ from activities.kube import KubeActivities
 from activities.kube.client import Kube, KubeError
 from activities.kube.events import report_runbooks_invalid
 from activities.kube.node_diagnosis import NodeIncidentActivities
+from activities.kube.repair import RepairConfig
 from activities.kube.repair_activities import KubeRepairActivities
 from activities.launch import LaunchActivities
 from activities.ledger import LedgerActivities
@@ -176,7 +177,7 @@ class Built:
 
 def build_activities(client: Client, settings: Settings, *, kube_activities: Any = None) -> Built:
     """Every activity, each class built once from the settings."""
-    runbooks = RunbookActivities(settings.runbooks_dir)
+    runbooks = RunbookActivities(settings.runbooks_dir, settings.repair_allowlist)
     runbooks.current()  # invalid runbooks stop the worker here, with file:line errors
     built = Built(
         activities=[
@@ -217,7 +218,11 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
     cloud = CloudActivities.from_env(kube_api=kube.kube.api_client)
     built.activities += activities_of(cloud)
     built.closers.append(cloud.aclose)
-    _add_repair_activities(built, kube.kube)
+    _add_repair_activities(
+        built,
+        kube.kube,
+        RepairConfig(namespace=settings.repair_namespace, allowlist=settings.repair_allowlist),
+    )
     notify = NotifyActivities.from_settings(settings)
     built.activities += activities_of(notify)
     built.closers.append(notify.aclose)
@@ -233,10 +238,11 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
     return built
 
 
-def _add_repair_activities(built: Built, kube: Kube) -> None:
-    """The repair ladder's rungs: the GPU rungs on the Kubernetes client, the node rungs
-    through the providers `machine_providers` builds from the cloud config."""
-    repair = KubeRepairActivities(kube)
+def _add_repair_activities(built: Built, kube: Kube, config: RepairConfig) -> None:
+    """The repair ladder's rungs: the GPU rungs on the Kubernetes client (Jobs in the repair
+    namespace, images from the allowlist), the node rungs through the providers
+    `machine_providers` builds from the cloud config."""
+    repair = KubeRepairActivities(kube, config)
     built.activities += repair.all()
     built.closers.append(repair.close)
     node = NodeIncidentActivities(kube)  # the node incident (workflows/node_incident/)

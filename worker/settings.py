@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, get_args, get_origin
@@ -40,9 +41,11 @@ from contract.base import Duration
 from contract.names import (
     DEFAULT_NAMESPACE,
     DEFAULT_TASK_QUEUE,
+    REPAIR_NAMESPACE,
     check_cluster_name,
     cluster_task_queue,
 )
+from contract.runbook import RepairAllowlist
 from worker.alerts import (
     DEFAULT_ALERT_CLASSES,
     DEFAULT_ALERT_NAMES,
@@ -336,6 +339,15 @@ class Settings(BaseSettings):
     # Runbooks
     runbooks_dir: Path = PACKAGED_RUNBOOKS
 
+    # Closed-loop repair. The namespace of the reset and validation Jobs (their own, with the
+    # Pod Security level their pods need: deploy/namespace.yaml); the worker creates Jobs
+    # nowhere else. The allowlist (JSON, `{"reset": {"images": [...], "commands": [[...]]},
+    # "validation": {...}}`, images pinned by digest, the first the default): the only images
+    # and commands a repair pod may run. Deployment settings, not runbooks: whoever edits the
+    # runbooks must not choose what runs privileged on every GPU node (docs/deploy.md).
+    repair_namespace: str = REPAIR_NAMESPACE
+    repair_allowlist: RepairAllowlist = Field(default_factory=RepairAllowlist)
+
     # Worker
     metrics_port: int = 9464  # Prometheus metrics of the worker; 0 disables
     # Address the metrics listen on: loopback unless the operator says otherwise (in a pod,
@@ -413,6 +425,13 @@ class Settings(BaseSettings):
             else:
                 names[ENV_PREFIX + name.upper()] = (name,)
         return names
+
+    @field_validator("repair_namespace")
+    @classmethod
+    def _namespace_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", value):
+            raise ValueError(f"{value!r} is not a namespace name (RFC 1123 label)")
+        return value
 
     @field_validator("cluster")
     @classmethod

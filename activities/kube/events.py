@@ -8,11 +8,18 @@ remediation's decisions) are named per workflow, object and reason instead: the 
 created, a repeat PATCHes `count` (the workflow keeps the count, so retries are harmless) and
 `lastTimestamp`, as the kubelet aggregates (`kubectl get events` shows `(x3)`). Cluster-scoped targets (rules,
 nodes) get their events in the `default` namespace, as the kubelet and controllers do.
+
+Every Event carries its object's `involvedObject.uid`: `kubectl describe node|pod` lists Events
+by uid (field selector `involvedObject.uid=<uid>` with name, namespace and kind), so an Event
+without it shows only in `kubectl get events`. A node or pod target named without its uid (the
+remediation knows its node by name) is looked up first (a list by `metadata.name`: the grants
+Sickbay has anyway); one that is gone gets its Event without the uid.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import socket
 from datetime import UTC, datetime
@@ -21,6 +28,8 @@ from typing import Any
 from activities.kube.client import ErrorKind, Kube, KubeError
 from contract.kube import EventTarget, RecordEventInput
 from contract.names import EVENT_COMPONENT, RUNBOOKS_CONFIGMAP
+
+log = logging.getLogger(__name__)
 
 EVENT_NAMESPACE_FOR_CLUSTER_OBJECTS = "default"
 MAX_MESSAGE = 1024  # the API server truncates longer event messages
@@ -93,12 +102,46 @@ def _create(kube: Kube, namespace: str, body: dict[str, Any]) -> None:
             raise  # 409: this very event exists (a retry): success
 
 
+def _with_uid(kube: Kube, target: EventTarget) -> EventTarget:
+    """The target with its object's uid (read by name when missing; nodes and pods)."""
+    if target.uid or target.api_version != "v1" or target.kind not in ("Node", "Pod"):
+        return target
+    selector = f"metadata.name={target.name}"
+    try:
+        if target.kind == "Node":
+            found = kube.call(
+                kube.core.list_node, verb="list", resource="nodes", field_selector=selector
+            )
+        elif target.namespace:
+            found = kube.call(
+                kube.core.list_namespaced_pod,
+                target.namespace,
+                verb="list",
+                resource="pods",
+                field_selector=selector,
+            )
+        else:
+            return target
+    except KubeError as err:
+        log.warning(
+            "%s %s: uid not read (%s); its Event will not show in kubectl describe",
+            target.kind,
+            target.name,
+            err,
+        )
+        return target
+    items = found.get("items") or []
+    uid = ((items[0].get("metadata") or {}).get("uid")) if items else None
+    return target.model_copy(update={"uid": uid}) if uid else target
+
+
 def record_events(kube: Kube, inp: RecordEventInput, token: str) -> int:
     """One request per target; returns how many events exist afterwards. Aggregated events
     above count 1 are PATCHed (count, lastTimestamp, message: absolute values, so a retry
     changes nothing), or created with that count when they are gone (expired)."""
     written = 0
-    for target in inp.targets:
+    for named in inp.targets:
+        target = _with_uid(kube, named)
         body = event_body(target, inp, token)
         namespace = body["metadata"]["namespace"]
         if not inp.aggregate or target.count <= 1:

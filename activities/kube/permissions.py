@@ -11,7 +11,9 @@ kustomize component (deploy/components/<name>, `kind: Component`) named after wh
 `FEATURES` is the one table of what needs them: each code path a runbook setting or the cluster
 switches on, the role that carries its grants, and the grants. `sickbay doctor` derives the
 needed grants from the loaded runbooks through it (`needed`, `features_in_use`), and a test
-holds deploy/ to it: every component grants exactly what its features need.
+holds deploy/ to it: every component grants exactly what its features need. Component `repair`
+holds a Role in the repair namespace (SICKBAY_REPAIR_NAMESPACE, the only place the worker
+creates Jobs).
 The node incident's grants (`sickbay-node-incident`, deploy/rbac-node-incident.yaml: node taint
 and condition, the GPU plugin pod's restart) are installed by default, as `nodeIncident.enabled`
 is; `needed` names the runbook that enables it.
@@ -34,8 +36,14 @@ class Permission:
     why: str
     required: bool = True  # False: only some runbooks/paths need it (see `needed`)
     role: str = "sickbay"  # the ClusterRole in deploy/ that grants it (or the Role, namespaced)
-    namespaced: bool = False  # True: a Role in Sickbay's own namespace grants it
+    # True: a Role grants it in Sickbay's own namespace (in the repair namespace for
+    # ROLE_REPAIR's permissions: `in_repair_namespace`)
+    namespaced: bool = False
     name: str = ""  # the one object it is granted for (RBAC resourceNames), "" for any
+
+    @property
+    def in_repair_namespace(self) -> bool:
+        return self.namespaced and self.role == ROLE_REPAIR
 
     @property
     def plural(self) -> str:
@@ -150,6 +158,16 @@ PERMISSIONS: tuple[Permission, ...] = (
         "pods/log",
         ("get",),
         "repair ladder: the summary of a reset / validation Job's output",
+        False,
+        ROLE_REPAIR,
+        namespaced=True,
+    ),
+    Permission(
+        "",
+        "events",
+        ("list",),
+        "repair ladder: why a Job's pod was refused or never started (FailedCreate, image "
+        "pull), reported at the next poll",
         False,
         ROLE_REPAIR,
         namespaced=True,

@@ -19,12 +19,27 @@ reset Job, the validation Job (and its claim), waiting for a Job and cleaning up
   `sickbay-validate-<hash>`): creating one again answers 409 AlreadyExists, read back as the
   same attempt (`created: false`), never a second Job. `backoffLimit: 0`: a failed reset or
   validation is a result for the ladder, not something to repeat blindly.
+- Jobs run in the worker's repair namespace (`RepairConfig.namespace`, SICKBAY_REPAIR_NAMESPACE)
+  as the ServiceAccount `sickbay-repair` (no permissions, no token mounted), with requests and
+  limits. Images and commands come from the operator's allowlist (`RepairConfig.allowlist`,
+  SICKBAY_REPAIR_ALLOWLIST): a runbook's image or command outside it is refused here too
+  (RepairNotAllowed), whatever a recorded runbook says. Privileges, each only what it needs:
+  the reset pod is privileged (a GPU reset through the driver needs every GPU device node
+  and CAP_SYS_ADMIN); the validation pod is not: it gets the one GPU through its claim (DRA,
+  the driver's CDI devices) or the container toolkit (device plugin), drops every capability,
+  no privilege escalation, the runtime's seccomp profile; it runs as the image's user, not
+  forced to non-root (DCGM's host engine is normally run as root). So the validation pod passes Pod Security `baseline`, the reset pod
+  only `privileged` (docs/deploy.md).
+- A Job whose pod is refused (its `FailedCreate` Warning Event: Pod Security, quota, a missing
+  ServiceAccount) or cannot start (image pull, container config) is reported at the next poll
+  with the API's own text (RepairJobRefused), not at the rung's timeout.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -42,12 +57,20 @@ from activities.kube.devices import (
 )
 from activities.kube.nodes import ANN_CORDONED_BY, converge_node, cordon_change, read_node
 from activities.kube.pods import is_terminal, meta, pod_ref, requests_gpu
-from contract.errors import ERR_GPU_HELD, ERR_INVALID_INPUT, ERR_STILL_WAITING
+from contract.errors import (
+    ERR_GPU_HELD,
+    ERR_INVALID_INPUT,
+    ERR_REPAIR_JOB_REFUSED,
+    ERR_REPAIR_NOT_ALLOWED,
+    ERR_STILL_WAITING,
+)
 from contract.kube import PodRef
 from contract.names import (
     ANN_REPAIR_KEY,
     ANN_WORKFLOW_ID,
     LABEL_REPAIR,
+    REPAIR_NAMESPACE,
+    REPAIR_SERVICE_ACCOUNT,
     RESET_GROUP_ATTRIBUTE,
     RESET_GROUP_LABEL,
 )
@@ -67,13 +90,88 @@ from contract.repair import (
     WaitNodeGpusInput,
     WaitRepairJobInput,
 )
-from contract.runbook import DEFAULT_RESET_COMMAND, DEFAULT_VALIDATION_COMMAND, fill_command
+from contract.runbook import RepairAllowlist, RepairWork, fill_command
 
 JOBS = "jobs.batch"
 CLAIMS = "resourceclaims.resource.k8s.io"
 SUMMARY_LINES = 20  # log lines kept as a Job's summary (timeline, Events)
 SUMMARY_CHARS = 1500
 JOB_TTL_SECONDS = 24 * 3600  # a finished Job stays a day for people to read, then goes
+# Requests and limits. A reset is one nvidia-smi call (tens of MB); dcgmi diag runs its
+# plugins in the container (host memory in the hundreds of MB, more at levels 3-4), and the
+# CPU feeds the GPU's stress tests: bounded so a diag cannot starve the node's other pods.
+RESET_RESOURCES = {
+    "requests": {"cpu": "100m", "memory": "64Mi"},
+    "limits": {"cpu": "500m", "memory": "256Mi"},
+}
+VALIDATION_RESOURCES = {
+    "requests": {"cpu": "500m", "memory": "512Mi"},
+    "limits": {"cpu": "2", "memory": "2Gi"},
+}
+# The validation container: no privilege, no capability, the runtime's seccomp profile (Pod
+# Security baseline; restricted would also need runAsNonRoot, which DCGM is not run with).
+VALIDATION_SECURITY = {
+    "privileged": False,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+# Why a pod of a Job never starts: kubelet waiting reasons that do not fix themselves.
+NOT_STARTING = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+
+
+@dataclass(frozen=True)
+class RepairConfig:
+    """The worker's repair settings: where Jobs run and what they may run."""
+
+    namespace: str = REPAIR_NAMESPACE
+    allowlist: RepairAllowlist = field(default_factory=RepairAllowlist)
+
+
+def _allowed(
+    config: RepairConfig, kind: RepairWork, image: str | None, command: list[str]
+) -> tuple[str, list[str]]:
+    try:
+        return config.allowlist.resolve(kind, image, command)
+    except ValueError as err:
+        raise ApplicationError(
+            f"{kind} Job not created: {err}", type=ERR_REPAIR_NOT_ALLOWED, non_retryable=True
+        ) from err
+
+
+def _namespace(config: RepairConfig, kind: RepairWork, asked: str | None) -> str:
+    """The worker's repair namespace: a Job is created nowhere else (an input naming another,
+    say one recorded before the setting changed, is refused, not followed)."""
+    if asked and asked != config.namespace:
+        raise ApplicationError(
+            f"{kind} Job not created: namespace {asked!r} is not the repair namespace "
+            f"{config.namespace!r} (SICKBAY_REPAIR_NAMESPACE)",
+            type=ERR_REPAIR_NOT_ALLOWED,
+            non_retryable=True,
+        )
+    return config.namespace
+
+
+def resolve_reset(inp: RepairJobInput, config: RepairConfig) -> RepairJobInput:
+    """The input with the worker's namespace and the allowlisted image and command."""
+    namespace = _namespace(config, "reset", inp.namespace)
+    image, command = _allowed(config, "reset", inp.image, inp.command)
+    return inp.model_copy(update={"namespace": namespace, "image": image, "command": command})
+
+
+def resolve_validation(inp: ValidationJobInput, config: RepairConfig) -> ValidationJobInput:
+    namespace = _namespace(config, "validation", inp.namespace)
+    image, command = _allowed(config, "validation", inp.image, inp.command)
+    return inp.model_copy(update={"namespace": namespace, "image": image, "command": command})
 
 
 def _name(kind: str, key: str) -> str:
@@ -177,10 +275,13 @@ def node_gpus(kube: Kube, node: str) -> list[str]:
     return [g.uuid for g in registered] if registered is not None else node_gpu_uuids(obj)
 
 
-def drain_pods(kube: Kube, inp: DrainPodsInput) -> DrainPodsResult:
+def drain_pods(
+    kube: Kube, inp: DrainPodsInput, repair_namespace: str = REPAIR_NAMESPACE
+) -> DrainPodsResult:
     """The pods a rung must evict first: the holders of the reset group's GPUs, or every pod
-    of the node (DaemonSet and mirror pods stay, as with `kubectl drain`)."""
-    skip = set(inp.ignore_namespaces)
+    of the node (DaemonSet and mirror pods stay, as with `kubectl drain`; so do Sickbay's own
+    Jobs in the repair namespace)."""
+    skip = {*inp.ignore_namespaces, repair_namespace}
     gpus = node_gpus(kube, inp.node)
     if inp.gpu_uuids:
         _found, held = _holders(kube, GpuHoldersInput(node=inp.node, gpu_uuids=inp.gpu_uuids))
@@ -287,17 +388,24 @@ def _job(
     }
 
 
-def reset_job_manifest(inp: RepairJobInput) -> dict[str, Any]:
+def _pod_identity() -> dict[str, Any]:
+    """Repair pods talk to no API: their own ServiceAccount (no grants), no token mounted."""
+    return {"serviceAccountName": REPAIR_SERVICE_ACCOUNT, "automountServiceAccountToken": False}
+
+
+def reset_job_manifest(inp: RepairJobInput, config: RepairConfig | None = None) -> dict[str, Any]:
+    inp = resolve_reset(inp, config or RepairConfig())
     uuids = ",".join(inp.gpu_uuids)
-    command = fill_command(
-        inp.command or list(DEFAULT_RESET_COMMAND), uuid=uuids, node=inp.node, level=0
-    )
+    command = fill_command(inp.command, uuid=uuids, node=inp.node, level=0)
     key = _attempt_key(inp.incident, "reset", inp.attempt)
     container = {
         "name": "reset",
         "image": inp.image,
         "command": command,
+        # A reset goes through the driver to every device node of the GPU (and of its reset
+        # group) and needs CAP_SYS_ADMIN: privileged, the only repair pod that is.
         "securityContext": {"privileged": True},
+        "resources": RESET_RESOURCES,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         # No GPU request: a reset must not wait for (or take) a GPU from the device plugin;
         # the container toolkit mounts the driver's tools for these variables.
@@ -310,10 +418,11 @@ def reset_job_manifest(inp: RepairJobInput) -> dict[str, Any]:
         "nodeName": inp.node,
         "containers": [container],
         "tolerations": [{"operator": "Exists"}],  # the node may carry any taint by now
+        **_pod_identity(),
     }
     return _job(
         _name("reset", key),
-        inp.namespace,
+        inp.namespace or REPAIR_NAMESPACE,  # resolve_reset filled it
         "reset",
         key,
         inp.workflow_id,
@@ -323,27 +432,27 @@ def reset_job_manifest(inp: RepairJobInput) -> dict[str, Any]:
 
 
 def validation_manifests(
-    kube: Kube | None, inp: ValidationJobInput
+    kube: Kube | None, inp: ValidationJobInput, config: RepairConfig | None = None
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(Job, claim or None). DRA: a claim selecting the device by its uuid attribute and
     tolerating Sickbay's taint; device plugin: pinned to the node, the GPU by UUID."""
+    inp = resolve_validation(inp, config or RepairConfig())
+    namespace = inp.namespace or REPAIR_NAMESPACE  # resolve_validation filled it
     key = _attempt_key(inp.incident, "validation", inp.attempt)
     name = _name("validate", key)
-    command = fill_command(
-        inp.command or list(DEFAULT_VALIDATION_COMMAND),
-        uuid=inp.gpu_uuid,
-        node=inp.node,
-        level=inp.level,
-    )
+    command = fill_command(inp.command, uuid=inp.gpu_uuid, node=inp.node, level=inp.level)
     container: dict[str, Any] = {
         "name": "validate",
         "image": inp.image,
         "command": command,
+        "securityContext": VALIDATION_SECURITY,
+        "resources": dict(VALIDATION_RESOURCES),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "tolerations": _tolerations(inp.taint_key),
+        **_pod_identity(),
     }
     claim: dict[str, Any] | None = None
     if inp.mode == "dra":
@@ -377,7 +486,7 @@ def validation_manifests(
             "kind": "ResourceClaim",
             "metadata": {
                 "name": name,
-                "namespace": inp.namespace,
+                "namespace": namespace,
                 "labels": {LABEL_REPAIR: "validation"},
                 "annotations": {ANN_REPAIR_KEY: key, ANN_WORKFLOW_ID: inp.workflow_id},
             },
@@ -398,7 +507,7 @@ def validation_manifests(
                 }
             },
         }
-        container["resources"] = {"claims": [{"name": "gpu"}]}
+        container["resources"] = {**VALIDATION_RESOURCES, "claims": [{"name": "gpu"}]}
         pod_spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
     else:
         pod_spec["nodeName"] = inp.node
@@ -408,7 +517,7 @@ def validation_manifests(
         ]
     job = _job(
         name,
-        inp.namespace,
+        namespace,
         "validation",
         key,
         inp.workflow_id,
@@ -462,24 +571,28 @@ def _create_once(kube: Kube, resource: str, body: dict[str, Any]) -> bool:
     return False
 
 
-def start_reset_job(kube: Kube, inp: RepairJobInput) -> RepairJobStarted:
-    job = reset_job_manifest(inp)
-    name = job["metadata"]["name"]
+def start_reset_job(
+    kube: Kube, inp: RepairJobInput, config: RepairConfig | None = None
+) -> RepairJobStarted:
+    job = reset_job_manifest(inp, config)
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     if inp.dry_run:
         return RepairJobStarted(
-            namespace=inp.namespace, job_name=name, created=False, dry_run=True, manifest=job
+            namespace=namespace, job_name=name, created=False, dry_run=True, manifest=job
         )
     created = _create_once(kube, JOBS, job)
-    return RepairJobStarted(namespace=inp.namespace, job_name=name, created=created)
+    return RepairJobStarted(namespace=namespace, job_name=name, created=created)
 
 
-def start_validation_job(kube: Kube, inp: ValidationJobInput) -> RepairJobStarted:
-    job, claim = validation_manifests(None if inp.dry_run else kube, inp)
-    name = job["metadata"]["name"]
+def start_validation_job(
+    kube: Kube, inp: ValidationJobInput, config: RepairConfig | None = None
+) -> RepairJobStarted:
+    job, claim = validation_manifests(None if inp.dry_run else kube, inp, config)
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     claim_name = claim["metadata"]["name"] if claim else None
     if inp.dry_run:
         return RepairJobStarted(
-            namespace=inp.namespace,
+            namespace=namespace,
             job_name=name,
             created=False,
             claim_name=claim_name,
@@ -490,7 +603,7 @@ def start_validation_job(kube: Kube, inp: ValidationJobInput) -> RepairJobStarte
         _create_once(kube, CLAIMS, claim)
     created = _create_once(kube, JOBS, job)
     return RepairJobStarted(
-        namespace=inp.namespace, job_name=name, created=created, claim_name=claim_name
+        namespace=namespace, job_name=name, created=created, claim_name=claim_name
     )
 
 
@@ -554,6 +667,15 @@ def wait_repair_job(kube: Kube, inp: WaitRepairJobInput) -> RepairJobOutcome:
             ) from err
         raise
     done, failed = _condition(job, "Complete"), _condition(job, "Failed")
+    if not done:
+        # Refused or never starting: the API's own reason now, not the rung's timeout.
+        refused = _not_starting(kube, inp.namespace, job)
+        if refused:
+            raise ApplicationError(
+                f"Job {inp.namespace}/{inp.job_name} {refused}",
+                type=ERR_REPAIR_JOB_REFUSED,
+                non_retryable=True,
+            )
     if not done and not failed:
         raise ApplicationError(
             f"Job {inp.namespace}/{inp.job_name} still running", type=ERR_STILL_WAITING
@@ -564,6 +686,63 @@ def wait_repair_job(kube: Kube, inp: WaitRepairJobInput) -> RepairJobOutcome:
     reason = str((failed or {}).get("reason") or "Failed")
     message = str((failed or {}).get("message") or "")
     return RepairJobOutcome(passed=False, summary=summary or message, reason=reason)
+
+
+def _events_of(kube: Kube, namespace: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Warning Events about one object, newest last (listed by uid, as kubectl does)."""
+    uid = meta(obj).get("uid")
+    if not uid:
+        return []
+    body = kube.call(
+        kube.core.list_namespaced_event,
+        namespace,
+        verb="list",
+        resource="events",
+        field_selector=f"involvedObject.uid={uid},type=Warning",
+    )
+    items = body.get("items") or []
+    return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+
+def _not_starting(kube: Kube, namespace: str, job: dict[str, Any]) -> str | None:
+    """Why the Job's pod is refused or cannot start, in the API's words; None: not known to
+    be stuck. A Job without any pod whose controller wrote `FailedCreate` (Pod Security, a
+    quota, a missing ServiceAccount); a pod whose container waits for a reason that does not
+    fix itself (NOT_STARTING: image pull, container config) or that the kubelet reported
+    `Failed` about."""
+    pods = (
+        kube.call(
+            kube.core.list_namespaced_pod,
+            namespace,
+            verb="list",
+            resource="pods",
+            label_selector=f"batch.kubernetes.io/job-name={meta(job).get('name', '')}",
+        ).get("items")
+        or []
+    )
+    if not pods:
+        refused = [e for e in _events_of(kube, namespace, job) if e.get("reason") == "FailedCreate"]
+        if refused:
+            return f"cannot create its pod: FailedCreate: {refused[-1].get('message', '')}"
+        return None
+    for pod in pods:
+        name = meta(pod).get("name", "")
+        status = pod.get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        for cs in [
+            *(status.get("initContainerStatuses") or []),
+            *(status.get("containerStatuses") or []),
+        ]:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in NOT_STARTING:
+                return (
+                    f"pod {name} cannot start: {waiting['reason']}: {waiting.get('message', '')}"
+                ).rstrip(": ")
+        failed = [e for e in _events_of(kube, namespace, pod) if e.get("reason") == "Failed"]
+        if failed:
+            return f"pod {name} cannot start: Failed: {failed[-1].get('message', '')}"
+    return None
 
 
 def clean_up_repair_job(kube: Kube, inp: CleanUpRepairJobInput) -> None:

@@ -3,7 +3,8 @@ activities/kube/repair.py), on the same `Kube` client as `KubeActivities` and it
 executor, so the blocking client never runs on the event loop.
 
 Called by the remediation's repair step (workflows/remediation/repair.py); the worker registers
-`KubeRepairActivities(kube).all()` next to the other activities (worker/main.py).
+`KubeRepairActivities(kube, config).all()` next to the other activities (worker/main.py);
+`config` (repair.RepairConfig) is the worker's repair namespace and image/command allowlist.
 """
 
 from __future__ import annotations
@@ -50,8 +51,11 @@ T = TypeVar("T")
 
 
 class KubeRepairActivities:
-    def __init__(self, kube: Kube, max_threads: int = 4) -> None:
+    def __init__(
+        self, kube: Kube, config: repair.RepairConfig | None = None, max_threads: int = 4
+    ) -> None:
         self._kube = kube
+        self.config = config or repair.RepairConfig()
         self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="repair")
 
     def all(self) -> list[Callable[..., Any]]:
@@ -89,11 +93,11 @@ class KubeRepairActivities:
 
     @defn(ACT_FIND_DRAIN_PODS)
     async def find_drain_pods(self, inp: DrainPodsInput) -> DrainPodsResult:
-        return await self._run(repair.drain_pods, self._kube, inp)
+        return await self._run(repair.drain_pods, self._kube, inp, self.config.namespace)
 
     @defn(ACT_START_RESET_JOB)
     async def start_reset_job(self, inp: RepairJobInput) -> RepairJobStarted:
-        result = await self._run(repair.start_reset_job, self._kube, inp)
+        result = await self._run(repair.start_reset_job, self._kube, inp, self.config)
         activity.logger.info(
             "reset Job %s/%s for %s on %s (%s)",
             result.namespace,
@@ -106,7 +110,7 @@ class KubeRepairActivities:
 
     @defn(ACT_START_VALIDATION_JOB)
     async def start_validation_job(self, inp: ValidationJobInput) -> RepairJobStarted:
-        result = await self._run(repair.start_validation_job, self._kube, inp)
+        result = await self._run(repair.start_validation_job, self._kube, inp, self.config)
         activity.logger.info(
             "validation Job %s/%s for %s on %s (%s)",
             result.namespace,
@@ -120,7 +124,8 @@ class KubeRepairActivities:
     @defn(ACT_WAIT_REPAIR_JOB)
     async def wait_for_repair_job(self, inp: WaitRepairJobInput) -> RepairJobOutcome:
         """Retryable StillWaiting until the Job ends: poll with the retry policy, bounded by
-        the rung's timeout (schedule_to_close)."""
+        the rung's timeout (schedule_to_close). A non-retryable RepairJobRefused as soon as
+        its pod is refused or cannot start, with the API's reason."""
         return await self._run(repair.wait_repair_job, self._kube, inp)
 
     @defn(ACT_CLEAN_UP_REPAIR_JOB)

@@ -88,6 +88,8 @@ def documented() -> set[str]:
 
 def _sample(field: str, value: Any) -> str:
     """An environment value other than the field's default `value`."""
+    if field == "repair_allowlist":  # JSON, images pinned by digest
+        return '{"reset": {"images": ["registry.invalid/r@sha256:' + "f" * 64 + '"]}}'
     if isinstance(value, bool):
         return "false" if value else "true"
     if isinstance(value, int):
@@ -102,6 +104,8 @@ def _sample(field: str, value: Any) -> str:
         return '{"MyGpuDead": "unhealthy"}'
     if field == "cluster":
         return "east-1"
+    if field == "repair_namespace":
+        return "gpu-repairs"
     if field.endswith(("_dir", "_file", "_cert", "_key", "_ca")) or field == "kubeconfig":
         return "/tmp/sickbay-sample"
     return "sample-value-0123456789abcdef0123456789abcdef"
@@ -110,6 +114,8 @@ def _sample(field: str, value: Any) -> str:
 def _plain(value: Any) -> Any:
     if isinstance(value, SecretStr):
         return value.get_secret_value()
+    if isinstance(value, BaseModel):
+        return value.model_dump()
     if isinstance(value, Path):
         return str(value)
     return value

@@ -73,6 +73,13 @@ def test_demo_runbooks_scaled_and_wired(tmp_path: Path) -> None:
     assert demo["training"].spec.eviction.timeout == timedelta(seconds=20)  # 10m / 30
     assert any(line.startswith("inference: budget 100%") for line in changes)
     assert any("pendingDeadline 5m->10s" in line for line in changes)
+    # A repair Job's timeout is its activeDeadlineSeconds on the twin's (scaled) clock: kept.
+    for name in ("default", "training"):
+        assert demo[name].spec.repair.reset.timeout == shipped[name].spec.repair.reset.timeout
+        assert demo[name].spec.validation.timeout == shipped[name].spec.validation.timeout
+    assert (
+        demo["default"].spec.repair.reboot.timeout < shipped["default"].spec.repair.reboot.timeout
+    )
 
 
 def test_demo_runbooks_floor_at_high_scale(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import secrets
 import subprocess
 import time
@@ -50,8 +51,10 @@ from contract.names import (
     CLUSTER_CONFIGMAP,
     LABEL_MANAGED_BY,
     MANAGED_BY_VALUE,
+    REPAIR_NAMESPACE,
     device_workflow_id,
 )
+from harness.stack import TWIN_REPAIR_ALLOWLIST
 from tests.deploy.helpers import DEPLOY, kubectl_or_skip
 from tests.deploy.kubelet import SA_DIR, Api, Backend, Kubelet, Pod
 
@@ -248,6 +251,14 @@ def applied(
             "--type=merge",
             "-p",
             '{"data": {"SICKBAY_ALLOW_UNCONFIGURED_INTEGRATIONS": "true"}}',
+        )
+        # The repair images, pinned by digest, as the operator allowlists them there
+        # (deploy/configmap.yaml's comment; the twin runs no image, the digests are the stack's).
+        allowlist = json.dumps(
+            {"data": {"SICKBAY_REPAIR_ALLOWLIST": json.dumps(TWIN_REPAIR_ALLOWLIST)}}
+        )
+        kubectl(
+            "-n", NAMESPACE, "patch", "configmap", "sickbay-config", "--type=merge", "-p", allowlist
         )
         # 2. Temporal in the cluster, where the applied settings say it is.
         config = api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/sickbay-config")
@@ -562,8 +573,9 @@ def test_closed_loop_repair_to_validated_release(applied: Applied) -> None:
     assert result.outcome == "released", result.reason
     assert "reset repaired it" in result.reason, result.reason
     assert not [e for e in result.timeline if e.action in ("marked repaired", "approved")]
-    # The reset and validation Jobs (cleaned up since) were created where deploy/ grants it.
+    # The reset and validation Jobs (cleaned up since) were created where deploy/ grants it: the
+    # repair namespace, whose Pod Security level (the twin enforces it) admitted their pods.
     created = applied.twin.requests.entries(verb="create", resource="jobs", status=201)
-    assert {r.namespace for r in created} == {NAMESPACE}, created
+    assert {r.namespace for r in created} == {REPAIR_NAMESPACE}, created
     assert len(created) >= 2, "a reset Job and a validation Job"
     assert not applied.twin.requests.entries(status=403)

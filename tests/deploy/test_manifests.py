@@ -97,15 +97,61 @@ def _non_kubernetes_files() -> set[str]:
     return out
 
 
+# What lives in the repair namespace: the repair Role, its binding and the repair pods'
+# ServiceAccount (no Role binds it), nothing else.
+IN_REPAIR_NAMESPACE = {
+    ("ServiceAccount", "sickbay-repair"),
+    ("Role", "sickbay-repair"),
+    ("RoleBinding", "sickbay-repair"),
+}
+
+
 def test_namespaced_objects_in_the_sickbay_namespace(objects: list[dict[str, Any]]) -> None:
     namespaces = set(_by_kind(objects, "Namespace"))
-    assert namespaces == {"sickbay"}
+    assert namespaces == {"sickbay", "sickbay-repair"}
     for obj in objects:
         if obj["kind"] in CLUSTER_SCOPED:
             continue
-        assert obj["metadata"].get("namespace") == "sickbay", (
-            f"{obj['kind']}/{obj['metadata']['name']} is not in namespace sickbay"
+        key = (obj["kind"], obj["metadata"]["name"])
+        expected = "sickbay-repair" if key in IN_REPAIR_NAMESPACE else "sickbay"
+        assert obj["metadata"].get("namespace") == expected, (
+            f"{obj['kind']}/{obj['metadata']['name']} is not in namespace {expected}"
         )
+
+
+def test_the_repair_namespace_admits_the_repair_pods_and_nothing_binds_their_account(
+    objects: list[dict[str, Any]],
+) -> None:
+    """The repair namespace enforces the level the repair pods need (privileged: the reset
+    pod), warns and audits at baseline (the validation pod's); the worker may create Jobs only
+    there (a Role, no ClusterRole grants jobs create); the pods' ServiceAccount mounts no token
+    and no binding names it."""
+    from activities.kube import podsecurity
+    from contract.runbook import RepairAllowlist
+    from worker.doctor_repair import repair_pod_specs
+
+    ns = _by_kind(objects, "Namespace")["sickbay-repair"]["metadata"]["labels"]
+    specs = repair_pod_specs(RepairAllowlist())
+    needed = min(
+        (podsecurity.strictest_level(s) for s in specs.values()), key=podsecurity.LEVELS.index
+    )
+    assert ns["pod-security.kubernetes.io/enforce"] == needed == "privileged"
+    assert podsecurity.strictest_level(specs["validation"]) == "baseline"
+    assert ns["pod-security.kubernetes.io/warn"] == "baseline"
+    assert ns["pod-security.kubernetes.io/audit"] == "baseline"
+    for obj in objects:
+        if obj["kind"] not in ("ClusterRole", "Role"):
+            continue
+        creates_jobs = any(
+            "jobs" in rule["resources"] and "create" in rule["verbs"] for rule in obj["rules"]
+        )
+        if creates_jobs:
+            assert (obj["kind"], obj["metadata"].get("namespace")) == ("Role", "sickbay-repair")
+    account = _by_kind(objects, "ServiceAccount")["sickbay-repair"]
+    assert account["automountServiceAccountToken"] is False
+    for binding in objects:
+        if binding["kind"].endswith("RoleBinding"):
+            assert all(s["name"] != "sickbay-repair" for s in binding["subjects"]), binding
 
 
 def test_kustomization_lists_exactly_the_manifests() -> None:

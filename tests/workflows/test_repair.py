@@ -28,7 +28,10 @@ Cases:
   stays as it was when refused;
 - dry run: the timeline and result say what each rung would do; no rung activity runs;
 - repair.enabled false (the runbook's off switch): held as before, no rung activity runs;
-- a drain blocked by a PodDisruptionBudget: escalated eviction-timeout, never forced.
+- a drain blocked by a PodDisruptionBudget: escalated eviction-timeout, never forced;
+- a reset Job whose pod the API refuses (RepairJobRefused with the FailedCreate text) ->
+  escalated "repair-failed" with that text in the timeline and the page, no reboot tried; a
+  validation image outside the allowlist (RepairNotAllowed at its start) -> the same, naming it.
 """
 
 from __future__ import annotations
@@ -43,7 +46,12 @@ from temporalio.worker import Worker
 
 from activities.budget import BudgetActivities
 from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetState
-from contract.errors import ERR_PROVIDER_NOT_CONFIGURED, ERR_STILL_WAITING
+from contract.errors import (
+    ERR_PROVIDER_NOT_CONFIGURED,
+    ERR_REPAIR_JOB_REFUSED,
+    ERR_REPAIR_NOT_ALLOWED,
+    ERR_STILL_WAITING,
+)
 from contract.kube import EvictionReport, EvictPodsResult, PodRef
 from contract.names import (
     ACT_ACQUIRE_BUDGET,
@@ -561,3 +569,50 @@ def test_a_poll_that_ran_out_of_time_says_what_it_still_waited_for() -> None:
         "activity StartToClose timeout", type=None, last_heartbeat_details=[]
     )
     assert error_text(bare) == "TimeoutError: activity StartToClose timeout"
+
+
+FAILED_CREATE = (
+    "Job sickbay-repair/sickbay-reset-1 cannot create its pod: FailedCreate: Error creating: pods "
+    '"sickbay-reset-1-x7k2p" is forbidden: violates PodSecurity "restricted:latest": privileged '
+    '(container "reset" must not set securityContext.privileged=true)'
+)
+
+
+async def test_a_refused_reset_job_escalates_with_the_apis_reason(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+    refused = ApplicationError(FAILED_CREATE, type=ERR_REPAIR_JOB_REFUSED, non_retryable=True)
+    script = RepairScript(job_errors={"reset": refused})
+    async with worker_for(client, world, script) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(48, "fp-48")])
+        status = await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="namespace fixed"))
+        result = await handle.result()
+    assert status.escalation_reason == "repair-failed"
+    said = entry(result.timeline, "reset Job cannot run")
+    assert 'violates PodSecurity "restricted:latest": privileged' in said.reason
+    summary = world.args(ACT_NOTIFY)[0].incident.summary
+    assert "reset Job cannot run" in summary and "FailedCreate" in summary
+    # A configuration problem: no bigger hammer is tried, no validation runs.
+    assert ACT_REBOOT_NODE not in world.names() and ACT_START_VALIDATION_JOB not in world.names()
+
+
+async def test_a_validation_image_outside_the_allowlist_escalates_naming_it(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(runbooks=runbooks())
+    text = "validation Job not created: image 'x/dcgm:latest' is not in the operator's allowlist"
+    refused = ApplicationError(text, type=ERR_REPAIR_NOT_ALLOWED, non_retryable=True)
+    script = RepairScript(job_errors={"start-validation": refused})
+    async with worker_for(client, world, script) as worker:
+        handle = await start(client, worker, world, alerts=[xid_alert(48, "fp-48")])
+        status = await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="alice", note="fixed"))
+        await handle.result()
+    assert status.escalation_reason == "repair-failed"
+    summary = world.args(ACT_NOTIFY)[0].incident.summary
+    assert "validation Job cannot run" in summary and "x/dcgm:latest" in summary
+    assert ACT_REBOOT_NODE not in world.names()

@@ -27,7 +27,7 @@ import json
 import logging
 from typing import Any
 
-from twin.clock import rfc3339
+from twin.clock import parse_time, rfc3339
 from twin.controllers.common import (
     DEPLOYMENTS,
     JOBS,
@@ -312,8 +312,11 @@ class ReplicaSetController:
 
     def __init__(self, manager: Any) -> None:
         self.manager = manager
+        # rs uid -> (monotonic time pods may be created again, refusals in a row)
+        self._refused: dict[str, tuple[float, int]] = {}
 
     def sync(self, ctx: Any) -> float | None:
+        earliest: float | None = None
         for rs in ctx.store.list(REPLICASETS, copy_objects=False).items:
             if is_deleting(rs):
                 continue
@@ -321,17 +324,41 @@ class ReplicaSetController:
                 self._sync_one(ctx, rs)
             except ApiError as err:
                 log.warning("replicaset %s: %s", name_of(rs), err.message)
-        return None
+            refused = self._refused.get(uid_of(rs))
+            if refused is not None and refused[0] > ctx.mono:
+                wait = refused[0] - ctx.mono
+                earliest = wait if earliest is None else min(earliest, wait)
+        return earliest
 
     def _sync_one(self, ctx: Any, rs: dict[str, Any]) -> None:
         store = ctx.store
         desired = int((rs.get("spec") or {}).get("replicas", 1))
         pods = pods_owned(ctx, rs)
         active = [p for p in pods if is_active(p)]
+        refused = self._refused.get(uid_of(rs))
+        if len(active) < desired and refused is not None and ctx.mono < refused[0]:
+            return  # refused a moment ago: wait for the backoff, as the controller does
         if len(active) < desired:
             template = (rs.get("spec") or {}).get("template") or {}
             for _ in range(desired - len(active)):
-                created = store.create(PODS, new_pod(rs, "apps/v1", "ReplicaSet", template))
+                try:
+                    created = store.create(PODS, new_pod(rs, "apps/v1", "ReplicaSet", template))
+                except ApiError as err:
+                    ctx.events.controller(
+                        rs,
+                        self.COMPONENT,
+                        "FailedCreate",
+                        f"Error creating: {err.message}",
+                        etype="Warning",
+                    )
+                    tries = (refused[1] if refused else 0) + 1
+                    # 10 s doubling, capped at 6 minutes, like the Job controller's backoff.
+                    self._refused[uid_of(rs)] = (
+                        ctx.mono + min(360.0, 10.0 * 2 ** (tries - 1)),
+                        tries,
+                    )
+                    break
+                self._refused.pop(uid_of(rs), None)
                 active.append(created)
                 ctx.events.controller(
                     rs, self.COMPONENT, "SuccessfulCreate", f"Created pod: {name_of(created)}"
@@ -506,6 +533,7 @@ class JobController:
     def __init__(self, manager: Any) -> None:
         self.manager = manager
         self._next_create: dict[str, float] = {}  # job uid -> monotonic time pods may be created
+        self._refused: dict[str, int] = {}  # job uid -> pod creates refused in a row
 
     def sync(self, ctx: Any) -> float | None:
         earliest: float | None = None
@@ -576,6 +604,15 @@ class JobController:
         succeeded = int(status.get("succeeded", 0))
         status.setdefault("startTime", rfc3339(ctx.now))
         wait: float | None = None
+        # activeDeadlineSeconds counts from startTime, pods or not (a Job whose pods are all
+        # refused fails here too, with the same reason as on a real cluster).
+        deadline = spec.get("activeDeadlineSeconds")
+        if verdict is None and deadline is not None and not spec.get("suspend"):
+            left = float(deadline) - (ctx.now - parse_time(status["startTime"])).total_seconds()
+            if left <= 0:
+                verdict = ("DeadlineExceeded", "Job was active longer than specified deadline")
+            else:
+                wait = left
         if verdict is not None:
             reason, message = verdict
             for pod in active:
@@ -614,7 +651,8 @@ class JobController:
             want = max(0, min(parallelism, remaining) - len(active))
             not_before = self._next_create.get(uid_of(job), 0.0)
             if want and ctx.mono < not_before:
-                wait = not_before - ctx.mono
+                later = not_before - ctx.mono
+                wait = later if wait is None else min(wait, later)
             elif want:
                 template = spec.get("template") or {}
                 labels = {
@@ -628,7 +666,26 @@ class JobController:
                         job, "batch/v1", "Job", template, None, labels, [JOB_TRACKING_FINALIZER]
                     )
                     pod["metadata"]["generateName"] = f"{name_of(job)}-"
-                    created = store.create(PODS, pod)
+                    try:
+                        created = store.create(PODS, pod)
+                    except ApiError as err:
+                        # Refused (Pod Security admission, say): a Warning Event on the Job
+                        # with the server's text, then try again after a backoff.
+                        ctx.events.controller(
+                            job,
+                            self.COMPONENT,
+                            "FailedCreate",
+                            f"Error creating: {err.message}",
+                            etype="Warning",
+                        )
+                        tries = self._refused.get(uid_of(job), 0) + 1
+                        self._refused[uid_of(job)] = tries
+                        # 10 s doubling, capped at 6 minutes: the controller's own backoff.
+                        retry = min(360.0, 10.0 * 2 ** (tries - 1))
+                        self._next_create[uid_of(job)] = ctx.mono + retry
+                        wait = retry if wait is None else min(wait, retry)
+                        break
+                    self._refused.pop(uid_of(job), None)
                     active.append(created)
                     ctx.events.controller(
                         job, self.COMPONENT, "SuccessfulCreate", f"Created pod: {name_of(created)}"

@@ -26,7 +26,9 @@ once the device's consumers are gone, then validate the repaired device; pass ->
     none passed -> escalated "repair-failed" naming each rung's result, held
 
 A rung that fails (Job failed, timeout, a node that did not come back) goes on to the next;
-a provider that is not configured or refuses escalates at once, naming it. `maintenance`
+a provider that is not configured or refuses escalates at once, naming it; so does a reset or
+validation Job that cannot run (its pod refused by the API or never starting, its image or
+command outside the operator's allowlist), with the API's own reason, at the next poll. `maintenance`
 (trigger or runbook) never repairs; `repair.enabled: false` keeps the hold as before.
 A dry run never reaches this step: `describe` says in its timeline what each rung would do.
 """
@@ -42,7 +44,12 @@ with workflow.unsafe.imports_passed_through():
     from contract.base import format_duration
     from contract.budget import BudgetLeaseRequest
     from contract.capacity import NodePoolTarget
-    from contract.errors import ERR_PROVIDER_NOT_CONFIGURED, ERR_PROVIDER_REFUSED
+    from contract.errors import (
+        ERR_PROVIDER_NOT_CONFIGURED,
+        ERR_PROVIDER_REFUSED,
+        ERR_REPAIR_JOB_REFUSED,
+        ERR_REPAIR_NOT_ALLOWED,
+    )
     from contract.kube import (
         CordonInput,
         CountDevicesInput,
@@ -88,6 +95,9 @@ with workflow.unsafe.imports_passed_through():
 # failure (activeDeadlineSeconds) before the poll gives up.
 JOB_MARGIN = timedelta(minutes=1)
 PROVIDER_ERRORS = (ERR_PROVIDER_NOT_CONFIGURED, ERR_PROVIDER_REFUSED)
+# A repair Job that cannot run (refused by the API, never starting, image or command not
+# allowlisted) says nothing about the GPU and the next rung would not fix it: escalate.
+JOB_ERRORS = (ERR_REPAIR_JOB_REFUSED, ERR_REPAIR_NOT_ALLOWED)
 
 
 @dataclass(frozen=True)
@@ -204,6 +214,8 @@ async def repair(r: Remediation) -> Escalation | Closed | None:
                     f"{action} of node {s.device.node} refused: {error_text(err)}; "
                     "the device is held",
                 )
+            if error_type(err) in JOB_ERRORS:
+                return _cannot_run(r, action, error_text(err))
             done = RungFailed(f"{action} failed: {error_text(err)}")
         if isinstance(done, Escalation):
             return done
@@ -222,6 +234,8 @@ async def repair(r: Remediation) -> Escalation | Closed | None:
             )
             return None
         outcome = await _validate(r, attempt, action)
+        if outcome.refused:
+            return _cannot_run(r, "validation", outcome.reason)
         if outcome.passed:
             await record_repair(r, action, outcome.summary)  # the GPU ledger counts repairs
             return await release_now(r, f"{action} repaired it; validation passed")
@@ -233,6 +247,17 @@ async def repair(r: Remediation) -> Escalation | Closed | None:
     return Escalation(
         "repair-failed",
         f"repair ladder exhausted for {_failure(r)}: " + "; ".join(results) + "; device held",
+    )
+
+
+def _cannot_run(r: Remediation, what: str, why: str) -> Escalation:
+    """A repair Job that cannot run: the API's (or the allowlist's) reason in the timeline and
+    the page; the device stays held (no next rung: it would not fix a configuration)."""
+    r.j.log(f"{what} Job cannot run", reason=why)
+    return Escalation(
+        "repair-failed",
+        f"{what} Job cannot run: {why}; the device is held (fix the repair namespace or the "
+        "allowlist, then release or abort)",
     )
 
 
@@ -282,6 +307,8 @@ async def _reset(r: Remediation, attempt: int) -> Escalation | RungFailed | None
     )
     _enter(r, "reset", attempt, f"reset Job {started.job_name}", rung.timeout)
     outcome = await _job_outcome(r, started.namespace, started.job_name, rung.timeout)
+    if outcome.refused:
+        return _cannot_run(r, "reset", outcome.reason)
     j.log(
         "reset done" if outcome.passed else "reset Job failed",
         outcome=started.job_name,
@@ -537,7 +564,12 @@ async def _job_outcome(
             WaitRepairJobInput(namespace=namespace, job_name=job_name), limit=limit + JOB_MARGIN
         )
     except ACTIVITY_FAILED as err:
-        outcome = RepairJobOutcome(passed=False, summary="", reason=error_text(err))
+        outcome = RepairJobOutcome(
+            passed=False,
+            summary="",
+            reason=error_text(err),
+            refused=error_type(err) == ERR_REPAIR_JOB_REFUSED,
+        )
     try:
         await r.act.clean_up_repair_job(
             CleanUpRepairJobInput(namespace=namespace, job_name=job_name, claim_name=claim)
@@ -560,28 +592,35 @@ async def _validate(r: Remediation, attempt: int, action: str) -> RepairJobOutco
         next_action="release when it passes, else the next rung",
     )
     j.upsert()
-    started = await r.act.start_validation_job(
-        ValidationJobInput(
-            workflow_id=s.workflow_id,
-            incident=_incident_key(r),
-            attempt=attempt,
-            mode=device.mode,
-            node=device.node,
-            gpu_uuid=device.gpu_uuid,
-            driver=dra.driver if dra else None,
-            pool=dra.pool if dra else None,
-            device=dra.device if dra else None,
-            device_class=device.device_class or "gpu.nvidia.com",
-            taint_key=s.spec.quarantine.taint_key,
-            image=policy.image,
-            command=policy.command,
-            level=policy.level,
-            timeout=policy.timeout,
+    try:
+        started = await r.act.start_validation_job(
+            ValidationJobInput(
+                workflow_id=s.workflow_id,
+                incident=_incident_key(r),
+                attempt=attempt,
+                mode=device.mode,
+                node=device.node,
+                gpu_uuid=device.gpu_uuid,
+                driver=dra.driver if dra else None,
+                pool=dra.pool if dra else None,
+                device=dra.device if dra else None,
+                device_class=device.device_class or "gpu.nvidia.com",
+                taint_key=s.spec.quarantine.taint_key,
+                image=policy.image,
+                command=policy.command,
+                level=policy.level,
+                timeout=policy.timeout,
+            )
         )
-    )
+    except ACTIVITY_FAILED as err:
+        if error_type(err) not in JOB_ERRORS:
+            raise
+        return RepairJobOutcome(passed=False, summary="", reason=error_text(err), refused=True)
     outcome = await _job_outcome(
         r, started.namespace, started.job_name, policy.timeout, claim=started.claim_name
     )
+    if outcome.refused:
+        return outcome  # no verdict on the GPU: the ladder escalates with the reason
     verdict = "passed" if outcome.passed else "failed"
     summary = outcome.summary or outcome.reason
     s.status.validation = f"{verdict} after {action}: {summary}"[:500]
@@ -694,27 +733,36 @@ async def _validate_new(
     )
     j.upsert()
     started = []
-    for uuid in new.gpu_uuids:
-        job = await r.act.start_validation_job(
-            ValidationJobInput(
-                workflow_id=s.workflow_id,
-                # A Job of its own per new GPU (the Job's name comes from this key).
-                incident=f"{_incident_key(r)}/{uuid}",
-                attempt=attempt,
-                mode=device.mode,
-                node=new.node,
-                gpu_uuid=uuid,
-                driver=dra.driver if dra else None,  # pool and device: found on the new node
-                device_class=device.device_class or "gpu.nvidia.com",
-                taint_key=s.spec.quarantine.taint_key,
-                image=policy.image,
-                command=policy.command,
-                level=policy.level,
-                timeout=policy.timeout,
-            )
-        )
-        started.append((uuid, job))
     results = []
+    for uuid in new.gpu_uuids:
+        try:
+            job = await r.act.start_validation_job(
+                ValidationJobInput(
+                    workflow_id=s.workflow_id,
+                    # A Job of its own per new GPU (the Job's name comes from this key).
+                    incident=f"{_incident_key(r)}/{uuid}",
+                    attempt=attempt,
+                    mode=device.mode,
+                    node=new.node,
+                    gpu_uuid=uuid,
+                    driver=dra.driver if dra else None,  # pool and device: found on the new node
+                    device_class=device.device_class or "gpu.nvidia.com",
+                    taint_key=s.spec.quarantine.taint_key,
+                    image=policy.image,
+                    command=policy.command,
+                    level=policy.level,
+                    timeout=policy.timeout,
+                )
+            )
+        except ACTIVITY_FAILED as err:
+            if error_type(err) not in JOB_ERRORS:
+                raise
+            refused = RepairJobOutcome(
+                passed=False, summary="", reason=error_text(err), refused=True
+            )
+            results.append((uuid, refused))
+            continue
+        started.append((uuid, job))
     for uuid, job in started:
         outcome = await _job_outcome(
             r, job.namespace, job.job_name, policy.timeout, claim=job.claim_name

@@ -33,6 +33,16 @@ ROLES = role_rules(
     )
 )
 
+# The repair Jobs' namespace as deploy/namespace.yaml ships it (its Pod Security labels):
+# every twin here starts with it, as a cluster Sickbay was deployed to. (Sickbay's own
+# namespace is left to the tests that need it.)
+DEPLOYED_NAMESPACES = [
+    {"metadata": {"name": d["metadata"]["name"], "labels": d["metadata"].get("labels") or {}}}
+    for d in yaml.safe_load_all(
+        (Path(__file__).resolve().parents[3] / "deploy" / "namespace.yaml").read_text()
+    )
+    if d and d.get("kind") == "Namespace" and d["metadata"]["name"] == "sickbay-repair"
+]
 PROFILES = ("1.34", "1.35", "1.36", "1.37", "device-plugin")
 DRIVER = "gpu.nvidia.com"
 
@@ -93,8 +103,15 @@ class KubeTwin:
     # -- workloads written into the store ---------------------------------------------------
 
     def namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        """Create the namespace; given `labels`, an existing one gets exactly those."""
         if self.store.try_get("namespaces", name) is None:
             self.store.create("namespaces", {"metadata": {"name": name, "labels": labels or {}}})
+        elif labels is not None:
+
+            def relabel(ns: dict[str, Any]) -> None:
+                ns["metadata"]["labels"] = dict(labels)
+
+            self.store.mutate("namespaces", name, relabel)
 
     def consumer_pod(
         self,
@@ -308,6 +325,8 @@ def twin(
     seed.setdefault("nodes", 2)
     seed.setdefault("gpus_per_node", 2)
     twin.seed(**seed)
+    for ns in DEPLOYED_NAMESPACES:  # as `kubectl apply -k deploy/` leaves them
+        twin.store.create("namespaces", ns)
     if controllers is not None:
         twin.add_controller(controllers)
     twin.start()
@@ -333,3 +352,17 @@ def twin(
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KubeTwin]:
     with twin(tmp_path, request.param) as t:
         yield t
+
+
+# A worker's repair allowlist (SICKBAY_REPAIR_ALLOWLIST): images pinned by digest, naming
+# nothing real (the twin runs no image).
+REPAIR_ALLOWLIST_ENV = (
+    '{"reset": {"images": ["registry.invalid/ops/nvidia-smi@sha256:' + "d" * 64 + '"]},'
+    ' "validation": {"images": ["registry.invalid/ops/dcgm@sha256:' + "e" * 64 + '"]}}'
+)
+
+
+@pytest.fixture
+def repair_allowlist_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sickbay doctor` as configured for the shipped runbooks (they repair): an allowlist."""
+    monkeypatch.setenv("SICKBAY_REPAIR_ALLOWLIST", REPAIR_ALLOWLIST_ENV)

@@ -14,7 +14,12 @@ Cases:
   ignoring rules (the twin's kubernetes#139651 fault: error after two tries); no scheduler:
   a warning; probe rule, claim and pod are always deleted; on 1.36 the scheduler panic
   Sickbay cannot see is documented in the output;
-- an unreachable API server: one error line, exit code 1.
+- an unreachable API server: one error line, exit code 1;
+- the repair namespace (the shipped runbooks repair): as deploy/ ships it (enforce privileged)
+  -> ok; enforce restricted or baseline -> error naming what refuses the reset pod and the
+  level needed (privileged), with the label command; a namespace that does not exist and no
+  allowlisted image -> errors naming both; the product's Pod Security evaluator and the twin's
+  admission agree on the repair pods (reset: privileged only; validation: baseline).
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from tests.activities.kube.test_kube_errors import RULES, without
 from twin import errors
 from twin.controllers.manager import ControllerManager, TwinOptions
 from worker.cli import build_parser
+
+# The shipped runbooks repair: the worker has an allowlist (else doctor says none).
+pytestmark = pytest.mark.usefixtures("repair_allowlist_env")
 
 CHANNELS = """channels:
   pagerduty: {type: webhook, url: "https://hooks.invalid/pd"}
@@ -234,3 +242,74 @@ def test_doctor_reports_the_recorded_cluster_name_and_a_mismatch(
         assert mismatch.startswith("error")
         assert "SICKBAY_CLUSTER is 'west'" in mismatch and "records 'east'" in mismatch
         assert t.proxy is not None and t.proxy.denied == []
+
+
+# ---- the repair namespace (worker/doctor_repair.py) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("labels", "status", "says"),
+    [
+        (None, "ok", "enforce privileged:latest admits the reset and validation pods"),
+        (
+            {"pod-security.kubernetes.io/enforce": "restricted"},
+            "error",
+            "refuses the reset pod (privileged, allowPrivilegeEscalation != false",
+        ),
+        (
+            {"pod-security.kubernetes.io/enforce": "baseline"},
+            "error",
+            "refuses the reset pod (privileged); the Jobs would be accepted and their pods "
+            "refused. It needs privileged",
+        ),
+    ],
+)
+async def test_doctor_checks_the_repair_namespaces_pod_security(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    labels: dict[str, str] | None,
+    status: str,
+    says: str,
+) -> None:
+    with twin(tmp_path, "1.37", proxy_rules=RULES) as t:
+        if labels is not None:  # None: as deploy/namespace.yaml ships it
+            t.namespace("sickbay-repair", labels)
+        code, out = doctor(t.kubeconfig)
+    found = line(out, "repair namespace")
+    assert found.startswith(status) and says in found, out
+    assert code == (1 if status == "error" else 0), out
+    if status == "error":
+        assert "needs privileged" in found or "It needs privileged" in found
+        assert "pod-security.kubernetes.io/enforce=privileged" in out  # the fix
+
+
+async def test_doctor_repair_namespace_missing_and_no_images(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SICKBAY_REPAIR_NAMESPACE", "gpu-repairs")
+    monkeypatch.delenv("SICKBAY_REPAIR_ALLOWLIST", raising=False)
+    with twin(tmp_path, "1.37", proxy_rules=RULES) as t:
+        code, out = doctor(t.kubeconfig)
+    assert code == 1
+    assert line(out, "repair namespace").startswith("error")
+    assert "gpu-repairs does not exist" in out
+    images = line(out, "repair images (reset)")
+    assert images.startswith("error") and "no reset image is allowlisted" in images
+
+
+def test_doctor_judges_the_pods_the_repair_code_builds() -> None:
+    """The product's evaluator and the twin's admission agree on the repair pods."""
+    from activities.kube import podsecurity as product
+    from contract.runbook import RepairAllowlist
+    from twin import podsecurity as server
+    from worker.doctor_repair import repair_pod_specs
+
+    specs = repair_pod_specs(RepairAllowlist())
+    assert product.strictest_level(specs["reset"]) == "privileged"
+    assert product.strictest_level(specs["validation"]) == "baseline"
+    for level in ("baseline", "restricted"):
+        for spec in specs.values():
+            assert bool(product.problems(level, spec)) == bool(server.violations(level, spec))
+            assert product.problems(level, spec) == [
+                v.split(" (", 1)[0] for v in server.violations(level, spec)
+            ]

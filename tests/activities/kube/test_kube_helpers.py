@@ -25,11 +25,11 @@ from kubernetes.client.exceptions import ApiException
 
 from activities.kube.client import ErrorKind, classify, to_application_error
 from activities.kube.devices import group_of, slice_devices
-from activities.kube.permissions import COMPONENTS, FEATURES, PERMISSIONS, ROLE_FILES
+from activities.kube.permissions import COMPONENTS, FEATURES, PERMISSIONS, ROLE_FILES, ROLE_REPAIR
 from activities.kube.quarantine import parse_would_evict, rule_plan
 from contract.errors import ERR_FORBIDDEN, ERR_INVALID_INPUT
 from contract.kube import DraDevice, ResolvedDevice
-from contract.names import taint_rule_name
+from contract.names import REPAIR_NAMESPACE, taint_rule_name
 
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = ROOT / "tests" / "k8s_golden"
@@ -147,15 +147,20 @@ def test_parse_would_evict_from_golden() -> None:
 @pytest.mark.parametrize("role", sorted(ROLE_FILES))
 def test_rbac_yaml_matches_permissions(role: str) -> None:
     """Each role deploy/ ships grants exactly the permissions listed for it (a ClusterRole, or
-    a Role in Sickbay's namespace for the namespaced ones), bound to the worker's
-    ServiceAccount only."""
+    a Role in Sickbay's namespace for the namespaced ones, the repair namespace for the repair
+    Role), bound to the worker's ServiceAccount only."""
     namespaced = {p.namespaced for p in PERMISSIONS if p.role == role}
     assert len(namespaced) == 1, f"{role} mixes cluster-wide and namespaced grants"
     kind = "Role" if namespaced.pop() else "ClusterRole"
     docs = list(yaml.safe_load_all((ROOT / ROLE_FILES[role]).read_text()))
     (granting,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == role]
     if kind == "Role":
-        assert granting["metadata"]["namespace"] == "sickbay"
+        # The repair Role lives in the repair namespace (the only place Jobs are created).
+        expected = REPAIR_NAMESPACE if role == ROLE_REPAIR else "sickbay"
+        assert granting["metadata"]["namespace"] == expected
+        assert all(
+            p.in_repair_namespace == (role == ROLE_REPAIR) for p in PERMISSIONS if p.role == role
+        )
     granted = {
         (g, r, v)
         for rule in granting["rules"]

