@@ -312,6 +312,7 @@ _REPAIR_JOBS: tuple[Grant, ...] = tuple(
     [("batch", "jobs", v) for v in ("create", "get", "delete")]
     + [(DRA, "resourceclaims", v) for v in ("create", "get", "delete")]
     + [("", "pods/log", "get")]
+    + [("", "events", "list")]  # why a Job's pod was refused or never started
 )
 
 # Every optional code path and the grants it needs: the one table doctor and the deploy/

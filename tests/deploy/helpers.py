@@ -64,9 +64,12 @@ def load_yaml_documents(path: Path) -> list[dict[str, Any]]:
 
 
 def manifest_files() -> list[Path]:
-    """Every Kubernetes manifest directly under deploy/ (kustomization.yaml aside)."""
+    """Every Kubernetes manifest directly under deploy/ and in its components
+    (kustomization.yaml files aside)."""
     return sorted(
-        p for p in DEPLOY.glob("*.yaml") if p.name not in ("kustomization.yaml",) and p.is_file()
+        p
+        for p in [*DEPLOY.glob("*.yaml"), *DEPLOY.glob("components/*/*.yaml")]
+        if p.name not in ("kustomization.yaml",) and p.is_file()
     )
 
 
