@@ -34,3 +34,5 @@ ERR_MAINTENANCE_FAILED = "MaintenanceFailed"
 ERR_GPU_HELD = "GpuStillHeld"  # something else holds the GPU: no reset (retryable: wait)
 ERR_PROVIDER_NOT_CONFIGURED = "RepairProviderNotConfigured"
 ERR_PROVIDER_REFUSED = "RepairProviderRefused"
+# A runbook with requireVerifiedActors refused an action from an unverified sender.
+ERR_UNVERIFIED_ACTOR = "UnverifiedActor"

@@ -327,3 +327,6 @@ RESET_GROUP_LABEL = "sickbay.dev/gpu-reset-group"
 LABEL_REPAIR = "sickbay.dev/repair"  # on repair Jobs, their pods and claims: reset | validation
 ANN_REPAIR_KEY = "sickbay.dev/repair-key"  # the attempt a Job belongs to
 REPAIR_NAMESPACE = "sickbay"  # Sickbay's own namespace (deploy/namespace.yaml, rbac-repair.yaml)
+
+# --- verified actors (contract/actors.py) -----------------------------------------------------
+ACT_VERIFY_ACTOR = "verify-actor"  # local: the worker checks an actions-endpoint signature

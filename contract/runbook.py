@@ -549,6 +549,10 @@ class RunbookSpec(RunbookModel):
     validation: ValidationPolicy = Field(default_factory=lambda: ValidationPolicy())
     lemons: LemonPolicy = Field(default_factory=lambda: LemonPolicy())
     dry_run: bool = False
+    # approve / reject, repaired and unretire only from a verified actor (contract/actors.py):
+    # the workflow refuses such an action sent straight through Temporal, and records the
+    # refusal with the actor it claimed.
+    require_verified_actors: bool = False
 
 
 class RunbookMetadata(RunbookModel):

@@ -696,7 +696,13 @@ async def _decide(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.service import RPCError, RPCStatusCode
 
-    from contract.remediation import AbortRequest, ApprovalDecision, RepairedRequest
+    from contract.names import UPD_APPROVE
+    from contract.remediation import (
+        AbortRequest,
+        ApprovalDecision,
+        ApprovalResult,
+        RepairedRequest,
+    )
 
     actor = args.actor or getpass.getuser()
     if args.command == "abort" and not args.reason:
@@ -713,10 +719,11 @@ async def _decide(args: argparse.Namespace) -> int:
         if args.command in ("approve", "reject"):
             try:
                 result = await handle.execute_update(
-                    DeviceRemediationWorkflow.approve,
+                    UPD_APPROVE,
                     ApprovalDecision(
                         approve=args.command == "approve", actor=actor, reason=args.reason or ""
                     ),
+                    result_type=ApprovalResult,
                 )
             except WorkflowUpdateFailedError as exc:
                 print(f"refused: {exc.cause}", file=sys.stderr)
