@@ -63,6 +63,9 @@ class Twin:
         self.profile = Profile.make(profile, device_taint_rules)
         self.clock: Any = clock or SystemClock()
         self.token = token
+        # Bearer token -> person (a static token file's entries): who TokenReview says the
+        # token is, and who a request presenting it runs as (with RBAC). `add_user()`.
+        self.users: dict[str, Any] = {}
         self.host = host
         self.port = port
         self.store = Store(
@@ -173,6 +176,13 @@ class Twin:
     def requests(self) -> Any:
         """The request log (twin.server.RequestLog)."""
         return self.server.request_log if self.server is not None else None
+
+    def add_user(self, token: str, user: str, groups: list[str] | tuple[str, ...] = ()) -> None:
+        """A person's bearer token, as a static token file line `token,user,uid,"groups"`:
+        requests presenting it run as `user` (RBAC decides), TokenReview authenticates it."""
+        from twin.authz import person
+
+        self.users[token] = person(user, list(groups), uid=f"uid-{user}")
 
     def kubeconfig(self, token: str | None = None) -> dict[str, Any]:
         user: dict[str, Any] = {}

@@ -500,7 +500,7 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in path.split("/") if p]
         if parts and parts[0] == "twin":
             return self._twin_endpoint(method, parts[1:])
-        self._who = authz.authenticate(self.api.twin.token, self.headers)
+        self._who = authz.authenticate(self.api.twin.token, self.headers, self.api.twin.users)
         profile = self.api.profile
         if method == "GET":
             if path in ("/healthz", "/livez", "/readyz"):
@@ -624,7 +624,13 @@ class _Handler(BaseHTTPRequestHandler):
                 "the server does not allow this method on the requested resource"
             )
         data = self._decode_object(tgt, body)
-        self._send_json(201, authz.review(self.api.store, self._who, tgt.rt.plural, data))
+        if tgt.rt.plural == "tokenreviews":
+            answer = authz.token_review(self.api.twin.token, self.api.twin.users, data)
+        elif tgt.rt.plural == "subjectaccessreviews":
+            answer = authz.subject_access_review(self.api.store, data)
+        else:
+            answer = authz.review(self.api.store, self._who, tgt.rt.plural, data)
+        self._send_json(201, answer)
 
     def _openapi(self, parts: list[str]) -> None:
         profile = self.api.profile
