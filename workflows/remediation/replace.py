@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from temporalio import workflow
 
@@ -207,6 +208,10 @@ async def _tell_extensions(r: Remediation, name: str) -> None:
         )
 
 
+if TYPE_CHECKING:
+    from workflows.remediation.actors import Sender
+
+
 def check_extension(r: Remediation, req: ExtendDeadlineRequest) -> datetime:
     """The new deadline of an `extend-deadline` request, or ValueError naming why not."""
     s = r.s
@@ -230,7 +235,9 @@ def check_extension(r: Remediation, req: ExtendDeadlineRequest) -> datetime:
     return new
 
 
-def extend_deadline(r: Remediation, req: ExtendDeadlineRequest) -> ExtendDeadlineResult:
+def extend_deadline(
+    r: Remediation, req: ExtendDeadlineRequest, who: Sender | None = None
+) -> ExtendDeadlineResult:
     """Move the running wait's deadline timer (validated by `check_extension`)."""
     s = r.s
     previous = s.deadline
@@ -242,8 +249,9 @@ def extend_deadline(r: Remediation, req: ExtendDeadlineRequest) -> ExtendDeadlin
     r.j.log_sent(
         "extend-deadline",
         f"deadline extended to {s.deadline:%Y-%m-%d %H:%M:%S} UTC",
-        req.actor,
-        reason=req.reason,
+        who.actor if who is not None else req.actor,
+        req.reason,
+        who,
     )
     workflow.set_current_details(r.j.details())
     return ExtendDeadlineResult(phase=s.status.phase, deadline=s.deadline, previous=previous)

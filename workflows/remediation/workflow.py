@@ -304,9 +304,13 @@ class DeviceRemediationWorkflow:
         description="for people, while waiting for replacements: move the Pending (or capacity) "
         'deadline. Input: {"by": "30m", "reason": "why", "actor": "you"} or {"until": "<ISO time>", ...}',
     )
-    def extend_deadline(self, raw: Any = None) -> ExtendDeadlineResult:
+    async def extend_deadline(self, raw: Any = None) -> ExtendDeadlineResult:
         req = self._update_input(UPD_EXTEND_DEADLINE, ExtendDeadlineRequest, raw)
-        return replace.extend_deadline(self._r, req)
+        who = await actors.sender(self._r, "extend", req, req.actor)
+        try:  # the check may have waited for the worker: the wait may be over now
+            return replace.extend_deadline(self._r, req, who)
+        except ValueError as err:
+            raise ApplicationError(str(err)) from None
 
     @extend_deadline.validator
     def _validate_extend(self, raw: Any = None) -> None:

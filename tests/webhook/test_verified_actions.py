@@ -1,0 +1,156 @@
+"""`POST /v1/actions` against the twin's TokenReview / SubjectAccessReview and a real
+remediation (FakeWorld activities, the production workflow, the dev server):
+
+- a bad token is 401 before anything else; a person RBAC does not grant the verb is 403 with
+  the reason; a person it grants (through a group) approves and marks repaired, and the
+  timeline records them *verified*, with their groups, via kubernetes;
+- a runbook requiring verified actors refuses the same approve sent straight through Temporal;
+- no token appears in the workflow history, the webhook's log or the twin's request log.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from pydantic import SecretStr
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.testing import WorkflowEnvironment
+
+from contract.names import UPD_APPROVE
+from contract.remediation import ApprovalDecision, ApprovalResult, Phase
+from tests.webhook.helpers import TOKEN, serve, settings_for
+from tests.workflows.fakes import (
+    ACTIONS_TEST_KEY,
+    FakeWorld,
+    make_runbook,
+    new_worker,
+    shipped_runbooks,
+    start,
+    wait_phase,
+)
+from twin.testing import RunningTwin
+from worker.settings import WebhookSettings
+from worker.webhook.app import create_app
+
+RBAC = "rbac.authorization.k8s.io"
+
+
+@pytest.fixture
+def people(twin: RunningTwin) -> Iterator[dict[str, str]]:
+    """alice (group sre-oncall, bound to a ClusterRole granting the Sickbay verbs) and bob
+    (no grant), each with a bearer token the twin knows."""
+    tag = uuid.uuid4().hex[:6]
+    role, group = f"sickbay-approver-{tag}", f"sre-oncall-{tag}"
+    twin.store.create(
+        f"clusterroles.{RBAC}",
+        {
+            "metadata": {"name": role},
+            "rules": [
+                {
+                    "apiGroups": ["sickbay.dev"],
+                    "resources": ["remediations"],
+                    "verbs": ["approve", "reject", "repaired", "abort"],
+                }
+            ],
+        },
+    )
+    twin.store.create(
+        f"clusterrolebindings.{RBAC}",
+        {
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "Group", "apiGroup": RBAC, "name": group}],
+        },
+    )
+    tokens = {"alice": f"alice-{uuid.uuid4().hex}", "bob": f"bob-{uuid.uuid4().hex}"}
+    twin.twin.add_user(tokens["alice"], f"alice-{tag}", [group])
+    twin.twin.add_user(tokens["bob"], f"bob-{tag}", ["developers"])
+    yield {**tokens, "tag": tag, "group": group}
+    twin.store.delete(f"clusterrolebindings.{RBAC}", role)
+    twin.store.delete(f"clusterroles.{RBAC}", role)
+
+
+async def test_verified_actions_through_the_cluster(
+    dev_env: WorkflowEnvironment,
+    twin: RunningTwin,
+    people: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    tag = people["tag"]
+    others = [r for r in shipped_runbooks() if r.name != "inference"]
+    gated = make_runbook(
+        "inference",
+        50,
+        match={"ownerKinds": ["Deployment"]},
+        approval={"required": True},
+        requireVerifiedActors=True,
+    )
+    world = FakeWorld(runbooks=[*others, gated])
+    queue = f"actions-{uuid.uuid4().hex[:8]}"
+    settings = settings_for(dev_env, queue).model_copy(
+        update={"actions_key": SecretStr(ACTIONS_TEST_KEY.decode())}
+    )
+    app = create_app(
+        settings,
+        dev_env.client,
+        webhook=WebhookSettings(webhook_token=TOKEN),
+        kube_api_client=twin.api_client(),
+    )
+    async with new_worker(dev_env.client, world, task_queue=queue) as worker, serve(app) as url:
+        handle = await start(dev_env.client, worker, world)
+        await wait_phase(handle, Phase.AWAITING_APPROVAL)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+
+            async def act(token: str, action: str, reason: str = "checked") -> httpx.Response:
+                return await http.post(
+                    "/v1/actions",
+                    json={"action": action, "target": handle.id, "reason": reason},
+                    headers={"Authorization": f"Bearer {token}"},
+                )
+
+            bad = await act("not-a-token-the-cluster-knows", "approve")
+            assert bad.status_code == 401
+            assert "did not authenticate" in bad.json()["error"]
+            no_header = await http.post("/v1/actions", json={})
+            assert no_header.status_code == 401
+
+            refused = await act(people["bob"], "approve")
+            assert refused.status_code == 403
+            assert (
+                f'User "bob-{tag}" may not approve remediations.sickbay.dev "{handle.id}"'
+                in refused.json()["error"]
+            )
+
+            # Straight through Temporal: refused by the runbook, recorded with the claim.
+            with pytest.raises(WorkflowUpdateFailedError):
+                await handle.execute_update(
+                    UPD_APPROVE,
+                    ApprovalDecision(approve=True, actor=f"alice-{tag}", reason="direct"),
+                    result_type=ApprovalResult,
+                )
+
+            approved = await act(people["alice"], "approve", "looks right")
+            assert approved.status_code == 200, approved.text
+            assert approved.json()["actor"] == f"alice-{tag}"
+            await wait_phase(handle, Phase.HOLDING)
+            repaired = await act(people["alice"], "repaired", "reseated")
+            assert repaired.status_code == 200, repaired.text
+            assert repaired.json()["status"] == "marked repaired"
+        result = await handle.result()
+    assert result.outcome == "released"
+    by_action = {e.action: e for e in result.timeline}
+    assert by_action["approve refused"].verification == "unverified"
+    for action in ("approved", "marked repaired"):
+        e = by_action[action]
+        assert (e.actor, e.verification, e.via) == (f"alice-{tag}", "verified", "kubernetes")
+        assert people["group"] in e.groups
+    history = (await handle.fetch_history()).to_json()
+    logs = caplog.text + "\n".join(str(r.__dict__) for r in twin.requests())
+    for token in (people["alice"], people["bob"], ACTIONS_TEST_KEY.decode()):
+        assert token not in history
+        assert token not in logs
