@@ -245,7 +245,7 @@ async def test_undecodable_extension_is_refused_naming_the_problem(
     assert "give exactly one of `by` (a duration) or `until` (a time)" in refusals["both"]
     assert "`by` must be positive" in refusals["negative"]
     assert refusals["bad duration"].startswith("invalid extend-deadline input: by: ")
-    assert "actr: unknown field (fields: by, until, reason, actor)" in refusals["typo"]
+    assert "actr: unknown field (fields: by, until, reason, actor, verified)" in refusals["typo"]
     assert "must be a JSON object" in refusals["not an object"]
     assert status.deadline == waiting.deadline  # nothing moved
     assert not [e for e in entries if e["action"].startswith("deadline extended")]
