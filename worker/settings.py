@@ -358,6 +358,9 @@ class Settings(BaseSettings):
     # the endpoint answers 503 and every action counts as unverified.
     actions_key: SecretStr | None = None
     actions_key_file: Path | None = None
+    # The CLI: send approve/reject/abort/repaired/extend-deadline through this actions
+    # endpoint (the webhook's URL) with the person's Kubernetes credentials (`--via`).
+    actions_url: str | None = None
     # Slack buttons (POST /v1/slack/actions): the Slack app's signing secret, and the YAML
     # mapping of Slack user ids to Kubernetes user + groups (docs/deploy.md).
     slack_signing_secret: SecretStr | None = None

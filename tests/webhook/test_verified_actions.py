@@ -5,14 +5,17 @@ remediation (FakeWorld activities, the production workflow, the dev server):
   the reason; a person it grants (through a group) approves and marks repaired, and the
   timeline records them *verified*, with their groups, via kubernetes;
 - a runbook requiring verified actors refuses the same approve sent straight through Temporal;
+- the CLI's `--via` sends the kubeconfig's token and prints who the cluster said it is;
 - no token appears in the workflow history, the webhook's log or the twin's request log.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -33,6 +36,7 @@ from tests.workflows.fakes import (
     wait_phase,
 )
 from twin.testing import RunningTwin
+from worker.cli import main as cli_main
 from worker.settings import WebhookSettings
 from worker.webhook.app import create_app
 
@@ -79,6 +83,9 @@ async def test_verified_actions_through_the_cluster(
     twin: RunningTwin,
     people: dict[str, str],
     caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     caplog.set_level(logging.DEBUG)
     tag = people["tag"]
@@ -138,9 +145,15 @@ async def test_verified_actions_through_the_cluster(
             assert approved.status_code == 200, approved.text
             assert approved.json()["actor"] == f"alice-{tag}"
             await wait_phase(handle, Phase.HOLDING)
-            repaired = await act(people["alice"], "repaired", "reseated")
-            assert repaired.status_code == 200, repaired.text
-            assert repaired.json()["status"] == "marked repaired"
+            # The CLI: alice's kubeconfig token, through the endpoint (`--via`).
+            kubeconfig = twin.twin.write_kubeconfig(tmp_path / "alice", token=people["alice"])
+            monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+            argv = ["repaired", handle.id, "--via", url, "--reason", "reseated"]
+            capsys.readouterr()
+            assert await asyncio.to_thread(cli_main, argv) == 0
+            out = capsys.readouterr()
+            assert f"marked repaired, verified as alice-{tag}" in out.out
+            assert people["alice"] not in out.out + out.err
         result = await handle.result()
     assert result.outcome == "released"
     by_action = {e.action: e for e in result.timeline}
