@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,9 +24,12 @@ from pydantic import SecretStr
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
+from activities.notify.messages import slack_message
 from contract.names import UPD_APPROVE
-from contract.remediation import ApprovalDecision, ApprovalResult, Phase
+from contract.notify import Incident
+from contract.remediation import ApprovalDecision, ApprovalResult, Phase, RemediationStatus
 from tests.webhook.helpers import TOKEN, serve, settings_for
+from tests.webhook.slack_standin import SlackStandIn
 from tests.workflows.fakes import (
     ACTIONS_TEST_KEY,
     FakeWorld,
@@ -167,3 +171,103 @@ async def test_verified_actions_through_the_cluster(
     for token in (people["alice"], people["bob"], ACTIONS_TEST_KEY.decode()):
         assert token not in history
         assert token not in logs
+
+
+SLACK_SECRET = b"slack-signing-secret-0123456789abcdef"
+
+
+async def test_slack_buttons_are_verified_actors(
+    dev_env: WorkflowEnvironment,
+    twin: RunningTwin,
+    people: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """The holding incident's Slack message carries Mark repaired / Abort buttons; a press
+    signed as Slack signs it, by a mapped user RBAC allows, releases the device as a verified
+    actor (via slack). A bad signature, an old timestamp, a replay, an unmapped user and a
+    mapped user without the grant are refused."""
+    tag = people["tag"]
+    world = FakeWorld()
+    queue = f"slack-{uuid.uuid4().hex[:8]}"
+    users = tmp_path / "slack-users.yaml"
+    users.write_text(
+        f"users:\n"
+        f"  U0ALICE: {{user: alice-{tag}, groups: [{people['group']}]}}\n"
+        f"  U0BOB: {{user: bob-{tag}, groups: [developers]}}\n"
+    )
+    settings = settings_for(dev_env, queue).model_copy(
+        update={
+            "actions_key": SecretStr(ACTIONS_TEST_KEY.decode()),
+            "slack_signing_secret": SecretStr(SLACK_SECRET.decode()),
+            "slack_users_file": users,
+        }
+    )
+    app = create_app(
+        settings,
+        dev_env.client,
+        webhook=WebhookSettings(webhook_token=TOKEN),
+        kube_api_client=twin.api_client(),
+    )
+    slack = SlackStandIn(SLACK_SECRET)
+    async with new_worker(dev_env.client, world, task_queue=queue) as worker, serve(app) as url:
+        handle = await start(dev_env.client, worker, world)
+        await wait_phase(handle, Phase.HOLDING)
+        status = await handle.query("status", result_type=RemediationStatus)
+        message = slack_message(
+            Incident(id=handle.id, device=status.device, phase=status.phase, summary="held"),
+            "trigger",
+        )
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+
+            async def send(headers: dict[str, str], body: bytes) -> httpx.Response:
+                return await http.post("/v1/slack/actions", headers=headers, content=body)
+
+            forged = await send(
+                *slack.press(message, "sickbay-repaired", "U0ALICE", secret=b"x" * 32)
+            )
+            assert forged.status_code == 401 and "does not match" in forged.json()["error"]
+            old = await send(
+                *slack.press(message, "sickbay-repaired", "U0ALICE", at=time.time() - 600)
+            )
+            assert old.status_code == 401 and "older than 5 minutes" in old.json()["error"]
+            stranger = await send(*slack.press(message, "sickbay-repaired", "U0EVE"))
+            assert stranger.status_code == 403
+            assert "U0EVE is not mapped" in stranger.json()["error"]
+            bob = await send(*slack.press(message, "sickbay-repaired", "U0BOB"))
+            assert bob.status_code == 403
+            assert f'User "bob-{tag}" may not repaired' in bob.json()["error"]
+
+            good = slack.press(message, "sickbay-repaired", "U0ALICE")
+            taken = await send(*good)
+            assert taken.status_code == 200, taken.text
+            assert "verified" in taken.json()["text"]
+            replay = await send(*good)
+            assert replay.status_code == 401 and "replay" in replay.json()["error"]
+        result = await handle.result()
+    assert result.outcome == "released"
+    (repaired,) = [e for e in result.timeline if e.action == "marked repaired"]
+    assert (repaired.actor, repaired.verification, repaired.via) == (
+        f"alice-{tag}",
+        "verified",
+        "slack",
+    )
+    assert repaired.who().startswith(f"verified user alice-{tag} (via slack")
+
+
+def test_slack_messages_carry_the_buttons_of_their_phase() -> None:
+    def ids(phase: Phase, action: str = "trigger") -> list[str]:
+        message = slack_message(
+            Incident(id="sickbay-gpu-x", device="n/GPU-1", phase=phase, summary="s"), action
+        )
+        return [
+            e["action_id"]
+            for b in message["blocks"]
+            if b["type"] == "actions"
+            for e in b["elements"]
+            if e["value"] == "sickbay-gpu-x"
+        ]
+
+    assert ids(Phase.AWAITING_APPROVAL) == ["sickbay-approve", "sickbay-reject", "sickbay-abort"]
+    assert ids(Phase.HOLDING) == ["sickbay-repaired", "sickbay-abort"]
+    assert ids(Phase.HOLDING, "resolve") == []
+    assert ids(Phase.QUARANTINING) == []
