@@ -13,9 +13,15 @@ Identities, as a real API server would see them:
   account its role), plus the built-in `system:basic-user`, `system:discovery` and
   `system:public-info-viewer` grants every real cluster has.
 
+- a person's bearer token (`Twin.add_user`, a static token file's line): the request runs as
+  that person, with exactly what RBAC grants.
+
 A refused request is the 403 Status recorded from a real server (k8s_golden/19). Reviews
 answer from the same evaluation: SelfSubjectAccessReview (`kubectl auth can-i`),
-SelfSubjectRulesReview (`auth can-i --list`), SelfSubjectReview (`auth whoami`).
+SelfSubjectRulesReview (`auth can-i --list`), SelfSubjectReview (`auth whoami`), and for
+another identity TokenReview (who a token is) and SubjectAccessReview (may user + groups do
+it; system:masters may do anything, everyone else gets RBAC, as on a cluster with the RBAC
+authorizer).
 """
 
 from __future__ import annotations

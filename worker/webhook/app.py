@@ -1,4 +1,6 @@
-"""Alertmanager webhook receiver: `POST /v1/alertmanager`, `GET /healthz`, `GET /metrics`.
+"""Alertmanager webhook receiver: `POST /v1/alertmanager`, `GET /healthz`, `GET /metrics`;
+and people's verified actions, `POST /v1/actions` and `POST /v1/slack/actions`
+(worker/webhook/actions.py, on when SICKBAY_ACTIONS_KEY(_FILE) is set).
 
 One request = one Alertmanager notification (payload version 4). For each alert:
 
