@@ -114,6 +114,9 @@ _BUTTONS: dict[Phase, list[tuple[str, str, str, str]]] = {
         ("sickbay-abort", "Abort", "danger", "Abort: undo the quarantine and stop."),
     ],
 }
+# An escalation is sent as the remediation enters `escalated`, on its way to holding the
+# device (or closing): the holding buttons (a closed one answers "no running remediation").
+_BUTTONS[Phase.ESCALATED] = _BUTTONS[Phase.HOLDING]
 
 
 def _buttons(incident: Incident) -> list[dict[str, Any]]:

@@ -269,5 +269,6 @@ def test_slack_messages_carry_the_buttons_of_their_phase() -> None:
 
     assert ids(Phase.AWAITING_APPROVAL) == ["sickbay-approve", "sickbay-reject", "sickbay-abort"]
     assert ids(Phase.HOLDING) == ["sickbay-repaired", "sickbay-abort"]
+    assert ids(Phase.ESCALATED) == ["sickbay-repaired", "sickbay-abort"]
     assert ids(Phase.HOLDING, "resolve") == []
     assert ids(Phase.QUARANTINING) == []

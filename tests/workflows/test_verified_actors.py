@@ -173,3 +173,47 @@ async def test_required_verified_actors_refuse_unverified_approve_and_repaired(
     (repaired,) = entries(result, "marked repaired")
     assert (repaired.actor, repaired.verification) == ("alice", "verified")
     assert result.outcome == "released"
+
+
+async def test_awaiting_approval_asks_the_channels_with_buttons(
+    dev_env: WorkflowEnvironment,
+) -> None:
+    """Approval is asked for where people are: a `trigger` to the runbook's channels while
+    awaiting approval (its Slack form carries Approve / Reject / Abort), resolved once
+    approved."""
+    from activities.notify.messages import slack_message
+    from contract.names import ACT_NOTIFY
+
+    others = [r for r in shipped_runbooks() if r.name != "inference"]
+    gated = make_runbook(
+        "inference",
+        50,
+        match={"ownerKinds": ["Deployment"]},
+        approval={"required": True},
+        escalation={"channels": ["slack"]},
+    )
+    world = FakeWorld(runbooks=[*others, gated])
+    async with new_worker(dev_env.client, world) as worker:
+        handle = await start(dev_env.client, worker, world)
+        await wait_phase(handle, Phase.AWAITING_APPROVAL)
+        (asked,) = world.args(ACT_NOTIFY)
+        assert (asked.action, asked.incident.phase) == ("trigger", Phase.AWAITING_APPROVAL)
+        assert "sickbay approve|reject" in asked.incident.needed
+        buttons = [
+            e["action_id"]
+            for b in slack_message(asked.incident, asked.action)["blocks"]
+            if b["type"] == "actions"
+            for e in b["elements"]
+        ]
+        assert buttons == ["sickbay-approve", "sickbay-reject", "sickbay-abort"]
+        await handle.execute_update(
+            UPD_APPROVE,
+            ApprovalDecision(approve=True, actor="carol", reason="go"),
+            result_type=ApprovalResult,
+        )
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_ABORT, AbortRequest(actor="carol", reason="done"))
+        await handle.result()
+    resolved = world.args(ACT_NOTIFY)[1]
+    assert resolved.action == "resolve"
+    assert "approved by carol (claimed" in resolved.incident.summary
