@@ -202,7 +202,7 @@ async def _tell_extensions(r: Remediation, name: str) -> None:
         await r.j.event(
             "GPUDeadlineExtended",
             f"{name} deadline extended to {s.deadline:%Y-%m-%d %H:%M:%S} UTC by "
-            f"{req.actor} (claimed): {req.reason}",
+            f"{req.actor} ({'verified' if req.verified else 'claimed'}): {req.reason}",
             rule=False,
             node=False,
         )
@@ -243,7 +243,9 @@ def extend_deadline(
     previous = s.deadline
     assert previous is not None
     s.deadline = check_extension(r, req)
-    s.extensions.append(req)
+    # Kept with its attestation only when that was checked: the Event says verified or claimed.
+    verified = who is not None and who.verified is not None
+    s.extensions.append(req if verified else req.model_copy(update={"verified": None}))
     s.status.deadline = s.status.until = s.deadline
     s.status.updated_at = workflow.now()
     r.j.log_sent(
