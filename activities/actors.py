@@ -1,4 +1,4 @@
-"""`verify-actor`: the worker's check of a verified actor's signature (contract/actors.py).
+"""Signing verified actors (the actions endpoint: `attest`) and `verify-actor`, the worker's check of a verified actor's signature (contract/actors.py).
 
 The workflow calls it as a local activity for a signal or update that carries `verified`. It
 holds the actions key (`SICKBAY_ACTIONS_KEY_FILE`, the same Secret the webhook signs with) and
@@ -10,13 +10,66 @@ forged `verified` field can never count.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import secrets
+from datetime import UTC, datetime
+from typing import Any, Literal, TypeVar
 
 from activities.defn import defn
-from contract.actors import ActorCheck, ActorVerdict, signature_ok
+from contract.actors import (
+    ActorCheck,
+    ActorVerdict,
+    VerifiedActor,
+    request_fields,
+    signed_bytes,
+)
+from contract.base import Contract
 from contract.names import ACT_VERIFY_ACTOR
 
 log = logging.getLogger(__name__)
+
+
+def sign(
+    key: bytes, workflow_id: str, action: str, request: dict[str, Any], actor: VerifiedActor
+) -> str:
+    return hmac.new(
+        key, signed_bytes(workflow_id, action, request, actor), hashlib.sha256
+    ).hexdigest()
+
+
+def signature_ok(key: bytes, check: ActorCheck) -> bool:
+    want = sign(key, check.workflow_id, check.action, check.request, check.actor)
+    return hmac.compare_digest(want, check.actor.signature)
+
+
+R = TypeVar("R", bound=Contract)
+
+
+def attest(
+    key: bytes,
+    workflow_id: str,
+    action: str,
+    request: R,
+    *,
+    user: str,
+    groups: list[str],
+    via: Literal["kubernetes", "slack"] = "kubernetes",
+    external_id: str = "",
+) -> R:
+    """`request` with its `verified` attachment signed (the actions endpoint's job). The
+    request's `actor` must already be `user`."""
+    actor = VerifiedActor(
+        user=user,
+        groups=groups,
+        via=via,
+        external_id=external_id,
+        issued_at=datetime.now(UTC),
+        nonce=secrets.token_hex(16),
+    )
+    actor.signature = sign(key, workflow_id, action, request_fields(request), actor)
+    return request.model_copy(update={"verified": actor})
 
 
 class ActorActivities:

@@ -14,17 +14,15 @@ the key) whether the signature is right for this workflow, this action and this 
 that answer (a yes/no and a reason: never the key) is what history records. The signature is
 in history; it proves nothing about any other message (it covers the workflow id, the action
 and every field), and the workflow refuses one issued more than `ATTESTATION_TTL` before it
-takes it in. docs/architecture.md, "Verified actors", has the threat model.
+takes it in. docs/architecture.md, "Verified actors", has the threat model. The signing
+itself (HMAC, nonces, the clock) lives in activities/actors.py: workflows import this module.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
-import secrets
-from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -94,47 +92,6 @@ def signed_bytes(
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def sign(
-    key: bytes, workflow_id: str, action: str, request: dict[str, Any], actor: VerifiedActor
-) -> str:
-    return hmac.new(
-        key, signed_bytes(workflow_id, action, request, actor), hashlib.sha256
-    ).hexdigest()
-
-
-def signature_ok(key: bytes, check: ActorCheck) -> bool:
-    want = sign(key, check.workflow_id, check.action, check.request, check.actor)
-    return hmac.compare_digest(want, check.actor.signature)
-
-
 def request_fields(request: Contract) -> dict[str, Any]:
     """A request's fields as signed: JSON-mode, without its `verified` attachment."""
     return request.model_dump(mode="json", exclude={"verified"})
-
-
-R = TypeVar("R", bound=Contract)
-
-
-def attest(
-    key: bytes,
-    workflow_id: str,
-    action: str,
-    request: R,
-    *,
-    user: str,
-    groups: list[str],
-    via: Literal["kubernetes", "slack"] = "kubernetes",
-    external_id: str = "",
-) -> R:
-    """`request` with its `verified` attachment signed (the actions endpoint's job). The
-    request's `actor` must already be `user`."""
-    actor = VerifiedActor(
-        user=user,
-        groups=groups,
-        via=via,
-        external_id=external_id,
-        issued_at=datetime.now(UTC),
-        nonce=secrets.token_hex(16),
-    )
-    actor.signature = sign(key, workflow_id, action, request_fields(request), actor)
-    return request.model_copy(update={"verified": actor})

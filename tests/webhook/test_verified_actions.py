@@ -272,3 +272,29 @@ def test_slack_messages_carry_the_buttons_of_their_phase() -> None:
     assert ids(Phase.ESCALATED) == ["sickbay-repaired", "sickbay-abort"]
     assert ids(Phase.HOLDING, "resolve") == []
     assert ids(Phase.QUARANTINING) == []
+
+
+def test_a_short_actions_key_is_refused_and_none_turns_the_endpoint_off(tmp_path: Path) -> None:
+    from worker.settings import Settings
+
+    with pytest.raises(RuntimeError, match="shorter than 32"):
+        Settings(actions_key=SecretStr("short-key")).actions_key_bytes()
+    with pytest.raises(RuntimeError, match="cannot read SICKBAY_ACTIONS_KEY_FILE"):
+        Settings(actions_key_file=tmp_path / "absent").actions_key_bytes()
+    assert Settings().actions_key_bytes() is None
+
+
+async def test_without_a_key_the_endpoint_answers_503(dev_env: WorkflowEnvironment) -> None:
+    app = create_app(
+        settings_for(dev_env, "no-key"),
+        dev_env.client,
+        webhook=WebhookSettings(webhook_token=TOKEN),
+    )
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
+        answer = await http.post(
+            "/v1/actions",
+            json={"action": "abort", "target": "sickbay-gpu-x", "reason": "x"},
+            headers={"Authorization": "Bearer something"},
+        )
+    assert answer.status_code == 503
+    assert "not configured" in answer.json()["error"]

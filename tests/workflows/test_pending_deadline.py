@@ -255,7 +255,8 @@ async def test_undecodable_extension_is_refused_naming_the_problem(
 async def test_a_verified_extension_says_so(time_skipping_env: WorkflowEnvironment) -> None:
     """An extension sent through the actions endpoint (a signed attestation): the timeline
     entry is verified and the Event names the user as verified, not claimed."""
-    from contract.actors import VerifiedActor, request_fields, sign
+    from activities.actors import sign
+    from contract.actors import VerifiedActor, request_fields
     from tests.workflows.fakes import ACTIONS_TEST_KEY
 
     client = time_skipping_env.client

@@ -21,7 +21,8 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
-from contract.actors import VerifiedActor, attest, request_fields, sign
+from activities.actors import attest, sign
+from contract.actors import VerifiedActor, request_fields
 from contract.errors import ERR_UNVERIFIED_ACTOR
 from contract.names import SIG_ABORT, SIG_REPAIRED, UPD_APPROVE
 from contract.remediation import (

@@ -44,7 +44,8 @@ from urllib.parse import parse_qs
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from contract.actors import ACTIONS_API_GROUP, ACTIONS_RESOURCE, attest
+from activities.actors import attest
+from contract.actors import ACTIONS_API_GROUP, ACTIONS_RESOURCE
 from contract.base import Contract, Duration
 from contract.names import (
     QRY_TIMELINE,
