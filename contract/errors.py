@@ -41,3 +41,5 @@ ERR_PROVIDER_REFUSED = "RepairProviderRefused"
 ERR_REPAIR_JOB_REFUSED = "RepairJobRefused"
 # A repair / validation image or command outside the operator's allowlist, or none allowlisted.
 ERR_REPAIR_NOT_ALLOWED = "RepairNotAllowed"
+# A runbook with requireVerifiedActors refused an action from an unverified sender.
+ERR_UNVERIFIED_ACTOR = "UnverifiedActor"

@@ -359,3 +359,6 @@ ANN_REPAIR_KEY = "sickbay.dev/repair-key"  # the attempt a Job belongs to
 # from Sickbay's `restricted` one. Their pods run as REPAIR_SERVICE_ACCOUNT (no permissions).
 REPAIR_NAMESPACE = "sickbay-repair"
 REPAIR_SERVICE_ACCOUNT = "sickbay-repair"
+
+# --- verified actors (contract/actors.py) -----------------------------------------------------
+ACT_VERIFY_ACTOR = "verify-actor"  # local: the worker checks an actions-endpoint signature

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from contract.actors import VerifiedActor
 from contract.base import Contract, Duration, StrictBool
 from contract.kube import DeviceRef, PodRef, QuarantineResult, ResolvedDevice
 from contract.names import check_cluster_name
@@ -127,17 +128,21 @@ class AlertResolved(Contract):
 class AbortRequest(Contract):
     reason: str = Field(min_length=1)
     actor: str = "unknown"
+    # Set by the actions endpoint only (contract/actors.py); checked by the workflow.
+    verified: VerifiedActor | None = None
 
 
 class RepairedRequest(Contract):
     actor: str = "unknown"
     note: str = ""
+    verified: VerifiedActor | None = None
 
 
 class ApprovalDecision(Contract):
     approve: bool
     actor: str = Field(min_length=1)
     reason: str = ""
+    verified: VerifiedActor | None = None
 
 
 class ApprovalResult(Contract):
@@ -159,6 +164,7 @@ class ExtendDeadlineRequest(Contract):
     until: datetime | None = None
     reason: str = Field(min_length=1)
     actor: str = Field(min_length=1)
+    verified: VerifiedActor | None = None
 
     @model_validator(mode="after")
     def _one_target(self) -> ExtendDeadlineRequest:
@@ -215,10 +221,22 @@ class TimelineEntry(Contract):
     actor: str = "sickbay"
     reason: str = ""
     client_identity: str | None = None
+    # A person's action: "verified" when the actions endpoint checked the person with the
+    # cluster and the worker checked its signature (contract/actors.py), else "unverified";
+    # "" for Sickbay's own entries and alerts.
+    verification: Literal["", "verified", "unverified"] = ""
+    groups: list[str] = Field(default_factory=list)  # of a verified actor
+    via: str = ""  # of a verified actor: kubernetes | slack
 
     def who(self) -> str:
-        """`""` for Sickbay itself; else the actor, marked as claimed beside the client
-        identity when the entry came from a person's signal or update."""
+        """`""` for Sickbay itself; else the actor, marked verified (with how and the groups)
+        or as an unverified claim beside the client identity."""
+        if self.verification == "verified":
+            groups = f"; groups {', '.join(self.groups)}" if self.groups else ""
+            return f"verified user {self.actor} (via {self.via}{groups})"
+        if self.verification == "unverified":
+            identity = self.client_identity or "unknown"
+            return f"unverified: claimed actor {self.actor}; Temporal client {identity}"
         if self.client_identity is not None:
             return f"claimed actor {self.actor}; Temporal client {self.client_identity}"
         return "" if self.actor == "sickbay" else self.actor

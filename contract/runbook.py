@@ -721,6 +721,10 @@ class RunbookSpec(RunbookModel):
     lemons: LemonPolicy = Field(default_factory=lambda: LemonPolicy())
     node_incident: NodeIncidentPolicy = Field(default_factory=lambda: NodeIncidentPolicy())
     dry_run: bool = False
+    # approve / reject, repaired and unretire only from a verified actor (contract/actors.py):
+    # the workflow refuses such an action sent straight through Temporal, and records the
+    # refusal with the actor it claimed.
+    require_verified_actors: bool = False
 
 
 class RunbookMetadata(RunbookModel):

@@ -13,9 +13,15 @@ Identities, as a real API server would see them:
   account its role), plus the built-in `system:basic-user`, `system:discovery` and
   `system:public-info-viewer` grants every real cluster has.
 
+- a person's bearer token (`Twin.add_user`, a static token file's line): the request runs as
+  that person, with exactly what RBAC grants.
+
 A refused request is the 403 Status recorded from a real server (k8s_golden/19). Reviews
 answer from the same evaluation: SelfSubjectAccessReview (`kubectl auth can-i`),
-SelfSubjectRulesReview (`auth can-i --list`), SelfSubjectReview (`auth whoami`).
+SelfSubjectRulesReview (`auth can-i --list`), SelfSubjectReview (`auth whoami`), and for
+another identity TokenReview (who a token is) and SubjectAccessReview (may user + groups do
+it; system:masters may do anything, everyone else gets RBAC, as on a cluster with the RBAC
+authorizer).
 """
 
 from __future__ import annotations
@@ -92,7 +98,7 @@ class Identity:
 
     @property
     def impersonated(self) -> bool:
-        return bool(self.extra.get("impersonated"))
+        return bool(self.extra.get("impersonated")) or self.extra.get("person") is not None
 
 
 def bearer_token(header: str) -> str | None:
@@ -112,6 +118,15 @@ def service_account(namespace: str, name: str, uid: str = "") -> Identity:
         ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", AUTHENTICATED),
         uid,
     )
+
+
+def person(user: str, groups: list[str], uid: str = "") -> Identity:
+    """A person known by a bearer token (`Twin.add_user`) or named in a SubjectAccessReview:
+    only RBAC grants them anything."""
+    shown = list(groups)
+    if user != ANONYMOUS and AUTHENTICATED not in shown:
+        shown.append(AUTHENTICATED)
+    return Identity(user, tuple(dict.fromkeys(shown)), uid, {"person": []})
 
 
 def authenticate(token: str | None, headers: Any, bound: Any = None) -> Identity:
@@ -362,6 +377,56 @@ def _review(
         "spec": spec,
         "status": status,
     }
+
+
+def token_review(
+    token: str | None, users: dict[str, Identity], body: dict[str, Any]
+) -> dict[str, Any]:
+    """authentication.k8s.io/v1 TokenReview: who `spec.token` is. An unknown token is a 201
+    with `status.user` empty and no `authenticated` (false is omitted), as the API answers."""
+    spec = body.get("spec") or {}
+    given = str(spec.get("token") or "")
+    if not given:
+        raise errors.ApiError(
+            400, "BadRequest", "token is required for TokenReview in authentication"
+        )
+    who = users.get(given)
+    if who is None and token and given == token:
+        who = Identity(ADMIN, (MASTERS, AUTHENTICATED))
+    status: dict[str, Any] = {"user": {}}
+    if who is not None:
+        info: dict[str, Any] = {"username": who.user, "groups": list(who.groups)}
+        if who.uid:
+            info["uid"] = who.uid
+        status = {"authenticated": True, "user": info}
+        if spec.get("audiences"):
+            status["audiences"] = list(spec["audiences"])
+    return _review(body, "authentication.k8s.io/v1", "TokenReview", spec, status)
+
+
+def subject_access_review(store: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """authorization.k8s.io/v1 SubjectAccessReview: may `spec.user` (with `spec.groups`) do
+    it, by the RBAC objects the twin stores (and the bootstrap grants). system:masters is
+    allowed everything, as on a real cluster."""
+    spec = body.get("spec") or {}
+    user, groups = str(spec.get("user") or ""), [str(g) for g in spec.get("groups") or []]
+    if not user and not groups:
+        raise errors.invalid(
+            "SubjectAccessReview",
+            "",
+            [
+                errors.cause(
+                    "spec.user",
+                    "FieldValueInvalid",
+                    'Invalid value: "": at least one of user or group must be specified',
+                )
+            ],
+            "authorization.k8s.io",
+        )
+    who = Identity(user, tuple(groups), str(spec.get("uid") or ""), {"person": []})
+    out = access_review(store, who, body)
+    out["kind"] = "SubjectAccessReview"
+    return out
 
 
 def review(store: Any, who: Identity, plural: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -73,6 +73,9 @@ class Twin:
         # ServiceAccount tokens minted through TokenRequest (serviceaccounts/<name>/token):
         # token -> (namespace, name, uid of the account it was minted for).
         self.service_account_tokens: dict[str, tuple[str, str, str]] = {}
+        # Bearer token -> person (a static token file's entries): who TokenReview says the
+        # token is, and who a request presenting it runs as (with RBAC). `add_user()`.
+        self.users: dict[str, Any] = {}
         self.host = host
         self.port = port
         self.store = Store(
@@ -197,9 +200,12 @@ class Twin:
         return token
 
     def token_identity(self, token: str) -> Any:
-        """The ServiceAccount identity of a minted token, or None (unknown, account gone)."""
+        """Who a bearer token other than the admin's is: a person added with `add_user`, the
+        ServiceAccount a minted token is bound to, or None (unknown, account gone)."""
         from twin import authz
 
+        if token in self.users:
+            return self.users[token]
         bound = self.service_account_tokens.get(token)
         if bound is None:
             return None
@@ -213,6 +219,13 @@ class Twin:
     def requests(self) -> Any:
         """The request log (twin.server.RequestLog)."""
         return self.server.request_log if self.server is not None else None
+
+    def add_user(self, token: str, user: str, groups: list[str] | tuple[str, ...] = ()) -> None:
+        """A person's bearer token, as a static token file line `token,user,uid,"groups"`:
+        requests presenting it run as `user` (RBAC decides), TokenReview authenticates it."""
+        from twin.authz import person
+
+        self.users[token] = person(user, list(groups), uid=f"uid-{user}")
 
     def kubeconfig(self, token: str | None = None) -> dict[str, Any]:
         user: dict[str, Any] = {}

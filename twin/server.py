@@ -18,8 +18,9 @@ dryRun), deletecollection; subresources status, scale, pods/eviction, pods/bindi
 (twin/logs.py). Bodies are JSON, YAML or, for the built-in kinds kubectl's typed clients
 send, protobuf (twin/protobuf.py); answers are JSON. `fieldValidation` is honoured from
 the OpenAPI schemas. `Accept: ...;as=Table` gets server-side printing (twin/printing.py)
-for get, list and watch. SelfSubjectAccessReview/RulesReview and SelfSubjectReview are
-answered, never stored; impersonated users are held to RBAC (twin/authz.py).
+for get, list and watch. SelfSubjectAccessReview/RulesReview, SelfSubjectReview, TokenReview
+and SubjectAccessReview are answered, never stored; impersonated users and people's tokens
+(`Twin.add_user`) are held to RBAC (twin/authz.py).
 Errors are `Status` bodies (or text/plain "404 page not found" for an unknown group, as a
 real server answers). With a token configured, requests without `Authorization: Bearer
 <token>` get 401 (kubectl never sends a token over plain HTTP: use a token-less twin).
@@ -638,7 +639,13 @@ class _Handler(BaseHTTPRequestHandler):
                 "the server does not allow this method on the requested resource"
             )
         data = self._decode_object(tgt, body)
-        self._send_json(201, authz.review(self.api.store, self._who, tgt.rt.plural, data))
+        if tgt.rt.plural == "tokenreviews":
+            answer = authz.token_review(self.api.twin.token, self.api.twin.users, data)
+        elif tgt.rt.plural == "subjectaccessreviews":
+            answer = authz.subject_access_review(self.api.store, data)
+        else:
+            answer = authz.review(self.api.store, self._who, tgt.rt.plural, data)
+        self._send_json(201, answer)
 
     def _openapi(self, parts: list[str]) -> None:
         profile = self.api.profile

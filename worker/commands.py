@@ -141,6 +141,22 @@ def _cluster(
 AS_GIVEN = "acting on the workflow id as given (it names its cluster)"
 
 
+def _via(args: argparse.Namespace) -> str | None:
+    """The actions endpoint (--via, else SICKBAY_ACTIONS_URL), or None: the direct Temporal
+    path, recorded unverified."""
+    return getattr(args, "via", None) or _settings(args).actions_url
+
+
+def _add_via(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--via",
+        metavar="URL",
+        help="send it through Sickbay's actions endpoint (SICKBAY_ACTIONS_URL) with your "
+        "Kubernetes credentials: recorded as a verified actor; without it the action goes "
+        "straight to Temporal and is recorded unverified",
+    )
+
+
 def _add_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="Temporal address (SICKBAY_TEMPORAL_ADDRESS)")
     p.add_argument("--namespace", help="Temporal namespace (SICKBAY_TEMPORAL_NAMESPACE)")
@@ -764,12 +780,24 @@ async def _decide(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.service import RPCError, RPCStatusCode
 
-    from contract.remediation import AbortRequest, ApprovalDecision, RepairedRequest
+    from contract.names import UPD_APPROVE
+    from contract.remediation import (
+        AbortRequest,
+        ApprovalDecision,
+        ApprovalResult,
+        RepairedRequest,
+    )
 
     actor = args.actor or getpass.getuser()
     if args.command == "abort" and not args.reason:
         print("error: abort needs --reason", file=sys.stderr)
         return 2
+    via = _via(args)
+    if via is not None:  # the verified path: the cluster says who you are
+        from worker.actions_cli import send
+
+        body = {"action": args.command, "target": args.target, "reason": args.reason or ""}
+        return await asyncio.to_thread(send, _settings(args), via, body)
     wf_id = await _acting_id(args)
     client = await _client(args)
     handle: RemediationHandle = client.get_workflow_handle_for(DeviceRemediationWorkflow.run, wf_id)
@@ -781,10 +809,11 @@ async def _decide(args: argparse.Namespace) -> int:
         if args.command in ("approve", "reject"):
             try:
                 result = await handle.execute_update(
-                    DeviceRemediationWorkflow.approve,
+                    UPD_APPROVE,
                     ApprovalDecision(
                         approve=args.command == "approve", actor=actor, reason=args.reason or ""
                     ),
+                    result_type=ApprovalResult,
                 )
             except WorkflowUpdateFailedError as exc:
                 print(f"refused: {exc.cause}", file=sys.stderr)
@@ -866,6 +895,13 @@ async def _extend_deadline(args: argparse.Namespace) -> int:
         by = _positive_duration(args.by, "--by")
         if by is None:
             return 2
+    via = _via(args)
+    if via is not None:  # the verified path: the cluster says who you are
+        from worker.actions_cli import send
+
+        body = {"action": "extend", "target": args.target, "reason": args.reason}
+        body.update({"by": f"{int(by.total_seconds())}s"} if by else {"until": args.until})
+        return await asyncio.to_thread(send, _settings(args), via, body)
     try:
         req = ExtendDeadlineRequest(
             by=by,
@@ -1131,6 +1167,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         p.add_argument("target", type=_nonempty, help="node/GPU-uuid or workflow id")
         p.add_argument("--actor", type=_nonempty)
         p.add_argument("--reason", type=_nonempty)
+        _add_via(p)
         p.set_defaults(func=cmd_decide)
 
     p = sub.add_parser(
@@ -1143,6 +1180,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--until", help="the new deadline, ISO 8601 (UTC without an offset)")
     p.add_argument("--reason", type=_nonempty, required=True)
     p.add_argument("--actor", type=_nonempty)
+    _add_via(p)
     p.set_defaults(func=cmd_extend_deadline)
 
     p = sub.add_parser("runbooks", help="validate or explain runbooks")

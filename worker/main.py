@@ -39,6 +39,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from activities.actors import ActorActivities
 from activities.budget import BudgetActivities
 from activities.capacity import CapacityActivities
 from activities.cloud import CloudActivities
@@ -182,6 +183,8 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
     built = Built(
         activities=[
             runbooks.load_runbooks,
+            # Verified actors: checks the actions endpoint's signatures (contract/actors.py).
+            *activities_of(ActorActivities(settings.actions_key_bytes())),
             *activities_of(LaunchActivities(client, settings.task_queue, settings.cluster)),
             *activities_of(NodeLaunchActivities(client, settings.task_queue, settings.cluster)),
             *activities_of(

@@ -388,6 +388,20 @@ class Settings(BaseSettings):
     # channels, scale-ups and node rungs through those providers then fail when they come).
     allow_unconfigured_integrations: bool = False
 
+    # Verified actors (contract/actors.py): the key the actions endpoint (webhook) signs a
+    # verified identity with and the worker checks it with: the same Secret in both. Unset:
+    # the endpoint answers 503 and every action counts as unverified.
+    actions_key: SecretStr | None = None
+    actions_key_file: Path | None = None
+    # The CLI: send approve/reject/abort/repaired/extend-deadline through this actions
+    # endpoint (the webhook's URL) with the person's Kubernetes credentials (`--via`).
+    actions_url: str | None = None
+    # Slack buttons (POST /v1/slack/actions): the Slack app's signing secret, and the YAML
+    # mapping of Slack user ids to Kubernetes user + groups (docs/deploy.md).
+    slack_signing_secret: SecretStr | None = None
+    slack_signing_secret_file: Path | None = None
+    slack_users_file: Path | None = None
+
     # The process parts (SUB_MODELS), each from its own flat SICKBAY_* variables.
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
@@ -486,9 +500,37 @@ class Settings(BaseSettings):
             return value.split(":", 1)[0]
         return value
 
+    def actions_key_bytes(self) -> bytes | None:
+        """The actions key (None: not configured). RuntimeError when it is unreadable or
+        shorter than 32 bytes: a guessable key would let anyone forge a verified actor."""
+        return _secret(self.actions_key, self.actions_key_file, "SICKBAY_ACTIONS_KEY", 32)
+
+    def slack_signing_secret_bytes(self) -> bytes | None:
+        return _secret(
+            self.slack_signing_secret,
+            self.slack_signing_secret_file,
+            "SICKBAY_SLACK_SIGNING_SECRET",
+            16,
+        )
+
     def api_key(self) -> str | None:
         if self.temporal_api_key is not None:
             return self.temporal_api_key.get_secret_value()
         if self.temporal_api_key_file is not None:
             return self.temporal_api_key_file.read_text().strip()
         return None
+
+
+def _secret(value: SecretStr | None, path: Path | None, var: str, min_len: int) -> bytes | None:
+    if value is not None:
+        text = value.get_secret_value().strip()
+    elif path is not None:
+        try:
+            text = path.read_text().strip()
+        except OSError as exc:
+            raise RuntimeError(f"cannot read {var}_FILE {path}: {exc}") from exc
+    else:
+        return None
+    if len(text) < min_len:
+        raise RuntimeError(f"{var} is shorter than {min_len} characters: refused")
+    return text.encode()

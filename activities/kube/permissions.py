@@ -259,6 +259,27 @@ PERMISSIONS: tuple[Permission, ...] = (
 )
 
 
+# The webhook's ServiceAccount (sickbay-webhook), only with verified actions on
+# (SICKBAY_ACTIONS_KEY_FILE): ClusterRole sickbay-actions in deploy/rbac.yaml.
+ROLE_ACTIONS = "sickbay-actions"
+WEBHOOK_PERMISSIONS: tuple[Permission, ...] = (
+    Permission(
+        "authentication.k8s.io",
+        "tokenreviews",
+        ("create",),
+        "verified actors: who a person's bearer token is (POST /v1/actions)",
+        role=ROLE_ACTIONS,
+    ),
+    Permission(
+        "authorization.k8s.io",
+        "subjectaccessreviews",
+        ("create",),
+        "verified actors: may that person approve/abort/... (verbs on remediations.sickbay.dev)",
+        role=ROLE_ACTIONS,
+    ),
+)
+
+
 def granted(group: str, resource: str, verb: str) -> bool:
     return any(p.group == group and p.resource == resource and verb in p.verbs for p in PERMISSIONS)
 

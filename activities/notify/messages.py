@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from contract.notify import Incident
-from contract.remediation import TimelineEntry
+from contract.remediation import Phase, TimelineEntry
 
 PD_SUMMARY_MAX = 1024  # Events API v2 limit on payload.summary
 PD_DEDUP_MAX = 255  # ... and on dedup_key
@@ -99,6 +99,49 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+# The buttons of a Slack message, by phase: what a person may do now. Each press reaches the
+# webhook's `POST /v1/slack/actions` (the Slack app's interactivity URL), which checks Slack's
+# signature, maps the Slack user to a Kubernetes identity and authorizes it with a
+# SubjectAccessReview before acting (worker/webhook/actions.py). action_id -> (label, style,
+# confirmation text or "").
+_BUTTONS: dict[Phase, list[tuple[str, str, str, str]]] = {
+    Phase.AWAITING_APPROVAL: [
+        ("sickbay-approve", "Approve", "primary", ""),
+        ("sickbay-reject", "Reject", "danger", "Reject: the device is NOT quarantined."),
+        ("sickbay-abort", "Abort", "", "Abort: stop this remediation."),
+    ],
+    Phase.HOLDING: [
+        ("sickbay-repaired", "Mark repaired", "primary", "Release the device's quarantine?"),
+        ("sickbay-abort", "Abort", "danger", "Abort: undo the quarantine and stop."),
+    ],
+}
+# An escalation is sent as the remediation enters `escalated`, on its way to holding the
+# device (or closing): the holding buttons (a closed one answers "no running remediation").
+_BUTTONS[Phase.ESCALATED] = _BUTTONS[Phase.HOLDING]
+
+
+def _buttons(incident: Incident) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for action_id, label, style, confirm in _BUTTONS.get(incident.phase, []):
+        button: dict[str, Any] = {
+            "type": "button",
+            "action_id": action_id,
+            "text": {"type": "plain_text", "text": label},
+            "value": incident.id,  # the workflow id
+        }
+        if style:
+            button["style"] = style
+        if confirm:
+            button["confirm"] = {
+                "title": {"type": "plain_text", "text": f"{label}?"},
+                "text": {"type": "plain_text", "text": f"{confirm} ({incident.device})"[:300]},
+                "confirm": {"type": "plain_text", "text": label},
+                "deny": {"type": "plain_text", "text": "Cancel"},
+            }
+        out.append(button)
+    return out
+
+
 def slack_message(incident: Incident, action: str, *, max_done: int = 8) -> dict[str, Any]:
     icon = {"trigger": ":rotating_light:", "acknowledge": ":eyes:", "resolve": ":white_check_mark:"}
     words = _ACTION_WORDS.get(action, action)
@@ -146,6 +189,9 @@ def slack_message(incident: Incident, action: str, *, max_done: int = 8) -> dict
                 },
             }
         )
+    buttons = _buttons(incident) if action == "trigger" else []
+    if buttons:
+        blocks.append({"type": "actions", "block_id": "sickbay-actions", "elements": buttons})
     if incident.ui_url:
         blocks.append(
             {

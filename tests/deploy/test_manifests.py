@@ -484,7 +484,15 @@ def test_rbac_binds_the_worker_only(objects: list[dict[str, Any]]) -> None:
     worker_sa = _pod_spec(_deployments(objects)["sickbay-worker"])["serviceAccountName"]
     webhook_sa = _pod_spec(_deployments(objects)["sickbay-webhook"])["serviceAccountName"]
     assert ("sickbay", worker_sa) in bound, "the worker's ServiceAccount has no role"
-    assert ("sickbay", webhook_sa) not in bound, "the webhook needs no Kubernetes permission"
+    # The webhook: only the reviews of verified actors (ClusterRole sickbay-actions).
+    webhook_roles = {
+        b["roleRef"]["name"]
+        for b in objects
+        if b["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        for subject in b.get("subjects", [])
+        if subject["kind"] == "ServiceAccount" and subject["name"] == webhook_sa
+    }
+    assert webhook_roles == {"sickbay-actions"}, "the webhook needs only token/access reviews"
 
 
 def test_kubectl_dry_run_when_available() -> None:

@@ -24,6 +24,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.actors import ActorActivities
 from activities.budget import BudgetActivities
 from activities.capacity import CapacityActivities
 from activities.kube import KubeActivities
@@ -411,6 +412,8 @@ class FakeWorld:
             claim_escalation,
             cordon,
             karpenter,
+            # The real check, with the test key: it is pure (no cluster), so never faked.
+            ActorActivities(ACTIONS_TEST_KEY).verify_actor,
         ]
         if not self.use_real_budget:
             acts += [acquire, release_budget]
@@ -448,6 +451,10 @@ async def watch_until_cancelled(world: FakeWorld) -> None:
         # watch of a workflow already gone (terminated) holds nothing any more.
         if unlocked and not (details and (details.not_found or details.timed_out)):
             await test_service.lock_time_skipping(LockTimeSkippingRequest())
+
+
+# The actions key the fake worlds' workers hold (tests sign verified actors with it).
+ACTIONS_TEST_KEY = b"test-actions-key-0123456789abcdef0123456789"
 
 
 def new_worker(

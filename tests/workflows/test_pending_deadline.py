@@ -13,6 +13,7 @@ Cases (time-skipping server; the fake watch heartbeats until cancelled, as the r
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -245,7 +246,49 @@ async def test_undecodable_extension_is_refused_naming_the_problem(
     assert "give exactly one of `by` (a duration) or `until` (a time)" in refusals["both"]
     assert "`by` must be positive" in refusals["negative"]
     assert refusals["bad duration"].startswith("invalid extend-deadline input: by: ")
-    assert "actr: unknown field (fields: by, until, reason, actor)" in refusals["typo"]
+    assert "actr: unknown field (fields: by, until, reason, actor, verified)" in refusals["typo"]
     assert "must be a JSON object" in refusals["not an object"]
     assert status.deadline == waiting.deadline  # nothing moved
     assert not [e for e in entries if e["action"].startswith("deadline extended")]
+
+
+async def test_a_verified_extension_says_so(time_skipping_env: WorkflowEnvironment) -> None:
+    """An extension sent through the actions endpoint (a signed attestation): the timeline
+    entry is verified and the Event names the user as verified, not claimed."""
+    from activities.actors import sign
+    from contract.actors import VerifiedActor, request_fields
+    from tests.workflows.fakes import ACTIONS_TEST_KEY
+
+    client = time_skipping_env.client
+    world = pending_world()
+    async with new_worker(client, world) as worker:
+        handle = await start(client, worker, world)
+        await wait_phase(handle, Phase.AWAITING_REPLACEMENT)
+        req = ExtendDeadlineRequest(by=timedelta(minutes=30), reason="node at 16:00", actor="erin")
+        # Issued "now" on the workflow's (skipped) clock, as the endpoint's clock would be.
+        att = VerifiedActor(
+            user="erin",
+            groups=["sre"],
+            issued_at=await time_skipping_env.get_current_time(),
+            nonce="nonce-0123456789",
+        )
+        att.signature = sign(ACTIONS_TEST_KEY, handle.id, "extend", request_fields(req), att)
+        await handle.execute_update(
+            UPD_EXTEND_DEADLINE,
+            req.model_copy(update={"verified": att}),
+            result_type=ExtendDeadlineResult,
+        )
+        entries = await handle.query("timeline")
+
+        def told() -> list[Any]:
+            return [e for e in world.args(ACT_RECORD_EVENT) if e.reason == "GPUDeadlineExtended"]
+
+        for _ in range(600):  # up to 30 s, generous: the timer loop tells it as it wakes
+            if told():
+                break
+            await asyncio.sleep(0.05)
+        await handle.terminate("test over")
+    (entry,) = [e for e in entries if e["action"].startswith("deadline extended")]
+    assert (entry["actor"], entry["verification"]) == ("erin", "verified")
+    (event,) = told()
+    assert "by erin (verified): node at 16:00" in event.message

@@ -108,13 +108,15 @@ async def test_a_claimed_actor_is_recorded_beside_the_client_identity(
     cli_identity = f"{os.getpid()}@{socket.gethostname()}"
     abort = entry(result, "abort requested")
     assert (abort.actor, abort.client_identity) == ("ceo@example.com", cli_identity)
-    assert abort.who() == f"claimed actor ceo@example.com; Temporal client {cli_identity}"
+    assert (
+        abort.who() == f"unverified: claimed actor ceo@example.com; Temporal client {cli_identity}"
+    )
     assert result.outcome == "aborted"
     assert f"aborted by ceo@example.com (claimed; Temporal client {cli_identity})" in result.reason
     capsys.readouterr()
     assert await asyncio.to_thread(cli_main, ["timeline", *conn, device]) == 0
     out = capsys.readouterr().out
-    assert f"[claimed actor ceo@example.com; Temporal client {cli_identity}]" in out
+    assert f"[unverified: claimed actor ceo@example.com; Temporal client {cli_identity}]" in out
 
 
 async def test_update_and_signal_record_each_senders_identity(

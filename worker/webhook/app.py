@@ -1,4 +1,6 @@
-"""Alertmanager webhook receiver: `POST /v1/alertmanager`, `GET /healthz`, `GET /metrics`.
+"""Alertmanager webhook receiver: `POST /v1/alertmanager`, `GET /healthz`, `GET /metrics`;
+and people's verified actions, `POST /v1/actions` and `POST /v1/slack/actions`
+(worker/webhook/actions.py, on when SICKBAY_ACTIONS_KEY(_FILE) is set).
 
 One request = one Alertmanager notification (payload version 4). For each alert:
 
@@ -46,6 +48,15 @@ from temporalio.client import Client
 
 from worker.alerts import AmPayload
 from worker.settings import Settings, WebhookSettings
+from worker.webhook.actions import (
+    ACTION_BODY_LIMIT,
+    ActionBody,
+    Actions,
+    ClusterReviews,
+    Refused,
+    SlackUsers,
+    SlackVerifier,
+)
 from worker.webhook.auth import TokenSource, Unauthorized, authorized
 from worker.webhook.metrics import WebhookMetrics
 from worker.webhook.service import AlertService, TemporalUnavailable
@@ -160,11 +171,38 @@ class ClusterName:
         )
 
 
+def _actions(settings: Settings, service: AlertService, api_client: Any) -> Actions:
+    """The verified-actions path: on when the actions key is set (the webhook then needs the
+    Kubernetes API for TokenReview / SubjectAccessReview); Slack when its secret is set."""
+    key = settings.actions_key_bytes()  # unreadable or weak: refuse to start
+    if key is None:
+        return Actions(None, service, None)
+    if api_client is None:
+        from activities.kube.client import KubeSettings, load_api_client
+
+        api_client = load_api_client(KubeSettings.from_settings(settings))
+    secret = settings.slack_signing_secret_bytes()
+    return Actions(
+        key,
+        service,
+        ClusterReviews(api_client),
+        SlackVerifier(secret) if secret is not None else None,
+        SlackUsers.load(settings.slack_users_file),
+    )
+
+
+def _slack_text(code: int, answer: dict[str, Any]) -> str:
+    if code == 200:
+        return f"{answer.get('status')} {answer.get('workflow_id')} by {answer.get('actor')} (verified)"
+    return str(answer.get("error") or answer.get("status") or code)
+
+
 def create_app(
     settings: Settings,
     temporal: Client | None = None,
     *,
     webhook: WebhookSettings | None = None,
+    kube_api_client: Any = None,
 ) -> FastAPI:
     """The webhook app. `temporal` is a connected client (tests, embedding); without one the
     lifespan connects with `settings`, and requests retry the connection while it is down."""
@@ -175,6 +213,7 @@ def create_app(
     metrics = WebhookMetrics()
     service = AlertService(settings, wh, metrics, temporal)
     cluster = ClusterName(settings, service)
+    actions = _actions(settings, service, kube_api_client)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -292,6 +331,55 @@ def create_app(
             return reply(code, body)
         finally:
             metrics.latency.observe(time.perf_counter() - started)
+
+    @app.post("/v1/actions")
+    async def verified_action(request: Request) -> JSONResponse:
+        """A person's action with their Kubernetes credentials (worker/webhook/actions.py)."""
+        try:
+            # Authenticated before the body is read: a bad token is answered 401 and closed.
+            person = await actions.authenticate(request.headers.get("authorization", ""))
+            raw = await _read_body(request, ACTION_BODY_LIMIT)
+            try:
+                body = ActionBody.model_validate_json(raw)
+            except ValidationError as exc:
+                return reply(422, {"error": "not an action", "problems": _problems(exc)})
+            refused = cluster.refusal()
+            if refused is not None:
+                return reply(503, {"error": refused})
+            code, answer = await actions.perform(person, body)
+            return reply(code, answer)
+        except Refused as exc:
+            if exc.code in (401, 403):
+                log.warning("refused an action with %d: %s", exc.code, exc.message)
+            return reply(exc.code, {"error": exc.message})
+        except _TooLarge:
+            return reply(413, {"error": f"body larger than {ACTION_BODY_LIMIT} bytes"})
+        except (ValueError, ClientDisconnect) as exc:
+            return reply(400, {"error": str(exc) or "the body did not arrive"})
+        except TemporalUnavailable as exc:
+            return reply(503, {"error": str(exc)})
+
+    @app.post("/v1/slack/actions")
+    async def slack_action(request: Request) -> JSONResponse:
+        """A Slack button (the app's interactivity request URL): signed by Slack."""
+        try:
+            raw = await _read_body(request, ACTION_BODY_LIMIT)
+            person, body = actions.slack_person(request.headers, raw)
+            refused = cluster.refusal()
+            if refused is not None:
+                return reply(503, {"error": refused})
+            code, answer = await actions.perform(person, body)
+            return reply(code, {**answer, "text": _slack_text(code, answer)})
+        except Refused as exc:
+            if exc.code in (401, 403):
+                log.warning("refused a Slack action with %d: %s", exc.code, exc.message)
+            return reply(exc.code, {"error": exc.message, "text": exc.message})
+        except _TooLarge:
+            return reply(413, {"error": f"body larger than {ACTION_BODY_LIMIT} bytes"})
+        except (ValueError, ClientDisconnect) as exc:
+            return reply(400, {"error": str(exc) or "the body did not arrive"})
+        except TemporalUnavailable as exc:
+            return reply(503, {"error": str(exc)})
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

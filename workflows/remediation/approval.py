@@ -10,7 +10,13 @@ with workflow.unsafe.imports_passed_through():
     from contract.names import UPD_APPROVE
     from contract.remediation import Phase
     from workflows.remediation.context import Remediation
+    from workflows.remediation.escalation import notify_all
     from workflows.remediation.outcome import Closed, Escalation
+
+APPROVAL_NEEDED = (
+    "approve or reject the quarantine: the Slack buttons, or `sickbay approve|reject "
+    "<node>/<GPU-uuid> --via <actions URL>`"
+)
 
 ON_TIMEOUT = {
     "proceed": "quarantine anyway",
@@ -37,6 +43,17 @@ async def approval(r: Remediation) -> Escalation | Closed | None:
         reason=f"then {policy.on_timeout}: {on_timeout}",
     )
     j.upsert()
+    # People are asked where they are: the escalation channels get the request (Slack with
+    # Approve / Reject / Abort buttons, activities/notify/messages.py); resolved once approved
+    # (a rejection or a timeout escalates on the same incident).
+    asked = bool(s.spec.escalation.channels) and not s.dry
+    if asked:
+        await notify_all(
+            r,
+            "trigger",
+            f"awaiting approval for {format_duration(policy.timeout)}, then {on_timeout}",
+            needed=APPROVAL_NEEDED,
+        )
     try:
         await r.act.wait(
             lambda: s.decision is not None,
@@ -59,4 +76,6 @@ async def approval(r: Remediation) -> Escalation | Closed | None:
             "approval-rejected",
             f"rejected by {j.who('decision')}: {decision.reason or 'no reason given'}",
         )
+    if asked:
+        await notify_all(r, "resolve", f"approved by {j.who('decision')}")
     return None

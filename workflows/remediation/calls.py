@@ -20,6 +20,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from contract.actors import ActorCheck, ActorVerdict
     from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
     from contract.capacity import (
         CapacityRequest,
@@ -85,6 +86,7 @@ with workflow.unsafe.imports_passed_through():
         ACT_SIGNAL_WITH_START,
         ACT_START_RESET_JOB,
         ACT_START_VALIDATION_JOB,
+        ACT_VERIFY_ACTOR,
         ACT_WAIT_EVICTION,
         ACT_WAIT_NODE_GPUS,
         ACT_WAIT_REPAIR_JOB,
@@ -472,6 +474,19 @@ class Calls:
     @calls(ACT_REPLACE_NODE)
     async def replace_node(self, inp: MachineActionInput) -> MachineActionResult:
         return await self._machine(ACT_REPLACE_NODE, inp)
+
+    @calls(ACT_VERIFY_ACTOR)
+    async def verify_actor(self, check: ActorCheck) -> ActorVerdict:
+        # Called from a signal/update handler: never raises Aborted (an abort in flight must
+        # not fail the handler); a pure HMAC check, so LOCAL_TIMEOUT/LOCAL_RETRY are ample.
+        return await workflow.execute_local_activity(
+            ACT_VERIFY_ACTOR,
+            check,
+            result_type=ActorVerdict,
+            start_to_close_timeout=LOCAL_TIMEOUT,
+            retry_policy=LOCAL_RETRY,
+            summary=f"verify {check.action} by {check.actor.user}",
+        )
 
     @calls(ACT_WAIT_NODE_GPUS)
     async def wait_for_node_gpus(self, inp: WaitNodeGpusInput, limit: timedelta) -> NodeGpusResult:

@@ -4,7 +4,7 @@ attributes, and Kubernetes Events on the objects a person would `kubectl describ
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey, SearchAttributePair
@@ -35,6 +35,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation.calls import ACTIVITY_FAILED, Calls, error_text
     from workflows.remediation.outcome import Closed
     from workflows.remediation.state import RemediationState
+
+if TYPE_CHECKING:
+    from workflows.remediation.actors import Sender
 
 SA_DEVICE_KEY = SearchAttributeKey.for_keyword(SA_DEVICE)
 SA_NODE_KEY = SearchAttributeKey.for_keyword(SA_NODE)
@@ -72,6 +75,9 @@ class Journal:
         reason: str = "",
         replace_same: bool = False,
         client_identity: str | None = None,
+        verification: Literal["", "verified", "unverified"] = "",
+        groups: list[str] | None = None,
+        via: str = "",
     ) -> None:
         """Add a timeline entry; `replace_same`: it replaces the last entry when that one is
         the same action (a run of identical retries stays one entry, the latest)."""
@@ -87,19 +93,40 @@ class Journal:
                 actor=actor,
                 reason=reason,
                 client_identity=client_identity,
+                verification=verification,
+                groups=list(groups or []),
+                via=via,
             )
         )
 
-    def log_sent(self, what: str, action: str, actor: str, reason: str) -> None:
-        """A timeline entry for a person's signal / update: the actor it claims, and the
+    def log_sent(
+        self, what: str, action: str, actor: str, reason: str, sender: Sender | None = None
+    ) -> None:
+        """A timeline entry for a person's signal / update: the verified user (`sender`,
+        workflows/remediation/actors.py), or the actor it claims, marked unverified; and the
         Temporal client identity the server recorded with it (`workflows/identity.py`)."""
-        identity = sender_identity() or "unknown"
+        identity = sender.identity if sender is not None else sender_identity() or "unknown"
         self._s.sent[what] = (actor, identity)
-        self.log(action, actor=actor, reason=reason, client_identity=identity)
+        verified = sender.verified if sender is not None else None
+        if verified is not None:
+            self._s.verified_sent[what] = f"{verified.user} (verified via {verified.via})"
+        if sender is not None and sender.problem:
+            reason = f"{reason} [{sender.problem}]" if reason else f"[{sender.problem}]"
+        self.log(
+            action,
+            actor=actor,
+            reason=reason,
+            client_identity=identity,
+            verification="verified" if verified is not None else "unverified",
+            groups=verified.groups if verified is not None else None,
+            via=verified.via if verified is not None else "",
+        )
 
     def who(self, what: str) -> str:
-        """`<actor> (claimed; Temporal client <identity>)` of the abort / repaired / decision."""
-        return claimed_by(*self._s.sent[what])
+        """`<user> (verified via kubernetes)`, or `<actor> (claimed; Temporal client
+        <identity>)` of the abort / repaired / decision."""
+        verified = self._s.verified_sent.get(what)
+        return verified if verified is not None else claimed_by(*self._s.sent[what])
 
     def add_alerts(self, alerts: list[AlertEvidence], initial: bool = False) -> None:
         st = self._s

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from temporalio import workflow
 
@@ -202,10 +203,14 @@ async def _tell_extensions(r: Remediation, name: str) -> None:
         await r.j.event(
             "GPUDeadlineExtended",
             f"{name} deadline extended to {s.deadline:%Y-%m-%d %H:%M:%S} UTC by "
-            f"{req.actor} (claimed): {req.reason}",
+            f"{req.actor} ({'verified' if req.verified else 'claimed'}): {req.reason}",
             rule=False,
             node=False,
         )
+
+
+if TYPE_CHECKING:
+    from workflows.remediation.actors import Sender
 
 
 def check_extension(r: Remediation, req: ExtendDeadlineRequest) -> datetime:
@@ -231,20 +236,25 @@ def check_extension(r: Remediation, req: ExtendDeadlineRequest) -> datetime:
     return new
 
 
-def extend_deadline(r: Remediation, req: ExtendDeadlineRequest) -> ExtendDeadlineResult:
+def extend_deadline(
+    r: Remediation, req: ExtendDeadlineRequest, who: Sender | None = None
+) -> ExtendDeadlineResult:
     """Move the running wait's deadline timer (validated by `check_extension`)."""
     s = r.s
     previous = s.deadline
     assert previous is not None
     s.deadline = check_extension(r, req)
-    s.extensions.append(req)
+    # Kept with its attestation only when that was checked: the Event says verified or claimed.
+    verified = who is not None and who.verified is not None
+    s.extensions.append(req if verified else req.model_copy(update={"verified": None}))
     s.status.deadline = s.status.until = s.deadline
     s.status.updated_at = workflow.now()
     r.j.log_sent(
         "extend-deadline",
         f"deadline extended to {s.deadline:%Y-%m-%d %H:%M:%S} UTC",
-        req.actor,
-        reason=req.reason,
+        who.actor if who is not None else req.actor,
+        req.reason,
+        who,
     )
     workflow.set_current_details(r.j.details())
     return ExtendDeadlineResult(phase=s.status.phase, deadline=s.deadline, previous=previous)

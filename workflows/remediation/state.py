@@ -104,6 +104,10 @@ class RemediationState:
     budget_freed: bool = False  # set by the budget workflow's wake-up signal
     # (claimed actor, Temporal client identity) of the abort / repaired / decision.
     sent: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # "verified user X (via ...)" of the abort / repaired / decision sent by a verified actor.
+    verified_sent: dict[str, str] = field(default_factory=dict)
+    # Nonces of the verified actions taken in (a copied signature counts once).
+    seen_nonces: set[str] = field(default_factory=set)
 
     @classmethod
     def from_input(cls, inp: RemediationInput, input_error: str | None) -> RemediationState:

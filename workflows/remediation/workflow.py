@@ -26,12 +26,14 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
 
 with workflow.unsafe.imports_passed_through():
     from contract.base import input_problems
+    from contract.errors import ERR_UNVERIFIED_ACTOR
     from contract.ledger import UnretireNotice
     from contract.names import (
         QRY_STATUS,
@@ -64,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.identity import sender_identity
     from workflows.remediation import (
+        actors,
         approval,
         confirm,
         escalation,
@@ -213,23 +216,33 @@ class DeviceRemediationWorkflow:
         name=SIG_ABORT,
         description='for people: stop and undo the quarantine. Input: {"reason": "why", "actor": "you"}',
     )
-    def abort(self, raw: Any = None) -> None:
+    async def abort(self, raw: Any = None) -> None:
         s = self._r.s
         req = self._message(SIG_ABORT, AbortRequest, raw)
-        if req is not None and s.abort is None:
+        if req is None or s.abort is not None:
+            return
+        who = await actors.sender(self._r, "abort", req, req.actor)
+        if s.abort is None:  # not taken meanwhile (the check above may have waited)
             s.abort = req
-            self._r.j.log_sent("abort", "abort requested", req.actor, reason=req.reason)
+            self._r.j.log_sent("abort", "abort requested", who.actor, req.reason, who)
 
     @workflow.signal(
         name=SIG_REPAIRED,
         description='for people: the GPU is repaired, release it. Input: {"actor": "you", "note": "what was done"}',
     )
-    def repaired(self, raw: Any = None) -> None:
+    async def repaired(self, raw: Any = None) -> None:
         s = self._r.s
         req = self._message(SIG_REPAIRED, RepairedRequest, raw)
-        if req is not None and s.repaired is None:
+        if req is None or s.repaired is not None:
+            return
+        who = await actors.sender(self._r, "repaired", req, req.actor)
+        refused = actors.refusal(self._r, who, "repaired")
+        if refused is not None:
+            actors.log_refused(self._r, who, "repaired", refused)
+            return
+        if s.repaired is None:
             s.repaired = req
-            self._r.j.log_sent("repaired", "marked repaired", req.actor, reason=req.note)
+            self._r.j.log_sent("repaired", "marked repaired", who.actor, req.note, who)
             if s.retired:
                 self._r.j.log("repair noted", reason="the GPU is retired: un-retire it first")
             elif s.health_only:
@@ -250,16 +263,31 @@ class DeviceRemediationWorkflow:
         name=UPD_APPROVE,
         description='for people, while awaiting-approval. Input: {"approve": true, "actor": "you", "reason": "why"}',
     )
-    def approve(self, raw: Any = None) -> ApprovalResult:
+    async def approve(self, raw: Any = None) -> ApprovalResult:
         decision = self._update_input(UPD_APPROVE, ApprovalDecision, raw)
-        self._r.s.decision = decision
+        action = "approve" if decision.approve else "reject"
+        s = self._r.s
+        who = await actors.sender(self._r, action, decision, decision.actor)
+        refused = actors.refusal(self._r, who, action)
+        if refused is not None:
+            actors.log_refused(self._r, who, action, refused)
+            raise ApplicationError(refused, type=ERR_UNVERIFIED_ACTOR, non_retryable=True)
+        # The check may have waited for the worker: the decision may be taken or moot now.
+        if s.decision is not None:
+            raise ApplicationError("already decided by " + self._r.j.who("decision"))
+        if s.status.phase is not Phase.AWAITING_APPROVAL:
+            raise ApplicationError(
+                f"nothing to approve: the remediation is {s.status.phase.value} now"
+            )
+        s.decision = decision
         self._r.j.log_sent(
             "decision",
             "approved" if decision.approve else "rejected",
-            decision.actor,
-            reason=decision.reason,
+            who.actor,
+            decision.reason,
+            who,
         )
-        return ApprovalResult(accepted=True, phase=self._r.s.status.phase)
+        return ApprovalResult(accepted=True, phase=s.status.phase)
 
     @approve.validator
     def _validate_approve(self, raw: Any = None) -> None:
@@ -278,9 +306,13 @@ class DeviceRemediationWorkflow:
         description="for people, while waiting for replacements: move the Pending (or capacity) "
         'deadline. Input: {"by": "30m", "reason": "why", "actor": "you"} or {"until": "<ISO time>", ...}',
     )
-    def extend_deadline(self, raw: Any = None) -> ExtendDeadlineResult:
+    async def extend_deadline(self, raw: Any = None) -> ExtendDeadlineResult:
         req = self._update_input(UPD_EXTEND_DEADLINE, ExtendDeadlineRequest, raw)
-        return replace.extend_deadline(self._r, req)
+        who = await actors.sender(self._r, "extend", req, req.actor)
+        try:  # the check may have waited for the worker: the wait may be over now
+            return replace.extend_deadline(self._r, req, who)
+        except ValueError as err:
+            raise ApplicationError(str(err)) from None
 
     @extend_deadline.validator
     def _validate_extend(self, raw: Any = None) -> None:
