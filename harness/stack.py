@@ -716,7 +716,8 @@ class Stack:
             return info
         # Sickbay's namespace: the watcher's Lease and the recorded cluster name live there;
         # the repair Jobs in their own.
-        for ns in (WATCH_NAMESPACE, *((REPAIR_NAMESPACE,) if cfg.repair else ())):
+        # (repair Jobs: the repair ladder's, and the node incident's validation of GPUs back)
+        for ns in (WATCH_NAMESPACE, REPAIR_NAMESPACE):
             labels = REPAIR_NAMESPACE_LABELS if ns == REPAIR_NAMESPACE else {}
             status, answer = _http(
                 "POST",

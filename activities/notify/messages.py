@@ -121,6 +121,8 @@ _BUTTONS[Phase.ESCALATED] = _BUTTONS[Phase.HOLDING]
 
 
 def _buttons(incident: Incident) -> list[dict[str, Any]]:
+    if incident.reason == "application-error":
+        return []  # told to the workload's owners: nothing is held, nothing to act on
     out: list[dict[str, Any]] = []
     for action_id, label, style, confirm in _BUTTONS.get(incident.phase, []):
         button: dict[str, Any] = {

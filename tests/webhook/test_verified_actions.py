@@ -255,9 +255,10 @@ async def test_slack_buttons_are_verified_actors(
 
 
 def test_slack_messages_carry_the_buttons_of_their_phase() -> None:
-    def ids(phase: Phase, action: str = "trigger") -> list[str]:
+    def ids(phase: Phase, action: str = "trigger", reason: str | None = None) -> list[str]:
         message = slack_message(
-            Incident(id="sickbay-gpu-x", device="n/GPU-1", phase=phase, summary="s"), action
+            Incident(id="sickbay-gpu-x", device="n/GPU-1", phase=phase, summary="s", reason=reason),
+            action,
         )
         return [
             e["action_id"]
@@ -272,6 +273,8 @@ def test_slack_messages_carry_the_buttons_of_their_phase() -> None:
     assert ids(Phase.ESCALATED) == ["sickbay-repaired", "sickbay-abort"]
     assert ids(Phase.HOLDING, "resolve") == []
     assert ids(Phase.QUARANTINING) == []
+    # The workload owners' note of an application error: nothing held, nothing to press.
+    assert ids(Phase.ESCALATED, reason="application-error") == []
 
 
 def test_a_short_actions_key_is_refused_and_none_turns_the_endpoint_off(tmp_path: Path) -> None:

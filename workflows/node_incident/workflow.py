@@ -75,11 +75,12 @@ with workflow.unsafe.imports_passed_through():
         CleanUpRepairJobInput,
         DrainPodsInput,
         MachineActionInput,
+        RepairJobStarted,
         ValidationJobInput,
         WaitNodeGpusInput,
         WaitRepairJobInput,
     )
-    from contract.runbook import BudgetPolicy, RunbookSet, RunbookSpec
+    from contract.runbook import BudgetPolicy, RunbookSet, RunbookSpec, ValidationPolicy
     from workflows.node_incident.calls import NodeCalls
 
 ACTIVITY_FAILED = (ActivityError, ApplicationError)
@@ -354,6 +355,38 @@ class NodeIncidentWorkflow:
         self._log(f"GPUs back after {what}", f"{len(back.gpu_uuids)} published")
         return await self._validate(spec, back, what)
 
+    async def _start_validation(
+        self,
+        back: GpusBackResult,
+        gpu: str,
+        dev: str,
+        policy: ValidationPolicy,
+        incident: str,
+        attempt: int,
+    ) -> RepairJobStarted:
+        wid = workflow.info().workflow_id
+        pool, _, device = dev.partition("/")
+        return await self._interruptible(
+            self._act.start_validation(
+                ValidationJobInput(
+                    workflow_id=wid,
+                    incident=f"{incident}/{self._status.rung}",
+                    attempt=attempt,
+                    mode="dra" if back.mode == "dra" else "device-plugin",
+                    node=self._inp.node,
+                    gpu_uuid=gpu,
+                    driver=back.driver,
+                    pool=pool or None,
+                    device=device or None,
+                    taint_key=NODE_TAINT_KEY,  # the validation pod tolerates our taint
+                    image=policy.image,
+                    command=policy.command,
+                    level=policy.level,
+                    timeout=policy.timeout,
+                )
+            )
+        )
+
     async def _validate(self, spec: RunbookSpec, back: GpusBackResult, what: str) -> bool:
         policy = spec.validation
         if not policy.enabled:
@@ -364,27 +397,11 @@ class NodeIncidentWorkflow:
         attempt = max(self._status.attempt, 1)
         for gpu in back.gpu_uuids:
             dev = back.devices.get(gpu, "")
-            pool, _, device = dev.partition("/")
-            started = await self._interruptible(
-                self._act.start_validation(
-                    ValidationJobInput(
-                        workflow_id=wid,
-                        incident=f"{incident}/{self._status.rung}",
-                        attempt=attempt,
-                        mode="dra" if back.mode == "dra" else "device-plugin",
-                        node=self._inp.node,
-                        gpu_uuid=gpu,
-                        driver=back.driver,
-                        pool=pool or None,
-                        device=device or None,
-                        taint_key=NODE_TAINT_KEY,  # the validation pod tolerates our taint
-                        image=policy.image,
-                        command=policy.command,
-                        level=policy.level,
-                        timeout=policy.timeout,
-                    )
-                )
-            )
+            try:
+                started = await self._start_validation(back, gpu, dev, policy, incident, attempt)
+            except ACTIVITY_FAILED as err:  # refused (Pod Security, allowlist, no namespace)
+                self._log(f"validation of {gpu} not started", _why(err)[:200])
+                return False
             try:
                 outcome = await self._interruptible(
                     self._act.wait_job(

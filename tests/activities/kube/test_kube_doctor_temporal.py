@@ -33,7 +33,10 @@ from tests.activities.kube.conftest import twin
 from tests.activities.kube.rbac_proxy import deploy_rules
 from tests.activities.kube.test_kube_doctor import doctor, integrations, line
 
-pytestmark = pytest.mark.devserver
+pytestmark = [
+    pytest.mark.devserver,
+    pytest.mark.usefixtures("repair_allowlist_env"),
+]  # the shipped runbooks repair
 
 
 @activity.defn(name="doctor-test-noop")
