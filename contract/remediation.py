@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from contract.base import Contract, Duration, StrictBool
+from contract.base import Contract, PersonDuration, PersonInput, PersonTime, StrictBool
 from contract.kube import DeviceRef, PodRef, QuarantineResult, ResolvedDevice
 from contract.names import check_cluster_name
 from contract.runbook import FailureClass, Runbook
@@ -82,17 +82,19 @@ class AlertResolved(Contract):
     ends_at: datetime | None = None
 
 
-class AbortRequest(Contract):
+class AbortRequest(PersonInput):
     reason: str = Field(min_length=1)
     actor: str = "unknown"
 
 
-class RepairedRequest(Contract):
+class RepairedRequest(PersonInput):
     actor: str = "unknown"
     note: str = ""
 
 
-class ApprovalDecision(Contract):
+class ApprovalDecision(PersonInput):
+    """`approve` / `reject`: `approve` is a JSON boolean (`"yes"`, `"true"`, 1 are refused)."""
+
     approve: bool
     actor: str = Field(min_length=1)
     reason: str = ""
@@ -109,12 +111,13 @@ class ApprovalResult(Contract):
 MAX_REPLACEMENT_WAIT = timedelta(days=7)
 
 
-class ExtendDeadlineRequest(Contract):
+class ExtendDeadlineRequest(PersonInput):
     """`extend-deadline`: move the deadline of the running replacement wait later, by `by`
-    (e.g. `30m`) or to `until` (absolute, UTC when no offset is given); exactly one."""
+    (a string with its unit, e.g. `30m`; a bare number is refused) or to `until` (an ISO 8601
+    string, UTC when no offset is given; a number is refused); exactly one."""
 
-    by: Duration | None = None
-    until: datetime | None = None
+    by: PersonDuration | None = None
+    until: PersonTime | None = None
     reason: str = Field(min_length=1)
     actor: str = Field(min_length=1)
 
