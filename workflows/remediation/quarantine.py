@@ -77,6 +77,7 @@ async def quarantine(r: Remediation) -> Escalation | None:
 async def apply_quarantine(r: Remediation, effect: TaintEffect, label: str) -> QuarantineResult:
     s = r.s
     result = await r.act.quarantine(quarantine_input(r, effect), label)
+    s.rule_effect = effect
     s.status.rule_name = result.rule_name or s.status.rule_name
     r.j.log(
         f"quarantined ({effect})",
