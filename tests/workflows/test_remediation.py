@@ -123,6 +123,7 @@ from tests.workflows.fakes import (
     xid_alert,
 )
 from tests.workflows.histories import patch_markers, save_history
+from workflows.remediation.quarantine import FORCE_GRACE
 
 
 def actions(result_timeline: list[TimelineEntry]) -> list[str]:
@@ -747,10 +748,9 @@ async def test_eviction_api_blocked_but_forced_goes_past_the_budget(
             "inference", eviction={"mode": "eviction-api", "timeout": "30m", "force": "noexecute"}
         ),
         evict_results=[EvictPodsResult(blocked=[pod], budgets=[BUDGET_429])],
-        eviction_reports=[
-            EvictionReport(remaining=[pod], timed_out=True),
-            EvictionReport(gone=[pod]),
-        ],
+        # The pod the budget still refused at the timeout is not waited for: the first wait
+        # is the backstop's.
+        eviction_reports=[EvictionReport(gone=[pod])],
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
@@ -759,6 +759,8 @@ async def test_eviction_api_blocked_but_forced_goes_past_the_budget(
         result = await handle.result()
     assert result.outcome == "released"
     assert [q.effect for q in world.args(ACT_QUARANTINE)] == ["NoSchedule", "NoExecute"]
+    (backstop_wait,) = world.args(ACT_WAIT_EVICTION)
+    assert backstop_wait.pods == [pod] and backstop_wait.timeout == FORCE_GRACE
 
 
 async def test_pending_deadline_scale_up_success(time_skipping_env: WorkflowEnvironment) -> None:

@@ -206,9 +206,8 @@ async def _wait_replacement(
                 break
         if watch.done():
             report = watch.result()  # raises Aborted / the activity's failure
-        else:  # the deadline fired: stop watching, then look once at what is Pending
+        else:  # the deadline fired: stop watching (not waited for), look once at the pods
             watch.cancel()
-            await workflow.wait([watch])
             if s.abort is not None:
                 raise Aborted()
             report = await r.act.wait_replacement(
@@ -233,7 +232,8 @@ def _waited(r: Remediation) -> str:
     s = r.s
     if s.wait_started is None or s.wait_ended is None:
         return "?"
-    return "waited " + format_duration(s.wait_ended - s.wait_started)
+    took = timedelta(seconds=round((s.wait_ended - s.wait_started).total_seconds()))
+    return "waited " + format_duration(took)
 
 
 async def _tell_extensions(r: Remediation, name: str) -> None:
