@@ -1,6 +1,6 @@
 """`python -m bench` (`make bench`): run the benchmarks, write BENCHMARKS.md and its plots.
 
-    python -m bench                       # all seven, full size (~15 min on 2 cores)
+    python -m bench                       # all nine, full size (~20 min on 2 cores)
     python -m bench --quick               # small counts: proves the code runs (a smoke test)
     python -m bench --only latency,cost   # a subset
     python -m bench --render-only         # re-render BENCHMARKS.md from bench/out/results.json
@@ -23,7 +23,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import budget, cost, human_actions, latency, memory, plots, repair, report, storm, watch
+from bench import (
+    budget,
+    cost,
+    human_actions,
+    latency,
+    memory,
+    plots,
+    repair,
+    report,
+    storm,
+    timers,
+    watch,
+)
 from bench.common import OUT, PLOTS, ROOT, machine_facts
 from bench.stacks import worker_argv
 
@@ -32,7 +44,17 @@ log = logging.getLogger("bench")
 MIB = 1024 * 1024
 MEMORY_GOAL_MB = 300
 
-ALL = ("latency", "cost", "storm", "memory", "budget", "watch", "repair", "human_actions")
+ALL = (
+    "latency",
+    "cost",
+    "storm",
+    "memory",
+    "budget",
+    "watch",
+    "repair",
+    "human_actions",
+    "timers",
+)
 FULL: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 200, "nodes": 26},
     "storm": {},
@@ -42,6 +64,7 @@ FULL: dict[str, dict[str, Any]] = {
     "watch": {"nodes": 1000, "gpus": 8, "failures": 100, "burst": 200, "idle": 60.0, "e2e": True},
     "repair": {"rounds": 20},
     "human_actions": {},
+    "timers": {"rounds": 10},
 }
 QUICK: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 8, "nodes": 2},
@@ -52,6 +75,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "watch": {"nodes": 4, "gpus": 8, "failures": 8, "burst": 16, "idle": 2.0, "e2e": True},
     "repair": {"rounds": 2},
     "human_actions": {},
+    "timers": {"rounds": 2},
 }
 
 
@@ -226,6 +250,7 @@ async def run_all(which: list[str], quick: bool) -> dict[str, Any]:
         "watch": watch.run,
         "repair": repair.run,
         "human_actions": human_actions.run,
+        "timers": timers.run,
     }
     for name in which:
         log.info("benchmark %s: starting", name)

@@ -125,6 +125,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.repair import summary_rows as repair_rows
 
         out += repair_rows(results["repair"])
+    if results.get("timers"):
+        from bench.timers import summary_rows as timer_rows
+
+        out += timer_rows(results["timers"])
     if results.get("human_actions"):
         from bench.human_actions import summary_rows as human_rows
 
@@ -336,6 +340,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.human_actions import section as human_section
 
         out += human_section(results["human_actions"])
+    if results.get("timers"):
+        from bench.timers import section as timer_section
+
+        out += timer_section(results["timers"])
     notes = results.get("findings") or []
     if notes:
         out += ["## Findings", ""] + [f"- {n}" for n in notes] + [""]

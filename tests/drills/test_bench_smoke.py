@@ -1,7 +1,8 @@
 """The benchmark code runs: `python -m bench --quick` end to end (figures not judged).
 
 Case: the quick mode (small counts: 8 latency pairs, one happy path, a 240-alert storm on a
-20-node twin, 16 remediations in flight, a 20-request budget burst) writes its markdown,
+20-node twin, 16 remediations in flight, a 20-request budget burst, two rounds of runbook
+timers) writes its markdown,
 three PNG plots and results.json; every benchmark produced its figures (no `errors` entry),
 the latency pairs were all matched, the cost run ended released and the burst granted the
 budget's limit. Nothing here is timed.
@@ -61,6 +62,8 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     assert results["storm"]["alerts"] == 240
     assert results["memory"]["remediations"] == 16
     assert [r["granted"] for r in results["budget"]["rounds"]] == [6]  # the quick limit
+    lags = results["timers"]["lag_ms"]  # both rounds' timers measured (figures not judged)
+    assert lags["approval timeout"]["n"] == lags["Pending deadline"]["n"] == 2
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "## Summary" in text and "Quick mode" in text
     for name in ("latency", "storm", "memory"):
