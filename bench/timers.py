@@ -64,6 +64,8 @@ def bench_runbook(approval_s: float, pending_s: float) -> dict[str, Any]:
             "replacement": {"pendingDeadline": f"{pending_s}s", "unsafe": ["pendingDeadline"]},
             "scaleUp": {"enabled": False},
             "release": {"mode": "repaired"},
+            # The same GPU fails every round: the third would retire it (a lemon).
+            "lemons": {"enabled": False},
             "escalation": {"channels": []},
         },
     }
@@ -154,6 +156,7 @@ def section(t: dict[str, Any]) -> list[str]:
         f"| {name} | {s.get('n', 0)} | {s.get('p50', 0):.0f} ms | {s.get('p99', 0):.0f} ms | "
         f"{s.get('max', 0):.0f} ms |"
         for name, s in t["lag_ms"].items()
+        if s.get("n")  # the capacity deadline fires only when a scale-up brings nothing
     ]
     return [
         "## 9. Runbook timer -> next step",
