@@ -86,6 +86,7 @@ class Clock:
     late_from: int = 0  # the n-th (0-based) watch / Job poll on ignores its cancel for now
     released: bool = False
     started: int = 0
+    ended: int = 0
     cancels_ignored: int = 0
     calls: list[str] = field(default_factory=list)
 
@@ -144,8 +145,11 @@ def watch(clock: Clock) -> Any:
         if req.look_once:
             return ReplacementReport(status="pending", unschedulable_message="0/2 nodes")
         n, clock.started = clock.started, clock.started + 1
-        async with _time_given_back():
-            await _hold(clock, late=n >= clock.late_from)
+        try:
+            async with _time_given_back():
+                await _hold(clock, late=n >= clock.late_from)
+        finally:
+            clock.ended += 1
         raise AssertionError("the watch never ends by itself here")
 
     return wait_replacement
@@ -300,6 +304,12 @@ async def test_replacement_deadline_acts_when_its_timer_fires(
             env, handle, holding_or_escalated, step=timedelta(seconds=1), limit=timedelta(minutes=1)
         )
         history = await handle.fetch_history()
+        # Every watch has taken back its hold on the clock before the run goes: a watch of a
+        # terminated run would leave the session's clock held and stop time for later tests.
+        for _ in range(3000):  # at most ~60 s
+            if clock.ended >= clock.started:
+                break
+            await asyncio.sleep(0.02)
         await handle.terminate("test over")
     watches = scheduled(history, ACT_WAIT_REPLACEMENT)
     late_watch, look = watches[2 * late_from], watches[2 * late_from + 1]
