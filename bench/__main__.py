@@ -1,6 +1,6 @@
 """`python -m bench` (`make bench`): run the benchmarks, write BENCHMARKS.md and its plots.
 
-    python -m bench                       # all of them, full size (~15 min on 2 cores)
+    python -m bench                       # all of them, full size (~25 min on 2 cores)
     python -m bench --quick               # small counts: proves the code runs (a smoke test)
     python -m bench --only latency,cost   # a subset
     python -m bench --render-only         # re-render BENCHMARKS.md from bench/out/results.json
@@ -34,6 +34,7 @@ from bench import (
     repair,
     report,
     storm,
+    timers,
     watch,
     webhook_abuse,
 )
@@ -56,6 +57,7 @@ ALL = (
     "human_actions",
     "abuse",
     "node_upgrade",
+    "timers",
 )
 FULL: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 200, "nodes": 26},
@@ -68,6 +70,7 @@ FULL: dict[str, dict[str, Any]] = {
     "human_actions": {},
     "abuse": {"connections": 800, "seconds": 20.0},
     "node_upgrade": {"rounds": 10},
+    "timers": {"rounds": 10},
 }
 QUICK: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 8, "nodes": 2},
@@ -80,6 +83,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "human_actions": {},
     "abuse": {"connections": 40, "seconds": 2.0, "addresses": 4},
     "node_upgrade": {"rounds": 1},
+    "timers": {"rounds": 2},
 }
 
 
@@ -256,6 +260,7 @@ async def run_all(which: list[str], quick: bool) -> dict[str, Any]:
         "human_actions": human_actions.run,
         "abuse": webhook_abuse.run,
         "node_upgrade": node_upgrade.run,
+        "timers": timers.run,
     }
     for name in which:
         log.info("benchmark %s: starting", name)

@@ -125,6 +125,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.repair import summary_rows as repair_rows
 
         out += repair_rows(results["repair"])
+    if results.get("timers"):
+        from bench.timers import summary_rows as timer_rows
+
+        out += timer_rows(results["timers"])
     if results.get("human_actions"):
         from bench.human_actions import summary_rows as human_rows
 
@@ -352,6 +356,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.node_upgrade import section as node_section
 
         out += node_section(results["node_upgrade"])
+    if results.get("timers"):
+        from bench.timers import section as timer_section
+
+        out += timer_section(results["timers"])
     notes = results.get("findings") or []
     if notes:
         out += ["## Findings", ""] + [f"- {n}" for n in notes] + [""]

@@ -1,12 +1,13 @@
 """The base of every boundary model: `Contract`, durations (`Duration`, `parse_duration`,
-`format_duration`), `StrictBool` and `input_problems` (one line naming every bad field).
+`format_duration`), `StrictBool`, the strict base of what people send (`PersonInput`, with
+`PersonDuration` and `PersonTime`) and `input_problems` (one line naming every bad field).
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import (
@@ -15,6 +16,7 @@ from pydantic import (
     ConfigDict,
     PlainSerializer,
     Strict,
+    TypeAdapter,
     ValidationError,
 )
 
@@ -116,3 +118,70 @@ def input_problems(err: ValidationError, model: type[BaseModel] | None = None) -
         else:
             problems.append(f"{where}: {e['msg']}")
     return "; ".join(problems)
+
+
+_ISO_DURATION = TypeAdapter(timedelta)
+
+# --- what people send ---------------------------------------------------------------------
+# Signals and updates typed by a person (Web UI "Send a Signal/Update", CLI) mean exactly what
+# they say: no string-to-bool ("yes" is not true), string-to-number or number-to-time coercion.
+
+
+def parse_person_duration(value: Any) -> Any:
+    """A duration a person sends: a string with its unit (`30m`, `1h30m`, `90s`, `2d`, or ISO
+    8601 `PT30M`). A bare number (`30`, `"30"`) is refused: 30 what? A person who meant
+    minutes would get seconds (`Duration`, for files and flags, reads it as seconds)."""
+    if isinstance(value, timedelta):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(
+            f'a duration is a string with its unit, e.g. "30m", "1h30m", "90s"; got {value!r}'
+        )
+    text = value.strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        raise ValueError(f'a duration needs its unit, e.g. "{text}m" or "{text}s"; got {value!r}')
+    parsed = parse_duration(text)
+    if isinstance(parsed, timedelta):
+        return parsed
+    try:  # ISO 8601 (`PT30M`), as pydantic reads it
+        return _ISO_DURATION.validate_python(text)
+    except ValidationError:
+        raise ValueError(
+            f'not a duration: {value!r} (e.g. "30m", "1h30m", "90s", "PT30M")'
+        ) from None
+
+
+def parse_person_time(value: Any) -> Any:
+    """A time a person sends: an ISO 8601 string (UTC when it has no offset). A number is
+    refused: seconds or milliseconds since the epoch are not what anyone types for a time."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(
+            f'a time is an ISO 8601 string, e.g. "2030-01-01T16:00:00Z"; got {value!r}'
+        )
+    try:
+        at = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ValueError(f'not an ISO 8601 time: {value!r} (e.g. "2030-01-01T16:00:00Z")') from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+PersonDuration = Annotated[
+    timedelta,
+    BeforeValidator(parse_person_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+]
+"""A duration in a person's signal or update: a string with its unit, never a bare number."""
+
+PersonTime = Annotated[datetime, BeforeValidator(parse_person_time)]
+"""A time in a person's signal or update: an ISO 8601 string, never a number."""
+
+
+class PersonInput(Contract):
+    """Base of every signal and update a person sends: strict (a JSON boolean for a bool, a
+    string for a string: `{"approve": "yes"}` is refused naming the field, never taken as
+    approval), unknown fields refused. Durations and times use `PersonDuration` /
+    `PersonTime`, which read the strings people type."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)

@@ -272,6 +272,11 @@ class WaitReplacementInput(Contract):
     # counts as placed on a tainted device (the scheduler ignored the quarantine).
     hami_gpu: str = ""
     churn_evictions: int = 3  # evictions of the same owner that mean "scheduler ignores taints"
+    # The effect of the rule on `tainted` now. NoExecute: the device-taint manager evicts a
+    # pod the scheduler wrongly places there, so `churn_evictions` of them make churn.
+    # NoSchedule (mode eviction-api before its backstop; onChurn noschedule): nothing evicts
+    # it, it runs on the failed GPU, so one replacement bound to a tainted device is churn.
+    rule_effect: TaintEffect = "NoExecute"
     # The watch has no deadline: it runs until the replacements run, churn is seen or no
     # owner needs one, and the workflow cancels it when its deadline timer fires. `look_once`:
     # list the pods once and report what is there (the workflow's look at its deadline).
@@ -282,6 +287,9 @@ class ChurnDiagnosis(Contract):
     owner: OwnerRef
     evictions: int
     diagnosis: str
+    # Replacements bound to a tainted device and still there (under NoSchedule: nothing
+    # evicts them; the churn stop moves them off the failed GPU).
+    bound: list[PodRef] = Field(default_factory=list)
 
 
 class ReplacementReport(Contract):

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from contract.base import Contract, Duration
+from contract.base import Contract, Duration, PersonInput
 
 LedgerEntryKind = Literal["failure", "repair", "retired", "unretired"]
 
@@ -123,7 +123,9 @@ class RecordRepairInput(Contract):
     detail: str = ""  # e.g. "validation passed"
 
 
-class UnretireRequest(Contract):
+class UnretireRequest(PersonInput):
+    """`sickbay gpus unretire` (or the Web UI's update): strict, like every person's input."""
+
     gpu_uuid: str = Field(min_length=1)
     reason: str = Field(min_length=1)
     actor: str = Field(min_length=1)

@@ -11,7 +11,13 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from contract.actors import VerifiedActor
-from contract.base import Contract, Duration, StrictBool
+from contract.base import (
+    Contract,
+    PersonDuration,
+    PersonInput,
+    PersonTime,
+    StrictBool,
+)
 from contract.kube import DeviceRef, PodRef, QuarantineResult, ResolvedDevice
 from contract.names import check_cluster_name
 from contract.runbook import FailureClass, Runbook
@@ -125,20 +131,22 @@ class AlertResolved(Contract):
     ends_at: datetime | None = None
 
 
-class AbortRequest(Contract):
+class AbortRequest(PersonInput):
     reason: str = Field(min_length=1)
     actor: str = "unknown"
     # Set by the actions endpoint only (contract/actors.py); checked by the workflow.
     verified: VerifiedActor | None = None
 
 
-class RepairedRequest(Contract):
+class RepairedRequest(PersonInput):
     actor: str = "unknown"
     note: str = ""
     verified: VerifiedActor | None = None
 
 
-class ApprovalDecision(Contract):
+class ApprovalDecision(PersonInput):
+    """`approve` / `reject`: `approve` is a JSON boolean (`"yes"`, `"true"`, 1 are refused)."""
+
     approve: bool
     actor: str = Field(min_length=1)
     reason: str = ""
@@ -156,12 +164,13 @@ class ApprovalResult(Contract):
 MAX_REPLACEMENT_WAIT = timedelta(days=7)
 
 
-class ExtendDeadlineRequest(Contract):
+class ExtendDeadlineRequest(PersonInput):
     """`extend-deadline`: move the deadline of the running replacement wait later, by `by`
-    (e.g. `30m`) or to `until` (absolute, UTC when no offset is given); exactly one."""
+    (a string with its unit, e.g. `30m`; a bare number is refused) or to `until` (an ISO 8601
+    string, UTC when no offset is given; a number is refused); exactly one."""
 
-    by: Duration | None = None
-    until: datetime | None = None
+    by: PersonDuration | None = None
+    until: PersonTime | None = None
     reason: str = Field(min_length=1)
     actor: str = Field(min_length=1)
     verified: VerifiedActor | None = None

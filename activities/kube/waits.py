@@ -51,6 +51,13 @@ DIAG_SCHEDULER = (
     "for kubernetes#139651 (back-ported as #139681) ignore DeviceTaintRules; upgrade the "
     "control plane or keep the taint NoSchedule and evict through the Eviction API."
 )
+DIAG_BOUND = (
+    "replacement {pods} of {owner} was placed on the quarantined device {devices} although the "
+    "DeviceTaintRule forbids it (NoSchedule): the scheduler ignores DeviceTaintRules "
+    "(Kubernetes 1.36 schedulers before the fix for kubernetes#139651, back-ported as "
+    "#139681). Under NoSchedule nothing evicts it: it runs on the failed GPU. Upgrade the "
+    "control plane."
+)
 DIAG_TOLERATION = (
     "replacement pods of {owner} were evicted {n} times although their claims tolerate the "
     "taint with tolerationSeconds: the toleration window had already expired when they were "
@@ -317,6 +324,7 @@ async def wait_replacement(
     def states() -> tuple[list[PodState], dict[str, int], str, ChurnDiagnosis | None]:
         out: list[PodState] = []
         running: dict[str, int] = {}
+        bound: dict[str, list[tuple[PodRef, list[str]]]] = {}  # owner -> on tainted devices
         message = ""
         for uid, pod in sorted(pods.items(), key=lambda kv: meta(kv[1]).get("name", "")):
             w = owner_of(pod)
@@ -342,6 +350,7 @@ async def wait_replacement(
             elif bad:
                 w.evicted.add(uid)  # placed on a device Sickbay tainted: the scheduler ignored it
                 toleration_churn[uid] = claims.tolerates_with_seconds(pod)
+                bound.setdefault(w.owner.name, []).append((pod_ref(pod), bad))
                 msg = f"allocated tainted device(s) {', '.join(bad)}"
             elif phase == "Running":
                 running[w.owner.name] = running.get(w.owner.name, 0) + 1
@@ -351,14 +360,29 @@ async def wait_replacement(
             )
         churn = None
         for w in owners:
+            on_bad = bound.get(w.owner.name, [])
+            name = f"{w.owner.kind}/{w.owner.namespace}/{w.owner.name}"
+            if on_bad and inp.rule_effect != "NoExecute":
+                # Nothing will evict it: one is churn (the loop is "bound for good").
+                churn = ChurnDiagnosis(
+                    owner=w.owner,
+                    evictions=len(w.evicted),
+                    diagnosis=DIAG_BOUND.format(
+                        pods=", ".join(f"{p.namespace}/{p.name}" for p, _ in on_bad),
+                        owner=name,
+                        devices=", ".join(sorted({d for _, ds in on_bad for d in ds})),
+                    ),
+                    bound=[p for p, _ in on_bad],
+                )
+                break
             if len(w.evicted) >= inp.churn_evictions:
                 tol = any(toleration_churn.get(u) for u in w.evicted)
                 text = DIAG_TOLERATION if tol else DIAG_SCHEDULER
-                name = f"{w.owner.kind}/{w.owner.namespace}/{w.owner.name}"
                 churn = ChurnDiagnosis(
                     owner=w.owner,
                     evictions=len(w.evicted),
                     diagnosis=text.format(owner=name, n=len(w.evicted)),
+                    bound=[p for p, _ in on_bad],
                 )
                 break
         return out, running, message, churn

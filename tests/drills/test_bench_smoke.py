@@ -1,7 +1,8 @@
 """The benchmark code runs: `python -m bench --quick` end to end (figures not judged).
 
 Case: the quick mode (small counts: 8 latency pairs, one happy path, a 240-alert storm on a
-20-node twin, 16 remediations in flight, a 20-request budget burst) writes its markdown,
+20-node twin, 16 remediations in flight, a 20-request budget burst, two rounds of runbook
+timers) writes its markdown,
 three PNG plots and results.json; every benchmark produced its figures (no `errors` entry),
 the latency pairs were all matched, the cost run ended released and the burst granted the
 budget's limit. Nothing here is timed.
@@ -64,6 +65,8 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     node = results["node_upgrade"]["seconds"]  # one round of each upgrade story
     assert node["socket: vanish -> diagnosis"]["n"] == node["socket: vanish -> GPUs back"]["n"] == 1
     assert node["hook: vanish -> page"]["n"] == 1
+    lags = results["timers"]["lag_ms"]  # both rounds' timers measured (figures not judged)
+    assert lags["approval timeout"]["n"] == lags["Pending deadline"]["n"] == 2
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "## Summary" in text and "Quick mode" in text
     assert "## Node upgrade: GPUs that vanish" in text

@@ -367,12 +367,13 @@ async def test_third_failure_retires_one_rma_no_release_then_unretire(
 
 def _timers(history) -> int:
     """The hold's timers (health checks toward a cool-down release); the replacement wait's
-    Pending-deadline timer is not one."""
+    Pending-deadline timer and the eviction timeout's are not ones."""
     return sum(
         1
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
         and "deadline" not in e.user_metadata.summary.data.decode()
+        and "eviction timeout" not in e.user_metadata.summary.data.decode()
     )
 
 

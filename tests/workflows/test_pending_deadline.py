@@ -229,7 +229,7 @@ async def test_undecodable_extension_is_refused_naming_the_problem(
         refusals = {}
         for name, body in {
             "both": {"by": "30m", "until": "2030-01-01T00:00:00Z", "reason": "x", "actor": "e"},
-            "negative": {"by": -300, "reason": "x", "actor": "e"},
+            "not positive": {"by": "0s", "reason": "x", "actor": "e"},
             "bad duration": {"by": "-5m", "reason": "x", "actor": "e"},
             "typo": {"by": "30m", "reason": "x", "actor": "e", "actr": "e"},
             "not an object": ["30m"],
@@ -244,7 +244,7 @@ async def test_undecodable_extension_is_refused_naming_the_problem(
         await handle.terminate("test over")
     assert refusals["both"].startswith("invalid extend-deadline input: ")
     assert "give exactly one of `by` (a duration) or `until` (a time)" in refusals["both"]
-    assert "`by` must be positive" in refusals["negative"]
+    assert "`by` must be positive" in refusals["not positive"]
     assert refusals["bad duration"].startswith("invalid extend-deadline input: by: ")
     assert "actr: unknown field (fields: by, until, reason, actor, verified)" in refusals["typo"]
     assert "must be a JSON object" in refusals["not an object"]

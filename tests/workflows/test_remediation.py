@@ -29,6 +29,11 @@ Cases (one per branch of the procedure):
 - eviction churn reported -> the loop is stopped per replacement.onChurn (cordon by default:
   node cordoned before the churn escalation, which says so, and uncordoned on release;
   noschedule: the rule switched to NoSchedule), then escalate churn;
+- eviction-api mode on a scheduler ignoring the rule (the watch reports one replacement
+  bound to the device under NoSchedule as churn, as it does against the twin): the node is
+  cordoned, the bound replacement evicted off the device, the escalation names
+  kubernetes#139651 and what was done; never `pending-deadline`; onChurn noschedule there
+  says the rule is NoSchedule already and changes nothing;
 - abort while holding -> rule removed, lease released, aborted;
 - failing notification channel: retried, each try in the timeline, one escalation;
 - a non-retryable quarantine error ends in escalation, not a silent stop; so does an unknown
@@ -57,6 +62,7 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
+from activities.kube import KubeActivities
 from contract.budget import BudgetDecision
 from contract.capacity import CapacityResult
 from contract.errors import ERR_FORBIDDEN, ERR_POOL_AT_MAX
@@ -70,6 +76,7 @@ from contract.kube import (
     QuarantineInput,
     QuarantineResult,
     ReplacementReport,
+    WaitReplacementInput,
 )
 from contract.names import (
     ACT_ACQUIRE_BUDGET,
@@ -109,15 +116,18 @@ from tests.workflows.fakes import (
     NODE,
     FakeWorld,
     deployment_consumer,
+    fake_of,
     make_runbook,
     new_worker,
     past_deadline,
     shipped_runbooks,
     start,
     wait_phase,
+    watch_until_cancelled,
     xid_alert,
 )
 from tests.workflows.histories import patch_markers, save_history
+from workflows.remediation.quarantine import FORCE_GRACE
 
 
 def actions(result_timeline: list[TimelineEntry]) -> list[str]:
@@ -743,10 +753,9 @@ async def test_eviction_api_blocked_but_forced_goes_past_the_budget(
             "inference", eviction={"mode": "eviction-api", "timeout": "30m", "force": "noexecute"}
         ),
         evict_results=[EvictPodsResult(blocked=[pod], budgets=[BUDGET_429])],
-        eviction_reports=[
-            EvictionReport(remaining=[pod], timed_out=True),
-            EvictionReport(gone=[pod]),
-        ],
+        # The pod the budget still refused at the timeout is not waited for: the first wait
+        # is the backstop's.
+        eviction_reports=[EvictionReport(gone=[pod])],
     )
     async with new_worker(client, world) as worker:
         handle = await start(client, worker, world)
@@ -755,6 +764,8 @@ async def test_eviction_api_blocked_but_forced_goes_past_the_budget(
         result = await handle.result()
     assert result.outcome == "released"
     assert [q.effect for q in world.args(ACT_QUARANTINE)] == ["NoSchedule", "NoExecute"]
+    (backstop_wait,) = world.args(ACT_WAIT_EVICTION)
+    assert backstop_wait.pods == [pod] and backstop_wait.timeout == FORCE_GRACE
 
 
 async def test_pending_deadline_scale_up_success(time_skipping_env: WorkflowEnvironment) -> None:
@@ -875,6 +886,90 @@ async def test_churn_noschedule_switches_the_rule(time_skipping_env: WorkflowEnv
     assert ACT_CORDON not in world.names()
     escalation = next(e for e in result.timeline if e.action.startswith("escalat"))
     assert "switching the rule to NoSchedule" in escalation.reason + escalation.outcome
+
+
+def _binding_scheduler(world: FakeWorld) -> Any:
+    """The watch on the stock 1.36.2 scheduler (tests/activities/kube/test_kube_controllers:
+    the replacement binds to the tainted device): under a NoSchedule rule nothing evicts it,
+    and the watch reports churn naming it; told NoExecute, the watch sees no churn yet and
+    runs on (pending until the deadline)."""
+    bound = PodRef(namespace="serving", name="llm-7d9f-x2x", uid="u-new")
+
+    @fake_of(KubeActivities.wait_for_replacement)
+    async def wait_replacement(req: WaitReplacementInput) -> ReplacementReport:
+        world.calls.append((ACT_WAIT_REPLACEMENT, req))
+        if req.look_once:
+            return ReplacementReport(status="pending", unschedulable_message="(bound, churned)")
+        if req.rule_effect == "NoExecute":
+            await watch_until_cancelled(world)
+        return ReplacementReport(
+            status="churn",
+            churn=ChurnDiagnosis(
+                owner=OwnerRef(kind="Deployment", name="llm", namespace="serving"),
+                evictions=0,
+                diagnosis="replacement serving/llm-7d9f-x2x was placed on the quarantined "
+                "device ... the scheduler ignores DeviceTaintRules (kubernetes#139651)",
+                bound=[bound],
+            ),
+        )
+
+    return wait_replacement
+
+
+async def test_eviction_api_churn_is_stopped(time_skipping_env: WorkflowEnvironment) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(
+        runbooks=with_spec(
+            "inference",
+            eviction={"mode": "eviction-api", "timeout": "5m"},
+            replacement={"pendingDeadline": "10m"},
+            scaleUp={"enabled": False},
+            escalation={"channels": ["pagerduty"]},
+        )
+    )
+    async with new_worker(client, world, [_binding_scheduler(world)]) as worker:
+        handle = await start(client, worker, world)
+        status = await wait_phase(handle, Phase.HOLDING)
+        await handle.terminate("test over")
+    assert status.escalation_reason == "churn"  # not pending-deadline
+    (watch,) = world.args(ACT_WAIT_REPLACEMENT)
+    assert watch.rule_effect == "NoSchedule" and not watch.look_once
+    assert [(c.node, c.cordon) for c in world.args(ACT_CORDON)] == [(world.node, True)]
+    evictions = world.args(ACT_EVICT_PODS)
+    assert [p.name for p in evictions[-1].pods] == ["llm-7d9f-x2x"]  # off the failed GPU
+    assert not evictions[-1].delete_if_blocked  # budgets honoured
+    summary = world.args(ACT_NOTIFY)[0].incident.summary
+    assert "kubernetes#139651" in summary
+    assert f"cordoning node {world.node}" in summary
+    assert "evicted serving/llm-7d9f-x2x off the failed GPU" in summary
+    names = world.names()
+    assert (
+        names.index(ACT_CORDON)
+        < len(names) - names[::-1].index(ACT_EVICT_PODS) - 1
+        < (names.index(ACT_NOTIFY))
+    )
+
+
+async def test_eviction_api_churn_with_onchurn_noschedule_says_so(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld(
+        runbooks=with_spec(
+            "inference",
+            eviction={"mode": "eviction-api", "timeout": "5m"},
+            replacement={"onChurn": "noschedule"},
+            escalation={"channels": ["pagerduty"]},
+        )
+    )
+    async with new_worker(client, world, [_binding_scheduler(world)]) as worker:
+        handle = await start(client, worker, world)
+        status = await wait_phase(handle, Phase.HOLDING)
+        await handle.terminate("test over")
+    assert status.escalation_reason == "churn"
+    assert [q.effect for q in world.args(ACT_QUARANTINE)] == ["NoSchedule"]  # no re-apply
+    summary = world.args(ACT_NOTIFY)[0].incident.summary
+    assert "the rule is NoSchedule already" in summary and "kubernetes#139651" in summary
 
 
 async def test_abort_while_holding_undoes(time_skipping_env: WorkflowEnvironment) -> None:

@@ -355,11 +355,14 @@ class Actions:
                 }
             if body.action == "extend":
                 try:
-                    req = ExtendDeadlineRequest(
-                        by=body.by,
-                        until=body.until,
-                        reason=body.reason,
-                        actor=person.user,  # type: ignore[arg-type]
+                    # As sent: the strict model reads the duration and the ISO time itself.
+                    req = ExtendDeadlineRequest.model_validate(
+                        {
+                            "by": body.by,
+                            "until": body.until,
+                            "reason": body.reason,
+                            "actor": person.user,
+                        }
                     )
                 except ValidationError as exc:
                     raise Refused(422, str(exc.errors()[0]["msg"])) from None

@@ -67,7 +67,8 @@ async def approval(r: Remediation) -> Escalation | Closed | None:
         if policy.on_timeout == "abort":
             return Closed("not-quarantined", "approval timed out; runbook says abort")
         return Escalation(
-            "approval-timeout", f"no approval within {policy.timeout}; device NOT tainted"
+            "approval-timeout",
+            f"no approval within {format_duration(policy.timeout)}; device NOT tainted",
         )
     decision = s.decision
     assert decision is not None

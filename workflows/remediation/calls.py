@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
@@ -396,9 +396,10 @@ class Calls:
             start_to_close=LOOK_TIMEOUT if inp.look_once else limit + WAIT_MARGIN,
             heartbeat=None if inp.look_once else WAIT_HEARTBEAT,
             retry=WAIT_RETRY,
-            # Cancelled at the deadline: the watch has stopped before the look at the pods
-            # (a dead worker's watch: after the heartbeat timeout).
-            cancellation=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            # Cancelled at the deadline without waiting for it to stop (TRY_CANCEL, the
+            # default): the watch only reads, so the look at the pods and the scale-up or
+            # escalation start when the timer fires, not when the cancel reaches the watch
+            # with its next heartbeat (up to 48 s later).
         )
 
     @calls(ACT_REQUEST_CAPACITY)
@@ -534,6 +535,27 @@ class Calls:
         )
         if st.abort is not None:
             raise Aborted()
+
+    async def within(self, call: Awaitable[T], deadline: datetime, summary: str) -> T | None:
+        """`call` (an activity), unless the runbook timer at `deadline` fires first: then None
+        at once. The activity is cancelled without waiting for it to stop (TRY_CANCEL: its
+        cancel reaches it with its next heartbeat, up to 0.8 x its heartbeat timeout later),
+        so the step after the timer starts when the timer fires; only read-only waits and
+        the idempotent Eviction API go through here (docs/architecture.md, "Runbook timers").
+        Raises Aborted on abort, and the call's own failure when it ends first."""
+        task: asyncio.Task[T] = asyncio.ensure_future(call)
+        try:
+            left = deadline - workflow.now()
+            if left > timedelta(0):
+                await self.wait(task.done, limit=left, summary=summary)
+        except TimeoutError:
+            pass
+        finally:
+            if not task.done():
+                task.cancel()
+        if not task.done() or task.cancelled():
+            return None
+        return task.result()
 
     # ------------------------------------------------------------ plumbing ------------------
 

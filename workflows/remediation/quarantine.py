@@ -5,11 +5,12 @@ runbook. Steps 7 and 8 follow in `replace`, which calls `to_evict` and `evict`."
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from contract.base import format_duration
     from contract.kube import (
         EvictionReport,
         EvictPodsInput,
@@ -81,6 +82,7 @@ async def quarantine(r: Remediation) -> Escalation | None:
 async def apply_quarantine(r: Remediation, effect: TaintEffect, label: str) -> QuarantineResult:
     s = r.s
     result = await r.act.quarantine(quarantine_input(r, effect), label)
+    s.rule_effect = effect
     s.status.rule_name = result.rule_name or s.status.rule_name
     r.j.log(
         f"quarantined ({effect})",
@@ -115,13 +117,60 @@ def _still_blocked(result: EvictPodsResult, report: EvictionReport) -> bool:
     return any((p.namespace, p.name) in keys for p in report.remaining)
 
 
+def waited(since: datetime) -> str:
+    """How long since `since`, in whole seconds (`20s`, `2m`): what an escalation states."""
+    return format_duration(timedelta(seconds=round((workflow.now() - since).total_seconds())))
+
+
+async def wait_gone(
+    r: Remediation,
+    pods: list[PodRef],
+    blocked: EvictPodsResult,
+    deadline: datetime,
+    timer: str,
+    label: str = "eviction wait",
+) -> EvictionReport:
+    """The consumers `pods` leaving, until the runbook timer at `deadline` (named `timer`):
+    the watch is raced against that workflow timer and, when it fires, cancelled without
+    waiting for it (one look at the pods then), so the next step starts on time. Pods a
+    PodDisruptionBudget still refused (`blocked`) do not go by waiting: reported remaining,
+    not waited for."""
+    held = {(p.namespace, p.name) for p in blocked.blocked}
+    waiting = [p for p in pods if (p.namespace, p.name) not in held]
+    report = EvictionReport(remaining=[p for p in pods if (p.namespace, p.name) in held])
+    if waiting:
+        left = deadline - workflow.now()
+        seen: EvictionReport | None = None
+        if left > timedelta(0):
+            seen = await r.act.within(
+                r.act.wait_eviction(WaitEvictionInput(pods=waiting, timeout=left)), deadline, timer
+            )
+        if seen is None:  # the timer fired (or had): look once at what is still there
+            seen = await r.act.wait_eviction(WaitEvictionInput(pods=waiting, timeout=timedelta(0)))
+        report = EvictionReport(
+            gone=seen.gone,
+            remaining=[*report.remaining, *seen.remaining],
+            timed_out=seen.timed_out or bool(seen.remaining),
+        )
+    report.timed_out = report.timed_out or bool(report.remaining)
+    r.j.log(
+        label,
+        outcome=f"gone {len(report.gone)}, remaining {len(report.remaining)}",
+        reason="timed out" if report.remaining else "",
+    )
+    return report
+
+
 async def evict(r: Remediation, pods: list[PodRef]) -> Escalation | None:
     """None once the consumers are gone.
 
-    Eviction API mode honours PodDisruptionBudgets: blocked evictions are retried for the
-    whole `eviction.timeout`; a pod a budget still protects then is never pushed past it
-    unless the runbook forces (`noexecute` / `delete`): the remediation escalates
-    `eviction-timeout` naming the budget and holds the device under its NoSchedule rule."""
+    The eviction timeout is one workflow timer from the start of the step: the Eviction API
+    retries what a PodDisruptionBudget refuses until it (inside evict-pods, each round one
+    bounded call), the watch of the others is raced against it, and when it fires the next
+    step (force per the runbook, or the escalation) starts at once. A pod a budget still
+    protects then is never pushed past it unless the runbook forces (`noexecute` /
+    `delete`): the remediation escalates `eviction-timeout` naming the budget and the time
+    it really waited, and holds the device under its NoSchedule rule."""
     s, j = r.s, r.j
     policy = s.spec.eviction
     eviction_api = policy.mode == "eviction-api"
@@ -138,6 +187,9 @@ async def evict(r: Remediation, pods: list[PodRef]) -> Escalation | None:
         ),
     )
     j.upsert()
+    started = workflow.now()
+    deadline = started + policy.timeout
+    timer = f"eviction timeout ({format_duration(policy.timeout)})"
     blocked = EvictPodsResult()
     # No rule served: the fallback evicted once through the Eviction API; what a budget
     # refused then is retried like eviction-api mode's evictions (there is no backstop).
@@ -151,13 +203,12 @@ async def evict(r: Remediation, pods: list[PodRef]) -> Escalation | None:
             label="evict via Eviction API",
             retry_for=policy.timeout,
         )
-    # Pods a budget still blocks will not go by waiting: give the others the grace only.
-    report = await _wait_eviction(r, pods, FORCE_GRACE if blocked.blocked else policy.timeout)
+    report = await wait_gone(r, pods, blocked, deadline, timer)
     if report.remaining and refused and _still_blocked(blocked, report) and not forcing:
-        return _blocked(r, blocked, report)
+        return _blocked(r, blocked, report, started)
     if report.remaining and eviction_api:
         if _still_blocked(blocked, report) and not forcing:
-            return _blocked(r, blocked, report)
+            return _blocked(r, blocked, report, started)
         # Backstop: NoExecute deletes pods regardless of budgets (none blocks, or forced).
         s.quarantine = await apply_quarantine(r, "NoExecute", "NoExecute backstop")
         report = await _wait_eviction(r, report.remaining, FORCE_GRACE)
@@ -171,14 +222,14 @@ async def evict(r: Remediation, pods: list[PodRef]) -> Escalation | None:
         )
         report = await _wait_eviction(r, report.remaining, FORCE_GRACE)
         if _still_blocked(blocked, report):
-            return _blocked(r, blocked, report)
+            return _blocked(r, blocked, report, started)
     s.live_pods = list(report.remaining)
     if report.remaining:
         names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
         return Escalation(
             "eviction-timeout",
-            f"consumers still on the device after {policy.timeout} "
-            f"(force: {policy.force}): {names}",
+            f"consumers still on the device after {waited(started)} (eviction timeout "
+            f"{format_duration(policy.timeout)}, force: {policy.force}): {names}",
         )
     await j.event(
         "GPUConsumersEvicted",
@@ -190,7 +241,9 @@ async def evict(r: Remediation, pods: list[PodRef]) -> Escalation | None:
     return None
 
 
-def _blocked(r: Remediation, blocked: EvictPodsResult, report: EvictionReport) -> Escalation:
+def _blocked(
+    r: Remediation, blocked: EvictPodsResult, report: EvictionReport, started: datetime
+) -> Escalation:
     """A PodDisruptionBudget still protects consumers: escalate naming it, hold."""
     r.s.live_pods = list(report.remaining)
     policy = r.s.spec.eviction
@@ -198,11 +251,11 @@ def _blocked(r: Remediation, blocked: EvictPodsResult, report: EvictionReport) -
     why = "; ".join(blocked.budgets) or "a PodDisruptionBudget refused the eviction"
     return Escalation(
         "eviction-timeout",
-        f"PodDisruptionBudget blocks eviction after {policy.timeout} "
-        f"({blocked.attempts} tries; force: {policy.force}, so the budget is "
-        f"honoured): {why}. Still on the device: {names}. Holding the device quarantined "
-        "(new pods cannot get it); free the budget, or force with eviction.force "
-        "noexecute/delete",
+        f"PodDisruptionBudget blocks eviction after {waited(started)} (eviction timeout "
+        f"{format_duration(policy.timeout)}; {blocked.attempts} tries; force: {policy.force}, "
+        f"so the budget is honoured): {why}. Still on the device: {names}. Holding the "
+        "device quarantined (new pods cannot get it); free the budget, or force with "
+        "eviction.force noexecute/delete",
     )
 
 

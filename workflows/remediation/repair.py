@@ -36,7 +36,7 @@ A dry run never reaches this step: `describe` says in its timeline what each run
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 
@@ -55,7 +55,6 @@ with workflow.unsafe.imports_passed_through():
         CountDevicesInput,
         EvictPodsInput,
         PodRef,
-        WaitEvictionInput,
     )
     from contract.remediation import Phase
     from contract.repair import (
@@ -90,9 +89,11 @@ with workflow.unsafe.imports_passed_through():
         repair_allowed,
     )
     from workflows.remediation.outcome import Closed, Escalation
+    from workflows.remediation.quarantine import wait_gone, waited
 
-# A Job's own timeout is enforced by the activity's poll; this margin lets the Job report its
-# failure (activeDeadlineSeconds) before the poll gives up.
+# A Job's timeout is a workflow timer raced against the poll (the step after it starts when
+# it fires); the poll's own schedule-to-close is the timeout plus this margin, a bound only
+# for a poll whose cancel never arrives.
 JOB_MARGIN = timedelta(minutes=1)
 PROVIDER_ERRORS = (ERR_PROVIDER_NOT_CONFIGURED, ERR_PROVIDER_REFUSED)
 # A repair Job that cannot run (refused by the API, never starting, image or command not
@@ -513,6 +514,7 @@ async def _drain(r: Remediation, pods: list[PodRef], what: str) -> Escalation | 
         until=timeout,
         next_action=what,
     )
+    started = workflow.now()
     result = await r.act.evict_pods(
         EvictPodsInput(
             pods=pods,
@@ -521,7 +523,16 @@ async def _drain(r: Remediation, pods: list[PodRef], what: str) -> Escalation | 
             retry_blocked_for=timeout,
         )
     )
-    report = await r.act.wait_eviction(WaitEvictionInput(pods=pods, timeout=timeout))
+    # One eviction timeout for the drain (a workflow timer): what a budget still refuses is
+    # not waited for, and the escalation comes when the timer fires.
+    report = await wait_gone(
+        r,
+        pods,
+        result,
+        started + timeout,
+        f"drain timeout ({format_duration(timeout)})",
+        label="drain wait",
+    )
     j.log(
         "drained",
         outcome=f"{len(report.gone)} gone, {len(report.remaining)} remaining",
@@ -536,8 +547,9 @@ async def _drain(r: Remediation, pods: list[PodRef], what: str) -> Escalation | 
         )
         return Escalation(
             "eviction-timeout",
-            f"the {what} needs node {device.node} drained, but after {timeout} these pods "
-            f"remain: {names}; not forced, not repaired, device held",
+            f"the {what} needs node {device.node} drained, but after {waited(started)} "
+            f"(eviction timeout {format_duration(timeout)}) these pods remain: {names}; not "
+            "forced, not repaired, device held",
         )
     return None
 
@@ -557,11 +569,26 @@ async def _uncordon(r: Remediation) -> None:
 
 
 async def _job_outcome(
-    r: Remediation, namespace: str, job_name: str, limit: timedelta, claim: str | None = None
+    r: Remediation,
+    namespace: str,
+    job_name: str,
+    limit: timedelta,
+    claim: str | None = None,
+    deadline: datetime | None = None,
 ) -> RepairJobOutcome:
+    """The Job's verdict, or failed when the rung's / validation's timeout (a workflow timer
+    at `deadline`, by default `limit` from now) fires first: the poll is then cancelled
+    without waiting for it (it only reads) and the Job cleaned up at once."""
+    deadline = deadline or workflow.now() + limit
+    kind = "validation" if r.s.status.phase is Phase.VALIDATING else "repair"
     try:
-        outcome = await r.act.wait_for_repair_job(
-            WaitRepairJobInput(namespace=namespace, job_name=job_name), limit=limit + JOB_MARGIN
+        outcome = await r.act.within(
+            r.act.wait_for_repair_job(
+                WaitRepairJobInput(namespace=namespace, job_name=job_name),
+                limit=limit + JOB_MARGIN,
+            ),
+            deadline,
+            f"{kind} timeout ({format_duration(limit)})",
         )
     except ACTIVITY_FAILED as err:
         outcome = RepairJobOutcome(
@@ -569,6 +596,13 @@ async def _job_outcome(
             summary="",
             reason=error_text(err),
             refused=error_type(err) == ERR_REPAIR_JOB_REFUSED,
+        )
+    if outcome is None:
+        outcome = RepairJobOutcome(
+            passed=False,
+            summary="",
+            reason=f"Job {job_name} did not finish within {format_duration(limit)} "
+            f"({kind} timeout; waited {waited(deadline - limit)})",
         )
     try:
         await r.act.clean_up_repair_job(
@@ -763,9 +797,10 @@ async def _validate_new(
             results.append((uuid, refused))
             continue
         started.append((uuid, job))
+    deadline = workflow.now() + policy.timeout  # one timeout for Jobs running side by side
     for uuid, job in started:
         outcome = await _job_outcome(
-            r, job.namespace, job.job_name, policy.timeout, claim=job.claim_name
+            r, job.namespace, job.job_name, policy.timeout, claim=job.claim_name, deadline=deadline
         )
         verdict = "passed" if outcome.passed else "failed"
         summary = outcome.summary or outcome.reason

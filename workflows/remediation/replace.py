@@ -22,7 +22,14 @@ with workflow.unsafe.imports_passed_through():
     from contract.base import format_duration
     from contract.capacity import CapacityRequest, KarpenterInput, NodePoolTarget
     from contract.errors import ERR_POOL_AT_MAX
-    from contract.kube import CordonInput, OwnerRef, ReplacementReport, WaitReplacementInput
+    from contract.kube import (
+        CordonInput,
+        EvictPodsInput,
+        OwnerRef,
+        PodRef,
+        ReplacementReport,
+        WaitReplacementInput,
+    )
     from contract.remediation import (
         MAX_REPLACEMENT_WAIT,
         ExtendDeadlineRequest,
@@ -86,7 +93,7 @@ async def replace(r: Remediation) -> Escalation | None:
         report = scaled
     if report.status == "churn":
         diag = report.churn.diagnosis if report.churn else "repeated evictions"
-        stopped = await _stop_churn(r)
+        stopped = await _stop_churn(r, report.churn.bound if report.churn else [])
         return Escalation("churn", f"eviction churn: {diag} {stopped}")
     if report.status in ("running", "no-replacement-needed"):
         j.metrics.create_histogram_timedelta(
@@ -98,8 +105,11 @@ async def replace(r: Remediation) -> Escalation | None:
     return None
 
 
-async def _stop_churn(r: Remediation) -> str:
-    """End the allocate -> evict loop per `replacement.onChurn`; says what was done."""
+async def _stop_churn(r: Remediation, bound: list[PodRef]) -> str:
+    """End the allocate -> evict loop per `replacement.onChurn`; says what was done.
+    `bound`: replacements on the tainted device that nothing evicts (a NoSchedule rule): a
+    cordon alone leaves them on the failed GPU, so they are evicted (Eviction API, budgets
+    honoured) and their owners recreate them on other nodes."""
     s, j = r.s, r.j
     action = s.spec.replacement.on_churn
     device = s.device
@@ -111,9 +121,17 @@ async def _stop_churn(r: Remediation) -> str:
         if result.changed and s.quarantine is not None:
             s.quarantine = s.quarantine.model_copy(update={"node_cordoned": True})
         j.log("churn stopped: node cordoned", outcome=result.message)
+        moved = await _evict_bound(r, bound)
         return (
             f"Sickbay stopped the loop by cordoning node {device.node} ({result.message}; "
-            "replacements go to other nodes or stay Pending; uncordoned on release)."
+            f"replacements go to other nodes or stay Pending; uncordoned on release){moved}."
+        )
+    if action == "noschedule" and s.rule_effect == "NoSchedule":
+        j.log("churn not stopped", reason="the rule is NoSchedule already (eviction-api)")
+        return (
+            "replacement.onChurn is noschedule, but the rule is NoSchedule already (mode "
+            "eviction-api): Sickbay changed nothing; the replacement stays on the failed GPU "
+            "(onChurn: cordon would move it)."
         )
     if action == "noschedule":
         s.quarantine = await apply_quarantine(r, "NoSchedule", "rule to NoSchedule (churn)")
@@ -124,6 +142,32 @@ async def _stop_churn(r: Remediation) -> str:
         )
     j.log("churn not stopped", reason="replacement.onChurn: none")
     return "replacement.onChurn is none: Sickbay did not stop the loop; it goes on."
+
+
+async def _evict_bound(r: Remediation, bound: list[PodRef]) -> str:
+    """Evict the replacements bound to the tainted device (the node is cordoned now); says
+    what happened, for the escalation."""
+    if not bound:
+        return ""
+    s = r.s
+    result = await r.act.evict_pods(
+        EvictPodsInput(
+            pods=bound,
+            workflow_id=s.workflow_id,
+            reason=f"GPU {s.status.device} quarantined: placed on it despite the rule",
+        )
+    )
+    names = ", ".join(f"{p.namespace}/{p.name}" for p in bound)
+    outcome = (
+        f"evicted {len(result.evicted)}, blocked {len(result.blocked)}, gone {len(result.gone)}"
+    )
+    r.j.log("churn: replacements evicted off the device", outcome=outcome, reason=names)
+    if s.live_pods is not None:
+        s.live_pods = [p for p in s.live_pods if p not in result.evicted]
+    text = f", and evicted {names} off the failed GPU (Eviction API: {outcome}"
+    if result.blocked:
+        text += "; " + "; ".join(result.budgets) + ": still on the device"
+    return text + ")"
 
 
 async def _wait_replacement(
@@ -138,6 +182,7 @@ async def _wait_replacement(
         tainted=s.device.devices if s.device else [],
         hami_gpu=s.device.key if s.device and s.device.hami else "",
         churn_evictions=s.spec.replacement.churn_evictions,
+        rule_effect="NoSchedule" if s.rule_effect == "NoSchedule" else "NoExecute",
     )
     start = workflow.now()
     s.wait_started = start
@@ -163,9 +208,8 @@ async def _wait_replacement(
                 break
         if watch.done():
             report = watch.result()  # raises Aborted / the activity's failure
-        else:  # the deadline fired: stop watching, then look once at what is Pending
+        else:  # the deadline fired: stop watching (not waited for), look once at the pods
             watch.cancel()
-            await workflow.wait([watch])
             if s.abort is not None:
                 raise Aborted()
             report = await r.act.wait_replacement(
@@ -190,7 +234,8 @@ def _waited(r: Remediation) -> str:
     s = r.s
     if s.wait_started is None or s.wait_ended is None:
         return "?"
-    return "waited " + format_duration(s.wait_ended - s.wait_started)
+    took = timedelta(seconds=round((s.wait_ended - s.wait_started).total_seconds()))
+    return "waited " + format_duration(took)
 
 
 async def _tell_extensions(r: Remediation, name: str) -> None:

@@ -78,6 +78,9 @@ class RemediationState:
     fallback: Runbook = field(default_factory=builtin_default)
     would_have: EscalationReason | None = None  # a dry run's escalation
     sa_phase: Phase | None = None  # the phase last written to the search attributes
+    # The effect of the rule as last applied (NoSchedule in mode eviction-api until its
+    # backstop): under NoSchedule one replacement bound to the device is churn.
+    rule_effect: str = "NoExecute"
     health_only: bool = False  # holding under release.mode healthy-cooldown
     undoing: bool = False  # set once an abort is being handled: undo steps run to the end
     # The running replacement wait: its deadline (a durable timer; `extend-deadline` moves

@@ -250,13 +250,25 @@ class DeviceRemediationWorkflow:
 
     def _message(self, name: str, model: type[M], raw: Any) -> M | None:
         """Decode a signal typed by a person (Web UI): the SDK would drop an undecodable one
-        with only a worker log line; here the refusal, naming the field, is in the timeline."""
+        with only a worker log line; here the refusal, naming the field, is in the timeline,
+        with the actor the signal claims (as sent, even when not a string) and the Temporal
+        client identity the server recorded."""
         try:
             return model.model_validate(raw)
         except ValidationError as err:
             problems = input_problems(err, model)
-            self._r.j.log(f"{name} signal refused", outcome="invalid input", reason=problems)
-            workflow.logger.warning("%s signal refused: %s", name, problems)
+            claimed = raw.get("actor") if isinstance(raw, dict) else None
+            actor = claimed if isinstance(claimed, str) and claimed else "unknown"
+            if claimed is not None and not isinstance(claimed, str):
+                actor = repr(claimed)
+            self._r.j.log(
+                f"{name} signal refused",
+                outcome="invalid input",
+                actor=actor,
+                reason=problems,
+                client_identity=sender_identity() or "unknown",
+            )
+            workflow.logger.warning("%s signal refused (actor %s): %s", name, actor, problems)
             return None
 
     @workflow.update(

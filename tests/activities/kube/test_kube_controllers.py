@@ -9,6 +9,9 @@ Cases:
   deadline) reports "pending" with the scheduler's Unschedulable message;
 - the 1.36 scheduler fault (kubernetes#139651: rule taints ignored): replacements are placed
   on the tainted device and evicted again and again -> "churn" with that diagnosis;
+- the same fault in mode eviction-api (NoSchedule rule, Eviction API): the replacement is
+  placed on the tainted device and nothing evicts it -> "churn" at once, naming the bug and
+  the replacement bound to the device;
 - preview: the controller's effect-None verdict ("1 pod would be evicted") and the pod named.
 """
 
@@ -131,6 +134,50 @@ async def test_scheduler_ignoring_rules_is_churn(tmp_path: Path) -> None:
         assert report.status == "churn", report
         assert report.churn is not None and report.churn.evictions >= 3
         assert "kubernetes#139651" in report.churn.diagnosis
+
+
+async def test_scheduler_ignoring_a_noschedule_rule_is_churn(tmp_path: Path) -> None:
+    """Mode eviction-api on the stock 1.36.2 scheduler: the consumer leaves through the
+    Eviction API, its replacement binds to the tainted device and stays (no NoExecute: no
+    taint manager). The watch reports churn for that one replacement, not "pending"."""
+    from contract.kube import EvictPodsInput
+
+    options = TwinOptions(pod_startup_seconds=0.5, ignore_device_taint_rules=True)
+    with twin(
+        tmp_path,
+        "1.36",
+        nodes=1,
+        gpus_per_node=1,
+        controllers=ControllerManager(options),
+        clock=Clock(time_scale=10),
+    ) as t:
+        device, ref = await _setup(t, grace=1)
+        await t.run(
+            t.acts.quarantine_device,
+            QuarantineInput(device=device, workflow_id="wf", effect="NoSchedule", consumers=[ref]),
+        )
+        evicted = await t.run(t.acts.evict_pods, EvictPodsInput(pods=[ref], workflow_id="wf"))
+        assert evicted.evicted == [ref]
+        watch = t.run(
+            t.acts.wait_for_replacement,
+            WaitReplacementInput(
+                owners=[OWNER],
+                old_pods=[ref],
+                tainted=device.devices,
+                churn_evictions=3,
+                rule_effect="NoSchedule",
+            ),
+        )
+        report = await asyncio.wait_for(watch, timeout=90)  # before: watched on, "pending"
+        assert report.status == "churn", report
+        assert report.churn is not None and report.churn.evictions < 3  # none was evicted
+        (bound,) = report.churn.bound
+        assert bound.name != ref.name
+        pod = t.store.get("pods", bound.name, "ml")
+        assert not pod["metadata"].get("deletionTimestamp")  # nothing evicts it
+        assert "kubernetes#139651" in report.churn.diagnosis
+        assert f"ml/{bound.name}" in report.churn.diagnosis
+        assert device.devices[0].resource_id in report.churn.diagnosis
 
 
 async def test_preview_reads_the_controller_verdict(tmp_path: Path) -> None:
