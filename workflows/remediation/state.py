@@ -78,6 +78,7 @@ class RemediationState:
     fallback: Runbook = field(default_factory=builtin_default)
     would_have: EscalationReason | None = None  # a dry run's escalation
     sa_phase: Phase | None = None  # the phase last written to the search attributes
+    sa_paused: bool = False  # SickbayPaused last written as "paused"
     health_only: bool = False  # holding under release.mode healthy-cooldown
     undoing: bool = False  # set once an abort is being handled: undo steps run to the end
     # The running replacement wait: its deadline (a durable timer; `extend-deadline` moves
