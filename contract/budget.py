@@ -54,6 +54,14 @@ class ResumeRequest(Contract):
     reason: str = Field(default="", max_length=500)
 
 
+class PauseNotice(Contract):
+    """Signal `cluster-paused` from the budget workflow to every lease holder when the cluster
+    is paused (`pause` set) or resumed (None): an open remediation holds before its next
+    eviction force, scale-up or repair rung."""
+
+    pause: BudgetPause | None = None
+
+
 class PauseRecord(Contract):
     """One pause or resume, as the budget workflow recorded it (who, when, why)."""
 

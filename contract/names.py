@@ -32,6 +32,7 @@ SIG_ALERTS = "alerts"  # several alerts at once (list[AlertEvidence]), each as S
 SIG_ALERT_RESOLVED = "alert-resolved"  # AlertResolved
 SIG_ABORT = "abort"  # AbortRequest
 SIG_REPAIRED = "repaired"  # RepairedRequest
+SIG_CLUSTER_PAUSED = "cluster-paused"  # from sickbay-budget: paused (or resumed: no pause)
 SIG_BUDGET_FREED = "budget-freed"  # from sickbay-budget: a slot freed, retry the lease now
 UPD_APPROVE = "approve"  # ApprovalDecision -> ApprovalResult (validated)
 # ExtendDeadlineRequest -> ExtendDeadlineResult (validated: only while a replacement wait runs)

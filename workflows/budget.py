@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         BudgetState,
         BudgetWaiter,
         PauseAnswer,
+        PauseNotice,
         PauseRecord,
         PauseRequest,
         ReconcileLeasesInput,
@@ -60,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
         ACT_RECONCILE_LEASES,
         QRY_BUDGET_STATE,
         SIG_BUDGET_FREED,
+        SIG_CLUSTER_PAUSED,
         UPD_BUDGET_ACQUIRE,
         UPD_BUDGET_ACQUIRE_MANY,
         UPD_BUDGET_PAUSE,
@@ -96,6 +98,7 @@ class BudgetWorkflow:
         self._pause: BudgetPause | None = state.pause
         self._pause_log: list[PauseRecord] = list(state.pause_log)
         self._wake_all = False  # resumed: every waiter gets `budget-freed`
+        self._tell_holders = False  # paused or resumed: every lease holder gets `cluster-paused`
 
     @workflow.update(name=UPD_BUDGET_ACQUIRE)
     def acquire(self, req: BudgetLeaseRequest) -> BudgetDecision:
@@ -139,6 +142,7 @@ class BudgetWorkflow:
             return BudgetDecision(
                 granted=True,
                 reason="already held",
+                paused=self._pause,  # kept, but what comes after it holds
                 pool_in_use=pool_in_use + held.gpus,
                 cluster_in_use=cluster_in_use + held.gpus,
             )
@@ -219,6 +223,7 @@ class BudgetWorkflow:
             since=previous.since if previous is not None else now,
         )
         self._record(PauseRecord(action="pause", actor=req.actor, reason=req.reason, at=now))
+        self._tell_holders = bool(self._leases)
         workflow.logger.info("cluster %s", self._pause.describe())
         return PauseAnswer(pause=self._pause, previous=previous, held=list(self._waiters))
 
@@ -238,6 +243,7 @@ class BudgetWorkflow:
                 PauseRecord(action="resume", actor=req.actor, reason=req.reason, at=workflow.now())
             )
             self._wake_all = bool(self._waiters)
+            self._tell_holders = bool(self._leases)
             workflow.logger.info("cluster resumed by %s (%d held)", req.actor, len(held))
         return PauseAnswer(pause=None, previous=previous, held=held)
 
@@ -270,6 +276,19 @@ class BudgetWorkflow:
     def _slot_freed(self, lease: BudgetLease) -> None:
         if self._waiters:
             self._freed.append(lease.node_pool)
+
+    async def _notify_holders(self) -> None:
+        """`cluster-paused` to every lease holder: the pause now in force (None: resumed), so
+        an open remediation holds before its next eviction force, scale-up or repair rung."""
+        self._tell_holders = False
+        notice = PauseNotice(pause=self._pause)
+        for holder in list(self._leases):
+            try:
+                await workflow.get_external_workflow_handle(holder).signal(
+                    SIG_CLUSTER_PAUSED, notice
+                )
+            except Exception as err:  # closed meanwhile: reconcile drops its lease
+                workflow.logger.info("could not tell %s of the pause: %s", holder, err)
 
     async def _wake_waiters(self) -> None:
         """One `budget-freed` signal per freed slot: the oldest waiter of the freed pool,
@@ -315,12 +334,16 @@ class BudgetWorkflow:
                         or workflow.info().is_continue_as_new_suggested()
                         or bool(self._freed)
                         or self._wake_all
+                        or self._tell_holders
                     ),
                     timeout=max(due - workflow.now(), timedelta(seconds=1)),
                 )
             except TimeoutError:
                 await self._reconcile()
                 due = workflow.now() + state.reconcile_interval
+                continue
+            if self._tell_holders:
+                await self._notify_holders()
                 continue
             if self._freed or self._wake_all:
                 await self._wake_waiters()

@@ -224,7 +224,7 @@ def _lease_refusal(r: Remediation, device: ResolvedDevice, asked: EarlyLease) ->
     decision, counts = asked.decision, asked.counts
     assert decision is not None and counts is not None
     pool_limit, cluster_limit = asked.pool_limit, asked.cluster_limit
-    if decision.paused is not None:
+    if not decision.granted and decision.paused is not None:
         return f"cluster {decision.paused.describe()}; device NOT tainted"
     if not decision.granted:
         return (
@@ -259,6 +259,9 @@ async def _try_lease(
     why = _lease_refusal(r, device, asked)
     if why is not None:
         return False, "budget-exhausted", why, asked.counts, asked.decision.paused
+    # A lease kept across a continue-as-new is granted again while paused: the pause comes
+    # with it, so the steps after the quarantine hold (workflows/remediation/pause.py).
+    r.s.cluster_pause = asked.decision.paused
     return True, "budget-exhausted", "", asked.counts, None
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from contract.budget import BudgetPause
     from contract.kube import (
         Consumer,
         DeviceRef,
@@ -99,6 +100,8 @@ class RemediationState:
     decision: ApprovalDecision | None = None
     resolved_pending: bool = False  # an alert-resolved not yet checked against health
     budget_freed: bool = False  # set by the budget workflow's wake-up signal
+    # The cluster's pause, told by the budget workflow to its lease holders (`cluster-paused`)
+    cluster_pause: BudgetPause | None = None
     # (claimed actor, Temporal client identity) of the abort / repaired / decision.
     sent: dict[str, tuple[str, str]] = field(default_factory=dict)
 
