@@ -5,6 +5,7 @@ requests and decisions.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Literal
 
 from pydantic import Field
 
@@ -26,10 +27,68 @@ class BudgetWaiter(Contract):
     node_pool: str | None = None
 
 
+class BudgetPause(Contract):
+    """The cluster is paused: no new lease (quarantine, node-level repair rung, scale-up) is
+    granted until someone resumes it (`sickbay pause` / `sickbay resume`)."""
+
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+    since: datetime | None = None  # set by the budget workflow (workflow.now())
+
+    def describe(self) -> str:
+        when = f" since {self.since:%Y-%m-%d %H:%M:%S}Z" if self.since else ""
+        return f"paused by {self.actor}{when}: {self.reason}"
+
+
+class PauseRequest(Contract):
+    """Update `pause` of the budget workflow: a reason is required, and who asks."""
+
+    reason: str = Field(min_length=1, max_length=500)
+    actor: str = Field(min_length=1, max_length=200)
+
+
+class ResumeRequest(Contract):
+    """Update `resume` of the budget workflow."""
+
+    actor: str = Field(min_length=1, max_length=200)
+    reason: str = Field(default="", max_length=500)
+
+
+class PauseNotice(Contract):
+    """Signal `cluster-paused` from the budget workflow to every lease holder when the cluster
+    is paused (`pause` set) or resumed (None): an open remediation holds before its next
+    eviction force, scale-up or repair rung."""
+
+    pause: BudgetPause | None = None
+
+
+class PauseRecord(Contract):
+    """One pause or resume, as the budget workflow recorded it (who, when, why)."""
+
+    action: Literal["pause", "resume"]
+    actor: str
+    reason: str = ""
+    at: datetime
+
+
+class PauseAnswer(Contract):
+    """What `pause` / `resume` / `pause-state` answer: the pause in force now (None: running),
+    the one it replaced or lifted, and the remediations held by it (woken on resume)."""
+
+    pause: BudgetPause | None = None
+    previous: BudgetPause | None = None
+    held: list[str] = Field(default_factory=list)
+
+
+PAUSE_LOG_KEEP = 20  # pauses and resumes kept in the budget's state (Events keep the rest)
+
+
 class BudgetState(Contract):
     """Input of the `sickbay-budget` workflow and its continue-as-new state."""
 
     leases: list[BudgetLease] = Field(default_factory=list)
+    pause: BudgetPause | None = None  # carried across continue-as-new
+    pause_log: list[PauseRecord] = Field(default_factory=list)  # the latest PAUSE_LOG_KEEP
     waiters: list[BudgetWaiter] = Field(default_factory=list)  # oldest first
     reconcile_interval: Duration = timedelta(minutes=5)
     max_updates_per_run: int = Field(default=500, ge=1)  # continue-as-new after this many
@@ -63,6 +122,9 @@ class BudgetLeaseRequest(Contract):
 class BudgetDecision(Contract):
     granted: bool
     reason: str = ""
+    # Refused because the cluster is paused (not over budget): the holder holds without a
+    # page and is woken (`budget-freed`) when the cluster is resumed.
+    paused: BudgetPause | None = None
     pool_in_use: int = 0
     cluster_in_use: int = 0
 

@@ -33,6 +33,7 @@ SIG_ALERTS = "alerts"  # several alerts at once (list[AlertEvidence]), each as S
 SIG_ALERT_RESOLVED = "alert-resolved"  # AlertResolved
 SIG_ABORT = "abort"  # AbortRequest
 SIG_REPAIRED = "repaired"  # RepairedRequest
+SIG_CLUSTER_PAUSED = "cluster-paused"  # from sickbay-budget: paused (or resumed: no pause)
 SIG_BUDGET_FREED = "budget-freed"  # from sickbay-budget: a slot freed, retry the lease now
 UPD_APPROVE = "approve"  # ApprovalDecision -> ApprovalResult (validated)
 # ExtendDeadlineRequest -> ExtendDeadlineResult (validated: only while a replacement wait runs)
@@ -47,6 +48,8 @@ UPD_BUDGET_RELEASE = "release"
 # lease requests of one worker into it).
 UPD_BUDGET_ACQUIRE_MANY = "acquire-many"
 QRY_BUDGET_STATE = "state"
+UPD_BUDGET_PAUSE = "pause"  # sickbay pause: no new lease until resumed
+UPD_BUDGET_RESUME = "resume"  # sickbay resume: lift the pause, wake every held remediation
 
 # --- GPU ledger workflow: per-GPU failures, repairs, retirement (lemons) ----------------------
 UPD_LEDGER_FAILURE = "record-failure"  # RecordFailureInput -> LedgerDecision
@@ -122,6 +125,8 @@ SA_PHASE = "SickbayPhase"
 SA_OUTCOME = "SickbayOutcome"  # set when the run closes: released, escalated, aborted, ...
 SA_ESCALATION = "SickbayEscalation"  # the escalation reason, set when the run escalates
 SA_CLUSTER = "SickbayCluster"  # the cluster a remediation belongs to (SICKBAY_CLUSTER)
+# "paused" while a remediation is held by `sickbay pause` (cleared when it goes on)
+SA_PAUSED = "SickbayPaused"
 SEARCH_ATTRIBUTES = (
     SA_DEVICE,
     SA_NODE,
@@ -130,6 +135,7 @@ SEARCH_ATTRIBUTES = (
     SA_OUTCOME,
     SA_ESCALATION,
     SA_CLUSTER,
+    SA_PAUSED,
 )
 
 # --- Kubernetes labels and annotations -----------------------------------------------------

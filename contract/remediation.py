@@ -283,6 +283,8 @@ class RemediationStatus(Contract):
     alerts: int = 0  # distinct pieces of evidence (deduplicated by fingerprint)
     duplicate_alerts: int = 0  # repeats ignored
     escalation_reason: str | None = None
+    # Held by `sickbay pause` ("paused by <actor> since <when>: <reason>"); None otherwise.
+    paused: str | None = None
     dry_run: bool = False
     # The repair ladder: the rung running or last run, its attempt, and the last validation
     # (`passed: <summary>` / `failed: <summary>`).

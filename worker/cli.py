@@ -25,6 +25,7 @@ import worker.commands
 import worker.doctor
 import worker.gpus_cli
 import worker.logs
+import worker.pause_cli
 import worker.webhook_cli
 
 
@@ -62,6 +63,7 @@ REGISTRARS: tuple[Callable[[Any], None], ...] = (
     worker.webhook_cli.register,  # webhook, schedule
     worker.doctor.register,  # doctor
     worker.gpus_cli.register,  # gpus, gpus unretire: the GPU ledger (lemons)
+    worker.pause_cli.register,  # pause, resume: a cluster's (or every cluster's) pause
     _dev_only("twin.cli", ("twin",), "the cluster twin"),  # twin up/down/status/fail/recover
     _dev_only("harness.demo", ("demo", "up", "down"), "the demo harness"),  # the local stack
 )

@@ -580,6 +580,9 @@ async def _status(args: argparse.Namespace) -> int:
         "--cluster NAME for one cluster's",
     )
     client = await _client(args)
+    from worker.pause_cli import pause_banner
+
+    banner = await pause_banner(client, settings.task_queue, found.name)
     query = f"WorkflowType = '{WF_REMEDIATE}'"
     if not args.all:
         query += " AND ExecutionStatus = 'Running'"
@@ -613,6 +616,8 @@ async def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    for line in banner:  # a paused cluster first: it explains every held incident below
+        print(line)
     if not rows:
         print("no open incidents" if not args.all else "no remediations")
     else:

@@ -48,6 +48,7 @@ from activities.cloud.machines import MachineActivities
 from activities.defn import name_of
 from activities.kube import KubeActivities
 from activities.kube.client import Kube, KubeError
+from activities.kube.events import report_pause as post_pause_event
 from activities.kube.events import report_runbooks_invalid
 from activities.kube.node_diagnosis import NodeIncidentActivities
 from activities.kube.repair import RepairConfig
@@ -84,7 +85,7 @@ from contract.names import (
 )
 from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
 from worker.cluster_name import ClusterNameError, settle_worker_cluster
-from worker.gauges import report_open_remediations
+from worker.gauges import report_open_remediations, report_pause
 from worker.identity import SenderIdentityRunner
 from worker.schedules import ensure_sweep_schedule
 from worker.settings import Settings
@@ -625,6 +626,21 @@ async def run_worker(settings: Settings) -> int:
     run = asyncio.create_task(worker.run())
     watcher_task = _start_health_watcher(client, settings, built, stop)
     gauges = asyncio.create_task(report_open_remediations(client, settings.cluster, stop))
+    budget_id = budget_workflow_id(settings.task_queue, settings.cluster)
+    # `sickbay pause`: the gauge, and an Event on ConfigMap sickbay-cluster per pause/resume.
+    pause_task = asyncio.create_task(
+        report_pause(
+            client,
+            budget_id,
+            settings.cluster,
+            stop,
+            on_record=functools.partial(
+                post_pause_event, built.kube, settings.watch.watch_namespace, budget_id=budget_id
+            )
+            if built.kube is not None
+            else None,
+        )
+    )
     health_task, health_server = _start_health(client, settings, identity, run, stop)
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({run, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -638,7 +654,7 @@ async def run_worker(settings: Settings) -> int:
     if watcher_task is not None:
         # Releases its Lease, so a standby replica takes over at once.
         await asyncio.gather(watcher_task, return_exceptions=True)
-    await asyncio.gather(gauges, return_exceptions=True)
+    await asyncio.gather(gauges, pause_task, return_exceptions=True)
     if health_task is not None:
         await asyncio.gather(health_task, return_exceptions=True)
     if health_server is not None:

@@ -18,6 +18,12 @@ leases live in Temporal history, so a worker crash loses nothing.
         signal, one per freed slot, and retries at once (its own 1-minute retry is the
         backstop).
 
+Pause (`sickbay pause` / `sickbay resume`: updates `pause` and `resume`): while paused every
+new lease, and every larger one (a node-level repair rung), is refused with a decision that
+carries the pause; the holder is remembered as a waiter and holds without a page. Resume wakes
+every waiter at once. The pause and a log of who paused and resumed it ride in the state
+across continue-as-new.
+
 Limits come with each request (resolved by the remediation from its runbook and the device
 counts), so one budget workflow serves every runbook; a request is granted only when both the
 holder's pool and the whole cluster stay within the limits the request carries.
@@ -33,24 +39,34 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from contract.budget import (
+        PAUSE_LOG_KEEP,
         BudgetDecision,
         BudgetDecisions,
         BudgetLease,
         BudgetLeaseBatch,
         BudgetLeaseRequest,
+        BudgetPause,
         BudgetReleaseRequest,
         BudgetState,
         BudgetWaiter,
+        PauseAnswer,
+        PauseNotice,
+        PauseRecord,
+        PauseRequest,
         ReconcileLeasesInput,
         ReconcileLeasesResult,
+        ResumeRequest,
     )
     from contract.names import (
         ACT_RECONCILE_LEASES,
         QRY_BUDGET_STATE,
         SIG_BUDGET_FREED,
+        SIG_CLUSTER_PAUSED,
         UPD_BUDGET_ACQUIRE,
         UPD_BUDGET_ACQUIRE_MANY,
+        UPD_BUDGET_PAUSE,
         UPD_BUDGET_RELEASE,
+        UPD_BUDGET_RESUME,
         WF_BUDGET,
         budget_task_queue,
     )
@@ -79,6 +95,10 @@ class BudgetWorkflow:
         self._updates = 0
         self._waiters: dict[str, BudgetWaiter] = {w.holder: w for w in state.waiters}
         self._freed: list[str | None] = []  # pools of slots freed since the last wake-up
+        self._pause: BudgetPause | None = state.pause
+        self._pause_log: list[PauseRecord] = list(state.pause_log)
+        self._wake_all = False  # resumed: every waiter gets `budget-freed`
+        self._tell_holders = False  # paused or resumed: every lease holder gets `cluster-paused`
 
     @workflow.update(name=UPD_BUDGET_ACQUIRE)
     def acquire(self, req: BudgetLeaseRequest) -> BudgetDecision:
@@ -122,8 +142,19 @@ class BudgetWorkflow:
             return BudgetDecision(
                 granted=True,
                 reason="already held",
+                paused=self._pause,  # kept, but what comes after it holds
                 pool_in_use=pool_in_use + held.gpus,
                 cluster_in_use=cluster_in_use + held.gpus,
+            )
+        if self._pause is not None:
+            # Paused: nothing new is taken out of service (a lease kept as it is stays).
+            self._remember(req)
+            return BudgetDecision(
+                granted=False,
+                reason=f"cluster {self._pause.describe()}",
+                paused=self._pause,
+                pool_in_use=pool_in_use + mine,
+                cluster_in_use=cluster_in_use + mine,
             )
         fits_pool = pool_in_use + req.gpus <= req.pool_limit
         fits_cluster = cluster_in_use + req.gpus <= req.cluster_limit
@@ -180,13 +211,62 @@ class BudgetWorkflow:
         if not req.holder.strip():
             raise ValueError("a budget release needs the holder workflow id")
 
+    @workflow.update(name=UPD_BUDGET_PAUSE)
+    def pause(self, req: PauseRequest) -> PauseAnswer:
+        """Pause the cluster (a second pause replaces the reason and actor, keeps `since`)."""
+        self._updates += 1
+        previous = self._pause
+        now = workflow.now()
+        self._pause = BudgetPause(
+            reason=req.reason.strip(),
+            actor=req.actor.strip(),
+            since=previous.since if previous is not None else now,
+        )
+        self._record(PauseRecord(action="pause", actor=req.actor, reason=req.reason, at=now))
+        self._tell_holders = bool(self._leases)
+        workflow.logger.info("cluster %s", self._pause.describe())
+        return PauseAnswer(pause=self._pause, previous=previous, held=list(self._waiters))
+
+    @pause.validator
+    def _validate_pause(self, req: PauseRequest) -> None:
+        if not req.reason.strip() or not req.actor.strip():
+            raise ValueError("a pause needs a reason and an actor (not blank)")
+
+    @workflow.update(name=UPD_BUDGET_RESUME)
+    def resume(self, req: ResumeRequest) -> PauseAnswer:
+        """Lift the pause and wake every waiter (each asks again; the budget decides)."""
+        self._updates += 1
+        previous, self._pause = self._pause, None
+        held = list(self._waiters)
+        if previous is not None:
+            self._record(
+                PauseRecord(action="resume", actor=req.actor, reason=req.reason, at=workflow.now())
+            )
+            self._wake_all = bool(self._waiters)
+            self._tell_holders = bool(self._leases)
+            workflow.logger.info("cluster resumed by %s (%d held)", req.actor, len(held))
+        return PauseAnswer(pause=None, previous=previous, held=held)
+
+    @resume.validator
+    def _validate_resume(self, req: ResumeRequest) -> None:
+        if not req.actor.strip():
+            raise ValueError("a resume needs an actor (not blank)")
+
+    def _record(self, entry: PauseRecord) -> None:
+        self._pause_log = [*self._pause_log, entry][-PAUSE_LOG_KEEP:]
+
     @workflow.query(name=QRY_BUDGET_STATE)
     def state(self) -> BudgetState:
         return self._snapshot()
 
     def _snapshot(self) -> BudgetState:
         return self._state.model_copy(
-            update={"leases": list(self._leases.values()), "waiters": list(self._waiters.values())}
+            update={
+                "leases": list(self._leases.values()),
+                "waiters": list(self._waiters.values()),
+                "pause": self._pause,
+                "pause_log": list(self._pause_log),
+            }
         )
 
     def _remember(self, req: BudgetLeaseRequest) -> None:
@@ -197,10 +277,28 @@ class BudgetWorkflow:
         if self._waiters:
             self._freed.append(lease.node_pool)
 
+    async def _notify_holders(self) -> None:
+        """`cluster-paused` to every lease holder: the pause now in force (None: resumed), so
+        an open remediation holds before its next eviction force, scale-up or repair rung."""
+        self._tell_holders = False
+        notice = PauseNotice(pause=self._pause)
+        for holder in list(self._leases):
+            try:
+                await workflow.get_external_workflow_handle(holder).signal(
+                    SIG_CLUSTER_PAUSED, notice
+                )
+            except Exception as err:  # closed meanwhile: reconcile drops its lease
+                workflow.logger.info("could not tell %s of the pause: %s", holder, err)
+
     async def _wake_waiters(self) -> None:
         """One `budget-freed` signal per freed slot: the oldest waiter of the freed pool,
         else the oldest waiter. A woken waiter that is refused again waits anew."""
         freed, self._freed = self._freed, []
+        if self._wake_all:  # resumed: everyone held asks again at once
+            self._wake_all = False
+            freed = [self._waiters[h].node_pool for h in self._waiters]
+        elif self._pause is not None:
+            return  # paused: a freed slot wakes nobody (they would be refused again)
         for pool in freed:
             if not self._waiters:
                 return
@@ -235,6 +333,8 @@ class BudgetWorkflow:
                         self._updates >= state.max_updates_per_run
                         or workflow.info().is_continue_as_new_suggested()
                         or bool(self._freed)
+                        or self._wake_all
+                        or self._tell_holders
                     ),
                     timeout=max(due - workflow.now(), timedelta(seconds=1)),
                 )
@@ -242,7 +342,10 @@ class BudgetWorkflow:
                 await self._reconcile()
                 due = workflow.now() + state.reconcile_interval
                 continue
-            if self._freed:
+            if self._tell_holders:
+                await self._notify_holders()
+                continue
+            if self._freed or self._wake_all:
                 await self._wake_waiters()
                 continue
             return  # time to continue as new

@@ -26,8 +26,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from activities.kube.client import ErrorKind, Kube, KubeError
+from contract.budget import PauseRecord
 from contract.kube import EventTarget, RecordEventInput
-from contract.names import EVENT_COMPONENT, RUNBOOKS_CONFIGMAP
+from contract.names import CLUSTER_CONFIGMAP, EVENT_COMPONENT, RUNBOOKS_CONFIGMAP
 
 log = logging.getLogger(__name__)
 
@@ -201,3 +202,45 @@ def report_runbooks_invalid(kube: Kube, namespace: str, problems: str) -> bool:
     # One Event per edit of the ConfigMap: a retry of the same report is the same name.
     record_events(kube, inp, token=f"runbooks|{uid}|{version}|{problems}")
     return True
+
+
+def report_pause(kube: Kube, namespace: str, record: PauseRecord, budget_id: str) -> None:
+    """An Event on ConfigMap `sickbay-cluster` (Sickbay's namespace) for a pause (Warning
+    `SickbayPaused`) or a resume (Normal `SickbayResumed`), with who and why: `kubectl
+    describe configmap sickbay-cluster` and `kubectl get events` show it. Named from the
+    record, so every worker replica (and a restarted one) posting the same record makes one
+    Event. Without the ConfigMap (not recorded yet) the Event still names it, without a uid."""
+    try:
+        cm = kube.call(
+            kube.core.read_namespaced_config_map,
+            CLUSTER_CONFIGMAP,
+            namespace,
+            verb="get",
+            resource="configmaps",
+            name=CLUSTER_CONFIGMAP,
+        )
+        uid = (cm.get("metadata") or {}).get("uid")
+    except KubeError as err:
+        if err.kind is not ErrorKind.NOT_FOUND:
+            raise
+        uid = None
+    target = EventTarget(
+        api_version="v1", kind="ConfigMap", name=CLUSTER_CONFIGMAP, namespace=namespace, uid=uid
+    )
+    paused = record.action == "pause"
+    why = f": {record.reason}" if record.reason else ""
+    inp = RecordEventInput(
+        targets=[target],
+        reason="SickbayPaused" if paused else "SickbayResumed",
+        message=(
+            f"cluster paused by {record.actor}{why}; nothing new is quarantined, evicted, "
+            "scaled or repaired until `sickbay resume`"
+            if paused
+            else f"cluster resumed by {record.actor}{why}; held remediations go on"
+        )
+        + f" (budget {budget_id})",
+        type="Warning" if paused else "Normal",
+        workflow_id=budget_id,
+    )
+    token = f"pause|{budget_id}|{record.action}|{record.at.isoformat()}|{record.actor}"
+    record_events(kube, inp, token=token)

@@ -2,7 +2,12 @@
 (early, while the evidence is still coming: `ask_lease`); over budget or budget unreachable,
 the remediation escalates once and waits for a slot: it retries every minute (then every 5),
 woken at once when the budget frees a slot of its pool, and ends the wait on repaired, alert
-resolved + Healthy, or abort. A wait of days continues-as-new and confirms afresh."""
+resolved + Healthy, or abort. A wait of days continues-as-new and confirms afresh.
+
+A paused cluster (`sickbay pause`: the budget refuses with the pause) is not over budget: the
+remediation records who paused it and why ("not quarantined"), shows it in its details and the
+`SickbayPaused` search attribute, sends no page, and waits for the resume (the budget wakes
+every held remediation), repaired, alert resolved + Healthy, or abort."""
 
 from __future__ import annotations
 
@@ -13,7 +18,12 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from contract.base import format_duration
-    from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
+    from contract.budget import (
+        BudgetDecision,
+        BudgetLeaseRequest,
+        BudgetPause,
+        BudgetReleaseRequest,
+    )
     from contract.kube import CheckHealthInput, CountDevicesInput, DeviceCounts, ResolvedDevice
     from contract.remediation import Phase
     from contract.runbook import BudgetPolicy, EscalationReason, Runbook
@@ -31,6 +41,7 @@ BUDGET_RETRY_LATER = timedelta(minutes=5)
 BUDGET_RETRY_SWITCH = 60
 BUDGET_RECOUNT_EVERY = 5  # waiting: count devices again on every 5th lease retry
 BUDGET_AWAITING = "a budget slot, repaired, alert resolved + Healthy, or abort"
+PAUSE_AWAITING = "sickbay resume, repaired, alert resolved + Healthy, or abort"
 
 
 class EarlyLease(NamedTuple):
@@ -64,6 +75,7 @@ async def _acquire_lease(
     counts: DeviceCounts | None = None
     # A run continued from a long wait goes on at the slower pace.
     resumed = s.inp.resume is not None and s.inp.resume.waiting_for_budget
+    paged = False
     while True:
         tries += 1
         # Retries while waiting reuse the device counts (two cluster-wide lists) except after
@@ -75,8 +87,9 @@ async def _acquire_lease(
         # request was answered is for the next try (it stays set).
         s.budget_freed = s.budget_freed and early is not None and tries == 1
         kind: EscalationReason
+        paused: BudgetPause | None = None
         try:
-            granted, kind, why, counts = await _try_lease(
+            granted, kind, why, counts, paused = await _try_lease(
                 r, device, runbook, counts, early if tries == 1 else None
             )
         except ACTIVITY_FAILED as err:
@@ -84,9 +97,25 @@ async def _acquire_lease(
             # limit under a storm, server down): never fail the run, escalate and retry.
             granted, kind, counts = False, "error", None
             why = f"budget service unavailable: {error_text(err)}; device NOT tainted"
+        was_paused = s.status.paused is not None
+        s.status.paused = paused.describe() if paused is not None else None
+        if was_paused and paused is None:
+            j.log("cluster resumed", actor="sickbay-budget", reason="asking for the lease again")
         if granted:
+            if s.sa_paused:
+                j.upsert()  # SickbayPaused cleared at once, not at the next durable wait
             return None
-        if tries == 1:
+        if paused is not None:
+            # Not over budget: held by people on purpose. Recorded (who, why), never paged.
+            j.log(
+                "held: cluster paused",
+                actor=paused.actor,
+                outcome="no taint",
+                reason=f"{paused.describe()}; not quarantined",
+                replace_same=was_paused,
+            )
+        elif not paged:
+            paged = True
             j.log(
                 "budget denied" if kind != "error" else "budget unavailable",
                 outcome="no taint",
@@ -110,10 +139,13 @@ async def _acquire_lease(
                 replace_same=True,
             )
         first = tries < BUDGET_RETRY_SWITCH and not resumed
-        interval = BUDGET_RETRY_FIRST if first else BUDGET_RETRY_LATER
+        # Paused: the resume wakes this run at once; the slower retry is only the backstop.
+        interval = BUDGET_RETRY_FIRST if first and paused is None else BUDGET_RETRY_LATER
         j.enter(
-            Phase.ESCALATED,
-            awaiting=BUDGET_AWAITING,
+            Phase.ESCALATED if paused is None else Phase.GUARDING,
+            awaiting=BUDGET_AWAITING
+            if paused is None
+            else f"{PAUSE_AWAITING} (cluster {paused.describe()})",
             until=interval,
             next_action=f"ask the budget for a lease again (try {tries + 1})",
         )
@@ -126,9 +158,10 @@ async def _acquire_lease(
             )
         except TimeoutError:
             pass
-        if s.budget_freed and s.repaired is None:
+        if s.budget_freed and s.repaired is None and paused is None:
             j.log("budget slot freed", actor="sickbay-budget", reason="retrying now")
         if s.repaired is not None:
+            s.status.paused = None
             await resolve_page(r, "repaired while waiting for budget")
             return Closed(
                 "not-quarantined",
@@ -138,6 +171,7 @@ async def _acquire_lease(
         if s.resolved_pending:
             s.resolved_pending = False
             if await healthy_now(r):
+                s.status.paused = None
                 await resolve_page(r, "alert resolved, device Healthy")
                 return Closed(
                     "not-quarantined",
@@ -190,6 +224,8 @@ def _lease_refusal(r: Remediation, device: ResolvedDevice, asked: EarlyLease) ->
     decision, counts = asked.decision, asked.counts
     assert decision is not None and counts is not None
     pool_limit, cluster_limit = asked.pool_limit, asked.cluster_limit
+    if not decision.granted and decision.paused is not None:
+        return f"cluster {decision.paused.describe()}; device NOT tainted"
     if not decision.granted:
         return (
             f"blast-radius budget exhausted: {decision.reason} (pool {device.node_pool}: "
@@ -211,19 +247,22 @@ async def _try_lease(
     runbook: Runbook,
     counts: DeviceCounts | None = None,
     asked: EarlyLease | None = None,
-) -> tuple[bool, EscalationReason, str, DeviceCounts]:
-    """(granted, escalation kind, why not, the counts used); raises when the budget cannot
-    be reached. `counts` given: reused instead of counting again; `asked` given: the answer
+) -> tuple[bool, EscalationReason, str, DeviceCounts, BudgetPause | None]:
+    """(granted, escalation kind, why not, the counts used, the pause that refused it);
+    raises when the budget cannot be reached. `counts` given: reused instead of counting again; `asked` given: the answer
     of a request already made (concurrent confirm)."""
     if asked is None:
         asked = await ask_lease(r, device, runbook, counts)
     if asked.error is not None:
         raise asked.error
-    assert asked.counts is not None
+    assert asked.counts is not None and asked.decision is not None
     why = _lease_refusal(r, device, asked)
     if why is not None:
-        return False, "budget-exhausted", why, asked.counts
-    return True, "budget-exhausted", "", asked.counts
+        return False, "budget-exhausted", why, asked.counts, asked.decision.paused
+    # A lease kept across a continue-as-new is granted again while paused: the pause comes
+    # with it, so the steps after the quarantine hold (workflows/remediation/pause.py).
+    r.s.cluster_pause = asked.decision.paused
+    return True, "budget-exhausted", "", asked.counts, None
 
 
 async def release_lease(r: Remediation) -> None:

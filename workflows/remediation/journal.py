@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
         SA_ESCALATION,
         SA_NODE,
         SA_OUTCOME,
+        SA_PAUSED,
         SA_PHASE,
         SA_WORKLOAD_CLASS,
         WF_REMEDIATE,
@@ -46,6 +47,7 @@ SA_PHASE_KEY = SearchAttributeKey.for_keyword(SA_PHASE)
 SA_OUTCOME_KEY = SearchAttributeKey.for_keyword(SA_OUTCOME)
 SA_ESCALATION_KEY = SearchAttributeKey.for_keyword(SA_ESCALATION)
 SA_CLUSTER_KEY = SearchAttributeKey.for_keyword(SA_CLUSTER)
+SA_PAUSED_KEY = SearchAttributeKey.for_keyword(SA_PAUSED)
 
 # Owner kinds Events are written on, with the API version `kubectl describe` reads them in.
 OWNER_API_VERSIONS = {
@@ -202,6 +204,8 @@ class Journal:
             lines.append(f"next: {st.next_action}")
         if st.escalation_reason:
             lines.append(f"escalated: {st.escalation_reason}")
+        if st.paused:
+            lines.append(f"held: cluster {st.paused}")
         if st.runbook:
             lines.append(f"runbook: {st.runbook}, failure class {st.failure_class or '?'}")
         if st.outcome:
@@ -211,9 +215,16 @@ class Journal:
     def upsert(self) -> None:
         """Search attributes, only at durable waits and at the end (one event each)."""
         s, st = self._s, self._s.status
-        if s.sa_phase is st.phase:
+        paused = st.paused is not None and st.phase is not Phase.CLOSED
+        if s.sa_phase is st.phase and s.sa_paused == paused:
             return
         pairs: list[SearchAttributePair[str]] = [SearchAttributePair(SA_PHASE_KEY, st.phase.value)]
+        updates = []
+        if paused or s.sa_paused:  # "paused" while held by a pause; unset once it goes on
+            updates.append(
+                SA_PAUSED_KEY.value_set("paused") if paused else SA_PAUSED_KEY.value_unset()
+            )
+            s.sa_paused = paused
         if st.escalation_reason:
             pairs.append(SearchAttributePair(SA_ESCALATION_KEY, st.escalation_reason))
         if st.outcome:
@@ -226,7 +237,7 @@ class Journal:
                 pairs.append(SearchAttributePair(SA_NODE_KEY, st.node))
         if st.workload_class:
             pairs.append(SearchAttributePair(SA_WORKLOAD_KEY, st.workload_class))
-        workflow.upsert_search_attributes([p.key.value_set(p.value) for p in pairs])
+        workflow.upsert_search_attributes([p.key.value_set(p.value) for p in pairs] + updates)
         s.sa_phase = st.phase
 
     # ------------------------------------------------------------ begin and end ------------

@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation.calls import ACTIVITY_FAILED, error_text
     from workflows.remediation.context import Remediation
     from workflows.remediation.outcome import Escalation
+    from workflows.remediation.pause import hold_while_paused
 
 # After forcing, how long the pods get to go before we escalate.
 FORCE_GRACE = timedelta(minutes=2)
@@ -210,9 +211,11 @@ async def evict(r: Remediation, pods: list[PodRef]) -> Escalation | None:
         if _still_blocked(blocked, report) and not forcing:
             return _blocked(r, blocked, report, started)
         # Backstop: NoExecute deletes pods regardless of budgets (none blocks, or forced).
+        await hold_while_paused(r, "NoExecute backstop")
         s.quarantine = await apply_quarantine(r, "NoExecute", "NoExecute backstop")
         report = await _wait_eviction(r, report.remaining, FORCE_GRACE)
     if report.remaining and policy.force in ("eviction-api", "delete"):
+        await hold_while_paused(r, f"forced eviction ({policy.force})")
         blocked = await _evict_pods(
             r,
             report.remaining,

@@ -89,6 +89,7 @@ with workflow.unsafe.imports_passed_through():
         repair_allowed,
     )
     from workflows.remediation.outcome import Closed, Escalation
+    from workflows.remediation.pause import hold_while_paused
     from workflows.remediation.quarantine import wait_gone, waited
 
 # A Job's timeout is a workflow timer raced against the poll (the step after it starts when
@@ -206,6 +207,7 @@ async def repair(r: Remediation) -> Escalation | Closed | None:
     results: list[str] = []
     for attempt, action in enumerate(rungs, start=1):
         s.status.repair_rung, s.status.repair_attempt = action, attempt
+        await hold_while_paused(r, f"repair rung {action}")
         try:
             done = await _RUNGS[action](r, attempt)
         except ACTIVITY_FAILED as err:
@@ -479,6 +481,12 @@ async def _extend_budget(r: Remediation, gpus: int, what: str) -> Escalation | N
             gpus=gpus,
         )
     )
+    if not decision.granted and decision.paused is not None:
+        # Paused since the check before this rung (the notice may still be on its way): hold
+        # without a page, then ask again.
+        s.cluster_pause = decision.paused
+        await hold_while_paused(r, f"the {what}")
+        return await _extend_budget(r, gpus, what)
     if not decision.granted:
         return Escalation(
             "budget-exhausted",

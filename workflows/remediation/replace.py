@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation.calls import ACTIVITY_FAILED, Aborted, error_text, error_type
     from workflows.remediation.context import Remediation
     from workflows.remediation.outcome import Escalation
+    from workflows.remediation.pause import hold_while_paused
     from workflows.remediation.quarantine import apply_quarantine, evict, to_evict
 
 
@@ -333,6 +334,7 @@ async def _scale_up(r: Remediation, owners: list[OwnerRef]) -> ReplacementReport
         if refused is not None:  # timed out and the runbook says abort: no scale-up
             return Escalation("approval-timeout", f"scale-up not approved: {refused.reason}")
         j.enter(Phase.SCALING, awaiting="node-pool capacity")
+    await hold_while_paused(r, f"scale-up of pool {pool.name}")
     wf_id = s.workflow_id
     try:
         result = await r.act.request_capacity(

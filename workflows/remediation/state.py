@@ -16,6 +16,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from contract.budget import BudgetPause
     from contract.kube import (
         Consumer,
         DeviceRef,
@@ -81,6 +82,7 @@ class RemediationState:
     # The effect of the rule as last applied (NoSchedule in mode eviction-api until its
     # backstop): under NoSchedule one replacement bound to the device is churn.
     rule_effect: str = "NoExecute"
+    sa_paused: bool = False  # SickbayPaused last written as "paused"
     health_only: bool = False  # holding under release.mode healthy-cooldown
     undoing: bool = False  # set once an abort is being handled: undo steps run to the end
     # The running replacement wait: its deadline (a durable timer; `extend-deadline` moves
@@ -105,6 +107,8 @@ class RemediationState:
     decision: ApprovalDecision | None = None
     resolved_pending: bool = False  # an alert-resolved not yet checked against health
     budget_freed: bool = False  # set by the budget workflow's wake-up signal
+    # The cluster's pause, told by the budget workflow to its lease holders (`cluster-paused`)
+    cluster_pause: BudgetPause | None = None
     # (claimed actor, Temporal client identity) of the abort / repaired / decision.
     sent: dict[str, tuple[str, str]] = field(default_factory=dict)
     # "verified user X (via ...)" of the abort / repaired / decision sent by a verified actor.

@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
 
 with workflow.unsafe.imports_passed_through():
     from contract.base import input_problems
+    from contract.budget import PauseNotice
     from contract.errors import ERR_UNVERIFIED_ACTOR
     from contract.ledger import UnretireNotice
     from contract.names import (
@@ -43,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         SIG_ALERT_RESOLVED,
         SIG_ALERTS,
         SIG_BUDGET_FREED,
+        SIG_CLUSTER_PAUSED,
         SIG_GPU_UNRETIRED,
         SIG_REPAIRED,
         UPD_APPROVE,
@@ -204,6 +206,16 @@ class DeviceRemediationWorkflow:
     def budget_freed(self) -> None:
         """From sickbay-budget: a slot freed while this remediation waits for one."""
         self._r.s.budget_freed = True
+
+    @workflow.signal(
+        name=SIG_CLUSTER_PAUSED,
+        description="internal: sent by the sickbay-budget workflow on `sickbay pause` / "
+        "`sickbay resume`; not for people",
+    )
+    def cluster_paused(self, notice: PauseNotice) -> None:
+        """From sickbay-budget: the cluster is paused (hold before the next eviction force,
+        scale-up or repair rung) or resumed (no pause)."""
+        self._r.s.cluster_pause = notice.pause
 
     @workflow.signal(
         name=SIG_GPU_UNRETIRED,

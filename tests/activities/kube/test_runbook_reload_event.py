@@ -147,3 +147,34 @@ def test_the_reload_metrics(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_pause_and_resume_events_land_on_the_cluster_configmap(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from activities.kube.events import report_pause
+    from contract.budget import PauseRecord
+    from contract.names import CLUSTER_CONFIGMAP
+
+    at = datetime(2026, 12, 5, 8, 0, tzinfo=UTC)
+    paused = PauseRecord(action="pause", actor="alice", reason="driver rollout", at=at)
+    resumed = PauseRecord(action="resume", actor="bob", at=at.replace(minute=30))
+    with twin(tmp_path, "1.36") as t:
+        kube = t.acts.kube
+        kube.core.create_namespace({"metadata": {"name": "sickbay"}})
+        cm = kube.core.create_namespaced_config_map(
+            "sickbay", {"metadata": {"name": CLUSTER_CONFIGMAP}, "data": {"name": "c1"}}
+        )
+        for _ in range(2):  # two replicas (or a restart) posting the same record: one Event
+            report_pause(kube, "sickbay", paused, budget_id="sickbay-c1-budget")
+        report_pause(kube, "sickbay", resumed, budget_id="sickbay-c1-budget")
+        events = kube.core.list_namespaced_event(
+            "sickbay", field_selector=f"involvedObject.name={CLUSTER_CONFIGMAP}"
+        ).items
+    by_reason = {e.reason: e for e in events}
+    assert len(events) == 2 and set(by_reason) == {"SickbayPaused", "SickbayResumed"}
+    pause_event = by_reason["SickbayPaused"]
+    assert pause_event.type == "Warning" and pause_event.involved_object.uid == cm.metadata.uid
+    assert "paused by alice: driver rollout" in pause_event.message
+    assert by_reason["SickbayResumed"].type == "Normal"
+    assert "resumed by bob" in by_reason["SickbayResumed"].message
