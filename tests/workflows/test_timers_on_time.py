@@ -1,40 +1,40 @@
 """Every runbook timer acts on time: the step after it starts when it fires, whatever the
 activity it stopped is doing, and the escalation states the time really waited.
 
-Time-skipping server, no wall-clock assertion: times are the server's (history event times,
-timeline entries). The fakes model the real activities in server time: a watch heartbeats
-until cancelled, and its cancel may arrive late (the real one learns of it with its next
-heartbeat, up to 0.8 x the 60 s heartbeat timeout later); evict-pods retries a budget's
-refusal for `retry_blocked_for`; the eviction wait ends at its own deadline.
+Two kinds of proof. Where the activity the timer races keeps running, the real dev server
+and real time: the fake never ends by itself (it ignores its cancel until the test releases
+it), so the step after the timer can only have been started by the workflow's timer, while
+the activity still ran; the assertions are on order (history events), never on how fast.
+Where nothing runs during the timer, the time-skipping server and its exact times.
 
 Cases:
-- Pending deadline: the watch's cancel arrives 2 minutes late; the look at the pods is
-  scheduled within 1 s of the timer firing, and the escalation says `waited 5m`;
-- (the capacity deadline is the same timer and race, in the same function, after a
-  scale-up: `replace._wait_replacement`);
-- eviction timeout (mode eviction-api, `timeout: 20s`, `force: none`, a budget refusing the
-  eviction): the escalation comes 20 s after the evictions began, not 2 min 20 s, and says
-  `after 20s`;
-- repair rung (reset Job) and validation timeouts: the Job still running (its poll answering
-  "still running" every 5 s), the rung fails when the timeout's timer fires, not a minute
-  later (the poll's schedule-to-close);
-- approval timeout: the escalation follows the timer at once.
+- Pending deadline (`3s`): the escalation comes while the watch of the replacement still
+  runs; the look at the pods is scheduled after the timer fired and before the watch ended;
+  the escalation says `waited Ns` with N at least the deadline (the capacity deadline is the
+  same timer and race, in the same function, after a scale-up: `replace._wait_replacement`);
+- eviction timeout (mode eviction-api, `timeout: 3s`, `force: none`, a budget refusing the
+  eviction): evict-pods retries the refusal for exactly the timeout, the refused pod is not
+  waited for (such a wait never ends here), the escalation says `after Ns` and names the
+  budget;
+- repair rung (reset Job) and validation timeouts (time-skipping): the Job still running (its
+  poll answering "still running" every 5 s), the rung fails when the timeout's timer fires,
+  not a minute later (the poll's schedule-to-close);
+- approval timeout (time-skipping): the escalation follows the timer at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import google.protobuf.empty_pb2
 import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.api.testservice.v1 import LockTimeSkippingRequest, UnlockTimeSkippingRequest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -52,7 +52,6 @@ from contract.kube import (
 )
 from contract.names import (
     ACT_EVICT_PODS,
-    ACT_WAIT_EVICTION,
     ACT_WAIT_REPAIR_JOB,
     ACT_WAIT_REPLACEMENT,
     QRY_STATUS,
@@ -75,104 +74,69 @@ from tests.workflows.repair_fakes import RepairScript, repair_activities
 from tests.workflows.test_remediation import with_spec
 from tests.workflows.test_repair import runbooks as repair_runbooks
 
-LATE = timedelta(minutes=2)  # how late a cancel reaches the activity in these tests
 ON_TIME = timedelta(seconds=1)
 
 
 @dataclass
 class Clock:
-    """What the fakes share with the test: which activities ignore a cancel until released."""
+    """What the fakes share with the test: the watches hold until the test releases them."""
 
-    late_from: int = 0  # the n-th (0-based) watch / Job poll on ignores its cancel for now
     released: bool = False
     started: int = 0
     ended: int = 0
     cancels_ignored: int = 0
-    calls: list[str] = field(default_factory=list)
+    retry_blocked_for: list[timedelta] = field(default_factory=list)
 
 
-async def _server_now() -> datetime:
-    resp = await activity.client().test_service.get_current_time(google.protobuf.empty_pb2.Empty())
-    return resp.time.ToDatetime().replace(tzinfo=UTC)
-
-
-def _began() -> datetime:
-    """When this attempt was scheduled (server time): the real activity's clock starts then,
-    give or take the milliseconds a worker takes to pick it up."""
-    return activity.info().current_attempt_scheduled_time.astimezone(UTC)
-
-
-@contextlib.asynccontextmanager
-async def _time_given_back() -> AsyncIterator[None]:
-    """An activity that waits gives back its hold on the server's clock (as fakes.py's watch
-    does), so the test's `env.sleep` moves time while it runs; taken back before it ends."""
-    service = activity.client().test_service
-    await service.unlock_time_skipping(UnlockTimeSkippingRequest())
-    try:
-        yield
-    finally:
-        details = activity.cancellation_details()
-        if not (details and (details.not_found or details.timed_out)):
-            await service.lock_time_skipping(LockTimeSkippingRequest())
-
-
-async def _hold(clock: Clock, until: datetime | None = None, late: bool = False) -> bool:
-    """Heartbeat until server time reaches `until` (True), or until cancelled (raises); with
-    `late`, a cancel is ignored until the test releases it (it "arrives" then)."""
-    cancelled = False
-    while True:
+async def _held(clock: Clock) -> None:
+    """Heartbeat until the test releases the activity: a cancel that reaches it before
+    then is ignored (it "arrives late"), so the activity never ends by itself."""
+    while not clock.released:
         try:
             activity.heartbeat()
-            if until is not None and await _server_now() >= until:
-                return True
-            if cancelled and clock.released:
-                raise asyncio.CancelledError()
             await asyncio.sleep(0.02)
         except asyncio.CancelledError:
-            if not late or clock.released:
-                raise
-            if not cancelled:
-                clock.cancels_ignored += 1
-            cancelled = True
+            clock.cancels_ignored += 1
 
 
 def watch(clock: Clock) -> Any:
-    """wait-for-replacement: the watch sees Pending until cancelled; a look says Pending."""
+    """wait-for-replacement: the watch sees Pending until released; a look says Pending."""
 
     @fake_of(KubeActivities.wait_for_replacement)
     async def wait_replacement(req: WaitReplacementInput) -> ReplacementReport:
-        clock.calls.append(ACT_WAIT_REPLACEMENT)
         if req.look_once:
             return ReplacementReport(status="pending", unschedulable_message="0/2 nodes")
-        n, clock.started = clock.started, clock.started + 1
+        clock.started += 1
         try:
-            async with _time_given_back():
-                await _hold(clock, late=n >= clock.late_from)
+            await _held(clock)
         finally:
             clock.ended += 1
-        raise AssertionError("the watch never ends by itself here")
+        raise asyncio.CancelledError()
 
     return wait_replacement
 
 
 def eviction(clock: Clock, budget: str) -> list[Any]:
-    """evict-pods refused by a budget for its whole `retry_blocked_for` (server time), and
-    the eviction wait watching until its own deadline."""
+    """evict-pods refused by a budget for its whole `retry_blocked_for` (real time, as the
+    real activity retries), and an eviction wait that never ends by itself."""
 
     @fake_of(KubeActivities.evict_pods)
     async def evict(req: EvictPodsInput) -> EvictPodsResult:
-        clock.calls.append(ACT_EVICT_PODS)
         if req.retry_blocked_for:
-            async with _time_given_back():
-                await _hold(clock, until=_began() + req.retry_blocked_for)
+            clock.retry_blocked_for.append(req.retry_blocked_for)
+            began = activity.info().current_attempt_scheduled_time.astimezone(UTC)
+            while datetime.now(UTC) < began + req.retry_blocked_for:
+                activity.heartbeat()
+                await asyncio.sleep(0.05)
         return EvictPodsResult(blocked=req.pods, budgets=[budget], attempts=4)
 
     @fake_of(KubeActivities.wait_for_eviction)
     async def wait_eviction(req: WaitEvictionInput) -> EvictionReport:
-        clock.calls.append(ACT_WAIT_EVICTION)
-        if req.timeout > timedelta(0):
-            async with _time_given_back():
-                await _hold(clock, until=_began() + req.timeout)
+        clock.started += 1
+        try:
+            await _held(clock)
+        finally:
+            clock.ended += 1
         return EvictionReport(remaining=req.pods, timed_out=True)
 
     return [evict, wait_eviction]
@@ -185,7 +149,6 @@ def job_poll(clock: Clock, hangs: str) -> Any:
 
     @fake_of(KubeRepairActivities.wait_for_repair_job)
     async def wait_for_repair_job(req: WaitRepairJobInput) -> RepairJobOutcome:
-        clock.calls.append(ACT_WAIT_REPAIR_JOB)
         if f"-{hangs}-" in req.job_name:
             raise ApplicationError(f"Job {req.job_name} still running", type=ERR_STILL_WAITING)
         return RepairJobOutcome(passed=True, summary="Diagnostic | PASS")
@@ -266,66 +229,82 @@ def replacement_runbooks(**spec: Any) -> list[Runbook]:
     ]
 
 
-@pytest.mark.parametrize(
-    ("spec", "late_from", "reason", "waited"),
-    [
-        (
-            {"replacement": {"pendingDeadline": "5m"}, "scaleUp": {"enabled": False}},
-            0,
-            "pending-deadline",
-            "waited 5m",
-        ),
-    ],
-    ids=["pending-deadline"],
-)
-async def test_replacement_deadline_acts_when_its_timer_fires(
-    time_skipping_env: WorkflowEnvironment,
-    spec: dict[str, Any],
-    late_from: int,
-    reason: str,
-    waited: str,
-) -> None:
-    env, client = time_skipping_env, time_skipping_env.client
-    clock = Clock(late_from=late_from)
-    world = FakeWorld(runbooks=replacement_runbooks(**spec))
+async def until_done(
+    handle: Any,
+    done: Callable[[RemediationStatus, list[TimelineEntry]], bool],
+    limit: timedelta = timedelta(seconds=60),
+) -> tuple[RemediationStatus, list[TimelineEntry]]:
+    """Real time (the dev server): query the run until `done`; fail after `limit`."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + limit.total_seconds()
+    while True:
+        status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+        entries = await handle.query(QRY_TIMELINE, result_type=list[TimelineEntry])
+        if done(status, entries):
+            return status, entries
+        assert loop.time() < give_up, f"not done after {limit}: {status.phase} {entries[-3:]}"
+        await asyncio.sleep(0.2)
+
+
+def closed(history: Any, scheduled_event: Any) -> list[Any]:
+    """The events that end the activity scheduled by `scheduled_event`."""
+    ends = {
+        EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: "activity_task_completed_event_attributes",
+        EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: "activity_task_failed_event_attributes",
+        EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: "activity_task_timed_out_event_attributes",
+        EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: "activity_task_canceled_event_attributes",
+    }
+    return [
+        e
+        for e in history.events
+        if e.event_type in ends
+        and getattr(e, ends[e.event_type]).scheduled_event_id == scheduled_event.event_id
+    ]
+
+
+async def test_replacement_deadline_acts_when_its_timer_fires(dev_env: WorkflowEnvironment) -> None:
+    """`pendingDeadline: 3s` (real time, the dev server). The watch of the replacement never
+    ends by itself and ignores its cancel until the test releases it: the escalation can only
+    come from the workflow's own timer, while the watch still runs."""
+    client = dev_env.client
+    clock = Clock()
+    world = FakeWorld(
+        runbooks=replacement_runbooks(
+            replacement={"pendingDeadline": "3s", "unsafe": ["pendingDeadline"]},
+            scaleUp={"enabled": False},
+        )
+    )
     async with new_worker(client, world, [watch(clock)]) as worker:
         handle = await start(client, worker, world)
-        # The deadline fires; the late watch still runs for LATE after it: time moves on.
-        status, _ = await drive(
-            env,
-            handle,
-            holding_or_escalated,
-            step=timedelta(minutes=1),
-            limit=timedelta(minutes=20),
-        )
-        await drive(env, handle, lambda *_: False, step=timedelta(seconds=30), limit=LATE)
-        clock.released = True  # the cancel "arrives"
-        status, entries = await drive(
-            env, handle, holding_or_escalated, step=timedelta(seconds=1), limit=timedelta(minutes=1)
-        )
-        history = await handle.fetch_history()
-        # Every watch has taken back its hold on the clock before the run goes: a watch of a
-        # terminated run would leave the session's clock held and stop time for later tests.
-        for _ in range(3000):  # at most ~60 s
-            if clock.ended >= clock.started:
-                break
-            await asyncio.sleep(0.02)
-        await handle.terminate("test over")
+        try:
+            status, entries = await until_done(handle, holding_or_escalated)
+            still_watching = clock.started - clock.ended
+            history = await handle.fetch_history()
+        finally:
+            clock.released = True  # the cancel "arrives"; the watch ends
+            with contextlib.suppress(Exception):
+                await handle.terminate("test over")
+    assert still_watching == 1, "the escalation waited for the watch to end"
     watches = scheduled(history, ACT_WAIT_REPLACEMENT)
-    late_watch, look = watches[2 * late_from], watches[2 * late_from + 1]
-    fired = fired_after(history, late_watch)
-    assert clock.cancels_ignored >= 1  # the cancel did reach the watch late
-    assert at(look) - at(fired) < ON_TIME, f"look {at(look) - at(fired)} after the timer"
-    assert status.escalation_reason == reason
-    assert waited in entry(entries, "escalate").reason
-    assert entry(entries, "escalate").at - at(fired) < ON_TIME
+    the_watch, look = watches[0], watches[1]
+    fired = fired_after(history, the_watch)
+    assert fired.event_id < look.event_id
+    assert not [e for e in closed(history, the_watch) if e.event_id < look.event_id]
+    assert status.escalation_reason == "pending-deadline"
+    escalated = entry(entries, "escalate")
+    took = re.search(r"waited (\d+)s", escalated.reason)
+    assert took and int(took.group(1)) >= 3, escalated.reason
+    assert escalated.at >= at(fired)
 
 
 async def test_eviction_timeout_escalates_on_time_saying_how_long(
-    time_skipping_env: WorkflowEnvironment,
+    dev_env: WorkflowEnvironment,
 ) -> None:
-    """`timeout: 20s`, `force: none`, a budget refusing the eviction all along."""
-    env, client = time_skipping_env, time_skipping_env.client
+    """`timeout: 3s`, `force: none`, a budget refusing the eviction all along (real time):
+    evict-pods retries the refusal for the timeout, and the escalation follows it. A wait for
+    the refused pod would never end here (the fake holds until released): the escalation
+    comes without one."""
+    client = dev_env.client
     clock = Clock()
     budget = "serving/llm: The disruption budget llm needs 1 healthy pods and has 1 currently"
     world = FakeWorld(
@@ -333,7 +312,7 @@ async def test_eviction_timeout_escalates_on_time_saying_how_long(
             "inference",
             eviction={
                 "mode": "eviction-api",
-                "timeout": "20s",
+                "timeout": "3s",
                 "force": "none",
                 "unsafe": ["timeout"],
             },
@@ -343,24 +322,24 @@ async def test_eviction_timeout_escalates_on_time_saying_how_long(
     )
     async with new_worker(client, world, eviction(clock, budget)) as worker:
         handle = await start(client, worker, world)
-        status, entries = await drive(
-            env,
-            handle,
-            holding_or_escalated,
-            first=timedelta(seconds=20),  # evict-pods' retries end at the timeout
-            step=timedelta(milliseconds=250),
-            limit=timedelta(minutes=1),
-        )
-        history = await handle.fetch_history()
-        await handle.terminate("test over")
+        try:
+            status, entries = await until_done(handle, holding_or_escalated)
+            history = await handle.fetch_history()
+        finally:
+            clock.released = True
+            with contextlib.suppress(Exception):
+                await handle.terminate("test over")
     (began,) = scheduled(history, ACT_EVICT_PODS)
+    assert clock.retry_blocked_for == [timedelta(seconds=3)]
+    assert clock.started == 0, "the refused pod was waited for"
     escalated = entry(entries, "escalate")
     assert status.escalation_reason == "eviction-timeout"
-    took = escalated.at - at(began)
-    assert timedelta(seconds=20) <= took < timedelta(seconds=20) + ON_TIME, took
-    assert "PodDisruptionBudget blocks eviction after 20s (eviction timeout 20s" in (
-        escalated.reason
+    assert escalated.at - at(began) >= timedelta(seconds=3)
+    took = re.search(
+        r"PodDisruptionBudget blocks eviction after (\d+)s \(eviction timeout 3s",
+        (escalated.reason),
     )
+    assert took and int(took.group(1)) >= 3, escalated.reason
     assert "llm needs 1 healthy pods" in escalated.reason
 
 
