@@ -179,7 +179,7 @@ class GpuLedgerWorkflow:
                 "driver taint or failed validation): nothing else counts"
             )
         if req.window <= timedelta(0):
-            raise ValueError(f"lemons window {req.window} must be positive")
+            raise ValueError(f"lemons window {format_duration(req.window)} must be positive")
 
     @workflow.update(name=UPD_LEDGER_REPAIR)
     def record_repair(self, req: RecordRepairInput) -> LedgerDecision:

@@ -46,6 +46,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from contract.base import format_duration
     from contract.capacity import (
         CapacityRequest,
         CapacityResult,
@@ -398,7 +399,7 @@ class PoolScalerWorkflow:
                             current_size=current,
                             operation=result.operation.id,
                             message=f"resize to {result.target_size} still running after "
-                            f"{inp.operation_timeout}",
+                            f"{format_duration(inp.operation_timeout)}",
                         ),
                     )
                     return

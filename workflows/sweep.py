@@ -29,6 +29,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from contract.base import format_duration
     from contract.kube import DeviceRef
     from contract.launch import LaunchRequest, LaunchResult
     from contract.names import (
@@ -169,7 +170,7 @@ class HealthSweepWorkflow:
                 if current.health == "Unknown":
                     current = current.model_copy(
                         update={
-                            "message": f"{current.message} (Unknown for over {inp.unknown_timeout})"
+                            "message": f"{current.message} (Unknown for over {format_duration(inp.unknown_timeout)})"
                         }
                     )
                 late.append(current)

@@ -160,7 +160,7 @@ async def test_unknown_rechecked_after_timeout(time_skipping_env: WorkflowEnviro
     assert not req2.check_nodes and not req2.check_slice_taints
     assert t2 - t1 >= timedelta(minutes=7)
     assert [r.remediation.device.key for r in stubs.launches] == ["n1/GPU-n1-0"]
-    assert "Unknown for over" in stubs.launches[0].remediation.reason
+    assert "(Unknown for over 7m)" in stubs.launches[0].remediation.reason
     assert result.unknown_cleared == ["n1/GPU-n1-1"]
 
 

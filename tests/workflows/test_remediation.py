@@ -196,6 +196,8 @@ async def test_healthy_for_cooldown_releases(time_skipping_env: WorkflowEnvironm
         result = await handle.result()  # time skips through the 5m checks and 30m cool-down
     assert result.outcome == "released"
     assert "healthy for the cool-down" in actions(result.timeline)
+    healthy = next(e for e in result.timeline if e.action == "device Healthy")
+    assert healthy.reason == "cool-down 30m starts"  # a duration as people write it
     checks = world.args(ACT_CHECK_HEALTH)
     assert 7 <= len(checks) <= 8  # 30m cool-down at a 5m interval: first Healthy + 6 more
     assert ACT_RELEASE_QUARANTINE in world.names()

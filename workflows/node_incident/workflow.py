@@ -34,6 +34,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from contract.base import format_duration
     from contract.budget import BudgetLeaseRequest, BudgetReleaseRequest
     from contract.capacity import NodePoolTarget
     from contract.kube import (
@@ -495,7 +496,10 @@ class NodeIncidentWorkflow:
                 )
             )
         except ACTIVITY_FAILED as err:
-            self._log(f"node not back after the {action} within {rung.timeout}", _why(err))
+            self._log(
+                f"node not back after the {action} within {format_duration(rung.timeout)}",
+                _why(err),
+            )
             return False
         if action == "replace" and back.node != inp.node:
             self._log("replaced", f"new node {back.node} with {len(back.gpu_uuids)} GPU(s)")

@@ -66,7 +66,9 @@ async def hold_and_release(r: Remediation) -> Closed:
         if health.health == "Healthy":
             if s.healthy_since is None:
                 s.healthy_since = now
-                j.log("device Healthy", reason=f"cool-down {release.cooldown} starts")
+                j.log(
+                    "device Healthy", reason=f"cool-down {format_duration(release.cooldown)} starts"
+                )
             if now - s.healthy_since >= release.cooldown:
                 j.log("healthy for the cool-down", outcome=str(release.cooldown))
                 return await _release(r, by_health=True)
@@ -88,7 +90,7 @@ def note_repair(r: Remediation) -> None:
         actor=s.repaired.actor,
         client_identity=s.sent["repaired"][1],
         reason="release.mode healthy-cooldown: released once Healthy for "
-        f"{s.spec.release.cooldown}",
+        f"{format_duration(s.spec.release.cooldown)}",
     )
 
 

@@ -165,14 +165,14 @@ def describe(r: Remediation) -> list[str]:
         if action == "reset":
             out.append(
                 f"reset GPU {device.gpu_uuid} (with its reset group) on {device.node} by a "
-                f"privileged Job ({rung.timeout} timeout), once nothing holds it"
+                f"privileged Job ({format_duration(rung.timeout)} timeout), once nothing holds it"
             )
         else:
             pool = _pool(r)
             who = f"provider {pool.provider}" if pool else "no provider (escalate)"
             out.append(
                 f"{action} node {device.node} through {who} after draining it "
-                f"(PodDisruptionBudgets honoured), wait {rung.timeout} for its GPUs"
+                f"(PodDisruptionBudgets honoured), wait {format_duration(rung.timeout)} for its GPUs"
             )
     if out and s.spec.validation.enabled:
         text = f"validate with dcgmi diag level {s.spec.validation.level} before release"
@@ -392,7 +392,7 @@ async def _node_rung(
         )
     except ACTIVITY_FAILED as err:
         return RungFailed(
-            f"{action}: node not back with its GPUs within {rung.timeout} ({error_text(err)})"
+            f"{action}: node not back with its GPUs within {format_duration(rung.timeout)} ({error_text(err)})"
         )
     j.log("node back", outcome=back.node, reason=f"{len(back.gpu_uuids)} GPU(s) published")
     if action == "replace":
