@@ -459,6 +459,8 @@ class Kubelet:
             "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost\n" + "".join(self._hosts),
             "readOnlyRoot": bool(security.get("readOnlyRootFilesystem")),
             "traverse": _closed_ancestors([sys.base_prefix, sys.prefix, str(ROOT)]),
+            # What stands in for the image's files: the interpreter, the venv, the source.
+            "image": sorted({sys.base_prefix, sys.prefix, str(ROOT)}),
         }
         (self.dir / f"staging-{name}").mkdir()
         plan_file = self.dir / f"{name}.json"

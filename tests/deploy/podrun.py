@@ -38,7 +38,9 @@ PR_SET_PDEATHSIG = 1
 
 
 def _run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True)
+    done = subprocess.run(argv, capture_output=True, check=False)
+    if done.returncode:  # say what the tool said: the pod's log is where a test shows it
+        raise RuntimeError(f"{' '.join(argv)}: {done.stderr.decode(errors='replace').strip()}")
 
 
 def _die_with_parent() -> None:
@@ -89,6 +91,10 @@ def _prepare_files(plan: dict[str, Any]) -> None:
     Path("/etc/hosts").write_text(plan["hosts"])
     os.makedirs(plan["cwd"], exist_ok=True)
     os.chown(plan["cwd"], plan["uid"], plan["gid"])
+    # The image's files stand in a checkout that may lie under a volume's mount path (a
+    # clone in /tmp, and the pod's /tmp emptyDir): in a real image they never do. Held by
+    # fds now, they are bound back in place over the volume once it is mounted.
+    image = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in plan.get("image", [])}
     for volume in sorted(plan["volumes"], key=lambda v: v["path"].count("/")):
         path = volume["path"]
         os.makedirs(path, exist_ok=True)
@@ -98,6 +104,12 @@ def _prepare_files(plan: dict[str, Any]) -> None:
         _run("mount", "-t", "tmpfs", "-o", options, "tmpfs", path)
         os.chown(path, 0, volume["gid"])
         _write_volume(volume)
+        for hidden, fd in image.items():
+            if Path(path) in Path(hidden).parents:
+                os.makedirs(hidden, mode=0o755, exist_ok=True)
+                # Not canonicalized: the kernel follows the fd's link to the real directory
+                # (mount(8) would resolve the path, now the volume's own empty directory).
+                _run("mount", "--no-canonicalize", "--bind", f"/proc/{os.getpid()}/fd/{fd}", hidden)
         if volume["readOnly"]:
             _run("mount", "-o", "remount,bind,ro", path)
 
