@@ -55,9 +55,9 @@ ALL = (
     "watch",
     "repair",
     "human_actions",
-    "abuse",
     "node_upgrade",
     "timers",
+    "abuse",
 )
 FULL: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 200, "nodes": 26},

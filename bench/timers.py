@@ -167,7 +167,7 @@ def section(t: dict[str, Any]) -> list[str]:
         "busy, scale-up off) and reads the closed run's history: from each runbook timer's "
         "TimerFired to the first command of the next step (server event times). Goal: 1 s. "
         "The eviction timeout and the repair rung / validation timeouts are asserted by "
-        "tests/workflows/test_timers_on_time.py (time-skipping), not measured here.",
+        "tests/workflows/test_timers_on_time.py (by order of events), not measured here.",
         "",
         "| timer | fired | p50 | p99 | max |",
         "|---|---|---|---|---|",
