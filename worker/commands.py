@@ -506,6 +506,23 @@ async def _launch(args: argparse.Namespace) -> int:
     _check_runbook(settings, args.runbook)
     if not selector_given:
         ref = await _api_device(settings, ref)
+    via = _via(args)
+    if via is not None:  # the verified path: the endpoint confirms the device again
+        if selector_given or args.runbook or args.dry_run:
+            print(
+                "error: --via launches one device's remediation (node + GPU): no maintenance "
+                "selector, --runbook or --dry-run through the actions endpoint",
+                file=sys.stderr,
+            )
+            return 2
+        from worker.actions_cli import send
+
+        body = {
+            "action": "launch",
+            "target": f"{ref.node}/{ref.gpu_uuid}",
+            "reason": args.reason or "",
+        }
+        return await asyncio.to_thread(send, settings, via, body)
     client = await connect_or_explain(settings)
     if selector_given:
         wf_id = maintenance_workflow_id(uuid.uuid4().hex[:10], settings.cluster)
@@ -1145,6 +1162,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--reason", type=_nonempty)
     p.add_argument("--requested-by", type=_nonempty)
     p.add_argument("--dry-run", action="store_true", help="preview only: nothing is tainted")
+    _add_via(p)
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser(
