@@ -504,9 +504,11 @@ async def _launch(args: argparse.Namespace) -> int:
 
     settings, _ = await asyncio.to_thread(_cluster, args, "launch", acting=True)
     _check_runbook(settings, args.runbook)
-    if not selector_given:
-        ref = await _api_device(settings, ref)
     via = _via(args)
+    if not selector_given and not (via is not None and ref.canonical):
+        # Through the endpoint node + UUID is confirmed there (the person's own credentials
+        # may not list ResourceSlices); an index or a DRA name is resolved here first.
+        ref = await _api_device(settings, ref)
     if via is not None:  # the verified path: the endpoint confirms the device again
         if selector_given or args.runbook or args.dry_run:
             print(

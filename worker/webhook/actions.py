@@ -593,13 +593,18 @@ class Actions:
             if not ids:
                 return 404, {"error": "no cluster's budget workflow runs on this namespace"}
         elif body.target.startswith("sickbay-"):
-            ids = [body.target]  # a budget workflow id: must be running (never started here)
+            # A budget workflow id: this cluster's may be started (paused) here, any other
+            # must be running (an id of no budget is never started).
+            ids = [body.target]
         else:
             try:
                 cluster = check_cluster_name(body.target)
             except ValueError as exc:
                 raise Refused(422, str(exc)) from None
             ids = [budget_workflow_id(settings.task_queue, cluster)]
+        startable = {budget_workflow_id(settings.task_queue, settings.cluster)}
+        if body.target != FLEET and not body.target.startswith("sickbay-"):
+            startable |= set(ids)
         for wf_id in ids:  # all authorized before any is sent
             await self.reviews.may(person, body.action, wf_id)
         answers = []
@@ -615,7 +620,7 @@ class Actions:
                 "verified %s of %s by %s (via %s)", body.action, wf_id, person.user, person.via
             )
             try:
-                if body.target.startswith("sickbay-") or body.target == FLEET:
+                if wf_id not in startable:
                     answer = await client.get_workflow_handle(wf_id).execute_update(
                         update, signed, result_type=PauseAnswer
                     )
