@@ -9,7 +9,12 @@ the kubeconfig's token or its exec plugin's) in `Authorization`, and a JSON body
 2. SubjectAccessReview (authorization.k8s.io/v1): may that user (with their groups) do verb
    `<action>` on resource `remediations` in API group `sickbay.dev`, name `<workflow id>`?
    No: 403 with the reason. (Verbs: contract.actors.ACTION_VERBS; "extend" is
-   `extend-deadline`.)
+   `extend-deadline`.) The name: the remediation's workflow id (approve ... extend, and
+   `launch`, whose target is node/GPU-uuid); the cluster's GPU ledger workflow id
+   (`unretire`, target GPU-uuid or node/GPU-uuid); the cluster's budget workflow id
+   (`pause` / `resume`, target a cluster name, a budget workflow id, or `fleet`: every
+   running budget, each authorized before any is sent). `launch` confirms the device with
+   the Kubernetes API before anything starts (422 for a GPU the cluster has not got).
 3. The signal / update goes to the workflow with `actor` = the verified user and a
    `verified` attachment signed with the actions key (contract/actors.py); the workflow has
    the worker check that signature before it counts the action as verified.
@@ -20,7 +25,8 @@ secret) and `X-Slack-Request-Timestamp` (within 5 minutes) are checked, a signat
 before is refused (replay), the Slack user id is mapped to a Kubernetes user and groups
 (SICKBAY_SLACK_USERS_FILE), and from there on it is step 2 and 3 above.
 
-Answers: 200 taken in (the timeline shows it), 202 sent but not yet taken in, 401 not
+Answers: 200 taken in (the timeline, ledger or pause shows it verified), 202 sent but not yet
+taken in, 401 not
 authenticated, 403 not authorized, 404 no such remediation, 409 the workflow refused it
 (not awaiting approval, already decided, a runbook that requires verified actors...), 422 a
 bad body, 503 not configured / Kubernetes or Temporal unreachable.
