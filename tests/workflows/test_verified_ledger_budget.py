@@ -1,6 +1,6 @@
-"""Verified actors in the long-running workflows (workflows/attestation.py): the GPU ledger's
-`unretire` and the budget's `pause` / `resume`, checked through the worker's `verify-actor`
-local activity like the remediation's actions:
+"""Verified actors beyond the remediation's signals: the GPU ledger's `unretire` and the
+budget's `pause` / `resume` (workflows/attestation.py), and a remediation's launch, each checked
+through the worker's `verify-actor` local activity like the remediation's actions:
 
 - a genuine attestation is recorded verified (with how and the groups) in what `sickbay gpus`
   shows and in the budget's pause and pause log; the update's answer says so;
@@ -9,7 +9,9 @@ local activity like the remediation's actions:
 - the runbook of the GPU's latest failure with `requireVerifiedActors` makes the ledger refuse
   an unverified un-retire (ERR_UNVERIFIED_ACTOR; the GPU stays retired), and a verified one
   goes through;
-- the actions key is never in either history.
+- a launch whose input the endpoint signed is `launched` verified in the timeline; one signed
+  with another key, or none, is unverified;
+- the actions key is never in any of the histories.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from activities.actors import ActorActivities, attest
 from activities.ledger import LedgerActivities
 from contract.budget import BudgetState, PauseAnswer, PauseRequest, ResumeRequest
 from contract.errors import ERR_UNVERIFIED_ACTOR
+from contract.kube import DeviceRef
 from contract.ledger import (
     LedgerQuery,
     LedgerReport,
@@ -39,14 +42,25 @@ from contract.names import (
     QRY_BUDGET_STATE,
     QRY_LEDGER_REPORT,
     QRY_LEDGER_STATE,
+    SIG_ABORT,
     UPD_BUDGET_PAUSE,
     UPD_BUDGET_RESUME,
     UPD_LEDGER_UNRETIRE,
     WF_BUDGET,
+    WF_REMEDIATE,
     budget_task_queue,
+    device_workflow_id,
     ledger_task_queue,
 )
-from tests.workflows.fakes import ACTIONS_TEST_KEY
+from contract.remediation import (
+    AbortRequest,
+    Phase,
+    RemediationInput,
+    RemediationResult,
+    TimelineEntry,
+)
+from tests.workflows.fakes import ACTIONS_TEST_KEY, FakeWorld, new_worker, wait_phase
+from tests.workflows.histories import save_history
 from worker.main import sender_identity_options
 from workflows.budget import BudgetWorkflow
 from workflows.ledger import GpuLedgerWorkflow, describe
@@ -135,7 +149,8 @@ async def test_unretire_verified_refused_unverified_when_the_runbook_requires_it
             QRY_LEDGER_REPORT, LedgerQuery(since=timedelta(days=1)), result_type=LedgerReport
         )
         state = await handle.query(QRY_LEDGER_STATE, result_type=LedgerState)
-        history = (await handle.fetch_history()).to_json()
+        recorded = await handle.fetch_history()
+        history = recorded.to_json()
         await handle.terminate("test done")
     assert (done.verification, replayed.verification, claimed.verification) == (
         "verified",
@@ -154,6 +169,7 @@ async def test_unretire_verified_refused_unverified_when_the_runbook_requires_it
     assert describe(bob).endswith(", unverified") and "(claimed; Temporal client" in describe(bob)
     assert report.tracked == 2
     assert ACTIONS_TEST_KEY.decode() not in history
+    save_history("ledger_unretire_verified", recorded)
 
 
 async def test_pause_and_resume_record_verified_or_unverified(
@@ -202,7 +218,8 @@ async def test_pause_and_resume_record_verified_or_unverified(
             result_type=PauseAnswer,
         )
         state = await handle.query(QRY_BUDGET_STATE, result_type=BudgetState)
-        history = (await handle.fetch_history()).to_json()
+        recorded = await handle.fetch_history()
+        history = recorded.to_json()
         await handle.terminate("test done")
     assert [a.verification for a in (direct, forged, swapped, verified, resumed)] == [
         "unverified",
@@ -225,3 +242,49 @@ async def test_pause_and_resume_record_verified_or_unverified(
     assert "signature does not match" in state.pause_log[1].reason
     assert state.pause is None and len(state.seen_nonces) == 2
     assert ACTIONS_TEST_KEY.decode() not in history
+    save_history("budget_pause_verified", recorded)
+
+
+async def test_a_launch_is_recorded_verified_or_unverified(dev_env: WorkflowEnvironment) -> None:
+    """The remediation's first entry, `launched`: verified for an input the endpoint signed
+    (`sickbay launch --via`), unverified for one signed with another key or none."""
+    client = dev_env.client
+    timelines: dict[str, list[TimelineEntry]] = {}
+    for case, key in (("verified", ACTIONS_TEST_KEY), ("forged", WRONG_KEY), ("direct", None)):
+        world = FakeWorld()
+        wf_id = device_workflow_id(world.node, world.gpu_uuid)
+        inp = RemediationInput(
+            device=DeviceRef(node=world.node, gpu_uuid=world.gpu_uuid),
+            trigger="manual",
+            requested_by="alice",
+            reason="ECC storm",
+        )
+        if key is not None:
+            inp = _signed(key, wf_id, "launch", inp)
+        async with new_worker(client, world) as worker:
+            handle = await client.start_workflow(
+                WF_REMEDIATE,
+                inp,
+                id=wf_id,
+                task_queue=worker.task_queue,
+                result_type=RemediationResult,
+            )
+            await wait_phase(handle, Phase.HOLDING)
+            await handle.signal(SIG_ABORT, AbortRequest(reason="test done", actor="t"))
+            result = await handle.result()
+        timelines[case] = result.timeline
+        if case == "verified":
+            history = await handle.fetch_history()
+            assert ACTIONS_TEST_KEY.decode() not in history.to_json()
+            save_history("launch_verified", history)
+    (verified,) = [e for e in timelines["verified"] if e.action == "launched"]
+    assert (verified.actor, verified.verification, verified.via) == (
+        "alice",
+        "verified",
+        "kubernetes",
+    )
+    assert verified.groups == ["sre-oncall"] and verified.reason == "ECC storm"
+    (forged,) = [e for e in timelines["forged"] if e.action == "launched"]
+    assert forged.verification == "unverified" and "signature does not match" in forged.reason
+    (direct,) = [e for e in timelines["direct"] if e.action == "launched"]
+    assert (direct.actor, direct.verification) == ("alice", "unverified")
