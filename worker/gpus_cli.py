@@ -137,7 +137,8 @@ async def _unretire(args: argparse.Namespace) -> int:
     _out(
         args,
         result.model_dump(mode="json"),
-        f"{args.gpu_uuid} un-retired by {actor}{told}",
+        f"{args.gpu_uuid} un-retired by {actor} (unverified: without --via the actor is a "
+        f"claim){told}",
     )
     return 0
 
