@@ -13,7 +13,9 @@ SubjectAccessReview, the production workflows and the dev server:
   nothing starts (the device is confirmed with the API as the CLI does); `sickbay launch --via`
   starts the remediation and its timeline shows the launch verified; a launch straight
   through Temporal is recorded unverified;
-- no token or key in any history or the webhook's log.
+- no token or key in any history or the webhook's log;
+- `sickbay launch --via` refuses `--dry-run` / `--runbook` / a selector (exit 2) rather than
+  dropping them.
 """
 
 from __future__ import annotations
@@ -348,3 +350,13 @@ async def test_launch_through_the_endpoint(
     history = (await handle.fetch_history()).to_json()
     for secret in (crew["alice"], ACTIONS_TEST_KEY.decode()):
         assert secret not in history
+
+
+def test_launch_via_refuses_what_the_endpoint_cannot_carry(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--dry-run`, `--runbook` or a maintenance selector cannot go through the endpoint: the
+    CLI says so (exit 2) before sending anything, instead of dropping them silently."""
+    argv = ["launch", "--cluster", "", "--node", "n1", "--uuid", f"GPU-{uuid.uuid4()}"]
+    assert cli_main([*argv, "--dry-run", "--via", "http://127.0.0.1:9"]) == 2
+    assert "no maintenance selector, --runbook or --dry-run" in capsys.readouterr().err
