@@ -32,7 +32,9 @@ from contract.base import Contract
 # SubjectAccessReview evaluates RBAC rules for any group/resource).
 ACTIONS_API_GROUP = "sickbay.dev"
 ACTIONS_RESOURCE = "remediations"
-ActionVerb = Literal["approve", "reject", "abort", "repaired", "extend", "unretire", "launch"]
+ActionVerb = Literal[
+    "approve", "reject", "abort", "repaired", "extend", "unretire", "launch", "pause", "resume"
+]
 ACTION_VERBS: tuple[str, ...] = (
     "approve",
     "reject",
@@ -41,7 +43,10 @@ ACTION_VERBS: tuple[str, ...] = (
     "extend",
     "unretire",
     "launch",
+    "pause",
+    "resume",
 )
+Verification = Literal["", "verified", "unverified"]
 # The actions a runbook's `require_verified_actors` applies to.
 GUARDED_ACTIONS: tuple[str, ...] = ("approve", "repaired", "unretire")
 

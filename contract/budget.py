@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from contract.actors import Verification, VerifiedActor
 from contract.base import Contract, Duration
 
 
@@ -34,10 +35,27 @@ class BudgetPause(Contract):
     reason: str = Field(min_length=1)
     actor: str = Field(min_length=1)
     since: datetime | None = None  # set by the budget workflow (workflow.now())
+    # "verified": sent through the actions endpoint and its signature checked by the worker
+    # (contract/actors.py); "unverified": the actor is only the sender's claim.
+    verification: Verification = ""
+    via: str = ""  # of a verified actor: kubernetes | slack
+
+    def who(self) -> str:
+        """`alice (verified via kubernetes)` or `alice (unverified)`."""
+        return actor_words(self.actor, self.verification, self.via)
 
     def describe(self) -> str:
         when = f" since {self.since:%Y-%m-%d %H:%M:%S}Z" if self.since else ""
-        return f"paused by {self.actor}{when}: {self.reason}"
+        return f"paused by {self.who()}{when}: {self.reason}"
+
+
+def actor_words(actor: str, verification: str, via: str = "") -> str:
+    """How a pause's or resume's actor reads: marked verified (and how) or unverified."""
+    if verification == "verified":
+        return f"{actor} (verified via {via or 'kubernetes'})"
+    if verification == "unverified":
+        return f"{actor} (unverified)"
+    return actor
 
 
 class PauseRequest(Contract):
@@ -45,6 +63,8 @@ class PauseRequest(Contract):
 
     reason: str = Field(min_length=1, max_length=500)
     actor: str = Field(min_length=1, max_length=200)
+    # Set by the actions endpoint only (contract/actors.py); checked by the budget workflow.
+    verified: VerifiedActor | None = None
 
 
 class ResumeRequest(Contract):
@@ -52,6 +72,7 @@ class ResumeRequest(Contract):
 
     actor: str = Field(min_length=1, max_length=200)
     reason: str = Field(default="", max_length=500)
+    verified: VerifiedActor | None = None
 
 
 class PauseNotice(Contract):
@@ -69,6 +90,11 @@ class PauseRecord(Contract):
     actor: str
     reason: str = ""
     at: datetime
+    verification: Verification = ""
+    via: str = ""
+
+    def who(self) -> str:
+        return actor_words(self.actor, self.verification, self.via)
 
 
 class PauseAnswer(Contract):
@@ -78,6 +104,7 @@ class PauseAnswer(Contract):
     pause: BudgetPause | None = None
     previous: BudgetPause | None = None
     held: list[str] = Field(default_factory=list)
+    verification: Verification = ""  # how the budget recorded this pause's / resume's actor
 
 
 PAUSE_LOG_KEEP = 20  # pauses and resumes kept in the budget's state (Events keep the rest)
@@ -90,6 +117,8 @@ class BudgetState(Contract):
     pause: BudgetPause | None = None  # carried across continue-as-new
     pause_log: list[PauseRecord] = Field(default_factory=list)  # the latest PAUSE_LOG_KEEP
     waiters: list[BudgetWaiter] = Field(default_factory=list)  # oldest first
+    # Nonces of the verified pauses / resumes of the last ATTESTATION_TTL (replays refused).
+    seen_nonces: dict[str, datetime] = Field(default_factory=dict)
     reconcile_interval: Duration = timedelta(minutes=5)
     max_updates_per_run: int = Field(default=500, ge=1)  # continue-as-new after this many
 

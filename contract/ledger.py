@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from contract.actors import Verification, VerifiedActor
 from contract.base import Contract, Duration, PersonInput
 
 LedgerEntryKind = Literal["failure", "repair", "retired", "unretired"]
@@ -38,6 +39,11 @@ class LedgerEntry(Contract):
     detail: str = ""  # why it failed, the repair rung and its result, the un-retire reason
     actor: str = ""  # un-retire: who claimed to act, and the Temporal client identity
     client_identity: str | None = None
+    # un-retire: "verified" (the actions endpoint checked the person with the cluster and the
+    # worker its signature: contract/actors.py) or "unverified" (the actor is a claim).
+    verification: Verification = ""
+    via: str = ""  # of a verified actor: kubernetes | slack
+    groups: list[str] = Field(default_factory=list)  # of a verified actor
 
 
 class GpuRecord(Contract):
@@ -51,6 +57,9 @@ class GpuRecord(Contract):
     rma_claimed_by: str | None = None
     holder: str | None = None  # the remediation workflow id that last recorded a failure
     counted_since: datetime | None = None  # the last un-retire: earlier failures do not count
+    # The runbook of the latest recorded failure requires verified actors: an un-retire sent
+    # straight through Temporal is refused (contract/runbook.py `require_verified_actors`).
+    require_verified_actors: bool = False
 
     def failures_since(self, since: datetime) -> list[LedgerEntry]:
         start = max(since, self.counted_since) if self.counted_since else since
@@ -72,6 +81,8 @@ class LedgerState(Contract):
     max_gpus: int = Field(default=MAX_LEDGER_GPUS, ge=1)
     max_entries_per_gpu: int = Field(default=MAX_ENTRIES_PER_GPU, ge=1)
     max_updates_per_run: int = Field(default=500, ge=1)  # continue-as-new after this many
+    # Nonces of the verified un-retires of the last ATTESTATION_TTL (replays refused).
+    seen_nonces: dict[str, datetime] = Field(default_factory=dict)
 
 
 class RecordFailureInput(Contract):
@@ -89,6 +100,8 @@ class RecordFailureInput(Contract):
     evidence: str = ""
     failures: int = Field(ge=1)  # lemons.failures
     window: Duration  # lemons.window
+    # The remediation's runbook requires verified actors (approve, repaired, unretire).
+    require_verified_actors: bool = False
 
 
 class LedgerDecision(Contract):
@@ -129,12 +142,15 @@ class UnretireRequest(PersonInput):
     gpu_uuid: str = Field(min_length=1)
     reason: str = Field(min_length=1)
     actor: str = Field(min_length=1)
+    # Set by the actions endpoint only (contract/actors.py); checked by the ledger workflow.
+    verified: VerifiedActor | None = None
 
 
 class UnretireResult(Contract):
     gpu_uuid: str
     was_retired: bool
     holder: str | None = None  # the remediation told to release normally again
+    verification: Verification = ""  # how the ledger recorded the actor
 
 
 class UnretireNotice(Contract):
@@ -143,6 +159,7 @@ class UnretireNotice(Contract):
     actor: str
     reason: str
     client_identity: str | None = None
+    verification: Verification = ""
 
 
 class LedgerQuery(Contract):

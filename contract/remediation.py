@@ -209,6 +209,9 @@ class RemediationInput(Contract):
     cluster: str = ""
     # Set only by the workflow itself when it continues-as-new during a long hold.
     resume: RemediationCarry | None = None
+    # A launch through the actions endpoint (`sickbay launch --via`): the verified person
+    # (`requested_by`), signed over this input (contract/actors.py); checked by the workflow.
+    verified: VerifiedActor | None = None
     # Alert instances an earlier run of this device handled (the webhook reads them from that
     # run's result): never evidence again, and listed in this run's result too.
     handled_before: list[HandledAlert] = Field(default_factory=list)

@@ -50,9 +50,10 @@ import httpx
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
-from contract.ledger import UnretireRequest
+from contract.ledger import UnretireRequest, UnretireResult
 from contract.names import (
     LABEL_WORKLOAD_CLASS,
+    UPD_LEDGER_UNRETIRE,
     WF_REMEDIATE,
     device_workflow_id,
     ledger_workflow_id,
@@ -534,8 +535,9 @@ class Demo:
             ledger_workflow_id(self.stack.info.task_queue, self.stack.info.cluster),
         )
         await ledger.execute_update(
-            GpuLedgerWorkflow.unretire,
+            UPD_LEDGER_UNRETIRE,
             UnretireRequest(gpu_uuid=gpu_uuid, reason=reason, actor="sickbay-demo cleanup"),
+            result_type=UnretireResult,
         )
 
     async def closed(

@@ -1,5 +1,5 @@
-"""The CLI's verified path: `sickbay approve|reject|abort|repaired|extend-deadline --via URL`
-(or SICKBAY_ACTIONS_URL). The person's Kubernetes bearer token, read from their kubeconfig by
+"""The CLI's verified path: `sickbay approve|reject|abort|repaired|extend-deadline|launch|pause|
+resume --via URL` and `sickbay gpus unretire --via URL` (or SICKBAY_ACTIONS_URL). The person's Kubernetes bearer token, read from their kubeconfig by
 the official client (a static token or an exec plugin's, as kubectl uses it), goes to the
 webhook's `POST /v1/actions`, which checks it with TokenReview and the action with a
 SubjectAccessReview, and records the action as *verified* (worker/webhook/actions.py).

@@ -504,8 +504,27 @@ async def _launch(args: argparse.Namespace) -> int:
 
     settings, _ = await asyncio.to_thread(_cluster, args, "launch", acting=True)
     _check_runbook(settings, args.runbook)
-    if not selector_given:
+    via = _via(args)
+    if not selector_given and not (via is not None and ref.canonical):
+        # Through the endpoint node + UUID is confirmed there (the person's own credentials
+        # may not list ResourceSlices); an index or a DRA name is resolved here first.
         ref = await _api_device(settings, ref)
+    if via is not None:  # the verified path: the endpoint confirms the device again
+        if selector_given or args.runbook or args.dry_run:
+            print(
+                "error: --via launches one device's remediation (node + GPU): no maintenance "
+                "selector, --runbook or --dry-run through the actions endpoint",
+                file=sys.stderr,
+            )
+            return 2
+        from worker.actions_cli import send
+
+        body = {
+            "action": "launch",
+            "target": f"{ref.node}/{ref.gpu_uuid}",
+            "reason": args.reason or "",
+        }
+        return await asyncio.to_thread(send, settings, via, body)
     client = await connect_or_explain(settings)
     if selector_given:
         wf_id = maintenance_workflow_id(uuid.uuid4().hex[:10], settings.cluster)
@@ -1145,6 +1164,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--reason", type=_nonempty)
     p.add_argument("--requested-by", type=_nonempty)
     p.add_argument("--dry-run", action="store_true", help="preview only: nothing is tainted")
+    _add_via(p)
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser(

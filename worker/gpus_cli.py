@@ -2,9 +2,11 @@
 
 - `sickbay gpus [--since 7d] [--json]`: retired GPUs and GPUs repaired within `--since`, with
   their counts (failures in the lemons window, failures kept, repairs) and history (`--json`);
-- `sickbay gpus unretire <GPU-uuid> --reason ... [--actor ...]`: un-retire a lemon. The reason
-  is required; the ledger records it with the claimed actor and the Temporal client identity
-  the server saw, and tells the remediation holding the GPU, which then releases it normally.
+- `sickbay gpus unretire <GPU-uuid> --reason ... [--actor ...] [--via URL]`: un-retire a lemon.
+  The reason is required; the ledger records it with the actor, verified (`--via`: the actions
+  endpoint checked your Kubernetes credentials) or as a claim beside the Temporal client
+  identity the server saw (unverified: refused when the GPU's runbook requires verified
+  actors), and tells the remediation holding the GPU, which then releases it normally.
 
 Talks to the cluster's `sickbay-gpu-ledger` workflow (`contract.names.ledger_workflow_id`)
 through typed handles. Exit codes: 0 ok, 1 failed / refused, 2 bad arguments.
@@ -20,9 +22,18 @@ from typing import Any
 from temporalio.client import WorkflowHandle
 
 from contract.base import parse_duration
-from contract.ledger import GpuSummary, LedgerQuery, UnretireRequest
-from contract.names import ledger_workflow_id
-from worker.commands import _add_connection, _client, _nonempty, _out, _run, _settings
+from contract.ledger import GpuSummary, LedgerQuery, UnretireRequest, UnretireResult
+from contract.names import UPD_LEDGER_UNRETIRE, ledger_workflow_id
+from worker.commands import (
+    _add_connection,
+    _add_via,
+    _client,
+    _nonempty,
+    _out,
+    _run,
+    _settings,
+    _via,
+)
 from worker.terminal import safe
 from workflows.ledger import GpuLedgerWorkflow, describe
 
@@ -96,13 +107,23 @@ async def _unretire(args: argparse.Namespace) -> int:
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.service import RPCError, RPCStatusCode
 
+    via = _via(args)
+    if via is not None:  # the verified path: the cluster says who you are
+        import asyncio
+
+        from worker.actions_cli import send
+
+        body = {"action": "unretire", "target": args.gpu_uuid, "reason": args.reason}
+        return await asyncio.to_thread(send, _settings(args), via, body)
     actor = args.actor or getpass.getuser()
     client = await _client(args)
     handle, wf_id = _handle(client, args)
     try:
+        # By name: the SDK's typed overloads read an async handler's result as a coroutine.
         result = await handle.execute_update(
-            GpuLedgerWorkflow.unretire,
+            UPD_LEDGER_UNRETIRE,
             UnretireRequest(gpu_uuid=args.gpu_uuid, reason=args.reason, actor=actor),
+            result_type=UnretireResult,
         )
     except WorkflowUpdateFailedError as exc:
         print(f"refused: {exc.cause}", file=sys.stderr)
@@ -116,7 +137,8 @@ async def _unretire(args: argparse.Namespace) -> int:
     _out(
         args,
         result.model_dump(mode="json"),
-        f"{args.gpu_uuid} un-retired by {actor}{told}",
+        f"{args.gpu_uuid} un-retired by {actor} (unverified: without --via the actor is a "
+        f"claim){told}",
     )
     return 0
 
@@ -143,4 +165,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     u.add_argument("gpu_uuid", type=_nonempty, help="the GPU UUID (GPU-...)")
     u.add_argument("--reason", type=_nonempty, required=True, help="why (recorded)")
     u.add_argument("--actor", type=_nonempty, help="who (default: your login; recorded)")
+    _add_via(u)
     u.set_defaults(func=cmd_gpus)

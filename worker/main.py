@@ -69,6 +69,7 @@ from contract.names import (
     ACT_SIGNAL_WITH_START,
     ACT_START_NODE_INCIDENT,
     ACT_SWEEP_CLUSTER,
+    ACT_VERIFY_ACTOR,
     ACT_WAIT_POOL_OPERATION,
     WF_BUDGET,
     WF_GPU_LEDGER,
@@ -124,7 +125,9 @@ WORKFLOWS: list[type] = list(WORKFLOW_NAMES)
 # Activities each workflow type calls; the worker refuses to start when one is missing.
 REQUIRED: dict[str, tuple[str, ...]] = {
     WF_REMEDIATE: tuple(REQUIRED_ACTIVITIES),  # derived from its typed activity calls
-    WF_BUDGET: (ACT_RECONCILE_LEASES,),
+    # verify-actor: a verified pause / resume / unretire (workflows/attestation.py).
+    WF_BUDGET: (ACT_RECONCILE_LEASES, ACT_VERIFY_ACTOR),
+    WF_GPU_LEDGER: (ACT_VERIFY_ACTOR,),
     WF_MAINTENANCE: (ACT_SELECT_DEVICES, ACT_SIGNAL_WITH_START, ACT_AWAIT_REMEDIATION),
     WF_POOL_SCALER: (ACT_DESCRIBE_POOL, ACT_SCALE_POOL, ACT_WAIT_POOL_OPERATION),
     WF_SWEEP: (ACT_SWEEP_CLUSTER, ACT_SIGNAL_WITH_START, ACT_START_NODE_INCIDENT),
@@ -347,6 +350,7 @@ async def build_worker(
         client,
         task_queue=ledger_task_queue(settings.task_queue),
         workflows=[GpuLedgerWorkflow],
+        activities=[fn for fn in built.activities if activity_name(fn) in REQUIRED[WF_GPU_LEDGER]],
         max_concurrent_workflow_task_polls=BUDGET_WORKFLOW_POLLS,
         max_concurrent_activity_task_polls=BUDGET_ACTIVITY_POLLS,
         max_cached_workflows=BUDGET_CACHED_WORKFLOWS,

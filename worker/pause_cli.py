@@ -11,7 +11,11 @@
 The pause goes to the budget workflow by update-with-start (a cluster with no budget workflow
 yet gets one, paused), so it holds even before the first incident. `--all-clusters` pauses
 every cluster whose budget workflow runs on this Temporal namespace (found through
-visibility). The actor is the one the sender claims (default: the login), as for approve.
+visibility). Straight through Temporal the actor is the one the sender claims (default: the
+login), recorded *unverified*; with `--via URL` (or SICKBAY_ACTIONS_URL) the pause goes through
+the webhook's actions endpoint, which checks the person's Kubernetes credentials and RBAC (verbs
+`pause` / `resume` on `remediations.sickbay.dev`, name: the budget workflow id) and the budget
+records the pauser as a *verified* actor.
 Exit codes: 0 ok, 1 failed / refused, 2 bad arguments.
 """
 
@@ -32,9 +36,19 @@ from contract.names import (
     budget_task_queue,
     budget_workflow_id,
 )
-from worker.commands import _add_connection, _client, _cluster, _nonempty, _run
+from worker.commands import (
+    _add_connection,
+    _add_via,
+    _client,
+    _cluster,
+    _nonempty,
+    _run,
+    _settings,
+    _via,
+)
 from worker.terminal import safe
 
+FLEET = "fleet"  # the actions endpoint's target for every cluster (worker/webhook/actions.py)
 RUNNING_BUDGETS = f"WorkflowType = '{WF_BUDGET}' AND ExecutionStatus = 'Running'"
 
 
@@ -56,6 +70,18 @@ async def _pause_or_resume(args: argparse.Namespace) -> int:
     if args.all_clusters and args.cluster is not None:
         print("error: --cluster and --all-clusters exclude each other", file=sys.stderr)
         return 2
+    via = _via(args)
+    if via is not None:  # the verified path: the cluster says who you are
+        import asyncio
+
+        from worker.actions_cli import send
+
+        target = FLEET
+        if not args.all_clusters:
+            settings, _ = await asyncio.to_thread(_cluster, args, args.command, acting=True)
+            target = budget_workflow_id(settings.task_queue, settings.cluster)
+        body = {"action": args.command, "target": target, "reason": args.reason or ""}
+        return await asyncio.to_thread(send, _settings(args), via, body)
     actor = args.actor or getpass.getuser()
     client = await _client(args)
     ids, queue = await _targets(client, args)
@@ -88,7 +114,8 @@ async def _pause_or_resume(args: argparse.Namespace) -> int:
         elif answer.previous is None:
             print(f"{wf_id}: was not paused")
         else:
-            print(f"{wf_id}: resumed by {safe(actor)} ({safe(answer.previous.describe())}){held}")
+            who = f"{actor} ({answer.verification})" if answer.verification else actor
+            print(f"{wf_id}: resumed by {safe(who)} ({safe(answer.previous.describe())}){held}")
     return 0
 
 
@@ -119,7 +146,7 @@ async def pause_banner(client: Any, task_queue: str, cluster: str | None) -> lis
             held = f"; {len(state.waiters)} remediation(s) held" if state.waiters else ""
             lines.append(
                 safe(
-                    f"PAUSED {since}by {pause.actor} ({pause.reason}) [{wf_id}]{held}; "
+                    f"PAUSED {since}by {pause.who()} ({pause.reason}) [{wf_id}]{held}; "
                     "`sickbay resume` lifts it"
                 )
             )
@@ -140,4 +167,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         )
         p.add_argument("--reason", type=_nonempty, required=name == "pause", help="why (recorded)")
         p.add_argument("--actor", type=_nonempty, help="who (default: your login; recorded)")
+        _add_via(p)
         p.set_defaults(func=cmd_pause)

@@ -18,7 +18,8 @@ leases live in Temporal history, so a worker crash loses nothing.
         signal, one per freed slot, and retries at once (its own 1-minute retry is the
         backstop).
 
-Pause (`sickbay pause` / `sickbay resume`: updates `pause` and `resume`): while paused every
+Pause (`sickbay pause` / `sickbay resume`: updates `pause` and `resume`; the pauser recorded as
+a verified actor when the actions endpoint sent it, else unverified): while paused every
 new lease, and every larger one (a node-level repair rung), is refused with a decision that
 carries the pause; the holder is remembered as a waiter and holds without a page. Resume wakes
 every waiter at once. The pause and a log of who paused and resumed it ride in the state
@@ -70,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
         WF_BUDGET,
         budget_task_queue,
     )
+    from workflows.attestation import check_actor, prune_nonces
 
 # Reconcile calls describe each holder (a few RPCs); 30 s covers a slow frontend, 3 attempts,
 # and a failed reconcile is just tried again next interval.
@@ -97,6 +99,7 @@ class BudgetWorkflow:
         self._freed: list[str | None] = []  # pools of slots freed since the last wake-up
         self._pause: BudgetPause | None = state.pause
         self._pause_log: list[PauseRecord] = list(state.pause_log)
+        self._seen_nonces = dict(state.seen_nonces)  # verified pauses / resumes (replays)
         self._wake_all = False  # resumed: every waiter gets `budget-freed`
         self._tell_holders = False  # paused or resumed: every lease holder gets `cluster-paused`
 
@@ -212,20 +215,38 @@ class BudgetWorkflow:
             raise ValueError("a budget release needs the holder workflow id")
 
     @workflow.update(name=UPD_BUDGET_PAUSE)
-    def pause(self, req: PauseRequest) -> PauseAnswer:
-        """Pause the cluster (a second pause replaces the reason and actor, keeps `since`)."""
+    async def pause(self, req: PauseRequest) -> PauseAnswer:
+        """Pause the cluster (a second pause replaces the reason and actor, keeps `since`).
+        The pauser is recorded verified or unverified (workflows/attestation.py)."""
         self._updates += 1
+        who = await check_actor("pause", req, req.actor.strip(), self._seen_nonces)
         previous = self._pause
         now = workflow.now()
         self._pause = BudgetPause(
             reason=req.reason.strip(),
-            actor=req.actor.strip(),
+            actor=who.actor,
             since=previous.since if previous is not None else now,
+            verification=who.verification,
+            via=who.verified.via if who.verified is not None else "",
         )
-        self._record(PauseRecord(action="pause", actor=req.actor, reason=req.reason, at=now))
+        self._record(
+            PauseRecord(
+                action="pause",
+                actor=who.actor,
+                reason=req.reason if not who.problem else f"{req.reason} [{who.problem}]",
+                at=now,
+                verification=who.verification,
+                via=self._pause.via,
+            )
+        )
         self._tell_holders = bool(self._leases)
         workflow.logger.info("cluster %s", self._pause.describe())
-        return PauseAnswer(pause=self._pause, previous=previous, held=list(self._waiters))
+        return PauseAnswer(
+            pause=self._pause,
+            previous=previous,
+            held=list(self._waiters),
+            verification=who.verification,
+        )
 
     @pause.validator
     def _validate_pause(self, req: PauseRequest) -> None:
@@ -233,19 +254,30 @@ class BudgetWorkflow:
             raise ValueError("a pause needs a reason and an actor (not blank)")
 
     @workflow.update(name=UPD_BUDGET_RESUME)
-    def resume(self, req: ResumeRequest) -> PauseAnswer:
+    async def resume(self, req: ResumeRequest) -> PauseAnswer:
         """Lift the pause and wake every waiter (each asks again; the budget decides)."""
         self._updates += 1
+        who = await check_actor("resume", req, req.actor.strip(), self._seen_nonces)
         previous, self._pause = self._pause, None
         held = list(self._waiters)
         if previous is not None:
+            why = req.reason if not who.problem else f"{req.reason} [{who.problem}]".strip()
             self._record(
-                PauseRecord(action="resume", actor=req.actor, reason=req.reason, at=workflow.now())
+                PauseRecord(
+                    action="resume",
+                    actor=who.actor,
+                    reason=why,
+                    at=workflow.now(),
+                    verification=who.verification,
+                    via=who.verified.via if who.verified is not None else "",
+                )
             )
             self._wake_all = bool(self._waiters)
             self._tell_holders = bool(self._leases)
-            workflow.logger.info("cluster resumed by %s (%d held)", req.actor, len(held))
-        return PauseAnswer(pause=None, previous=previous, held=held)
+            workflow.logger.info(
+                "cluster resumed by %s (%s, %d held)", who.actor, who.verification, len(held)
+            )
+        return PauseAnswer(pause=None, previous=previous, held=held, verification=who.verification)
 
     @resume.validator
     def _validate_resume(self, req: ResumeRequest) -> None:
@@ -266,6 +298,7 @@ class BudgetWorkflow:
                 "waiters": list(self._waiters.values()),
                 "pause": self._pause,
                 "pause_log": list(self._pause_log),
+                "seen_nonces": prune_nonces(self._seen_nonces, workflow.now()),
             }
         )
 

@@ -11,8 +11,10 @@ worker restarts and its own continue-as-new (the state is carried in the input):
             retirement); record-failures: several, each decided as its own record-failure
             would be, in order (activities/ledger.py batches a burst's records)
         record-repair (a rung's repair, validated) -> the GPU's counts
-        unretire (a person, with a reason; validated: the GPU must be retired) -> the
-            `gpu-unretired` signal to the remediation holding the GPU
+        unretire (a person, with a reason; validated: the GPU must be retired; the actor
+            checked as verified or recorded unverified, and refused unverified when the runbook
+            of the GPU's latest failure requires verified actors) -> the `gpu-unretired`
+            signal to the remediation holding the GPU
         query `gpus` (retired and recently repaired GPUs), query `state`
     after `max_updates_per_run` updates or when Temporal suggests it: continue-as-new with the
     (pruned) state as input, on the ledger's own task queue (`ledger_task_queue`: a ledger
@@ -28,9 +30,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from contract.base import format_duration
+    from contract.errors import ERR_UNVERIFIED_ACTOR
     from contract.ledger import (
         GpuRecord,
         GpuSummary,
@@ -58,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         WF_GPU_LEDGER,
         ledger_task_queue,
     )
+    from workflows.attestation import check_actor, prune_nonces
     from workflows.identity import claimed_by, sender_identity
 
 
@@ -81,8 +86,13 @@ def describe(entry: LedgerEntry) -> str:
         what += f" ({entry.failure_class})"
     if entry.detail:
         what += f": {entry.detail}"
-    if entry.actor:
+    if entry.actor and entry.verification == "verified":
+        groups = f"; groups {', '.join(entry.groups)}" if entry.groups else ""
+        what += f" by {entry.actor} (verified via {entry.via or 'kubernetes'}{groups})"
+    elif entry.actor:
         what += f" by {claimed_by(entry.actor, entry.client_identity)}"
+        if entry.verification == "unverified":
+            what += ", unverified"
     return f"{_day(entry.at)} {what}"
 
 
@@ -96,6 +106,7 @@ class GpuLedgerWorkflow:
         self._retention = state.retention
         self._updates = 0
         self._wake: list[tuple[str, UnretireNotice]] = []  # holders to tell of an un-retire
+        self._seen_nonces = dict(state.seen_nonces)  # verified un-retires (replays refused)
 
     # ------------------------------------------------------------ updates -------------------
 
@@ -125,6 +136,7 @@ class GpuLedgerWorkflow:
         gpu.node = req.node or gpu.node
         gpu.device_key = req.device_key or gpu.device_key
         gpu.holder = req.holder or gpu.holder
+        gpu.require_verified_actors = req.require_verified_actors  # the latest runbook's word
         seen = any(e.kind == "failure" and e.incident == req.incident for e in gpu.entries)
         newly = False
         if not seen:  # an activity retry of the same remediation records nothing twice
@@ -214,11 +226,29 @@ class GpuLedgerWorkflow:
             raise ValueError("a repair needs the GPU UUID and the rung (or how it was repaired)")
 
     @workflow.update(name=UPD_LEDGER_UNRETIRE)
-    def unretire(self, req: UnretireRequest) -> UnretireResult:
+    async def unretire(self, req: UnretireRequest) -> UnretireResult:
+        """Un-retire a lemon. The actor is checked first (workflows/attestation.py): verified
+        when the actions endpoint sent it, else unverified, and then refused when the runbook
+        of the GPU's latest failure requires verified actors."""
         self._updates += 1
+        identity = sender_identity()  # before any await: the handler's own sender
+        who = await check_actor("unretire", req, req.actor, self._seen_nonces)
+        try:  # again: another un-retire may have run while the check waited
+            self._validate_unretire(req)
+        except ValueError as err:  # a handler's ValueError would fail the workflow task
+            raise ApplicationError(str(err), non_retryable=True) from None
+        gpu = self._gpus[req.gpu_uuid]
+        if who.verified is None and gpu.require_verified_actors:
+            workflow.logger.warning(
+                "un-retire of GPU %s refused: %s", req.gpu_uuid, claimed_by(req.actor, identity)
+            )
+            raise ApplicationError(
+                f"the runbook of GPU {req.gpu_uuid} requires a verified actor for unretire: "
+                f"{who.how()} (use `sickbay gpus unretire --via <actions URL>`)",
+                type=ERR_UNVERIFIED_ACTOR,
+                non_retryable=True,
+            )
         now = workflow.now()
-        gpu = self._gpus[req.gpu_uuid]  # the validator checked it is retired
-        identity = sender_identity()
         gpu.retired_at = None
         gpu.retired_reason = ""
         gpu.rma_claimed_by = None
@@ -227,19 +257,36 @@ class GpuLedgerWorkflow:
             LedgerEntry(
                 at=now,
                 kind="unretired",
-                detail=req.reason,
-                actor=req.actor,
+                detail=f"{req.reason} [{who.problem}]" if who.problem else req.reason,
+                actor=who.actor,
                 client_identity=identity,
+                verification=who.verification,
+                via=who.verified.via if who.verified is not None else "",
+                groups=list(who.verified.groups) if who.verified is not None else [],
             )
         )
         workflow.logger.info(
-            "GPU %s un-retired by %s: %s", req.gpu_uuid, claimed_by(req.actor, identity), req.reason
+            "GPU %s un-retired by %s (%s): %s",
+            req.gpu_uuid,
+            claimed_by(who.actor, identity),
+            who.verification,
+            req.reason,
         )
         if gpu.holder:
-            notice = UnretireNotice(actor=req.actor, reason=req.reason, client_identity=identity)
+            notice = UnretireNotice(
+                actor=who.actor,
+                reason=req.reason,
+                client_identity=identity,
+                verification=who.verification,
+            )
             self._wake.append((gpu.holder, notice))
         self._prune(now)
-        return UnretireResult(gpu_uuid=req.gpu_uuid, was_retired=True, holder=gpu.holder)
+        return UnretireResult(
+            gpu_uuid=req.gpu_uuid,
+            was_retired=True,
+            holder=gpu.holder,
+            verification=who.verification,
+        )
 
     @unretire.validator
     def _validate_unretire(self, req: UnretireRequest) -> None:
@@ -321,7 +368,11 @@ class GpuLedgerWorkflow:
 
     def _snapshot(self) -> LedgerState:
         return self._state.model_copy(
-            update={"gpus": list(self._gpus.values()), "retention": self._retention}
+            update={
+                "gpus": list(self._gpus.values()),
+                "retention": self._retention,
+                "seen_nonces": prune_nonces(self._seen_nonces, workflow.now()),
+            }
         )
 
     def _prune(self, now: datetime) -> None:

@@ -233,10 +233,10 @@ def report_pause(kube: Kube, namespace: str, record: PauseRecord, budget_id: str
         targets=[target],
         reason="SickbayPaused" if paused else "SickbayResumed",
         message=(
-            f"cluster paused by {record.actor}{why}; nothing new is quarantined, evicted, "
+            f"cluster paused by {record.who()}{why}; nothing new is quarantined, evicted, "
             "scaled or repaired until `sickbay resume`"
             if paused
-            else f"cluster resumed by {record.actor}{why}; held remediations go on"
+            else f"cluster resumed by {record.who()}{why}; held remediations go on"
         )
         + f" (budget {budget_id})",
         type="Warning" if paused else "Normal",

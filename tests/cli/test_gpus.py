@@ -110,7 +110,7 @@ async def test_gpus_list_and_unretire(
         code, out, err = await _cli(
             capsys, "gpus", "unretire", *conn, lemon, "--reason", "vendor RMA'd", "--actor", "ann"
         )
-        assert code == 0 and "un-retired by ann" in out, err
+        assert code == 0 and "un-retired by ann (unverified" in out, err
         assert "sickbay-gpu-node-a-i2 told" in out
         code, _, err = await _cli(capsys, "gpus", "unretire", *conn, lemon, "--reason", "again")
         assert code == 1 and "is not retired" in err

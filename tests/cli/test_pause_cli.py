@@ -45,7 +45,9 @@ async def test_pause_status_resume(
         code, out, err = await _cli(capsys, "status", *conn)
         assert code == 0, err
         first = out.splitlines()[0]
-        assert first.startswith("PAUSED since ") and "by alice (driver rollout)" in first
+        assert (
+            first.startswith("PAUSED since ") and "by alice (unverified) (driver rollout)" in first
+        )
         code, out, err = await _cli(capsys, "resume", *conn, "--actor", "bob")
         assert code == 0, err
         assert "resumed by bob" in out

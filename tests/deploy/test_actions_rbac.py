@@ -4,7 +4,8 @@
   (tokenreviews and subjectaccessreviews create), bound to the webhook's ServiceAccount only;
 - the example roles for people (deploy/examples/people-roles.yaml) name only the documented verbs on
   remediations.sickbay.dev, and, applied to the twin, a SubjectAccessReview answers as
-  documented: approvers may approve but not mark repaired, operators may un-retire.
+  documented: approvers may approve but not mark repaired or pause, operators may un-retire,
+  launch, pause and resume.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ def test_people_roles_answer_as_documented(twin: RunningTwin) -> None:
         assert may("ml-platform-oncall", "approve")
         assert not may("ml-platform-oncall", "repaired")
         assert may("gpu-sre", "unretire") and may("gpu-sre", "repaired")
+        assert may("gpu-sre", "pause") and may("gpu-sre", "resume") and may("gpu-sre", "launch")
+        assert not may("ml-platform-oncall", "pause")
         assert not may("developers", "abort")
     finally:
         for d in docs:

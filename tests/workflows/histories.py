@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
@@ -30,9 +31,20 @@ def patch_markers(history: WorkflowHistory) -> list[str]:
     ]
 
 
+def _without_stack_traces(node: Any) -> Any:
+    """A failure's `stackTrace` names the recording machine's file paths; replay never reads
+    it, so recorded histories carry it empty."""
+    if isinstance(node, dict):
+        return {k: "" if k == "stackTrace" else _without_stack_traces(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_without_stack_traces(v) for v in node]
+    return node
+
+
 def save_history(name: str, history: WorkflowHistory) -> None:
     path = HISTORIES / f"{name}.json"
     if path.exists() and os.environ.get("SICKBAY_RECORD_HISTORIES") != "1":
         return
     HISTORIES.mkdir(parents=True, exist_ok=True)
-    path.write_text(history.to_json())
+    doc = _without_stack_traces(json.loads(history.to_json()))
+    path.write_text(json.dumps(doc, indent=2) + "\n")

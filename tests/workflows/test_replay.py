@@ -42,6 +42,8 @@ def recorded_workflow_id(text: str) -> str:
     history JSON does not carry the workflow id, and the workflow checks its own id)."""
     started = json.loads(text)["events"][0]["workflowExecutionStartedEventAttributes"]
     payload = json.loads(base64.b64decode(started["input"]["payloads"][0]["data"]))
+    if "device" not in payload and "node" not in payload:  # the GPU ledger, the budget
+        return "sickbay-replayed"  # neither reads its own id on replay
     if "device" not in payload:  # a node incident (NodeIncidentInput)
         return node_workflow_id(payload["node"], payload.get("cluster", ""))
     return device_workflow_id(payload["device"]["node"], payload["device"]["gpu_uuid"])

@@ -9,7 +9,12 @@ the kubeconfig's token or its exec plugin's) in `Authorization`, and a JSON body
 2. SubjectAccessReview (authorization.k8s.io/v1): may that user (with their groups) do verb
    `<action>` on resource `remediations` in API group `sickbay.dev`, name `<workflow id>`?
    No: 403 with the reason. (Verbs: contract.actors.ACTION_VERBS; "extend" is
-   `extend-deadline`.)
+   `extend-deadline`.) The name: the remediation's workflow id (approve ... extend, and
+   `launch`, whose target is node/GPU-uuid); the cluster's GPU ledger workflow id
+   (`unretire`, target GPU-uuid or node/GPU-uuid); the cluster's budget workflow id
+   (`pause` / `resume`, target a cluster name, a budget workflow id, or `fleet`: every
+   running budget, each authorized before any is sent). `launch` confirms the device with
+   the Kubernetes API before anything starts (422 for a GPU the cluster has not got).
 3. The signal / update goes to the workflow with `actor` = the verified user and a
    `verified` attachment signed with the actions key (contract/actors.py); the workflow has
    the worker check that signature before it counts the action as verified.
@@ -20,7 +25,8 @@ secret) and `X-Slack-Request-Timestamp` (within 5 minutes) are checked, a signat
 before is refused (replay), the Slack user id is mapped to a Kubernetes user and groups
 (SICKBAY_SLACK_USERS_FILE), and from there on it is step 2 and 3 above.
 
-Answers: 200 taken in (the timeline shows it), 202 sent but not yet taken in, 401 not
+Answers: 200 taken in (the timeline, ledger or pause shows it verified), 202 sent but not yet
+taken in, 401 not
 authenticated, 403 not authorized, 404 no such remediation, 409 the workflow refused it
 (not awaiting approval, already decided, a runbook that requires verified actors...), 422 a
 bad body, 503 not configured / Kubernetes or Temporal unreachable.
@@ -38,7 +44,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qs
 
 import yaml
@@ -47,13 +53,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from activities.actors import attest
 from contract.actors import ACTIONS_API_GROUP, ACTIONS_RESOURCE
 from contract.base import Contract, Duration
+from contract.budget import BudgetState, PauseAnswer, PauseRequest, ResumeRequest
+from contract.kube import DeviceRef
+from contract.ledger import UnretireRequest, UnretireResult
 from contract.names import (
     QRY_TIMELINE,
     SIG_ABORT,
     SIG_REPAIRED,
     UPD_APPROVE,
+    UPD_BUDGET_PAUSE,
+    UPD_BUDGET_RESUME,
     UPD_EXTEND_DEADLINE,
+    UPD_LEDGER_UNRETIRE,
+    WF_BUDGET,
+    budget_task_queue,
+    budget_workflow_id,
+    check_cluster_name,
     device_workflow_id,
+    ledger_workflow_id,
 )
 from contract.remediation import (
     AbortRequest,
@@ -61,9 +78,12 @@ from contract.remediation import (
     ApprovalResult,
     ExtendDeadlineRequest,
     ExtendDeadlineResult,
+    RemediationInput,
     RepairedRequest,
     TimelineEntry,
 )
+
+R = TypeVar("R", bound=Contract)
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +95,11 @@ SLACK_SEEN_MAX = 10_000
 CONFIRM_SECONDS = 10.0
 ACTION_BODY_LIMIT = 64 * 1024
 
-Action = Literal["approve", "reject", "abort", "repaired", "extend"]
+Action = Literal[
+    "approve", "reject", "abort", "repaired", "extend", "unretire", "launch", "pause", "resume"
+]
+# The target of `pause` / `resume` that means every cluster of this Temporal namespace.
+FLEET = "fleet"
 
 
 class ActionBody(BaseModel):
@@ -188,6 +212,43 @@ class ClusterReviews:
             ) from None
 
 
+class DeviceCheck:
+    """A launch's device confirmed with the Kubernetes API, with the resolve-device activity's
+    code (as the CLI's `sickbay launch` does): a typo is refused before anything starts."""
+
+    def __init__(self, api_client: Any) -> None:
+        self._api_client = api_client
+        self._kube: Any = None
+
+    async def confirm(self, node: str, gpu_uuid: str) -> DeviceRef:
+        from temporalio.exceptions import ApplicationError
+
+        from activities.kube import KubeActivities
+        from activities.kube.client import Kube
+        from contract.errors import ERR_DEVICE_NOT_FOUND
+        from contract.kube import ResolveDeviceInput
+
+        if self._kube is None:
+            self._kube = KubeActivities(kube=Kube(self._api_client))
+        asked = DeviceRef(node=node, gpu_uuid=gpu_uuid)
+        try:
+            found = await self._kube.resolve_device(ResolveDeviceInput(device=asked))
+        except ApplicationError as exc:
+            if exc.type == ERR_DEVICE_NOT_FOUND:
+                raise Refused(422, f"no such device, nothing launched: {exc}") from None
+            raise Refused(503, f"cannot confirm the device: {exc}") from None
+        except Exception as exc:  # unreachable, TLS, timeout: say which
+            raise Refused(
+                503, f"cannot confirm the device with the Kubernetes API: {type(exc).__name__}"
+            ) from None
+        if (found.node, found.gpu_uuid) != (node, gpu_uuid):
+            raise Refused(
+                422,
+                f"{gpu_uuid} is on node {found.node}, not {node}: nothing launched",
+            )
+        return asked
+
+
 class SlackVerifier:
     """Slack's request signing (v0): signature, 5-minute timestamp window, replays."""
 
@@ -258,7 +319,9 @@ class Actions:
         reviews: ClusterReviews | None,
         slack: SlackVerifier | None = None,
         slack_users: SlackUsers | None = None,
+        devices: DeviceCheck | None = None,
     ) -> None:
+        self.devices = devices
         self.key = key
         self.service = service  # webhook AlertService: its Temporal client and settings
         self.reviews = reviews
@@ -316,6 +379,12 @@ class Actions:
 
     async def perform(self, person: Person, body: ActionBody) -> tuple[int, dict[str, Any]]:
         assert self.reviews is not None and self.key is not None
+        if body.action == "unretire":
+            return await self._unretire(person, body)
+        if body.action == "launch":
+            return await self._launch(person, body)
+        if body.action in ("pause", "resume"):
+            return await self._pause(person, body)
         wf_id = self.workflow_id(body.target)
         await self.reviews.may(person, body.action, wf_id)
         client = await self.service.client()
@@ -414,6 +483,196 @@ class Actions:
             "actor": person.user,
             "verified": True,
         }
+
+    def _sign(self, person: Person, wf_id: str, action: str, req: R) -> R:
+        assert self.key is not None
+        return attest(
+            self.key,
+            wf_id,
+            action,
+            req,
+            user=person.user,
+            groups=person.groups,
+            via=person.via,
+            external_id=person.external_id,
+        )
+
+    async def _unretire(self, person: Person, body: ActionBody) -> tuple[int, dict[str, Any]]:
+        """`unretire` of a GPU: SAR name = the cluster's GPU ledger workflow id."""
+        assert self.reviews is not None
+        from temporalio.client import WorkflowUpdateFailedError
+        from temporalio.service import RPCError, RPCStatusCode
+
+        node, sep, gpu = body.target.rpartition("/")
+        if (sep and not node) or not gpu.startswith("GPU-"):
+            raise Refused(422, f"{body.target!r} is neither a GPU UUID nor node/GPU-uuid")
+        if not body.reason.strip():
+            raise Refused(422, "unretire needs a reason")
+        settings = self.service.settings
+        wf_id = ledger_workflow_id(settings.task_queue, settings.cluster)
+        await self.reviews.may(person, "unretire", wf_id)
+        req = UnretireRequest(gpu_uuid=gpu, reason=body.reason, actor=person.user)
+        log.info(
+            "verified unretire of %s on %s by %s (via %s)", gpu, wf_id, person.user, person.via
+        )
+        client = await self.service.client()
+        try:
+            result = await client.get_workflow_handle(wf_id).execute_update(
+                UPD_LEDGER_UNRETIRE,
+                self._sign(person, wf_id, "unretire", req),
+                result_type=UnretireResult,
+            )
+        except WorkflowUpdateFailedError as exc:
+            return 409, {"workflow_id": wf_id, "error": f"refused: {exc.cause}"}
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return 404, {"error": f"no GPU ledger {wf_id}: nothing is retired"}
+            raise Refused(503, f"Temporal refused the call: {exc.message}") from None
+        return _counted(
+            wf_id,
+            "un-retired",
+            person,
+            result.verification,
+            gpu=gpu,
+            holder=result.holder,
+        )
+
+    async def _launch(self, person: Person, body: ActionBody) -> tuple[int, dict[str, Any]]:
+        """`launch` of a device's remediation: SAR name = its workflow id; the device is
+        confirmed with the Kubernetes API first (a typo starts nothing)."""
+        assert self.reviews is not None
+        from activities.launch import signal_with_start
+
+        wf_id = self.workflow_id(body.target)
+        if body.target.startswith("sickbay-"):
+            raise Refused(422, "launch takes node/GPU-uuid, not a workflow id")
+        node, _, gpu = body.target.partition("/")
+        await self.reviews.may(person, "launch", wf_id)
+        settings = self.service.settings
+        if self.devices is None:
+            raise Refused(503, "launch needs the Kubernetes API to confirm the device")
+        device = await self.devices.confirm(node, gpu)
+        inp = RemediationInput(
+            device=device,
+            trigger="manual",
+            requested_by=person.user,
+            reason=body.reason,
+            cluster=settings.cluster,
+        )
+        log.info("verified launch of %s by %s (via %s)", wf_id, person.user, person.via)
+        client = await self.service.client()
+        result = await signal_with_start(
+            client, self._sign(person, wf_id, "launch", inp), task_queue=settings.task_queue
+        )
+        if not result.started:
+            return 200, {
+                "workflow_id": wf_id,
+                "status": "signalled running (its launch stays as recorded)",
+                "actor": person.user,
+                "verified": False,
+            }
+        entry = await _taken_in(client.get_workflow_handle(wf_id), "launched", person.user)
+        if entry is None:
+            return 202, {
+                "workflow_id": wf_id,
+                "status": "started; not taken in yet (is a worker running?)",
+                "actor": person.user,
+            }
+        return _counted(wf_id, "launched", person, entry.verification, reason=entry.reason)
+
+    async def _pause(self, person: Person, body: ActionBody) -> tuple[int, dict[str, Any]]:
+        """`pause` / `resume` of a cluster (SAR name = its budget workflow id) or of every
+        cluster of the namespace (target `fleet`: a SAR for each budget workflow)."""
+        assert self.reviews is not None
+        from temporalio.client import WorkflowUpdateFailedError
+        from temporalio.service import RPCError, RPCStatusCode
+
+        from activities.update_with_start import UpdateSender
+
+        if body.action == "pause" and not body.reason.strip():
+            raise Refused(422, "pause needs a reason")
+        settings = self.service.settings
+        client = await self.service.client()
+        if body.target == FLEET:
+            query = f"WorkflowType = '{WF_BUDGET}' AND ExecutionStatus = 'Running'"
+            ids = sorted({wf.id async for wf in client.list_workflows(query)})
+            if not ids:
+                return 404, {"error": "no cluster's budget workflow runs on this namespace"}
+        elif body.target.startswith("sickbay-"):
+            # A budget workflow id: this cluster's may be started (paused) here, any other
+            # must be running (an id of no budget is never started).
+            ids = [body.target]
+        else:
+            try:
+                cluster = check_cluster_name(body.target)
+            except ValueError as exc:
+                raise Refused(422, str(exc)) from None
+            ids = [budget_workflow_id(settings.task_queue, cluster)]
+        startable = {budget_workflow_id(settings.task_queue, settings.cluster)}
+        if body.target != FLEET and not body.target.startswith("sickbay-"):
+            startable |= set(ids)
+        for wf_id in ids:  # all authorized before any is sent
+            await self.reviews.may(person, body.action, wf_id)
+        answers = []
+        for wf_id in ids:
+            req: PauseRequest | ResumeRequest
+            if body.action == "pause":
+                req, update = PauseRequest(reason=body.reason, actor=person.user), UPD_BUDGET_PAUSE
+            else:
+                req = ResumeRequest(reason=body.reason, actor=person.user)
+                update = UPD_BUDGET_RESUME
+            signed = self._sign(person, wf_id, body.action, req)
+            log.info(
+                "verified %s of %s by %s (via %s)", body.action, wf_id, person.user, person.via
+            )
+            try:
+                if wf_id not in startable:
+                    answer = await client.get_workflow_handle(wf_id).execute_update(
+                        update, signed, result_type=PauseAnswer
+                    )
+                else:  # a cluster named: its budget is started (paused) if it is not running
+                    sender = UpdateSender(
+                        client,
+                        WF_BUDGET,
+                        BudgetState(),
+                        workflow_id=wf_id,
+                        task_queue=budget_task_queue(settings.task_queue),
+                        what="budget",
+                    )
+                    answer = await sender.send(update, signed, PauseAnswer)
+            except WorkflowUpdateFailedError as exc:
+                return 409, {"workflow_id": wf_id, "error": f"refused: {exc.cause}"}
+            except RPCError as exc:
+                if exc.status == RPCStatusCode.NOT_FOUND:
+                    return 404, {"error": f"no running budget workflow {wf_id}"}
+                raise Refused(503, f"Temporal refused the call: {exc.message}") from None
+            answers.append((wf_id, answer))
+        verification = "verified"
+        for _, answer in answers:
+            if answer.verification != "verified":
+                verification = answer.verification or "unverified"
+        status = "paused" if body.action == "pause" else "resumed"
+        code, out = _counted(ids[0] if len(ids) == 1 else FLEET, status, person, verification)
+        out["clusters"] = {
+            wf_id: (a.pause.describe() if a.pause is not None else "running")
+            for wf_id, a in answers
+        }
+        return code, out
+
+
+def _counted(
+    wf_id: str, status: str, person: Person, verification: str, **extra: Any
+) -> tuple[int, dict[str, Any]]:
+    """200 when the workflow counted the person verified; 409 (it was done, but recorded
+    unverified: the worker's actions key differs, or the signature aged) otherwise."""
+    if verification != "verified":
+        why = extra.get("reason") or "is the worker's actions key the webhook's?"
+        return 409, {
+            "workflow_id": wf_id,
+            "error": f"{status}, but the workflow recorded it as unverified ({why})",
+        }
+    out = {"workflow_id": wf_id, "status": status, "actor": person.user, "verified": True}
+    return 200, {**out, **{k: v for k, v in extra.items() if k != "reason"}}
 
 
 async def _taken_in(handle: Any, action: str, user: str) -> TimelineEntry | None:

@@ -53,6 +53,7 @@ from worker.webhook.actions import (
     ActionBody,
     Actions,
     ClusterReviews,
+    DeviceCheck,
     Refused,
     SlackUsers,
     SlackVerifier,
@@ -188,6 +189,7 @@ def _actions(settings: Settings, service: AlertService, api_client: Any) -> Acti
         ClusterReviews(api_client),
         SlackVerifier(secret) if secret is not None else None,
         SlackUsers.load(settings.slack_users_file),
+        DeviceCheck(api_client),
     )
 
 

@@ -108,6 +108,7 @@ async def record_failure(r: Remediation) -> None:
                 evidence=s.counts_why,
                 failures=lemons.failures,
                 window=lemons.window,
+                require_verified_actors=s.spec.require_verified_actors,
             )
         )
     except ACTIVITY_FAILED as err:
@@ -187,6 +188,7 @@ def unretired(r: Remediation, notice: UnretireNotice) -> None:
         actor=notice.actor,
         client_identity=notice.client_identity,
         reason=notice.reason,
+        verification=notice.verification,
     )
 
 

@@ -112,6 +112,8 @@ class DeviceRemediationWorkflow:
         r = self._r
         if r.s.input_error is not None:
             raise r.j.refuse_input(r.s.input_error)
+        if r.s.inp.resume is None and r.s.inp.trigger in ("manual", "ui"):
+            await self._launched()
         try:
             ended = await self._procedure()
         except Aborted:
@@ -120,6 +122,14 @@ class DeviceRemediationWorkflow:
             raise r.j.refuse_input(str(refused)) from None
         await lemons.recorded(r)  # never closed with the ledger's answer still on its way
         return await r.j.close(ended)
+
+    async def _launched(self) -> None:
+        """A person's launch: who, verified (`sickbay launch --via`, its signature checked
+        like any verified action's) or the claimed `requested_by`, unverified."""
+        r = self._r
+        inp = r.s.inp
+        who = await actors.sender(r, "launch", inp, inp.requested_by)
+        r.j.log_sent("launch", "launched", who.actor, inp.reason, who)
 
     async def _procedure(self) -> Closed:
         r = self._r

@@ -157,8 +157,17 @@ def test_pause_and_resume_events_land_on_the_cluster_configmap(tmp_path: Path) -
     from contract.names import CLUSTER_CONFIGMAP
 
     at = datetime(2026, 12, 5, 8, 0, tzinfo=UTC)
-    paused = PauseRecord(action="pause", actor="alice", reason="driver rollout", at=at)
-    resumed = PauseRecord(action="resume", actor="bob", at=at.replace(minute=30))
+    paused = PauseRecord(
+        action="pause",
+        actor="alice",
+        reason="driver rollout",
+        at=at,
+        verification="verified",
+        via="kubernetes",
+    )
+    resumed = PauseRecord(
+        action="resume", actor="bob", at=at.replace(minute=30), verification="unverified"
+    )
     with twin(tmp_path, "1.36") as t:
         kube = t.acts.kube
         kube.core.create_namespace({"metadata": {"name": "sickbay"}})
@@ -175,6 +184,7 @@ def test_pause_and_resume_events_land_on_the_cluster_configmap(tmp_path: Path) -
     assert len(events) == 2 and set(by_reason) == {"SickbayPaused", "SickbayResumed"}
     pause_event = by_reason["SickbayPaused"]
     assert pause_event.type == "Warning" and pause_event.involved_object.uid == cm.metadata.uid
-    assert "paused by alice: driver rollout" in pause_event.message
+    # The pauser as the budget recorded it: verified through the actions endpoint, or not.
+    assert "paused by alice (verified via kubernetes): driver rollout" in pause_event.message
     assert by_reason["SickbayResumed"].type == "Normal"
-    assert "resumed by bob" in by_reason["SickbayResumed"].message
+    assert "resumed by bob (unverified)" in by_reason["SickbayResumed"].message
