@@ -599,15 +599,15 @@ async def _status(args: argparse.Namespace) -> int:
         "--cluster NAME for one cluster's",
     )
     client = await _client(args)
-    from worker.pause_cli import pause_banner
+    from worker.pause_cli import pause_banner, paused_budgets
 
-    banner = await pause_banner(client, settings.task_queue, found.name)
+    paused = await paused_budgets(client, settings.task_queue, found.name)
     query = f"WorkflowType = '{WF_REMEDIATE}'"
     if not args.all:
         query += " AND ExecutionStatus = 'Running'"
     if settings.cluster:  # --cluster / SICKBAY_CLUSTER: that cluster's incidents only
         query += f" AND {SA_CLUSTER} = '{settings.cluster}'"
-    rows = []
+    rows: list[dict[str, Any]] = []
     async for wf in client.list_workflows(query):
         sa = wf.search_attributes or {}
 
@@ -633,9 +633,13 @@ async def _status(args: argparse.Namespace) -> int:
             }
         )
     if args.json:
+        # stdout stays the rows' JSON; a pause is said on stderr, where people see it.
+        for line in pause_banner(paused):
+            print(line, file=sys.stderr)
         print(json.dumps(rows, indent=2))
         return 0
-    for line in banner:  # a paused cluster first: it explains every held incident below
+    # A paused cluster first: it explains every held incident below.
+    for line in pause_banner(paused):
         print(line)
     if not rows:
         print("no open incidents" if not args.all else "no remediations")

@@ -123,16 +123,18 @@ def cmd_pause(args: argparse.Namespace) -> int:
     return _run(_pause_or_resume(args))
 
 
-async def pause_banner(client: Any, task_queue: str, cluster: str | None) -> list[str]:
-    """`PAUSED since ... by ... (reason)` for each paused cluster: `cluster`'s budget (a name
-    known), else every running budget workflow of the namespace."""
+async def paused_budgets(
+    client: Any, task_queue: str, cluster: str | None
+) -> dict[str, BudgetState]:
+    """The paused budgets by workflow id: `cluster`'s (a name known), else every running
+    budget workflow of the namespace."""
     from temporalio.service import RPCError
 
     if cluster is not None:
         ids = [budget_workflow_id(task_queue, cluster)]
     else:
         ids = sorted({wf.id async for wf in client.list_workflows(RUNNING_BUDGETS)})
-    lines = []
+    paused = {}
     for wf_id in ids:
         try:
             state = await client.get_workflow_handle(wf_id).query(
@@ -140,16 +142,25 @@ async def pause_banner(client: Any, task_queue: str, cluster: str | None) -> lis
             )
         except RPCError:
             continue  # no budget yet: nothing paused
+        if state.pause is not None:
+            paused[wf_id] = state
+    return paused
+
+
+def pause_banner(paused: dict[str, BudgetState]) -> list[str]:
+    """`PAUSED since ... by ... (reason)` for each paused cluster."""
+    lines = []
+    for wf_id, state in paused.items():
         pause = state.pause
-        if pause is not None:
-            since = f"since {pause.since:%Y-%m-%d %H:%M:%S}Z " if pause.since else ""
-            held = f"; {len(state.waiters)} remediation(s) held" if state.waiters else ""
-            lines.append(
-                safe(
-                    f"PAUSED {since}by {pause.who()} ({pause.reason}) [{wf_id}]{held}; "
-                    "`sickbay resume` lifts it"
-                )
+        assert pause is not None
+        since = f"since {pause.since:%Y-%m-%d %H:%M:%S}Z " if pause.since else ""
+        held = f"; {len(state.waiters)} remediation(s) held" if state.waiters else ""
+        lines.append(
+            safe(
+                f"PAUSED {since}by {pause.who()} ({pause.reason}) [{wf_id}]{held}; "
+                "`sickbay resume` lifts it"
             )
+        )
     return lines
 
 

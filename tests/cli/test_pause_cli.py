@@ -7,6 +7,7 @@ running budget workflow of the namespace; a pause without a reason is refused be
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import pytest
@@ -48,6 +49,9 @@ async def test_pause_status_resume(
         assert (
             first.startswith("PAUSED since ") and "by alice (unverified) (driver rollout)" in first
         )
+        code, out, err = await _cli(capsys, "status", *conn, "--json")
+        assert code == 0 and isinstance(json.loads(out), list)  # stdout: the rows only
+        assert "PAUSED since " in err and "by alice (unverified) (driver rollout)" in err
         code, out, err = await _cli(capsys, "resume", *conn, "--actor", "bob")
         assert code == 0, err
         assert "resumed by bob" in out
