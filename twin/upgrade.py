@@ -38,6 +38,7 @@ same way. A reboot (twin repairs) does not heal it: the upgraded software is sti
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
@@ -127,6 +128,8 @@ class GpuPlugins:
         self.enabled = False
         self._lock = threading.RLock()
         self._faults: dict[str, UpgradeFault] = {}
+        # (node, component) whose pod has run: one missing later went away (a restart).
+        self._ran: set[tuple[str, str]] = set()
 
     # ---- API (fault routes, tests, scenarios) ----------------------------------------------
 
@@ -244,7 +247,12 @@ class GpuPlugins:
             }
             for component in self._components():
                 if component not in live:
+                    if (name, component) in self._ran and component != VALIDATOR:
+                        # Deleted (by anyone: this pass's finish or the kubelet's): the
+                        # DaemonSet starts it again, which is the restart that may heal.
+                        self._restarted(name)
                     self._create(ctx, name, component)
+                    self._ran.add((name, component))
         return None
 
     def _after_reboot(self, node: str) -> None:
@@ -270,15 +278,14 @@ class GpuPlugins:
                 self._write_status(pod, None if healed else fault, fresh=False)
 
     def _finish(self, ctx: Any, pod: dict[str, Any]) -> None:
-        node = pod["spec"].get("nodeName", "")
-        component = (meta(pod).get("annotations") or {}).get(ANN_PLUGIN)
-        try:
+        """A deleted plugin pod goes at once (the restart is counted when it is replaced)."""
+        with contextlib.suppress(ApiError):
             ctx.store.delete(PODS, name_of(pod), ns_of(pod), grace_period_seconds=0)
-        except ApiError:
-            return
+
+    def _restarted(self, node: str) -> None:
         with self._lock:
             fault = self._faults.get(node)
-            if fault is None or component == VALIDATOR:
+            if fault is None:
                 return
             fault.restarts += 1
             if fault.heals_on_restart:

@@ -279,7 +279,11 @@ async def test_overload_answers_503_and_loses_nothing(dev_env: WorkflowEnvironme
         accepted = {r["index"] for r in data["results"]}
         failed = {f["index"] for f in data["failed"]}
         assert accepted | failed == set(range(300)) and not accepted & failed
-        assert failed and {f["reason"] for f in data["failed"]} == {"temporal-timeout"}
+        # Past the deadline; a dev server slowed by a busy machine may also answer a transient
+        # error: both are Temporal's, retried by Alertmanager on the 503.
+        reasons = {f["reason"] for f in data["failed"]}
+        assert "temporal-timeout" in reasons, reasons
+        assert reasons <= {"temporal-timeout", "temporal-unavailable"}, reasons
         # Alertmanager's retry: loosen the deadline the way a recovered Temporal would.
         app.state.service.webhook = WebhookSettings(
             webhook_token=TOKEN, webhook_concurrency=1, webhook_temporal_timeout=30
