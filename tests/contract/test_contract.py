@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import contract.errors
+from tests.pysource import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("contract", "workflows", "activities", "worker")
@@ -24,7 +25,7 @@ def literal_error_types(source: str, name: str) -> list[str]:
     """`name:line: type='X'` for each string literal given as an ApplicationError's `type=` or
     in a `non_retryable_error_types=` list."""
     found = []
-    for node in ast.walk(ast.parse(source, name)):
+    for node in ast.walk(parse(source, name)):
         if not isinstance(node, ast.Call):
             continue
         fn = node.func
@@ -76,7 +77,7 @@ def test_error_types_are_distinct() -> None:
 
 def test_the_package_reexports_nothing() -> None:
     # Callers import from the boundary module (contract.kube, contract.names, ...).
-    body = ast.parse((ROOT / "contract" / "__init__.py").read_text()).body
+    body = parse((ROOT / "contract" / "__init__.py").read_text()).body
     assert len(body) == 1 and isinstance(body[0], ast.Expr), "only a docstring"
     assert isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
 

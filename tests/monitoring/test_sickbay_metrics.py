@@ -37,6 +37,7 @@ import worker.main as worker_main
 from contract.names import SA_CLUSTER, SA_PHASE, WF_REMEDIATE
 from harness.stack import free_port
 from tests.monitoring.conftest import binary
+from tests.pysource import parse
 from tests.workflows.conftest import _search_attributes  # noqa: F401  (autouse: the time-skipping server knows them)
 from tests.workflows.fakes import FakeWorld, new_worker, start
 from worker.gauges import count_open, report_open_remediations
@@ -55,7 +56,7 @@ def _code_metrics() -> dict[str, str]:
     found: dict[str, str] = {}
     for folder in ("workflows", "activities", "worker"):
         for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(parse(path.read_text(), str(path))):
                 if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                     continue
                 kind = CREATORS.get(node.func.attr) or (

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.pysource import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / "workflows"
 CONTRACT = ROOT / "contract"
@@ -58,7 +60,7 @@ UNSANDBOXED = {"budget.py", "remediation/workflow.py"}
 
 def problems(source: str, name: str) -> list[str]:
     found: list[str] = []
-    for node in ast.walk(ast.parse(source, name)):
+    for node in ast.walk(parse(source, name)):
         if isinstance(node, ast.Import):
             roots = [a.name.split(".")[0] for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -79,7 +81,7 @@ def problems(source: str, name: str) -> list[str]:
 
 
 def unsandboxed(source: str) -> bool:
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.keyword) and node.arg == "sandboxed":
             return isinstance(node.value, ast.Constant) and node.value.value is False
     return False
