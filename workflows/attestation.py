@@ -14,6 +14,7 @@ is an await, so state may change meanwhile and the handler checks it again after
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -64,6 +65,23 @@ def prune_nonces(seen: dict[str, datetime], now: datetime) -> dict[str, datetime
     return {n: at for n, at in seen.items() if at >= horizon}
 
 
+def stale_or_replayed(att: VerifiedActor, claimed: str, now: datetime, seen: Container[str]) -> str:
+    """Why `att` cannot count before its signature is even checked (too old, dated in the
+    future, a nonce in `seen`, another user than the `claimed` actor), or "" when none."""
+    if now - att.issued_at > ATTESTATION_TTL:
+        return (
+            f"its verification was issued at {att.issued_at:%H:%M:%S} UTC, more than "
+            f"{int(ATTESTATION_TTL.total_seconds() // 60)}m before it was taken in: send it again"
+        )
+    if att.issued_at - now > CLOCK_SKEW:
+        return "its verification is dated in the future"
+    if att.nonce in seen:
+        return "its verification was already used (a replay)"
+    if att.user != claimed:
+        return f"the actor {claimed!r} is not the verified user {att.user!r}"
+    return ""
+
+
 async def check_actor(
     action: str, req: Contract, claimed: str, seen: dict[str, datetime]
 ) -> Checked:
@@ -71,20 +89,8 @@ async def check_actor(
     att: VerifiedActor | None = getattr(req, "verified", None)
     if att is None:
         return Checked(claimed)
-    now = workflow.now()
-    problem = ""
-    if now - att.issued_at > ATTESTATION_TTL:
-        problem = (
-            f"its verification was issued at {att.issued_at:%H:%M:%S} UTC, more than "
-            f"{int(ATTESTATION_TTL.total_seconds() // 60)}m before it was taken in: send it again"
-        )
-    elif att.issued_at - now > CLOCK_SKEW:
-        problem = "its verification is dated in the future"
-    elif att.nonce in seen:
-        problem = "its verification was already used (a replay)"
-    elif att.user != claimed:
-        problem = f"the actor {claimed!r} is not the verified user {att.user!r}"
-    else:
+    problem = stale_or_replayed(att, claimed, workflow.now(), seen)
+    if not problem:
         check = ActorCheck(
             workflow_id=workflow.info().workflow_id,
             action=action,

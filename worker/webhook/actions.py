@@ -389,19 +389,9 @@ class Actions:
         await self.reviews.may(person, body.action, wf_id)
         client = await self.service.client()
         handle = client.get_workflow_handle(wf_id)
-        key = self.key
 
         def signed(action: str, req: Contract) -> Any:
-            return attest(
-                key,
-                wf_id,
-                action,
-                req,
-                user=person.user,
-                groups=person.groups,
-                via=person.via,
-                external_id=person.external_id,
-            )
+            return self._sign(person, wf_id, action, req)
 
         log.info("verified %s on %s by %s (via %s)", body.action, wf_id, person.user, person.via)
         from temporalio.client import WorkflowUpdateFailedError

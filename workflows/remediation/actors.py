@@ -13,24 +13,20 @@ unverified sender (`refusal()`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from contract.actors import (
-        ATTESTATION_TTL,
         ActorCheck,
         VerifiedActor,
         request_fields,
     )
     from contract.base import Contract
+    from workflows.attestation import stale_or_replayed
     from workflows.identity import sender_identity
     from workflows.remediation.calls import ACTIVITY_FAILED, error_text
     from workflows.remediation.context import Remediation
-
-# The endpoint's clock may run a little ahead of the worker's history time.
-CLOCK_SKEW = timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -54,20 +50,8 @@ async def sender(r: Remediation, action: str, req: Contract, claimed: str) -> Se
     att: VerifiedActor | None = getattr(req, "verified", None)
     if att is None:
         return Sender(claimed, identity)
-    now = workflow.now()
-    problem = ""
-    if now - att.issued_at > ATTESTATION_TTL:
-        problem = (
-            f"its verification was issued at {att.issued_at:%H:%M:%S} UTC, more than "
-            f"{int(ATTESTATION_TTL.total_seconds() // 60)}m before it was taken in: send it again"
-        )
-    elif att.issued_at - now > CLOCK_SKEW:
-        problem = "its verification is dated in the future"
-    elif att.nonce in r.s.seen_nonces:
-        problem = "its verification was already used (a replay)"
-    elif att.user != claimed:
-        problem = f"the actor {claimed!r} is not the verified user {att.user!r}"
-    else:
+    problem = stale_or_replayed(att, claimed, workflow.now(), r.s.seen_nonces)
+    if not problem:
         check = ActorCheck(
             workflow_id=workflow.info().workflow_id,
             action=action,
