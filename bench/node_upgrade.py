@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.common import summary
 from bench.stacks import open_stack
-from contract.names import QRY_NODE_STATUS, node_workflow_id
+from contract.names import QRY_NODE_STATUS, QRY_TIMELINE, node_workflow_id
 from contract.node_incident import NodeIncidentResult, NodeIncidentStatus
 from harness.scenarios import Demo, Progress
 
@@ -72,7 +72,45 @@ async def _last_run(demo: Demo, wid: str) -> str | None:
         return None
 
 
+async def _evidence(demo: Demo, node: str) -> str:
+    """What a failed round leaves to read: the incident's timeline, the twin's upgrade faults,
+    the node's GPU plugin pods and its published devices."""
+    parts: list[str] = []
+    wid = node_workflow_id(node)
+    try:
+        lines = await demo.client.get_workflow_handle(wid).query(QRY_TIMELINE)
+        parts.append("timeline:\n  " + "\n  ".join(lines))
+    except Exception as err:  # the evidence of a failure must not hide it
+        parts.append(f"timeline: {err!r}")
+    try:
+        parts.append(f"twin upgrades: {await demo.k('GET', '/twin/upgrades')}")
+        pods = await demo.k("GET", "/api/v1/namespaces/gpu-operator/pods")
+        for p in pods["items"]:
+            if p["spec"].get("nodeName") == node:
+                m, st = p["metadata"], p.get("status") or {}
+                cs = (st.get("containerStatuses") or [{}])[0]
+                parts.append(
+                    f"pod {m['name']} deleting={bool(m.get('deletionTimestamp'))} "
+                    f"phase={st.get('phase')} ready={cs.get('ready')} state={cs.get('state')}"
+                )
+        parts.append(f"published on {node}: {await _published(demo, node)}")
+    except Exception as err:
+        parts.append(f"twin: {err!r}")
+    return "\n".join(parts)
+
+
 async def _round(
+    demo: Demo, node: str, version: str, breaks: str, out: dict[str, list[float]]
+) -> None:
+    try:
+        await _round_of(demo, node, version, breaks, out)
+    except Exception as err:
+        raise RuntimeError(
+            f"{breaks} round on {node}: {err}\n{await _evidence(demo, node)}"
+        ) from err
+
+
+async def _round_of(
     demo: Demo, node: str, version: str, breaks: str, out: dict[str, list[float]]
 ) -> None:
     wid = node_workflow_id(node)

@@ -184,10 +184,13 @@ class GpuPlugins:
             ni["containerRuntimeVersion"] = fault.runtime_to
 
         store.mutate(NODES, node, bump, subresource="status")
+        # The GPUs vanish before the fault is registered: a controller pass between the two
+        # (its own thread) would otherwise read a registered fault with nothing vanished as a
+        # reboot that republished them, and heal it before it broke.
+        self.manager.faults.fail(node, "all", vanish=True)
         with self._lock:
             self._faults[node] = fault
         self.enabled = True
-        self.manager.faults.fail(node, "all", vanish=True)
         # The upgraded kubelet restarted every container on the node: the plugin pods too.
         for pod in self._pods(node):
             self._write_status(pod, fault, fresh=False)

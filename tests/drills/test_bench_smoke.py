@@ -54,9 +54,14 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
         timeout=600,
         check=False,
     )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    results = json.loads((tmp_path / "results.json").read_text())
-    assert "errors" not in results, results.get("errors")
+    raw = tmp_path / "results.json"
+    results = json.loads(raw.read_text()) if raw.exists() else {}
+    # The failed benchmarks' own words first: the process's tails may be cut by whoever reads.
+    assert proc.returncode == 0 and "errors" not in results, (
+        f"failed benchmarks: {json.dumps(results.get('errors'), indent=1)}\n"
+        + proc.stdout[-2000:]
+        + proc.stderr[-4000:]
+    )
     assert results["latency"]["measured"] == results["latency"]["pairs"] == 8
     assert results["cost"]["outcome"] == "released"
     assert results["storm"]["alerts"] == 240

@@ -142,6 +142,41 @@ def test_dra_socket_lost_leaves_the_plugin_ready_and_the_slice_empty(twin: Any) 
     eventually(lambda: devices() == 2)
 
 
+def test_a_controller_pass_inside_the_upgrade_does_not_heal_it(twin: Any, monkeypatch: Any) -> None:
+    """The controller's pass may land between the upgrade's steps (it runs on its own thread;
+    a busy machine widens the gap): it must never read the half-made upgrade as a reboot that
+    republished the GPUs, which healed the fault before the GPUs vanished, so the one restart
+    that should bring them back found nothing to heal (a bench round waited 180 s on CI)."""
+    t = twin(OPTS, nodes=1, gpus_per_node=2)
+    node = t.rs.twin.seed_info["nodes"][0]
+    t.twin("POST", "/twin/gpu-plugins")
+    app = "app.kubernetes.io/name=nvidia-dra-driver-gpu"
+    eventually(lambda: _plugin(t, node, app))
+    plugins, faults = t.manager.gpu_plugins, t.manager.faults
+    real_fail = faults.fail
+
+    def fail_after_a_pass(*args: Any, **kwargs: Any) -> Any:
+        plugins._after_reboot(node)  # the controller's pass, at the worst moment
+        return real_fail(*args, **kwargs)
+
+    monkeypatch.setattr(faults, "fail", fail_after_a_pass)
+    assert t.twin("POST", "/twin/upgrades", {"node": node, "breaks": "socket"}).status_code == 201
+    monkeypatch.setattr(faults, "fail", real_fail)
+    assert [f["node"] for f in t.twin("GET", "/twin/upgrades").json()["items"]] == [node]
+    pod = _plugin(t, node, app)
+    t.core.delete_namespaced_pod(pod["metadata"]["name"], NAMESPACE)
+    eventually(
+        lambda: (
+            sum(
+                len(s.spec.devices or [])
+                for s in t.dra.list_resource_slice().items
+                if s.spec.node_name == node
+            )
+            == 2
+        )
+    )
+
+
 def test_upgrade_routes_refuse_bad_input(twin: Any) -> None:
     t = twin(OPTS, profile="device-plugin", nodes=1)
     node = t.rs.twin.seed_info["nodes"][0]
