@@ -28,14 +28,15 @@ Cases:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -120,6 +121,7 @@ from contract.repair import (
     WaitRepairJobInput,
 )
 from contract.runbook import RunbookSet
+from harness.stack import free_port
 from tests.workflows.fakes import shipped_runbooks, watch_until_cancelled, without_repair
 from tests.workflows.histories import save_history
 from workflows.node_incident.workflow import NodeIncidentWorkflow
@@ -597,8 +599,8 @@ async def test_restart_not_enough_then_reboot_heals(time_skipping_env: WorkflowE
 
 def _follow_runbooks(*, scale: bool, approval: bool = False) -> RunbookSet:
     """The shipped runbooks (repair off) with `scaleUp` on (provider cluster-api, the node's
-    pool) or off; Pending and capacity deadlines of a minute (the safe bounds' least), reached
-    in steps (`_stepping`)."""
+    pool) or off; Pending and capacity deadlines of a minute (the safe bounds' least): the
+    fake watch gives its hold on time back, so the server skips to the deadline timer."""
     out = []
     for rb in without_repair(shipped_runbooks()):
         rep = rb.spec.replacement.model_copy(update={"pending_deadline": timedelta(minutes=1)})
@@ -616,17 +618,20 @@ def _follow_runbooks(*, scale: bool, approval: bool = False) -> RunbookSet:
     return RunbookSet(runbooks=out)
 
 
-def _stepping(env: WorkflowEnvironment) -> Any:
-    """Move the test server's time in 10 s steps (shorter than the watch's heartbeat timeout)
-    until the run ends: the fake watch heartbeats between them, as a live one would."""
-
-    async def then(handle: Any) -> None:
-        for _ in range(200):
-            if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
-                return
-            await env.sleep(timedelta(seconds=10))
-
-    return then
+@pytest.fixture
+async def own_env(temporal_test_server_path: str) -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server of the test's own: the fake watch gives its hold on time back
+    and takes it again when cancelled; one that ends after its workflow must not hold the
+    module's shared server still for the next test."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        port=free_port(),
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=temporal_test_server_path,
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
 
 
 def _hook_world(**kw: Any) -> World:
@@ -654,14 +659,14 @@ async def test_replacements_running_elsewhere_are_logged(
 
 
 async def test_pending_replacements_get_a_scale_up_within_the_budget(
-    time_skipping_env: WorkflowEnvironment,
+    own_env: WorkflowEnvironment,
 ) -> None:
     world = _hook_world(
         runbooks=_follow_runbooks(scale=True),
         replacements="pending",
         running_after_capacity=True,
     )
-    result = await run(time_skipping_env, world, then=_stepping(time_skipping_env))
+    result = await run(own_env, world)
     # The relocation's lease (1 GPU: one pod moved), then the scale-up's: the node's 2 GPUs.
     assert [lease.gpus for lease in world.of(ACT_ACQUIRE_BUDGET)] == [1, 2]
     [ask] = world.of(ACT_REQUEST_CAPACITY)
@@ -683,7 +688,7 @@ async def test_pending_replacements_get_a_scale_up_within_the_budget(
 
 
 async def test_pending_with_scale_up_off_updates_the_one_page(
-    time_skipping_env: WorkflowEnvironment,
+    own_env: WorkflowEnvironment,
 ) -> None:
     world = _hook_world(
         runbooks=_follow_runbooks(scale=False),
@@ -695,10 +700,9 @@ async def test_pending_with_scale_up_off_updates_the_one_page(
         ],
     )
     result = await run(
-        time_skipping_env,
+        own_env,
         world,
         history="node_incident_replacements_pending",
-        then=_stepping(time_skipping_env),
     )
     assert world.of(ACT_REQUEST_CAPACITY) == []
     pages = [n for n in world.of(ACT_NOTIFY) if n.action == "trigger"]
@@ -715,14 +719,14 @@ async def test_pending_with_scale_up_off_updates_the_one_page(
 
 
 async def test_budget_refusing_the_scale_up_is_said(
-    time_skipping_env: WorkflowEnvironment,
+    own_env: WorkflowEnvironment,
 ) -> None:
     world = _hook_world(
         runbooks=_follow_runbooks(scale=True),
         replacements="pending",
         grants_by_gpus={1: True, 2: False},
     )
-    result = await run(time_skipping_env, world, then=_stepping(time_skipping_env))
+    result = await run(own_env, world)
     assert world.of(ACT_REQUEST_CAPACITY) == []
     assert any("the scale-up refused by the blast-radius budget" in x for x in result.timeline)
     update = [n for n in world.of(ACT_NOTIFY) if n.action == "trigger"][1].incident

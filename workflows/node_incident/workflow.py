@@ -20,6 +20,11 @@ remediation (one run per node: `contract.names.node_workflow_id`).
     escalated    one page with the diagnosis (one per pool with nodeIncident.poolIncident),
       │          the node stays contained; its GPU workloads evicted (nodeIncident.relocate:
       │          within the budget, PDBs honoured) so their owners start them elsewhere;
+      │          replacing: their replacements followed as the remediation does (the shared
+      │          workflows.replacement race under replacement.pendingDeadline); scaling:
+      │          still Pending -> scaleUp within the budget lease for the node's GPUs, then
+      │          the capacity deadline; still Pending (or scale-up off / refused / failed):
+      │          the same page updated, naming them and the scheduler's words (no 2nd page);
       │          held until its GPUs come back (validated, then released: `healed`) or
       │          `abort` (containment undone: `aborted`)
 """
