@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from contract.base import Contract, Duration
-from contract.kube import PodRef
+from contract.kube import OwnerRef, PodRef
 
 NodeRungAction = Literal["restart-plugin", "reboot", "replace"]
 NODE_RUNG_ACTIONS: tuple[NodeRungAction, ...] = ("restart-plugin", "reboot", "replace")
@@ -157,6 +157,11 @@ class GpuPodsResult(Contract):
     GPUs vanished; DaemonSet and mirror pods (the GPU plugin itself) are never listed."""
 
     pods: list[PodRef] = Field(default_factory=list)
+    # Their top controllers (Deployment, StatefulSet, Job, JobSet...; one entry each): what
+    # starts them elsewhere once evicted, and what the replacement watch follows.
+    owners: list[OwnerRef] = Field(default_factory=list)
+    # The ones without an owner: nothing starts them again once evicted.
+    bare: list[PodRef] = Field(default_factory=list)
 
 
 class WaitGpusBackInput(Contract):

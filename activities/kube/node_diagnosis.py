@@ -48,9 +48,9 @@ from activities.defn import defn
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.devices import list_slice_devices, node_gpu_uuids, node_pool_of
 from activities.kube.nodes import ANN_CORDONED_BY, converge_node, cordon_change, read_node
-from activities.kube.pods import meta
+from activities.kube.pods import OwnerResolver, meta
 from contract.errors import ERR_INVALID_INPUT, ERR_STILL_WAITING
-from contract.kube import PodRef
+from contract.kube import OwnerRef, PodRef
 from contract.names import (
     ACT_CONTAIN_NODE,
     ACT_DIAGNOSE_NODE,
@@ -517,6 +517,9 @@ def gpu_pods(kube: Kube, inp: GpuPodsInput) -> GpuPodsResult:
         field_selector=f"spec.nodeName={inp.node}",
     )
     refs: list[PodRef] = []
+    owners: dict[tuple[str, str, str], OwnerRef] = {}
+    bare: list[PodRef] = []
+    resolver = OwnerResolver(kube)
     for pod in body.get("items") or []:
         m = meta(pod)
         phase = (pod.get("status") or {}).get("phase")
@@ -529,10 +532,23 @@ def gpu_pods(kube: Kube, inp: GpuPodsInput) -> GpuPodsResult:
         ):
             continue
         if _holds_gpu(pod):
-            refs.append(
-                PodRef(namespace=m.get("namespace", ""), name=m.get("name", ""), uid=m.get("uid"))
-            )
-    return GpuPodsResult(pods=sorted(refs, key=lambda p: (p.namespace, p.name)))
+            ref = PodRef(namespace=m.get("namespace", ""), name=m.get("name", ""), uid=m.get("uid"))
+            refs.append(ref)
+            direct, top = resolver.owners(pod)
+            owner = top or direct
+            if owner is None:
+                bare.append(ref)
+            else:
+                owners.setdefault((owner.kind, owner.namespace, owner.name), owner)
+    return GpuPodsResult(
+        pods=sorted(refs, key=_pod_key),
+        owners=sorted(owners.values(), key=lambda o: (o.namespace, o.kind, o.name)),
+        bare=sorted(bare, key=_pod_key),
+    )
+
+
+def _pod_key(p: PodRef) -> tuple[str, str]:
+    return p.namespace, p.name
 
 
 # ---- the plugin restart -------------------------------------------------------------------

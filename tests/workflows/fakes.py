@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 from temporalio import activity
 from temporalio.api.testservice.v1 import LockTimeSkippingRequest, UnlockTimeSkippingRequest
@@ -423,7 +423,15 @@ class FakeWorld:
         return [a for a in acts if _activity_name(a) not in replaced] + list(replace)
 
 
-async def watch_until_cancelled(world: FakeWorld) -> None:
+class Watching(Protocol):
+    """What the watch fake counts (FakeWorld, the node incident's World)."""
+
+    watching: bool
+    heartbeats: int
+    watch_cancelled: int
+
+
+async def watch_until_cancelled(world: Watching) -> None:
     """The deadline-free watch seeing nothing: heartbeat until the workflow cancels it. The
     time-skipping server holds time still while an activity runs, as a real watch would; this
     one gives its hold back, so the test's `env.sleep` can reach the workflow's deadline timer."""

@@ -15,13 +15,20 @@ Cases:
 - a validation failure after the GPUs came back is no heal: escalated;
 - pool incident: two other nodes of the pool lost their GPUs too -> one page whose id is the
   pool's and which names every node;
-- dry run: diagnosed, nothing contained, nothing restarted; GPUs already back: `recovered`.
+- dry run: diagnosed, nothing contained, nothing restarted; GPUs already back: `recovered`;
+- the evicted workloads followed (the shared replacement race): their replacements Running
+  on another node -> logged, the page left alone, held as before; still Pending at the
+  Pending deadline with scaleUp on -> the budget lease extended to the node's GPUs, capacity
+  asked of the node's pool (once, keyed), Running after it -> logged; still Pending with
+  scale-up off -> the one page updated (same id, no second page) naming the Pending
+  workload and the scheduler's words; the budget refusing the scale-up's lease -> nothing
+  asked, the page says so; a pod without an owner -> said, nothing followed.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -29,11 +36,13 @@ from typing import Any
 import pytest
 from temporalio import activity
 from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
+from contract.capacity import CapacityRequest, CapacityResult
 from contract.errors import ERR_STILL_WAITING
 from contract.kube import (
     CordonInput,
@@ -43,9 +52,13 @@ from contract.kube import (
     EvictionReport,
     EvictPodsInput,
     EvictPodsResult,
+    OwnerRef,
     PodRef,
+    PodState,
     RecordEventInput,
+    ReplacementReport,
     WaitEvictionInput,
+    WaitReplacementInput,
 )
 from contract.names import (
     ACT_ACQUIRE_BUDGET,
@@ -63,12 +76,14 @@ from contract.names import (
     ACT_RECORD_EVENT,
     ACT_RELEASE_BUDGET,
     ACT_RELEASE_NODE,
+    ACT_REQUEST_CAPACITY,
     ACT_RESTART_GPU_PLUGIN,
     ACT_START_VALIDATION_JOB,
     ACT_WAIT_EVICTION,
     ACT_WAIT_GPUS_BACK,
     ACT_WAIT_NODE_GPUS,
     ACT_WAIT_REPAIR_JOB,
+    ACT_WAIT_REPLACEMENT,
     QRY_NODE_STATUS,
     SIG_ABORT,
     node_workflow_id,
@@ -106,7 +121,8 @@ from contract.repair import (
     WaitRepairJobInput,
 )
 from contract.runbook import RunbookSet
-from tests.workflows.fakes import shipped_runbooks, without_repair
+from harness.stack import free_port
+from tests.workflows.fakes import shipped_runbooks, watch_until_cancelled, without_repair
 from tests.workflows.histories import save_history
 from workflows.node_incident.workflow import NodeIncidentWorkflow
 
@@ -161,7 +177,23 @@ class World:
     gpu_pods: list[PodRef] = field(
         default_factory=lambda: [PodRef(namespace="ml", name="trainer-0", uid="u1")]
     )
+    owners: list[OwnerRef] = field(
+        default_factory=lambda: [OwnerRef(kind="StatefulSet", name="trainer", namespace="ml")]
+    )
+    bare: list[PodRef] = field(default_factory=list)
     budget_grants: bool = True
+    watching: bool = False
+    heartbeats: int = 0
+    watch_cancelled: int = 0
+    # Budget grants per lease asked (by the GPUs asked); missing: `budget_grants`.
+    grants_by_gpus: dict[int, bool] = field(default_factory=dict)
+    # The replacements: Running elsewhere, or Pending (the watch never ends: the timer does);
+    # `running_after_capacity`: Running once capacity was asked for.
+    replacements: str = "running"
+    running_after_capacity: bool = False
+    capacity: CapacityResult = field(
+        default_factory=lambda: CapacityResult(status="requested", current_size=3, target_size=4)
+    )
 
     def names(self) -> list[str]:
         return [n for n, _ in self.calls]
@@ -250,7 +282,7 @@ class World:
         @activity.defn(name=ACT_FIND_GPU_PODS)
         async def find_pods(inp: GpuPodsInput) -> GpuPodsResult:
             w.calls.append((ACT_FIND_GPU_PODS, inp))
-            return GpuPodsResult(pods=w.gpu_pods)
+            return GpuPodsResult(pods=w.gpu_pods, owners=w.owners, bare=w.bare)
 
         @activity.defn(name=ACT_COUNT_DEVICES)
         async def count(inp: CountDevicesInput) -> DeviceCounts:
@@ -260,9 +292,8 @@ class World:
         @activity.defn(name=ACT_ACQUIRE_BUDGET)
         async def acquire(inp: BudgetLeaseRequest) -> BudgetDecision:
             w.calls.append((ACT_ACQUIRE_BUDGET, inp))
-            return BudgetDecision(
-                granted=w.budget_grants, reason="" if w.budget_grants else "pool at 4 of 4"
-            )
+            granted = w.grants_by_gpus.get(inp.gpus, w.budget_grants)
+            return BudgetDecision(granted=granted, reason="" if granted else "pool at 4 of 4")
 
         @activity.defn(name=ACT_RELEASE_BUDGET)
         async def release_budget(inp: BudgetReleaseRequest) -> BudgetDecision:
@@ -279,7 +310,52 @@ class World:
             w.calls.append((ACT_WAIT_EVICTION, inp))
             return EvictionReport(gone=inp.pods)
 
-        return [find_pods, count, acquire, release_budget, evict, wait_evicted]
+        @activity.defn(name=ACT_WAIT_REPLACEMENT)
+        async def wait_replacement(inp: WaitReplacementInput) -> ReplacementReport:
+            w.calls.append((ACT_WAIT_REPLACEMENT, inp))
+            asked = bool(w.of(ACT_REQUEST_CAPACITY))
+            if w.replacements == "running" or (asked and w.running_after_capacity):
+                return ReplacementReport(
+                    status="running",
+                    pods=[
+                        PodState(
+                            pod=PodRef(namespace="ml", name="trainer-0", uid="u2"),
+                            phase="Running",
+                            node="gpu-node-7",
+                        )
+                    ],
+                )
+            pending = ReplacementReport(
+                status="pending",
+                pods=[
+                    PodState(
+                        pod=PodRef(namespace="ml", name="trainer-0", uid="u2"),
+                        phase="Pending",
+                        message="0/8 nodes are available: 8 Insufficient nvidia.com/gpu.",
+                    )
+                ],
+                unschedulable_message="0/8 nodes are available: 8 Insufficient nvidia.com/gpu.",
+            )
+            if inp.look_once:
+                return pending
+            await watch_until_cancelled(w)  # the deadline timer cancels it
+            return pending
+
+        @activity.defn(name=ACT_REQUEST_CAPACITY)
+        async def request_capacity(inp: CapacityRequest) -> CapacityResult:
+            w.calls.append((ACT_REQUEST_CAPACITY, inp))
+            return w.capacity
+
+        return [
+            find_pods,
+            count,
+            acquire,
+            release_budget,
+            evict,
+            wait_evicted,
+            wait_replacement,
+            request_capacity,
+        ]
 
 
 async def run(
@@ -396,7 +472,7 @@ async def test_restart_that_does_not_help_is_not_retried_and_abort_undoes(
             st = await handle.query(QRY_NODE_STATUS, result_type=NodeIncidentStatus)
             if st.phase == "held":
                 break
-            await time_skipping_env.sleep(timedelta(seconds=30))
+            await time_skipping_env.sleep(timedelta(minutes=1))
         assert st.phase == "held"
         await handle.signal(SIG_ABORT, AbortRequest(reason="rolling back the upgrade", actor="sre"))
 
@@ -416,7 +492,7 @@ async def test_failed_validation_is_no_heal(time_skipping_env: WorkflowEnvironme
             st = await handle.query(QRY_NODE_STATUS, result_type=NodeIncidentStatus)
             if st.phase == "held" and world.of(ACT_NOTIFY):
                 break
-            await time_skipping_env.sleep(timedelta(seconds=30))
+            await time_skipping_env.sleep(timedelta(minutes=1))
         await handle.signal(SIG_ABORT, AbortRequest(reason="done looking"))
 
     result = await run(time_skipping_env, world, then=then)
@@ -519,3 +595,140 @@ async def test_restart_not_enough_then_reboot_heals(time_skipping_env: WorkflowE
     assert [p.name for p in world.of(ACT_EVICT_PODS)[0].pods] == ["web-0"]
     assert len(world.of(ACT_START_VALIDATION_JOB)) == 2
     assert len(world.of(ACT_RELEASE_BUDGET)) == 1 and len(world.of(ACT_RELEASE_NODE)) == 1
+
+
+def _follow_runbooks(*, scale: bool, approval: bool = False) -> RunbookSet:
+    """The shipped runbooks (repair off) with `scaleUp` on (provider cluster-api, the node's
+    pool) or off; Pending and capacity deadlines of a minute (the safe bounds' least): the
+    fake watch gives its hold on time back, so the server skips to the deadline timer."""
+    out = []
+    for rb in without_repair(shipped_runbooks()):
+        rep = rb.spec.replacement.model_copy(update={"pending_deadline": timedelta(minutes=1)})
+        su = rb.spec.scale_up.model_copy(
+            update={
+                "enabled": scale,
+                "provider": "cluster-api",
+                "max_size": 6,
+                "approval": approval,
+                "capacity_deadline": timedelta(minutes=1),
+            }
+        )
+        spec = rb.spec.model_copy(update={"scale_up": su, "replacement": rep})
+        out.append(rb.model_copy(update={"spec": spec}))
+    return RunbookSet(runbooks=out)
+
+
+@pytest.fixture
+async def own_env(temporal_test_server_path: str) -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server of the test's own: the fake watch gives its hold on time back
+    and takes it again when cancelled; one that ends after its workflow must not hold the
+    module's shared server still for the next test."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        port=free_port(),
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=temporal_test_server_path,
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+def _hook_world(**kw: Any) -> World:
+    return World(diag=diagnosis("toolkit-hook", restartable=False), waits_before_back=3, **kw)
+
+
+async def test_replacements_running_elsewhere_are_logged(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    world = _hook_world()
+    result = await run(time_skipping_env, world, history="node_incident_replacements_running")
+    [watch] = world.of(ACT_WAIT_REPLACEMENT)
+    assert [(o.kind, o.name) for o in watch.owners] == [("StatefulSet", "trainer")]
+    assert [p.name for p in watch.old_pods] == ["trainer-0"] and not watch.look_once
+    names = world.names()
+    assert names.index(ACT_WAIT_EVICTION) < names.index(ACT_WAIT_REPLACEMENT)
+    assert names.index(ACT_WAIT_REPLACEMENT) < names.index(ACT_WAIT_GPUS_BACK)  # then held
+    assert any(
+        "replacements Running elsewhere -> ml/trainer-0 on gpu-node-7" in line
+        for line in result.timeline
+    ), result.timeline
+    assert [n.action for n in world.of(ACT_NOTIFY)] == ["trigger", "resolve"]  # page untouched
+    assert world.of(ACT_REQUEST_CAPACITY) == []
+    assert result.outcome == "healed"
+
+
+async def test_pending_replacements_get_a_scale_up_within_the_budget(
+    own_env: WorkflowEnvironment,
+) -> None:
+    world = _hook_world(
+        runbooks=_follow_runbooks(scale=True),
+        replacements="pending",
+        running_after_capacity=True,
+    )
+    result = await run(own_env, world)
+    # The relocation's lease (1 GPU: one pod moved), then the scale-up's: the node's 2 GPUs.
+    assert [lease.gpus for lease in world.of(ACT_ACQUIRE_BUDGET)] == [1, 2]
+    [ask] = world.of(ACT_REQUEST_CAPACITY)
+    assert ask.pool.provider == "cluster-api" and ask.pool.name == "a100"
+    assert ask.need == 1 and ask.max_size == 6 and ask.requester == node_workflow_id(NODE)
+    names = world.names()
+    assert names.index(ACT_ACQUIRE_BUDGET, names.index(ACT_EVICT_PODS)) < names.index(
+        ACT_REQUEST_CAPACITY
+    )
+    watches = world.of(ACT_WAIT_REPLACEMENT)
+    # Pending deadline: the watch cancelled at the timer, one look; then the capacity wait.
+    assert [w.look_once for w in watches] == [False, True, False]
+    assert any(
+        "capacity requested -> requested: pool a100 size 3 -> 4" in x for x in result.timeline
+    )
+    assert any("replacements Running elsewhere" in line for line in result.timeline)
+    assert [n.action for n in world.of(ACT_NOTIFY)] == ["trigger", "resolve"]
+    assert len(world.of(ACT_RELEASE_BUDGET)) == 1
+
+
+async def test_pending_with_scale_up_off_updates_the_one_page(
+    own_env: WorkflowEnvironment,
+) -> None:
+    world = _hook_world(
+        runbooks=_follow_runbooks(scale=False),
+        replacements="pending",
+        bare=[PodRef(namespace="ml", name="notebook")],
+        gpu_pods=[
+            PodRef(namespace="ml", name="notebook"),
+            PodRef(namespace="ml", name="trainer-0", uid="u1"),
+        ],
+    )
+    result = await run(
+        own_env,
+        world,
+        history="node_incident_replacements_pending",
+    )
+    assert world.of(ACT_REQUEST_CAPACITY) == []
+    pages = [n for n in world.of(ACT_NOTIFY) if n.action == "trigger"]
+    assert len(pages) == 2 and {p.incident.id for p in pages} == {node_workflow_id(NODE)}
+    update = pages[1].incident
+    assert "pending-deadline" in update.summary and "ml/trainer-0" in update.summary
+    assert "scale-up is off" in update.summary
+    assert "8 Insufficient nvidia.com/gpu" in update.summary
+    assert update.summary.startswith(pages[0].incident.summary)
+    assert any("no owner: nothing starts them again -> ml/notebook" in x for x in result.timeline)
+    # The resolve closes the updated page.
+    [resolve] = [n for n in world.of(ACT_NOTIFY) if n.action == "resolve"]
+    assert resolve.incident.summary == update.summary
+
+
+async def test_budget_refusing_the_scale_up_is_said(
+    own_env: WorkflowEnvironment,
+) -> None:
+    world = _hook_world(
+        runbooks=_follow_runbooks(scale=True),
+        replacements="pending",
+        grants_by_gpus={1: True, 2: False},
+    )
+    result = await run(own_env, world)
+    assert world.of(ACT_REQUEST_CAPACITY) == []
+    assert any("the scale-up refused by the blast-radius budget" in x for x in result.timeline)
+    update = [n for n in world.of(ACT_NOTIFY) if n.action == "trigger"][1].incident
+    assert "refused by the blast-radius budget" in update.summary
+    assert "ml/trainer-0" in update.summary

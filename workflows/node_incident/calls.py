@@ -14,6 +14,7 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
+    from contract.capacity import CapacityRequest, CapacityResult
     from contract.errors import ERR_CHANNEL_REJECTED, ERR_CONFIG, ERR_INVALID_INPUT
     from contract.kube import (
         CordonInput,
@@ -24,7 +25,9 @@ with workflow.unsafe.imports_passed_through():
         EvictPodsInput,
         EvictPodsResult,
         RecordEventInput,
+        ReplacementReport,
         WaitEvictionInput,
+        WaitReplacementInput,
     )
     from contract.names import (
         ACT_ACQUIRE_BUDGET,
@@ -43,12 +46,14 @@ with workflow.unsafe.imports_passed_through():
         ACT_RELEASE_BUDGET,
         ACT_RELEASE_NODE,
         ACT_REPLACE_NODE,
+        ACT_REQUEST_CAPACITY,
         ACT_RESTART_GPU_PLUGIN,
         ACT_START_VALIDATION_JOB,
         ACT_WAIT_EVICTION,
         ACT_WAIT_GPUS_BACK,
         ACT_WAIT_NODE_GPUS,
         ACT_WAIT_REPAIR_JOB,
+        ACT_WAIT_REPLACEMENT,
     )
     from contract.node_incident import (
         ContainNodeInput,
@@ -121,6 +126,32 @@ NOTIFY_RETRY = RetryPolicy(
 # Eviction for a reboot / replace drain: the activity retries PDB refusals itself.
 EVICT_TIMEOUT = timedelta(minutes=15)
 EVICT_HEARTBEAT = timedelta(seconds=30)
+
+# Following the evicted workloads' replacements, as the remediation does: the watch
+# heartbeats (a dead worker is noticed within a minute); it has no deadline of its own, the
+# workflow's timer cancels it (TRY_CANCEL, not waited for: it only reads), so its timeout is
+# the deadline plus a margin. One look when the timer fires: a list and a few reads.
+WAIT_HEARTBEAT = timedelta(seconds=60)
+WAIT_MARGIN = timedelta(minutes=2)
+LOOK_TIMEOUT = timedelta(minutes=1)
+WAIT_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=5),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=3,
+)
+# A capacity request: the pool scaler may hold the call while it batches needs and follows
+# the provider's operation (15 min, heartbeats every 10 s, noticed dead after 45 s); a retry
+# re-attaches to the same request (its key), so nothing is asked twice. Four attempts (as the
+# remediation's), then the incident's page says the scale-up failed.
+CAPACITY_TIMEOUT = timedelta(minutes=15)
+CAPACITY_HEARTBEAT = timedelta(seconds=45)
+CAPACITY_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=10),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(minutes=1),
+    maximum_attempts=4,
+)
 
 REQUIRED_ACTIVITIES: list[str] = []
 
@@ -292,3 +323,29 @@ class NodeCalls:
     @calls(ACT_CLEAN_UP_REPAIR_JOB)
     async def clean_up_job(self, inp: CleanUpRepairJobInput) -> None:
         await _call(ACT_CLEAN_UP_REPAIR_JOB, inp, type(None))
+
+    @calls(ACT_WAIT_REPLACEMENT)
+    async def wait_replacement(
+        self, inp: WaitReplacementInput, limit: timedelta
+    ) -> ReplacementReport:
+        """The deadline-free watch (the workflow's timer cancels it), or with `look_once` one
+        look; `limit`: the longest the wait may last, so the watch never times out first."""
+        return await _call(
+            ACT_WAIT_REPLACEMENT,
+            inp,
+            ReplacementReport,
+            start_to_close=LOOK_TIMEOUT if inp.look_once else limit + WAIT_MARGIN,
+            heartbeat=None if inp.look_once else WAIT_HEARTBEAT,
+            retry=WAIT_RETRY,
+        )
+
+    @calls(ACT_REQUEST_CAPACITY)
+    async def request_capacity(self, inp: CapacityRequest) -> CapacityResult:
+        return await _call(
+            ACT_REQUEST_CAPACITY,
+            inp,
+            CapacityResult,
+            start_to_close=CAPACITY_TIMEOUT,
+            heartbeat=CAPACITY_HEARTBEAT,
+            retry=CAPACITY_RETRY,
+        )

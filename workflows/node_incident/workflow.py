@@ -20,6 +20,11 @@ remediation (one run per node: `contract.names.node_workflow_id`).
     escalated    one page with the diagnosis (one per pool with nodeIncident.poolIncident),
       │          the node stays contained; its GPU workloads evicted (nodeIncident.relocate:
       │          within the budget, PDBs honoured) so their owners start them elsewhere;
+      │          replacing: their replacements followed as the remediation does (the shared
+      │          workflows.replacement race under replacement.pendingDeadline); scaling:
+      │          still Pending -> scaleUp within the budget lease for the node's GPUs, then
+      │          the capacity deadline; still Pending (or scale-up off / refused / failed):
+      │          the same page updated, naming them and the scheduler's words (no 2nd page);
       │          held until its GPUs come back (validated, then released: `healed`) or
       │          `abort` (containment undone: `aborted`)
 """
@@ -42,8 +47,12 @@ with workflow.unsafe.imports_passed_through():
         CountDevicesInput,
         EventTarget,
         EvictPodsInput,
+        OwnerRef,
+        PodRef,
         RecordEventInput,
+        ReplacementReport,
         WaitEvictionInput,
+        WaitReplacementInput,
     )
     from contract.names import (
         NODE_TAINT_KEY,
@@ -83,6 +92,13 @@ with workflow.unsafe.imports_passed_through():
     )
     from contract.runbook import BudgetPolicy, RunbookSet, RunbookSpec, ValidationPolicy
     from workflows.node_incident.calls import NodeCalls
+    from workflows.replacement import (
+        capacity_error,
+        capacity_refusal,
+        capacity_request,
+        pool_target,
+        watch_replacements,
+    )
 
 ACTIVITY_FAILED = (ActivityError, ApplicationError)
 # After the escalation the node is held until its GPUs come back: one wait per day (a poll
@@ -538,20 +554,22 @@ class NodeIncidentWorkflow:
         self._log("budget lease", f"{gpus} GPU(s) for {what}")
         return True
 
-    async def _relocate(self, spec: RunbookSpec, gpus: int) -> None:
+    async def _relocate(self, spec: RunbookSpec, gpus: int) -> str:
         """The node stays broken: the pods holding its vanished GPUs are evicted (PDBs
         honoured, within the budget, never forced), so their controllers start them on other
-        nodes (Sickbay's taint keeps them off this one)."""
+        nodes (Sickbay's taint keeps them off this one), then their replacements are followed
+        (`_follow`). Returns what the page must add ("" when nothing): the workloads still
+        Pending, and why."""
         inp, wid = self._inp, workflow.info().workflow_id
         found = await self._act.find_gpu_pods(GpuPodsInput(node=inp.node))
         if not found.pods:
             self._log("no workload holds the node's GPUs")
-            return
+            return ""
         names = ", ".join(f"{p.namespace}/{p.name}" for p in found.pods)
         # The disruption is the workloads moved: one GPU's worth per pod, at most the node's.
         if not await self._lease_gpus(spec, min(len(found.pods), gpus), "moving the workloads"):
             self._log("workloads left in place", names)
-            return
+            return ""
         timeout = spec.eviction.timeout
         self._enter("relocating")
         await self._interruptible(
@@ -572,6 +590,138 @@ class NodeIncidentWorkflow:
             "workloads evicted",
             f"{len(report.gone)} gone" + (f"; still there (PDB): {left}" if left else ""),
         )
+        gone = {(p.namespace, p.name) for p in report.gone}
+        bare = [p for p in found.bare if (p.namespace, p.name) in gone]
+        if bare:
+            self._log(
+                "no owner: nothing starts them again",
+                ", ".join(f"{p.namespace}/{p.name}" for p in bare),
+            )
+        if not found.owners or not report.gone:
+            return ""
+        return await self._follow(spec, found.owners, report.gone, gpus)
+
+    async def _follow(
+        self, spec: RunbookSpec, owners: list[OwnerRef], gone: list[PodRef], gpus: int
+    ) -> str:
+        """The evicted workloads' replacements, followed as the per-GPU remediation follows
+        its own (`workflows.replacement`): watched under `replacement.pendingDeadline`; still
+        Pending then, the runbook's `scaleUp` within the budget (a lease for the node's GPUs,
+        the capacity the new node brings back) and the capacity deadline. Returns "" when
+        they run (or none is needed), else what the page must say."""
+        inp, d, wid = self._inp, self._diag, workflow.info().workflow_id
+        assert d is not None
+        self._enter("replacing")
+        watch = WaitReplacementInput(
+            owners=owners,
+            old_pods=gone,
+            churn_evictions=spec.replacement.churn_evictions,
+        )
+        owned = ", ".join(f"{o.kind} {o.namespace}/{o.name}" for o in owners)
+        pending_deadline = spec.replacement.pending_deadline
+        self._log(
+            "following the replacements",
+            f"{owned} (Pending deadline {format_duration(pending_deadline)})",
+        )
+        report = await self._watch(watch, pending_deadline, "Pending")
+        if report.status != "pending":
+            return self._followed(report)
+        waited = f"still Pending at the Pending deadline ({format_duration(pending_deadline)})"
+        scale = spec.scale_up
+        why = ""
+        if not scale.enabled:
+            why = "scale-up is off (scaleUp.enabled)"
+        elif scale.provider == "karpenter":
+            why = (
+                "scaleUp.provider is karpenter: Karpenter provisions for Pending pods itself and "
+                "the node incident raises no NodePool limit"
+            )
+        elif scale.approval:
+            why = (
+                "the scale-up needs approval (scaleUp.approval), which the node incident does "
+                "not ask for: nothing was scaled"
+            )
+        elif not await self._lease_gpus(spec, gpus, "the scale-up"):
+            why = "the scale-up was refused by the blast-radius budget"
+        if why:
+            return self._pending(report, "pending-deadline", f"{waited}; {why}")
+        pool = pool_target(scale, inp.node, d.node_pool)
+        self._enter("scaling")
+        try:
+            result = await self._interruptible(
+                self._act.request_capacity(
+                    capacity_request(
+                        scale, pool, wid, f"{wid}-{workflow.info().first_execution_run_id}-scale"
+                    )
+                )
+            )
+        except ACTIVITY_FAILED as err:
+            kind = capacity_error(_error_type(err))
+            return self._pending(
+                report, kind, f"{waited}; the scale-up of pool {pool.name} failed: {_why(err)}"
+            )
+        self._log(
+            "capacity requested",
+            f"{result.status}: pool {pool.name} size {result.current_size} -> "
+            f"{result.target_size}" + (f"; {result.message}" if result.message else ""),
+        )
+        refusal = capacity_refusal(result, pool, scale)
+        if refusal is not None:
+            return self._pending(report, refusal[0], f"{waited}; {refusal[1]}")
+        capacity_deadline = scale.capacity_deadline
+        after = await self._watch(watch, capacity_deadline, "capacity")
+        if after.status != "pending":
+            return self._followed(after)
+        return self._pending(
+            after,
+            "no-capacity",
+            f"still Pending at the capacity deadline ({format_duration(capacity_deadline)} "
+            f"after the scale-up of pool {pool.name})",
+        )
+
+    async def _watch(
+        self, watch: WaitReplacementInput, deadline: timedelta, name: str
+    ) -> ReplacementReport:
+        """One wait under a deadline timer (the shared race); abort ends it (Aborted)."""
+        end = workflow.now() + deadline
+        report: ReplacementReport = await self._interruptible(
+            watch_replacements(self._act.wait_replacement, watch, deadline, lambda: end, name)
+        )
+        return report
+
+    def _followed(self, report: ReplacementReport) -> str:
+        """The replacements ran (or none was needed), or churn: logged; churn is said."""
+        if report.status == "churn":
+            diag = report.churn.diagnosis if report.churn else "repeated evictions"
+            self._log("replacements churn", diag)
+            return f"the evicted workloads' replacements churn: {diag}"
+        where = ", ".join(
+            f"{p.pod.namespace}/{p.pod.name} on {p.node}"
+            for p in report.pods
+            if p.phase == "Running" and p.node
+        )
+        self._log(
+            "replacements Running elsewhere"
+            if report.status == "running"
+            else "no replacement needed",
+            where,
+        )
+        return ""
+
+    def _pending(self, report: ReplacementReport, kind: str, why: str) -> str:
+        """The Pending replacements named with the scheduler's words: logged, for the page."""
+        pods = [p for p in report.pods if p.phase == "Pending"]
+        names = "; ".join(
+            f"{p.pod.namespace}/{p.pod.name}" + (f" ({p.message[:200]})" if p.message else "")
+            for p in pods[:8]
+        ) + (f" and {len(pods) - 8} more" if len(pods) > 8 else "")
+        text = f"{kind}: workloads {why}: {names or 'none listed'}" + (
+            f"; scheduler: {report.unschedulable_message[:300]}"
+            if report.unschedulable_message
+            else ""
+        )
+        self._log("replacements still Pending", text)
+        return text
 
     # ---- endings -------------------------------------------------------------------------
 
@@ -606,6 +756,30 @@ class NodeIncidentWorkflow:
             await self._act.release_budget(
                 BudgetReleaseRequest(holder=wid, device_key=f"{inp.node}/nvidia.com/gpu")
             )
+
+    async def _update_page(self, pending: str) -> None:
+        """The incident's page (the one sent: same id, same dedup key, so no second page)
+        updated with the workloads still Pending and why."""
+        if not self._paged:
+            workflow.logger.warning("no page to update: %s", pending)
+        updated: list[tuple[str, Incident]] = []
+        for channel, incident in self._paged:
+            now = incident.model_copy(
+                update={
+                    "summary": f"{incident.summary}; {pending}"[:1500],
+                    "done": [line.split(" ", 1)[1] for line in self._timeline[-8:]],
+                    "needed": f"{incident.needed}; GPU capacity elsewhere for the Pending "
+                    "workloads (scale the pool, free GPUs), or they wait",
+                }
+            )
+            try:
+                await self._act.notify(NotifyInput(channel=channel, incident=now))
+                updated.append((channel, now))
+                self._log(f"page on {channel} updated", "workloads still Pending")
+            except ACTIVITY_FAILED as err:
+                updated.append((channel, incident))
+                self._log(f"page on {channel} not updated", _why(err))
+        self._paged = updated
 
     async def _escalate_and_hold(self, spec: RunbookSpec, d: NodeDiagnosis) -> NodeIncidentResult:
         inp, wid = self._inp, workflow.info().workflow_id
@@ -652,7 +826,9 @@ class NodeIncidentWorkflow:
         await self._event(EVENT_ESCALATED, summary)
         expected = d.expected_gpus or max(len(d.gpu_uuids), 1)
         if policy.relocate:
-            await self._relocate(spec, expected)
+            pending = await self._relocate(spec, expected)
+            if pending:
+                await self._update_page(pending)
         validations = 0
         while True:
             self._enter("held")
@@ -679,6 +855,14 @@ class NodeIncidentWorkflow:
             validations += 1
             self._enter("held")
             await self._interruptible(workflow.sleep(HELD_REVALIDATE))
+
+
+def _error_type(err: BaseException) -> str | None:
+    """The type of the innermost ApplicationError of a failed call."""
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = getattr(cause, "cause", None)
+    return cause.type if isinstance(cause, ApplicationError) else None
 
 
 def _why(err: BaseException) -> str:

@@ -6,13 +6,13 @@ Eviction churn (the scheduler ignoring the rule) is stopped per `replacement.onC
 Each deadline is a durable workflow timer (named in the Web UI) raced against the
 deadline-free `wait-replacement` watch: the watch ends when the replacements run, churn is
 seen or no owner needs one; the timer firing cancels it and one look (`look_once`) says what
-is Pending, and why. `extend-deadline` moves the timer while the wait runs (never past
+is Pending, and why (`workflows.replacement`, shared with the node incident, which follows
+its evicted workloads the same way). `extend-deadline` moves the timer while the wait runs (never past
 `MAX_REPLACEMENT_WAIT` from the wait's start); a worker restart keeps it (it is the server's).
 """
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -20,8 +20,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from contract.base import format_duration
-    from contract.capacity import CapacityRequest, KarpenterInput, NodePoolTarget
-    from contract.errors import ERR_POOL_AT_MAX
+    from contract.capacity import KarpenterInput
     from contract.kube import (
         CordonInput,
         EvictPodsInput,
@@ -36,13 +35,19 @@ with workflow.unsafe.imports_passed_through():
         ExtendDeadlineResult,
         Phase,
     )
-    from contract.runbook import EscalationReason
     from workflows.remediation.approval import approval
     from workflows.remediation.calls import ACTIVITY_FAILED, Aborted, error_text, error_type
     from workflows.remediation.context import Remediation
     from workflows.remediation.outcome import Escalation
     from workflows.remediation.pause import hold_while_paused
     from workflows.remediation.quarantine import apply_quarantine, evict, to_evict
+    from workflows.replacement import (
+        capacity_error,
+        capacity_refusal,
+        capacity_request,
+        pool_target,
+        watch_replacements,
+    )
 
 
 async def evict_and_replace(r: Remediation) -> Escalation | None:
@@ -190,35 +195,27 @@ async def _wait_replacement(
     s.deadline = start + deadline
     s.deadline_limit = start + max(deadline, MAX_REPLACEMENT_WAIT)
     s.status.deadline = s.status.until = s.deadline
-    watch = asyncio.ensure_future(r.act.wait_replacement(inp, s.deadline_limit - start))
+
+    def current() -> datetime:
+        assert s.deadline is not None
+        return s.deadline
+
+    def aborted() -> None:
+        if s.abort is not None:
+            raise Aborted()
+
     try:
-        while not watch.done():
-            await _tell_extensions(r, name)
-            if s.extensions:
-                continue
-            left = s.deadline - workflow.now()
-            if left <= timedelta(0):
-                break
-            try:
-                await workflow.wait_condition(
-                    lambda: watch.done() or bool(s.extensions),
-                    timeout=left,
-                    timeout_summary=f"{name} deadline",
-                )
-            except TimeoutError:
-                break
-        if watch.done():
-            report = watch.result()  # raises Aborted / the activity's failure
-        else:  # the deadline fired: stop watching (not waited for), look once at the pods
-            watch.cancel()
-            if s.abort is not None:
-                raise Aborted()
-            report = await r.act.wait_replacement(
-                inp.model_copy(update={"look_once": True}), timedelta(0)
-            )
+        report = await watch_replacements(
+            r.act.wait_replacement,
+            inp,
+            s.deadline_limit - start,
+            current,
+            name,
+            moved=lambda: bool(s.extensions),
+            tell=lambda: _tell_extensions(r, name),
+            before_look=aborted,
+        )
     finally:
-        if not watch.done():
-            watch.cancel()
         s.wait_ended = workflow.now()
         s.deadline = s.deadline_limit = None
         s.status.deadline = None
@@ -322,11 +319,7 @@ async def _scale_up(r: Remediation, owners: list[OwnerRef]) -> ReplacementReport
     if karpenter is not None:  # Karpenter serves them: it provisions, Sickbay scales nothing
         return karpenter
     assert policy.provider != "karpenter"  # _karpenter answered for it
-    pool = policy.pool or NodePoolTarget(
-        provider=policy.provider or "http",
-        name=device.node_pool or device.node,
-        node_pool_label=device.node_pool,
-    )
+    pool = pool_target(policy, device.node, device.node_pool)
     if policy.approval:
         refused = await approval(r)
         if isinstance(refused, Escalation):
@@ -338,20 +331,10 @@ async def _scale_up(r: Remediation, owners: list[OwnerRef]) -> ReplacementReport
     wf_id = s.workflow_id
     try:
         result = await r.act.request_capacity(
-            CapacityRequest(
-                pool=pool,
-                need=1,
-                step=policy.step,
-                max_size=policy.max_size,
-                cooldown=policy.cooldown,
-                requester=wf_id,
-                idempotency_key=f"{wf_id}-{workflow.info().run_id}-scale",
-            )
+            capacity_request(policy, pool, wf_id, f"{wf_id}-{workflow.info().run_id}-scale")
         )
     except ACTIVITY_FAILED as err:
-        kind: EscalationReason = (
-            "no-capacity" if error_type(err) == ERR_POOL_AT_MAX else "scale-up-failed"
-        )
+        kind = capacity_error(error_type(err))
         return Escalation(kind, f"scale-up of pool {pool.name} failed: {error_text(err)}")
     j.log(
         "capacity requested",
@@ -359,14 +342,9 @@ async def _scale_up(r: Remediation, owners: list[OwnerRef]) -> ReplacementReport
         reason=f"pool {pool.name} size {result.current_size} -> {result.target_size}"
         + (f"; {result.message}" if result.message else ""),
     )
-    if result.status == "at-max":
-        return Escalation(
-            "no-capacity",
-            f"no healthy GPU free and pool {pool.name} is at its max size "
-            f"({result.current_size or policy.max_size}); replacements Pending",
-        )
-    if result.status == "rejected":
-        return Escalation("scale-up-failed", f"pool {pool.name}: {result.message}")
+    refusal = capacity_refusal(result, pool, policy)
+    if refusal is not None:
+        return Escalation(*refusal)
     await j.event(
         "GPUScaleUpRequested",
         f"no healthy GPU free: asked pool {pool.name} for capacity "

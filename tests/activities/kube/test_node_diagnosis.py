@@ -15,7 +15,9 @@ Cases:
 - restart-gpu-plugin: deletes the plugin pod once per attempt: the same attempt run again (a
   retried activity) deletes nothing more, though the DaemonSet's new pod is there; the next
   attempt restarts again; wait-for-gpus-back answers StillWaiting, then the GPUs once back;
-- find-gpu-pods-on-node: the pod asking for nvidia.com/gpu, not the CPU pod nor the plugin;
+- find-gpu-pods-on-node: the pods asking for nvidia.com/gpu, not the CPU pod nor the plugin;
+  their top owners (a ReplicaSet's pod: its Deployment, read through the ReplicaSet; a
+  StatefulSet's pod: the StatefulSet) once each, and the pod without an owner named apart;
 
 Every case runs through a proxy enforcing the roles deploy/rbac*.yaml ship: nothing the node
 incident asks is refused.
@@ -232,7 +234,7 @@ async def test_restart_once_per_attempt_then_gpus_back(make: Any) -> None:
 
 
 async def test_find_gpu_pods_lists_the_workloads_holding_gpus(make: Any) -> None:
-    t, acts = make("device-plugin", nodes=1)
+    t, acts = make("device-plugin", nodes=1, gpus_per_node=4)
     node = t.node(0)
     ns = "ml"
     t.namespace(ns)
@@ -247,11 +249,46 @@ async def test_find_gpu_pods_lists_the_workloads_holding_gpus(make: Any) -> None
             },
         }
 
+    def workload(kind: str, name: str) -> dict[str, Any]:
+        template = pod(name, 1)
+        template["metadata"] = {"labels": {"app": name}}
+        template["spec"].pop("nodeName")
+        template["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+        spec: dict[str, Any] = {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": template,
+        }
+        if kind == "statefulsets":
+            spec["serviceName"] = name
+        return {"metadata": {"name": name, "namespace": ns}, "spec": spec}
+
     t.store.create("pods", pod("trainer", 1), namespace=ns)
     t.store.create("pods", pod("web", 0), namespace=ns)
+    dep = t.store.create("deployments", workload("deployments", "infer"), namespace=ns)
+    sts = t.store.create("statefulsets", workload("statefulsets", "llm"), namespace=ns)
+
+    def on_node() -> list[str]:
+        return sorted(
+            p["metadata"]["name"]
+            for p in t.store.list("pods", namespace=ns).items
+            if (p.get("spec") or {}).get("nodeName") == node
+        )
+
+    names = await _until(lambda: (lambda got: got if len(got) == 4 else None)(on_node()))
+    infer = next(n for n in names if n.startswith("infer-"))
     await _until(lambda: len(_plugin_pods(t, node)) == 1)  # the GPU plugin pod: never listed
     found = await t.run(acts.find_gpu_pods, GpuPodsInput(node=node))
-    assert [(p.namespace, p.name) for p in found.pods] == [(ns, "trainer")]
+    assert [(p.namespace, p.name) for p in found.pods] == [
+        (ns, infer),
+        (ns, "llm-0"),
+        (ns, "trainer"),
+    ]
+    assert [(o.kind, o.name, o.uid) for o in found.owners] == [
+        ("Deployment", "infer", dep["metadata"]["uid"]),
+        ("StatefulSet", "llm", sts["metadata"]["uid"]),
+    ]
+    assert [p.name for p in found.bare] == ["trainer"]
 
 
 async def test_a_healed_break_s_events_do_not_name_today_s_cause(make: Any) -> None:
