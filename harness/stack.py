@@ -337,9 +337,12 @@ def demo_runbooks(
     repair: bool = False,
     lemons: bool = True,
     cloud: str = "gke",
+    overrides: dict[str, dict[str, Any]] | None = None,
 ) -> list[str]:
     """Write the shipped runbooks to `dest` with durations divided by `scale` and the demo's
-    wiring; returns one line per change (what the demo prints)."""
+    wiring; returns one line per change (what the demo prints). `overrides` maps a runbook's
+    name to spec keys merged into it first (a block's keys into the shipped block), as if
+    shipped so: then scaled and wired like the rest."""
     from activities.runbooks import _Loader, load_dir
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -348,6 +351,11 @@ def demo_runbooks(
         doc = yaml.load(path.read_text(), Loader=_Loader)
         name = doc["metadata"]["name"]
         spec = doc.setdefault("spec", {})
+        for key, value in ((overrides or {}).get(name) or {}).items():
+            shipped = spec.get(key)
+            merged = {**shipped, **value} if isinstance(shipped, dict) else value
+            spec[key] = merged
+            changes.append(f"{name}: {key} {value} merged in (shipped: {shipped})")
         durations: list[str] = []
 
         def walk(node: Any, where: str, durations: list[str] = durations) -> None:
@@ -479,6 +487,9 @@ class StackConfig:
     # failed over and over on purpose: bench/repair.py's rung timings and the tests' shared
     # stack (tests/demo/conftest.py), where each scenario fails the same two GPUs again.
     lemons: bool = True
+    # Runbook name -> spec keys merged in before scaling and wiring (demo_runbooks), for a
+    # test of a knob the shipped runbooks leave off (e.g. the default runbook's scaleUp).
+    runbook_overrides: dict[str, dict[str, Any]] | None = None
     task_queue: str = DEFAULT_TASK_QUEUE
     namespace: str = DEFAULT_NAMESPACE
     # SICKBAY_CLUSTER of this stack's worker and webhook ("": the unnamed cluster).
@@ -695,6 +706,7 @@ class Stack:
             repair=cfg.repair,
             lemons=cfg.lemons,
             cloud=cfg.cloud,
+            overrides=cfg.runbook_overrides,
         )
         info.channels_file = str(channels_file(self.dir / "channels.yaml", info.sink_url, pd_key))
 
