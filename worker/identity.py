@@ -4,6 +4,12 @@ identity (recorded by the server in history) to the workflow, in the `SENDER_HEA
 The SDK gives the identity to the worker in the activation (`SignalWorkflow.identity`,
 `DoUpdate.meta.identity`) but not to workflow code; this runner copies it into the header the
 workflow interceptor reads, overwriting any header of that name a client sent.
+
+The SDK has no public way to this identity (not in `workflow.info()`, `current_update_info()`
+or the interceptors' inputs), so the runner relies on the SDK's activation protobufs and on its
+instance wrapping, which may change in any minor release: it supports the temporalio versions
+`TEMPORALIO_SUPPORTED` names, and pyproject.toml pins those (docs/architecture.md, "The
+Temporal SDK pin").
 """
 
 from __future__ import annotations
@@ -17,6 +23,10 @@ from temporalio.bridge.proto.workflow_completion import WorkflowActivationComple
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
 from workflows.identity import SENDER_HEADER, UNKNOWN
+
+TEMPORALIO_SUPPORTED = ">=1.35,<1.36"
+"""The temporalio releases this runner is checked against; pyproject.toml requires exactly
+these (tests/workflows/test_sdk_pin.py fails on another installed version or a drifted pin)."""
 
 
 def _identity_payload(identity: str) -> Payload:
