@@ -127,7 +127,7 @@ from tests.workflows.fakes import (
     xid_alert,
 )
 from tests.workflows.histories import patch_markers, save_history
-from workflows.remediation.quarantine import FORCE_GRACE
+from workflows.remediation.eviction import FORCE_GRACE
 
 
 def actions(result_timeline: list[TimelineEntry]) -> list[str]:

@@ -35,10 +35,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation.calls import ACTIVITY_FAILED, error_text, error_type, gather_all
     from workflows.remediation.context import Remediation
     from workflows.remediation.escalation import notify_owner
-    from workflows.remediation.guard import EarlyLease, ask_lease, give_back
+    from workflows.remediation.ladder import describe as describe_repair
+    from workflows.remediation.lease import EarlyLease, ask_lease, give_back
     from workflows.remediation.outcome import Closed, InputRefused
-    from workflows.remediation.quarantine import quarantine_input
-    from workflows.remediation.repair import describe as describe_repair
+    from workflows.remediation.rule import quarantine_input
     from workflows.runbook_match import DEFAULT_RUNBOOK, select_runbook
 
 

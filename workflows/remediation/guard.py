@@ -1,5 +1,5 @@
 """Step 3, guard: the blast-radius budget. The lease is asked of the `sickbay-budget` workflow
-(early, while the evidence is still coming: `ask_lease`); over budget or budget unreachable,
+(early, while the evidence is still coming: `lease.ask_lease` from the confirm step); over budget or budget unreachable,
 the remediation escalates once and waits for a slot: it retries every minute (then every 5),
 woken at once when the budget frees a slot of its pool, and ends the wait on repaired, alert
 resolved + Healthy, or abort. A wait of days continues-as-new and confirms afresh.
@@ -12,24 +12,21 @@ every held remediation), repaired, alert resolved + Healthy, or abort."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import NamedTuple
 
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from contract.base import format_duration
     from contract.budget import (
-        BudgetDecision,
-        BudgetLeaseRequest,
         BudgetPause,
-        BudgetReleaseRequest,
     )
-    from contract.kube import CheckHealthInput, CountDevicesInput, DeviceCounts, ResolvedDevice
+    from contract.kube import CheckHealthInput, DeviceCounts, ResolvedDevice
     from contract.remediation import Phase
-    from contract.runbook import BudgetPolicy, EscalationReason, Runbook
+    from contract.runbook import EscalationReason, Runbook
     from workflows.remediation.calls import ACTIVITY_FAILED, error_text
     from workflows.remediation.context import Remediation
     from workflows.remediation.escalation import escalate, resolve_page
+    from workflows.remediation.lease import EarlyLease, ask_lease
     from workflows.remediation.outcome import Closed, Escalation
     from workflows.remediation.state import history_full
 
@@ -42,17 +39,6 @@ BUDGET_RETRY_SWITCH = 60
 BUDGET_RECOUNT_EVERY = 5  # waiting: count devices again on every 5th lease retry
 BUDGET_AWAITING = "a budget slot, repaired, alert resolved + Healthy, or abort"
 PAUSE_AWAITING = "sickbay resume, repaired, alert resolved + Healthy, or abort"
-
-
-class EarlyLease(NamedTuple):
-    """A budget lease request already answered: the decision and what it was computed from."""
-
-    device_key: str
-    decision: BudgetDecision | None = None
-    counts: DeviceCounts | None = None
-    pool_limit: int = 0
-    cluster_limit: int = 0
-    error: BaseException | None = None  # the request failed (counts or budget unreachable)
 
 
 async def guard(r: Remediation, early: EarlyLease | None) -> Closed | None:
@@ -193,32 +179,6 @@ async def healthy_now(r: Remediation) -> bool:
     return health.health == "Healthy"
 
 
-async def ask_lease(
-    r: Remediation, device: ResolvedDevice, runbook: Runbook, counts: DeviceCounts | None
-) -> EarlyLease:
-    """Count the devices (unless `counts` given) and ask the budget for a lease; marks the
-    lease held as soon as it is granted (so every way out gives it back)."""
-    if counts is None:
-        counts = await r.act.count_devices(CountDevicesInput(node_pool=device.node_pool))
-    budget = runbook.spec.budget
-    pool_limit = BudgetPolicy.limit(budget.max_per_pool, counts.pool_devices)
-    cluster_limit = BudgetPolicy.limit(budget.max_per_cluster, counts.cluster_devices)
-    decision = await r.act.acquire_budget(
-        BudgetLeaseRequest(
-            holder=r.s.workflow_id,
-            device_key=device.key,
-            node_pool=device.node_pool,
-            pool_limit=pool_limit,
-            cluster_limit=cluster_limit,
-            observed_pool_quarantined=counts.pool_quarantined,
-            observed_cluster_quarantined=counts.cluster_quarantined,
-        )
-    )
-    if decision.granted:
-        r.s.lease_held = True
-    return EarlyLease(device.key, decision, counts, pool_limit, cluster_limit)
-
-
 def _lease_refusal(r: Remediation, device: ResolvedDevice, asked: EarlyLease) -> str | None:
     """Why the answered request was refused (None: granted, and logged so)."""
     decision, counts = asked.decision, asked.counts
@@ -263,37 +223,3 @@ async def _try_lease(
     # with it, so the steps after the quarantine hold (workflows/remediation/pause.py).
     r.s.cluster_pause = asked.decision.paused
     return True, "budget-exhausted", "", asked.counts, None
-
-
-async def release_lease(r: Remediation) -> None:
-    """Give the lease back (nothing when none is held)."""
-    s = r.s
-    if not s.lease_held or s.device is None:
-        return
-    await r.act.release_budget(BudgetReleaseRequest(holder=s.workflow_id, device_key=s.device.key))
-    s.lease_held = False
-    r.j.log("budget lease released")
-
-
-async def give_back(r: Remediation, early: EarlyLease | None) -> None:
-    """Not quarantining after all: a lease taken early is given back (a refused early request
-    is withdrawn too, so the budget does not keep this run as a waiter to wake)."""
-    if early is None or early.error is not None:
-        return
-    try:
-        if r.s.lease_held:
-            await release_lease(r)
-        else:
-            await r.act.release_budget(
-                BudgetReleaseRequest(holder=r.s.workflow_id, device_key=early.device_key),
-                "withdraw budget request",
-            )
-    except ACTIVITY_FAILED as err:
-        # Nothing was tainted: no page for this. The budget's reconcile drops the lease (or
-        # waiter) of a closed remediation within its interval.
-        r.s.lease_held = False
-        r.j.log(
-            "budget lease not given back",
-            outcome="reconcile will drop it",
-            reason=error_text(err),
-        )

@@ -9,14 +9,15 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from contract.base import format_duration
-    from contract.kube import CheckHealthInput, CordonInput, HealthResult, ReleaseInput
+    from contract.kube import CheckHealthInput, HealthResult
     from contract.remediation import Phase
     from workflows.remediation.calls import ACTIVITY_FAILED, error_text
     from workflows.remediation.context import Remediation
-    from workflows.remediation.escalation import escalate, notify_all
-    from workflows.remediation.guard import release_lease
+    from workflows.remediation.escalation import escalate
+    from workflows.remediation.lease import release_lease
     from workflows.remediation.lemons import wait_unretired
     from workflows.remediation.outcome import Closed, Escalation
+    from workflows.remediation.release import release_now, remove_quarantine
     from workflows.remediation.state import history_full
 
 
@@ -103,56 +104,6 @@ async def _release(r: Remediation, by_health: bool) -> Closed:
     return await release_now(r, reason)
 
 
-async def release_now(r: Remediation, reason: str) -> Closed:
-    """Lift the quarantine, give the lease back, resolve the page: the device is back in
-    service (or, replaced, gone)."""
-    s, j = r.s, r.j
-    j.enter(Phase.RELEASING, awaiting="quarantine removal", next_action="release the budget lease")
-    await _remove_quarantine(r, reason)
-    await j.event("GPUQuarantineReleased", f"quarantine lifted: {reason}", rule=False, pods=False)
-    await release_lease(r)
-    if s.escalated:
-        await notify_all(r, "resolve", f"released: {reason}")
-        return Closed("escalated", f"escalated ({s.status.escalation_reason}); released: {reason}")
-    return Closed("released", reason)
-
-
-async def _remove_quarantine(r: Remediation, reason: str) -> None:
-    s = r.s
-    if s.guard_node is not None:  # a replace's new node, cordoned while its GPUs validated
-        uncordon = await r.act.cordon(
-            CordonInput(node=s.guard_node, cordon=False, workflow_id=s.workflow_id),
-            "uncordon new node",
-        )
-        r.j.log("new node uncordoned", outcome=f"{s.guard_node}: {uncordon.message}", reason=reason)
-        s.guard_node = None
-    if s.quarantine is None or s.device is None:
-        return
-    result = await r.act.release_quarantine(
-        ReleaseInput(
-            device=s.device,
-            rule_name=s.quarantine.rule_name,
-            api_version=s.quarantine.api_version,
-            node_tainted=s.quarantine.node_tainted,
-            workflow_id=s.workflow_id,
-            reason=reason,
-            rule_uids=s.quarantine.rule_uids,
-        )
-    )
-    r.j.log(
-        "quarantine released",
-        outcome="removed" if result.removed else "absent",
-        reason=result.message,
-    )
-    if s.quarantine.node_cordoned:
-        uncordon = await r.act.cordon(
-            CordonInput(node=s.device.node, cordon=False, workflow_id=s.workflow_id),
-            "uncordon node",
-        )
-        r.j.log("node uncordoned", outcome=uncordon.message)
-    s.quarantine = None
-
-
 async def undo_after_abort(r: Remediation) -> Closed:
     """`abort` interrupted a wait: undo what Sickbay did (rule removed, lease released)."""
     s, j = r.s, r.j
@@ -162,7 +113,7 @@ async def undo_after_abort(r: Remediation) -> Closed:
     j.enter(Phase.RELEASING, awaiting="undo after abort")
     reason = f"aborted by {j.who('abort')}: {req.reason}"
     try:
-        await _remove_quarantine(r, reason)
+        await remove_quarantine(r, reason)
     except ACTIVITY_FAILED as err:
         await escalate(
             r, Escalation("error", f"abort could not remove the quarantine: {error_text(err)}")

@@ -43,7 +43,6 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from contract.base import format_duration
     from contract.budget import BudgetLeaseRequest
-    from contract.capacity import NodePoolTarget
     from contract.errors import (
         ERR_PROVIDER_NOT_CONFIGURED,
         ERR_PROVIDER_REFUSED,
@@ -70,18 +69,21 @@ with workflow.unsafe.imports_passed_through():
         WaitRepairJobInput,
     )
     from contract.runbook import (
-        RESET_UNREACHABLE_XIDS,
         BudgetPolicy,
         RebootRung,
         ReplaceRung,
         ResetRung,
         RungAction,
-        ladder_for,
     )
-    from workflows.classify import classify_xid
     from workflows.remediation.calls import ACTIVITY_FAILED, error_text, error_type
     from workflows.remediation.context import Remediation
-    from workflows.remediation.hold import release_now
+    from workflows.remediation.eviction import wait_gone, waited
+    from workflows.remediation.ladder import (
+        failure_words,
+        ladder,
+        repair_pool,
+        skipped_rungs,
+    )
     from workflows.remediation.lemons import (
         incident_id,
         record_repair,
@@ -90,7 +92,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.remediation.outcome import Closed, Escalation
     from workflows.remediation.pause import hold_while_paused
-    from workflows.remediation.quarantine import wait_gone, waited
+    from workflows.remediation.release import release_now
 
 # A Job's timeout is a workflow timer raced against the poll (the step after it starts when
 # it fires); the poll's own schedule-to-close is the timeout plus this margin, a bound only
@@ -115,79 +117,6 @@ class Replaced:
     gpu_uuids: list[str]
 
 
-def failure_xid(r: Remediation) -> int | None:
-    """The Xid the failure class came from: the latest alert's of that class, else the
-    latest Xid at all (an alert's own, else the Xid its rule stands for)."""
-    xids = [x for a in r.s.alerts if (x := a.xid if a.xid is not None else a.rule_xid)]
-    cls = r.s.status.failure_class
-    same = [x for x in xids if classify_xid(x) == cls]
-    chosen = same or xids
-    return chosen[-1] if chosen else None
-
-
-def ladder(r: Remediation) -> list[RungAction]:
-    s = r.s
-    if s.inp.trigger == "maintenance":
-        return []
-    return ladder_for(s.spec.repair, s.status.failure_class or "unknown", failure_xid(r))
-
-
-def _skipped(r: Remediation, rungs: list[RungAction]) -> str:
-    """Why the runbook's other rungs do not apply (for the timeline)."""
-    xid = failure_xid(r)
-    out = []
-    for action in r.s.spec.repair.order:
-        if action in rungs:
-            continue
-        if action == "reset" and xid in RESET_UNREACHABLE_XIDS:
-            out.append(f"reset not applicable: Xid {xid}, the GPU is off the bus")
-        else:
-            out.append(f"{action} not applicable to {_failure(r)}")
-    return "; ".join(out)
-
-
-def _failure(r: Remediation) -> str:
-    xid = failure_xid(r)
-    cls = r.s.status.failure_class or "unknown"
-    return f"Xid {xid} ({cls})" if xid is not None else cls
-
-
-def describe(r: Remediation) -> list[str]:
-    """What each rung would do (a dry run's timeline); empty when none would run."""
-    s = r.s
-    if not s.spec.repair.enabled or s.inp.trigger == "maintenance":
-        return []
-    device = s.device
-    assert device is not None
-    out = []
-    for action in ladder(r):
-        rung = s.spec.repair.rung(action)
-        if action == "reset":
-            out.append(
-                f"reset GPU {device.gpu_uuid} (with its reset group) on {device.node} by a "
-                f"privileged Job ({format_duration(rung.timeout)} timeout), once nothing holds it"
-            )
-        else:
-            pool = _pool(r)
-            who = f"provider {pool.provider}" if pool else "no provider (escalate)"
-            out.append(
-                f"{action} node {device.node} through {who} after draining it "
-                f"(PodDisruptionBudgets honoured), wait {format_duration(rung.timeout)} for its GPUs"
-            )
-    if out and s.spec.validation.enabled:
-        text = f"validate with dcgmi diag level {s.spec.validation.level} before release"
-        if "replace" in ladder(r):
-            text += (
-                "; after a replace, cordon the new node as soon as it registers and run one "
-                "validation Job per new GPU before closing (a failure keeps it cordoned and "
-                "escalates)"
-            )
-        out.append(text)
-    elif out and "replace" in ladder(r):
-        out.append("a replace's new GPUs would go into service unvalidated (validation off)")
-    return out
-
-
 async def repair(r: Remediation) -> Escalation | Closed | None:
     """None: no rung applies (or repair is off): the hold goes on as before."""
     s, j = r.s, r.j
@@ -200,10 +129,13 @@ async def repair(r: Remediation) -> Escalation | Closed | None:
         return None
     rungs = ladder(r)
     if not rungs:
-        j.log("no repair", reason=f"no rung of runbook {s.status.runbook} applies to {_failure(r)}")
+        j.log(
+            "no repair",
+            reason=f"no rung of runbook {s.status.runbook} applies to {failure_words(r)}",
+        )
         return None
-    skipped = _skipped(r, rungs)
-    j.log("repair ladder", outcome=" -> ".join(rungs), reason=skipped or _failure(r))
+    skipped = skipped_rungs(r, rungs)
+    j.log("repair ladder", outcome=" -> ".join(rungs), reason=skipped or failure_words(r))
     results: list[str] = []
     for attempt, action in enumerate(rungs, start=1):
         s.status.repair_rung, s.status.repair_attempt = action, attempt
@@ -249,7 +181,7 @@ async def repair(r: Remediation) -> Escalation | Closed | None:
             break
     return Escalation(
         "repair-failed",
-        f"repair ladder exhausted for {_failure(r)}: " + "; ".join(results) + "; device held",
+        f"repair ladder exhausted for {failure_words(r)}: " + "; ".join(results) + "; device held",
     )
 
 
@@ -329,7 +261,7 @@ async def _node_rung(
     device = s.device
     assert device is not None
     _enter(r, action, attempt, "the node's provider", rung.timeout)
-    pool = _pool(r)
+    pool = repair_pool(r)
     request = MachineActionInput(
         workflow_id=_incident_key(r),
         attempt=attempt,
@@ -439,23 +371,6 @@ def _incident_key(r: Remediation) -> str:
     the same GPU failing again weeks later is a new incident whose reboot / replace must be
     asked for again (the provider deduplicates by key) and whose Jobs are its own."""
     return incident_id(r)
-
-
-def _pool(r: Remediation) -> NodePoolTarget | None:
-    """Where the node's machine lives: the runbook's scale-up pool, else its provider with the
-    device's own pool."""
-    s = r.s
-    policy = s.spec.scale_up
-    if policy.pool is not None:
-        return policy.pool
-    # `karpenter` names no machine provider (Karpenter provisions, it reboots nothing).
-    if policy.provider is None or policy.provider == "karpenter" or s.device is None:
-        return None
-    return NodePoolTarget(
-        provider=policy.provider,
-        name=s.device.node_pool or s.device.node,
-        node_pool_label=s.device.node_pool,
-    )
 
 
 async def _extend_budget(r: Remediation, gpus: int, what: str) -> Escalation | None:

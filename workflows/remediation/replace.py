@@ -38,9 +38,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation.approval import approval
     from workflows.remediation.calls import ACTIVITY_FAILED, Aborted, error_text, error_type
     from workflows.remediation.context import Remediation
+    from workflows.remediation.eviction import evict, to_evict
     from workflows.remediation.outcome import Escalation
     from workflows.remediation.pause import hold_while_paused
-    from workflows.remediation.quarantine import apply_quarantine, evict, to_evict
+    from workflows.remediation.rule import apply_quarantine
     from workflows.replacement import (
         capacity_error,
         capacity_refusal,
@@ -90,7 +91,7 @@ async def replace(r: Remediation) -> Escalation | None:
         if not spec.scale_up.enabled:
             return Escalation(
                 "pending-deadline",
-                f"replacements still Pending at the deadline ({_waited(r)}): "
+                f"replacements still Pending at the deadline ({s.deadline.waited()}): "
                 f"{report.unschedulable_message or 'unschedulable'}; scale-up is off",
             )
         scaled = await _scale_up(r, owners)
@@ -191,14 +192,8 @@ async def _wait_replacement(
         rule_effect="NoSchedule" if s.rule_effect == "NoSchedule" else "NoExecute",
     )
     start = workflow.now()
-    s.wait_started = start
-    s.deadline = start + deadline
-    s.deadline_limit = start + max(deadline, MAX_REPLACEMENT_WAIT)
-    s.status.deadline = s.status.until = s.deadline
-
-    def current() -> datetime:
-        assert s.deadline is not None
-        return s.deadline
+    s.status.deadline = s.status.until = s.deadline.start(start, deadline, MAX_REPLACEMENT_WAIT)
+    assert s.deadline.limit is not None
 
     def aborted() -> None:
         if s.abort is not None:
@@ -208,16 +203,15 @@ async def _wait_replacement(
         report = await watch_replacements(
             r.act.wait_replacement,
             inp,
-            s.deadline_limit - start,
-            current,
+            s.deadline.limit - start,
+            s.deadline.current,
             name,
-            moved=lambda: bool(s.extensions),
+            moved=s.deadline.moved,
             tell=lambda: _tell_extensions(r, name),
             before_look=aborted,
         )
     finally:
-        s.wait_ended = workflow.now()
-        s.deadline = s.deadline_limit = None
+        s.deadline.stop(workflow.now())
         s.status.deadline = None
     r.j.log(
         "replacement wait",
@@ -228,24 +222,15 @@ async def _wait_replacement(
     return report
 
 
-def _waited(r: Remediation) -> str:
-    s = r.s
-    if s.wait_started is None or s.wait_ended is None:
-        return "?"
-    took = timedelta(seconds=round((s.wait_ended - s.wait_started).total_seconds()))
-    return "waited " + format_duration(took)
-
-
 async def _tell_extensions(r: Remediation, name: str) -> None:
     """An Event for each extension `extend-deadline` accepted since the last look (the
     timeline entry was written by the update itself)."""
     s = r.s
-    while s.extensions:
-        req = s.extensions.pop(0)
-        assert s.deadline is not None
+    while s.deadline.extensions:
+        req = s.deadline.extensions.pop(0)
         await r.j.event(
             "GPUDeadlineExtended",
-            f"{name} deadline extended to {s.deadline:%Y-%m-%d %H:%M:%S} UTC by "
+            f"{name} deadline extended to {s.deadline.current():%Y-%m-%d %H:%M:%S} UTC by "
             f"{req.actor} ({'verified' if req.verified else 'claimed'}): {req.reason}",
             rule=False,
             node=False,
@@ -259,24 +244,12 @@ if TYPE_CHECKING:
 def check_extension(r: Remediation, req: ExtendDeadlineRequest) -> datetime:
     """The new deadline of an `extend-deadline` request, or ValueError naming why not."""
     s = r.s
-    if s.deadline is None or s.deadline_limit is None or s.wait_started is None:
+    if not s.deadline.running:
         raise ValueError(
             f"no deadline to extend: the remediation is {s.status.phase.value}, not waiting "
             "for replacements (awaiting-replacement, or scaling while waiting for capacity)"
         )
-    new = req.until if req.until is not None else s.deadline + (req.by or timedelta(0))
-    if new <= s.deadline:
-        raise ValueError(
-            f"the new deadline {new:%Y-%m-%d %H:%M:%S} UTC is not after the current one "
-            f"({s.deadline:%Y-%m-%d %H:%M:%S} UTC)"
-        )
-    if new > s.deadline_limit:
-        raise ValueError(
-            f"the new deadline {new:%Y-%m-%d %H:%M:%S} UTC is past the limit "
-            f"{s.deadline_limit:%Y-%m-%d %H:%M:%S} UTC: a replacement wait lasts at most "
-            f"{format_duration(s.deadline_limit - s.wait_started)} from its start"
-        )
-    return new
+    return s.deadline.check(req)
 
 
 def extend_deadline(
@@ -284,23 +257,23 @@ def extend_deadline(
 ) -> ExtendDeadlineResult:
     """Move the running wait's deadline timer (validated by `check_extension`)."""
     s = r.s
-    previous = s.deadline
-    assert previous is not None
-    s.deadline = check_extension(r, req)
     # Kept with its attestation only when that was checked: the Event says verified or claimed.
     verified = who is not None and who.verified is not None
-    s.extensions.append(req if verified else req.model_copy(update={"verified": None}))
-    s.status.deadline = s.status.until = s.deadline
+    kept = req if verified else req.model_copy(update={"verified": None})
+    previous = s.deadline.extend(kept, check_extension(r, req))
+    s.status.deadline = s.status.until = s.deadline.current()
     s.status.updated_at = workflow.now()
     r.j.log_sent(
         "extend-deadline",
-        f"deadline extended to {s.deadline:%Y-%m-%d %H:%M:%S} UTC",
+        f"deadline extended to {s.deadline.current():%Y-%m-%d %H:%M:%S} UTC",
         who.actor if who is not None else req.actor,
         req.reason,
         who,
     )
     workflow.set_current_details(r.j.details())
-    return ExtendDeadlineResult(phase=s.status.phase, deadline=s.deadline, previous=previous)
+    return ExtendDeadlineResult(
+        phase=s.status.phase, deadline=s.deadline.current(), previous=previous
+    )
 
 
 async def _scale_up(r: Remediation, owners: list[OwnerRef]) -> ReplacementReport | Escalation:
@@ -370,7 +343,7 @@ async def _wait_capacity(
     if after.status == "pending":
         return Escalation(
             "no-capacity",
-            f"replacements still Pending at the capacity deadline ({_waited(r)} after the "
+            f"replacements still Pending at the capacity deadline ({r.s.deadline.waited()} after the "
             f"{after_what}): {after.unschedulable_message or 'unschedulable'}",
         )
     return after

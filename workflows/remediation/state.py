@@ -30,7 +30,6 @@ with workflow.unsafe.imports_passed_through():
         AbortRequest,
         AlertEvidence,
         ApprovalDecision,
-        ExtendDeadlineRequest,
         HandledAlert,
         Phase,
         RemediationCarry,
@@ -40,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         TimelineEntry,
     )
     from contract.runbook import EscalationReason, Runbook, RunbookSpec
+    from workflows.remediation.deadline import PendingDeadline
     from workflows.runbook_match import builtin_default
 
 # A result lists at most this many handled alert instances (they add up over a GPU's runs).
@@ -85,13 +85,8 @@ class RemediationState:
     sa_paused: bool = False  # SickbayPaused last written as "paused"
     health_only: bool = False  # holding under release.mode healthy-cooldown
     undoing: bool = False  # set once an abort is being handled: undo steps run to the end
-    # The running replacement wait: its deadline (a durable timer; `extend-deadline` moves
-    # it), the latest it may be moved to, and extensions its timer loop has not told yet.
-    deadline: datetime | None = None
-    deadline_limit: datetime | None = None
-    wait_started: datetime | None = None
-    wait_ended: datetime | None = None
-    extensions: list[ExtendDeadlineRequest] = field(default_factory=list)
+    # The replacement wait's deadline (a durable timer; `extend-deadline` moves it).
+    deadline: PendingDeadline = field(default_factory=PendingDeadline)
     lease_gpus: int = 1  # GPUs the budget lease counts (a repair rung grows it)
     lemon: LedgerDecision | None = None  # the GPU ledger's answer to this run's failure
     # Whether this incident is a GPU failure for the ledger (confirmed device evidence), and

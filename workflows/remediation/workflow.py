@@ -74,6 +74,7 @@ with workflow.unsafe.imports_passed_through():
         escalation,
         guard,
         hold,
+        lease,
         lemons,
         quarantine,
         repair,
@@ -176,7 +177,7 @@ class DeviceRemediationWorkflow:
             if r.s.quarantine is None:
                 ended = Closed("escalated", ended.summary)
         if isinstance(ended, Closed):
-            await guard.release_lease(r)
+            await lease.release_lease(r)
             return ended
         return await hold.hold_and_release(r)
 
