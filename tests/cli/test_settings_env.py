@@ -185,7 +185,7 @@ def test_an_invalid_value_names_its_variable(
     with pytest.raises((ValidationError, ValueError)) as err:
         Settings()
     field = env_name.removeprefix("SICKBAY_").lower()
-    assert field in str(err.value) or env_name in str(err.value)
+    assert field in str(err.value)
 
 
 def test_sub_models_are_models_not_settings() -> None:

@@ -109,7 +109,7 @@ def _wait_for_temporal(address: str, timeout: float = 90.0) -> None:
             return
         except Exception as exc:  # not up yet: connection refused, UNAVAILABLE
             last = exc
-            time.sleep(1)
+            time.sleep(1)  # poll interval while the container starts
     raise TimeoutError(f"Temporal at {address} did not serve within {timeout:.0f} s: {last}")
 
 
@@ -164,7 +164,7 @@ def _wait_for_device_taint_rules(kubeconfig: Path, timeout: float = 120.0) -> No
             last = f"served={sorted(served)} ready_nodes={len(ready)}"
         except Exception as exc:  # API server still starting
             last = exc
-        time.sleep(2)
+        time.sleep(2)  # poll interval while K3s starts
     raise TimeoutError(
         f"K3s ({K3S_IMAGE}) did not serve resource.k8s.io/v1beta2 devicetaintrules with a "
         f"Ready node within {timeout:.0f} s: {last}"

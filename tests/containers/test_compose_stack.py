@@ -79,7 +79,7 @@ def test_namespace_and_search_attributes(compose_stack: tuple[Any, str]) -> None
                     raise
             if asyncio.get_running_loop().time() > deadline:
                 return set()
-            await asyncio.sleep(2)
+            await asyncio.sleep(2)  # poll interval while the schema job runs
 
     names = asyncio.run(check())
     assert set(SEARCH_ATTRIBUTES) <= names

@@ -49,7 +49,9 @@ def test_missing_unix_socket_gives_a_reason(
 
 def test_reason_on_this_machine_is_explicit() -> None:
     reason = cached_reason()
-    assert reason is None or "Docker" in reason or "docker" in reason
+    if reason is not None:  # None: this machine runs Docker (both are legitimate here)
+        # One of the three reasons docker_check gives, each naming what is missing.
+        assert reason.startswith(("the docker Python SDK", "no Docker engine", "the Docker engine"))
 
 
 @pytest.mark.parametrize(

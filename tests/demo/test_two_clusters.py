@@ -72,7 +72,7 @@ async def _eventually(what: str, probe: Any) -> Any:
             value = await probe()
             if value:
                 return value
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # poll interval
     raise AssertionError(what)  # pragma: no cover - timeout raises first
 
 

@@ -134,7 +134,7 @@ async def _sync_volumes(plan: dict[str, Any], updates: str) -> None:
     """Apply the kubelet's new content of ConfigMap / Secret volumes (`<pod>.volumes.json`)."""
     seen = 0.0
     while True:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # poll interval for the kubelet's volume updates
         try:
             stamp = os.stat(updates).st_mtime
         except FileNotFoundError:

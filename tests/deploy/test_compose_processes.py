@@ -358,7 +358,7 @@ def _until(check: Any, within: float, what: str, logs: list[Path]) -> Any:
         found = check()
         if found:
             return found
-        time.sleep(0.5)
+        time.sleep(0.5)  # poll interval
     tails = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in logs)
     pytest.fail(f"{what} did not happen within {within:.0f} s\n{tails}")
 

@@ -86,7 +86,8 @@ def test_logs_cluster_info_and_services(kubectl: Kubectl, ns: str) -> None:
     kubectl("create", "deployment", "logger", "-n", ns, "--image=busybox:1.36")
     kubectl("rollout", "status", "deployment/logger", "-n", ns, f"--timeout={int(WAIT)}s")
     logs = kubectl("logs", "deployment/logger", "-n", ns).stdout
-    assert "Started container main" in logs or "started" in logs.lower()
+    # The twin's container log: kubectl named the container after its image.
+    assert "container busybox started (image busybox:1.36)" in logs, logs
     info = kubectl("cluster-info").stdout
     assert "Kubernetes control plane" in info and "is running at" in info
     svc = kubectl("get", "services", "-n", "default").stdout

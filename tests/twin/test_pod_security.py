@@ -250,6 +250,8 @@ def test_eviction_with_dry_run_in_the_body_evicts_nothing(pst: RunningTwin) -> N
         raw(pst, "POST", f"/api/v1/namespaces/{ns}/pods/victim/eviction", body).status_code == 201
     )
     gone = raw(pst, "GET", f"/api/v1/namespaces/{ns}/pods/victim")
+    # Evicted: Terminating, or already gone if the kubelet stand-in finished its grace period
+    # first (a race the API allows); either way it was deleted, not left running.
     assert gone.status_code == 404 or "deletionTimestamp" in gone.json()["metadata"]
 
 

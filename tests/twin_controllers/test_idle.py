@@ -69,10 +69,10 @@ def test_heartbeats_do_not_wake_every_controller(twin: Any) -> None:
 
     unsubscribe = store.subscribe(on_change)
     try:
-        time.sleep(3.0)
+        # Until there are enough heartbeat writes to measure against (about 3 s when idle).
+        eventually(lambda: writes >= 10)
     finally:
         unsubscribe()
-    assert writes >= 10, f"only {writes} heartbeat writes: the test measures nothing"
     assert syncs[0] * 3 < writes, f"{syncs[0]} kubelet passes for {writes} heartbeat writes"
 
     _bound_pod_runs(store, "late", "gpu-pool-node-3")
@@ -98,7 +98,7 @@ def test_a_stream_of_writes_leaves_the_loop_time_to_rest(twin: Any) -> None:
     syncs[0] = 0
     thread.start()
     try:
-        time.sleep(2.0)
+        time.sleep(2.0)  # the behaviour: the window the passes are counted over
     finally:
         stop.set()
         thread.join()

@@ -12,25 +12,21 @@ Cases (device plugin, a pod on one of the node's GPUs):
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
 from contract.node_incident import NodeIncidentInput
+from tests.waiting import until
 from tests.watcher.test_watcher_twin import NAMESPACE, Recorder, Running, config, kube_for
 from twin.clock import Clock
 from twin.controllers.manager import ControllerManager, TwinOptions
 from twin.testing import RunningTwin, start_twin
 from twin.upgrade import NAMESPACE as PLUGIN_NS
 from worker.watcher import HealthWatcher
-
-WAIT = 30.0
 
 
 @pytest.fixture
@@ -52,16 +48,6 @@ def twin(tmp_path: Path) -> Iterator[tuple[RunningTwin, ControllerManager]]:
         yield rs, manager
     finally:
         rs.stop()
-
-
-async def until(check: Any) -> Any:
-    deadline = time.monotonic() + WAIT
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{check} not reached"
-        await asyncio.sleep(0.05)
 
 
 async def test_vanished_gpus_are_one_node_incident_and_no_remediation(

@@ -288,7 +288,7 @@ async def test_no_missed_no_doubled_across_drops_restarts_and_watcher_restart(
         expect(*held[2])
         await wait_for(lambda: rec.keys() == want, what="launch after Temporal errors")
         assert watcher.stats.launch_errors == 2
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # the behaviour: nothing more is sent meanwhile
         assert rec.keys() == want  # nothing doubled by the relist or the status updates
     # 4. the watcher's own restart: a GPU fails while none runs; the new one finds it, and
     #    re-sends the earlier ones with the same fingerprints (the workflow ignores repeats).
@@ -337,7 +337,7 @@ async def test_lease_one_active_and_hand_over(twin: tuple[RunningTwin, Controlle
         b.elector.release = lambda: None  # type: ignore[method-assign]
         a2 = HealthWatcher(kube, Recorder().launch, config(identity="replica-a2"))
         async with Running(a2):
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # the behaviour: a2 does not take an unexpired lease
             assert not a2.stats.leader  # b's lease has not expired yet
             await wait_for(lambda: a2.stats.leader, within=20, what="a2 takes the expired lease")
             await wait_for(lambda: not b.reflectors, what="b stopped watching")

@@ -308,7 +308,7 @@ async def test_crashed_webhook_spool_is_delivered_by_the_next(
             first.send_signal(signal.SIGKILL)
             await first.wait()
         proxy.drop()  # the dead process's call never reaches Temporal
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # the behaviour: no run appears meanwhile
         assert await count_runs(dev_env.client, f"WorkflowId = '{wid}'") == 0
 
         second, url = await webhook(proxy)

@@ -32,6 +32,7 @@ from contract.kube import (
 )
 from tests.activities.kube.conftest import twin
 from tests.activities.kube.test_kube_e2e import RULES, _gpu_of, _running_pod, _workload
+from tests.waiting import until
 from twin.clock import Clock
 from twin.controllers.manager import ControllerManager, TwinOptions
 
@@ -60,9 +61,13 @@ async def test_eviction_and_replacement_watched(tmp_path: Path) -> None:
     ) as t:
         device, ref = await _setup(t, grace=30)
         await t.run(t.acts.quarantine_device, QuarantineInput(device=device, workflow_id="wf"))
-        await asyncio.sleep(0.5)
-        terminating = t.store.try_get("pods", ref.name, "ml")
-        assert terminating is not None and terminating["metadata"].get("deletionTimestamp")
+
+        def terminating() -> bool:
+            pod = t.store.try_get("pods", ref.name, "ml")
+            assert pod is not None, "the pod is gone before it was seen Terminating"
+            return bool(pod["metadata"].get("deletionTimestamp"))
+
+        await until(terminating, "the taint manager to evict the pod (Terminating)")
         report = await t.run(
             t.acts.wait_for_eviction, WaitEvictionInput(pods=[ref], timeout=timedelta(seconds=30))
         )
@@ -233,7 +238,7 @@ async def test_eviction_api_mode_pieces(tmp_path: Path) -> None:
             t.acts.quarantine_device, base.model_copy(update={"effect": "NoSchedule"})
         )
         assert first.action == "created"
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # the behaviour: a NoSchedule taint evicts nothing meanwhile
         assert not t.store.get("pods", ref.name, "ml")["metadata"].get("deletionTimestamp")
         evicted = await t.run(t.acts.evict_pods, EvictPodsInput(pods=[ref], workflow_id="wf"))
         assert evicted.blocked == [ref] and not evicted.evicted

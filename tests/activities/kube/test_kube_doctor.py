@@ -279,7 +279,7 @@ async def test_doctor_checks_the_repair_namespaces_pod_security(
     assert found.startswith(status) and says in found, out
     assert code == (1 if status == "error" else 0), out
     if status == "error":
-        assert "needs privileged" in found or "It needs privileged" in found
+        assert "It needs privileged" in found
         assert "pod-security.kubernetes.io/enforce=privileged" in out  # the fix
 
 

@@ -28,6 +28,7 @@ from temporalio.testing import ActivityEnvironment
 
 from contract.kube import DraDevice, OwnerRef, PodRef, WaitEvictionInput, WaitReplacementInput
 from tests.activities.kube.conftest import KubeTwin, twin
+from tests.waiting import until
 
 UNSCHEDULABLE = (
     "0/2 nodes are available: 2 cannot allocate all claims. still not schedulable, "
@@ -41,6 +42,10 @@ def _ref(pod: dict) -> PodRef:
         name=pod["metadata"]["name"],
         uid=pod["metadata"]["uid"],
     )
+
+
+def _watching_pods(t: KubeTwin) -> bool:
+    return any(r.verb == "watch" and r.resource == "pods" for r in t.requests())
 
 
 async def _later(delay: float, fn, *args, **kwargs) -> None:
@@ -60,18 +65,19 @@ async def test_wait_eviction_sees_pods_go(tmp_path: Path) -> None:
                 WaitEvictionInput(pods=[_ref(a), _ref(b)], timeout=timedelta(seconds=20)),
             )
         )
-        await _later(0.3, t.store.delete, "pods", "a", "ml", grace_period_seconds=30)
-        await asyncio.sleep(0.3)
+        await until(lambda: _watching_pods(t), "the pod watch open")
+        await asyncio.to_thread(t.store.delete, "pods", "a", "ml", grace_period_seconds=30)
+        await asyncio.sleep(0.3)  # the behaviour: no report while the pod is Terminating
         assert not task.done()  # Terminating: still holds the device
-        await _later(0.1, t.store.delete, "pods", "a", "ml", grace_period_seconds=0)
-        await _later(0.2, t.store.delete, "pods", "b", "ml", grace_period_seconds=0)
+        await asyncio.to_thread(t.store.delete, "pods", "a", "ml", grace_period_seconds=0)
+        await asyncio.to_thread(t.store.delete, "pods", "b", "ml", grace_period_seconds=0)
         report = await asyncio.wait_for(task, 10)
         assert [p.name for p in report.gone] == ["a", "b"]
-        assert report.remaining == [] and not report.timed_out
-        # One list, then one watch (the twin logs a watch only when its stream closes, which
-        # it notices at its next write): no polling.
+        assert report.remaining == []
+        assert not report.timed_out
+        # One list, then one watch (the pods went while it was open): no polling.
         pod_calls = [r.verb for r in t.requests() if r.resource == "pods"]
-        assert pod_calls in (["list"], ["list", "watch"])
+        assert pod_calls == ["list", "watch"]
 
 
 async def test_wait_eviction_times_out(tmp_path: Path) -> None:
@@ -106,11 +112,9 @@ async def test_restart_resumes_from_heartbeat(tmp_path: Path) -> None:
         env = ActivityEnvironment()
         env.on_heartbeat = lambda *d: details.append(d)
         task = asyncio.create_task(env.run(t.acts.wait_for_eviction, inp))
-        await _later(0.3, t.store.delete, "pods", "a", "ml", grace_period_seconds=0)
-        for _ in range(50):
-            if details and details[-1][0]["gone"]:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: _watching_pods(t), "the pod watch open")
+        await asyncio.to_thread(t.store.delete, "pods", "a", "ml", grace_period_seconds=0)
+        await until(lambda: details and details[-1][0]["gone"], "a heartbeat with `a` gone")
         env.cancel()  # the worker dies mid-wait
         try:
             await task
@@ -177,7 +181,7 @@ async def test_replacement_running_on_untainted_device(tmp_path: Path) -> None:
             None,
             False,
         )
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # the behaviour: no report while the replacement is not Running
         assert not task.done()  # bound, not Running yet
         await _later(
             0.1,
@@ -415,7 +419,7 @@ async def test_api_server_gone_mid_wait_is_retryable(tmp_path: Path) -> None:
                 WaitEvictionInput(pods=[_ref(a)], timeout=timedelta(seconds=30)),
             )
         )
-        await asyncio.sleep(0.5)
+        await until(lambda: _watching_pods(t), "the pod watch open")
         await asyncio.to_thread(t.twin.stop)
         try:
             await asyncio.wait_for(task, 15)

@@ -22,6 +22,8 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from contract.kube import EvictionReport, PodRef, WaitEvictionInput
 from contract.names import ACT_WAIT_EVICTION
 from tests.activities.kube.conftest import twin
+from tests.activities.kube.test_kube_waits import _watching_pods
+from tests.waiting import until
 
 pytestmark = pytest.mark.devserver
 
@@ -69,7 +71,7 @@ async def test_restart_mid_wait_resumes(tmp_path: Path, dev_client: Client) -> N
             id=f"restart-{uuid.uuid4().hex[:8]}",
             task_queue=queue,
         )
-        await asyncio.sleep(1.0)
+        await until(lambda: _watching_pods(t), "worker A's eviction wait watching the pods")
         t.store.delete("pods", "a", "ml", grace_period_seconds=0)
         details = None
         for _ in range(300):  # until A's heartbeat with "a gone" reached the server

@@ -49,6 +49,7 @@ from contract.node_incident import (
 )
 from tests.activities.kube.conftest import KubeTwin, twin
 from tests.activities.kube.rbac_proxy import deploy_rules
+from tests.waiting import until
 from twin.clock import Clock
 from twin.controllers.manager import ControllerManager, TwinOptions
 from twin.upgrade import NAMESPACE
@@ -84,16 +85,6 @@ def make(tmp_path: Path) -> Iterator[Any]:
             item.__exit__(None, None, None)
 
 
-async def _until(check: Any) -> Any:
-    deadline = time.monotonic() + WAIT
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, "not reached"
-        await asyncio.sleep(0.05)
-
-
 def _plugin_pods(t: KubeTwin, node: str) -> list[dict[str, Any]]:
     return [
         p
@@ -111,13 +102,13 @@ def _upgrade(t: KubeTwin, node: str, **kw: Any) -> Any:
 async def test_diagnose_names_the_hook_and_the_kubelet_change(make: Any) -> None:
     t, acts = make("device-plugin", nodes=3)
     node = t.node(0)
-    await _until(lambda: len(_plugin_pods(t, node)) == 1)
+    await until(lambda: len(_plugin_pods(t, node)) == 1)
     healthy = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node, expected_gpus=2))
     assert not healthy.vanished and healthy.capacity == 2
 
     before = t.store.get("nodes", node)["status"]["nodeInfo"]["kubeletVersion"]
     _upgrade(t, node, kubelet="v1.37.1", breaks="hook")
-    await _until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "0")
+    await until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "0")
     d = await t.run(
         acts.diagnose_node,
         DiagnoseNodeInput(node=node, recorded=RecordedNode(kubelet_version=before, gpu_count=2)),
@@ -140,9 +131,7 @@ async def test_diagnose_names_the_hook_and_the_kubelet_change(make: Any) -> None
     # The rollout goes on: a second node of the pool loses its GPUs too (pool incident input).
     second = t.node(1)
     _upgrade(t, second, kubelet="v1.37.1", breaks="hook")
-    await _until(
-        lambda: t.store.get("nodes", second)["status"]["capacity"]["nvidia.com/gpu"] == "0"
-    )
+    await until(lambda: t.store.get("nodes", second)["status"]["capacity"]["nvidia.com/gpu"] == "0")
     d2 = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
     assert d2.pool_vanished == [second]
     assert d2.peers == {before: 1, "v1.37.1": 1}
@@ -151,7 +140,7 @@ async def test_diagnose_names_the_hook_and_the_kubelet_change(make: Any) -> None
 async def test_diagnose_dra_lost_socket_is_restartable(make: Any) -> None:
     t, acts = make("1.36", nodes=1)
     node = t.node(0)
-    await _until(lambda: len(_plugin_pods(t, node)) == 1)
+    await until(lambda: len(_plugin_pods(t, node)) == 1)
     _upgrade(t, node, breaks="socket")
     d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node, expected_gpus=2))
     assert d.mode == "dra" and d.published == 0 and d.vanished
@@ -199,9 +188,9 @@ async def test_contain_and_release_touch_only_what_sickbay_set(make: Any) -> Non
 async def test_restart_once_per_attempt_then_gpus_back(make: Any) -> None:
     t, acts = make("device-plugin", nodes=1)
     node = t.node(0)
-    await _until(lambda: len(_plugin_pods(t, node)) == 1)
+    await until(lambda: len(_plugin_pods(t, node)) == 1)
     _upgrade(t, node, breaks="socket")
-    await _until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "0")
+    await until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "0")
     with pytest.raises(ApplicationError) as err:
         await t.run(acts.wait_for_gpus_back, WaitGpusBackInput(node=node, expected_gpus=2))
     assert err.value.type == ERR_STILL_WAITING and "0 of 2" in str(err.value)
@@ -210,7 +199,7 @@ async def test_restart_once_per_attempt_then_gpus_back(make: Any) -> None:
     inp = RestartPluginInput(node=node, workflow_id="sickbay-node-x", attempt=1)
     first = await t.run(acts.restart_gpu_plugin, inp)
     assert first.restarted == [f"{NAMESPACE}/{old['metadata']['name']}"] and not first.already
-    [new] = await _until(
+    [new] = await until(
         lambda: [p for p in _plugin_pods(t, node) if p["metadata"]["uid"] != old["metadata"]["uid"]]
     )
     again = await t.run(acts.restart_gpu_plugin, inp)  # a retried activity
@@ -275,9 +264,9 @@ async def test_find_gpu_pods_lists_the_workloads_holding_gpus(make: Any) -> None
             if (p.get("spec") or {}).get("nodeName") == node
         )
 
-    names = await _until(lambda: (lambda got: got if len(got) == 4 else None)(on_node()))
+    names = await until(lambda: (lambda got: got if len(got) == 4 else None)(on_node()))
     infer = next(n for n in names if n.startswith("infer-"))
-    await _until(lambda: len(_plugin_pods(t, node)) == 1)  # the GPU plugin pod: never listed
+    await until(lambda: len(_plugin_pods(t, node)) == 1)  # the GPU plugin pod: never listed
     found = await t.run(acts.find_gpu_pods, GpuPodsInput(node=node))
     assert [(p.namespace, p.name) for p in found.pods] == [
         (ns, infer),
@@ -296,12 +285,12 @@ async def test_a_healed_break_s_events_do_not_name_today_s_cause(make: Any) -> N
     listed); the next upgrade loses the socket: restartable, not `toolkit-hook`."""
     t, acts = make("device-plugin", nodes=1)
     node = t.node(0)
-    await _until(lambda: len(_plugin_pods(t, node)) == 1)
+    await until(lambda: len(_plugin_pods(t, node)) == 1)
     _upgrade(t, node, breaks="hook")
     t.twin.extensions["gpu_plugins"].recover(node)
-    await _until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "2")
+    await until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "2")
     _upgrade(t, node, breaks="socket")
-    await _until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "0")
+    await until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "0")
     d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node, expected_gpus=2))
     [plugin] = [p for p in d.plugin_pods if p.component == "device-plugin"]
     assert plugin.ready and any(e.startswith("Failed: ") for e in plugin.events)  # history
