@@ -65,7 +65,17 @@ FULL: dict[str, dict[str, Any]] = {
     "memory": {"count": 1000},
     "cost": {},
     "budget": {"acquirers": 100, "rounds": 5},
-    "watch": {"nodes": 1000, "gpus": 8, "failures": 100, "burst": 200, "idle": 60.0, "e2e": True},
+    "watch": {
+        "nodes": 1000,
+        "gpus": 8,
+        "failures": 100,
+        "burst": 200,
+        "idle": 60.0,
+        "e2e": True,
+        "curve": [8000, 16000, 32000, 64000],
+        "curve_failures": 100,
+        "curve_idle": 30.0,
+    },
     "repair": {"rounds": 20},
     "human_actions": {},
     "abuse": {"connections": 800, "seconds": 20.0},
@@ -78,7 +88,17 @@ QUICK: dict[str, dict[str, Any]] = {
     "memory": {"count": 16},
     "cost": {},
     "budget": {"acquirers": 20, "limit": 6, "rounds": 1},
-    "watch": {"nodes": 4, "gpus": 8, "failures": 8, "burst": 16, "idle": 2.0, "e2e": True},
+    "watch": {
+        "nodes": 4,
+        "gpus": 8,
+        "failures": 8,
+        "burst": 16,
+        "idle": 2.0,
+        "e2e": True,
+        "curve": [400, 800],
+        "curve_failures": 4,
+        "curve_idle": 1.0,
+    },
     "repair": {"rounds": 2},
     "human_actions": {},
     "abuse": {"connections": 40, "seconds": 2.0, "addresses": 4},
@@ -284,6 +304,10 @@ def render(results: dict[str, Any], out: Path, plot_dir: Path) -> None:
         if results.get(name):
             fn(results[name], plot_dir / f"{name}.png")
             made[name] = f"{rel}/{name}.png"
+    curve = (results.get("watch") or {}).get("curve")
+    if curve and any("error" not in p for p in curve["points"]):
+        plots.watch_curve(curve, plot_dir / "watch_curve.png")
+        made["watch_curve"] = f"{rel}/watch_curve.png"
     text = report.render(results, made, results.get("quick", False))
     if results.get("errors"):
         text += "\n## Benchmarks that did not run\n\n" + "\n".join(

@@ -107,3 +107,65 @@ def memory(result: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def watch_curve(curve: dict[str, Any], path: Path) -> Path:
+    """The health watcher's cost against cluster size (bench/watch.py's curve), the goals as
+    dashed lines."""
+    points = [p for p in curve["points"] if "error" not in p]
+    xs = [p["pods"] for p in points]
+    mb = 1.048576  # MiB -> MB
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    panels = (
+        (
+            axes[0][0],
+            "watcher RSS (MB)",
+            [
+                ("after the first sync", [p["rss_mb_after_sync"] * mb for p in points]),
+                ("peak", [p["max_rss_mb"] * mb for p in points]),
+            ],
+            300,
+        ),
+        (
+            axes[0][1],
+            "first sync (s)",
+            [("LIST of slices, nodes, pods", [p["sync_seconds"] for p in points])],
+            30,
+        ),
+        (
+            axes[1][0],
+            "pod health Unhealthy -> launch (ms)",
+            [
+                ("p50", [p["detection_ms"]["p50"] for p in points]),
+                ("p99", [p["detection_ms"]["p99"] for p in points]),
+            ],
+            1000,
+        ),
+        (
+            axes[1][1],
+            "CPU seconds per idle minute",
+            [("watcher process", [p["cpu_seconds_per_idle_minute"] for p in points])],
+            None,
+        ),
+    )
+    for ax, title, series, goal in panels:
+        for label, ys in series:
+            ax.plot(xs, ys, marker="o", label=label)
+        if goal is not None:
+            ax.axhline(goal, color="grey", linestyle="--", linewidth=1, label=f"goal {goal}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [f"{x // 1000}k" if x >= 1000 else str(x) for x in xs])
+        ax.set_xlabel("pods (1 in 4 on GPU nodes)")
+        ax.set_title(title)
+        if goal == 1000:  # milliseconds: the figures sit orders of magnitude under the goal
+            ax.set_yscale("log")
+            ax.set_title(title + " (log)")
+        else:
+            ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle("Health watcher cost against cluster size")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

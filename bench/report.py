@@ -339,7 +339,7 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
     if results.get("watch"):
         from bench.watch import section
 
-        out += section(results["watch"])
+        out += section(results["watch"], plots.get("watch_curve"))
     if results.get("repair"):
         from bench.repair import section as repair_section
 

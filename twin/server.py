@@ -845,7 +845,8 @@ class _Handler(BaseHTTPRequestHandler):
         meta: dict[str, Any] = {"resourceVersion": str(result.resource_version)}
         if result.continue_token:
             meta["continue"] = result.continue_token
-            meta["remainingItemCount"] = result.remaining_item_count
+            if result.remaining_item_count is not None:  # unset when a selector filtered
+                meta["remainingItemCount"] = result.remaining_item_count
         accept = self.headers.get("Accept", "")
         if "as=PartialObjectMetadataList" in accept:
             doc = {

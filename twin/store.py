@@ -64,7 +64,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import builtins
+import itertools
 import json
 import logging
 import queue
@@ -596,9 +598,12 @@ class Store:
             rv = list_rv or self._rv
             matched = 0
             next_start: tuple[str, str] | None = None
-            for key in keys:
-                if start is not None and key <= start:
-                    continue
+            # With a selector the API server leaves remainingItemCount unset (the count would
+            # need every later object matched): a page then stops at its limit, so a paginated
+            # LIST costs the size of the list, not its square.
+            selecting = bool((ls is not None and ls.requirements) or (fs is not None and fs.terms))
+            first = bisect.bisect_right(keys, start) if start is not None else 0
+            for key in itertools.islice(keys, first, None):
                 if namespace and key[0] != namespace:
                     continue
                 obj = bucket.objects[key]
@@ -617,13 +622,16 @@ class Store:
                             items[-1]["metadata"].get("namespace", ""),
                             items[-1]["metadata"]["name"],
                         )
+                    if selecting:
+                        break
                     continue
                 items.append(obj)
             out = [self._out(rt, o) for o in items] if copy_objects else items
         result = ListResult(out, rv)
         if next_start is not None:
             result.continue_token = _encode_continue(next_start, rv)
-            result.remaining_item_count = matched - len(items)
+            if not selecting:
+                result.remaining_item_count = matched - len(items)
         return result
 
     def count(self, resource: str | ResourceType) -> int:

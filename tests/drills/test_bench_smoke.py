@@ -2,8 +2,8 @@
 
 Case: the quick mode (small counts: 8 latency pairs, one happy path, a 240-alert storm on a
 20-node twin, 16 remediations in flight, a 20-request budget burst, two rounds of runbook
-timers) writes its markdown,
-three PNG plots and results.json; every benchmark produced its figures (no `errors` entry),
+timers, the health watcher's cost at 400 and 800 pods) writes its markdown,
+four PNG plots and results.json; every benchmark produced its figures (no `errors` entry),
 the latency pairs were all matched, the cost run ended released and the burst granted the
 budget's limit. Nothing here is timed.
 """
@@ -70,12 +70,21 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     node = results["node_upgrade"]["seconds"]  # one round of each upgrade story
     assert node["socket: vanish -> diagnosis"]["n"] == node["socket: vanish -> GPUs back"]["n"] == 1
     assert node["hook: vanish -> page"]["n"] == 1
+    curve = results["watch"]["curve"]  # the watcher's cost at two small sizes
+    assert [p["pods"] for p in curve["points"]] == curve["sizes"] == [400, 800]
+    for point in curve["points"]:
+        assert "error" not in point and point["gpu_pods"] + point["cpu_pods"] == point["pods"]
+        assert point["cpu_pods"] > 2 * point["gpu_pods"]  # most pods on CPU-only nodes
+        assert point["detection_ms"]["n"] + point["detection_ms"]["lost"] == 4
+        assert {"rss_mb_after_sync", "max_rss_mb", "kib_per_pod", "sync_seconds"} <= set(point)
+        assert "cpu_seconds_per_idle_minute" in point
     lags = results["timers"]["lag_ms"]  # both rounds' timers measured (figures not judged)
     assert lags["approval timeout"]["n"] == lags["Pending deadline"]["n"] == 2
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "## Summary" in text and "Quick mode" in text
     assert "## Node upgrade: GPUs that vanish" in text
-    for name in ("latency", "storm", "memory"):
+    assert "### Watcher cost against cluster size" in text
+    for name in ("latency", "storm", "memory", "watch_curve"):
         png = tmp_path / "plots" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"plots/{name}.png" in text
