@@ -80,15 +80,9 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
                 "| | |",
             ]
     if cost:
-        out += [
-            f"| history events, happy path | {cost['history_events']} | <= 60 | "
-            f"{_ok(cost['history_events'] <= 60)} |",
-            f"| billable actions, happy path (est.) | {cost['billable_actions']} "
-            f"+ {cost['budget_update_actions']} budget updates | | |",
-            f"| Kubernetes API requests, happy path | {cost['kube_requests']} | <= 15 | "
-            f"{_ok(cost['kube_requests'] <= 15)} |",
-            f"| Kubernetes Event writes, happy path | {cost.get('event_writes', 0)} | | |",
-        ]
+        from bench.cost import summary_rows as cost_rows
+
+        out += cost_rows(cost)
     if storm:
         w = storm["webhook_ms"]
         q = storm["quarantine_all_in_budget_s"]
@@ -245,25 +239,9 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             "",
         ]
     if cost:
-        out += [
-            "## 2. Cost of one happy-path remediation",
-            "",
-            "Demo stack (1 node x 2 GPUs, 30x time scale): an inference Deployment's GPU fails "
-            f"(Xid 79) -> quarantine -> eviction -> replacement on the other GPU -> repaired -> "
-            f"released. Outcome: {cost['outcome']} ({cost['reason']}).",
-            "",
-            f"- History events: **{cost['history_events']}** — "
-            + ", ".join(f"{k} {v}" for k, v in cost["events_by_type"].items()),
-            f"- Billable actions (estimate from the history, Temporal Cloud's mapping: start, "
-            f"each activity scheduled or retried, local activities once per workflow task, "
-            f"timers, signals, search-attribute upserts, updates): **{cost['billable_actions']}**, "
-            f"plus {cost['budget_update_actions']} on the budget workflow (lease acquire and "
-            "release updates).",
-            f"- Kubernetes API requests: **{cost['kube_requests']}** for the procedure, plus "
-            f"**{cost.get('event_writes', 0)}** Event writes (one per decision and object) — "
-            + ", ".join(f"{k or '(discovery)'} x{v}" for k, v in cost["kube_by_call"].items()),
-            "",
-        ]
+        from bench.cost import section as cost_section
+
+        out += cost_section(cost)
     if storm:
         w = storm["webhook_ms"]
         out += [

@@ -1,11 +1,13 @@
 """The benchmark code runs: `python -m bench --quick` end to end (figures not judged).
 
-Case: the quick mode (small counts: 8 latency pairs, one happy path, a 240-alert storm on a
+Case: the quick mode (small counts: 8 latency pairs, one incident of each costed procedure:
+repair with validation, happy path, Pending-deadline scale-up; a 240-alert storm on a
 20-node twin, 16 remediations in flight, a 20-request budget burst, two rounds of runbook
 timers, the health watcher's cost at 400 and 800 pods) writes its markdown,
 four PNG plots and results.json; every benchmark produced its figures (no `errors` entry),
-the latency pairs were all matched, the cost run ended released and the burst granted the
-budget's limit. Nothing here is timed.
+the latency pairs were all matched, the three cost runs ended released with their histories,
+actions and API requests counted (and the fleet table priced from them), and the burst granted
+the budget's limit. Nothing here is timed.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tests.drills.conftest import worker_argv
 
 # The run's own bound is the subprocess timeout below; pytest-timeout's suite-wide 300 s would
 # end it first on a loaded CI machine (it did: 300.04 s) and report a hang that was not one.
-pytestmark = [pytest.mark.slow, pytest.mark.devserver, pytest.mark.timeout(660)]
+pytestmark = [pytest.mark.slow, pytest.mark.devserver, pytest.mark.timeout(840)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,9 +51,9 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        # The quick run takes 2-4 minutes on 2 cores (its repair rounds wait simulated minutes
+        # The quick run takes 3-7 minutes on 2 cores (its repair rounds wait simulated minutes
         # at x30): a bound for a hung run, not a time the test judges.
-        timeout=600,
+        timeout=780,
         check=False,
     )
     raw = tmp_path / "results.json"
@@ -63,7 +65,16 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
         + proc.stderr[-4000:]
     )
     assert results["latency"]["measured"] == results["latency"]["pairs"] == 8
-    assert results["cost"]["outcome"] == "released"
+    cost = results["cost"]
+    assert list(cost["procedures"]) == ["repair", "happy_path", "scale_up"]
+    for procedure in cost["procedures"].values():
+        assert procedure["outcome"] == "released"
+        assert procedure["history_events"] > 0 and procedure["total_actions"] > 0
+        assert procedure["kube_requests"] > 0 and procedure["kube_by_call"]
+        assert "sickbay-budget" in procedure["other_workflows"]  # the lease's share
+    assert "sickbay-pool-scaler" in cost["procedures"]["scale_up"]["other_workflows"]
+    assert set(cost["fleet"]["per_procedure"]) == set(cost["procedures"])
+    assert cost["fleet"]["mixed_actions_per_month"] > 0
     assert results["storm"]["alerts"] == 240
     assert results["memory"]["remediations"] == 16
     assert [r["granted"] for r in results["budget"]["rounds"]] == [6]  # the quick limit
@@ -84,6 +95,7 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     assert "## Summary" in text and "Quick mode" in text
     assert "## Node upgrade: GPUs that vanish" in text
     assert "### Watcher cost against cluster size" in text
+    assert "## 2. Cost per incident" in text and "### What a fleet costs" in text
     for name in ("latency", "storm", "memory", "watch_curve"):
         png = tmp_path / "plots" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
