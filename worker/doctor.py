@@ -794,7 +794,6 @@ def cluster_name_check(kube: Kube, namespace: str, explicit: str | None) -> Chec
                 first = f"{derived_cluster_name(kube_system_uid(kube))!r} (derived)"
             except (KubeError, ClusterNameError, ValueError) as exc:
                 first = f"a derived name (kube-system uid unreadable: {exc})"
-            first += ', or "" where workflows of the unnamed cluster still run'
         return Check(
             "ok", "cluster name", f"not recorded yet in {where}: the first worker records {first}"
         )

@@ -554,7 +554,7 @@ async def run_worker(settings: Settings) -> int:
         log.error("cannot build the activities: %s: %s", type(exc).__name__, exc)
         return 5
     try:  # the recorded cluster name (worker/cluster_name.py), before any id is made
-        settings = await settle_worker_cluster(client, settings, kube_activities.kube)
+        settings = await settle_worker_cluster(settings, kube_activities.kube)
     except (ClusterNameError, KubeError) as exc:
         log.error("cannot settle the cluster name: %s", exc)
         kube_activities.close()

@@ -310,7 +310,7 @@ class Settings(BaseSettings):
     # every workflow id, the task queue, the Schedule, the `SickbayCluster` search attribute
     # and every notification. Unset: the name recorded in the cluster (ConfigMap
     # sickbay-cluster, worker/cluster_name.py), derived and recorded once by the first worker;
-    # set (even to "", the unnamed cluster of earlier releases): it must equal the record.
+    # set (even to "", the unnamed cluster: single-cluster ids): it must equal the record.
     cluster: str = ""
     # The webhook (no Kubernetes API access): a file holding the recorded name (the
     # ConfigMap's `name` key, mounted by deploy/webhook.yaml). Until it exists: 503.
