@@ -946,7 +946,7 @@ def integrations_check(runbooks: list[Runbook] | None, settings: Any, kube_api: 
     if runbooks is None:
         return Check("warning", "integrations", "not checked: the runbooks did not load")
     try:
-        problems = load_and_check(runbooks, settings.channels_file, kube_api)
+        problems = load_and_check(runbooks, settings, kube_api)
     except Exception as exc:  # the channels or cloud file does not load
         return Check(
             "error",
@@ -1021,7 +1021,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             checks += temporal_checks(settings)
         from worker.doctor_cloud import cloud_checks  # the clouds: worker/doctor_cloud.py
 
-        checks.extend(cloud_checks(runbooks))
+        checks.extend(cloud_checks(runbooks, settings=settings))
     except KubeError as err:
         checks = [loaded, Check("error", "doctor", f"stopped: {err}")]
     finally:

@@ -22,7 +22,7 @@ import json
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -54,6 +54,9 @@ from worker.alerts import (
 from worker.security import check_webhook_token
 from worker.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_BYTES
 from worker.spool import Spool
+
+if TYPE_CHECKING:
+    from activities.cloud.config import CloudConfig
 
 PACKAGED_RUNBOOKS = Path(__file__).resolve().parent.parent / "runbooks"
 ENV_PREFIX = "SICKBAY_"
@@ -294,7 +297,75 @@ class WatchSettings(_Part):
         return value
 
 
-class Settings(WebhookSettings, ServerSettings, SweepSettings, WatchSettings, BaseSettings):
+class CloudSettings(_Part):
+    """Node-pool providers (activities/cloud, docs/cloud.md): the cloud file, and defaults for
+    the runbooks that name only a provider (`scaleUp.provider: gke`): its pool is then the
+    failed node's pool in this cluster. What the file sets wins over these. Credentials are
+    not settings: each SDK's own chain finds them, or a secret reference (docs/settings.md)."""
+
+    cloud_file: Path | None = None
+    """YAML: node-pool providers' endpoints, credentials (as secret references) and
+    profiles (docs/cloud.md)."""
+    gke_project: str | None = None
+    """GKE: the project of this cluster (`gke.project`)."""
+    gke_location: str | None = None
+    """GKE: the cluster's location, region or zone (`gke.location`)."""
+    gke_cluster: str | None = None
+    """GKE: this cluster's name (`gke.cluster`)."""
+    aks_subscription: str | None = None
+    """AKS: the subscription id of this cluster (`aks.subscription`)."""
+    aks_resource_group: str | None = None
+    """AKS: this cluster's resource group (`aks.resource_group`)."""
+    aks_cluster: str | None = None
+    """AKS: this cluster's name (`aks.cluster`)."""
+    aws_region: str | None = None
+    """EKS: the region of the pools that name none (`aws.region`); unset: boto3's own
+    (`AWS_REGION`, `AWS_DEFAULT_REGION`, the shared config file)."""
+    aws_profile: str | None = None
+    """EKS: a named profile of the shared AWS config file (`aws.profile`); unset: the
+    standard credential chain."""
+    eks_cluster: str | None = None
+    """EKS: this cluster's name (`aws.cluster`)."""
+    twin_cloud_url: str | None = None
+    """The cluster twin's GKE-shaped API (`twin.endpoint`): a runbook's `provider: twin` pool
+    without an endpoint is scaled there (demo and tests)."""
+
+    def cloud_defaults(self) -> dict[str, dict[str, str | None]]:
+        """These settings as defaults of the cloud file's sections."""
+        return {
+            "gke": {
+                "project": self.gke_project,
+                "location": self.gke_location,
+                "cluster": self.gke_cluster,
+            },
+            "aks": {
+                "subscription": self.aks_subscription,
+                "resource_group": self.aks_resource_group,
+                "cluster": self.aks_cluster,
+            },
+            "aws": {
+                "region": self.aws_region,
+                "profile": self.aws_profile,
+                "cluster": self.eks_cluster,
+            },
+            "twin": {"endpoint": self.twin_cloud_url},
+        }
+
+    def cloud_config(self) -> CloudConfig:
+        """The providers' configuration: the cloud file over these defaults (ConfigError when
+        the file does not load)."""
+        from activities.cloud.config import CloudConfig  # httpx, yaml: only where used
+
+        return CloudConfig.load(self.cloud_file, self.cloud_defaults())
+
+
+def _home_state_dir() -> Path:
+    return Path.home() / ".sickbay"
+
+
+class Settings(
+    WebhookSettings, ServerSettings, SweepSettings, WatchSettings, CloudSettings, BaseSettings
+):
     """Every setting of every Sickbay process: the shared ones below, and the process parts'
     fields it inherits. Each field is the variable `SICKBAY_<FIELD>`."""
 
@@ -418,6 +489,11 @@ class Settings(WebhookSettings, ServerSettings, SweepSettings, WatchSettings, Ba
     slack_users_file: Path | None = None
     """YAML: Slack user ids -> Kubernetes user + groups (docs/deploy.md)."""
 
+    # The CLI on a workstation
+    state_dir: Path = Field(default_factory=_home_state_dir)
+    """Where a local stack (`sickbay up`, `sickbay demo --keep`) records itself and the CLI
+    finds it (default `~/.sickbay`); `sickbay twin` keeps its state there too."""
+
     @property
     def webhook(self) -> WebhookSettings:
         """The webhook's part of these settings."""
@@ -426,6 +502,11 @@ class Settings(WebhookSettings, ServerSettings, SweepSettings, WatchSettings, Ba
     @property
     def server(self) -> ServerSettings:
         """The webhook HTTP server's part of these settings."""
+        return self
+
+    @property
+    def cloud(self) -> CloudSettings:
+        """The node-pool providers' part of these settings."""
         return self
 
     @property
@@ -444,6 +525,11 @@ class Settings(WebhookSettings, ServerSettings, SweepSettings, WatchSettings, Ba
         return {
             env_name(name, info.validation_alias): name for name, info in cls.model_fields.items()
         }
+
+    @field_validator("state_dir", mode="before")
+    @classmethod
+    def _state_dir_or_home(cls, value: object) -> object:
+        return value or _home_state_dir()  # SICKBAY_STATE_DIR="": the default
 
     @field_validator("repair_namespace")
     @classmethod

@@ -43,17 +43,7 @@ DOCUMENTED_IN += sorted(p for p in (ROOT / "deploy").rglob("*") if p.is_file())
 
 # Documented variables that are not process settings, and who reads them.
 NOT_SETTINGS = {
-    "SICKBAY_AKS_CLUSTER": "activities/cloud (CloudConfig, env-only AKS pool)",
-    "SICKBAY_AKS_RESOURCE_GROUP": "activities/cloud (CloudConfig)",
-    "SICKBAY_AKS_SUBSCRIPTION": "activities/cloud (CloudConfig)",
     "SICKBAY_AZURE_TOKEN": "activities/cloud (a secret reference of the cloud file)",
-    "SICKBAY_CLOUD_FILE": "activities/cloud (CloudConfig.load)",
-    "SICKBAY_AWS_REGION": "activities/cloud (CloudConfig, AwsConfig)",
-    "SICKBAY_AWS_PROFILE": "activities/cloud (CloudConfig, AwsConfig)",
-    "SICKBAY_EKS_CLUSTER": "activities/cloud (CloudConfig, env-only EKS pool)",
-    "SICKBAY_GKE_CLUSTER": "activities/cloud (CloudConfig)",
-    "SICKBAY_GKE_LOCATION": "activities/cloud (CloudConfig)",
-    "SICKBAY_GKE_PROJECT": "activities/cloud (CloudConfig)",
     "SICKBAY_GKE_TOKEN": "activities/cloud (a secret reference of the cloud file)",
     "SICKBAY_GKE_TOKEN_FILE": "activities/cloud (a secret reference of the cloud file)",
     "SICKBAY_HEALTHCHECK_URL": "the Dockerfile's HEALTHCHECK",
@@ -68,9 +58,7 @@ NOT_SETTINGS = {
     "SICKBAY_REQUIRE_MONITORING": "tests (missing Prometheus binaries fail instead of skipping)",
     "SICKBAY_TWIN_ALERT_TOKEN": "the twin (twin/)",
     "SICKBAY_TWIN_CLOUD_TOKEN": "the twin (twin/)",
-    "SICKBAY_TWIN_CLOUD_URL": "the twin (twin/)",
     "SICKBAY_TWIN_TIME_SCALE": "the twin (twin/)",
-    "SICKBAY_STATE_DIR": "the CLI's local state (sickbay twin / up / down)",
 }
 # Prefixes the docs write for a family ("SICKBAY_TEMPORAL_*", "SICKBAY_REQUIRE_<X>").
 FRAGMENTS = {"SICKBAY_TEMPORAL_", "SICKBAY_REQUIRE_"}

@@ -39,6 +39,7 @@ from contract.capacity import (
 from contract.errors import ERR_CLOUD_REJECTED, ERR_CLOUD_UNAVAILABLE, ERR_CONFIG
 from tests.cloud.callers import CapacityCaller
 from twin.cloudapi import CloudApiServer, TwinPool
+from worker.settings import Settings
 from workflows.pool_scaler import PoolScalerWorkflow
 
 
@@ -222,7 +223,7 @@ async def test_provider_only_runbook_uses_the_workers_twin_url(
     """`scaleUp.provider: twin` without a pool: the engine names the failed node's pool and
     the worker knows where the twin is (SICKBAY_TWIN_CLOUD_URL)."""
     monkeypatch.setenv("SICKBAY_TWIN_CLOUD_URL", cloud_twin.url)
-    acts = CloudActivities()
+    acts = CloudActivities(Settings().cloud.cloud_config())  # as the worker builds it
     try:
         desc = await ActivityEnvironment().run(
             acts.describe_pool,
