@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 
 PACKAGED_RUNBOOKS = Path(__file__).resolve().parent.parent / "runbooks"
 ENV_PREFIX = "SICKBAY_"
+# Health checks within SICKBAY_HEALTH_STALE_SECONDS: one slow answer is not a restart.
+HEALTH_CHECKS_PER_STALE = 6
 
 
 def split_list(value: object) -> object:
@@ -117,8 +119,6 @@ class WebhookSettings(_Part):
     ago or less (same workflow, status, fingerprint, startsAt) is acknowledged without another
     call. Covers Alertmanager's retries and overlapping groups during a storm; 0 turns the
     cache off (identical alerts in flight at the same moment still share one call)."""
-    webhook_dedup_entries: int = Field(default=50_000, ge=1)
-    """At most this many remembered deliveries (~0.5 KB each): the oldest go first."""
     webhook_spool_dir: Path | None = None
     """Delivery spool (worker/spool.py). Set: a notification waits for Temporal at most
     `SICKBAY_WEBHOOK_ACK_SECONDS`; the alerts Temporal has not accepted by then are journaled
@@ -281,9 +281,8 @@ class WatchSettings(_Part):
     watch_lease_seconds: float = 15.0
     """The watcher's Lease: a dead holder is replaced after it expires."""
     watch_renew_seconds: float = 10.0
-    """How often the holder renews its Lease (below the lease seconds)."""
-    watch_retry_seconds: float = 2.0
-    """How often a replica that does not hold the Lease tries to take it."""
+    """A holder that cannot renew its Lease (every 2 s) within this many seconds stops
+    watching; below the lease seconds."""
 
     @field_validator("watch_renew_seconds")
     @classmethod
@@ -326,9 +325,6 @@ class CloudSettings(_Part):
     standard credential chain."""
     eks_cluster: str | None = None
     """EKS: this cluster's name (`aws.cluster`)."""
-    twin_cloud_url: str | None = None
-    """The cluster twin's GKE-shaped API (`twin.endpoint`): a runbook's `provider: twin` pool
-    without an endpoint is scaled there (demo and tests)."""
 
     def cloud_defaults(self) -> dict[str, dict[str, str | None]]:
         """These settings as defaults of the cloud file's sections."""
@@ -348,7 +344,6 @@ class CloudSettings(_Part):
                 "profile": self.aws_profile,
                 "cluster": self.eks_cluster,
             },
-            "twin": {"endpoint": self.twin_cloud_url},
         }
 
     def cloud_config(self) -> CloudConfig:
@@ -444,11 +439,10 @@ class Settings(
     """`GET /healthz` (worker/health.py): 200 only while the worker polls Temporal; the
     liveness probe's target. 0 (a local process, so several can run on one host) disables it;
     the image, deploy/ and compose set 9465."""
-    health_interval_seconds: float = Field(default=15.0, gt=0)
-    """Seconds between health checks (one DescribeTaskQueue: cheap for the frontend)."""
     health_stale_seconds: float = Field(default=90.0, gt=0)
-    """Unhealthy after this many seconds without a passing check: several checks, so one slow
-    answer during a Temporal failover does not restart the worker."""
+    """Unhealthy after this many seconds without a passing check. A check (one
+    DescribeTaskQueue: cheap for the frontend) runs every sixth of it (15 s of 90): several
+    checks, so one slow answer during a Temporal failover does not restart the worker."""
     max_concurrent_activities: int = 200
     """Activities the worker runs at once."""
     max_concurrent_workflow_tasks: int = Field(default=200, ge=2)
@@ -493,6 +487,11 @@ class Settings(
     state_dir: Path = Field(default_factory=_home_state_dir)
     """Where a local stack (`sickbay up`, `sickbay demo --keep`) records itself and the CLI
     finds it (default `~/.sickbay`); `sickbay twin` keeps its state there too."""
+
+    @property
+    def health_interval_seconds(self) -> float:
+        """Seconds between the health checks: a sixth of the stale limit."""
+        return self.health_stale_seconds / HEALTH_CHECKS_PER_STALE
 
     @property
     def webhook(self) -> WebhookSettings:

@@ -131,7 +131,7 @@ class CloudActivities:
             if not endpoint:
                 raise ConfigError(
                     "a `twin` pool needs `endpoint` (the twin's cloud API URL) in the runbook "
-                    "or SICKBAY_TWIN_CLOUD_URL on the worker"
+                    "or `twin.endpoint` in the worker's cloud file"
                 )
             if not _is_loopback(endpoint):
                 raise ConfigError(
