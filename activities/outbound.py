@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,22 +26,43 @@ class ConfigError(Exception):
 M = TypeVar("M", bound=BaseModel)
 
 
-def load_yaml_model(model: type[M], path: Path, what: str) -> M:
+def load_yaml_model(
+    model: type[M], path: Path | None, what: str, defaults: Mapping[str, Any] | None = None
+) -> M:
     """A worker configuration file (cloud providers, notification channels): YAML validated by
-    `model`; any problem is one ConfigError naming the file and each `field: problem`."""
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    `model`; any problem is one ConfigError naming the file and each `field: problem`.
+    `defaults`: values for the keys the file leaves out (a section's keys one by one); no
+    `path`: the defaults alone."""
+    raw: Any = {}
+    if path is not None:
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    if defaults and isinstance(raw, dict):
+        raw = _over(defaults, raw)
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
-        raise ConfigError(f"{path}: {problems}") from exc
+        raise ConfigError(f"{path or what}: {problems}") from exc
+
+
+def _over(defaults: Mapping[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` over `defaults`, section by section; defaults that are None are left out."""
+    out = dict(given)
+    for key, value in defaults.items():
+        if value is None:
+            continue
+        if key not in out:
+            out[key] = _over(value, {}) if isinstance(value, Mapping) else value
+        elif isinstance(value, Mapping) and isinstance(out[key], dict):
+            out[key] = _over(value, out[key])
+    return out
 
 
 class SecretRef(BaseModel):

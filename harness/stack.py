@@ -715,9 +715,13 @@ class Stack:
         self._wait("sink", lambda: _http("GET", info.sink_url + "/healthz")[0] == 200)
         self._wait("twin", lambda: (self.dir / "twin.json").exists())
         self._wait("twin", lambda: _http("GET", info.kube_url + "/twin/gpus")[0] == 200)
+        # The worker's cloud file: the twin's cloud API for `provider: twin` (node reboot /
+        # replace through its Compute Engine endpoints), and its AWS shapes for EKS.
+        cloud: dict[str, Any] = {"twin": {"endpoint": info.cloud_url}}
         if cfg.cloud == "eks":  # the pool's nodes become EC2 instances of its node group
             self.twin("PUT", f"/twin/pools/{POOL}/cloud", {"eks": {"zone": f"{EKS_REGION}a"}})
-            self._aws_files(info, cloud_token)
+            cloud["aws"] = self._aws_files(info, cloud_token)
+        (self.dir / "cloud.yaml").write_text(yaml.safe_dump(cloud))
         gpus = self.twin("GET", "/twin/gpus")["items"]
         info.node = gpus[0]["node"]
         info.gpus = [g["uuid"] for g in gpus]
@@ -817,8 +821,7 @@ class Stack:
                 "SICKBAY_HAMI_DEVICE_CORDON": "true" if self.config.profile == "hami" else "false",
                 "SICKBAY_STATE_DIR": str(self.dir),
                 "SICKBAY_TWIN_URL": info.kube_url,
-                # The twin's Compute Engine endpoints: node reboot / replace (provider `twin`).
-                "SICKBAY_TWIN_CLOUD_URL": info.cloud_url,
+                "SICKBAY_CLOUD_FILE": str(self.dir / "cloud.yaml"),
                 "SICKBAY_GRACEFUL_SHUTDOWN_SECONDS": "5",
                 "SICKBAY_REPAIR_NAMESPACE": REPAIR_NAMESPACE,
                 "SICKBAY_REPAIR_ALLOWLIST": json.dumps(TWIN_REPAIR_ALLOWLIST),
@@ -833,13 +836,13 @@ class Stack:
         this stack's own credentials file), no profile, no instance metadata."""
         secrets_dir = self.dir / "secrets"
         return {
-            "SICKBAY_CLOUD_FILE": str(self.dir / "cloud-eks.yaml"),
             "AWS_SHARED_CREDENTIALS_FILE": str(secrets_dir / "aws-credentials"),
             "AWS_CONFIG_FILE": str(secrets_dir / "aws-config"),
             "AWS_EC2_METADATA_DISABLED": "true",
         }
 
-    def _aws_files(self, info: StackInfo, cloud_token: Path) -> None:
+    def _aws_files(self, info: StackInfo, cloud_token: Path) -> dict[str, Any]:
+        """boto3's shared files aimed at the twin; returns the cloud file's `aws` section."""
         from twin.awsapi import TWIN_ACCESS_KEY_ID
 
         secrets_dir = self.dir / "secrets"
@@ -850,8 +853,7 @@ class Stack:
         (secrets_dir / "aws-config").write_text(f"[default]\nregion = {EKS_REGION}\n")
         base = f"{info.cloud_url}/aws"
         endpoints = {s: f"{base}/{s}" for s in ("eks", "ec2", "autoscaling")}
-        aws = {"region": EKS_REGION, "cluster": EKS_CLUSTER, "endpoints": endpoints}
-        (self.dir / "cloud-eks.yaml").write_text(yaml.safe_dump({"aws": aws}))
+        return {"region": EKS_REGION, "cluster": EKS_CLUSTER, "endpoints": endpoints}
 
     def twin(self, method: str, path: str, body: Any = None) -> Any:
         """Call the twin's `/twin/...` routes (twin/fault_routes.py); raises StackError on a

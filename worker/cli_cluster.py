@@ -7,7 +7,7 @@ install named `k-3f2a9c1e` would signal `sickbay-gpu-...`, which does not exist)
 command that computes such a name resolves it in this order:
 
 1. `--cluster NAME`;
-2. `SICKBAY_CLUSTER`, when set (even to "", the unnamed cluster of earlier releases);
+2. `SICKBAY_CLUSTER`, when set (even to "", the unnamed cluster);
 3. `SICKBAY_CLUSTER_FILE` (the mounted record, as the webhook reads it);
 4. the record itself, ConfigMap `sickbay-cluster` (key `name`) in Sickbay's namespace
    (`SICKBAY_WATCH_NAMESPACE`), read through the operator's kubeconfig (`KUBECONFIG`,
@@ -161,8 +161,8 @@ def cluster_settings(
             f"refusing to {command}: the cluster name is not known, and every workflow id and "
             f"task queue contains it (a name guessed wrong reaches nothing). Tried:"
             f"{found.tried_text()}\nPass --cluster NAME (`sickbay doctor` against the cluster "
-            f'shows its recorded name; --cluster "" for the unnamed cluster of earlier '
-            f"releases), or set SICKBAY_CLUSTER"
+            f'shows its recorded name; --cluster "" for the unnamed cluster), or set '
+            f"SICKBAY_CLUSTER"
         )
     print(
         f"warning: the cluster name is not known. Tried:{found.tried_text()}\n{fallback}",

@@ -7,10 +7,8 @@ cluster, in the ConfigMap `sickbay-cluster` (key `name`) of Sickbay's namespace:
 
 - created if absent, never overwritten: the first writer wins (create; 409 AlreadyExists ->
   read what is there), so two replicas starting at once agree;
-- nothing recorded and `SICKBAY_CLUSTER` unset: the worker derives the name once. An install
-  of an earlier release (a running `sickbay-budget`, or an open `sickbay-gpu-*` remediation
-  without `SickbayCluster`, on this queue) records the unnamed cluster "" so its ids keep
-  working; any other records `k-<8 hex of the kube-system uid>`;
+- nothing recorded and `SICKBAY_CLUSTER` unset: the worker derives the name once and records
+  `k-<8 hex of the kube-system uid>`;
 - `SICKBAY_CLUSTER` set (even to "", the unnamed cluster): recorded when nothing is; when it
   disagrees with the record, the process refuses to start naming both. A rename is a migration
   (docs/deploy.md, 'Many clusters on one Temporal'), not a restart.
@@ -26,16 +24,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.service import RPCError, RPCStatusCode
-
 from activities.kube.client import ErrorKind, KubeError
 from contract.names import (
     CLUSTER_CONFIGMAP,
     CLUSTER_CONFIGMAP_KEY,
-    SA_CLUSTER,
-    WF_REMEDIATE,
-    budget_workflow_id,
     check_cluster_name,
     derived_cluster_name,
 )
@@ -144,62 +136,16 @@ def kube_system_uid(kube: Any) -> str:
     return uid
 
 
-async def legacy_in_use(client: Client, task_queue: str) -> str | None:
-    """What an install of the unnamed cluster left running on `task_queue` (its base queue),
-    or None: the budget workflow `sickbay-budget`, or an open remediation without
-    `SickbayCluster`."""
-    budget = budget_workflow_id(task_queue, "")
-    try:
-        desc = await client.get_workflow_handle(budget).describe()
-    except RPCError as exc:
-        if exc.status is not RPCStatusCode.NOT_FOUND:
-            raise
-    else:
-        if desc.status is WorkflowExecutionStatus.RUNNING:
-            return f"the budget workflow {budget} is running"
-    query = (
-        f"WorkflowType = '{WF_REMEDIATE}' AND ExecutionStatus = 'Running' "
-        f"AND TaskQueue = '{task_queue}' AND {SA_CLUSTER} IS NULL"
-    )
-    async for wf in client.list_workflows(query, limit=1):
-        return f"remediation {wf.id} is open"
-    return None
-
-
-async def resolve_worker_cluster(
-    client: Client, kube: Any, explicit: str | None, namespace: str, task_queue: str
-) -> str:
+async def resolve_worker_cluster(kube: Any, explicit: str | None, namespace: str) -> str:
     """The worker's cluster name (see the module docstring); raises ClusterNameError.
 
-    `explicit`: SICKBAY_CLUSTER when set (even ""), else None. `task_queue`: the base queue
-    (the unnamed cluster's)."""
+    `explicit`: SICKBAY_CLUSTER when set (even ""), else None."""
     recorded = await asyncio.to_thread(read_recorded, kube, namespace)
     if recorded is None:
         if explicit is not None:
             wanted = explicit
         else:
-            try:
-                legacy = await legacy_in_use(client, task_queue)
-            except RPCError as exc:  # never guess: without the answer, nothing is recorded
-                raise ClusterNameError(
-                    f"cannot tell whether workflows of the unnamed cluster run on {task_queue} "
-                    f"({exc}); nothing recorded. Set SICKBAY_CLUSTER to record a name"
-                ) from exc
-            if legacy is not None:
-                log.warning(
-                    'SICKBAY_CLUSTER is not set and %s: recording the unnamed cluster "" in '
-                    "ConfigMap %s/%s so existing ids (sickbay-gpu-..., sickbay-budget, queue %s) "
-                    "keep working. Migrate to a named cluster before another cluster shares this "
-                    "Temporal namespace (%s)",
-                    legacy,
-                    namespace,
-                    CLUSTER_CONFIGMAP,
-                    task_queue,
-                    MIGRATE_HINT,
-                )
-                wanted = ""
-            else:
-                wanted = derived_cluster_name(await asyncio.to_thread(kube_system_uid, kube))
+            wanted = derived_cluster_name(await asyncio.to_thread(kube_system_uid, kube))
         recorded = await asyncio.to_thread(record, kube, namespace, wanted)
         if recorded == wanted:
             log.info(
@@ -234,7 +180,7 @@ def read_cluster_file(path: Path) -> str | None:
         raise ClusterNameError(f"SICKBAY_CLUSTER_FILE {path}: {exc}") from exc
 
 
-async def settle_worker_cluster(client: Client, settings: Any, kube: Any) -> Any:
+async def settle_worker_cluster(settings: Any, kube: Any) -> Any:
     """`settings` (worker.settings.Settings) for the recorded cluster name; raises
     ClusterNameError (or KubeError: the record cannot be read or written)."""
     explicit = settings.cluster if settings.cluster_explicit else None
@@ -242,9 +188,7 @@ async def settle_worker_cluster(client: Client, settings: Any, kube: Any) -> Any
     deadline = loop.time() + UNREACHABLE_SECONDS
     while True:
         try:
-            name = await resolve_worker_cluster(
-                client, kube, explicit, settings.watch.watch_namespace, settings.task_queue
-            )
+            name = await resolve_worker_cluster(kube, explicit, settings.watch.watch_namespace)
         except KubeError as exc:
             # An API server still starting (or a blip): wait a little, never guess the name.
             if exc.kind is not ErrorKind.TRANSIENT or loop.time() > deadline:

@@ -794,7 +794,6 @@ def cluster_name_check(kube: Kube, namespace: str, explicit: str | None) -> Chec
                 first = f"{derived_cluster_name(kube_system_uid(kube))!r} (derived)"
             except (KubeError, ClusterNameError, ValueError) as exc:
                 first = f"a derived name (kube-system uid unreadable: {exc})"
-            first += ', or "" where workflows of the unnamed cluster still run'
         return Check(
             "ok", "cluster name", f"not recorded yet in {where}: the first worker records {first}"
         )
@@ -947,7 +946,7 @@ def integrations_check(runbooks: list[Runbook] | None, settings: Any, kube_api: 
     if runbooks is None:
         return Check("warning", "integrations", "not checked: the runbooks did not load")
     try:
-        problems = load_and_check(runbooks, settings.channels_file, kube_api)
+        problems = load_and_check(runbooks, settings, kube_api)
     except Exception as exc:  # the channels or cloud file does not load
         return Check(
             "error",
@@ -1022,7 +1021,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             checks += temporal_checks(settings)
         from worker.doctor_cloud import cloud_checks  # the clouds: worker/doctor_cloud.py
 
-        checks.extend(cloud_checks(runbooks))
+        checks.extend(cloud_checks(runbooks, settings=settings))
     except KubeError as err:
         checks = [loaded, Check("error", "doctor", f"stopped: {err}")]
     finally:

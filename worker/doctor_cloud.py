@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from activities.cloud.config import CloudConfig
 from activities.cloud.machines import aks_configured, aws_configured, gke_configured
@@ -52,11 +53,18 @@ def _pools(runbooks: list[Runbook] | None, provider: str) -> list[NodePoolTarget
     return found
 
 
-def cloud_checks(runbooks: list[Runbook] | None, config: CloudConfig | None = None) -> list[Check]:
-    """The cloud lines of `sickbay doctor` (the config from $SICKBAY_CLOUD_FILE unless given)."""
+def cloud_checks(
+    runbooks: list[Runbook] | None, config: CloudConfig | None = None, settings: Any = None
+) -> list[Check]:
+    """The cloud lines of `sickbay doctor` (the config `settings` name, SICKBAY_CLOUD_FILE and
+    the providers' defaults, unless given)."""
     if config is None:
         try:
-            config = CloudConfig.load()
+            if settings is None:
+                from worker.settings import Settings
+
+                settings = Settings()
+            config = settings.cloud.cloud_config()
         except ConfigError as exc:
             return [Check("error", "cloud config", str(exc), "fix SICKBAY_CLOUD_FILE")]
     check = Check

@@ -3,7 +3,7 @@
 The Prometheus port is served by the Temporal runtime for as long as the process lives, so a
 probe on it passes while the worker cannot reach Temporal (the SDK retries its polls
 forever) or its pollers have stopped. `GET /healthz` here answers 200 only while a check run
-every `SICKBAY_HEALTH_INTERVAL_SECONDS` has passed within the last
+every sixth of `SICKBAY_HEALTH_STALE_SECONDS` has passed within the last
 `SICKBAY_HEALTH_STALE_SECONDS`; else 503 with the reason. A check passes when:
 
 - the worker's run task is alive (a fatal poll error ends it);

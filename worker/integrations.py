@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from activities.cloud.config import CLOUD_FILE_ENV, CloudConfig
+from activities.cloud.config import CloudConfig
 from activities.cloud.machines import machine_providers
 from activities.notify.config import ChannelsConfig
 from contract.runbook import Runbook
@@ -95,7 +95,9 @@ def unconfigured(
                     )
                 )
     machines = configured_machine_providers(cloud, kube_api)
-    cloud_where = f"{CLOUD_FILE_ENV}={cloud_file}" if cloud_file else f"{CLOUD_FILE_ENV} is unset"
+    cloud_where = (
+        f"SICKBAY_CLOUD_FILE={cloud_file}" if cloud_file else "SICKBAY_CLOUD_FILE is unset"
+    )
     for runbook in runbooks:
         provider = _provider(runbook)
         if provider is None:
@@ -115,19 +117,15 @@ def unconfigured(
     return out
 
 
-def load_and_check(
-    runbooks: Sequence[Runbook], channels_file: Any, kube_api: Any
-) -> list[Unconfigured]:
-    """`unconfigured` with the worker's own configuration files (SICKBAY_CHANNELS_FILE and
-    SICKBAY_CLOUD_FILE, as the activities load them)."""
-    import os
-
-    cloud_file = os.environ.get(CLOUD_FILE_ENV, "")
+def load_and_check(runbooks: Sequence[Runbook], settings: Any, kube_api: Any) -> list[Unconfigured]:
+    """`unconfigured` with the worker's own configuration (`settings`, worker.settings.Settings:
+    SICKBAY_CHANNELS_FILE, SICKBAY_CLOUD_FILE and the providers' defaults, as the worker loads
+    them)."""
     return unconfigured(
         runbooks,
-        ChannelsConfig.load(channels_file),
-        CloudConfig.load(),
+        ChannelsConfig.load(settings.channels_file),
+        settings.cloud.cloud_config(),
         kube_api,
-        channels_file=str(channels_file or ""),
-        cloud_file=cloud_file,
+        channels_file=str(settings.channels_file or ""),
+        cloud_file=str(settings.cloud.cloud_file or ""),
     )

@@ -14,9 +14,12 @@ from typing import Any
 
 
 def default_state_dir() -> Path:
-    """Where `up` / `demo --keep` keep their stack: the state directory `sickbay twin ...`
-    reads (its twin.json), so `sickbay twin fail` finds the twin without flags."""
-    return Path(os.environ.get("SICKBAY_STATE_DIR") or Path.home() / ".sickbay")
+    """Where `up` / `demo --keep` keep their stack (`SICKBAY_STATE_DIR`, worker/settings.py):
+    the state directory `sickbay twin ...` reads (its twin.json), so `sickbay twin fail` finds
+    the twin without flags."""
+    from worker.settings import Settings
+
+    return Settings().state_dir
 
 
 def live_stack(state_dir: Path) -> dict[str, Any] | None:

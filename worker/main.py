@@ -222,13 +222,15 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
     built.activities += activities_of(MaintenanceActivities(kube.kube, client))
     built.activities += activities_of(SweepActivities(kube.kube))
     built.activities += activities_of(CapacityActivities.from_settings(client, settings))
-    cloud = CloudActivities.from_env(kube_api=kube.kube.api_client)
+    cloud_config = settings.cloud.cloud_config()
+    cloud = CloudActivities(cloud_config, kube_api=kube.kube.api_client)
     built.activities += activities_of(cloud)
     built.closers.append(cloud.aclose)
     _add_repair_activities(
         built,
         kube.kube,
         RepairConfig(namespace=settings.repair_namespace, allowlist=settings.repair_allowlist),
+        cloud_config,
     )
     notify = NotifyActivities.from_settings(settings)
     built.activities += activities_of(notify)
@@ -245,7 +247,9 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
     return built
 
 
-def _add_repair_activities(built: Built, kube: Kube, config: RepairConfig) -> None:
+def _add_repair_activities(
+    built: Built, kube: Kube, config: RepairConfig, cloud: CloudConfig
+) -> None:
     """The repair ladder's rungs: the GPU rungs on the Kubernetes client (Jobs in the repair
     namespace, images from the allowlist), the node rungs through the providers
     `machine_providers` builds from the cloud config."""
@@ -255,7 +259,7 @@ def _add_repair_activities(built: Built, kube: Kube, config: RepairConfig) -> No
     node = NodeIncidentActivities(kube)  # the node incident (workflows/node_incident/)
     built.activities += node.all()
     built.closers.append(node.close)
-    machines = MachineActivities.from_config(CloudConfig.load(), kube.api_client)
+    machines = MachineActivities.from_config(cloud, kube.api_client)
     built.activities += machines.all()
     built.closers.append(machines.aclose)
 
@@ -480,9 +484,7 @@ def check_integrations(settings: Settings, kube_api: Any, runtime: Runtime | Non
     from activities.runbooks import load_dir
     from worker.integrations import load_and_check
 
-    problems = load_and_check(
-        load_dir(settings.runbooks_dir).runbooks, settings.channels_file, kube_api
-    )
+    problems = load_and_check(load_dir(settings.runbooks_dir).runbooks, settings, kube_api)
     meter = (runtime or Runtime.default()).metric_meter
     gauge = meter.create_gauge(
         UNCONFIGURED_GAUGE,
@@ -554,7 +556,7 @@ async def run_worker(settings: Settings) -> int:
         log.error("cannot build the activities: %s: %s", type(exc).__name__, exc)
         return 5
     try:  # the recorded cluster name (worker/cluster_name.py), before any id is made
-        settings = await settle_worker_cluster(client, settings, kube_activities.kube)
+        settings = await settle_worker_cluster(settings, kube_activities.kube)
     except (ClusterNameError, KubeError) as exc:
         log.error("cannot settle the cluster name: %s", exc)
         kube_activities.close()

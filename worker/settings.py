@@ -1,41 +1,39 @@
 """Settings of every Sickbay process (worker, webhook, CLI, demo): one `Settings`.
 
-One prefix, `SICKBAY_`, read from the environment (and flags, which override it). Built in
-`main()`/lifespans, never at import, so tests can construct their own.
+One prefix, `SICKBAY_`, read from the environment by pydantic-settings (flags override it).
+Built in `main()`/lifespans, never at import, so tests can construct their own.
 Secrets (API keys, tokens, webhook URLs with keys in them) are read from env or files here and
 never put into workflow inputs or histories.
 
-`Settings` holds the shared ones (Temporal, Kubernetes, runbooks, the worker) and one sub-model
-per process part: `webhook` (the receiver), `server` (its HTTP server), `sweep` (the health-sweep
-Schedule), `watch` (the health watcher). A sub-model's fields keep their flat variable names,
-`SICKBAY_<FIELD>` (`SICKBAY_WEBHOOK_PORT` -> `settings.webhook.webhook_port`); `env_names()`
-lists every variable. List variables take a comma-separated string (`a,b`) or JSON (`["a","b"]`).
+Every field of `Settings` is one variable, `SICKBAY_<FIELD>` (`kubeconfig`: `KUBECONFIG`).
+The fields of each process part are declared in its own model, which `Settings` inherits:
+`WebhookSettings` (the receiver), `ServerSettings` (its HTTP server), `SweepSettings` (the
+health-sweep Schedule), `WatchSettings` (the health watcher); `settings.webhook` (and
+`.server`, `.sweep`, `.watch`) is that part of the settings (`SICKBAY_WEBHOOK_PORT` ->
+`settings.webhook.webhook_port`). Those models also stand alone (tests, the webhook's flags)
+and then read no environment. `env_names()` lists every variable; docs/settings.md is
+generated from the fields and their docstrings (worker/settings_docs.py). List variables take
+a comma-separated string (`a,b`) or JSON (`["a","b"]`); mappings and models take JSON.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
+    ConfigDict,
     Field,
     SecretStr,
     field_validator,
     model_validator,
 )
-from pydantic.fields import FieldInfo
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    SettingsError,
-)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from contract.base import Duration
 from contract.names import (
@@ -57,8 +55,13 @@ from worker.security import check_webhook_token
 from worker.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_BYTES
 from worker.spool import Spool
 
+if TYPE_CHECKING:
+    from activities.cloud.config import CloudConfig
+
 PACKAGED_RUNBOOKS = Path(__file__).resolve().parent.parent / "runbooks"
 ENV_PREFIX = "SICKBAY_"
+# Health checks within SICKBAY_HEALTH_STALE_SECONDS: one slow answer is not a restart.
+HEALTH_CHECKS_PER_STALE = 6
 
 
 def split_list(value: object) -> object:
@@ -71,66 +74,90 @@ def split_list(value: object) -> object:
     return value
 
 
-StrList = Annotated[list[str], BeforeValidator(split_list)]
+# NoDecode: the environment's text reaches split_list as is (not JSON-decoded first).
+StrList = Annotated[list[str], NoDecode, BeforeValidator(split_list)]
 
 
-class WebhookSettings(BaseModel):
+def env_name(field: str, alias: object = None) -> str:
+    """The variable of a field: `SICKBAY_<FIELD>`, or its alias (`KUBECONFIG`)."""
+    return alias if isinstance(alias, str) else ENV_PREFIX + field.upper()
+
+
+class _Part(BaseModel):
+    """A process part's fields: a model of its own, and fields of `Settings` (which inherits
+    it). The docstring under each field is its line in docs/settings.md."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+
+class WebhookSettings(_Part):
     """`sickbay webhook` (`SICKBAY_WEBHOOK_*`, `SICKBAY_ALERT_*`): limits, spool, token and the
     mapping of alert labels to a device. Temporal settings are the top-level ones."""
 
     webhook_host: str = "127.0.0.1"
+    """Address the webhook listens on (`--host`; `0.0.0.0` in a pod)."""
     webhook_port: int = Field(default=8080, ge=0, le=65535)
+    """Port of the webhook (`--port`)."""
     webhook_token: SecretStr | None = None
+    """Bearer token of `POST /v1/alertmanager`, 32+ characters (required, or the file)."""
     webhook_token_file: Path | None = None
-    webhook_auth_disabled: bool = False  # only for a loopback demo; never in a cluster
+    """A file holding the bearer token (re-read when it changes)."""
+    webhook_auth_disabled: bool = False
+    """No token (`--no-auth`): only for a loopback demo, never in a cluster."""
     webhook_max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """Largest notification body accepted (413 past it)."""
     webhook_max_alerts: int = Field(default=5000, ge=1)
-    # In-flight Temporal calls for the whole process: enough to keep a frontend busy during
-    # an alert storm without opening thousands of concurrent RPCs on one connection.
+    """Most alerts in one notification."""
     webhook_concurrency: int = Field(default=64, ge=1, le=4096)
-    # Upper bound for all Temporal calls of one notification. Past it we answer 503 and
-    # Alertmanager retries; below Alertmanager's usual 10 s+ webhook timeout.
+    """In-flight Temporal calls for the whole process: enough to keep a frontend busy during
+    an alert storm without opening thousands of concurrent RPCs on one connection."""
     webhook_temporal_timeout: float = Field(default=8.0, gt=0)
-    # Recent-delivery window: an alert identical to one Temporal accepted this many seconds ago
-    # or less (same workflow, status, fingerprint, startsAt) is acknowledged without another
-    # call. Covers Alertmanager's retries and overlapping groups during a storm; 0 turns the
-    # cache off (identical alerts in flight at the same moment still share one call).
+    """Seconds, upper bound for all Temporal calls of one notification. Past it: 503 and
+    Alertmanager retries; below Alertmanager's usual 10 s+ webhook timeout."""
     webhook_dedup_seconds: float = Field(default=60.0, ge=0)
-    # At most this many remembered deliveries (~0.5 KB each): the oldest go first.
-    webhook_dedup_entries: int = Field(default=50_000, ge=1)
-    # Delivery spool (worker/spool.py). Set: a notification waits for Temporal at most
-    # webhook_ack_seconds; the alerts Temporal has not accepted by then are journaled to this
-    # directory (flushed to disk) before the 200, and delivered in the background, across
-    # restarts. One directory per webhook process (locked). Unset: a notification is answered
-    # only once Temporal accepted every alert (or 503 past webhook_temporal_timeout).
+    """Recent-delivery window: an alert identical to one Temporal accepted this many seconds
+    ago or less (same workflow, status, fingerprint, startsAt) is acknowledged without another
+    call. Covers Alertmanager's retries and overlapping groups during a storm; 0 turns the
+    cache off (identical alerts in flight at the same moment still share one call)."""
     webhook_spool_dir: Path | None = None
-    # 0.5 s: well under Alertmanager's webhook timeout and the 1 s a storm's sender should
-    # wait; a healthy Temporal answers in milliseconds, so only a slow one reaches the spool.
+    """Delivery spool (worker/spool.py). Set: a notification waits for Temporal at most
+    `SICKBAY_WEBHOOK_ACK_SECONDS`; the alerts Temporal has not accepted by then are journaled
+    to this directory (flushed to disk) before the 200, and delivered in the background,
+    across restarts. One directory per webhook process (locked). Unset: a notification is
+    answered only once Temporal accepted every alert (or 503 past the Temporal timeout)."""
     webhook_ack_seconds: float = Field(default=0.5, gt=0)
-    # Past this many pending alerts the spool takes no more: notifications wait for Temporal
-    # (503 past the deadline) as without a spool, so a long outage cannot fill the disk.
+    """With a spool, how long a notification waits for Temporal before journaling: well under
+    Alertmanager's webhook timeout; a healthy Temporal answers in milliseconds."""
     webhook_spool_max: int = Field(default=100_000, ge=1)
-    # ... and past this many bytes of journal (worker/spool.py): a disk or emptyDir that
-    # fills up loses the alerts already acknowledged. deploy/webhook.yaml sizes its emptyDir
-    # from it (spool_disk_bytes: twice this plus slack, for a compaction's copy).
+    """Past this many pending alerts the spool takes no more: notifications wait for Temporal
+    (503 past the deadline) as without a spool, so a long outage cannot fill the disk."""
     webhook_spool_max_bytes: int = Field(default=DEFAULT_SPOOL_BYTES, ge=64 * 1024)
-    # An alert whose labels and annotations (names and values, UTF-8) are larger than this is
-    # refused as `too-large`: a real DCGM alert is ~2 KB, and every accepted alert is kept in
-    # history and, when Temporal is slow, in the spool.
+    """... and past this many bytes of journal: a full disk would lose alerts already
+    acknowledged. deploy/webhook.yaml sizes its emptyDir from it (twice this plus slack)."""
     webhook_max_alert_bytes: int = Field(default=16 * 1024, ge=1024)
-    # How often spooled alerts whose call failed are sent again (Temporal down: every round).
+    """An alert whose labels and annotations (UTF-8) are larger than this is refused as
+    `too-large`: a real DCGM alert is ~2 KB, and every accepted alert is kept in history and,
+    when Temporal is slow, in the spool."""
     webhook_spool_retry_seconds: float = Field(default=2.0, gt=0)
+    """How often spooled alerts whose call failed are sent again."""
     # Mapping alert labels to a device (defaults: dcgm-exporter, deploy/prometheus-rules.yaml)
     alert_names: StrList = Field(default_factory=lambda: list(DEFAULT_ALERT_NAMES))
-    # Your own alert names -> failure class (or `xid`), JSON: {"MyGpuDead": "unhealthy"};
-    # merged over the shipped rules' classes, and accepted like `alert_names`.
+    """Alert names acted on (the shipped rules' names)."""
     alert_classes: dict[str, AlertKind] = Field(default_factory=dict)
+    """JSON, your own alert names -> failure class (or `xid`): `{"MyGpuDead": "unhealthy"}`;
+    merged over the shipped rules' classes, and accepted like `SICKBAY_ALERT_NAMES`."""
     alert_node_labels: StrList = Field(default_factory=lambda: list(DEFAULT_NODE_LABELS))
+    """Labels naming the GPU's node, the first present wins."""
     alert_uuid_labels: StrList = Field(default_factory=lambda: ["UUID"])
+    """Labels holding the GPU's UUID."""
     alert_index_labels: StrList = Field(default_factory=lambda: ["gpu"])
+    """Labels holding the GPU's index on its node."""
     alert_model_labels: StrList = Field(default_factory=lambda: ["modelName"])
+    """Labels holding the GPU's model."""
     alert_xid_labels: StrList = Field(default_factory=lambda: ["err_code", "Xid", "xid"])
+    """Labels holding the XID error code."""
     alert_value_annotation: str = "value"
+    """The annotation holding the alert's value."""
 
     def mapping(self) -> AlertMapping:
         return AlertMapping(
@@ -182,17 +209,22 @@ class WebhookSettings(BaseModel):
         return token.encode()
 
 
-class ServerSettings(BaseModel):
+class ServerSettings(_Part):
     """The webhook's HTTP server (worker/http_server.py): TLS files and slow-client bounds."""
 
-    webhook_tls_cert_file: Path | None = None  # PEM certificate (chain); with the key: HTTPS
+    webhook_tls_cert_file: Path | None = None
+    """PEM certificate (chain): with the key, the webhook serves HTTPS; re-read on change."""
     webhook_tls_key_file: Path | None = None
+    """The certificate's private key (PEM); set with the certificate or not at all."""
     webhook_header_timeout: float = Field(default=10.0, gt=0)
+    """Seconds a client has to send a request's headers."""
     webhook_body_timeout: float = Field(default=30.0, gt=0)
+    """Seconds a client has to send a request's body."""
     webhook_max_connections: int = Field(default=256, ge=1, le=65536)
+    """Open connections at most (a quarter of them per client address)."""
 
     @model_validator(mode="after")
-    def _tls_pair(self) -> ServerSettings:
+    def _webhook_tls_pair(self) -> ServerSettings:
         if (self.webhook_tls_cert_file is None) != (self.webhook_tls_key_file is None):
             raise ValueError(
                 "SICKBAY_WEBHOOK_TLS_CERT_FILE and SICKBAY_WEBHOOK_TLS_KEY_FILE go together: "
@@ -205,14 +237,19 @@ class ServerSettings(BaseModel):
         return self.webhook_tls_cert_file is not None
 
 
-class SweepSettings(BaseModel):
+class SweepSettings(_Part):
     """The health-sweep Schedule (`SICKBAY_SWEEP_*`, worker/schedules.py)."""
 
-    sweep_enabled: bool = True  # False: `sickbay worker` does not create the Schedule
+    sweep_enabled: bool = True
+    """False: `sickbay worker` does not create the health-sweep Schedule."""
     sweep_interval: Duration = timedelta(minutes=5)
+    """The sweep's period (`30s`, `5m`, `1h`; at least 10 s)."""
     sweep_unknown_timeout: Duration = timedelta(minutes=5)
+    """A device reported `Unknown` this long counts as unhealthy."""
     sweep_notify_channels: StrList = Field(default_factory=list)
+    """Channel names for missing-GPU and unresolved-health notices."""
     sweep_dry_run: bool = False
+    """The sweep reports what it would launch and launches nothing."""
 
     @field_validator("sweep_interval")
     @classmethod
@@ -233,14 +270,19 @@ def _own_namespace() -> str:
         return "sickbay"
 
 
-class WatchSettings(BaseModel):
+class WatchSettings(_Part):
     """The health watcher (`SICKBAY_WATCH_*`, worker/watcher.py)."""
 
-    watch_enabled: bool = True  # False: detection by the sweep (and alerts) only
-    watch_namespace: str = Field(default_factory=_own_namespace)  # where the Lease lives
+    watch_enabled: bool = True
+    """Run the health watcher in `sickbay worker` (false: detection by the sweep and alerts)."""
+    watch_namespace: str = Field(default_factory=_own_namespace)
+    """Sickbay's namespace (default: the service account's, else `sickbay`): where the
+    watcher's Lease and the recorded cluster name (ConfigMap `sickbay-cluster`) live."""
     watch_lease_seconds: float = 15.0
+    """The watcher's Lease: a dead holder is replaced after it expires."""
     watch_renew_seconds: float = 10.0
-    watch_retry_seconds: float = 2.0
+    """A holder that cannot renew its Lease (every 2 s) within this many seconds stops
+    watching; below the lease seconds."""
 
     @field_validator("watch_renew_seconds")
     @classmethod
@@ -254,191 +296,239 @@ class WatchSettings(BaseModel):
         return value
 
 
-# Settings' sub-models: field name -> model. Their fields are read from SICKBAY_<FIELD>.
-SUB_MODELS: dict[str, type[BaseModel]] = {
-    "webhook": WebhookSettings,
-    "server": ServerSettings,
-    "sweep": SweepSettings,
-    "watch": WatchSettings,
-}
+class CloudSettings(_Part):
+    """Node-pool providers (activities/cloud, docs/cloud.md): the cloud file, and defaults for
+    the runbooks that name only a provider (`scaleUp.provider: gke`): its pool is then the
+    failed node's pool in this cluster. What the file sets wins over these. Credentials are
+    not settings: each SDK's own chain finds them, or a secret reference (docs/settings.md)."""
+
+    cloud_file: Path | None = None
+    """YAML: node-pool providers' endpoints, credentials (as secret references) and
+    profiles (docs/cloud.md)."""
+    gke_project: str | None = None
+    """GKE: the project of this cluster (`gke.project`)."""
+    gke_location: str | None = None
+    """GKE: the cluster's location, region or zone (`gke.location`)."""
+    gke_cluster: str | None = None
+    """GKE: this cluster's name (`gke.cluster`)."""
+    aks_subscription: str | None = None
+    """AKS: the subscription id of this cluster (`aks.subscription`)."""
+    aks_resource_group: str | None = None
+    """AKS: this cluster's resource group (`aks.resource_group`)."""
+    aks_cluster: str | None = None
+    """AKS: this cluster's name (`aks.cluster`)."""
+    aws_region: str | None = None
+    """EKS: the region of the pools that name none (`aws.region`); unset: boto3's own
+    (`AWS_REGION`, `AWS_DEFAULT_REGION`, the shared config file)."""
+    aws_profile: str | None = None
+    """EKS: a named profile of the shared AWS config file (`aws.profile`); unset: the
+    standard credential chain."""
+    eks_cluster: str | None = None
+    """EKS: this cluster's name (`aws.cluster`)."""
+
+    def cloud_defaults(self) -> dict[str, dict[str, str | None]]:
+        """These settings as defaults of the cloud file's sections."""
+        return {
+            "gke": {
+                "project": self.gke_project,
+                "location": self.gke_location,
+                "cluster": self.gke_cluster,
+            },
+            "aks": {
+                "subscription": self.aks_subscription,
+                "resource_group": self.aks_resource_group,
+                "cluster": self.aks_cluster,
+            },
+            "aws": {
+                "region": self.aws_region,
+                "profile": self.aws_profile,
+                "cluster": self.eks_cluster,
+            },
+        }
+
+    def cloud_config(self) -> CloudConfig:
+        """The providers' configuration: the cloud file over these defaults (ConfigError when
+        the file does not load)."""
+        from activities.cloud.config import CloudConfig  # httpx, yaml: only where used
+
+        return CloudConfig.load(self.cloud_file, self.cloud_defaults())
 
 
-def _is_mapping(info: FieldInfo) -> bool:
-    hint = info.annotation
-    kinds = [hint, *get_args(hint)]
-    return any(k is dict or get_origin(k) is dict for k in kinds)
+def _home_state_dir() -> Path:
+    return Path.home() / ".sickbay"
 
 
-class _FlatSubModelSource(PydanticBaseSettingsSource):
-    """Each sub-model's fields from their flat variables (`SICKBAY_WEBHOOK_PORT` for
-    `webhook.webhook_port`), so no variable name changes with the grouping. Names are
-    case-insensitive, as for the top-level fields; mappings are JSON."""
+class Settings(
+    WebhookSettings, ServerSettings, SweepSettings, WatchSettings, CloudSettings, BaseSettings
+):
+    """Every setting of every Sickbay process: the shared ones below, and the process parts'
+    fields it inherits. Each field is the variable `SICKBAY_<FIELD>`."""
 
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # __call__ reads every sub-model at once
-
-    def __call__(self) -> dict[str, Any]:
-        env = {name.upper(): value for name, value in os.environ.items()}
-        out: dict[str, Any] = {}
-        for name, model in SUB_MODELS.items():
-            values: dict[str, Any] = {}
-            for sub, info in model.model_fields.items():
-                var = ENV_PREFIX + sub.upper()
-                if var not in env:
-                    continue
-                raw = env[var]
-                if _is_mapping(info):
-                    try:
-                        values[sub] = json.loads(raw)
-                    except ValueError as exc:
-                        raise SettingsError(f"{var} ({sub}) is not JSON: {exc}") from exc
-                else:
-                    values[sub] = raw
-            if values:
-                out[name] = values
-        return out
-
-
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SICKBAY_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="ignore", use_attribute_docstrings=True
+    )
 
     # Temporal
     temporal_address: str = "localhost:7233"
+    """Temporal frontend, `host:port`."""
     temporal_namespace: str = DEFAULT_NAMESPACE
-    task_queue: str = DEFAULT_TASK_QUEUE  # becomes `<task_queue>-<cluster>` for a named cluster
-    # The cluster this process serves, when several share one Temporal namespace: part of
-    # every workflow id, the task queue, the Schedule, the `SickbayCluster` search attribute
-    # and every notification. Unset: the name recorded in the cluster (ConfigMap
-    # sickbay-cluster, worker/cluster_name.py), derived and recorded once by the first worker;
-    # set (even to "", the unnamed cluster of earlier releases): it must equal the record.
+    """Temporal namespace."""
+    task_queue: str = DEFAULT_TASK_QUEUE
+    """Task queue of the worker; `<task_queue>-<cluster>` for a named cluster."""
     cluster: str = ""
-    # The webhook (no Kubernetes API access): a file holding the recorded name (the
-    # ConfigMap's `name` key, mounted by deploy/webhook.yaml). Until it exists: 503.
+    """This cluster's name, when several share one Temporal namespace: part of every workflow
+    id, the task queue, the Schedule, the `SickbayCluster` search attribute and every
+    notification. Unset: the name recorded in the cluster (ConfigMap `sickbay-cluster`,
+    worker/cluster_name.py), derived and recorded once by the first worker; set (even to "",
+    the unnamed cluster: single-cluster ids), it must equal the record."""
     cluster_file: Path | None = None
-    # TLS to Temporal (worker/temporal.py `tls_config`): a client certificate and its key
-    # (mTLS, Temporal Cloud) always as a pair; a CA alone is server-side TLS to a self-hosted
-    # Temporal whose certificate that CA signed; SICKBAY_TEMPORAL_TLS=true alone is TLS with
-    # the system's trusted roots. None of them (and no API key): plaintext.
+    """The webhook (no Kubernetes API access): a file holding the recorded name (the
+    ConfigMap's `name` key, mounted by deploy/webhook.yaml); 503 until it exists. The CLI reads
+    it after `--cluster` and `SICKBAY_CLUSTER`, before the ConfigMap."""
+    # TLS to Temporal (worker/temporal.py `tls_config`). None of them (and no API key): plaintext.
     temporal_tls: bool = False
-    temporal_tls_cert: Path | None = None  # client certificate (mTLS, Temporal Cloud)
+    """TLS with the system's trusted roots (implied by any of the other TLS settings)."""
+    temporal_tls_cert: Path | None = None
+    """Client certificate (mTLS, Temporal Cloud); always with its key."""
     temporal_tls_key: Path | None = None
+    """The client certificate's key."""
     temporal_tls_ca: Path | None = None
-    temporal_api_key: SecretStr | None = None  # Temporal Cloud API key
+    """A CA alone: server-side TLS to a self-hosted Temporal whose certificate it signed."""
+    temporal_api_key: SecretStr | None = None
+    """Temporal Cloud API key (TLS on automatically)."""
     temporal_api_key_file: Path | None = None
+    """A file holding the Temporal Cloud API key."""
     temporal_ui_url: str = "http://localhost:8233"
+    """Base of the Web UI links in notifications; the CLI links to it only when set (else to
+    the UI of the running `sickbay up` stack)."""
 
-    # Kubernetes: KUBECONFIG (standard) or in-cluster config; optional context
+    # Kubernetes: KUBECONFIG (standard) or in-cluster config
     kubeconfig: Path | None = Field(default=None, validation_alias="KUBECONFIG")
+    """The standard kubeconfig variable (the first file of a `:`-separated list); unset:
+    in-cluster config."""
     kube_context: str | None = None
-    kube_request_timeout: float = 10.0  # seconds, every API call
-    # The cluster runs HAMi v2.10 or later, whose scheduler honours the node annotation
-    # `hami.io/device-cordon`: a HAMi GPU is quarantined with it. Off (HAMi before v2.10, or
-    # not known): the GPU's node is tainted NoSchedule and the remediation escalates.
+    """A context of the kubeconfig other than its current one."""
+    kube_request_timeout: float = 10.0
+    """Seconds, every Kubernetes API call."""
     hami_device_cordon: bool = False
+    """The cluster runs HAMi v2.10 or later, whose scheduler honours the node annotation
+    `hami.io/device-cordon`: a HAMi GPU is quarantined with it. Off (HAMi before v2.10, or
+    not known): the GPU's node is tainted NoSchedule and the remediation escalates."""
 
     # Runbooks
     runbooks_dir: Path = PACKAGED_RUNBOOKS
+    """Runbook directory (default: the packaged `runbooks/`)."""
 
-    # Closed-loop repair. The namespace of the reset and validation Jobs (their own, with the
-    # Pod Security level their pods need: deploy/namespace.yaml); the worker creates Jobs
-    # nowhere else. The allowlist (JSON, `{"reset": {"images": [...], "commands": [[...]]},
-    # "validation": {...}}`, images pinned by digest, the first the default): the only images
-    # and commands a repair pod may run. Deployment settings, not runbooks: whoever edits the
-    # runbooks must not choose what runs privileged on every GPU node (docs/deploy.md).
+    # Closed-loop repair. Deployment settings, not runbooks: whoever edits the runbooks must not
+    # choose what runs privileged on every GPU node (docs/deploy.md).
     repair_namespace: str = REPAIR_NAMESPACE
+    """The namespace of the reset and validation Jobs (their own, with the Pod Security level
+    their pods need: deploy/namespace.yaml); the worker creates Jobs nowhere else."""
     repair_allowlist: RepairAllowlist = Field(default_factory=RepairAllowlist)
+    """JSON, `{"reset": {"images": [...], "commands": [[...]]}, "validation": {...}}`, images
+    pinned by digest, the first the default: the only images and commands a repair pod may
+    run; a runbook naming others is refused."""
 
     # Worker
-    metrics_port: int = 9464  # Prometheus metrics of the worker; 0 disables
-    # Address the metrics listen on: loopback unless the operator says otherwise (in a pod,
-    # 0.0.0.0 so the kubelet's probes and Prometheus reach it; deploy/ sets that and a
-    # NetworkPolicy that lets only the monitoring namespace in).
+    metrics_port: int = 9464
+    """Prometheus metrics of the worker; 0 disables."""
     metrics_host: str = "127.0.0.1"
-    # `GET /healthz` (worker/health.py), at metrics_host: 200 only while the worker polls
-    # Temporal; the liveness probe's target. 0 (the default of a local process, so several
-    # can run on one host) disables it; the image, deploy/ and compose set 9465.
+    """Address the metrics (and `/healthz`) listen on: `0.0.0.0` in a pod, so the kubelet's
+    probes and Prometheus reach it (deploy/ lets only the monitoring namespace in)."""
     health_port: int = Field(default=0, ge=0, le=65535)
-    # A check every 15 s (one DescribeTaskQueue: cheap for the frontend); unhealthy after 90 s
-    # without a passing one: several checks, so one slow answer during a Temporal failover
-    # does not restart the worker, yet a dead connection is seen well within two minutes.
-    health_interval_seconds: float = Field(default=15.0, gt=0)
+    """`GET /healthz` (worker/health.py): 200 only while the worker polls Temporal; the
+    liveness probe's target. 0 (a local process, so several can run on one host) disables it;
+    the image, deploy/ and compose set 9465."""
     health_stale_seconds: float = Field(default=90.0, gt=0)
+    """Unhealthy after this many seconds without a passing check. A check (one
+    DescribeTaskQueue: cheap for the frontend) runs every sixth of it (15 s of 90): several
+    checks, so one slow answer during a Temporal failover does not restart the worker."""
     max_concurrent_activities: int = 200
-    # Workflow tasks and local activities in progress at once. A remediation's first task runs
-    # its confirm step's local activities inside it, holding a task slot for a second or two
-    # in a burst: with the SDK's 100, the second hundred of 200 GPUs failing together waited
-    # for the first hundred to finish confirming. More is not better: with 400 the one
-    # process took on more than its CPU finished within a task's 10 s timeout, and timed-out
-    # tasks were replayed and their local activities run again (BENCHMARKS.md, detection
-    # burst: last rule 14.4 s with 100, 11.7 s with 200, 22-39 s with 400, 200 remediations
-    # already holding).
+    """Activities the worker runs at once."""
     max_concurrent_workflow_tasks: int = Field(default=200, ge=2)
+    """Workflow tasks in progress at once. A remediation's first task runs its confirm step's
+    local activities inside it, holding a task slot for a second or two in a burst; more is not
+    better: a process taking on more than its CPU finishes within a task's 10 s timeout replays
+    tasks (BENCHMARKS.md, detection burst)."""
     max_concurrent_local_activities: int = Field(default=200, ge=1)
-    # Workflows kept in the worker's memory between tasks (~0.5 MiB each). A remediation that
-    # falls out of the cache is replayed from its (short) history on its next task, so a
-    # bounded cache keeps RSS flat with thousands of remediations holding.
+    """Local activities in progress at once."""
     max_cached_workflows: int = 200
+    """Workflows kept in memory between tasks (~0.5 MiB each): bounds the worker's RSS; one
+    that falls out is replayed from its short history on its next task."""
     graceful_shutdown_seconds: float = 30.0
+    """Seconds running activities get to finish when the worker stops."""
 
     # Notification channels and cloud credentials: see activities/notify and activities/cloud
-    channels_file: Path | None = None  # YAML: channel name -> type + secret reference
-    # A runbook that names a channel or provider this worker has not configured stops the
-    # worker at start-up (worker/integrations.py); true: it starts anyway, degraded, saying so
-    # at WARNING and in the gauge sickbay_unconfigured_integrations (escalations to those
-    # channels, scale-ups and node rungs through those providers then fail when they come).
+    channels_file: Path | None = None
+    """YAML: escalation channel name -> type + secret reference (docs/notify.md)."""
     allow_unconfigured_integrations: bool = False
+    """A runbook that names a channel or provider this worker has not configured stops the
+    worker at start-up (worker/integrations.py); true: it starts anyway, degraded, saying so at
+    WARNING and in the gauge `sickbay_unconfigured_integrations`."""
 
-    # Verified actors (contract/actors.py): the key the actions endpoint (webhook) signs a
-    # verified identity with and the worker checks it with: the same Secret in both. Unset:
-    # the endpoint answers 503 and every action counts as unverified.
+    # Verified actors (contract/actors.py)
     actions_key: SecretStr | None = None
+    """The key the actions endpoint (webhook) signs a verified identity with and the worker
+    checks it with (32+ characters): the same Secret in both. Unset: the endpoint answers 503
+    and every action counts as unverified."""
     actions_key_file: Path | None = None
-    # The CLI: send approve/reject/abort/repaired/extend-deadline through this actions
-    # endpoint (the webhook's URL) with the person's Kubernetes credentials (`--via`).
+    """A file holding the actions key."""
     actions_url: str | None = None
-    # Slack buttons (POST /v1/slack/actions): the Slack app's signing secret, and the YAML
-    # mapping of Slack user ids to Kubernetes user + groups (docs/deploy.md).
+    """The CLI: send approve/reject/abort/repaired/extend-deadline through this actions
+    endpoint (the webhook's URL) with the person's Kubernetes credentials (`--via`)."""
     slack_signing_secret: SecretStr | None = None
+    """Slack buttons (`POST /v1/slack/actions`): the Slack app's signing secret."""
     slack_signing_secret_file: Path | None = None
+    """A file holding the Slack signing secret."""
     slack_users_file: Path | None = None
+    """YAML: Slack user ids -> Kubernetes user + groups (docs/deploy.md)."""
 
-    # The process parts (SUB_MODELS), each from its own flat SICKBAY_* variables.
-    webhook: WebhookSettings = Field(default_factory=WebhookSettings)
-    server: ServerSettings = Field(default_factory=ServerSettings)
-    sweep: SweepSettings = Field(default_factory=SweepSettings)
-    watch: WatchSettings = Field(default_factory=WatchSettings)
+    # The CLI on a workstation
+    state_dir: Path = Field(default_factory=_home_state_dir)
+    """Where a local stack (`sickbay up`, `sickbay demo --keep`) records itself and the CLI
+    finds it (default `~/.sickbay`); `sickbay twin` keeps its state there too."""
+
+    @property
+    def health_interval_seconds(self) -> float:
+        """Seconds between the health checks: a sixth of the stale limit."""
+        return self.health_stale_seconds / HEALTH_CHECKS_PER_STALE
+
+    @property
+    def webhook(self) -> WebhookSettings:
+        """The webhook's part of these settings."""
+        return self
+
+    @property
+    def server(self) -> ServerSettings:
+        """The webhook HTTP server's part of these settings."""
+        return self
+
+    @property
+    def cloud(self) -> CloudSettings:
+        """The node-pool providers' part of these settings."""
+        return self
+
+    @property
+    def sweep(self) -> SweepSettings:
+        """The health sweep's part of these settings."""
+        return self
+
+    @property
+    def watch(self) -> WatchSettings:
+        """The health watcher's part of these settings."""
+        return self
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Arguments first, then the sub-models' flat variables, then the top-level ones.
-        return (
-            init_settings,
-            _FlatSubModelSource(settings_cls),
-            env_settings,
-            dotenv_settings,
-            file_secret_settings,
-        )
+    def env_names(cls) -> dict[str, str]:
+        """Every variable `Settings` reads -> the field it sets."""
+        return {
+            env_name(name, info.validation_alias): name for name, info in cls.model_fields.items()
+        }
 
+    @field_validator("state_dir", mode="before")
     @classmethod
-    def env_names(cls) -> dict[str, tuple[str, ...]]:
-        """Every variable `Settings` reads -> the field it sets (a path into the sub-models)."""
-        names: dict[str, tuple[str, ...]] = {}
-        for name, info in cls.model_fields.items():
-            if name in SUB_MODELS:
-                for sub in SUB_MODELS[name].model_fields:
-                    names[ENV_PREFIX + sub.upper()] = (name, sub)
-            elif isinstance(info.validation_alias, str):
-                names[info.validation_alias] = (name,)
-            else:
-                names[ENV_PREFIX + name.upper()] = (name,)
-        return names
+    def _state_dir_or_home(cls, value: object) -> object:
+        return value or _home_state_dir()  # SICKBAY_STATE_DIR="": the default
 
     @field_validator("repair_namespace")
     @classmethod
@@ -460,7 +550,7 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _tls_pair(self) -> Settings:
+    def _temporal_tls_pair(self) -> Settings:
         # A certificate without its key (or the reverse) must not fall back to plaintext.
         if (self.temporal_tls_cert is None) != (self.temporal_tls_key is None):
             given, absent = (

@@ -57,6 +57,8 @@ Pair = tuple[str, str]  # (device key, evidence fingerprint)
 # left to the sweep (which then counts it as missed_by_watch).
 LAUNCH_GIVE_UP = 600.0  # seconds
 LAUNCH_BACKOFF_MAX = 30.0
+# How often a replica that does not hold the Lease tries to take it (and the holder renews it).
+LEASE_RETRY_SECONDS = 2.0
 LEASE_WARN_EVERY = 60.0  # seconds between errors about a Lease it cannot take or renew
 # A kubelet / runtime change this recent is "the upgrade" a node incident names (seconds).
 RECENT_CHANGE = 24 * 3600.0
@@ -682,7 +684,7 @@ def watcher_config(settings: Settings, *, unknown_timeout: float, dry_run: bool)
         namespace=watch.watch_namespace,
         lease_duration=watch.watch_lease_seconds,
         renew_deadline=watch.watch_renew_seconds,
-        retry_period=watch.watch_retry_seconds,
+        retry_period=LEASE_RETRY_SECONDS,
         unknown_timeout=unknown_timeout,
         dry_run=dry_run,
         task_queue=settings.task_queue,

@@ -98,12 +98,6 @@ class CloudActivities:
         self._providers: dict[str, NodePoolClient] = dict(providers or {})
         self._aws: Any = None  # AwsClients, made at the first EKS pool
 
-    @classmethod
-    def from_env(cls, kube_api: Any = None) -> CloudActivities:
-        """The worker's wiring: config from `$SICKBAY_CLOUD_FILE` (or env-only defaults) and the
-        worker's kubernetes ApiClient for Cluster API pools."""
-        return cls(CloudConfig.load(), kube_api=kube_api)
-
     async def aclose(self) -> None:
         await self._http.aclose()
 
@@ -137,7 +131,7 @@ class CloudActivities:
             if not endpoint:
                 raise ConfigError(
                     "a `twin` pool needs `endpoint` (the twin's cloud API URL) in the runbook "
-                    "or SICKBAY_TWIN_CLOUD_URL on the worker"
+                    "or `twin.endpoint` in the worker's cloud file"
                 )
             if not _is_loopback(endpoint):
                 raise ConfigError(

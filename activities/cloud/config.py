@@ -1,7 +1,9 @@
 """Worker-side configuration of node-pool providers: where each API lives and where its
-credentials are. Loaded from the YAML file named by `SICKBAY_CLOUD_FILE` (optional); every
-section has defaults that read well-known environment variables, so a worker with only
-`SICKBAY_GKE_TOKEN_FILE` set can already scale GKE pools.
+credentials are. Loaded from the YAML file the worker's settings name (`SICKBAY_CLOUD_FILE`,
+optional) over the defaults those settings give (`SICKBAY_GKE_PROJECT`, `SICKBAY_AWS_REGION`,
+...: worker/settings.py `CloudSettings`); this module reads no variable itself. A worker with
+only `SICKBAY_GKE_TOKEN_FILE` set can already scale GKE pools: the providers' token defaults
+are secret references to well-known variables, read at each use.
 
 Runbooks name the pool (`NodePoolTarget`); this file says how to reach it. Secrets are
 `{env: VAR}` or `{file: PATH}` references (see `SecretRef`) and never appear in runbooks,
@@ -10,15 +12,13 @@ workflow inputs or history.
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from activities.outbound import SecretRef, load_yaml_model
-
-CLOUD_FILE_ENV = "SICKBAY_CLOUD_FILE"
 
 
 class _Model(BaseModel):
@@ -33,9 +33,9 @@ class GkeConfig(_Model):
     token: SecretRef = SecretRef(env="SICKBAY_GKE_TOKEN")
     # Defaults for runbooks that name only the provider (`scaleUp.provider: gke`): the pool is
     # then the failed node's pool in this cluster.
-    project: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_GKE_PROJECT"))
-    location: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_GKE_LOCATION"))
-    cluster: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_GKE_CLUSTER"))
+    project: str | None = None
+    location: str | None = None
+    cluster: str | None = None
     # Hosts the token may be sent to when following instance-group URLs (besides `endpoint`).
     compute_hosts: list[str] = Field(
         default_factory=lambda: ["https://www.googleapis.com", "https://compute.googleapis.com"]
@@ -46,13 +46,9 @@ class AksConfig(_Model):
     endpoint: str = "https://management.azure.com"
     api_version: str = "2024-09-01"
     # Defaults for runbooks that name only the provider (`scaleUp.provider: aks`).
-    subscription: str | None = Field(
-        default_factory=lambda: os.environ.get("SICKBAY_AKS_SUBSCRIPTION")
-    )
-    resource_group: str | None = Field(
-        default_factory=lambda: os.environ.get("SICKBAY_AKS_RESOURCE_GROUP")
-    )
-    cluster: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_AKS_CLUSTER"))
+    subscription: str | None = None
+    resource_group: str | None = None
+    cluster: str | None = None
     # A ready bearer token ($SICKBAY_AZURE_TOKEN / _FILE); unset: azure-identity's credential
     # chain (environment, AKS workload identity, managed identity; credentials.py), which reads
     # AZURE_TENANT_ID, AZURE_CLIENT_ID, AZURE_FEDERATED_TOKEN_FILE, ... itself.
@@ -72,10 +68,10 @@ class AwsConfig(_Model):
 
     # The region of the runbooks' pools when a pool names none (`location`); boto3's own
     # defaults ($AWS_REGION / $AWS_DEFAULT_REGION, the shared config file) otherwise.
-    region: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_AWS_REGION"))
+    region: str | None = None
     # A named profile of the shared config file; None: the standard chain.
-    profile: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_AWS_PROFILE"))
-    cluster: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_EKS_CLUSTER"))
+    profile: str | None = None
+    cluster: str | None = None
     # Service -> endpoint URL (`eks`, `ec2`, `autoscaling`, `sts` for `sickbay doctor`): VPC
     # endpoints, or the twin's AWS shapes in tests and the demo. Unset: AWS's own endpoints.
     endpoints: dict[Literal["eks", "ec2", "autoscaling", "sts"], str] = Field(default_factory=dict)
@@ -87,7 +83,7 @@ class TwinConfig(_Model):
 
     token: SecretRef = SecretRef(env="SICKBAY_TWIN_CLOUD_TOKEN")
     # Used when the runbook's pool has no `endpoint` (`scaleUp.provider: twin`).
-    endpoint: str | None = Field(default_factory=lambda: os.environ.get("SICKBAY_TWIN_CLOUD_URL"))
+    endpoint: str | None = None
     project: str = "twin"
     location: str = "local"
     cluster: str = "twin"
@@ -154,11 +150,9 @@ class CloudConfig(_Model):
     request_timeout: float = 30.0  # seconds per HTTP call: ARM and GKE answer well within this
 
     @classmethod
-    def load(cls, path: Path | None = None) -> CloudConfig:
-        """From `path`, else `$SICKBAY_CLOUD_FILE`, else defaults (env-only)."""
-        if path is None:
-            env = os.environ.get(CLOUD_FILE_ENV)
-            path = Path(env) if env else None
-        if path is None:
-            return cls()
-        return load_yaml_model(cls, path, "cloud config")
+    def load(
+        cls, path: Path | None = None, defaults: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> CloudConfig:
+        """From the YAML file `path` over `defaults` (section -> key -> value, None values
+        ignored; what the file sets wins); neither: the built-in defaults."""
+        return load_yaml_model(cls, path, "cloud config", defaults)

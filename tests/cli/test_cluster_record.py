@@ -6,8 +6,6 @@ Cases, on the cluster twin behind deploy/rbac.yaml's grants (the RBAC proxy) and
 - a first start with nothing recorded and SICKBAY_CLUSTER unset records `k-<8 hex of the
   kube-system uid>`; a second start reads the same; two replicas starting at once agree and
   leave one ConfigMap;
-- a legacy install (a running `sickbay-budget`, or an open `sickbay-gpu-*` remediation without
-  SickbayCluster, on the queue) records the unnamed cluster "", so its ids keep working;
 - an explicit SICKBAY_CLUSTER is recorded when nothing is; one that disagrees with the record
   is refused naming both, also by `sickbay worker` as a process (exit 7, before it polls);
 - a ConfigMap without the key or with an invalid name is refused, never guessed around.
@@ -26,15 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from contract.names import (
     CLUSTER_CONFIGMAP,
-    SA_CLUSTER,
-    WF_BUDGET,
-    WF_REMEDIATE,
-    budget_workflow_id,
     check_cluster_name,
     derived_cluster_name,
 )
@@ -64,8 +57,8 @@ def _queue() -> str:
     return f"rec-{uuid.uuid4().hex[:8]}"
 
 
-async def _resolve(client: Client, t: Twin, explicit: str | None, queue: str) -> str:
-    return await resolve_worker_cluster(client, t.acts.kube, explicit, NS, queue)
+async def _resolve(t: Twin, explicit: str | None) -> str:
+    return await resolve_worker_cluster(t.acts.kube, explicit, NS)
 
 
 def test_derived_name_is_valid_and_from_the_uid() -> None:
@@ -99,97 +92,32 @@ def test_a_second_create_is_a_409_as_on_a_real_api_server(cluster: Twin) -> None
     assert got["message"] == f'configmaps "{CLUSTER_CONFIGMAP}" already exists'
 
 
-@pytest.mark.devserver
 async def test_first_start_records_a_derived_name_and_later_starts_read_it(
-    dev_env: WorkflowEnvironment, cluster: Twin
+    cluster: Twin,
 ) -> None:
-    queue = _queue()
-    first = await _resolve(dev_env.client, cluster, None, queue)
+    first = await _resolve(cluster, None)
     assert first == derived_cluster_name(_uid(cluster))
     assert cluster.store.get("configmaps", CLUSTER_CONFIGMAP, NS)["data"] == {"name": first}
-    assert await _resolve(dev_env.client, cluster, None, queue) == first  # a restart
-    assert await _resolve(dev_env.client, cluster, first, queue) == first  # explicit, agreeing
+    assert await _resolve(cluster, None) == first  # a restart
+    assert await _resolve(cluster, first) == first  # explicit, agreeing
 
 
-@pytest.mark.devserver
-async def test_two_replicas_starting_at_once_agree(
-    dev_env: WorkflowEnvironment, cluster: Twin
-) -> None:
-    queue = _queue()
-    names = await asyncio.gather(
-        *(_resolve(dev_env.client, cluster, None, queue) for _ in range(4))
-    )
+async def test_two_replicas_starting_at_once_agree(cluster: Twin) -> None:
+    names = await asyncio.gather(*(_resolve(cluster, None) for _ in range(4)))
     assert set(names) == {derived_cluster_name(_uid(cluster))}
     assert [cm["metadata"]["name"] for cm in cluster.store.list("configmaps", NS).items] == [
         CLUSTER_CONFIGMAP
     ]
 
 
-@pytest.mark.devserver
-async def test_a_legacy_install_with_a_running_budget_records_the_unnamed_cluster(
-    dev_env: WorkflowEnvironment, cluster: Twin
-) -> None:
-    queue = _queue()
-    # No worker: the budget workflow of the unnamed cluster stays Running (its first task waits).
-    handle = await dev_env.client.start_workflow(
-        WF_BUDGET, id=budget_workflow_id(queue, ""), task_queue=queue + "-budget"
-    )
-    try:
-        assert await _resolve(dev_env.client, cluster, None, queue) == ""
-        assert cluster.store.get("configmaps", CLUSTER_CONFIGMAP, NS)["data"] == {"name": ""}
-        # Recorded: a restart keeps the unnamed cluster once the budget is gone too.
-        await handle.terminate("test")
-        assert await _resolve(dev_env.client, cluster, None, queue) == ""
-    finally:
-        await _terminate(handle)
-
-
-@pytest.mark.devserver
-async def test_a_legacy_remediation_without_sickbaycluster_records_the_unnamed_cluster(
-    dev_env: WorkflowEnvironment, cluster: Twin
-) -> None:
-    queue = _queue()
-    wf_id = f"sickbay-gpu-{queue}-gpu-1"
-    handle = await dev_env.client.start_workflow(WF_REMEDIATE, id=wf_id, task_queue=queue)
-    try:
-        query = f"WorkflowId = '{wf_id}' AND {SA_CLUSTER} IS NULL"
-        for _ in range(600):  # visibility follows the start shortly
-            if [w async for w in dev_env.client.list_workflows(query)]:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError(f"{wf_id} never listed")
-        assert await _resolve(dev_env.client, cluster, None, queue) == ""
-    finally:
-        await _terminate(handle)
-
-
-@pytest.mark.devserver
-async def test_closed_legacy_runs_do_not_keep_the_unnamed_cluster(
-    dev_env: WorkflowEnvironment, cluster: Twin
-) -> None:
-    queue = _queue()
-    handle = await dev_env.client.start_workflow(
-        WF_BUDGET, id=budget_workflow_id(queue, ""), task_queue=queue + "-budget"
-    )
-    await handle.terminate("test")
-    assert await _resolve(dev_env.client, cluster, None, queue) == derived_cluster_name(
-        _uid(cluster)
-    )
-
-
-@pytest.mark.devserver
-async def test_an_explicit_name_is_recorded_and_a_mismatch_is_refused(
-    dev_env: WorkflowEnvironment, cluster: Twin
-) -> None:
-    queue = _queue()
-    assert await _resolve(dev_env.client, cluster, "east", queue) == "east"
+async def test_an_explicit_name_is_recorded_and_a_mismatch_is_refused(cluster: Twin) -> None:
+    assert await _resolve(cluster, "east") == "east"
     with pytest.raises(ClusterNameError) as refused:
-        await _resolve(dev_env.client, cluster, "west", queue)
+        await _resolve(cluster, "west")
     text = str(refused.value)
     assert "'west'" in text and "'east'" in text and "migration" in text
     with pytest.raises(ClusterNameError, match="unnamed cluster"):
-        await _resolve(dev_env.client, cluster, "", queue)
+        await _resolve(cluster, "")
     assert cluster.store.get("configmaps", CLUSTER_CONFIGMAP, NS)["data"] == {"name": "east"}
 
 
@@ -231,28 +159,3 @@ async def test_the_worker_process_refuses_a_mismatching_name(
     assert "SICKBAY_CLUSTER is 'west'" in done.stderr
     assert "recorded name is 'east'" in done.stderr
     assert "worker polling" not in done.stderr
-
-
-async def _terminate(handle: Any) -> None:
-    try:
-        await handle.terminate("test cleanup")
-    except Exception:  # already closed
-        pass
-
-
-async def test_temporal_that_cannot_answer_records_nothing(cluster: Twin) -> None:
-    """Whether legacy workflows run is unknown: no name is guessed, nothing is recorded."""
-    from temporalio.service import RPCError, RPCStatusCode
-
-    class Handle:
-        async def describe(self) -> None:
-            raise RPCError("visibility unavailable", RPCStatusCode.UNAVAILABLE, b"")
-
-    class Unanswering:
-        def get_workflow_handle(self, workflow_id: str) -> Handle:
-            return Handle()
-
-    client: Any = Unanswering()
-    with pytest.raises(ClusterNameError, match="nothing recorded"):
-        await resolve_worker_cluster(client, cluster.acts.kube, None, NS, _queue())
-    assert read_recorded(cluster.acts.kube, NS) is None

@@ -5,11 +5,12 @@ variable documented there but unknown to `Settings` fails here (and so does one 
 code but not in the docs).
 
 Cases:
-- every documented variable is a `Settings` variable, or named in NOT_SETTINGS with the part of
-  Sickbay that reads it instead (and every NOT_SETTINGS entry is still documented, and is not
-  also a `Settings` variable);
+- every documented variable is a `Settings` variable, a secret reference of the cloud config,
+  or named in NOT_SETTINGS (worker/settings_docs.py) with the part of Sickbay that reads it
+  instead (and every NOT_SETTINGS entry is still documented, and is not also a `Settings`
+  variable);
 - each `Settings` variable, set in the environment to a value other than its default, arrives in
-  the field it names, sub-models (webhook, server, sweep, watch) included;
+  the field it names, also as seen through a process part (`settings.webhook`, ...);
 - the list variables take a comma-separated or a JSON list, through the one splitter;
 - an invalid value names its variable.
 """
@@ -25,7 +26,14 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from worker.settings import Settings
+from worker.settings import (
+    ServerSettings,
+    Settings,
+    SweepSettings,
+    WatchSettings,
+    WebhookSettings,
+)
+from worker.settings_docs import NOT_SETTINGS, secret_reference_variables
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTED_IN = [
@@ -35,40 +43,17 @@ DOCUMENTED_IN = [
 ]
 DOCUMENTED_IN += sorted(p for p in (ROOT / "deploy").rglob("*") if p.is_file())
 
-# Documented variables that are not process settings, and who reads them.
-NOT_SETTINGS = {
-    "SICKBAY_AKS_CLUSTER": "activities/cloud (CloudConfig, env-only AKS pool)",
-    "SICKBAY_AKS_RESOURCE_GROUP": "activities/cloud (CloudConfig)",
-    "SICKBAY_AKS_SUBSCRIPTION": "activities/cloud (CloudConfig)",
-    "SICKBAY_AZURE_TOKEN": "activities/cloud (a secret reference of the cloud file)",
-    "SICKBAY_CLOUD_FILE": "activities/cloud (CloudConfig.load)",
-    "SICKBAY_AWS_REGION": "activities/cloud (CloudConfig, AwsConfig)",
-    "SICKBAY_AWS_PROFILE": "activities/cloud (CloudConfig, AwsConfig)",
-    "SICKBAY_EKS_CLUSTER": "activities/cloud (CloudConfig, env-only EKS pool)",
-    "SICKBAY_GKE_CLUSTER": "activities/cloud (CloudConfig)",
-    "SICKBAY_GKE_LOCATION": "activities/cloud (CloudConfig)",
-    "SICKBAY_GKE_PROJECT": "activities/cloud (CloudConfig)",
-    "SICKBAY_GKE_TOKEN": "activities/cloud (a secret reference of the cloud file)",
-    "SICKBAY_GKE_TOKEN_FILE": "activities/cloud (a secret reference of the cloud file)",
-    "SICKBAY_HEALTHCHECK_URL": "the Dockerfile's HEALTHCHECK",
-    "SICKBAY_HOST_KUBECONFIG": "docker-compose.yml interpolation",
-    "SICKBAY_IMAGE_TAG": "docker-compose.yml interpolation",
-    "SICKBAY_METRICS_HOST_PORT": "docker-compose.yml interpolation",
-    "SICKBAY_PUBLISH_ADDRESS": "docker-compose.yml interpolation",
-    "SICKBAY_WEBHOOK_HOST_PORT": "docker-compose.yml interpolation",
-    "SICKBAY_WEBHOOK_TOKEN_SECRET": "docker-compose.yml interpolation (the token file)",
-    "SICKBAY_RECORD_HISTORIES": "tests (re-record the replay histories)",
-    "SICKBAY_REQUIRE_DOCKER": "tests (a missing Docker engine fails instead of skipping)",
-    "SICKBAY_REQUIRE_MONITORING": "tests (missing Prometheus binaries fail instead of skipping)",
-    "SICKBAY_TWIN_ALERT_TOKEN": "the twin (twin/)",
-    "SICKBAY_TWIN_CLOUD_TOKEN": "the twin (twin/)",
-    "SICKBAY_TWIN_CLOUD_URL": "the twin (twin/)",
-    "SICKBAY_TWIN_TIME_SCALE": "the twin (twin/)",
-    "SICKBAY_STATE_DIR": "the CLI's local state (sickbay twin / up / down)",
-}
 # Prefixes the docs write for a family ("SICKBAY_TEMPORAL_*", "SICKBAY_REQUIRE_<X>").
 FRAGMENTS = {"SICKBAY_TEMPORAL_", "SICKBAY_REQUIRE_"}
 
+
+PART_MODELS: dict[str, type[BaseModel]] = {
+    "webhook": WebhookSettings,
+    "server": ServerSettings,
+    "sweep": SweepSettings,
+    "watch": WatchSettings,
+}
+PARTS = {field: part for part, model in PART_MODELS.items() for field in model.model_fields}
 
 # Variables that only go in pairs: setting one sets its partner too.
 PARTNERS = {
@@ -125,7 +110,8 @@ def test_every_documented_variable_is_a_setting() -> None:
     names = Settings.env_names()
     docs = documented()
     assert docs, "no SICKBAY_ variable found in the docs"
-    unknown = sorted(n for n in docs if n not in names and n not in NOT_SETTINGS)
+    refs = secret_reference_variables()
+    unknown = sorted(n for n in docs if n not in names and n not in NOT_SETTINGS and n not in refs)
     assert not unknown, f"documented but unknown to Settings (and not in NOT_SETTINGS): {unknown}"
     stale = sorted(set(NOT_SETTINGS) - docs)
     assert not stale, f"NOT_SETTINGS names variables no doc mentions any more: {stale}"
@@ -135,27 +121,26 @@ def test_every_documented_variable_is_a_setting() -> None:
 
 @pytest.mark.parametrize("env_name", sorted(Settings.env_names()))
 def test_each_variable_reaches_its_field(env_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = Settings.env_names()[env_name]
+    field = Settings.env_names()[env_name]
     for name in list(os.environ):
         if name.upper().startswith("SICKBAY_"):
             monkeypatch.delenv(name)
     default = Settings()
-    owner: Any = default
-    for part in path[:-1]:
-        owner = getattr(owner, part)
-    field = path[-1]
-    before = getattr(owner, field)
+    before = getattr(default, field)
     if before is None:
-        hint = type(owner).model_fields[field].annotation
+        hint = Settings.model_fields[field].annotation
         before = SecretStr("") if "SecretStr" in str(hint) else ""
     sample = _sample(field, _plain(before))
     monkeypatch.setenv(env_name, sample)
     if env_name in PARTNERS:
         monkeypatch.setenv(PARTNERS[env_name], "/tmp/sickbay-partner")
-    loaded: Any = Settings()
-    for part in path:
-        loaded = getattr(loaded, part)
-    assert _plain(loaded) != _plain(getattr(owner, field)), f"{env_name} did not reach {path}"
+    loaded = Settings()
+    assert _plain(getattr(loaded, field)) != _plain(getattr(default, field)), (
+        f"{env_name} did not reach {field}"
+    )
+    part = PARTS.get(field)
+    if part is not None:  # the same value through its process part
+        assert getattr(getattr(loaded, part), field) == getattr(loaded, field)
 
 
 @pytest.mark.parametrize("text", ["a, b,,c", '["a", "b", "c"]'])
@@ -188,10 +173,23 @@ def test_an_invalid_value_names_its_variable(
     assert field in str(err.value)
 
 
-def test_sub_models_are_models_not_settings() -> None:
-    """One BaseSettings: the sub-models never read the environment on their own."""
+def test_parts_are_models_not_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One BaseSettings: a process part built on its own never reads the environment."""
     from pydantic_settings import BaseSettings
 
-    for name in ("webhook", "server", "sweep", "watch"):
-        sub = type(getattr(Settings(), name))
-        assert issubclass(sub, BaseModel) and not issubclass(sub, BaseSettings), name
+    monkeypatch.setenv("SICKBAY_WEBHOOK_PORT", "9999")
+    for name, model in PART_MODELS.items():
+        assert not issubclass(model, BaseSettings), name
+        assert isinstance(getattr(Settings(), name), model), name
+    assert WebhookSettings().webhook_port == 8080
+    assert Settings().webhook.webhook_port == 9999
+
+
+def test_every_field_is_one_variable_with_a_description() -> None:
+    """No hidden variables: each field is `SICKBAY_<FIELD>` (or its alias), documented."""
+    names = Settings.env_names()
+    assert len(names) == len(Settings.model_fields)
+    for env, field in names.items():
+        alias = Settings.model_fields[field].validation_alias
+        assert env == (alias if isinstance(alias, str) else "SICKBAY_" + field.upper())
+        assert Settings.model_fields[field].description, f"{env} has no docstring"

@@ -42,6 +42,7 @@ from contract.errors import (
     ERR_STILL_WAITING,
 )
 from twin.cloudapi import CloudApi, CloudApiServer, TwinPool
+from worker.settings import Settings
 
 API = "https://container.googleapis.com/v1"
 LOC = f"{API}/projects/proj-1/locations/us-central1"
@@ -375,7 +376,7 @@ async def test_worker_defaults_fill_a_provider_only_pool(
     monkeypatch.setenv("SICKBAY_GKE_LOCATION", "us-central1")
     monkeypatch.setenv("SICKBAY_GKE_CLUSTER", "gpu-cluster")
     mock_pool()
-    acts = CloudActivities(CloudConfig())
+    acts = CloudActivities(Settings().cloud.cloud_config())  # as the worker builds it
     desc = await run(
         acts.describe_pool, DescribePoolInput(pool=NodePoolTarget(provider="gke", name="h100-pool"))
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from temporalio.exceptions import ApplicationError
@@ -39,6 +40,7 @@ from contract.capacity import (
 from contract.errors import ERR_CLOUD_REJECTED, ERR_CLOUD_UNAVAILABLE, ERR_CONFIG
 from tests.cloud.callers import CapacityCaller
 from twin.cloudapi import CloudApiServer, TwinPool
+from worker.settings import Settings
 from workflows.pool_scaler import PoolScalerWorkflow
 
 
@@ -217,12 +219,14 @@ async def test_quota_inside_the_operation_rejects_every_caller(
 
 
 async def test_provider_only_runbook_uses_the_workers_twin_url(
-    cloud_twin: CloudApiServer, monkeypatch: pytest.MonkeyPatch
+    cloud_twin: CloudApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """`scaleUp.provider: twin` without a pool: the engine names the failed node's pool and
-    the worker knows where the twin is (SICKBAY_TWIN_CLOUD_URL)."""
-    monkeypatch.setenv("SICKBAY_TWIN_CLOUD_URL", cloud_twin.url)
-    acts = CloudActivities()
+    the worker knows where the twin is (`twin.endpoint` of its cloud file)."""
+    cloud_file = tmp_path / "cloud.yaml"
+    cloud_file.write_text(f"twin:\n  endpoint: {cloud_twin.url}\n")
+    monkeypatch.setenv("SICKBAY_CLOUD_FILE", str(cloud_file))
+    acts = CloudActivities(Settings().cloud.cloud_config())  # as the worker builds it
     try:
         desc = await ActivityEnvironment().run(
             acts.describe_pool,

@@ -97,8 +97,9 @@ _ENV_LITERAL = re.compile(r"\bSICKBAY_[A-Z0-9_]+\b")
 def known_env_names() -> frozenset[str]:
     """Every SICKBAY_* name some part of Sickbay reads.
 
-    - every variable of the one `Settings` (its sub-models included: `Settings.env_names()`);
-    - names the code spells out literally (e.g. `os.environ["SICKBAY_..."]`);
+    - every variable of the one `Settings` (`Settings.env_names()`);
+    - names the code spells out literally (e.g. `os.environ["SICKBAY_..."]`), except the
+      settings page's list of what is not a setting (worker/settings_docs.py);
     - names the Dockerfile itself sets for its HEALTHCHECK.
     """
     from worker.settings import Settings
@@ -107,7 +108,8 @@ def known_env_names() -> frozenset[str]:
     # tests/containers reads SICKBAY_REQUIRE_DOCKER / SICKBAY_TEST_K3S_IMAGE.
     for package in ("worker", "activities", "twin", "tests/containers"):
         for path in (ROOT / package).rglob("*.py"):
-            names |= set(_ENV_LITERAL.findall(path.read_text()))
+            if path.name != "settings_docs.py":
+                names |= set(_ENV_LITERAL.findall(path.read_text()))
     names |= set(_ENV_LITERAL.findall(DOCKERFILE.read_text()))
     return frozenset(names)
 

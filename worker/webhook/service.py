@@ -16,7 +16,7 @@ call per workflow per call time, not one per distinct alert. A lane's call sends
 firing delivery as one signal-with-start (`alert` for one, `alerts` with the list for more),
 then the queued resolved ones as `alert-resolved` signals (firing first, so a resolved alert
 finds the workflow its firing one started). Only a call Temporal accepted
-is remembered (bounded: SICKBAY_WEBHOOK_DEDUP_ENTRIES, oldest dropped first); a failed call
+is remembered (bounded: DEDUP_ENTRIES, oldest dropped first); a failed call
 fails every alert waiting on it (503), and the sender's retry calls again. Skipping a repeat is
 safe because the workflow de-duplicates evidence by fingerprint anyway; the window is
 measured from acceptance (a hit does not extend it), so an alert that keeps firing reaches
@@ -91,6 +91,8 @@ CACHEABLE = frozenset({"started", "signalled", "resolved-signalled", ALREADY_HAN
 
 # Unusable alerts go to the rejections workflow (for `sickbay status`) this often, as one
 # signal per webhook process whatever their number; a few examples per reason travel along.
+# Remembered deliveries at most (~0.5 KB each): the oldest go first.
+DEDUP_ENTRIES = 50_000
 REJECTED_REPORT_SECONDS = 5.0
 REJECTED_EXAMPLES = 5
 
@@ -115,7 +117,7 @@ class AlertService(SpoolDelivery):
         self._client = client
         self._lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(webhook.webhook_concurrency)
-        self.recent = RecentDeliveries(webhook.webhook_dedup_seconds, webhook.webhook_dedup_entries)
+        self.recent = RecentDeliveries(webhook.webhook_dedup_seconds, DEDUP_ENTRIES)
         self.lanes: dict[str, Lane] = {}  # workflow id -> its lane, while it has deliveries
         # The delivery spool (opened by create_app) and the spooled deliveries with a call on
         # its way, which the spool keeps wanted (a waiter) until the call ends.
