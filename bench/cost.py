@@ -1,6 +1,6 @@
 """Benchmark 2: what one happy-path remediation costs.
 
-On the demo stack (1 node x 2 GPUs, twin and runbooks 30x faster, as `sickbay demo`): an
+On the demo stack (1 node x 2 GPUs, twin and runbooks 30x faster, as `sickbay-dev demo`): an
 inference Deployment runs on GPU A; GPU A fails in the twin (Xid 79), the twin's Alertmanager
 stand-in notifies the webhook, Sickbay quarantines A, the pod is evicted and its replacement
 runs on GPU B; a person marks A repaired; Sickbay releases it and closes. Measured:

@@ -64,7 +64,7 @@ NOT_SETTINGS = {
     "SICKBAY_TWIN_CLOUD_TOKEN": "the twin (twin/)",
     "SICKBAY_TWIN_CLOUD_URL": "the twin (twin/)",
     "SICKBAY_TWIN_TIME_SCALE": "the twin (twin/)",
-    "SICKBAY_STATE_DIR": "the CLI's local state (sickbay twin / up / down)",
+    "SICKBAY_STATE_DIR": "the CLI's local state (sickbay-dev twin / up / down)",
 }
 # Prefixes the docs write for a family ("SICKBAY_TEMPORAL_*", "SICKBAY_REQUIRE_<X>").
 FRAGMENTS = {"SICKBAY_TEMPORAL_", "SICKBAY_REQUIRE_"}
