@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # Sickbay: the runtime image for the worker, the webhook and the operator CLI. It carries the
 # product only: not the cluster twin, the demo harness or the Temporal dev server (their
-# commands say they are not installed here).
+# command, `sickbay-dev`, comes with the dev install and the twin's image only).
 #   docker build -t sickbay:0.1.0 .
 #   docker run --rm sickbay:0.1.0 --help
 # The entrypoint is the `sickbay` console script from pyproject.toml; the default command runs
@@ -40,23 +40,28 @@ RUN /opt/sickbay/bin/pip install --no-deps --no-build-isolation . \
     && ! /opt/sickbay/bin/python -c "import harness" 2>/dev/null
 
 # --- twin: the cluster twin for the compose demo profile only (`--target twin`) ------------
-# Not the runtime image: the default target (the last stage) never carries the twin.
+# Not the runtime image: the default target (the last stage) never carries the twin. The
+# package holds the product only (pyproject.toml); the dev tools come as the dev install adds
+# them (harness/devinstall.py): their directory on the venv's path and the `sickbay-dev` command.
 FROM build AS build-twin
+WORKDIR /opt/sickbay-dev
 COPY twin ./twin
-RUN /opt/sickbay/bin/pip install --no-deps --no-build-isolation --force-reinstall . \
-    && /opt/sickbay/bin/sickbay twin --help > /dev/null
+COPY harness ./harness
+RUN /opt/sickbay/bin/python -m harness.devinstall \
+    && cd / && /opt/sickbay/bin/sickbay-dev twin --help > /dev/null
 
 FROM ${PYTHON_IMAGE} AS twin
 RUN groupadd --system --gid 10001 sickbay \
     && useradd --system --uid 10001 --gid sickbay --home-dir /home/sickbay --create-home \
        --shell /usr/sbin/nologin sickbay
 COPY --from=build-twin /opt/sickbay /opt/sickbay
+COPY --from=build-twin /opt/sickbay-dev /opt/sickbay-dev
 ENV PATH=/opt/sickbay/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 USER 10001:10001
 WORKDIR /home/sickbay
-ENTRYPOINT ["sickbay"]
+ENTRYPOINT ["sickbay-dev"]
 CMD ["twin", "up"]
 
 # --- runtime: the venv on a clean slim base, non-root --------------------------------------

@@ -10,11 +10,13 @@ PYTEST_ARGS ?= -n 4 --dist loadfile --tb=native --durations=15
 
 .PHONY: venv test lint typecheck demo up bench drills deploy-runbooks clean lock
 
-# The venv is rebuilt when pyproject.toml changes.
-$(STAMP): pyproject.toml
+# The venv is rebuilt when pyproject.toml changes. The package is the product only; the dev
+# install adds the checkout's twin/ and harness/ and the `sickbay-dev` command.
+$(STAMP): pyproject.toml harness/devinstall.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench,lock]'
+	$(BIN)/python -m harness.devinstall
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -42,10 +44,10 @@ lock: $(STAMP)
 		--generate-hashes --no-annotate -o requirements.lock
 
 demo: $(STAMP)
-	$(BIN)/sickbay demo
+	$(BIN)/sickbay-dev demo
 
 up: $(STAMP)
-	$(BIN)/sickbay up
+	$(BIN)/sickbay-dev up
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

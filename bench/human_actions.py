@@ -1,4 +1,4 @@
-"""Human actions in the shipped repair scenario (goal 0): `sickbay demo --scenario repair`
+"""Human actions in the shipped repair scenario (goal 0): `sickbay-dev demo --scenario repair`
 (harness/scenarios.py `repair_ladder`, all of `REPAIR_PARTS`: Xid 48 -> reset; Xid 79 ->
 reboot; the same GPU failing until its third failure in the lemons window retires it, one RMA
 page) on the embedded stack with the shipped ladder on, counted two ways:
@@ -89,7 +89,7 @@ def section(h: dict[str, Any]) -> list[str]:
     return [
         "## 8. Human actions in the repair scenario",
         "",
-        "`bench/human_actions.py`: `sickbay demo --scenario repair` on the embedded stack "
+        "`bench/human_actions.py`: `sickbay-dev demo --scenario repair` on the embedded stack "
         f"(twin x{h.get('time_scale', 60):g}, shipped ladder and lemons on): Xid 48 -> reset -> "
         "validation -> released; Xid 79 -> reboot -> validation -> released; the same GPU failing "
         "(Xid 48) until its third failure in the window: the earlier ones repaired by reset, the "

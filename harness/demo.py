@@ -1,9 +1,9 @@
-"""`sickbay demo`, `sickbay up` and `sickbay down`: the embedded stack for a first look.
+"""`sickbay-dev demo`, `sickbay-dev up` and `sickbay-dev down`: the embedded stack for a first look.
 
-    sickbay demo [--scenario NAME] [--keep] [--time-scale N]   # play a scenario, exit 0
-    sickbay demo --list                                         # what scenarios there are
-    sickbay up [--time-scale N]                                 # the same stack, by hand
-    sickbay down                                                # stop a stack left by --keep
+    sickbay-dev demo [--scenario NAME] [--keep] [--time-scale N]   # play a scenario, exit 0
+    sickbay-dev demo --list                                         # what scenarios there are
+    sickbay-dev up [--time-scale N]                                 # the same stack, by hand
+    sickbay-dev down                                                # stop a stack left by --keep
 
 `demo` starts the stack (harness/stack.py), plays one scenario (harness/scenarios.py) with a
 progress line per step (elapsed time, phase), then prints each incident's timeline (the
@@ -76,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "up",
         help="start the embedded stack and keep it running (Ctrl-C stops all of it)",
         description="The demo's stack, for exploring by hand: Web UI, `sickbay` CLI, "
-        "`sickbay twin fail ...`.",
+        "`sickbay-dev twin fail ...`.",
     )
     up.add_argument(
         "--time-scale",
@@ -93,13 +93,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.set_defaults(func=cmd_up)
 
     down = subparsers.add_parser(
-        "down", help="stop an embedded stack left running by `sickbay demo --keep`"
+        "down", help="stop an embedded stack left running by `sickbay-dev demo --keep`"
     )
     down.add_argument(
         "--state-dir",
         type=Path,
         default=None,
-        help="the stack's directory (default: the one `sickbay up` / `demo --keep` used)",
+        help="the stack's directory (default: the one `sickbay-dev up` / `demo --keep` used)",
     )
     down.set_defaults(func=cmd_down)
 
@@ -114,7 +114,7 @@ def _positive(text: str) -> float:
 def _busy(state_dir: Path) -> str | None:
     """Why the state directory cannot host a stack now, or None."""
     if live_stack(state_dir):
-        return f"a stack is already running from {state_dir}: stop it with `sickbay down` first"
+        return f"a stack is already running from {state_dir}: stop it with `sickbay-dev down` first"
     try:
         pid = int(json.loads((state_dir / "twin.json").read_text())["pid"])
         os.kill(pid, 0)
@@ -122,7 +122,7 @@ def _busy(state_dir: Path) -> str | None:
         return None
     return (
         f"a cluster twin (pid {pid}) already runs from {state_dir}: stop it with "
-        "`sickbay twin down`, or set SICKBAY_STATE_DIR to another directory"
+        "`sickbay-dev twin down`, or set SICKBAY_STATE_DIR to another directory"
     )
 
 
@@ -179,7 +179,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     write = _printer()
     say = Progress(write)
     write(
-        f"sickbay demo --scenario {scenario.name}: {scenario.title} "
+        f"sickbay-dev demo --scenario {scenario.name}: {scenario.title} "
         f"(twin time x{args.time_scale:g})"
     )
     state_dir = default_state_dir() if args.keep else None
@@ -304,7 +304,7 @@ def _print_keep(write: Callable[[str], None], stack: Stack) -> None:
     write("\nThe stack keeps running (--keep):")
     _print_use(write, stack)
     write("Stop all of it with:")
-    write("  sickbay down")
+    write("  sickbay-dev down")
     write(f"  (or: kill -TERM -- -{info.pgid}   # the stack's process group)")
 
 
@@ -325,11 +325,11 @@ def _print_use(write: Callable[[str], None], stack: Stack) -> None:
     gpus = ", ".join(f"{i} ({u})" for i, u in enumerate(info.gpus))
     write(f"  GPUs of {info.node}: {gpus}")
     gpu0 = f"{info.node}/{info.gpus[0]}" if info.gpus else f"{info.node}/<GPU uuid>"
-    write(f"  break one:    sickbay twin fail {info.node} 0 --xid 79")
+    write(f"  break one:    sickbay-dev twin fail {info.node} 0 --xid 79")
     write("  watch it:     sickbay status    |    sickbay timeline " + gpu0)
-    write(f"  repair it:    sickbay twin recover {info.node} 0 && sickbay repaired {gpu0}")
-    write(f"  more faults:  sickbay twin fail {info.node} 1 --xid 13   (the program's fault)")
-    write("                sickbay twin known-fault ignore-device-taint-rules on")
+    write(f"  repair it:    sickbay-dev twin recover {info.node} 0 && sickbay repaired {gpu0}")
+    write(f"  more faults:  sickbay-dev twin fail {info.node} 1 --xid 13   (the program's fault)")
+    write("                sickbay-dev twin known-fault ignore-device-taint-rules on")
     write(f"  logs:         {info.state_dir}/logs/   notifications: {info.notifications}")
 
 

@@ -1,4 +1,4 @@
-"""Scenario scripts for `sickbay demo`: each drives the embedded stack over HTTP and checks
+"""Scenario scripts for `sickbay-dev demo`: each drives the embedded stack over HTTP and checks
 what Sickbay did.
 
 A scenario only *causes* things the way the real world would (a workload is deployed through

@@ -1,4 +1,4 @@
-"""A local notification sink for the embedded stack (`sickbay demo` / `sickbay up`).
+"""A local notification sink for the embedded stack (`sickbay-dev demo` / `sickbay-dev up`).
 
 Escalations have to land somewhere visible without a PagerDuty account or a Slack workspace.
 The sink answers the three channel types the worker speaks, the way the real services do:

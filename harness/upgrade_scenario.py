@@ -1,4 +1,4 @@
-"""`sickbay demo --scenario upgrade`: "after the upgrade the node forgot its GPU".
+"""`sickbay-dev demo --scenario upgrade`: "after the upgrade the node forgot its GPU".
 
 A pool of GPU nodes runs the NVIDIA GPU plugin pods (twin/upgrade.py). Two acts, no alert,
 no sweep: the health watcher detects, the node incident (`sickbay-node-incident`) does the rest.

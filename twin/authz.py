@@ -3,7 +3,7 @@
 Identities, as a real API server would see them:
 - a twin started with a token: that bearer token is `kubernetes-admin` in `system:masters`
   (any other token, or none, is 401);
-- a twin started without one (`sickbay up`, tests): every request is `system:anonymous` in
+- a twin started without one (`sickbay-dev up`, tests): every request is `system:anonymous` in
   `system:unauthenticated`, and the authorizer allows it everything (AlwaysAllow), as a
   cluster run with anonymous auth and `--authorization-mode=AlwaysAllow` does;
 - `Impersonate-User` / `Impersonate-Group` headers (`kubectl --as`, `--as-group`), honoured

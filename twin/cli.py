@@ -1,9 +1,9 @@
-"""`sickbay twin up|down`: run the cluster twin in the foreground or in the background.
+"""`sickbay-dev twin up|down`: run the cluster twin in the foreground or in the background.
 
-    sickbay twin up --profile 1.36 --nodes 2 --gpus-per-node 2 [--port N] [--kubeconfig PATH]
+    sickbay-dev twin up --profile 1.36 --nodes 2 --gpus-per-node 2 [--port N] [--kubeconfig PATH]
                    [--token T] [--no-device-taint-rules] [--seed FILE] [--topology mig]
                    [--detach]
-    sickbay twin down
+    sickbay-dev twin down
 
 `up` serves on 127.0.0.1 until interrupted (Ctrl-C / SIGTERM), writes a kubeconfig (default
 <state dir>/kubeconfig, path printed) and a state file (<state dir>/twin.json: pid, url,
@@ -42,6 +42,9 @@ from twin.seed import TOPOLOGIES
 log = logging.getLogger(__name__)
 
 DETACH_READY_TIMEOUT = 30.0  # seconds to wait for a detached twin to answer /twin/healthz
+# The dev tools' entry point (`sickbay-dev`, harness/cli.py), which `--detach` starts again in
+# the background: run by name, never imported (the twin imports nothing of the harness).
+ENTRY_MODULE = "harness.cli"
 
 
 def state_dir() -> Path:
@@ -89,7 +92,9 @@ def register(subparsers: Any) -> None:
         help="serve 1.35/1.36 as shipped: no DeviceTaintRule",
     )
     up.add_argument(
-        "--detach", action="store_true", help="run in the background; stop with `sickbay twin down`"
+        "--detach",
+        action="store_true",
+        help="run in the background; stop with `sickbay-dev twin down`",
     )
     up.add_argument(
         "-v", "--verbose", action="store_true", help="log requests and controller activity"
@@ -160,13 +165,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         twin = build_twin(args)
     except (ValueError, OSError) as exc:
-        print(f"sickbay twin up: {exc}", file=sys.stderr)
+        print(f"sickbay-dev twin up: {exc}", file=sys.stderr)
         return 2
     try:
         twin.start()
     except (OSError, RuntimeError) as exc:  # a port in use, a controller that cannot start
         twin.stop()
-        print(f"sickbay twin up: {exc}", file=sys.stderr)
+        print(f"sickbay-dev twin up: {exc}", file=sys.stderr)
         return 2
     twin.write_kubeconfig(kubeconfig)
     state = {
@@ -209,7 +214,7 @@ def _detach(args: argparse.Namespace) -> int:
     old = _read_state()
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", *argv],
+            [sys.executable, "-m", ENTRY_MODULE, *argv],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -224,13 +229,13 @@ def _detach(args: argparse.Namespace) -> int:
             return 0
         if proc.poll() is not None:
             print(
-                f"sickbay twin up: the twin exited (code {proc.returncode}); see {log_path}",
+                f"sickbay-dev twin up: the twin exited (code {proc.returncode}); see {log_path}",
                 file=sys.stderr,
             )
             return 1
         time.sleep(0.2)
     print(
-        f"sickbay twin up: no answer within {DETACH_READY_TIMEOUT:.0f} s; see {log_path}",
+        f"sickbay-dev twin up: no answer within {DETACH_READY_TIMEOUT:.0f} s; see {log_path}",
         file=sys.stderr,
     )
     return 1

@@ -1,6 +1,6 @@
 """Simulated time for the cluster twin: a clock with a time-scale factor.
 
-`sickbay twin up --time-scale 60` makes one real second count as sixty simulated seconds, so a
+`sickbay-dev twin up --time-scale 60` makes one real second count as sixty simulated seconds, so a
 5-minute grace period or node provisioning delay passes in 5 s. Every controller, fault and
 alert timer in the twin reads time from one `Clock` and sleeps through it; nothing in the
 twin calls `time.time()` or `asyncio.sleep()` for simulated durations directly.

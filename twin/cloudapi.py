@@ -752,7 +752,7 @@ class CloudApiServer:
         await self.stop()
 
 
-# --- running inside the twin (`sickbay twin up`) ------------------------------------------------
+# --- running inside the twin (`sickbay-dev twin up`) --------------------------------------------
 
 POOL_LABEL = "sickbay.dev/node-pool"
 READY_TIMEOUT = 10.0  # real seconds for the API thread to start listening

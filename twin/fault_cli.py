@@ -1,17 +1,17 @@
-"""`sickbay twin fail|recover|faults|gpus|known-fault|api-fault|resize`: drive a running twin.
+"""`sickbay-dev twin fail|recover|faults|gpus|known-fault|api-fault|resize`: drive a running twin.
 
-    sickbay twin fail gpu-pool-node-0 0 --xid 79
-    sickbay twin fail gpu-pool-node-0 gpu-1 --degrade nvlink
-    sickbay twin fail gpu-pool-node-0 --vanish             # every GPU of the node
-    sickbay twin recover gpu-pool-node-0 [0]
-    sickbay twin faults | sickbay twin gpus [NODE]
-    sickbay twin known-fault ignore-device-taint-rules on
-    sickbay twin api-fault add 429 --verb patch --resource pods --rate 0.5 [--count 3]
-    sickbay twin api-fault list | sickbay twin api-fault clear [ID]
-    sickbay twin resize gpu-pool 3
+    sickbay-dev twin fail gpu-pool-node-0 0 --xid 79
+    sickbay-dev twin fail gpu-pool-node-0 gpu-1 --degrade nvlink
+    sickbay-dev twin fail gpu-pool-node-0 --vanish             # every GPU of the node
+    sickbay-dev twin recover gpu-pool-node-0 [0]
+    sickbay-dev twin faults | sickbay-dev twin gpus [NODE]
+    sickbay-dev twin known-fault ignore-device-taint-rules on
+    sickbay-dev twin api-fault add 429 --verb patch --resource pods --rate 0.5 [--count 3]
+    sickbay-dev twin api-fault list | sickbay-dev twin api-fault clear [ID]
+    sickbay-dev twin resize gpu-pool 3
 
 They talk HTTP to the twin's `/twin/...` routes (twin/fault_routes.py). The twin is found
-by `--url`, else `$SICKBAY_TWIN_URL`, else the state file `sickbay twin up` writes; the bearer
+by `--url`, else `$SICKBAY_TWIN_URL`, else the state file `sickbay-dev twin up` writes; the bearer
 token by `--token`, else `$SICKBAY_TWIN_TOKEN`.
 
 twin/cli.py picks these commands up through `register_twin_commands` in
@@ -47,7 +47,7 @@ def _base_url(args: argparse.Namespace) -> str:
         return str(state["url"]).rstrip("/")
     except (OSError, ValueError, KeyError, ImportError):
         raise CliError(
-            "no running twin found: start one with `sickbay twin up --detach`, "
+            "no running twin found: start one with `sickbay-dev twin up --detach`, "
             "or pass --url / set SICKBAY_TWIN_URL"
         ) from None
 
@@ -179,7 +179,7 @@ def _run(func: Any) -> Any:
         try:
             return int(func(args))
         except CliError as err:
-            print(f"sickbay twin: {err}", file=sys.stderr)
+            print(f"sickbay-dev twin: {err}", file=sys.stderr)
             return 1
 
     return wrapped
@@ -191,7 +191,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def register_fault_commands(twin_subparsers: Any) -> None:
-    """Add the fault commands to `sickbay twin`'s subparsers."""
+    """Add the fault commands to `sickbay-dev twin`'s subparsers."""
     fail = twin_subparsers.add_parser("fail", help="break a GPU (all its MIG/vGPU devices)")
     fail.add_argument("node")
     fail.add_argument("gpu", nargs="?", default=None, help="GPU index, UUID or device name")

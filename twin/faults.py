@@ -1,6 +1,6 @@
 """Device faults and API fault injection for the cluster twin.
 
-Python API (the HTTP routes in fault_routes.py and the `sickbay twin fail|recover` commands in
+Python API (the HTTP routes in fault_routes.py and the `sickbay-dev twin fail|recover` commands in
 fault_cli.py are thin layers over it)::
 
     faults = manager.faults                       # twin.controllers.manager.ControllerManager
@@ -845,7 +845,7 @@ class ApiFaults:
 
 
 def register_twin_commands(twin_subparsers: Any) -> None:
-    """twin/cli.py extension hook: `sickbay twin fail|recover|...` (fault_cli.py)."""
+    """twin/cli.py extension hook: `sickbay-dev twin fail|recover|...` (fault_cli.py)."""
     from twin.fault_cli import register_fault_commands
 
     register_fault_commands(twin_subparsers)

@@ -23,7 +23,7 @@ the twin publishes Sickbay's convention: the device attribute `sickbay.dev/reset
 `<node>/baseboard-0`, the same on every device of the group) and, for the device plugin, the
 node label `sickbay.dev/gpu-reset-group: node` (every GPU of the node is one group).
 
-YAML description (`sickbay twin up --seed FILE`)::
+YAML description (`sickbay-dev twin up --seed FILE`)::
 
     pools:
       - name: h100-pool

@@ -300,7 +300,7 @@ async def connect_or_explain(settings: Any) -> Client:
 
 def ui_url(settings: Any) -> str | None:
     """The Web UI's base URL: SICKBAY_TEMPORAL_UI_URL when set, else the UI of the stack that
-    `sickbay up` runs against this Temporal address (it may be on another port than 8233);
+    `sickbay-dev up` runs against this Temporal address (it may be on another port than 8233);
     None when neither is known (the CLI then prints no link rather than a wrong one)."""
     if "temporal_ui_url" in settings.model_fields_set:
         return str(settings.temporal_ui_url).rstrip("/") or None

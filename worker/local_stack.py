@@ -1,7 +1,7 @@
-"""Where a local stack (`sickbay up`, `sickbay demo --keep`) records itself, read by the CLI.
+"""Where a local stack (`sickbay-dev up`, `sickbay-dev demo --keep`) records itself, read by the CLI.
 
 The stack writes `stack.json` (process group, Temporal address, Web UI URL...) in the state
-directory, the one `sickbay twin ...` reads its `twin.json` from; the CLI reads it to link a
+directory, the one `sickbay-dev twin ...` reads its `twin.json` from; the CLI reads it to link a
 workflow to that stack's Web UI.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 def default_state_dir() -> Path:
     """Where `up` / `demo --keep` keep their stack (`SICKBAY_STATE_DIR`, worker/settings.py):
-    the state directory `sickbay twin ...` reads (its twin.json), so `sickbay twin fail` finds
-    the twin without flags."""
+    the state directory `sickbay-dev twin ...` reads (its twin.json), so `sickbay-dev twin fail`
+    finds the twin without flags."""
     from worker.settings import Settings
 
     return Settings().state_dir

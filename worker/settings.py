@@ -400,7 +400,7 @@ class Settings(
     """A file holding the Temporal Cloud API key."""
     temporal_ui_url: str = "http://localhost:8233"
     """Base of the Web UI links in notifications; the CLI links to it only when set (else to
-    the UI of the running `sickbay up` stack)."""
+    the UI of the running `sickbay-dev up` stack)."""
 
     # Kubernetes: KUBECONFIG (standard) or in-cluster config
     kubeconfig: Path | None = Field(default=None, validation_alias="KUBECONFIG")
@@ -485,8 +485,8 @@ class Settings(
 
     # The CLI on a workstation
     state_dir: Path = Field(default_factory=_home_state_dir)
-    """Where a local stack (`sickbay up`, `sickbay demo --keep`) records itself and the CLI
-    finds it (default `~/.sickbay`); `sickbay twin` keeps its state there too."""
+    """Where a local stack (`sickbay-dev up`, `sickbay-dev demo --keep`) records itself and the CLI
+    finds it (default `~/.sickbay`); `sickbay-dev twin` keeps its state there too."""
 
     @property
     def health_interval_seconds(self) -> float:

@@ -77,7 +77,7 @@ NOT_SETTINGS = {
     "(and the worker's secret reference `twin.token`)",
     "SICKBAY_TWIN_TIME_SCALE": "docker-compose.yml: the twin's `--time-scale`",
     "SICKBAY_TWIN_TOKEN": "the cluster twin (twin/): the token its API requires",
-    "SICKBAY_TWIN_URL": "`sickbay twin fail ...`: the twin's URL (else its state file)",
+    "SICKBAY_TWIN_URL": "`sickbay-dev twin fail ...`: the twin's URL (else its state file)",
     "SICKBAY_RECORD_HISTORIES": "tests (re-record the replay histories)",
     "SICKBAY_REQUIRE_DOCKER": "tests (a missing Docker engine fails instead of skipping)",
     "SICKBAY_REQUIRE_MONITORING": "tests (missing Prometheus binaries fail instead of skipping)",

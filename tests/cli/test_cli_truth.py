@@ -296,7 +296,7 @@ async def test_launch_sets_static_summary_details_and_memo(
 def test_ui_url_comes_from_the_running_stack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`sickbay up` moved the UI off 8233: the CLI links to where it really is, for the stack
+    """`sickbay-dev up` moved the UI off 8233: the CLI links to where it really is, for the stack
     on this Temporal address only (localhost and 127.0.0.1 are the same address)."""
     import os
 

@@ -7,8 +7,9 @@ a CLI without a subcommand.
 
 Cases (each in a fresh interpreter in which one module is made unimportable):
 - the worker without `workflows.sweep` / `workflows.pool_scaler` / `activities.notify.activities`;
-- the `sickbay` CLI without `worker.doctor` / `twin.cli`;
-- `sickbay twin` without one of its extensions (`twin.faults`, `twin.cloudapi`).
+- the `sickbay` CLI without `worker.doctor`; the dev tools' `sickbay-dev` without `twin.cli` /
+  `harness.demo`;
+- `sickbay-dev twin` without one of its extensions (`twin.faults`, `twin.cloudapi`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ CASES = [
     ("workflows.pool_scaler", "import worker.main"),
     ("activities.notify.activities", "import worker.main"),
     ("worker.doctor", "from worker.cli import build_parser; build_parser()"),
-    ("twin.cli", "from worker.cli import build_parser; build_parser()"),
+    ("twin.cli", "from harness.cli import build_parser; build_parser()"),
+    ("harness.demo", "from harness.cli import build_parser; build_parser()"),
     ("twin.faults", TWIN_REGISTER),
     ("twin.cloudapi", TWIN_REGISTER),
 ]

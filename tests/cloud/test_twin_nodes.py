@@ -5,7 +5,7 @@ callers at once. New Nodes (and their ResourceSlices) appear in the twin's Kuber
 Cases:
 - two concurrent needs -> one setSize -> the pool grows 2 -> 4 Nodes with ResourceSlices,
   seen through the official kubernetes client;
-- `sickbay twin up` wiring: `add_twin_up_arguments` + `configure_twin` serve the API for the
+- `sickbay-dev twin up` wiring: `add_twin_up_arguments` + `configure_twin` serve the API for the
   seeded pool with the token given on the command line.
 - `PUT /twin/pools/<pool>/cloud {"latency"}` (drills: a slow resize): the next setSize
   operation stays RUNNING for that many simulated seconds, then is DONE; a bad latency or an

@@ -1,4 +1,4 @@
-"""Fixtures for the demo tests: the embedded stack of `sickbay demo` (dev server + twin + real
+"""Fixtures for the demo tests: the embedded stack of `sickbay-dev demo` (dev server + twin + real
 `sickbay worker` + webhook + notification sink, all child processes on loopback), one per test
 module, and a `Demo` (harness/scenarios.py) talking to it over HTTP and gRPC.
 

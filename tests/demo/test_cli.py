@@ -1,14 +1,14 @@
-"""The commands a user types, as subprocesses (what `make demo` / `make up` run):
+"""The dev tools' commands a user types, as subprocesses (what `make demo` / `make up` run):
 
-- `sickbay demo --list` names every scenario; a bad --time-scale is refused by argparse;
-- `sickbay demo --scenario app-xid`: exit 0, progress lines with elapsed time, the incident's
+- `sickbay-dev demo --list` names every scenario; a bad --time-scale is refused by argparse;
+- `sickbay-dev demo --scenario app-xid`: exit 0, progress lines with elapsed time, the incident's
   timeline, the summary and the wall time printed, and afterwards no process of the stack's
   process group is alive;
-- `sickbay demo --scenario app-xid --keep`: exit 0, prints how to stop; the stack still answers;
-  `sickbay down` stops every process of the group;
-- `sickbay up`: prints the Web UI / env / `sickbay twin fail` help; `sickbay twin fail` works
+- `sickbay-dev demo --scenario app-xid --keep`: exit 0, prints how to stop; the stack still answers;
+  `sickbay-dev down` stops every process of the group;
+- `sickbay-dev up`: prints the Web UI / env / `sickbay-dev twin fail` help; `sickbay-dev twin fail` works
   against it from another process; Ctrl-C (SIGINT) stops all of it, exit 0;
-- `sickbay down` with nothing running says so and exits 1.
+- `sickbay-dev down` with nothing running says so and exits 1.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 
 pytestmark = pytest.mark.devserver
 
-SICKBAY = [sys.executable, "-m", "worker.cli"]
+SICKBAY_DEV = [sys.executable, "-m", "harness.cli"]  # `sickbay-dev`, without a re-install
 # A demo run on a loaded 2-core machine: stack start ~10 s + scenario; generous, never hit.
 RUN_TIMEOUT = 150
 
@@ -54,7 +54,7 @@ def _pgid(output: str) -> int:
 def test_list_and_bad_arguments(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from worker.cli import main
+    from harness.cli import main
 
     monkeypatch.setenv("SICKBAY_STATE_DIR", str(tmp_path))
     assert main(["demo", "--list"]) == 0
@@ -80,7 +80,7 @@ def test_list_and_bad_arguments(
 
 def test_demo_runs_and_leaves_nothing(tmp_path: Path) -> None:
     out = subprocess.run(
-        [*SICKBAY, "demo", "--scenario", "app-xid", "--time-scale", "60"],
+        [*SICKBAY_DEV, "demo", "--scenario", "app-xid", "--time-scale", "60"],
         capture_output=True,
         text=True,
         env=_env(tmp_path),
@@ -98,10 +98,10 @@ def test_demo_runs_and_leaves_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("scenario", ["eks-repair", "eks"])
 def test_the_eks_scenarios_scale_and_repair_through_boto3(tmp_path: Path, scenario: str) -> None:
-    """`sickbay demo --scenario eks[-repair]`: the worker's boto3 reaches the twin's EKS / EC2
+    """`sickbay-dev demo --scenario eks[-repair]`: the worker's boto3 reaches the twin's EKS / EC2
     shapes (its AWS config and credentials file made by the stack), asks once."""
     out = subprocess.run(
-        [*SICKBAY, "demo", "--scenario", scenario],
+        [*SICKBAY_DEV, "demo", "--scenario", scenario],
         capture_output=True,
         text=True,
         env=_env(tmp_path),
@@ -121,7 +121,7 @@ def test_the_eks_scenarios_scale_and_repair_through_boto3(tmp_path: Path, scenar
 def test_demo_keep_then_down(tmp_path: Path) -> None:
     env = _env(tmp_path)
     out = subprocess.run(
-        [*SICKBAY, "demo", "--scenario", "app-xid", "--keep", "--time-scale", "60"],
+        [*SICKBAY_DEV, "demo", "--scenario", "app-xid", "--keep", "--time-scale", "60"],
         capture_output=True,
         text=True,
         env=env,
@@ -129,16 +129,16 @@ def test_demo_keep_then_down(tmp_path: Path) -> None:
     )
     try:
         assert out.returncode == 0, out.stdout + out.stderr
-        assert "sickbay down" in out.stdout
+        assert "sickbay-dev down" in out.stdout
         pgid = _pgid(out.stdout)
         assert _group_alive(pgid)
         gpus = subprocess.run(
-            [*SICKBAY, "twin", "gpus"], capture_output=True, text=True, env=env, timeout=30
+            [*SICKBAY_DEV, "twin", "gpus"], capture_output=True, text=True, env=env, timeout=30
         )
         assert gpus.returncode == 0, gpus.stderr  # found through $SICKBAY_STATE_DIR
     finally:
         down = subprocess.run(
-            [*SICKBAY, "down"], capture_output=True, text=True, env=env, timeout=60
+            [*SICKBAY_DEV, "down"], capture_output=True, text=True, env=env, timeout=60
         )
     assert down.returncode == 0, down.stdout
     assert not _group_alive(pgid)
@@ -147,7 +147,7 @@ def test_demo_keep_then_down(tmp_path: Path) -> None:
 def test_up_until_ctrl_c(tmp_path: Path) -> None:
     env = _env(tmp_path)
     proc = subprocess.Popen(
-        [*SICKBAY, "up", "--time-scale", "60"],
+        [*SICKBAY_DEV, "up", "--time-scale", "60"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -166,10 +166,10 @@ def test_up_until_ctrl_c(tmp_path: Path) -> None:
                 break
         text = "".join(lines)
         assert "The stack is up" in text, text
-        node = re.search(r"sickbay twin fail (\S+) 0 --xid 79", text)
+        node = re.search(r"sickbay-dev twin fail (\S+) 0 --xid 79", text)
         assert node, text
         fail = subprocess.run(
-            [*SICKBAY, "twin", "fail", node.group(1), "0", "--xid", "79"],
+            [*SICKBAY_DEV, "twin", "fail", node.group(1), "0", "--xid", "79"],
             capture_output=True,
             text=True,
             env=env,

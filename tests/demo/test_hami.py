@@ -1,4 +1,4 @@
-"""`sickbay demo --scenario hami` on a stack whose twin runs the `hami` profile (device plugin
+"""`sickbay-dev demo --scenario hami` on a stack whose twin runs the `hami` profile (device plugin
 shared by HAMi, 1 node x 2 GPUs, the worker with SICKBAY_HAMI_DEVICE_CORDON on):
 
 - two desktops binpacked by HAMi's scheduler onto one GPU (its record on both pods); the GPU

@@ -1,4 +1,4 @@
-"""`sickbay demo --scenario repair` on an embedded stack with the shipped ladder on (twin, dev
+"""`sickbay-dev demo --scenario repair` on an embedded stack with the shipped ladder on (twin, dev
 server, real `sickbay worker` and webhook):
 
 - Xid 48 under an inference Deployment -> quarantine -> replacement -> reset Job on the twin

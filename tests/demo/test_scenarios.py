@@ -1,4 +1,4 @@
-"""`sickbay demo --scenario ...` on one embedded stack (scenarios clean up after themselves):
+"""`sickbay-dev demo --scenario ...` on one embedded stack (scenarios clean up after themselves):
 
 - training: a Job pinned to the `training` runbook -> handled by `training`, its new pod on the
   healthy GPU, released after repair;

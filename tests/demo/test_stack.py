@@ -11,7 +11,7 @@
   `holding` meanwhile), answered 503 and not recorded; then delivery is normal again; a bad
   rule is a 400 naming the field; DELETE /faults removes the rules;
 - ports: a taken preferred port is reported and a free one used;
-- lifecycle: start without the engine, `sickbay twin fail` against it via the stack's env,
+- lifecycle: start without the engine, `sickbay-dev twin fail` against it via the stack's env,
   stop leaves no child alive and removes the temporary directory;
 - a piece that fails at start-up: StackError naming it with the end of its log, and every
   child already started is stopped.
@@ -47,6 +47,8 @@ from harness.stack import (
     port_free,
     release_port,
 )
+
+SICKBAY_DEV = [sys.executable, "-m", "harness.cli"]  # `sickbay-dev`, without a re-install
 
 
 def test_demo_runbooks_scaled_and_wired(tmp_path: Path) -> None:
@@ -203,7 +205,7 @@ def test_engine_less_stack_lifecycle(tmp_path: Path) -> None:
             assert len(info.gpus) == 2 and info.node
             env = stack.sickbay_env()
             fail = subprocess.run(
-                [sys.executable, "-m", "worker.cli", "twin", "fail", info.node, "1", "--xid", "79"],
+                [*SICKBAY_DEV, "twin", "fail", info.node, "1", "--xid", "79"],
                 env=env,
                 capture_output=True,
                 text=True,

@@ -1,4 +1,4 @@
-"""`sickbay demo --scenario upgrade` on an embedded stack of 3 GPU nodes whose worker runs the
+"""`sickbay-dev demo --scenario upgrade` on an embedded stack of 3 GPU nodes whose worker runs the
 health watcher (no alert, no sweep):
 
 - act 1: a kubelet upgrade leaves the DRA plugin unregistered -> one node incident, diagnosed,

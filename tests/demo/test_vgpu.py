@@ -1,4 +1,4 @@
-"""`sickbay demo --scenario vgpu` on a stack whose twin node has 2 GPUs x 2 vGPUs:
+"""`sickbay-dev demo --scenario vgpu` on a stack whose twin node has 2 GPUs x 2 vGPUs:
 
 - two desktops on the two vGPUs of one physical GPU; the GPU fails (two alerts, one per pod);
 - exactly one remediation (one workflow id per physical GPU), the second alert deduplicated

@@ -1,4 +1,4 @@
-"""`sickbay demo --scenario watch` on an embedded stack whose worker runs the health watcher:
+"""`sickbay-dev demo --scenario watch` on an embedded stack whose worker runs the health watcher:
 
 - the twin's Alertmanager is silenced and no sweep Schedule exists; a GPU dies under a
   Deployment -> the watcher (real `sickbay worker`, Lease in the twin's `sickbay` namespace)

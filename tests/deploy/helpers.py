@@ -129,23 +129,30 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
     return {}
 
 
-def assert_cli_accepts(argv: list[str], where: str) -> None:
-    """`sickbay <argv>` must parse; an unknown subcommand fails with its name."""
-    from worker.cli import build_parser
+def assert_cli_accepts(argv: list[str], where: str, program: str = "sickbay") -> None:
+    """`<program> <argv>` must parse (`sickbay`, or the dev tools' `sickbay-dev`); an unknown
+    subcommand fails with its name."""
+    if program == "sickbay-dev":
+        from harness.cli import build_parser
+    else:
+        assert program == "sickbay", program
+        from worker.cli import build_parser
 
     parser = build_parser()
     assert argv, f"{where}: empty command"
     commands = _subcommands(parser)
     if argv[0] not in commands:
-        pytest.fail(f"{where}: `sickbay {argv[0]}` is not a subcommand")
+        pytest.fail(f"{where}: `{program} {argv[0]}` is not a subcommand")
     if len(argv) > 1 and not argv[1].startswith("-"):
         nested = _subcommands(commands[argv[0]])
         if nested and argv[1] not in nested:
-            pytest.fail(f"{where}: `sickbay {argv[0]} {argv[1]}` is not a subcommand")
+            pytest.fail(f"{where}: `{program} {argv[0]} {argv[1]}` is not a subcommand")
     try:
         parser.parse_args(argv)
     except SystemExit as exc:
-        pytest.fail(f"{where}: `sickbay {' '.join(argv)}` is rejected by the CLI (exit {exc.code})")
+        pytest.fail(
+            f"{where}: `{program} {' '.join(argv)}` is rejected by the CLI (exit {exc.code})"
+        )
 
 
 def repo_path(text: str) -> Path:
@@ -164,15 +171,30 @@ def compose_script(service: dict[str, Any]) -> str | None:
     return interpolate_defaults(script).replace("$$", "$")
 
 
+_EXEC = re.compile(r"exec (sickbay(?:-dev)?) ")
+
+
+def service_program(service: dict[str, Any]) -> str:
+    """The command a compose service runs: the image's `sickbay` (its ENTRYPOINT), or what its
+    `sh -c` script execs (the twin's image: the dev tools' `sickbay-dev`)."""
+    script = compose_script(service)
+    if script is None:
+        return "sickbay"
+    match = _EXEC.search(script)
+    assert match, f"the shell script does not `exec sickbay[-dev] ...`: {script}"
+    return match.group(1)
+
+
 def service_argv(service: dict[str, Any]) -> list[str]:
-    """The `sickbay` arguments a compose service runs (its command, or the `exec sickbay ...`
-    inside its `sh -c` script), with compose defaults filled in."""
+    """The arguments a compose service gives its command (`service_program`): its command, or
+    those of the `exec sickbay[-dev] ...` inside its `sh -c` script, with compose defaults
+    filled in."""
     script = compose_script(service)
     if script is None:
         return [interpolate_defaults(a) for a in command_args(service.get("command"))]
-    _, found, rest = script.partition("exec sickbay ")
-    assert found, f"the shell script does not `exec sickbay ...`: {script}"
-    return shlex.split(rest)
+    match = _EXEC.search(script)
+    assert match, f"the shell script does not `exec sickbay[-dev] ...`: {script}"
+    return shlex.split(script[match.end() :])
 
 
 def kubectl_or_skip() -> str:

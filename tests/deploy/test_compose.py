@@ -11,7 +11,8 @@ Cases:
 - health checks on every long-running service;
 - every SICKBAY_* name it sets is read by the code; the webhook token comes from a file
   (secret), never from a literal in the file;
-- the worker/webhook/twin commands are accepted by the `sickbay` CLI;
+- the worker/webhook commands are accepted by the `sickbay` CLI, the twin's by the dev tools'
+  `sickbay-dev` (the twin's image has it; the runtime image has `sickbay` only);
 - the Temporal Cloud overrides set address, namespace and credentials files, all required;
 - the schema and namespace scripts are executable POSIX sh with `set -eu` that `sh -n`
   parses, each mounted by a service;
@@ -45,6 +46,7 @@ from tests.deploy.helpers import (
     repo_path,
     required_variables,
     service_argv,
+    service_program,
 )
 
 SICKBAY_SERVICES = ("worker", "webhook", "twin")
@@ -249,8 +251,10 @@ def test_worker_gets_a_kubeconfig(compose: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("name", SICKBAY_SERVICES)
 def test_commands_are_accepted_by_the_cli(compose: dict[str, Any], name: str) -> None:
-    argv = service_argv(compose["services"][name])
-    assert_cli_accepts(argv, f"docker-compose.yml service {name}")
+    service = compose["services"][name]
+    program = service_program(service)
+    assert program == ("sickbay-dev" if name == "twin" else "sickbay"), program
+    assert_cli_accepts(service_argv(service), f"docker-compose.yml service {name}", program)
 
 
 @pytest.mark.parametrize("path", OVERRIDES, ids=lambda p: p.name)

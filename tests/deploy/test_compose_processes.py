@@ -50,6 +50,9 @@ from tests.deploy.helpers import (
 )
 
 SICKBAY = str(Path(sys.executable).parent / "sickbay")
+# The twin's image runs the dev tools' `sickbay-dev`; here its module form (the same parser),
+# which needs no re-install of the venv.
+SICKBAY_DEV = [sys.executable, "-m", "harness.cli"]
 # Start-up bound for one process: imports plus binding a port take ~1-3 s here; 30 s leaves
 # room on a loaded 2-core CI machine without hiding a hang.
 START_WITHIN = 30.0
@@ -154,10 +157,13 @@ def _wait_http(
     pytest.fail(f"{url} did not answer within {START_WITHIN} s:\n{log.read_text()[-3000:]}")
 
 
-def _require_commands(*commands: str) -> None:
-    """The compose file runs these `sickbay` subcommands: each must exist (a missing one is a
-    failure, never a skip)."""
-    from worker.cli import build_parser
+def _require_commands(*commands: str, program: str = "sickbay") -> None:
+    """The compose file runs these subcommands of `program` (`sickbay`, or the twin's
+    `sickbay-dev`): each must exist (a missing one is a failure, never a skip)."""
+    if program == "sickbay-dev":
+        from harness.cli import build_parser
+    else:
+        from worker.cli import build_parser
 
     parser = build_parser()
     choices: dict[str, object] = {}
@@ -166,7 +172,13 @@ def _require_commands(*commands: str) -> None:
             choices = action.choices
             break
     missing = [c for c in commands if c not in choices]
-    assert not missing, f"`sickbay` has no subcommand {missing}; docker-compose.yml runs them"
+    assert not missing, f"`{program}` has no subcommand {missing}; docker-compose.yml runs them"
+
+
+def _dev_script(script: str) -> str:
+    """The twin's compose script with its `exec sickbay-dev` as the module form."""
+    assert "exec sickbay-dev " in script, script
+    return script.replace("exec sickbay-dev ", f"exec {' '.join(SICKBAY_DEV)} ")
 
 
 def test_webhook_from_its_compose_definition(tmp_path: Path) -> None:
@@ -258,7 +270,7 @@ def _run_compose_worker(
 
 def test_twin_from_its_compose_definition(tmp_path: Path) -> None:
     """The twin's compose shell script itself, run by /bin/sh: secret file and ports mapped."""
-    _require_commands("twin")
+    _require_commands("twin", program="sickbay-dev")
     from kubernetes import client, config
 
     compose = _compose()
@@ -268,7 +280,8 @@ def test_twin_from_its_compose_definition(tmp_path: Path) -> None:
     secret = repo_path(_fill(compose["secrets"]["webhook_token"]["file"]))
     with _alert_sink() as (sink_url, received):
         script = (
-            script.replace("/run/secrets/webhook_token", str(secret))
+            _dev_script(script)
+            .replace("/run/secrets/webhook_token", str(secret))
             .replace("--port 6443", f"--port {port}")
             # 60: Alertmanager's group_wait passes in well under a second.
             .replace("--time-scale 1 ", "--time-scale 60 ")
@@ -292,7 +305,7 @@ def test_twin_from_its_compose_definition(tmp_path: Path) -> None:
             node = nodes[0].metadata.name
             assert node == "gpu-pool-node-0", "docs/deploy.md names the twin's node"
             fail = subprocess.run(
-                [SICKBAY, "twin", "fail", node, "0", "--xid", "79"],
+                [*SICKBAY_DEV, "twin", "fail", node, "0", "--xid", "79"],
                 env=env,
                 capture_output=True,
                 text=True,
@@ -368,7 +381,8 @@ def test_twin_profile_remediates_end_to_end(tmp_path: Path, request: pytest.Fixt
     compose definitions (one shared token file, the worker's default kubeconfig), the dev
     server as Temporal. docs/deploy.md's steps: `twin fail` -> the twin's alert -> webhook ->
     remediation -> DeviceTaintRule in the twin; `sickbay repaired` -> the rule is gone."""
-    _require_commands("worker", "twin", "repaired")
+    _require_commands("worker", "repaired")
+    _require_commands("twin", program="sickbay-dev")
     from kubernetes import client, config
 
     dev_env = request.getfixturevalue("own_dev_server")
@@ -385,7 +399,8 @@ def test_twin_profile_remediates_end_to_end(tmp_path: Path, request: pytest.Fixt
     script = compose_script(compose["services"]["twin"])
     assert script is not None
     script = (
-        script.replace("/run/secrets/webhook_token", str(secret))
+        _dev_script(script)
+        .replace("/run/secrets/webhook_token", str(secret))
         .replace("--port 6443", f"--port {twin_port}")
         .replace("--time-scale 1 ", "--time-scale 60 ")
         .replace("http://webhook:8080/", f"http://127.0.0.1:{webhook_port}/")
@@ -421,7 +436,7 @@ def test_twin_profile_remediates_end_to_end(tmp_path: Path, request: pytest.Fixt
         gpu0 = next(d for d in devices if d.name == "gpu-0")
         uuid = gpu0.attributes["uuid"].string
         fail = subprocess.run(
-            [SICKBAY, "twin", "fail", "gpu-pool-node-0", "0", "--xid", "79"],
+            [*SICKBAY_DEV, "twin", "fail", "gpu-pool-node-0", "0", "--xid", "79"],
             env=twin_env,
             capture_output=True,
             text=True,

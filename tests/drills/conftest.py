@@ -2,7 +2,7 @@
 can SIGKILL and replace, and counters read from the twin's request log, the twin's cloud API
 and the notification sink.
 
-A drill stack runs the twin and the demo runbooks 30x faster (as `sickbay demo`), on free
+A drill stack runs the twin and the demo runbooks 30x faster (as `sickbay-dev demo`), on free
 ports, without the Web UI. `Drill.kill_worker()` sends SIGKILL (no graceful shutdown: the
 in-flight workflow task and activities are simply lost) and `Drill.start_worker()` starts a
 fresh `sickbay worker` with the stack's environment (optionally another kubeconfig).

@@ -1,7 +1,7 @@
 """The real kubectl binary against the cluster twin.
 
 - `twin`: one twin per module (profile 1.36, two GPU nodes, every controller, time 10x), served
-  without a token, the way `sickbay up` serves it (kubectl never sends a bearer token over
+  without a token, the way `sickbay-dev up` serves it (kubectl never sends a bearer token over
   plain HTTP, so a token-protected twin would answer it 401).
 - `ns`: a fresh namespace.
 - `kubectl(*args, stdin=None, ok=True)`: runs kubectl with that twin's kubeconfig, an isolated

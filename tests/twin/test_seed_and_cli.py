@@ -1,11 +1,11 @@
-"""Seeding, the request log, health and the `sickbay twin` command.
+"""Seeding, the request log, health and the `sickbay-dev twin` command.
 
 Cases: seeded nodes carry node-pool labels and ResourceSlices shaped like the NVIDIA DRA
 driver's (uuid, index, productName, driverVersion, memory capacity); MIG / vGPU / time-slice
 topologies give several devices per physical GPU with parentUUID; a YAML description seeds
 several pools and seeding again grows a pool; the request log records method/verb/resource/status, sums up the RBAC rules the
-calls needed, and is readable and clearable over HTTP; /twin/healthz; `sickbay twin up --detach`
-then `sickbay twin down`; `sickbay twin up` on a port in use.
+calls needed, and is readable and clearable over HTTP; /twin/healthz; `sickbay-dev twin up --detach`
+then `sickbay-dev twin down`; `sickbay-dev twin up` on a port in use.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from kubernetes import client
 
 from tests.twin.helpers import HTTP_TIMEOUT
 from twin.testing import RunningTwin
+
+SICKBAY_DEV = [sys.executable, "-m", "harness.cli"]  # `sickbay-dev`, without a re-install
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,7 +133,7 @@ def test_request_log_clear(twin_factory: Any) -> None:
 
 def test_cli_up_detach_and_down(tmp_path: Path) -> None:
     env = {**os.environ, "SICKBAY_STATE_DIR": str(tmp_path)}
-    cmd = [sys.executable, "-m", "worker.cli", "twin"]
+    cmd = [*SICKBAY_DEV, "twin"]
     kubeconfig = tmp_path / "kc.yaml"
     # 60 s: a cold interpreter imports the kubernetes client and seeds before answering.
     up = subprocess.run(
@@ -192,7 +194,7 @@ def test_cli_up_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         for flag, what in (("--port", "Kubernetes API"), ("--cloud-port", "127.0.0.1")):
             up = subprocess.run(
-                [sys.executable, "-m", "worker.cli", "twin", "up", "--nodes", "1", flag, str(port)],
+                [*SICKBAY_DEV, "twin", "up", "--nodes", "1", flag, str(port)],
                 env=env,
                 cwd=ROOT,
                 capture_output=True,
@@ -201,7 +203,7 @@ def test_cli_up_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
             )
             assert up.returncode == 2, up.stdout + up.stderr
             last = up.stderr.strip().splitlines()[-1]
-            assert last.startswith("sickbay twin up: "), up.stderr
+            assert last.startswith("sickbay-dev twin up: "), up.stderr
             assert what in last and f"127.0.0.1:{port}" in last, last
             assert "Traceback" not in up.stderr
             assert not (tmp_path / "twin.json").exists()

@@ -19,7 +19,7 @@ Cases:
   restores normal answers; the request log still records the injected failures;
 - an API fault with `match` fires only on requests whose decoded path + query contain the text
   (one node's pod list, one object by name); other requests of the same verb go through;
-- `sickbay twin fail / recover / gpus / api-fault` run against the twin over HTTP;
+- `sickbay-dev twin fail / recover / gpus / api-fault` run against the twin over HTTP;
 - `driverTaint`: the DRA driver publishes gpu.nvidia.com/xid=79:NoSchedule on the device in its
   ResourceSlice, new pods avoid it; recovery removes the taint and the Pending pod runs.
 """

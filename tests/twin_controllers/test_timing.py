@@ -6,7 +6,7 @@ Cases:
   lastTransitionTime = creation + 10 s (golden 41); the evicted pod lingers for its 30 s grace
   period with its claim allocated, then the pod and its generated claim are gone;
 - CrashLoopBackOff: restarts follow the kubelet's 10 s, 20 s, 40 s ... backoff;
-- `sickbay twin up` wiring: the CLI's extension hooks give the twin a scaled clock, the
+- `sickbay-dev twin up` wiring: the CLI's extension hooks give the twin a scaled clock, the
   controller manager (before start, so node pools are reachable) and the known-fault flags.
 """
 

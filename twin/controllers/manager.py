@@ -23,7 +23,7 @@ node pools / MachineDeployments -> garbage collection. Every controller writes o
 
 At start the manager also mounts the `/twin/...` fault, alert, API-fault and pool routes on
 the twin's API server and enables API fault injection there
-(twin/fault_routes.py `install_server_hooks`). `sickbay twin up` uses the module-level
+(twin/fault_routes.py `install_server_hooks`). `sickbay-dev twin up` uses the module-level
 hooks below (`add_twin_up_arguments`, `make_clock`, `configure_twin`): --time-scale,
 --alert-webhook/--alert-token/--alert-*, --provisioning-delay, --ignore-device-taint-rules,
 --expired-toleration-bug, --no-controllers.
@@ -422,12 +422,12 @@ class ControllerManager:
 
 
 # --------------------------------------------------------------------------------------------
-# `sickbay twin up` extension hooks (twin/cli.py calls these; see its docstring)
+# `sickbay-dev twin up` extension hooks (twin/cli.py calls these; see its docstring)
 # --------------------------------------------------------------------------------------------
 
 
 def add_twin_up_arguments(parser: Any) -> None:
-    """Flags of `sickbay twin up` for the controllers, the clock, faults and alerts."""
+    """Flags of `sickbay-dev twin up` for the controllers, the clock, faults and alerts."""
     import os
 
     group = parser.add_argument_group("controllers, faults and alerts")
