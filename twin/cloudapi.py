@@ -165,7 +165,7 @@ class CloudApi:
         self.token = token or secrets.token_urlsafe(24)
         self.on_resize = on_resize
         # ("reset" | "recreate" | "delete" | "terminate", node name): the twin's node rungs
-        # (controllers/repair.py)
+        # (controllers/repair_tools.py)
         self.on_instance = on_instance
         self.instance_calls: list[tuple[str, str]] = []  # every reset / recreate acted on
         self._by_request_id: dict[str, dict[str, Any]] = {}

@@ -1,5 +1,5 @@
 """Node rungs through Cluster API (activities/cloud/machines.py) against the twin's Machines and
-its model of a MachineHealthCheck (twin/controllers/repair.py), plus wait-for-node-gpus.
+its model of a MachineHealthCheck (twin/controllers/repair_tools.py), plus wait-for-node-gpus.
 
 Cases:
 - reboot: the Machine is annotated `cluster.x-k8s.io/remediate-machine` with the request's key;

@@ -1,4 +1,4 @@
-"""The twin's model of repair (twin/controllers/repair.py).
+"""The twin's model of repair (twin/controllers/repair_tools.py).
 
 Cases:
 - reset tool (`nvidia-smi -r -i <UUID>` in a privileged pod pinned to the node): Xid 48 is

@@ -54,7 +54,7 @@ from twin.controllers.common import (
     set_condition,
     uid_of,
 )
-from twin.controllers.repair import ToolRun, run_tool
+from twin.controllers.repair_tools import ToolRun, run_tool
 from twin.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class _Container:
     reason: str = ""
     last: dict[str, Any] | None = None  # lastState.terminated
     retry_mono: float = 0.0
-    tool: ToolRun | None = None  # a reset / diagnostic tool's run (controllers/repair.py)
+    tool: ToolRun | None = None  # a reset / diagnostic tool's run (controllers/repair_tools.py)
     tool_mono: float = -1.0  # the instance (started_mono) that run belongs to
 
 

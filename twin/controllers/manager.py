@@ -209,7 +209,7 @@ class ControllerManager:
         from twin.controllers.kubelet import Kubelet
         from twin.controllers.leases import NodeLeases
         from twin.controllers.nodepools import MachineDeploymentController, NodePools
-        from twin.controllers.repair import MachineRemediation, NodeRepairs
+        from twin.controllers.repair_tools import MachineRemediation, NodeRepairs
         from twin.controllers.scheduler import Scheduler
         from twin.controllers.taints import DeviceTaintEviction
         from twin.controllers.workloads import (
