@@ -2,7 +2,8 @@
 
 Cases:
 - a run resumed from a carry (continue-as-new) carries every field on into the next carry
-  unchanged, whatever RemediationCarry holds (none is dropped or re-packed by hand);
+  unchanged, whatever RemediationCarry holds (none is dropped or re-packed by hand), and each
+  carried field lands in the part that owns it (`CARRIED` names one for every field);
 - the resumed run appends to copies: the previous run's carried lists and counts stay as
   they were;
 - the runbook spec is the chosen runbook's, and the `default` runbook's before one is chosen.
@@ -21,7 +22,7 @@ from contract.remediation import (
     RemediationStatus,
     TimelineEntry,
 )
-from workflows.remediation.state import RemediationState
+from workflows.remediation.state import CARRIED, RemediationState
 from workflows.runbook_match import builtin_default
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -66,12 +67,25 @@ def test_a_resumed_run_carries_every_field_on() -> None:
     )
 
 
+def test_each_carried_field_lands_in_its_part() -> None:
+    carry = _carry()
+    inp = RemediationInput(device=DeviceRef(node="n1", gpu_uuid="GPU-1"), resume=carry)
+    state = RemediationState.from_input(inp, None)
+    assert set(CARRIED) == set(RemediationCarry.model_fields)
+    assert state.confirm.device == carry.device and state.quarantine.result == carry.quarantine
+    assert state.lease.held and state.escalation.done and state.ledger.retired
+    assert state.hold.healthy_since == AT and state.quarantine.guard_node == "n1-new"
+    assert state.ledger.incident == carry.incident and state.status == carry.status
+
+
 def test_the_resumed_run_appends_to_copies() -> None:
     carry = _carry()
     inp = RemediationInput(device=DeviceRef(node="n1", gpu_uuid="GPU-1"), resume=carry)
     state = RemediationState.from_input(inp, None)
-    state.timeline.append(TimelineEntry(at=AT, phase=Phase.HOLDING, action="health checked"))
-    state.event_counts["GPUQuarantined|Node||n1"] = 3
+    state.journal.timeline.append(
+        TimelineEntry(at=AT, phase=Phase.HOLDING, action="health checked")
+    )
+    state.journal.event_counts["GPUQuarantined|Node||n1"] = 3
     assert len(carry.timeline) == 1 and carry.event_counts["GPUQuarantined|Node||n1"] == 2
     resume = state.carry().resume
     assert resume is not None and len(resume.timeline) == 2
@@ -81,10 +95,10 @@ def test_the_spec_is_the_chosen_runbooks_and_default_before() -> None:
     carry = _carry()
     inp = RemediationInput(device=DeviceRef(node="n1", gpu_uuid="GPU-1"), resume=carry)
     state = RemediationState.from_input(inp, None)
-    state.runbook = None
-    assert state.spec == state.fallback.spec
+    state.confirm.runbook = None
+    assert state.spec == state.confirm.fallback.spec
     chosen = carry.runbook.model_copy(
         update={"spec": carry.runbook.spec.model_copy(update={"dry_run": True})}
     )
-    state.runbook = chosen
+    state.confirm.runbook = chosen
     assert state.spec.dry_run and state.dry

@@ -50,7 +50,7 @@ async def sender(r: Remediation, action: str, req: Contract, claimed: str) -> Se
     att: VerifiedActor | None = getattr(req, "verified", None)
     if att is None:
         return Sender(claimed, identity)
-    problem = stale_or_replayed(att, claimed, workflow.now(), r.s.seen_nonces)
+    problem = stale_or_replayed(att, claimed, workflow.now(), r.s.actors.seen_nonces)
     if not problem:
         check = ActorCheck(
             workflow_id=workflow.info().workflow_id,
@@ -64,7 +64,7 @@ async def sender(r: Remediation, action: str, req: Contract, claimed: str) -> Se
             problem = f"its verification could not be checked: {error_text(err)}"
         else:
             if verdict.verified:
-                r.s.seen_nonces.add(att.nonce)
+                r.s.actors.seen_nonces.add(att.nonce)
                 return Sender(att.user, identity, verified=att)
             problem = verdict.reason
     workflow.logger.warning(
@@ -77,7 +77,7 @@ def refusal(r: Remediation, who: Sender, action: str) -> str | None:
     """Why the runbook refuses this sender for `action` (approve, reject, repaired), or None."""
     if who.verified is not None or not r.s.spec.require_verified_actors:
         return None
-    runbook = r.s.runbook.name if r.s.runbook is not None else "default"
+    runbook = r.s.confirm.runbook.name if r.s.confirm.runbook is not None else "default"
     how = who.problem or "sent straight through Temporal, not through the actions endpoint"
     return (
         f"runbook {runbook} requires a verified actor for {action}: {how} "

@@ -8,7 +8,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from contract.base import format_duration
     from contract.names import UPD_APPROVE
-    from contract.remediation import Phase
+    from contract.remediation import ApprovalDecision, Phase
     from workflows.remediation.context import Remediation
     from workflows.remediation.escalation import notify_all
     from workflows.remediation.outcome import Closed, Escalation
@@ -25,12 +25,17 @@ ON_TIMEOUT = {
 }
 
 
+def decided(r: Remediation, decision: ApprovalDecision) -> None:
+    """The `approve` update's decision (checked by the handler: awaiting approval, none yet)."""
+    r.s.approval.decision = decision
+
+
 async def approval(r: Remediation) -> Escalation | Closed | None:
     """None: approved (or timed out and the runbook proceeds)."""
     s, j = r.s, r.j
     policy = s.spec.approval
     on_timeout = ON_TIMEOUT[policy.on_timeout]
-    s.decision = None
+    s.approval.decision = None
     j.enter(
         Phase.AWAITING_APPROVAL,
         awaiting=f"approval: the `{UPD_APPROVE}` update or `sickbay approve|reject`",
@@ -56,7 +61,7 @@ async def approval(r: Remediation) -> Escalation | Closed | None:
         )
     try:
         await r.act.wait(
-            lambda: s.decision is not None,
+            lambda: s.approval.decision is not None,
             limit=policy.timeout,
             summary=f"approval timeout ({format_duration(policy.timeout)}, then {policy.on_timeout})",
         )
@@ -70,7 +75,7 @@ async def approval(r: Remediation) -> Escalation | Closed | None:
             "approval-timeout",
             f"no approval within {format_duration(policy.timeout)}; device NOT tainted",
         )
-    decision = s.decision
+    decision = s.approval.decision
     assert decision is not None
     if not decision.approve:
         return Escalation(

@@ -45,9 +45,12 @@ with workflow.unsafe.imports_passed_through():
 @dataclass(frozen=True)
 class Confirmed:
     """The failure is confirmed and the runbook says quarantine; `early`: the budget's answer
-    to the lease asked for while confirming (None: not asked)."""
+    to the lease asked for while confirming (None: not asked); `counts`: whether it is a GPU
+    failure for the ledger (confirmed device evidence), and why or why not (`counts_why`)."""
 
     early: EarlyLease | None
+    counts: bool = False
+    counts_why: str = ""
 
 
 async def confirm(r: Remediation) -> Confirmed | Closed:
@@ -63,7 +66,7 @@ async def confirm(r: Remediation) -> Confirmed | Closed:
     started: list[asyncio.Task[Any]] = [loading, resolving]
     await workflow.wait(started)
     if loading.exception() is None:  # a failed resolve escalates through `default`
-        s.fallback = loading.result().get(DEFAULT_RUNBOOK) or s.fallback
+        s.confirm.fallback = loading.result().get(DEFAULT_RUNBOOK) or s.confirm.fallback
         pinned = inp.runbook
         if pinned and loading.result().get(pinned) is None:
             await workflow.wait([resolving])  # never leave it running behind the refusal
@@ -88,28 +91,30 @@ async def confirm(r: Remediation) -> Confirmed | Closed:
             f"device: gpu_index {asked.gpu_index} and gpu_uuid {asked.gpu_uuid} name different "
             f"GPUs ({asked.gpu_uuid} is GPU {device.gpu_index} of node {device.node})"
         )
-    s.device = device
+    s.confirm.device = device
     s.status.device, s.status.node = device.key, device.node
     if device.workflow_id(inp.cluster) != s.workflow_id:
         return await _hand_over(r, device)
-    alert_pods = [a.pod for a in s.alerts if a.pod is not None]
+    alert_pods = [a.pod for a in s.journal.alerts if a.pod is not None]
     evidence, consumers, early = await _gather(r, device, runbooks, alert_pods)
-    s.consumers = consumers.consumers
-    s.status.consumers = [c.pod for c in s.consumers]
-    selection = select_runbook(runbooks.runbooks, s.consumers, inp.runbook)
-    runbook = s.runbook = selection.runbook
+    s.confirm.consumers = consumers.consumers
+    s.status.consumers = [c.pod for c in s.confirm.consumers]
+    selection = select_runbook(runbooks.runbooks, s.confirm.consumers, inp.runbook)
+    runbook = s.confirm.runbook = selection.runbook
     s.status.runbook = s.status.workload_class = runbook.name
     s.status.dry_run = s.dry
     for note in selection.notes:
         j.log("runbook note", reason=note)
     j.log("runbook chosen", outcome=runbook.name, reason=selection.why)
 
-    failure_class, why = classify(s.alerts, evidence)
+    failure_class, why = classify(s.journal.alerts, evidence)
     s.status.failure_class = failure_class
     j.log("classified", outcome=failure_class, reason=why)
-    s.counts, s.counts_why = device_evidence(inp.trigger, s.alerts, evidence)
+    counts, counts_why = device_evidence(inp.trigger, s.journal.alerts, evidence)
     spec = runbook.spec
-    stale, stale_why = is_stale(s.alerts, evidence, workflow.now(), spec.confirm.stale_after)
+    stale, stale_why = is_stale(
+        s.journal.alerts, evidence, workflow.now(), spec.confirm.stale_after
+    )
     if stale:
         return await _no_quarantine(r, early, f"stale evidence: {stale_why}")
     if (
@@ -140,7 +145,7 @@ async def confirm(r: Remediation) -> Confirmed | Closed:
         rule=False,
         node=False,
     )
-    return Confirmed(early)
+    return Confirmed(early, counts, counts_why)
 
 
 async def _gather(
@@ -205,11 +210,12 @@ async def _hand_over(r: Remediation, device: ResolvedDevice) -> Closed:
                     )
                 }
             ),
-            evidence=s.alerts[-1] if s.alerts else None,
+            evidence=s.journal.alerts[-1] if s.journal.alerts else None,
             task_queue=workflow.info().task_queue,
             # An alert under the exporter pod's name (Hostname without NODE_NAME) repeating
             # what the device's last run handled starts nothing there either.
-            respect_handled=bool(s.alerts) and s.alerts[-1].source == "alertmanager",
+            respect_handled=bool(s.journal.alerts)
+            and s.journal.alerts[-1].source == "alertmanager",
         )
     )
     if launch.already_handled:

@@ -64,12 +64,12 @@ async def escalate(
 ) -> None:
     s, j = r.s, r.j
     reason, summary = esc.reason, esc.summary
-    if s.escalated:
+    if s.escalation.done:
         j.log("already escalated", reason=f"{reason}: {summary}")
         return
     if s.dry:
         return would_escalate(r, esc)
-    s.escalated = True
+    s.escalation.done = True
     s.status.escalation_reason = reason
     j.enter(Phase.ESCALATED, awaiting=awaiting, next_action=NEEDED[reason])
     j.log("escalate", outcome=reason, reason=summary)
@@ -113,8 +113,8 @@ async def escalate(
 def would_escalate(r: Remediation, esc: Escalation) -> None:
     """A dry run never pages and writes no Event: it says what it would have done."""
     s = r.s
-    s.escalated = True  # once per incident, as for real
-    s.would_have = esc.reason
+    s.escalation.done = True  # once per incident, as for real
+    s.escalation.would_have = esc.reason
     policy = s.spec.escalation
     if esc.reason not in policy.on:
         send = f"no page (runbook {s.status.runbook} escalates only on {policy.on})"
@@ -124,7 +124,7 @@ def would_escalate(r: Remediation, esc: Escalation) -> None:
         send = "no page (the runbook names no channels)"
     else:
         send = f"page {', '.join(policy.channels)} ({policy.severity})"
-    pods = len(s.consumers)
+    pods = len(s.confirm.consumers)
     events = f", a Warning Event on {pods} pod(s)" if pods else ""
     r.j.log(
         "dry run: would escalate",
@@ -160,12 +160,12 @@ async def notify_all(
         phase=s.status.phase,
         severity=severity or policy.severity,
         reason=s.status.escalation_reason,
-        node_pool=s.device.node_pool if s.device else None,
+        node_pool=s.confirm.device.node_pool if s.confirm.device else None,
         cluster=s.inp.cluster or None,
         summary=f"{cluster_tag(s.inp.cluster)}GPU {s.status.device}: {summary}",
-        done=[f"{e.action}: {e.outcome}".rstrip(": ") for e in s.timeline],
+        done=[f"{e.action}: {e.outcome}".rstrip(": ") for e in s.journal.timeline],
         needed=needed,
-        timeline=s.timeline,
+        timeline=s.journal.timeline,
     )
     for channel in channels:
         try:
@@ -187,7 +187,7 @@ async def notify_all(
 
 async def resolve_page(r: Remediation, summary: str) -> None:
     """Resolve the incident, if the escalation paged anyone (the runbook may filter it)."""
-    if r.s.escalated and r.s.status.escalation_reason in r.s.spec.escalation.on:
+    if r.s.escalation.done and r.s.status.escalation_reason in r.s.spec.escalation.on:
         await notify_all(r, "resolve", summary)
 
 
@@ -250,7 +250,7 @@ async def notify_owner(r: Remediation, failure_class: str, why: str) -> None:
             namespace=c.pod.namespace,
             uid=c.pod.uid,
         )
-        for c in s.consumers
+        for c in s.confirm.consumers
     ]
     message = (
         f"GPU {s.status.device}: {why}. Sickbay classified this as {failure_class}: "

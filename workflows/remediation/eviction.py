@@ -31,7 +31,9 @@ FORCE_GRACE = timedelta(minutes=2)
 def to_evict(r: Remediation) -> list[PodRef]:
     """The consumers to evict (none: nothing to evict, and so nothing to replace)."""
     s = r.s
-    pods = [c.pod for c in s.consumers if not c.terminating] or [c.pod for c in s.consumers]
+    pods = [c.pod for c in s.confirm.consumers if not c.terminating] or [
+        c.pod for c in s.confirm.consumers
+    ]
     if not pods:
         r.j.log("no consumers", reason="nothing to evict or replace")
         return []
@@ -39,7 +41,7 @@ def to_evict(r: Remediation) -> list[PodRef]:
         r.j.log(
             "consumers keep running",
             reason="NoSchedule only blocks new pods on the device (runbook "
-            f"{s.runbook.name if s.runbook else ''})",
+            f"{s.confirm.runbook.name if s.confirm.runbook else ''})",
         )
         return []
     return pods
@@ -127,8 +129,8 @@ async def evict(r: Remediation, pods: list[PodRef]) -> Escalation | None:
     blocked = EvictPodsResult()
     # No rule served: the fallback evicted once through the Eviction API; what a budget
     # refused then is retried like eviction-api mode's evictions (there is no backstop).
-    fallback = s.quarantine is not None and s.quarantine.mode == "fallback"
-    refused = s.quarantine.blocked if fallback and s.quarantine else []
+    fallback = s.quarantine.result is not None and s.quarantine.result.mode == "fallback"
+    refused = s.quarantine.result.blocked if fallback and s.quarantine.result else []
     if eviction_api or refused:
         blocked = await _evict_pods(
             r,
@@ -145,7 +147,7 @@ async def evict(r: Remediation, pods: list[PodRef]) -> Escalation | None:
             return _blocked(r, blocked, report, started)
         # Backstop: NoExecute deletes pods regardless of budgets (none blocks, or forced).
         await hold_while_paused(r, "NoExecute backstop")
-        s.quarantine = await apply_quarantine(r, "NoExecute", "NoExecute backstop")
+        await apply_quarantine(r, "NoExecute", "NoExecute backstop")
         report = await _wait_eviction(r, report.remaining, FORCE_GRACE)
     if report.remaining and policy.force in ("eviction-api", "delete"):
         await hold_while_paused(r, f"forced eviction ({policy.force})")
@@ -159,7 +161,7 @@ async def evict(r: Remediation, pods: list[PodRef]) -> Escalation | None:
         report = await _wait_eviction(r, report.remaining, FORCE_GRACE)
         if _still_blocked(blocked, report):
             return _blocked(r, blocked, report, started)
-    s.live_pods = list(report.remaining)
+    j.pods_now(list(report.remaining))
     if report.remaining:
         names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
         return Escalation(
@@ -181,7 +183,7 @@ def _blocked(
     r: Remediation, blocked: EvictPodsResult, report: EvictionReport, started: datetime
 ) -> Escalation:
     """A PodDisruptionBudget still protects consumers: escalate naming it, hold."""
-    r.s.live_pods = list(report.remaining)
+    r.j.pods_now(list(report.remaining))
     policy = r.s.spec.eviction
     names = ", ".join(f"{p.namespace}/{p.name}" for p in report.remaining)
     why = "; ".join(blocked.budgets) or "a PodDisruptionBudget refused the eviction"

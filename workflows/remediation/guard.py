@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation.escalation import escalate, resolve_page
     from workflows.remediation.lease import EarlyLease, ask_lease
     from workflows.remediation.outcome import Closed, Escalation
+    from workflows.remediation.pause import pause_told, show_paused
     from workflows.remediation.state import history_full
 
 # Over budget or budget unreachable: escalate once, then retry the lease every minute for the
@@ -41,16 +42,26 @@ BUDGET_AWAITING = "a budget slot, repaired, alert resolved + Healthy, or abort"
 PAUSE_AWAITING = "sickbay resume, repaired, alert resolved + Healthy, or abort"
 
 
+def alert_resolved(r: Remediation) -> None:
+    """`alert-resolved` came in: the wait checks the device's health."""
+    r.s.guard.resolved_pending = True
+
+
+def slot_freed(r: Remediation) -> None:
+    """`budget-freed` from sickbay-budget: a slot freed, the wait asks again at once."""
+    r.s.guard.budget_freed = True
+
+
 async def guard(r: Remediation, early: EarlyLease | None) -> Closed | None:
     """Hold a budget lease before anything is tainted; None once granted."""
     s = r.s
-    assert s.device is not None and s.runbook is not None
+    assert s.confirm.device is not None and s.confirm.runbook is not None
     r.j.enter(
         Phase.GUARDING,
         awaiting="budget lease",
         next_action="approval" if s.spec.approval.required else "quarantine the device",
     )
-    return await _acquire_lease(r, s.device, s.runbook, early)
+    return await _acquire_lease(r, s.confirm.device, s.confirm.runbook, early)
 
 
 async def _acquire_lease(
@@ -67,11 +78,11 @@ async def _acquire_lease(
         # Retries while waiting reuse the device counts (two cluster-wide lists) except after
         # a wake-up and every BUDGET_RECOUNT_EVERY-th try, so a storm of waiters does not list
         # every node each minute; the budget's own leases are always current.
-        if s.budget_freed or tries % BUDGET_RECOUNT_EVERY == 1:
+        if s.guard.budget_freed or tries % BUDGET_RECOUNT_EVERY == 1:
             counts = None
         # A wake-up arriving from here on is for this try; one that arrived after an early
         # request was answered is for the next try (it stays set).
-        s.budget_freed = s.budget_freed and early is not None and tries == 1
+        s.guard.budget_freed = s.guard.budget_freed and early is not None and tries == 1
         kind: EscalationReason
         paused: BudgetPause | None = None
         try:
@@ -84,11 +95,11 @@ async def _acquire_lease(
             granted, kind, counts = False, "error", None
             why = f"budget service unavailable: {error_text(err)}; device NOT tainted"
         was_paused = s.status.paused is not None
-        s.status.paused = paused.describe() if paused is not None else None
+        show_paused(r, paused)
         if was_paused and paused is None:
             j.log("cluster resumed", actor="sickbay-budget", reason="asking for the lease again")
         if granted:
-            if s.sa_paused:
+            if s.journal.sa_paused:
                 j.upsert()  # SickbayPaused cleared at once, not at the next durable wait
             return None
         if paused is not None:
@@ -138,26 +149,28 @@ async def _acquire_lease(
         j.upsert()
         try:
             await r.act.wait(
-                lambda: s.repaired is not None or s.resolved_pending or s.budget_freed,
+                lambda: (
+                    s.inbox.repaired is not None or s.guard.resolved_pending or s.guard.budget_freed
+                ),
                 limit=interval,
                 summary=f"budget lease retry {tries + 1} ({format_duration(interval)})",
             )
         except TimeoutError:
             pass
-        if s.budget_freed and s.repaired is None and paused is None:
+        if s.guard.budget_freed and s.inbox.repaired is None and paused is None:
             j.log("budget slot freed", actor="sickbay-budget", reason="retrying now")
-        if s.repaired is not None:
-            s.status.paused = None
+        if s.inbox.repaired is not None:
+            show_paused(r, None)
             await resolve_page(r, "repaired while waiting for budget")
             return Closed(
                 "not-quarantined",
                 f"repaired ({j.who('repaired')}) while waiting for a budget slot; "
                 "never quarantined",
             )
-        if s.resolved_pending:
-            s.resolved_pending = False
+        if s.guard.resolved_pending:
+            s.guard.resolved_pending = False
             if await healthy_now(r):
-                s.status.paused = None
+                show_paused(r, None)
                 await resolve_page(r, "alert resolved, device Healthy")
                 return Closed(
                     "not-quarantined",
@@ -171,7 +184,7 @@ async def _acquire_lease(
 
 async def healthy_now(r: Remediation) -> bool:
     try:
-        health = await r.act.check_health(CheckHealthInput(device=r.s.device))
+        health = await r.act.check_health(CheckHealthInput(device=r.s.confirm.device))
     except ACTIVITY_FAILED as err:
         r.j.log("health check failed", outcome="unknown", reason=error_text(err))
         return False
@@ -221,5 +234,5 @@ async def _try_lease(
         return False, "budget-exhausted", why, asked.counts, asked.decision.paused
     # A lease kept across a continue-as-new is granted again while paused: the pause comes
     # with it, so the steps after the quarantine hold (workflows/remediation/pause.py).
-    r.s.cluster_pause = asked.decision.paused
+    pause_told(r, asked.decision.paused)
     return True, "budget-exhausted", "", asked.counts, None

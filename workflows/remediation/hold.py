@@ -42,13 +42,13 @@ async def hold_and_release(r: Remediation) -> Closed:
         next_action="check the device's health" if auto else "release once marked repaired",
     )
     j.upsert()
-    s.health_only = health_only
-    if health_only and s.repaired is not None:  # marked before the hold began
+    s.hold.health_only = health_only
+    if health_only and s.inbox.repaired is not None:  # marked before the hold began
         note_repair(r)
-    while health_only or s.repaired is None:
+    while health_only or s.inbox.repaired is None:
         try:
             await r.act.wait(
-                lambda: not health_only and s.repaired is not None,
+                lambda: not health_only and s.inbox.repaired is not None,
                 limit=release.health_check_interval if auto else None,
                 summary=f"health check ({format_duration(release.health_check_interval)})"
                 if auto
@@ -58,23 +58,23 @@ async def hold_and_release(r: Remediation) -> Closed:
         except TimeoutError:
             pass
         try:
-            health = await r.act.check_health(CheckHealthInput(device=s.device))
+            health = await r.act.check_health(CheckHealthInput(device=s.confirm.device))
         except ACTIVITY_FAILED as err:
             # Not knowing is not Healthy: keep holding, try again next interval.
             health = HealthResult(health=None, message=error_text(err))
             j.log("health check failed", outcome="unknown", reason=health.message)
         now = workflow.now()
         if health.health == "Healthy":
-            if s.healthy_since is None:
-                s.healthy_since = now
+            if s.hold.healthy_since is None:
+                s.hold.healthy_since = now
                 j.log(
                     "device Healthy", reason=f"cool-down {format_duration(release.cooldown)} starts"
                 )
-            if now - s.healthy_since >= release.cooldown:
+            if now - s.hold.healthy_since >= release.cooldown:
                 j.log("healthy for the cool-down", outcome=str(release.cooldown))
                 return await _release(r, by_health=True)
-        elif s.healthy_since is not None:
-            s.healthy_since = None
+        elif s.hold.healthy_since is not None:
+            s.hold.healthy_since = None
             j.log("device not Healthy again", outcome=health.health or "unknown")
         if history_full():
             await workflow.wait_condition(workflow.all_handlers_finished)
@@ -85,11 +85,11 @@ async def hold_and_release(r: Remediation) -> Closed:
 def note_repair(r: Remediation) -> None:
     """Under release.mode healthy-cooldown a repair mark does not release the device."""
     s = r.s
-    assert s.repaired is not None
+    assert s.inbox.repaired is not None
     r.j.log(
         "repair noted",
-        actor=s.repaired.actor,
-        client_identity=s.sent["repaired"][1],
+        actor=s.inbox.repaired.actor,
+        client_identity=s.journal.sent["repaired"][1],
         reason="release.mode healthy-cooldown: released once Healthy for "
         f"{format_duration(s.spec.release.cooldown)}",
     )
@@ -98,7 +98,7 @@ def note_repair(r: Remediation) -> None:
 async def _release(r: Remediation, by_health: bool) -> Closed:
     reason = (
         "healthy for the cool-down"
-        if by_health or r.s.repaired is None
+        if by_health or r.s.inbox.repaired is None
         else f"repaired ({r.j.who('repaired')})"
     )
     return await release_now(r, reason)
@@ -107,9 +107,9 @@ async def _release(r: Remediation, by_health: bool) -> Closed:
 async def undo_after_abort(r: Remediation) -> Closed:
     """`abort` interrupted a wait: undo what Sickbay did (rule removed, lease released)."""
     s, j = r.s, r.j
-    req = s.abort
+    req = s.inbox.abort
     assert req is not None
-    s.undoing = True
+    s.hold.undoing = True
     j.enter(Phase.RELEASING, awaiting="undo after abort")
     reason = f"aborted by {j.who('abort')}: {req.reason}"
     try:

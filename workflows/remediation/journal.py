@@ -3,7 +3,7 @@ attributes, and Kubernetes Events on the objects a person would `kubectl describ
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
 
 from temporalio import workflow
@@ -12,7 +12,7 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from contract.errors import ERR_INVALID_INPUT
-    from contract.kube import EventTarget, RecordEventInput
+    from contract.kube import EventTarget, PodRef, RecordEventInput
     from contract.names import (
         SA_CLUSTER,
         SA_DEVICE,
@@ -83,7 +83,7 @@ class Journal:
     ) -> None:
         """Add a timeline entry; `replace_same`: it replaces the last entry when that one is
         the same action (a run of identical retries stays one entry, the latest)."""
-        timeline = self._s.timeline
+        timeline = self._s.journal.timeline
         if replace_same and timeline and timeline[-1].action == action:
             timeline.pop()
         timeline.append(
@@ -108,10 +108,10 @@ class Journal:
         workflows/remediation/actors.py), or the actor it claims, marked unverified; and the
         Temporal client identity the server recorded with it (`workflows/identity.py`)."""
         identity = sender.identity if sender is not None else sender_identity() or "unknown"
-        self._s.sent[what] = (actor, identity)
+        self._s.journal.sent[what] = (actor, identity)
         verified = sender.verified if sender is not None else None
         if verified is not None:
-            self._s.verified_sent[what] = f"{verified.user} (verified via {verified.via})"
+            self._s.journal.verified_sent[what] = f"{verified.user} (verified via {verified.via})"
         if sender is not None and sender.problem:
             reason = f"{reason} [{sender.problem}]" if reason else f"[{sender.problem}]"
         self.log(
@@ -127,8 +127,8 @@ class Journal:
     def who(self, what: str) -> str:
         """`<user> (verified via kubernetes)`, or `<actor> (claimed; Temporal client
         <identity>)` of the abort / repaired / decision."""
-        verified = self._s.verified_sent.get(what)
-        return verified if verified is not None else claimed_by(*self._s.sent[what])
+        verified = self._s.journal.verified_sent.get(what)
+        return verified if verified is not None else claimed_by(*self._s.journal.sent[what])
 
     def add_alerts(self, alerts: list[AlertEvidence], initial: bool = False) -> None:
         st = self._s
@@ -137,8 +137,8 @@ class Journal:
             fresh = [a for a in alerts if not already_handled(a, before)]
             st.status.duplicate_alerts += len(alerts) - len(fresh)
             alerts = fresh
-        merged, added = merge_evidence(st.alerts, alerts)
-        st.alerts = merged
+        merged, added = merge_evidence(st.journal.alerts, alerts)
+        st.journal.alerts = merged
         st.status.alerts = len(merged)
         st.status.duplicate_alerts += len(alerts) - len(added)
         for alert in added:
@@ -150,6 +150,13 @@ class Journal:
                 # The source is the sender's word too: beside it, who sent the signal.
                 client_identity=sender_identity(),
             )
+
+    def waits_until(self, until: datetime, moved: bool = False) -> None:
+        """The running wait ends at `until` (a deadline started; `moved`: by a person, now)."""
+        st = self._s.status
+        st.until = until
+        if moved:
+            st.updated_at = workflow.now()
 
     # ------------------------------------------------------------ phase --------------------
 
@@ -216,20 +223,20 @@ class Journal:
         """Search attributes, only at durable waits and at the end (one event each)."""
         s, st = self._s, self._s.status
         paused = st.paused is not None and st.phase is not Phase.CLOSED
-        if s.sa_phase is st.phase and s.sa_paused == paused:
+        if s.journal.sa_phase is st.phase and s.journal.sa_paused == paused:
             return
         pairs: list[SearchAttributePair[str]] = [SearchAttributePair(SA_PHASE_KEY, st.phase.value)]
         updates = []
-        if paused or s.sa_paused:  # "paused" while held by a pause; unset once it goes on
+        if paused or s.journal.sa_paused:  # "paused" while held by a pause; unset once it goes on
             updates.append(
                 SA_PAUSED_KEY.value_set("paused") if paused else SA_PAUSED_KEY.value_unset()
             )
-            s.sa_paused = paused
+            s.journal.sa_paused = paused
         if st.escalation_reason:
             pairs.append(SearchAttributePair(SA_ESCALATION_KEY, st.escalation_reason))
         if st.outcome:
             pairs.append(SearchAttributePair(SA_OUTCOME_KEY, st.outcome))
-        if s.sa_phase is None:
+        if s.journal.sa_phase is None:
             pairs.append(SearchAttributePair(SA_DEVICE_KEY, st.device))
             if s.inp.cluster:
                 pairs.append(SearchAttributePair(SA_CLUSTER_KEY, s.inp.cluster))
@@ -238,7 +245,7 @@ class Journal:
         if st.workload_class:
             pairs.append(SearchAttributePair(SA_WORKLOAD_KEY, st.workload_class))
         workflow.upsert_search_attributes([p.key.value_set(p.value) for p in pairs] + updates)
-        s.sa_phase = st.phase
+        s.journal.sa_phase = st.phase
 
     # ------------------------------------------------------------ begin and end ------------
 
@@ -259,7 +266,9 @@ class Journal:
         if s.dry and outcome != "dry-run":
             # Whatever a dry run found, it changed nothing: outcome dry-run, and the reason
             # says what a real run would have done.
-            would = f" (would escalate: {s.would_have})" if s.would_have else ""
+            would = (
+                f" (would escalate: {s.escalation.would_have})" if s.escalation.would_have else ""
+            )
             outcome, reason = "dry-run", f"dry run, nothing changed{would}: {reason}"
         s.status.outcome = outcome
         self.enter(Phase.CLOSED, awaiting="")
@@ -274,11 +283,16 @@ class Journal:
             outcome=outcome,
             reason=reason,
             status=s.status,
-            timeline=s.timeline,
+            timeline=s.journal.timeline,
             handled_alerts=s.handled_alerts(),
         )
 
     # ------------------------------------------------------------ Kubernetes Events --------
+
+    def pods_now(self, pods: list[PodRef]) -> None:
+        """The pods the next Events go on: the consumers still on the device after the
+        eviction, or the replacements last seen Pending / Running."""
+        self._s.journal.live_pods = pods
 
     def event_targets(
         self, *, pods: bool, rule: bool, node: bool, owners: bool
@@ -289,7 +303,7 @@ class Journal:
         evicted one."""
         s = self._s
         out: list[EventTarget] = []
-        q = s.quarantine
+        q = s.quarantine.result
         if rule and q is not None and q.mode == "rule" and q.api_version:
             version = q.api_version if "/" in q.api_version else f"resource.k8s.io/{q.api_version}"
             for name in sorted(q.rule_uids) or ([q.rule_name] if q.rule_name else []):
@@ -301,11 +315,11 @@ class Journal:
                         uid=q.rule_uids.get(name),
                     )
                 )
-        if node and s.device is not None:
-            out.append(EventTarget(api_version="v1", kind="Node", name=s.device.node))
+        if node and s.confirm.device is not None:
+            out.append(EventTarget(api_version="v1", kind="Node", name=s.confirm.device.node))
         if owners:
             seen: set[tuple[str, str, str]] = set()
-            for c in s.consumers:
+            for c in s.confirm.consumers:
                 o = c.top_owner or c.owner
                 if o is None or o.kind not in OWNER_API_VERSIONS:
                     continue
@@ -322,9 +336,9 @@ class Journal:
                     )
                 )
         if pods:
-            live = s.live_pods
+            live = s.journal.live_pods
             if live is None:
-                live = [c.pod for c in s.consumers if not c.terminating]
+                live = [c.pod for c in s.confirm.consumers if not c.terminating]
             for p in live:
                 out.append(
                     EventTarget(
@@ -353,8 +367,8 @@ class Journal:
         counted: list[EventTarget] = []
         for t in self.event_targets(pods=pods, rule=rule, node=node, owners=owners):
             key = f"{reason}|{t.kind}|{t.namespace or ''}|{t.name}"
-            s.event_counts[key] = s.event_counts.get(key, 0) + 1
-            counted.append(t.model_copy(update={"count": s.event_counts[key]}))
+            s.journal.event_counts[key] = s.journal.event_counts.get(key, 0) + 1
+            counted.append(t.model_copy(update={"count": s.journal.event_counts[key]}))
         if not counted:
             return
         info = workflow.info()

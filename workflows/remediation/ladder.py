@@ -21,7 +21,7 @@ with workflow.unsafe.imports_passed_through():
 def failure_xid(r: Remediation) -> int | None:
     """The Xid the failure class came from: the latest alert's of that class, else the
     latest Xid at all (an alert's own, else the Xid its rule stands for)."""
-    xids = [x for a in r.s.alerts if (x := a.xid if a.xid is not None else a.rule_xid)]
+    xids = [x for a in r.s.journal.alerts if (x := a.xid if a.xid is not None else a.rule_xid)]
     cls = r.s.status.failure_class
     same = [x for x in xids if classify_xid(x) == cls]
     chosen = same or xids
@@ -60,7 +60,7 @@ def describe(r: Remediation) -> list[str]:
     s = r.s
     if not s.spec.repair.enabled or s.inp.trigger == "maintenance":
         return []
-    device = s.device
+    device = s.confirm.device
     assert device is not None
     out = []
     for action in ladder(r):
@@ -99,10 +99,10 @@ def repair_pool(r: Remediation) -> NodePoolTarget | None:
     if policy.pool is not None:
         return policy.pool
     # `karpenter` names no machine provider (Karpenter provisions, it reboots nothing).
-    if policy.provider is None or policy.provider == "karpenter" or s.device is None:
+    if policy.provider is None or policy.provider == "karpenter" or s.confirm.device is None:
         return None
     return NodePoolTarget(
         provider=policy.provider,
-        name=s.device.node_pool or s.device.node,
-        node_pool_label=s.device.node_pool,
+        name=s.confirm.device.node_pool or s.confirm.device.node,
+        node_pool_label=s.confirm.device.node_pool,
     )

@@ -1,6 +1,7 @@
 """The budget lease of one remediation: asked of the `sickbay-budget` workflow (early, while the
 evidence is still coming), given back on release or when the procedure decides not to
-quarantine. Shared by the confirm, guard and hold steps."""
+quarantine. Shared by the confirm, guard and hold steps; owns the lease's part of the state
+(held, and how many GPUs it counts: `extended` for a repair rung)."""
 
 from __future__ import annotations
 
@@ -53,17 +54,25 @@ async def ask_lease(
         )
     )
     if decision.granted:
-        r.s.lease_held = True
+        r.s.lease.held = True
     return EarlyLease(device.key, decision, counts, pool_limit, cluster_limit)
+
+
+def extended(r: Remediation, gpus: int) -> None:
+    """The budget granted the lease grown to `gpus` (a repair rung takes the node's GPUs)."""
+    r.s.lease.held = True
+    r.s.lease.gpus = gpus
 
 
 async def release_lease(r: Remediation) -> None:
     """Give the lease back (nothing when none is held)."""
     s = r.s
-    if not s.lease_held or s.device is None:
+    if not s.lease.held or s.confirm.device is None:
         return
-    await r.act.release_budget(BudgetReleaseRequest(holder=s.workflow_id, device_key=s.device.key))
-    s.lease_held = False
+    await r.act.release_budget(
+        BudgetReleaseRequest(holder=s.workflow_id, device_key=s.confirm.device.key)
+    )
+    s.lease.held = False
     r.j.log("budget lease released")
 
 
@@ -73,7 +82,7 @@ async def give_back(r: Remediation, early: EarlyLease | None) -> None:
     if early is None or early.error is not None:
         return
     try:
-        if r.s.lease_held:
+        if r.s.lease.held:
             await release_lease(r)
         else:
             await r.act.release_budget(
@@ -83,7 +92,7 @@ async def give_back(r: Remediation, early: EarlyLease | None) -> None:
     except ACTIVITY_FAILED as err:
         # Nothing was tainted: no page for this. The budget's reconcile drops the lease (or
         # waiter) of a closed remediation within its interval.
-        r.s.lease_held = False
+        r.s.lease.held = False
         r.j.log(
             "budget lease not given back",
             outcome="reconcile will drop it",

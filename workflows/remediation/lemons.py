@@ -49,63 +49,66 @@ def incident_id(r: Remediation) -> str:
     that first recorded, carried across continue-as-new (`RemediationCarry.incident`). Not
     `first_execution_run_id`: the test server gives a fresh run under a reused id the earlier
     run's, which would merge two incidents."""
-    if not r.s.incident:
+    if not r.s.ledger.incident:
         info = workflow.info()
-        r.s.incident = f"{info.workflow_id}/{info.run_id}"
-    return r.s.incident
+        r.s.ledger.incident = f"{info.workflow_id}/{info.run_id}"
+    return r.s.ledger.incident
 
 
-def start_recording(r: Remediation) -> None:
+def start_recording(r: Remediation, counts: bool, why: str) -> None:
     """Record the confirmed failure in the ledger, side by side with what follows; only
-    confirmed device evidence counts (`classify.device_evidence`): a maintenance drain or a
-    hand launch without evidence is not a failure, and the timeline says so."""
+    confirmed device evidence counts (`counts`, from `classify.device_evidence`: the confirm
+    step's): a maintenance drain or a hand launch without evidence is not a failure, and the
+    timeline says so."""
     s = r.s
-    if s.ledger_call is not None or not s.spec.lemons.enabled or s.device is None:
+    if s.ledger.call is not None:
         return
-    if not s.counts:
-        r.j.log("failure not counted", outcome="GPU ledger unchanged", reason=s.counts_why)
+    s.ledger.counts, s.ledger.counts_why = counts, why
+    if not s.spec.lemons.enabled or s.confirm.device is None:
         return
-    s.ledger_call = asyncio.ensure_future(record_failure(r))
+    if not s.ledger.counts:
+        r.j.log("failure not counted", outcome="GPU ledger unchanged", reason=s.ledger.counts_why)
+        return
+    s.ledger.call = asyncio.ensure_future(record_failure(r))
 
 
 async def record_validation_failure(r: Remediation, action: str, summary: str) -> None:
     """A failed validation is device evidence: an incident the ledger did not count yet (a
     hand launch without evidence) counts now, and the answer is waited for (retired or not)."""
     s = r.s
-    if s.ledger_call is None and not s.counts:
-        s.counts, s.counts_why = True, f"validation failed after {action}: {summary}"[:300]
-        start_recording(r)
+    if s.ledger.call is None and not s.ledger.counts:
+        start_recording(r, True, f"validation failed after {action}: {summary}"[:300])
     await recorded(r)
 
 
 async def recorded(r: Remediation) -> None:
     """Wait for the ledger's answer, if this run asked for one (a no-op once it is in)."""
-    if r.s.ledger_call is not None:
-        await r.s.ledger_call
+    if r.s.ledger.call is not None:
+        await r.s.ledger.call
 
 
 async def record_failure(r: Remediation) -> None:
     """Record the confirmed failure in the ledger; marks the state retired when it says so."""
     s, j = r.s, r.j
     lemons = s.spec.lemons
-    if not lemons.enabled or s.device is None:
+    if not lemons.enabled or s.confirm.device is None:
         return
     if s.dry:
         j.log("dry run: failure not recorded", reason="the GPU ledger counts real failures only")
         return
-    xid = next((a.xid for a in reversed(s.alerts) if a.xid is not None), None)
+    xid = next((a.xid for a in reversed(s.journal.alerts) if a.xid is not None), None)
     try:
         decision = await r.act.record_gpu_failure(
             RecordFailureInput(
-                gpu_uuid=s.device.gpu_uuid,
-                node=s.device.node,
-                device_key=s.device.key,
+                gpu_uuid=s.confirm.device.gpu_uuid,
+                node=s.confirm.device.node,
+                device_key=s.confirm.device.key,
                 incident=incident_id(r),
                 holder=s.workflow_id,
                 failure_class=s.status.failure_class,
                 xid=xid,
                 detail=f"runbook {s.status.runbook}",
-                evidence=s.counts_why,
+                evidence=s.ledger.counts_why,
                 failures=lemons.failures,
                 window=lemons.window,
                 require_verified_actors=s.spec.require_verified_actors,
@@ -118,12 +121,12 @@ async def record_failure(r: Remediation) -> None:
             reason=f"{error_text(err)}; remediating as a first failure",
         )
         return
-    s.lemon = decision
+    s.ledger.decision = decision
     count = f"{decision.failures_in_window} of {lemons.failures} in {span(lemons.window)}"
     if not decision.retired:
-        j.log("failure recorded", outcome=count, reason=s.counts_why)
+        j.log("failure recorded", outcome=count, reason=s.ledger.counts_why)
         return
-    s.retired = True
+    s.ledger.retired = True
     since = decision.retired_at.isoformat() if decision.retired_at else "now"
     j.log(
         "GPU retired" if decision.newly_retired else "GPU already retired",
@@ -137,7 +140,7 @@ async def record_failure(r: Remediation) -> None:
 
 def repair_allowed(r: Remediation) -> bool:
     """A retired GPU is never repaired automatically (the repair ladder checks this)."""
-    if r.s.retired:
+    if r.s.ledger.retired:
         r.j.log("repair skipped", reason="the GPU is retired (lemon): RMA it or un-retire it")
         return False
     return True
@@ -145,8 +148,8 @@ def repair_allowed(r: Remediation) -> bool:
 
 def rma(r: Remediation, ended: Escalation | None) -> Escalation | None:
     """The one RMA escalation of a retired GPU, with its ledger history; None when not due."""
-    s, decision = r.s, r.s.lemon
-    if not s.retired or decision is None or not decision.rma_due or s.escalated:
+    s, decision = r.s, r.s.ledger.decision
+    if not s.ledger.retired or decision is None or not decision.rma_due or s.escalation.done:
         return ended
     # The ask leads, the history follows: a page's summary is cut at 1024 characters (PagerDuty
     # Events v2), and a history with the ladder's repairs in it can be longer than that.
@@ -166,23 +169,23 @@ def rma_history(decision: LedgerDecision) -> str:
 async def wait_unretired(r: Remediation) -> None:
     """Hold a retired GPU until a person un-retires it; never released before that."""
     s, j = r.s, r.j
-    if not s.retired or s.device is None:
+    if not s.ledger.retired or s.confirm.device is None:
         return
     j.enter(
         Phase.HOLDING,
         awaiting="un-retire (the GPU is a lemon: RMA it, or "
-        f"sickbay gpus unretire {s.device.gpu_uuid} --reason ...)",
+        f"sickbay gpus unretire {s.confirm.device.gpu_uuid} --reason ...)",
         next_action="release normally once un-retired",
     )
     j.upsert()
-    await r.act.wait(lambda: not s.retired, limit=None, summary="un-retire")
+    await r.act.wait(lambda: not s.ledger.retired, limit=None, summary="un-retire")
 
 
 def unretired(r: Remediation, notice: UnretireNotice) -> None:
     """`gpu-unretired` from the ledger: the hold goes on as for any quarantined GPU."""
-    if not r.s.retired:
+    if not r.s.ledger.retired:
         return
-    r.s.retired = False
+    r.s.ledger.retired = False
     r.j.log(
         "GPU un-retired",
         actor=notice.actor,
@@ -195,13 +198,13 @@ def unretired(r: Remediation, notice: UnretireNotice) -> None:
 async def record_repair(r: Remediation, rung: str, detail: str = "") -> None:
     """For the repair ladder: a validated repair goes into the ledger (best effort)."""
     s = r.s
-    if s.device is None or s.dry or not s.spec.lemons.enabled:
+    if s.confirm.device is None or s.dry or not s.spec.lemons.enabled:
         return
     try:
         await r.act.record_gpu_repair(
             RecordRepairInput(
-                gpu_uuid=s.device.gpu_uuid,
-                node=s.device.node,
+                gpu_uuid=s.confirm.device.gpu_uuid,
+                node=s.confirm.device.node,
                 incident=incident_id(r),
                 rung=rung,
                 detail=detail,

@@ -24,18 +24,18 @@ async def quarantine(r: Remediation) -> Escalation | None:
     )
     effect = effect_of(r)
     try:
-        s.quarantine = await apply_quarantine(r, effect, "quarantine")
+        result = await apply_quarantine(r, effect, "quarantine")
     except ACTIVITY_FAILED as err:
         return Escalation("error", f"quarantine failed: {error_text(err)}")
-    await j.event("GPUQuarantined", s.quarantine.message or effect)
+    await j.event("GPUQuarantined", result.message or effect)
     j.metrics.create_histogram_timedelta(
         "sickbay_time_to_quarantine_seconds",
         "From the remediation's start to the device's quarantine",
     ).with_additional_attributes({"workload_class": s.status.runbook or ""}).record(
         workflow.now() - workflow.info().start_time
     )
-    if s.quarantine.node_level:
+    if result.node_level:
         # HAMi without a per-GPU cordon: the whole node was tainted and its consumers evicted
         # by the quarantine itself; say so to people and hold it until the GPU is repaired.
-        return Escalation("node-quarantined", s.quarantine.node_level)
+        return Escalation("node-quarantined", result.node_level)
     return None

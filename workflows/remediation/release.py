@@ -12,6 +12,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation.escalation import notify_all
     from workflows.remediation.lease import release_lease
     from workflows.remediation.outcome import Closed
+    from workflows.remediation.rule import guarding, lifted
 
 
 async def release_now(r: Remediation, reason: str) -> Closed:
@@ -22,7 +23,7 @@ async def release_now(r: Remediation, reason: str) -> Closed:
     await remove_quarantine(r, reason)
     await j.event("GPUQuarantineReleased", f"quarantine lifted: {reason}", rule=False, pods=False)
     await release_lease(r)
-    if s.escalated:
+    if s.escalation.done:
         await notify_all(r, "resolve", f"released: {reason}")
         return Closed("escalated", f"escalated ({s.status.escalation_reason}); released: {reason}")
     return Closed("released", reason)
@@ -30,24 +31,30 @@ async def release_now(r: Remediation, reason: str) -> Closed:
 
 async def remove_quarantine(r: Remediation, reason: str) -> None:
     s = r.s
-    if s.guard_node is not None:  # a replace's new node, cordoned while its GPUs validated
+    if (
+        s.quarantine.guard_node is not None
+    ):  # a replace's new node, cordoned while its GPUs validated
         uncordon = await r.act.cordon(
-            CordonInput(node=s.guard_node, cordon=False, workflow_id=s.workflow_id),
+            CordonInput(node=s.quarantine.guard_node, cordon=False, workflow_id=s.workflow_id),
             "uncordon new node",
         )
-        r.j.log("new node uncordoned", outcome=f"{s.guard_node}: {uncordon.message}", reason=reason)
-        s.guard_node = None
-    if s.quarantine is None or s.device is None:
+        r.j.log(
+            "new node uncordoned",
+            outcome=f"{s.quarantine.guard_node}: {uncordon.message}",
+            reason=reason,
+        )
+        guarding(r, None)
+    if s.quarantine.result is None or s.confirm.device is None:
         return
     result = await r.act.release_quarantine(
         ReleaseInput(
-            device=s.device,
-            rule_name=s.quarantine.rule_name,
-            api_version=s.quarantine.api_version,
-            node_tainted=s.quarantine.node_tainted,
+            device=s.confirm.device,
+            rule_name=s.quarantine.result.rule_name,
+            api_version=s.quarantine.result.api_version,
+            node_tainted=s.quarantine.result.node_tainted,
             workflow_id=s.workflow_id,
             reason=reason,
-            rule_uids=s.quarantine.rule_uids,
+            rule_uids=s.quarantine.result.rule_uids,
         )
     )
     r.j.log(
@@ -55,10 +62,10 @@ async def remove_quarantine(r: Remediation, reason: str) -> None:
         outcome="removed" if result.removed else "absent",
         reason=result.message,
     )
-    if s.quarantine.node_cordoned:
+    if s.quarantine.result.node_cordoned:
         uncordon = await r.act.cordon(
-            CordonInput(node=s.device.node, cordon=False, workflow_id=s.workflow_id),
+            CordonInput(node=s.confirm.device.node, cordon=False, workflow_id=s.workflow_id),
             "uncordon node",
         )
         r.j.log("node uncordoned", outcome=uncordon.message)
-    s.quarantine = None
+    lifted(r)

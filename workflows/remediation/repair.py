@@ -84,6 +84,7 @@ with workflow.unsafe.imports_passed_through():
         repair_pool,
         skipped_rungs,
     )
+    from workflows.remediation.lease import extended
     from workflows.remediation.lemons import (
         incident_id,
         record_repair,
@@ -91,8 +92,9 @@ with workflow.unsafe.imports_passed_through():
         repair_allowed,
     )
     from workflows.remediation.outcome import Closed, Escalation
-    from workflows.remediation.pause import hold_while_paused
+    from workflows.remediation.pause import hold_while_paused, pause_told
     from workflows.remediation.release import release_now
+    from workflows.remediation.rule import cordoned, guarding
 
 # A Job's timeout is a workflow timer raced against the poll (the step after it starts when
 # it fires); the poll's own schedule-to-close is the timeout plus this margin, a bound only
@@ -120,7 +122,7 @@ class Replaced:
 async def repair(r: Remediation) -> Escalation | Closed | None:
     """None: no rung applies (or repair is off): the hold goes on as before."""
     s, j = r.s, r.j
-    if s.quarantine is None or s.device is None or not s.spec.repair.enabled:
+    if s.quarantine.result is None or s.confirm.device is None or not s.spec.repair.enabled:
         return None
     if s.inp.trigger == "maintenance":
         j.log("no repair", reason="maintenance never repairs on its own")
@@ -146,7 +148,7 @@ async def repair(r: Remediation) -> Escalation | Closed | None:
             if error_type(err) in PROVIDER_ERRORS:
                 return Escalation(
                     "repair-failed",
-                    f"{action} of node {s.device.node} refused: {error_text(err)}; "
+                    f"{action} of node {s.confirm.device.node} refused: {error_text(err)}; "
                     "the device is held",
                 )
             if error_type(err) in JOB_ERRORS:
@@ -176,7 +178,7 @@ async def repair(r: Remediation) -> Escalation | Closed | None:
             return await release_now(r, f"{action} repaired it; validation passed")
         results.append(f"{action}: validation failed ({outcome.reason or outcome.summary})")
         await record_validation_failure(r, action, outcome.reason or outcome.summary)
-        if s.retired:  # that failure retired it: a lemon is not repaired further
+        if s.ledger.retired:  # that failure retired it: a lemon is not repaired further
             results.append("the GPU is retired (lemon): no further rung")
             break
     return Escalation(
@@ -201,7 +203,7 @@ def _cannot_run(r: Remediation, what: str, why: str) -> Escalation:
 
 async def _reset(r: Remediation, attempt: int) -> Escalation | RungFailed | None:
     s, j = r.s, r.j
-    device = s.device
+    device = s.confirm.device
     assert device is not None
     rung: ResetRung = s.spec.repair.reset
     _enter(r, "reset", attempt, "the GPU's reset group", rung.timeout)
@@ -258,7 +260,7 @@ async def _node_rung(
     r: Remediation, attempt: int, action: RungAction, rung: RebootRung | ReplaceRung
 ) -> Escalation | RungFailed | Replaced | None:
     s, j = r.s, r.j
-    device = s.device
+    device = s.confirm.device
     assert device is not None
     _enter(r, action, attempt, "the node's provider", rung.timeout)
     pool = repair_pool(r)
@@ -302,8 +304,8 @@ async def _node_rung(
         outcome=done.operation or pool.provider,
         reason=done.detail,
     )
-    if action == "replace" and s.quarantine is not None:
-        s.quarantine = s.quarantine.model_copy(update={"node_cordoned": False})  # node goes
+    if action == "replace":
+        cordoned(r, False)  # the node goes
     _enter(r, action, attempt, "the node Ready with its GPUs published", rung.timeout)
     # A replace's new GPUs are unvalidated: the activity cordons the new node the moment it
     # sees it (nodes register before their device plugin / DRA driver publishes GPUs), so the
@@ -329,7 +331,7 @@ async def _node_rung(
     j.log("node back", outcome=back.node, reason=f"{len(back.gpu_uuids)} GPU(s) published")
     if action == "replace":
         if back.cordoned:
-            s.guard_node = back.node
+            guarding(r, back.node)
             j.log(
                 "new GPUs guarded",
                 outcome=f"node {back.node} cordoned",
@@ -376,9 +378,9 @@ def _incident_key(r: Remediation) -> str:
 async def _extend_budget(r: Remediation, gpus: int, what: str) -> Escalation | None:
     """The lease grows to every GPU the rung takes out of service (once per size)."""
     s, j = r.s, r.j
-    device = s.device
+    device = s.confirm.device
     assert device is not None
-    if gpus <= s.lease_gpus:
+    if gpus <= s.lease.gpus:
         return None
     counts = await r.act.count_devices(CountDevicesInput(node_pool=device.node_pool))
     budget = s.spec.budget
@@ -399,7 +401,7 @@ async def _extend_budget(r: Remediation, gpus: int, what: str) -> Escalation | N
     if not decision.granted and decision.paused is not None:
         # Paused since the check before this rung (the notice may still be on its way): hold
         # without a page, then ask again.
-        s.cluster_pause = decision.paused
+        pause_told(r, decision.paused)
         await hold_while_paused(r, f"the {what}")
         return await _extend_budget(r, gpus, what)
     if not decision.granted:
@@ -409,8 +411,7 @@ async def _extend_budget(r: Remediation, gpus: int, what: str) -> Escalation | N
             f"({decision.reason}; pool limit {pool_limit}, cluster limit {cluster_limit}); "
             "not repaired, device held",
         )
-    s.lease_held = True
-    s.lease_gpus = gpus
+    extended(r, gpus)
     j.log("budget lease extended", outcome=f"{gpus} GPUs", reason=f"for the {what}")
     return None
 
@@ -419,13 +420,13 @@ async def _drain(r: Remediation, pods: list[PodRef], what: str) -> Escalation | 
     """Cordon the node (nothing new lands), evict `pods` through the Eviction API honouring
     PodDisruptionBudgets for eviction.timeout, wait for them to go; never forced."""
     s, j = r.s, r.j
-    device = s.device
+    device = s.confirm.device
     assert device is not None
     cordon = await r.act.cordon(
         CordonInput(node=device.node, workflow_id=s.workflow_id), f"cordon node ({what})"
     )
-    if cordon.changed and s.quarantine is not None:
-        s.quarantine = s.quarantine.model_copy(update={"node_cordoned": True})
+    if cordon.changed:
+        cordoned(r, True)
     j.log("node cordoned", outcome=cordon.message, reason=f"for the {what}")
     if not pods:
         return None
@@ -481,13 +482,17 @@ async def _uncordon(r: Remediation) -> None:
     """The rung is done: the node Sickbay cordoned for its drain takes pods again (the device
     itself stays under its rule; the validation pod must be schedulable there)."""
     s = r.s
-    if s.quarantine is None or not s.quarantine.node_cordoned or s.device is None:
+    if (
+        s.quarantine.result is None
+        or not s.quarantine.result.node_cordoned
+        or s.confirm.device is None
+    ):
         return
     result = await r.act.cordon(
-        CordonInput(node=s.device.node, cordon=False, workflow_id=s.workflow_id),
+        CordonInput(node=s.confirm.device.node, cordon=False, workflow_id=s.workflow_id),
         "uncordon node (rung done)",
     )
-    s.quarantine = s.quarantine.model_copy(update={"node_cordoned": False})
+    cordoned(r, False)
     r.j.log("node uncordoned", outcome=result.message, reason="rung done; the device stays tainted")
 
 
@@ -538,7 +543,7 @@ async def _job_outcome(
 
 async def _validate(r: Remediation, attempt: int, action: str) -> RepairJobOutcome:
     s, j = r.s, r.j
-    device = s.device
+    device = s.confirm.device
     assert device is not None
     policy = s.spec.validation
     dra = device.devices[0] if device.devices else None
@@ -599,8 +604,8 @@ async def _after_replace(r: Remediation, attempt: int, new: Replaced) -> Escalat
     keeps the node cordoned and escalates. The old GPU's rule goes, the lease is given back
     when the remediation closes (until then it counts the new GPUs under the guard)."""
     s, j = r.s, r.j
-    assert s.device is not None
-    old = s.device
+    assert s.confirm.device is not None
+    old = s.confirm.device
     gpus = ", ".join(new.gpu_uuids) or "none"
     closing = (
         f"replaced: node {old.node}'s machine was replaced; new node {new.node} with GPUs "
@@ -628,7 +633,7 @@ async def _after_replace(r: Remediation, attempt: int, new: Replaced) -> Escalat
         passed = [u for u, o in results if o.passed]
         guard = (
             f"node {new.node} kept cordoned by Sickbay"
-            if s.guard_node
+            if s.quarantine.guard_node
             else f"node {new.node} NOT cordoned by Sickbay (check it)"
         )
         problems = [f"GPU {u} failed validation ({o.summary or o.reason})" for u, o in failed] + [
@@ -677,7 +682,7 @@ async def _validate_new(
     device by UUID, on the device plugin NVIDIA_VISIBLE_DEVICES names one): a verdict per GPU.
     All are started first, so they run side by side; then each is waited for."""
     s, j = r.s, r.j
-    device = s.device
+    device = s.confirm.device
     assert device is not None
     policy = s.spec.validation
     dra = device.devices[0] if device.devices else None

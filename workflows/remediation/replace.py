@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.remediation.eviction import evict, to_evict
     from workflows.remediation.outcome import Escalation
     from workflows.remediation.pause import hold_while_paused
-    from workflows.remediation.rule import apply_quarantine
+    from workflows.remediation.rule import apply_quarantine, cordoned
     from workflows.replacement import (
         capacity_error,
         capacity_refusal,
@@ -91,7 +91,7 @@ async def replace(r: Remediation) -> Escalation | None:
         if not spec.scale_up.enabled:
             return Escalation(
                 "pending-deadline",
-                f"replacements still Pending at the deadline ({s.deadline.waited()}): "
+                f"replacements still Pending at the deadline ({s.replace.deadline.waited()}): "
                 f"{report.unschedulable_message or 'unschedulable'}; scale-up is off",
             )
         scaled = await _scale_up(r, owners)
@@ -119,21 +119,21 @@ async def _stop_churn(r: Remediation, bound: list[PodRef]) -> str:
     honoured) and their owners recreate them on other nodes."""
     s, j = r.s, r.j
     action = s.spec.replacement.on_churn
-    device = s.device
+    device = s.confirm.device
     assert device is not None
     if action == "cordon":
         result = await r.act.cordon(
             CordonInput(node=device.node, workflow_id=s.workflow_id), "cordon node (churn)"
         )
-        if result.changed and s.quarantine is not None:
-            s.quarantine = s.quarantine.model_copy(update={"node_cordoned": True})
+        if result.changed:
+            cordoned(r, True)
         j.log("churn stopped: node cordoned", outcome=result.message)
         moved = await _evict_bound(r, bound)
         return (
             f"Sickbay stopped the loop by cordoning node {device.node} ({result.message}; "
             f"replacements go to other nodes or stay Pending; uncordoned on release){moved}."
         )
-    if action == "noschedule" and s.rule_effect == "NoSchedule":
+    if action == "noschedule" and s.quarantine.effect == "NoSchedule":
         j.log("churn not stopped", reason="the rule is NoSchedule already (eviction-api)")
         return (
             "replacement.onChurn is noschedule, but the rule is NoSchedule already (mode "
@@ -141,7 +141,7 @@ async def _stop_churn(r: Remediation, bound: list[PodRef]) -> str:
             "(onChurn: cordon would move it)."
         )
     if action == "noschedule":
-        s.quarantine = await apply_quarantine(r, "NoSchedule", "rule to NoSchedule (churn)")
+        await apply_quarantine(r, "NoSchedule", "rule to NoSchedule (churn)")
         j.log("churn stopped: rule switched to NoSchedule")
         return (
             "Sickbay stopped the loop by switching the rule to NoSchedule: nothing is evicted "
@@ -169,8 +169,9 @@ async def _evict_bound(r: Remediation, bound: list[PodRef]) -> str:
         f"evicted {len(result.evicted)}, blocked {len(result.blocked)}, gone {len(result.gone)}"
     )
     r.j.log("churn: replacements evicted off the device", outcome=outcome, reason=names)
-    if s.live_pods is not None:
-        s.live_pods = [p for p in s.live_pods if p not in result.evicted]
+    live = s.journal.live_pods
+    if live is not None:
+        r.j.pods_now([p for p in live if p not in result.evicted])
     text = f", and evicted {names} off the failed GPU (Eviction API: {outcome}"
     if result.blocked:
         text += "; " + "; ".join(result.budgets) + ": still on the device"
@@ -185,40 +186,41 @@ async def _wait_replacement(
     s = r.s
     inp = WaitReplacementInput(
         owners=owners,
-        old_pods=[c.pod for c in s.consumers],
-        tainted=s.device.devices if s.device else [],
-        hami_gpu=s.device.key if s.device and s.device.hami else "",
+        old_pods=[c.pod for c in s.confirm.consumers],
+        tainted=s.confirm.device.devices if s.confirm.device else [],
+        hami_gpu=s.confirm.device.key if s.confirm.device and s.confirm.device.hami else "",
         churn_evictions=s.spec.replacement.churn_evictions,
-        rule_effect="NoSchedule" if s.rule_effect == "NoSchedule" else "NoExecute",
+        rule_effect="NoSchedule" if s.quarantine.effect == "NoSchedule" else "NoExecute",
     )
     start = workflow.now()
-    s.status.deadline = s.status.until = s.deadline.start(start, deadline, MAX_REPLACEMENT_WAIT)
-    assert s.deadline.limit is not None
+    s.status.deadline = s.replace.deadline.start(start, deadline, MAX_REPLACEMENT_WAIT)
+    r.j.waits_until(s.status.deadline)
+    assert s.replace.deadline.limit is not None
 
     def aborted() -> None:
-        if s.abort is not None:
+        if s.inbox.abort is not None:
             raise Aborted()
 
     try:
         report = await watch_replacements(
             r.act.wait_replacement,
             inp,
-            s.deadline.limit - start,
-            s.deadline.current,
+            s.replace.deadline.limit - start,
+            s.replace.deadline.current,
             name,
-            moved=s.deadline.moved,
+            moved=s.replace.deadline.moved,
             tell=lambda: _tell_extensions(r, name),
             before_look=aborted,
         )
     finally:
-        s.deadline.stop(workflow.now())
+        s.replace.deadline.stop(workflow.now())
         s.status.deadline = None
     r.j.log(
         "replacement wait",
         outcome=report.status,
         reason=report.unschedulable_message or (report.churn.diagnosis if report.churn else ""),
     )
-    s.live_pods = [p.pod for p in report.pods if p.phase in ("Pending", "Running")]
+    r.j.pods_now([p.pod for p in report.pods if p.phase in ("Pending", "Running")])
     return report
 
 
@@ -226,11 +228,11 @@ async def _tell_extensions(r: Remediation, name: str) -> None:
     """An Event for each extension `extend-deadline` accepted since the last look (the
     timeline entry was written by the update itself)."""
     s = r.s
-    while s.deadline.extensions:
-        req = s.deadline.extensions.pop(0)
+    while s.replace.deadline.extensions:
+        req = s.replace.deadline.extensions.pop(0)
         await r.j.event(
             "GPUDeadlineExtended",
-            f"{name} deadline extended to {s.deadline.current():%Y-%m-%d %H:%M:%S} UTC by "
+            f"{name} deadline extended to {s.replace.deadline.current():%Y-%m-%d %H:%M:%S} UTC by "
             f"{req.actor} ({'verified' if req.verified else 'claimed'}): {req.reason}",
             rule=False,
             node=False,
@@ -244,12 +246,12 @@ if TYPE_CHECKING:
 def check_extension(r: Remediation, req: ExtendDeadlineRequest) -> datetime:
     """The new deadline of an `extend-deadline` request, or ValueError naming why not."""
     s = r.s
-    if not s.deadline.running:
+    if not s.replace.deadline.running:
         raise ValueError(
             f"no deadline to extend: the remediation is {s.status.phase.value}, not waiting "
             "for replacements (awaiting-replacement, or scaling while waiting for capacity)"
         )
-    return s.deadline.check(req)
+    return s.replace.deadline.check(req)
 
 
 def extend_deadline(
@@ -260,19 +262,19 @@ def extend_deadline(
     # Kept with its attestation only when that was checked: the Event says verified or claimed.
     verified = who is not None and who.verified is not None
     kept = req if verified else req.model_copy(update={"verified": None})
-    previous = s.deadline.extend(kept, check_extension(r, req))
-    s.status.deadline = s.status.until = s.deadline.current()
-    s.status.updated_at = workflow.now()
+    previous = s.replace.deadline.extend(kept, check_extension(r, req))
+    s.status.deadline = s.replace.deadline.current()
+    r.j.waits_until(s.status.deadline, moved=True)
     r.j.log_sent(
         "extend-deadline",
-        f"deadline extended to {s.deadline.current():%Y-%m-%d %H:%M:%S} UTC",
+        f"deadline extended to {s.replace.deadline.current():%Y-%m-%d %H:%M:%S} UTC",
         who.actor if who is not None else req.actor,
         req.reason,
         who,
     )
     workflow.set_current_details(r.j.details())
     return ExtendDeadlineResult(
-        phase=s.status.phase, deadline=s.deadline.current(), previous=previous
+        phase=s.status.phase, deadline=s.replace.deadline.current(), previous=previous
     )
 
 
@@ -280,7 +282,7 @@ async def _scale_up(r: Remediation, owners: list[OwnerRef]) -> ReplacementReport
     """The report after capacity arrived."""
     s, j = r.s, r.j
     policy = s.spec.scale_up
-    device = s.device
+    device = s.confirm.device
     assert device is not None
     j.enter(
         Phase.SCALING,
@@ -343,7 +345,7 @@ async def _wait_capacity(
     if after.status == "pending":
         return Escalation(
             "no-capacity",
-            f"replacements still Pending at the capacity deadline ({r.s.deadline.waited()} after the "
+            f"replacements still Pending at the capacity deadline ({r.s.replace.deadline.waited()} after the "
             f"{after_what}): {after.unschedulable_message or 'unschedulable'}",
         )
     return after
@@ -357,7 +359,7 @@ async def _karpenter(
     Pending deadline measured Karpenter's provisioning); None: no Karpenter, scale the pool."""
     s, j = r.s, r.j
     policy = s.spec.scale_up
-    device = s.device
+    device = s.confirm.device
     assert device is not None
     knobs = policy.karpenter
     ask = KarpenterInput(

@@ -8,9 +8,11 @@ an `Escalation` (never raises): the run escalates, then holds the device if it i
 else closes. Non-retryable activity errors end in escalation too.
 
 The steps live beside this file (confirm, guard, approval, quarantine, replace, escalation,
-hold); `state.RemediationState` is the one state (status query, continue-as-new carry, signal
-flags), `calls.Calls` the typed activity calls, `journal.Journal` the timeline, phase, search
-attributes and Kubernetes Events.
+hold); `state.RemediationState` is the one state (status query, continue-as-new carry), in
+parts each written by its owner (`state.OWNERS`): a signal handler here keeps only the abort
+and the repaired mark (`inbox`) and tells every other message to the module that owns it
+(`guard.slot_freed`, `pause.pause_told`, `approval.decided`, ...). `calls.Calls` are the typed
+activity calls, `journal.Journal` the timeline, phase, search attributes and Kubernetes Events.
 
 Not sandboxed: the sandbox re-imports (and, without bytecode files, recompiles) these modules
 for every run, ~15-20 ms of worker CPU before the first step of each remediation (measured:
@@ -76,6 +78,7 @@ with workflow.unsafe.imports_passed_through():
         hold,
         lease,
         lemons,
+        pause,
         quarantine,
         repair,
         replace,
@@ -155,7 +158,7 @@ class DeviceRemediationWorkflow:
             return confirmed
         # The failure goes into the GPU ledger meanwhile (lemons: retired or not); only the
         # repair ladder, the escalation and the hold wait for its answer.
-        lemons.start_recording(r)
+        lemons.start_recording(r, confirmed.counts, confirmed.counts_why)
         ended: Escalation | Closed | None = await guard.guard(r, confirmed.early)  # 3. budget
         if ended is None and r.s.spec.approval.required:
             ended = await approval.approval(r)  # 4. approval
@@ -174,7 +177,7 @@ class DeviceRemediationWorkflow:
             ended = lemons.rma(r, ended)  # a retired GPU: the one RMA escalation
         if isinstance(ended, Escalation):
             await escalation.escalate(r, ended)
-            if r.s.quarantine is None:
+            if r.s.quarantine.result is None:
                 ended = Closed("escalated", ended.summary)
         if isinstance(ended, Closed):
             await lease.release_lease(r)
@@ -202,7 +205,7 @@ class DeviceRemediationWorkflow:
         name=SIG_ALERT_RESOLVED, description="internal: Alertmanager resolved the alert (webhook)"
     )
     def alert_resolved(self, resolved: AlertResolved) -> None:
-        self._r.s.resolved_pending = True
+        guard.alert_resolved(self._r)
         self._r.j.log(
             "alert resolved",
             outcome=resolved.alertname or resolved.fingerprint,
@@ -216,7 +219,7 @@ class DeviceRemediationWorkflow:
     )
     def budget_freed(self) -> None:
         """From sickbay-budget: a slot freed while this remediation waits for one."""
-        self._r.s.budget_freed = True
+        guard.slot_freed(self._r)
 
     @workflow.signal(
         name=SIG_CLUSTER_PAUSED,
@@ -226,7 +229,7 @@ class DeviceRemediationWorkflow:
     def cluster_paused(self, notice: PauseNotice) -> None:
         """From sickbay-budget: the cluster is paused (hold before the next eviction force,
         scale-up or repair rung) or resumed (no pause)."""
-        self._r.s.cluster_pause = notice.pause
+        pause.pause_told(self._r, notice.pause)
 
     @workflow.signal(
         name=SIG_GPU_UNRETIRED,
@@ -242,11 +245,11 @@ class DeviceRemediationWorkflow:
     async def abort(self, raw: Any = None) -> None:
         s = self._r.s
         req = self._message(SIG_ABORT, AbortRequest, raw)
-        if req is None or s.abort is not None:
+        if req is None or s.inbox.abort is not None:
             return
         who = await actors.sender(self._r, "abort", req, req.actor)
-        if s.abort is None:  # not taken meanwhile (the check above may have waited)
-            s.abort = req
+        if s.inbox.abort is None:  # not taken meanwhile (the check above may have waited)
+            s.inbox.abort = req
             self._r.j.log_sent("abort", "abort requested", who.actor, req.reason, who)
 
     @workflow.signal(
@@ -256,19 +259,19 @@ class DeviceRemediationWorkflow:
     async def repaired(self, raw: Any = None) -> None:
         s = self._r.s
         req = self._message(SIG_REPAIRED, RepairedRequest, raw)
-        if req is None or s.repaired is not None:
+        if req is None or s.inbox.repaired is not None:
             return
         who = await actors.sender(self._r, "repaired", req, req.actor)
         refused = actors.refusal(self._r, who, "repaired")
         if refused is not None:
             actors.log_refused(self._r, who, "repaired", refused)
             return
-        if s.repaired is None:
-            s.repaired = req
+        if s.inbox.repaired is None:
+            s.inbox.repaired = req
             self._r.j.log_sent("repaired", "marked repaired", who.actor, req.note, who)
-            if s.retired:
+            if s.ledger.retired:
                 self._r.j.log("repair noted", reason="the GPU is retired: un-retire it first")
-            elif s.health_only:
+            elif s.hold.health_only:
                 hold.note_repair(self._r)
 
     def _message(self, name: str, model: type[M], raw: Any) -> M | None:
@@ -308,13 +311,13 @@ class DeviceRemediationWorkflow:
             actors.log_refused(self._r, who, action, refused)
             raise ApplicationError(refused, type=ERR_UNVERIFIED_ACTOR, non_retryable=True)
         # The check may have waited for the worker: the decision may be taken or moot now.
-        if s.decision is not None:
+        if s.approval.decision is not None:
             raise ApplicationError("already decided by " + self._r.j.who("decision"))
         if s.status.phase is not Phase.AWAITING_APPROVAL:
             raise ApplicationError(
                 f"nothing to approve: the remediation is {s.status.phase.value} now"
             )
-        s.decision = decision
+        approval.decided(self._r, decision)
         self._r.j.log_sent(
             "decision",
             "approved" if decision.approve else "rejected",
@@ -333,7 +336,7 @@ class DeviceRemediationWorkflow:
                 f"nothing to approve: the remediation is {s.status.phase.value}, "
                 "not awaiting-approval"
             )
-        if s.decision is not None:
+        if s.approval.decision is not None:
             raise ValueError("already decided by " + self._r.j.who("decision"))
 
     @workflow.update(
@@ -367,7 +370,7 @@ class DeviceRemediationWorkflow:
 
     @workflow.query(name=QRY_TIMELINE, description="the ordered timeline of decisions")
     def timeline(self) -> list[TimelineEntry]:
-        return self._r.s.timeline
+        return self._r.s.journal.timeline
 
     @workflow.query(name=QRY_STATUS, description="phase, what it waits for, until when, next")
     def status(self) -> RemediationStatus:
