@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
-    budget,
+    budget_burst,
+    closed_loop,
     cost,
     human_actions,
     latency,
     memory,
     node_upgrade,
     plots,
-    repair,
     report,
     storm,
     timers,
@@ -274,9 +274,9 @@ async def run_all(which: list[str], quick: bool) -> dict[str, Any]:
         "cost": cost.run,
         "storm": storm.run,
         "memory": memory.run,
-        "budget": budget.run,
+        "budget": budget_burst.run,
         "watch": watch.run,
-        "repair": repair.run,
+        "repair": closed_loop.run,
         "human_actions": human_actions.run,
         "abuse": webhook_abuse.run,
         "node_upgrade": node_upgrade.run,

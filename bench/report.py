@@ -116,7 +116,7 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
 
         out += summary_rows(results["watch"])
     if results.get("repair"):
-        from bench.repair import summary_rows as repair_rows
+        from bench.closed_loop import summary_rows as repair_rows
 
         out += repair_rows(results["repair"])
     if results.get("timers"):
@@ -319,7 +319,7 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
 
         out += section(results["watch"], plots.get("watch_curve"))
     if results.get("repair"):
-        from bench.repair import section as repair_section
+        from bench.closed_loop import section as repair_section
 
         out += repair_section(results["repair"])
     if results.get("human_actions"):

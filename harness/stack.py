@@ -484,7 +484,7 @@ class StackConfig:
     # (its EKS / EC2 / Auto Scaling shapes through boto3, provider `eks`; twin/awsapi.py).
     cloud: Literal["gke", "eks"] = "gke"
     # The shipped lemons knob (retire a GPU failing 3 times in 7d). Off only where a GPU is
-    # failed over and over on purpose: bench/repair.py's rung timings and the tests' shared
+    # failed over and over on purpose: bench/closed_loop.py's rung timings and the tests' shared
     # stack (tests/demo/conftest.py), where each scenario fails the same two GPUs again.
     lemons: bool = True
     # Runbook name -> spec keys merged in before scaling and wiring (demo_runbooks), for a

@@ -294,7 +294,7 @@ def test_demo_runbooks_repair_off_unless_asked(tmp_path: Path) -> None:
 
 def test_demo_runbooks_lemons_on_unless_turned_off(tmp_path: Path) -> None:
     """The shipped lemons knob stays on in the demo (the repair scenario retires a lemon);
-    bench/repair.py, failing the same two GPUs every round, turns it off, and it says so."""
+    bench/closed_loop.py, failing the same two GPUs every round, turns it off, and it says so."""
     kept = demo_runbooks(tmp_path / "kept", 30, None, repair=True)
     off = demo_runbooks(tmp_path / "off", 30, None, repair=True, lemons=False)
     shipped = {r.name: r for r in load_dir(PACKAGED_RUNBOOKS).runbooks}

@@ -6,7 +6,7 @@ Cases:
   granted, the rest refused with the pool reason; one worker's concurrent requests travel as
   one `acquire-many` update (at most two per worker here, not 33) and are decided in its
   arrival order; then 100 concurrent releases are all
-  answered and free exactly the granted leases (how long that takes is bench/budget.py's
+  answered and free exactly the granted leases (how long that takes is bench/budget_burst.py's
   figure in BENCHMARKS.md, not a test's);
 - the retry loop: an update refused with RESOURCE_EXHAUSTED / UNAVAILABLE is retried with
   backoff until it succeeds; a non-retryable error (INVALID_ARGUMENT) is raised at once; a

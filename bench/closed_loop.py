@@ -31,7 +31,7 @@ from bench.stacks import open_stack
 from harness.scenarios import Demo, Progress, _ns, _people_in, _repaired_without_people
 from harness.stack import NODE_STARTUP_SECONDS
 
-log = logging.getLogger("bench.repair")
+log = logging.getLogger("bench.closed_loop")
 
 # (Xid, the shipped ladder's first rung for it) measured each round.
 RUNGS = ((48, "reset"), (79, "reboot"), (64, "replace"))
@@ -92,7 +92,7 @@ def section(r: dict[str, Any]) -> list[str]:
     out = [
         "## 7. Closed-loop repair: failure -> validated release",
         "",
-        f"`bench/repair.py`: {r['rounds']} rounds on a 1-node x 2-GPU twin (x{r['time_scale']:g}, "
+        f"`bench/closed_loop.py`: {r['rounds']} rounds on a 1-node x 2-GPU twin (x{r['time_scale']:g}, "
         "demo runbooks with the shipped ladder on); each round Xid 48 (reset, validation), "
         "Xid 79 (reset not applicable: node drained, rebooted, validation) and Xid 64 "
         "(replace only: node drained, its instance recreated with new GPUs, the new node "

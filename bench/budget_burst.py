@@ -32,7 +32,7 @@ from contract.budget import BudgetLeaseRequest, BudgetReleaseRequest
 from contract.names import budget_task_queue
 from workflows.budget import BudgetWorkflow
 
-log = logging.getLogger("bench.budget")
+log = logging.getLogger("bench.budget_burst")
 
 WORKERS = 3  # activity instances, each with its own in-flight cap
 
