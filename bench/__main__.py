@@ -90,10 +90,11 @@ QUICK: dict[str, dict[str, Any]] = {
     "storm": {"nodes": 20, "devices": 6, "alerts": 240, "seconds": 2.0, "cluster_budget": "2%"},
     "storm_replicas": {
         "nodes": 20,
-        "devices": 6,
+        "devices": 50,
         "alerts": 400,
         "seconds": 4.0,
         "per_notification": 4,
+        "ack_seconds_b": 0.001,
         "cluster_budget": "2%",
         "restart_after": 1.0,
         "settle": 60.0,

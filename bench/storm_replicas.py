@@ -185,7 +185,8 @@ async def run(
     per_notification: int = 20,
     concurrency: int = 64,
     cluster_budget: str = "1%",
-    kill_at: float = 0.5,
+    kill_at: float = 0.2,
+    ack_seconds_b: float | None = None,
     restart_after: float = 3.0,
     retry_for: float = 120.0,
     settle: float = 120.0,
@@ -193,6 +194,7 @@ async def run(
     from worker.settings import Settings
     from worker.temporal import connect
 
+    load_before = os.getloadavg()[0]
     t_boot = time.monotonic()
     stack = await asyncio.to_thread(
         open_stack,
@@ -219,6 +221,8 @@ async def run(
         env_b = webhook_env(info.pids["webhook"])
         spool_b = Path(stack.dir) / "webhook-spool-b"
         env_b["SICKBAY_WEBHOOK_SPOOL_DIR"] = str(spool_b)
+        if ack_seconds_b is not None:  # quick runs: B's spool holds alerts even on a fast Temporal
+            env_b["SICKBAY_WEBHOOK_ACK_SECONDS"] = str(ack_seconds_b)
         port_b = free_port()
         argv_b = [sys.executable, "-m", "worker.cli", "webhook", "--port", str(port_b)]
 
@@ -254,12 +258,20 @@ async def run(
             nonlocal t_kill, t_restart, b_restarted
             await asyncio.sleep(max(0.0, t_start + kill_at * seconds - time.time()))
 
-            async def b_busy() -> bool:
-                return inflight["B"] > 0
+            async with httpx.AsyncClient(timeout=2.0) as http:
 
-            # Mid-request, as a crash would be (at most 2 s later than planned).
-            with contextlib.suppress(TimeoutError):
-                await until("a request in flight on B", b_busy, 2.0, 0.001)
+                async def b_holding() -> bool:
+                    # Holding acknowledged alerts Temporal has not taken.
+                    with contextlib.suppress(httpx.HTTPError, ValueError):
+                        r = await http.get(f"http://127.0.0.1:{port_b}/healthz")
+                        return bool(r.json().get("spool_pending"))
+                    return False
+
+                # The worst moment from `kill_at` on; at the latest half a second before the
+                # storm's last notification.
+                with contextlib.suppress(TimeoutError):
+                    bound = max(0.1, (1 - kill_at) * seconds - 0.5)
+                    await until("B holding acknowledged alerts", b_holding, bound, 0.01)
             in_flight_at_kill.update(inflight)
             os.kill(b.pid, signal.SIGKILL)
             t_kill = time.time() - t_start
@@ -364,6 +376,7 @@ async def run(
             "in_flight_at_kill": in_flight_at_kill.get("B", 0),
             "restart_s": round(t_restart, 2),
             "restart_after_s": restart_after,
+            "ack_seconds_b": ack_seconds_b,
             "drained_s": round(t_drained, 1),
             "notifications_acked": len(set(delivered)),
             "alerts_acked": acked_alerts,
@@ -386,6 +399,8 @@ async def run(
             "survivor_ms": summary(survivor),
             "survivor_after_kill_ms": summary(survivor_after),
             "all_ms": summary([ms for _, ms, _ in ok]),
+            "load_before": load_before,
+            "load_after": os.getloadavg()[0],
             "posts": [(round(t, 3), round(ms, 1), c, r) for t, ms, c, r in posts],
         }
     finally:
@@ -427,9 +442,10 @@ def section(r: dict[str, Any], plot: str | None) -> list[str]:
         "spreads them over its endpoints (bench/storm_replicas.py: a TCP relay; a replica "
         "whose connect is refused leaves the rotation until its /healthz answers). Each "
         "replica has its own delivery spool. Replica B gets SIGKILL "
-        f"{r['kill_s']:.1f} s into the storm and starts again {r['restart_after_s']:g} s later "
-        "on the same spool directory, as the kubelet restarts a killed container (the pod's "
-        "emptyDir survives it). The sender re-sends a notification that failed (connection "
+        f"{r['kill_s']:.1f} s into the storm, at a moment its spool holds acknowledged alerts, "
+        f"and is started again {r['restart_after_s']:g} s later on the same spool directory "
+        f"(answering from {r['restart_s']:.1f} s), as the kubelet restarts a killed container "
+        "in its pod (the pod's emptyDir survives it). The sender re-sends a notification that failed (connection "
         "dropped or refused, 5xx) with backoff until it is answered, as Alertmanager does. "
         "Reproduce: `python -m bench --only storm_replicas`.",
         "",
@@ -450,7 +466,9 @@ def section(r: dict[str, Any], plot: str | None) -> list[str]:
         f"({r['alerts_acked']} alerts); re-sent {r['retried']}; given up "
         f"{r['failed_notifications']}; answers {r['codes']} (599: the connection failed); "
         f"connects the relay found refused: {r['connections_refused']}.",
-        f"- Answered by: {r['answered_by']}; every answered POST p50 {al.get('p50', 0):.0f} ms, "
+        f"- Answered by: {r['answered_by']} (the sender keeps its connections open, and "
+        "connections are spread when they open: none moved back to the restarted B); every "
+        f"answered POST p50 {al.get('p50', 0):.0f} ms, "
         f"p99 {al.get('p99', 0):.0f} ms, max {al.get('max', 0):.0f} ms.",
         f"- The killed replica's spool held {r['spooled_at_kill']} acknowledged alerts Temporal "
         "had not taken; the restarted replica delivered them from it (spooled / sent again: "
@@ -458,6 +476,8 @@ def section(r: dict[str, Any], plot: str | None) -> list[str]:
         f"{r['drained_s']:.0f} s after the first alert.",
         f"- Alerts lost: {r['alerts_lost']}, checked in every run's history of every "
         "workflow an acknowledged notification named.",
+        f"- Load average (1 min) of the machine before / after the run: "
+        f"{r['load_before']:.2f} / {r['load_after']:.2f}.",
         "",
     ]
 

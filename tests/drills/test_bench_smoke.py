@@ -82,7 +82,7 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     replicas = results["storm_replicas"]
     assert replicas["alerts"] == replicas["alerts_acked"] == 400
     assert replicas["failed_notifications"] == 0 and replicas["alerts_lost"] == 0
-    assert replicas["distinct_alerts"] == 24  # 6 GPUs x 4 fingerprints
+    assert replicas["distinct_alerts"] == 200  # 50 GPUs x 4 fingerprints
     assert replicas["answered_by"]["A"] > 0 and replicas["kill_s"] > 0
     assert results["memory"]["remediations"] == 16
     assert [r["granted"] for r in results["budget"]["rounds"]] == [6]  # the quick limit
