@@ -34,6 +34,7 @@ from bench import (
     plots,
     report,
     storm,
+    storm_replicas,
     timers,
     watch,
     webhook_abuse,
@@ -50,6 +51,7 @@ ALL = (
     "latency",
     "cost",
     "storm",
+    "storm_replicas",
     "memory",
     "budget",
     "watch",
@@ -62,6 +64,7 @@ ALL = (
 FULL: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 200, "nodes": 26},
     "storm": {},
+    "storm_replicas": {},
     "memory": {"count": 1000},
     "cost": {},
     "budget": {"acquirers": 100, "rounds": 5},
@@ -85,6 +88,17 @@ FULL: dict[str, dict[str, Any]] = {
 QUICK: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 8, "nodes": 2},
     "storm": {"nodes": 20, "devices": 6, "alerts": 240, "seconds": 2.0, "cluster_budget": "2%"},
+    "storm_replicas": {
+        "nodes": 20,
+        "devices": 50,
+        "alerts": 400,
+        "seconds": 4.0,
+        "per_notification": 4,
+        "ack_seconds_b": 0.001,
+        "cluster_budget": "2%",
+        "restart_after": 1.0,
+        "settle": 60.0,
+    },
     "memory": {"count": 16},
     "cost": {},
     "budget": {"acquirers": 20, "limit": 6, "rounds": 1},
@@ -178,6 +192,8 @@ def findings(results: dict[str, Any]) -> list[str]:
     st = results.get("storm")
     if st:
         out.extend(storm.findings(st))
+    if results.get("storm_replicas"):
+        out.extend(storm_replicas.findings(results["storm_replicas"]))
     mem = results.get("memory")
     if mem and mem["remediations"] > 0:
         out.append(memory_finding(mem))
@@ -273,6 +289,7 @@ async def run_all(which: list[str], quick: bool) -> dict[str, Any]:
         "latency": latency.run,
         "cost": cost.run,
         "storm": storm.run,
+        "storm_replicas": storm_replicas.run,
         "memory": memory.run,
         "budget": budget_burst.run,
         "watch": watch.run,
@@ -304,6 +321,9 @@ def render(results: dict[str, Any], out: Path, plot_dir: Path) -> None:
         if results.get(name):
             fn(results[name], plot_dir / f"{name}.png")
             made[name] = f"{rel}/{name}.png"
+    if results.get("storm_replicas"):
+        storm_replicas.plot(results["storm_replicas"], plot_dir / "storm_replicas.png")
+        made["storm_replicas"] = f"{rel}/storm_replicas.png"
     curve = (results.get("watch") or {}).get("curve")
     if curve and any("error" not in p for p in curve["points"]):
         plots.watch_curve(curve, plot_dir / "watch_curve.png")

@@ -278,6 +278,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             "alert.",
             "",
         ]
+    if results.get("storm_replicas"):
+        from bench.storm_replicas import section as replicas_section
+
+        out += replicas_section(results["storm_replicas"], plots.get("storm_replicas"))
     if mem:
         out += [
             "## 4. Memory",

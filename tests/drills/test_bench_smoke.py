@@ -2,12 +2,13 @@
 
 Case: the quick mode (small counts: 8 latency pairs, one incident of each costed procedure:
 repair with validation, happy path, Pending-deadline scale-up; a 240-alert storm on a
-20-node twin, 16 remediations in flight, a 20-request budget burst, two rounds of runbook
-timers, the health watcher's cost at 400 and 800 pods) writes its markdown,
-four PNG plots and results.json; every benchmark produced its figures (no `errors` entry),
-the latency pairs were all matched, the three cost runs ended released with their histories,
-actions and API requests counted (and the fleet table priced from them), and the burst granted
-the budget's limit. Nothing here is timed.
+20-node twin, a 400-alert storm through two webhook replicas with one killed mid-storm,
+16 remediations in flight, a 20-request budget burst, two rounds of runbook timers, the
+health watcher's cost at 400 and 800 pods) writes its markdown, five PNG plots and
+results.json; every benchmark produced its figures (no `errors` entry), the latency pairs
+were all matched, the three cost runs ended released with their histories, actions and API
+requests counted (and the fleet table priced from them), the replica storm lost no alert, and
+the burst granted the budget's limit. Nothing here is timed.
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     assert set(cost["fleet"]["per_procedure"]) == set(cost["procedures"])
     assert cost["fleet"]["mixed_actions_per_month"] > 0
     assert results["storm"]["alerts"] == 240
+    # The storm through two webhook replicas, one killed mid-storm and restarted on its spool:
+    # every notification answered in the end, and none of its alerts missing from Temporal.
+    replicas = results["storm_replicas"]
+    assert replicas["alerts"] == replicas["alerts_acked"] == 400
+    assert replicas["failed_notifications"] == 0 and replicas["alerts_lost"] == 0
+    assert replicas["distinct_alerts"] == 200  # 50 GPUs x 4 fingerprints
+    assert replicas["answered_by"]["A"] > 0 and replicas["kill_s"] > 0
     assert results["memory"]["remediations"] == 16
     assert [r["granted"] for r in results["budget"]["rounds"]] == [6]  # the quick limit
     node = results["node_upgrade"]["seconds"]  # one round of each upgrade story
@@ -96,7 +104,8 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     assert "## Node upgrade: GPUs that vanish" in text
     assert "### Watcher cost against cluster size" in text
     assert "## 2. Cost per incident" in text and "### What a fleet costs" in text
-    for name in ("latency", "storm", "memory", "watch_curve"):
+    assert "## 3b. Storm through two webhook replicas, one killed" in text
+    for name in ("latency", "storm", "storm_replicas", "memory", "watch_curve"):
         png = tmp_path / "plots" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"plots/{name}.png" in text

@@ -11,7 +11,8 @@ Cases:
   same call completes, the workflow has the alert, and the journal is empty
 - with Temporal answering, nothing is spooled (acknowledged as started, as without a spool)
 - a full spool takes no more: the notification waits for Temporal (503 past the deadline)
-- a spooled alert whose call fails stays journaled and the next redelivery round sends it
+- a spooled alert whose call fails stays journaled and the next redelivery round sends it;
+  on shutdown (the spool's emptyDir may go with the pod) it is sent once more and waited for
 - at the deadline, an alert whose call was answered behind a slower call of the same GPU is
   acknowledged, not failed (with and without a spool)
 - crash: `sickbay webhook` acknowledges through the spool while Temporal stalls and is
@@ -474,6 +475,36 @@ async def test_failed_spooled_call_is_sent_again(
     await until("the call sent again", lambda: _true(len(temporal.calls) == 2), 5, 0.01)
     temporal.calls[1][1].set_result(None)
     await service.drain(5)
+    assert service.spool.pending == {}
+    assert (tmp_path / JOURNAL).read_bytes() == b""
+    service.spool.close()
+
+
+async def test_shutdown_sends_what_the_spool_still_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On shutdown (a pod deleted: its emptyDir spool goes with it) a spooled alert whose call
+    failed, waiting for the next redelivery round, is sent once more and waited for: the
+    journal is empty when the process ends."""
+    wh = WebhookSettings(webhook_token=TOKEN, webhook_ack_seconds=0.1, webhook_spool_dir=tmp_path)
+    service, temporal = controlled(wh, monkeypatch)
+    assert service.spool is not None
+    node, gpu = unique_device()
+    code, body = await service.handle(AmPayload.model_validate(payload(xid_alert(node, gpu))))
+    assert code == 200 and body["queued"] == 1
+    temporal.calls[0][1].set_exception(RPCError("unavailable", RPCStatusCode.UNAVAILABLE, b""))
+    await until("the failed call to end", lambda: _true(not service.lanes), 5, 0.01)
+    assert len(service.spool.pending) == 1  # journaled, waiting for the next round
+    stopping = asyncio.ensure_future(service.shutdown(5))
+    await until(
+        "the call sent again, or the shutdown over",
+        lambda: _true(len(temporal.calls) == 2 or stopping.done()),
+        10,
+        0.01,
+    )
+    assert len(temporal.calls) == 2, "shutdown left the spooled alert unsent"
+    temporal.calls[1][1].set_result(None)
+    await stopping
     assert service.spool.pending == {}
     assert (tmp_path / JOURNAL).read_bytes() == b""
     service.spool.close()

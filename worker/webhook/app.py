@@ -263,7 +263,7 @@ def create_app(
             if redelivery is not None:
                 redelivery.cancel()
                 await asyncio.gather(redelivery, return_exceptions=True)
-            await service.drain(wh.webhook_temporal_timeout)
+            await service.shutdown(wh.webhook_temporal_timeout)
             if cluster.known:
                 with contextlib.suppress(Exception):  # the last ones, if Temporal takes them
                     await service.report_rejected()

@@ -552,6 +552,27 @@ class AlertService(SpoolDelivery):
         if call.exception() is None and call.result() in CACHEABLE:
             self.recent.remember(d.key)
 
+    async def shutdown(self, within: float) -> None:
+        """On shutdown: with a spool, what it holds with no call on its way (a failed call
+        waiting for the next redelivery round) is sent once more, since the directory may go
+        with this process (an emptyDir goes with its pod); then the calls on their way finish,
+        for a bounded time (`drain`). What Temporal has not taken by then stays journaled for
+        the next webhook started on the directory, and the log says how many."""
+        if self.spool is not None and self.spool.pending:
+            try:
+                await asyncio.wait_for(self.redeliver(), within)
+            except Exception:  # the drain and the count below still run
+                log.exception("webhook spool: last redelivery round before exit failed")
+        await self.drain(within)
+        if self.spool is not None and self.spool.pending:
+            log.warning(
+                "webhook spool: exiting with %d acknowledged alert(s) Temporal has not taken; "
+                "they stay in %s for the next webhook started on it (lost if the directory "
+                "goes with this process, as an emptyDir with its pod)",
+                len(self.spool.pending),
+                self.webhook.webhook_spool_dir,
+            )
+
     async def drain(self, within: float) -> None:
         """On shutdown: let calls already queued or sent to Temporal finish, for a bounded
         time; what is left is cancelled (its senders get 503 and retry elsewhere)."""
