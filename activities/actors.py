@@ -17,8 +17,9 @@ import secrets
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
-from activities.defn import defn
+from activities.defn import implements
 from contract.actors import (
+    VERIFY_ACTOR,
     ActorCheck,
     ActorVerdict,
     VerifiedActor,
@@ -26,7 +27,6 @@ from contract.actors import (
     signed_bytes,
 )
 from contract.base import Contract
-from contract.names import ACT_VERIFY_ACTOR
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class ActorActivities:
     def __init__(self, key: bytes | None) -> None:
         self._key = key
 
-    @defn(ACT_VERIFY_ACTOR)
+    @implements(VERIFY_ACTOR)
     async def verify_actor(self, check: ActorCheck) -> ActorVerdict:
         if self._key is None:
             return ActorVerdict(

@@ -28,7 +28,7 @@ import logging
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.defn import defn
+from activities.defn import implements
 from activities.update_with_start import (
     MAX_IN_FLIGHT,
     RETRY_DEADLINE,
@@ -36,6 +36,9 @@ from activities.update_with_start import (
     UpdateSender,
 )
 from contract.budget import (
+    ACQUIRE_BUDGET_LEASE,
+    RECONCILE_BUDGET_LEASES,
+    RELEASE_BUDGET_LEASE,
     BudgetDecision,
     BudgetDecisions,
     BudgetLeaseBatch,
@@ -46,9 +49,6 @@ from contract.budget import (
     ReconcileLeasesResult,
 )
 from contract.names import (
-    ACT_ACQUIRE_BUDGET,
-    ACT_RECONCILE_LEASES,
-    ACT_RELEASE_BUDGET,
     UPD_BUDGET_ACQUIRE,
     UPD_BUDGET_ACQUIRE_MANY,
     UPD_BUDGET_RELEASE,
@@ -110,7 +110,7 @@ class BudgetActivities:
             return await self._sender.send(UPD_BUDGET_ACQUIRE, req, BudgetDecision)
         return await self._acquires.submit(req)
 
-    @defn(ACT_ACQUIRE_BUDGET)
+    @implements(ACQUIRE_BUDGET_LEASE)
     async def acquire_budget_lease(self, req: BudgetLeaseRequest) -> BudgetDecision:
         decision = await self._acquire(req)
         log.info(
@@ -121,11 +121,11 @@ class BudgetActivities:
         )
         return decision
 
-    @defn(ACT_RELEASE_BUDGET)
+    @implements(RELEASE_BUDGET_LEASE)
     async def release_budget_lease(self, req: BudgetReleaseRequest) -> BudgetDecision:
         return await self._sender.send(UPD_BUDGET_RELEASE, req, BudgetDecision)
 
-    @defn(ACT_RECONCILE_LEASES)
+    @implements(RECONCILE_BUDGET_LEASES)
     async def reconcile_budget_leases(self, req: ReconcileLeasesInput) -> ReconcileLeasesResult:
         closed: list[str] = []
         for holder in req.holders:

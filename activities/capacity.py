@@ -1,4 +1,5 @@
-"""ACT_REQUEST_CAPACITY: the engine's way to ask a node pool for more nodes.
+"""`request-capacity` (contract.capacity.REQUEST_CAPACITY): the engine's way to ask a node pool
+for more nodes.
 
 The remediation workflow calls this activity; it sends the need to the pool's scaler workflow
 (`sickbay-pool-scaler`, one per pool) with update-with-start, so the first need starts the
@@ -31,12 +32,11 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.defn import defn
+from activities.defn import implements
 from activities.heartbeat import heartbeating
-from contract.capacity import CapacityRequest, CapacityResult, PoolScalerInput
+from contract.capacity import REQUEST_CAPACITY, CapacityRequest, CapacityResult, PoolScalerInput
 from contract.errors import ERR_INVALID_INPUT
 from contract.names import (
-    ACT_REQUEST_CAPACITY,
     UPD_POOL_NEED,
     WF_POOL_SCALER,
     pool_scaler_workflow_id,
@@ -58,10 +58,11 @@ class CapacityActivities:
         dry_run: bool = False,
         rounds_per_run: int = 100,
         heartbeat_every: timedelta = timedelta(seconds=10),
+        cluster: str = "",
     ) -> None:
         self._client = client
-        self._task_queue = task_queue
-        self._cluster = ""  # SICKBAY_CLUSTER: one pool scaler per (Sickbay cluster, pool)
+        self._task_queue = task_queue  # the worker's own (`Settings.task_queue`)
+        self._cluster = cluster  # SICKBAY_CLUSTER: one pool scaler per (Sickbay cluster, pool)
         self._scaler = dict(
             batch_window=batch_window,
             poll_interval=poll_interval,
@@ -72,14 +73,7 @@ class CapacityActivities:
         )
         self._heartbeat_every = heartbeat_every.total_seconds()
 
-    @classmethod
-    def from_settings(cls, client: Client, settings: Any) -> CapacityActivities:
-        """The worker's wiring: same task queue as the worker (`Settings.task_queue`)."""
-        scaler = cls(client, settings.task_queue)
-        scaler._cluster = settings.cluster  # pool scalers are per Sickbay cluster
-        return scaler
-
-    @defn(ACT_REQUEST_CAPACITY)
+    @implements(REQUEST_CAPACITY)
     async def request_capacity(self, req: CapacityRequest) -> CapacityResult:
         workflow_id = pool_scaler_workflow_id(req.pool.name, req.pool.cluster, self._cluster)
         start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(

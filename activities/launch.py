@@ -29,12 +29,10 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.defn import defn
+from activities.defn import implements
 from contract.errors import ERR_INVALID_INPUT
-from contract.launch import LaunchRequest, LaunchResult
+from contract.launch import SIGNAL_WITH_START_REMEDIATION, LaunchRequest, LaunchResult
 from contract.names import (
-    ACT_CLAIM_ESCALATION,
-    ACT_SIGNAL_WITH_START,
     SIG_ALERT,
     SIG_ALERTS,
     SIG_REJECTED,
@@ -43,7 +41,13 @@ from contract.names import (
     WF_REMEDIATE,
     rejections_workflow_id,
 )
-from contract.notify import EscalationClaim, EscalationClaimResult, RejectedAlerts, RejectionsState
+from contract.notify import (
+    CLAIM_ESCALATION,
+    EscalationClaim,
+    EscalationClaimResult,
+    RejectedAlerts,
+    RejectionsState,
+)
 from contract.remediation import (
     AlertEvidence,
     HandledAlert,
@@ -313,7 +317,7 @@ class LaunchActivities:
         self._task_queue = task_queue
         self._cluster = cluster  # this worker's cluster: every launch is one of its devices
 
-    @defn(ACT_CLAIM_ESCALATION)
+    @implements(CLAIM_ESCALATION)
     async def claim_escalation(self, req: EscalationClaim) -> EscalationClaimResult:
         result = await claim_escalation(self._client, self._task_queue, req)
         if result.granted:
@@ -336,7 +340,7 @@ class LaunchActivities:
             )
         return result
 
-    @defn(ACT_SIGNAL_WITH_START)
+    @implements(SIGNAL_WITH_START_REMEDIATION)
     async def signal_with_start_remediation(self, req: LaunchRequest) -> LaunchResult:
         inp = req.remediation
         if inp.cluster and inp.cluster != self._cluster:

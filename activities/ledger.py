@@ -20,10 +20,12 @@ from datetime import timedelta
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from activities.defn import defn
+from activities.defn import implements
 from activities.update_with_start import RETRY_DEADLINE, Batcher, UpdateSender
 from contract.errors import ERR_INVALID_INPUT
 from contract.ledger import (
+    RECORD_GPU_FAILURE,
+    RECORD_GPU_REPAIR,
     LedgerDecision,
     LedgerDecisions,
     LedgerState,
@@ -32,8 +34,6 @@ from contract.ledger import (
     RecordRepairInput,
 )
 from contract.names import (
-    ACT_RECORD_GPU_FAILURE,
-    ACT_RECORD_GPU_REPAIR,
     UPD_LEDGER_FAILURE,
     UPD_LEDGER_FAILURES,
     UPD_LEDGER_REPAIR,
@@ -90,7 +90,7 @@ class LedgerActivities:
             return await self._sender.send(UPD_LEDGER_FAILURE, req, LedgerDecision)
         return await self._failures.submit(req)
 
-    @defn(ACT_RECORD_GPU_FAILURE)
+    @implements(RECORD_GPU_FAILURE)
     async def record_gpu_failure(self, req: RecordFailureInput) -> LedgerDecision:
         if not req.evidence.strip():
             # Refused here, not only by the ledger's validator: in a batch it would refuse
@@ -111,6 +111,6 @@ class LedgerActivities:
         )
         return decision
 
-    @defn(ACT_RECORD_GPU_REPAIR)
+    @implements(RECORD_GPU_REPAIR)
     async def record_gpu_repair(self, req: RecordRepairInput) -> LedgerDecision:
         return await self._sender.send(UPD_LEDGER_REPAIR, req, LedgerDecision)

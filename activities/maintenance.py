@@ -21,19 +21,21 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.defn import defn
+from activities.defn import implements
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.devices import list_slice_devices, node_gpu_uuids, node_pool_of
 from contract.errors import ERR_INVALID_INPUT
 from contract.kube import DraDevice, ResolvedDevice
 from contract.maintenance import (
+    AWAIT_REMEDIATION_PHASE,
+    SELECT_DEVICES,
     AwaitRemediationInput,
     AwaitRemediationResult,
     MaintenanceSelector,
     SelectDevicesInput,
     SelectedDevices,
 )
-from contract.names import ACT_AWAIT_REMEDIATION, ACT_SELECT_DEVICES, QRY_STATUS
+from contract.names import QRY_STATUS
 from contract.remediation import RemediationStatus
 
 
@@ -114,7 +116,7 @@ class MaintenanceActivities:
         self._kube = kube
         self._client = client
 
-    @defn(ACT_SELECT_DEVICES)
+    @implements(SELECT_DEVICES)
     async def select_devices(self, req: SelectDevicesInput) -> SelectedDevices:
         try:
             devices = await asyncio.to_thread(select, self._kube, req.selector)
@@ -123,7 +125,7 @@ class MaintenanceActivities:
         activity.logger.info("maintenance selector matched %d device(s)", len(devices))
         return SelectedDevices(devices=devices)
 
-    @defn(ACT_AWAIT_REMEDIATION)
+    @implements(AWAIT_REMEDIATION_PHASE)
     async def await_remediation_phase(self, req: AwaitRemediationInput) -> AwaitRemediationResult:
         handle = self._client.get_workflow_handle(req.workflow_id)
         wanted = set(req.phases)

@@ -18,11 +18,10 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 
-from activities.defn import defn
+from activities.defn import implements
 from contract.errors import ERR_INVALID_INPUT
-from contract.launch import LaunchResult
+from contract.launch import SIGNAL_WITH_START_NODE_INCIDENT, LaunchResult
 from contract.names import (
-    ACT_START_NODE_INCIDENT,
     SIG_NODE_FINDING,
     WF_NODE_INCIDENT,
     node_workflow_id,
@@ -64,7 +63,7 @@ class NodeLaunchActivities:
         self._task_queue = task_queue
         self._cluster = cluster
 
-    @defn(ACT_START_NODE_INCIDENT)
+    @implements(SIGNAL_WITH_START_NODE_INCIDENT)
     async def signal_with_start_node_incident(self, req: NodeLaunch) -> LaunchResult:
         inp = req.incident
         if inp.cluster and inp.cluster != self._cluster:

@@ -32,10 +32,9 @@ import yaml
 from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 
-from activities.defn import defn
+from activities.defn import implements_blocking
 from contract.errors import ERR_RUNBOOK_INVALID
-from contract.names import ACT_LOAD_RUNBOOKS
-from contract.runbook import RepairAllowlist, Runbook, RunbookSet
+from contract.runbook import LOAD_RUNBOOKS, RepairAllowlist, Runbook, RunbookSet
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +326,7 @@ class RunbookActivities:
             except Exception:  # the report is best effort; the last good set still serves
                 log.exception("could not report the invalid runbooks")
 
-    @defn(ACT_LOAD_RUNBOOKS)
+    @implements_blocking(LOAD_RUNBOOKS)
     def load_runbooks(self) -> RunbookSet:
         # Sync activity (file reads) on the worker's thread pool; a few ms when cached.
         try:

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from activities.defn import defn
+from activities.defn import implements
 from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.evidence import HAMI_UNHEALTHY
@@ -56,8 +56,8 @@ from activities.kube.health import (
     resolve_entry,
 )
 from contract.kube import PodRef, SliceTaint
-from contract.names import ACT_SWEEP_CLUSTER, TAINT_KEY
-from contract.sweep import SweepClusterInput, SweepFinding, SweepReport
+from contract.names import TAINT_KEY
+from contract.sweep import SWEEP_CLUSTER, SweepClusterInput, SweepFinding, SweepReport
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class SweepActivities:
         self._parent_attributes = parent_uuid_attributes
         self._page_size = page_size
 
-    @defn(ACT_SWEEP_CLUSTER)
+    @implements(SWEEP_CLUSTER)
     async def sweep_cluster(self, req: SweepClusterInput) -> SweepReport:
         # The client is blocking: run it on a thread so the worker's event loop stays free.
         try:

@@ -26,7 +26,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from contract.activity import Activity
 from contract.base import Contract
+from contract.names import ACT_VERIFY_ACTOR
 
 # The virtual resource RBAC grants people's actions on (never served by any API server:
 # SubjectAccessReview evaluates RBAC rules for any group/resource).
@@ -46,6 +48,7 @@ ACTION_VERBS: tuple[str, ...] = (
     "pause",
     "resume",
 )
+
 Verification = Literal["", "verified", "unverified"]
 # The actions a runbook's `require_verified_actors` applies to.
 GUARDED_ACTIONS: tuple[str, ...] = ("approve", "repaired", "unretire")
@@ -100,3 +103,7 @@ def signed_bytes(
 def request_fields(request: Contract) -> dict[str, Any]:
     """A request's fields as signed: JSON-mode, without its `verified` attachment."""
     return request.model_dump(mode="json", exclude={"verified"})
+
+
+# --- activities (contract.activity): the name, the input model, the result model ------------
+VERIFY_ACTOR = Activity(ACT_VERIFY_ACTOR, ActorCheck, ActorVerdict)

@@ -9,8 +9,10 @@ from typing import Literal
 
 from pydantic import Field
 
+from contract.activity import Activity
 from contract.actors import Verification, VerifiedActor
 from contract.base import Contract, Duration
+from contract.names import ACT_ACQUIRE_BUDGET, ACT_RECONCILE_LEASES, ACT_RELEASE_BUDGET
 
 
 class BudgetLease(Contract):
@@ -173,3 +175,11 @@ class BudgetDecisions(Contract):
 class BudgetReleaseRequest(Contract):
     holder: str
     device_key: str
+
+
+# --- activities (contract.activity): the name, the input model, the result model ------------
+ACQUIRE_BUDGET_LEASE = Activity(ACT_ACQUIRE_BUDGET, BudgetLeaseRequest, BudgetDecision)
+RELEASE_BUDGET_LEASE = Activity(ACT_RELEASE_BUDGET, BudgetReleaseRequest, BudgetDecision)
+RECONCILE_BUDGET_LEASES = Activity(
+    ACT_RECONCILE_LEASES, ReconcileLeasesInput, ReconcileLeasesResult
+)

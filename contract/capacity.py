@@ -9,7 +9,15 @@ from typing import Literal
 
 from pydantic import Field
 
+from contract.activity import Activity
 from contract.base import Contract, Duration
+from contract.names import (
+    ACT_DESCRIBE_POOL,
+    ACT_KARPENTER_CAPACITY,
+    ACT_REQUEST_CAPACITY,
+    ACT_SCALE_POOL,
+    ACT_WAIT_POOL_OPERATION,
+)
 
 
 class NodePoolTarget(Contract):
@@ -149,3 +157,11 @@ class KarpenterResult(Contract):
     raised_from: int | None = None  # set when this call (or its key's earlier try) raised it
     raised_to: int | None = None
     message: str = ""
+
+
+# --- activities (contract.activity): the name, the input model, the result model ------------
+KARPENTER_CAPACITY = Activity(ACT_KARPENTER_CAPACITY, KarpenterInput, KarpenterResult)
+REQUEST_CAPACITY = Activity(ACT_REQUEST_CAPACITY, CapacityRequest, CapacityResult)
+DESCRIBE_NODE_POOL = Activity(ACT_DESCRIBE_POOL, DescribePoolInput, PoolDescription)
+SCALE_NODE_POOL = Activity(ACT_SCALE_POOL, ScalePoolInput, ScalePoolResult)
+WAIT_NODE_POOL_OPERATION = Activity(ACT_WAIT_POOL_OPERATION, PoolOperationInput, PoolOperation)

@@ -10,8 +10,25 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from contract.activity import Activity
 from contract.base import Contract, Duration
-from contract.names import TAINT_KEY, device_workflow_id
+from contract.names import (
+    ACT_CHECK_HEALTH,
+    ACT_CORDON,
+    ACT_COUNT_DEVICES,
+    ACT_EVICT_PODS,
+    ACT_FIND_CONSUMERS,
+    ACT_GATHER_EVIDENCE,
+    ACT_PREVIEW_QUARANTINE,
+    ACT_QUARANTINE,
+    ACT_RECORD_EVENT,
+    ACT_RELEASE_QUARANTINE,
+    ACT_RESOLVE_DEVICE,
+    ACT_WAIT_EVICTION,
+    ACT_WAIT_REPLACEMENT,
+    TAINT_KEY,
+    device_workflow_id,
+)
 
 Health = Literal["Healthy", "Unhealthy", "Unknown"]
 TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
@@ -355,3 +372,19 @@ class CordonInput(Contract):
 class CordonResult(Contract):
     changed: bool
     message: str = ""
+
+
+# --- activities (contract.activity): the name, the input model, the result model ------------
+RESOLVE_DEVICE = Activity(ACT_RESOLVE_DEVICE, ResolveDeviceInput, ResolvedDevice)
+GATHER_EVIDENCE = Activity(ACT_GATHER_EVIDENCE, EvidenceInput, Evidence)
+FIND_CONSUMERS = Activity(ACT_FIND_CONSUMERS, FindConsumersInput, ConsumersResult)
+COUNT_DEVICES = Activity(ACT_COUNT_DEVICES, CountDevicesInput, DeviceCounts)
+QUARANTINE_DEVICE = Activity(ACT_QUARANTINE, QuarantineInput, QuarantineResult)
+PREVIEW_QUARANTINE = Activity(ACT_PREVIEW_QUARANTINE, QuarantineInput, QuarantineResult)
+EVICT_PODS = Activity(ACT_EVICT_PODS, EvictPodsInput, EvictPodsResult)
+WAIT_FOR_EVICTION = Activity(ACT_WAIT_EVICTION, WaitEvictionInput, EvictionReport)
+WAIT_FOR_REPLACEMENT = Activity(ACT_WAIT_REPLACEMENT, WaitReplacementInput, ReplacementReport)
+RELEASE_QUARANTINE = Activity(ACT_RELEASE_QUARANTINE, ReleaseInput, ReleaseResult)
+CHECK_DEVICE_HEALTH = Activity(ACT_CHECK_HEALTH, CheckHealthInput, HealthResult)
+RECORD_EVENT = Activity(ACT_RECORD_EVENT, RecordEventInput, type(None))
+CORDON_NODE = Activity(ACT_CORDON, CordonInput, CordonResult)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from contract.activity import Activity
 from contract.base import Contract
+from contract.names import ACT_SIGNAL_WITH_START, ACT_START_NODE_INCIDENT
+from contract.node_incident import NodeLaunch
 from contract.remediation import AlertEvidence, RemediationInput
 
 
@@ -25,3 +28,8 @@ class LaunchResult(Contract):
     device: str = ""
     # The device's last, completed run handled this evidence: nothing started or signalled.
     already_handled: bool = False
+
+
+# --- activities (contract.activity): the name, the input model, the result model ------------
+SIGNAL_WITH_START_REMEDIATION = Activity(ACT_SIGNAL_WITH_START, LaunchRequest, LaunchResult)
+SIGNAL_WITH_START_NODE_INCIDENT = Activity(ACT_START_NODE_INCIDENT, NodeLaunch, LaunchResult)

@@ -19,8 +19,10 @@ from typing import Literal
 
 from pydantic import Field
 
+from contract.activity import Activity
 from contract.actors import Verification, VerifiedActor
 from contract.base import Contract, Duration, PersonInput
+from contract.names import ACT_RECORD_GPU_FAILURE, ACT_RECORD_GPU_REPAIR
 
 LedgerEntryKind = Literal["failure", "repair", "retired", "unretired"]
 
@@ -185,3 +187,8 @@ class GpuSummary(Contract):
 class LedgerReport(Contract):
     gpus: list[GpuSummary] = Field(default_factory=list)
     tracked: int = 0  # GPUs the ledger keeps in all
+
+
+# --- activities (contract.activity): the name, the input model, the result model ------------
+RECORD_GPU_FAILURE = Activity(ACT_RECORD_GPU_FAILURE, RecordFailureInput, LedgerDecision)
+RECORD_GPU_REPAIR = Activity(ACT_RECORD_GPU_REPAIR, RecordRepairInput, LedgerDecision)

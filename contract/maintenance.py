@@ -6,9 +6,11 @@ from datetime import timedelta
 
 from pydantic import Field, model_validator
 
+from contract.activity import Activity
 from contract.base import Contract, Duration, StrictBool
 from contract.kube import ResolvedDevice
 from contract.launch import LaunchResult
+from contract.names import ACT_AWAIT_REMEDIATION, ACT_SELECT_DEVICES
 from contract.remediation import Phase
 
 
@@ -66,3 +68,10 @@ class MaintenanceResult(Contract):
     launched: list[LaunchResult] = Field(default_factory=list)
     finished: list[AwaitRemediationResult] = Field(default_factory=list)
     dry_run: bool = False
+
+
+# --- activities (contract.activity): the name, the input model, the result model ------------
+SELECT_DEVICES = Activity(ACT_SELECT_DEVICES, SelectDevicesInput, SelectedDevices)
+AWAIT_REMEDIATION_PHASE = Activity(
+    ACT_AWAIT_REMEDIATION, AwaitRemediationInput, AwaitRemediationResult
+)

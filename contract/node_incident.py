@@ -12,8 +12,17 @@ from typing import Literal
 
 from pydantic import Field
 
+from contract.activity import Activity
 from contract.base import Contract, Duration
 from contract.kube import OwnerRef, PodRef
+from contract.names import (
+    ACT_CONTAIN_NODE,
+    ACT_DIAGNOSE_NODE,
+    ACT_FIND_GPU_PODS,
+    ACT_RELEASE_NODE,
+    ACT_RESTART_GPU_PLUGIN,
+    ACT_WAIT_GPUS_BACK,
+)
 
 NodeRungAction = Literal["restart-plugin", "reboot", "replace"]
 NODE_RUNG_ACTIONS: tuple[NodeRungAction, ...] = ("restart-plugin", "reboot", "replace")
@@ -202,3 +211,12 @@ class NodeLaunch(Contract):
 
     incident: NodeIncidentInput
     task_queue: str | None = None
+
+
+# --- activities (contract.activity): the name, the input model, the result model ------------
+DIAGNOSE_NODE_GPUS = Activity(ACT_DIAGNOSE_NODE, DiagnoseNodeInput, NodeDiagnosis)
+CONTAIN_NODE_GPUS = Activity(ACT_CONTAIN_NODE, ContainNodeInput, ContainNodeResult)
+RELEASE_NODE_GPUS = Activity(ACT_RELEASE_NODE, ReleaseNodeInput, ContainNodeResult)
+RESTART_GPU_PLUGIN = Activity(ACT_RESTART_GPU_PLUGIN, RestartPluginInput, RestartPluginResult)
+WAIT_FOR_GPUS_BACK = Activity(ACT_WAIT_GPUS_BACK, WaitGpusBackInput, GpusBackResult)
+FIND_GPU_PODS_ON_NODE = Activity(ACT_FIND_GPU_PODS, GpuPodsInput, GpuPodsResult)

@@ -9,7 +9,9 @@ from typing import Literal
 
 from pydantic import Field
 
+from contract.activity import Activity
 from contract.base import Contract, Duration
+from contract.names import ACT_CLAIM_ESCALATION, ACT_NOTIFY
 from contract.remediation import Phase, TimelineEntry
 
 
@@ -107,3 +109,8 @@ class NotifyResult(Contract):
     attempt: int = 1  # which try delivered it (Temporal retries the activity)
     earlier_failures: list[str] = Field(default_factory=list)  # one line per failed try
     delivered_via: str | None = None  # set when a channel's fallback delivered it
+
+
+# --- activities (contract.activity): the name, the input model, the result model ------------
+SEND_NOTIFICATION = Activity(ACT_NOTIFY, NotifyInput, NotifyResult)
+CLAIM_ESCALATION = Activity(ACT_CLAIM_ESCALATION, EscalationClaim, EscalationClaimResult)

@@ -21,9 +21,22 @@ from typing import Literal
 
 from pydantic import Field
 
+from contract.activity import Activity
 from contract.base import Contract, Duration
 from contract.capacity import NodePoolTarget
 from contract.kube import ClusterMode, PodRef
+from contract.names import (
+    ACT_CHECK_GPU_HOLDERS,
+    ACT_CLEAN_UP_REPAIR_JOB,
+    ACT_FIND_DRAIN_PODS,
+    ACT_FIND_RESET_GROUP,
+    ACT_REBOOT_NODE,
+    ACT_REPLACE_NODE,
+    ACT_START_RESET_JOB,
+    ACT_START_VALIDATION_JOB,
+    ACT_WAIT_NODE_GPUS,
+    ACT_WAIT_REPAIR_JOB,
+)
 
 
 class GpuHoldersInput(Contract):
@@ -179,3 +192,16 @@ class NodeGpusResult(Contract):
     gpu_uuids: list[str]
     cordoned: bool = False  # the guard: Sickbay's cordon (this workflow's) is on the node
     guard_note: str = ""  # how the guard went (already cordoned by someone else, ...)
+
+
+# --- activities (contract.activity): the name, the input model, the result model ------------
+CHECK_GPU_HOLDERS = Activity(ACT_CHECK_GPU_HOLDERS, GpuHoldersInput, GpuHoldersResult)
+FIND_RESET_GROUP = Activity(ACT_FIND_RESET_GROUP, ResetGroupInput, ResetGroupResult)
+FIND_DRAIN_PODS = Activity(ACT_FIND_DRAIN_PODS, DrainPodsInput, DrainPodsResult)
+START_RESET_JOB = Activity(ACT_START_RESET_JOB, RepairJobInput, RepairJobStarted)
+START_VALIDATION_JOB = Activity(ACT_START_VALIDATION_JOB, ValidationJobInput, RepairJobStarted)
+WAIT_FOR_REPAIR_JOB = Activity(ACT_WAIT_REPAIR_JOB, WaitRepairJobInput, RepairJobOutcome)
+CLEAN_UP_REPAIR_JOB = Activity(ACT_CLEAN_UP_REPAIR_JOB, CleanUpRepairJobInput, type(None))
+REBOOT_NODE = Activity(ACT_REBOOT_NODE, MachineActionInput, MachineActionResult)
+REPLACE_NODE = Activity(ACT_REPLACE_NODE, MachineActionInput, MachineActionResult)
+WAIT_FOR_NODE_GPUS = Activity(ACT_WAIT_NODE_GPUS, WaitNodeGpusInput, NodeGpusResult)

@@ -12,9 +12,10 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from contract.activity import Activity
 from contract.base import Contract, Duration, format_duration
 from contract.capacity import NodePoolTarget
-from contract.names import TAINT_KEY
+from contract.names import ACT_LOAD_RUNBOOKS, TAINT_KEY
 from contract.node_incident import NODE_RUNG_ACTIONS, NodeRungAction
 
 # How a confirmed failure is classified (contract.remediation reports it; runbooks act on it).
@@ -751,3 +752,7 @@ class RunbookSet(Contract):
 
     def get(self, name: str) -> Runbook | None:
         return next((r for r in self.runbooks if r.name == name), None)
+
+
+# --- activities (contract.activity): the name, the input model, the result model ------------
+LOAD_RUNBOOKS = Activity(ACT_LOAD_RUNBOOKS, type(None), RunbookSet)

@@ -7,8 +7,10 @@ from typing import Literal
 
 from pydantic import Field
 
+from contract.activity import Activity
 from contract.base import Contract, Duration
 from contract.kube import Health, PodRef, SliceTaint
+from contract.names import ACT_SWEEP_CLUSTER
 
 
 class SweepInput(Contract):
@@ -80,3 +82,7 @@ class SweepResult(Contract):
     unknown_cleared: list[str] = Field(default_factory=list)  # Unknown, then healthy again
     missed_by_watch: list[str] = Field(default_factory=list)  # started here, not by the watcher
     node_incidents: list[str] = Field(default_factory=list)  # node incident ids started/signalled
+
+
+# --- activities (contract.activity): the name, the input model, the result model ------------
+SWEEP_CLUSTER = Activity(ACT_SWEEP_CLUSTER, SweepClusterInput, SweepReport)

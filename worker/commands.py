@@ -411,7 +411,7 @@ async def _resolve(settings: Any, ref: Any) -> Any:
     from activities.kube import KubeActivities
     from contract.kube import ResolveDeviceInput
 
-    kube = KubeActivities.from_settings(settings)
+    kube = KubeActivities(settings.kube_settings())
     try:
         resolved = await kube.resolve_device(ResolveDeviceInput(device=ref))
     finally:

@@ -982,7 +982,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     runbooks, loaded = _load_runbooks(
         Path(args.runbooks) if args.runbooks else settings.runbooks_dir
     )
-    kube_settings = KubeSettings.from_settings(settings)
+    kube_settings = settings.kube_settings()
     kube_settings = KubeSettings(
         kubeconfig=args.kubeconfig or kube_settings.kubeconfig,
         context=args.context or kube_settings.context,

@@ -58,19 +58,11 @@ from activities.ledger import LedgerActivities
 from activities.maintenance import MaintenanceActivities
 from activities.node_launch import NodeLaunchActivities
 from activities.notify.activities import NotifyActivities
+from activities.notify.config import ChannelsConfig
 from activities.runbooks import RunbookActivities
 from activities.sweep import SweepActivities
+from contract.activity import Activity
 from contract.names import (
-    ACT_AWAIT_REMEDIATION,
-    ACT_DESCRIBE_POOL,
-    ACT_RECONCILE_LEASES,
-    ACT_SCALE_POOL,
-    ACT_SELECT_DEVICES,
-    ACT_SIGNAL_WITH_START,
-    ACT_START_NODE_INCIDENT,
-    ACT_SWEEP_CLUSTER,
-    ACT_VERIFY_ACTOR,
-    ACT_WAIT_POOL_OPERATION,
     WF_BUDGET,
     WF_GPU_LEDGER,
     WF_MAINTENANCE,
@@ -91,15 +83,17 @@ from worker.identity import SenderIdentityRunner
 from worker.schedules import ensure_sweep_schedule
 from worker.settings import Settings
 from worker.watcher import build_health_watcher
+from workflows import budget, ledger, maintenance, pool_scaler, sweep
 from workflows.budget import BudgetWorkflow
 from workflows.identity import SenderIdentityInterceptor
 from workflows.ledger import GpuLedgerWorkflow
 from workflows.maintenance import MaintenanceWorkflow
-from workflows.node_incident.calls import REQUIRED_ACTIVITIES as NODE_INCIDENT_ACTIVITIES
+from workflows.node_incident import calls as node_incident_calls
 from workflows.node_incident.workflow import NodeIncidentWorkflow
 from workflows.pool_scaler import PoolScalerWorkflow
 from workflows.rejections import RejectionsWorkflow
-from workflows.remediation import REQUIRED_ACTIVITIES, DeviceRemediationWorkflow
+from workflows.remediation import REQUIRED_ACTIVITIES as REMEDIATION_ACTIVITIES
+from workflows.remediation import DeviceRemediationWorkflow
 from workflows.sweep import HealthSweepWorkflow
 
 log = logging.getLogger(__name__)
@@ -122,21 +116,27 @@ WORKFLOW_NAMES: dict[type, str] = {
 }
 WORKFLOWS: list[type] = list(WORKFLOW_NAMES)
 
-# Activities each workflow type calls; the worker refuses to start when one is missing.
+
+def _names(declarations: tuple[Activity[Any, Any], ...]) -> tuple[str, ...]:
+    return tuple(decl.name for decl in declarations)
+
+
+# Activities each workflow type calls; the worker refuses to start when one is missing. Each
+# list is the activity declarations (contract.activity) the workflow's modules import to call.
 REQUIRED: dict[str, tuple[str, ...]] = {
-    WF_REMEDIATE: tuple(REQUIRED_ACTIVITIES),  # derived from its typed activity calls
-    # verify-actor: a verified pause / resume / unretire (workflows/attestation.py).
-    WF_BUDGET: (ACT_RECONCILE_LEASES, ACT_VERIFY_ACTOR),
-    WF_GPU_LEDGER: (ACT_VERIFY_ACTOR,),
-    WF_MAINTENANCE: (ACT_SELECT_DEVICES, ACT_SIGNAL_WITH_START, ACT_AWAIT_REMEDIATION),
-    WF_POOL_SCALER: (ACT_DESCRIBE_POOL, ACT_SCALE_POOL, ACT_WAIT_POOL_OPERATION),
-    WF_SWEEP: (ACT_SWEEP_CLUSTER, ACT_SIGNAL_WITH_START, ACT_START_NODE_INCIDENT),
-    WF_NODE_INCIDENT: tuple(NODE_INCIDENT_ACTIVITIES),  # from its typed activity calls
+    WF_REMEDIATE: _names(REMEDIATION_ACTIVITIES),  # workflows/remediation/calls.py
+    WF_BUDGET: _names(budget.REQUIRED_ACTIVITIES),
+    WF_GPU_LEDGER: _names(ledger.REQUIRED_ACTIVITIES),
+    WF_MAINTENANCE: _names(maintenance.REQUIRED_ACTIVITIES),
+    WF_POOL_SCALER: _names(pool_scaler.REQUIRED_ACTIVITIES),
+    WF_SWEEP: _names(sweep.REQUIRED_ACTIVITIES),
+    WF_NODE_INCIDENT: _names(node_incident_calls.REQUIRED_ACTIVITIES),
 }
 
 
 def activity_name(fn: Callable[..., Any]) -> str | None:
-    """The name `activities.defn.defn` recorded (every product activity is declared with it)."""
+    """The name `activities.defn.implements` recorded (every product activity implements its
+    declaration with it)."""
     return name_of(fn)
 
 
@@ -208,7 +208,7 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
         ]
     )
     kube = (
-        kube_activities if kube_activities is not None else KubeActivities.from_settings(settings)
+        kube_activities if kube_activities is not None else KubeActivities(settings.kube_settings())
     )
     built.kube = kube.kube
     # A bad runbook edit after start-up: a Warning Event on the runbooks ConfigMap.
@@ -221,7 +221,9 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
     built.fingerprint = functools.partial(kube_fingerprint, kube.kube)
     built.activities += activities_of(MaintenanceActivities(kube.kube, client))
     built.activities += activities_of(SweepActivities(kube.kube))
-    built.activities += activities_of(CapacityActivities.from_settings(client, settings))
+    # Pool scalers run on the worker's own queue, one per (Sickbay cluster, pool).
+    capacity = CapacityActivities(client, settings.task_queue, cluster=settings.cluster)
+    built.activities += activities_of(capacity)
     cloud_config = settings.cloud.cloud_config()
     cloud = CloudActivities(cloud_config, kube_api=kube.kube.api_client)
     built.activities += activities_of(cloud)
@@ -232,7 +234,10 @@ def build_activities(client: Client, settings: Settings, *, kube_activities: Any
         RepairConfig(namespace=settings.repair_namespace, allowlist=settings.repair_allowlist),
         cloud_config,
     )
-    notify = NotifyActivities.from_settings(settings)
+    # Channels from SICKBAY_CHANNELS_FILE (none when unset); links to the Temporal Web UI.
+    notify = NotifyActivities(
+        ChannelsConfig.load(settings.channels_file), ui_url=settings.temporal_ui_url
+    )
     built.activities += activities_of(notify)
     built.closers.append(notify.aclose)
     # One registration per name: the first provider wins (core before optional modules).
@@ -551,7 +556,7 @@ async def run_worker(settings: Settings) -> int:
         log.error("%s", exc)
         return 3
     try:
-        kube_activities = KubeActivities.from_settings(settings)
+        kube_activities = KubeActivities(settings.kube_settings())
     except Exception as exc:  # any configuration problem: report, then stop
         log.error("cannot build the activities: %s: %s", type(exc).__name__, exc)
         return 5

@@ -57,6 +57,7 @@ from worker.spool import Spool
 
 if TYPE_CHECKING:
     from activities.cloud.config import CloudConfig
+    from activities.kube.client import KubeSettings
 
 PACKAGED_RUNBOOKS = Path(__file__).resolve().parent.parent / "runbooks"
 ENV_PREFIX = "SICKBAY_"
@@ -589,6 +590,17 @@ class Settings(
         if isinstance(value, str) and ":" in value:
             return value.split(":", 1)[0]
         return value
+
+    def kube_settings(self) -> KubeSettings:
+        """The Kubernetes client's settings (activities.kube.client.KubeSettings) from these."""
+        from activities.kube.client import KubeSettings  # kubernetes: only where used
+
+        return KubeSettings(
+            kubeconfig=str(self.kubeconfig) if self.kubeconfig else None,
+            context=self.kube_context,
+            request_timeout=self.kube_request_timeout,
+            hami_device_cordon=self.hami_device_cordon,
+        )
 
     def actions_key_bytes(self) -> bytes | None:
         """The actions key (None: not configured). RuntimeError when it is unreadable or

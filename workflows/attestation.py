@@ -23,15 +23,19 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from contract.activity import declared_in
     from contract.actors import (
         ATTESTATION_TTL,
+        VERIFY_ACTOR,
         ActorCheck,
-        ActorVerdict,
         VerifiedActor,
         request_fields,
     )
     from contract.base import Contract
-    from contract.names import ACT_VERIFY_ACTOR
+    from workflows.execute import execute_local
+
+# verify-actor: the declarations imported here, required by every workflow that checks actors.
+REQUIRED_ACTIVITIES = declared_in(globals())
 
 # The endpoint's clock may run a little ahead of the worker's history time.
 CLOCK_SKEW = timedelta(minutes=1)
@@ -98,10 +102,9 @@ async def check_actor(
             actor=att,
         )
         try:
-            verdict = await workflow.execute_local_activity(
-                ACT_VERIFY_ACTOR,
+            verdict = await execute_local(
+                VERIFY_ACTOR,
                 check,
-                result_type=ActorVerdict,
                 start_to_close_timeout=VERIFY_TIMEOUT,
                 retry_policy=VERIFY_RETRY,
                 summary=f"verify {action} by {att.user}",

@@ -39,8 +39,10 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from contract.activity import declared_in
     from contract.budget import (
         PAUSE_LOG_KEEP,
+        RECONCILE_BUDGET_LEASES,
         BudgetDecision,
         BudgetDecisions,
         BudgetLease,
@@ -55,11 +57,9 @@ with workflow.unsafe.imports_passed_through():
         PauseRecord,
         PauseRequest,
         ReconcileLeasesInput,
-        ReconcileLeasesResult,
         ResumeRequest,
     )
     from contract.names import (
-        ACT_RECONCILE_LEASES,
         QRY_BUDGET_STATE,
         SIG_BUDGET_FREED,
         SIG_CLUSTER_PAUSED,
@@ -71,7 +71,13 @@ with workflow.unsafe.imports_passed_through():
         WF_BUDGET,
         budget_task_queue,
     )
+    from workflows.attestation import REQUIRED_ACTIVITIES as ATTESTATION_ACTIVITIES
     from workflows.attestation import check_actor, prune_nonces
+    from workflows.execute import execute
+
+# The activities this workflow calls: the declarations imported here, and verify-actor
+# (workflows/attestation.py: a verified actor). The worker checks them.
+REQUIRED_ACTIVITIES = (*declared_in(globals()), *ATTESTATION_ACTIVITIES)
 
 # Reconcile calls describe each holder (a few RPCs); 30 s covers a slow frontend, 3 attempts,
 # and a failed reconcile is just tried again next interval.
@@ -387,10 +393,9 @@ class BudgetWorkflow:
         if not self._leases and not self._waiters:
             return
         try:
-            result = await workflow.execute_activity(
-                ACT_RECONCILE_LEASES,
+            result = await execute(
+                RECONCILE_BUDGET_LEASES,
                 ReconcileLeasesInput(holders=sorted({*self._leases, *self._waiters})),
-                result_type=ReconcileLeasesResult,
                 start_to_close_timeout=RECONCILE_TIMEOUT,
                 retry_policy=RECONCILE_RETRY,
             )

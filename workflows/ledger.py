@@ -33,6 +33,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from contract.activity import declared_in
     from contract.base import format_duration
     from contract.errors import ERR_UNVERIFIED_ACTOR
     from contract.ledger import (
@@ -62,8 +63,13 @@ with workflow.unsafe.imports_passed_through():
         WF_GPU_LEDGER,
         ledger_task_queue,
     )
+    from workflows.attestation import REQUIRED_ACTIVITIES as ATTESTATION_ACTIVITIES
     from workflows.attestation import check_actor, prune_nonces
     from workflows.identity import claimed_by, sender_identity
+
+# The activities this workflow calls: the declarations imported here, and verify-actor
+# (workflows/attestation.py: a verified actor). The worker checks them.
+REQUIRED_ACTIVITIES = (*declared_in(globals()), *ATTESTATION_ACTIVITIES)
 
 
 def span(value: timedelta) -> str:

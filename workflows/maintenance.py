@@ -25,28 +25,29 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from contract.activity import declared_in
     from contract.base import input_problems
     from contract.errors import ERR_INVALID_INPUT, ERR_MAINTENANCE_FAILED
     from contract.kube import DeviceRef
-    from contract.launch import LaunchRequest, LaunchResult
+    from contract.launch import SIGNAL_WITH_START_REMEDIATION, LaunchRequest
     from contract.maintenance import (
+        AWAIT_REMEDIATION_PHASE,
+        SELECT_DEVICES,
         AwaitRemediationInput,
-        AwaitRemediationResult,
         MaintenanceInput,
         MaintenanceResult,
         SelectDevicesInput,
-        SelectedDevices,
     )
     from contract.names import (
-        ACT_AWAIT_REMEDIATION,
-        ACT_LOAD_RUNBOOKS,
-        ACT_SELECT_DEVICES,
-        ACT_SIGNAL_WITH_START,
         QRY_MAINTENANCE_PROGRESS,
         WF_MAINTENANCE,
     )
     from contract.remediation import AlertEvidence, Phase, RemediationInput
-    from contract.runbook import RunbookSet
+    from contract.runbook import LOAD_RUNBOOKS
+    from workflows.execute import execute, execute_local
+
+# The activities this workflow calls: the declarations imported here (the worker checks them).
+REQUIRED_ACTIVITIES = declared_in(globals())
 
 # Selecting lists nodes and ResourceSlices: one or two API calls; a minute with retries covers
 # an API-server blip. Launch is one Temporal RPC.
@@ -82,10 +83,9 @@ class MaintenanceWorkflow:
                 non_retryable=True,
             ) from None
         self._result.dry_run = inp.dry_run
-        selected = await workflow.execute_activity(
-            ACT_SELECT_DEVICES,
+        selected = await execute(
+            SELECT_DEVICES,
             SelectDevicesInput(selector=inp.selector),
-            result_type=SelectedDevices,
             start_to_close_timeout=SHORT,
             retry_policy=SHORT_RETRY,
         )
@@ -102,8 +102,8 @@ class MaintenanceWorkflow:
         async def drain(index: int) -> None:
             device = selected.devices[index]
             async with slots:
-                launch = await workflow.execute_activity(
-                    ACT_SIGNAL_WITH_START,
+                launch = await execute(
+                    SIGNAL_WITH_START_REMEDIATION,
                     LaunchRequest(
                         remediation=RemediationInput(
                             device=DeviceRef(node=device.node, gpu_uuid=device.gpu_uuid),
@@ -123,15 +123,13 @@ class MaintenanceWorkflow:
                         ),
                         task_queue=workflow.info().task_queue,
                     ),
-                    result_type=LaunchResult,
                     start_to_close_timeout=SHORT,
                     retry_policy=SHORT_RETRY,
                 )
                 self._result.launched.append(launch)
-                done = await workflow.execute_activity(
-                    ACT_AWAIT_REMEDIATION,
+                done = await execute(
+                    AWAIT_REMEDIATION_PHASE,
                     AwaitRemediationInput(workflow_id=launch.workflow_id, phases=DRAINED),
-                    result_type=AwaitRemediationResult,
                     start_to_close_timeout=DRAIN_TIMEOUT,
                     heartbeat_timeout=DRAIN_HEARTBEAT,
                     retry_policy=DRAIN_RETRY,
@@ -152,9 +150,9 @@ class MaintenanceWorkflow:
 
     async def _max_parallel(self, runbook: str) -> int:
         try:
-            runbooks = await workflow.execute_local_activity(
-                ACT_LOAD_RUNBOOKS,
-                result_type=RunbookSet,
+            runbooks = await execute_local(
+                LOAD_RUNBOOKS,
+                None,
                 start_to_close_timeout=timedelta(seconds=10),
                 retry_policy=RetryPolicy(maximum_attempts=3),
             )

@@ -1,7 +1,7 @@
 """`sickbay-pool-scaler`: one workflow per node pool that turns many capacity needs into one
 resize request.
 
-Remediation workflows that run out of healthy devices call ACT_REQUEST_CAPACITY, which sends
+Remediation workflows that run out of healthy devices call `request-capacity`, which sends
 the `need-capacity` update to this workflow with update-with-start (so the first need starts
 it). Each update waits here until its need is answered.
 
@@ -46,8 +46,12 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from contract.activity import declared_in
     from contract.base import format_duration
     from contract.capacity import (
+        DESCRIBE_NODE_POOL,
+        SCALE_NODE_POOL,
+        WAIT_NODE_POOL_OPERATION,
         CapacityRequest,
         CapacityResult,
         DescribePoolInput,
@@ -61,13 +65,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from contract.errors import ERR_CLOUD_REJECTED, ERR_CONFIG, ERR_INVALID_INPUT
     from contract.names import (
-        ACT_DESCRIBE_POOL,
-        ACT_SCALE_POOL,
-        ACT_WAIT_POOL_OPERATION,
         QRY_POOL_SCALER_STATUS,
         UPD_POOL_NEED,
         WF_POOL_SCALER,
     )
+    from workflows.execute import execute
+
+# The activities this workflow calls: the declarations imported here (the worker checks them).
+REQUIRED_ACTIVITIES = declared_in(globals())
 
 _PERMANENT = [ERR_CLOUD_REJECTED, ERR_CONFIG, ERR_INVALID_INPUT]
 
@@ -329,12 +334,11 @@ class PoolScalerWorkflow:
             # 4. Describe; a resize already running (ours from a lost attempt, or someone
             # else's) is followed before anything new is asked.
             self._enter("describing")
-            desc: PoolDescription = await workflow.execute_activity(
-                ACT_DESCRIBE_POOL,
+            desc: PoolDescription = await execute(
+                DESCRIBE_NODE_POOL,
                 DescribePoolInput(pool=inp.pool),
                 start_to_close_timeout=DESCRIBE_TIMEOUT,
                 retry_policy=_api_retry(inp.poll_interval),
-                result_type=PoolDescription,
             )
             if desc.pending_operation is not None and not desc.pending_operation.done:
                 op = await self._follow(desc.pending_operation.id)
@@ -360,8 +364,8 @@ class PoolScalerWorkflow:
 
             # 5. One resize for the whole batch.
             self._enter("scaling")
-            result: ScalePoolResult = await workflow.execute_activity(
-                ACT_SCALE_POOL,
+            result: ScalePoolResult = await execute(
+                SCALE_NODE_POOL,
                 ScalePoolInput(
                     pool=inp.pool,
                     target_size=target,
@@ -371,7 +375,6 @@ class PoolScalerWorkflow:
                 ),
                 start_to_close_timeout=SCALE_TIMEOUT,
                 retry_policy=_api_retry(inp.poll_interval),
-                result_type=ScalePoolResult,
             )
             if result.adopted and result.operation is not None:
                 if await self._follow(result.operation.id) is None:
@@ -464,13 +467,12 @@ class PoolScalerWorkflow:
         """Poll an operation until it is done; None when it outlives operation_timeout."""
         self._enter("waiting-operation")
         try:
-            return await workflow.execute_activity(
-                ACT_WAIT_POOL_OPERATION,
+            return await execute(
+                WAIT_NODE_POOL_OPERATION,
                 PoolOperationInput(pool=self._inp.pool, operation=operation),
                 start_to_close_timeout=WAIT_OP_TIMEOUT,
                 schedule_to_close_timeout=self._inp.operation_timeout,
                 retry_policy=_poll_policy(self._inp.poll_interval),
-                result_type=PoolOperation,
             )
         except ActivityError as err:
             if isinstance(err.cause, ActivityTimeoutError) or err.retry_state == RetryState.TIMEOUT:

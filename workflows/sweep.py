@@ -29,22 +29,34 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from contract.activity import declared_in
     from contract.base import format_duration
     from contract.kube import DeviceRef
-    from contract.launch import LaunchRequest, LaunchResult
+    from contract.launch import (
+        SIGNAL_WITH_START_NODE_INCIDENT,
+        SIGNAL_WITH_START_REMEDIATION,
+        LaunchRequest,
+    )
     from contract.names import (
-        ACT_NOTIFY,
-        ACT_SIGNAL_WITH_START,
-        ACT_START_NODE_INCIDENT,
-        ACT_SWEEP_CLUSTER,
         WF_SWEEP,
         node_notice_workflow_id,
         scoped,
     )
     from contract.node_incident import NodeIncidentInput, NodeLaunch
-    from contract.notify import Incident, NotifyInput, NotifyResult
+    from contract.notify import SEND_NOTIFICATION, Incident, NotifyInput
     from contract.remediation import AlertEvidence, Phase, RemediationInput, Trigger
-    from contract.sweep import SweepClusterInput, SweepFinding, SweepInput, SweepReport, SweepResult
+    from contract.sweep import (
+        SWEEP_CLUSTER,
+        SweepClusterInput,
+        SweepFinding,
+        SweepInput,
+        SweepReport,
+        SweepResult,
+    )
+    from workflows.execute import execute
+
+# The activities this workflow calls: the declarations imported here (the worker checks them).
+REQUIRED_ACTIVITIES = declared_in(globals())
 
 # Listing every pod, slice and node of a big cluster takes seconds, a few pages per kind;
 # two minutes is generous and still lets the next scheduled sweep start on time.
@@ -178,12 +190,11 @@ class HealthSweepWorkflow:
         return self._result
 
     async def _sweep(self, req: SweepClusterInput) -> SweepReport:
-        return await workflow.execute_activity(
-            ACT_SWEEP_CLUSTER,
+        return await execute(
+            SWEEP_CLUSTER,
             req,
             start_to_close_timeout=SWEEP_TIMEOUT,
             retry_policy=SWEEP_RETRY,
-            result_type=SweepReport,
         )
 
     async def _launch_all(self, findings: list[SweepFinding], inp: SweepInput) -> None:
@@ -201,12 +212,11 @@ class HealthSweepWorkflow:
             cluster=inp.cluster,
         )
         try:
-            res = await workflow.execute_activity(
-                ACT_SIGNAL_WITH_START,
+            res = await execute(
+                SIGNAL_WITH_START_REMEDIATION,
                 req,
                 start_to_close_timeout=LAUNCH_TIMEOUT,
                 retry_policy=LAUNCH_RETRY,
-                result_type=LaunchResult,
             )
         except ActivityError as exc:
             workflow.logger.warning("could not launch remediation for %s: %s", f.key, exc.cause)
@@ -240,12 +250,11 @@ class HealthSweepWorkflow:
                 task_queue=inp.task_queue,
             )
             try:
-                res = await workflow.execute_activity(
-                    ACT_START_NODE_INCIDENT,
+                res = await execute(
+                    SIGNAL_WITH_START_NODE_INCIDENT,
                     req,
                     start_to_close_timeout=LAUNCH_TIMEOUT,
                     retry_policy=LAUNCH_RETRY,
-                    result_type=LaunchResult,
                 )
             except ActivityError as exc:
                 workflow.logger.warning(
@@ -303,12 +312,11 @@ class HealthSweepWorkflow:
         delivered = False
         for channel in inp.notify_channels:
             try:
-                await workflow.execute_activity(
-                    ACT_NOTIFY,
+                await execute(
+                    SEND_NOTIFICATION,
                     NotifyInput(channel=channel, incident=incident),
                     start_to_close_timeout=NOTIFY_TIMEOUT,
                     retry_policy=NOTIFY_RETRY,
-                    result_type=NotifyResult,
                 )
                 delivered = True
             except ActivityError as exc:

@@ -29,9 +29,12 @@ from activities.cloud.base import CloudRejected, CloudUnavailable, NodePoolClien
 from activities.cloud.config import CloudConfig
 from activities.cloud.credentials import StaticToken
 from activities.cloud.gke import GkeNodePools
-from activities.defn import defn
+from activities.defn import implements
 from activities.outbound import ConfigError
 from contract.capacity import (
+    DESCRIBE_NODE_POOL,
+    SCALE_NODE_POOL,
+    WAIT_NODE_POOL_OPERATION,
     DescribePoolInput,
     NodePoolTarget,
     PoolDescription,
@@ -47,7 +50,6 @@ from contract.errors import (
     ERR_INVALID_INPUT,
     ERR_STILL_WAITING,
 )
-from contract.names import ACT_DESCRIBE_POOL, ACT_SCALE_POOL, ACT_WAIT_POOL_OPERATION
 
 log = logging.getLogger(__name__)
 
@@ -176,12 +178,12 @@ class CloudActivities:
 
     # --- activities ------------------------------------------------------------------------
 
-    @defn(ACT_DESCRIBE_POOL)
+    @implements(DESCRIBE_NODE_POOL)
     async def describe_pool(self, req: DescribePoolInput) -> PoolDescription:
         with mapped_errors(f"describe {req.pool.provider} pool {req.pool.name}"):
             return await self.provider_for(req.pool).describe(req.pool)
 
-    @defn(ACT_SCALE_POOL)
+    @implements(SCALE_NODE_POOL)
     async def scale_pool(self, req: ScalePoolInput) -> ScalePoolResult:
         pool = req.pool
         if req.target_size > req.max_size:
@@ -246,7 +248,7 @@ class CloudActivities:
             message=f"asked {desc.current_size} -> {outcome.target_size}",
         )
 
-    @defn(ACT_WAIT_POOL_OPERATION)
+    @implements(WAIT_NODE_POOL_OPERATION)
     async def wait_pool_operation(self, req: PoolOperationInput) -> PoolOperation:
         """One look at a resize; raises retryable ERR_STILL_WAITING while it runs, so the
         caller's retry policy is the polling loop. A failed operation is returned, not raised:

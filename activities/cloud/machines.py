@@ -86,13 +86,12 @@ from activities.cloud.config import (
 from activities.cloud.credentials import AzureToken, StaticToken
 from activities.cloud.gke import GkeNodePools
 from activities.cloud.http import HttpNodePools
-from activities.defn import defn
+from activities.defn import implements
 from activities.heartbeat import heartbeating
 from activities.outbound import ConfigError
 from contract.capacity import NodePoolTarget
 from contract.errors import ERR_CLOUD_UNAVAILABLE, ERR_PROVIDER_NOT_CONFIGURED, ERR_PROVIDER_REFUSED
-from contract.names import ACT_REBOOT_NODE, ACT_REPLACE_NODE
-from contract.repair import MachineActionInput, MachineActionResult
+from contract.repair import REBOOT_NODE, REPLACE_NODE, MachineActionInput, MachineActionResult
 
 GROUP = "cluster.x-k8s.io"
 VERSION = "v1beta1"
@@ -837,10 +836,10 @@ class MachineActivities:
         )
         return result
 
-    @defn(ACT_REBOOT_NODE)
+    @implements(REBOOT_NODE)
     async def reboot_node(self, inp: MachineActionInput) -> MachineActionResult:
         return await self._act(inp)
 
-    @defn(ACT_REPLACE_NODE)
+    @implements(REPLACE_NODE)
     async def replace_node(self, inp: MachineActionInput) -> MachineActionResult:
         return await self._act(inp)

@@ -5,7 +5,7 @@ class's own bounded ThreadPoolExecutor (`KubeSettings.max_threads`), never on th
 so the worker needs no `activity_executor`. Waits keep one executor thread for their watch and
 heartbeat from the loop. Built once per worker from plain settings:
 
-    acts = KubeActivities.from_settings(settings)       # worker.settings.Settings-like
+    acts = KubeActivities(settings.kube_settings())     # worker.settings.Settings
     Worker(..., activities=acts.all())
 
 Every method lets Temporal retry transient failures (429/5xx/timeouts) and raises
@@ -23,13 +23,26 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.defn import defn
+from activities.defn import implements
 from activities.kube import consumers, devices, events, evidence, nodes, quarantine, waits
 from activities.kube.client import ErrorKind, Kube, KubeError, KubeSettings, to_application_error
 from activities.kube.discovery import ClusterApis, Discovery
-from contract.capacity import KarpenterInput, KarpenterResult
+from contract.capacity import KARPENTER_CAPACITY, KarpenterInput, KarpenterResult
 from contract.errors import ERR_INVALID_INPUT
 from contract.kube import (
+    CHECK_DEVICE_HEALTH,
+    CORDON_NODE,
+    COUNT_DEVICES,
+    EVICT_PODS,
+    FIND_CONSUMERS,
+    GATHER_EVIDENCE,
+    PREVIEW_QUARANTINE,
+    QUARANTINE_DEVICE,
+    RECORD_EVENT,
+    RELEASE_QUARANTINE,
+    RESOLVE_DEVICE,
+    WAIT_FOR_EVICTION,
+    WAIT_FOR_REPLACEMENT,
     CheckHealthInput,
     ConsumersResult,
     CordonInput,
@@ -54,22 +67,6 @@ from contract.kube import (
     WaitEvictionInput,
     WaitReplacementInput,
 )
-from contract.names import (
-    ACT_CHECK_HEALTH,
-    ACT_CORDON,
-    ACT_COUNT_DEVICES,
-    ACT_EVICT_PODS,
-    ACT_FIND_CONSUMERS,
-    ACT_GATHER_EVIDENCE,
-    ACT_KARPENTER_CAPACITY,
-    ACT_PREVIEW_QUARANTINE,
-    ACT_QUARANTINE,
-    ACT_RECORD_EVENT,
-    ACT_RELEASE_QUARANTINE,
-    ACT_RESOLVE_DEVICE,
-    ACT_WAIT_EVICTION,
-    ACT_WAIT_REPLACEMENT,
-)
 
 T = TypeVar("T")
 # evict-pods heartbeats at this pace (seconds); the workflow gives it a 30 s heartbeat_timeout.
@@ -89,14 +86,6 @@ class KubeActivities:
             max_workers=self._settings.max_threads, thread_name_prefix="sickbay-kube"
         )
         self._discovery = Discovery(self._kube)
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> KubeActivities:
-        """From worker.settings.Settings (duck-typed: kubeconfig, kube_context,
-        kube_request_timeout) or a KubeSettings."""
-        if isinstance(settings, KubeSettings):
-            return cls(settings)
-        return cls(KubeSettings.from_settings(settings))
 
     @property
     def kube(self) -> Kube:
@@ -166,11 +155,11 @@ class KubeActivities:
 
     # -- activities -----------------------------------------------------------------------
 
-    @defn(ACT_RESOLVE_DEVICE)
+    @implements(RESOLVE_DEVICE)
     async def resolve_device(self, inp: ResolveDeviceInput) -> ResolvedDevice:
         return await self._run(lambda: devices.resolve(self._kube, self._apis(), inp.device))
 
-    @defn(ACT_GATHER_EVIDENCE)
+    @implements(GATHER_EVIDENCE)
     async def gather_evidence(self, inp: EvidenceInput) -> Evidence:
         # A node pod list (or claim list) loaded since this step was scheduled is as fresh as
         # the step asked for: find-consumers, scheduled with it, may have read it a moment
@@ -180,7 +169,7 @@ class KubeActivities:
             lambda: evidence.gather_evidence(self._kube, inp.device, fresh_since=fresh_since)
         )
 
-    @defn(ACT_FIND_CONSUMERS)
+    @implements(FIND_CONSUMERS)
     async def find_consumers(self, inp: FindConsumersInput) -> ConsumersResult:
         # A claim list loaded since this step was scheduled (by gather-evidence, scheduled
         # with it) is a read from the API made after the workflow asked: used, not repeated.
@@ -189,13 +178,13 @@ class KubeActivities:
             lambda: consumers.find_consumers(self._kube, inp, fresh_since=fresh_since)
         )
 
-    @defn(ACT_COUNT_DEVICES)
+    @implements(COUNT_DEVICES)
     async def count_devices(self, inp: CountDevicesInput) -> DeviceCounts:
         return await self._run(
             lambda: quarantine.count_devices(self._kube, self._apis(), inp.node_pool)
         )
 
-    @defn(ACT_QUARANTINE)
+    @implements(QUARANTINE_DEVICE)
     async def quarantine_device(self, inp: QuarantineInput) -> QuarantineResult:
         """Rule mode when DeviceTaintRule is served and the device is a DRA device; else the
         fallback. `dry_run` -> the preview (nothing is left behind)."""
@@ -226,7 +215,7 @@ class KubeActivities:
 
         return await self._run(body)
 
-    @defn(ACT_PREVIEW_QUARANTINE)
+    @implements(PREVIEW_QUARANTINE)
     async def preview_quarantine(self, inp: QuarantineInput) -> QuarantineResult:
         return await self._run(
             lambda: quarantine.preview(
@@ -234,7 +223,7 @@ class KubeActivities:
             )
         )
 
-    @defn(ACT_EVICT_PODS)
+    @implements(EVICT_PODS)
     async def evict_pods(self, inp: EvictPodsInput) -> EvictPodsResult:
         def body() -> EvictPodsResult:
             result = quarantine.evict_pods(self._kube, inp)
@@ -252,21 +241,21 @@ class KubeActivities:
         # workflow's heartbeat_timeout notices a killed worker long before start-to-close.
         return await self._run(body, heartbeat_every=EVICT_HEARTBEAT_EVERY)
 
-    @defn(ACT_WAIT_EVICTION)
+    @implements(WAIT_FOR_EVICTION)
     async def wait_for_eviction(self, inp: WaitEvictionInput) -> EvictionReport:
         try:
             return await waits.wait_eviction(self._kube, self._executor, inp)
         except KubeError as err:
             raise to_application_error(err) from err
 
-    @defn(ACT_WAIT_REPLACEMENT)
+    @implements(WAIT_FOR_REPLACEMENT)
     async def wait_for_replacement(self, inp: WaitReplacementInput) -> ReplacementReport:
         try:
             return await waits.wait_replacement(self._kube, self._executor, inp)
         except KubeError as err:
             raise to_application_error(err) from err
 
-    @defn(ACT_RELEASE_QUARANTINE)
+    @implements(RELEASE_QUARANTINE)
     async def release_quarantine(self, inp: ReleaseInput) -> ReleaseResult:
         def body() -> ReleaseResult:
             result = quarantine.release(self._kube, self._apis(), inp)
@@ -275,11 +264,11 @@ class KubeActivities:
 
         return await self._run(body)
 
-    @defn(ACT_CHECK_HEALTH)
+    @implements(CHECK_DEVICE_HEALTH)
     async def check_device_health(self, inp: CheckHealthInput) -> HealthResult:
         return await self._run(evidence.check_health, self._kube, inp.device)
 
-    @defn(ACT_RECORD_EVENT)
+    @implements(RECORD_EVENT)
     async def record_event(self, inp: RecordEventInput) -> None:
         """One Event per target (workflows call it with result_type=type(None))."""
         if not inp.targets:
@@ -290,7 +279,7 @@ class KubeActivities:
         written = await self._run(events.record_events, self._kube, inp, token)
         activity.logger.info("recorded %d event(s) %s for %s", written, inp.reason, inp.workflow_id)
 
-    @defn(ACT_KARPENTER_CAPACITY)
+    @implements(KARPENTER_CAPACITY)
     async def karpenter_capacity(self, inp: KarpenterInput) -> KarpenterResult:
         """The Karpenter NodePool serving the node's workloads, its GPU limit raised when
         asked (activities/kube/karpenter.py)."""
@@ -300,7 +289,7 @@ class KubeActivities:
         activity.logger.info("karpenter for node %s: %s", inp.node, result.message)
         return result
 
-    @defn(ACT_CORDON)
+    @implements(CORDON_NODE)
     async def cordon_node(self, inp: CordonInput) -> CordonResult:
         if not inp.node:
             raise ApplicationError(

@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class KubeSettings:
-    """Plain configuration (mirrors worker.settings.Settings; activities never import worker).
+    """Plain configuration; the worker builds it from its Settings (`Settings.kube_settings()`:
+    activities never import worker).
 
     kubeconfig None and no in-cluster service account -> ~/.kube/config, like kubectl.
     """
@@ -64,17 +65,6 @@ class KubeSettings:
     # HAMi v2.10+ honours `hami.io/device-cordon`: quarantine a HAMi GPU with it. Off: HAMi
     # cannot be kept off one GPU, so its whole node is tainted (Settings.hami_device_cordon).
     hami_device_cordon: bool = False
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> KubeSettings:
-        """Build from a worker.settings.Settings-like object (duck-typed)."""
-        path = getattr(settings, "kubeconfig", None)
-        return cls(
-            kubeconfig=str(path) if path else None,
-            context=getattr(settings, "kube_context", None),
-            request_timeout=float(getattr(settings, "kube_request_timeout", 10.0)),
-            hami_device_cordon=bool(getattr(settings, "hami_device_cordon", False)),
-        )
 
 
 class ErrorKind(enum.StrEnum):

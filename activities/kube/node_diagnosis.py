@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.defn import defn
+from activities.defn import implements
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.devices import list_slice_devices, node_gpu_uuids, node_pool_of
 from activities.kube.nodes import ANN_CORDONED_BY, converge_node, cordon_change, read_node
@@ -52,18 +52,18 @@ from activities.kube.pods import OwnerResolver, meta
 from contract.errors import ERR_INVALID_INPUT, ERR_STILL_WAITING
 from contract.kube import OwnerRef, PodRef
 from contract.names import (
-    ACT_CONTAIN_NODE,
-    ACT_DIAGNOSE_NODE,
-    ACT_FIND_GPU_PODS,
-    ACT_RELEASE_NODE,
-    ACT_RESTART_GPU_PLUGIN,
-    ACT_WAIT_GPUS_BACK,
     ANN_PLUGIN_RESTART,
     NODE_TAINT_KEY,
 )
 from contract.node_incident import (
     CONDITION_GPU_DEVICES,
+    CONTAIN_NODE_GPUS,
+    DIAGNOSE_NODE_GPUS,
+    FIND_GPU_PODS_ON_NODE,
+    RELEASE_NODE_GPUS,
+    RESTART_GPU_PLUGIN,
     RESTARTABLE_CAUSES,
+    WAIT_FOR_GPUS_BACK,
     ContainNodeInput,
     ContainNodeResult,
     DiagnoseNodeInput,
@@ -687,36 +687,36 @@ class NodeIncidentActivities:
                 non_retryable=True,
             )
 
-    @defn(ACT_DIAGNOSE_NODE)
+    @implements(DIAGNOSE_NODE_GPUS)
     async def diagnose_node(self, inp: DiagnoseNodeInput) -> NodeDiagnosis:
         self._need_node(inp.node)
         d = await self._run(diagnose_node, self._kube, inp)
         activity.logger.info("node %s: %s", inp.node, d.summary)
         return d
 
-    @defn(ACT_CONTAIN_NODE)
+    @implements(CONTAIN_NODE_GPUS)
     async def contain_node(self, inp: ContainNodeInput) -> ContainNodeResult:
         self._need_node(inp.node)
         return await self._run(contain_node, self._kube, inp)
 
-    @defn(ACT_RELEASE_NODE)
+    @implements(RELEASE_NODE_GPUS)
     async def release_node(self, inp: ReleaseNodeInput) -> ContainNodeResult:
         self._need_node(inp.node)
         return await self._run(release_node, self._kube, inp)
 
-    @defn(ACT_RESTART_GPU_PLUGIN)
+    @implements(RESTART_GPU_PLUGIN)
     async def restart_gpu_plugin(self, inp: RestartPluginInput) -> RestartPluginResult:
         self._need_node(inp.node)
         res = await self._run(restart_plugin, self._kube, inp)
         activity.logger.info("node %s: plugin restart: %s", inp.node, res.detail)
         return res
 
-    @defn(ACT_FIND_GPU_PODS)
+    @implements(FIND_GPU_PODS_ON_NODE)
     async def find_gpu_pods(self, inp: GpuPodsInput) -> GpuPodsResult:
         self._need_node(inp.node)
         return await self._run(gpu_pods, self._kube, inp)
 
-    @defn(ACT_WAIT_GPUS_BACK)
+    @implements(WAIT_FOR_GPUS_BACK)
     async def wait_for_gpus_back(self, inp: WaitGpusBackInput) -> GpusBackResult:
         self._need_node(inp.node)
         return await self._run(wait_gpus_back, self._kube, inp)

@@ -17,20 +17,18 @@ from typing import Any, TypeVar
 
 from temporalio import activity
 
-from activities.defn import defn
+from activities.defn import implements
 from activities.kube import repair
 from activities.kube.client import Kube, KubeError, to_application_error
-from contract.names import (
-    ACT_CHECK_GPU_HOLDERS,
-    ACT_CLEAN_UP_REPAIR_JOB,
-    ACT_FIND_DRAIN_PODS,
-    ACT_FIND_RESET_GROUP,
-    ACT_START_RESET_JOB,
-    ACT_START_VALIDATION_JOB,
-    ACT_WAIT_NODE_GPUS,
-    ACT_WAIT_REPAIR_JOB,
-)
 from contract.repair import (
+    CHECK_GPU_HOLDERS,
+    CLEAN_UP_REPAIR_JOB,
+    FIND_DRAIN_PODS,
+    FIND_RESET_GROUP,
+    START_RESET_JOB,
+    START_VALIDATION_JOB,
+    WAIT_FOR_NODE_GPUS,
+    WAIT_FOR_REPAIR_JOB,
     CleanUpRepairJobInput,
     DrainPodsInput,
     DrainPodsResult,
@@ -81,21 +79,21 @@ class KubeRepairActivities:
         except KubeError as err:
             raise to_application_error(err) from err
 
-    @defn(ACT_CHECK_GPU_HOLDERS)
+    @implements(CHECK_GPU_HOLDERS)
     async def check_gpu_holders(self, inp: GpuHoldersInput) -> GpuHoldersResult:
         """Raises a retryable GpuStillHeld while anything holds the GPU(s): poll it with the
         retry policy before a reset."""
         return await self._run(repair.require_free, self._kube, inp)
 
-    @defn(ACT_FIND_RESET_GROUP)
+    @implements(FIND_RESET_GROUP)
     async def find_reset_group(self, inp: ResetGroupInput) -> ResetGroupResult:
         return await self._run(repair.reset_group, self._kube, inp)
 
-    @defn(ACT_FIND_DRAIN_PODS)
+    @implements(FIND_DRAIN_PODS)
     async def find_drain_pods(self, inp: DrainPodsInput) -> DrainPodsResult:
         return await self._run(repair.drain_pods, self._kube, inp, self.config.namespace)
 
-    @defn(ACT_START_RESET_JOB)
+    @implements(START_RESET_JOB)
     async def start_reset_job(self, inp: RepairJobInput) -> RepairJobStarted:
         result = await self._run(repair.start_reset_job, self._kube, inp, self.config)
         activity.logger.info(
@@ -108,7 +106,7 @@ class KubeRepairActivities:
         )
         return result
 
-    @defn(ACT_START_VALIDATION_JOB)
+    @implements(START_VALIDATION_JOB)
     async def start_validation_job(self, inp: ValidationJobInput) -> RepairJobStarted:
         result = await self._run(repair.start_validation_job, self._kube, inp, self.config)
         activity.logger.info(
@@ -121,18 +119,18 @@ class KubeRepairActivities:
         )
         return result
 
-    @defn(ACT_WAIT_REPAIR_JOB)
+    @implements(WAIT_FOR_REPAIR_JOB)
     async def wait_for_repair_job(self, inp: WaitRepairJobInput) -> RepairJobOutcome:
         """Retryable StillWaiting until the Job ends: poll with the retry policy, bounded by
         the rung's timeout (schedule_to_close). A non-retryable RepairJobRefused as soon as
         its pod is refused or cannot start, with the API's reason."""
         return await self._run(repair.wait_repair_job, self._kube, inp)
 
-    @defn(ACT_CLEAN_UP_REPAIR_JOB)
+    @implements(CLEAN_UP_REPAIR_JOB)
     async def clean_up_repair_job(self, inp: CleanUpRepairJobInput) -> None:
         await self._run(repair.clean_up_repair_job, self._kube, inp)
 
-    @defn(ACT_WAIT_NODE_GPUS)
+    @implements(WAIT_FOR_NODE_GPUS)
     async def wait_for_node_gpus(self, inp: WaitNodeGpusInput) -> NodeGpusResult:
         """Retryable StillWaiting until the node (or its replacement) is Ready with its GPUs
         published: poll with the retry policy, bounded by the rung's timeout."""

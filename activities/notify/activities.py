@@ -1,4 +1,5 @@
-"""`NotifyActivities`: ACT_NOTIFY sends one incident event to one named channel.
+"""`NotifyActivities`: `send-notification` (contract.notify.SEND_NOTIFICATION) sends one incident
+event to one named channel.
 
 Failures and retries, so that an escalation is never lost:
 - 429 / 5xx / timeouts -> retryable ApplicationError ERR_CHANNEL_UNAVAILABLE (Retry-After kept);
@@ -24,7 +25,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.defn import defn
+from activities.defn import implements
 from activities.notify.config import (
     Channel,
     ChannelsConfig,
@@ -35,8 +36,7 @@ from activities.notify.config import (
 from activities.notify.messages import pagerduty_event, slack_message, webhook_body
 from activities.outbound import ConfigError, SecretRef, provider_message, retry_after_seconds
 from contract.errors import ERR_CHANNEL_REJECTED, ERR_CHANNEL_UNAVAILABLE, ERR_CONFIG
-from contract.names import ACT_NOTIFY
-from contract.notify import NotifyInput, NotifyResult
+from contract.notify import SEND_NOTIFICATION, NotifyInput, NotifyResult
 
 
 class ChannelRejected(Exception):
@@ -65,11 +65,6 @@ class NotifyActivities:
         self._http = http or httpx.AsyncClient()
         self._ui_url = ui_url.rstrip("/") if ui_url else None  # Temporal Web UI base URL
 
-    @classmethod
-    def from_settings(cls, settings: Any) -> NotifyActivities:
-        """The worker's wiring: channels from `Settings.channels_file` (none when unset)."""
-        return cls(ChannelsConfig.load(settings.channels_file), ui_url=settings.temporal_ui_url)
-
     async def aclose(self) -> None:
         await self._http.aclose()
 
@@ -77,7 +72,7 @@ class NotifyActivities:
     def channel_names(self) -> list[str]:
         return sorted(self._channels.channels)
 
-    @defn(ACT_NOTIFY)
+    @implements(SEND_NOTIFICATION)
     async def notify(self, req: NotifyInput) -> NotifyResult:
         info = activity.info()
         earlier: list[str] = []

@@ -179,9 +179,9 @@ def _actions(settings: Settings, service: AlertService, api_client: Any) -> Acti
     if key is None:
         return Actions(None, service, None)
     if api_client is None:
-        from activities.kube.client import KubeSettings, load_api_client
+        from activities.kube.client import load_api_client
 
-        api_client = load_api_client(KubeSettings.from_settings(settings))
+        api_client = load_api_client(settings.kube_settings())
     secret = settings.slack_signing_secret_bytes()
     return Actions(
         key,

@@ -1,22 +1,35 @@
 """Typed activity calls of the node incident: one method per activity (input model -> result
-model, with its timeout and retry policy in one place), and REQUIRED_ACTIVITIES, which the
-worker checks at start. The rungs reuse the remediation's activities by name (budget lease,
+model, with its timeout and retry policy in one place), each through the activity's declaration
+(`contract.activity.Activity`), and REQUIRED_ACTIVITIES (the declarations imported here), which
+the worker checks at start. The rungs reuse the remediation's activities by name (budget lease,
 reboot / replace, validation Jobs, Events, notifications): nothing of theirs is copied."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
-    from contract.capacity import CapacityRequest, CapacityResult
+    from contract.activity import Activity, declared_in
+    from contract.budget import (
+        ACQUIRE_BUDGET_LEASE,
+        RELEASE_BUDGET_LEASE,
+        BudgetDecision,
+        BudgetLeaseRequest,
+        BudgetReleaseRequest,
+    )
+    from contract.capacity import REQUEST_CAPACITY, CapacityRequest, CapacityResult
     from contract.errors import ERR_CHANNEL_REJECTED, ERR_CONFIG, ERR_INVALID_INPUT
     from contract.kube import (
+        CORDON_NODE,
+        COUNT_DEVICES,
+        EVICT_PODS,
+        RECORD_EVENT,
+        WAIT_FOR_EVICTION,
+        WAIT_FOR_REPLACEMENT,
         CordonInput,
         CordonResult,
         CountDevicesInput,
@@ -29,33 +42,13 @@ with workflow.unsafe.imports_passed_through():
         WaitEvictionInput,
         WaitReplacementInput,
     )
-    from contract.names import (
-        ACT_ACQUIRE_BUDGET,
-        ACT_CLEAN_UP_REPAIR_JOB,
-        ACT_CONTAIN_NODE,
-        ACT_CORDON,
-        ACT_COUNT_DEVICES,
-        ACT_DIAGNOSE_NODE,
-        ACT_EVICT_PODS,
-        ACT_FIND_DRAIN_PODS,
-        ACT_FIND_GPU_PODS,
-        ACT_LOAD_RUNBOOKS,
-        ACT_NOTIFY,
-        ACT_REBOOT_NODE,
-        ACT_RECORD_EVENT,
-        ACT_RELEASE_BUDGET,
-        ACT_RELEASE_NODE,
-        ACT_REPLACE_NODE,
-        ACT_REQUEST_CAPACITY,
-        ACT_RESTART_GPU_PLUGIN,
-        ACT_START_VALIDATION_JOB,
-        ACT_WAIT_EVICTION,
-        ACT_WAIT_GPUS_BACK,
-        ACT_WAIT_NODE_GPUS,
-        ACT_WAIT_REPAIR_JOB,
-        ACT_WAIT_REPLACEMENT,
-    )
     from contract.node_incident import (
+        CONTAIN_NODE_GPUS,
+        DIAGNOSE_NODE_GPUS,
+        FIND_GPU_PODS_ON_NODE,
+        RELEASE_NODE_GPUS,
+        RESTART_GPU_PLUGIN,
+        WAIT_FOR_GPUS_BACK,
         ContainNodeInput,
         ContainNodeResult,
         DiagnoseNodeInput,
@@ -68,8 +61,15 @@ with workflow.unsafe.imports_passed_through():
         RestartPluginResult,
         WaitGpusBackInput,
     )
-    from contract.notify import NotifyInput, NotifyResult
+    from contract.notify import SEND_NOTIFICATION, NotifyInput, NotifyResult
     from contract.repair import (
+        CLEAN_UP_REPAIR_JOB,
+        FIND_DRAIN_PODS,
+        REBOOT_NODE,
+        REPLACE_NODE,
+        START_VALIDATION_JOB,
+        WAIT_FOR_NODE_GPUS,
+        WAIT_FOR_REPAIR_JOB,
         CleanUpRepairJobInput,
         DrainPodsInput,
         DrainPodsResult,
@@ -82,10 +82,11 @@ with workflow.unsafe.imports_passed_through():
         WaitNodeGpusInput,
         WaitRepairJobInput,
     )
-    from contract.runbook import RunbookSet
+    from contract.runbook import LOAD_RUNBOOKS, RunbookSet
+    from workflows.execute import execute
 
-T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+I = TypeVar("I")  # noqa: E741 - an activity's input model, as in Activity[I, R]
+R = TypeVar("R")
 
 # One Kubernetes or Temporal request each (diagnosis: a handful of LISTs). 30 s covers a slow
 # API server; 5 attempts with backoff up to 10 s ride out an API-server restart, then the step
@@ -153,198 +154,154 @@ CAPACITY_RETRY = RetryPolicy(
     maximum_attempts=4,
 )
 
-REQUIRED_ACTIVITIES: list[str] = []
-
-
-def calls(name: str) -> Callable[[F], F]:
-    def mark(fn: F) -> F:
-        REQUIRED_ACTIVITIES.append(name)
-        return fn
-
-    return mark
+# Every activity the node incident calls: the declarations this module imports (it imports
+# none it does not call: lint). The worker refuses to start without one of them.
+REQUIRED_ACTIVITIES = declared_in(globals())
 
 
 async def _call(
-    name: str,
-    arg: Any,
-    result_type: type[T],
+    decl: Activity[I, R],
+    arg: I,
     *,
     start_to_close: timedelta = CALL_TIMEOUT,
     retry: RetryPolicy = CALL_RETRY,
     limit: timedelta | None = None,
     heartbeat: timedelta | None = None,
-) -> T:
-    args = [] if arg is None else [arg]
-    return await workflow.execute_activity(
-        name,
-        args=args,
+) -> R:
+    return await execute(
+        decl,
+        arg,
         start_to_close_timeout=start_to_close,
         schedule_to_close_timeout=limit,
         heartbeat_timeout=heartbeat,
         retry_policy=retry,
-        result_type=result_type,
     )
 
 
 class NodeCalls:
-    @calls(ACT_LOAD_RUNBOOKS)
     async def load_runbooks(self) -> RunbookSet:
-        return await _call(ACT_LOAD_RUNBOOKS, None, RunbookSet)
+        return await _call(LOAD_RUNBOOKS, None)
 
-    @calls(ACT_DIAGNOSE_NODE)
     async def diagnose(self, inp: DiagnoseNodeInput) -> NodeDiagnosis:
-        return await _call(ACT_DIAGNOSE_NODE, inp, NodeDiagnosis)
+        return await _call(DIAGNOSE_NODE_GPUS, inp)
 
-    @calls(ACT_CONTAIN_NODE)
     async def contain(self, inp: ContainNodeInput) -> ContainNodeResult:
-        return await _call(ACT_CONTAIN_NODE, inp, ContainNodeResult)
+        return await _call(CONTAIN_NODE_GPUS, inp)
 
-    @calls(ACT_RELEASE_NODE)
     async def release(self, inp: ReleaseNodeInput) -> ContainNodeResult:
-        return await _call(ACT_RELEASE_NODE, inp, ContainNodeResult)
+        return await _call(RELEASE_NODE_GPUS, inp)
 
-    @calls(ACT_RESTART_GPU_PLUGIN)
     async def restart_plugin(self, inp: RestartPluginInput) -> RestartPluginResult:
-        return await _call(
-            ACT_RESTART_GPU_PLUGIN, inp, RestartPluginResult, start_to_close=RESTART_TIMEOUT
-        )
+        return await _call(RESTART_GPU_PLUGIN, inp, start_to_close=RESTART_TIMEOUT)
 
-    @calls(ACT_WAIT_GPUS_BACK)
     async def wait_gpus_back(self, inp: WaitGpusBackInput, limit: timedelta) -> GpusBackResult:
         return await _call(
-            ACT_WAIT_GPUS_BACK,
+            WAIT_FOR_GPUS_BACK,
             inp,
-            GpusBackResult,
             start_to_close=POLL_CALL_TIMEOUT,
             retry=POLL_RETRY,
             limit=limit,
         )
 
-    @calls(ACT_FIND_GPU_PODS)
     async def find_gpu_pods(self, inp: GpuPodsInput) -> GpuPodsResult:
-        return await _call(ACT_FIND_GPU_PODS, inp, GpuPodsResult)
+        return await _call(FIND_GPU_PODS_ON_NODE, inp)
 
-    @calls(ACT_RECORD_EVENT)
     async def record_event(self, inp: RecordEventInput) -> None:
-        await _call(ACT_RECORD_EVENT, inp, type(None))
+        await _call(RECORD_EVENT, inp)
 
-    @calls(ACT_NOTIFY)
     async def notify(self, inp: NotifyInput) -> NotifyResult:
         return await _call(
-            ACT_NOTIFY, inp, NotifyResult, start_to_close=NOTIFY_TIMEOUT, retry=NOTIFY_RETRY
+            SEND_NOTIFICATION, inp, start_to_close=NOTIFY_TIMEOUT, retry=NOTIFY_RETRY
         )
 
-    @calls(ACT_COUNT_DEVICES)
     async def count_devices(self, inp: CountDevicesInput) -> DeviceCounts:
-        return await _call(ACT_COUNT_DEVICES, inp, DeviceCounts)
+        return await _call(COUNT_DEVICES, inp)
 
-    @calls(ACT_ACQUIRE_BUDGET)
     async def acquire_budget(self, inp: BudgetLeaseRequest) -> BudgetDecision:
-        return await _call(ACT_ACQUIRE_BUDGET, inp, BudgetDecision)
+        return await _call(ACQUIRE_BUDGET_LEASE, inp)
 
-    @calls(ACT_RELEASE_BUDGET)
     async def release_budget(self, inp: BudgetReleaseRequest) -> BudgetDecision:
-        return await _call(ACT_RELEASE_BUDGET, inp, BudgetDecision)
+        return await _call(RELEASE_BUDGET_LEASE, inp)
 
-    @calls(ACT_CORDON)
     async def cordon(self, inp: CordonInput) -> CordonResult:
-        return await _call(ACT_CORDON, inp, CordonResult)
+        return await _call(CORDON_NODE, inp)
 
-    @calls(ACT_FIND_DRAIN_PODS)
     async def find_drain_pods(self, inp: DrainPodsInput) -> DrainPodsResult:
-        return await _call(ACT_FIND_DRAIN_PODS, inp, DrainPodsResult)
+        return await _call(FIND_DRAIN_PODS, inp)
 
-    @calls(ACT_EVICT_PODS)
     async def evict_pods(self, inp: EvictPodsInput) -> EvictPodsResult:
         return await _call(
-            ACT_EVICT_PODS,
+            EVICT_PODS,
             inp,
-            EvictPodsResult,
             start_to_close=EVICT_TIMEOUT,
             heartbeat=EVICT_HEARTBEAT,
         )
 
-    @calls(ACT_WAIT_EVICTION)
     async def wait_eviction(self, inp: WaitEvictionInput) -> EvictionReport:
         return await _call(
-            ACT_WAIT_EVICTION,
+            WAIT_FOR_EVICTION,
             inp,
-            EvictionReport,
             start_to_close=inp.timeout + timedelta(minutes=1),
             heartbeat=EVICT_HEARTBEAT,
         )
 
-    @calls(ACT_REBOOT_NODE)
     async def reboot_node(self, inp: MachineActionInput) -> MachineActionResult:
         return await _call(
-            ACT_REBOOT_NODE,
+            REBOOT_NODE,
             inp,
-            MachineActionResult,
             start_to_close=MACHINE_TIMEOUT,
             retry=MACHINE_RETRY,
         )
 
-    @calls(ACT_REPLACE_NODE)
     async def replace_node(self, inp: MachineActionInput) -> MachineActionResult:
         return await _call(
-            ACT_REPLACE_NODE,
+            REPLACE_NODE,
             inp,
-            MachineActionResult,
             start_to_close=MACHINE_TIMEOUT,
             retry=MACHINE_RETRY,
         )
 
-    @calls(ACT_WAIT_NODE_GPUS)
     async def wait_node_gpus(self, inp: WaitNodeGpusInput, limit: timedelta) -> NodeGpusResult:
         return await _call(
-            ACT_WAIT_NODE_GPUS,
+            WAIT_FOR_NODE_GPUS,
             inp,
-            NodeGpusResult,
             start_to_close=POLL_CALL_TIMEOUT,
             retry=POLL_RETRY,
             limit=limit,
         )
 
-    @calls(ACT_START_VALIDATION_JOB)
     async def start_validation(self, inp: ValidationJobInput) -> RepairJobStarted:
-        return await _call(ACT_START_VALIDATION_JOB, inp, RepairJobStarted)
+        return await _call(START_VALIDATION_JOB, inp)
 
-    @calls(ACT_WAIT_REPAIR_JOB)
     async def wait_job(self, inp: WaitRepairJobInput, limit: timedelta) -> RepairJobOutcome:
         return await _call(
-            ACT_WAIT_REPAIR_JOB,
+            WAIT_FOR_REPAIR_JOB,
             inp,
-            RepairJobOutcome,
             start_to_close=POLL_CALL_TIMEOUT,
             retry=POLL_RETRY,
             limit=limit,
         )
 
-    @calls(ACT_CLEAN_UP_REPAIR_JOB)
     async def clean_up_job(self, inp: CleanUpRepairJobInput) -> None:
-        await _call(ACT_CLEAN_UP_REPAIR_JOB, inp, type(None))
+        await _call(CLEAN_UP_REPAIR_JOB, inp)
 
-    @calls(ACT_WAIT_REPLACEMENT)
     async def wait_replacement(
         self, inp: WaitReplacementInput, limit: timedelta
     ) -> ReplacementReport:
         """The deadline-free watch (the workflow's timer cancels it), or with `look_once` one
         look; `limit`: the longest the wait may last, so the watch never times out first."""
         return await _call(
-            ACT_WAIT_REPLACEMENT,
+            WAIT_FOR_REPLACEMENT,
             inp,
-            ReplacementReport,
             start_to_close=LOOK_TIMEOUT if inp.look_once else limit + WAIT_MARGIN,
             heartbeat=None if inp.look_once else WAIT_HEARTBEAT,
             retry=WAIT_RETRY,
         )
 
-    @calls(ACT_REQUEST_CAPACITY)
     async def request_capacity(self, inp: CapacityRequest) -> CapacityResult:
         return await _call(
-            ACT_REQUEST_CAPACITY,
+            REQUEST_CAPACITY,
             inp,
-            CapacityResult,
             start_to_close=CAPACITY_TIMEOUT,
             heartbeat=CAPACITY_HEARTBEAT,
             retry=CAPACITY_RETRY,

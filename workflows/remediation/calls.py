@@ -1,9 +1,11 @@
 """Typed activity calls of the remediation: one method per activity, taking its input model
-and returning its result model, with the activity's name, result type, timeout and retry
-policy in one place, so mypy checks name, input and result together.
+and returning its result model, with its timeout and retry policy. Each calls through the
+activity's declaration (`contract.activity.Activity`, e.g. `contract.kube.QUARANTINE_DEVICE`),
+which the activity implements too, so mypy holds the method, the declaration and the
+implementation to the same input and result.
 
-Each method is registered in `REQUIRED_ACTIVITIES` (the worker refuses to start without one
-of them). Every call ends on `abort` (raises `Aborted`), except the notifications and the
+`REQUIRED_ACTIVITIES`: the declarations imported here (the worker refuses to start without
+one of them). Every call ends on `abort` (raises `Aborted`), except the notifications and the
 calls made while undoing after an abort.
 """
 
@@ -20,9 +22,18 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from contract.actors import ActorCheck, ActorVerdict
-    from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetReleaseRequest
+    from contract.activity import Activity, declared_in
+    from contract.actors import VERIFY_ACTOR, ActorCheck, ActorVerdict
+    from contract.budget import (
+        ACQUIRE_BUDGET_LEASE,
+        RELEASE_BUDGET_LEASE,
+        BudgetDecision,
+        BudgetLeaseRequest,
+        BudgetReleaseRequest,
+    )
     from contract.capacity import (
+        KARPENTER_CAPACITY,
+        REQUEST_CAPACITY,
         CapacityRequest,
         CapacityResult,
         KarpenterInput,
@@ -30,6 +41,19 @@ with workflow.unsafe.imports_passed_through():
     )
     from contract.errors import ERR_CHANNEL_REJECTED, ERR_CONFIG
     from contract.kube import (
+        CHECK_DEVICE_HEALTH,
+        CORDON_NODE,
+        COUNT_DEVICES,
+        EVICT_PODS,
+        FIND_CONSUMERS,
+        GATHER_EVIDENCE,
+        PREVIEW_QUARANTINE,
+        QUARANTINE_DEVICE,
+        RECORD_EVENT,
+        RELEASE_QUARANTINE,
+        RESOLVE_DEVICE,
+        WAIT_FOR_EVICTION,
+        WAIT_FOR_REPLACEMENT,
         CheckHealthInput,
         ConsumersResult,
         CordonInput,
@@ -54,46 +78,33 @@ with workflow.unsafe.imports_passed_through():
         WaitEvictionInput,
         WaitReplacementInput,
     )
-    from contract.launch import LaunchRequest, LaunchResult
-    from contract.ledger import LedgerDecision, RecordFailureInput, RecordRepairInput
-    from contract.names import (
-        ACT_ACQUIRE_BUDGET,
-        ACT_CHECK_GPU_HOLDERS,
-        ACT_CHECK_HEALTH,
-        ACT_CLAIM_ESCALATION,
-        ACT_CLEAN_UP_REPAIR_JOB,
-        ACT_CORDON,
-        ACT_COUNT_DEVICES,
-        ACT_EVICT_PODS,
-        ACT_FIND_CONSUMERS,
-        ACT_FIND_DRAIN_PODS,
-        ACT_FIND_RESET_GROUP,
-        ACT_GATHER_EVIDENCE,
-        ACT_KARPENTER_CAPACITY,
-        ACT_LOAD_RUNBOOKS,
-        ACT_NOTIFY,
-        ACT_PREVIEW_QUARANTINE,
-        ACT_QUARANTINE,
-        ACT_REBOOT_NODE,
-        ACT_RECORD_EVENT,
-        ACT_RECORD_GPU_FAILURE,
-        ACT_RECORD_GPU_REPAIR,
-        ACT_RELEASE_BUDGET,
-        ACT_RELEASE_QUARANTINE,
-        ACT_REPLACE_NODE,
-        ACT_REQUEST_CAPACITY,
-        ACT_RESOLVE_DEVICE,
-        ACT_SIGNAL_WITH_START,
-        ACT_START_RESET_JOB,
-        ACT_START_VALIDATION_JOB,
-        ACT_VERIFY_ACTOR,
-        ACT_WAIT_EVICTION,
-        ACT_WAIT_NODE_GPUS,
-        ACT_WAIT_REPAIR_JOB,
-        ACT_WAIT_REPLACEMENT,
+    from contract.launch import SIGNAL_WITH_START_REMEDIATION, LaunchRequest, LaunchResult
+    from contract.ledger import (
+        RECORD_GPU_FAILURE,
+        RECORD_GPU_REPAIR,
+        LedgerDecision,
+        RecordFailureInput,
+        RecordRepairInput,
     )
-    from contract.notify import EscalationClaim, EscalationClaimResult, NotifyInput, NotifyResult
+    from contract.notify import (
+        CLAIM_ESCALATION,
+        SEND_NOTIFICATION,
+        EscalationClaim,
+        EscalationClaimResult,
+        NotifyInput,
+        NotifyResult,
+    )
     from contract.repair import (
+        CHECK_GPU_HOLDERS,
+        CLEAN_UP_REPAIR_JOB,
+        FIND_DRAIN_PODS,
+        FIND_RESET_GROUP,
+        REBOOT_NODE,
+        REPLACE_NODE,
+        START_RESET_JOB,
+        START_VALIDATION_JOB,
+        WAIT_FOR_NODE_GPUS,
+        WAIT_FOR_REPAIR_JOB,
         CleanUpRepairJobInput,
         DrainPodsInput,
         DrainPodsResult,
@@ -111,11 +122,13 @@ with workflow.unsafe.imports_passed_through():
         WaitNodeGpusInput,
         WaitRepairJobInput,
     )
-    from contract.runbook import RunbookSet
+    from contract.runbook import LOAD_RUNBOOKS, RunbookSet
+    from workflows.execute import execute, execute_local
     from workflows.remediation.state import RemediationState
 
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+I = TypeVar("I")  # noqa: E741 - an activity's input model, as in Activity[I, R]
+R = TypeVar("R")
 
 # --- transport options (operational knobs live in the runbook) --------------------------------
 # Local activities: one Kubernetes/Temporal call each, milliseconds when healthy. 10 s covers a
@@ -212,18 +225,9 @@ MACHINE_RETRY = RetryPolicy(
 # activities; local activity failures surface as their cause (ApplicationError / timeout).
 ACTIVITY_FAILED = (ActivityError, ApplicationError, TemporalTimeoutError)
 
-# Every activity the remediation calls, in the order of the methods below.
-REQUIRED_ACTIVITIES: list[str] = []
-
-
-def calls(name: str) -> Callable[[F], F]:
-    """Marks a `Calls` method as the call of activity `name` (for REQUIRED_ACTIVITIES)."""
-
-    def mark(fn: F) -> F:
-        REQUIRED_ACTIVITIES.append(name)
-        return fn
-
-    return mark
+# Every activity the remediation calls: the declarations this module imports (it imports none
+# it does not call: lint). The worker refuses to start without one of them.
+REQUIRED_ACTIVITIES = declared_in(globals())
 
 
 class Aborted(Exception):
@@ -278,111 +282,81 @@ class Calls:
 
     # ------------------------------------------------------------ local activities ---------
 
-    @calls(ACT_LOAD_RUNBOOKS)
     async def load_runbooks(self) -> RunbookSet:
-        return await self._local(ACT_LOAD_RUNBOOKS, None, RunbookSet, "load runbooks")
+        return await self._local(LOAD_RUNBOOKS, None, "load runbooks")
 
-    @calls(ACT_RESOLVE_DEVICE)
     async def resolve_device(self, inp: ResolveDeviceInput) -> ResolvedDevice:
-        return await self._local(ACT_RESOLVE_DEVICE, inp, ResolvedDevice, "resolve")
+        return await self._local(RESOLVE_DEVICE, inp, "resolve")
 
-    @calls(ACT_GATHER_EVIDENCE)
     async def gather_evidence(self, inp: EvidenceInput) -> Evidence:
-        return await self._local(ACT_GATHER_EVIDENCE, inp, Evidence, "gather evidence")
+        return await self._local(GATHER_EVIDENCE, inp, "gather evidence")
 
-    @calls(ACT_FIND_CONSUMERS)
     async def find_consumers(self, inp: FindConsumersInput) -> ConsumersResult:
-        return await self._local(ACT_FIND_CONSUMERS, inp, ConsumersResult, "find consumers")
+        return await self._local(FIND_CONSUMERS, inp, "find consumers")
 
-    @calls(ACT_COUNT_DEVICES)
     async def count_devices(self, inp: CountDevicesInput) -> DeviceCounts:
-        return await self._local(ACT_COUNT_DEVICES, inp, DeviceCounts, "count devices")
+        return await self._local(COUNT_DEVICES, inp, "count devices")
 
-    @calls(ACT_ACQUIRE_BUDGET)
     async def acquire_budget(self, inp: BudgetLeaseRequest) -> BudgetDecision:
-        return await self._local(
-            ACT_ACQUIRE_BUDGET, inp, BudgetDecision, "acquire budget lease", budget=True
-        )
+        return await self._local(ACQUIRE_BUDGET_LEASE, inp, "acquire budget lease", budget=True)
 
-    @calls(ACT_RELEASE_BUDGET)
     async def release_budget(
         self, inp: BudgetReleaseRequest, label: str = "release budget lease"
     ) -> BudgetDecision:
-        return await self._local(ACT_RELEASE_BUDGET, inp, BudgetDecision, label, budget=True)
+        return await self._local(RELEASE_BUDGET_LEASE, inp, label, budget=True)
 
-    @calls(ACT_QUARANTINE)
     async def quarantine(self, inp: QuarantineInput, label: str) -> QuarantineResult:
-        return await self._local(ACT_QUARANTINE, inp, QuarantineResult, label)
+        return await self._local(QUARANTINE_DEVICE, inp, label)
 
-    @calls(ACT_PREVIEW_QUARANTINE)
     async def preview_quarantine(self, inp: QuarantineInput) -> QuarantineResult:
-        return await self._local(
-            ACT_PREVIEW_QUARANTINE, inp, QuarantineResult, "preview quarantine"
-        )
+        return await self._local(PREVIEW_QUARANTINE, inp, "preview quarantine")
 
-    @calls(ACT_RELEASE_QUARANTINE)
     async def release_quarantine(self, inp: ReleaseInput) -> ReleaseResult:
-        return await self._local(ACT_RELEASE_QUARANTINE, inp, ReleaseResult, "release quarantine")
+        return await self._local(RELEASE_QUARANTINE, inp, "release quarantine")
 
-    @calls(ACT_CORDON)
     async def cordon(self, inp: CordonInput, label: str) -> CordonResult:
-        return await self._local(ACT_CORDON, inp, CordonResult, label)
+        return await self._local(CORDON_NODE, inp, label)
 
-    @calls(ACT_KARPENTER_CAPACITY)
     async def karpenter_capacity(self, inp: KarpenterInput, label: str) -> KarpenterResult:
-        return await self._local(ACT_KARPENTER_CAPACITY, inp, KarpenterResult, label)
+        return await self._local(KARPENTER_CAPACITY, inp, label)
 
-    @calls(ACT_CHECK_HEALTH)
     async def check_health(self, inp: CheckHealthInput) -> HealthResult:
-        return await self._local(ACT_CHECK_HEALTH, inp, HealthResult, "check health")
+        return await self._local(CHECK_DEVICE_HEALTH, inp, "check health")
 
-    @calls(ACT_RECORD_EVENT)
     async def record_event(self, inp: RecordEventInput, label: str) -> None:
-        await self._local(ACT_RECORD_EVENT, inp, type(None), label)
+        await self._local(RECORD_EVENT, inp, label)
 
-    @calls(ACT_SIGNAL_WITH_START)
     async def signal_with_start(self, inp: LaunchRequest) -> LaunchResult:
-        return await self._local(ACT_SIGNAL_WITH_START, inp, LaunchResult, "hand over")
+        return await self._local(SIGNAL_WITH_START_REMEDIATION, inp, "hand over")
 
     # The GPU ledger's updates retry a refused update inside the activity, as the lease's do.
-    @calls(ACT_RECORD_GPU_FAILURE)
     async def record_gpu_failure(self, inp: RecordFailureInput) -> LedgerDecision:
-        return await self._local(
-            ACT_RECORD_GPU_FAILURE, inp, LedgerDecision, "record GPU failure", budget=True
-        )
+        return await self._local(RECORD_GPU_FAILURE, inp, "record GPU failure", budget=True)
 
-    @calls(ACT_RECORD_GPU_REPAIR)
     async def record_gpu_repair(self, inp: RecordRepairInput) -> LedgerDecision:
-        return await self._local(
-            ACT_RECORD_GPU_REPAIR, inp, LedgerDecision, "record GPU repair", budget=True
-        )
+        return await self._local(RECORD_GPU_REPAIR, inp, "record GPU repair", budget=True)
 
     # ------------------------------------------------------------ regular activities -------
 
-    @calls(ACT_EVICT_PODS)
     async def evict_pods(self, inp: EvictPodsInput) -> EvictPodsResult:
         # The activity retries what a PodDisruptionBudget refuses for `retry_blocked_for`.
         return await self._activity(
-            ACT_EVICT_PODS,
+            EVICT_PODS,
             inp,
-            EvictPodsResult,
             start_to_close=EVICT_TIMEOUT + (inp.retry_blocked_for or timedelta(0)),
             heartbeat=EVICT_HEARTBEAT,
             retry=WAIT_RETRY,
         )
 
-    @calls(ACT_WAIT_EVICTION)
     async def wait_eviction(self, inp: WaitEvictionInput) -> EvictionReport:
         return await self._activity(
-            ACT_WAIT_EVICTION,
+            WAIT_FOR_EVICTION,
             inp,
-            EvictionReport,
             start_to_close=inp.timeout + WAIT_MARGIN,
             heartbeat=WAIT_HEARTBEAT,
             retry=WAIT_RETRY,
         )
 
-    @calls(ACT_WAIT_REPLACEMENT)
     async def wait_replacement(
         self, inp: WaitReplacementInput, limit: timedelta
     ) -> ReplacementReport:
@@ -390,9 +364,8 @@ class Calls:
         `look_once` one look; `limit`: the longest the wait may still last (extensions
         included), so the watch never times out before the timer fires."""
         return await self._activity(
-            ACT_WAIT_REPLACEMENT,
+            WAIT_FOR_REPLACEMENT,
             inp,
-            ReplacementReport,
             start_to_close=LOOK_TIMEOUT if inp.look_once else limit + WAIT_MARGIN,
             heartbeat=None if inp.look_once else WAIT_HEARTBEAT,
             retry=WAIT_RETRY,
@@ -402,35 +375,29 @@ class Calls:
             # with its next heartbeat (up to 48 s later).
         )
 
-    @calls(ACT_REQUEST_CAPACITY)
     async def request_capacity(self, inp: CapacityRequest) -> CapacityResult:
         return await self._activity(
-            ACT_REQUEST_CAPACITY,
+            REQUEST_CAPACITY,
             inp,
-            CapacityResult,
             start_to_close=CAPACITY_TIMEOUT,
             heartbeat=CAPACITY_HEARTBEAT,
             retry=CAPACITY_RETRY,
         )
 
-    @calls(ACT_NOTIFY)
     async def notify(self, inp: NotifyInput) -> NotifyResult:
         # Not interrupted by an abort: a page already on its way is delivered (or resolved).
         return await self._activity(
-            ACT_NOTIFY,
+            SEND_NOTIFICATION,
             inp,
-            NotifyResult,
             start_to_close=NOTIFY_TIMEOUT,
             retry=NOTIFY_RETRY,
             interruptible=False,
         )
 
-    @calls(ACT_CLAIM_ESCALATION)
     async def claim_escalation(self, inp: EscalationClaim) -> EscalationClaimResult:
         return await self._activity(
-            ACT_CLAIM_ESCALATION,
+            CLAIM_ESCALATION,
             inp,
-            EscalationClaimResult,
             start_to_close=CLAIM_TIMEOUT,
             retry=CLAIM_RETRY,
             interruptible=False,
@@ -438,88 +405,74 @@ class Calls:
 
     # ------------------------------------------------------------ repair rungs --------------
 
-    @calls(ACT_FIND_RESET_GROUP)
     async def find_reset_group(self, inp: ResetGroupInput) -> ResetGroupResult:
-        return await self._repair(ACT_FIND_RESET_GROUP, inp, ResetGroupResult)
+        return await self._repair(FIND_RESET_GROUP, inp)
 
-    @calls(ACT_FIND_DRAIN_PODS)
     async def find_drain_pods(self, inp: DrainPodsInput) -> DrainPodsResult:
-        return await self._repair(ACT_FIND_DRAIN_PODS, inp, DrainPodsResult)
+        return await self._repair(FIND_DRAIN_PODS, inp)
 
-    @calls(ACT_CHECK_GPU_HOLDERS)
     async def check_gpu_holders(self, inp: GpuHoldersInput, limit: timedelta) -> GpuHoldersResult:
-        return await self._repair(ACT_CHECK_GPU_HOLDERS, inp, GpuHoldersResult, poll=limit)
+        return await self._repair(CHECK_GPU_HOLDERS, inp, poll=limit)
 
-    @calls(ACT_START_RESET_JOB)
     async def start_reset_job(self, inp: RepairJobInput) -> RepairJobStarted:
-        return await self._repair(ACT_START_RESET_JOB, inp, RepairJobStarted)
+        return await self._repair(START_RESET_JOB, inp)
 
-    @calls(ACT_START_VALIDATION_JOB)
     async def start_validation_job(self, inp: ValidationJobInput) -> RepairJobStarted:
-        return await self._repair(ACT_START_VALIDATION_JOB, inp, RepairJobStarted)
+        return await self._repair(START_VALIDATION_JOB, inp)
 
-    @calls(ACT_WAIT_REPAIR_JOB)
     async def wait_for_repair_job(
         self, inp: WaitRepairJobInput, limit: timedelta
     ) -> RepairJobOutcome:
-        return await self._repair(ACT_WAIT_REPAIR_JOB, inp, RepairJobOutcome, poll=limit)
+        return await self._repair(WAIT_FOR_REPAIR_JOB, inp, poll=limit)
 
-    @calls(ACT_CLEAN_UP_REPAIR_JOB)
     async def clean_up_repair_job(self, inp: CleanUpRepairJobInput) -> None:
-        await self._repair(ACT_CLEAN_UP_REPAIR_JOB, inp, type(None))
+        await self._repair(CLEAN_UP_REPAIR_JOB, inp)
 
-    @calls(ACT_REBOOT_NODE)
     async def reboot_node(self, inp: MachineActionInput) -> MachineActionResult:
-        return await self._machine(ACT_REBOOT_NODE, inp)
+        return await self._machine(REBOOT_NODE, inp)
 
-    @calls(ACT_REPLACE_NODE)
     async def replace_node(self, inp: MachineActionInput) -> MachineActionResult:
-        return await self._machine(ACT_REPLACE_NODE, inp)
+        return await self._machine(REPLACE_NODE, inp)
 
-    @calls(ACT_VERIFY_ACTOR)
     async def verify_actor(self, check: ActorCheck) -> ActorVerdict:
         # Called from a signal/update handler: never raises Aborted (an abort in flight must
         # not fail the handler); a pure HMAC check, so LOCAL_TIMEOUT/LOCAL_RETRY are ample.
-        return await workflow.execute_local_activity(
-            ACT_VERIFY_ACTOR,
+        return await execute_local(
+            VERIFY_ACTOR,
             check,
-            result_type=ActorVerdict,
             start_to_close_timeout=LOCAL_TIMEOUT,
             retry_policy=LOCAL_RETRY,
             summary=f"verify {check.action} by {check.actor.user}",
         )
 
-    @calls(ACT_WAIT_NODE_GPUS)
     async def wait_for_node_gpus(self, inp: WaitNodeGpusInput, limit: timedelta) -> NodeGpusResult:
-        return await self._repair(ACT_WAIT_NODE_GPUS, inp, NodeGpusResult, poll=limit)
+        return await self._repair(WAIT_FOR_NODE_GPUS, inp, poll=limit)
 
-    async def _repair(
-        self, name: str, arg: Any, result_type: type[T], poll: timedelta | None = None
-    ) -> T:
+    async def _repair(self, decl: Activity[I, R], arg: I, poll: timedelta | None = None) -> R:
         if self._state.abort is not None:
             raise Aborted()
-        call = workflow.execute_activity(
-            name,
+        call = execute(
+            decl,
             arg,
-            result_type=result_type,
             start_to_close_timeout=POLL_CALL_TIMEOUT if poll else REPAIR_CALL_TIMEOUT,
             schedule_to_close_timeout=poll,
             retry_policy=POLL_RETRY if poll else REPAIR_CALL_RETRY,
-            summary=name,
+            summary=decl.name,
         )
         return await self._race(call)
 
-    async def _machine(self, name: str, inp: MachineActionInput) -> MachineActionResult:
+    async def _machine(
+        self, decl: Activity[MachineActionInput, MachineActionResult], inp: MachineActionInput
+    ) -> MachineActionResult:
         # Not interrupted by an abort once asked: the request's answer (or its failure) is
         # recorded in the timeline, never left unknown.
-        return await workflow.execute_activity(
-            name,
+        return await execute(
+            decl,
             inp,
-            result_type=MachineActionResult,
             start_to_close_timeout=MACHINE_TIMEOUT,
             heartbeat_timeout=MACHINE_HEARTBEAT,
             retry_policy=MACHINE_RETRY,
-            summary=f"{name} {inp.node} (attempt {inp.attempt})",
+            summary=f"{decl.name} {inp.node} (attempt {inp.attempt})",
         )
 
     # ------------------------------------------------------------ waits ---------------------
@@ -559,15 +512,12 @@ class Calls:
 
     # ------------------------------------------------------------ plumbing ------------------
 
-    async def _local(
-        self, name: str, arg: Any, result_type: type[T], label: str, budget: bool = False
-    ) -> T:
+    async def _local(self, decl: Activity[I, R], arg: I, label: str, budget: bool = False) -> R:
         if self._state.abort is not None and not self._state.undoing:
             raise Aborted()
-        return await workflow.execute_local_activity(
-            name,
-            *([arg] if arg is not None else []),
-            result_type=result_type,
+        return await execute_local(
+            decl,
+            arg,
             start_to_close_timeout=BUDGET_TIMEOUT if budget else LOCAL_TIMEOUT,
             retry_policy=BUDGET_RETRY if budget else LOCAL_RETRY,
             summary=label,
@@ -575,9 +525,8 @@ class Calls:
 
     async def _activity(
         self,
-        name: str,
-        arg: Any,
-        result_type: type[T],
+        decl: Activity[I, R],
+        arg: I,
         *,
         start_to_close: timedelta,
         retry: RetryPolicy,
@@ -586,19 +535,18 @@ class Calls:
         cancellation: workflow.ActivityCancellationType = (
             workflow.ActivityCancellationType.TRY_CANCEL
         ),
-    ) -> T:
+    ) -> R:
         interruptible = interruptible and not self._state.undoing
         if interruptible and self._state.abort is not None:
             raise Aborted()
-        call = workflow.execute_activity(
-            name,
+        call = execute(
+            decl,
             arg,
-            result_type=result_type,
             start_to_close_timeout=start_to_close,
             heartbeat_timeout=heartbeat,
             retry_policy=retry,
             cancellation_type=cancellation,
-            summary=name,
+            summary=decl.name,
         )
         if not interruptible:
             return await call
