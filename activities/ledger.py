@@ -1,6 +1,6 @@
 """GPU ledger activities: the remediation's way to the `sickbay-gpu-ledger` workflow.
 
-Like the budget lease activities (activities/budget.py): workflows cannot send updates to other
+Like the budget lease activities (activities/budget_client.py): workflows cannot send updates to other
 workflows, so these activities do it with the Temporal client, by update-with-start (the ledger
 is created on first use, `USE_EXISTING` afterwards; a ledger between continue-as-new runs is
 retried), with the same jittered retry of refused updates (activities/update_with_start.py).

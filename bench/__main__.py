@@ -211,7 +211,7 @@ def findings(results: dict[str, Any]) -> list[str]:
     if refused:
         out.append(
             f"Budget: {refused} lease updates were refused by Temporal's limit of in-flight "
-            "updates per workflow and retried with jittered backoff (activities/budget.py caps "
+            "updates per workflow and retried with jittered backoff (activities/budget_client.py caps "
             "the updates one worker has in flight); each refusal is a retry, not a loss."
         )
     return out

@@ -9,7 +9,7 @@ Then every holder releases at once. Measured, per round:
 - seconds until every acquirer had its answer, and until every release had its answer;
 - leases granted and refused (exactly `limit` granted is the budget's contract; the tests
   check it, this only reports it);
-- update RPCs refused by the server and retried with backoff (activities/budget.py).
+- update RPCs refused by the server and retried with backoff (activities/budget_client.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.budget import BudgetActivities
+from activities.budget_client import BudgetActivities
 from bench.common import summary
 from contract.budget import BudgetLeaseRequest, BudgetReleaseRequest
 from contract.names import budget_task_queue

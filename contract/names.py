@@ -44,7 +44,7 @@ QRY_STATUS = "status"
 # --- budget workflow -----------------------------------------------------------------------
 UPD_BUDGET_ACQUIRE = "acquire"
 UPD_BUDGET_RELEASE = "release"
-# Several acquires in one update, answered in order (activities/budget.py batches concurrent
+# Several acquires in one update, answered in order (activities/budget_client.py batches concurrent
 # lease requests of one worker into it).
 UPD_BUDGET_ACQUIRE_MANY = "acquire-many"
 QRY_BUDGET_STATE = "state"

@@ -53,7 +53,7 @@ MIG_CLASS = "mig.nvidia.com"
 POOL_LABEL = "sickbay.dev/node-pool"
 GKE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 GPU_UUIDS_ANNOTATION = "sickbay.dev/gpu-uuids"
-# Sickbay's reset-group convention (contract/repair.py has the same names).
+# Sickbay's reset-group convention (contract/repair_rungs.py has the same names).
 RESET_GROUP_ATTRIBUTE = "sickbay.dev/resetGroup"
 RESET_GROUP_LABEL = "sickbay.dev/gpu-reset-group"
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")

@@ -3,7 +3,7 @@
 - the namespace (SICKBAY_REPAIR_NAMESPACE) exists;
 - its Pod Security `enforce` level admits the pods Sickbay will create there: the reset pod
   (a runbook with the reset rung) and the validation pod (a runbook with validation on), built
-  by the very code the repair activities run (activities/kube/repair.py) and judged by the
+  by the very code the repair activities run (activities/kube/repair_jobs.py) and judged by the
   standard's checks (activities/kube/podsecurity.py). A level that refuses one is an error
   naming the level it needs: on a real cluster the Jobs would be accepted and every pod refused;
 - the operator's allowlist (SICKBAY_REPAIR_ALLOWLIST) names an image for each kind of pod the
@@ -16,8 +16,8 @@ from typing import Any
 
 from activities.kube import podsecurity
 from activities.kube.client import ErrorKind, Kube, KubeError
-from activities.kube.repair import RepairConfig, reset_job_manifest, validation_manifests
-from contract.repair import RepairJobInput, ValidationJobInput
+from activities.kube.repair_jobs import RepairConfig, reset_job_manifest, validation_manifests
+from contract.repair_rungs import RepairJobInput, ValidationJobInput
 from contract.runbook import AllowedWork, RepairAllowlist, RepairWork, Runbook
 from worker.doctor import Check
 

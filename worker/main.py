@@ -40,7 +40,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.actors import ActorActivities
-from activities.budget import BudgetActivities
+from activities.budget_client import BudgetActivities
 from activities.capacity import CapacityActivities
 from activities.cloud import CloudActivities
 from activities.cloud.config import CloudConfig
@@ -51,8 +51,8 @@ from activities.kube.client import Kube, KubeError
 from activities.kube.events import report_pause as post_pause_event
 from activities.kube.events import report_runbooks_invalid
 from activities.kube.node_diagnosis import NodeIncidentActivities
-from activities.kube.repair import RepairConfig
 from activities.kube.repair_activities import KubeRepairActivities
+from activities.kube.repair_jobs import RepairConfig
 from activities.launch import LaunchActivities
 from activities.ledger import LedgerActivities
 from activities.maintenance import MaintenanceActivities

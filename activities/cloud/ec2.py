@@ -46,7 +46,7 @@ from activities.cloud.machines import (
 )
 from activities.outbound import ConfigError
 from contract.capacity import NodePoolTarget
-from contract.repair import MachineActionResult
+from contract.repair_rungs import MachineActionResult
 
 _AWS_INSTANCE = re.compile(r"^aws:///([a-z0-9-]+)/(i-[0-9a-f]+)$")
 # The region of an availability zone (us-west-2a -> us-west-2; us-gov-west-1b -> us-gov-west-1),

@@ -91,7 +91,7 @@ from activities.heartbeat import heartbeating
 from activities.outbound import ConfigError
 from contract.capacity import NodePoolTarget
 from contract.errors import ERR_CLOUD_UNAVAILABLE, ERR_PROVIDER_NOT_CONFIGURED, ERR_PROVIDER_REFUSED
-from contract.repair import REBOOT_NODE, REPLACE_NODE, MachineActionInput, MachineActionResult
+from contract.repair_rungs import REBOOT_NODE, REPLACE_NODE, MachineActionInput, MachineActionResult
 
 GROUP = "cluster.x-k8s.io"
 VERSION = "v1beta1"

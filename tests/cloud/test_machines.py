@@ -38,7 +38,7 @@ from activities.cloud.machines import (
 from activities.kube.repair_activities import KubeRepairActivities
 from contract.capacity import NodePoolTarget
 from contract.errors import ERR_CLOUD_UNAVAILABLE, ERR_PROVIDER_NOT_CONFIGURED, ERR_STILL_WAITING
-from contract.repair import MachineActionInput, NodeGpusResult, WaitNodeGpusInput
+from contract.repair_rungs import MachineActionInput, NodeGpusResult, WaitNodeGpusInput
 from tests.activities.kube.conftest import KubeTwin, twin
 from twin.clock import Clock
 from twin.controllers.manager import ControllerManager, TwinOptions

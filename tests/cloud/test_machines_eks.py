@@ -47,7 +47,7 @@ from contract.errors import (
     ERR_PROVIDER_REFUSED,
     ERR_STILL_WAITING,
 )
-from contract.repair import MachineActionInput, WaitNodeGpusInput
+from contract.repair_rungs import MachineActionInput, WaitNodeGpusInput
 from tests.activities.kube.conftest import twin
 from tests.activities.kube.rbac_proxy import deploy_rules
 from tests.cloud.aws_twin import REGION, aws_config, aws_env

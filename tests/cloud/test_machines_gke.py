@@ -38,7 +38,7 @@ from contract.errors import (
     ERR_PROVIDER_REFUSED,
     ERR_STILL_WAITING,
 )
-from contract.repair import MachineActionInput, WaitNodeGpusInput
+from contract.repair_rungs import MachineActionInput, WaitNodeGpusInput
 from tests.activities.kube.conftest import twin
 from twin.clock import Clock
 from twin.cloudapi import CloudApi, CloudApiServer, TwinPool

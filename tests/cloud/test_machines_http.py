@@ -32,7 +32,7 @@ from contract.errors import (
     ERR_PROVIDER_NOT_CONFIGURED,
     ERR_PROVIDER_REFUSED,
 )
-from contract.repair import MachineActionInput
+from contract.repair_rungs import MachineActionInput
 from tests.activities.kube.conftest import twin
 from twin.clock import Clock
 from twin.cloudapi import CloudApi, CloudApiServer

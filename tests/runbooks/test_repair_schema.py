@@ -1,4 +1,4 @@
-"""The repair blocks of a runbook (contract/repair.py) and the ladder choice:
+"""The repair blocks of a runbook (contract/repair_rungs.py) and the ladder choice:
 
 - `ladder_for`: an Xid a rung lists picks that rung; an Xid no rung lists, or none, goes by
   class; a reset never applies to Xid 79, even through `classes`; repair off -> no rung;

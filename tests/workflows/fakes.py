@@ -25,7 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.actors import ActorActivities
-from activities.budget import BudgetActivities
+from activities.budget_client import BudgetActivities
 from activities.capacity import CapacityActivities
 from activities.kube import KubeActivities
 from activities.launch import LaunchActivities

@@ -26,7 +26,7 @@ from contract.names import (
     ACT_WAIT_NODE_GPUS,
     ACT_WAIT_REPAIR_JOB,
 )
-from contract.repair import (
+from contract.repair_rungs import (
     CleanUpRepairJobInput,
     DrainPodsInput,
     DrainPodsResult,

@@ -29,7 +29,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.budget import BudgetActivities
+from activities.budget_client import BudgetActivities
 from activities.launch import signal_with_start
 from contract.budget import (
     BudgetDecision,

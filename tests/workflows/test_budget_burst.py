@@ -26,7 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.budget import BudgetActivities
+from activities.budget_client import BudgetActivities
 from activities.update_with_start import is_retryable
 from contract.budget import (
     BudgetDecision,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.budget import BudgetActivities
+from activities.budget_client import BudgetActivities
 from contract.budget import BudgetDecision, BudgetDecisions, BudgetLeaseRequest
 from contract.names import (
     DEFAULT_TASK_QUEUE,

@@ -107,7 +107,7 @@ from contract.node_incident import (
 )
 from contract.notify import NotifyInput, NotifyResult
 from contract.remediation import AbortRequest
-from contract.repair import (
+from contract.repair_rungs import (
     CleanUpRepairJobInput,
     DrainPodsInput,
     DrainPodsResult,

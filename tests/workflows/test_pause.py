@@ -16,7 +16,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.budget import BudgetActivities
+from activities.budget_client import BudgetActivities
 from contract.budget import (
     BudgetLeaseRequest,
     BudgetState,

@@ -10,7 +10,7 @@ import uuid
 
 from temporalio.testing import WorkflowEnvironment
 
-from activities.budget import BudgetActivities
+from activities.budget_client import BudgetActivities
 from contract.budget import PauseAnswer, PauseRequest, ResumeRequest
 from contract.names import UPD_BUDGET_PAUSE, UPD_BUDGET_RESUME
 from tests.workflows.test_pause import _budget_worker

@@ -44,7 +44,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.budget import BudgetActivities
+from activities.budget_client import BudgetActivities
 from contract.budget import BudgetDecision, BudgetLeaseRequest, BudgetState
 from contract.errors import (
     ERR_PROVIDER_NOT_CONFIGURED,

@@ -58,7 +58,7 @@ from contract.names import (
     QRY_TIMELINE,
 )
 from contract.remediation import Phase, RemediationStatus, TimelineEntry
-from contract.repair import RepairJobOutcome, WaitRepairJobInput
+from contract.repair_rungs import RepairJobOutcome, WaitRepairJobInput
 from contract.runbook import Runbook
 from tests.workflows.fakes import (
     FakeWorld,

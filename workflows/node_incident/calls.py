@@ -62,7 +62,7 @@ with workflow.unsafe.imports_passed_through():
         WaitGpusBackInput,
     )
     from contract.notify import SEND_NOTIFICATION, NotifyInput, NotifyResult
-    from contract.repair import (
+    from contract.repair_rungs import (
         CLEAN_UP_REPAIR_JOB,
         FIND_DRAIN_PODS,
         REBOOT_NODE,

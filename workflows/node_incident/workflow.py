@@ -81,7 +81,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from contract.notify import Incident, NotifyInput
     from contract.remediation import AbortRequest, Phase
-    from contract.repair import (
+    from contract.repair_rungs import (
         CleanUpRepairJobInput,
         DrainPodsInput,
         MachineActionInput,

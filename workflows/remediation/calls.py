@@ -94,7 +94,7 @@ with workflow.unsafe.imports_passed_through():
         NotifyInput,
         NotifyResult,
     )
-    from contract.repair import (
+    from contract.repair_rungs import (
         CHECK_GPU_HOLDERS,
         CLEAN_UP_REPAIR_JOB,
         FIND_DRAIN_PODS,

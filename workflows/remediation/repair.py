@@ -56,7 +56,7 @@ with workflow.unsafe.imports_passed_through():
         PodRef,
     )
     from contract.remediation import Phase
-    from contract.repair import (
+    from contract.repair_rungs import (
         CleanUpRepairJobInput,
         DrainPodsInput,
         GpuHoldersInput,

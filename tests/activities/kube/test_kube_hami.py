@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.kube import KubeActivities, KubeSettings, hami, repair
+from activities.kube import KubeActivities, KubeSettings, hami, repair_jobs
 from contract.errors import ERR_DEVICE_NOT_FOUND, ERR_HAMI_UNREADABLE
 from contract.kube import (
     CheckHealthInput,
@@ -47,7 +47,7 @@ from contract.kube import (
     WaitReplacementInput,
 )
 from contract.names import TAINT_KEY
-from contract.repair import GpuHoldersInput
+from contract.repair_rungs import GpuHoldersInput
 from tests.activities.kube.conftest import KubeTwin, twin
 
 WF = "sickbay-remediate-hami"
@@ -224,11 +224,11 @@ def test_repair_holders_and_node_gpus_from_hamis_records(tmp_path: Path) -> None
         first, second = (g["id"] for g in _register(t, node))
         _holder(t, "vdi", "desk", node, f"{first},NVIDIA,20000,0:;")
         kube = t.acts.kube
-        held = repair.gpu_holders(kube, GpuHoldersInput(node=node, gpu_uuids=[first]))
+        held = repair_jobs.gpu_holders(kube, GpuHoldersInput(node=node, gpu_uuids=[first]))
         assert held.holders == ["vdi/desk (HAMi share)"]
-        free = repair.gpu_holders(kube, GpuHoldersInput(node=node, gpu_uuids=[second]))
+        free = repair_jobs.gpu_holders(kube, GpuHoldersInput(node=node, gpu_uuids=[second]))
         assert free.holders == []
-        assert repair.node_gpus(kube, node) == [first, second]
+        assert repair_jobs.node_gpus(kube, node) == [first, second]
 
 
 async def test_volcano_vgpu_node_is_read_and_quarantined_at_node_level(tmp_path: Path) -> None:

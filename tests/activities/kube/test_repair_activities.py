@@ -1,4 +1,4 @@
-"""The GPU rungs' activities (activities/kube/repair.py) against the twin with its controllers
+"""The GPU rungs' activities (activities/kube/repair_jobs.py) against the twin with its controllers
 (Job controller, scheduler with DRA allocation, kubelet stand-in playing nvidia-smi / dcgmi).
 
 Cases:
@@ -48,8 +48,8 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.kube.repair import RepairConfig
 from activities.kube.repair_activities import KubeRepairActivities
+from activities.kube.repair_jobs import RepairConfig
 from contract.errors import (
     ERR_GPU_HELD,
     ERR_REPAIR_JOB_REFUSED,
@@ -57,7 +57,7 @@ from contract.errors import (
     ERR_STILL_WAITING,
 )
 from contract.names import REPAIR_NAMESPACE
-from contract.repair import (
+from contract.repair_rungs import (
     CleanUpRepairJobInput,
     DrainPodsInput,
     GpuHoldersInput,
@@ -410,7 +410,7 @@ async def test_drain_lists_of_a_group_and_of_the_node(make: Any, profile: str) -
 def test_a_new_incident_of_the_same_gpu_gets_its_own_jobs() -> None:
     """The same GPU failing again later (a new run of the same workflow id) must not read the
     Job an earlier incident left behind (kept a day by its TTL) as its own attempt's result."""
-    from activities.kube.repair import reset_job_manifest, validation_manifests
+    from activities.kube.repair_jobs import reset_job_manifest, validation_manifests
 
     def reset(incident: str) -> str:
         inp = RepairJobInput(workflow_id="wf", incident=incident, node="n", gpu_uuids=["GPU-1"])

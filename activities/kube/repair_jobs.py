@@ -74,7 +74,7 @@ from contract.names import (
     RESET_GROUP_ATTRIBUTE,
     RESET_GROUP_LABEL,
 )
-from contract.repair import (
+from contract.repair_rungs import (
     CleanUpRepairJobInput,
     DrainPodsInput,
     DrainPodsResult,
