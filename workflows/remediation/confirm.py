@@ -172,7 +172,7 @@ async def _gather(
             chosen = select_runbook(runbooks.runbooks, consumers.consumers, s.inp.runbook)
             if chosen.runbook.spec.dry_run:
                 return None
-            return await ask_lease(r, device, chosen.runbook, counts)
+            return await ask_lease(r, device, chosen.runbook.spec.budget, counts)
         except ACTIVITY_FAILED as err:
             # Counts or budget unreachable: the guard step reports it as its first try
             # ("budget service unavailable", escalate, retry) as without the early request.

@@ -225,7 +225,7 @@ async def _try_lease(
     raises when the budget cannot be reached. `counts` given: reused instead of counting again; `asked` given: the answer
     of a request already made (concurrent confirm)."""
     if asked is None:
-        asked = await ask_lease(r, device, runbook, counts)
+        asked = await ask_lease(r, device, runbook.spec.budget, counts)
     if asked.error is not None:
         raise asked.error
     assert asked.counts is not None and asked.decision is not None

@@ -16,7 +16,7 @@ with workflow.unsafe.imports_passed_through():
         BudgetReleaseRequest,
     )
     from contract.kube import CountDevicesInput, DeviceCounts, ResolvedDevice
-    from contract.runbook import BudgetPolicy, Runbook
+    from contract.runbook import BudgetPolicy
     from workflows.remediation.calls import ACTIVITY_FAILED, error_text
     from workflows.remediation.context import Remediation
 
@@ -33,13 +33,17 @@ class EarlyLease(NamedTuple):
 
 
 async def ask_lease(
-    r: Remediation, device: ResolvedDevice, runbook: Runbook, counts: DeviceCounts | None
+    r: Remediation,
+    device: ResolvedDevice,
+    budget: BudgetPolicy,
+    counts: DeviceCounts | None,
+    gpus: int = 1,
 ) -> EarlyLease:
-    """Count the devices (unless `counts` given) and ask the budget for a lease; marks the
-    lease held as soon as it is granted (so every way out gives it back)."""
+    """Count the devices (unless `counts` given) and ask the budget for a lease counting `gpus`
+    physical GPUs (one; a repair rung asks again for every GPU it takes out of service); marks
+    the lease held as soon as it is granted (so every way out gives it back)."""
     if counts is None:
         counts = await r.act.count_devices(CountDevicesInput(node_pool=device.node_pool))
-    budget = runbook.spec.budget
     pool_limit = BudgetPolicy.limit(budget.max_per_pool, counts.pool_devices)
     cluster_limit = BudgetPolicy.limit(budget.max_per_cluster, counts.cluster_devices)
     decision = await r.act.acquire_budget(
@@ -51,6 +55,7 @@ async def ask_lease(
             cluster_limit=cluster_limit,
             observed_pool_quarantined=counts.pool_quarantined,
             observed_cluster_quarantined=counts.cluster_quarantined,
+            gpus=gpus,
         )
     )
     if decision.granted:

@@ -42,7 +42,6 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from contract.base import format_duration
-    from contract.budget import BudgetLeaseRequest
     from contract.errors import (
         ERR_PROVIDER_NOT_CONFIGURED,
         ERR_PROVIDER_REFUSED,
@@ -51,7 +50,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from contract.kube import (
         CordonInput,
-        CountDevicesInput,
         EvictPodsInput,
         PodRef,
     )
@@ -69,7 +67,6 @@ with workflow.unsafe.imports_passed_through():
         WaitRepairJobInput,
     )
     from contract.runbook import (
-        BudgetPolicy,
         RebootRung,
         ReplaceRung,
         ResetRung,
@@ -84,7 +81,7 @@ with workflow.unsafe.imports_passed_through():
         repair_pool,
         skipped_rungs,
     )
-    from workflows.remediation.lease import extended
+    from workflows.remediation.lease import ask_lease, extended
     from workflows.remediation.lemons import (
         incident_id,
         record_repair,
@@ -382,22 +379,9 @@ async def _extend_budget(r: Remediation, gpus: int, what: str) -> Escalation | N
     assert device is not None
     if gpus <= s.lease.gpus:
         return None
-    counts = await r.act.count_devices(CountDevicesInput(node_pool=device.node_pool))
-    budget = s.spec.budget
-    pool_limit = BudgetPolicy.limit(budget.max_per_pool, counts.pool_devices)
-    cluster_limit = BudgetPolicy.limit(budget.max_per_cluster, counts.cluster_devices)
-    decision = await r.act.acquire_budget(
-        BudgetLeaseRequest(
-            holder=s.workflow_id,
-            device_key=device.key,
-            node_pool=device.node_pool,
-            pool_limit=pool_limit,
-            cluster_limit=cluster_limit,
-            observed_pool_quarantined=counts.pool_quarantined,
-            observed_cluster_quarantined=counts.cluster_quarantined,
-            gpus=gpus,
-        )
-    )
+    asked = await ask_lease(r, device, s.spec.budget, None, gpus=gpus)
+    decision, pool_limit, cluster_limit = asked.decision, asked.pool_limit, asked.cluster_limit
+    assert decision is not None
     if not decision.granted and decision.paused is not None:
         # Paused since the check before this rung (the notice may still be on its way): hold
         # without a page, then ask again.
