@@ -79,6 +79,12 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
                 f"| floor / script per triple, median (p90) | {fr['p50']:.1f} ({fr['p90']:.1f}) "
                 "| | |",
             ]
+            # Issue goal: Sickbay near its floor, both measured in the same run.
+            r50, r99 = s["p50"] / f["p50"], s["p99"] / f["p99"]
+            out += [
+                f"| alert -> rule p50, Sickbay / floor | {r50:.1f} x | <= 2 x | {_ok(r50 <= 2)} |",
+                f"| alert -> rule p99, Sickbay / floor | {r99:.1f} x | <= 3 x | {_ok(r99 <= 3)} |",
+            ]
     if cost:
         from bench.cost import summary_rows as cost_rows
 
