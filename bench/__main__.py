@@ -27,6 +27,7 @@ from bench import (
     budget_burst,
     closed_loop,
     cost,
+    fleet,
     human_actions,
     latency,
     memory,
@@ -52,6 +53,7 @@ ALL = (
     "cost",
     "storm",
     "storm_replicas",
+    "fleet",
     "memory",
     "budget",
     "watch",
@@ -65,6 +67,7 @@ FULL: dict[str, dict[str, Any]] = {
     "latency": {"pairs": 200, "nodes": 26},
     "storm": {},
     "storm_replicas": {},
+    "fleet": {},
     "memory": {"count": 1000},
     "cost": {},
     "budget": {"acquirers": 100, "rounds": 5},
@@ -99,6 +102,7 @@ QUICK: dict[str, dict[str, Any]] = {
         "restart_after": 1.0,
         "settle": 60.0,
     },
+    "fleet": {"clusters": 2, "nodes": 2, "devices": 6, "seconds": 1.0, "per_notification": 2},
     "memory": {"count": 16},
     "cost": {},
     "budget": {"acquirers": 20, "limit": 6, "rounds": 1},
@@ -194,6 +198,8 @@ def findings(results: dict[str, Any]) -> list[str]:
         out.extend(storm.findings(st))
     if results.get("storm_replicas"):
         out.extend(storm_replicas.findings(results["storm_replicas"]))
+    if results.get("fleet"):
+        out.extend(fleet.findings(results["fleet"]))
     mem = results.get("memory")
     if mem and mem["remediations"] > 0:
         out.append(memory_finding(mem))
@@ -290,6 +296,7 @@ async def run_all(which: list[str], quick: bool) -> dict[str, Any]:
         "cost": cost.run,
         "storm": storm.run,
         "storm_replicas": storm_replicas.run,
+        "fleet": fleet.run,
         "memory": memory.run,
         "budget": budget_burst.run,
         "watch": watch.run,
@@ -324,6 +331,9 @@ def render(results: dict[str, Any], out: Path, plot_dir: Path) -> None:
     if results.get("storm_replicas"):
         storm_replicas.plot(results["storm_replicas"], plot_dir / "storm_replicas.png")
         made["storm_replicas"] = f"{rel}/storm_replicas.png"
+    if results.get("fleet"):
+        fleet.plot(results["fleet"], plot_dir / "fleet.png")
+        made["fleet"] = f"{rel}/fleet.png"
     curve = (results.get("watch") or {}).get("curve")
     if curve and any("error" not in p for p in curve["points"]):
         plots.watch_curve(curve, plot_dir / "watch_curve.png")

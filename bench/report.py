@@ -288,6 +288,11 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
         from bench.storm_replicas import section as replicas_section
 
         out += replicas_section(results["storm_replicas"], plots.get("storm_replicas"))
+    if results.get("fleet"):
+        from bench.fleet import section as fleet_section
+
+        single = (results.get("storm") or {}).get("quarantine_all_in_budget_s")
+        out += fleet_section(results["fleet"], plots.get("fleet"), single)
     if mem:
         out += [
             "## 4. Memory",

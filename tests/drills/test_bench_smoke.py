@@ -3,12 +3,14 @@
 Case: the quick mode (small counts: 8 latency pairs, one incident of each costed procedure:
 repair with validation, happy path, Pending-deadline scale-up; a 240-alert storm on a
 20-node twin, a 400-alert storm through two webhook replicas with one killed mid-storm,
-16 remediations in flight, a 20-request budget burst, two rounds of runbook timers, the
-health watcher's cost at 400 and 800 pods) writes its markdown, five PNG plots and
+a fleet of two clusters on one Temporal (two workers and two webhooks each, one worker of
+each killed mid-burst), 16 remediations in flight, a 20-request budget burst, two rounds of runbook timers, the
+health watcher's cost at 400 and 800 pods) writes its markdown, six PNG plots and
 results.json; every benchmark produced its figures (no `errors` entry), the latency pairs
 were all matched, the three cost runs ended released with their histories, actions and API
-requests counted (and the fleet table priced from them), the replica storm lost no alert, and
-the burst granted the budget's limit. Nothing here is timed.
+requests counted (and the fleet table priced from them), the replica storm lost no alert, the
+fleet lost, doubled and over-spent nothing and quarantined every in-budget GPU of each
+cluster apart, and the burst granted the budget's limit. Nothing here is timed.
 """
 
 from __future__ import annotations
@@ -84,6 +86,15 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     assert replicas["failed_notifications"] == 0 and replicas["alerts_lost"] == 0
     assert replicas["distinct_alerts"] == 200  # 50 GPUs x 4 fingerprints
     assert replicas["answered_by"]["A"] > 0 and replicas["kill_s"] > 0
+    # The fleet: two clusters on one Temporal, one worker of each killed mid-burst.
+    fleet = results["fleet"]
+    assert fleet["n_clusters"] == 2 and set(fleet["clusters"]) == {"fleet1", "fleet2"}
+    assert (fleet["lost"], fleet["doubled"], fleet["exceeded"]) == (0, 0, 0)
+    assert fleet["unquarantined_in_budget"] == 0
+    assert fleet["queues_apart"] and fleet["budgets_apart"]
+    for cluster in fleet["clusters"].values():
+        assert cluster["quarantined"] == cluster["limit"] == 4  # 6 failed, 25% of 16 GPUs
+        assert cluster["leases_of_other_clusters"] == 0
     assert results["memory"]["remediations"] == 16
     assert [r["granted"] for r in results["budget"]["rounds"]] == [6]  # the quick limit
     node = results["node_upgrade"]["seconds"]  # one round of each upgrade story
@@ -105,7 +116,8 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     assert "### Watcher cost against cluster size" in text
     assert "## 2. Cost per incident" in text and "### What a fleet costs" in text
     assert "## 3b. Storm through two webhook replicas, one killed" in text
-    for name in ("latency", "storm", "storm_replicas", "memory", "watch_curve"):
+    assert "## 3c. A fleet on one Temporal" in text
+    for name in ("latency", "storm", "storm_replicas", "fleet", "memory", "watch_curve"):
         png = tmp_path / "plots" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"plots/{name}.png" in text
