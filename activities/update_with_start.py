@@ -30,6 +30,8 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from contract.failover import WORKFLOW_TASK_TIMEOUT
+
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
@@ -96,6 +98,7 @@ async def update_with_start(
         id=workflow_id,
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        task_timeout=WORKFLOW_TASK_TIMEOUT,
     )
     try:
         return await client.execute_update_with_start_workflow(
@@ -110,6 +113,7 @@ async def update_with_start(
         id=workflow_id,
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        task_timeout=WORKFLOW_TASK_TIMEOUT,
     )
     return await handle.execute_update(update, arg, result_type=result_type)
 

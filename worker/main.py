@@ -62,6 +62,7 @@ from activities.notify.config import ChannelsConfig
 from activities.runbooks import RunbookActivities
 from activities.sweep import SweepActivities
 from contract.activity import Activity
+from contract.failover import STICKY_SCHEDULE_TO_START
 from contract.names import (
     WF_BUDGET,
     WF_GPU_LEDGER,
@@ -352,6 +353,7 @@ async def build_worker(
         max_concurrent_workflow_task_polls=BUDGET_WORKFLOW_POLLS,
         max_concurrent_activity_task_polls=BUDGET_ACTIVITY_POLLS,
         max_cached_workflows=BUDGET_CACHED_WORKFLOWS,
+        sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
         identity=identity,
     )
@@ -363,6 +365,7 @@ async def build_worker(
         max_concurrent_workflow_task_polls=BUDGET_WORKFLOW_POLLS,
         max_concurrent_activity_task_polls=BUDGET_ACTIVITY_POLLS,
         max_cached_workflows=BUDGET_CACHED_WORKFLOWS,
+        sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
         identity=identity,
         **sender_identity_options(),
@@ -400,6 +403,7 @@ def _main_worker(
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
         max_concurrent_local_activities=settings.max_concurrent_local_activities,
         max_cached_workflows=settings.max_cached_workflows,
+        sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
         identity=identity,
         **sender_identity_options(),

@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         ReconcileLeasesInput,
         ResumeRequest,
     )
+    from contract.failover import WORKFLOW_TASK_TIMEOUT
     from contract.names import (
         QRY_BUDGET_STATE,
         SIG_BUDGET_FREED,
@@ -359,7 +360,9 @@ class BudgetWorkflow:
         # A budget started on the remediation queue moves to its own queue here; one already
         # there stays.
         workflow.continue_as_new(
-            self._snapshot(), task_queue=budget_task_queue(workflow.info().task_queue)
+            self._snapshot(),
+            task_queue=budget_task_queue(workflow.info().task_queue),
+            task_timeout=WORKFLOW_TASK_TIMEOUT,
         )
 
     async def _serve(self, state: BudgetState) -> None:

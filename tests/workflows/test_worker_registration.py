@@ -14,11 +14,13 @@ Cases:
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from contract.failover import STICKY_SCHEDULE_TO_START
 from contract.names import (
     ACT_CORDON,
     ACT_QUARANTINE,
@@ -92,6 +94,10 @@ async def test_every_required_activity_is_registered(
     config = worker.main.config()
     assert config.get("max_concurrent_workflow_tasks") == settings.max_concurrent_workflow_tasks
     assert config.get("max_concurrent_local_activities") == 200
+    # A killed worker's sticky tasks move to a live worker in 3 s, not the SDK's 10 s.
+    for one in (worker.main, worker.budget, worker.ledger):
+        sticky = one.config().get("sticky_queue_schedule_to_start_timeout")
+        assert sticky == STICKY_SCHEDULE_TO_START == timedelta(seconds=3)
 
 
 def test_remediation_requires_every_activity_it_calls(
