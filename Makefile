@@ -6,7 +6,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Most tests wait on servers and timers rather than the CPU: four workers, one test file each at
 # a time (files share session-scoped servers), keep the suite at a few minutes on 2 cores.
-PYTEST_ARGS ?= -n 4 --dist loadfile --tb=native --durations=15
+# --no-loadscope-reorder keeps tests/conftest.py's order (the longest files first); xdist's
+# default hands out the files with the most tests first, which left the 1-test bench smoke
+# run for last, minutes alone at the end.
+PYTEST_ARGS ?= -n 4 --dist loadfile --no-loadscope-reorder --tb=native --durations=15
 
 .PHONY: venv test lint typecheck demo up bench drills deploy-runbooks clean lock
 

@@ -36,16 +36,27 @@ BIN_DIR = Path(sys.executable).parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Long files first: `make test` runs `--dist loadfile` (a file on one worker), so a
-    minutes-long drill collected last keeps the whole run waiting for it alone. Files with a
-    `slow` test go first, then those needing the dev server; the order within each group,
-    and within a file, stays as collected."""
+    """Long files first: `make test` runs `--dist loadfile --no-loadscope-reorder` (a file on
+    one worker, files handed out in this order), so a minutes-long drill collected last keeps
+    the whole run waiting for it alone. Files with a `slow` test go first, the longest first
+    (`pytest.mark.slow(seconds=N)`: about how long the file takes on an idle 2-core machine;
+    60 when not said), then those needing the dev server; the order within each group, and
+    within a file, stays as collected."""
 
-    def rank(item: pytest.Item) -> int:
-        return 0 if item.path in slow else 1 if item.path in devserver else 2
+    def seconds(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("slow")
+        return float(mark.kwargs.get("seconds", 60)) if mark is not None else 0.0
 
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    longest: dict[Path, float] = {}
+    for item in items:
+        longest[item.path] = max(longest.get(item.path, 0.0), seconds(item))
     devserver = {item.path for item in items if item.get_closest_marker("devserver")}
+
+    def rank(item: pytest.Item) -> tuple[int, float]:
+        if longest[item.path] > 0:
+            return (0, -longest[item.path])
+        return (1 if item.path in devserver else 2, 0.0)
+
     items.sort(key=rank)
 
 

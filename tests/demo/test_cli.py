@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.devserver
+pytestmark = [pytest.mark.slow(seconds=110), pytest.mark.devserver]
 
 SICKBAY_DEV = [sys.executable, "-m", "harness.cli"]  # `sickbay-dev`, without a re-install
 # A demo run on a loaded 2-core machine: stack start ~10 s + scenario; generous, never hit.

@@ -31,7 +31,7 @@ from harness.scenarios import SCENARIOS, Demo, Progress
 from harness.stack import Stack
 from tests.demo.conftest import start_stack
 
-pytestmark = pytest.mark.devserver
+pytestmark = [pytest.mark.slow(seconds=75), pytest.mark.devserver]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 from harness.stack import POOL
 from tests.drills.conftest import Drill, closed, drill_stack
 
-pytestmark = pytest.mark.devserver
+pytestmark = [pytest.mark.slow(seconds=70), pytest.mark.devserver]
 
 
 def instance_calls(d: Drill) -> list[list[str]]:

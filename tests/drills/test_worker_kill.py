@@ -69,7 +69,7 @@ from harness.scenarios import Demo, WatchedRemediation
 from tests.drills.conftest import Drill, closed, drill_stack, history_facts, run_count
 from workflows.remediation import DeviceRemediationWorkflow
 
-pytestmark = [pytest.mark.slow, pytest.mark.devserver]
+pytestmark = [pytest.mark.slow(seconds=90), pytest.mark.devserver]
 
 NODES = [f"gpu-pool-node-{i}" for i in range(5)]
 NEW_NODE = "gpu-pool-node-5"  # the node the scale-up adds (next free name in the pool)

@@ -1,0 +1,38 @@
+"""The benchmark code runs, part 2 of 3: `python -m bench --quick --only
+cost,human_actions,latency` (figures not judged; tests/drills/bench_quick.py runs it).
+
+Case: 8 latency triples, one incident of each costed procedure (repair with validation, happy
+path, Pending-deadline scale-up) and the human-actions scenario write their markdown, plot and
+results.json; the latency triples were all matched, the three cost runs ended released with
+their histories, actions and API requests counted, and the fleet table is priced from them.
+Nothing is timed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.drills.bench_quick import assert_plots, run_quick
+
+pytestmark = [pytest.mark.slow(seconds=120), pytest.mark.devserver, pytest.mark.timeout(840)]
+
+
+def test_cost_human_actions_and_latency_benchmarks_run(tmp_path: Path) -> None:
+    run = run_quick(tmp_path, "cost")
+    results = run.results
+    assert results["latency"]["measured"] == results["latency"]["pairs"] == 8
+    cost = results["cost"]
+    assert list(cost["procedures"]) == ["repair", "happy_path", "scale_up"]
+    for procedure in cost["procedures"].values():
+        assert procedure["outcome"] == "released"
+        assert procedure["history_events"] > 0 and procedure["total_actions"] > 0
+        assert procedure["kube_requests"] > 0 and procedure["kube_by_call"]
+        assert "sickbay-budget" in procedure["other_workflows"]  # the lease's share
+    assert "sickbay-pool-scaler" in cost["procedures"]["scale_up"]["other_workflows"]
+    assert set(cost["fleet"]["per_procedure"]) == set(cost["procedures"])
+    assert cost["fleet"]["mixed_actions_per_month"] > 0
+    assert results["human_actions"]
+    assert "## 2. Cost per incident" in run.text and "### What a fleet costs" in run.text
+    assert_plots(run, "latency")
