@@ -31,7 +31,6 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.defn import implements
 from contract.errors import ERR_INVALID_INPUT
-from contract.failover import WORKFLOW_TASK_TIMEOUT
 from contract.launch import SIGNAL_WITH_START_REMEDIATION, LaunchRequest, LaunchResult
 from contract.names import (
     SIG_ALERT,
@@ -174,7 +173,6 @@ async def signal_with_start(
         # A closed remediation may be followed by a new one for the same GPU (it failed
         # again after release), so closed ids are reusable (by default).
         id_reuse_policy=id_reuse_policy,
-        task_timeout=WORKFLOW_TASK_TIMEOUT,  # a dead worker's task moves on in 5 s, not 10
         start_signal=signal,
         start_signal_args=signal_args,
         rpc_timeout=rpc_timeout,

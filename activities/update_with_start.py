@@ -30,7 +30,7 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from contract.failover import WORKFLOW_TASK_TIMEOUT
+from contract.failover import SHARED_TASK_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ async def update_with_start(
         id=workflow_id,
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        task_timeout=WORKFLOW_TASK_TIMEOUT,
+        task_timeout=SHARED_TASK_TIMEOUT,
     )
     try:
         return await client.execute_update_with_start_workflow(
@@ -113,7 +113,7 @@ async def update_with_start(
         id=workflow_id,
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        task_timeout=WORKFLOW_TASK_TIMEOUT,
+        task_timeout=SHARED_TASK_TIMEOUT,
     )
     return await handle.execute_update(update, arg, result_type=result_type)
 

@@ -1,23 +1,28 @@
 """How fast work moves off a worker that died (SIGKILL, node lost) to a live one.
 
 Temporal hands a workflow's next task to the worker that ran its last one (its sticky queue),
-and a task a worker took is its own until the workflow task timeout. Both default to 10 s, so a
-killed worker held every remediation it was running, and the budget's lease updates when it
-held the budget workflow, for 10 s or more: in the fleet benchmark (bench/fleet.py) three of
-four clusters quarantined nothing for 10 s after the kill.
+and a task a worker took is its own until the workflow task timeout; both default to 10 s. In
+the fleet benchmark (bench/fleet.py: 4 clusters, one worker of each SIGKILLed 1.5 s into a
+200-GPU burst) three of four clusters quarantined nothing for 10 s after the kill: the killed
+worker held its cluster's budget workflow, and every lease request waited for it.
 
-- `WORKFLOW_TASK_TIMEOUT` is set when Sickbay starts a remediation, the budget or the GPU
-  ledger (and kept by their continue-as-new). A task's own work takes milliseconds; local
-  activities longer than it are covered by the SDK's task heartbeat, so it bounds only a
-  worker that died or hangs. 5 s leaves a loaded worker room (a task that overruns it is
-  retried elsewhere, it is never lost).
-- `STICKY_SCHEDULE_TO_START` is each Worker's sticky queue wait: a task not picked up from a
-  (dead) worker's sticky queue within it goes to the shared queue, where any worker takes it.
+- `SHARED_TASK_TIMEOUT` (5 s) is the workflow task timeout of the two workflows every
+  remediation waits on, the budget and the GPU ledger: set when they start (update-with-start)
+  and at each continue-as-new. Their tasks decide a batch of requests in milliseconds. With
+  it, the clusters' idle spell after the kill fell from 10-12 s to 4-6 s and the median rule
+  from 14 s to 9 s after the burst began (2026-12-06).
+- Remediations keep the server's 10 s. Their first task runs the confirm step's local
+  activities, seconds long on an overloaded worker: with 5 s the surviving worker's own tasks
+  timed out in the same benchmark and waited again in the queue (the last rule came later:
+  30-34 s, against 17-29 s with 10 s).
+- `STICKY_SCHEDULE_TO_START` (3 s) is every Worker's sticky queue wait: a task a (dead)
+  worker's sticky queue has not handed out within it goes to the shared queue, where any
+  worker takes it.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-WORKFLOW_TASK_TIMEOUT = timedelta(seconds=5)
+SHARED_TASK_TIMEOUT = timedelta(seconds=5)
 STICKY_SCHEDULE_TO_START = timedelta(seconds=3)

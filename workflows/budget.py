@@ -59,7 +59,7 @@ with workflow.unsafe.imports_passed_through():
         ReconcileLeasesInput,
         ResumeRequest,
     )
-    from contract.failover import WORKFLOW_TASK_TIMEOUT
+    from contract.failover import SHARED_TASK_TIMEOUT
     from contract.names import (
         QRY_BUDGET_STATE,
         SIG_BUDGET_FREED,
@@ -362,7 +362,7 @@ class BudgetWorkflow:
         workflow.continue_as_new(
             self._snapshot(),
             task_queue=budget_task_queue(workflow.info().task_queue),
-            task_timeout=WORKFLOW_TASK_TIMEOUT,
+            task_timeout=SHARED_TASK_TIMEOUT,
         )
 
     async def _serve(self, state: BudgetState) -> None:

@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from contract.activity import declared_in
     from contract.base import format_duration
     from contract.errors import ERR_UNVERIFIED_ACTOR
-    from contract.failover import WORKFLOW_TASK_TIMEOUT
+    from contract.failover import SHARED_TASK_TIMEOUT
     from contract.ledger import (
         GpuRecord,
         GpuSummary,
@@ -362,7 +362,7 @@ class GpuLedgerWorkflow:
         workflow.continue_as_new(
             self._snapshot(),
             task_queue=ledger_task_queue(workflow.info().task_queue),
-            task_timeout=WORKFLOW_TASK_TIMEOUT,
+            task_timeout=SHARED_TASK_TIMEOUT,
         )
 
     async def _tell_holders(self) -> None:

@@ -20,7 +20,6 @@ with workflow.unsafe.imports_passed_through():
     from contract.budget import (
         BudgetPause,
     )
-    from contract.failover import WORKFLOW_TASK_TIMEOUT
     from contract.kube import CheckHealthInput, DeviceCounts, ResolvedDevice
     from contract.remediation import Phase
     from contract.runbook import EscalationReason, Runbook
@@ -180,9 +179,7 @@ async def _acquire_lease(
                 )
         if history_full():
             await workflow.wait_condition(workflow.all_handlers_finished)
-            workflow.continue_as_new(
-                s.carry(waiting_for_budget=True), task_timeout=WORKFLOW_TASK_TIMEOUT
-            )
+            workflow.continue_as_new(s.carry(waiting_for_budget=True))
 
 
 async def healthy_now(r: Remediation) -> bool:

@@ -9,7 +9,6 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from contract.base import format_duration
-    from contract.failover import WORKFLOW_TASK_TIMEOUT
     from contract.kube import CheckHealthInput, HealthResult
     from contract.remediation import Phase
     from workflows.remediation.calls import ACTIVITY_FAILED, error_text
@@ -79,7 +78,7 @@ async def hold_and_release(r: Remediation) -> Closed:
             j.log("device not Healthy again", outcome=health.health or "unknown")
         if history_full():
             await workflow.wait_condition(workflow.all_handlers_finished)
-            workflow.continue_as_new(s.carry(), task_timeout=WORKFLOW_TASK_TIMEOUT)
+            workflow.continue_as_new(s.carry())
     return await _release(r, by_health=False)
 
 
