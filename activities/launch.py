@@ -25,7 +25,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecutionStatus
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -33,6 +39,9 @@ from activities.defn import implements
 from contract.errors import ERR_INVALID_INPUT
 from contract.launch import SIGNAL_WITH_START_REMEDIATION, LaunchRequest, LaunchResult
 from contract.names import (
+    SA_CLUSTER,
+    SA_DEVICE,
+    SA_NODE,
     SIG_ALERT,
     SIG_ALERTS,
     SIG_REJECTED,
@@ -57,6 +66,10 @@ from contract.remediation import (
 )
 
 log = logging.getLogger(__name__)
+
+SA_DEVICE_KEY = SearchAttributeKey.for_keyword(SA_DEVICE)
+SA_NODE_KEY = SearchAttributeKey.for_keyword(SA_NODE)
+SA_CLUSTER_KEY = SearchAttributeKey.for_keyword(SA_CLUSTER)
 
 
 def manual_evidence(inp: RemediationInput) -> AlertEvidence:
@@ -124,6 +137,17 @@ def start_memo(inp: RemediationInput) -> dict[str, str]:
     return {k: v for k, v in memo.items() if v}
 
 
+def start_search_attributes(inp: RemediationInput) -> TypedSearchAttributes:
+    """What a remediation is listed by from its start: the GPU, its node and the cluster (the
+    workflow's first task sets the same values, and its phase)."""
+    pairs: list[SearchAttributePair[str]] = [SearchAttributePair(SA_DEVICE_KEY, inp.device.key)]
+    if inp.device.node:
+        pairs.append(SearchAttributePair(SA_NODE_KEY, inp.device.node))
+    if inp.cluster:
+        pairs.append(SearchAttributePair(SA_CLUSTER_KEY, inp.cluster))
+    return TypedSearchAttributes(pairs)
+
+
 async def signal_with_start(
     client: Client,
     inp: RemediationInput,
@@ -180,6 +204,10 @@ async def signal_with_start(
         static_summary=start_summary(inp, first),
         static_details=start_details(inp, first),
         memo=start_memo(inp),
+        # Only taken when this call starts the run: listed by cluster, device and node from
+        # its first moment (`sickbay status --cluster`, the gauges), not from its first task,
+        # which a burst can keep waiting for seconds.
+        search_attributes=start_search_attributes(inp),
     )
     # SignalWithStartWorkflowExecutionResponse.started says whether this call created the
     # run. (The time-skipping test server leaves it unset, so there it always reads False.)
