@@ -42,6 +42,7 @@ from contract.names import (
     SA_CLUSTER,
     SA_DEVICE,
     SA_NODE,
+    SA_PHASE,
     SIG_ALERT,
     SIG_ALERTS,
     SIG_REJECTED,
@@ -60,6 +61,7 @@ from contract.notify import (
 from contract.remediation import (
     AlertEvidence,
     HandledAlert,
+    Phase,
     RemediationInput,
     RemediationResult,
     already_handled,
@@ -70,6 +72,7 @@ log = logging.getLogger(__name__)
 SA_DEVICE_KEY = SearchAttributeKey.for_keyword(SA_DEVICE)
 SA_NODE_KEY = SearchAttributeKey.for_keyword(SA_NODE)
 SA_CLUSTER_KEY = SearchAttributeKey.for_keyword(SA_CLUSTER)
+SA_PHASE_KEY = SearchAttributeKey.for_keyword(SA_PHASE)
 
 
 def manual_evidence(inp: RemediationInput) -> AlertEvidence:
@@ -138,9 +141,12 @@ def start_memo(inp: RemediationInput) -> dict[str, str]:
 
 
 def start_search_attributes(inp: RemediationInput) -> TypedSearchAttributes:
-    """What a remediation is listed by from its start: the GPU, its node and the cluster (the
-    workflow's first task sets the same values, and its phase)."""
-    pairs: list[SearchAttributePair[str]] = [SearchAttributePair(SA_DEVICE_KEY, inp.device.key)]
+    """What a remediation is listed by from its start: phase `received`, the GPU, its node and
+    the cluster (the workflow's first task sets the same values, then each phase it enters)."""
+    pairs: list[SearchAttributePair[str]] = [
+        SearchAttributePair(SA_PHASE_KEY, Phase.RECEIVED.value),
+        SearchAttributePair(SA_DEVICE_KEY, inp.device.key),
+    ]
     if inp.device.node:
         pairs.append(SearchAttributePair(SA_NODE_KEY, inp.device.node))
     if inp.cluster:
@@ -204,9 +210,9 @@ async def signal_with_start(
         static_summary=start_summary(inp, first),
         static_details=start_details(inp, first),
         memo=start_memo(inp),
-        # Only taken when this call starts the run: listed by cluster, device and node from
-        # its first moment (`sickbay status --cluster`, the gauges), not from its first task,
-        # which a burst can keep waiting for seconds.
+        # Only taken when this call starts the run: listed by phase, cluster, device and node
+        # from its first moment (`sickbay status --cluster`, the open-remediation gauges), not
+        # from its first task, which a burst can keep waiting for seconds.
         search_attributes=start_search_attributes(inp),
     )
     # SignalWithStartWorkflowExecutionResponse.started says whether this call created the

@@ -1,11 +1,11 @@
-"""A remediation is listed by cluster, GPU and node from its start, not from its first task.
+"""A remediation is listed by phase, cluster, GPU and node from its start, not its first task.
 
 Case (dev server, its real visibility store; no worker polls the queue, as when a burst keeps
 every worker busy): a remediation started the one way every trigger starts it
-(signal-with-start) is found by `SickbayCluster` (what `sickbay status --cluster` and the
-gauges filter on), `SickbayDevice` and `SickbayNode` although its first workflow task never
-ran. Before, those attributes came from the first task, and under a burst `status --cluster`
-missed about half the running remediations.
+(signal-with-start) is found by `SickbayPhase = 'received'` and `SickbayCluster` (what the
+open-remediation gauges and `sickbay status --cluster` filter on), `SickbayDevice` and
+`SickbayNode` although its first workflow task never ran. Before, those attributes came from
+the first task, and under a burst `status --cluster` missed about half the running ones.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from temporalio.client import Client
 
 from activities.launch import signal_with_start
 from contract.kube import DeviceRef
-from contract.names import SA_CLUSTER, SA_DEVICE, SA_NODE, WF_REMEDIATE
-from contract.remediation import AlertEvidence, RemediationInput
+from contract.names import SA_CLUSTER, SA_DEVICE, SA_NODE, SA_PHASE, WF_REMEDIATE
+from contract.remediation import AlertEvidence, Phase, RemediationInput
 
 pytestmark = pytest.mark.devserver
 
@@ -40,7 +40,7 @@ async def test_a_remediation_is_listed_by_cluster_before_its_first_task(
     query = (
         f"WorkflowType = '{WF_REMEDIATE}' AND ExecutionStatus = 'Running' "
         f"AND {SA_CLUSTER} = '{cluster}' AND {SA_DEVICE} = '{device.key}' "
-        f"AND {SA_NODE} = '{node}'"
+        f"AND {SA_NODE} = '{node}' AND {SA_PHASE} = '{Phase.RECEIVED.value}'"
     )
     listed: list[str] = []
     give_up = asyncio.get_running_loop().time() + 30  # visibility lags the start a little
