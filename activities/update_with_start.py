@@ -92,13 +92,15 @@ async def update_with_start(
     arg: object,
     result_type: type[R],
 ) -> R:
+    # The same start either way: started once, kept on its task timeout (contract.failover).
+    options: dict[str, Any] = {
+        "id": workflow_id,
+        "task_queue": task_queue,
+        "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
+        "task_timeout": SHARED_TASK_TIMEOUT,
+    }
     start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
-        workflow,
-        initial,
-        id=workflow_id,
-        task_queue=task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        task_timeout=SHARED_TASK_TIMEOUT,
+        workflow, initial, **options
     )
     try:
         return await client.execute_update_with_start_workflow(
@@ -107,14 +109,7 @@ async def update_with_start(
     except RPCError as exc:
         if exc.status != RPCStatusCode.UNIMPLEMENTED:
             raise
-    handle = await client.start_workflow(
-        workflow,
-        initial,
-        id=workflow_id,
-        task_queue=task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        task_timeout=SHARED_TASK_TIMEOUT,
-    )
+    handle = await client.start_workflow(workflow, initial, **options)
     return await handle.execute_update(update, arg, result_type=result_type)
 
 

@@ -249,7 +249,8 @@ async def run(
             info = p["info"]
             creates = [r for r in rule_creations(info.kube_url) if r["time"] >= t0 - 1]
             quarantined = quarantined_gpus(info.kube_url, creates)
-            rule_wids = _rule_workflow_ids(info.kube_url, creates)
+            rules = _managed_rules(info.kube_url, creates)
+            rule_wids = [_workflow_id(r) for r in rules]
             lost = 0
             doubled = 0
             foreign = 0
@@ -268,7 +269,7 @@ async def run(
                 )
             ]
             foreign = sum(1 for w in listed if not w.id.startswith(f"sickbay-{name}-"))
-            last_story = await _last_rule_story(client, info.kube_url, creates, t0)
+            last_story = await _last_rule_story(client, rules, t0)
             # Each rule's create answered at `time` (the twin's request log); the GPU's alert
             # was sent at or after the burst's start, so `create - t0` bounds every GPU's
             # fault -> rule from above.
@@ -340,24 +341,14 @@ async def run(
 
 
 async def _last_rule_story(
-    client: Client, kube_url: str, creates: list[dict[str, Any]], t0: float
+    client: Client, rules: list[dict[str, Any]], t0: float
 ) -> dict[str, Any]:
     """Where the time of the cluster's last quarantine went, from its remediation's history:
     seconds its workflow tasks waited in a queue, ran, and when one timed out (a worker held
     it and died, or overran the timeout), each after the burst began."""
-    if not creates:
-        return {}
-    async with httpx.AsyncClient(timeout=60.0) as http:
-        body = (await http.get(kube_url + creates[0]["path"])).json()
-    rules = [
-        r
-        for r in body.get("items", [])
-        if (r["metadata"].get("labels") or {}).get(LABEL_MANAGED_BY) == MANAGED_BY_VALUE
-    ]
     if not rules:
         return {}
-    last = max(rules, key=lambda r: int(r["metadata"]["resourceVersion"]))
-    wid = (last["metadata"].get("annotations") or {}).get(ANN_WORKFLOW_ID, "")
+    wid = _workflow_id(max(rules, key=lambda r: int(r["metadata"]["resourceVersion"])))
     history = await client.get_workflow_handle(wid).fetch_history()
     queued = running = 0.0
     timed_out: list[float] = []
@@ -386,16 +377,21 @@ async def _last_rule_story(
     }
 
 
-def _rule_workflow_ids(kube_url: str, creates: list[dict[str, Any]]) -> list[str]:
-    """The workflow id each of the twin's Sickbay rules is annotated with."""
+def _managed_rules(kube_url: str, creates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The twin's DeviceTaintRules that Sickbay manages (none when none was created)."""
     if not creates:
         return []
     body = httpx.get(kube_url + creates[0]["path"], timeout=60.0).json()
     return [
-        (r["metadata"].get("annotations") or {}).get(ANN_WORKFLOW_ID, "")
+        r
         for r in body.get("items", [])
         if (r["metadata"].get("labels") or {}).get(LABEL_MANAGED_BY) == MANAGED_BY_VALUE
     ]
+
+
+def _workflow_id(rule: dict[str, Any]) -> str:
+    """The workflow id a Sickbay rule is annotated with."""
+    return str((rule["metadata"].get("annotations") or {}).get(ANN_WORKFLOW_ID, ""))
 
 
 def met(r: dict[str, Any]) -> dict[str, bool]:

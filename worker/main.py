@@ -345,32 +345,47 @@ async def build_worker(
         raise RuntimeError(
             "refusing to start: workflows call activities nothing registers:\n" + "\n".join(lines)
         )
-    budget = Worker(
-        client,
-        task_queue=budget_task_queue(settings.task_queue),
-        workflows=[BudgetWorkflow],
-        activities=[fn for fn in built.activities if activity_name(fn) in REQUIRED[WF_BUDGET]],
-        max_concurrent_workflow_task_polls=BUDGET_WORKFLOW_POLLS,
-        max_concurrent_activity_task_polls=BUDGET_ACTIVITY_POLLS,
-        max_cached_workflows=BUDGET_CACHED_WORKFLOWS,
-        sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
-        graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
-        identity=identity,
+    budget = _single_workflow_worker(
+        client, settings, built, identity, budget_task_queue, BudgetWorkflow, WF_BUDGET
     )
-    ledger = Worker(
+    ledger = _single_workflow_worker(
         client,
-        task_queue=ledger_task_queue(settings.task_queue),
-        workflows=[GpuLedgerWorkflow],
-        activities=[fn for fn in built.activities if activity_name(fn) in REQUIRED[WF_GPU_LEDGER]],
-        max_concurrent_workflow_task_polls=BUDGET_WORKFLOW_POLLS,
-        max_concurrent_activity_task_polls=BUDGET_ACTIVITY_POLLS,
-        max_cached_workflows=BUDGET_CACHED_WORKFLOWS,
-        sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
-        graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
-        identity=identity,
+        settings,
+        built,
+        identity,
+        ledger_task_queue,
+        GpuLedgerWorkflow,
+        WF_GPU_LEDGER,
         **sender_identity_options(),
     )
     return SickbayWorker(_main_worker(client, settings, built, identity), budget, ledger)
+
+
+def _single_workflow_worker(
+    client: Client,
+    settings: Settings,
+    built: Built,
+    identity: str | None,
+    queue_of: Callable[[str], str],
+    workflow_cls: type,
+    workflow_name: str,
+    **options: Any,
+) -> Worker:
+    """The Worker of a queue that serves one workflow (the budget, the GPU ledger), sized for
+    it, with the activities that workflow calls."""
+    return Worker(
+        client,
+        task_queue=queue_of(settings.task_queue),
+        workflows=[workflow_cls],
+        activities=[fn for fn in built.activities if activity_name(fn) in REQUIRED[workflow_name]],
+        max_concurrent_workflow_task_polls=BUDGET_WORKFLOW_POLLS,
+        max_concurrent_activity_task_polls=BUDGET_ACTIVITY_POLLS,
+        max_cached_workflows=BUDGET_CACHED_WORKFLOWS,
+        sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+        graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+        identity=identity,
+        **options,
+    )
 
 
 def sender_identity_options() -> dict[str, Any]:
