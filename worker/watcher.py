@@ -132,7 +132,7 @@ class Tracker:
         self._replacing: dict[str, set[str]] = {}  # kind -> sources seen in this relist
         # Node incidents (workflows/node_incident/): what each node looked like before its
         # GPUs vanished. Versions: (kubelet, runtime) now and the ones before the last change
-        # with when it changed; the most GPUs seen (the expected count without a count label).
+        # with when it changed (forgotten once the node recovers); the most GPUs seen (the expected count without a count label).
         self.versions: dict[str, tuple[tuple[str, str], tuple[str, str] | None, float]] = {}
         self.max_gpus: dict[str, int] = {}
         self.vanished: set[str] = set()  # nodes whose GPUs vanished, right now
@@ -312,6 +312,11 @@ class Tracker:
             if finding is not None and finding.vanished:
                 self.vanished.add(name)
             else:
+                if name in self.vanished:  # recovered: it runs well on its versions now, so
+                    # a later vanish blames no change from before this recovery
+                    current = self.versions.get(name)
+                    if current is not None:
+                        self.versions[name] = (current[0], None, 0.0)
                 self.vanished.discard(name)
                 if have:
                     self.max_gpus[name] = max(have, self.max_gpus.get(name, 0))
@@ -321,8 +326,8 @@ class Tracker:
 
     def recorded(self, name: str) -> RecordedNode:
         """What the node looked like before its GPUs vanished: the versions before its last
-        kubelet / runtime change (when that change came within RECENT_CHANGE), the most GPUs
-        seen on it."""
+        kubelet / runtime change (when that change came within RECENT_CHANGE and the node has
+        not recovered since), the most GPUs seen on it."""
         with self.lock:
             now, before, changed = self.versions.get(name, (("", ""), None, 0.0))
             old = before if before is not None and time.time() - changed < RECENT_CHANGE else now

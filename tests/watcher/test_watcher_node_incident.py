@@ -7,7 +7,8 @@ Cases (device plugin, a pod on one of the node's GPUs):
   carrying what the node looked like before (the old kubelet version, 2 GPUs); the
   pod's device goes Unknown and, past `unknown_timeout`, is NOT launched as a per-GPU
   remediation (no quarantine for a GPU that merely vanished); no node notice either;
-- the GPUs come back (a plugin restart) and vanish again: a second node incident start.
+- the GPUs come back (a plugin restart) and vanish again: a second node incident start,
+  which remembers the version the node healed on (no kubelet change to blame this time).
 """
 
 from __future__ import annotations
@@ -109,4 +110,7 @@ async def test_vanished_gpus_are_one_node_incident_and_no_remediation(
         await until(lambda: node not in watcher.tracker.vanished)
         manager.gpu_plugins.upgrade(node, breaks="socket")
         await until(lambda: len(incidents) == 2)
+        # It healed on v1.99.1: the second vanish blames no kubelet change.
+        assert incidents[1].recorded is not None
+        assert incidents[1].recorded.kubelet_version == "v1.99.1"
         assert rec.requests == []
