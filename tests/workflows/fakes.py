@@ -20,7 +20,6 @@ from temporalio import activity
 from temporalio.api.testservice.v1 import LockTimeSkippingRequest, UnlockTimeSkippingRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -433,20 +432,18 @@ class Watching(Protocol):
 
 async def watch_until_cancelled(world: Watching) -> None:
     """The deadline-free watch seeing nothing: heartbeat until the workflow cancels it. The
-    time-skipping server holds time still while an activity runs, as a real watch would; this
-    one gives its hold back, so the test's `env.sleep` can reach the workflow's deadline timer."""
-    test_service = activity.client().test_service
-    try:
-        await test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
-        unlocked = True
-    except RPCError:  # a dev server: no time skipping to give back
-        unlocked = False
+    time-skipping server holds time still while it runs, as it does for a real watch: the
+    test moves time on (`past_deadline`, `result_skipping_watches`), in steps shorter than
+    the heartbeat timeout, never the activity itself. (A fake that gave the server's hold
+    back from inside the activity could not take it back in step with the server: time ran
+    on while later activities and workflow tasks ran, up to the ten-year default execution
+    timeout: tests/workflows/test_watch_fake_time.py.)"""
     world.watching = True
     try:
         while True:
             activity.heartbeat()
             world.heartbeats += 1
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.02)
     except asyncio.CancelledError:
         details = activity.cancellation_details()
         if details and details.cancel_requested:  # by the workflow (not a timeout/shutdown)
@@ -454,11 +451,69 @@ async def watch_until_cancelled(world: Watching) -> None:
         raise
     finally:
         world.watching = False
-        details = activity.cancellation_details()
-        # Take the hold back while this attempt still holds time (it ends after this); a
-        # watch of a workflow already gone (terminated) holds nothing any more.
-        if unlocked and not (details and (details.not_found or details.timed_out)):
-            await test_service.lock_time_skipping(LockTimeSkippingRequest())
+
+
+WATCH_STEP = timedelta(seconds=20)  # a third of the shortest watch heartbeat timeout (60 s)
+
+
+async def skip_step(env: WorkflowEnvironment, step: timedelta, *, test_holds: bool) -> None:
+    """Skip the test server's time by `step` while an activity runs. The server holds time
+    still once for the running activity and once for the test's client, except while the
+    client awaits a workflow result; `env.sleep` gives back one hold for the step, so a test
+    that is not awaiting a result (`test_holds`) gives its own back around the step too."""
+    if not test_holds:
+        await env.sleep(step)
+        return
+    test_service = env.client.test_service
+    await test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
+    try:
+        await env.sleep(step)
+    finally:
+        await test_service.lock_time_skipping(LockTimeSkippingRequest())
+
+
+async def skip_while_watching(
+    env: WorkflowEnvironment, world: Watching, until: asyncio.Future[Any], *, test_holds: bool
+) -> None:
+    """Until `until` is done: whenever the world's watch runs, skip the test server's time
+    one step, then wait for heartbeats at the new time before the next step, as a live watch
+    heartbeats while the minutes pass. Time never runs on outside those steps."""
+    loop = asyncio.get_running_loop()
+    while not until.done():
+        if not world.watching:
+            await asyncio.wait([until], timeout=0.02)
+            continue
+        beats = world.heartbeats
+        await skip_step(env, WATCH_STEP, test_holds=test_holds)
+        give_up = loop.time() + 30.0
+        while loop.time() < give_up:  # a heartbeat at the new time before the next step
+            if not world.watching or world.heartbeats >= beats + 3:
+                break
+            await asyncio.sleep(0.01)
+
+
+async def skipping_watches(env: WorkflowEnvironment, world: Watching, aw: Awaitable[Out]) -> Out:
+    """`aw`'s result (a wait that is not a workflow result, e.g. `wait_phase`), moving time
+    on while the world's watches wait for their deadline."""
+    task = asyncio.ensure_future(aw)
+    try:
+        await skip_while_watching(env, world, task, test_holds=True)
+        return await task
+    finally:
+        task.cancel()
+
+
+async def result_skipping_watches(
+    env: WorkflowEnvironment, handle: WorkflowHandle[Any, Out], world: Watching
+) -> Out:
+    """The workflow's result, moving time on while its watches wait for their deadline (the
+    result wait itself lets the server skip to timers while no activity runs)."""
+    task = asyncio.ensure_future(handle.result())
+    try:
+        await skip_while_watching(env, world, task, test_holds=False)
+        return await task
+    finally:
+        task.cancel()
 
 
 # The actions key the fake worlds' workers hold (tests sign verified actors with it).
@@ -554,7 +609,7 @@ async def past_deadline(
     target = status.deadline + past
     while (now := await env.get_current_time()) < target and world.watching:
         beats = world.heartbeats
-        await env.sleep(min(target - now, timedelta(seconds=20)))
+        await skip_step(env, min(target - now, WATCH_STEP), test_holds=True)
         while loop.time() < give_up:  # a heartbeat at the new time before the next step
             if not world.watching or world.heartbeats >= beats + 3:
                 break

@@ -36,6 +36,7 @@ from tests.workflows.fakes import (
     new_worker,
     past_deadline,
     shipped_runbooks,
+    skipping_watches,
     start,
     wait_phase,
     without_repair,
@@ -63,7 +64,8 @@ async def run(env: WorkflowEnvironment, world: FakeWorld) -> Any:
     async with new_worker(env.client, world) as worker:
         handle = await start(env.client, worker, world)
         await past_deadline(env, handle, world, Phase.AWAITING_REPLACEMENT)
-        await wait_phase(handle, Phase.HOLDING)
+        # The capacity wait after the scale-up is a second watch with its own deadline.
+        await skipping_watches(env, world, wait_phase(handle, Phase.HOLDING))
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="kim"))
         return await handle.result()
 

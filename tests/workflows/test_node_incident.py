@@ -122,7 +122,12 @@ from contract.repair_rungs import (
 )
 from contract.runbook import RunbookSet
 from harness.stack import free_port
-from tests.workflows.fakes import shipped_runbooks, watch_until_cancelled, without_repair
+from tests.workflows.fakes import (
+    result_skipping_watches,
+    shipped_runbooks,
+    watch_until_cancelled,
+    without_repair,
+)
 from tests.workflows.histories import save_history
 from workflows.node_incident.workflow import NodeIncidentWorkflow
 
@@ -369,7 +374,13 @@ async def run(
     client: Client = env.client
     tq = f"tq-{uuid.uuid4()}"
     async with Worker(
-        client, task_queue=tq, workflows=[NodeIncidentWorkflow], activities=world.activities()
+        client,
+        task_queue=tq,
+        workflows=[NodeIncidentWorkflow],
+        activities=world.activities(),
+        # Heartbeats reach the server at once: the watch hears of its cancellation within
+        # milliseconds, so the test stops moving time as the workflow moves on.
+        max_heartbeat_throttle_interval=timedelta(milliseconds=20),
     ):
         handle = await client.start_workflow(
             NodeIncidentWorkflow.run,
@@ -379,7 +390,7 @@ async def run(
         )
         if then is not None:
             await then(handle)
-        result = await handle.result()
+        result = await result_skipping_watches(env, handle, world)
         if history is not None:  # recorded for the replay tests (tests/histories/)
             save_history(history, await handle.fetch_history())
         return result
@@ -599,8 +610,8 @@ async def test_restart_not_enough_then_reboot_heals(time_skipping_env: WorkflowE
 
 def _follow_runbooks(*, scale: bool, approval: bool = False) -> RunbookSet:
     """The shipped runbooks (repair off) with `scaleUp` on (provider cluster-api, the node's
-    pool) or off; Pending and capacity deadlines of a minute (the safe bounds' least): the
-    fake watch gives its hold on time back, so the server skips to the deadline timer."""
+    pool) or off; Pending and capacity deadlines of a minute (the safe bounds' least): `run`
+    moves the server's time on while the fake watch waits, to the deadline timer."""
     out = []
     for rb in without_repair(shipped_runbooks()):
         rep = rb.spec.replacement.model_copy(update={"pending_deadline": timedelta(minutes=1)})
@@ -620,9 +631,9 @@ def _follow_runbooks(*, scale: bool, approval: bool = False) -> RunbookSet:
 
 @pytest.fixture
 async def own_env(temporal_test_server_path: str) -> AsyncIterator[WorkflowEnvironment]:
-    """A time-skipping server of the test's own: the fake watch gives its hold on time back
-    and takes it again when cancelled; one that ends after its workflow must not hold the
-    module's shared server still for the next test."""
+    """A time-skipping server of the test's own, for the tests whose watches wait for a
+    deadline: a watch the worker has not yet cancelled when its workflow ends holds that
+    server's time still until the worker stops; the module's shared server stays apart."""
     env = await WorkflowEnvironment.start_time_skipping(
         port=free_port(),
         data_converter=pydantic_data_converter,

@@ -37,6 +37,7 @@ from tests.workflows.fakes import (
     new_worker,
     past_deadline,
     shipped_runbooks,
+    skip_step,
     start,
     wait_phase,
 )
@@ -201,7 +202,15 @@ async def test_worker_restart_keeps_the_deadline(time_skipping_env: WorkflowEnvi
         )
     # The worker is gone (its watch with it); a new one takes over the same task queue.
     async with new_worker(client, world, task_queue=task_queue, replay_every_task=True):
-        await time_skipping_env.sleep(timedelta(seconds=40))  # the watch's retry backoff
+        # The server retries the lost watch after its heartbeat timeout (60 s) and backoff.
+        for _ in range(10):
+            await skip_step(time_skipping_env, timedelta(seconds=20), test_holds=True)
+            for _ in range(50):  # the retry's attempt starts within a second of real time
+                if world.watching:
+                    break
+                await asyncio.sleep(0.02)
+            if world.watching:
+                break
         again = await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
         await wait_phase(handle, Phase.HOLDING)
         history = await handle.fetch_history()

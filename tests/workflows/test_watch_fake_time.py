@@ -1,0 +1,108 @@
+"""Time on the time-skipping server moves only when the test moves it, also around the fake
+deadline-free watch (tests/workflows/fakes.py).
+
+Case: a watch races a one-minute deadline timer; the test skips time while it watches
+(`result_skipping_watches`); at the deadline the workflow cancels the watch, then runs an
+activity of about a second beside a one-hour timer. The activity must end first: time is
+held while an activity runs. (The earlier fake gave the server's hold back from inside the
+watch and took it back only when it heard of its cancellation, which with the default
+heartbeat throttle it never did: time ran on while later activities and workflow tasks ran,
+the one-hour timer won or the run hit the ten-year default execution timeout, "Workflow
+timed out", as the node incident's tests did under load.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import pytest
+from temporalio import activity, workflow
+from temporalio.common import RetryPolicy
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+from temporalio.workflow import ActivityCancellationType
+
+from harness.stack import free_port
+from tests.workflows.fakes import result_skipping_watches, watch_until_cancelled
+
+
+@dataclass
+class _World:
+    watching: bool = False
+    heartbeats: int = 0
+    watch_cancelled: int = 0
+
+
+WORLD = _World()
+
+
+@activity.defn(name="test-watch")
+async def watch() -> None:
+    await watch_until_cancelled(WORLD)
+
+
+@activity.defn(name="test-work")
+async def work() -> str:
+    await asyncio.sleep(1.0)
+    return "activity"
+
+
+@workflow.defn(name="test-watch-then-work", sandboxed=False)  # a test-only workflow
+class WatchThenWork:
+    @workflow.run
+    async def run(self) -> list[str]:
+        said: list[str] = []
+        started = workflow.now()
+        watching = workflow.start_activity(
+            watch,
+            start_to_close_timeout=timedelta(hours=1),
+            heartbeat_timeout=timedelta(seconds=60),
+            cancellation_type=ActivityCancellationType.TRY_CANCEL,
+        )
+        try:
+            await workflow.wait_condition(watching.done, timeout=timedelta(minutes=1))
+            said.append("the watch ended by itself")
+        except TimeoutError:
+            watching.cancel()
+            said.append(f"deadline after {(workflow.now() - started).total_seconds():.0f} s")
+        act = workflow.start_activity(
+            work, start_to_close_timeout=timedelta(minutes=5), retry_policy=RetryPolicy()
+        )
+        timer = asyncio.ensure_future(workflow.sleep(timedelta(hours=1)))
+        done, _ = await workflow.wait([act, timer], return_when=asyncio.FIRST_COMPLETED)
+        said.append("activity" if act in done else "timer")
+        timer.cancel()
+        await act
+        return said
+
+
+@pytest.fixture
+async def env(temporal_test_server_path: str) -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_time_skipping(
+        port=free_port(), test_server_existing_path=temporal_test_server_path
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+async def test_time_moves_only_in_the_tests_steps_around_a_watch(
+    env: WorkflowEnvironment,
+) -> None:
+    async with Worker(
+        env.client,
+        task_queue="tq-watch-fake",
+        workflows=[WatchThenWork],
+        activities=[watch, work],
+        max_heartbeat_throttle_interval=timedelta(milliseconds=20),
+    ):
+        handle = await env.client.start_workflow(
+            WatchThenWork.run, id="watch-fake-time", task_queue="tq-watch-fake"
+        )
+        said = await result_skipping_watches(env, handle, WORLD)
+    assert said == ["deadline after 60 s", "activity"], said
+    assert WORLD.watch_cancelled == 1 and not WORLD.watching
