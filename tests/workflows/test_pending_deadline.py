@@ -44,8 +44,8 @@ from tests.workflows.fakes import (
 from tests.workflows.histories import save_history
 
 
-def no_scale_up() -> list[Any]:
-    """Shipped runbooks, `inference` with a 5 min Pending deadline and no scale-up."""
+def no_scale_up(deadline: str = "5m") -> list[Any]:
+    """Shipped runbooks, `inference` with a Pending deadline (5 min) and no scale-up."""
     others = [r for r in shipped_runbooks() if r.name != "inference"]
     base = next(r for r in shipped_runbooks() if r.name == "inference")
     return [
@@ -54,15 +54,15 @@ def no_scale_up() -> list[Any]:
             "inference",
             base.spec.precedence,
             match={"ownerKinds": ["Deployment"]},
-            replacement={"pendingDeadline": "5m"},
+            replacement={"pendingDeadline": deadline},
             scaleUp={"enabled": False},
         ),
     ]
 
 
-def pending_world() -> FakeWorld:
+def pending_world(deadline: str = "5m") -> FakeWorld:
     return FakeWorld(
-        runbooks=no_scale_up(),
+        runbooks=no_scale_up(deadline),
         replacement_reports=[
             ReplacementReport(status="pending", unschedulable_message="0/2 nodes are available")
         ],
@@ -193,12 +193,18 @@ async def test_bad_extensions_are_refused(time_skipping_env: WorkflowEnvironment
 
 async def test_worker_restart_keeps_the_deadline(time_skipping_env: WorkflowEnvironment) -> None:
     client = time_skipping_env.client
-    world = pending_world()
+    # The least deadline the runbooks allow: under load every skip step of this test runs
+    # at the speed of real time (its workers replay every task), so fewer steps.
+    world = pending_world("1m")
     task_queue = f"tq-restart-{world.gpu_uuid}"
     async with new_worker(client, world, task_queue=task_queue, replay_every_task=True) as worker:
         handle = await start(client, worker, world)
         first = await past_deadline(
-            time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT, past=-timedelta(minutes=3)
+            time_skipping_env,
+            handle,
+            world,
+            Phase.AWAITING_REPLACEMENT,
+            past=-timedelta(seconds=40),
         )
     # The worker is gone (its watch with it); a new one takes over the same task queue.
     async with new_worker(client, world, task_queue=task_queue, replay_every_task=True):
