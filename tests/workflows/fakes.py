@@ -485,19 +485,27 @@ async def skip_while_watching(
             continue
         beats = world.heartbeats
         await skip_step(env, WATCH_STEP, test_holds=test_holds)
-        give_up = loop.time() + 30.0
-        while loop.time() < give_up:  # a heartbeat at the new time before the next step
-            if not world.watching or world.heartbeats >= beats + 3:
-                break
-            await asyncio.sleep(0.01)
+        await heartbeats_after(world, beats, give_up=loop.time() + 30.0)
 
 
-async def skipping_watches(env: WorkflowEnvironment, world: Watching, aw: Awaitable[Out]) -> Out:
-    """`aw`'s result (a wait that is not a workflow result, e.g. `wait_phase`), moving time
-    on while the world's watches wait for their deadline."""
+async def heartbeats_after(world: Watching, beats: int, give_up: float) -> None:
+    """Wait (until the loop time `give_up`) for the watch's heartbeats at the new time before
+    the next step, as a live watch heartbeats while the hours pass, or for the watch's end."""
+    loop = asyncio.get_running_loop()
+    while loop.time() < give_up:
+        if not world.watching or world.heartbeats >= beats + 3:
+            break
+        await asyncio.sleep(0.01)
+
+
+async def skipping_watches(
+    env: WorkflowEnvironment, world: Watching, aw: Awaitable[Out], *, test_holds: bool = True
+) -> Out:
+    """`aw`'s result, moving time on while the world's watches wait for their deadline;
+    `test_holds` unless `aw` is a workflow result (see `skip_step`)."""
     task = asyncio.ensure_future(aw)
     try:
-        await skip_while_watching(env, world, task, test_holds=True)
+        await skip_while_watching(env, world, task, test_holds=test_holds)
         return await task
     finally:
         task.cancel()
@@ -508,12 +516,7 @@ async def result_skipping_watches(
 ) -> Out:
     """The workflow's result, moving time on while its watches wait for their deadline (the
     result wait itself lets the server skip to timers while no activity runs)."""
-    task = asyncio.ensure_future(handle.result())
-    try:
-        await skip_while_watching(env, world, task, test_holds=False)
-        return await task
-    finally:
-        task.cancel()
+    return await skipping_watches(env, world, handle.result(), test_holds=False)
 
 
 # The actions key the fake worlds' workers hold (tests sign verified actors with it).
@@ -610,8 +613,5 @@ async def past_deadline(
     while (now := await env.get_current_time()) < target and world.watching:
         beats = world.heartbeats
         await skip_step(env, min(target - now, WATCH_STEP), test_holds=True)
-        while loop.time() < give_up:  # a heartbeat at the new time before the next step
-            if not world.watching or world.heartbeats >= beats + 3:
-                break
-            await asyncio.sleep(0.01)
+        await heartbeats_after(world, beats, give_up)
     return status
