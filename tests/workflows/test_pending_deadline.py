@@ -32,6 +32,7 @@ from contract.remediation import (
     RemediationStatus,
 )
 from tests.workflows.fakes import (
+    WATCH_STEP,
     FakeWorld,
     make_runbook,
     new_worker,
@@ -45,7 +46,7 @@ from tests.workflows.histories import save_history
 
 
 def no_scale_up(deadline: str = "5m") -> list[Any]:
-    """Shipped runbooks, `inference` with a Pending deadline (5 min) and no scale-up."""
+    """Shipped runbooks, `inference` with the given Pending deadline and no scale-up."""
     others = [r for r in shipped_runbooks() if r.name != "inference"]
     base = next(r for r in shipped_runbooks() if r.name == "inference")
     return [
@@ -208,9 +209,10 @@ async def test_worker_restart_keeps_the_deadline(time_skipping_env: WorkflowEnvi
         )
     # The worker is gone (its watch with it); a new one takes over the same task queue.
     async with new_worker(client, world, task_queue=task_queue, replay_every_task=True):
-        # The server retries the lost watch after its heartbeat timeout (60 s) and backoff.
+        # The stopped worker reported its watch's end; the server starts it again after the
+        # retry backoff, on its own clock (the heartbeat timeout, 60 s, if the report was lost).
         for _ in range(10):
-            await skip_step(time_skipping_env, timedelta(seconds=20), test_holds=True)
+            await skip_step(time_skipping_env, WATCH_STEP, test_holds=True)
             for _ in range(50):  # the retry's attempt starts within a second of real time
                 if world.watching:
                     break
