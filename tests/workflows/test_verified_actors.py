@@ -34,6 +34,7 @@ from contract.remediation import (
     RepairedRequest,
     TimelineEntry,
 )
+from tests.waiting import until
 from tests.workflows.fakes import (
     ACTIONS_TEST_KEY,
     FakeWorld,
@@ -197,7 +198,8 @@ async def test_awaiting_approval_asks_the_channels_with_buttons(
     async with new_worker(dev_env.client, world) as worker:
         handle = await start(dev_env.client, worker, world)
         await wait_phase(handle, Phase.AWAITING_APPROVAL)
-        (asked,) = world.args(ACT_NOTIFY)
+        # The phase is shown as it is entered; the notification is the step's next activity.
+        (asked,) = await until(lambda: world.args(ACT_NOTIFY), "the approval request sent")
         assert (asked.action, asked.incident.phase) == ("trigger", Phase.AWAITING_APPROVAL)
         assert "sickbay approve|reject" in asked.incident.needed
         buttons = [
