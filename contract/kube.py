@@ -200,7 +200,11 @@ class ConsumersResult(Contract):
 
 
 class CountDevicesInput(Contract):
+    """Count the pool `node_pool`, or (without it) the pool of `node` as the cluster's node
+    list labels it: a remediation counts while it is still resolving the device."""
+
     node_pool: str | None = None
+    node: str | None = None
 
 
 class DeviceCounts(Contract):
@@ -208,6 +212,7 @@ class DeviceCounts(Contract):
     cluster_devices: int = 0
     pool_quarantined: int = 0  # physical GPUs under a Sickbay quarantine
     cluster_quarantined: int = 0
+    node_pool: str | None = None  # the pool counted (None: no pool, or none asked for)
 
 
 class QuarantineInput(Contract):

@@ -181,7 +181,7 @@ class KubeActivities:
     @implements(COUNT_DEVICES)
     async def count_devices(self, inp: CountDevicesInput) -> DeviceCounts:
         return await self._run(
-            lambda: quarantine.count_devices(self._kube, self._apis(), inp.node_pool)
+            lambda: quarantine.count_devices(self._kube, self._apis(), inp.node_pool, inp.node)
         )
 
     @implements(QUARANTINE_DEVICE)

@@ -497,11 +497,17 @@ def _hami_gpus(node: dict[str, Any]) -> int:
         return int(count) if count.isdigit() else 0
 
 
-def count_devices(kube: Kube, apis: ClusterApis, node_pool: str | None) -> DeviceCounts:
-    counts = DeviceCounts()
+def count_devices(
+    kube: Kube, apis: ClusterApis, node_pool: str | None, node: str | None = None
+) -> DeviceCounts:
+    """The budget's counts for `node_pool`, or (`node_pool` None) for the pool of `node`; the
+    counts name the pool they counted."""
     nodes = shared_nodes(kube, max_age=NODES_MAX_AGE)  # usually resolve's list, ms old
     summary: _NodeSummary = kube.derived("node-summary", nodes, _summarize)
     pool_of = summary.pool_of
+    if node_pool is None and node:
+        node_pool = pool_of.get(node)
+    counts = DeviceCounts(node_pool=node_pool)
     quarantined: set[tuple[str | None, str]] = set()  # (pool, device key)
     if apis.dra:
         # Physical GPUs per node, summarised from one cached ResourceSlice list (no device

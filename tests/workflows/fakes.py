@@ -194,6 +194,9 @@ class FakeWorld:
         default_factory=lambda: DeviceCounts(pool_devices=8, cluster_devices=16)
     )
     budget_granted: bool = True
+    # Set: the fake budget decides as the real one does for a pool with this many GPUs out
+    # (granted only within the request's pool limit); None: `budget_granted` decides.
+    budget_pool_in_use: int | None = None
     use_real_budget: bool = False
     use_real_ledger: bool = False  # the caller passes LedgerActivities (the real workflow)
     budget_release_fails: bool = False  # release-budget-lease raises (non-retryable)
@@ -210,6 +213,7 @@ class FakeWorld:
         default_factory=lambda: CapacityResult(status="requested", current_size=2, target_size=3)
     )
     evidence_delay: timedelta | None = None  # gather-evidence answers after this (real time)
+    consumers_delay: timedelta | None = None  # find-consumers answers after this (real time)
     notify_failures: int = 0  # first N notify calls raise a retryable error
     calls: list[tuple[str, Any]] = field(default_factory=list)
 
@@ -258,17 +262,31 @@ class FakeWorld:
 
         @fake_of(KubeActivities.find_consumers)
         async def consumers(req: FindConsumersInput) -> ConsumersResult:
+            if world.consumers_delay:  # recorded when it answers, after the delay
+                await asyncio.sleep(world.consumers_delay.total_seconds())
             world.calls.append((ACT_FIND_CONSUMERS, req))
             return ConsumersResult(consumers=world.consumers)
 
         @fake_of(KubeActivities.count_devices)
         async def count(req: CountDevicesInput) -> DeviceCounts:
             world.calls.append((ACT_COUNT_DEVICES, req))
-            return world.counts
+            # Counted by node (while resolving): every node of the fake world is in its pool.
+            return world.counts.model_copy(
+                update={"node_pool": req.node_pool or (world.node_pool if req.node else None)}
+            )
 
         @fake_of(BudgetActivities.acquire_budget_lease)
         async def acquire(req: BudgetLeaseRequest) -> BudgetDecision:
             world.calls.append((ACT_ACQUIRE_BUDGET, req))
+            out = world.budget_pool_in_use
+            if out is not None:
+                if out + req.gpus <= req.pool_limit:
+                    return BudgetDecision(granted=True, pool_in_use=out + req.gpus)
+                return BudgetDecision(
+                    granted=False,
+                    reason=f"pool {req.node_pool} has {out} of {req.pool_limit} allowed",
+                    pool_in_use=out,
+                )
             if world.budget_granted:
                 return BudgetDecision(granted=True, pool_in_use=1, cluster_in_use=1)
             return BudgetDecision(

@@ -4,7 +4,8 @@ State machine (each step a runbook knob; phases are the `SickbayPhase` search at
 
     received -> confirming --stale / application / ignore / dry-run----------------> closed
                     | resolve-device, gather-evidence, find-consumers, classify,
-                    | pick runbook (strictest of the consumers')
+                    | pick runbook (strictest of the consumers'); the budget lease is
+                    | asked meanwhile (within the strictest budget of any runbook)
                     v
                 guarding --budget exhausted / unreachable--> escalated (once), stays open:
                     |   retries the lease every minute (then 5 min), absorbs repeat alerts;

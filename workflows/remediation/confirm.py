@@ -1,11 +1,14 @@
 """Steps 1 and 2, confirm and resolve the consumers: the device, its evidence and consumers,
 the runbook (strictest of the consumers'), the failure class, and whether to act at all.
 
-Independent local activities run side by side (runbooks with resolve; evidence with consumers,
-the device counts and, once the runbook is known, the budget lease), so alert -> rule waits
-for 4 local activities in a row, not 7. The lease is only asked for here; it is reported (and
-a refusal escalated) at the guard step, and given back if the procedure then decides not to
-quarantine."""
+Independent local activities run side by side: runbooks, resolve and the device counts (by the
+alert's node) at once; then evidence and consumers, and the budget lease as soon as the device,
+its counts and the runbooks are known. The lease is asked within the strictest budget of any
+runbook the consumers could choose, so it need not wait for them; a refusal is asked again
+within the chosen runbook's budget when that allows more. Alert -> rule waits for 3 local
+activities in a row (resolve, lease, quarantine). The lease is only asked for here; it is
+reported (and a refusal escalated) at the guard step, and given back if the procedure then
+decides not to quarantine."""
 
 from __future__ import annotations
 
@@ -30,16 +33,16 @@ with workflow.unsafe.imports_passed_through():
     )
     from contract.launch import LaunchRequest
     from contract.remediation import Phase
-    from contract.runbook import ClassAction, RunbookSet
+    from contract.runbook import ClassAction, Runbook, RunbookSet
     from workflows.classify import classify, device_evidence, is_stale
     from workflows.remediation.calls import ACTIVITY_FAILED, error_text, error_type, gather_all
     from workflows.remediation.context import Remediation
     from workflows.remediation.escalation import notify_owner
     from workflows.remediation.ladder import describe as describe_repair
-    from workflows.remediation.lease import EarlyLease, ask_lease, give_back
+    from workflows.remediation.lease import EarlyLease, ask_lease, give_back, limits
     from workflows.remediation.outcome import Closed, InputRefused
     from workflows.remediation.rule import quarantine_input
-    from workflows.runbook_match import DEFAULT_RUNBOOK, select_runbook
+    from workflows.runbook_match import DEFAULT_RUNBOOK, builtin_default, select_runbook
 
 
 @dataclass(frozen=True)
@@ -63,40 +66,19 @@ async def confirm(r: Remediation) -> Confirmed | Closed:
     )
     loading = asyncio.ensure_future(r.act.load_runbooks())
     resolving = asyncio.ensure_future(r.act.resolve_device(ResolveDeviceInput(device=inp.device)))
-    started: list[asyncio.Task[Any]] = [loading, resolving]
-    await workflow.wait(started)
-    if loading.exception() is None:  # a failed resolve escalates through `default`
-        s.confirm.fallback = loading.result().get(DEFAULT_RUNBOOK) or s.confirm.fallback
-        pinned = inp.runbook
-        if pinned and loading.result().get(pinned) is None:
-            await workflow.wait([resolving])  # never leave it running behind the refusal
-            known = ", ".join(sorted(rb.name for rb in loading.result().runbooks))
-            raise InputRefused(f"runbook: no runbook named {pinned!r} (known: {known})")
-    failed = resolving.exception()
-    person = inp.trigger in ("ui", "manual")
-    if failed is not None and person and error_type(failed) == ERR_DEVICE_NOT_FOUND:
-        # A person's typo (a UUID the node has not got): invalid input, not an incident.
-        raise InputRefused(f"device: {error_text(failed)}")
-    await gather_all(loading, resolving)  # raises the first failure
-    runbooks, device = loading.result(), resolving.result()
-    asked = inp.device
-    if (
-        person
-        and asked.gpu_uuid
-        and asked.gpu_index is not None
-        and device.gpu_index is not None
-        and device.gpu_index != asked.gpu_index
-    ):  # two selectors naming two GPUs: acting on either could take the wrong one
-        raise InputRefused(
-            f"device: gpu_index {asked.gpu_index} and gpu_uuid {asked.gpu_uuid} name different "
-            f"GPUs ({asked.gpu_uuid} is GPU {device.gpu_index} of node {device.node})"
+    counting: asyncio.Task[DeviceCounts] | None = None
+    if not inp.dry_run and inp.device.node:  # the alert's node: counted while resolving
+        counting = asyncio.ensure_future(
+            r.act.count_devices(CountDevicesInput(node=inp.device.node))
         )
-    s.confirm.device = device
-    s.status.device, s.status.node = device.key, device.node
-    if device.workflow_id(inp.cluster) != s.workflow_id:
-        return await _hand_over(r, device)
+    found = await _resolve(r, loading, resolving, counting)
+    if isinstance(found, Closed):
+        return found
+    runbooks, device = found
     alert_pods = [a.pod for a in s.journal.alerts if a.pod is not None]
-    evidence, consumers, early = await _gather(r, device, runbooks, alert_pods)
+    evidence, consumers, early = await _gather(
+        r, device, runbooks, alert_pods, _counted(counting, device)
+    )
     s.confirm.consumers = consumers.consumers
     s.status.consumers = [c.pod for c in s.confirm.consumers]
     selection = select_runbook(runbooks.runbooks, s.confirm.consumers, inp.runbook)
@@ -148,47 +130,135 @@ async def confirm(r: Remediation) -> Confirmed | Closed:
     return Confirmed(early, counts, counts_why)
 
 
-async def _gather(
-    r: Remediation, device: ResolvedDevice, runbooks: RunbookSet, alert_pods: list[PodRef]
-) -> tuple[Evidence, ConsumersResult, EarlyLease | None]:
-    """Evidence, consumers and device counts at once; the budget lease as soon as the
-    consumers fix the runbook (its limits), while the evidence may still be coming."""
+async def _resolve(
+    r: Remediation,
+    loading: asyncio.Task[RunbookSet],
+    resolving: asyncio.Task[ResolvedDevice],
+    counting: asyncio.Task[DeviceCounts] | None,
+) -> tuple[RunbookSet, ResolvedDevice] | Closed:
+    """The runbooks and the device (the count by the alert's node ended too: what comes next
+    is scheduled in an order that never depends on which answered first, as replay needs);
+    refuses a person's bad input, hands a device launched under another id over to its
+    canonical workflow."""
     s = r.s
-    consumers_task = asyncio.ensure_future(
-        r.act.find_consumers(FindConsumersInput(device=device, alert_pods=alert_pods))
-    )
-    counts_task: asyncio.Task[DeviceCounts] | None = None
-    if not s.inp.dry_run:
-        counts_task = asyncio.ensure_future(
-            r.act.count_devices(CountDevicesInput(node_pool=device.node_pool))
+    inp = s.inp
+    started: list[asyncio.Task[Any]] = [loading, resolving]
+    await workflow.wait([*started, *([counting] if counting is not None else [])])
+    if counting is not None and not counting.cancelled():
+        counting.exception()  # read: a failed count is counted again later, never raised
+    if loading.exception() is None:  # a failed resolve escalates through `default`
+        s.confirm.fallback = loading.result().get(DEFAULT_RUNBOOK) or s.confirm.fallback
+        pinned = inp.runbook
+        if pinned and loading.result().get(pinned) is None:
+            await workflow.wait([resolving])  # never leave it running behind the refusal
+            known = ", ".join(sorted(rb.name for rb in loading.result().runbooks))
+            raise InputRefused(f"runbook: no runbook named {pinned!r} (known: {known})")
+    failed = resolving.exception()
+    person = inp.trigger in ("ui", "manual")
+    if failed is not None and person and error_type(failed) == ERR_DEVICE_NOT_FOUND:
+        # A person's typo (a UUID the node has not got): invalid input, not an incident.
+        raise InputRefused(f"device: {error_text(failed)}")
+    await gather_all(loading, resolving)  # raises the first failure
+    runbooks, device = loading.result(), resolving.result()
+    asked = inp.device
+    if (
+        person
+        and asked.gpu_uuid
+        and asked.gpu_index is not None
+        and device.gpu_index is not None
+        and device.gpu_index != asked.gpu_index
+    ):  # two selectors naming two GPUs: acting on either could take the wrong one
+        raise InputRefused(
+            f"device: gpu_index {asked.gpu_index} and gpu_uuid {asked.gpu_uuid} name different "
+            f"GPUs ({asked.gpu_uuid} is GPU {device.gpu_index} of node {device.node})"
         )
+    s.confirm.device = device
+    s.status.device, s.status.node = device.key, device.node
+    if device.workflow_id(inp.cluster) != s.workflow_id:
+        return await _hand_over(r, device)
+    return runbooks, device
+
+
+async def _gather(
+    r: Remediation,
+    device: ResolvedDevice,
+    runbooks: RunbookSet,
+    alert_pods: list[PodRef],
+    counted: DeviceCounts | None,
+) -> tuple[Evidence, ConsumersResult, EarlyLease | None]:
+    """Evidence and consumers at once, with the budget lease: asked first (with `counted`, the
+    counts taken by the alert's node, at once; else after counting the device's pool), within
+    the strictest budget a runbook the consumers could choose allows (granted there, it is
+    granted within the chosen one's), so it does not wait for the consumers; refused there,
+    asked again within the chosen runbook's budget if that allows more. No lease when a dry
+    run could be chosen: a dry run takes nothing out of service."""
+    s = r.s
+    candidates = _candidates(runbooks, s.inp.runbook)
 
     async def lease() -> EarlyLease | None:
-        consumers = await consumers_task
-        if counts_task is None:
+        if s.inp.dry_run:
             return None
+        strict: tuple[int, int] | None = None
         try:
-            counts = await counts_task
-            chosen = select_runbook(runbooks.runbooks, consumers.consumers, s.inp.runbook)
-            if chosen.runbook.spec.dry_run:
-                return None
-            return await ask_lease(r, device, chosen.runbook.spec.budget, counts)
+            counts = counted or await r.act.count_devices(
+                CountDevicesInput(node_pool=device.node_pool)
+            )
+            early: EarlyLease | None = None
+            if not any(rb.spec.dry_run for rb in candidates):
+                bounds = [limits(rb.spec.budget, counts) for rb in candidates]
+                strict = (min(b[0] for b in bounds), min(b[1] for b in bounds))
+                early = await ask_lease(r, device, strict, counts)
         except ACTIVITY_FAILED as err:
             # Counts or budget unreachable: the guard step reports it as its first try
             # ("budget service unavailable", escalate, retry) as without the early request.
             return EarlyLease(device.key, error=err)
+        consumers = await consumers_task  # its failure is the step's (a lease held is given back)
+        chosen = select_runbook(runbooks.runbooks, consumers.consumers, s.inp.runbook)
+        if chosen.runbook.spec.dry_run:
+            return None  # never asked: a candidate was a dry run
+        wanted = limits(chosen.runbook.spec.budget, counts)
+        if early is not None:
+            assert early.decision is not None
+            if early.decision.granted:  # within the chosen budget too: reported within it
+                return early._replace(pool_limit=wanted[0], cluster_limit=wanted[1])
+            if early.decision.paused is not None or wanted == strict:
+                return early
+        try:
+            return await ask_lease(r, device, wanted, counts)
+        except ACTIVITY_FAILED as err:
+            return EarlyLease(device.key, error=err)
 
-    async def counted() -> None:
-        # Never leave the count running (or its error unread) behind a failed step.
-        if counts_task is not None:
-            await workflow.wait([counts_task])
-            if not counts_task.cancelled():
-                counts_task.exception()
-
-    evidence, consumers, early, _ = await gather_all(
-        r.act.gather_evidence(EvidenceInput(device=device)), consumers_task, lease(), counted()
+    # Created first, so the lease's first call is scheduled before the consumers' and the
+    # evidence's (one order in every run and replay).
+    leasing = asyncio.ensure_future(lease())
+    consumers_task = asyncio.ensure_future(
+        r.act.find_consumers(FindConsumersInput(device=device, alert_pods=alert_pods))
+    )
+    evidence, early, consumers = await gather_all(
+        r.act.gather_evidence(EvidenceInput(device=device)), leasing, consumers_task
     )
     return evidence, consumers, early
+
+
+def _candidates(runbooks: RunbookSet, pinned: str | None) -> list[Runbook]:
+    """Every runbook the consumers could choose: the pinned one, or any loaded runbook (a
+    workload-class label may name any) and the default."""
+    chosen = runbooks.get(pinned) if pinned else None
+    if chosen is not None:
+        return [chosen]
+    default = runbooks.get(DEFAULT_RUNBOOK)
+    return list(runbooks.runbooks) + ([] if default is not None else [builtin_default()])
+
+
+def _counted(
+    counting: asyncio.Task[DeviceCounts] | None, device: ResolvedDevice
+) -> DeviceCounts | None:
+    """The counts taken by the alert's node (ended by now), if they counted the device's pool;
+    None: none taken, failed (its error is read), or another pool (labels changed)."""
+    if counting is None or counting.cancelled() or counting.exception() is not None:
+        return None
+    counts = counting.result()
+    return counts if counts.node_pool == device.node_pool else None
 
 
 async def _no_quarantine(r: Remediation, early: EarlyLease | None, reason: str) -> Closed:

@@ -32,20 +32,28 @@ class EarlyLease(NamedTuple):
     error: BaseException | None = None  # the request failed (counts or budget unreachable)
 
 
+def limits(budget: BudgetPolicy, counts: DeviceCounts) -> tuple[int, int]:
+    """A runbook's budget against the counted devices: (pool limit, cluster limit)."""
+    return (
+        BudgetPolicy.limit(budget.max_per_pool, counts.pool_devices),
+        BudgetPolicy.limit(budget.max_per_cluster, counts.cluster_devices),
+    )
+
+
 async def ask_lease(
     r: Remediation,
     device: ResolvedDevice,
-    budget: BudgetPolicy,
+    budget: BudgetPolicy | tuple[int, int],
     counts: DeviceCounts | None,
     gpus: int = 1,
 ) -> EarlyLease:
     """Count the devices (unless `counts` given) and ask the budget for a lease counting `gpus`
-    physical GPUs (one; a repair rung asks again for every GPU it takes out of service); marks
-    the lease held as soon as it is granted (so every way out gives it back)."""
+    physical GPUs (one; a repair rung asks again for every GPU it takes out of service) within
+    `budget` (a runbook's, or limits already resolved); marks the lease held as soon as it is
+    granted (so every way out gives it back)."""
     if counts is None:
         counts = await r.act.count_devices(CountDevicesInput(node_pool=device.node_pool))
-    pool_limit = BudgetPolicy.limit(budget.max_per_pool, counts.pool_devices)
-    cluster_limit = BudgetPolicy.limit(budget.max_per_cluster, counts.cluster_devices)
+    pool_limit, cluster_limit = budget if isinstance(budget, tuple) else limits(budget, counts)
     decision = await r.act.acquire_budget(
         BudgetLeaseRequest(
             holder=r.s.workflow_id,

@@ -44,6 +44,7 @@ from activities.kube.devices import (
     gpu_inventory,
     gpus_per_node,
     list_slice_devices,
+    node_pool_of,
     physical_gpus,
     slice_devices,
 )
@@ -233,6 +234,28 @@ def test_count_devices_on_mixed_twin(twin_factory: Any) -> None:
     assert (counts.cluster_quarantined, counts.pool_quarantined) == (0, 0)
     counts = asyncio.run(env.run(acts.count_devices, CountDevicesInput(node_pool=None)))
     assert (counts.cluster_devices, counts.pool_devices) == (22, 0)
+    assert counts.node_pool is None
+
+
+def test_count_devices_by_node_counts_the_nodes_pool(twin_factory: Any) -> None:
+    """A remediation counts while it still resolves the device: by the alert's node, whose
+    pool the node list labels; the counts name the pool they counted."""
+    twin = twin_factory(profile="1.36", pools=MIXED)
+    acts = KubeActivities(KubeSettings(kubeconfig=str(twin.kubeconfig_path)))
+    kube = acts.kube
+    nodes = kube.call(kube.core.list_node, verb="list", resource="nodes")["items"]
+    pools = {n["metadata"]["name"]: node_pool_of(n) for n in nodes}
+    node = next(name for name, pool in pools.items() if pool == "vgpu")
+    env = ActivityEnvironment()
+    counts = asyncio.run(env.run(acts.count_devices, CountDevicesInput(node=node)))
+    assert (counts.node_pool, counts.cluster_devices, counts.pool_devices) == ("vgpu", 22, 8)
+    asked = asyncio.run(env.run(acts.count_devices, CountDevicesInput(node_pool="vgpu")))
+    assert asked == counts
+    # A pool given wins over the node; a node the cluster has not got counts no pool.
+    other = asyncio.run(env.run(acts.count_devices, CountDevicesInput(node_pool="mig", node=node)))
+    assert (other.node_pool, other.pool_devices) == ("mig", 6)
+    gone = asyncio.run(env.run(acts.count_devices, CountDevicesInput(node="no-such-node")))
+    assert (gone.node_pool, gone.cluster_devices, gone.pool_devices) == (None, 22, 0)
 
 
 def test_concurrent_counts_list_slices_once(twin_factory: Any) -> None:
