@@ -9,7 +9,8 @@ Cases:
   chosen one's and quarantined, nobody paged;
 - refused within the chosen runbook's budget too: escalated once, naming its limit;
 - a runbook that could be chosen is a dry run: the lease waits for the consumers, and a dry
-  run chosen asks for nothing.
+  run chosen asks for nothing;
+- the count by the alert's node fails: the device's pool is counted instead, nothing escalated.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
+from activities.kube import KubeActivities
+from contract.kube import CountDevicesInput, DeviceCounts
 from contract.names import (
     ACT_ACQUIRE_BUDGET,
     ACT_COUNT_DEVICES,
@@ -30,6 +34,7 @@ from contract.names import (
 from contract.remediation import Phase, RemediationResult, RepairedRequest
 from tests.workflows.fakes import (
     FakeWorld,
+    fake_of,
     make_runbook,
     new_worker,
     start,
@@ -147,3 +152,28 @@ async def test_a_dry_run_that_could_be_chosen_keeps_the_lease_for_the_chosen(
         outcome = await handle.result()
     assert outcome.outcome == "dry-run"
     assert dry.args(ACT_ACQUIRE_BUDGET) == [] and ACT_QUARANTINE not in dry.names()
+
+
+async def test_a_failed_count_by_node_is_counted_again_by_pool(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """The count taken while resolving fails: never the step's failure; the device's pool is
+    counted once it is known, and the lease asked within it."""
+    world = FakeWorld()
+
+    @fake_of(KubeActivities.count_devices)
+    async def by_pool_only(req: CountDevicesInput) -> DeviceCounts:
+        world.calls.append((ACT_COUNT_DEVICES, req))
+        if req.node_pool is None:
+            raise ApplicationError("the API server is gone", non_retryable=True)
+        return world.counts.model_copy(update={"node_pool": req.node_pool})
+
+    async with new_worker(time_skipping_env.client, world, extra_activities=[by_pool_only]) as w:
+        handle = await start(time_skipping_env.client, w, world)
+        await wait_phase(handle, Phase.HOLDING)
+        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="bob"))
+        result = await handle.result()
+    counted = [(c.node, c.node_pool) for c in world.args(ACT_COUNT_DEVICES)]
+    assert counted == [(world.node, None), (None, world.node_pool)]
+    assert len(world.args(ACT_ACQUIRE_BUDGET)) == 1 and len(world.args(ACT_QUARANTINE)) == 1
+    assert result.outcome == "released"

@@ -200,8 +200,10 @@ async def _gather(
             return None
         strict: tuple[int, int] | None = None
         try:
-            counts = counted or await r.act.count_devices(
-                CountDevicesInput(node_pool=device.node_pool)
+            counts = (
+                counted
+                if counted is not None
+                else await r.act.count_devices(CountDevicesInput(node_pool=device.node_pool))
             )
             early: EarlyLease | None = None
             if not any(rb.spec.dry_run for rb in candidates):
