@@ -143,14 +143,15 @@ async def _resolve(
     s = r.s
     inp = s.inp
     started: list[asyncio.Task[Any]] = [loading, resolving]
-    await workflow.wait([*started, *([counting] if counting is not None else [])])
+    if counting is not None:
+        started.append(counting)
+    await workflow.wait(started)  # none is left running behind a refusal
     if counting is not None and not counting.cancelled():
         counting.exception()  # read: a failed count is counted again later, never raised
     if loading.exception() is None:  # a failed resolve escalates through `default`
         s.confirm.fallback = loading.result().get(DEFAULT_RUNBOOK) or s.confirm.fallback
         pinned = inp.runbook
         if pinned and loading.result().get(pinned) is None:
-            await workflow.wait([resolving])  # never leave it running behind the refusal
             known = ", ".join(sorted(rb.name for rb in loading.result().runbooks))
             raise InputRefused(f"runbook: no runbook named {pinned!r} (known: {known})")
     failed = resolving.exception()
