@@ -21,6 +21,7 @@ counts what the watcher missed (`missed_by_watch`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import socket
@@ -136,6 +137,11 @@ class Tracker:
         self.versions: dict[str, tuple[tuple[str, str], tuple[str, str] | None, float]] = {}
         self.max_gpus: dict[str, int] = {}
         self.vanished: set[str] = set()  # nodes whose GPUs vanished, right now
+        # In the order the watch saw them: each node's last version change and the start of
+        # its current vanish (a recovery forgets only a change that came before the vanish).
+        self._seen = itertools.count(1)
+        self._changed_at: dict[str, int] = {}
+        self._vanished_at: dict[str, int] = {}
 
     # ---- generic bookkeeping ------------------------------------------------------------
 
@@ -214,7 +220,7 @@ class Tracker:
         plugin = plugin_pod_finding(obj)  # a GPU plugin pod that cannot run: its node's
         if plugin is not None and plugin.node:
             with self.lock:
-                self.vanished.add(plugin.node)
+                self._vanish(plugin.node)
         self.set_source(source, list(merged.values()) + ([plugin] if plugin else []))
 
     # ---- slices -------------------------------------------------------------------------
@@ -287,6 +293,7 @@ class Tracker:
                 self.versions[name] = (now_versions, None, 0.0)
             elif current[0] != now_versions:
                 self.versions[name] = (now_versions, current[0], time.time())
+                self._changed_at[name] = next(self._seen)
         self._node_check(name)
 
     def _node_check(self, name: str) -> None:
@@ -310,19 +317,29 @@ class Tracker:
                 summary, seen, bool(self.index), last_seen=self.max_gpus.get(name)
             )
             if finding is not None and finding.vanished:
-                self.vanished.add(name)
+                self._vanish(name)
             else:
                 if name in self.vanished:  # recovered: it runs well on its versions now, so
-                    # a later vanish blames no change from before this recovery
+                    # a later vanish blames no change from before this recovery. A change
+                    # seen only since the vanish began (the kubelet's new status arriving
+                    # after its plugin failed, GPUs not yet dropped) is not one it healed on.
                     current = self.versions.get(name)
-                    if current is not None:
+                    healed_on = self._changed_at.get(name, 0) < self._vanished_at.get(name, 0)
+                    if current is not None and healed_on:
                         self.versions[name] = (current[0], None, 0.0)
                 self.vanished.discard(name)
+                self._vanished_at.pop(name, None)
                 if have:
                     self.max_gpus[name] = max(have, self.max_gpus.get(name, 0))
             findings = [finding] if finding else []
             findings += self._finder.hami_findings(summary)
         self.set_source(f"node:{name}", findings)
+
+    def _vanish(self, name: str) -> None:
+        """The node's GPUs vanished (under the lock): remember when, once per vanish."""
+        if name not in self.vanished:
+            self.vanished.add(name)
+            self._vanished_at[name] = next(self._seen)
 
     def recorded(self, name: str) -> RecordedNode:
         """What the node looked like before its GPUs vanished: the versions before its last

@@ -9,7 +9,10 @@ Cases (device plugin: the node's nvidia.com/gpu capacity says how many GPUs it h
   before it sees the new version (a DRA driver's slice empties before the kubelet's status
   update arrives): the version it healed on, not the one of the earlier, healed upgrade;
 - an upgrade the node survives for a moment, then the GPUs vanish: still the version before
-  the upgrade (a healthy moment after an upgrade is not a recovery).
+  the upgrade (a healthy moment after an upgrade is not a recovery);
+- the GPU plugin pod fails before the kubelet's new status arrives, and that status still
+  shows the GPUs (their capacity drops later): the version before the upgrade (the node was
+  never seen healthy on the new version, so nothing healed).
 """
 
 from __future__ import annotations
@@ -72,4 +75,31 @@ def test_a_healthy_moment_after_an_upgrade_is_not_a_recovery() -> None:
     t.node(_node("v1.36.0", 2))
     t.node(_node("v1.36.3", 2))  # upgraded; the plugin still serves for a moment
     t.node(_node("v1.36.3", 0))
+    assert t.recorded(NODE).kubelet_version == "v1.36.0"
+
+
+def _failing_plugin_pod() -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "nvidia-device-plugin-daemonset-x1",
+            "namespace": "gpu-operator",
+            "labels": {"app": "nvidia-device-plugin-daemonset"},
+        },
+        "spec": {"nodeName": NODE},
+        "status": {
+            "containerStatuses": [
+                {"state": {"waiting": {"reason": "CreateContainerError", "message": "hook"}}}
+            ]
+        },
+    }
+
+
+def test_a_plugin_failure_seen_before_the_new_status_names_the_version_before() -> None:
+    t = _tracker()
+    t.node(_node("v1.36.0", 2))
+    t.pod(_failing_plugin_pod())  # the upgrade broke the plugin; the node's status is behind
+    assert NODE in t.vanished
+    t.node(_node("v1.99.1", 2))  # the kubelet's new version, its GPUs not yet dropped
+    assert t.recorded(NODE).kubelet_version == "v1.36.0"
+    t.node(_node("v1.99.1", 0))
     assert t.recorded(NODE).kubelet_version == "v1.36.0"
