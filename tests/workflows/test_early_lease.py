@@ -63,8 +63,10 @@ def two_budgets(*, default_pool: int = 2, chosen_pool: int = 6, **chosen: Any) -
     )
 
 
-async def quarantine_and_close(env: WorkflowEnvironment, world: FakeWorld) -> RemediationResult:
-    async with new_worker(env.client, world) as worker:
+async def quarantine_and_close(
+    env: WorkflowEnvironment, world: FakeWorld, extra_activities: list[Any] | None = None
+) -> RemediationResult:
+    async with new_worker(env.client, world, extra_activities=extra_activities or []) as worker:
         handle = await start(env.client, worker, world)
         await wait_phase(handle, Phase.HOLDING)
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="bob"))
@@ -168,11 +170,7 @@ async def test_a_failed_count_by_node_is_counted_again_by_pool(
             raise ApplicationError("the API server is gone", non_retryable=True)
         return world.counts.model_copy(update={"node_pool": req.node_pool})
 
-    async with new_worker(time_skipping_env.client, world, extra_activities=[by_pool_only]) as w:
-        handle = await start(time_skipping_env.client, w, world)
-        await wait_phase(handle, Phase.HOLDING)
-        await handle.signal(SIG_REPAIRED, RepairedRequest(actor="bob"))
-        result = await handle.result()
+    result = await quarantine_and_close(time_skipping_env, world, [by_pool_only])
     counted = [(c.node, c.node_pool) for c in world.args(ACT_COUNT_DEVICES)]
     assert counted == [(world.node, None), (None, world.node_pool)]
     assert len(world.args(ACT_ACQUIRE_BUDGET)) == 1 and len(world.args(ACT_QUARANTINE)) == 1
