@@ -26,7 +26,12 @@ from temporalio.worker import Worker
 from temporalio.workflow import ActivityCancellationType
 
 from harness.stack import free_port
-from tests.workflows.fakes import result_skipping_watches, watch_until_cancelled
+from tests.workflows.fakes import (
+    WATCH_STEP,
+    result_skipping_watches,
+    skip_step,
+    watch_until_cancelled,
+)
 
 
 @dataclass
@@ -106,3 +111,16 @@ async def test_time_moves_only_in_the_tests_steps_around_a_watch(
         said = await result_skipping_watches(env, handle, WORLD)
     assert said == ["deadline after 60 s", "activity"], said
     assert WORLD.watch_cancelled == 1 and not WORLD.watching
+
+
+async def test_a_step_with_no_activity_holding_time_still_skips(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """A worker restarted while its watch was reported ended: no activity holds time, and the
+    test's step gives back the only hold (the client's) once, not twice (which the server
+    refuses: "Unbalanced lock and unlock calls"); the hold is the client's again after it."""
+    before = await time_skipping_env.get_current_time()
+    await skip_step(time_skipping_env, WATCH_STEP, test_holds=True)
+    assert await time_skipping_env.get_current_time() - before >= WATCH_STEP
+    await skip_step(time_skipping_env, WATCH_STEP, test_holds=True)  # balanced: works again
+    assert await time_skipping_env.get_current_time() - before >= 2 * WATCH_STEP
