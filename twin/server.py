@@ -99,6 +99,10 @@ class RequestRecord:
     status: int
     duration_ms: float
     user_agent: str
+    # The object a successful create made (`metadata.name`, generateName resolved): the path
+    # of a create names no object, so this is how a reader tells which create made what, as
+    # the API server's audit log does (objectRef.name, filled from the request's object).
+    created: str = ""
 
 
 class RequestLog:
@@ -506,6 +510,7 @@ class _Handler(BaseHTTPRequestHandler):
                 status=self._status,
                 duration_ms=(time.perf_counter() - self._start) * 1000.0,
                 user_agent=self.headers.get("User-Agent", ""),
+                created=info.get("created", ""),
             )
         )
 
@@ -1090,6 +1095,7 @@ class _Handler(BaseHTTPRequestHandler):
         created = store.create(
             tgt.rt, obj, tgt.namespace, dry_run=self._dry_run(), manager=self._manager()
         )
+        self._info["created"] = str((created.get("metadata") or {}).get("name") or "")
         if tgt.rt.namespaced:
             # Pod Security admission's warnings: a pod failing the `warn` level, a workload
             # whose pod template its namespace's levels would refuse (nothing refused here).

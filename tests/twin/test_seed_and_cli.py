@@ -3,7 +3,7 @@
 Cases: seeded nodes carry node-pool labels and ResourceSlices shaped like the NVIDIA DRA
 driver's (uuid, index, productName, driverVersion, memory capacity); MIG / vGPU / time-slice
 topologies give several devices per physical GPU with parentUUID; a YAML description seeds
-several pools and seeding again grows a pool; the request log records method/verb/resource/status, sums up the RBAC rules the
+several pools and seeding again grows a pool; the request log records method/verb/resource/status and the object a create made, sums up the RBAC rules the
 calls needed, and is readable and clearable over HTTP; /twin/healthz; `sickbay-dev twin up --detach`
 then `sickbay-dev twin down`; `sickbay-dev twin up` on a port in use.
 """
@@ -121,6 +121,32 @@ def test_request_log_and_health(twin: RunningTwin, core: client.CoreV1Api, ns: s
     ]
     health = httpx.get(f"{twin.url}/twin/healthz", timeout=HTTP_TIMEOUT).json()
     assert health["status"] == "ok" and health["profile"] == "1.36" and health["nodes"] >= 2
+
+
+def test_request_log_names_what_a_create_made(
+    twin: RunningTwin, core: client.CoreV1Api, ns: str
+) -> None:
+    # A create's path names no object: the record names the object it made (generateName
+    # resolved, as the answer has it), and a refused create made none.
+    pod = {"spec": {"containers": [{"name": "c", "image": "i"}]}}
+    made = core.create_namespaced_pod(ns, {"metadata": {"generateName": "made-"}, **pod})
+    core.create_namespaced_pod(ns, {"metadata": {"name": "twice"}, **pod})
+    try:
+        core.create_namespaced_pod(ns, {"metadata": {"name": "twice"}, **pod})
+    except client.ApiException as exc:
+        assert exc.status == 409
+    creates = twin.requests(namespace=ns, verb="create")
+    assert [(r.name, r.created, r.status) for r in creates] == [
+        ("", made.metadata.name, 201),
+        ("", "twice", 201),
+        ("", "", 409),
+    ]
+    over_http = httpx.get(
+        f"{twin.url}/twin/requests",
+        params={"namespace": ns, "verb": "create"},
+        timeout=HTTP_TIMEOUT,
+    ).json()["items"]
+    assert [r["created"] for r in over_http] == [made.metadata.name, "twice", ""]
 
 
 def test_request_log_clear(twin_factory: Any) -> None:
