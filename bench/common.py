@@ -158,8 +158,7 @@ def clear_requests(kube_url: str) -> None:
 def rule_creations(kube_url: str) -> list[dict[str, Any]]:
     """Successful DeviceTaintRule creates in the twin's request log, in answer order.
 
-    A cluster-scoped create names its object only in the body, so records carry no name:
-    callers tell creators apart by user agent and time."""
+    A create's path names no object: `created` names the object it made."""
     recs = [r for r in requests_log(kube_url, verb="create", resource=RULES) if r["status"] < 300]
     return sorted(recs, key=lambda r: r["time"])
 

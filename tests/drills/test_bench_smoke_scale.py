@@ -40,6 +40,13 @@ def test_scale_benchmarks_run(tmp_path: Path) -> None:
     for cluster in fleet["clusters"].values():
         assert cluster["quarantined"] == cluster["limit"] == 4  # 6 failed, 25% of 16 GPUs
         assert cluster["leases_of_other_clusters"] == 0
+        # Every rule traced to its GPU's alert: fault -> rule is measured from that alert's
+        # send, which came at or after the burst began.
+        assert cluster["fault_to_rule_s"]["n"] == cluster["rules_created"] == 4
+        assert cluster["fault_to_rule_unmatched"] == 0
+        assert 0 < cluster["fault_to_rule_s"]["max"] <= cluster["last_rule_after_start_s"]
+        assert cluster["budget_tasks"]["ran_ms"]["n"] > 0  # its budget's tasks, timed
+    assert fleet["last_fault_to_rule_s"] <= fleet["last_rule_after_start_s"]
     assert results["memory"]["remediations"] == 16
     node = results["node_upgrade"]["seconds"]  # one round of each upgrade story
     assert node["socket: vanish -> diagnosis"]["n"] == node["socket: vanish -> GPUs back"]["n"] == 1
