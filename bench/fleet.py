@@ -269,13 +269,15 @@ async def run(
                 )
             ]
             foreign = sum(1 for w in listed if not w.id.startswith(f"sickbay-{name}-"))
-            last_story = await _last_rule_story(client, rules, t0)
             budget_tasks = await _task_times(client, budget_workflow_id(info.task_queue, name), t0)
             # Each rule's create answered at `time` (the twin's request log). The burst's
             # start bounds every GPU's fault from below; the GPU's own fault is its alert's
             # first send (`first_sent`), found through the rule the create made.
             after_start = sorted(r["time"] - t0 for r in creates)
-            after_fault, unmatched = fault_to_rule(creates, rules, p["first_sent"], t0)
+            traced, unmatched = fault_to_rule(creates, rules, p["first_sent"], t0)
+            after_fault = [seconds for seconds, _ in traced]
+            slowest = max(traced, default=None)
+            last_story = await _slowest_story(client, slowest[1] if slowest else "", t0)
             try:
                 budget_id = budget_workflow_id(info.task_queue, name)
                 state = await client.get_workflow_handle(budget_id).query(QRY_BUDGET_STATE)
@@ -312,7 +314,7 @@ async def run(
                 "kill_s": kills.get(name),
                 "notifications": p["stats"],
                 "curve": [round(t, 3) for t in after_start],
-                "last_rule_story": last_story,
+                "slowest_story": last_story,
                 "budget_tasks": budget_tasks,
             }
         queues = {r["task_queue"] for r in out.values()}
@@ -350,15 +352,13 @@ async def run(
             stack.stop()
 
 
-async def _last_rule_story(
-    client: Client, rules: list[dict[str, Any]], t0: float
-) -> dict[str, Any]:
-    """Where the time of the cluster's last quarantine went, from its remediation's history:
-    seconds its workflow tasks waited in a queue, ran, and when one timed out (a worker held
-    it and died, or overran the timeout), each after the burst began."""
-    if not rules:
+async def _slowest_story(client: Client, wid: str, t0: float) -> dict[str, Any]:
+    """Where the time of the cluster's slowest quarantine (fault -> rule) went, from its
+    remediation's history: seconds its workflow tasks waited in a queue, ran, and when one
+    timed out (a worker held it and died, or overran the timeout), each after the burst
+    began."""
+    if not wid:
         return {}
-    wid = _workflow_id(max(rules, key=lambda r: int(r["metadata"]["resourceVersion"])))
     history = await client.get_workflow_handle(wid).fetch_history()
     queued = running = 0.0
     timed_out: list[float] = []
@@ -392,19 +392,21 @@ def fault_to_rule(
     rules: list[dict[str, Any]],
     first_sent: dict[str, float],
     t0: float,
-) -> tuple[list[float], int]:
-    """Seconds from each quarantined GPU's fault (its alert's first send) to its rule's
-    create, and how many creates could not be traced to their GPU's alert (the rule gone, or
-    no workflow id on it): those count from the burst's start, the bound from above."""
+) -> tuple[list[tuple[float, str]], int]:
+    """(Seconds from the GPU's fault (its alert's first send) to its rule's create, its
+    remediation's id) per create, and how many creates could not be traced to their GPU's
+    alert (the rule gone, or no workflow id on it): those count from the burst's start, the
+    bound from above."""
     wid_of = {r["metadata"]["name"]: _workflow_id(r) for r in rules}
-    out: list[float] = []
+    out: list[tuple[float, str]] = []
     unmatched = 0
     for c in creates:
-        sent = first_sent.get(wid_of.get(c.get("created", ""), ""))
+        wid = wid_of.get(c.get("created", ""), "")
+        sent = first_sent.get(wid)
         if sent is None:
             unmatched += 1
             sent = t0
-        out.append(c["time"] - sent)
+        out.append((c["time"] - sent, wid))
     return out, unmatched
 
 
@@ -464,6 +466,24 @@ def met(r: dict[str, Any]) -> dict[str, bool]:
     }
 
 
+def _clusters_text(r: dict[str, Any]) -> str:
+    """How many clusters met the goal, and how many of those that missed it had their
+    slowest GPU's task held by the killed worker (it timed out)."""
+    clusters = r["clusters"].values()
+    missed = [c for c in clusters if c["fault_to_rule_s"].get("max", 0.0) > GOAL_LAST_S]
+    held = sum(1 for c in missed if (c.get("slowest_story") or {}).get("task_timed_out_at_s"))
+    return (
+        f"{len(clusters) - len(missed)} of {len(clusters)} clusters quarantined every in-budget "
+        f"GPU within {GOAL_LAST_S:g} s of its fault"
+        + (
+            f"; of the {len(missed)} that did not, {held} had that GPU's first workflow task "
+            "held by the killed worker (it waited out the task timeout)"
+            if missed
+            else ""
+        )
+    )
+
+
 def findings(r: dict[str, Any]) -> list[str]:
     m = met(r)
     return [
@@ -474,7 +494,7 @@ def findings(r: dict[str, Any]) -> list[str]:
         f"{r['unquarantined_in_budget']} in-budget GPUs not quarantined; the slowest "
         f"quarantine {r['last_fault_to_rule_s']:.1f} s after its GPU's fault (goal "
         f"{GOAL_LAST_S:g} s: {'met' if m['last'] else 'missed'}), the last rule "
-        f"{r['last_rule_after_start_s']:.1f} s after the burst began."
+        f"{r['last_rule_after_start_s']:.1f} s after the burst began; " + _clusters_text(r) + "."
     ]
 
 
@@ -547,9 +567,10 @@ def section(r: dict[str, Any], plot: str | None, single_s: float | None) -> list
             else ""
         )
         + f".{beside}",
-        "- Where the last quarantine's time went (its remediation's history): "
+        f"- {_clusters_text(r)}.",
+        "- Where the slowest quarantine's time went (its remediation's history): "
         + "; ".join(
-            _story_text(name, c.get("last_rule_story") or {}) for name, c in r["clusters"].items()
+            _story_text(name, c.get("slowest_story") or {}) for name, c in r["clusters"].items()
         )
         + ". A task the killed worker held waits out its workflow task timeout (remediations: "
         "the server's 10 s; the budget and the GPU ledger: 5 s, contract/failover.py), a task "
