@@ -136,7 +136,14 @@ class Tracker:
         # with when it changed (forgotten once the node recovers); the most GPUs seen (the expected count without a count label).
         self.versions: dict[str, tuple[tuple[str, str], tuple[str, str] | None, float]] = {}
         self.max_gpus: dict[str, int] = {}
-        self.vanished: set[str] = set()  # nodes whose GPUs vanished, right now
+        # Nodes whose GPUs vanished, right now, by either source: the node itself (capacity
+        # or slices below the GPUs expected), or a GPU plugin pod on it that cannot run. Each
+        # source takes back only its own word: a node status that still counts the GPUs (the
+        # kubelet keeps a stopped plugin's capacity for a while) does not end a vanish a
+        # failing plugin pod began.
+        self.vanished: set[str] = set()
+        self._node_says_vanished: set[str] = set()
+        self._failing_plugins: dict[str, str] = {}  # plugin pod source -> its node
         # In the order the watch saw them: each node's last version change and the start of
         # its current vanish (a recovery forgets only a change that came before the vanish).
         self._seen = itertools.count(1)
@@ -185,6 +192,8 @@ class Tracker:
         with self.lock:
             seen = self._replacing.pop(kind, set())
             gone = [s for s in self._by_source if s.split(":", 1)[0] == kind and s not in seen]
+            for source in gone:
+                self._plugin_runs(source)
         for source in gone:
             self.set_source(source, [])
         return gone
@@ -199,6 +208,8 @@ class Tracker:
         meta = obj.get("metadata") or {}
         source = f"pod:{meta.get('namespace', '')}/{meta.get('name', '')}"
         if deleted:
+            with self.lock:
+                self._plugin_runs(source)
             self.set_source(source, [])
             return
         merged: dict[str, SweepFinding] = {}
@@ -218,9 +229,12 @@ class Tracker:
                         u.health,
                     )
         plugin = plugin_pod_finding(obj)  # a GPU plugin pod that cannot run: its node's
-        if plugin is not None and plugin.node:
-            with self.lock:
+        with self.lock:
+            if plugin is not None and plugin.node:
+                self._failing_plugins[source] = plugin.node
                 self._vanish(plugin.node)
+            else:
+                self._plugin_runs(source)
         self.set_source(source, list(merged.values()) + ([plugin] if plugin else []))
 
     # ---- slices -------------------------------------------------------------------------
@@ -317,18 +331,11 @@ class Tracker:
                 summary, seen, bool(self.index), last_seen=self.max_gpus.get(name)
             )
             if finding is not None and finding.vanished:
+                self._node_says_vanished.add(name)
                 self._vanish(name)
             else:
-                if name in self.vanished:  # recovered: it runs well on its versions now, so
-                    # a later vanish blames no change from before this recovery. A change
-                    # seen only since the vanish began (the kubelet's new status arriving
-                    # after its plugin failed, GPUs not yet dropped) is not one it healed on.
-                    current = self.versions.get(name)
-                    healed_on = self._changed_at.get(name, 0) < self._vanished_at.get(name, 0)
-                    if current is not None and healed_on:
-                        self.versions[name] = (current[0], None, 0.0)
-                self.vanished.discard(name)
-                self._vanished_at.pop(name, None)
+                self._node_says_vanished.discard(name)
+                self._unvanish(name)
                 if have:
                     self.max_gpus[name] = max(have, self.max_gpus.get(name, 0))
             findings = [finding] if finding else []
@@ -340,6 +347,31 @@ class Tracker:
         if name not in self.vanished:
             self.vanished.add(name)
             self._vanished_at[name] = next(self._seen)
+
+    def _plugin_runs(self, source: str) -> None:
+        """The pod `source` is no failing GPU plugin pod (any more): if it was, its node's
+        vanish loses that word (under the lock)."""
+        node = self._failing_plugins.pop(source, None)
+        if node is not None:
+            self._unvanish(node)
+
+    def _unvanish(self, name: str) -> None:
+        """A source took its word back (under the lock): the node recovers when no source
+        says its GPUs vanished any more."""
+        if name not in self.vanished or name in self._node_says_vanished:
+            return
+        if name in self._failing_plugins.values():
+            return
+        # Recovered: it runs well on its versions now, so a later vanish blames no change from
+        # before this recovery. A change seen only since the vanish began (the kubelet's new
+        # status arriving after its plugin failed, GPUs not yet dropped) is not one it healed
+        # on.
+        current = self.versions.get(name)
+        healed_on = self._changed_at.get(name, 0) < self._vanished_at.get(name, 0)
+        if current is not None and healed_on:
+            self.versions[name] = (current[0], None, 0.0)
+        self.vanished.discard(name)
+        self._vanished_at.pop(name, None)
 
     def recorded(self, name: str) -> RecordedNode:
         """What the node looked like before its GPUs vanished: the versions before its last
