@@ -145,13 +145,8 @@ class SweepActivities:
         vanished: set[str] = set()
         plugins, report.nodes = report.nodes, []  # GPU plugin pods in error, from the pod list
         if req.check_nodes or req.only_unknown:
-            nodes, report.nodes_checked = self._check_nodes(index, merged)
-            # One finding per node: its capacity's, else its first plugin pod's.
-            seen = {n.node for n in nodes}
-            for f in plugins:
-                if f.node not in seen:
-                    nodes.append(f)
-                    seen.add(f.node)
+            checked, report.nodes_checked = self._check_nodes(index, merged)
+            nodes = one_per_node(checked, plugins)
             vanished = {f.node for f in nodes if f.vanished and f.node}
             if not req.only_unknown:
                 report.nodes = nodes
@@ -553,6 +548,20 @@ PLUGIN_ERROR_REASONS = frozenset(
         "StartError",
     }
 )
+
+
+def one_per_node(nodes: list[SweepFinding], plugins: list[SweepFinding]) -> list[SweepFinding]:
+    """One finding per node, from its own (capacity, slices) and its GPU plugin pods' that
+    cannot run: the first that says its GPUs vanished, else its own. A plugin pod that cannot
+    run makes the node vanished even while its status still counts the GPUs (the kubelet keeps
+    a stopped plugin's capacity for a grace period, its devices unhealthy: allocatable below
+    capacity), so its Unknown GPUs stay the node incident's."""
+    chosen: dict[str, SweepFinding] = {}
+    for f in [*nodes, *plugins]:
+        current = chosen.get(f.node or "")
+        if current is None or (f.vanished and not current.vanished):
+            chosen[f.node or ""] = f
+    return list(chosen.values())
 
 
 def plugin_pod_finding(pod: dict[str, Any]) -> SweepFinding | None:

@@ -7,7 +7,10 @@ Cases:
   remediation), the other node nothing;
 - a GPU plugin pod that cannot run (CreateContainerError, CrashLoopBackOff) is a vanished node
   finding on its own; one that is merely starting (ContainerCreating), Ready, deleting or
-  not a GPU plugin is none.
+  not a GPU plugin is none;
+- one finding per node: a failing plugin pod's (vanished) wins over the node's own finding
+  that says only "allocatable < capacity" (the kubelet keeps a stopped plugin's capacity for a
+  grace period, its devices unhealthy), and the node's own vanished finding wins over both.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from typing import Any
 from kubernetes import client as k8s
 
 from activities.kube.client import Kube, KubeSettings
-from activities.sweep import SweepActivities, plugin_pod_finding
-from contract.sweep import SweepClusterInput
+from activities.sweep import SweepActivities, one_per_node, plugin_pod_finding
+from contract.sweep import SweepClusterInput, SweepFinding
 from twin.clock import Clock
 from twin.controllers.manager import ControllerManager, TwinOptions
 from twin.testing import start_twin
@@ -125,3 +128,23 @@ def test_plugin_pod_that_cannot_run_is_a_vanished_node_finding() -> None:
         plugin_pod_finding(_pod("CrashLoopBackOff", deletionTimestamp="2026-01-01T00:00:00Z"))
         is None
     )
+
+
+def test_a_failing_plugin_pod_makes_its_node_vanished_whatever_its_status_counts() -> None:
+    unhealthy = SweepFinding(
+        kind="node-capacity",
+        node="n1",
+        message="node n1: allocatable nvidia.com/gpu 0 < capacity 2",
+        gpu_capacity=2,
+        gpu_allocatable=0,
+    )
+    plugin = plugin_pod_finding(_pod("CreateContainerError"))
+    assert plugin is not None
+    [chosen] = one_per_node([unhealthy], [plugin])
+    assert chosen is plugin and chosen.vanished
+    gone = unhealthy.model_copy(update={"vanished": True, "gpu_capacity": 0})
+    [chosen] = one_per_node([gone], [plugin])
+    assert chosen is gone  # the node's own count first
+    assert one_per_node([unhealthy], []) == [unhealthy]
+    other = plugin.model_copy(update={"node": "n2"})
+    assert one_per_node([unhealthy], [plugin, other]) == [plugin, other]
