@@ -21,7 +21,6 @@ counts what the watcher missed (`missed_by_watch`).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import socket
@@ -144,11 +143,6 @@ class Tracker:
         self.vanished: set[str] = set()
         self._node_says_vanished: set[str] = set()
         self._failing_plugins: dict[str, str] = {}  # plugin pod source -> its node
-        # In the order the watch saw them: each node's last version change and the start of
-        # its current vanish (a recovery forgets only a change that came before the vanish).
-        self._seen = itertools.count(1)
-        self._changed_at: dict[str, int] = {}
-        self._vanished_at: dict[str, int] = {}
 
     # ---- generic bookkeeping ------------------------------------------------------------
 
@@ -307,7 +301,6 @@ class Tracker:
                 self.versions[name] = (now_versions, None, 0.0)
             elif current[0] != now_versions:
                 self.versions[name] = (now_versions, current[0], time.time())
-                self._changed_at[name] = next(self._seen)
         self._node_check(name)
 
     def _node_check(self, name: str) -> None:
@@ -343,10 +336,8 @@ class Tracker:
         self.set_source(f"node:{name}", findings)
 
     def _vanish(self, name: str) -> None:
-        """The node's GPUs vanished (under the lock): remember when, once per vanish."""
-        if name not in self.vanished:
-            self.vanished.add(name)
-            self._vanished_at[name] = next(self._seen)
+        """The node's GPUs vanished (under the lock)."""
+        self.vanished.add(name)
 
     def _plugin_runs(self, source: str) -> None:
         """The pod `source` is no failing GPU plugin pod (any more): if it was, its node's
@@ -362,16 +353,12 @@ class Tracker:
             return
         if name in self._failing_plugins.values():
             return
-        # Recovered: it runs well on its versions now, so a later vanish blames no change from
-        # before this recovery. A change seen only since the vanish began (the kubelet's new
-        # status arriving after its plugin failed, GPUs not yet dropped) is not one it healed
-        # on.
+        # Recovered (no source says otherwise): it runs well on its versions now, so a later
+        # vanish blames no change from before this recovery, whichever the watch saw first.
         current = self.versions.get(name)
-        healed_on = self._changed_at.get(name, 0) < self._vanished_at.get(name, 0)
-        if current is not None and healed_on:
+        if current is not None:
             self.versions[name] = (current[0], None, 0.0)
         self.vanished.discard(name)
-        self._vanished_at.pop(name, None)
 
     def recorded(self, name: str) -> RecordedNode:
         """What the node looked like before its GPUs vanished: the versions before its last

@@ -12,7 +12,10 @@ Cases (device plugin: the node's nvidia.com/gpu capacity says how many GPUs it h
   the upgrade (a healthy moment after an upgrade is not a recovery);
 - the GPU plugin pod fails before the kubelet's new status arrives, and that status still
   shows the GPUs (their capacity drops later): the version before the upgrade (the node was
-  never seen healthy on the new version, so nothing healed).
+  never seen healthy on the new version, so nothing healed);
+- the node's GPUs vanish before the watch sees the new version (its status, or its failing
+  plugin pod, came first), then it heals on the new version and vanishes again later: the
+  version it healed on (a recovery is a recovery, whichever the watch saw first).
 """
 
 from __future__ import annotations
@@ -103,3 +106,28 @@ def test_a_plugin_failure_seen_before_the_new_status_names_the_version_before() 
     assert t.recorded(NODE).kubelet_version == "v1.36.0"
     t.node(_node("v1.99.1", 0))
     assert t.recorded(NODE).kubelet_version == "v1.36.0"
+
+
+def test_a_node_that_vanished_before_its_new_version_and_healed_on_it_blames_no_upgrade() -> None:
+    t = _tracker()
+    t.node(_node("v1.36.0", 2))
+    t.node(_node("v1.36.0", 0))  # the GPUs vanish first
+    t.node(_node("v1.99.1", 0))  # then the kubelet's new status
+    assert t.recorded(NODE).kubelet_version == "v1.36.0"
+    t.node(_node("v1.99.1", 2))  # healed on v1.99.1
+    t.node(_node("v1.99.1", 0))  # vanished again, no upgrade this time
+    assert t.recorded(NODE).kubelet_version == "v1.99.1"
+
+
+def test_a_plugin_restart_that_heals_on_the_new_version_blames_no_upgrade_later() -> None:
+    t = _tracker()
+    t.node(_node("v1.36.0", 2))
+    t.pod(_failing_plugin_pod())
+    t.node(_node("v1.99.1", 2))  # the new status, its GPUs not yet dropped: no recovery
+    assert NODE in t.vanished
+    running = _failing_plugin_pod()
+    running["status"] = {"containerStatuses": [{"state": {"running": {}}}]}
+    t.pod(running)  # restarted: it runs on v1.99.1 with its GPUs
+    assert NODE not in t.vanished
+    t.node(_node("v1.99.1", 0))  # vanished again, no upgrade this time
+    assert t.recorded(NODE).kubelet_version == "v1.99.1"
