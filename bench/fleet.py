@@ -278,6 +278,10 @@ async def run(
             after_fault = [seconds for seconds, _ in traced]
             slowest = max(traced, default=None)
             last_story = await _slowest_story(client, slowest[1] if slowest else "", t0)
+            # The GPUs whose remediation had a workflow task time out (the killed worker held
+            # it), and fault -> rule of the others: what the surviving workers' pace alone gave.
+            held = {w for _, w in traced if w and await _task_timed_out(client, w)}
+            unheld = [seconds for seconds, w in traced if w not in held]
             try:
                 budget_id = budget_workflow_id(info.task_queue, name)
                 state = await client.get_workflow_handle(budget_id).query(QRY_BUDGET_STATE)
@@ -310,6 +314,8 @@ async def run(
                 "rules_after_start_s": summary(after_start) if after_start else {"n": 0},
                 "fault_to_rule_s": summary(after_fault) if after_fault else {"n": 0},
                 "fault_to_rule_unmatched": unmatched,
+                "held_by_killed_worker": len(held),
+                "fault_to_rule_not_held_s": summary(unheld) if unheld else {"n": 0},
                 "fault_curve": [round(t, 3) for t in sorted(after_fault)],
                 "kill_s": kills.get(name),
                 "notifications": p["stats"],
@@ -350,6 +356,12 @@ async def run(
     finally:
         for stack in reversed(list(stacks.values())):
             stack.stop()
+
+
+async def _task_timed_out(client: Client, wid: str) -> bool:
+    """Whether a workflow task of the run timed out (a worker held it and died, or overran)."""
+    history = await client.get_workflow_handle(wid).fetch_history()
+    return any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT for e in history.events)
 
 
 async def _slowest_story(client: Client, wid: str, t0: float) -> dict[str, Any]:
@@ -484,6 +496,18 @@ def _clusters_text(r: dict[str, Any]) -> str:
     )
 
 
+def _max_text(q: dict[str, Any]) -> str:
+    return f"{q['max']:.1f} s" if q.get("n") else "none"
+
+
+def _not_held_max(r: dict[str, Any]) -> float:
+    """The slowest fault -> rule of the GPUs no killed worker held, over every cluster."""
+    return max(
+        (c["fault_to_rule_not_held_s"].get("max", 0.0) for c in r["clusters"].values()),
+        default=0.0,
+    )
+
+
 def findings(r: dict[str, Any]) -> list[str]:
     m = met(r)
     return [
@@ -494,7 +518,10 @@ def findings(r: dict[str, Any]) -> list[str]:
         f"{r['unquarantined_in_budget']} in-budget GPUs not quarantined; the slowest "
         f"quarantine {r['last_fault_to_rule_s']:.1f} s after its GPU's fault (goal "
         f"{GOAL_LAST_S:g} s: {'met' if m['last'] else 'missed'}), the last rule "
-        f"{r['last_rule_after_start_s']:.1f} s after the burst began; " + _clusters_text(r) + "."
+        f"{r['last_rule_after_start_s']:.1f} s after the burst began; "
+        + _clusters_text(r)
+        + "; the slowest of the GPUs whose tasks no killed worker held: "
+        + f"{_not_held_max(r):.1f} s."
     ]
 
 
@@ -513,6 +540,7 @@ def section(r: dict[str, Any], plot: str | None, single_s: float | None) -> list
             f"{c['quarantined']} | {c['exceeded']} | {c['lost']} | "
             f"{c['doubled'] + c['foreign_ids']} | {c['leases_held']} ({c['leases_of_other_clusters']}) | "
             f"{f.get('p50', 0):.1f} / {f.get('max', 0):.1f} s | "
+            f"{c['held_by_killed_worker']} ({_max_text(c['fault_to_rule_not_held_s'])}) | "
             f"{q.get('p50', 0):.1f} / {q.get('max', 0):.1f} s | "
             f"{c['notifications']['resent']} | `{c['task_queue']}`, `{c['budget_workflow']}` |"
         )
@@ -549,9 +577,10 @@ def section(r: dict[str, Any], plot: str | None, single_s: float | None) -> list
         f"| budgets and ids apart | {'yes' if m['apart'] else 'no'} | {ok(m['apart'])} |",
         "",
         "| cluster | GPUs failed | budget | quarantined | over | lost | doubled | "
-        "leases held (of others) | fault -> rule p50 / last | rule after burst start p50 / "
+        "leases held (of others) | fault -> rule p50 / last | quarantined GPUs whose task the "
+        "killed worker held (last fault -> rule of the others) | rule after burst start p50 / "
         "last | re-sends | queue, budget |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         *([f"![fleet]({plot})", ""] if plot else []),

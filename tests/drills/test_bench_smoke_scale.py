@@ -46,6 +46,9 @@ def test_scale_benchmarks_run(tmp_path: Path) -> None:
         assert cluster["fault_to_rule_unmatched"] == 0
         assert 0 < cluster["fault_to_rule_s"]["max"] <= cluster["last_rule_after_start_s"]
         assert cluster["budget_tasks"]["ran_ms"]["n"] > 0  # its budget's tasks, timed
+        # Each quarantined GPU either had a task the killed worker held, or counts among the
+        # others' fault -> rule.
+        assert cluster["held_by_killed_worker"] + cluster["fault_to_rule_not_held_s"]["n"] == 4
     assert fleet["last_fault_to_rule_s"] <= fleet["last_rule_after_start_s"]
     assert results["memory"]["remediations"] == 16
     node = results["node_upgrade"]["seconds"]  # one round of each upgrade story
