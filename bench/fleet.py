@@ -277,7 +277,7 @@ async def run(
             traced, unmatched = fault_to_rule(creates, rules, p["first_sent"], t0)
             after_fault = [seconds for seconds, _ in traced]
             slowest = max(traced, default=None)
-            last_story = await _slowest_story(client, slowest[1] if slowest else "", t0)
+            slowest_story = await _slowest_story(client, slowest[1] if slowest else "", t0)
             # The GPUs whose remediation had a workflow task time out (the killed worker held
             # it), and fault -> rule of the others: what the surviving workers' pace alone gave.
             held = {w for _, w in traced if w and await _task_timed_out(client, w)}
@@ -320,7 +320,7 @@ async def run(
                 "kill_s": kills.get(name),
                 "notifications": p["stats"],
                 "curve": [round(t, 3) for t in after_start],
-                "slowest_story": last_story,
+                "slowest_story": slowest_story,
                 "budget_tasks": budget_tasks,
             }
         queues = {r["task_queue"] for r in out.values()}
