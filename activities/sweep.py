@@ -143,19 +143,30 @@ class SweepActivities:
         if req.check_slice_taints and not req.only_unknown:
             self.check_slice_taints(index, merged)
         vanished: set[str] = set()
+        withheld: set[str] = set()
         plugins, report.nodes = report.nodes, []  # GPU plugin pods in error, from the pod list
         if req.check_nodes or req.only_unknown:
-            checked, report.nodes_checked = self._check_nodes(index, merged)
+            checked, report.nodes_checked, withheld = self._check_nodes(index, merged)
             nodes = one_per_node(checked, plugins)
             vanished = {f.node for f in nodes if f.vanished and f.node}
             if not req.only_unknown:
                 report.nodes = nodes
         findings = list(merged.values())
-        if vanished:
+        if vanished or withheld:
             # A GPU that merely vanished with its node's plugin is the node incident's, never
             # a per-GPU remediation (nor a quarantine): its pods report it Unknown, or name a
-            # device the node no longer publishes.
-            findings = [f for f in findings if not (f.node in vanished and f.health == "Unknown")]
+            # device the node no longer publishes. So is an Unknown GPU of a node whose device
+            # plugin offers none of its GPUs (stopped: the kubelet keeps the capacity for a
+            # grace period, allocatable 0): the plugin's silence, not the GPU's failure.
+            silent = vanished | withheld
+            for f in findings:
+                if f.node in withheld and f.health == "Unknown":
+                    log.warning(
+                        "sweep: %s Unknown on a node whose device plugin offers none of its "
+                        "GPUs; not acting on it (the node's finding stands)",
+                        f.key,
+                    )
+            findings = [f for f in findings if not (f.node in silent and f.health == "Unknown")]
             report.unresolved = [f for f in report.unresolved if f.node not in vanished]
         if req.only_unknown:
             keep = set(req.only_unknown)
@@ -422,13 +433,16 @@ class SweepActivities:
 
     def _check_nodes(
         self, index: dict[str, SliceDevice], merged: dict[str, SweepFinding]
-    ) -> tuple[list[SweepFinding], int]:
+    ) -> tuple[list[SweepFinding], int, set[str]]:
+        """Node findings, how many nodes were read, and the nodes whose device plugin offers
+        none of their GPUs (`withholds_every_gpu`)."""
         # Physical GPUs each node publishes in ResourceSlices (DRA clusters).
         published: dict[str, set[str]] = {}
         for dev in index.values():
             if dev.uuid:
                 published.setdefault(dev.node, set()).add(dev.uuid)
         out: list[SweepFinding] = []
+        withheld: set[str] = set()
         count = 0
         for node in self._list(self._kube.core.list_node, "nodes"):
             count += 1
@@ -436,9 +450,11 @@ class SweepActivities:
             finding = self.node_finding(node, len(published.get(name, ())), bool(index))
             if finding is not None:
                 out.append(finding)
+            if withholds_every_gpu(node):
+                withheld.add(name)
             for device in self.hami_findings(node):
                 merge_finding(merged, device)
-        return out, count
+        return out, count, withheld
 
     def hami_findings(self, node: dict[str, Any]) -> list[SweepFinding]:
         """HAMi's registration of a node's GPUs: one Unhealthy device finding per GPU its
@@ -548,6 +564,19 @@ PLUGIN_ERROR_REASONS = frozenset(
         "StartError",
     }
 )
+
+
+def withholds_every_gpu(node: dict[str, Any]) -> bool:
+    """The node's device plugin offers none of its GPUs: nvidia.com/gpu allocatable 0 while
+    capacity still counts them, as the kubelet shows for a grace period (5 min) after the
+    plugin stopped, before it drops the capacity too. HAMi's nvidia.com/gpu counts shares:
+    never."""
+    if hami.is_hami_node(node):
+        return False
+    status = node.get("status") or {}
+    capacity = _quantity((status.get("capacity") or {}).get(GPU_RESOURCE))
+    allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
+    return bool(capacity) and allocatable == 0
 
 
 def one_per_node(nodes: list[SweepFinding], plugins: list[SweepFinding]) -> list[SweepFinding]:

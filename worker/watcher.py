@@ -41,6 +41,7 @@ from activities.sweep import (
     SliceDevice,
     SweepActivities,
     plugin_pod_finding,
+    withholds_every_gpu,
 )
 from contract.launch import LaunchRequest
 from contract.node_incident import NodeIncidentInput, RecordedNode
@@ -97,7 +98,9 @@ class WatcherStats:
     given_up: int = 0
     node_findings: int = 0
     node_incidents: int = 0  # node incidents started / signalled (GPUs vanished)
-    left_to_node_incident: int = 0  # Unknown GPUs of such a node: no per-GPU remediation
+    # Unknown GPUs of such a node, or of one whose device plugin offers none: no per-GPU
+    # remediation.
+    left_to_node_incident: int = 0
     unresolved: int = 0  # pod device ids no ResourceSlice maps
     leader: bool = False
     leader_transitions: int = 0
@@ -360,6 +363,14 @@ class Tracker:
             self.versions[name] = (current[0], None, 0.0)
         self.vanished.discard(name)
 
+    def withheld(self, name: str) -> bool:
+        """The node's device plugin offers none of its GPUs: nvidia.com/gpu allocatable 0
+        while capacity still counts them, as the kubelet shows for a grace period after the
+        plugin stopped (HAMi's nvidia.com/gpu counts shares: never)."""
+        with self.lock:
+            summary = self.nodes.get(name)
+        return summary is not None and withholds_every_gpu(summary)
+
     def recorded(self, name: str) -> RecordedNode:
         """What the node looked like before its GPUs vanished: the versions before its last
         kubelet / runtime change (when that change came within RECENT_CHANGE and the node has
@@ -615,6 +626,18 @@ class HealthWatcher:
                         # The GPU vanished with its node's plugin: the node incident's, never a
                         # per-GPU remediation.
                         log.info("watch: %s Unknown on a node whose GPUs vanished", finding.key)
+                        self.stats.left_to_node_incident += 1
+                        continue
+                    if finding.node and self.tracker.withheld(finding.node):
+                        # Its device plugin stopped (the kubelet keeps the capacity for a
+                        # grace period, allocatable 0): the Unknown is the plugin's silence,
+                        # not the GPU's failure. The node's own finding says so; its capacity
+                        # drops when the grace ends, and the node incident takes it then.
+                        log.warning(
+                            "watch: %s Unknown on a node whose device plugin offers none of "
+                            "its GPUs; not acting on it (the node's finding stands)",
+                            finding.key,
+                        )
                         self.stats.left_to_node_incident += 1
                         continue
                     late = finding.model_copy(

@@ -8,6 +8,8 @@ Cases:
 - a GPU plugin pod that cannot run (CreateContainerError, CrashLoopBackOff) is a vanished node
   finding on its own; one that is merely starting (ContainerCreating), Ready, deleting or
   not a GPU plugin is none;
+- a device plugin that offers none of its node's GPUs (allocatable 0, capacity kept): the
+  node's Unknown GPUs are no per-GPU findings; another node's Unknown GPU still is;
 - one finding per node: a failing plugin pod's (vanished) wins over the node's own finding
   that says only "allocatable < capacity" (the kubelet keeps a stopped plugin's capacity for a
   grace period, its devices unhealthy), and the node's own vanished finding wins over both.
@@ -23,7 +25,8 @@ from typing import Any
 from kubernetes import client as k8s
 
 from activities.kube.client import Kube, KubeSettings
-from activities.sweep import SweepActivities, one_per_node, plugin_pod_finding
+from activities.kube.devices import node_gpu_uuids
+from activities.sweep import SweepActivities, one_per_node, plugin_pod_finding, withholds_every_gpu
 from contract.sweep import SweepClusterInput, SweepFinding
 from twin.clock import Clock
 from twin.controllers.manager import ControllerManager, TwinOptions
@@ -148,3 +151,50 @@ def test_a_failing_plugin_pod_makes_its_node_vanished_whatever_its_status_counts
     assert one_per_node([unhealthy], []) == [unhealthy]
     other = plugin.model_copy(update={"node": "n2"})
     assert one_per_node([unhealthy], [plugin, other]) == [plugin, other]
+
+
+def test_unknown_gpus_of_a_node_whose_plugin_offers_none_are_no_findings(tmp_path: Path) -> None:
+    rs = start_twin(
+        tmp_path, profile="device-plugin", nodes=2, gpus_per_node=2, node_prefix="w-"
+    )  # no controllers: the node and pod statuses below stay as written
+    try:
+        silent, other = rs.twin.seed_info["nodes"]
+        store = rs.twin.store
+        first = {n: node_gpu_uuids(store.get("nodes", n))[0] for n in (silent, other)}
+
+        def withheld(obj: dict[str, Any]) -> dict[str, Any]:
+            obj["status"]["allocatable"]["nvidia.com/gpu"] = "0"  # capacity stays 2
+            return obj
+
+        store.mutate("nodes", silent, withheld, subresource="status")
+        assert withholds_every_gpu(store.get("nodes", silent))
+        assert not withholds_every_gpu(store.get("nodes", other))
+        for name, node in (("s", silent), ("o", other)):
+            store.create(
+                "pods",
+                {
+                    "metadata": {"name": name, "namespace": "default"},
+                    "spec": {"nodeName": node, "containers": [{"name": "m", "image": "x"}]},
+                },
+                "default",
+            )
+
+            def unknown(obj: dict[str, Any], gpu: str = first[node]) -> dict[str, Any]:
+                res = {"resourceID": gpu, "health": "Unknown"}
+                entry = {"name": "nvidia.com/gpu", "resources": [res]}
+                obj["status"] = {
+                    "phase": "Running",
+                    "containerStatuses": [{"name": "m", "allocatedResourcesStatus": [entry]}],
+                }
+                return obj
+
+            store.mutate("pods", name, unknown, "default", subresource="status")
+        sweep = SweepActivities(
+            Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
+        )
+        report = sweep.sweep(SweepClusterInput())
+        assert [f.key for f in report.findings] == [f"{other}/{first[other]}"]
+        [node_finding] = report.nodes  # the silent node's own: allocatable 0 < capacity 2
+        assert node_finding.node == silent and not node_finding.vanished
+    finally:
+        rs.stop()

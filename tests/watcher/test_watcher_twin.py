@@ -32,6 +32,7 @@ import pytest
 from kubernetes import client as k8s
 
 from activities.kube.client import Kube, KubeSettings
+from activities.kube.devices import node_gpu_uuids
 from activities.sweep import SweepActivities
 from contract.launch import LaunchRequest, LaunchResult
 from contract.sweep import SweepClusterInput, SweepFinding
@@ -509,5 +510,68 @@ async def test_hami_registration_health_is_watched(tmp_path: Path) -> None:
             manager.faults.fail(node, "0", vanish=True)
             await wait_for(lambda: rec.nodes, what="node notice")
             assert "registered by HAMi" in rec.nodes[0].message
+    finally:
+        rs.stop()
+
+
+async def test_unknown_on_a_node_whose_plugin_withholds_every_gpu_is_the_nodes(
+    tmp_path: Path,
+) -> None:
+    """A device plugin that stopped (its socket lost, the plugin pod still Running): the
+    kubelet keeps the node's nvidia.com/gpu capacity for a grace period and drops allocatable
+    to 0. A GPU reported Unknown there is the plugin's silence, not the GPU's failure: past
+    `unknown_timeout` it is left to the node (no per-GPU remediation), while an Unknown GPU
+    of a node whose plugin still offers its GPUs is launched as before."""
+    rs = start_twin(tmp_path, profile="device-plugin", nodes=2, gpus_per_node=2)
+    try:
+        silent, other = rs.twin.seed_info["nodes"]
+        store = rs.twin.store
+        first = {n: node_gpu_uuids(store.get("nodes", n))[0] for n in (silent, other)}
+
+        def withheld(obj: dict[str, Any]) -> dict[str, Any]:
+            obj["status"]["capacity"]["nvidia.com/gpu"] = "2"
+            obj["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+            return obj
+
+        store.mutate("nodes", silent, withheld, subresource="status")
+        for name, node in (("s", silent), ("o", other)):
+            store.create(
+                "pods",
+                {
+                    "metadata": {"name": name, "namespace": "default"},
+                    "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
+                },
+                "default",
+            )
+
+            def unknown(obj: dict[str, Any], uuid_: str = first[node]) -> dict[str, Any]:
+                res = {"resourceID": uuid_, "health": "Unknown", "message": ""}
+                obj["status"] = {
+                    "phase": "Running",
+                    "containerStatuses": [
+                        {
+                            "name": "main",
+                            "allocatedResourcesStatus": [
+                                {"name": "nvidia.com/gpu", "resources": [res]}
+                            ],
+                        }
+                    ],
+                }
+                return obj
+
+            store.mutate("pods", name, unknown, "default", subresource="status")
+        k8s.CoreV1Api(rs.api_client()).create_namespace({"metadata": {"name": NAMESPACE}})
+        rec = Recorder()
+        watcher = HealthWatcher(kube_for(rs), rec.launch, config(unknown_timeout=1.0))
+        async with Running(watcher):
+            assert await watcher.synced()
+            await wait_for(lambda: len(rec.requests) == 1, what="the other node's Unknown launch")
+            await wait_for(
+                lambda: watcher.stats.left_to_node_incident == 1, what="the silent node's left"
+            )
+            await asyncio.sleep(1.5)  # past the timeout again: still nothing for the silent one
+            [req] = rec.requests
+            assert req.remediation.device.node == other
+            assert req.remediation.device.key == f"{other}/{first[other]}"
     finally:
         rs.stop()
