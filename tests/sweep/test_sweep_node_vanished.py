@@ -25,9 +25,9 @@ from typing import Any
 from kubernetes import client as k8s
 
 from activities.kube.client import Kube, KubeSettings
-from activities.kube.devices import node_gpu_uuids
 from activities.sweep import SweepActivities, one_per_node, plugin_pod_finding, withholds_every_gpu
 from contract.sweep import SweepClusterInput, SweepFinding
+from tests.twin.helpers import plugin_silent_on_first_node
 from twin.clock import Clock
 from twin.controllers.manager import ControllerManager, TwinOptions
 from twin.testing import start_twin
@@ -158,37 +158,9 @@ def test_unknown_gpus_of_a_node_whose_plugin_offers_none_are_no_findings(tmp_pat
         tmp_path, profile="device-plugin", nodes=2, gpus_per_node=2, node_prefix="w-"
     )  # no controllers: the node and pod statuses below stay as written
     try:
-        silent, other = rs.twin.seed_info["nodes"]
-        store = rs.twin.store
-        first = {n: node_gpu_uuids(store.get("nodes", n))[0] for n in (silent, other)}
-
-        def withheld(obj: dict[str, Any]) -> dict[str, Any]:
-            obj["status"]["allocatable"]["nvidia.com/gpu"] = "0"  # capacity stays 2
-            return obj
-
-        store.mutate("nodes", silent, withheld, subresource="status")
-        assert withholds_every_gpu(store.get("nodes", silent))
-        assert not withholds_every_gpu(store.get("nodes", other))
-        for name, node in (("s", silent), ("o", other)):
-            store.create(
-                "pods",
-                {
-                    "metadata": {"name": name, "namespace": "default"},
-                    "spec": {"nodeName": node, "containers": [{"name": "m", "image": "x"}]},
-                },
-                "default",
-            )
-
-            def unknown(obj: dict[str, Any], gpu: str = first[node]) -> dict[str, Any]:
-                res = {"resourceID": gpu, "health": "Unknown"}
-                entry = {"name": "nvidia.com/gpu", "resources": [res]}
-                obj["status"] = {
-                    "phase": "Running",
-                    "containerStatuses": [{"name": "m", "allocatedResourcesStatus": [entry]}],
-                }
-                return obj
-
-            store.mutate("pods", name, unknown, "default", subresource="status")
+        silent, other, first = plugin_silent_on_first_node(rs)
+        assert withholds_every_gpu(rs.twin.store.get("nodes", silent))
+        assert not withholds_every_gpu(rs.twin.store.get("nodes", other))
         sweep = SweepActivities(
             Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
         )

@@ -5,6 +5,8 @@
   cases where the golden needs exact status codes, headers or bytes.
 - `assert_shape(actual, expected)`: same keys (recursively), same reasons/codes/causes/kinds;
   names, uids, timestamps and resourceVersions are not compared.
+- `plugin_silent_on_first_node(rs)`: a device-plugin twin without a kubelet whose first node's
+  plugin offers none of its GPUs, each node with a pod reporting its first GPU Unknown.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from activities.kube.devices import node_gpu_uuids
 from twin.testing import RunningTwin
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "k8s_golden"
@@ -95,3 +98,43 @@ def assert_shape(actual: Any, expected: Any, path: str = "$") -> None:
             or isinstance(expected, int | float)
             and isinstance(actual, int | float)
         ), f"{path}: {type(actual).__name__} != {type(expected).__name__}"
+
+
+def plugin_silent_on_first_node(rs: RunningTwin) -> tuple[str, str, dict[str, str]]:
+    """On a device-plugin twin without controllers (the statuses stay as written): the first
+    node's device plugin offers none of its GPUs (allocatable nvidia.com/gpu 0, capacity kept,
+    as the kubelet shows for a grace period after the plugin stopped), and on each of the two
+    nodes a pod reports the node's first GPU Unknown. (silent node, other node, node -> that
+    GPU's UUID)."""
+    silent, other = rs.twin.seed_info["nodes"][:2]
+    store = rs.twin.store
+    first = {n: node_gpu_uuids(store.get("nodes", n))[0] for n in (silent, other)}
+
+    def withheld(obj: dict[str, Any]) -> dict[str, Any]:
+        obj["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+        return obj
+
+    store.mutate("nodes", silent, withheld, subresource="status")
+    for name, node in (("s", silent), ("o", other)):
+        store.create(
+            "pods",
+            {
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"nodeName": node, "containers": [{"name": "m", "image": "x"}]},
+            },
+            "default",
+        )
+
+        def unknown(obj: dict[str, Any], gpu: str = first[node]) -> dict[str, Any]:
+            entry = {
+                "name": "nvidia.com/gpu",
+                "resources": [{"resourceID": gpu, "health": "Unknown"}],
+            }
+            obj["status"] = {
+                "phase": "Running",
+                "containerStatuses": [{"name": "m", "allocatedResourcesStatus": [entry]}],
+            }
+            return obj
+
+        store.mutate("pods", name, unknown, "default", subresource="status")
+    return silent, other, first

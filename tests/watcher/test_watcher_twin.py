@@ -32,10 +32,10 @@ import pytest
 from kubernetes import client as k8s
 
 from activities.kube.client import Kube, KubeSettings
-from activities.kube.devices import node_gpu_uuids
 from activities.sweep import SweepActivities
 from contract.launch import LaunchRequest, LaunchResult
 from contract.sweep import SweepClusterInput, SweepFinding
+from tests.twin.helpers import plugin_silent_on_first_node
 from twin.clock import Clock
 from twin.controllers.manager import ControllerManager, TwinOptions
 from twin.testing import RunningTwin, start_twin
@@ -524,42 +524,7 @@ async def test_unknown_on_a_node_whose_plugin_withholds_every_gpu_is_the_nodes(
     of a node whose plugin still offers its GPUs is launched as before."""
     rs = start_twin(tmp_path, profile="device-plugin", nodes=2, gpus_per_node=2)
     try:
-        silent, other = rs.twin.seed_info["nodes"]
-        store = rs.twin.store
-        first = {n: node_gpu_uuids(store.get("nodes", n))[0] for n in (silent, other)}
-
-        def withheld(obj: dict[str, Any]) -> dict[str, Any]:
-            obj["status"]["capacity"]["nvidia.com/gpu"] = "2"
-            obj["status"]["allocatable"]["nvidia.com/gpu"] = "0"
-            return obj
-
-        store.mutate("nodes", silent, withheld, subresource="status")
-        for name, node in (("s", silent), ("o", other)):
-            store.create(
-                "pods",
-                {
-                    "metadata": {"name": name, "namespace": "default"},
-                    "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
-                },
-                "default",
-            )
-
-            def unknown(obj: dict[str, Any], uuid_: str = first[node]) -> dict[str, Any]:
-                res = {"resourceID": uuid_, "health": "Unknown", "message": ""}
-                obj["status"] = {
-                    "phase": "Running",
-                    "containerStatuses": [
-                        {
-                            "name": "main",
-                            "allocatedResourcesStatus": [
-                                {"name": "nvidia.com/gpu", "resources": [res]}
-                            ],
-                        }
-                    ],
-                }
-                return obj
-
-            store.mutate("pods", name, unknown, "default", subresource="status")
+        silent, other, first = plugin_silent_on_first_node(rs)
         k8s.CoreV1Api(rs.api_client()).create_namespace({"metadata": {"name": NAMESPACE}})
         rec = Recorder()
         watcher = HealthWatcher(kube_for(rs), rec.launch, config(unknown_timeout=1.0))
