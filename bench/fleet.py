@@ -358,10 +358,35 @@ async def run(
             stack.stop()
 
 
+TASK_ENDS = (
+    EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+    EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
+    EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED,
+)
+
+
+def _task_spans(history: Any) -> list[tuple[float, float, float, bool]]:
+    """Each workflow task of a history that ended: (scheduled, started, ended, timed out),
+    epoch seconds."""
+    spans: list[tuple[float, float, float, bool]] = []
+    scheduled = started = None
+    for e in history.events:
+        at = e.event_time.ToDatetime().replace(tzinfo=UTC).timestamp()
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+            scheduled = at
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            started = at
+        elif e.event_type in TASK_ENDS and started is not None:
+            timed_out = e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
+            spans.append((scheduled if scheduled is not None else started, started, at, timed_out))
+            scheduled = started = None
+    return spans
+
+
 async def _task_timed_out(client: Client, wid: str) -> bool:
     """Whether a workflow task of the run timed out (a worker held it and died, or overran)."""
     history = await client.get_workflow_handle(wid).fetch_history()
-    return any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT for e in history.events)
+    return any(timed_out for *_, timed_out in _task_spans(history))
 
 
 async def _slowest_story(client: Client, wid: str, t0: float) -> dict[str, Any]:
@@ -371,31 +396,12 @@ async def _slowest_story(client: Client, wid: str, t0: float) -> dict[str, Any]:
     began."""
     if not wid:
         return {}
-    history = await client.get_workflow_handle(wid).fetch_history()
-    queued = running = 0.0
-    timed_out: list[float] = []
-    scheduled = started = None
-    for e in history.events:
-        at = e.event_time.ToDatetime().replace(tzinfo=UTC).timestamp()
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
-            scheduled = at
-        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED and scheduled is not None:
-            queued += at - scheduled
-            started = at
-        elif started is not None and e.event_type in (
-            EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
-            EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
-            EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED,
-        ):
-            running += at - started
-            started = None
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
-                timed_out.append(round(at - t0, 2))
+    spans = _task_spans(await client.get_workflow_handle(wid).fetch_history())
     return {
         "workflow_id": wid,
-        "queued_s": round(queued, 2),
-        "in_tasks_s": round(running, 2),
-        "task_timed_out_at_s": timed_out,
+        "queued_s": round(sum(started - sched for sched, started, _, _ in spans), 2),
+        "in_tasks_s": round(sum(ended - started for _, started, ended, _ in spans), 2),
+        "task_timed_out_at_s": [round(ended - t0, 2) for *_, ended, out in spans if out],
     }
 
 
@@ -429,21 +435,13 @@ async def _task_times(client: Client, wid: str, t0: float) -> dict[str, Any]:
     timed_out: list[float] = []
     async for run_ in client.list_workflows(f"WorkflowId = '{wid}'"):
         history = await client.get_workflow_handle(wid, run_id=run_.run_id).fetch_history()
-        started: float | None = None
-        for e in history.events:
-            at = e.event_time.ToDatetime().replace(tzinfo=UTC).timestamp()
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
-                started = at if at >= t0 else None
-            elif started is not None and e.event_type in (
-                EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
-                EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
-                EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED,
-            ):
-                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
-                    timed_out.append(round(at - t0, 2))
-                else:
-                    ran.append((at - started) * 1000.0)
-                started = None
+        for _, started, ended, out in _task_spans(history):
+            if started < t0:
+                continue
+            if out:
+                timed_out.append(round(ended - t0, 2))
+            else:
+                ran.append((ended - started) * 1000.0)
     return {"ran_ms": summary(ran), "timed_out_at_s": sorted(timed_out)}
 
 
