@@ -485,19 +485,18 @@ async def skip_step(env: WorkflowEnvironment, step: timedelta, *, test_holds: bo
         return
     test_service = env.client.test_service
     await test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
+    refused = False
     try:
         await env.sleep(step)
     except RPCError:
         # No activity held time after all (a stopped worker reported its watch's end): the
         # client's hold was the only one, and the server refuses to take it twice
         # ("Unbalanced lock and unlock calls"). Take it back and skip with it alone.
+        refused = True
+    finally:
         await test_service.lock_time_skipping(LockTimeSkippingRequest())
+    if refused:
         await env.sleep(step)
-        return
-    except BaseException:
-        await test_service.lock_time_skipping(LockTimeSkippingRequest())
-        raise
-    await test_service.lock_time_skipping(LockTimeSkippingRequest())
 
 
 async def skip_while_watching(
