@@ -133,6 +133,7 @@ class Tracker:
         self._by_source: dict[str, set[Pair]] = {}
         self.unresolved: set[tuple[str, str]] = set()
         self._replacing: dict[str, set[str]] = {}  # kind -> sources seen in this relist
+        self._listed: dict[str, set[str]] = {}  # kind -> slices / nodes named in this relist
         # Node incidents (workflows/node_incident/): what each node looked like before its
         # GPUs vanished. Versions: (kubelet, runtime) now and the ones before the last change
         # with when it changed (forgotten once the node recovers); the most GPUs seen (the expected count without a count label).
@@ -146,6 +147,10 @@ class Tracker:
         self.vanished: set[str] = set()
         self._node_says_vanished: set[str] = set()
         self._failing_plugins: dict[str, str] = {}  # plugin pod source -> its node
+        # Deleted nodes, when: their versions and GPU count are kept for RECENT_CHANGE (a node
+        # deleted and joined again under its name, reinstalled, is still compared with what it
+        # was), then forgotten, so a cluster whose nodes come and go does not grow the watcher.
+        self._deleted_at: dict[str, float] = {}
 
     # ---- generic bookkeeping ------------------------------------------------------------
 
@@ -183,9 +188,24 @@ class Tracker:
     def begin(self, kind: str) -> None:
         with self.lock:
             self._replacing[kind] = set()
+            self._listed[kind] = set()
+
+    def _listing(self, kind: str, name: str) -> None:
+        """A relist of `kind` named object `name` (under the lock)."""
+        listed = self._listed.get(kind)
+        if listed is not None:
+            listed.add(name)
 
     def end(self, kind: str) -> list[str]:
-        """End a relist: sources of `kind` the list did not contain are gone."""
+        """End a relist: the slices and nodes the list did not contain were deleted while the
+        watch was down, and go as if their DELETE had been seen; then any source of `kind` the
+        list did not contain is gone."""
+        with self.lock:
+            listed = self._listed.pop(kind, set())
+            held = self.slice_rids if kind == "slice" else self.nodes if kind == "node" else {}
+            deleted = [name for name in held if name not in listed]
+        for name in deleted:
+            (self.slice if kind == "slice" else self.node)({"metadata": {"name": name}}, True)
         with self.lock:
             seen = self._replacing.pop(kind, set())
             gone = [s for s in self._by_source if s.split(":", 1)[0] == kind and s not in seen]
@@ -240,6 +260,8 @@ class Tracker:
         name = (obj.get("metadata") or {}).get("name", "")
         devices = {} if deleted else self._finder.slice_devices(obj)
         with self.lock:
+            if not deleted:
+                self._listing("slice", name)
             before = self.slice_rids.get(name, set())
             nodes = {self.index[r].node for r in before if r in self.index}
             for rid in before:
@@ -272,7 +294,7 @@ class Tracker:
         name = meta.get("name", "")
         if deleted:
             with self.lock:
-                self.nodes.pop(name, None)
+                self._node_deleted(name)
             self.set_source(f"node:{name}", [])
             return
         status = obj.get("status") or {}
@@ -298,6 +320,8 @@ class Tracker:
             str(info.get("containerRuntimeVersion") or ""),
         )
         with self.lock:
+            self._listing("node", name)
+            self._deleted_at.pop(name, None)
             self.nodes[name] = summary
             current = self.versions.get(name)
             if current is None:
@@ -337,6 +361,20 @@ class Tracker:
             findings = [finding] if finding else []
             findings += self._finder.hami_findings(summary)
         self.set_source(f"node:{name}", findings)
+
+    def _node_deleted(self, name: str) -> None:
+        """The Node is gone (under the lock): its own word on its GPUs goes with it; its
+        versions and GPU count stay for RECENT_CHANGE, and those of nodes deleted longer ago
+        are forgotten."""
+        self.nodes.pop(name, None)
+        self._node_says_vanished.discard(name)
+        self._unvanish(name)
+        now = time.time()
+        self._deleted_at[name] = now
+        for old in [n for n, at in self._deleted_at.items() if now - at > RECENT_CHANGE]:
+            del self._deleted_at[old]
+            self.versions.pop(old, None)
+            self.max_gpus.pop(old, None)
 
     def _vanish(self, name: str) -> None:
         """The node's GPUs vanished (under the lock)."""
