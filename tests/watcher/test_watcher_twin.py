@@ -9,6 +9,8 @@ Cases:
   launch per device, a node notice for the vanished one;
 - no missed and no doubled change across a dropped watch connection, an API-server restart
   (down for a while, watch cache compacted: 410 -> one relist) and the watcher's own restart;
+- a node's slice deleted while the API server restarts (the relist is the only word of it):
+  a node notice, as for the DELETE, and no per-GPU launch;
 - idle: after the first LISTs, only watch requests (no LIST polling);
 - Unknown health is launched only after `unknown_timeout`, never once Healthy again;
 - through a proxy enforcing deploy/rbac.yaml nothing the watcher asks is refused;
@@ -540,3 +542,29 @@ async def test_unknown_on_a_node_whose_plugin_withholds_every_gpu_is_the_nodes(
             assert req.remediation.device.key == f"{other}/{first[other]}"
     finally:
         rs.stop()
+
+
+async def test_a_slice_deleted_while_the_api_server_restarts_is_a_vanish(
+    twin: tuple[RunningTwin, ControllerManager],
+) -> None:
+    """The kubelet deletes a stopped DRA plugin's slices; if that happens while the watch is
+    down and the relist has no watch history to resume from (410), the list's absence of the
+    slice is the only word of it: the node's GPUs vanished, as if the DELETE had been seen."""
+    rs, manager = twin
+    node = rs.twin.seed_info["nodes"][0]
+    rec = Recorder()
+    watcher = HealthWatcher(kube_for(rs), rec.launch, config(), on_node=rec.node)
+    async with Running(watcher):
+        assert await watcher.synced()
+        slices = watcher.reflectors[0]
+        manager.faults.restart_api_server(down_seconds=1.0, compact=False)
+        for piece in manager.store.list("resourceslices").items:
+            if piece["spec"].get("nodeName") == node:
+                manager.store.delete("resourceslices", piece["metadata"]["name"])
+        manager.store.compact()  # the restarted watch cache begins after the delete: 410
+        await wait_for(lambda: slices.stats.relists >= 1, what="slice relist after 410")
+        await wait_for(lambda: [f.node for f in rec.nodes] == [node], what="node notice")
+        assert "missing" in rec.nodes[0].message
+        assert node in watcher.tracker.vanished
+        assert all(d.node != node for d in watcher.tracker.index.values())
+        assert rec.requests == []  # the node's incident, no per-GPU remediation
