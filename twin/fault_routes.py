@@ -38,6 +38,9 @@ GPU or pool), never a 500 for a client mistake.
     GET    /twin/upgrades                      node upgrades that broke their GPU plugin
     POST   /twin/upgrades                      {"node", "kubelet"?, "runtime"?, "breaks": "hook|
                                                nvml|socket", "healsOnRestart": true} -> 201
+    POST   /twin/upgrades/rollout              {"node", "breaks": "hook|nvml", "healsOnRestart":
+                                               false} -> 201: a plugin rollout breaks it, the
+                                               kubelet running on (its grace period shows)
     POST   /twin/upgrades/recover              {"node"}: the break is fixed
 
 `dispatch(twin, method, parts, query, body)` answers one request (parts = the path after
@@ -421,8 +424,23 @@ def _upgrades(
         return 200, {"items": [f.to_json() for f in plugins.faults()]}
     data = _body(body)
     node = str(data.get("node") or "")
-    if method == "POST" and rest in ([], ["recover"]) and not node:
+    if method == "POST" and rest in ([], ["recover"], ["rollout"]) and not node:
         raise FaultError("node is required")
+    if method == "POST" and rest == ["rollout"]:
+        unknown = set(data) - {"node", "breaks", "healsOnRestart"}
+        if unknown:
+            raise FaultError(f"unknown rollout setting(s): {', '.join(sorted(unknown))}")
+        try:
+            fault = plugins.rollout(
+                node,
+                breaks=str(data.get("breaks") or "nvml"),
+                heals_on_restart=bool(data.get("healsOnRestart", False)),
+            )
+        except KeyError:
+            raise FaultError(f'node "{node}" not found', 404) from None
+        except ValueError as err:
+            raise FaultError(str(err)) from None
+        return 201, fault.to_json()
     if method == "POST" and not rest:
         unknown = set(data) - {"node", "kubelet", "runtime", "breaks", "healsOnRestart"}
         if unknown:

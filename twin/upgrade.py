@@ -34,6 +34,15 @@ the ResourceSlice with DRA). Deleting the plugin pod (a restart) brings a new on
 `heals_on_restart` the GPUs come back and the pod is Ready; without, the new pod breaks the
 same way. A reboot (twin repairs) does not heal it: the upgraded software is still there.
 `recover(node)` undoes the break (a fixed toolkit rolled out).
+
+An upgrade restarts the kubelet, which reads its device-manager checkpoint: a plugin's
+resource counts 0 until the plugin registers again, so the capacity drops at once.
+`rollout(node, breaks=hook|nvml)` is the other way a plugin breaks: a GPU Operator or
+device-plugin DaemonSet update whose new pod cannot run, the kubelet running on. The old plugin
+pod is replaced by a broken one; with the device plugin, the kubelet keeps the stopped plugin's
+GPUs in capacity, none allocatable, for its 5-minute grace (`TwinOptions.plugin_stop_grace`,
+kubelet.py), then drops them; the node's versions do not change. (`socket` is no rollout
+break: a plugin loses its kubelet socket when the kubelet restarts.)
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ NAMESPACE = "gpu-operator"
 ANN_PLUGIN = "twin.sickbay.dev/gpu-plugin"  # the kubelet stand-in skips these pods
 RUNTIME_CLASS = "nvidia"
 BREAKS = ("hook", "nvml", "socket")
+ROLLOUT_BREAKS = ("hook", "nvml")  # a plugin loses its kubelet socket only to a kubelet restart
 DEVICE_PLUGIN = "device-plugin"
 DRA_PLUGIN = "dra-kubelet-plugin"
 VALIDATOR = "validator"
@@ -80,6 +90,7 @@ class UpgradeFault:
     runtime_to: str
     since: str
     restarts: int = 0  # plugin pods deleted while broken
+    kubelet_restarted: bool = True  # False: a plugin rollout on a running kubelet
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -90,6 +101,7 @@ class UpgradeFault:
             "runtime": {"from": self.runtime_from, "to": self.runtime_to},
             "since": self.since,
             "restarts": self.restarts,
+            "kubeletRestarted": self.kubelet_restarted,
         }
 
 
@@ -130,6 +142,7 @@ class GpuPlugins:
         self._faults: dict[str, UpgradeFault] = {}
         # (node, component) whose pod has run: one missing later went away (a restart).
         self._ran: set[tuple[str, str]] = set()
+        self._rolling: set[tuple[str, str]] = set()  # pods a rollout replaces: no restart
 
     # ---- API (fault routes, tests, scenarios) ----------------------------------------------
 
@@ -184,6 +197,9 @@ class GpuPlugins:
             ni["containerRuntimeVersion"] = fault.runtime_to
 
         store.mutate(NODES, node, bump, subresource="status")
+        kubelet = getattr(self.manager, "kubelet", None)
+        if kubelet is not None:
+            kubelet.restarted(node)
         # The GPUs vanish before the fault is registered: a controller pass between the two
         # (its own thread) would otherwise read a registered fault with nothing vanished as a
         # reboot that republished them, and heal it before it broke.
@@ -202,6 +218,57 @@ class GpuPlugins:
             fault.kubelet_to,
             breaks,
         )
+        return fault
+
+    def rollout(
+        self, node: str, *, breaks: str = "nvml", heals_on_restart: bool = False
+    ) -> UpgradeFault:
+        """A GPU plugin rollout (a GPU Operator or device-plugin DaemonSet update, no node
+        upgrade) whose new pod cannot run on `node`: the old plugin pod is replaced by one
+        that breaks (`hook` or `nvml`) while the kubelet runs on, so with the device plugin
+        the kubelet keeps the GPUs in capacity, none allocatable, for its grace period
+        (kubelet.py), then drops them. The node's versions do not change."""
+        if breaks not in ROLLOUT_BREAKS:
+            raise ValueError(
+                f"a rollout breaks one of {', '.join(ROLLOUT_BREAKS)}, not {breaks!r} (a "
+                "plugin loses its kubelet socket when the kubelet restarts: an upgrade)"
+            )
+        obj = self.manager.store.try_get(NODES, node)
+        if obj is None:
+            raise KeyError(node)
+        if not self.manager.faults.gpus(node):
+            raise ValueError(f"node {node} has no GPUs")
+        info = (obj.get("status") or {}).get("nodeInfo") or {}
+        kubelet_version = str(info.get("kubeletVersion") or "")
+        runtime = str(info.get("containerRuntimeVersion") or "")
+        fault = UpgradeFault(
+            node=node,
+            breaks=breaks,
+            heals_on_restart=heals_on_restart,
+            kubelet_from=kubelet_version,
+            kubelet_to=kubelet_version,
+            runtime_from=runtime,
+            runtime_to=runtime,
+            since=rfc3339(self.manager.clock.now()),
+            kubelet_restarted=False,
+        )
+        kubelet = getattr(self.manager, "kubelet", None)
+        if kubelet is not None and not self.manager.dra:
+            kubelet.device_plugin_stopped(node)
+        self.manager.faults.fail(node, "all", vanish=True)  # before the fault: see upgrade()
+        with self._lock:
+            self._faults[node] = fault
+        self.enabled = True
+        for pod in self._pods(node):
+            component = (meta(pod).get("annotations") or {}).get(ANN_PLUGIN, "")
+            if component == VALIDATOR or is_deleting(pod):
+                continue
+            with self._lock:
+                self._rolling.add((node, component))
+            with contextlib.suppress(ApiError):  # the DaemonSet's new pod replaces it
+                self.manager.store.delete(PODS, name_of(pod), NAMESPACE, grace_period_seconds=0)
+        self.manager.poke()
+        log.info("plugin rollout on %s breaks: %s (kubelet running)", node, breaks)
         return fault
 
     def recover(self, node: str) -> UpgradeFault | None:
@@ -250,7 +317,12 @@ class GpuPlugins:
             }
             for component in self._components():
                 if component not in live:
-                    if (name, component) in self._ran and component != VALIDATOR:
+                    with self._lock:
+                        rolled = (name, component) in self._rolling
+                        self._rolling.discard((name, component))
+                    if rolled:
+                        pass  # the rollout's new pod: no restart of the old one
+                    elif (name, component) in self._ran and component != VALIDATOR:
                         # Deleted (by anyone: this pass's finish or the kubelet's): the
                         # DaemonSet starts it again, which is the restart that may heal.
                         self._restarted(name)

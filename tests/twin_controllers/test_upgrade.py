@@ -8,6 +8,9 @@ Cases:
   a `BackOff` Event; the restarted pod breaks the same way and the GPUs stay gone;
 - DRA, `breaks=socket`: the plugin pod stays Ready while the node's ResourceSlice loses every
   device; a restart republishes them;
+- a plugin rollout on a running kubelet (device plugin): capacity 2 with allocatable 0 for the
+  kubelet's grace, then 0; the rollout's new pod is no restart; a restart that heals within the
+  grace offers the GPUs again; an upgrade (a kubelet restart) shows no grace;
 - the HTTP routes refuse bad input with a 400 naming it.
 """
 
@@ -187,3 +190,82 @@ def test_upgrade_routes_refuse_bad_input(twin: Any) -> None:
     r = t.twin("POST", "/twin/upgrades", {"node": node, "color": "red"})
     assert r.status_code == 400 and "color" in r.text
     assert t.twin("POST", "/twin/upgrades", {}).status_code == 400
+
+
+def _allocatable(t: Any, node: str) -> str | None:
+    return (t.core.read_node(node).status.allocatable or {}).get("nvidia.com/gpu")
+
+
+def test_a_plugin_rollout_keeps_the_capacity_for_the_kubelets_grace(twin: Any) -> None:
+    """No kubelet restart: the kubelet's device manager marks the stopped plugin's GPUs
+    unhealthy and keeps them for endpointStopGracePeriod (capacity 2, allocatable 0), then
+    deletes the resource (capacity 0); the node's versions stay."""
+    grace = 60.0  # simulated seconds (0.3 s at the fixture's time scale)
+    t = twin(TwinOptions(pod_startup_seconds=1, plugin_stop_grace=grace), profile="device-plugin")
+    node = t.rs.twin.seed_info["nodes"][0]
+    t.twin("POST", "/twin/gpu-plugins")
+    app = "app=nvidia-device-plugin-daemonset"
+    old = eventually(lambda: _plugin(t, node, app))
+    eventually(lambda: old["status"]["containerStatuses"][0]["ready"] or _plugin(t, node, app))
+    before = t.core.read_node(node).status.node_info.kubelet_version
+    mono = t.manager.clock.monotonic()
+    r = t.twin("POST", "/twin/upgrades/rollout", {"node": node, "breaks": "nvml"})
+    assert r.status_code == 201, r.text
+    assert r.json()["kubeletRestarted"] is False
+    assert r.json()["kubelet"] == {"from": before, "to": before}
+    eventually(lambda: _allocatable(t, node) == "0")
+    if t.manager.clock.monotonic() - mono < grace * 0.8:
+        assert _capacity(t, node) == "2"  # in the grace: counted, none offered
+    pod = eventually(lambda: _plugin(t, node, app))
+    assert pod["metadata"]["name"] != old["metadata"]["name"]  # the rollout's new pod
+    cs = pod["status"]["containerStatuses"][0]
+    assert cs["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    eventually(lambda: _capacity(t, node) == "0")  # the grace ended: the resource deleted
+    assert t.manager.clock.monotonic() - mono >= grace
+    assert _allocatable(t, node) == "0"
+    assert t.core.read_node(node).status.node_info.kubelet_version == before
+    faults = t.twin("GET", "/twin/upgrades").json()["items"]
+    assert [f["restarts"] for f in faults] == [0]  # the rollout's replacement is no restart
+
+    assert t.twin("POST", "/twin/upgrades/recover", {"node": node}).status_code == 200
+    eventually(lambda: _capacity(t, node) == "2" and _allocatable(t, node) == "2")
+
+
+def test_a_rollout_healed_within_the_grace_offers_the_gpus_again(twin: Any) -> None:
+    t = twin(TwinOptions(pod_startup_seconds=1, plugin_stop_grace=1e6), profile="device-plugin")
+    node = t.rs.twin.seed_info["nodes"][0]
+    t.twin("POST", "/twin/gpu-plugins")
+    app = "app=nvidia-device-plugin-daemonset"
+    eventually(lambda: _plugin(t, node, app))
+    body = {"node": node, "breaks": "hook", "healsOnRestart": True}
+    assert t.twin("POST", "/twin/upgrades/rollout", body).status_code == 201
+    eventually(lambda: _allocatable(t, node) == "0")
+    assert _capacity(t, node) == "2"
+    pod = eventually(lambda: _plugin(t, node, app))
+    t.core.delete_namespaced_pod(pod["metadata"]["name"], NAMESPACE)  # a restart heals it
+    eventually(lambda: _capacity(t, node) == "2" and _allocatable(t, node) == "2")
+    assert t.manager.kubelet._plugin_stops == {}
+
+
+def test_an_upgrade_after_a_rollout_shows_no_grace(twin: Any) -> None:
+    """A kubelet restart reads the checkpoint: 0 until the plugin registers, no grace."""
+    t = twin(TwinOptions(pod_startup_seconds=1, plugin_stop_grace=1e6), profile="device-plugin")
+    node = t.rs.twin.seed_info["nodes"][0]
+    t.twin("POST", "/twin/gpu-plugins")
+    eventually(lambda: _plugin(t, node, "app=nvidia-device-plugin-daemonset"))
+    t.twin("POST", "/twin/upgrades/rollout", {"node": node, "breaks": "nvml"})
+    eventually(lambda: _allocatable(t, node) == "0")
+    body = {"node": node, "kubelet": "v1.36.3", "breaks": "nvml", "healsOnRestart": False}
+    assert t.twin("POST", "/twin/upgrades", body).status_code == 201
+    eventually(lambda: _capacity(t, node) == "0")
+
+
+def test_rollout_route_refuses_bad_input(twin: Any) -> None:
+    t = twin(OPTS, profile="device-plugin", nodes=1)
+    node = t.rs.twin.seed_info["nodes"][0]
+    r = t.twin("POST", "/twin/upgrades/rollout", {"node": node, "breaks": "socket"})
+    assert r.status_code == 400 and "kubelet restarts" in r.text
+    r = t.twin("POST", "/twin/upgrades/rollout", {"node": "nope"})
+    assert r.status_code == 404
+    r = t.twin("POST", "/twin/upgrades/rollout", {"node": node, "kubelet": "v2"})
+    assert r.status_code == 400 and "kubelet" in r.text

@@ -20,6 +20,12 @@ Per pod bound to a node (state kept in memory, like a real kubelet's):
   device-plugin profile the kubelet assigns GPU device IDs itself (`nvidia.com/gpu`, resourceID
   = the GPU UUID) and lowers the node's allocatable `nvidia.com/gpu` by the unhealthy GPUs (and
   to 0 for capacity and allocatable when the plugin "vanished" them).
+- **A device plugin that stops while the kubelet runs** (`device_plugin_stopped`, e.g. a
+  plugin rollout whose new pod cannot run): as the kubelet's device manager does, its devices
+  are marked unhealthy but kept for `endpointStopGracePeriod` (`TwinOptions.plugin_stop_grace`,
+  5 minutes): capacity still counts them, allocatable 0; then the resource is deleted and
+  capacity goes to 0 too. A kubelet restart (an upgrade, a reboot) reads its checkpoint
+  instead: the capacity is 0 until the plugin registers again, with no grace to show.
 - **Graceful deletion**: a pod with `deletionTimestamp` keeps running (and keeps its claim)
   until that time, then its containers are reported terminated (phase Failed, or Succeeded if
   they had all exited 0) and the pod is deleted with grace period 0, which lets the
@@ -102,7 +108,25 @@ class Kubelet:
         self._pods: dict[str, _Pod] = {}
         self._ip_counter = 0
         self._claim_changes = 0
+        # node -> (when its device plugin stopped, GPUs it offered then): kept for the grace.
+        self._plugin_stops: dict[str, tuple[float, int]] = {}
         manager.store.subscribe(self._on_claim, [CLAIMS])
+
+    def device_plugin_stopped(self, node: str) -> None:
+        """The node's device plugin stopped while this kubelet runs (its process ended, its
+        pod replaced): the GPUs it offered stay in capacity, none allocatable, for the grace."""
+        obj = self.manager.store.try_get(NODES, node)
+        offered = quantity_int(
+            ((obj or {}).get("status") or {}).get("capacity", {}).get(GPU_RESOURCE)
+        )
+        if offered:
+            self._plugin_stops[node] = (self.manager.clock.monotonic(), offered)
+        self.manager.poke()
+
+    def restarted(self, node: str) -> None:
+        """The node's kubelet restarted: it reads its checkpoint, so a stopped plugin's GPUs
+        count 0 until the plugin registers again (no grace)."""
+        self._plugin_stops.pop(node, None)
 
     def _on_claim(self, _event: Any) -> None:
         self._claim_changes += 1
@@ -202,7 +226,9 @@ class Kubelet:
             if uid not in live:
                 del self._pods[uid]
         if not ctx.dra:
-            self._node_gpus(ctx, nodes)
+            wait = self._node_gpus(ctx, nodes)
+            if wait is not None:
+                earliest = wait if earliest is None else min(earliest, wait)
         return earliest
 
     def _sync_pod(self, ctx: Any, pod: dict[str, Any], claims: dict[str, Any]) -> float | None:
@@ -531,8 +557,13 @@ class Kubelet:
 
     # -- device plugin: node allocatable ---------------------------------------------------
 
-    def _node_gpus(self, ctx: Any, nodes: dict[str, dict[str, Any]]) -> None:
+    def _node_gpus(self, ctx: Any, nodes: dict[str, dict[str, Any]]) -> float | None:
+        """Writes each device-plugin node's nvidia.com/gpu; returns when a stopped plugin's
+        grace ends (simulated seconds from now), if one is running."""
         faults = self.manager.faults
+        earliest: float | None = None
+        for node_name in [n for n in self._plugin_stops if n not in nodes]:
+            del self._plugin_stops[node_name]
         for node_name, node in nodes.items():
             ids = faults.plugin_device_ids(node_name, include_vanished=True, obj=node)
             if not ids:
@@ -541,8 +572,17 @@ class Kubelet:
             healthy = [g for g in visible if faults.health(node_name, g)[0] == "Healthy"]
             capacity, allocatable = str(len(visible)), str(len(healthy))
             repairs = getattr(self.manager, "repairs", None)
+            stop = self._plugin_stops.get(node_name)
             if repairs is not None and repairs.rebooting(node_name):
                 capacity = allocatable = "0"  # the device plugin is down with the node
+                self.restarted(node_name)
+            elif stop is not None and visible:
+                del self._plugin_stops[node_name]  # a plugin registered again
+            elif stop is not None:
+                left = stop[0] + ctx.options.plugin_stop_grace - ctx.mono
+                if left > 0:  # kept, unhealthy, until the grace ends
+                    capacity, allocatable = str(stop[1]), "0"
+                    earliest = left if earliest is None else min(earliest, left)
             status = node.get("status") or {}
             if (status.get("capacity") or {}).get(GPU_RESOURCE) == capacity and (
                 status.get("allocatable") or {}
@@ -560,6 +600,7 @@ class Kubelet:
                 ctx.store.mutate(NODES, node_name, update, subresource="status")
             except ApiError:
                 pass
+        return earliest
 
 
 # Drivers whose NodePrepareResources returns CDI device ids, and the CDI kind they use.

@@ -75,6 +75,9 @@ class TwinOptions:
     crash_after_seconds: float = 3.0  # a container on a dead GPU fails this long after start
     crash_backoff_initial: float = 10.0  # kubelet's CrashLoopBackOff: 10 s, doubling ...
     crash_backoff_max: float = 300.0  # ... up to 5 minutes
+    # The device manager's endpointStopGracePeriod: a device plugin that stopped while the
+    # kubelet runs keeps its capacity (none allocatable) this long.
+    plugin_stop_grace: float = 300.0
     # Pod device health ids as the 1.36 kubelet writes them: the first CDI device id the
     # driver returned (NVIDIA's driver returns `k8s.gpu.nvidia.com/claim=<claim uid>-<device>`);
     # False: the driver returned none, so `<driver>/<pool>/<device>`.
