@@ -46,6 +46,7 @@ from typing import Any
 from activities.defn import implements
 from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
+from activities.kube.devices import withholds_every_gpu
 from activities.kube.evidence import HAMI_UNHEALTHY
 from activities.kube.health import (
     ClaimIndex,
@@ -564,19 +565,6 @@ PLUGIN_ERROR_REASONS = frozenset(
         "StartError",
     }
 )
-
-
-def withholds_every_gpu(node: dict[str, Any]) -> bool:
-    """The node's device plugin offers none of its GPUs: nvidia.com/gpu allocatable 0 while
-    capacity still counts them, as the kubelet shows for a grace period (5 min) after the
-    plugin stopped, before it drops the capacity too. HAMi's nvidia.com/gpu counts shares:
-    never."""
-    if hami.is_hami_node(node):
-        return False
-    status = node.get("status") or {}
-    capacity = _quantity((status.get("capacity") or {}).get(GPU_RESOURCE))
-    allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
-    return bool(capacity) and allocatable == 0
 
 
 def one_per_node(nodes: list[SweepFinding], plugins: list[SweepFinding]) -> list[SweepFinding]:

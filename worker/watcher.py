@@ -33,6 +33,7 @@ from typing import Any
 
 from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError
+from activities.kube.devices import withholds_every_gpu
 from activities.kube.hami import ANN_REGISTER, VOLCANO_REGISTER
 from activities.kube.lease import LeaseConfig, LeaseElector
 from activities.kube.reflector import Reflector
@@ -41,7 +42,6 @@ from activities.sweep import (
     SliceDevice,
     SweepActivities,
     plugin_pod_finding,
-    withholds_every_gpu,
 )
 from contract.launch import LaunchRequest
 from contract.node_incident import NodeIncidentInput, RecordedNode

@@ -615,3 +615,19 @@ def node_gpu_uuids(node: dict[str, Any]) -> list[str]:
             if raw:
                 return [u.strip() for u in str(raw).split(",") if u.strip()]
     return []
+
+
+def withholds_every_gpu(node: dict[str, Any]) -> bool:
+    """The node's device plugin offers none of its GPUs: nvidia.com/gpu allocatable 0 while
+    capacity still counts them, as the kubelet shows for a grace period (5 min) after the
+    plugin stopped, before it drops the capacity too (or every GPU is unhealthy). HAMi's
+    nvidia.com/gpu counts shares: never."""
+    if hami.is_hami_node(node):
+        return False
+    status = node.get("status") or {}
+    try:
+        capacity = int(str((status.get("capacity") or {}).get(GPU_RESOURCE)))
+        allocatable = int(str((status.get("allocatable") or {}).get(GPU_RESOURCE)))
+    except ValueError:
+        return False
+    return capacity > 0 and allocatable == 0

@@ -46,7 +46,12 @@ from temporalio.exceptions import ApplicationError
 
 from activities.defn import implements
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
-from activities.kube.devices import list_slice_devices, node_gpu_uuids, node_pool_of
+from activities.kube.devices import (
+    list_slice_devices,
+    node_gpu_uuids,
+    node_pool_of,
+    withholds_every_gpu,
+)
 from activities.kube.nodes import ANN_CORDONED_BY, converge_node, cordon_change, read_node
 from activities.kube.pods import OwnerResolver, meta
 from contract.errors import ERR_INVALID_INPUT, ERR_STILL_WAITING
@@ -205,12 +210,15 @@ def _published(kube: Kube, node: str) -> tuple[bool, list[str]]:
 
 
 def _short_of_gpus(node: dict[str, Any], since: datetime) -> bool:
-    """The node lacks GPUs now (capacity below its count label), or Sickbay marked it
+    """The node lacks GPUs now (capacity below its count label, or none of them offered: a
+    stopped device plugin's in the kubelet's grace), or Sickbay marked it
     GPUDevicesAvailable=False at or after `since`."""
     status = node.get("status") or {}
     capacity = _int((status.get("capacity") or {}).get(GPU_RESOURCE))
     expected = _int((meta(node).get("labels") or {}).get(GPU_COUNT_LABEL))
     if capacity is not None and expected is not None and capacity < expected:
+        return True
+    if withholds_every_gpu(node):
         return True
     for c in status.get("conditions") or []:
         if c.get("type") == CONDITION_GPU_DEVICES and c.get("status") == "False":
@@ -341,14 +349,19 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
     expected = inp.expected_gpus or _int(labels.get(GPU_COUNT_LABEL))
     if expected is None and inp.recorded and inp.recorded.gpu_count:
         expected = inp.recorded.gpu_count
+    pods = [describe_pod(kube, c, p) for c, p in plugin_pods(kube, inp.node)]
+    plugins = [p for p in pods if p.component != "validator"]
+    # The kubelet keeps a stopped device plugin's GPUs in capacity (none allocatable) for a
+    # grace period: while its plugin is not Ready, the capacity counts GPUs nobody offers.
+    withheld = (
+        mode == "device-plugin" and withholds_every_gpu(node) and any(not p.ready for p in plugins)
+    )
     if mode == "device-plugin":
         visible = allocatable if allocatable is not None else (capacity or 0)
         uuids = node_gpu_uuids(node)[:visible] if visible else []
-        have = capacity or 0
+        have = 0 if withheld else capacity or 0
     else:
         have = len(uuids)
-    pods = [describe_pod(kube, c, p) for c, p in plugin_pods(kube, inp.node)]
-    plugins = [p for p in pods if p.component != "validator"]
     vanished = (expected is not None and have < expected) or any(not p.ready for p in plugins)
     pool = node_pool_of(node)
     peers, pool_vanished = _peers(kube, node, pool, inp.pool_window)
@@ -384,12 +397,15 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
     if d.runtime_class and d.runtime_class_found is False:
         words += f"; RuntimeClass {d.runtime_class} the plugin names does not exist"
     got = f"{have} of {expected}" if expected is not None else str(have)
+    if withheld:
+        got += (
+            f" GPUs offered; the kubelet still counts {capacity} for up to 5 minutes after "
+            "its plugin stopped"
+        )
+    else:
+        got += " GPUs published"
     return d.model_copy(
-        update={
-            "cause": cause,
-            "restartable": restartable,
-            "summary": f"{words} ({got} GPUs published)",
-        }
+        update={"cause": cause, "restartable": restartable, "summary": f"{words} ({got})"}
     )
 
 

@@ -25,7 +25,8 @@ from typing import Any
 from kubernetes import client as k8s
 
 from activities.kube.client import Kube, KubeSettings
-from activities.sweep import SweepActivities, one_per_node, plugin_pod_finding, withholds_every_gpu
+from activities.kube.devices import withholds_every_gpu
+from activities.sweep import SweepActivities, one_per_node, plugin_pod_finding
 from contract.sweep import SweepClusterInput, SweepFinding
 from tests.twin.helpers import plugin_silent_on_first_node
 from twin.clock import Clock

@@ -9,6 +9,10 @@ Cases:
   node of the pool losing its GPUs too is named in `pool_vanished`;
 - diagnose, DRA, lost socket: the slice lost its devices, the plugin is Ready: cause
   `driver-not-publishing`, restartable;
+- diagnose, device plugin, a plugin rollout on a running kubelet (nvml), in the kubelet's
+  grace (capacity 2, allocatable 0): vanished, cause `nvml-missing`, the summary saying 0 of 2
+  GPUs offered and why the capacity still counts them, no kubelet change blamed; a second node
+  of the pool in its grace is named in `pool_vanished`;
 - contain and release: the condition GPUDevicesAvailable=False with the reason, Sickbay's
   NoSchedule taint (annotated); release sets the condition True and removes only its taint;
   a taint someone else set is left alone;
@@ -61,11 +65,13 @@ WAIT = 30.0
 def make(tmp_path: Path) -> Iterator[Any]:
     stack: list[Any] = []
 
-    def start(profile: str, **seed: Any) -> tuple[KubeTwin, NodeIncidentActivities]:
+    def start(
+        profile: str, options: TwinOptions | None = None, **seed: Any
+    ) -> tuple[KubeTwin, NodeIncidentActivities]:
         cm = twin(
             tmp_path,
             profile,
-            controllers=ControllerManager(TwinOptions(pod_startup_seconds=1)),
+            controllers=ControllerManager(options or TwinOptions(pod_startup_seconds=1)),
             clock=Clock(time_scale=20),
             proxy_rules=deploy_rules(),
             **seed,
@@ -135,6 +141,38 @@ async def test_diagnose_names_the_hook_and_the_kubelet_change(make: Any) -> None
     d2 = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
     assert d2.pool_vanished == [second]
     assert d2.peers == {before: 1, "v1.37.1": 1}
+
+
+async def test_diagnose_in_the_kubelets_grace_after_a_plugin_rollout(make: Any) -> None:
+    grace = TwinOptions(pod_startup_seconds=1, plugin_stop_grace=1e6)
+    t, acts = make("device-plugin", options=grace, nodes=3)
+    node, second = t.node(0), t.node(1)
+    await until(lambda: len(_plugin_pods(t, node)) == 1 and len(_plugin_pods(t, second)) == 1)
+    plugins = t.twin.extensions["gpu_plugins"]
+    before = t.store.get("nodes", node)["status"]["nodeInfo"]["kubeletVersion"]
+    for n in (node, second):
+        plugins.rollout(n, breaks="nvml")
+
+    def in_grace(n: str) -> bool:
+        st = t.store.get("nodes", n)["status"]
+        return (st["capacity"]["nvidia.com/gpu"], st["allocatable"]["nvidia.com/gpu"]) == (
+            "2",
+            "0",
+        )
+
+    await until(lambda: in_grace(node) and in_grace(second))
+    d = await t.run(
+        acts.diagnose_node,
+        DiagnoseNodeInput(node=node, recorded=RecordedNode(kubelet_version=before, gpu_count=2)),
+    )
+    assert d.vanished and d.mode == "device-plugin"
+    assert (d.capacity, d.allocatable, d.expected_gpus) == (2, 0, 2)
+    assert d.cause == "nvml-missing" and not d.restartable
+    assert d.gpu_uuids == []
+    assert "(0 of 2 GPUs offered" in d.summary, d.summary
+    assert "published" not in d.summary.rsplit("(", 1)[-1], d.summary
+    assert "kubelet went from" not in d.summary
+    assert d.pool_vanished == [second]
 
 
 async def test_diagnose_dra_lost_socket_is_restartable(make: Any) -> None:
