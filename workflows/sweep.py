@@ -84,8 +84,12 @@ FAN_OUT = 20
 
 def finding_fingerprint(f: SweepFinding) -> str:
     """The evidence fingerprint of a finding: the same for the sweep and the health watcher,
-    so a device workflow keeps one evidence entry however many times either reports it."""
+    so a device workflow keeps one evidence entry however many times either reports it. A
+    node finding that says its GPUs vanished differs from one that does not (GPUs merely
+    unhealthy or not offered), so the watcher sends a node's vanish after its notice."""
     state = f.taint.key + "=" + f.taint.value if f.taint else (f.health or "")
+    if f.vanished:
+        state += "vanished"
     return f"sweep:{f.kind}:{f.resource_id or f.key}:{state}"
 
 

@@ -14,13 +14,18 @@ Cases:
   the capacity comes back: no longer;
 - two plugin pods of one node fail (the plugin and the validator); one runs again: still
   vanished.
+
+And what the watcher sends on (a vanished node finding starts the node incident): a node
+first seen short of offered GPUs (allocatable below capacity: a notice), whose GPUs then
+vanish, by its failing plugin pod (the kubelet writes allocatable 0 before the new plugin pod
+fails: the order a plugin rollout shows) or by its capacity, sends the vanished finding too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from activities.sweep import SweepActivities
+from activities.sweep import SweepActivities, SweepFinding
 from worker.watcher import Tracker
 
 NODE = "gpu-node-1"
@@ -110,3 +115,29 @@ def test_every_failing_plugin_pod_of_the_node_holds_it() -> None:
     assert NODE in t.vanished
     t.pod(_plugin_pod(failing=False, name="nvidia-operator-validator-x2"))
     assert NODE not in t.vanished
+
+
+def _recording() -> tuple[Tracker, list[SweepFinding]]:
+    sent: list[SweepFinding] = []
+    t = Tracker(SweepActivities(object()), emit=lambda _f: None, emit_node=sent.append)  # type: ignore[arg-type]
+    return t, sent
+
+
+def test_a_notice_then_a_failing_plugin_pod_sends_the_vanish() -> None:
+    t, sent = _recording()
+    t.node(_node(2))
+    t.node(_node(2, allocatable=0))  # the plugin stopped: the kubelet's grace
+    assert [f.vanished for f in sent] == [False]
+    t.pod(_plugin_pod(failing=True))  # its new pod cannot run
+    assert [f.vanished for f in sent] == [False, True]
+    assert "GPU plugin pod" in sent[1].message
+
+
+def test_a_notice_then_a_capacity_drop_sends_the_vanish() -> None:
+    t, sent = _recording()
+    t.node(_node(2))
+    t.node(_node(2, allocatable=1))  # one GPU unhealthy per the device plugin
+    t.node(_node(0))  # then every GPU vanished
+    assert [f.vanished for f in sent] == [False, True]
+    t.node(_node(0))  # the same vanish, seen again: nothing more
+    assert len(sent) == 2

@@ -8,7 +8,10 @@ Cases (device plugin, a pod on one of the node's GPUs):
   pod's device goes Unknown and, past `unknown_timeout`, is NOT launched as a per-GPU
   remediation (no quarantine for a GPU that merely vanished); no node notice either;
 - the GPUs come back (a plugin restart) and vanish again: a second node incident start,
-  which remembers the version the node healed on (no kubelet change to blame this time).
+  which remembers the version the node healed on (no kubelet change to blame this time);
+- a plugin rollout on a running kubelet (no upgrade): the kubelet keeps the capacity (2, none
+  allocatable) for its grace, so only the crash-looping plugin pod says the GPUs vanished:
+  still exactly one node incident, naming the pod, and the pod's Unknown GPU is left to it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from worker.watcher import HealthWatcher
 
 @pytest.fixture
 def twin(tmp_path: Path) -> Iterator[tuple[RunningTwin, ControllerManager]]:
-    manager = ControllerManager(TwinOptions(pod_startup_seconds=1))
+    # The kubelet's grace after a plugin stopped lasts the whole test (a rollout's case).
+    manager = ControllerManager(TwinOptions(pod_startup_seconds=1, plugin_stop_grace=1e9))
     rs = start_twin(
         tmp_path,
         profile="device-plugin",
@@ -51,11 +55,7 @@ def twin(tmp_path: Path) -> Iterator[tuple[RunningTwin, ControllerManager]]:
         rs.stop()
 
 
-async def test_vanished_gpus_are_one_node_incident_and_no_remediation(
-    twin: tuple[RunningTwin, ControllerManager],
-) -> None:
-    rs, manager = twin
-    node = rs.twin.seed_info["nodes"][0]
+def _trainer_on(rs: RunningTwin, node: str) -> k8s.CoreV1Api:
     core = k8s.CoreV1Api(rs.api_client())
     core.create_namespace({"metadata": {"name": "ml"}})
     core.create_namespaced_pod(
@@ -70,6 +70,15 @@ async def test_vanished_gpus_are_one_node_incident_and_no_remediation(
             },
         },
     )
+    return core
+
+
+async def test_vanished_gpus_are_one_node_incident_and_no_remediation(
+    twin: tuple[RunningTwin, ControllerManager],
+) -> None:
+    rs, manager = twin
+    node = rs.twin.seed_info["nodes"][0]
+    core = _trainer_on(rs, node)
     await until(lambda: core.read_namespaced_pod("trainer", "ml").status.phase == "Running")
     await until(lambda: core.list_namespaced_pod(PLUGIN_NS).items)
     before = core.read_node(node).status.node_info.kubelet_version
@@ -114,3 +123,38 @@ async def test_vanished_gpus_are_one_node_incident_and_no_remediation(
         assert incidents[1].recorded is not None
         assert incidents[1].recorded.kubelet_version == "v1.99.1"
         assert rec.requests == []
+
+
+async def test_a_plugin_rollout_in_the_kubelets_grace_is_one_node_incident(
+    twin: tuple[RunningTwin, ControllerManager],
+) -> None:
+    rs, manager = twin
+    node = rs.twin.seed_info["nodes"][0]
+    core = _trainer_on(rs, node)
+    await until(lambda: core.read_namespaced_pod("trainer", "ml").status.phase == "Running")
+    await until(lambda: core.list_namespaced_pod(PLUGIN_NS).items)
+    version = core.read_node(node).status.node_info.kubelet_version
+    rec = Recorder()
+    incidents: list[NodeIncidentInput] = []
+
+    async def on_vanished(inp: NodeIncidentInput) -> None:
+        incidents.append(inp)
+
+    watcher = HealthWatcher(
+        kube_for(rs), rec.launch, config(), on_node=rec.node, on_vanished=on_vanished
+    )
+    async with Running(watcher):
+        assert await watcher.synced()
+        manager.gpu_plugins.rollout(node, breaks="nvml")
+        await until(lambda: incidents)
+        status = core.read_node(node).status
+        assert (status.capacity["nvidia.com/gpu"], status.allocatable["nvidia.com/gpu"]) == (
+            "2",
+            "0",
+        )
+        await until(lambda: watcher.stats.left_to_node_incident == 1)
+        [inc] = incidents
+        assert inc.node == node and inc.expected_gpus == 2
+        assert "CrashLoopBackOff" in inc.reason or "NVML" in inc.reason, inc.reason
+        assert inc.recorded is not None and inc.recorded.kubelet_version == version
+        assert rec.requests == [], "a GPU the plugin stopped offering is no GPU failure"
