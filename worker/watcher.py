@@ -211,6 +211,8 @@ class Tracker:
             gone = [s for s in self._by_source if s.split(":", 1)[0] == kind and s not in seen]
             for source in gone:
                 self._plugin_runs(source)
+            if kind == "pod":
+                self.unresolved = {m for m in self.unresolved if m[0] in seen}
         for source in gone:
             self.set_source(source, [])
         return gone
@@ -227,6 +229,8 @@ class Tracker:
         if deleted:
             with self.lock:
                 self._plugin_runs(source)
+                if self.unresolved:  # a pod created again under its name is a new pod
+                    self.unresolved = {m for m in self.unresolved if m[0] != source}
             self.set_source(source, [])
             return
         merged: dict[str, SweepFinding] = {}

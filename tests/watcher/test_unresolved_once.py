@@ -3,7 +3,9 @@
 Cases: the watcher sees the same pod (an Unhealthy entry whose resourceID no ResourceSlice
 publishes and whose claim does not exist) on every event of that pod; the WARNING that names
 it is logged once, whichever logger would say it, while the sweep, which reads every pod once
-per run, still warns on each run.
+per run, still warns on each run. A pod deleted (seen, or gone at a relist) and created again
+under its name (a StatefulSet's pod) is a new pod: warned about again, and the watcher keeps
+no marker for a pod that is gone.
 """
 
 from __future__ import annotations
@@ -75,3 +77,22 @@ def test_sweep_still_warns_on_every_run(caplog: pytest.LogCaptureFixture) -> Non
                 "k8s.gpu.nvidia.com/claim=gone-gpu-9"
             ]
     assert len([r for r in caplog.records if "gone-gpu-9" in r.getMessage()]) == 2
+
+
+@pytest.mark.parametrize("how", ["delete", "relist"])
+def test_a_pod_gone_and_created_again_is_warned_about_again(
+    caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    finder = SweepActivities(_NoClaims())  # type: ignore[arg-type]
+    tracker = Tracker(finder, emit=lambda _f: None, emit_node=lambda _f: None)
+    with caplog.at_level(logging.WARNING):
+        tracker.pod(_pod("u1"))
+        if how == "delete":
+            tracker.pod(_pod("u1"), deleted=True)
+        else:
+            tracker.begin("pod")
+            tracker.end("pod")
+        assert tracker.unresolved == set()
+        tracker.pod(_pod("u2"))  # the StatefulSet's new llm-0
+    named = [r for r in caplog.records if "gone-gpu-9" in r.getMessage()]
+    assert len(named) == 2, [r.getMessage() for r in named]
