@@ -372,7 +372,8 @@ class Tracker:
         are forgotten."""
         self.nodes.pop(name, None)
         self._node_says_vanished.discard(name)
-        self._unvanish(name)
+        if name not in self._failing_plugins.values():
+            self.vanished.discard(name)  # gone, not recovered: what it ran before is kept
         now = time.time()
         self._deleted_at[name] = now
         for old in [n for n, at in self._deleted_at.items() if now - at > RECENT_CHANGE]:

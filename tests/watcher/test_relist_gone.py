@@ -144,3 +144,18 @@ def test_a_deleted_nodes_record_is_kept_a_day_then_forgotten(monkeypatch: Any) -
     t.node(_node(OTHER), deleted=True)  # any later deletion forgets the old ones
     assert NODE not in t.versions and NODE not in t.max_gpus
     assert OTHER in t.versions
+
+
+def test_a_node_deleted_while_vanished_keeps_the_version_before_its_upgrade() -> None:
+    """Deleted after an upgrade broke it, joined again under its name: the upgrade is still
+    the change to blame (a deletion is no recovery)."""
+    t = _tracker([])
+    upgraded = _node()
+    upgraded["status"]["nodeInfo"]["kubeletVersion"] = "v1.37.0"
+    t.node(upgraded)
+    t.slice(_slice(), deleted=True)  # its GPUs vanished after the upgrade
+    assert NODE in t.vanished
+    t.node(upgraded, deleted=True)
+    assert NODE not in t.vanished
+    t.node(upgraded)  # joined again
+    assert t.recorded(NODE).kubelet_version == "v1.36.3"
