@@ -562,8 +562,9 @@ class Kubelet:
         grace ends (simulated seconds from now), if one is running."""
         faults = self.manager.faults
         earliest: float | None = None
-        for node_name in [n for n in self._plugin_stops if n not in nodes]:
-            del self._plugin_stops[node_name]
+        for node_name in list(self._plugin_stops):  # a snapshot: a rollout adds from its thread
+            if node_name not in nodes:
+                self._plugin_stops.pop(node_name, None)
         for node_name, node in nodes.items():
             ids = faults.plugin_device_ids(node_name, include_vanished=True, obj=node)
             if not ids:
@@ -577,7 +578,7 @@ class Kubelet:
                 capacity = allocatable = "0"  # the device plugin is down with the node
                 self.restarted(node_name)
             elif stop is not None and visible:
-                del self._plugin_stops[node_name]  # a plugin registered again
+                self._plugin_stops.pop(node_name, None)  # a plugin registered again
             elif stop is not None:
                 left = stop[0] + ctx.options.plugin_stop_grace - ctx.mono
                 if left > 0:  # kept, unhealthy, until the grace ends
