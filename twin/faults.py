@@ -105,6 +105,12 @@ XID_TEXT = {
 }
 GPU_UUIDS_ANNOTATION = "sickbay.dev/gpu-uuids"  # seed.py: the device plugin's device IDs
 REPLICAS_LABEL = "nvidia.com/gpu.replicas"  # GPU feature discovery: time-slicing replicas
+# MIG under the device plugin's `mixed` strategy: the indices of a node's MIG-enabled GPUs
+# (what the MIG manager configured). Each is offered as MIG_PER_GPU instances of MIG_RESOURCE,
+# not as nvidia.com/gpu.
+MIG_GPUS_ANNOTATION = "twin.sickbay.dev/mig-gpus"
+MIG_RESOURCE = "nvidia.com/mig-1g.10gb"
+MIG_PER_GPU = 7
 DRIVER_TAINT_KEY = "gpu.nvidia.com/xid"
 
 
@@ -136,6 +142,7 @@ class Gpu:
     pci_bus_id: str
     devices: list[str] = field(default_factory=list)  # driver/pool/device, or plugin IDs
     device_names: list[str] = field(default_factory=list)  # DRA device names
+    mig: bool = False  # device plugin, `mixed` strategy: offered as MIG instances
 
 
 @dataclass
@@ -258,19 +265,62 @@ class FaultInjector:
         replicas = int(labels.get(REPLICAS_LABEL, "1") or 1)
         shared = hami.ANN_REGISTER in (meta(obj).get("annotations") or {})
         model = labels.get("nvidia.com/gpu.product", "").replace("-", " ")
+        mig = (meta(obj).get("annotations") or {}).get(MIG_GPUS_ANNOTATION) or ""
+        mig_indices = {int(i) for i in mig.split(",") if i.strip().isdigit()}
         gpus = []
         for i, gpu_uuid in enumerate(uuids):
             ids = [gpu_uuid] if replicas <= 1 else [f"{gpu_uuid}::{r}" for r in range(replicas)]
             if shared:  # HAMi's plugin: `<UUID>-<i>`, one per share
                 ids = hami.device_ids(gpu_uuid)
-            gpus.append(Gpu(node, i, gpu_uuid, model, pci_bus_id(i), ids, ids))
+            if i in mig_indices:
+                ids = [gpu_uuid]  # its instances are not modelled one by one
+            gpus.append(Gpu(node, i, gpu_uuid, model, pci_bus_id(i), ids, ids, i in mig_indices))
         return gpus
+
+    def mig_gpus(self, node: str, obj: dict[str, Any] | None = None) -> list[Gpu]:
+        """The node's MIG-enabled GPUs (device plugin, `mixed` strategy)."""
+        if self.manager.dra:
+            return []
+        return [g for g in self._plugin_gpus(node, obj) if g.mig]
+
+    def enable_mig(self, node: str, gpus: list[int]) -> dict[str, Any]:
+        """What the MIG manager and GPU feature discovery do for a device-plugin node on the
+        `mixed` strategy: MIG mode on for GPUs `gpus` (by index), each then offered as
+        MIG_PER_GPU `nvidia.com/mig-1g.10gb` instances instead of one `nvidia.com/gpu`; the
+        labels `nvidia.com/mig.strategy=mixed`, `nvidia.com/mig.capable=true` and
+        `nvidia.com/mig-1g.10gb.count`; `nvidia.com/gpu.count` still counts every GPU. An
+        empty list turns MIG off again. Returns the node."""
+        if self.manager.dra:
+            raise FaultError("MIG under the device plugin's mixed strategy: not a DRA twin")
+        known = {g.index for g in self._plugin_gpus(node)}
+        if not known:
+            raise FaultError(f'node "{node}" has no GPUs', 404)
+        unknown = sorted(set(gpus) - known)
+        if unknown:
+            raise FaultError(f"node {node} has no GPU {unknown[0]} (it has {sorted(known)})")
+        instances = MIG_PER_GPU * len(set(gpus))
+        profile = MIG_RESOURCE.split("/", 1)[1]
+
+        def change(obj: dict[str, Any]) -> dict[str, Any]:
+            m = obj.setdefault("metadata", {})
+            annotations, labels = m.setdefault("annotations", {}), m.setdefault("labels", {})
+            annotations[MIG_GPUS_ANNOTATION] = ",".join(str(i) for i in sorted(set(gpus)))
+            labels["nvidia.com/mig.capable"] = "true"
+            labels["nvidia.com/mig.strategy"] = "mixed"
+            labels[f"nvidia.com/{profile}.count"] = str(instances)
+            return obj
+
+        changed = self.store.mutate(NODES, node, change)
+        self.epoch += 1
+        self.manager.poke()
+        return changed
 
     def plugin_device_ids(
         self, node: str, include_vanished: bool = True, obj: dict[str, Any] | None = None
     ) -> list[str]:
-        """Device-plugin device IDs of a node (the kubelet stand-in allocates from these)."""
-        ids = [d for g in self._plugin_gpus(node, obj) for d in g.devices]
+        """Device-plugin nvidia.com/gpu device IDs of a node (the kubelet stand-in allocates
+        from these); a MIG-enabled GPU is offered as MIG instances instead."""
+        ids = [d for g in self._plugin_gpus(node, obj) if not g.mig for d in g.devices]
         if include_vanished:
             return ids
         return [d for d in ids if self.health(node, d)[0] != "Unknown"]

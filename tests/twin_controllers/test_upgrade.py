@@ -11,6 +11,8 @@ Cases:
 - a plugin rollout on a running kubelet (device plugin): capacity 2 with allocatable 0 for the
   kubelet's grace, then 0; the rollout's new pod is no restart; a restart that heals within the
   grace offers the GPUs again; an upgrade (a kubelet restart) shows no grace;
+- MIG, the device plugin's `mixed` strategy: a MIG-enabled GPU is offered as MIG instances,
+  not as nvidia.com/gpu, and an upgrade that breaks the plugin takes both away;
 - the HTTP routes refuse bad input with a 400 naming it.
 """
 
@@ -269,3 +271,32 @@ def test_rollout_route_refuses_bad_input(twin: Any) -> None:
     assert r.status_code == 404
     r = t.twin("POST", "/twin/upgrades/rollout", {"node": node, "kubelet": "v2"})
     assert r.status_code == 400 and "kubelet" in r.text
+
+
+def test_mig_mixed_offers_the_partitioned_gpus_as_instances(twin: Any) -> None:
+    """The device plugin's `mixed` strategy (GFD's own tests show the labels): a MIG-enabled
+    GPU is offered as nvidia.com/mig-1g.10gb instances, not as nvidia.com/gpu, while the
+    nvidia.com/gpu.count label still counts it; a plugin broken by an upgrade offers neither."""
+    t = twin(OPTS, profile="device-plugin", nodes=1, gpus_per_node=2)
+    node = t.rs.twin.seed_info["nodes"][0]
+    t.manager.faults.enable_mig(node, [0])
+
+    def offered() -> tuple[str | None, str | None]:
+        status = t.core.read_node(node).status
+        return status.capacity.get("nvidia.com/gpu"), status.capacity.get("nvidia.com/mig-1g.10gb")
+
+    eventually(lambda: offered() == ("1", "7"))
+    labels = t.core.read_node(node).metadata.labels
+    assert labels["nvidia.com/mig.strategy"] == "mixed"
+    assert labels["nvidia.com/gpu.count"] == "2"
+    assert labels["nvidia.com/mig-1g.10gb.count"] == "7"
+    assert t.manager.faults.plugin_device_ids(node) == [t.manager.faults.gpus(node)[1].uuid]
+
+    t.twin("POST", "/twin/gpu-plugins")
+    eventually(lambda: _plugin(t, node, "app=nvidia-device-plugin-daemonset"))
+    t.twin("POST", "/twin/upgrades", {"node": node, "kubelet": "v1.36.3", "breaks": "hook"})
+    eventually(lambda: offered() == ("0", "0"))
+    t.twin("POST", "/twin/upgrades/recover", {"node": node})
+    eventually(lambda: offered() == ("1", "7"))
+    t.manager.faults.enable_mig(node, [])  # MIG off again: whole GPUs only
+    eventually(lambda: offered() == ("2", "0"))

@@ -62,6 +62,7 @@ from twin.controllers.common import (
 )
 from twin.controllers.repair_tools import ToolRun, run_tool
 from twin.errors import ApiError
+from twin.faults import MIG_PER_GPU, MIG_RESOURCE
 
 log = logging.getLogger(__name__)
 
@@ -108,18 +109,18 @@ class Kubelet:
         self._pods: dict[str, _Pod] = {}
         self._ip_counter = 0
         self._claim_changes = 0
-        # node -> (when its device plugin stopped, GPUs it offered then): kept for the grace.
-        self._plugin_stops: dict[str, tuple[float, int]] = {}
+        # node -> (when its device plugin stopped, what it offered then: resource -> count):
+        # kept for the grace.
+        self._plugin_stops: dict[str, tuple[float, dict[str, int]]] = {}
         manager.store.subscribe(self._on_claim, [CLAIMS])
 
     def device_plugin_stopped(self, node: str) -> None:
         """The node's device plugin stopped while this kubelet runs (its process ended, its
         pod replaced): the GPUs it offered stay in capacity, none allocatable, for the grace."""
         obj = self.manager.store.try_get(NODES, node)
-        offered = quantity_int(
-            ((obj or {}).get("status") or {}).get("capacity", {}).get(GPU_RESOURCE)
-        )
-        if offered:
+        capacity = ((obj or {}).get("status") or {}).get("capacity") or {}
+        offered = {r: quantity_int(capacity.get(r)) for r in (GPU_RESOURCE, MIG_RESOURCE)}
+        if any(offered.values()):
             self._plugin_stops[node] = (self.manager.clock.monotonic(), offered)
         self.manager.poke()
 
@@ -567,35 +568,44 @@ class Kubelet:
                 self._plugin_stops.pop(node_name, None)
         for node_name, node in nodes.items():
             ids = faults.plugin_device_ids(node_name, include_vanished=True, obj=node)
-            if not ids:
+            migs = faults.mig_gpus(node_name, obj=node)
+            status = node.get("status") or {}
+            if not ids and not migs and MIG_RESOURCE not in (status.get("capacity") or {}):
                 continue
-            visible = [g for g in ids if faults.health(node_name, g)[0] != "Unknown"]
-            healthy = [g for g in visible if faults.health(node_name, g)[0] == "Healthy"]
-            capacity, allocatable = str(len(visible)), str(len(healthy))
+
+            def state(devices: list[str], per: int = 1, node: str = node_name) -> tuple[int, int]:
+                health = [faults.health(node, d)[0] for d in devices]
+                return per * sum(h != "Unknown" for h in health), per * health.count("Healthy")
+
+            # resource -> (capacity, allocatable): whole GPUs, and MIG instances (mixed)
+            want = {GPU_RESOURCE: state(ids)}
+            if migs or MIG_RESOURCE in (status.get("capacity") or {}):
+                want[MIG_RESOURCE] = state([g.uuid for g in migs], MIG_PER_GPU)
             repairs = getattr(self.manager, "repairs", None)
             stop = self._plugin_stops.get(node_name)
             if repairs is not None and repairs.rebooting(node_name):
-                capacity = allocatable = "0"  # the device plugin is down with the node
+                want = dict.fromkeys(want, (0, 0))  # the device plugin is down with the node
                 self.restarted(node_name)
-            elif stop is not None and visible:
+            elif stop is not None and any(c for c, _ in want.values()):
                 self._plugin_stops.pop(node_name, None)  # a plugin registered again
             elif stop is not None:
                 left = stop[0] + ctx.options.plugin_stop_grace - ctx.mono
                 if left > 0:  # kept, unhealthy, until the grace ends
-                    capacity, allocatable = str(stop[1]), "0"
+                    want = {r: (stop[1].get(r, 0), 0) for r in want}
                     earliest = left if earliest is None else min(earliest, left)
-            status = node.get("status") or {}
-            if (status.get("capacity") or {}).get(GPU_RESOURCE) == capacity and (
-                status.get("allocatable") or {}
-            ).get(GPU_RESOURCE) == allocatable:
+            wanted = {r: (str(c), str(a)) for r, (c, a) in want.items()}
+            if all(
+                (status.get("capacity") or {}).get(r) == c
+                and (status.get("allocatable") or {}).get(r) == a
+                for r, (c, a) in wanted.items()
+            ):
                 continue
 
-            def update(
-                obj: dict[str, Any], capacity: str = capacity, allocatable: str = allocatable
-            ) -> None:
+            def update(obj: dict[str, Any], wanted: dict[str, tuple[str, str]] = wanted) -> None:
                 st = obj.setdefault("status", {})
-                st.setdefault("capacity", {})[GPU_RESOURCE] = capacity
-                st.setdefault("allocatable", {})[GPU_RESOURCE] = allocatable
+                for resource, (capacity, allocatable) in wanted.items():
+                    st.setdefault("capacity", {})[resource] = capacity
+                    st.setdefault("allocatable", {})[resource] = allocatable
 
             try:
                 ctx.store.mutate(NODES, node_name, update, subresource="status")
