@@ -46,7 +46,7 @@ from typing import Any
 from activities.defn import implements
 from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
-from activities.kube.devices import withholds_every_gpu
+from activities.kube.devices import mig_instances, withholds_every_gpu
 from activities.kube.evidence import HAMI_UNHEALTHY
 from activities.kube.health import (
     ClaimIndex,
@@ -497,6 +497,7 @@ class SweepActivities:
         allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
         expected = _quantity(labels.get(GPU_COUNT_LABEL))
         source = GPU_COUNT_LABEL
+        mig = mig_instances(node)
         if expected is None and last_seen:
             expected, source = last_seen, "the count Sickbay last saw"
         problem = ""
@@ -513,11 +514,14 @@ class SweepActivities:
                         f"{registered} GPU(s) registered by HAMi ({hami.register_key(node)}) < "
                         f"{expected} ({source}): GPU(s) missing from the node"
                     )
-        elif capacity is not None and expected is not None and capacity < expected:
+        elif capacity is not None and expected is not None and capacity < expected and not mig:
             # Checked first: a plugin that lost its GPUs drops capacity (and allocatable).
+            # Not with MIG instances offered apart (`mixed`): nvidia.com/gpu counts only the
+            # whole GPUs, and how many GPUs the instances come from no resource says.
             vanished = True
+            none = " and no MIG instance (nvidia.com/mig-*)" if mig == 0 else ""
             problem = (
-                f"capacity {GPU_RESOURCE} {capacity} < {expected} GPUs "
+                f"capacity {GPU_RESOURCE} {capacity}{none} < {expected} GPUs "
                 f"({source}): GPU(s) missing from the node"
             )
         elif capacity is not None and allocatable is not None and allocatable < capacity:

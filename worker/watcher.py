@@ -33,7 +33,11 @@ from typing import Any
 
 from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError
-from activities.kube.devices import withholds_every_gpu
+from activities.kube.devices import (
+    MIG_RESOURCE_PREFIX,
+    MIG_STRATEGY_LABEL,
+    withholds_every_gpu,
+)
 from activities.kube.hami import ANN_REGISTER, VOLCANO_REGISTER
 from activities.kube.lease import LeaseConfig, LeaseElector
 from activities.kube.reflector import Reflector
@@ -308,16 +312,17 @@ class Tracker:
             "metadata": {"name": name, "labels": {}},
             "status": {"capacity": {}, "allocatable": {}},
         }
-        if count in (meta.get("labels") or {}):
-            summary["metadata"]["labels"][count] = meta["labels"][count]
+        for label in (count, MIG_STRATEGY_LABEL):
+            if label in (meta.get("labels") or {}):
+                summary["metadata"]["labels"][label] = meta["labels"][label]
         annotations = meta.get("annotations") or {}
         registers = {k: annotations[k] for k in HAMI_REGISTERS if k in annotations}
         if registers:  # HAMi: its GPUs' registration (health, vanished GPUs)
             summary["metadata"]["annotations"] = registers
         for part in ("capacity", "allocatable"):
-            value = (status.get(part) or {}).get(gpu)
-            if value is not None:
-                summary["status"][part][gpu] = value
+            for resource, value in (status.get(part) or {}).items():
+                if resource == gpu or str(resource).startswith(MIG_RESOURCE_PREFIX):
+                    summary["status"][part][resource] = value
         info = status.get("nodeInfo") or {}
         now_versions = (
             str(info.get("kubeletVersion") or ""),

@@ -24,6 +24,10 @@ from contract.errors import ERR_DEVICE_NOT_FOUND
 from contract.kube import DeviceRef, DraDevice, ResolvedDevice
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# The device plugin's `mixed` MIG strategy: a MIG-enabled GPU's instances are resources of
+# their own (`nvidia.com/mig-<profile>`), nvidia.com/gpu counts only the whole GPUs.
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 # Node labels naming a node pool, most specific first (Sickbay's own, then clouds).
 NODE_POOL_LABELS = (
     "sickbay.dev/node-pool",
@@ -631,3 +635,22 @@ def withholds_every_gpu(node: dict[str, Any]) -> bool:
     except ValueError:
         return False
     return capacity > 0 and allocatable == 0
+
+
+def mig_instances(node: dict[str, Any]) -> int | None:
+    """The MIG instances a device-plugin node offers as resources of their own (`mixed`
+    strategy: the sum of its `nvidia.com/mig-<profile>` capacity); None when the node is not
+    on that strategy, so that nvidia.com/gpu counts every GPU (or, under `single`, every MIG
+    instance, as the `nvidia.com/gpu.count` label then does)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    capacity = (node.get("status") or {}).get("capacity") or {}
+    keys = [k for k in capacity if str(k).startswith(MIG_RESOURCE_PREFIX)]
+    if labels.get(MIG_STRATEGY_LABEL) != "mixed" and not keys:
+        return None
+    total = 0
+    for key in keys:
+        try:
+            total += int(str(capacity[key]))
+        except ValueError:
+            continue
+    return total

@@ -48,6 +48,7 @@ from activities.defn import implements
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.devices import (
     list_slice_devices,
+    mig_instances,
     node_gpu_uuids,
     node_pool_of,
     withholds_every_gpu,
@@ -210,14 +211,16 @@ def _published(kube: Kube, node: str) -> tuple[bool, list[str]]:
 
 
 def _short_of_gpus(node: dict[str, Any], since: datetime) -> bool:
-    """The node lacks GPUs now (capacity below its count label, or none of them offered: a
-    stopped device plugin's in the kubelet's grace), or Sickbay marked it
+    """The node lacks GPUs now (capacity below its count label, with no MIG instances offered
+    apart; or none of them offered: a stopped device plugin's in the kubelet's grace), or
+    Sickbay marked it
     GPUDevicesAvailable=False at or after `since`."""
     status = node.get("status") or {}
     capacity = _int((status.get("capacity") or {}).get(GPU_RESOURCE))
     expected = _int((meta(node).get("labels") or {}).get(GPU_COUNT_LABEL))
     if capacity is not None and expected is not None and capacity < expected:
-        return True
+        if not mig_instances(node):  # MIG instances offered apart count GPUs not in capacity
+            return True
     if withholds_every_gpu(node):
         return True
     for c in status.get("conditions") or []:
@@ -356,13 +359,17 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
     withheld = (
         mode == "device-plugin" and withholds_every_gpu(node) and any(not p.ready for p in plugins)
     )
+    # MIG instances offered apart (`mixed` strategy): nvidia.com/gpu counts only the whole
+    # GPUs, so it is not compared with the count; only "nothing offered at all" is.
+    mig = mig_instances(node) if mode == "device-plugin" else None
     if mode == "device-plugin":
         visible = allocatable if allocatable is not None else (capacity or 0)
         uuids = node_gpu_uuids(node)[:visible] if visible else []
         have = 0 if withheld else capacity or 0
     else:
         have = len(uuids)
-    vanished = (expected is not None and have < expected) or any(not p.ready for p in plugins)
+    short = expected is not None and have < expected and not mig
+    vanished = short or any(not p.ready for p in plugins)
     pool = node_pool_of(node)
     peers, pool_vanished = _peers(kube, node, pool, inp.pool_window)
     d = NodeDiagnosis(
@@ -389,15 +396,20 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
             "runtime_class_found": _runtime_class(kube, runtime_class),
         }
     )
+    published = f"{have} GPU(s)"
+    if mig:
+        published = f"{have} whole GPU(s) and {mig} MIG instance(s) (mig.strategy mixed)"
     if not vanished:
         return d.model_copy(
-            update={"summary": f"node {inp.node} publishes {have} GPU(s) and its plugin is Ready"}
+            update={"summary": f"node {inp.node} publishes {published} and its plugin is Ready"}
         )
     cause, restartable, words = classify(d)
     if d.runtime_class and d.runtime_class_found is False:
         words += f"; RuntimeClass {d.runtime_class} the plugin names does not exist"
     got = f"{have} of {expected}" if expected is not None else str(have)
-    if withheld:
+    if mig:
+        got = f"{published} published"
+    elif withheld:
         got += (
             f" GPUs offered; the kubelet still counts {capacity} for up to 5 minutes after "
             "its plugin stopped"

@@ -11,11 +11,15 @@ Cases (device plugin, a pod on one of the node's GPUs):
   which remembers the version the node healed on (no kubelet change to blame this time);
 - a plugin rollout on a running kubelet (no upgrade): the kubelet keeps the capacity (2, none
   allocatable) for its grace, so only the crash-looping plugin pod says the GPUs vanished:
-  still exactly one node incident, naming the pod, and the pod's Unknown GPU is left to it.
+  still exactly one node incident, naming the pod, and the pod's Unknown GPU is left to it;
+- MIG on the device plugin's `mixed` strategy (one GPU of each node MIG-enabled, before the
+  watch starts and while it runs): nvidia.com/gpu below the count label is no vanish: no node
+  incident, no notice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,3 +162,42 @@ async def test_a_plugin_rollout_in_the_kubelets_grace_is_one_node_incident(
         assert "CrashLoopBackOff" in inc.reason or "NVML" in inc.reason, inc.reason
         assert inc.recorded is not None and inc.recorded.kubelet_version == version
         assert rec.requests == [], "a GPU the plugin stopped offering is no GPU failure"
+
+
+async def test_mig_mixed_partitioning_is_no_node_incident(
+    twin: tuple[RunningTwin, ControllerManager],
+) -> None:
+    rs, manager = twin
+    first, second = rs.twin.seed_info["nodes"][:2]
+    core = k8s.CoreV1Api(rs.api_client())
+
+    def partitioned(node: str) -> bool:
+        capacity = core.read_node(node).status.capacity
+        return (capacity["nvidia.com/gpu"], capacity.get("nvidia.com/mig-1g.10gb")) == ("1", "7")
+
+    manager.faults.enable_mig(first, [0])
+    await until(lambda: partitioned(first))
+    rec = Recorder()
+    incidents: list[NodeIncidentInput] = []
+
+    async def on_vanished(inp: NodeIncidentInput) -> None:
+        incidents.append(inp)
+
+    watcher = HealthWatcher(
+        kube_for(rs), rec.launch, config(), on_node=rec.node, on_vanished=on_vanished
+    )
+    async with Running(watcher):
+        assert await watcher.synced()
+        manager.faults.enable_mig(second, [1])  # the MIG manager reconfigures a node
+        await until(lambda: partitioned(second))
+        await until(
+            lambda: (
+                (watcher.tracker.nodes.get(second) or {})["status"]["capacity"].get(
+                    "nvidia.com/gpu"
+                )
+                == "1"
+            )
+        )
+        await asyncio.sleep(1.0)  # what the watcher would send, it sends within this
+        assert incidents == [] and rec.nodes == [] and rec.requests == []
+        assert not watcher.tracker.vanished

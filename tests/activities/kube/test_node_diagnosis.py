@@ -13,6 +13,10 @@ Cases:
   grace (capacity 2, allocatable 0): vanished, cause `nvml-missing`, the summary saying 0 of 2
   GPUs offered and why the capacity still counts them, no kubelet change blamed; a second node
   of the pool in its grace is named in `pool_vanished`;
+- diagnose, device plugin, MIG on the `mixed` strategy (one of two GPUs MIG-enabled: 1
+  nvidia.com/gpu, 7 MIG instances, the count label 2): not vanished, nor is a second node so
+  partitioned short of GPUs for the pool; the same node after an upgrade broke its plugin:
+  vanished;
 - contain and release: the condition GPUDevicesAvailable=False with the reason, Sickbay's
   NoSchedule taint (annotated); release sets the condition True and removes only its taint;
   a taint someone else set is left alone;
@@ -173,6 +177,34 @@ async def test_diagnose_in_the_kubelets_grace_after_a_plugin_rollout(make: Any) 
     assert "published" not in d.summary.rsplit("(", 1)[-1], d.summary
     assert "kubelet went from" not in d.summary
     assert d.pool_vanished == [second]
+
+
+async def test_diagnose_mig_mixed_partitioning_is_no_vanish(make: Any) -> None:
+    t, acts = make("device-plugin", nodes=2)
+    node, second = t.node(0), t.node(1)
+    await until(lambda: len(_plugin_pods(t, node)) == 1)
+    for n in (node, second):
+        t.twin.extensions["faults"].enable_mig(n, [0])
+
+    def partitioned(n: str) -> bool:
+        capacity = t.store.get("nodes", n)["status"]["capacity"]
+        return (capacity["nvidia.com/gpu"], capacity.get("nvidia.com/mig-1g.10gb")) == ("1", "7")
+
+    await until(lambda: partitioned(node) and partitioned(second))
+    d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
+    assert d.expected_gpus == 2 and d.capacity == 1
+    assert not d.vanished, d.summary
+    assert "1 whole GPU(s) and 7 MIG instance(s)" in d.summary
+    assert d.pool_vanished == []
+
+    _upgrade(t, node, kubelet="v1.37.1", breaks="hook")
+    await until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "0")
+    await until(
+        lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/mig-1g.10gb"] == "0"
+    )
+    d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
+    assert d.vanished and d.cause == "toolkit-hook"
+    assert "(0 of 2 GPUs published)" in d.summary
 
 
 async def test_diagnose_dra_lost_socket_is_restartable(make: Any) -> None:

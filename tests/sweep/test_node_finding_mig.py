@@ -1,0 +1,100 @@
+"""A device-plugin node whose GPUs are partly or wholly MIG-partitioned under the `mixed`
+strategy is not a node whose GPUs vanished.
+
+With `mig.strategy=mixed` the NVIDIA device plugin offers a MIG-enabled GPU's instances as
+`nvidia.com/mig-<profile>` resources and only the whole GPUs as `nvidia.com/gpu`, while GPU
+feature discovery's `nvidia.com/gpu.count` label still counts every physical GPU. Comparing
+`nvidia.com/gpu` with that label would call a healthy node, half of whose GPUs were partitioned
+by the MIG manager, "2 GPUs missing": a node incident, a plugin restart and a NoSchedule taint
+on a node that lost nothing. Cases:
+
+- 8 GPUs, 4 MIG-enabled (`nvidia.com/gpu` 4, `nvidia.com/mig-1g.10gb` 28): no vanished finding,
+  from the sweep (whole Node) or the watcher (its node summary);
+- every GPU MIG-enabled, `nvidia.com/gpu` 0 kept by the kubelet: no vanished finding;
+- the same node with no GPU resource left at all (every MIG instance and whole GPU gone):
+  vanished;
+- the `single` strategy (`nvidia.com/gpu` counts MIG instances, and so does the label):
+  compared as before, so a drop below the label is still a vanish;
+- a whole GPU unhealthy on a mixed node (allocatable below capacity): still a notice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from activities.sweep import SweepActivities, SweepFinding
+from worker.watcher import Tracker
+
+NODE = "gpu-node-1"
+
+
+def _node(
+    whole: int,
+    mig: int,
+    *,
+    strategy: str = "mixed",
+    count: int = 8,
+    whole_allocatable: int | None = None,
+) -> dict[str, Any]:
+    capacity = {"nvidia.com/gpu": str(whole)}
+    allocatable = {"nvidia.com/gpu": str(whole if whole_allocatable is None else whole_allocatable)}
+    if mig or strategy == "mixed":
+        capacity["nvidia.com/mig-1g.10gb"] = str(mig)
+        allocatable["nvidia.com/mig-1g.10gb"] = str(mig)
+    return {
+        "metadata": {
+            "name": NODE,
+            "labels": {
+                "nvidia.com/gpu.count": str(count),
+                "nvidia.com/mig.strategy": strategy,
+                "nvidia.com/mig.capable": "true",
+            },
+        },
+        "status": {"capacity": capacity, "allocatable": allocatable},
+    }
+
+
+def _swept(node: dict[str, Any]) -> SweepFinding | None:
+    return SweepActivities(object()).node_finding(node, 0, False)  # type: ignore[arg-type]
+
+
+def _watched(node: dict[str, Any]) -> list[SweepFinding]:
+    sent: list[SweepFinding] = []
+    t = Tracker(SweepActivities(object()), emit=lambda _f: None, emit_node=sent.append)  # type: ignore[arg-type]
+    t.node(node)
+    return sent
+
+
+def test_half_the_gpus_partitioned_is_no_vanish() -> None:
+    node = _node(whole=4, mig=28)
+    assert _swept(node) is None
+    assert _watched(node) == []
+
+
+def test_every_gpu_partitioned_is_no_vanish() -> None:
+    node = _node(whole=0, mig=56)
+    assert _swept(node) is None
+    assert _watched(node) == []
+
+
+def test_a_mixed_node_with_no_gpu_resource_left_vanished() -> None:
+    node = _node(whole=0, mig=0)
+    found = _swept(node)
+    assert found is not None and found.vanished
+    assert "MIG" in found.message
+    assert [f.vanished for f in _watched(node)] == [True]
+
+
+def test_the_single_strategy_is_compared_as_before() -> None:
+    node = _node(whole=49, mig=0, strategy="single", count=56)  # one GPU's 7 instances gone
+    found = _swept(node)
+    assert found is not None and found.vanished
+    assert [f.vanished for f in _watched(node)] == [True]
+
+
+def test_an_unhealthy_whole_gpu_on_a_mixed_node_is_a_notice() -> None:
+    node = _node(whole=4, mig=28, whole_allocatable=3)
+    found = _swept(node)
+    assert found is not None and not found.vanished
+    assert "allocatable nvidia.com/gpu 3 < capacity 4" in found.message
+    assert [f.vanished for f in _watched(node)] == [False]
