@@ -6,7 +6,11 @@ hung (not yet understood; see the branch's report).
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from contract.names import ACT_NOTIFY, QRY_TIMELINE, SIG_REPAIRED
@@ -52,10 +56,21 @@ async def test_paused_open_remediation_does_not_scale_up_until_resumed(
         assert held.actor == "alice" and "scale-up" in held.outcome
         assert ACT_REQUEST_CAPACITY not in world.names()
         assert ACT_NOTIFY not in world.names()
-        await handle.signal(SIG_CLUSTER_PAUSED, PauseNotice(pause=None))  # sickbay resume
+        try:
+            await handle.signal(SIG_CLUSTER_PAUSED, PauseNotice(pause=None))  # sickbay resume
+        except RPCError as err:  # seen once under a full CI run: the run had closed. How?
+            raise AssertionError(f"resume refused ({err}): {await _how_it_ended(handle)}") from err
         await wait_phase(handle, Phase.HOLDING)
         assert len(world.args(ACT_REQUEST_CAPACITY)) == 1
         await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
         result = await handle.result()
     assert result.outcome == "released"
     assert any(e.action == "cluster resumed" for e in result.timeline)
+
+
+async def _how_it_ended(handle: WorkflowHandle[Any, Any]) -> str:
+    """The run's status and its last history events, for a failure message."""
+    described = await handle.describe()
+    events = [e async for e in handle.fetch_history_events()]
+    tail = ", ".join(f"{e.event_id} {EventType.Name(e.event_type)}" for e in events[-12:])
+    return f"status {described.status}, close time {described.close_time}; last events: {tail}"
