@@ -9,6 +9,9 @@ fault_cli.py are thin layers over it)::
     faults.fail("node-0", "gpu-1", degrade="nvlink")
     faults.fail("node-0", "all", vanish=True)     # device plugin / driver lost every GPU
     faults.recover("node-0", "0")                 # or recover("node-0") for the whole node
+    faults.enable_mig("node-0", [0])              # device plugin, MIG `mixed`: GPU 0 as 7
+                                                  # nvidia.com/mig-1g.10gb instances
+    faults.share_gpus("node-0", 4, rename=True)   # time-slicing: nvidia.com/gpu.shared x4
     faults.set_known_faults(ignore_device_taint_rules=True, expired_toleration_bug=True)
     manager.api_faults.add(verb="patch", resource="pods", kind="429", rate=0.5)
 
@@ -111,6 +114,10 @@ REPLICAS_LABEL = "nvidia.com/gpu.replicas"  # GPU feature discovery: time-slicin
 MIG_GPUS_ANNOTATION = "twin.sickbay.dev/mig-gpus"
 MIG_RESOURCE = "nvidia.com/mig-1g.10gb"
 MIG_PER_GPU = 7
+# Time-slicing with `renameByDefault`: the replicas are offered as this resource instead. (The
+# kubelet's grace for the resource name given up is not modelled: it shows 0 at once.)
+RENAMED_ANNOTATION = "twin.sickbay.dev/shared-resource"
+SHARED_RESOURCE = "nvidia.com/gpu.shared"
 DRIVER_TAINT_KEY = "gpu.nvidia.com/xid"
 
 
@@ -314,6 +321,42 @@ class FaultInjector:
         self.epoch += 1
         self.manager.poke()
         return changed
+
+    def share_gpus(self, node: str, replicas: int, *, rename: bool = False) -> dict[str, Any]:
+        """The device plugin's time-slicing on a node, as its config and GPU feature discovery
+        show it: each GPU offered `replicas` times (device ids `<UUID>::<n>`), the label
+        `nvidia.com/gpu.replicas`, the product label's `-SHARED` suffix; with `rename`
+        (`renameByDefault`) the replicas are nvidia.com/gpu.shared, and an nvidia.com/gpu the
+        node had stays in capacity at 0, as the kubelet keeps a resource once registered.
+        `nvidia.com/gpu.count` still counts the GPUs. Returns the node."""
+        if self.manager.dra:
+            raise FaultError("time-slicing under the device plugin: not a DRA twin")
+        if replicas < 1:
+            raise FaultError("replicas must be at least 1")
+        if not self._plugin_gpus(node):
+            raise FaultError(f'node "{node}" has no GPUs', 404)
+
+        def change(obj: dict[str, Any]) -> dict[str, Any]:
+            m = obj.setdefault("metadata", {})
+            annotations, labels = m.setdefault("annotations", {}), m.setdefault("labels", {})
+            labels[REPLICAS_LABEL] = str(replicas)
+            product = labels.get("nvidia.com/gpu.product", "").removesuffix("-SHARED")
+            if product:
+                labels["nvidia.com/gpu.product"] = product + ("-SHARED" if replicas > 1 else "")
+            if rename:
+                annotations[RENAMED_ANNOTATION] = SHARED_RESOURCE
+            else:
+                annotations.pop(RENAMED_ANNOTATION, None)
+            return obj
+
+        changed = self.store.mutate(NODES, node, change)
+        self.epoch += 1
+        self.manager.poke()
+        return changed
+
+    def plugin_resource(self, obj: dict[str, Any]) -> str:
+        """The resource a device-plugin node's nvidia.com/gpu devices are offered as."""
+        return str((meta(obj).get("annotations") or {}).get(RENAMED_ANNOTATION) or GPU_RESOURCE)
 
     def plugin_device_ids(
         self, node: str, include_vanished: bool = True, obj: dict[str, Any] | None = None

@@ -13,6 +13,8 @@ Cases:
   grace offers the GPUs again; an upgrade (a kubelet restart) shows no grace;
 - MIG, the device plugin's `mixed` strategy: a MIG-enabled GPU is offered as MIG instances,
   not as nvidia.com/gpu, and an upgrade that breaks the plugin takes both away;
+- time-slicing with renameByDefault: the replicas offered as nvidia.com/gpu.shared, the old
+  nvidia.com/gpu kept at 0;
 - the HTTP routes refuse bad input with a 400 naming it.
 """
 
@@ -299,4 +301,25 @@ def test_mig_mixed_offers_the_partitioned_gpus_as_instances(twin: Any) -> None:
     t.twin("POST", "/twin/upgrades/recover", {"node": node})
     eventually(lambda: offered() == ("1", "7"))
     t.manager.faults.enable_mig(node, [])  # MIG off again: whole GPUs only
+    eventually(lambda: offered() == ("2", "0"))
+
+
+def test_time_slicing_renamed_offers_replicas_as_gpu_shared(twin: Any) -> None:
+    """Time-slicing with renameByDefault (the device plugin's sharing config, GFD's labels):
+    2 GPUs x 4 replicas offered as nvidia.com/gpu.shared; the nvidia.com/gpu the node had
+    registered stays in capacity at 0; the count label still says 2."""
+    t = twin(OPTS, profile="device-plugin", nodes=1, gpus_per_node=2)
+    node = t.rs.twin.seed_info["nodes"][0]
+    eventually(lambda: _capacity(t, node) == "2")
+    t.manager.faults.share_gpus(node, 4, rename=True)
+
+    def offered() -> tuple[str | None, str | None]:
+        capacity = t.core.read_node(node).status.capacity
+        return capacity.get("nvidia.com/gpu"), capacity.get("nvidia.com/gpu.shared")
+
+    eventually(lambda: offered() == ("0", "8"))
+    labels = t.core.read_node(node).metadata.labels
+    assert labels["nvidia.com/gpu.replicas"] == "4" and labels["nvidia.com/gpu.count"] == "2"
+    assert labels["nvidia.com/gpu.product"].endswith("-SHARED")
+    t.manager.faults.share_gpus(node, 1)  # sharing off: whole GPUs again
     eventually(lambda: offered() == ("2", "0"))

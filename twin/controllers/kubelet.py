@@ -62,7 +62,7 @@ from twin.controllers.common import (
 )
 from twin.controllers.repair_tools import ToolRun, run_tool
 from twin.errors import ApiError
-from twin.faults import MIG_PER_GPU, MIG_RESOURCE
+from twin.faults import MIG_PER_GPU, MIG_RESOURCE, SHARED_RESOURCE
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,9 @@ class Kubelet:
         pod replaced): the GPUs it offered stay in capacity, none allocatable, for the grace."""
         obj = self.manager.store.try_get(NODES, node)
         capacity = ((obj or {}).get("status") or {}).get("capacity") or {}
-        offered = {r: quantity_int(capacity.get(r)) for r in (GPU_RESOURCE, MIG_RESOURCE)}
+        offered = {
+            r: quantity_int(capacity.get(r)) for r in (GPU_RESOURCE, SHARED_RESOURCE, MIG_RESOURCE)
+        }
         if any(offered.values()):
             self._plugin_stops[node] = (self.manager.clock.monotonic(), offered)
         self.manager.poke()
@@ -577,8 +579,14 @@ class Kubelet:
                 health = [faults.health(node, d)[0] for d in devices]
                 return per * sum(h != "Unknown" for h in health), per * health.count("Healthy")
 
-            # resource -> (capacity, allocatable): whole GPUs, and MIG instances (mixed)
-            want = {GPU_RESOURCE: state(ids)}
+            # resource -> (capacity, allocatable): whole GPUs (or their replicas, renamed
+            # nvidia.com/gpu.shared: an nvidia.com/gpu once registered stays at 0), and MIG
+            # instances (mixed)
+            offered_as = faults.plugin_resource(node)
+            want = {offered_as: state(ids)}
+            for other in (GPU_RESOURCE, SHARED_RESOURCE):
+                if other != offered_as and other in (status.get("capacity") or {}):
+                    want[other] = (0, 0)
             if migs or MIG_RESOURCE in (status.get("capacity") or {}):
                 want[MIG_RESOURCE] = state([g.uuid for g in migs], MIG_PER_GPU)
             repairs = getattr(self.manager, "repairs", None)
