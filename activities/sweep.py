@@ -46,7 +46,12 @@ from typing import Any
 from activities.defn import implements
 from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
-from activities.kube.devices import mig_instances, withholds_every_gpu
+from activities.kube.devices import (
+    SHARED_RESOURCE,
+    mig_instances,
+    offered_gpus,
+    withholds_every_gpu,
+)
 from activities.kube.evidence import HAMI_UNHEALTHY
 from activities.kube.health import (
     ClaimIndex,
@@ -493,8 +498,10 @@ class SweepActivities:
         name = (node.get("metadata") or {}).get("name", "")
         labels = (node.get("metadata") or {}).get("labels") or {}
         status = node.get("status") or {}
-        capacity = _quantity((status.get("capacity") or {}).get(GPU_RESOURCE))
-        allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
+        capacity, allocatable = offered_gpus(node), offered_gpus(node, "allocatable")
+        offered = GPU_RESOURCE  # what the counts below are read from
+        if (status.get("capacity") or {}).get(SHARED_RESOURCE) is not None:
+            offered += f" + {SHARED_RESOURCE}"
         expected = _quantity(labels.get(GPU_COUNT_LABEL))
         source = GPU_COUNT_LABEL
         mig = mig_instances(node)
@@ -521,12 +528,12 @@ class SweepActivities:
             vanished = True
             none = " and no MIG instance (nvidia.com/mig-*)" if mig == 0 else ""
             problem = (
-                f"capacity {GPU_RESOURCE} {capacity}{none} < {expected} GPUs "
+                f"capacity {offered} {capacity}{none} < {expected} GPUs "
                 f"({source}): GPU(s) missing from the node"
             )
         elif capacity is not None and allocatable is not None and allocatable < capacity:
             problem = (
-                f"allocatable {GPU_RESOURCE} {allocatable} < capacity {capacity}: "
+                f"allocatable {offered} {allocatable} < capacity {capacity}: "
                 f"{capacity - allocatable} GPU(s) unhealthy or gone per the device plugin"
             )
         elif capacity is None and dra and expected is not None:

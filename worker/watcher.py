@@ -36,6 +36,9 @@ from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.devices import (
     MIG_RESOURCE_PREFIX,
     MIG_STRATEGY_LABEL,
+    REPLICAS_LABEL,
+    SHARED_RESOURCE,
+    offered_gpus,
     withholds_every_gpu,
 )
 from activities.kube.hami import ANN_REGISTER, VOLCANO_REGISTER
@@ -312,7 +315,7 @@ class Tracker:
             "metadata": {"name": name, "labels": {}},
             "status": {"capacity": {}, "allocatable": {}},
         }
-        for label in (count, MIG_STRATEGY_LABEL):
+        for label in (count, MIG_STRATEGY_LABEL, REPLICAS_LABEL):
             if label in (meta.get("labels") or {}):
                 summary["metadata"]["labels"][label] = meta["labels"][label]
         annotations = meta.get("annotations") or {}
@@ -321,7 +324,9 @@ class Tracker:
             summary["metadata"]["annotations"] = registers
         for part in ("capacity", "allocatable"):
             for resource, value in (status.get(part) or {}).items():
-                if resource == gpu or str(resource).startswith(MIG_RESOURCE_PREFIX):
+                if resource in (gpu, SHARED_RESOURCE) or str(resource).startswith(
+                    MIG_RESOURCE_PREFIX
+                ):
                     summary["status"][part][resource] = value
         info = status.get("nodeInfo") or {}
         now_versions = (
@@ -346,11 +351,8 @@ class Tracker:
                 return
             devs = (self.index.get(r) for r in self.node_rids.get(name, ()))
             seen = len({d.uuid for d in devs if d is not None and d.uuid})
-            capacity = (summary.get("status") or {}).get("capacity", {}).get("nvidia.com/gpu")
-            try:
-                have = int(str(capacity)) if capacity is not None else seen
-            except ValueError:
-                have = seen
+            offered = offered_gpus(summary)
+            have = offered if offered is not None else seen
             if hami.is_hami_node(summary):  # nvidia.com/gpu counts HAMi's shares, not GPUs
                 try:
                     have = len(hami.node_gpus(summary) or [])

@@ -28,6 +28,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # their own (`nvidia.com/mig-<profile>`), nvidia.com/gpu counts only the whole GPUs.
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+# Time-slicing / MPS sharing: each GPU offered `nvidia.com/gpu.replicas` times (GPU feature
+# discovery's label), as nvidia.com/gpu or, with `renameByDefault`, nvidia.com/gpu.shared.
+SHARED_RESOURCE = "nvidia.com/gpu.shared"
+REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 # Node labels naming a node pool, most specific first (Sickbay's own, then clouds).
 NODE_POOL_LABELS = (
     "sickbay.dev/node-pool",
@@ -621,6 +625,36 @@ def node_gpu_uuids(node: dict[str, Any]) -> list[str]:
     return []
 
 
+def offered_gpus(
+    node: dict[str, Any], part: str = "capacity", *, per_gpu: bool = False
+) -> int | None:
+    """What the device plugin offers on the node as nvidia.com/gpu and nvidia.com/gpu.shared
+    together (time-slicing or MPS under `renameByDefault`), from its `part` (capacity or
+    allocatable); None when the node has neither. Shared GPUs are counted once per replica:
+    an upper bound on the GPUs, which a "GPUs vanished" verdict needs. With `per_gpu`, divided
+    by GPU feature discovery's `nvidia.com/gpu.replicas` and rounded down: a lower bound, which
+    a "GPUs back" verdict needs (the label can lag the plugin's sharing config by a GFD run,
+    so it is never trusted in the direction that acts). (HAMi's nvidia.com/gpu counts its own
+    shares: not for HAMi nodes.)"""
+    offered = (node.get("status") or {}).get(part) or {}
+    counts = []
+    for resource in (GPU_RESOURCE, SHARED_RESOURCE):
+        try:
+            counts.append(int(str(offered[resource])))
+        except (KeyError, ValueError):
+            continue
+    if not counts:
+        return None
+    if not per_gpu:
+        return sum(counts)
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    try:
+        replicas = max(1, int(str(labels.get(REPLICAS_LABEL) or 1)))
+    except ValueError:
+        replicas = 1
+    return sum(counts) // replicas
+
+
 def withholds_every_gpu(node: dict[str, Any]) -> bool:
     """The node's device plugin offers none of its GPUs: nvidia.com/gpu allocatable 0 while
     capacity still counts them, as the kubelet shows for a grace period (5 min) after the
@@ -628,13 +662,8 @@ def withholds_every_gpu(node: dict[str, Any]) -> bool:
     nvidia.com/gpu counts shares: never."""
     if hami.is_hami_node(node):
         return False
-    status = node.get("status") or {}
-    try:
-        capacity = int(str((status.get("capacity") or {}).get(GPU_RESOURCE)))
-        allocatable = int(str((status.get("allocatable") or {}).get(GPU_RESOURCE)))
-    except ValueError:
-        return False
-    return capacity > 0 and allocatable == 0
+    capacity, allocatable = offered_gpus(node), offered_gpus(node, "allocatable")
+    return bool(capacity) and allocatable == 0
 
 
 def mig_instances(node: dict[str, Any]) -> int | None:

@@ -47,10 +47,14 @@ from temporalio.exceptions import ApplicationError
 from activities.defn import implements
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.devices import (
+    MIG_RESOURCE_PREFIX,
+    REPLICAS_LABEL,
+    SHARED_RESOURCE,
     list_slice_devices,
     mig_instances,
     node_gpu_uuids,
     node_pool_of,
+    offered_gpus,
     withholds_every_gpu,
 )
 from activities.kube.nodes import ANN_CORDONED_BY, converge_node, cordon_change, read_node
@@ -216,7 +220,7 @@ def _short_of_gpus(node: dict[str, Any], since: datetime) -> bool:
     Sickbay marked it
     GPUDevicesAvailable=False at or after `since`."""
     status = node.get("status") or {}
-    capacity = _int((status.get("capacity") or {}).get(GPU_RESOURCE))
+    capacity = offered_gpus(node)
     expected = _int((meta(node).get("labels") or {}).get(GPU_COUNT_LABEL))
     if capacity is not None and expected is not None and capacity < expected:
         if not mig_instances(node):  # MIG instances offered apart count GPUs not in capacity
@@ -343,8 +347,7 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
     labels = meta(node).get("labels") or {}
     status = node.get("status") or {}
     info = status.get("nodeInfo") or {}
-    capacity = _int((status.get("capacity") or {}).get(GPU_RESOURCE))
-    allocatable = _int((status.get("allocatable") or {}).get(GPU_RESOURCE))
+    capacity, allocatable = offered_gpus(node), offered_gpus(node, "allocatable")
     dra, uuids = _published(kube, inp.node)
     mode = "dra" if dra and (uuids or capacity is None) else "device-plugin"
     if capacity is None and not dra:
@@ -397,6 +400,9 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
         }
     )
     published = f"{have} GPU(s)"
+    replicas = str(labels.get(REPLICAS_LABEL) or "1")
+    if mode == "device-plugin" and replicas != "1":  # time-slicing / MPS: replicas offered
+        published = f"{have} GPU replica(s) ({replicas} per GPU)"
     if mig:
         published = f"{have} whole GPU(s) and {mig} MIG instance(s) (mig.strategy mixed)"
     if not vanished:
@@ -532,8 +538,12 @@ def _holds_gpu(pod: dict[str, Any]) -> bool:
     for c in list(spec.get("containers") or []) + list(spec.get("initContainers") or []):
         res = c.get("resources") or {}
         for part in ("limits", "requests"):
-            if (_int((res.get(part) or {}).get(GPU_RESOURCE)) or 0) > 0:
-                return True
+            for resource, value in (res.get(part) or {}).items():
+                gpu = resource in (GPU_RESOURCE, SHARED_RESOURCE) or str(resource).startswith(
+                    MIG_RESOURCE_PREFIX
+                )
+                if gpu and (_int(value) or 0) > 0:  # a whole GPU, a replica, a MIG instance
+                    return True
     return False
 
 
@@ -641,10 +651,10 @@ def wait_gpus_back(kube: Kube, inp: WaitGpusBackInput) -> GpusBackResult:
     a retryable StillWaiting until then (the workflow bounds it with schedule_to_close)."""
     node = read_node(kube, inp.node)
     dra, uuids = _published(kube, inp.node)
-    capacity = _int(((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE))
+    capacity = offered_gpus(node)
     mode = "dra" if dra and uuids else ("device-plugin" if capacity is not None else "dra")
     if mode == "device-plugin":
-        allocatable = _int(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE))
+        allocatable = offered_gpus(node, "allocatable", per_gpu=True)
         uuids = node_gpu_uuids(node)[: allocatable or 0]
         have = allocatable or 0
     else:

@@ -54,6 +54,7 @@ from activities.kube.devices import (
     list_slice_devices,
     node_gpu_uuids,
     node_pool_of,
+    offered_gpus,
 )
 from activities.kube.nodes import ANN_CORDONED_BY, converge_node, cordon_change, read_node
 from activities.kube.pods import is_terminal, meta, pod_ref, requests_gpu
@@ -804,11 +805,7 @@ def _published(kube: Kube, node: dict[str, Any]) -> list[str]:
     devices = _node_devices(kube, name)
     if devices:
         return sorted({d.physical_uuid for d in devices if d.physical_uuid})
-    allocatable = ((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu")
-    try:
-        count = int(str(allocatable or "0"))
-    except ValueError:
-        count = 0
+    count = offered_gpus(node, "allocatable", per_gpu=True) or 0  # a shared GPU once
     return node_gpu_uuids(node)[:count] if count else []
 
 

@@ -16,6 +16,11 @@ on a node that lost nothing. Cases:
 - the `single` strategy (`nvidia.com/gpu` counts MIG instances, and so does the label):
   compared as before, so a drop below the label is still a vanish;
 - a whole GPU unhealthy on a mixed node (allocatable below capacity): still a notice.
+
+Time-slicing (and MPS) shares each GPU `nvidia.com/gpu.replicas` ways: nvidia.com/gpu (or,
+with `renameByDefault`, nvidia.com/gpu.shared) counts replicas; renamed, the old
+nvidia.com/gpu stays at 0 and is no vanish; and the replicas label, which can lag the plugin,
+never turns what a node offers into a vanish.
 """
 
 from __future__ import annotations
@@ -98,3 +103,36 @@ def test_an_unhealthy_whole_gpu_on_a_mixed_node_is_a_notice() -> None:
     assert found is not None and not found.vanished
     assert "allocatable nvidia.com/gpu 3 < capacity 4" in found.message
     assert [f.vanished for f in _watched(node)] == [False]
+
+
+def _shared(offered: dict[str, str], allocatable: dict[str, str] | None = None) -> dict[str, Any]:
+    """8 GPUs shared 4 ways (time-slicing, GFD's replicas label)."""
+    return {
+        "metadata": {
+            "name": NODE,
+            "labels": {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.replicas": "4"},
+        },
+        "status": {"capacity": offered, "allocatable": allocatable or dict(offered)},
+    }
+
+
+def test_time_slicing_renamed_to_gpu_shared_is_no_vanish() -> None:
+    """`renameByDefault`: the replicas are nvidia.com/gpu.shared; the old nvidia.com/gpu
+    stays in capacity at 0 (the kubelet keeps a resource that was registered)."""
+    node = _shared({"nvidia.com/gpu": "0", "nvidia.com/gpu.shared": "32"})
+    assert _swept(node) is None
+    assert _watched(node) == []
+
+
+def test_time_slicing_is_never_a_vanish_on_a_lagging_replicas_label() -> None:
+    """nvidia.com/gpu counts replicas; GFD relabels up to a minute after the plugin changed its
+    sharing, so a node is compared by what it offers, never divided by the label: sharing
+    just turned off (2 x 4 -> 8 whole GPUs, the label still 4) is no vanish. A shared node's
+    partial loss is not seen from its status (its pods' health and the alerts say it)."""
+    turned_off = _shared({"nvidia.com/gpu": "8"})
+    assert _swept(turned_off) is None and _watched(turned_off) == []
+    sick = _shared({"nvidia.com/gpu.shared": "32"}, {"nvidia.com/gpu.shared": "28"})
+    found = _swept(sick)  # one GPU unhealthy: its 4 replicas not allocatable
+    assert found is not None and not found.vanished
+    assert (found.gpu_capacity, found.gpu_allocatable) == (32, 28)
+    assert "nvidia.com/gpu + nvidia.com/gpu.shared" in found.message

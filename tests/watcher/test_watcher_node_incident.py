@@ -12,9 +12,9 @@ Cases (device plugin, a pod on one of the node's GPUs):
 - a plugin rollout on a running kubelet (no upgrade): the kubelet keeps the capacity (2, none
   allocatable) for its grace, so only the crash-looping plugin pod says the GPUs vanished:
   still exactly one node incident, naming the pod, and the pod's Unknown GPU is left to it;
-- MIG on the device plugin's `mixed` strategy (one GPU of each node MIG-enabled, before the
-  watch starts and while it runs): nvidia.com/gpu below the count label is no vanish: no node
-  incident, no notice.
+- MIG on the device plugin's `mixed` strategy (one GPU of a node MIG-enabled before the
+  watch starts), and time-slicing renamed to nvidia.com/gpu.shared on the other while it
+  runs: nvidia.com/gpu below the count label is no vanish: no node incident, no notice.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ async def test_a_plugin_rollout_in_the_kubelets_grace_is_one_node_incident(
         assert rec.requests == [], "a GPU the plugin stopped offering is no GPU failure"
 
 
-async def test_mig_mixed_partitioning_is_no_node_incident(
+async def test_mig_and_time_slicing_are_no_node_incident(
     twin: tuple[RunningTwin, ControllerManager],
 ) -> None:
     rs, manager = twin
@@ -188,14 +188,14 @@ async def test_mig_mixed_partitioning_is_no_node_incident(
     )
     async with Running(watcher):
         assert await watcher.synced()
-        manager.faults.enable_mig(second, [1])  # the MIG manager reconfigures a node
-        await until(lambda: partitioned(second))
+        manager.faults.share_gpus(second, 4, rename=True)  # time-slicing turned on
+        await until(lambda: core.read_node(second).status.capacity["nvidia.com/gpu"] == "0")
         await until(
             lambda: (
                 (watcher.tracker.nodes.get(second) or {})["status"]["capacity"].get(
                     "nvidia.com/gpu"
                 )
-                == "1"
+                == "0"
             )
         )
         await asyncio.sleep(1.0)  # what the watcher would send, it sends within this

@@ -17,6 +17,8 @@ Cases:
   nvidia.com/gpu, 7 MIG instances, the count label 2): not vanished, nor is a second node so
   partitioned short of GPUs for the pool; the same node after an upgrade broke its plugin:
   vanished;
+- diagnose, device plugin, time-slicing renamed to nvidia.com/gpu.shared (2 GPUs x 4, the old
+  nvidia.com/gpu at 0): 8 replicas published, not vanished; the GPUs back counted once each;
 - contain and release: the condition GPUDevicesAvailable=False with the reason, Sickbay's
   NoSchedule taint (annotated); release sets the condition True and removes only its taint;
   a taint someone else set is left alone;
@@ -205,6 +207,23 @@ async def test_diagnose_mig_mixed_partitioning_is_no_vanish(make: Any) -> None:
     d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
     assert d.vanished and d.cause == "toolkit-hook"
     assert "(0 of 2 GPUs published)" in d.summary
+
+
+async def test_diagnose_time_slicing_counts_gpus_not_replicas(make: Any) -> None:
+    t, acts = make("device-plugin", nodes=1)
+    node = t.node(0)
+    await until(lambda: len(_plugin_pods(t, node)) == 1)
+    t.twin.extensions["faults"].share_gpus(node, 4, rename=True)
+    await until(
+        lambda: t.store.get("nodes", node)["status"]["capacity"].get("nvidia.com/gpu.shared") == "8"
+    )
+    assert t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "0"
+    d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
+    assert (d.capacity, d.allocatable, d.expected_gpus) == (8, 8, 2)  # replicas offered
+    assert not d.vanished, d.summary
+    assert "publishes 8 GPU replica(s) (4 per GPU)" in d.summary
+    back = await t.run(acts.wait_for_gpus_back, WaitGpusBackInput(node=node, expected_gpus=2))
+    assert len(back.gpu_uuids) == 2
 
 
 async def test_diagnose_dra_lost_socket_is_restartable(make: Any) -> None:
