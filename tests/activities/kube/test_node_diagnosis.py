@@ -25,7 +25,8 @@ Cases:
 - restart-gpu-plugin: deletes the plugin pod once per attempt: the same attempt run again (a
   retried activity) deletes nothing more, though the DaemonSet's new pod is there; the next
   attempt restarts again; wait-for-gpus-back answers StillWaiting, then the GPUs once back;
-- find-gpu-pods-on-node: the pods asking for nvidia.com/gpu, not the CPU pod nor the plugin;
+- find-gpu-pods-on-node: the pods asking for nvidia.com/gpu (or a MIG instance, or a
+  time-slice replica as nvidia.com/gpu.shared), not the CPU pod nor the plugin;
   their top owners (a ReplicaSet's pod: its Deployment, read through the ReplicaSet; a
   StatefulSet's pod: the StatefulSet) once each, and the pod without an owner named apart;
 
@@ -317,8 +318,8 @@ async def test_find_gpu_pods_lists_the_workloads_holding_gpus(make: Any) -> None
     ns = "ml"
     t.namespace(ns)
 
-    def pod(name: str, gpus: int) -> dict[str, Any]:
-        res = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    def pod(name: str, gpus: int, resource: str = "nvidia.com/gpu") -> dict[str, Any]:
+        res = {"limits": {resource: str(gpus)}} if gpus else {}
         return {
             "metadata": {"name": name, "namespace": ns},
             "spec": {
@@ -343,6 +344,8 @@ async def test_find_gpu_pods_lists_the_workloads_holding_gpus(make: Any) -> None
 
     t.store.create("pods", pod("trainer", 1), namespace=ns)
     t.store.create("pods", pod("web", 0), namespace=ns)
+    t.store.create("pods", pod("mig", 1, "nvidia.com/mig-1g.10gb"), namespace=ns)
+    t.store.create("pods", pod("shared", 1, "nvidia.com/gpu.shared"), namespace=ns)
     dep = t.store.create("deployments", workload("deployments", "infer"), namespace=ns)
     sts = t.store.create("statefulsets", workload("statefulsets", "llm"), namespace=ns)
 
@@ -353,20 +356,22 @@ async def test_find_gpu_pods_lists_the_workloads_holding_gpus(make: Any) -> None
             if (p.get("spec") or {}).get("nodeName") == node
         )
 
-    names = await until(lambda: (lambda got: got if len(got) == 4 else None)(on_node()))
+    names = await until(lambda: (lambda got: got if len(got) == 6 else None)(on_node()))
     infer = next(n for n in names if n.startswith("infer-"))
     await until(lambda: len(_plugin_pods(t, node)) == 1)  # the GPU plugin pod: never listed
     found = await t.run(acts.find_gpu_pods, GpuPodsInput(node=node))
     assert [(p.namespace, p.name) for p in found.pods] == [
         (ns, infer),
         (ns, "llm-0"),
+        (ns, "mig"),  # a MIG instance, a time-slice replica: the node's GPUs too
+        (ns, "shared"),
         (ns, "trainer"),
     ]
     assert [(o.kind, o.name, o.uid) for o in found.owners] == [
         ("Deployment", "infer", dep["metadata"]["uid"]),
         ("StatefulSet", "llm", sts["metadata"]["uid"]),
     ]
-    assert [p.name for p in found.bare] == ["trainer"]
+    assert [p.name for p in found.bare] == ["mig", "shared", "trainer"]
 
 
 async def test_a_healed_break_s_events_do_not_name_today_s_cause(make: Any) -> None:
