@@ -111,17 +111,21 @@ def _get_pod(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
         raise
 
 
-def _may_hold(pod: dict[str, Any], uuid: str | None) -> bool:
-    """False only when the pod reports device health and none of it is for this GPU (the
-    device plugin's id is the UUID; time-sliced replicas add `::<n>`)."""
-    reports = health_reports(pod, None)
-    if not reports or not uuid:
-        return True
+def _reports_gpu(pod: dict[str, Any], uuid: str) -> bool:
+    """The pod reports device health for this GPU (the device plugin's id is the UUID;
+    time-sliced replicas add `::<n>`)."""
     want = uuid.lower()
     return any(
         r.resource_id.lower() == want or r.resource_id.lower().startswith(want + "::")
-        for r in reports
+        for r in health_reports(pod, None)
     )
+
+
+def _may_hold(pod: dict[str, Any], uuid: str | None) -> bool:
+    """False only when the pod reports device health and none of it is for this GPU."""
+    if not uuid or not health_reports(pod, None):
+        return True
+    return _reports_gpu(pod, uuid)
 
 
 def find_consumers(
@@ -176,7 +180,7 @@ def find_consumers(
             if not requests_gpu(pod):
                 continue
             any_status = any_status or reports_any_status(pod)
-            if health_reports(pod, {uuid}):
+            if uuid and _reports_gpu(pod, uuid):
                 pods_by_key[key] = pod
         if not pods_by_key and not any_status:
             # Nothing ties a pod to this GPU (no alert pod mapping, no allocatedResourcesStatus):

@@ -47,9 +47,7 @@ from temporalio.exceptions import ApplicationError
 from activities.defn import implements
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.devices import (
-    MIG_RESOURCE_PREFIX,
     REPLICAS_LABEL,
-    SHARED_RESOURCE,
     list_slice_devices,
     mig_instances,
     node_gpu_uuids,
@@ -58,7 +56,7 @@ from activities.kube.devices import (
     withholds_every_gpu,
 )
 from activities.kube.nodes import ANN_CORDONED_BY, converge_node, cordon_change, read_node
-from activities.kube.pods import OwnerResolver, meta
+from activities.kube.pods import OwnerResolver, meta, requests_gpu
 from contract.errors import ERR_INVALID_INPUT, ERR_STILL_WAITING
 from contract.kube import OwnerRef, PodRef
 from contract.names import (
@@ -532,19 +530,8 @@ def release_node(kube: Kube, inp: ReleaseNodeInput) -> ContainNodeResult:
 
 
 def _holds_gpu(pod: dict[str, Any]) -> bool:
-    spec = pod.get("spec") or {}
-    if spec.get("resourceClaims"):
-        return True
-    for c in list(spec.get("containers") or []) + list(spec.get("initContainers") or []):
-        res = c.get("resources") or {}
-        for part in ("limits", "requests"):
-            for resource, value in (res.get(part) or {}).items():
-                gpu = resource in (GPU_RESOURCE, SHARED_RESOURCE) or str(resource).startswith(
-                    MIG_RESOURCE_PREFIX
-                )
-                if gpu and (_int(value) or 0) > 0:  # a whole GPU, a replica, a MIG instance
-                    return True
-    return False
+    """A ResourceClaim, or a device-plugin GPU, replica or MIG instance."""
+    return bool((pod.get("spec") or {}).get("resourceClaims")) or requests_gpu(pod)
 
 
 def gpu_pods(kube: Kube, inp: GpuPodsInput) -> GpuPodsResult:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from activities.kube.client import ErrorKind, Kube, KubeError
-from activities.kube.devices import GPU_RESOURCE
+from activities.kube.devices import GPU_RESOURCE, MIG_RESOURCE_PREFIX, SHARED_RESOURCE
 from activities.kube.health import ClaimLookup, is_claim_entry, resolve_entry
 from contract.kube import HealthReport, OwnerRef, PodRef
 
@@ -98,26 +98,23 @@ def reports_any_status(pod: dict[str, Any]) -> bool:
     return any(cs.get("allocatedResourcesStatus") for cs in status.get("containerStatuses") or [])
 
 
+def is_gpu_resource(name: str) -> bool:
+    """A resource the NVIDIA device plugin offers a GPU (or a share of one) as: nvidia.com/gpu,
+    nvidia.com/gpu.shared (time-slicing or MPS, renamed), nvidia.com/mig-<profile>."""
+    return name in (GPU_RESOURCE, SHARED_RESOURCE) or name.startswith(MIG_RESOURCE_PREFIX)
+
+
 def requests_gpu(pod: dict[str, Any]) -> bool:
-    for c in (pod.get("spec") or {}).get("containers") or []:
+    """The pod asks the device plugin for a GPU, a replica of one or a MIG instance (in a
+    container or an init container)."""
+    spec = pod.get("spec") or {}
+    for c in list(spec.get("containers") or []) + list(spec.get("initContainers") or []):
         res = c.get("resources") or {}
         for section in ("limits", "requests"):
-            value = (res.get(section) or {}).get(GPU_RESOURCE)
-            if value not in (None, "0", 0):
-                return True
+            for name, value in (res.get(section) or {}).items():
+                if is_gpu_resource(str(name)) and value not in (None, "0", 0):
+                    return True
     return False
-
-
-def gpu_request_count(pod: dict[str, Any]) -> int:
-    total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        value = (res.get("limits") or {}).get(GPU_RESOURCE) or (res.get("requests") or {}).get(
-            GPU_RESOURCE
-        )
-        if value is not None:
-            total += int(value)
-    return total
 
 
 WORST = {"Unhealthy": 2, "Unknown": 1, "Healthy": 0}

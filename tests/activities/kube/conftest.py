@@ -124,8 +124,10 @@ class KubeTwin:
         gpu_uuid: str | None = None,
         running: bool = True,
         priority_class: str | None = None,
+        resource: str = "nvidia.com/gpu",
     ) -> dict[str, Any]:
-        """A bound pod using `device` (DRA: generated claim; device plugin: nvidia.com/gpu)."""
+        """A bound pod using `device` (DRA: generated claim; device plugin: `resource`, whose
+        health it reports under the device id `gpu_uuid`)."""
         self.namespace(ns)
         container: dict[str, Any] = {"name": "main", "image": "cuda:12"}
         spec: dict[str, Any] = {"containers": [container], "nodeName": node}
@@ -135,7 +137,7 @@ class KubeTwin:
             container["resources"] = {"claims": [{"name": "gpu"}]}
             spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
         else:
-            container["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+            container["resources"] = {"limits": {resource: "1"}}
         meta: dict[str, Any] = {"name": name, "namespace": ns, "labels": labels or {}}
         if owner:
             meta["ownerReferences"] = [owner]
@@ -225,7 +227,7 @@ class KubeTwin:
                     "restartCount": 0,
                     "allocatedResourcesStatus": [
                         {
-                            "name": "nvidia.com/gpu",
+                            "name": resource,
                             "resources": [{"resourceID": gpu_uuid, "health": "Healthy"}],
                         }
                     ],

@@ -28,6 +28,9 @@ from contract.kube import (
 )
 from tests.activities.kube.conftest import KubeTwin
 
+SHARED = "nvidia.com/gpu.shared"
+MIG = "nvidia.com/mig-1g.10gb"
+
 
 async def test_consumers_through_deployment_and_job(cluster: KubeTwin) -> None:
     t = cluster
@@ -89,6 +92,44 @@ async def test_device_plugin_alert_pods(tmp_path) -> None:
             FindConsumersInput(device=device, alert_pods=[PodRef(namespace="ml", name="named")]),
         )
         assert [c.pod.name for c in result.consumers] == ["named"]
+
+
+async def test_device_plugin_shared_and_mig_pods_are_consumers(tmp_path) -> None:
+    """Time-slicing renamed (nvidia.com/gpu.shared, device ids `<UUID>::<n>`) and MIG
+    instances hold the GPU too: its consumers, evicted after the quarantine like the rest."""
+    from tests.activities.kube.conftest import twin
+
+    with twin(tmp_path, "device-plugin") as t:
+        node = t.node(0)
+        uuid = t.uuid_of(node, 0)
+        t.consumer_pod(
+            "ml", "sliced", node, None, None, {"app": "s"}, f"{uuid}::1", resource=SHARED
+        )
+        t.consumer_pod(
+            "ml",
+            "other",
+            node,
+            None,
+            None,
+            {"app": "o"},
+            f"{t.uuid_of(node, 1)}::0",
+            resource=SHARED,
+        )
+        device = await t.run(
+            t.acts.resolve_device, ResolveDeviceInput(device=DeviceRef(node=node, gpu_uuid=uuid))
+        )
+        result = await t.run(t.acts.find_consumers, FindConsumersInput(device=device))
+        assert [c.pod.name for c in result.consumers] == ["sliced"]
+    with twin(tmp_path / "mig", "device-plugin") as t:
+        node = t.node(0)
+        uuid = t.uuid_of(node, 0)
+        # No device health names it: every GPU pod of the node may be using the GPU.
+        t.consumer_pod("ml", "instance", node, None, None, {"app": "m"}, resource=MIG)
+        device = await t.run(
+            t.acts.resolve_device, ResolveDeviceInput(device=DeviceRef(node=node, gpu_uuid=uuid))
+        )
+        result = await t.run(t.acts.find_consumers, FindConsumersInput(device=device))
+        assert [c.pod.name for c in result.consumers] == ["instance"]
 
 
 async def test_device_plugin_alert_pods_are_hints_only(tmp_path) -> None:
