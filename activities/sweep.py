@@ -384,6 +384,10 @@ class SweepActivities:
             node, uuid = dev.node, dev.uuid
         elif dev is not None:
             return None, f"device {key} publishes no uuid attribute"
+        elif rid.upper().startswith("MIG-") and "/" not in rid:
+            # Device plugin, MIG: the id is the MIG instance's own UUID; no resource says
+            # which GPU it is on (the DCGM alert names the GPU).
+            return None, f"MIG instance {rid}: the device plugin's id names no GPU"
         elif "/" not in rid and rid:
             # Device plugin: the id is the GPU UUID; time-slicing appends `::<replica>`,
             # HAMi `-<share>`: its placement record says which GPU the share is of.

@@ -17,7 +17,9 @@ Cases:
 - MIG: two slices of one GPU reporting Unhealthy are one finding for the parent UUID
 - a GPU gone from a node's ResourceSlice (fewer than its gpu.count label) is a node finding
 - device plugin: allocatable nvidia.com/gpu below capacity is a node finding; a pod's
-  Unhealthy device id `GPU-...::1` (time-slicing) maps to the pod's node and the GPU UUID
+  Unhealthy device id `GPU-...::1` (time-slicing) maps to the pod's node and the GPU UUID; a
+  MIG instance's id (`MIG-...`) names no GPU: unresolved, never a remediation of a "GPU"
+  `MIG-...`
 - HAMi: a GPU its registration marks unhealthy (no `health` key) is a `hami-health` device
   finding; fewer GPUs registered than gpu.count, or an unreadable registration, is a node
   finding (HAMi's nvidia.com/gpu counts shares and is not compared); a pod's Unhealthy share
@@ -360,10 +362,15 @@ def test_device_plugin_node_and_time_sliced_pod(tmp_path: Path) -> None:
             n0,
             [{"resourceID": f"{gpu_uuid(n0, 1)}::1", "health": "Unhealthy", "message": "Xid 48"}],
         )
+        # MIG under the device plugin: the id is the MIG instance's UUID, which names no GPU.
+        mig = "MIG-5c4b1e0a-7d4f-5a53-9d0e-2f1a9d7b4c11"
+        make_pod(rs, "slice", n1, [{"resourceID": mig, "health": "Unhealthy", "message": "x"}])
         report = sweep(rs)
         assert report.slices_checked == 0
         assert [(f.node, f.gpu_uuid, f.xid) for f in report.findings] == [(n0, gpu_uuid(n0, 1), 48)]
         assert [(n.node, n.gpu_capacity, n.gpu_allocatable) for n in report.nodes] == [(n1, 2, 1)]
+        assert [u.resource_id for u in report.unresolved] == [mig]
+        assert "MIG instance" in report.unresolved[0].message
 
 
 def test_hami_registration_health_and_vanished_gpu(tmp_path: Path) -> None:
