@@ -686,6 +686,11 @@ class NodeIncidentPolicy(BoundedRunbookModel):
 
     block: ClassVar[str] = "nodeIncident"
     enabled: bool = True  # False: a vanished GPU is only notified, as before
+    # GPUs gone while every GPU plugin pod is Ready: diagnose again after this long before
+    # touching the node. A kubelet restart shows exactly that for a few seconds (it deletes
+    # the node's ResourceSlices, or counts the device plugin's GPUs 0, until the plugin
+    # registers again). 0s: act on the first diagnosis. A failing plugin pod never waits.
+    settle: Duration = timedelta(seconds=30)
     # Keep new GPU pods off the node: Sickbay's NoSchedule node taint, a cordon, or nothing.
     contain: Literal["taint", "cordon", "none"] = "taint"
     # The node ladder, in order; reboot / replace run only when spec.repair enables them.

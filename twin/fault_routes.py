@@ -41,6 +41,9 @@ GPU or pool), never a 500 for a client mistake.
     POST   /twin/upgrades/rollout              {"node", "breaks": "hook|nvml", "healsOnRestart":
                                                false} -> 201: a plugin rollout breaks it, the
                                                kubelet running on (its grace period shows)
+    POST   /twin/upgrades/kubelet-restart      {"node", "republishAfter": 5}: a routine kubelet
+                                               restart: the GPUs gone until the plugin registers
+                                               again (simulated seconds later)
     POST   /twin/upgrades/recover              {"node"}: the break is fixed
 
 `dispatch(twin, method, parts, query, body)` answers one request (parts = the path after
@@ -424,8 +427,23 @@ def _upgrades(
         return 200, {"items": [f.to_json() for f in plugins.faults()]}
     data = _body(body)
     node = str(data.get("node") or "")
-    if method == "POST" and rest in ([], ["recover"], ["rollout"]) and not node:
+    if (
+        method == "POST"
+        and rest in ([], ["recover"], ["rollout"], ["kubelet-restart"])
+        and not node
+    ):
         raise FaultError("node is required")
+    if method == "POST" and rest == ["kubelet-restart"]:
+        unknown = set(data) - {"node", "republishAfter"}
+        if unknown:
+            raise FaultError(f"unknown kubelet-restart setting(s): {', '.join(sorted(unknown))}")
+        try:
+            plugins.restart_kubelet(node, republish_after=float(data.get("republishAfter", 5.0)))
+        except KeyError:
+            raise FaultError(f'node "{node}" not found', 404) from None
+        except (TypeError, ValueError) as err:
+            raise FaultError(str(err)) from None
+        return 202, {"node": node}
     if method == "POST" and rest == ["rollout"]:
         unknown = set(data) - {"node", "breaks", "healsOnRestart"}
         if unknown:

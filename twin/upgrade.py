@@ -143,6 +143,7 @@ class GpuPlugins:
         # (node, component) whose pod has run: one missing later went away (a restart).
         self._ran: set[tuple[str, str]] = set()
         self._rolling: set[tuple[str, str]] = set()  # pods a rollout replaces: no restart
+        self._restarting: dict[str, float] = {}  # node -> when its plugin registers again
 
     # ---- API (fault routes, tests, scenarios) ----------------------------------------------
 
@@ -271,6 +272,23 @@ class GpuPlugins:
         log.info("plugin rollout on %s breaks: %s (kubelet running)", node, breaks)
         return fault
 
+    def restart_kubelet(self, node: str, *, republish_after: float = 5.0) -> None:
+        """A routine kubelet restart (no upgrade, nothing broken): the kubelet starts by
+        deleting the node's ResourceSlices (DRA) or reading its checkpoint, which counts the
+        device plugin's GPUs 0 (device plugin), and the running plugin registers again
+        `republish_after` simulated seconds later, publishing every GPU again."""
+        if self.manager.store.try_get(NODES, node) is None:
+            raise KeyError(node)
+        if not self.manager.faults.gpus(node):
+            raise ValueError(f"node {node} has no GPUs")
+        kubelet = getattr(self.manager, "kubelet", None)
+        if kubelet is not None:
+            kubelet.restarted(node)
+        self.manager.faults.fail(node, "all", vanish=True)
+        with self._lock:
+            self._restarting[node] = self.manager.clock.monotonic() + max(0.0, republish_after)
+        self.manager.poke()
+
     def recover(self, node: str) -> UpgradeFault | None:
         """The break is fixed (a toolkit that works with the new runtime rolled out)."""
         with self._lock:
@@ -296,8 +314,9 @@ class GpuPlugins:
         ]
 
     def sync(self, ctx: Any) -> float | None:
+        wake = self._registered_again(ctx)
         if not self.enabled:
-            return None
+            return wake
         store = ctx.store
         if store.try_get("namespaces", NAMESPACE) is None:
             store.create("namespaces", {"metadata": {"name": NAMESPACE}})
@@ -328,7 +347,20 @@ class GpuPlugins:
                         self._restarted(name)
                     self._create(ctx, name, component)
                     self._ran.add((name, component))
-        return None
+        return wake
+
+    def _registered_again(self, ctx: Any) -> float | None:
+        """Kubelet restarts whose plugin registered again by now publish their GPUs; returns
+        when the next one is due (simulated seconds from now)."""
+        with self._lock:
+            due = [n for n, at in self._restarting.items() if at <= ctx.mono]
+            for node in due:
+                del self._restarting[node]
+            left = [at - ctx.mono for at in self._restarting.values()]
+        for node in due:
+            self.manager.faults.recover(node)
+            log.info("twin: the plugin on %s registered with the restarted kubelet", node)
+        return min(left) if left else None
 
     def _after_reboot(self, node: str) -> None:
         """A reboot republished the node's GPUs (twin repairs): the plugin starts again on the

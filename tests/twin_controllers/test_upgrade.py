@@ -15,6 +15,8 @@ Cases:
   not as nvidia.com/gpu, and an upgrade that breaks the plugin takes both away;
 - time-slicing with renameByDefault: the replicas offered as nvidia.com/gpu.shared, the old
   nvidia.com/gpu kept at 0;
+- a routine kubelet restart (device plugin and DRA): the GPUs gone until the plugin registers
+  again, then back, nothing recorded as broken;
 - the HTTP routes refuse bad input with a 400 naming it.
 """
 
@@ -323,3 +325,35 @@ def test_time_slicing_renamed_offers_replicas_as_gpu_shared(twin: Any) -> None:
     assert labels["nvidia.com/gpu.product"].endswith("-SHARED")
     t.manager.faults.share_gpus(node, 1)  # sharing off: whole GPUs again
     eventually(lambda: offered() == ("2", "0"))
+
+
+def test_a_routine_kubelet_restart_hides_the_gpus_for_a_moment(twin: Any) -> None:
+    """No upgrade, nothing broken: the restarted kubelet deletes the node's ResourceSlices
+    (DRA) or counts the device plugin's GPUs 0 until the running plugin registers again."""
+    t = twin(OPTS, profile="device-plugin", nodes=1, gpus_per_node=2)
+    node = t.rs.twin.seed_info["nodes"][0]
+    eventually(lambda: _capacity(t, node) == "2")
+    mono = t.manager.clock.monotonic()
+    r = t.twin("POST", "/twin/upgrades/kubelet-restart", {"node": node, "republishAfter": 100})
+    assert r.status_code == 202, r.text
+    eventually(lambda: _capacity(t, node) == "0")
+    eventually(lambda: _capacity(t, node) == "2")
+    assert t.manager.clock.monotonic() - mono >= 100
+    assert t.twin("GET", "/twin/upgrades").json()["items"] == []  # nothing broke
+
+    d = twin(OPTS, profile="1.36", nodes=1, gpus_per_node=2)
+    dnode = d.rs.twin.seed_info["nodes"][0]
+
+    def published() -> int:
+        items = d.rs.twin.store.list("resourceslices").items
+        return sum(
+            len(p["spec"].get("devices") or []) for p in items if p["spec"]["nodeName"] == dnode
+        )
+
+    eventually(lambda: published() > 0)
+    full = published()
+    d.twin("POST", "/twin/upgrades/kubelet-restart", {"node": dnode, "republishAfter": 100})
+    eventually(lambda: published() == 0)
+    eventually(lambda: published() == full)
+    r = d.twin("POST", "/twin/upgrades/kubelet-restart", {"node": "nope"})
+    assert r.status_code == 404

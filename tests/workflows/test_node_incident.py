@@ -16,6 +16,9 @@ Cases:
 - pool incident: two other nodes of the pool lost their GPUs too -> one page whose id is the
   pool's and which names every node;
 - dry run: diagnosed, nothing contained, nothing restarted; GPUs already back: `recovered`;
+- the plugin Ready and the GPUs gone (a kubelet restart's first seconds): diagnosed again
+  after `settle`; back by then -> `recovered`, nothing touched; a failing plugin pod is
+  contained at once, without settling;
 - the evicted workloads followed (the shared replacement race): their replacements Running
   on another node -> logged, the page left alone, held as before; still Pending at the
   Pending deadline with scaleUp on -> the budget lease extended to the node's GPUs, capacity
@@ -27,6 +30,7 @@ Cases:
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -85,6 +89,7 @@ from contract.names import (
     ACT_WAIT_REPAIR_JOB,
     ACT_WAIT_REPLACEMENT,
     QRY_NODE_STATUS,
+    QRY_TIMELINE,
     SIG_ABORT,
     node_workflow_id,
 )
@@ -172,6 +177,8 @@ def diagnosis(
 @dataclass
 class World:
     diag: NodeDiagnosis = field(default_factory=diagnosis)
+    # The diagnoses after the first, one per call (then `diag` again).
+    later: list[NodeDiagnosis] = field(default_factory=list)
     waits_before_back: int = 2  # StillWaiting answers before the GPUs are back; -1: never
     validation_passes: bool = True
     runbooks: RunbookSet = field(
@@ -215,8 +222,9 @@ class World:
 
         @activity.defn(name=ACT_DIAGNOSE_NODE)
         async def diagnose(inp: DiagnoseNodeInput) -> NodeDiagnosis:
+            first = not w.of(ACT_DIAGNOSE_NODE)
             w.calls.append((ACT_DIAGNOSE_NODE, inp))
-            return w.diag
+            return w.later.pop(0) if w.later and not first else w.diag
 
         @activity.defn(name=ACT_CONTAIN_NODE)
         async def contain(inp: ContainNodeInput) -> ContainNodeResult:
@@ -427,6 +435,46 @@ async def test_restartable_cause_is_healed_by_one_plugin_restart(
     assert any("diagnosed" in line and "toolkit hook" in line for line in result.timeline)
 
 
+async def test_gpus_back_within_the_settle_time_touch_nothing(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """The plugin Ready and the GPUs gone is what a kubelet restart shows for seconds: looked
+    at again after `settle` (30 s), back: closed `recovered`, the node never touched."""
+    world = World(later=[diagnosis().model_copy(update={"vanished": False})])
+    result = await run(time_skipping_env, world)
+    assert result.outcome == "recovered" and "back within 30s" in result.summary
+    assert world.names() == [ACT_DIAGNOSE_NODE, ACT_DIAGNOSE_NODE]
+    assert any("settling" in line for line in result.timeline)
+
+
+async def test_abort_while_settling_touches_nothing(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    world = World()
+
+    async def then(handle: Any) -> None:
+        for _ in range(400):
+            timeline = await handle.query(QRY_TIMELINE, result_type=list[str])
+            if any("settling" in line for line in timeline):
+                break
+            await asyncio.sleep(0.02)
+        await handle.signal(SIG_ABORT, AbortRequest(reason="a planned restart", actor="sre"))
+
+    result = await run(time_skipping_env, world, then=then)
+    assert result.outcome == "aborted" and result.summary == "a planned restart"
+    assert world.names() == [ACT_DIAGNOSE_NODE]
+
+
+async def test_a_failing_plugin_is_contained_without_settling(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    world = World(diag=diagnosis("toolkit-hook", restartable=False), waits_before_back=0)
+    result = await run(time_skipping_env, world)
+    names = world.names()
+    assert names.count(ACT_DIAGNOSE_NODE) == 1 and names[1] == ACT_CONTAIN_NODE
+    assert not any("settling" in line for line in result.timeline)
+
+
 async def test_a_hook_failure_escalates_at_once_and_is_held_until_fixed(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
@@ -539,7 +587,8 @@ async def test_dry_run_and_recovered_touch_nothing(
     world = World(diag=diag)
     result = await run(time_skipping_env, world, dry_run=case == "dry-run")
     assert result.outcome == case
-    assert world.names() == [ACT_DIAGNOSE_NODE]
+    # A dry run settles too (the plugin is Ready): it says what the second look would do.
+    assert world.names() == [ACT_DIAGNOSE_NODE] * (2 if case == "dry-run" else 1)
     if case == "dry-run":
         assert "would contain (taint) and heal (restart-plugin, reboot, replace)" in result.summary
 

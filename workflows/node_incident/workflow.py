@@ -90,7 +90,13 @@ with workflow.unsafe.imports_passed_through():
         WaitNodeGpusInput,
         WaitRepairJobInput,
     )
-    from contract.runbook import BudgetPolicy, RunbookSet, RunbookSpec, ValidationPolicy
+    from contract.runbook import (
+        BudgetPolicy,
+        NodeIncidentPolicy,
+        RunbookSet,
+        RunbookSpec,
+        ValidationPolicy,
+    )
     from workflows.node_incident.calls import NodeCalls
     from workflows.replacement import (
         capacity_error,
@@ -256,25 +262,27 @@ class NodeIncidentWorkflow:
                     self._log(f"notice on {channel} failed", _why(err))
             return self._result("disabled", "nodeIncident.enabled is off in the runbook")
         self._enter("diagnosing")
-        d = await self._act.diagnose(
-            DiagnoseNodeInput(
-                node=inp.node,
-                expected_gpus=inp.expected_gpus,
-                recorded=inp.recorded,
-                pool_window=policy.pool_window,
-            )
-        )
-        self._diag = d
-        self._status = self._status.model_copy(update={"cause": d.cause, "summary": d.summary})
-        self._log("diagnosed", d.summary)
-        for p in d.plugin_pods:
-            state = "Ready" if p.ready else (p.waiting_reason or p.phase or "not Ready")
+        d = await self._diagnose(policy)
+        if d.vanished and policy.settle > timedelta(0) and _plugins_ready(d):
+            # A kubelet restart looks like this for seconds: the plugin Ready, its GPUs not
+            # (yet) registered again. Look again before touching the node.
             self._log(
-                f"pod {p.namespace}/{p.name}",
-                f"{state}, {p.restarts} restart(s)"
-                + (f"; {p.waiting_message[:160]}" if p.waiting_message else "")
-                + (f"; events: {' | '.join(e[:120] for e in p.events[-2:])}" if p.events else ""),
+                "settling",
+                f"every GPU plugin pod is Ready: diagnosing again in "
+                f"{format_duration(policy.settle)} before touching the node (a kubelet "
+                "restart shows the GPUs gone until the plugin registers again)",
             )
+            try:
+                await self._interruptible(workflow.sleep(policy.settle))
+            except Aborted:
+                assert self._abort is not None
+                return self._result("aborted", self._abort.reason)
+            d = await self._diagnose(policy)
+            if not d.vanished:
+                return self._result(
+                    "recovered",
+                    f"back within {format_duration(policy.settle)}, nothing touched: {d.summary}",
+                )
         if not d.vanished:
             return self._result("recovered", f"nothing to do: {d.summary}")
         if inp.dry_run or spec.dry_run:
@@ -306,6 +314,29 @@ class NodeIncidentWorkflow:
             assert self._abort is not None
             await self._undo()
             return self._result("aborted", self._abort.reason)
+
+    async def _diagnose(self, policy: NodeIncidentPolicy) -> NodeDiagnosis:
+        inp = self._inp
+        d = await self._act.diagnose(
+            DiagnoseNodeInput(
+                node=inp.node,
+                expected_gpus=inp.expected_gpus,
+                recorded=inp.recorded,
+                pool_window=policy.pool_window,
+            )
+        )
+        self._diag = d
+        self._status = self._status.model_copy(update={"cause": d.cause, "summary": d.summary})
+        self._log("diagnosed", d.summary)
+        for p in d.plugin_pods:
+            state = "Ready" if p.ready else (p.waiting_reason or p.phase or "not Ready")
+            self._log(
+                f"pod {p.namespace}/{p.name}",
+                f"{state}, {p.restarts} restart(s)"
+                + (f"; {p.waiting_message[:160]}" if p.waiting_message else "")
+                + (f"; events: {' | '.join(e[:120] for e in p.events[-2:])}" if p.events else ""),
+            )
+        return d
 
     # ---- the ladder ----------------------------------------------------------------------
 
@@ -872,3 +903,9 @@ def _why(err: BaseException) -> str:
     while cause is not None and not isinstance(cause, ApplicationError):
         cause = getattr(cause, "cause", None)
     return str(cause or err)[:300]
+
+
+def _plugins_ready(d: NodeDiagnosis) -> bool:
+    """Every GPU plugin pod on the node is Ready (and there is one)."""
+    plugins = [p for p in d.plugin_pods if p.component != "validator"]
+    return bool(plugins) and all(p.ready for p in plugins)
