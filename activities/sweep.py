@@ -47,6 +47,7 @@ from activities.defn import implements
 from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.devices import (
+    GPU_RESOURCE,
     SHARED_RESOURCE,
     mig_instances,
     offered_gpus,
@@ -67,7 +68,6 @@ from contract.sweep import SWEEP_CLUSTER, SweepClusterInput, SweepFinding, Sweep
 
 log = logging.getLogger(__name__)
 
-GPU_RESOURCE = "nvidia.com/gpu"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"  # set by GPU feature discovery
 POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 _XID = re.compile(r"xid\D{0,3}(\d{1,5})", re.IGNORECASE)

@@ -88,7 +88,6 @@ from contract.node_incident import (
 
 T = TypeVar("T")
 
-GPU_RESOURCE = "nvidia.com/gpu"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 ANN_NODE_TAINT_BY = "sickbay.dev/gpus-vanished-by"  # the workflow that set NODE_TAINT_KEY
 # Label selectors of the pods that publish a node's GPUs (NVIDIA device plugin Helm chart and
