@@ -4,7 +4,9 @@ remediation (one run per node: `contract.names.node_workflow_id`).
     detected (watcher / sweep / person; more findings are signals into the same run)
       ▼
     diagnosing   diagnose-node-gpus: plugin pods, their Events, versions vs recorded and pool,
-      │          validator, RuntimeClass ──GPUs back already──▶ closed `recovered`
+      │          validator, RuntimeClass; every plugin pod Ready (a kubelet restart's first
+      │          seconds look so): diagnosed again after nodeIncident.settle, nothing touched
+      │          ──GPUs back already──▶ closed `recovered`
       │          dry run ──▶ closed `dry-run` (the diagnosis and what it would do)
       ▼
     containing   condition GPUDevicesAvailable=False (reason = cause), Sickbay's NoSchedule
