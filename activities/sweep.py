@@ -50,6 +50,7 @@ from activities.kube.devices import (
     GPU_RESOURCE,
     SHARED_RESOURCE,
     mig_instances,
+    mig_reconfiguring,
     offered_gpus,
     withholds_every_gpu,
 )
@@ -502,6 +503,8 @@ class SweepActivities:
         name = (node.get("metadata") or {}).get("name", "")
         labels = (node.get("metadata") or {}).get("labels") or {}
         status = node.get("status") or {}
+        if mig_reconfiguring(node):
+            return None  # the MIG manager is repartitioning its GPUs: planned, not a loss
         capacity, allocatable = offered_gpus(node), offered_gpus(node, "allocatable")
         offered = GPU_RESOURCE  # what the counts below are read from
         if (status.get("capacity") or {}).get(SHARED_RESOURCE) is not None:

@@ -34,6 +34,7 @@ from typing import Any
 from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.devices import (
+    MIG_CONFIG_STATE_LABEL,
     MIG_RESOURCE_PREFIX,
     MIG_STRATEGY_LABEL,
     REPLICAS_LABEL,
@@ -315,7 +316,7 @@ class Tracker:
             "metadata": {"name": name, "labels": {}},
             "status": {"capacity": {}, "allocatable": {}},
         }
-        for label in (count, MIG_STRATEGY_LABEL, REPLICAS_LABEL):
+        for label in (count, MIG_STRATEGY_LABEL, MIG_CONFIG_STATE_LABEL, REPLICAS_LABEL):
             if label in (meta.get("labels") or {}):
                 summary["metadata"]["labels"][label] = meta["labels"][label]
         annotations = meta.get("annotations") or {}

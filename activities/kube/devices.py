@@ -28,6 +28,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # their own (`nvidia.com/mig-<profile>`), nvidia.com/gpu counts only the whole GPUs.
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+# The GPU Operator's MIG manager: pending / rebooting while it repartitions the node's GPUs
+# (the GPU plugins stopped), then success or failed.
+MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
 # Time-slicing / MPS sharing: each GPU offered `nvidia.com/gpu.replicas` times (GPU feature
 # discovery's label), as nvidia.com/gpu or, with `renameByDefault`, nvidia.com/gpu.shared.
 SHARED_RESOURCE = "nvidia.com/gpu.shared"
@@ -683,3 +686,10 @@ def mig_instances(node: dict[str, Any]) -> int | None:
         except ValueError:
             continue
     return total
+
+
+def mig_reconfiguring(node: dict[str, Any]) -> bool:
+    """The MIG manager is repartitioning the node's GPUs right now (its state label pending or
+    rebooting): what the node offers meanwhile is that planned work."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return labels.get(MIG_CONFIG_STATE_LABEL) in ("pending", "rebooting")

@@ -47,9 +47,11 @@ from temporalio.exceptions import ApplicationError
 from activities.defn import implements
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.devices import (
+    MIG_CONFIG_STATE_LABEL,
     REPLICAS_LABEL,
     list_slice_devices,
     mig_instances,
+    mig_reconfiguring,
     node_gpu_uuids,
     node_pool_of,
     offered_gpus,
@@ -369,7 +371,8 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
     else:
         have = len(uuids)
     short = expected is not None and have < expected and not mig
-    vanished = short or any(not p.ready for p in plugins)
+    reconfiguring = mig_reconfiguring(node)  # planned: the GPU plugins stopped on purpose
+    vanished = (short or any(not p.ready for p in plugins)) and not reconfiguring
     pool = node_pool_of(node)
     peers, pool_vanished = _peers(kube, node, pool, inp.pool_window)
     d = NodeDiagnosis(
@@ -402,6 +405,14 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
         published = f"{have} GPU replica(s) ({replicas} per GPU)"
     if mig:
         published = f"{have} whole GPU(s) and {mig} MIG instance(s) (mig.strategy mixed)"
+    if reconfiguring:
+        state = (labels.get(MIG_CONFIG_STATE_LABEL) or "").strip()
+        return d.model_copy(
+            update={
+                "summary": f"node {inp.node}: the MIG manager is repartitioning its GPUs "
+                f"({MIG_CONFIG_STATE_LABEL}={state}); it publishes {published} meanwhile"
+            }
+        )
     if not vanished:
         return d.model_copy(
             update={"summary": f"node {inp.node} publishes {published} and its plugin is Ready"}

@@ -17,6 +17,9 @@ on a node that lost nothing. Cases:
   compared as before, so a drop below the label is still a vanish;
 - a whole GPU unhealthy on a mixed node (allocatable below capacity): still a notice.
 
+A MIG reconfiguration in progress (the MIG manager's `nvidia.com/mig.config.state` pending or
+rebooting) is no vanish either.
+
 Time-slicing (and MPS) shares each GPU `nvidia.com/gpu.replicas` ways: nvidia.com/gpu (or,
 with `renameByDefault`, nvidia.com/gpu.shared) counts replicas; renamed, the old
 nvidia.com/gpu stays at 0 and is no vanish; and the replicas label, which can lag the plugin,
@@ -136,3 +139,20 @@ def test_time_slicing_is_never_a_vanish_on_a_lagging_replicas_label() -> None:
     assert found is not None and not found.vanished
     assert (found.gpu_capacity, found.gpu_allocatable) == (32, 28)
     assert "nvidia.com/gpu + nvidia.com/gpu.shared" in found.message
+
+
+def test_a_mig_reconfiguration_in_progress_is_no_vanish() -> None:
+    """The GPU Operator's MIG manager labels the node `nvidia.com/mig.config.state=pending`
+    (then `rebooting` where it must) while it stops the GPU plugins and repartitions the GPUs:
+    what the node offers meanwhile is the planned work, not GPUs gone. `success` and `failed`
+    are judged as any node."""
+    for state in ("pending", "rebooting"):
+        node = _node(whole=0, mig=0)
+        node["metadata"]["labels"]["nvidia.com/mig.config.state"] = state
+        assert _swept(node) is None, state
+        assert _watched(node) == [], state
+    for state in ("success", "failed"):
+        node = _node(whole=0, mig=0)
+        node["metadata"]["labels"]["nvidia.com/mig.config.state"] = state
+        found = _swept(node)
+        assert found is not None and found.vanished, state

@@ -16,7 +16,7 @@ Cases:
 - diagnose, device plugin, MIG on the `mixed` strategy (one of two GPUs MIG-enabled: 1
   nvidia.com/gpu, 7 MIG instances, the count label 2): not vanished, nor is a second node so
   partitioned short of GPUs for the pool; the same node after an upgrade broke its plugin:
-  vanished;
+  vanished; while the MIG manager repartitions it (mig.config.state pending): not vanished;
 - diagnose, device plugin, time-slicing renamed to nvidia.com/gpu.shared (2 GPUs x 4, the old
   nvidia.com/gpu at 0): 8 replicas published, not vanished; the GPUs back counted once each;
 - contain and release: the condition GPUDevicesAvailable=False with the reason, Sickbay's
@@ -208,6 +208,15 @@ async def test_diagnose_mig_mixed_partitioning_is_no_vanish(make: Any) -> None:
     d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
     assert d.vanished and d.cause == "toolkit-hook"
     assert "(0 of 2 GPUs published)" in d.summary
+
+    # The MIG manager repartitioning the node (its plugins stopped on purpose): no vanish.
+    def pending(obj: dict[str, Any]) -> None:
+        obj["metadata"]["labels"]["nvidia.com/mig.config.state"] = "pending"
+
+    t.store.mutate("nodes", node, pending)
+    d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
+    assert not d.vanished, d.summary
+    assert "MIG manager is repartitioning" in d.summary
 
 
 async def test_diagnose_time_slicing_counts_gpus_not_replicas(make: Any) -> None:
