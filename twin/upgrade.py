@@ -143,7 +143,8 @@ class GpuPlugins:
         # (node, component) whose pod has run: one missing later went away (a restart).
         self._ran: set[tuple[str, str]] = set()
         self._rolling: set[tuple[str, str]] = set()  # pods a rollout replaces: no restart
-        self._restarting: dict[str, float] = {}  # node -> when its plugin registers again
+        # node -> (when its plugin registers again, the GPUs the restart hid)
+        self._restarting: dict[str, tuple[float, list[str]]] = {}
 
     # ---- API (fault routes, tests, scenarios) ----------------------------------------------
 
@@ -284,9 +285,17 @@ class GpuPlugins:
         kubelet = getattr(self.manager, "kubelet", None)
         if kubelet is not None:
             kubelet.restarted(node)
-        self.manager.faults.fail(node, "all", vanish=True)
+        faults = self.manager.faults
+        # A GPU that already has a fault keeps it: the restart neither hides nor heals it.
+        broken = {f.gpu_uuid for f in faults.faults() if f.node == node}
+        hidden = [g.uuid for g in faults.gpus(node) if g.uuid not in broken]
+        for gpu in hidden:
+            faults.fail(node, gpu, vanish=True)
         with self._lock:
-            self._restarting[node] = self.manager.clock.monotonic() + max(0.0, republish_after)
+            self._restarting[node] = (
+                self.manager.clock.monotonic() + max(0.0, republish_after),
+                hidden,
+            )
         self.manager.poke()
 
     def recover(self, node: str) -> UpgradeFault | None:
@@ -353,12 +362,13 @@ class GpuPlugins:
         """Kubelet restarts whose plugin registered again by now publish their GPUs; returns
         when the next one is due (simulated seconds from now)."""
         with self._lock:
-            due = [n for n, at in self._restarting.items() if at <= ctx.mono]
-            for node in due:
+            due = [(n, gpus) for n, (at, gpus) in self._restarting.items() if at <= ctx.mono]
+            for node, _gpus in due:
                 del self._restarting[node]
-            left = [at - ctx.mono for at in self._restarting.values()]
-        for node in due:
-            self.manager.faults.recover(node)
+            left = [at - ctx.mono for at, _gpus in self._restarting.values()]
+        for node, gpus in due:
+            for gpu in gpus:
+                self.manager.faults.recover(node, gpu)
             log.info("twin: the plugin on %s registered with the restarted kubelet", node)
         return min(left) if left else None
 

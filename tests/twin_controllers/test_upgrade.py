@@ -333,12 +333,16 @@ def test_a_routine_kubelet_restart_hides_the_gpus_for_a_moment(twin: Any) -> Non
     t = twin(OPTS, profile="device-plugin", nodes=1, gpus_per_node=2)
     node = t.rs.twin.seed_info["nodes"][0]
     eventually(lambda: _capacity(t, node) == "2")
+    t.manager.faults.fail(node, "1", xid=79)  # a dead GPU stays dead through the restart
+    eventually(lambda: _allocatable(t, node) == "1")
     mono = t.manager.clock.monotonic()
     r = t.twin("POST", "/twin/upgrades/kubelet-restart", {"node": node, "republishAfter": 100})
     assert r.status_code == 202, r.text
-    eventually(lambda: _capacity(t, node) == "0")
+    eventually(lambda: _capacity(t, node) == "1")  # the healthy GPU hidden, the dead one kept
     eventually(lambda: _capacity(t, node) == "2")
     assert t.manager.clock.monotonic() - mono >= 100
+    assert _allocatable(t, node) == "1"
+    assert [f.xid for f in t.manager.faults.faults()] == [79]
     assert t.twin("GET", "/twin/upgrades").json()["items"] == []  # nothing broke
 
     d = twin(OPTS, profile="1.36", nodes=1, gpus_per_node=2)
