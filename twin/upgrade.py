@@ -173,24 +173,7 @@ class GpuPlugins:
         if breaks not in BREAKS:
             raise ValueError(f"breaks must be one of {', '.join(BREAKS)}, not {breaks!r}")
         store = self.manager.store
-        obj = store.try_get(NODES, node)
-        if obj is None:
-            raise KeyError(node)
-        if not self.manager.faults.gpus(node):
-            raise ValueError(f"node {node} has no GPUs")
-        info = (obj.get("status") or {}).get("nodeInfo") or {}
-        old_kubelet = str(info.get("kubeletVersion") or "")
-        old_runtime = str(info.get("containerRuntimeVersion") or "")
-        fault = UpgradeFault(
-            node=node,
-            breaks=breaks,
-            heals_on_restart=heals_on_restart,
-            kubelet_from=old_kubelet,
-            kubelet_to=kubelet or old_kubelet,
-            runtime_from=old_runtime,
-            runtime_to=runtime or old_runtime,
-            since=rfc3339(self.manager.clock.now()),
-        )
+        fault = self._new_fault(node, breaks, heals_on_restart, kubelet, runtime)
 
         def bump(o: dict[str, Any]) -> None:
             ni = o.setdefault("status", {}).setdefault("nodeInfo", {})
@@ -216,7 +199,7 @@ class GpuPlugins:
         log.info(
             "upgrade of %s: kubelet %s -> %s, plugin breaks: %s",
             node,
-            old_kubelet,
+            fault.kubelet_from,
             fault.kubelet_to,
             breaks,
         )
@@ -235,25 +218,7 @@ class GpuPlugins:
                 f"a rollout breaks one of {', '.join(ROLLOUT_BREAKS)}, not {breaks!r} (a "
                 "plugin loses its kubelet socket when the kubelet restarts: an upgrade)"
             )
-        obj = self.manager.store.try_get(NODES, node)
-        if obj is None:
-            raise KeyError(node)
-        if not self.manager.faults.gpus(node):
-            raise ValueError(f"node {node} has no GPUs")
-        info = (obj.get("status") or {}).get("nodeInfo") or {}
-        kubelet_version = str(info.get("kubeletVersion") or "")
-        runtime = str(info.get("containerRuntimeVersion") or "")
-        fault = UpgradeFault(
-            node=node,
-            breaks=breaks,
-            heals_on_restart=heals_on_restart,
-            kubelet_from=kubelet_version,
-            kubelet_to=kubelet_version,
-            runtime_from=runtime,
-            runtime_to=runtime,
-            since=rfc3339(self.manager.clock.now()),
-            kubelet_restarted=False,
-        )
+        fault = self._new_fault(node, breaks, heals_on_restart, kubelet_restarted=False)
         kubelet = getattr(self.manager, "kubelet", None)
         if kubelet is not None and not self.manager.dra:
             kubelet.device_plugin_stopped(node)
@@ -278,10 +243,7 @@ class GpuPlugins:
         deleting the node's ResourceSlices (DRA) or reading its checkpoint, which counts the
         device plugin's GPUs 0 (device plugin), and the running plugin registers again
         `republish_after` simulated seconds later, publishing every GPU again."""
-        if self.manager.store.try_get(NODES, node) is None:
-            raise KeyError(node)
-        if not self.manager.faults.gpus(node):
-            raise ValueError(f"node {node} has no GPUs")
+        self._gpu_node(node)
         kubelet = getattr(self.manager, "kubelet", None)
         if kubelet is not None:
             kubelet.restarted(node)
@@ -297,6 +259,42 @@ class GpuPlugins:
                 hidden,
             )
         self.manager.poke()
+
+    def _gpu_node(self, node: str) -> dict[str, Any]:
+        """The Node `node`, which has GPUs (KeyError: no such node; ValueError: no GPUs)."""
+        obj = self.manager.store.try_get(NODES, node)
+        if obj is None:
+            raise KeyError(node)
+        if not self.manager.faults.gpus(node):
+            raise ValueError(f"node {node} has no GPUs")
+        return dict(obj)
+
+    def _new_fault(
+        self,
+        node: str,
+        breaks: str,
+        heals_on_restart: bool,
+        kubelet: str | None = None,
+        runtime: str | None = None,
+        *,
+        kubelet_restarted: bool = True,
+    ) -> UpgradeFault:
+        """The fault of `node`'s plugin breaking, its versions from now to `kubelet` /
+        `runtime` (unchanged when None)."""
+        info = (self._gpu_node(node).get("status") or {}).get("nodeInfo") or {}
+        old_kubelet = str(info.get("kubeletVersion") or "")
+        old_runtime = str(info.get("containerRuntimeVersion") or "")
+        return UpgradeFault(
+            node=node,
+            breaks=breaks,
+            heals_on_restart=heals_on_restart,
+            kubelet_from=old_kubelet,
+            kubelet_to=kubelet or old_kubelet,
+            runtime_from=old_runtime,
+            runtime_to=runtime or old_runtime,
+            since=rfc3339(self.manager.clock.now()),
+            kubelet_restarted=kubelet_restarted,
+        )
 
     def recover(self, node: str) -> UpgradeFault | None:
         """The break is fixed (a toolkit that works with the new runtime rolled out)."""

@@ -59,6 +59,20 @@ def twin(tmp_path: Path) -> Iterator[tuple[RunningTwin, ControllerManager]]:
         rs.stop()
 
 
+def _watching(rs: RunningTwin) -> tuple[HealthWatcher, Recorder, list[NodeIncidentInput]]:
+    """A watcher with a recording launcher, and the node incidents it starts."""
+    rec = Recorder()
+    incidents: list[NodeIncidentInput] = []
+
+    async def on_vanished(inp: NodeIncidentInput) -> None:
+        incidents.append(inp)
+
+    watcher = HealthWatcher(
+        kube_for(rs), rec.launch, config(), on_node=rec.node, on_vanished=on_vanished
+    )
+    return watcher, rec, incidents
+
+
 def _trainer_on(rs: RunningTwin, node: str) -> k8s.CoreV1Api:
     core = k8s.CoreV1Api(rs.api_client())
     core.create_namespace({"metadata": {"name": "ml"}})
@@ -87,15 +101,7 @@ async def test_vanished_gpus_are_one_node_incident_and_no_remediation(
     await until(lambda: core.list_namespaced_pod(PLUGIN_NS).items)
     before = core.read_node(node).status.node_info.kubelet_version
 
-    rec = Recorder()
-    incidents: list[NodeIncidentInput] = []
-
-    async def on_vanished(inp: NodeIncidentInput) -> None:
-        incidents.append(inp)
-
-    watcher = HealthWatcher(
-        kube_for(rs), rec.launch, config(), on_node=rec.node, on_vanished=on_vanished
-    )
+    watcher, rec, incidents = _watching(rs)
     async with Running(watcher):
         assert await watcher.synced()
         manager.gpu_plugins.upgrade(node, kubelet="v1.99.1", breaks="hook")
@@ -138,15 +144,7 @@ async def test_a_plugin_rollout_in_the_kubelets_grace_is_one_node_incident(
     await until(lambda: core.read_namespaced_pod("trainer", "ml").status.phase == "Running")
     await until(lambda: core.list_namespaced_pod(PLUGIN_NS).items)
     version = core.read_node(node).status.node_info.kubelet_version
-    rec = Recorder()
-    incidents: list[NodeIncidentInput] = []
-
-    async def on_vanished(inp: NodeIncidentInput) -> None:
-        incidents.append(inp)
-
-    watcher = HealthWatcher(
-        kube_for(rs), rec.launch, config(), on_node=rec.node, on_vanished=on_vanished
-    )
+    watcher, rec, incidents = _watching(rs)
     async with Running(watcher):
         assert await watcher.synced()
         manager.gpu_plugins.rollout(node, breaks="nvml")
@@ -177,15 +175,7 @@ async def test_mig_and_time_slicing_are_no_node_incident(
 
     manager.faults.enable_mig(first, [0])
     await until(lambda: partitioned(first))
-    rec = Recorder()
-    incidents: list[NodeIncidentInput] = []
-
-    async def on_vanished(inp: NodeIncidentInput) -> None:
-        incidents.append(inp)
-
-    watcher = HealthWatcher(
-        kube_for(rs), rec.launch, config(), on_node=rec.node, on_vanished=on_vanished
-    )
+    watcher, rec, incidents = _watching(rs)
     async with Running(watcher):
         assert await watcher.synced()
         manager.faults.share_gpus(second, 4, rename=True)  # time-slicing turned on
