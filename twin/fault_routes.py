@@ -61,6 +61,7 @@ import json
 import logging
 import re
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -419,6 +420,22 @@ def _route(
     )
 
 
+def _acting(
+    what: str, node: str, data: dict[str, Any], allowed: set[str], call: Callable[[], Any]
+) -> Any:
+    """`call()` for one node of /twin/upgrades: settings other than `node` and `allowed`
+    refused (400), an unknown node 404, a value the call refuses 400."""
+    unknown = set(data) - {"node", *allowed}
+    if unknown:
+        raise FaultError(f"unknown {what} setting(s): {', '.join(sorted(unknown))}")
+    try:
+        return call()
+    except KeyError:
+        raise FaultError(f'node "{node}" not found', 404) from None
+    except (TypeError, ValueError) as err:
+        raise FaultError(str(err)) from None
+
+
 def _upgrades(
     manager: Any, method: str, rest: list[str], body: bytes | dict[str, Any] | None
 ) -> tuple[int, Any]:
@@ -434,47 +451,43 @@ def _upgrades(
     ):
         raise FaultError("node is required")
     if method == "POST" and rest == ["kubelet-restart"]:
-        unknown = set(data) - {"node", "republishAfter"}
-        if unknown:
-            raise FaultError(f"unknown kubelet-restart setting(s): {', '.join(sorted(unknown))}")
-        try:
-            plugins.restart_kubelet(node, republish_after=float(data.get("republishAfter", 5.0)))
-        except KeyError:
-            raise FaultError(f'node "{node}" not found', 404) from None
-        except (TypeError, ValueError) as err:
-            raise FaultError(str(err)) from None
+        _acting(
+            "kubelet-restart",
+            node,
+            data,
+            {"republishAfter"},
+            lambda: plugins.restart_kubelet(
+                node, republish_after=float(data.get("republishAfter", 5.0))
+            ),
+        )
         return 202, {"node": node}
     if method == "POST" and rest == ["rollout"]:
-        unknown = set(data) - {"node", "breaks", "healsOnRestart"}
-        if unknown:
-            raise FaultError(f"unknown rollout setting(s): {', '.join(sorted(unknown))}")
-        try:
-            fault = plugins.rollout(
+        fault = _acting(
+            "rollout",
+            node,
+            data,
+            {"breaks", "healsOnRestart"},
+            lambda: plugins.rollout(
                 node,
                 breaks=str(data.get("breaks") or "nvml"),
                 heals_on_restart=bool(data.get("healsOnRestart", False)),
-            )
-        except KeyError:
-            raise FaultError(f'node "{node}" not found', 404) from None
-        except ValueError as err:
-            raise FaultError(str(err)) from None
+            ),
+        )
         return 201, fault.to_json()
     if method == "POST" and not rest:
-        unknown = set(data) - {"node", "kubelet", "runtime", "breaks", "healsOnRestart"}
-        if unknown:
-            raise FaultError(f"unknown upgrade setting(s): {', '.join(sorted(unknown))}")
-        try:
-            fault = plugins.upgrade(
+        fault = _acting(
+            "upgrade",
+            node,
+            data,
+            {"kubelet", "runtime", "breaks", "healsOnRestart"},
+            lambda: plugins.upgrade(
                 node,
                 kubelet=data.get("kubelet"),
                 runtime=data.get("runtime"),
                 breaks=str(data.get("breaks") or "hook"),
                 heals_on_restart=bool(data.get("healsOnRestart", True)),
-            )
-        except KeyError:
-            raise FaultError(f'node "{node}" not found', 404) from None
-        except ValueError as err:
-            raise FaultError(str(err)) from None
+            ),
+        )
         return 201, fault.to_json()
     if method == "POST" and rest == ["recover"]:
         done = plugins.recover(node)

@@ -73,7 +73,8 @@ def _watching(rs: RunningTwin) -> tuple[HealthWatcher, Recorder, list[NodeIncide
     return watcher, rec, incidents
 
 
-def _trainer_on(rs: RunningTwin, node: str) -> k8s.CoreV1Api:
+async def _trainer_running(rs: RunningTwin, node: str) -> k8s.CoreV1Api:
+    """A pod holding one of `node`'s GPUs, Running, and the GPU plugin pods up."""
     core = k8s.CoreV1Api(rs.api_client())
     core.create_namespace({"metadata": {"name": "ml"}})
     core.create_namespaced_pod(
@@ -88,6 +89,8 @@ def _trainer_on(rs: RunningTwin, node: str) -> k8s.CoreV1Api:
             },
         },
     )
+    await until(lambda: core.read_namespaced_pod("trainer", "ml").status.phase == "Running")
+    await until(lambda: core.list_namespaced_pod(PLUGIN_NS).items)
     return core
 
 
@@ -96,9 +99,7 @@ async def test_vanished_gpus_are_one_node_incident_and_no_remediation(
 ) -> None:
     rs, manager = twin
     node = rs.twin.seed_info["nodes"][0]
-    core = _trainer_on(rs, node)
-    await until(lambda: core.read_namespaced_pod("trainer", "ml").status.phase == "Running")
-    await until(lambda: core.list_namespaced_pod(PLUGIN_NS).items)
+    core = await _trainer_running(rs, node)
     before = core.read_node(node).status.node_info.kubelet_version
 
     watcher, rec, incidents = _watching(rs)
@@ -140,9 +141,7 @@ async def test_a_plugin_rollout_in_the_kubelets_grace_is_one_node_incident(
 ) -> None:
     rs, manager = twin
     node = rs.twin.seed_info["nodes"][0]
-    core = _trainer_on(rs, node)
-    await until(lambda: core.read_namespaced_pod("trainer", "ml").status.phase == "Running")
-    await until(lambda: core.list_namespaced_pod(PLUGIN_NS).items)
+    core = await _trainer_running(rs, node)
     version = core.read_node(node).status.node_info.kubelet_version
     watcher, rec, incidents = _watching(rs)
     async with Running(watcher):
