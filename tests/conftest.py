@@ -80,17 +80,32 @@ def temporal_cli_path() -> str:
     return _binary("temporal")
 
 
-@pytest.fixture(scope="module")
-async def time_skipping_env(temporal_test_server_path: str) -> AsyncIterator[WorkflowEnvironment]:
+async def _time_skipping(path: str) -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         port=free_port(),  # below the ephemeral range: see harness.stack.free_port
         data_converter=pydantic_data_converter,
-        test_server_existing_path=temporal_test_server_path,
+        test_server_existing_path=path,
     )
     try:
         yield env
     finally:
         await env.shutdown()
+
+
+@pytest.fixture(scope="module")
+async def time_skipping_env(temporal_test_server_path: str) -> AsyncIterator[WorkflowEnvironment]:
+    async for env in _time_skipping(temporal_test_server_path):
+        yield env
+
+
+@pytest.fixture
+async def own_time_skipping_env(
+    temporal_test_server_path: str,
+) -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server for one test: nothing an earlier test did to its clock (a hold
+    on time left unbalanced) reaches it."""
+    async for env in _time_skipping(temporal_test_server_path):
+        yield env
 
 
 def dev_server_args() -> list[str]:

@@ -17,8 +17,12 @@ from contract.names import DEFAULT_NAMESPACE, SEARCH_ATTRIBUTES
 
 @pytest.fixture(scope="module", autouse=True)
 async def _search_attributes(time_skipping_env: WorkflowEnvironment) -> None:
+    await register_search_attributes(time_skipping_env)
+
+
+async def register_search_attributes(env: WorkflowEnvironment) -> None:
     try:
-        await time_skipping_env.client.operator_service.add_search_attributes(
+        await env.client.operator_service.add_search_attributes(
             AddSearchAttributesRequest(
                 namespace=DEFAULT_NAMESPACE,
                 search_attributes={

@@ -112,6 +112,7 @@ from contract.remediation import (
     RepairedRequest,
     TimelineEntry,
 )
+from tests.workflows.conftest import register_search_attributes
 from tests.workflows.fakes import (
     NODE,
     FakeWorld,
@@ -128,6 +129,19 @@ from tests.workflows.fakes import (
 )
 from tests.workflows.histories import patch_markers, save_history
 from workflows.remediation.eviction import FORCE_GRACE
+
+
+@pytest.fixture
+async def time_skipping_env(own_time_skipping_env: WorkflowEnvironment) -> WorkflowEnvironment:
+    """One server per test here: twice in a full run (2026-12-07) this module's shared server
+    ran its clock ~180 years ahead after one test, and every later test failed or hung."""
+    await register_search_attributes(own_time_skipping_env)
+    return own_time_skipping_env
+
+
+@pytest.fixture(autouse=True)
+def _search_attributes() -> None:
+    """Registered with each test's own server (above), not once per module."""
 
 
 def actions(result_timeline: list[TimelineEntry]) -> list[str]:
