@@ -120,7 +120,9 @@ async def confirm(r: Remediation) -> Confirmed | Closed:
         )
     if inp.dry_run or spec.dry_run:
         return await _dry_run(r, device)
-    await j.event(
+    # Beside the budget and the quarantine, not before them: a pod on the GPU does not hold
+    # the rule back by one more Kubernetes write.
+    j.event_beside(
         "GPUFailureConfirmed",
         f"{failure_class}: {why}; runbook {runbook.name}",
         etype="Warning",

@@ -3,6 +3,7 @@ attributes, and Kubernetes Events on the objects a person would `kubectl describ
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
 
@@ -347,6 +348,29 @@ class Journal:
                 )
         return out
 
+    def event_beside(
+        self,
+        reason: str,
+        message: str,
+        *,
+        etype: Literal["Normal", "Warning"] = "Normal",
+        pods: bool = True,
+        rule: bool = True,
+        node: bool = True,
+        owners: bool = True,
+    ) -> None:
+        """`event`, written while the steps after it run: nothing waits for the Kubernetes
+        write but the next Event and the run's end (`events_written`)."""
+        self._s.journal.writing = asyncio.ensure_future(
+            self.event(reason, message, etype=etype, pods=pods, rule=rule, node=node, owners=owners)
+        )
+
+    async def events_written(self) -> None:
+        """Wait for the Event written beside the steps, if one is on its way."""
+        writing = self._s.journal.writing
+        if writing is not None and writing is not asyncio.current_task():
+            await writing
+
     async def event(
         self,
         reason: str,
@@ -360,10 +384,12 @@ class Journal:
     ) -> None:
         """A Kubernetes Event for one decision on every object a person would describe,
         aggregated (a repeat raises its count); failing to write it never stops the
-        remediation. Dry runs write none: they change nothing in the cluster."""
+        remediation. Dry runs write none: they change nothing in the cluster. Written after
+        the Event on its way beside the steps (`event_beside`), if any."""
         s = self._s
         if s.dry:
             return
+        await self.events_written()
         counted: list[EventTarget] = []
         for t in self.event_targets(pods=pods, rule=rule, node=node, owners=owners):
             key = f"{reason}|{t.kind}|{t.namespace or ''}|{t.name}"

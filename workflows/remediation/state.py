@@ -77,6 +77,9 @@ class Record:
     alerts: list[AlertEvidence] = field(default_factory=list)
     # Aggregated Kubernetes Events: how often each (reason, object) was told so far.
     event_counts: dict[str, int] = field(default_factory=dict)
+    # An Event on its way beside the steps that follow it (`event_beside`); every later
+    # Event waits for it, so they read in the order they were decided.
+    writing: asyncio.Task[None] | None = None
     # Pods that exist now, for Events: None = the consumers (not evicted yet); then the ones
     # still on the device, or the replacements last seen Pending / Running (`pods_now`).
     live_pods: list[PodRef] | None = None

@@ -163,6 +163,7 @@ class DeviceRemediationWorkflow:
         if ended is None and r.s.spec.approval.required:
             ended = await approval.approval(r)  # 4. approval
         ended = ended or await quarantine.quarantine(r)  # 5. quarantine
+        await r.j.events_written()  # the confirmed Event is in, whatever ended the steps
         ended = ended or await replace.evict_and_replace(r)  # 6. evict, 7. replace, 8. scale
         await lemons.recorded(r)
         ended = ended or await repair.repair(r)  # 9. repair ladder + validation -> release

@@ -1,0 +1,46 @@
+"""The GPUFailureConfirmed Event is written beside the budget and the quarantine, not before
+them: a GPU failing under a pod (the common case) does not wait one Kubernetes write and one
+local-activity round trip longer for its DeviceTaintRule. The Events still read in order on
+the objects: GPUQuarantined is written only after GPUFailureConfirmed is in."""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import activity
+from temporalio.testing import WorkflowEnvironment
+
+from contract.kube import RecordEventInput
+from contract.names import ACT_QUARANTINE, ACT_RECORD_EVENT
+from contract.remediation import Phase
+from tests.workflows.fakes import FakeWorld, new_worker, start, wait_phase
+
+
+async def test_quarantine_does_not_wait_for_the_confirmed_event(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    client = time_skipping_env.client
+    world = FakeWorld()  # a Deployment's pod on the GPU: the Events go on it
+    assert world.consumers
+    written: list[str] = []
+    quarantine_meanwhile: list[bool] = []
+
+    @activity.defn(name=ACT_RECORD_EVENT)
+    async def record_event(req: RecordEventInput) -> None:
+        if req.reason == "GPUFailureConfirmed":  # a slow API server: up to 8 s, within the
+            loop = asyncio.get_running_loop()  # local activity's 10 s
+            give_up = loop.time() + 8.0
+            for _ in range(100_000):  # until the quarantine is asked for, for at most 8 s
+                if world.args(ACT_QUARANTINE) or loop.time() > give_up:
+                    break
+                await asyncio.sleep(0.02)
+            quarantine_meanwhile.append(bool(world.args(ACT_QUARANTINE)))
+        written.append(req.reason)
+
+    with time_skipping_env.auto_time_skipping_disabled():
+        async with new_worker(client, world, extra_activities=[record_event]) as worker:
+            handle = await start(client, worker, world)
+            await wait_phase(handle, Phase.HOLDING)
+            await handle.terminate("test done")
+    assert quarantine_meanwhile == [True], "the quarantine waited for the GPUFailureConfirmed Event"
+    assert written.index("GPUFailureConfirmed") < written.index("GPUQuarantined"), written
