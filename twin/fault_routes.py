@@ -44,6 +44,9 @@ GPU or pool), never a 500 for a client mistake.
     POST   /twin/upgrades/kubelet-restart      {"node", "republishAfter": 5}: a routine kubelet
                                                restart: the GPUs gone until the plugin registers
                                                again (simulated seconds later)
+    POST   /twin/upgrades/plugin-restart       {"node", "startsAfter": 10}: a healthy plugin
+                                               rollout: the new pod ContainerCreating, then
+                                               running (simulated seconds later)
     POST   /twin/upgrades/recover              {"node"}: the break is fixed
 
 `dispatch(twin, method, parts, query, body)` answers one request (parts = the path after
@@ -446,7 +449,7 @@ def _upgrades(
     node = str(data.get("node") or "")
     if (
         method == "POST"
-        and rest in ([], ["recover"], ["rollout"], ["kubelet-restart"])
+        and rest in ([], ["recover"], ["rollout"], ["kubelet-restart"], ["plugin-restart"])
         and not node
     ):
         raise FaultError("node is required")
@@ -459,6 +462,15 @@ def _upgrades(
             lambda: plugins.restart_kubelet(
                 node, republish_after=float(data.get("republishAfter", 5.0))
             ),
+        )
+        return 202, {"node": node}
+    if method == "POST" and rest == ["plugin-restart"]:
+        _acting(
+            "plugin-restart",
+            node,
+            data,
+            {"startsAfter"},
+            lambda: plugins.roll_plugin(node, starts_after=float(data.get("startsAfter", 10.0))),
         )
         return 202, {"node": node}
     if method == "POST" and rest == ["rollout"]:

@@ -145,6 +145,9 @@ class GpuPlugins:
         self._rolling: set[tuple[str, str]] = set()  # pods a rollout replaces: no restart
         # node -> (when its plugin registers again, the GPUs the restart hid)
         self._restarting: dict[str, tuple[float, list[str]]] = {}
+        # Nodes whose plugin pod a healthy rollout replaced: the new pod is ContainerCreating
+        # until its plugin registers (`_restarting` says when).
+        self._starting: set[str] = set()
 
     # ---- API (fault routes, tests, scenarios) ----------------------------------------------
 
@@ -237,6 +240,44 @@ class GpuPlugins:
         self.manager.poke()
         log.info("plugin rollout on %s breaks: %s (kubelet running)", node, breaks)
         return fault
+
+    def roll_plugin(self, node: str, *, starts_after: float = 10.0) -> None:
+        """A healthy GPU plugin rollout on `node` (a DaemonSet update, nothing broken): the old
+        plugin pod is replaced while the kubelet runs on, so with the device plugin the kubelet
+        keeps its GPUs in capacity, none allocatable (kubelet.py); the new pod is
+        ContainerCreating (its image pull, the operator's validation init containers) for
+        `starts_after` simulated seconds, then runs and registers, offering every GPU again.
+        With a DRA driver the kubelet keeps the slices while its plugin restarts (it wipes
+        them only after the plugin stayed away for a while): nothing vanishes."""
+        self._gpu_node(node)
+        if not self.manager.dra:
+            kubelet = getattr(self.manager, "kubelet", None)
+            if kubelet is not None:
+                kubelet.device_plugin_stopped(node)
+            faults = self.manager.faults
+            broken = {f.gpu_uuid for f in faults.faults() if f.node == node}
+            hidden = [g.uuid for g in faults.gpus(node) if g.uuid not in broken]
+            for gpu in hidden:
+                faults.fail(node, gpu, vanish=True)
+        else:
+            hidden = []
+        with self._lock:
+            self._starting.add(node)
+            self._restarting[node] = (
+                self.manager.clock.monotonic() + max(0.0, starts_after),
+                hidden,
+            )
+        self.enabled = True
+        for pod in self._pods(node):
+            component = (meta(pod).get("annotations") or {}).get(ANN_PLUGIN, "")
+            if component == VALIDATOR or is_deleting(pod):
+                continue
+            with self._lock:
+                self._rolling.add((node, component))
+            with contextlib.suppress(ApiError):  # the DaemonSet's new pod replaces it
+                self.manager.store.delete(PODS, name_of(pod), NAMESPACE, grace_period_seconds=0)
+        self.manager.poke()
+        log.info("healthy plugin rollout on %s: its new pod starts in %.0f s", node, starts_after)
 
     def restart_kubelet(self, node: str, *, republish_after: float = 5.0) -> None:
         """A routine kubelet restart (no upgrade, nothing broken): the kubelet starts by
@@ -367,7 +408,16 @@ class GpuPlugins:
         for node, gpus in due:
             for gpu in gpus:
                 self.manager.faults.recover(node, gpu)
-            log.info("twin: the plugin on %s registered with the restarted kubelet", node)
+            with self._lock:
+                started = node in self._starting
+                self._starting.discard(node)
+            if started:  # the rollout's new pod runs now
+                with self._lock:
+                    fault = self._faults.get(node)
+                for pod in self._pods(node):
+                    if not is_deleting(pod):
+                        self._write_status(pod, fault, fresh=False)
+            log.info("twin: the plugin on %s registered with the kubelet", node)
         return min(left) if left else None
 
     def _after_reboot(self, node: str) -> None:
@@ -468,7 +518,9 @@ class GpuPlugins:
             breaks = ""  # the validator's own containers start fine
         if component == VALIDATOR and breaks == "nvml":
             breaks = "hook"  # its toolkit-validation step runs the hook
-        ready = not breaks or breaks == "socket"
+        with self._lock:
+            starting = node in self._starting and component != VALIDATOR
+        ready = (not breaks or breaks == "socket") and not starting
         old = (pod.get("status") or {}).get("containerStatuses") or [{}]
         restarts = int(old[0].get("restartCount") or 0)
         cid = f"containerd://{uuid.uuid4().hex}"
@@ -507,6 +559,12 @@ class GpuPlugins:
                 f"Back-off restarting failed container {container} in pod "
                 f"{name_of(pod)}_{NAMESPACE}({meta(pod).get('uid')})",
             )
+        elif starting:
+            state = {"waiting": {"reason": "ContainerCreating"}}
+            last = {}
+            phase = "Pending"
+            started = False
+            event = None
         else:
             state = {"running": {"startedAt": now}}
             last = {}

@@ -266,6 +266,43 @@ def test_an_upgrade_after_a_rollout_shows_no_grace(twin: Any) -> None:
     eventually(lambda: _capacity(t, node) == "0")
 
 
+def test_a_healthy_plugin_rollout_offers_no_gpu_until_the_new_pod_registers(twin: Any) -> None:
+    """A DaemonSet update that breaks nothing: the old plugin pod goes, the kubelet keeps its
+    GPUs in capacity with none allocatable while the new pod is ContainerCreating, then the
+    new pod runs, registers, and offers them again; no restart counted, no fault left."""
+    t = twin(TwinOptions(pod_startup_seconds=1, plugin_stop_grace=1e6), profile="device-plugin")
+    node = t.rs.twin.seed_info["nodes"][0]
+    t.twin("POST", "/twin/gpu-plugins")
+    app = "app=nvidia-device-plugin-daemonset"
+    old = eventually(lambda: _plugin(t, node, app))
+    body = {"node": node, "startsAfter": 2000}  # simulated seconds (10 s at the scale)
+    assert t.twin("POST", "/twin/upgrades/plugin-restart", body).status_code == 202
+    eventually(lambda: _allocatable(t, node) == "0")
+    assert _capacity(t, node) == "2"
+    new = eventually(lambda: _plugin(t, node, app))
+    assert new["metadata"]["name"] != old["metadata"]["name"]
+    cs = new["status"]["containerStatuses"][0]
+    assert cs["state"]["waiting"]["reason"] == "ContainerCreating" and not cs["ready"]
+    assert new["status"]["phase"] == "Pending"
+    eventually(lambda: _allocatable(t, node) == "2", timeout=30)
+    assert _capacity(t, node) == "2"
+    cs = _plugin(t, node, app)["status"]["containerStatuses"][0]
+    assert cs["ready"] and "running" in cs["state"]
+    assert t.twin("GET", "/twin/upgrades").json()["items"] == []
+    assert t.manager.kubelet._plugin_stops == {}
+
+
+def test_plugin_restart_route_refuses_bad_input(twin: Any) -> None:
+    t = twin(OPTS, profile="device-plugin", nodes=1)
+    node = t.rs.twin.seed_info["nodes"][0]
+    r = t.twin("POST", "/twin/upgrades/plugin-restart", {"node": node, "startsAfter": "soon"})
+    assert r.status_code == 400
+    r = t.twin("POST", "/twin/upgrades/plugin-restart", {"node": node, "breaks": "nvml"})
+    assert r.status_code == 400 and "breaks" in r.text
+    assert t.twin("POST", "/twin/upgrades/plugin-restart", {"node": "nope"}).status_code == 404
+    assert t.twin("POST", "/twin/upgrades/plugin-restart", {}).status_code == 400
+
+
 def test_rollout_route_refuses_bad_input(twin: Any) -> None:
     t = twin(OPTS, profile="device-plugin", nodes=1)
     node = t.rs.twin.seed_info["nodes"][0]
