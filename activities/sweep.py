@@ -156,6 +156,15 @@ class SweepActivities:
             checked, report.nodes_checked, withheld = self._check_nodes(index, merged)
             nodes = one_per_node(checked, plugins)
             vanished = {f.node for f in nodes if f.vanished and f.node}
+            restarting = set(report.plugins_starting)
+            for f in [f for f in nodes if _restart_in_progress(f, restarting)]:
+                log.info(
+                    "sweep: %s; not noticed: its GPU plugin pod is starting or being "
+                    "replaced (a rollout), so none are offered until it registers (if it "
+                    "never does, the kubelet drops them after its grace: a vanish)",
+                    f.message,
+                )
+                nodes.remove(f)
             if not req.only_unknown:
                 report.nodes = nodes
         findings = list(merged.values())
@@ -270,6 +279,9 @@ class SweepActivities:
             plugin = plugin_pod_finding(pod)
             if plugin is not None:
                 report.nodes.append(plugin)
+            starting = plugin_pod_starting(pod)
+            if starting is not None and starting not in report.plugins_starting:
+                report.plugins_starting.append(starting)
             for u in report.unresolved[before:]:
                 log.warning("sweep: %s", u.message)
         return count
@@ -571,6 +583,7 @@ PLUGIN_POD_LABELS = (
     ("app.kubernetes.io/name", "nvidia-dra-driver-gpu"),
     ("app", "nvidia-operator-validator"),
 )
+VALIDATOR_APP = "nvidia-operator-validator"  # the GPU Operator's validator: registers nothing
 # Waiting reasons of a container that cannot run (not the ContainerCreating of a rollout).
 PLUGIN_ERROR_REASONS = frozenset(
     {
@@ -623,6 +636,46 @@ def plugin_pod_finding(pod: dict[str, Any]) -> SweepFinding | None:
                 vanished=True,
             )
     return None
+
+
+def _restart_in_progress(f: SweepFinding, restarting: set[str]) -> bool:
+    """A node's own notice that its device plugin offers none of its GPUs (allocatable 0,
+    capacity kept), while its plugin pod starts: the restart itself, not a GPU problem."""
+    return (
+        not f.vanished and f.node in restarting and f.gpu_allocatable == 0 and bool(f.gpu_capacity)
+    )
+
+
+def _plugin_pod_node(pod: dict[str, Any]) -> str | None:
+    """The node of a GPU plugin / validator pod (PLUGIN_POD_LABELS), or None."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if not any(labels.get(k) == v for k, v in PLUGIN_POD_LABELS):
+        return None
+    return (pod.get("spec") or {}).get("nodeName") or None
+
+
+def plugin_pod_starting(pod: dict[str, Any]) -> str | None:
+    """The node of a GPU plugin pod that is being replaced (deleting) or starting (a container
+    not Ready that is no PLUGIN_ERROR_REASONS: ContainerCreating, init containers running),
+    as in a rollout of its DaemonSet: its plugin has not registered (yet), so the kubelet
+    counts the node's GPUs with none allocatable. None: not a plugin pod, Ready, or one that
+    cannot run (`plugin_pod_finding`'s)."""
+    node = _plugin_pod_node(pod)
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if node is None or labels.get("app") == VALIDATOR_APP:  # the validator registers nothing
+        return None
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return node
+    status = pod.get("status") or {}
+    statuses = list(status.get("initContainerStatuses") or []) + list(
+        status.get("containerStatuses") or []
+    )
+    for cs in statuses:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if str(waiting.get("reason") or "") in PLUGIN_ERROR_REASONS:
+            return None
+    main = status.get("containerStatuses") or []
+    return node if not main or not all(cs.get("ready") for cs in main) else None
 
 
 def merge_finding(merged: dict[str, SweepFinding], finding: SweepFinding) -> None:

@@ -67,6 +67,9 @@ class SweepReport(Contract):
     # Health entries no device could be found for (pod + id + why): a WARNING, notified.
     unresolved: list[SweepFinding] = Field(default_factory=list)
     nodes: list[SweepFinding] = Field(default_factory=list)  # node-capacity findings
+    # Nodes whose GPU plugin pod is starting or being replaced (a rollout): that the plugin
+    # offers none of their GPUs meanwhile is no notice.
+    plugins_starting: list[str] = Field(default_factory=list)
     pods_checked: int = 0
     slices_checked: int = 0
     nodes_checked: int = 0

@@ -10,6 +10,10 @@ Cases:
   not a GPU plugin is none;
 - a device plugin that offers none of its node's GPUs (allocatable 0, capacity kept): the
   node's Unknown GPUs are no per-GPU findings; another node's Unknown GPU still is;
+- a healthy plugin rollout (the new pod ContainerCreating, the old one deleting): the node's
+  "allocatable 0 < capacity" is no notice while it starts (the kubelet drops the capacity after
+  its grace if the plugin never registers: a vanish); the same numbers with the plugin pod
+  Ready, or with no plugin pod seen, still are;
 - one finding per node: a failing plugin pod's (vanished) wins over the node's own finding
   that says only "allocatable < capacity" (the kubelet keeps a stopped plugin's capacity for a
   grace period, its devices unhealthy), and the node's own vanished finding wins over both.
@@ -26,7 +30,12 @@ from kubernetes import client as k8s
 
 from activities.kube.client import Kube, KubeSettings
 from activities.kube.devices import withholds_every_gpu
-from activities.sweep import SweepActivities, one_per_node, plugin_pod_finding
+from activities.sweep import (
+    SweepActivities,
+    one_per_node,
+    plugin_pod_finding,
+    plugin_pod_starting,
+)
 from contract.sweep import SweepClusterInput, SweepFinding
 from tests.twin.helpers import plugin_silent_on_first_node
 from twin.clock import Clock
@@ -169,5 +178,65 @@ def test_unknown_gpus_of_a_node_whose_plugin_offers_none_are_no_findings(tmp_pat
         assert [f.key for f in report.findings] == [f"{other}/{first[other]}"]
         [node_finding] = report.nodes  # the silent node's own: allocatable 0 < capacity 2
         assert node_finding.node == silent and not node_finding.vanished
+    finally:
+        rs.stop()
+
+
+def test_a_starting_or_replaced_plugin_pod_is_a_restart_in_progress() -> None:
+    assert plugin_pod_starting(_pod("ContainerCreating")) == "n1"
+    assert plugin_pod_starting(_pod("PodInitializing")) == "n1"
+    assert plugin_pod_starting(_pod(deletionTimestamp="2026-01-01T00:00:00Z")) == "n1"
+    running_not_ready = _pod()
+    running_not_ready["status"]["containerStatuses"][0]["ready"] = False
+    assert plugin_pod_starting(running_not_ready) == "n1"
+    assert plugin_pod_starting(_pod()) is None  # Ready: registered, its word stands
+    assert plugin_pod_starting(_pod("CrashLoopBackOff")) is None  # cannot run: a vanish
+    assert plugin_pod_starting(_pod("ContainerCreating", {"app": "web"})) is None
+    validator = _pod("ContainerCreating", {"app": "nvidia-operator-validator"})
+    assert plugin_pod_starting(validator) is None  # registers no GPU
+
+
+def test_a_healthy_plugin_rollout_is_no_notice_while_the_new_pod_starts(tmp_path: Path) -> None:
+    manager = ControllerManager(TwinOptions(pod_startup_seconds=1, plugin_stop_grace=1e6))
+    rs = start_twin(
+        tmp_path,
+        profile="device-plugin",
+        nodes=2,
+        gpus_per_node=2,
+        node_prefix=f"r-{uuid.uuid4().hex[:5]}-",
+        clock=Clock(time_scale=100.0),
+        controllers=(manager,),
+    )
+    try:
+        node, _other = rs.twin.seed_info["nodes"]
+        core = k8s.CoreV1Api(rs.api_client())
+        manager.gpu_plugins.install()
+        sweep = SweepActivities(
+            Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
+        )
+
+        def plugin_ready() -> bool:
+            pods = core.list_namespaced_pod(
+                "gpu-operator", field_selector=f"spec.nodeName={node}"
+            ).items
+            return any(
+                cs.ready and p.metadata.labels.get("app") == "nvidia-device-plugin-daemonset"
+                for p in pods
+                for cs in p.status.container_statuses or []
+            )
+
+        _wait(plugin_ready)
+        manager.gpu_plugins.roll_plugin(node, starts_after=3000.0)  # 30 s at the scale
+        _wait(lambda: core.read_node(node).status.allocatable["nvidia.com/gpu"] == "0")
+        report = sweep.sweep(SweepClusterInput())
+        assert core.read_node(node).status.allocatable["nvidia.com/gpu"] == "0"  # still
+        assert not plugin_ready()
+        assert report.nodes == [], [f.message for f in report.nodes]
+        assert report.plugins_starting == [node]
+        assert report.findings == []
+        _wait(plugin_ready, within=60.0)
+        _wait(lambda: core.read_node(node).status.allocatable["nvidia.com/gpu"] == "2")
+        again = sweep.sweep(SweepClusterInput())
+        assert again.nodes == [] and again.plugins_starting == []
     finally:
         rs.stop()
