@@ -12,6 +12,9 @@ Cases (device plugin, a pod on one of the node's GPUs):
 - a plugin rollout on a running kubelet (no upgrade): the kubelet keeps the capacity (2, none
   allocatable) for its grace, so only the crash-looping plugin pod says the GPUs vanished:
   still exactly one node incident, naming the pod, and the pod's Unknown GPU is left to it;
+- a healthy plugin rollout (the new pod ContainerCreating, then registering): the node's
+  notice reaches the sweep trigger, and the sweep it triggers says nothing (the plugin is
+  starting); no node incident, and the pod's Unknown GPU is no remediation;
 - MIG on the device plugin's `mixed` strategy (one GPU of a node MIG-enabled before the
   watch starts), and time-slicing renamed to nvidia.com/gpu.shared on the other while it
   runs: nvidia.com/gpu below the count label is no vanish: no node incident, no notice.
@@ -27,7 +30,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
+from activities.kube.client import Kube, KubeSettings
+from activities.sweep import SweepActivities
 from contract.node_incident import NodeIncidentInput
+from contract.sweep import SweepClusterInput
 from tests.waiting import until
 from tests.watcher.test_watcher_twin import NAMESPACE, Recorder, Running, config, kube_for
 from twin.clock import Clock
@@ -159,6 +165,31 @@ async def test_a_plugin_rollout_in_the_kubelets_grace_is_one_node_incident(
         assert "CrashLoopBackOff" in inc.reason or "NVML" in inc.reason, inc.reason
         assert inc.recorded is not None and inc.recorded.kubelet_version == version
         assert rec.requests == [], "a GPU the plugin stopped offering is no GPU failure"
+
+
+async def test_a_healthy_plugin_rollout_is_no_incident_and_no_notice(
+    twin: tuple[RunningTwin, ControllerManager],
+) -> None:
+    rs, manager = twin
+    node = rs.twin.seed_info["nodes"][0]
+    core = await _trainer_running(rs, node)
+    sweep = SweepActivities(Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path))))
+    watcher, rec, incidents = _watching(rs)
+    async with Running(watcher):
+        assert await watcher.synced()
+        manager.gpu_plugins.roll_plugin(node, starts_after=1500.0)  # 15 s at the scale
+        await until(lambda: rec.nodes)  # the notice: what triggers the sweep in production
+        [notice] = rec.nodes
+        assert notice.node == node and not notice.vanished
+        report = await asyncio.to_thread(sweep.sweep, SweepClusterInput())
+        assert report.plugins_starting == [node], "the sweep ran after the rollout's end"
+        assert report.nodes == [] and report.findings == []
+        await until(lambda: watcher.stats.left_to_node_incident >= 1)  # past unknown_timeout
+        await until(
+            lambda: core.read_node(node).status.allocatable["nvidia.com/gpu"] == "2", within=60
+        )
+        assert incidents == [] and rec.requests == []
+        assert node not in watcher.tracker.vanished
 
 
 async def test_mig_and_time_slicing_are_no_node_incident(
