@@ -86,6 +86,9 @@ SAFE_BOUNDS: dict[str, SafeBound] = {
     "nodeIncident.gpusBackTimeout": SafeBound(low=timedelta(seconds=30), high=_H),
     # More restarts of a plugin that keeps failing only delay the escalation.
     "nodeIncident.pluginRestarts": SafeBound(low=0, high=3),
+    # A GPU Operator plugin pod waits for the driver and toolkit validations (minutes after a
+    # reboot); longer leaves a node whose plugin never starts untouched for too long.
+    "nodeIncident.startGrace": SafeBound(low=timedelta(0), high=timedelta(minutes=30)),
     "nodeIncident.poolWindow": SafeBound(low=_MIN, high=_D),
     "nodeIncident.poolNodes": SafeBound(low=2, high=64),
 }
@@ -691,6 +694,10 @@ class NodeIncidentPolicy(BoundedRunbookModel):
     # the node's ResourceSlices, or counts the device plugin's GPUs 0, until the plugin
     # registers again). 0s: act on the first diagnosis. A failing plugin pod never waits.
     settle: Duration = timedelta(seconds=30)
+    # GPUs gone while a GPU plugin pod is starting (ContainerCreating, init containers: a node
+    # back from a reboot, a plugin rollout): diagnose again every `settle` for up to this
+    # long before touching the node. A plugin pod failing meanwhile is acted on at once.
+    start_grace: Duration = timedelta(minutes=5)
     # Keep new GPU pods off the node: Sickbay's NoSchedule node taint, a cordon, or nothing.
     contain: Literal["taint", "cordon", "none"] = "taint"
     # The node ladder, in order; reboot / replace run only when spec.repair enables them.

@@ -19,6 +19,10 @@ Cases:
 - the plugin Ready and the GPUs gone (a kubelet restart's first seconds): diagnosed again
   after `settle`; back by then -> `recovered`, nothing touched; a failing plugin pod is
   contained at once, without settling;
+- the plugin pod starting (ContainerCreating, init containers: a node back from a reboot, a
+  rollout): diagnosed again every `settle` while it starts, for up to `startGrace`; back ->
+  `recovered`, nothing touched; still starting after it -> acted on as before, saying so;
+  one that starts failing meanwhile -> contained at once;
 - the evicted workloads followed (the shared replacement race): their replacements Running
   on another node -> logged, the page left alone, held as before; still Pending at the
   Pending deadline with scaleUp on -> the budget lease extended to the node's GPUs, capacity
@@ -463,6 +467,58 @@ async def test_abort_while_settling_touches_nothing(
     result = await run(time_skipping_env, world, then=then)
     assert result.outcome == "aborted" and result.summary == "a planned restart"
     assert world.names() == [ACT_DIAGNOSE_NODE]
+
+
+def starting(reason: str = "PodInitializing") -> NodeDiagnosis:
+    """The plugin pod starting: not Ready, waiting on no error (its init containers run)."""
+    d = diagnosis("plugin-not-ready")
+    pod = d.plugin_pods[0].model_copy(
+        update={"ready": False, "waiting_reason": reason, "phase": "Pending"}
+    )
+    return d.model_copy(update={"plugin_pods": [pod]})
+
+
+async def test_a_starting_plugin_is_waited_for_and_touches_nothing(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    back = diagnosis().model_copy(update={"vanished": False})
+    world = World(diag=starting(), later=[starting("ContainerCreating"), back])
+    result = await run(time_skipping_env, world, history="node_incident_plugin_starting")
+    assert result.outcome == "recovered", result.summary
+    assert world.names() == [ACT_DIAGNOSE_NODE] * 3  # nothing contained, nothing restarted
+    assert sum("plugin starting" in line for line in result.timeline) == 2
+
+
+async def test_a_plugin_still_starting_after_the_start_grace_is_acted_on(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    world = World(diag=starting(), waits_before_back=1)
+    result = await run(time_skipping_env, world)
+    names = world.names()
+    first_contain = names.index(ACT_CONTAIN_NODE)
+    assert names[:first_contain] == [ACT_DIAGNOSE_NODE] * first_contain
+    assert first_contain == 11  # 5m startGrace / 30s settle, and the first look
+    assert any("still starting after 5m" in line for line in result.timeline)
+    assert len(world.of(ACT_RESTART_GPU_PLUGIN)) == 1 and result.outcome == "healed"
+
+
+async def test_a_starting_plugin_that_fails_is_contained_at_once(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    crashing = diagnosis("plugin-crashloop")
+    crashing = crashing.model_copy(
+        update={
+            "plugin_pods": [
+                crashing.plugin_pods[0].model_copy(
+                    update={"ready": False, "waiting_reason": "CrashLoopBackOff", "restarts": 3}
+                )
+            ]
+        }
+    )
+    world = World(diag=starting(), later=[crashing], waits_before_back=0)
+    await run(time_skipping_env, world)
+    names = world.names()
+    assert names[:3] == [ACT_DIAGNOSE_NODE, ACT_DIAGNOSE_NODE, ACT_CONTAIN_NODE]
 
 
 async def test_a_failing_plugin_is_contained_without_settling(

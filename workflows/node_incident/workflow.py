@@ -77,6 +77,7 @@ with workflow.unsafe.imports_passed_through():
         NodeIncidentResult,
         NodeIncidentStatus,
         NodeRungAction,
+        PluginPod,
         ReleaseNodeInput,
         RestartPluginInput,
         WaitGpusBackInput,
@@ -109,6 +110,9 @@ with workflow.unsafe.imports_passed_through():
     )
 
 ACTIVITY_FAILED = (ActivityError, ApplicationError)
+# What a GPU plugin pod's containers wait on while it starts normally (no error: an image
+# pulled, a sandbox made, init containers running).
+STARTING_REASONS = frozenset({"", "ContainerCreating", "PodInitializing"})
 # After the escalation the node is held until its GPUs come back: one wait per day (a poll
 # activity: its retries add no history), so a node fixed by hand next week is still released.
 HOLD_ROUND = timedelta(days=1)
@@ -222,6 +226,59 @@ class NodeIncidentWorkflow:
             pass
         raise Aborted()
 
+    async def _settle(
+        self, policy: NodeIncidentPolicy, d: NodeDiagnosis
+    ) -> NodeDiagnosis | NodeIncidentResult:
+        """Look again before touching the node while what it shows may be passing: its GPU
+        plugin pods starting (a node back from a reboot, a rollout: every `settle`, for up to
+        `startGrace`), or every one Ready with the GPUs gone (a kubelet restart's first
+        seconds: once). Returns the last diagnosis to act on, or the run's result: back by
+        then (`recovered`, nothing touched) or aborted meanwhile."""
+        if policy.settle <= timedelta(0):
+            return d
+        settle = format_duration(policy.settle)
+        began = workflow.now()
+        give_up = began + policy.start_grace
+        settled_ready = looked = False
+        while d.vanished:
+            if _plugins_starting(d) and workflow.now() < give_up:
+                self._log(
+                    "plugin starting",
+                    f"a GPU plugin pod is starting ({_starting_states(d)}): diagnosing again "
+                    f"in {settle}, for up to {format_duration(policy.start_grace)}, before "
+                    "touching the node (a node back from a reboot or a plugin rollout shows "
+                    "its GPUs gone until the plugin registers)",
+                )
+            elif _plugins_starting(d):
+                self._log(
+                    f"plugin still starting after {format_duration(policy.start_grace)}",
+                    f"{_starting_states(d)}: acting on the node",
+                )
+                break
+            elif _plugins_ready(d) and not settled_ready:
+                settled_ready = True
+                self._log(
+                    "settling",
+                    f"every GPU plugin pod is Ready: diagnosing again in {settle} before "
+                    "touching the node (a kubelet restart shows the GPUs gone until the "
+                    "plugin registers again)",
+                )
+            else:
+                break
+            try:
+                await self._interruptible(workflow.sleep(policy.settle))
+            except Aborted:
+                assert self._abort is not None
+                return self._result("aborted", self._abort.reason)
+            looked = True
+            d = await self._diagnose(policy)
+        if looked and not d.vanished:
+            waited = format_duration(
+                timedelta(seconds=int((workflow.now() - began).total_seconds()))
+            )
+            return self._result("recovered", f"back within {waited}, nothing touched: {d.summary}")
+        return d
+
     async def _event(self, reason: str, message: str, etype: str = "Warning") -> None:
         try:
             await self._act.record_event(
@@ -265,26 +322,10 @@ class NodeIncidentWorkflow:
             return self._result("disabled", "nodeIncident.enabled is off in the runbook")
         self._enter("diagnosing")
         d = await self._diagnose(policy)
-        if d.vanished and policy.settle > timedelta(0) and _plugins_ready(d):
-            # A kubelet restart looks like this for seconds: the plugin Ready, its GPUs not
-            # (yet) registered again. Look again before touching the node.
-            self._log(
-                "settling",
-                f"every GPU plugin pod is Ready: diagnosing again in "
-                f"{format_duration(policy.settle)} before touching the node (a kubelet "
-                "restart shows the GPUs gone until the plugin registers again)",
-            )
-            try:
-                await self._interruptible(workflow.sleep(policy.settle))
-            except Aborted:
-                assert self._abort is not None
-                return self._result("aborted", self._abort.reason)
-            d = await self._diagnose(policy)
-            if not d.vanished:
-                return self._result(
-                    "recovered",
-                    f"back within {format_duration(policy.settle)}, nothing touched: {d.summary}",
-                )
+        looked = await self._settle(policy, d)
+        if not isinstance(looked, NodeDiagnosis):
+            return looked
+        d = looked
         if not d.vanished:
             return self._result("recovered", f"nothing to do: {d.summary}")
         if inp.dry_run or spec.dry_run:
@@ -905,6 +946,33 @@ def _why(err: BaseException) -> str:
     while cause is not None and not isinstance(cause, ApplicationError):
         cause = getattr(cause, "cause", None)
     return str(cause or err)[:300]
+
+
+def _plugins_starting(d: NodeDiagnosis) -> bool:
+    """A GPU plugin pod on the node is starting: not Ready, never restarted, and waiting on
+    nothing that says it cannot run (ContainerCreating, PodInitializing, init containers at
+    work), as after a node reboot or in a rollout; none failing (a failing one is acted on)."""
+    plugins = [p for p in d.plugin_pods if p.component != "validator"]
+    return any(_starting(p) for p in plugins) and not any(
+        not p.ready and not _starting(p) for p in plugins
+    )
+
+
+def _starting(p: PluginPod) -> bool:
+    return (
+        not p.ready
+        and p.restarts == 0
+        and not p.last_terminated_reason
+        and p.waiting_reason in STARTING_REASONS
+    )
+
+
+def _starting_states(d: NodeDiagnosis) -> str:
+    return ", ".join(
+        f"{p.name} {p.waiting_reason or p.phase or 'not Ready'}"
+        for p in d.plugin_pods
+        if p.component != "validator" and _starting(p)
+    )
 
 
 def _plugins_ready(d: NodeDiagnosis) -> bool:
