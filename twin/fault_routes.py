@@ -47,6 +47,9 @@ GPU or pool), never a 500 for a client mistake.
     POST   /twin/upgrades/plugin-restart       {"node", "startsAfter": 10}: a healthy plugin
                                                rollout: the new pod ContainerCreating, then
                                                running (simulated seconds later)
+    POST   /twin/upgrades/reboot               {"node", "startsAfter": 60}: the node rebooted
+                                               outside Sickbay: no GPU counted, the plugin pod
+                                               ContainerCreating, then registering
     POST   /twin/upgrades/recover              {"node"}: the break is fixed
 
 `dispatch(twin, method, parts, query, body)` answers one request (parts = the path after
@@ -449,7 +452,8 @@ def _upgrades(
     node = str(data.get("node") or "")
     if (
         method == "POST"
-        and rest in ([], ["recover"], ["rollout"], ["kubelet-restart"], ["plugin-restart"])
+        and rest
+        in ([], ["recover"], ["rollout"], ["kubelet-restart"], ["plugin-restart"], ["reboot"])
         and not node
     ):
         raise FaultError("node is required")
@@ -462,6 +466,15 @@ def _upgrades(
             lambda: plugins.restart_kubelet(
                 node, republish_after=float(data.get("republishAfter", 5.0))
             ),
+        )
+        return 202, {"node": node}
+    if method == "POST" and rest == ["reboot"]:
+        _acting(
+            "reboot",
+            node,
+            data,
+            {"startsAfter"},
+            lambda: plugins.reboot(node, starts_after=float(data.get("startsAfter", 60.0))),
         )
         return 202, {"node": node}
     if method == "POST" and rest == ["plugin-restart"]:

@@ -262,11 +262,28 @@ class GpuPlugins:
         else:
             hidden = []
         with self._lock:
-            self._starting.add(node)
             self._restarting[node] = (
                 self.manager.clock.monotonic() + max(0.0, starts_after),
                 hidden,
             )
+        self._new_plugin_pod(node)
+        log.info("healthy plugin rollout on %s: its new pod starts in %.0f s", node, starts_after)
+
+    def reboot(self, node: str, *, starts_after: float = 60.0) -> None:
+        """`node` rebooted outside Sickbay (a kernel patch, a driver update), nothing broken:
+        the kubelet comes back counting no GPU (device plugin: its checkpoint; DRA: it deletes
+        the node's ResourceSlices) and the GPU plugin pod starts again, ContainerCreating for
+        `starts_after` simulated seconds (the driver and toolkit validations of a GPU
+        Operator), then registers and publishes every GPU."""
+        self.restart_kubelet(node, republish_after=starts_after)
+        self._new_plugin_pod(node)
+        log.info("reboot of %s: its GPU plugin pod starts in %.0f s", node, starts_after)
+
+    def _new_plugin_pod(self, node: str) -> None:
+        """Replace `node`'s GPU plugin pod with one that is ContainerCreating until the node's
+        plugin registers again (`_restarting` says when); no restart counted."""
+        with self._lock:
+            self._starting.add(node)
         self.enabled = True
         for pod in self._pods(node):
             component = (meta(pod).get("annotations") or {}).get(ANN_PLUGIN, "")
@@ -277,7 +294,6 @@ class GpuPlugins:
             with contextlib.suppress(ApiError):  # the DaemonSet's new pod replaces it
                 self.manager.store.delete(PODS, name_of(pod), NAMESPACE, grace_period_seconds=0)
         self.manager.poke()
-        log.info("healthy plugin rollout on %s: its new pod starts in %.0f s", node, starts_after)
 
     def restart_kubelet(self, node: str, *, republish_after: float = 5.0) -> None:
         """A routine kubelet restart (no upgrade, nothing broken): the kubelet starts by

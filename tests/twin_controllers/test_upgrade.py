@@ -292,6 +292,26 @@ def test_a_healthy_plugin_rollout_offers_no_gpu_until_the_new_pod_registers(twin
     assert t.manager.kubelet._plugin_stops == {}
 
 
+def test_a_reboot_counts_no_gpu_until_the_new_plugin_pod_registers(twin: Any) -> None:
+    """A reboot outside Sickbay: the kubelet comes back counting no GPU (no grace: its
+    checkpoint), the plugin pod ContainerCreating; then it runs and every GPU is back."""
+    t = twin(TwinOptions(pod_startup_seconds=1, plugin_stop_grace=1e6), profile="device-plugin")
+    node = t.rs.twin.seed_info["nodes"][0]
+    t.twin("POST", "/twin/gpu-plugins")
+    app = "app=nvidia-device-plugin-daemonset"
+    old = eventually(lambda: _plugin(t, node, app))
+    body = {"node": node, "startsAfter": 2000}  # simulated seconds (10 s at the scale)
+    assert t.twin("POST", "/twin/upgrades/reboot", body).status_code == 202
+    eventually(lambda: _capacity(t, node) == "0" and _allocatable(t, node) == "0")
+    new = eventually(lambda: _plugin(t, node, app))
+    assert new["metadata"]["name"] != old["metadata"]["name"]
+    cs = new["status"]["containerStatuses"][0]
+    assert cs["state"]["waiting"]["reason"] == "ContainerCreating" and not cs["ready"]
+    eventually(lambda: _capacity(t, node) == "2" and _allocatable(t, node) == "2", timeout=30)
+    assert _plugin(t, node, app)["status"]["containerStatuses"][0]["ready"]
+    assert t.twin("GET", "/twin/upgrades").json()["items"] == []
+
+
 def test_plugin_restart_route_refuses_bad_input(twin: Any) -> None:
     t = twin(OPTS, profile="device-plugin", nodes=1)
     node = t.rs.twin.seed_info["nodes"][0]
@@ -301,6 +321,9 @@ def test_plugin_restart_route_refuses_bad_input(twin: Any) -> None:
     assert r.status_code == 400 and "breaks" in r.text
     assert t.twin("POST", "/twin/upgrades/plugin-restart", {"node": "nope"}).status_code == 404
     assert t.twin("POST", "/twin/upgrades/plugin-restart", {}).status_code == 400
+    r = t.twin("POST", "/twin/upgrades/reboot", {"node": node, "kubelet": "v1.99.0"})
+    assert r.status_code == 400 and "kubelet" in r.text
+    assert t.twin("POST", "/twin/upgrades/reboot", {"node": "nope"}).status_code == 404
 
 
 def test_rollout_route_refuses_bad_input(twin: Any) -> None:
