@@ -37,8 +37,10 @@ from activities.kube.devices import (
     MIG_CONFIG_STATE_LABEL,
     MIG_RESOURCE_PREFIX,
     MIG_STRATEGY_LABEL,
+    REMOVAL_TAINTS,
     REPLICAS_LABEL,
     SHARED_RESOURCE,
+    node_being_removed,
     offered_gpus,
     withholds_every_gpu,
 )
@@ -260,6 +262,11 @@ class Tracker:
         plugin = plugin_pod_finding(obj)  # a GPU plugin pod that cannot run: its node's
         with self.lock:
             if plugin is not None and plugin.node:
+                removed = node_being_removed(self.nodes.get(plugin.node) or {})
+                if removed:  # its GPUs go with the node: no GPU problem
+                    log.info("watch: %s; not acting on it: %s", plugin.message, removed)
+                    plugin = None
+            if plugin is not None and plugin.node:
                 self._failing_plugins[source] = plugin.node
                 self._vanish(plugin.node)
             else:
@@ -316,6 +323,13 @@ class Tracker:
             "metadata": {"name": name, "labels": {}},
             "status": {"capacity": {}, "allocatable": {}},
         }
+        if meta.get("deletionTimestamp"):
+            summary["metadata"]["deletionTimestamp"] = meta["deletionTimestamp"]
+        removal = [
+            t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("key") in REMOVAL_TAINTS
+        ]
+        if removal:  # an autoscaler is removing the node
+            summary["spec"] = {"taints": removal}
         for label in (count, MIG_STRATEGY_LABEL, MIG_CONFIG_STATE_LABEL, REPLICAS_LABEL):
             if label in (meta.get("labels") or {}):
                 summary["metadata"]["labels"][label] = meta["labels"][label]

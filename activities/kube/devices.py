@@ -688,6 +688,28 @@ def mig_instances(node: dict[str, Any]) -> int | None:
     return total
 
 
+# Taints an autoscaler puts on a node it is about to remove (then drains and deletes it):
+# the Cluster Autoscaler's, Karpenter's since v1, and Karpenter's before it (v0.32-v0.37).
+REMOVAL_TAINTS = {
+    "ToBeDeletedByClusterAutoscaler": "the Cluster Autoscaler",
+    "karpenter.sh/disrupted": "Karpenter",
+    "karpenter.sh/disruption": "Karpenter",
+}
+
+
+def node_being_removed(node: dict[str, Any]) -> str:
+    """Why the node is on its way out (deleted, or tainted by an autoscaler removing it), in
+    plain words, or "": GPUs it stops offering meanwhile go with the node, no GPU problem."""
+    meta = node.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return f"node {meta.get('name', '')} is being deleted"
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        who = REMOVAL_TAINTS.get(str(taint.get("key") or ""))
+        if who:
+            return f"{who} is removing node {meta.get('name', '')} (taint {taint.get('key')})"
+    return ""
+
+
 def mig_reconfiguring(node: dict[str, Any]) -> bool:
     """The MIG manager is repartitioning the node's GPUs right now (its state label pending or
     rebooting): what the node offers meanwhile is that planned work."""

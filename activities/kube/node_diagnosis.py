@@ -52,6 +52,7 @@ from activities.kube.devices import (
     list_slice_devices,
     mig_instances,
     mig_reconfiguring,
+    node_being_removed,
     node_gpu_uuids,
     node_pool_of,
     offered_gpus,
@@ -216,9 +217,11 @@ def _published(kube: Kube, node: str) -> tuple[bool, list[str]]:
 def _short_of_gpus(node: dict[str, Any], since: datetime) -> bool:
     """The node lacks GPUs now (capacity below its count label, with no MIG instances offered
     apart; or none of them offered: a stopped device plugin's in the kubelet's grace), or
-    Sickbay marked it
-    GPUDevicesAvailable=False at or after `since`."""
+    Sickbay marked it GPUDevicesAvailable=False at or after `since`; never while an autoscaler
+    removes it or the MIG manager repartitions it."""
     status = node.get("status") or {}
+    if node_being_removed(node) or mig_reconfiguring(node):  # planned: no GPU lost
+        return False
     capacity = offered_gpus(node)
     expected = _int((meta(node).get("labels") or {}).get(GPU_COUNT_LABEL))
     if capacity is not None and expected is not None and capacity < expected:
@@ -372,7 +375,8 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
         have = len(uuids)
     short = expected is not None and have < expected and not mig
     reconfiguring = mig_reconfiguring(node)  # planned: the GPU plugins stopped on purpose
-    vanished = (short or any(not p.ready for p in plugins)) and not reconfiguring
+    removed = node_being_removed(node)  # its GPUs go with the node
+    vanished = (short or any(not p.ready for p in plugins)) and not reconfiguring and not removed
     pool = node_pool_of(node)
     peers, pool_vanished = _peers(kube, node, pool, inp.pool_window)
     d = NodeDiagnosis(
@@ -411,6 +415,12 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
             update={
                 "summary": f"node {inp.node}: the MIG manager is repartitioning its GPUs "
                 f"({MIG_CONFIG_STATE_LABEL}={state}); it publishes {published} meanwhile"
+            }
+        )
+    if removed:
+        return d.model_copy(
+            update={
+                "summary": f"{removed}: it publishes {published}, which go with it; nothing to heal"
             }
         )
     if not vanished:

@@ -17,6 +17,9 @@ Cases:
   nvidia.com/gpu, 7 MIG instances, the count label 2): not vanished, nor is a second node so
   partitioned short of GPUs for the pool; the same node after an upgrade broke its plugin:
   vanished; while the MIG manager repartitions it (mig.config.state pending): not vanished;
+- diagnose, device plugin, a node whose plugin broke and which the Cluster Autoscaler is
+  removing (its ToBeDeletedByClusterAutoscaler taint): not vanished, the summary says who is
+  removing it (without the taint: vanished); a peer being removed is not in `pool_vanished`;
 - diagnose, device plugin, time-slicing renamed to nvidia.com/gpu.shared (2 GPUs x 4, the old
   nvidia.com/gpu at 0): 8 replicas published, not vanished; the GPUs back counted once each;
 - contain and release: the condition GPUDevicesAvailable=False with the reason, Sickbay's
@@ -217,6 +220,35 @@ async def test_diagnose_mig_mixed_partitioning_is_no_vanish(make: Any) -> None:
     d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
     assert not d.vanished, d.summary
     assert "MIG manager is repartitioning" in d.summary
+
+
+async def test_diagnose_a_node_being_removed_is_no_vanish(make: Any) -> None:
+    t, acts = make("device-plugin", nodes=3)
+    node, second = t.node(0), t.node(1)
+    await until(lambda: len(_plugin_pods(t, node)) == 1 and len(_plugin_pods(t, second)) == 1)
+    for n in (node, second):
+        _upgrade(t, n, kubelet="v1.37.1", breaks="hook")
+    await until(
+        lambda: all(
+            t.store.get("nodes", n)["status"]["capacity"]["nvidia.com/gpu"] == "0"
+            for n in (node, second)
+        )
+    )
+    d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
+    assert d.vanished  # the control: broken, and nobody is removing it
+    assert d.pool_vanished == [second]
+
+    def removing(obj: dict[str, Any]) -> None:  # the Cluster Autoscaler scales it down
+        taint = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSchedule"}
+        obj.setdefault("spec", {}).setdefault("taints", []).append(taint)
+
+    t.store.mutate("nodes", second, removing)  # a peer being removed is no pool incident
+    d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
+    assert d.vanished and d.pool_vanished == []
+    t.store.mutate("nodes", node, removing)
+    d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
+    assert not d.vanished, d.summary
+    assert "the Cluster Autoscaler is removing node" in d.summary, d.summary
 
 
 async def test_diagnose_time_slicing_counts_gpus_not_replicas(make: Any) -> None:
