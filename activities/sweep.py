@@ -51,8 +51,8 @@ from activities.kube.devices import (
     SHARED_RESOURCE,
     mig_instances,
     mig_reconfiguring,
-    node_being_removed,
     offered_gpus,
+    planned_outage,
     withholds_every_gpu,
 )
 from activities.kube.evidence import HAMI_UNHEALTHY
@@ -518,8 +518,8 @@ class SweepActivities:
         status = node.get("status") or {}
         if mig_reconfiguring(node):
             return None  # the MIG manager is repartitioning its GPUs: planned, not a loss
-        if node_being_removed(node):
-            return None  # its GPUs go with the node (an autoscaler's scale-down, a deletion)
+        if planned_outage(node):
+            return None  # its GPUs go with the node, or the driver upgrade took them a while
         capacity, allocatable = offered_gpus(node), offered_gpus(node, "allocatable")
         offered = GPU_RESOURCE  # what the counts below are read from
         if (status.get("capacity") or {}).get(SHARED_RESOURCE) is not None:

@@ -34,14 +34,15 @@ from typing import Any
 from activities.kube import hami
 from activities.kube.client import ErrorKind, Kube, KubeError
 from activities.kube.devices import (
+    DRIVER_UPGRADE_LABEL,
     MIG_CONFIG_STATE_LABEL,
     MIG_RESOURCE_PREFIX,
     MIG_STRATEGY_LABEL,
     REMOVAL_TAINTS,
     REPLICAS_LABEL,
     SHARED_RESOURCE,
-    node_being_removed,
     offered_gpus,
+    planned_outage,
     withholds_every_gpu,
 )
 from activities.kube.hami import ANN_REGISTER, VOLCANO_REGISTER
@@ -262,9 +263,9 @@ class Tracker:
         plugin = plugin_pod_finding(obj)  # a GPU plugin pod that cannot run: its node's
         with self.lock:
             if plugin is not None and plugin.node:
-                removed = node_being_removed(self.nodes.get(plugin.node) or {})
-                if removed:  # its GPUs go with the node: no GPU problem
-                    log.info("watch: %s; not acting on it: %s", plugin.message, removed)
+                planned = planned_outage(self.nodes.get(plugin.node) or {})
+                if planned:  # its GPUs are away on purpose: no GPU problem
+                    log.info("watch: %s; not acting on it: %s", plugin.message, planned)
                     plugin = None
             if plugin is not None and plugin.node:
                 self._failing_plugins[source] = plugin.node
@@ -330,7 +331,13 @@ class Tracker:
         ]
         if removal:  # an autoscaler is removing the node
             summary["spec"] = {"taints": removal}
-        for label in (count, MIG_STRATEGY_LABEL, MIG_CONFIG_STATE_LABEL, REPLICAS_LABEL):
+        for label in (
+            count,
+            MIG_STRATEGY_LABEL,
+            MIG_CONFIG_STATE_LABEL,
+            REPLICAS_LABEL,
+            DRIVER_UPGRADE_LABEL,
+        ):
             if label in (meta.get("labels") or {}):
                 summary["metadata"]["labels"][label] = meta["labels"][label]
         annotations = meta.get("annotations") or {}

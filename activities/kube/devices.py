@@ -710,6 +710,44 @@ def node_being_removed(node: dict[str, Any]) -> str:
     return ""
 
 
+# The GPU Operator's driver upgrade controller (k8s-operator-libs) marks each node's step in
+# this label; in these states it cordons, drains, unloads the driver and restarts its pods on
+# purpose. `upgrade-required` (nothing done yet), `upgrade-done` and `upgrade-failed` are not:
+# a driver the upgrade left broken is a vanish like any other, and loud.
+DRIVER_UPGRADE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
+DRIVER_UPGRADE_AT_WORK = frozenset(
+    {
+        "cordon-required",
+        "wait-for-jobs-required",
+        "pod-deletion-required",
+        "drain-required",
+        "node-maintenance-required",
+        "post-maintenance-required",
+        "pod-restart-required",
+        "validation-required",
+        "uncordon-required",
+    }
+)
+
+
+def driver_upgrading(node: dict[str, Any]) -> str:
+    """The GPU Operator is upgrading the node's driver right now, in plain words, or ""."""
+    meta = node.get("metadata") or {}
+    state = str((meta.get("labels") or {}).get(DRIVER_UPGRADE_LABEL) or "")
+    if state not in DRIVER_UPGRADE_AT_WORK:
+        return ""
+    return (
+        f"the GPU Operator is upgrading the driver of node {meta.get('name', '')} "
+        f"({DRIVER_UPGRADE_LABEL}={state})"
+    )
+
+
+def planned_outage(node: dict[str, Any]) -> str:
+    """Why the node's GPUs are away on purpose right now (removed by an autoscaler or deleted,
+    its driver upgraded by the GPU Operator), in plain words, or "": no GPU problem then."""
+    return node_being_removed(node) or driver_upgrading(node)
+
+
 def mig_reconfiguring(node: dict[str, Any]) -> bool:
     """The MIG manager is repartitioning the node's GPUs right now (its state label pending or
     rebooting): what the node offers meanwhile is that planned work."""

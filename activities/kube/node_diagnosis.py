@@ -52,10 +52,10 @@ from activities.kube.devices import (
     list_slice_devices,
     mig_instances,
     mig_reconfiguring,
-    node_being_removed,
     node_gpu_uuids,
     node_pool_of,
     offered_gpus,
+    planned_outage,
     withholds_every_gpu,
 )
 from activities.kube.nodes import ANN_CORDONED_BY, converge_node, cordon_change, read_node
@@ -220,7 +220,7 @@ def _short_of_gpus(node: dict[str, Any], since: datetime) -> bool:
     Sickbay marked it GPUDevicesAvailable=False at or after `since`; never while an autoscaler
     removes it or the MIG manager repartitions it."""
     status = node.get("status") or {}
-    if node_being_removed(node) or mig_reconfiguring(node):  # planned: no GPU lost
+    if planned_outage(node) or mig_reconfiguring(node):  # planned: no GPU lost
         return False
     capacity = offered_gpus(node)
     expected = _int((meta(node).get("labels") or {}).get(GPU_COUNT_LABEL))
@@ -375,7 +375,7 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
         have = len(uuids)
     short = expected is not None and have < expected and not mig
     reconfiguring = mig_reconfiguring(node)  # planned: the GPU plugins stopped on purpose
-    removed = node_being_removed(node)  # its GPUs go with the node
+    removed = planned_outage(node)  # its GPUs go with the node, or are being upgraded
     vanished = (short or any(not p.ready for p in plugins)) and not reconfiguring and not removed
     pool = node_pool_of(node)
     peers, pool_vanished = _peers(kube, node, pool, inp.pool_window)
@@ -419,9 +419,7 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
         )
     if removed:
         return d.model_copy(
-            update={
-                "summary": f"{removed}: it publishes {published}, which go with it; nothing to heal"
-            }
+            update={"summary": f"{removed}: it publishes {published} meanwhile; nothing to heal"}
         )
     if not vanished:
         return d.model_copy(

@@ -20,6 +20,8 @@ Cases:
 - diagnose, device plugin, a node whose plugin broke and which the Cluster Autoscaler is
   removing (its ToBeDeletedByClusterAutoscaler taint): not vanished, the summary says who is
   removing it (without the taint: vanished); a peer being removed is not in `pool_vanished`;
+  the same while the GPU Operator upgrades its driver (nvidia.com/gpu-driver-upgrade-state
+  pod-restart-required); once the upgrade failed: vanished, its cause named;
 - diagnose, device plugin, time-slicing renamed to nvidia.com/gpu.shared (2 GPUs x 4, the old
   nvidia.com/gpu at 0): 8 replicas published, not vanished; the GPUs back counted once each;
 - contain and release: the condition GPUDevicesAvailable=False with the reason, Sickbay's
@@ -249,6 +251,28 @@ async def test_diagnose_a_node_being_removed_is_no_vanish(make: Any) -> None:
     d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
     assert not d.vanished, d.summary
     assert "the Cluster Autoscaler is removing node" in d.summary, d.summary
+
+
+async def test_diagnose_a_driver_upgrade_at_work_is_no_vanish(make: Any) -> None:
+    t, acts = make("device-plugin", nodes=2)
+    node = t.node(0)
+    await until(lambda: len(_plugin_pods(t, node)) == 1)
+    _upgrade(t, node, kubelet="v1.37.1", breaks="nvml")  # the driver unloaded, as mid-upgrade
+    await until(lambda: t.store.get("nodes", node)["status"]["capacity"]["nvidia.com/gpu"] == "0")
+
+    def state(value: str) -> Any:
+        def label(obj: dict[str, Any]) -> None:
+            obj["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-state"] = value
+
+        return label
+
+    t.store.mutate("nodes", node, state("pod-restart-required"))
+    d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
+    assert not d.vanished, d.summary
+    assert "the GPU Operator is upgrading the driver" in d.summary, d.summary
+    t.store.mutate("nodes", node, state("upgrade-failed"))  # the upgrade left it broken
+    d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
+    assert d.vanished and d.cause != "unknown", d.summary
 
 
 async def test_diagnose_time_slicing_counts_gpus_not_replicas(make: Any) -> None:
