@@ -502,6 +502,22 @@ async def test_a_plugin_still_starting_after_the_start_grace_is_acted_on(
     assert len(world.of(ACT_RESTART_GPU_PLUGIN)) == 1 and result.outcome == "healed"
 
 
+async def test_no_plugin_pod_at_all_is_looked_at_once_more(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """No GPU plugin pod on the node: a DaemonSet between deleting the old pod and creating
+    the new one shows that too. One more look after `settle`; still none: acted on."""
+    none = diagnosis("plugin-missing", restartable=False).model_copy(update={"plugin_pods": []})
+    back = none.model_copy(update={"vanished": False})
+    world = World(diag=none, later=[back])
+    result = await run(time_skipping_env, world)
+    assert result.outcome == "recovered" and world.names() == [ACT_DIAGNOSE_NODE] * 2
+    world = World(diag=none, waits_before_back=0)
+    await run(time_skipping_env, world)
+    names = world.names()
+    assert names[:3] == [ACT_DIAGNOSE_NODE, ACT_DIAGNOSE_NODE, ACT_CONTAIN_NODE]
+
+
 async def test_a_starting_plugin_that_fails_is_contained_at_once(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:

@@ -263,6 +263,13 @@ class NodeIncidentWorkflow:
                     "touching the node (a kubelet restart shows the GPUs gone until the "
                     "plugin registers again)",
                 )
+            elif not _plugins(d) and not settled_ready:
+                settled_ready = True
+                self._log(
+                    "settling",
+                    f"no GPU plugin pod on the node: diagnosing again in {settle} before "
+                    "touching the node (a DaemonSet replacing its pod shows none for a moment)",
+                )
             else:
                 break
             try:
@@ -952,7 +959,7 @@ def _plugins_starting(d: NodeDiagnosis) -> bool:
     """A GPU plugin pod on the node is starting: not Ready, never restarted, and waiting on
     nothing that says it cannot run (ContainerCreating, PodInitializing, init containers at
     work), as after a node reboot or in a rollout; none failing (a failing one is acted on)."""
-    plugins = [p for p in d.plugin_pods if p.component != "validator"]
+    plugins = _plugins(d)
     return any(_starting(p) for p in plugins) and not any(
         not p.ready and not _starting(p) for p in plugins
     )
@@ -975,7 +982,12 @@ def _starting_states(d: NodeDiagnosis) -> str:
     )
 
 
+def _plugins(d: NodeDiagnosis) -> list[PluginPod]:
+    """The node's GPU plugin pods (the validator registers no GPU)."""
+    return [p for p in d.plugin_pods if p.component != "validator"]
+
+
 def _plugins_ready(d: NodeDiagnosis) -> bool:
     """Every GPU plugin pod on the node is Ready (and there is one)."""
-    plugins = [p for p in d.plugin_pods if p.component != "validator"]
+    plugins = _plugins(d)
     return bool(plugins) and all(p.ready for p in plugins)
