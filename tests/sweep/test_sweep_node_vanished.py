@@ -226,7 +226,7 @@ def test_a_healthy_plugin_rollout_is_no_notice_while_the_new_pod_starts(tmp_path
             )
 
         _wait(plugin_ready)
-        manager.gpu_plugins.roll_plugin(node, starts_after=3000.0)  # 30 s at the scale
+        manager.gpu_plugins.roll_plugin(node, starts_after=1e9)  # until start_now below
         _wait(lambda: core.read_node(node).status.allocatable["nvidia.com/gpu"] == "0")
         report = sweep.sweep(SweepClusterInput())
         assert core.read_node(node).status.allocatable["nvidia.com/gpu"] == "0"  # still
@@ -234,7 +234,8 @@ def test_a_healthy_plugin_rollout_is_no_notice_while_the_new_pod_starts(tmp_path
         assert report.nodes == [], [f.message for f in report.nodes]
         assert report.plugins_starting == [node]
         assert report.findings == []
-        _wait(plugin_ready, within=60.0)
+        manager.gpu_plugins.start_now(node)
+        _wait(plugin_ready)
         _wait(lambda: core.read_node(node).status.allocatable["nvidia.com/gpu"] == "2")
         again = sweep.sweep(SweepClusterInput())
         assert again.nodes == [] and again.plugins_starting == []

@@ -275,7 +275,7 @@ def test_a_healthy_plugin_rollout_offers_no_gpu_until_the_new_pod_registers(twin
     t.twin("POST", "/twin/gpu-plugins")
     app = "app=nvidia-device-plugin-daemonset"
     old = eventually(lambda: _plugin(t, node, app))
-    body = {"node": node, "startsAfter": 2000}  # simulated seconds (10 s at the scale)
+    body = {"node": node, "startsAfter": 1e9}  # simulated seconds: until start_now
     assert t.twin("POST", "/twin/upgrades/plugin-restart", body).status_code == 202
     eventually(lambda: _allocatable(t, node) == "0")
     assert _capacity(t, node) == "2"
@@ -284,7 +284,8 @@ def test_a_healthy_plugin_rollout_offers_no_gpu_until_the_new_pod_registers(twin
     cs = new["status"]["containerStatuses"][0]
     assert cs["state"]["waiting"]["reason"] == "ContainerCreating" and not cs["ready"]
     assert new["status"]["phase"] == "Pending"
-    eventually(lambda: _allocatable(t, node) == "2", timeout=30)
+    t.manager.gpu_plugins.start_now(node)
+    eventually(lambda: _allocatable(t, node) == "2")
     assert _capacity(t, node) == "2"
     cs = _plugin(t, node, app)["status"]["containerStatuses"][0]
     assert cs["ready"] and "running" in cs["state"]
@@ -300,14 +301,15 @@ def test_a_reboot_counts_no_gpu_until_the_new_plugin_pod_registers(twin: Any) ->
     t.twin("POST", "/twin/gpu-plugins")
     app = "app=nvidia-device-plugin-daemonset"
     old = eventually(lambda: _plugin(t, node, app))
-    body = {"node": node, "startsAfter": 2000}  # simulated seconds (10 s at the scale)
+    body = {"node": node, "startsAfter": 1e9}  # simulated seconds: until start_now
     assert t.twin("POST", "/twin/upgrades/reboot", body).status_code == 202
     eventually(lambda: _capacity(t, node) == "0" and _allocatable(t, node) == "0")
     new = eventually(lambda: _plugin(t, node, app))
     assert new["metadata"]["name"] != old["metadata"]["name"]
     cs = new["status"]["containerStatuses"][0]
     assert cs["state"]["waiting"]["reason"] == "ContainerCreating" and not cs["ready"]
-    eventually(lambda: _capacity(t, node) == "2" and _allocatable(t, node) == "2", timeout=30)
+    t.manager.gpu_plugins.start_now(node)
+    eventually(lambda: _capacity(t, node) == "2" and _allocatable(t, node) == "2")
     assert _plugin(t, node, app)["status"]["containerStatuses"][0]["ready"]
     assert t.twin("GET", "/twin/upgrades").json()["items"] == []
 

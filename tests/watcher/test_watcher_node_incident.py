@@ -177,7 +177,7 @@ async def test_a_healthy_plugin_rollout_is_no_incident_and_no_notice(
     watcher, rec, incidents = _watching(rs)
     async with Running(watcher):
         assert await watcher.synced()
-        manager.gpu_plugins.roll_plugin(node, starts_after=1500.0)  # 15 s at the scale
+        manager.gpu_plugins.roll_plugin(node, starts_after=1e9)  # until start_now below
         await until(lambda: rec.nodes)  # the notice: what triggers the sweep in production
         [notice] = rec.nodes
         assert notice.node == node and not notice.vanished
@@ -185,9 +185,8 @@ async def test_a_healthy_plugin_rollout_is_no_incident_and_no_notice(
         assert report.plugins_starting == [node], "the sweep ran after the rollout's end"
         assert report.nodes == [] and report.findings == []
         await until(lambda: watcher.stats.left_to_node_incident >= 1)  # past unknown_timeout
-        await until(
-            lambda: core.read_node(node).status.allocatable["nvidia.com/gpu"] == "2", within=60
-        )
+        manager.gpu_plugins.start_now(node)
+        await until(lambda: core.read_node(node).status.allocatable["nvidia.com/gpu"] == "2")
         assert incidents == [] and rec.requests == []
         assert node not in watcher.tracker.vanished
 
