@@ -217,8 +217,9 @@ def _published(kube: Kube, node: str) -> tuple[bool, list[str]]:
 def _short_of_gpus(node: dict[str, Any], since: datetime) -> bool:
     """The node lacks GPUs now (capacity below its count label, with no MIG instances offered
     apart; or none of them offered: a stopped device plugin's in the kubelet's grace), or
-    Sickbay marked it GPUDevicesAvailable=False at or after `since`; never while an autoscaler
-    removes it or the MIG manager repartitions it."""
+    Sickbay marked it GPUDevicesAvailable=False at or after `since`; never while its GPUs are
+    away on purpose (`planned_outage`: an autoscaler removing it, a driver upgrade at work) or
+    the MIG manager repartitions them."""
     status = node.get("status") or {}
     if planned_outage(node) or mig_reconfiguring(node):  # planned: no GPU lost
         return False
@@ -375,8 +376,8 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
         have = len(uuids)
     short = expected is not None and have < expected and not mig
     reconfiguring = mig_reconfiguring(node)  # planned: the GPU plugins stopped on purpose
-    removed = planned_outage(node)  # its GPUs go with the node, or are being upgraded
-    vanished = (short or any(not p.ready for p in plugins)) and not reconfiguring and not removed
+    planned = planned_outage(node)  # its GPUs go with the node, or a driver upgrade took them
+    vanished = (short or any(not p.ready for p in plugins)) and not reconfiguring and not planned
     pool = node_pool_of(node)
     peers, pool_vanished = _peers(kube, node, pool, inp.pool_window)
     d = NodeDiagnosis(
@@ -417,9 +418,9 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
                 f"({MIG_CONFIG_STATE_LABEL}={state}); it publishes {published} meanwhile"
             }
         )
-    if removed:
+    if planned:
         return d.model_copy(
-            update={"summary": f"{removed}: it publishes {published} meanwhile; nothing to heal"}
+            update={"summary": f"{planned}: it publishes {published} meanwhile; nothing to heal"}
         )
     if not vanished:
         return d.model_copy(
