@@ -148,6 +148,7 @@ class GpuPlugins:
         # Nodes whose plugin pod a healthy rollout replaced: the new pod is ContainerCreating
         # until its plugin registers (`_restarting` says when).
         self._starting: set[str] = set()
+        self._rebooted: set[str] = set()  # nodes whose pods' containers ended with a reboot
 
     # ---- API (fault routes, tests, scenarios) ----------------------------------------------
 
@@ -276,7 +277,16 @@ class GpuPlugins:
         `starts_after` simulated seconds (the driver and toolkit validations of a GPU
         Operator), then registers and publishes every GPU."""
         self.restart_kubelet(node, republish_after=starts_after)
-        self._new_plugin_pod(node)
+        with self._lock:
+            self._starting.add(node)
+            self._rebooted.add(node)
+            fault = self._faults.get(node)
+        for pod in self._pods(node):  # the same pods: the kubelet restarts their containers
+            component = (meta(pod).get("annotations") or {}).get(ANN_PLUGIN, "")
+            if component != VALIDATOR and not is_deleting(pod):
+                self._write_status(pod, fault, fresh=False)
+        with self._lock:
+            self._rebooted.discard(node)
         log.info("reboot of %s: its GPU plugin pod starts in %.0f s", node, starts_after)
 
     def start_now(self, node: str) -> None:
@@ -545,6 +555,7 @@ class GpuPlugins:
             breaks = "hook"  # its toolkit-validation step runs the hook
         with self._lock:
             starting = node in self._starting and component != VALIDATOR
+            rebooted = node in self._rebooted
         ready = (not breaks or breaks == "socket") and not starting
         old = (pod.get("status") or {}).get("containerStatuses") or [{}]
         restarts = int(old[0].get("restartCount") or 0)
@@ -588,11 +599,17 @@ class GpuPlugins:
             state = {"waiting": {"reason": "ContainerCreating"}}
             last = {}
             phase = "Pending"
+            if rebooted:  # its container ended with the node: as the kubelet reports it
+                restarts += 1
+                last = {"terminated": {"exitCode": 255, "reason": "Unknown", "finishedAt": now}}
+                phase = "Running"
             started = False
             event = None
         else:
             state = {"running": {"startedAt": now}}
-            last = {}
+            # A reboot's end stays the last state, as the kubelet keeps it.
+            before = (old[0].get("lastState") or {}).get("terminated") or {}
+            last = {"terminated": before} if before.get("reason") == "Unknown" else {}
             phase = "Running"
             started = True
             event = None

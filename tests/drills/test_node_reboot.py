@@ -2,7 +2,8 @@
 vanished, end to end on the embedded stack (twin 30x, DRA, the health watcher on, the real
 `sickbay worker`, the demo runbooks: `nodeIncident.settle` 1 s, `startGrace` 10 s).
 
-The kubelet comes back without the node's ResourceSlices and the GPU plugin pod starts again
+The kubelet comes back without the node's ResourceSlices and the GPU plugin pod's container,
+ended with the node (restarted once, last state Unknown, exit code 255), starts again
 (ContainerCreating for 2 s, real time, as a GPU Operator's validations take minutes on real
 nodes): the watcher starts the node incident, which finds the plugin pod starting and looks
 again every `settle`. The GPUs are back: closed `recovered`; the node never got Sickbay's
@@ -44,9 +45,6 @@ async def test_a_reboot_whose_plugin_starts_again_touches_nothing(tmp_path: Path
         wid = node_workflow_id(node)
         # 60 simulated seconds at 30x: the plugin registers 2 s later, within startGrace.
         d.stack.twin("POST", "/twin/upgrades/reboot", {"node": node, "startsAfter": 60})
-        while len(after_reboot := await plugin_pods()) < 4 or after_reboot == before:
-            assert time.monotonic() < deadline, f"no new plugin pod: {after_reboot}"
-            await asyncio.sleep(0.05)  # the DaemonSet's new pod, starting
         handle = demo.client.get_workflow_handle(wid, result_type=NodeIncidentResult)
         deadline = time.monotonic() + WITHIN
         while True:
@@ -62,7 +60,7 @@ async def test_a_reboot_whose_plugin_starts_again_touches_nothing(tmp_path: Path
         conditions = [c["type"] for c in obj["status"].get("conditions") or []]
         assert CONDITION_GPU_DEVICES not in conditions, obj["status"]["conditions"]
         assert not [t for t in obj["spec"].get("taints") or [] if "sickbay" in t["key"]]
-        assert await plugin_pods() == after_reboot  # the starting pod was not restarted
+        assert await plugin_pods() == before  # the starting pod was not restarted (deleted)
         listed = [
             w
             async for w in demo.client.list_workflows(

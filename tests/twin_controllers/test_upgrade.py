@@ -295,22 +295,30 @@ def test_a_healthy_plugin_rollout_offers_no_gpu_until_the_new_pod_registers(twin
 
 def test_a_reboot_counts_no_gpu_until_the_new_plugin_pod_registers(twin: Any) -> None:
     """A reboot outside Sickbay: the kubelet comes back counting no GPU (no grace: its
-    checkpoint), the plugin pod ContainerCreating; then it runs and every GPU is back."""
+    checkpoint); the same plugin pod's container ended with the node (restarted once, last
+    state terminated Unknown, exit code 255) and is ContainerCreating; then it runs and every
+    GPU is back."""
     t = twin(TwinOptions(pod_startup_seconds=1, plugin_stop_grace=1e6), profile="device-plugin")
     node = t.rs.twin.seed_info["nodes"][0]
     t.twin("POST", "/twin/gpu-plugins")
     app = "app=nvidia-device-plugin-daemonset"
     old = eventually(lambda: _plugin(t, node, app))
+    eventually(lambda: _plugin(t, node, app)["status"]["containerStatuses"][0]["ready"])
     body = {"node": node, "startsAfter": 1e9}  # simulated seconds: until start_now
     assert t.twin("POST", "/twin/upgrades/reboot", body).status_code == 202
     eventually(lambda: _capacity(t, node) == "0" and _allocatable(t, node) == "0")
-    new = eventually(lambda: _plugin(t, node, app))
-    assert new["metadata"]["name"] != old["metadata"]["name"]
-    cs = new["status"]["containerStatuses"][0]
+    pod = _plugin(t, node, app)
+    assert pod["metadata"]["name"] == old["metadata"]["name"]  # the same pod
+    cs = pod["status"]["containerStatuses"][0]
     assert cs["state"]["waiting"]["reason"] == "ContainerCreating" and not cs["ready"]
+    assert cs["restartCount"] == 1
+    ended = cs["lastState"]["terminated"]
+    assert (ended["reason"], ended["exitCode"]) == ("Unknown", 255)
     t.manager.gpu_plugins.start_now(node)
     eventually(lambda: _capacity(t, node) == "2" and _allocatable(t, node) == "2")
-    assert _plugin(t, node, app)["status"]["containerStatuses"][0]["ready"]
+    cs = _plugin(t, node, app)["status"]["containerStatuses"][0]
+    assert cs["ready"] and cs["restartCount"] == 1
+    assert cs["lastState"]["terminated"]["reason"] == "Unknown"
     assert t.twin("GET", "/twin/upgrades").json()["items"] == []
 
 

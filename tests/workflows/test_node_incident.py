@@ -469,13 +469,19 @@ async def test_abort_while_settling_touches_nothing(
     assert world.names() == [ACT_DIAGNOSE_NODE]
 
 
-def starting(reason: str = "PodInitializing") -> NodeDiagnosis:
+def starting(reason: str = "PodInitializing", **pod: Any) -> NodeDiagnosis:
     """The plugin pod starting: not Ready, waiting on no error (its init containers run)."""
     d = diagnosis("plugin-not-ready")
-    pod = d.plugin_pods[0].model_copy(
-        update={"ready": False, "waiting_reason": reason, "phase": "Pending"}
+    plugin = d.plugin_pods[0].model_copy(
+        update={"ready": False, "waiting_reason": reason, "phase": "Pending", **pod}
     )
-    return d.model_copy(update={"plugin_pods": [pod]})
+    return d.model_copy(update={"plugin_pods": [plugin]})
+
+
+# The same pod after a node reboot (its containers ended with the node: exit 255, reason
+# Unknown, restarted once), and a GPU Operator plugin pod whose init container completed.
+REBOOTED = {"restarts": 1, "last_terminated_reason": "Unknown", "last_exit_code": 255}
+INIT_DONE = {"last_terminated_reason": "Completed", "last_exit_code": 0}
 
 
 async def test_a_starting_plugin_is_waited_for_and_touches_nothing(
@@ -487,6 +493,11 @@ async def test_a_starting_plugin_is_waited_for_and_touches_nothing(
     assert result.outcome == "recovered", result.summary
     assert world.names() == [ACT_DIAGNOSE_NODE] * 3  # nothing contained, nothing restarted
     assert sum("plugin starting" in line for line in result.timeline) == 2
+    for pod in (REBOOTED, INIT_DONE):
+        world = World(diag=starting("ContainerCreating", **pod), later=[back])
+        result = await run(time_skipping_env, world)
+        assert result.outcome == "recovered", (pod, result.summary)
+        assert world.names() == [ACT_DIAGNOSE_NODE] * 2
 
 
 async def test_a_plugin_still_starting_after_the_start_grace_is_acted_on(

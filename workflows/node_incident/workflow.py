@@ -113,6 +113,9 @@ ACTIVITY_FAILED = (ActivityError, ApplicationError)
 # What a GPU plugin pod's containers wait on while it starts normally (no error: an image
 # pulled, a sandbox made, init containers running).
 STARTING_REASONS = frozenset({"", "ContainerCreating", "PodInitializing"})
+# How a starting plugin pod's containers may have ended before: never, an init container that
+# completed, or with the node (a reboot).
+ENDED_NOT_CRASHED = frozenset({"", "Completed", "Unknown"})
 # After the escalation the node is held until its GPUs come back: one wait per day (a poll
 # activity: its retries add no history), so a node fixed by hand next week is still released.
 HOLD_ROUND = timedelta(days=1)
@@ -956,9 +959,9 @@ def _why(err: BaseException) -> str:
 
 
 def _plugins_starting(d: NodeDiagnosis) -> bool:
-    """A GPU plugin pod on the node is starting: not Ready, never restarted, and waiting on
-    nothing that says it cannot run (ContainerCreating, PodInitializing, init containers at
-    work), as after a node reboot or in a rollout; none failing (a failing one is acted on)."""
+    """A GPU plugin pod on the node is starting (`_starting`: ContainerCreating,
+    PodInitializing, init containers at work), as after a node reboot or in a rollout; none
+    failing (a failing one is acted on)."""
     plugins = _plugins(d)
     return any(_starting(p) for p in plugins) and not any(
         not p.ready and not _starting(p) for p in plugins
@@ -966,11 +969,13 @@ def _plugins_starting(d: NodeDiagnosis) -> bool:
 
 
 def _starting(p: PluginPod) -> bool:
+    """Not Ready, waiting on nothing that is an error, and its last container end no crash:
+    none, an init container that completed, or one that ended with the node (a reboot: the
+    kubelet reports reason Unknown, exit code 255, and counts a restart)."""
     return (
         not p.ready
-        and p.restarts == 0
-        and not p.last_terminated_reason
         and p.waiting_reason in STARTING_REASONS
+        and p.last_terminated_reason.split(":", 1)[0] in ENDED_NOT_CRASHED
     )
 
 
