@@ -107,7 +107,7 @@ MIN_SECONDS = {
     "healthCheckInterval": 2.0,
     "staleAfter": 60.0,
     "settle": 1.0,
-    "startGrace": 10.0,
+    "startGrace": 30.0,
 }
 DURATION_KEYS = frozenset(MIN_SECONDS)
 # Durations kept as shipped: they become a Job's activeDeadlineSeconds, which the twin's Job

@@ -50,6 +50,8 @@ GPU or pool), never a 500 for a client mistake.
     POST   /twin/upgrades/reboot               {"node", "startsAfter": 60}: the node rebooted
                                                outside Sickbay: no GPU counted, the plugin pod
                                                ContainerCreating, then registering
+    POST   /twin/upgrades/start-now            {"node"}: the plugin a reboot or rollout is
+                                               starting registers now
     POST   /twin/upgrades/recover              {"node"}: the break is fixed
 
 `dispatch(twin, method, parts, query, body)` answers one request (parts = the path after
@@ -453,7 +455,15 @@ def _upgrades(
     if (
         method == "POST"
         and rest
-        in ([], ["recover"], ["rollout"], ["kubelet-restart"], ["plugin-restart"], ["reboot"])
+        in (
+            [],
+            ["recover"],
+            ["rollout"],
+            ["kubelet-restart"],
+            ["plugin-restart"],
+            ["reboot"],
+            ["start-now"],
+        )
         and not node
     ):
         raise FaultError("node is required")
@@ -468,6 +478,9 @@ def _upgrades(
             ),
         )
         return 202, {"node": node}
+    if method == "POST" and rest == ["start-now"]:
+        _acting("start-now", node, data, set(), lambda: plugins.start_now(node))
+        return 200, {"node": node}
     if method == "POST" and rest == ["reboot"]:
         _acting(
             "reboot",

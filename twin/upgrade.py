@@ -292,6 +292,7 @@ class GpuPlugins:
     def start_now(self, node: str) -> None:
         """The plugin a rollout or reboot is starting on `node` registers now (tests end a
         long start when they have seen what they came for)."""
+        self._gpu_node(node)
         with self._lock:
             pending = self._restarting.get(node)
             if pending is not None:

@@ -1,14 +1,15 @@
 """A GPU node rebooted outside Sickbay (a kernel patch, a driver update) is not a node whose GPUs
 vanished, end to end on the embedded stack (twin 30x, DRA, the health watcher on, the real
-`sickbay worker`, the demo runbooks: `nodeIncident.settle` 1 s, `startGrace` 10 s).
+`sickbay worker`, the demo runbooks: `nodeIncident.settle` 1 s, `startGrace` 30 s).
 
 The kubelet comes back without the node's ResourceSlices and the GPU plugin pod's container,
 ended with the node (restarted once, last state Unknown, exit code 255), starts again
-(ContainerCreating for 2 s, real time, as a GPU Operator's validations take minutes on real
-nodes): the watcher starts the node incident, which finds the plugin pod starting and looks
-again every `settle`. The GPUs are back: closed `recovered`; the node never got Sickbay's
-condition or taint, its starting plugin pod was not restarted, and no GPU became a per-GPU
-remediation. (Before `startGrace`, the incident tainted the node and restarted the plugin.)
+(ContainerCreating until the incident has seen it so, as a GPU Operator's validations take
+minutes on real nodes): the watcher starts the node incident, which finds the plugin pod
+starting and looks again every `settle`. The GPUs are back: closed `recovered`; the node
+never got Sickbay's condition or taint, its starting plugin pod was not restarted, and no GPU
+became a per-GPU remediation. (Before `startGrace`, the incident tainted the node and
+restarted the plugin.)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from contract.names import WF_REMEDIATE, node_workflow_id
+from contract.names import QRY_TIMELINE, WF_REMEDIATE, node_workflow_id
 from contract.node_incident import CONDITION_GPU_DEVICES, NodeIncidentResult
 from tests.drills.conftest import drill_stack
 
@@ -43,10 +44,23 @@ async def test_a_reboot_whose_plugin_starts_again_touches_nothing(tmp_path: Path
             assert time.monotonic() < deadline, "GPU plugin pods never ran"
             await asyncio.sleep(0.2)
         wid = node_workflow_id(node)
-        # 60 simulated seconds at 30x: the plugin registers 2 s later, within startGrace.
-        d.stack.twin("POST", "/twin/upgrades/reboot", {"node": node, "startsAfter": 60})
+        # The plugin starts until the incident has seen it starting (a real one takes
+        # minutes; a fixed window would be a race on a busy machine), then registers.
+        d.stack.twin("POST", "/twin/upgrades/reboot", {"node": node, "startsAfter": 1e9})
         handle = demo.client.get_workflow_handle(wid, result_type=NodeIncidentResult)
         deadline = time.monotonic() + WITHIN
+        while True:
+            try:
+                timeline = await handle.query(QRY_TIMELINE, result_type=list[str])
+            except Exception:  # not started yet
+                timeline = []
+            if any("plugin starting" in line for line in timeline):
+                break
+            assert time.monotonic() < deadline, (
+                f"the incident never saw the plugin starting: {timeline}"
+            )
+            await asyncio.sleep(0.2)
+        d.stack.twin("POST", "/twin/upgrades/start-now", {"node": node})
         while True:
             try:
                 result = await asyncio.wait_for(handle.result(), timeout=5)

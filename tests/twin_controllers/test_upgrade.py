@@ -334,6 +334,10 @@ def test_plugin_restart_route_refuses_bad_input(twin: Any) -> None:
     r = t.twin("POST", "/twin/upgrades/reboot", {"node": node, "kubelet": "v1.99.0"})
     assert r.status_code == 400 and "kubelet" in r.text
     assert t.twin("POST", "/twin/upgrades/reboot", {"node": "nope"}).status_code == 404
+    assert t.twin("POST", "/twin/upgrades/start-now", {"node": "nope"}).status_code == 404
+    r = t.twin("POST", "/twin/upgrades/start-now", {"node": node, "at": 1})
+    assert r.status_code == 400 and "at" in r.text
+    assert t.twin("POST", "/twin/upgrades/start-now", {"node": node}).status_code == 200
 
 
 def test_rollout_route_refuses_bad_input(twin: Any) -> None:
