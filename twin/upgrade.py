@@ -229,16 +229,7 @@ class GpuPlugins:
         self.manager.faults.fail(node, "all", vanish=True)  # before the fault: see upgrade()
         with self._lock:
             self._faults[node] = fault
-        self.enabled = True
-        for pod in self._pods(node):
-            component = (meta(pod).get("annotations") or {}).get(ANN_PLUGIN, "")
-            if component == VALIDATOR or is_deleting(pod):
-                continue
-            with self._lock:
-                self._rolling.add((node, component))
-            with contextlib.suppress(ApiError):  # the DaemonSet's new pod replaces it
-                self.manager.store.delete(PODS, name_of(pod), NAMESPACE, grace_period_seconds=0)
-        self.manager.poke()
+        self._replace_plugin_pods(node)
         log.info("plugin rollout on %s breaks: %s (kubelet running)", node, breaks)
         return fault
 
@@ -304,6 +295,11 @@ class GpuPlugins:
         plugin registers again (`_restarting` says when); no restart counted."""
         with self._lock:
             self._starting.add(node)
+        self._replace_plugin_pods(node)
+
+    def _replace_plugin_pods(self, node: str) -> None:
+        """Delete `node`'s GPU plugin pods (not the validator) as a DaemonSet rollout does; the
+        controller's next pass creates their successors, counting no restart."""
         self.enabled = True
         for pod in self._pods(node):
             component = (meta(pod).get("annotations") or {}).get(ANN_PLUGIN, "")

@@ -16,11 +16,13 @@ workflow's history (`history_facts`) to prove a kill interrupted a step.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -273,3 +275,47 @@ async def drill_stack(tmp: Path, **overrides: Any) -> AsyncIterator[Drill]:
         if demo is not None:
             await demo.close()
         stack.stop()
+
+
+async def gpu_plugin_pods(demo: Demo) -> set[str]:
+    """The names of the pods in the twin's GPU plugin namespace (plugins and validators)."""
+    body = await demo.k("GET", "/api/v1/namespaces/gpu-operator/pods")
+    return {p["metadata"]["name"] for p in body["items"]}
+
+
+async def until_plugin_pods(demo: Demo, count: int, within: float) -> set[str]:
+    """The GPU plugin pods, once there are `count` of them (within `within` real seconds)."""
+    deadline = time.monotonic() + within
+    while len(pods := await gpu_plugin_pods(demo)) < count:
+        assert time.monotonic() < deadline, f"GPU plugin pods: {pods}"
+        await asyncio.sleep(0.2)
+    return pods
+
+
+async def node_incident_result(handle: Any, within: float) -> Any:
+    """The node incident's result, waiting while it has not started or not ended yet."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await asyncio.wait_for(handle.result(), timeout=5)
+        except Exception:  # not started yet, or still looking
+            assert time.monotonic() < deadline, f"no closed node incident {handle.id}"
+            await asyncio.sleep(0.2)
+
+
+async def assert_node_untouched(demo: Demo, node: str) -> None:
+    """Sickbay neither marked nor tainted `node`, and started no per-GPU remediation on it."""
+    from contract.names import WF_REMEDIATE
+    from contract.node_incident import CONDITION_GPU_DEVICES
+
+    obj = await demo.k("GET", f"/api/v1/nodes/{node}")
+    conditions = [c["type"] for c in obj["status"].get("conditions") or []]
+    assert CONDITION_GPU_DEVICES not in conditions, obj["status"]["conditions"]
+    assert not [t for t in obj["spec"].get("taints") or [] if "sickbay" in t["key"]]
+    listed = [
+        w.id
+        async for w in demo.client.list_workflows(
+            f"WorkflowType = '{WF_REMEDIATE}' AND SickbayNode = '{node}'"
+        )
+    ]
+    assert listed == [], listed

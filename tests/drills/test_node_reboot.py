@@ -20,9 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from contract.names import QRY_TIMELINE, WF_REMEDIATE, node_workflow_id
-from contract.node_incident import CONDITION_GPU_DEVICES, NodeIncidentResult
-from tests.drills.conftest import drill_stack
+from contract.names import QRY_TIMELINE, node_workflow_id
+from contract.node_incident import NodeIncidentResult
+from tests.drills.conftest import (
+    assert_node_untouched,
+    drill_stack,
+    gpu_plugin_pods,
+    node_incident_result,
+    until_plugin_pods,
+)
 
 pytestmark = pytest.mark.devserver
 
@@ -35,19 +41,13 @@ async def test_a_reboot_whose_plugin_starts_again_touches_nothing(tmp_path: Path
         d.stack.twin("POST", "/twin/gpu-plugins", {})
         node = sorted(await demo.nodes())[0]
 
-        async def plugin_pods() -> set[str]:
-            body = await demo.k("GET", "/api/v1/namespaces/gpu-operator/pods")
-            return {p["metadata"]["name"] for p in body["items"]}
-
-        deadline = time.monotonic() + WITHIN
-        while len(before := await plugin_pods()) < 4:  # plugin + validator, 2 nodes
-            assert time.monotonic() < deadline, "GPU plugin pods never ran"
-            await asyncio.sleep(0.2)
-        wid = node_workflow_id(node)
+        before = await until_plugin_pods(demo, 4, WITHIN)  # plugin + validator x 2
         # The plugin starts until the incident has seen it starting (a real one takes
         # minutes; a fixed window would be a race on a busy machine), then registers.
         d.stack.twin("POST", "/twin/upgrades/reboot", {"node": node, "startsAfter": 1e9})
-        handle = demo.client.get_workflow_handle(wid, result_type=NodeIncidentResult)
+        handle = demo.client.get_workflow_handle(
+            node_workflow_id(node), result_type=NodeIncidentResult
+        )
         deadline = time.monotonic() + WITHIN
         while True:
             try:
@@ -56,29 +56,11 @@ async def test_a_reboot_whose_plugin_starts_again_touches_nothing(tmp_path: Path
                 timeline = []
             if any("plugin starting" in line for line in timeline):
                 break
-            assert time.monotonic() < deadline, (
-                f"the incident never saw the plugin starting: {timeline}"
-            )
+            assert time.monotonic() < deadline, f"the plugin never seen starting: {timeline}"
             await asyncio.sleep(0.2)
         d.stack.twin("POST", "/twin/upgrades/start-now", {"node": node})
-        while True:
-            try:
-                result = await asyncio.wait_for(handle.result(), timeout=5)
-                break
-            except Exception:  # not started yet, or still looking
-                assert time.monotonic() < deadline, f"no closed node incident {wid}"
-                await asyncio.sleep(0.2)
+        result = await node_incident_result(handle, WITHIN)
         assert result.outcome == "recovered", result.timeline
         assert any("plugin starting" in line for line in result.timeline), result.timeline
-        obj = await demo.k("GET", f"/api/v1/nodes/{node}")
-        conditions = [c["type"] for c in obj["status"].get("conditions") or []]
-        assert CONDITION_GPU_DEVICES not in conditions, obj["status"]["conditions"]
-        assert not [t for t in obj["spec"].get("taints") or [] if "sickbay" in t["key"]]
-        assert await plugin_pods() == before  # the starting pod was not restarted (deleted)
-        listed = [
-            w
-            async for w in demo.client.list_workflows(
-                f"WorkflowType = '{WF_REMEDIATE}' AND SickbayNode = '{node}'"
-            )
-        ]
-        assert listed == [], [w.id for w in listed]
+        await assert_node_untouched(demo, node)
+        assert await gpu_plugin_pods(demo) == before  # the starting pod was not restarted
