@@ -598,6 +598,20 @@ async def start(
     )
 
 
+async def query_status(handle: WorkflowHandle[Any, Any]) -> RemediationStatus:
+    """The status query, asked again when the test server reset the call's HTTP/2 stream (it
+    does under load, mid-test: "h2 protocol error"); a query changes nothing, so asking again
+    is safe. Any other error is raised."""
+    for attempt in range(5):
+        try:
+            return await handle.query(QRY_STATUS, result_type=RemediationStatus)
+        except RPCError as err:
+            if "h2 protocol error" not in err.message or attempt == 4:
+                raise
+            await asyncio.sleep(0.2)
+    raise AssertionError("unreachable")
+
+
 async def wait_phase(
     handle: WorkflowHandle[Any, Any], phase: Phase, within: float = 120.0
 ) -> RemediationStatus:
@@ -608,7 +622,7 @@ async def wait_phase(
     give_up = loop.time() + within
     status: RemediationStatus | None = None
     while loop.time() < give_up:
-        status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+        status = await query_status(handle)
         if status.phase is phase:
             return status
         await asyncio.sleep(0.02)
@@ -634,7 +648,7 @@ async def past_deadline(
     status = await wait_phase(handle, phase)
     while (status.deadline is None or not world.watching) and loop.time() < give_up:
         await asyncio.sleep(0.02)
-        status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+        status = await query_status(handle)
     assert status.deadline is not None and world.watching, f"no watch in {phase}: {status}"
     target = status.deadline + past
     while (now := await env.get_current_time()) < target and world.watching:
