@@ -50,7 +50,7 @@ from activities.kube.devices import (
     GPU_RESOURCE,
     SHARED_RESOURCE,
     mig_instances,
-    mig_reconfiguring,
+    mig_repartition,
     offered_gpus,
     planned_outage,
     withholds_every_gpu,
@@ -516,8 +516,6 @@ class SweepActivities:
         name = (node.get("metadata") or {}).get("name", "")
         labels = (node.get("metadata") or {}).get("labels") or {}
         status = node.get("status") or {}
-        if mig_reconfiguring(node):
-            return None  # the MIG manager is repartitioning its GPUs: planned, not a loss
         if planned_outage(node):
             return None  # its GPUs go with the node, or the driver upgrade took them a while
         capacity, allocatable = offered_gpus(node), offered_gpus(node, "allocatable")
@@ -567,6 +565,14 @@ class SweepActivities:
                 )
         if not problem:
             return None
+        planned = mig_repartition(node)
+        if planned and not vanished:
+            return None  # what the node offers while the MIG manager works: no notice
+        if planned:  # GPUs gone under it: the node incident waits for it, bounded
+            problem += (
+                f", while {planned}: the node incident waits for it for up to "
+                "nodeIncident.plannedGrace before saying so"
+            )
         return SweepFinding(
             kind="node-capacity",
             node=name,
@@ -575,6 +581,7 @@ class SweepActivities:
             gpu_allocatable=allocatable,
             expected_gpus=expected,
             vanished=vanished,
+            planned=planned,
         )
 
 

@@ -60,6 +60,9 @@ class NodeIncidentInput(Contract):
     cluster: str = ""
     trigger: Literal["watch", "sweep", "manual"] = "sweep"
     reason: str = ""  # what the trigger saw, in words
+    # The GPUs went while planned work holds them (the MIG manager repartitioning): what it
+    # is, in words (the finding's `planned`); "" for any other vanish.
+    planned: str = ""
     expected_gpus: int | None = Field(default=None, ge=1)  # the count label / count last seen
     recorded: RecordedNode | None = None
     dry_run: bool = False
@@ -117,6 +120,9 @@ class NodeDiagnosis(Contract):
     runtime_class: str = ""
     runtime_class_found: bool | None = None  # the RuntimeClass the plugin names exists
     vanished: bool = False  # fewer GPUs than expected (or a plugin pod not Ready)
+    # The GPUs are gone (as `vanished` says) while the MIG manager repartitions them: what it
+    # is doing, in words. Not vanished then; the incident waits up to `plannedGrace`.
+    planned_work: str = ""
     cause: Cause = "unknown"
     restartable: bool = False
     summary: str = ""  # the likely cause in plain words

@@ -89,6 +89,9 @@ SAFE_BOUNDS: dict[str, SafeBound] = {
     # A GPU Operator plugin pod waits for the driver and toolkit validations (minutes after a
     # reboot); longer leaves a node whose plugin never starts untouched for too long.
     "nodeIncident.startGrace": SafeBound(low=timedelta(0), high=timedelta(minutes=30)),
+    # A MIG repartition takes minutes, with a node reboot ten or so; shorter pages for a
+    # healthy one, longer leaves GPUs lost under a stuck MIG manager unsaid too long.
+    "nodeIncident.plannedGrace": SafeBound(low=timedelta(minutes=5), high=timedelta(hours=6)),
     "nodeIncident.poolWindow": SafeBound(low=_MIN, high=_D),
     "nodeIncident.poolNodes": SafeBound(low=2, high=64),
 }
@@ -698,6 +701,10 @@ class NodeIncidentPolicy(BoundedRunbookModel):
     # back from a reboot, a plugin rollout): diagnose again every `settle` for up to this
     # long before touching the node. A plugin pod failing meanwhile is acted on at once.
     start_grace: Duration = timedelta(minutes=5)
+    # GPUs gone while the GPU Operator's MIG manager repartitions them (its
+    # nvidia.com/mig.config.state pending or rebooting): diagnose again every plannedGrace / 30
+    # (at least `settle`) for up to this long; then page once, saying the node is left alone.
+    planned_grace: Duration = timedelta(minutes=30)
     # Keep new GPU pods off the node: Sickbay's NoSchedule node taint, a cordon, or nothing.
     contain: Literal["taint", "cordon", "none"] = "taint"
     # The node ladder, in order; reboot / replace run only when spec.repair enables them.

@@ -54,6 +54,9 @@ class SweepFinding(Contract):
     # vanished (a node incident) rather than being reported unhealthy (a notice).
     expected_gpus: int | None = None
     vanished: bool = False
+    # vanished while planned work holds the GPUs (the MIG manager repartitioning them): what
+    # it is, in words; the node incident waits for it (nodeIncident.plannedGrace).
+    planned: str = ""
 
     @property
     def key(self) -> str:

@@ -108,6 +108,7 @@ MIN_SECONDS = {
     "staleAfter": 60.0,
     "settle": 1.0,
     "startGrace": 30.0,
+    "plannedGrace": 60.0,
 }
 DURATION_KEYS = frozenset(MIN_SECONDS)
 # Durations kept as shipped: they become a Job's activeDeadlineSeconds, which the twin's Job

@@ -758,6 +758,7 @@ class HealthWatcher:
             cluster=self.config.cluster,
             trigger="watch",
             reason=finding.message,
+            planned=finding.planned,
             # A plugin pod's finding carries no count: the most GPUs seen on the node.
             expected_gpus=finding.expected_gpus or recorded.gpu_count,
             recorded=recorded,

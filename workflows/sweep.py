@@ -247,6 +247,7 @@ class HealthSweepWorkflow:
                     cluster=inp.cluster,
                     trigger="sweep",
                     reason=f.message,
+                    planned=f.planned,
                     expected_gpus=f.expected_gpus,
                     dry_run=inp.dry_run,
                     task_queue=inp.task_queue,

@@ -47,11 +47,11 @@ from temporalio.exceptions import ApplicationError
 from activities.defn import implements
 from activities.kube.client import ErrorKind, Kube, KubeError, to_application_error
 from activities.kube.devices import (
-    MIG_CONFIG_STATE_LABEL,
     REPLICAS_LABEL,
     list_slice_devices,
     mig_instances,
     mig_reconfiguring,
+    mig_repartition,
     node_gpu_uuids,
     node_pool_of,
     offered_gpus,
@@ -377,7 +377,8 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
     short = expected is not None and have < expected and not mig
     reconfiguring = mig_reconfiguring(node)  # planned: the GPU plugins stopped on purpose
     planned = planned_outage(node)  # its GPUs go with the node, or a driver upgrade took them
-    vanished = (short or any(not p.ready for p in plugins)) and not reconfiguring and not planned
+    lost = short or any(not p.ready for p in plugins)
+    vanished = lost and not reconfiguring and not planned
     pool = node_pool_of(node)
     peers, pool_vanished = _peers(kube, node, pool, inp.pool_window)
     d = NodeDiagnosis(
@@ -411,11 +412,12 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
     if mig:
         published = f"{have} whole GPU(s) and {mig} MIG instance(s) (mig.strategy mixed)"
     if reconfiguring:
-        state = (labels.get(MIG_CONFIG_STATE_LABEL) or "").strip()
+        work = mig_repartition(node)
         return d.model_copy(
             update={
-                "summary": f"node {inp.node}: the MIG manager is repartitioning its GPUs "
-                f"({MIG_CONFIG_STATE_LABEL}={state}); it publishes {published} meanwhile"
+                "summary": f"node {inp.node}: {work}; it publishes {published} meanwhile",
+                # GPUs gone under it: the incident waits for it (bounded), never acts on it
+                "planned_work": work if lost and not planned else "",
             }
         )
     if planned:

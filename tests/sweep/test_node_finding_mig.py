@@ -18,7 +18,8 @@ on a node that lost nothing. Cases:
 - a whole GPU unhealthy on a mixed node (allocatable below capacity): still a notice.
 
 A MIG reconfiguration in progress (the MIG manager's `nvidia.com/mig.config.state` pending or
-rebooting) is no vanish either.
+rebooting) is never a notice, and GPUs gone under it are a vanish naming it (the node incident
+waits for it, bounded).
 
 Time-slicing (and MPS) shares each GPU `nvidia.com/gpu.replicas` ways: nvidia.com/gpu (or,
 with `renameByDefault`, nvidia.com/gpu.shared) counts replicas; renamed, the old
@@ -141,18 +142,29 @@ def test_time_slicing_is_never_a_vanish_on_a_lagging_replicas_label() -> None:
     assert "nvidia.com/gpu + nvidia.com/gpu.shared" in found.message
 
 
-def test_a_mig_reconfiguration_in_progress_is_no_vanish() -> None:
+def test_a_mig_reconfiguration_in_progress_is_no_notice_and_a_bounded_vanish() -> None:
     """The GPU Operator's MIG manager labels the node `nvidia.com/mig.config.state=pending`
     (then `rebooting` where it must) while it stops the GPU plugins and repartitions the GPUs:
-    what the node offers meanwhile is the planned work, not GPUs gone. `success` and `failed`
-    are judged as any node."""
+    what the node offers meanwhile is the planned work, never a notice. GPUs gone under it
+    are a vanish that names the work: the node incident waits for it (plannedGrace) and says
+    so if it never ends, instead of a MIG manager stuck in `pending` hiding a lost node for
+    ever. `success` and `failed` are judged as any node."""
     for state in ("pending", "rebooting"):
-        node = _node(whole=0, mig=0)
-        node["metadata"]["labels"]["nvidia.com/mig.config.state"] = state
-        assert _swept(node) is None, state
-        assert _watched(node) == [], state
-    for state in ("success", "failed"):
+        sick = _node(whole=4, mig=28, whole_allocatable=2)  # a notice on any other node
+        sick["metadata"]["labels"]["nvidia.com/mig.config.state"] = state
+        assert _swept(sick) is None, state
+        assert _watched(sick) == [], state
         node = _node(whole=0, mig=0)
         node["metadata"]["labels"]["nvidia.com/mig.config.state"] = state
         found = _swept(node)
         assert found is not None and found.vanished, state
+        assert found.planned == (
+            f"the MIG manager is repartitioning its GPUs (nvidia.com/mig.config.state={state})"
+        )
+        assert found.planned in found.message and "plannedGrace" in found.message
+        assert [(f.vanished, f.planned) for f in _watched(node)] == [(True, found.planned)]
+    for state in ("success", "failed"):
+        node = _node(whole=0, mig=0)
+        node["metadata"]["labels"]["nvidia.com/mig.config.state"] = state
+        found = _swept(node)
+        assert found is not None and found.vanished and not found.planned, state

@@ -6,7 +6,10 @@ Cases:
   pod's device Unhealthy; another GPU of the node vanishes from the ResourceSlice. One sweep
   starts exactly one remediation, for the killed GPU, and one node incident for the node
   short of a GPU (no notice, no remediation for the vanished GPU); a second sweep only
-  signals the same two workflows.
+  signals the same two workflows;
+- the MIG manager repartitioning the node (`nvidia.com/mig.config.state=pending`) while a GPU
+  is gone from its ResourceSlice: one sweep starts the node incident with `planned` naming
+  the work (the incident waits for it, bounded), and notifies nobody.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from activities.launch import LaunchActivities
 from activities.node_launch import NodeLaunchActivities
 from activities.sweep import SweepActivities
 from contract.names import ACT_NOTIFY, device_workflow_id, node_workflow_id
+from contract.node_incident import NodeIncidentInput
 from contract.notify import NotifyInput, NotifyResult
 from contract.sweep import SweepInput, SweepResult
 from tests.webhook.helpers import count_runs, history_counts
@@ -195,4 +199,63 @@ async def test_twin_fault_to_one_remediation(
     assert counts == {"started": 1, "signaled": 2}
     assert await history_counts(client, node_wid) == {"started": 1, "signaled": 2}
     await client.get_workflow_handle(wid).terminate("test done")
+    await client.get_workflow_handle(node_wid).terminate("test done")
+
+
+async def test_a_vanish_under_a_mig_repartition_starts_the_incident_naming_it(
+    twin: tuple[RunningTwin, ControllerManager], dev_env: WorkflowEnvironment
+) -> None:
+    """The MIG manager repartitions the node (`nvidia.com/mig.config.state=pending`) and a GPU
+    is gone from its ResourceSlice meanwhile: the sweep starts the node incident (which waits
+    for the planned work, bounded) with `planned` naming it, and notifies nobody."""
+    rs, manager = twin
+    core = k8s.CoreV1Api(rs.api_client())
+    (node,) = rs.twin.seed_info["nodes"]
+    core.patch_node(node, {"metadata": {"labels": {"nvidia.com/mig.config.state": "pending"}}})
+    manager.faults.fail(node, "1", vanish=True)
+    kube = Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
+
+    def one_gpu_published() -> bool:
+        devices = k8s.ResourceV1Api(rs.api_client()).list_resource_slice().items
+        return sum(len(s.spec.devices or []) for s in devices if s.spec.node_name == node) == 1
+
+    await wait_for(one_gpu_published)
+    client = dev_env.client
+    notices: list[NotifyInput] = []
+
+    @activity.defn(name=ACT_NOTIFY)
+    async def notify(req: NotifyInput) -> NotifyResult:
+        notices.append(req)
+        return NotifyResult(channel=req.channel, delivered=True)
+
+    sweep_queue = f"twin-sweep-{uuid.uuid4().hex[:8]}"
+    device_queue = f"twin-devices-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        client,
+        task_queue=sweep_queue,
+        workflows=[HealthSweepWorkflow],
+        activities=[
+            SweepActivities(kube).sweep_cluster,
+            LaunchActivities(client, device_queue).signal_with_start_remediation,
+            NodeLaunchActivities(client, device_queue).signal_with_start_node_incident,
+            notify,
+        ],
+    ):
+        result = await client.execute_workflow(
+            HealthSweepWorkflow.run,
+            SweepInput(task_queue=device_queue, notify_channels=["ops"]),
+            id=f"twin-sweep-{uuid.uuid4().hex[:8]}",
+            task_queue=sweep_queue,
+            result_type=SweepResult,
+        )
+    node_wid = node_workflow_id(node)
+    assert result.node_incidents == [node_wid] and result.started == []
+    assert result.notified_nodes == [] and notices == []
+    history = await client.get_workflow_handle(node_wid).fetch_history()
+    [payload] = history.events[0].workflow_execution_started_event_attributes.input.payloads
+    started = NodeIncidentInput.model_validate_json(payload.data)
+    assert started.trigger == "sweep" and started.planned == (
+        "the MIG manager is repartitioning its GPUs (nvidia.com/mig.config.state=pending)"
+    )
+    assert started.planned in started.reason
     await client.get_workflow_handle(node_wid).terminate("test done")

@@ -17,7 +17,11 @@ Cases (device plugin, a pod on one of the node's GPUs):
   starting); no node incident, and the pod's Unknown GPU is no remediation;
 - MIG on the device plugin's `mixed` strategy (one GPU of a node MIG-enabled before the
   watch starts), and time-slicing renamed to nvidia.com/gpu.shared on the other while it
-  runs: nvidia.com/gpu below the count label is no vanish: no node incident, no notice.
+  runs: nvidia.com/gpu below the count label is no vanish: no node incident, no notice;
+- the MIG manager repartitioning a node (`nvidia.com/mig.config.state` pending: nothing sent;
+  rebooting, the kubelet counting no GPU): one node incident whose reason names the planned
+  work (the incident waits for it, bounded), the pod's Unknown GPU left to it; `success`
+  with the GPUs back: no longer vanished, nothing more sent.
 """
 
 from __future__ import annotations
@@ -220,3 +224,53 @@ async def test_mig_and_time_slicing_are_no_node_incident(
         await asyncio.sleep(1.0)  # what the watcher would send, it sends within this
         assert incidents == [] and rec.nodes == [] and rec.requests == []
         assert not watcher.tracker.vanished
+
+
+async def test_gpus_gone_under_a_mig_repartition_are_one_incident_naming_it(
+    twin: tuple[RunningTwin, ControllerManager],
+) -> None:
+    """The MIG manager's repartition as the API shows it: `nvidia.com/mig.config.state`
+    pending (GPUs still offered: nothing sent, neither notice nor incident), then rebooting
+    the node (the kubelet counts no GPU): one node incident, its reason naming the planned
+    work, so the incident waits for it (bounded) instead of the watcher hiding the loss for as
+    long as the label stays; the pod's Unknown GPU is left to it. Done (`success`, the GPUs
+    offered again): the node is no longer vanished, and nothing more is sent."""
+    rs, manager = twin
+    node = rs.twin.seed_info["nodes"][0]
+    core = await _trainer_running(rs, node)
+
+    def state(value: str) -> None:
+        core.patch_node(node, {"metadata": {"labels": {"nvidia.com/mig.config.state": value}}})
+
+    watcher, rec, incidents = _watching(rs)
+    async with Running(watcher):
+        assert await watcher.synced()
+        state("pending")
+        await until(
+            lambda: (
+                (watcher.tracker.nodes.get(node) or {})["metadata"]["labels"].get(
+                    "nvidia.com/mig.config.state"
+                )
+                == "pending"
+            )
+        )
+        await asyncio.sleep(0.5)  # what the watcher would send, it sends within this
+        assert incidents == [] and rec.nodes == []
+        state("rebooting")
+        manager.gpu_plugins.reboot(node, starts_after=1e9)  # until start_now below
+        await until(lambda: incidents)
+        [inc] = incidents
+        assert inc.node == node and inc.expected_gpus == 2
+        assert (
+            "the MIG manager is repartitioning its GPUs (nvidia.com/mig.config.state=rebooting)"
+            in inc.reason
+        ), inc.reason
+        assert inc.planned == (
+            "the MIG manager is repartitioning its GPUs (nvidia.com/mig.config.state=rebooting)"
+        )
+        await until(lambda: watcher.stats.left_to_node_incident >= 1)  # past unknown_timeout
+        state("success")
+        manager.gpu_plugins.start_now(node)
+        await until(lambda: core.read_node(node).status.capacity["nvidia.com/gpu"] == "2")
+        await until(lambda: node not in watcher.tracker.vanished)
+        assert len(incidents) == 1 and rec.requests == [] and rec.nodes == []

@@ -23,6 +23,10 @@ Cases:
   rollout): diagnosed again every `settle` while it starts, for up to `startGrace`; back ->
   `recovered`, nothing touched; still starting after it -> acted on as before, saying so;
   one that starts failing meanwhile -> contained at once;
+- the MIG manager repartitioning the node (GPUs gone on purpose): diagnosed again every
+  `plannedGrace` / 30 while it lasts; done and back -> `recovered`, nothing touched; done
+  `failed` with the GPUs gone -> acted on as any vanish; still under way after `plannedGrace`
+  -> one page and a Warning Event saying so, the node never touched, closed `escalated`;
 - the evicted workloads followed (the shared replacement race): their replacements Running
   on another node -> logged, the page left alone, held as before; still Pending at the
   Pending deadline with scaleUp on -> the budget lease extended to the node's GPUs, capacity
@@ -382,6 +386,7 @@ async def run(
     dry_run: bool = False,
     then: Any = None,
     history: str | None = None,
+    planned: str = "",
 ) -> NodeIncidentResult:
     client: Client = env.client
     tq = f"tq-{uuid.uuid4()}"
@@ -396,7 +401,13 @@ async def run(
     ):
         handle = await client.start_workflow(
             NodeIncidentWorkflow.run,
-            NodeIncidentInput(node=NODE, trigger="watch", reason="capacity 0 < 2", dry_run=dry_run),
+            NodeIncidentInput(
+                node=NODE,
+                trigger="watch",
+                reason="capacity 0 < 2",
+                dry_run=dry_run,
+                planned=planned,
+            ),
             id=node_workflow_id(NODE),
             task_queue=tq,
         )
@@ -546,6 +557,101 @@ async def test_a_starting_plugin_that_fails_is_contained_at_once(
     await run(time_skipping_env, world)
     names = world.names()
     assert names[:3] == [ACT_DIAGNOSE_NODE, ACT_DIAGNOSE_NODE, ACT_CONTAIN_NODE]
+
+
+def repartitioning(state: str = "pending") -> NodeDiagnosis:
+    """The MIG manager repartitioning the node (its GPU plugins stopped on purpose): GPUs gone,
+    not vanished, the planned work named."""
+    return diagnosis().model_copy(
+        update={
+            "vanished": False,
+            "planned_work": f"the MIG manager is repartitioning its GPUs "
+            f"(nvidia.com/mig.config.state={state})",
+            "summary": f"node {NODE}: the MIG manager is repartitioning its GPUs",
+        }
+    )
+
+
+async def test_gpus_gone_under_a_mig_repartition_are_waited_for_and_touch_nothing(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """The MIG manager stops the GPU plugins and repartitions (pending, then rebooting): the
+    incident diagnoses again every minute (plannedGrace 30m / 30) and closes `recovered` once
+    it is done and the GPUs are back: nothing contained, nobody paged."""
+    back = diagnosis().model_copy(update={"vanished": False})
+    world = World(diag=repartitioning(), later=[repartitioning("rebooting"), back])
+    result = await run(time_skipping_env, world, history="node_incident_mig_repartition")
+    assert result.outcome == "recovered", result.summary
+    assert world.names() == [ACT_DIAGNOSE_NODE] * 3
+    assert sum(" planned work -> " in line for line in result.timeline) == 1
+    assert any(" planned work done -> " in line for line in result.timeline)
+    assert "after the planned work" in result.summary
+
+
+async def test_a_mig_repartition_that_never_ends_is_said_loudly_and_touches_nothing(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """A MIG manager stuck in `pending` (its pod gone, a failed script) with the GPUs gone
+    hides a real loss: after plannedGrace (30m) the incident pages once, writes a Warning
+    Event on the Node and closes `escalated`, the node never contained (the planned work may
+    still be someone's), no plugin restarted."""
+    world = World(diag=repartitioning())
+    result = await run(time_skipping_env, world)
+    assert result.outcome == "escalated", result.summary
+    names = world.names()
+    assert ACT_CONTAIN_NODE not in names and ACT_RESTART_GPU_PLUGIN not in names
+    assert names.count(ACT_DIAGNOSE_NODE) == 31  # the first look, then every minute for 30m
+    pages = world.of(ACT_NOTIFY)
+    assert len(pages) == 1 and pages[0].incident.reason == "planned-work-stuck"
+    assert "30m" in pages[0].incident.summary and "mig.config.state=pending" in (
+        pages[0].incident.summary
+    )
+    assert reasons(world) == ["GPUsMissingUnderPlannedWork"]
+    assert "not touched" in result.summary
+
+
+async def test_a_mig_repartition_that_fails_is_acted_on_as_any_vanish(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """The MIG manager finishes `failed` with the GPUs still gone: no planned work any more,
+    so the node is handled as any vanish (its plugin Ready: looked at once more after
+    `settle`, then contained, the ladder)."""
+    world = World(diag=repartitioning(), later=[diagnosis()] * 2, waits_before_back=0)
+    result = await run(time_skipping_env, world)
+    names = world.names()
+    assert names[:4] == [ACT_DIAGNOSE_NODE] * 3 + [ACT_CONTAIN_NODE]
+    assert result.outcome == "healed", result.summary
+
+
+def _procedure_off() -> RunbookSet:
+    runbooks = []
+    for rb in without_repair(shipped_runbooks()):
+        off = rb.spec.node_incident.model_copy(update={"enabled": False})
+        runbooks.append(
+            rb.model_copy(update={"spec": rb.spec.model_copy(update={"node_incident": off})})
+        )
+    return RunbookSet(runbooks=runbooks)
+
+
+async def test_with_the_node_procedure_off_a_mig_repartition_is_waited_for_before_telling(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """`nodeIncident.enabled: false`: a vanish is only told (one notice, nothing diagnosed or
+    touched), but GPUs gone under a MIG repartition (the finding names it) are first waited
+    for as with the procedure on: done and back -> `recovered`, nobody told; never done ->
+    the one page after plannedGrace."""
+    world = World(runbooks=_procedure_off())
+    result = await run(time_skipping_env, world)
+    assert result.outcome == "disabled" and world.names() == [ACT_NOTIFY]
+    back = diagnosis().model_copy(update={"vanished": False})
+    world = World(runbooks=_procedure_off(), diag=repartitioning(), later=[back])
+    result = await run(time_skipping_env, world, planned=repartitioning().planned_work)
+    assert result.outcome == "recovered", result.summary
+    assert world.names() == [ACT_DIAGNOSE_NODE] * 2
+    world = World(runbooks=_procedure_off(), diag=repartitioning())
+    result = await run(time_skipping_env, world, planned=repartitioning().planned_work)
+    assert result.outcome == "escalated" and ACT_CONTAIN_NODE not in world.names()
+    assert [n.incident.reason for n in world.of(ACT_NOTIFY)] == ["planned-work-stuck"]
 
 
 async def test_a_failing_plugin_is_contained_without_settling(

@@ -6,6 +6,9 @@ remediation (one run per node: `contract.names.node_workflow_id`).
     diagnosing   diagnose-node-gpus: plugin pods, their Events, versions vs recorded and pool,
       │          validator, RuntimeClass; every plugin pod Ready (a kubelet restart's first
       │          seconds look so): diagnosed again after nodeIncident.settle, nothing touched
+      │          waiting: GPUs gone while the MIG manager repartitions them: diagnosed again
+      │          every plannedGrace / 30, nothing touched; still under way after
+      │          nodeIncident.plannedGrace ──▶ one page, Node Event, closed `escalated`
       │          ──GPUs back already──▶ closed `recovered`
       │          dry run ──▶ closed `dry-run` (the diagnosis and what it would do)
       ▼
@@ -126,6 +129,9 @@ MAX_HELD_VALIDATIONS = 3
 EVENT_VANISHED = "GPUDevicesVanished"
 EVENT_RESTORED = "GPUDevicesRestored"
 EVENT_ESCALATED = "GPUNodeIncidentEscalated"
+EVENT_PLANNED_STUCK = "GPUsMissingUnderPlannedWork"
+# Looks at a node under planned work (a MIG repartition) per plannedGrace.
+PLANNED_LOOKS = 30
 CAUSE_REASONS = {
     "toolkit-hook": "ContainerToolkitHookFailed",
     "nvml-missing": "NVMLNotLoaded",
@@ -289,6 +295,96 @@ class NodeIncidentWorkflow:
             return self._result("recovered", f"back within {waited}, nothing touched: {d.summary}")
         return d
 
+    async def _planned(
+        self, spec: RunbookSpec, d: NodeDiagnosis
+    ) -> NodeDiagnosis | NodeIncidentResult:
+        """GPUs gone while planned work holds them (the MIG manager repartitioning): look
+        again every plannedGrace / 30 (at least `settle`) while it lasts, touching nothing.
+        Done: the last diagnosis (acted on as any) or `recovered` if the GPUs are back. Still
+        under way after plannedGrace: one page and a Node Event saying the GPUs are gone under
+        it, the node left alone (the work may still be someone's): `escalated`."""
+        if not d.planned_work:
+            return d
+        policy = spec.node_incident
+        grace = format_duration(policy.planned_grace)
+        every = max(policy.settle, policy.planned_grace / PLANNED_LOOKS, timedelta(seconds=1))
+        began = workflow.now()
+        self._enter("waiting")
+        self._log(
+            "planned work",
+            f"{d.planned_work}, its GPUs gone meanwhile: diagnosing again every "
+            f"{format_duration(every)}, for up to {grace}, touching nothing",
+        )
+        while d.planned_work and workflow.now() - began < policy.planned_grace:
+            try:
+                await self._interruptible(workflow.sleep(every))
+            except Aborted:
+                assert self._abort is not None
+                return self._result("aborted", self._abort.reason)
+            d = await self._diagnose(policy)
+        waited = format_duration(timedelta(seconds=int((workflow.now() - began).total_seconds())))
+        if not d.planned_work:
+            self._log("planned work done", f"after {waited}: {d.summary}")
+            if d.vanished:
+                self._enter("diagnosing")
+                return d
+            return self._result(
+                "recovered", f"back after the planned work ({waited}), nothing touched: {d.summary}"
+            )
+        summary = (
+            f"node {self._inp.node}: its GPUs are gone and {d.planned_work} for {waited} now "
+            f"(nodeIncident.plannedGrace {grace}); Sickbay does not touch a node under planned "
+            f"work, so it is not touched: {d.summary}"
+        )
+        await self._page_once(
+            spec,
+            d,
+            reason="planned-work-stuck",
+            summary=summary,
+            needed="check the GPU Operator's MIG manager on the node (its pod and logs, the "
+            "nvidia.com/mig.config label it applies); once it finishes, or its state label "
+            "says failed, Sickbay diagnoses the node again",
+        )
+        self._log("planned work not done", summary[:300])
+        await self._event(EVENT_PLANNED_STUCK, summary)
+        self._enter("escalated")
+        return self._result("escalated", summary)
+
+    async def _page_once(
+        self,
+        spec: RunbookSpec,
+        d: NodeDiagnosis,
+        *,
+        reason: str,
+        summary: str,
+        needed: str,
+        id: str = "",
+    ) -> None:
+        """One page on every escalation channel about this node (or its pool's `id`), each
+        failure logged."""
+        inp = self._inp
+        incident = Incident(
+            id=id or workflow.info().workflow_id,
+            device=f"{inp.node}/nvidia.com/gpu",
+            node=inp.node,
+            node_pool=d.node_pool,
+            cluster=inp.cluster or None,
+            phase=Phase.ESCALATED,
+            severity=spec.escalation.severity,
+            reason=reason,
+            summary=summary,
+            done=[line.split(" ", 1)[1] for line in self._timeline[-8:]],
+            needed=needed,
+        )
+        if not spec.escalation.channels:
+            workflow.logger.warning("no escalation channel configured: %s", summary)
+        for channel in spec.escalation.channels:
+            try:
+                await self._act.notify(NotifyInput(channel=channel, incident=incident))
+                self._paged.append((channel, incident))
+            except ACTIVITY_FAILED as err:
+                self._log(f"page on {channel} failed", _why(err))
+
     async def _event(self, reason: str, message: str, etype: str = "Warning") -> None:
         try:
             await self._act.record_event(
@@ -312,7 +408,14 @@ class NodeIncidentWorkflow:
         spec = pick_runbook(await self._act.load_runbooks())
         policy = spec.node_incident
         if not policy.enabled:
-            # As before the node procedure: people are told, Sickbay touches nothing.
+            # As before the node procedure: people are told, Sickbay touches nothing; GPUs
+            # gone under planned work (a MIG repartition) are waited for first, as with it on.
+            if inp.planned:
+                waited = await self._planned(spec, await self._diagnose(policy))
+                if not isinstance(waited, NodeDiagnosis):
+                    return waited  # back after it, or told after plannedGrace
+                if not waited.vanished:
+                    return self._result("recovered", f"nothing to tell: {waited.summary}")
             notice = Incident(
                 id=node_notice_workflow_id(inp.node, inp.cluster),
                 cluster=inp.cluster or None,
@@ -332,7 +435,10 @@ class NodeIncidentWorkflow:
             return self._result("disabled", "nodeIncident.enabled is off in the runbook")
         self._enter("diagnosing")
         d = await self._diagnose(policy)
-        looked = await self._settle(policy, d)
+        waited = await self._planned(spec, d)
+        if not isinstance(waited, NodeDiagnosis):
+            return waited
+        looked = await self._settle(policy, waited)
         if not isinstance(looked, NodeDiagnosis):
             return looked
         d = looked
@@ -885,27 +991,9 @@ class NodeIncidentWorkflow:
             "kubelet and runtime), or roll the upgrade back; Sickbay keeps the node tainted and "
             "releases it once its GPUs are back and validated"
         )
-        incident = Incident(
-            id=incident_id,
-            device=f"{inp.node}/nvidia.com/gpu",
-            node=inp.node,
-            node_pool=d.node_pool,
-            cluster=inp.cluster or None,
-            phase=Phase.ESCALATED,
-            severity=spec.escalation.severity,
-            reason="gpus-vanished",
-            summary=summary,
-            done=[line.split(" ", 1)[1] for line in self._timeline[-8:]],
-            needed=needed,
+        await self._page_once(
+            spec, d, reason="gpus-vanished", summary=summary, needed=needed, id=incident_id
         )
-        if not spec.escalation.channels:
-            workflow.logger.warning("no escalation channel configured: %s", summary)
-        for channel in spec.escalation.channels:
-            try:
-                await self._act.notify(NotifyInput(channel=channel, incident=incident))
-                self._paged.append((channel, incident))
-            except ACTIVITY_FAILED as err:
-                self._log(f"page on {channel} failed", _why(err))
         self._log("escalated" + (" as a pool incident" if as_pool else ""), summary[:300])
         await self._event(EVENT_ESCALATED, summary)
         expected = d.expected_gpus or max(len(d.gpu_uuids), 1)

@@ -16,7 +16,8 @@ Cases:
 - diagnose, device plugin, MIG on the `mixed` strategy (one of two GPUs MIG-enabled: 1
   nvidia.com/gpu, 7 MIG instances, the count label 2): not vanished, nor is a second node so
   partitioned short of GPUs for the pool; the same node after an upgrade broke its plugin:
-  vanished; while the MIG manager repartitions it (mig.config.state pending): not vanished;
+  vanished; while the MIG manager repartitions it (mig.config.state pending): not vanished,
+  the planned work named (its GPUs are gone: the incident waits for it);
 - diagnose, device plugin, a node whose plugin broke and which the Cluster Autoscaler is
   removing (its ToBeDeletedByClusterAutoscaler taint): not vanished, the summary says who is
   removing it (without the taint: vanished); a peer being removed is not in `pool_vanished`;
@@ -222,6 +223,10 @@ async def test_diagnose_mig_mixed_partitioning_is_no_vanish(make: Any) -> None:
     d = await t.run(acts.diagnose_node, DiagnoseNodeInput(node=node))
     assert not d.vanished, d.summary
     assert "MIG manager is repartitioning" in d.summary
+    # its GPUs gone under it: the planned work named (the incident waits for it, bounded)
+    assert d.planned_work == (
+        "the MIG manager is repartitioning its GPUs (nvidia.com/mig.config.state=pending)"
+    )
 
 
 async def test_diagnose_a_node_being_removed_is_no_vanish(make: Any) -> None:
