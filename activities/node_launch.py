@@ -34,7 +34,9 @@ async def start_node_incident(
 ) -> LaunchResult:
     """Start the node's incident, or signal the running one with this finding."""
     workflow_id = node_workflow_id(inp.node, inp.cluster)
-    finding = NodeFinding(source=inp.trigger, message=inp.reason, at=datetime.now(UTC))
+    finding = NodeFinding(
+        source=inp.trigger, message=inp.reason, at=datetime.now(UTC), planned=inp.planned
+    )
     handle = await client.start_workflow(
         WF_NODE_INCIDENT,
         inp,

@@ -75,6 +75,7 @@ class NodeFinding(Contract):
     source: Literal["watch", "sweep", "manual"] = "sweep"
     message: str = ""
     at: datetime | None = None
+    planned: str = ""  # the planned work holding the GPUs, as NodeIncidentInput.planned
 
 
 class PluginPod(Contract):

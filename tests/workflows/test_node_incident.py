@@ -25,8 +25,10 @@ Cases:
   one that starts failing meanwhile -> contained at once;
 - the MIG manager repartitioning the node (GPUs gone on purpose): diagnosed again every
   `plannedGrace` / 30 while it lasts; done and back -> `recovered`, nothing touched; done
-  `failed` with the GPUs gone -> acted on as any vanish; still under way after `plannedGrace`
-  -> one page and a Warning Event saying so, the node never touched, closed `escalated`;
+  `failed` with the GPUs gone -> acted on as any vanish (a finding naming no planned work:
+  looked at at once); still under way after `plannedGrace` -> one page and a Warning Event
+  saying so, the node never touched, held open (hourly looks, no second page) until it is
+  done: back -> `recovered`, the page resolved;
 - the evicted workloads followed (the shared replacement race): their replacements Running
   on another node -> logged, the page left alone, held as before; still Pending at the
   Pending deadline with scaleUp on -> the budget lease extended to the node's GPUs, capacity
@@ -42,7 +44,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -99,6 +101,7 @@ from contract.names import (
     QRY_NODE_STATUS,
     QRY_TIMELINE,
     SIG_ABORT,
+    SIG_NODE_FINDING,
     node_workflow_id,
 )
 from contract.node_incident import (
@@ -109,6 +112,7 @@ from contract.node_incident import (
     GpuPodsResult,
     GpusBackResult,
     NodeDiagnosis,
+    NodeFinding,
     NodeIncidentInput,
     NodeIncidentResult,
     NodeIncidentStatus,
@@ -135,6 +139,7 @@ from contract.repair_rungs import (
 )
 from contract.runbook import RunbookSet
 from harness.stack import free_port
+from tests.waiting import until
 from tests.workflows.fakes import (
     result_skipping_watches,
     shipped_runbooks,
@@ -592,22 +597,52 @@ async def test_a_mig_repartition_that_never_ends_is_said_loudly_and_touches_noth
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
     """A MIG manager stuck in `pending` (its pod gone, a failed script) with the GPUs gone
-    hides a real loss: after plannedGrace (30m) the incident pages once, writes a Warning
-    Event on the Node and closes `escalated`, the node never contained (the planned work may
-    still be someone's), no plugin restarted."""
-    world = World(diag=repartitioning())
+    hides a real loss: after plannedGrace (30m) the incident pages once and writes a Warning
+    Event on the Node, the node never contained (the planned work may still be someone's), no
+    plugin restarted; it stays open, looking hourly (no second page), and closes `recovered`
+    with the page resolved when the work is done and the GPUs are back."""
+    back = diagnosis().model_copy(update={"vanished": False})
+    world = World(diag=repartitioning(), later=[repartitioning()] * 32 + [back])
     result = await run(time_skipping_env, world)
-    assert result.outcome == "escalated", result.summary
+    assert result.outcome == "recovered", result.summary
     names = world.names()
     assert ACT_CONTAIN_NODE not in names and ACT_RESTART_GPU_PLUGIN not in names
-    assert names.count(ACT_DIAGNOSE_NODE) == 31  # the first look, then every minute for 30m
+    # the first look, every minute for 30m, two hourly looks after the page, then back
+    assert names.count(ACT_DIAGNOSE_NODE) == 34
     pages = world.of(ACT_NOTIFY)
-    assert len(pages) == 1 and pages[0].incident.reason == "planned-work-stuck"
+    assert [(p.action, p.incident.reason) for p in pages] == [
+        ("trigger", "planned-work-stuck"),
+        ("resolve", "planned-work-stuck"),
+    ]
     assert "30m" in pages[0].incident.summary and "mig.config.state=pending" in (
         pages[0].incident.summary
     )
+    assert "not touched" in pages[0].incident.summary
     assert reasons(world) == ["GPUsMissingUnderPlannedWork"]
-    assert "not touched" in result.summary
+    assert names.index(ACT_RECORD_EVENT) == names.index(ACT_NOTIFY) + 1
+
+
+async def test_a_finding_without_planned_work_is_looked_at_at_once(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """Waiting for a MIG repartition, the incident hears a finding that names no planned work
+    (the MIG manager finished `failed`, its label gone): it diagnoses at once, not at the next
+    look, and acts on the vanish."""
+    world = World(diag=repartitioning(), later=[diagnosis()] * 2, waits_before_back=0)
+
+    async def told(handle: Any) -> None:
+        async def waiting() -> bool:
+            status = await handle.query(QRY_NODE_STATUS, result_type=NodeIncidentStatus)
+            return status.phase == "waiting"
+
+        await until(waiting, "the incident waiting for the planned work")
+        await handle.signal(SIG_NODE_FINDING, NodeFinding(source="sweep", message="capacity 0"))
+
+    result = await run(time_skipping_env, world, then=told)
+    assert result.outcome == "healed", result.summary
+    looks = [line.split(" ", 1)[0] for line in result.timeline if " diagnosed -> " in line]
+    first, second = (datetime.strptime(t, "%H:%M:%S") for t in looks[:2])
+    assert (second - first).total_seconds() < 60, result.timeline  # not the 1-minute look
 
 
 async def test_a_mig_repartition_that_fails_is_acted_on_as_any_vanish(
@@ -638,8 +673,8 @@ async def test_with_the_node_procedure_off_a_mig_repartition_is_waited_for_befor
 ) -> None:
     """`nodeIncident.enabled: false`: a vanish is only told (one notice, nothing diagnosed or
     touched), but GPUs gone under a MIG repartition (the finding names it) are first waited
-    for as with the procedure on: done and back -> `recovered`, nobody told; never done ->
-    the one page after plannedGrace."""
+    for as with the procedure on: done and back -> `recovered`, nobody told; not done within
+    plannedGrace -> the one page, resolved once it is done and the GPUs are back."""
     world = World(runbooks=_procedure_off())
     result = await run(time_skipping_env, world)
     assert result.outcome == "disabled" and world.names() == [ACT_NOTIFY]
@@ -648,10 +683,15 @@ async def test_with_the_node_procedure_off_a_mig_repartition_is_waited_for_befor
     result = await run(time_skipping_env, world, planned=repartitioning().planned_work)
     assert result.outcome == "recovered", result.summary
     assert world.names() == [ACT_DIAGNOSE_NODE] * 2
-    world = World(runbooks=_procedure_off(), diag=repartitioning())
+    world = World(
+        runbooks=_procedure_off(), diag=repartitioning(), later=[repartitioning()] * 31 + [back]
+    )
     result = await run(time_skipping_env, world, planned=repartitioning().planned_work)
-    assert result.outcome == "escalated" and ACT_CONTAIN_NODE not in world.names()
-    assert [n.incident.reason for n in world.of(ACT_NOTIFY)] == ["planned-work-stuck"]
+    assert result.outcome == "recovered" and ACT_CONTAIN_NODE not in world.names()
+    assert [(n.action, n.incident.reason) for n in world.of(ACT_NOTIFY)] == [
+        ("trigger", "planned-work-stuck"),
+        ("resolve", "planned-work-stuck"),
+    ]
 
 
 async def test_a_failing_plugin_is_contained_without_settling(

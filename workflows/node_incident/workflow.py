@@ -5,10 +5,12 @@ remediation (one run per node: `contract.names.node_workflow_id`).
       ▼
     diagnosing   diagnose-node-gpus: plugin pods, their Events, versions vs recorded and pool,
       │          validator, RuntimeClass; every plugin pod Ready (a kubelet restart's first
-      │          seconds look so): diagnosed again after nodeIncident.settle, nothing touched
+      │          seconds look so): diagnosed again after nodeIncident.settle, nothing touched;
       │          waiting: GPUs gone while the MIG manager repartitions them: diagnosed again
-      │          every plannedGrace / 30, nothing touched; still under way after
-      │          nodeIncident.plannedGrace ──▶ one page, Node Event, closed `escalated`
+      │          every plannedGrace / 30 (at once on a finding naming no planned work),
+      │          nothing touched; still under way after nodeIncident.plannedGrace: one
+      │          page and a Node Event, then a look every hour until it is done; done with
+      │          the GPUs back: the page resolved; done with them gone: on as below
       │          ──GPUs back already──▶ closed `recovered`
       │          dry run ──▶ closed `dry-run` (the diagnosis and what it would do)
       ▼
@@ -130,8 +132,11 @@ EVENT_VANISHED = "GPUDevicesVanished"
 EVENT_RESTORED = "GPUDevicesRestored"
 EVENT_ESCALATED = "GPUNodeIncidentEscalated"
 EVENT_PLANNED_STUCK = "GPUsMissingUnderPlannedWork"
-# Looks at a node under planned work (a MIG repartition) per plannedGrace.
+# Looks at a node under planned work (a MIG repartition) per plannedGrace; after it (people
+# told), one look an hour until the work is done. A finding naming no planned work (the
+# watcher or the sweep saw it end) brings the next look forward.
 PLANNED_LOOKS = 30
+PLANNED_HELD_LOOK = timedelta(hours=1)
 CAUSE_REASONS = {
     "toolkit-hook": "ContainerToolkitHookFailed",
     "nvml-missing": "NVMLNotLoaded",
@@ -165,6 +170,8 @@ class NodeIncidentWorkflow:
         self._timeline: list[str] = []
         self._abort: AbortRequest | None = None
         self._findings = 0
+        self._unplanned = 0  # findings naming no planned work
+        self._unplanned_seen = 0  # ... heard by the last diagnosis
         self._act = NodeCalls()
         self._diag: NodeDiagnosis | None = None
         self._lease = False
@@ -176,6 +183,8 @@ class NodeIncidentWorkflow:
     @workflow.signal(name=SIG_NODE_FINDING)
     def node_finding(self, finding: NodeFinding) -> None:
         self._findings += 1
+        if not finding.planned:
+            self._unplanned += 1
         if self._findings <= 3:  # the watcher and every sweep repeat it: note the first few
             self._log(f"finding from {finding.source}", finding.message)
 
@@ -302,53 +311,68 @@ class NodeIncidentWorkflow:
         again every plannedGrace / 30 (at least `settle`) while it lasts, touching nothing.
         Done: the last diagnosis (acted on as any) or `recovered` if the GPUs are back. Still
         under way after plannedGrace: one page and a Node Event saying the GPUs are gone under
-        it, the node left alone (the work may still be someone's): `escalated`."""
+        it, the node left alone (the work may still be someone's), then a look every hour
+        until it is done (the page resolved if the GPUs are back then)."""
         if not d.planned_work:
             return d
         policy = spec.node_incident
         grace = format_duration(policy.planned_grace)
         every = max(policy.settle, policy.planned_grace / PLANNED_LOOKS, timedelta(seconds=1))
         began = workflow.now()
+        told = False
         self._enter("waiting")
         self._log(
             "planned work",
             f"{d.planned_work}, its GPUs gone meanwhile: diagnosing again every "
             f"{format_duration(every)}, for up to {grace}, touching nothing",
         )
-        while d.planned_work and workflow.now() - began < policy.planned_grace:
+        while d.planned_work:
+            if not told and workflow.now() - began >= policy.planned_grace:
+                told = True
+                await self._planned_stuck(spec, d, grace)
             try:
-                await self._interruptible(workflow.sleep(every))
+                await self._interruptible(
+                    workflow.wait_condition(
+                        lambda: self._unplanned != self._unplanned_seen,
+                        timeout=PLANNED_HELD_LOOK if told else every,
+                    )
+                )
+            except TimeoutError:
+                pass  # the next look
             except Aborted:
                 assert self._abort is not None
                 return self._result("aborted", self._abort.reason)
             d = await self._diagnose(policy)
         waited = format_duration(timedelta(seconds=int((workflow.now() - began).total_seconds())))
-        if not d.planned_work:
-            self._log("planned work done", f"after {waited}: {d.summary}")
-            if d.vanished:
-                self._enter("diagnosing")
-                return d
-            return self._result(
-                "recovered", f"back after the planned work ({waited}), nothing touched: {d.summary}"
-            )
+        self._log("planned work done", f"after {waited}: {d.summary}")
+        if d.vanished:
+            self._enter("diagnosing")
+            return d
+        await self._resolve_pages()
+        return self._result(
+            "recovered", f"back after the planned work ({waited}), nothing touched: {d.summary}"
+        )
+
+    async def _planned_stuck(self, spec: RunbookSpec, d: NodeDiagnosis, grace: str) -> None:
+        """Planned work still under way after plannedGrace, the GPUs gone: say so once."""
         summary = (
-            f"node {self._inp.node}: its GPUs are gone and {d.planned_work} for {waited} now "
-            f"(nodeIncident.plannedGrace {grace}); Sickbay does not touch a node under planned "
+            f"node {self._inp.node}: its GPUs are gone and {d.planned_work} for longer than "
+            f"nodeIncident.plannedGrace ({grace}); Sickbay does not touch a node under planned "
             f"work, so it is not touched: {d.summary}"
         )
+        self._enter("escalated")
         await self._page_once(
             spec,
             d,
             reason="planned-work-stuck",
             summary=summary,
             needed="check the GPU Operator's MIG manager on the node (its pod and logs, the "
-            "nvidia.com/mig.config label it applies); once it finishes, or its state label "
-            "says failed, Sickbay diagnoses the node again",
+            "nvidia.com/mig.config label it applies); once it is done, or its state label "
+            "says failed, Sickbay diagnoses the node again and acts as for any lost GPU",
         )
         self._log("planned work not done", summary[:300])
         await self._event(EVENT_PLANNED_STUCK, summary)
-        self._enter("escalated")
-        return self._result("escalated", summary)
+        self._enter("waiting")
 
     async def _page_once(
         self,
@@ -413,7 +437,7 @@ class NodeIncidentWorkflow:
             if inp.planned:
                 waited = await self._planned(spec, await self._diagnose(policy))
                 if not isinstance(waited, NodeDiagnosis):
-                    return waited  # back after it, or told after plannedGrace
+                    return waited  # back after it (told if it outlasted plannedGrace)
                 if not waited.vanished:
                     return self._result("recovered", f"nothing to tell: {waited.summary}")
             notice = Incident(
@@ -476,6 +500,7 @@ class NodeIncidentWorkflow:
 
     async def _diagnose(self, policy: NodeIncidentPolicy) -> NodeDiagnosis:
         inp = self._inp
+        self._unplanned_seen = self._unplanned
         d = await self._act.diagnose(
             DiagnoseNodeInput(
                 node=inp.node,
@@ -927,6 +952,11 @@ class NodeIncidentWorkflow:
                 BudgetReleaseRequest(holder=wid, device_key=f"{inp.node}/nvidia.com/gpu")
             )
         await self._event(EVENT_RESTORED, f"the node's GPUs are back after {rung}", "Normal")
+        await self._resolve_pages()
+        return self._result(outcome, f"GPUs back after {rung}", rung=rung)
+
+    async def _resolve_pages(self) -> None:
+        """Resolve every page this incident sent (each failure logged)."""
         for channel, incident in self._paged:
             try:
                 await self._act.notify(
@@ -934,7 +964,6 @@ class NodeIncidentWorkflow:
                 )
             except ACTIVITY_FAILED as err:
                 self._log(f"page on {channel} not resolved", _why(err))
-        return self._result(outcome, f"GPUs back after {rung}", rung=rung)
 
     async def _undo(self) -> None:
         inp, wid = self._inp, workflow.info().workflow_id
