@@ -89,7 +89,7 @@ FULL: dict[str, dict[str, Any]] = {
     "timers": {"rounds": 10},
 }
 QUICK: dict[str, dict[str, Any]] = {
-    "latency": {"pairs": 8, "nodes": 2},
+    "latency": {"pairs": 8, "nodes": 2, "consumers": 3},
     "storm": {"nodes": 20, "devices": 6, "alerts": 240, "seconds": 2.0, "cluster_budget": "2%"},
     "storm_replicas": {
         "nodes": 20,

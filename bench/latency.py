@@ -1,7 +1,7 @@
 """Benchmark 1: alert -> DeviceTaintRule created: Sickbay, a straight-line script, the floor.
 
 On one embedded stack (dev server + twin + `sickbay worker` + `sickbay webhook`) with a twin of
-`nodes` x 8 GPUs and no workloads, for each of `pairs` GPUs (a triple of sends per GPU):
+`nodes` x 8 GPUs and no workloads on them, for each of `pairs` GPUs (a triple of sends per GPU):
 
 1. POST one Alertmanager notification naming the GPU to Sickbay's webhook (time t0);
 2. after `gap` seconds, POST the same notification to the peer (bench/peer.py: resolve the
@@ -21,6 +21,12 @@ Where the time goes (per remediation, from the workflow's history and the reques
 webhook -> WorkflowExecutionStarted, started -> first workflow task picked up, the task's
 Kubernetes calls (count, summed server time) up to the create, and the rest (the worker's
 own CPU: local-activity scheduling, budget lease round trip to Temporal, payload conversion).
+
+Then the production path (`consumers` > 0): a Deployment of `consumers` replicas, each
+holding one GPU through a ResourceClaim, lands on GPUs the triples left untainted (the stack has
+that many more nodes), and one alert per replica's GPU goes to Sickbay alone (the script and
+the floor read no consumers), measured and split as above: Sickbay reads the pod, its claim
+and owner before the rule, and writes the GPUFailureConfirmed Event beside it.
 
 The budget of every generated runbook is widened to 100% (a twin of `nodes` x 8 GPUs would
 otherwise refuse quarantines past the shipped 10% per cluster): this measures the hot path,
@@ -95,11 +101,15 @@ def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.P
         return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=errors)
 
 
-async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, Any]:
+async def run(
+    pairs: int = 200, nodes: int = 26, gap: float = 0.2, consumers: int = 48
+) -> dict[str, Any]:
     from worker.settings import Settings
     from worker.temporal import connect
 
-    stack = await asyncio.to_thread(open_stack, nodes=nodes, gpus_per_node=8, time_scale=1.0)
+    # Nodes for the consumers' GPUs beside the triples' (and the warm-up's, the last GPU).
+    total_nodes = nodes + (-(-(consumers + 1) // 8) if consumers else 0)
+    stack = await asyncio.to_thread(open_stack, nodes=total_nodes, gpus_per_node=8, time_scale=1.0)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         info = stack.info
@@ -154,7 +164,7 @@ async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, 
             await until("the floor receiver to listen", listening(floor_url), 60.0, 0.1)
             # Warm the three paths once (imports, connection pools, discovery) on a GPU not
             # counted.
-            warm = gpus(info.kube_url)[-1]
+            warm = gpus(info.kube_url)[-1]  # on a consumers' node: tainted, none lands there
             warm_body = notification([dcgm_alert(warm["node"], warm["uuid"], warm["index"])])
             await http.post(
                 info.webhook_url, json=warm_body, headers={"Authorization": f"Bearer {token}"}
@@ -252,61 +262,25 @@ async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, 
 
         # Where the time goes.
         log_all = requests_log(info.kube_url)
-        phases: dict[str, list[float]] = {
-            "webhook_to_started": [],
-            "started_to_task": [],
-            "task_to_rule": [],
-            "kube_calls": [],
-            "kube_server_ms": [],
-        }
-        calls: dict[str, int] = {}
-        steps: dict[str, list[float]] = {}
-        order: dict[str, list[int]] = {}
-        for gpu in devices:
-            name = taint_rule_name(gpu["node"], gpu["uuid"])
-            if name not in created:
-                continue
-            b = await breakdown(client, device_workflow_id(gpu["node"], gpu["uuid"]))
-            if "started" not in b or "task_started" not in b:
-                continue
-            t0 = sent[name][0]
-            phases["webhook_to_started"].append((b["started"] - t0) * 1000)
-            phases["started_to_task"].append((b["task_started"] - b["started"]) * 1000)
-            phases["task_to_rule"].append((created[name] - b["task_started"]) * 1000)
-            window = [
-                r
-                for r in log_all
-                if b["started"] <= r["time"] <= created[name] + 1e-6
-                and r["user_agent"] not in BENCH_AGENTS
-                and not r["user_agent"].startswith("python-httpx")
-            ]
-            phases["kube_calls"].append(float(len(window)))
-
-            phases["kube_server_ms"].append(sum(r["duration_ms"] for r in window))
-            prev = b["task_started"]
-            seen: dict[str, int] = {}
-            pos = 0
-            for req in sorted(window, key=lambda r: r["time"]):
-                key = f"{req['verb']} {req['resource']}"
-                calls[key] = calls.get(key, 0) + 1
-                seen[key] = seen.get(key, 0) + 1
-                # Time since the previous call answered (or the task started), server clock
-                # of the twin's answer minus its own duration: the worker's time before it.
-                began = req["time"] - req["duration_ms"] / 1000
-                label = f"{key} #{seen[key]}"
-                steps.setdefault(label, []).append((began - prev) * 1000)
-                order.setdefault(label, []).append(pos)
-                pos += 1
-                prev = req["time"]
+        split_of = await _time_split(
+            client,
+            log_all,
+            [
+                (device_workflow_id(g["node"], g["uuid"]), sent[name][0], created[name])
+                for g in devices
+                if (name := taint_rule_name(g["node"], g["uuid"])) in created
+            ],
+        )
+        consumed = await _with_consumers(stack, client, token, consumers, gap) if consumers else {}
         return {
             "pairs": len(sent),
             "gap_s": gap,
             "measured": len(sickbay_ms),
             "missing": missing,
             "mismatched": mismatched,
-            "hot_path_calls": {k: round(v / max(1, len(created)), 2) for k, v in calls.items()},
+            "hot_path_calls": split_of["calls"],
             "non_2xx": sum(1 for c in codes if c >= 300),
-            "twin": f"{nodes} nodes x 8 GPUs, no workloads",
+            "twin": f"{total_nodes} nodes x 8 GPUs, no workloads",
             "sickbay_ms": sickbay_ms,
             "peer_ms": peer_ms,
             "ratio": ratios,
@@ -327,12 +301,10 @@ async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, 
             # Measured floor workflows whose history says the server accepted eager execution
             # (eager_execution_accepted on WorkflowExecutionStarted).
             "floor_eager_histories": floor_eager_histories,
-            "breakdown": {k: summary(v) for k, v in phases.items()},
-            # In hot-path order: by the median position at which each call is made.
-            "gap_before_call_ms": {
-                k: summary(steps[k])
-                for k in sorted(steps, key=lambda k: sorted(order[k])[len(order[k]) // 2])
-            },
+            "breakdown": split_of["breakdown"],
+            "gap_before_call_ms": split_of["gap_before_call_ms"],
+            # The same path with a consumer pod on each GPU (a Deployment's replica).
+            "consumers": consumed,
         }
     finally:
         for proc in procs:
@@ -342,3 +314,127 @@ async def run(pairs: int = 200, nodes: int = 26, gap: float = 0.2) -> dict[str, 
             except subprocess.TimeoutExpired:
                 proc.kill()
         await asyncio.to_thread(stack.stop)
+
+
+async def _time_split(
+    client: Any, log_all: list[dict[str, Any]], items: list[tuple[str, float, float]]
+) -> dict[str, Any]:
+    """Where each remediation's time went (`items`: workflow id, alert sent, rule created):
+    webhook -> WorkflowExecutionStarted -> first workflow task -> rule, the Kubernetes calls
+    in that window (count, summed server time, calls per remediation), and the worker's time
+    before each call (since the previous call answered, or the task started), in hot-path
+    order."""
+    phases: dict[str, list[float]] = {
+        "webhook_to_started": [],
+        "started_to_task": [],
+        "task_to_rule": [],
+        "kube_calls": [],
+        "kube_server_ms": [],
+    }
+    calls: dict[str, int] = {}
+    steps: dict[str, list[float]] = {}
+    order: dict[str, list[int]] = {}
+    measured = 0
+    for wf_id, t0, created in items:
+        b = await breakdown(client, wf_id)
+        if "started" not in b or "task_started" not in b:
+            continue
+        measured += 1
+        phases["webhook_to_started"].append((b["started"] - t0) * 1000)
+        phases["started_to_task"].append((b["task_started"] - b["started"]) * 1000)
+        phases["task_to_rule"].append((created - b["task_started"]) * 1000)
+        window = [
+            r
+            for r in log_all
+            if b["started"] <= r["time"] <= created + 1e-6
+            and r["user_agent"] not in BENCH_AGENTS
+            and not r["user_agent"].startswith("python-httpx")
+        ]
+        phases["kube_calls"].append(float(len(window)))
+        phases["kube_server_ms"].append(sum(r["duration_ms"] for r in window))
+        prev = b["task_started"]
+        seen: dict[str, int] = {}
+        for pos, req in enumerate(sorted(window, key=lambda r: r["time"])):
+            key = f"{req['verb']} {req['resource']}"
+            calls[key] = calls.get(key, 0) + 1
+            seen[key] = seen.get(key, 0) + 1
+            # Time since the previous call answered (or the task started), server clock of
+            # the twin's answer minus its own duration: the worker's time before it.
+            began = req["time"] - req["duration_ms"] / 1000
+            label = f"{key} #{seen[key]}"
+            steps.setdefault(label, []).append((began - prev) * 1000)
+            order.setdefault(label, []).append(pos)
+            prev = req["time"]
+    return {
+        "calls": {k: round(v / max(1, measured), 2) for k, v in calls.items()},
+        "breakdown": {k: summary(v) for k, v in phases.items()},
+        # In hot-path order: by the median position at which each call is made.
+        "gap_before_call_ms": {
+            k: summary(steps[k])
+            for k in sorted(steps, key=lambda k: sorted(order[k])[len(order[k]) // 2])
+        },
+    }
+
+
+async def _with_consumers(
+    stack: Any, client: Any, token: str, consumers: int, gap: float
+) -> dict[str, Any]:
+    """The production path: a Deployment of `consumers` replicas, each holding one GPU (a
+    ResourceClaim), on the GPUs the triples left untainted; then one alert per replica's
+    GPU, `gap` * 3 apart (Sickbay alone: the peer and the floor read no consumers), measured
+    as the triples are. Each rule then evicts its pod and the Deployment's replacement takes
+    a free GPU or waits Pending (the remediations go on in the background, as in a cluster)."""
+    from harness.scenarios import Demo, Progress
+
+    info = stack.info
+    demo = await Demo.open(stack, Progress(lambda line: log.info("%s", line)))
+    ns = "bench-latency"
+    await demo.namespace(ns)
+    await demo.deployment(ns, "serve", replicas=consumers)
+    running = await demo.running(ns, "serve", consumers)
+    targets = [await demo.gpu(device) for _pod, device in running]
+    sent: dict[str, tuple[str, float]] = {}
+    codes: list[int] = []
+    first = time.time()
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        for gpu in targets:
+            body = notification([dcgm_alert(gpu["node"], gpu["uuid"], gpu["index"])])
+            t0 = time.time()
+            r = await http.post(
+                info.webhook_url, json=body, headers={"Authorization": f"Bearer {token}"}
+            )
+            codes.append(r.status_code)
+            sent[taint_rule_name(gpu["node"], gpu["uuid"])] = (
+                device_workflow_id(gpu["node"], gpu["uuid"]),
+                t0,
+            )
+            await asyncio.sleep(gap * 3)
+
+    def creates() -> dict[str, float]:
+        return {
+            r["created"]: r["time"]
+            for r in rule_creations(info.kube_url)
+            if r["time"] >= first and r.get("created") in sent
+        }
+
+    async def all_created() -> bool:
+        return len(await asyncio.to_thread(creates)) >= len(sent)
+
+    with contextlib.suppress(TimeoutError):
+        await until("every consumer's rule", all_created, 60.0, 0.5)
+    created = creates()
+    ms = [(created[n] - t0) * 1000 for n, (_wf, t0) in sent.items() if n in created]
+    split = await _time_split(
+        client,
+        requests_log(info.kube_url),
+        [(wf, t0, created[n]) for n, (wf, t0) in sent.items() if n in created],
+    )
+    return {
+        "pods": consumers,
+        "measured": len(ms),
+        "missing": len(sent) - len(ms),
+        "non_2xx": sum(1 for c in codes if c >= 300),
+        "sickbay_ms": ms,
+        "sickbay": summary(ms),
+        **split,
+    }

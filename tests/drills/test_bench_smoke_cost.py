@@ -3,7 +3,8 @@ cost,human_actions,latency` (figures not judged; tests/drills/bench_quick.py run
 
 Case: 8 latency triples, one incident of each costed procedure (repair with validation, happy
 path, Pending-deadline scale-up) and the human-actions scenario write their markdown, plot and
-results.json; the latency triples were all matched, the three cost runs ended released with
+results.json; the latency triples were all matched, and so were the alerts on GPUs with a
+consumer pod (whose owner was read); the three cost runs ended released with
 their histories, actions and API requests counted, and the fleet table is priced from them.
 Nothing is timed.
 """
@@ -23,6 +24,10 @@ def test_cost_human_actions_and_latency_benchmarks_run(tmp_path: Path) -> None:
     run = run_quick(tmp_path, "cost")
     results = run.results
     assert results["latency"]["measured"] == results["latency"]["pairs"] == 8
+    consumers = results["latency"]["consumers"]  # the production path: a pod on each GPU
+    assert consumers["measured"] == consumers["pods"] == 3 and consumers["missing"] == 0
+    assert consumers["calls"]["get replicasets"] >= 1  # each pod's owner was looked up
+    assert "With a consumer on the GPU" in run.text
     cost = results["cost"]
     assert list(cost["procedures"]) == ["repair", "happy_path", "scale_up"]
     for procedure in cost["procedures"].values():
