@@ -60,7 +60,8 @@ from bench.common import (
     until,
 )
 from bench.stacks import open_stack, webhook_token
-from contract.names import device_workflow_id, taint_rule_name
+from contract.names import QRY_STATUS, device_workflow_id, taint_rule_name
+from contract.remediation import RemediationResult, RemediationStatus
 from harness.stack import free_port
 
 log = logging.getLogger("bench.latency")
@@ -429,10 +430,27 @@ async def _with_consumers(
         requests_log(info.kube_url),
         [(wf, t0, created[n]) for n, (wf, t0) in sent.items() if n in created],
     )
+    # A GPU without its rule: what its remediation says it is doing (the miss's cause).
+    why: dict[str, int] = {}
+    for name, (wf, _t0) in sent.items():
+        if name in created:
+            continue
+        handle = client.get_workflow_handle(wf, result_type=RemediationResult)
+        try:
+            status = await handle.query(QRY_STATUS, result_type=RemediationStatus)
+            said = f"{status.phase}: {status.awaiting or status.next_action}"
+            if status.outcome is not None:
+                result = await handle.result()
+                said = f"{result.outcome}: {result.reason}"
+        except Exception as err:  # reported, never raised
+            said = f"no status ({type(err).__name__}: {err})"
+        said = said[:200]
+        why[said] = why.get(said, 0) + 1
     return {
         "pods": consumers,
         "measured": len(ms),
         "missing": len(sent) - len(ms),
+        "missing_why": why,
         "non_2xx": sum(1 for c in codes if c >= 300),
         "sickbay_ms": ms,
         "sickbay": summary(ms),

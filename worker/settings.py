@@ -444,8 +444,9 @@ class Settings(
     """Unhealthy after this many seconds without a passing check. A check (one
     DescribeTaskQueue: cheap for the frontend) runs every sixth of it (15 s of 90): several
     checks, so one slow answer during a Temporal failover does not restart the worker."""
-    max_concurrent_activities: int = 200
-    """Activities the worker runs at once."""
+    max_concurrent_activities: int = Field(default=200, ge=1)
+    """Activities the worker runs at once; also the threads kept for the Kubernetes waits
+    (eviction, replacement), apart from the 32 of the hot path's short calls."""
     max_concurrent_workflow_tasks: int = Field(default=200, ge=2)
     """Workflow tasks in progress at once. A remediation's first task runs its confirm step's
     local activities inside it, holding a task slot for a second or two in a burst; more is not
@@ -599,6 +600,7 @@ class Settings(
             kubeconfig=str(self.kubeconfig) if self.kubeconfig else None,
             context=self.kube_context,
             request_timeout=self.kube_request_timeout,
+            max_waits=self.max_concurrent_activities,
             hami_device_cordon=self.hami_device_cordon,
         )
 

@@ -1,9 +1,12 @@
 """`KubeActivities`: the workflow's hands on the cluster, one method per activity name.
 
 Threading: every method is `async def`; the blocking `kubernetes` client calls run on this
-class's own bounded ThreadPoolExecutor (`KubeSettings.max_threads`), never on the event loop,
-so the worker needs no `activity_executor`. Waits keep one executor thread for their watch and
-heartbeat from the loop. Built once per worker from plain settings:
+class's own bounded ThreadPoolExecutors, never on the event loop, so the worker needs no
+`activity_executor`. Short calls (the hot path: resolve, evidence, consumers, the rule) share
+`KubeSettings.max_threads` threads; the long ones (the eviction and replacement waits, each
+keeping a thread for its watch and heartbeating from the loop, and evict-pods, which may
+retry a PDB's 429s for a minute) run on a pool of their own (`max_waits`), so a burst of open
+waits never holds up the next GPU's quarantine. Built once per worker from plain settings:
 
     acts = KubeActivities(settings.kube_settings())     # worker.settings.Settings
     Worker(..., activities=acts.all())
@@ -85,6 +88,9 @@ class KubeActivities:
         self._executor = ThreadPoolExecutor(
             max_workers=self._settings.max_threads, thread_name_prefix="sickbay-kube"
         )
+        self._waits = ThreadPoolExecutor(
+            max_workers=max(1, self._settings.max_waits), thread_name_prefix="sickbay-wait"
+        )
         self._discovery = Discovery(self._kube)
 
     @property
@@ -127,6 +133,7 @@ class KubeActivities:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._waits.shutdown(wait=False, cancel_futures=True)
         self._kube.api_client.close()
 
     # -- plumbing -------------------------------------------------------------------------
@@ -134,11 +141,13 @@ class KubeActivities:
     async def _run(
         self, fn: Callable[..., T], *args: Any, heartbeat_every: float | None = None
     ) -> T:
-        """Run a blocking body on the executor (activity context copied), mapping errors;
-        with `heartbeat_every`, heartbeat from the loop at that pace until the body ends."""
+        """Run a blocking body on the short calls' executor (activity context copied),
+        mapping errors; with `heartbeat_every` (a long body), on the waits' executor,
+        heartbeating from the loop at that pace until the body ends."""
         ctx = contextvars.copy_context()
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, lambda: ctx.run(fn, *args))
+        pool = self._executor if heartbeat_every is None else self._waits
+        future = loop.run_in_executor(pool, lambda: ctx.run(fn, *args))
         try:
             if heartbeat_every is None:
                 return await future
@@ -244,14 +253,14 @@ class KubeActivities:
     @implements(WAIT_FOR_EVICTION)
     async def wait_for_eviction(self, inp: WaitEvictionInput) -> EvictionReport:
         try:
-            return await waits.wait_eviction(self._kube, self._executor, inp)
+            return await waits.wait_eviction(self._kube, self._waits, inp)
         except KubeError as err:
             raise to_application_error(err) from err
 
     @implements(WAIT_FOR_REPLACEMENT)
     async def wait_for_replacement(self, inp: WaitReplacementInput) -> ReplacementReport:
         try:
-            return await waits.wait_replacement(self._kube, self._executor, inp)
+            return await waits.wait_replacement(self._kube, self._waits, inp)
         except KubeError as err:
             raise to_application_error(err) from err
 

@@ -61,7 +61,11 @@ class KubeSettings:
     kubeconfig: str | None = None
     context: str | None = None
     request_timeout: float = 10.0  # seconds per API call; Settings.kube_request_timeout
-    max_threads: int = 32  # concurrent blocking client calls (watches hold one each)
+    max_threads: int = 32  # concurrent short blocking client calls (the hot path's)
+    # Concurrent waits (wait-for-eviction / -replacement, evict-pods): each holds a thread
+    # and a connection for its whole wait, on a pool of their own, so open waits never hold
+    # up a short call. The worker sets its max_concurrent_activities (the most it can run).
+    max_waits: int = 200
     # HAMi v2.10+ honours `hami.io/device-cordon`: quarantine a HAMi GPU with it. Off: HAMi
     # cannot be kept off one GPU, so its whole node is tainted (Settings.hami_device_cordon).
     hami_device_cordon: bool = False
@@ -204,7 +208,7 @@ def load_api_client(settings: KubeSettings) -> k8s.ApiClient:
             k8s_config.load_kube_config(client_configuration=configuration)
     # Temporal owns retries (with backoff and a bound); urllib3 must not retry behind it.
     configuration.retries = urllib3.Retry(total=0, connect=0, read=0, redirect=0, status=0)
-    configuration.connection_pool_maxsize = max(settings.max_threads, 4)
+    configuration.connection_pool_maxsize = max(settings.max_threads + settings.max_waits, 4)
     return k8s.ApiClient(configuration)
 
 

@@ -26,7 +26,15 @@ from pathlib import Path
 
 from temporalio.testing import ActivityEnvironment
 
-from contract.kube import DraDevice, OwnerRef, PodRef, WaitEvictionInput, WaitReplacementInput
+from contract.kube import (
+    DeviceRef,
+    DraDevice,
+    OwnerRef,
+    PodRef,
+    ResolveDeviceInput,
+    WaitEvictionInput,
+    WaitReplacementInput,
+)
 from tests.activities.kube.conftest import KubeTwin, twin
 from tests.waiting import until
 
@@ -428,3 +436,41 @@ async def test_api_server_gone_mid_wait_is_retryable(tmp_path: Path) -> None:
         else:
             raise AssertionError("the wait should fail retryably without an API server")
         assert t.heartbeats and t.heartbeats[-1][0]["deadline"]
+
+
+async def test_open_waits_never_hold_up_the_hot_path(tmp_path: Path) -> None:
+    """A burst of quarantined GPUs with consumers: as many eviction waits as the worker has
+    threads for short Kubernetes calls (`max_threads`: 8 here), each holding its watch open.
+    The next failing GPU's resolve and quarantine answer while every one of those waits is
+    still open: the waits run on threads of their own. (Before, they shared the 32 threads
+    of the hot path, and in the latency benchmark every GPU past the 32nd quarantined with a
+    consumer timed out resolving and was escalated, not quarantined.)"""
+    with twin(tmp_path, "1.37", nodes=3, gpus_per_node=4) as t:
+        node, other = t.node(0), t.node(2)
+        pods = [t.consumer_pod("ml", f"p{i}", node, f"gpu-{i % 4}") for i in range(8)]
+        t.clear_requests()
+        waits = [
+            asyncio.create_task(
+                ActivityEnvironment().run(
+                    t.acts.wait_for_eviction,
+                    WaitEvictionInput(pods=[_ref(p)], timeout=timedelta(seconds=60)),
+                )
+            )
+            for p in pods
+        ]
+
+        def watches() -> int:
+            return sum(r.verb == "watch" and r.resource == "pods" for r in t.requests())
+
+        await until(lambda: watches() == len(pods), "every wait's pod watch open")
+        resolved = await t.run(
+            t.acts.resolve_device, ResolveDeviceInput(device=DeviceRef(node=other, gpu_index=1))
+        )
+        assert resolved.devices, resolved
+        assert not any(w.done() for w in waits), "a wait ended before the resolve answered"
+        for p in pods:
+            await asyncio.to_thread(
+                t.store.delete, "pods", p["metadata"]["name"], "ml", grace_period_seconds=0
+            )
+        reports = await asyncio.gather(*waits)
+        assert all(not r.timed_out and len(r.gone) == 1 for r in reports)
