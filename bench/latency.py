@@ -22,10 +22,10 @@ webhook -> WorkflowExecutionStarted, started -> first workflow task picked up, t
 Kubernetes calls (count, summed server time) up to the create, and the rest (the worker's
 own CPU: local-activity scheduling, budget lease round trip to Temporal, payload conversion).
 
-Then the production path (`consumers` > 0): a Deployment of `consumers` replicas, each
-holding one GPU through a ResourceClaim, lands on GPUs the triples left untainted (the stack has
-that many more nodes), and one alert per replica's GPU goes to Sickbay alone (the script and
-the floor read no consumers), measured and split as above: Sickbay reads the pod, its claim
+Then the production path (`consumers` > 0), on a stack of its own started after the triples'
+stopped (a calm worker, as the triples had): a Deployment of `consumers` replicas, each holding
+one GPU through a ResourceClaim, and one alert per replica's GPU to Sickbay alone (the script
+and the floor read no consumers), measured and split as above: Sickbay reads the pod, its claim
 and owner before the rule, and writes the GPUFailureConfirmed Event beside it.
 
 The budget of every generated runbook is widened to 100% (a twin of `nodes` x 8 GPUs would
@@ -105,12 +105,18 @@ def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.P
 async def run(
     pairs: int = 200, nodes: int = 26, gap: float = 0.2, consumers: int = 48
 ) -> dict[str, Any]:
+    result = await _triples(pairs, nodes, gap)
+    # The production path on a stack of its own, started after the triples' stopped: the
+    # same calm worker the triples had, not one still carrying their remediations.
+    result["consumers"] = await _with_consumers(consumers, gap) if consumers else {}
+    return result
+
+
+async def _triples(pairs: int, nodes: int, gap: float) -> dict[str, Any]:
     from worker.settings import Settings
     from worker.temporal import connect
 
-    # Nodes for the consumers' GPUs beside the triples' (and the warm-up's, the last GPU).
-    total_nodes = nodes + (-(-(consumers + 1) // 8) if consumers else 0)
-    stack = await asyncio.to_thread(open_stack, nodes=total_nodes, gpus_per_node=8, time_scale=1.0)
+    stack = await asyncio.to_thread(open_stack, nodes=nodes, gpus_per_node=8, time_scale=1.0)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         info = stack.info
@@ -165,7 +171,7 @@ async def run(
             await until("the floor receiver to listen", listening(floor_url), 60.0, 0.1)
             # Warm the three paths once (imports, connection pools, discovery) on a GPU not
             # counted.
-            warm = gpus(info.kube_url)[-1]  # on a consumers' node: tainted, none lands there
+            warm = gpus(info.kube_url)[-1]
             warm_body = notification([dcgm_alert(warm["node"], warm["uuid"], warm["index"])])
             await http.post(
                 info.webhook_url, json=warm_body, headers={"Authorization": f"Bearer {token}"}
@@ -272,7 +278,6 @@ async def run(
                 if (name := taint_rule_name(g["node"], g["uuid"])) in created
             ],
         )
-        consumed = await _with_consumers(stack, client, token, consumers, gap) if consumers else {}
         return {
             "pairs": len(sent),
             "gap_s": gap,
@@ -281,7 +286,7 @@ async def run(
             "mismatched": mismatched,
             "hot_path_calls": split_of["calls"],
             "non_2xx": sum(1 for c in codes if c >= 300),
-            "twin": f"{total_nodes} nodes x 8 GPUs, no workloads",
+            "twin": f"{nodes} nodes x 8 GPUs, no workloads",
             "sickbay_ms": sickbay_ms,
             "peer_ms": peer_ms,
             "ratio": ratios,
@@ -304,8 +309,6 @@ async def run(
             "floor_eager_histories": floor_eager_histories,
             "breakdown": split_of["breakdown"],
             "gap_before_call_ms": split_of["gap_before_call_ms"],
-            # The same path with a consumer pod on each GPU (a Deployment's replica).
-            "consumers": consumed,
         }
     finally:
         for proc in procs:
@@ -377,17 +380,34 @@ async def _time_split(
     }
 
 
-async def _with_consumers(
-    stack: Any, client: Any, token: str, consumers: int, gap: float
-) -> dict[str, Any]:
-    """The production path: a Deployment of `consumers` replicas, each holding one GPU (a
-    ResourceClaim), on the GPUs the triples left untainted; then one alert per replica's
-    GPU, `gap` * 3 apart (Sickbay alone: the peer and the floor read no consumers), measured
-    as the triples are. Each rule then evicts its pod and the Deployment's replacement takes
-    a free GPU or waits Pending (the remediations go on in the background, as in a cluster)."""
+async def _with_consumers(consumers: int, gap: float) -> dict[str, Any]:
+    """The production path, on a stack of its own with one free GPU per consumer and 8 more:
+    a Deployment of `consumers` replicas, each holding one GPU (a ResourceClaim); then one
+    alert per replica's GPU, `gap` * 3 apart (Sickbay alone: the peer and the floor read no
+    consumers), measured as the triples are. Each rule then evicts its pod and the
+    Deployment's replacement takes a free GPU or waits Pending (the remediations go on in the
+    background of the next alerts, as in a cluster)."""
+    stack = await asyncio.to_thread(
+        open_stack, nodes=-(-consumers // 8) + 1, gpus_per_node=8, time_scale=1.0
+    )
+    try:
+        return await _consumers_on(stack, consumers, gap)
+    finally:
+        await asyncio.to_thread(stack.stop)
+
+
+async def _consumers_on(stack: Any, consumers: int, gap: float) -> dict[str, Any]:
     from harness.scenarios import Demo, Progress
+    from worker.settings import Settings
+    from worker.temporal import connect
 
     info = stack.info
+    assert info is not None
+    set_budget(info.runbooks_dir, "100%", "100%")
+    token = webhook_token(stack)
+    client = await connect(
+        Settings(temporal_address=info.temporal_address, temporal_namespace=info.namespace)
+    )
     demo = await Demo.open(stack, Progress(lambda line: log.info("%s", line)))
     ns = "bench-latency"
     await demo.namespace(ns)
@@ -396,8 +416,17 @@ async def _with_consumers(
     targets = [await demo.gpu(device) for _pod, device in running]
     sent: dict[str, tuple[str, float]] = {}
     codes: list[int] = []
-    first = time.time()
     async with httpx.AsyncClient(timeout=30.0) as http:
+        # Warm the path once (imports, connection pools, discovery) on a GPU nobody holds.
+        held = {g["uuid"] for g in targets}
+        warm = next(g for g in gpus(info.kube_url) if g["uuid"] not in held)
+        await http.post(
+            info.webhook_url,
+            json=notification([dcgm_alert(warm["node"], warm["uuid"], warm["index"])]),
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        await asyncio.sleep(2.0)
+        first = time.time()
         for gpu in targets:
             body = notification([dcgm_alert(gpu["node"], gpu["uuid"], gpu["index"])])
             t0 = time.time()

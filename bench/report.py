@@ -377,15 +377,23 @@ def _consumers_part(c: dict[str, Any], alone: dict[str, Any]) -> list[str]:
         return []
     b = c["breakdown"]
     return [
-        "With a consumer on the GPU (the production path): after the triples, a Deployment of "
-        f"{c['pods']} replicas, each holding one GPU through a ResourceClaim, on GPUs the "
-        "triples left untainted; one alert per replica's GPU to Sickbay alone (the script and "
-        "the floor read no consumers), measured the same way. Before its rule Sickbay reads the "
+        "With a consumer on the GPU (the production path): on a stack of its own, started "
+        "after the triples' stopped (a calm worker, as they had), a Deployment of "
+        f"{c['pods']} replicas, each holding one GPU through a ResourceClaim (the stack has 8 "
+        "GPUs more); one alert per replica's GPU, 0.6 s apart, to Sickbay alone (the script "
+        "and the floor read no consumers), measured the same way. Before its rule Sickbay reads the "
         "pod (its status is the evidence), its claim and owner, and writes the "
         "GPUFailureConfirmed Event beside the rule; each rule then evicts its pod and the "
         "Deployment's replacement takes a free GPU or waits Pending, in the background of the "
-        f"next alerts, as in a cluster. Measured {c['measured']}, missing {c['missing']}, "
-        f"non-2xx answers {c['non_2xx']}.",
+        f"next alerts, as in a cluster. Measured {c['measured']}, missing {c['missing']}"
+        + (
+            " (what their remediations said: "
+            + "; ".join(f"{n} x {why}" for why, n in (c.get("missing_why") or {}).items())
+            + ")"
+            if c.get("missing_why")
+            else ""
+        )
+        + f", non-2xx answers {c['non_2xx']}.",
         "",
         "| ms | p50 | p90 | p99 | max |",
         "|---|---|---|---|---|",
