@@ -15,6 +15,7 @@ Cases:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Iterator
@@ -118,6 +119,52 @@ async def wait_for(check: Any, within: float = 15.0) -> Any:
         await asyncio.sleep(0.05)
 
 
+@dataclasses.dataclass
+class Swept:
+    results: list[SweepResult]
+    notices: list[NotifyInput]
+    device_queue: str  # where the sweeps started remediations and node incidents
+
+
+async def sweep_times(rs: RunningTwin, env: WorkflowEnvironment, times: int) -> Swept:
+    """Run the health-sweep workflow `times` in a row with the real sweep and launch
+    activities against the twin; notices are recorded, not sent."""
+    client = env.client
+    notices: list[NotifyInput] = []
+
+    @activity.defn(name=ACT_NOTIFY)
+    async def notify(req: NotifyInput) -> NotifyResult:
+        notices.append(req)
+        return NotifyResult(channel=req.channel, delivered=True)
+
+    sweep_queue = f"twin-sweep-{uuid.uuid4().hex[:8]}"
+    device_queue = f"twin-devices-{uuid.uuid4().hex[:8]}"
+    kube = Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
+    results: list[SweepResult] = []
+    async with Worker(
+        client,
+        task_queue=sweep_queue,
+        workflows=[HealthSweepWorkflow],
+        activities=[
+            SweepActivities(kube).sweep_cluster,
+            LaunchActivities(client, device_queue).signal_with_start_remediation,
+            NodeLaunchActivities(client, device_queue).signal_with_start_node_incident,
+            notify,
+        ],
+    ):
+        for i in range(times):
+            results.append(
+                await client.execute_workflow(
+                    HealthSweepWorkflow.run,
+                    SweepInput(task_queue=device_queue, notify_channels=["ops"]),
+                    id=f"twin-sweep-{uuid.uuid4().hex[:8]}-{i}",
+                    task_queue=sweep_queue,
+                    result_type=SweepResult,
+                )
+            )
+    return Swept(results, notices, device_queue)
+
+
 async def test_twin_fault_to_one_remediation(
     twin: tuple[RunningTwin, ControllerManager], dev_env: WorkflowEnvironment
 ) -> None:
@@ -153,40 +200,9 @@ async def test_twin_fault_to_one_remediation(
         return False
 
     await wait_for(unhealthy_reported)
-
-    client = dev_env.client
-    notices: list[NotifyInput] = []
-
-    @activity.defn(name=ACT_NOTIFY)
-    async def notify(req: NotifyInput) -> NotifyResult:
-        notices.append(req)
-        return NotifyResult(channel=req.channel, delivered=True)
-
-    sweep_queue = f"twin-sweep-{uuid.uuid4().hex[:8]}"
-    device_queue = f"twin-devices-{uuid.uuid4().hex[:8]}"
-    kube = Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
-    results: list[SweepResult] = []
-    async with Worker(
-        client,
-        task_queue=sweep_queue,
-        workflows=[HealthSweepWorkflow],
-        activities=[
-            SweepActivities(kube).sweep_cluster,
-            LaunchActivities(client, device_queue).signal_with_start_remediation,
-            NodeLaunchActivities(client, device_queue).signal_with_start_node_incident,
-            notify,
-        ],
-    ):
-        for i in range(2):
-            results.append(
-                await client.execute_workflow(
-                    HealthSweepWorkflow.run,
-                    SweepInput(task_queue=device_queue, notify_channels=["ops"]),
-                    id=f"twin-sweep-{uuid.uuid4().hex[:8]}-{i}",
-                    task_queue=sweep_queue,
-                    result_type=SweepResult,
-                )
-            )
+    swept = await sweep_times(rs, dev_env, 2)
+    client, results, notices = dev_env.client, swept.results, swept.notices
+    device_queue = swept.device_queue
     wid = device_workflow_id(node, killed_uuid)
     first, second = results
     assert first.started == [wid] and first.signalled == []
@@ -213,41 +229,14 @@ async def test_a_vanish_under_a_mig_repartition_starts_the_incident_naming_it(
     (node,) = rs.twin.seed_info["nodes"]
     core.patch_node(node, {"metadata": {"labels": {"nvidia.com/mig.config.state": "pending"}}})
     manager.faults.fail(node, "1", vanish=True)
-    kube = Kube.from_settings(KubeSettings(kubeconfig=str(rs.kubeconfig_path)))
 
     def one_gpu_published() -> bool:
         devices = k8s.ResourceV1Api(rs.api_client()).list_resource_slice().items
         return sum(len(s.spec.devices or []) for s in devices if s.spec.node_name == node) == 1
 
     await wait_for(one_gpu_published)
-    client = dev_env.client
-    notices: list[NotifyInput] = []
-
-    @activity.defn(name=ACT_NOTIFY)
-    async def notify(req: NotifyInput) -> NotifyResult:
-        notices.append(req)
-        return NotifyResult(channel=req.channel, delivered=True)
-
-    sweep_queue = f"twin-sweep-{uuid.uuid4().hex[:8]}"
-    device_queue = f"twin-devices-{uuid.uuid4().hex[:8]}"
-    async with Worker(
-        client,
-        task_queue=sweep_queue,
-        workflows=[HealthSweepWorkflow],
-        activities=[
-            SweepActivities(kube).sweep_cluster,
-            LaunchActivities(client, device_queue).signal_with_start_remediation,
-            NodeLaunchActivities(client, device_queue).signal_with_start_node_incident,
-            notify,
-        ],
-    ):
-        result = await client.execute_workflow(
-            HealthSweepWorkflow.run,
-            SweepInput(task_queue=device_queue, notify_channels=["ops"]),
-            id=f"twin-sweep-{uuid.uuid4().hex[:8]}",
-            task_queue=sweep_queue,
-            result_type=SweepResult,
-        )
+    swept = await sweep_times(rs, dev_env, 1)
+    client, [result], notices = dev_env.client, swept.results, swept.notices
     node_wid = node_workflow_id(node)
     assert result.node_incidents == [node_wid] and result.started == []
     assert result.notified_nodes == [] and notices == []
