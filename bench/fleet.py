@@ -51,7 +51,7 @@ from temporalio.service import RPCError
 
 from bench.common import dcgm_alert, gpus, notification, rule_creations, set_budget, summary, until
 from bench.stacks import open_stack, webhook_token, worker_argv
-from bench.storm import quarantined_gpus, recorded_fingerprints
+from bench.storm import cpu_seconds, quarantined_gpus, recorded_fingerprints
 from bench.storm_replicas import healthz, webhook_env
 from contract.names import (
     ANN_WORKFLOW_ID,
@@ -70,6 +70,22 @@ log = logging.getLogger("bench.fleet")
 
 GOAL_LAST_S = 15.0
 RETRY_FOR = 120.0
+
+
+def _cpu_by_kind(stacks: dict[str, Stack]) -> dict[str, float]:
+    """CPU seconds so far of every process of the clusters' stacks, summed by kind (the two
+    workers of a cluster are `worker`, its webhooks `webhook`, ...), and this process's (the
+    load generator and its checks). A killed worker counts what it used before it died."""
+    out: dict[str, float] = {}
+    for stack in stacks.values():
+        for child in stack.children:
+            used = cpu_seconds(child.pid)
+            if used is not None:
+                kind = child.name.removesuffix("-b")
+                out[kind] = out.get(kind, 0.0) + used
+    t = os.times()
+    out["this benchmark (sender, checks)"] = t.user + t.system
+    return out
 
 
 def _spawn_like(stack: Stack, name: str, pid: int, argv: list[str], **env: str) -> Any:
@@ -207,6 +223,7 @@ async def run(
 
         t0 = time.time() + 0.5
         kills: dict[str, float] = {}
+        cpu_before = _cpu_by_kind(stacks)
 
         async def killer() -> None:
             await asyncio.sleep(max(0.0, t0 + kill_at * seconds - time.time()))
@@ -242,6 +259,7 @@ async def run(
 
         with contextlib.suppress(TimeoutError):
             await until("every in-budget GPU of every cluster quarantined", all_in_budget, settle)
+        cpu_after, cpu_window = _cpu_by_kind(stacks), time.time() - t0
         await asyncio.sleep(3.0)  # stragglers: a late create would show a budget breach
 
         out: dict[str, Any] = {}
@@ -352,6 +370,14 @@ async def run(
             "boot_s": boot_s,
             "load_before": load_before,
             "load_after": os.getloadavg()[0],
+            # CPU seconds by kind of process from the burst until every in-budget GPU was
+            # quarantined (`cpu_window_s` wall seconds; the machine has os.cpu_count() cores).
+            "cpu_window_s": round(cpu_window, 1),
+            "cpu_seconds": {
+                k: round(cpu_after[k] - cpu_before.get(k, 0.0), 1)
+                for k in sorted(cpu_after, key=lambda k: cpu_before.get(k, 0.0) - cpu_after[k])
+            },
+            "cores": os.cpu_count(),
         }
     finally:
         for stack in reversed(list(stacks.values())):
@@ -548,7 +574,7 @@ def section(r: dict[str, Any], plot: str | None, single_s: float | None) -> list
         if single_s is not None
         else ""
     )
-    return [
+    out = [
         "## 3c. A fleet on one Temporal: clusters, workers and webhooks, one worker killed each",
         "",
         f"{r['n_clusters']} clusters (an embedded stack each: its own twin of "
@@ -610,8 +636,21 @@ def section(r: dict[str, Any], plot: str | None, single_s: float | None) -> list
         + ".",
         f"- Load average (1 min) before / after: {r['load_before']:.2f} / "
         f"{r['load_after']:.2f}; the stacks took {r['boot_s']:.0f} s to start.",
-        "",
     ]
+    cpu = r.get("cpu_seconds") or {}
+    if cpu:
+        window, cores = r["cpu_window_s"], r.get("cores") or 1
+        used = sum(cpu.values())
+        out.append(
+            f"- CPU from the burst until every in-budget GPU was quarantined ({window:.1f} s, "
+            f"{cores} cores = {window * cores:.0f} CPU-s): "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in cpu.items())
+            + f"; {used / max(window * cores, 1e-9) * 100:.0f} % of the machine. Every "
+            "cluster's two workers, webhooks and twin and the one Temporal server share these "
+            "cores: the surviving workers' queues wait on them."
+        )
+    out.append("")
+    return out
 
 
 def _story_text(name: str, story: dict[str, Any]) -> str:

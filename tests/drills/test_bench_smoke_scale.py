@@ -37,6 +37,8 @@ def test_scale_benchmarks_run(tmp_path: Path) -> None:
     assert (fleet["lost"], fleet["doubled"], fleet["exceeded"]) == (0, 0, 0)
     assert fleet["unquarantined_in_budget"] == 0
     assert fleet["queues_apart"] and fleet["budgets_apart"]
+    # where the machine's time went: the surviving workers and the one Temporal server
+    assert fleet["cpu_seconds"]["worker"] > 0 and fleet["cpu_seconds"]["temporal"] > 0
     for cluster in fleet["clusters"].values():
         assert cluster["quarantined"] == cluster["limit"] == 4  # 6 failed, 25% of 16 GPUs
         assert cluster["leases_of_other_clusters"] == 0
