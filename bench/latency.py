@@ -95,6 +95,17 @@ async def breakdown(client: Any, wf_id: str) -> dict[str, float]:
     return out
 
 
+def _alert(gpu: dict[str, Any]) -> dict[str, Any]:
+    """One Alertmanager notification: an Xid alert naming `gpu`."""
+    return notification([dcgm_alert(gpu["node"], gpu["uuid"], gpu["index"])])
+
+
+async def _to_sickbay(
+    http: httpx.AsyncClient, url: str, token: str, body: dict[str, Any]
+) -> httpx.Response:
+    return await http.post(url, json=body, headers={"Authorization": f"Bearer {token}"})
+
+
 def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     """A receiver process whose errors land next to the stack's own logs (one that never
     listens says why there)."""
@@ -172,21 +183,17 @@ async def _triples(pairs: int, nodes: int, gap: float) -> dict[str, Any]:
             # Warm the three paths once (imports, connection pools, discovery) on a GPU not
             # counted.
             warm = gpus(info.kube_url)[-1]
-            warm_body = notification([dcgm_alert(warm["node"], warm["uuid"], warm["index"])])
-            await http.post(
-                info.webhook_url, json=warm_body, headers={"Authorization": f"Bearer {token}"}
-            )
+            warm_body = _alert(warm)
+            await _to_sickbay(http, info.webhook_url, token, warm_body)
             await http.post(peer_url, json=warm_body)
             await http.post(floor_url, json=warm_body)
             await asyncio.sleep(2.0)
             floor_before = (await http.get(floor_url)).json()
             first_t0 = time.time()
             for gpu in devices:
-                body = notification([dcgm_alert(gpu["node"], gpu["uuid"], gpu["index"])])
+                body = _alert(gpu)
                 t0 = time.time()
-                r = await http.post(
-                    info.webhook_url, json=body, headers={"Authorization": f"Bearer {token}"}
-                )
+                r = await _to_sickbay(http, info.webhook_url, token, body)
                 codes.append(r.status_code)
                 await asyncio.sleep(gap)
                 t1 = time.time()
@@ -420,19 +427,12 @@ async def _consumers_on(stack: Any, consumers: int, gap: float) -> dict[str, Any
         # Warm the path once (imports, connection pools, discovery) on a GPU nobody holds.
         held = {g["uuid"] for g in targets}
         warm = next(g for g in gpus(info.kube_url) if g["uuid"] not in held)
-        await http.post(
-            info.webhook_url,
-            json=notification([dcgm_alert(warm["node"], warm["uuid"], warm["index"])]),
-            headers={"Authorization": f"Bearer {token}"},
-        )
+        await _to_sickbay(http, info.webhook_url, token, _alert(warm))
         await asyncio.sleep(2.0)
         first = time.time()
         for gpu in targets:
-            body = notification([dcgm_alert(gpu["node"], gpu["uuid"], gpu["index"])])
             t0 = time.time()
-            r = await http.post(
-                info.webhook_url, json=body, headers={"Authorization": f"Bearer {token}"}
-            )
+            r = await _to_sickbay(http, info.webhook_url, token, _alert(gpu))
             codes.append(r.status_code)
             sent[taint_rule_name(gpu["node"], gpu["uuid"])] = (
                 device_workflow_id(gpu["node"], gpu["uuid"]),

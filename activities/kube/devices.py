@@ -748,15 +748,9 @@ def planned_outage(node: dict[str, Any]) -> str:
     return node_being_removed(node) or driver_upgrading(node)
 
 
-def mig_reconfiguring(node: dict[str, Any]) -> bool:
-    """The MIG manager is repartitioning the node's GPUs right now (its state label pending or
-    rebooting): what the node offers meanwhile is that planned work."""
-    return bool(mig_repartition(node))
-
-
 def mig_repartition(node: dict[str, Any]) -> str:
     """What the MIG manager is doing to the node's GPUs right now, in words (its state label
-    pending or rebooting), or ""."""
+    pending or rebooting: what the node offers meanwhile is that planned work), or ""."""
     labels = (node.get("metadata") or {}).get("labels") or {}
     state = labels.get(MIG_CONFIG_STATE_LABEL)
     if state not in ("pending", "rebooting"):

@@ -50,7 +50,6 @@ from activities.kube.devices import (
     REPLICAS_LABEL,
     list_slice_devices,
     mig_instances,
-    mig_reconfiguring,
     mig_repartition,
     node_gpu_uuids,
     node_pool_of,
@@ -221,7 +220,7 @@ def _short_of_gpus(node: dict[str, Any], since: datetime) -> bool:
     away on purpose (`planned_outage`: an autoscaler removing it, a driver upgrade at work) or
     the MIG manager repartitions them."""
     status = node.get("status") or {}
-    if planned_outage(node) or mig_reconfiguring(node):  # planned: no GPU lost
+    if planned_outage(node) or mig_repartition(node):  # planned: no GPU lost
         return False
     capacity = offered_gpus(node)
     expected = _int((meta(node).get("labels") or {}).get(GPU_COUNT_LABEL))
@@ -375,7 +374,7 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
     else:
         have = len(uuids)
     short = expected is not None and have < expected and not mig
-    reconfiguring = mig_reconfiguring(node)  # planned: the GPU plugins stopped on purpose
+    reconfiguring = mig_repartition(node)  # planned: the GPU plugins stopped on purpose
     planned = planned_outage(node)  # its GPUs go with the node, or a driver upgrade took them
     lost = short or any(not p.ready for p in plugins)
     vanished = lost and not reconfiguring and not planned
@@ -412,12 +411,11 @@ def diagnose_node(kube: Kube, inp: DiagnoseNodeInput) -> NodeDiagnosis:
     if mig:
         published = f"{have} whole GPU(s) and {mig} MIG instance(s) (mig.strategy mixed)"
     if reconfiguring:
-        work = mig_repartition(node)
         return d.model_copy(
             update={
-                "summary": f"node {inp.node}: {work}; it publishes {published} meanwhile",
+                "summary": f"node {inp.node}: {reconfiguring}; it publishes {published} meanwhile",
                 # GPUs gone under it: the incident waits for it (bounded), never acts on it
-                "planned_work": work if lost and not planned else "",
+                "planned_work": reconfiguring if lost and not planned else "",
             }
         )
     if planned:
