@@ -77,6 +77,7 @@ from contract.names import (
     ledger_task_queue,
     ledger_workflow_id,
 )
+from worker import slots
 from worker.cluster import check_cluster_unique, kube_fingerprint, worker_identity
 from worker.cluster_name import ClusterNameError, settle_worker_cluster
 from worker.gauges import report_open_remediations, report_pause
@@ -414,9 +415,14 @@ def _main_worker(
         activity_executor=ThreadPoolExecutor(
             max_workers=settings.max_concurrent_activities, thread_name_prefix="sickbay-act"
         ),
-        max_concurrent_activities=settings.max_concurrent_activities,
-        max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
-        max_concurrent_local_activities=settings.max_concurrent_local_activities,
+        # Long waits (a watch for a GPU's pods to leave, a held capacity request) have slots
+        # of their own beside the short activities' (worker/slots.py).
+        tuner=slots.tuner(
+            workflow_tasks=settings.max_concurrent_workflow_tasks,
+            activities=settings.max_concurrent_activities,
+            open_waits=settings.max_open_waits,
+            local_activities=settings.max_concurrent_local_activities,
+        ),
         max_cached_workflows=settings.max_cached_workflows,
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),

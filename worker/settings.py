@@ -445,8 +445,13 @@ class Settings(
     DescribeTaskQueue: cheap for the frontend) runs every sixth of it (15 s of 90): several
     checks, so one slow answer during a Temporal failover does not restart the worker."""
     max_concurrent_activities: int = Field(default=200, ge=1)
-    """Activities the worker runs at once; also the threads kept for the Kubernetes waits
-    (eviction, replacement), apart from the 32 of the hot path's short calls."""
+    """Short activities the worker runs at once (a page, a repair rung, a verified action's
+    check); the long waits below never take one of these."""
+    max_open_waits: int = Field(default=400, ge=1)
+    """Long waits the worker keeps open at once beside those: the eviction and replacement
+    watches, evict-pods, a capacity request the pool scaler holds, a drain's wait. Each
+    Kubernetes wait keeps a thread and a watch connection; one per GPU being evicted or
+    replaced, so the budget's share of the GPUs this worker serves is the most it needs."""
     max_concurrent_workflow_tasks: int = Field(default=200, ge=2)
     """Workflow tasks in progress at once. A remediation's first task runs its confirm step's
     local activities inside it, holding a task slot for a second or two in a burst; more is not
@@ -600,7 +605,7 @@ class Settings(
             kubeconfig=str(self.kubeconfig) if self.kubeconfig else None,
             context=self.kube_context,
             request_timeout=self.kube_request_timeout,
-            max_waits=self.max_concurrent_activities,
+            max_waits=self.max_open_waits,
             hami_device_cordon=self.hami_device_cordon,
         )
 

@@ -64,7 +64,7 @@ class KubeSettings:
     max_threads: int = 32  # concurrent short blocking client calls (the hot path's)
     # Concurrent waits (wait-for-eviction / -replacement, evict-pods): each holds a thread
     # and a connection for its whole wait, on a pool of their own, so open waits never hold
-    # up a short call. The worker sets its max_concurrent_activities (the most it can run).
+    # up a short call. The worker sets its max_open_waits (the most it keeps open).
     max_waits: int = 200
     # HAMi v2.10+ honours `hami.io/device-cordon`: quarantine a HAMi GPU with it. Off: HAMi
     # cannot be kept off one GPU, so its whole node is tainted (Settings.hami_device_cordon).

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import FixedSizeSlotSupplier
 
 from contract.failover import STICKY_SCHEDULE_TO_START
 from contract.names import (
@@ -38,6 +39,7 @@ from contract.names import (
 )
 from worker import main as worker_main
 from worker.settings import Settings
+from worker.slots import WaitAwareSlots
 
 
 def test_workflows_registered_by_name() -> None:
@@ -91,9 +93,17 @@ async def test_every_required_activity_is_registered(
     assert worker.budget.task_queue == budget_task_queue(settings.task_queue)
     assert worker.ledger.task_queue == ledger_task_queue(settings.task_queue)
     # A burst needs a task slot per confirming remediation: the settings, not the SDK's 100.
+    # Long waits count apart from the short activities (worker/slots.py).
     config = worker.main.config()
-    assert config.get("max_concurrent_workflow_tasks") == settings.max_concurrent_workflow_tasks
-    assert config.get("max_concurrent_local_activities") == 200
+    tuner = config["tuner"]
+    workflow_slots = tuner._get_workflow_task_slot_supplier()
+    local_slots = tuner._get_local_activity_task_slot_supplier()
+    activity_slots = tuner._get_activity_task_slot_supplier()
+    assert isinstance(workflow_slots, FixedSizeSlotSupplier)
+    assert workflow_slots.num_slots == settings.max_concurrent_workflow_tasks
+    assert isinstance(local_slots, FixedSizeSlotSupplier) and local_slots.num_slots == 200
+    assert isinstance(activity_slots, WaitAwareSlots)
+    assert (activity_slots.regular, activity_slots.waits) == (200, settings.max_open_waits)
     # A killed worker's sticky tasks move to a live worker in 3 s, not the SDK's 10 s.
     for one in (worker.main, worker.budget, worker.ledger):
         sticky = one.config().get("sticky_queue_schedule_to_start_timeout")
