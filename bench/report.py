@@ -112,6 +112,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             f"quarantined) | never | "
             f"{_ok(not storm['budget_exceeded'] if storm['gpus_quarantined'] else None)} |",
         ]
+    if results.get("burst"):
+        from bench.consumer_burst import summary_rows as burst_rows
+
+        out += burst_rows(results["burst"])
     if mem:
         out += [
             f"| worker RSS, {mem['remediations']} remediations in flight | "
@@ -300,6 +304,10 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
 
         single = (results.get("storm") or {}).get("quarantine_all_in_budget_s")
         out += fleet_section(results["fleet"], plots.get("fleet"), single)
+    if results.get("burst"):
+        from bench.consumer_burst import section as burst_section
+
+        out += burst_section(results["burst"])
     if mem:
         out += [
             "## 4. Memory",

@@ -501,6 +501,8 @@ class StackConfig:
     # starts no dev server of its own, so several clusters can share one namespace.
     shared_temporal: tuple[str, str] | None = None
     engine: bool = True  # False: no worker/webhook (bring your own, e.g. in-process)
+    # More SICKBAY_* settings for the worker alone (e.g. fewer activity slots for a benchmark).
+    worker_env: dict[str, str] = field(default_factory=dict)
     worker_argv: list[str] = field(default_factory=lambda: ["-m", "worker.cli", "worker"])
     notes: Callable[[str], None] = field(default=lambda text: log.info("%s", text), repr=False)
 
@@ -753,7 +755,7 @@ class Stack:
         env["SICKBAY_WEBHOOK_TOKEN_FILE"] = str(webhook_token)
         env["SICKBAY_TWIN_CLOUD_TOKEN_FILE"] = str(cloud_token)
         env["SICKBAY_METRICS_PORT"] = str(self._port())
-        self._spawn("worker", [sys.executable, *cfg.worker_argv], env)
+        self._spawn("worker", [sys.executable, *cfg.worker_argv], {**env, **cfg.worker_env})
         # The webhook answers Alertmanager within SICKBAY_WEBHOOK_ACK_SECONDS even when
         # Temporal is slow: what Temporal has not taken by then waits in this spool (on disk).
         webhook_env = {**env, "SICKBAY_WEBHOOK_SPOOL_DIR": str(self.dir / "webhook-spool")}

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "repair": ("repair", "storm", "budget"),
-    "cost": ("cost", "human_actions", "latency"),
+    "cost": ("cost", "human_actions", "latency", "burst"),
     "scale": ("timers", "watch", "fleet", "node_upgrade", "storm_replicas", "memory", "abuse"),
 }
 

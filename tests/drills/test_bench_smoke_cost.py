@@ -1,12 +1,14 @@
 """The benchmark code runs, part 2 of 3: `python -m bench --quick --only
-cost,human_actions,latency` (figures not judged; tests/drills/bench_quick.py runs it).
+cost,human_actions,latency,burst` (figures not judged; tests/drills/bench_quick.py runs it).
 
 Case: 8 latency triples, one incident of each costed procedure (repair with validation, happy
 path, Pending-deadline scale-up) and the human-actions scenario write their markdown, plot and
 results.json; the latency triples were all matched, and so were the alerts on GPUs with a
 consumer pod (whose owner was read); the three cost runs ended released with
-their histories, actions and API requests counted, and the fleet table is priced from them.
-Nothing is timed.
+their histories, actions and API requests counted, and the fleet table is priced from them;
+the burst under workloads (6 GPUs with a pod each, half in budget, one activity slot) quarantined
+the budget's GPUs and paged every refused one, none escalated for a failed step. Nothing is
+timed.
 """
 
 from __future__ import annotations
@@ -40,4 +42,11 @@ def test_cost_human_actions_and_latency_benchmarks_run(tmp_path: Path) -> None:
     assert cost["fleet"]["mixed_actions_per_month"] > 0
     assert results["human_actions"]
     assert "## 2. Cost per incident" in run.text and "### What a fleet costs" in run.text
+    # More open waits than activity slots: the refused GPUs' pages still went out.
+    burst = results["burst"]
+    assert burst["consumers"] == 6 and burst["slots"] == 1
+    assert burst["quarantined"] == 4 and burst["quarantined_both"] == 0
+    assert burst["refused"] == burst["paged"] == 2 and burst["pages_missing"] == 0
+    assert burst["escalated_beyond_refused"] == 0 and burst["non_2xx"] == 0
+    assert "## 3d. A burst under running workloads" in run.text
     assert_plots(run, "latency")
