@@ -644,21 +644,30 @@ class NodeIncidentWorkflow:
                 passed, summary = outcome.passed, outcome.summary or outcome.reason
             except ACTIVITY_FAILED as err:
                 passed, summary = False, _why(err)
-            finally:
-                try:
-                    await self._act.clean_up_job(
-                        CleanUpRepairJobInput(
-                            namespace=started.namespace,
-                            job_name=started.job_name,
-                            claim_name=started.claim_name,
-                        )
-                    )
-                except ACTIVITY_FAILED as err:
-                    self._log("validation Job not cleaned up", _why(err))
+            except GeneratorExit:
+                # Dropped from the worker's cache, closed outside the workflow's loop: its
+                # replay on the next worker cleans up; an activity cannot be scheduled here.
+                raise
+            except BaseException:
+                await self._clean_up_validation(started)
+                raise
+            await self._clean_up_validation(started)
             self._log(f"validation of {gpu} {'passed' if passed else 'failed'}", summary[:200])
             if not passed:
                 return False
         return True
+
+    async def _clean_up_validation(self, started: RepairJobStarted) -> None:
+        try:
+            await self._act.clean_up_job(
+                CleanUpRepairJobInput(
+                    namespace=started.namespace,
+                    job_name=started.job_name,
+                    claim_name=started.claim_name,
+                )
+            )
+        except ACTIVITY_FAILED as err:
+            self._log("validation Job not cleaned up", _why(err))
 
     async def _machine_rung(self, spec: RunbookSpec, action: NodeRungAction, expected: int) -> bool:
         """reboot / replace through the node's provider, as the remediation's rungs: within

@@ -201,6 +201,10 @@ async def _wait_replacement(
         if s.inbox.abort is not None:
             raise Aborted()
 
+    def stopped() -> None:
+        s.replace.deadline.stop(workflow.now())
+        s.status.deadline = None
+
     try:
         report = await watch_replacements(
             r.act.wait_replacement,
@@ -212,9 +216,14 @@ async def _wait_replacement(
             tell=lambda: _tell_extensions(r, name),
             before_look=aborted,
         )
-    finally:
-        s.replace.deadline.stop(workflow.now())
-        s.status.deadline = None
+    except GeneratorExit:
+        # Dropped from the worker's cache and closed outside the workflow's loop: nothing to
+        # record (its replay on the next worker redoes the wait); workflow.now() would raise.
+        raise
+    except BaseException:
+        stopped()
+        raise
+    stopped()
     r.j.log(
         "replacement wait",
         outcome=report.status,
