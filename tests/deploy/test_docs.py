@@ -5,7 +5,8 @@ Cases:
   the shipped runbooks escalate to;
 - every SICKBAY_* name the docs mention is read by the code;
 - the compose services and deploy/ files the docs list exist;
-- the RBAC table lists every rule of deploy/rbac*.yaml (base and optional roles) with its verbs.
+- the RBAC table lists every rule of deploy/rbac*.yaml (base and optional roles) with its verbs;
+- the sizing table's defaults are the settings' defaults, and the ConfigMap's where it sets them.
 """
 
 from __future__ import annotations
@@ -81,3 +82,20 @@ def test_rbac_table_matches_the_role() -> None:
                 if r.startswith(f"| {group} |") and resource in r and f"| {verbs} |" in r
             ]
             assert matching, f"docs/deploy.md's RBAC table lacks {group} {resource}: {verbs}"
+
+
+def test_sizing_table_gives_the_defaults_the_worker_runs_with() -> None:
+    from worker.settings import Settings
+
+    section = TEXT.split("### Sizing the workers", 1)[1].split("\n### ", 1)[0]
+    rows = re.findall(r"^\| [^|]+ \| `SICKBAY_([A-Z_]+)` \| (\d+) \|$", section, re.M)
+    assert len(rows) == 5, rows
+    config = next(
+        doc
+        for doc in yaml.safe_load_all((DEPLOY / "configmap.yaml").read_text())
+        if doc and doc.get("kind") == "ConfigMap"
+    )["data"]
+    for name, default in rows:
+        assert getattr(Settings(), name.lower()) == int(default), name
+        shipped = config.get(f"SICKBAY_{name}")
+        assert shipped is None or int(shipped) == int(default), name
