@@ -35,6 +35,10 @@ Checks, one line each, `ok` / `warning` / `error` plus what to do:
   restarts); a quarantine (or this probe) on such a cluster can set it off;
 - whether pods report `allocatedResourcesStatus` (ResourceHealthStatus), DRA drivers and
   device classes present and whether their devices carry a uuid attribute;
+- `open waits`: the most GPUs the loaded runbooks' budgets let be quarantined at once over the
+  GPUs counted (as the budget counts them), each keeping one long wait open while its pods
+  leave and their replacement starts, against what one worker keeps (SICKBAY_MAX_OPEN_WAITS):
+  a warning past it (docs/deploy.md, Sizing the workers);
 - the repair namespace (worker/doctor_repair.py): it exists and its Pod Security enforce level
   admits the reset / validation pods the runbooks will have Sickbay create; the allowlist
   names their images.
@@ -63,9 +67,9 @@ from activities.kube.permissions import (
     needed,
 )
 from activities.kube.pods import requests_gpu
-from activities.kube.quarantine import delete_rule, wait_rule_conditions
+from activities.kube.quarantine import count_devices, delete_rule, wait_rule_conditions
 from contract.names import LABEL_MANAGED_BY, MANAGED_BY_VALUE, REPAIR_NAMESPACE
-from contract.runbook import Runbook
+from contract.runbook import BudgetPolicy, Runbook
 from worker.settings import WatchSettings
 
 PROBE_TIMEOUT = 30.0  # seconds; the controller writes status ~0.2 s after create (10 s cadence)
@@ -95,8 +99,11 @@ class Doctor:
         runbooks: list[Runbook] | None = None,
         namespace: str | None = None,
         repair_namespace: str = REPAIR_NAMESPACE,
+        max_open_waits: int | None = None,
     ) -> None:
         self.kube = kube
+        # SICKBAY_MAX_OPEN_WAITS of the worker (None: the open-waits line is left out)
+        self.max_open_waits = max_open_waits
         self.probe_timeout = probe_timeout
         self.runbooks = runbooks  # None: not loaded (the grants line is left out)
         # Sickbay's own namespace: the health watcher's Lease (a namespaced permission)
@@ -119,6 +126,7 @@ class Doctor:
             self.probe_scheduler(apis, probe_namespace)
         self.health_reporting()
         self.drivers(apis)
+        self.open_waits(apis)
         return self.checks
 
     def reachability(self) -> ClusterApis | None:
@@ -738,6 +746,39 @@ class Doctor:
             "" if names else "create the driver's DeviceClass",
         )
 
+    def open_waits(self, apis: ClusterApis) -> None:
+        """Whether one worker's long waits cover the GPUs the budget lets be quarantined at
+        once: each keeps one open while its pods leave and their replacement starts, and the
+        worker that polls it runs it (not spread evenly)."""
+        if self.runbooks is None or self.max_open_waits is None:
+            return
+        gpus = count_devices(self.kube, apis, None).cluster_devices
+        if not gpus:
+            self.add("ok", "open waits", "no GPUs counted: nothing to wait for yet")
+            return
+        most, runbook = max(
+            (BudgetPolicy.limit(rb.spec.budget.max_per_cluster, gpus), rb.name)
+            for rb in self.runbooks
+        )
+        budget = next(rb for rb in self.runbooks if rb.name == runbook).spec.budget
+        said = (
+            f"the budget lets up to {most} of {gpus} GPUs be quarantined at once (runbook "
+            f"{runbook}: maxPerCluster {budget.max_per_cluster}), one open wait each; a worker "
+            f"keeps up to {self.max_open_waits} (SICKBAY_MAX_OPEN_WAITS)"
+        )
+        if most <= self.max_open_waits:
+            self.add("ok", "open waits", said)
+            return
+        self.add(
+            "warning",
+            "open waits",
+            said,
+            f"raise SICKBAY_MAX_OPEN_WAITS to {most} or more (a thread and a watch connection "
+            "each): a worker polls waits as they come, so more replicas share them unevenly; "
+            "past the ceiling a wait takes a short activity's slot and pages queue "
+            "(docs/deploy.md, Sizing the workers)",
+        )
+
 
 def _load_runbooks(path: Path) -> tuple[list[Runbook] | None, Check]:
     from activities.runbooks import RunbookError, load_dir
@@ -998,9 +1039,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         checks = [
             loaded,
-            *Doctor(kube, args.probe_timeout, runbooks, namespace, settings.repair_namespace).run(
-                probe=args.probe, probe_namespace=args.probe_namespace
-            ),
+            *Doctor(
+                kube,
+                args.probe_timeout,
+                runbooks,
+                namespace,
+                settings.repair_namespace,
+                max_open_waits=settings.max_open_waits,
+            ).run(probe=args.probe, probe_namespace=args.probe_namespace),
         ]
         recorded: str | None = None
         if any(c.name == "api" and c.status != "error" for c in checks):  # it answered

@@ -119,6 +119,24 @@ async def test_doctor_per_profile(tmp_path: Path, profile: str) -> None:
         assert "139651" in out
     if profile == "1.37":
         assert "served in v1; using v1" in out
+    # 4 GPUs; the shipped maintenance runbook lets 25 % go at once: 1 wait, of 400 a worker keeps
+    assert line(out, "open waits").startswith("ok")
+    assert "up to 1 of 4 GPUs" in line(out, "open waits")
+
+
+async def test_doctor_weighs_the_open_waits_against_the_budget(tmp_path: Path) -> None:
+    """80 GPUs under the shipped runbooks: maintenance's 25 % lets 20 be quarantined at once,
+    each with a wait open; a worker keeping 16 is warned, one keeping 20 is not."""
+    with twin(tmp_path, "1.37", nodes=10, gpus_per_node=8) as t:
+        env = integrations(tmp_path / "integrations")
+        _, short = doctor(t.kubeconfig, env={**env, "SICKBAY_MAX_OPEN_WAITS": "16"})
+        _, enough = doctor(t.kubeconfig, env={**env, "SICKBAY_MAX_OPEN_WAITS": "20"})
+    warned = short.split(line(short, "open waits"), 1)[1].splitlines()[1]
+    assert line(short, "open waits").startswith("warning")
+    assert "up to 20 of 80 GPUs" in line(short, "open waits")
+    assert "runbook maintenance: maxPerCluster 25%" in line(short, "open waits")
+    assert "raise SICKBAY_MAX_OPEN_WAITS to 20" in warned
+    assert line(enough, "open waits").startswith("ok")
 
 
 async def test_doctor_missing_permission_is_an_error(tmp_path: Path) -> None:
