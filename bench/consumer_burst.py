@@ -32,8 +32,8 @@ from typing import Any
 import httpx
 from temporalio.api.enums.v1 import EventType
 
-from bench.common import dcgm_alert, notification, rule_creations, set_budget, summary, until
-from bench.stacks import open_stack, webhook_token
+from bench.common import dcgm_alert, notification, rule_creations, summary, until
+from bench.stacks import open_stack, run_consumers
 from contract.names import (
     ACT_ACQUIRE_BUDGET,
     ACT_NOTIFY,
@@ -85,23 +85,10 @@ async def run(
 async def _burst(
     stack: Any, consumers: int, budget: str, concurrency: int, settle: float
 ) -> dict[str, Any]:
-    from harness.scenarios import Demo, Progress
-    from worker.settings import Settings
-    from worker.temporal import connect
-
     info = stack.info
     assert info is not None
-    set_budget(info.runbooks_dir, budget, budget)
-    token = webhook_token(stack)
-    client = await connect(
-        Settings(temporal_address=info.temporal_address, temporal_namespace=info.namespace)
-    )
-    demo = await Demo.open(stack, Progress(lambda line: log.info("%s", line)))
-    ns = "bench-burst"
-    await demo.namespace(ns)
-    await demo.deployment(ns, "serve", replicas=consumers)
-    running = await demo.running(ns, "serve", consumers)
-    targets = [await demo.gpu(device) for _pod, device in running]
+    running = await run_consumers(stack, "bench-burst", consumers, (budget, budget))
+    client, demo, token, targets = running.client, running.demo, running.token, running.targets
     pages_before = len(await demo.notifications())
 
     sent: dict[str, float] = {}  # workflow id -> its alert's send time

@@ -59,7 +59,7 @@ from bench.common import (
     summary,
     until,
 )
-from bench.stacks import open_stack, webhook_token
+from bench.stacks import open_stack, run_consumers, webhook_token
 from contract.names import QRY_STATUS, device_workflow_id, taint_rule_name
 from contract.remediation import RemediationResult, RemediationStatus
 from harness.stack import free_port
@@ -404,23 +404,10 @@ async def _with_consumers(consumers: int, gap: float) -> dict[str, Any]:
 
 
 async def _consumers_on(stack: Any, consumers: int, gap: float) -> dict[str, Any]:
-    from harness.scenarios import Demo, Progress
-    from worker.settings import Settings
-    from worker.temporal import connect
-
     info = stack.info
     assert info is not None
-    set_budget(info.runbooks_dir, "100%", "100%")
-    token = webhook_token(stack)
-    client = await connect(
-        Settings(temporal_address=info.temporal_address, temporal_namespace=info.namespace)
-    )
-    demo = await Demo.open(stack, Progress(lambda line: log.info("%s", line)))
-    ns = "bench-latency"
-    await demo.namespace(ns)
-    await demo.deployment(ns, "serve", replicas=consumers)
-    running = await demo.running(ns, "serve", consumers)
-    targets = [await demo.gpu(device) for _pod, device in running]
+    running = await run_consumers(stack, "bench-latency", consumers)
+    client, token, targets = running.client, running.token, running.targets
     sent: dict[str, tuple[str, float]] = {}
     codes: list[int] = []
     async with httpx.AsyncClient(timeout=30.0) as http:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import compileall
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT
+from bench.common import ROOT, set_budget
 from harness.stack import Stack, StackConfig, free_port
 
 log = logging.getLogger("bench")
@@ -51,3 +52,37 @@ def webhook_token(stack: Stack) -> str:
 def worker_pid(stack: Stack) -> int:
     assert stack.info is not None
     return stack.info.pids["worker"]
+
+
+@dataclass
+class Consumers:
+    """A stack's Deployment of GPU consumers, running: `targets` is each replica's GPU (the
+    twin's /twin/gpus item), `client` a Temporal client, `demo` the scenario helper."""
+
+    client: Any
+    demo: Any
+    token: str
+    targets: list[dict[str, Any]]
+
+
+async def run_consumers(
+    stack: Stack, ns: str, replicas: int, budget: tuple[str, str] = ("100%", "100%")
+) -> Consumers:
+    """Set every runbook's budget (per pool, per cluster), then run a Deployment of `replicas`
+    in namespace `ns`, each replica holding one GPU through a ResourceClaim, until all run."""
+    from harness.scenarios import Demo, Progress
+    from worker.settings import Settings
+    from worker.temporal import connect
+
+    info = stack.info
+    assert info is not None
+    set_budget(info.runbooks_dir, *budget)
+    client = await connect(
+        Settings(temporal_address=info.temporal_address, temporal_namespace=info.namespace)
+    )
+    demo = await Demo.open(stack, Progress(lambda line: log.info("%s", line)))
+    await demo.namespace(ns)
+    await demo.deployment(ns, "serve", replicas=replicas)
+    running = await demo.running(ns, "serve", replicas)
+    targets = [await demo.gpu(device) for _pod, device in running]
+    return Consumers(client, demo, webhook_token(stack), targets)
