@@ -184,9 +184,10 @@ async def _burst(
 
 async def _page_split(client: Any, refused: dict[str, float]) -> dict[str, Any]:
     """Where a refused GPU's time to its page went, from its history (seconds after its alert,
-    server clock): started, the budget's refusal answered (the lease's local activity), the GPU
-    ledger's answer (the escalation waits for it: a retired GPU pages for an RMA instead), the
-    page activity scheduled, started by a worker (its wait for a slot and a poller), done."""
+    server clock): started, the budget's refusal answered (the lease's local activity, asked
+    while confirming), the GPU ledger's answer (recorded beside the steps, not waited for
+    here), the page activity scheduled (after the rest of the confirm step and the escalation's
+    Kubernetes Event), started by a worker (its wait for a slot and a poller), done."""
     marks: dict[str, list[float]] = {
         "started": [],
         "budget refused": [],
