@@ -37,7 +37,6 @@ from bench.stacks import open_stack, run_consumers
 from contract.names import (
     ACT_ACQUIRE_BUDGET,
     ACT_NOTIFY,
-    ACT_RECORD_GPU_FAILURE,
     WF_REMEDIATE,
     device_workflow_id,
     taint_rule_name,
@@ -184,14 +183,13 @@ async def _burst(
 
 async def _page_split(client: Any, refused: dict[str, float]) -> dict[str, Any]:
     """Where a refused GPU's time to its page went, from its history (seconds after its alert,
-    server clock): started, the budget's refusal answered (the lease's local activity, asked
-    while confirming), the GPU ledger's answer (recorded beside the steps, not waited for
-    here), the page activity scheduled (after the rest of the confirm step and the escalation's
-    Kubernetes Event), started by a worker (its wait for a slot and a poller), done."""
+    server clock): started; the budget's refusal recorded (a local activity, asked while
+    confirming: recorded when the workflow task that ran it ends, with the confirm step's other
+    local activities and the escalation's Kubernetes Events); the page activity scheduled;
+    started by a worker (its wait for a slot and a poller); done."""
     marks: dict[str, list[float]] = {
         "started": [],
-        "budget refused": [],
-        "ledger answered": [],
+        "budget refusal recorded": [],
         "page scheduled": [],
         "page started": [],
         "page done": [],
@@ -206,11 +204,8 @@ async def _page_split(client: Any, refused: dict[str, float]) -> dict[str, Any]:
             if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
                 seen.setdefault("started", t)
             elif kind == EventType.EVENT_TYPE_MARKER_RECORDED:
-                which = _local_activity(e)
-                if which == ACT_ACQUIRE_BUDGET:
-                    seen.setdefault("budget refused", t)
-                elif which == ACT_RECORD_GPU_FAILURE:
-                    seen.setdefault("ledger answered", t)
+                if _local_activity(e) == ACT_ACQUIRE_BUDGET:
+                    seen.setdefault("budget refusal recorded", t)
             elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                 attrs = e.activity_task_scheduled_event_attributes
                 if attrs.activity_type.name == ACT_NOTIFY and page_id is None:
@@ -296,7 +291,10 @@ def section(r: dict[str, Any]) -> list[str]:
         f"{r['quarantined_both']} / {r['escalated_beyond_refused']} |",
         f"| phases at the end | {r['phases']} |",
         "",
-        "Where a refused GPU's time to its page went (s after its alert, from its history):",
+        "Where a refused GPU's time to its page went (s after its alert, from its history; "
+        "local activities are recorded when the workflow task that ran them ends, so the "
+        "refusal's row is the end of the task that confirmed, asked the budget and wrote the "
+        "escalation's Kubernetes Events):",
         "",
         "| | p50 | p99 |",
         "|---|---|---|",
