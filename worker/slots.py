@@ -17,6 +17,7 @@ regular slot's place until one ends, so the worker never holds more than `regula
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Collection
 
@@ -59,8 +60,8 @@ class _Permit(SlotPermit):
 class WaitAwareSlots(CustomSlotSupplier):
     """Activity slots: `regular` for short calls, and up to `waits` more for `long_waits`.
 
-    The SDK calls `mark_slot_used` and `release_slot` from its own threads, so the counts are
-    under a lock and a blocked `reserve_slot` is woken on its own event loop."""
+    The SDK may call `mark_slot_used` and `release_slot` from threads of its own, so the counts
+    are under a lock and a blocked `reserve_slot` is woken on its own event loop."""
 
     def __init__(self, regular: int, waits: int, long_waits: Collection[str] = LONG_WAITS):
         if regular < 1 or waits < 0:
@@ -99,7 +100,9 @@ class WaitAwareSlots(CustomSlotSupplier):
         with self._lock:
             sleepers, self._sleepers = self._sleepers, []
         for loop, fut in sleepers:
-            loop.call_soon_threadsafe(_settle, fut)
+            # A loop already closed (the worker stopped) has nobody left to wake.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, fut)
 
     # -- the SDK's supplier ------------------------------------------------------------------
 
