@@ -30,6 +30,7 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
@@ -81,6 +82,14 @@ def _watching(rs: RunningTwin) -> tuple[HealthWatcher, Recorder, list[NodeIncide
         kube_for(rs), rec.launch, config(), on_node=rec.node, on_vanished=on_vanished
     )
     return watcher, rec, incidents
+
+
+def _tracked(watcher: HealthWatcher, node: str, *path: str) -> Any:
+    """A field of `node` as the watcher's tracker holds it (None until it holds it)."""
+    value: Any = watcher.tracker.nodes.get(node)
+    for key in path:
+        value = (value or {}).get(key)
+    return value
 
 
 async def _trainer_running(rs: RunningTwin, node: str) -> k8s.CoreV1Api:
@@ -214,12 +223,7 @@ async def test_mig_and_time_slicing_are_no_node_incident(
         manager.faults.share_gpus(second, 4, rename=True)  # time-slicing turned on
         await until(lambda: core.read_node(second).status.capacity["nvidia.com/gpu"] == "0")
         await until(
-            lambda: (
-                (watcher.tracker.nodes.get(second) or {})["status"]["capacity"].get(
-                    "nvidia.com/gpu"
-                )
-                == "0"
-            )
+            lambda: _tracked(watcher, second, "status", "capacity", "nvidia.com/gpu") == "0"
         )
         await asyncio.sleep(1.0)  # what the watcher would send, it sends within this
         assert incidents == [] and rec.nodes == [] and rec.requests == []
@@ -248,9 +252,7 @@ async def test_gpus_gone_under_a_mig_repartition_are_one_incident_naming_it(
         state("pending")
         await until(
             lambda: (
-                (watcher.tracker.nodes.get(node) or {})["metadata"]["labels"].get(
-                    "nvidia.com/mig.config.state"
-                )
+                _tracked(watcher, node, "metadata", "labels", "nvidia.com/mig.config.state")
                 == "pending"
             )
         )
