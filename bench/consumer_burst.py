@@ -138,20 +138,6 @@ async def _burst(
 
     with contextlib.suppress(TimeoutError):
         await until("every GPU quarantined or paged", settled, settle, 0.5)
-    waits_open = {
-        str(p): (
-            await client.count_workflows(
-                f"WorkflowType = '{WF_REMEDIATE}' AND SickbayPhase = '{p}'"
-            )
-        ).count
-        for p in WAIT_PHASES
-    }
-    quarantined = await asyncio.to_thread(created)
-    paged = await pages()
-    refused = [wf for wf in sent if wf not in quarantined]
-    page_s = [paged[wf] - sent[wf] for wf in refused if wf in paged]
-    rule_s = [quarantined[wf] - sent[wf] for wf in quarantined]
-    split = await _page_split(client, {wf: sent[wf] for wf in refused if wf in paged})
     phases: dict[str, int] = {}
     for phase in Phase:
         c = await client.count_workflows(
@@ -159,6 +145,12 @@ async def _burst(
         )
         if c.count:
             phases[str(phase)] = c.count
+    quarantined = await asyncio.to_thread(created)
+    paged = await pages()
+    refused = [wf for wf in sent if wf not in quarantined]
+    page_s = [paged[wf] - sent[wf] for wf in refused if wf in paged]
+    rule_s = [quarantined[wf] - sent[wf] for wf in quarantined]
+    split = await _page_split(client, {wf: sent[wf] for wf in refused if wf in paged})
     return {
         "sent_seconds": round(sent_s, 2),
         "non_2xx": sum(1 for c in codes if c >= 300),
@@ -174,7 +166,7 @@ async def _burst(
         if page_s
         else None,
         "page_split": split,
-        "waits_open": waits_open,
+        "waits_open": {str(p): phases.get(str(p), 0) for p in WAIT_PHASES},
         "phases": phases,
         # A refused GPU waits escalated; any other escalation is a failed step.
         "escalated_beyond_refused": max(0, phases.get(str(Phase.ESCALATED), 0) - len(refused)),
