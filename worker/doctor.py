@@ -756,14 +756,16 @@ class Doctor:
         if not gpus:
             self.add("ok", "open waits", "no GPUs counted: nothing to wait for yet")
             return
-        most, runbook = max(
-            (BudgetPolicy.limit(rb.spec.budget.max_per_cluster, gpus), rb.name)
-            for rb in self.runbooks
-        )
-        budget = next(rb for rb in self.runbooks if rb.name == runbook).spec.budget
+
+        def most_of(rb: Runbook) -> tuple[int, str]:
+            return BudgetPolicy.limit(rb.spec.budget.max_per_cluster, gpus), rb.name
+
+        widest = max(self.runbooks, key=most_of)
+        most = most_of(widest)[0]
         said = (
             f"the budget lets up to {most} of {gpus} GPUs be quarantined at once (runbook "
-            f"{runbook}: maxPerCluster {budget.max_per_cluster}), one open wait each; a worker "
+            f"{widest.name}: maxPerCluster {widest.spec.budget.max_per_cluster}), one open "
+            "wait each; a worker "
             f"keeps up to {self.max_open_waits} (SICKBAY_MAX_OPEN_WAITS)"
         )
         if most <= self.max_open_waits:
