@@ -104,25 +104,24 @@ def _create(kube: Kube, namespace: str, body: dict[str, Any]) -> None:
 
 
 def _with_uid(kube: Kube, target: EventTarget) -> EventTarget:
-    """The target with its object's uid (read by name when missing; nodes and pods)."""
+    """The target with a uid `kubectl describe` finds it by. A node's is its name, as the
+    kubelet's own node Events carry: `kubectl describe node` lists the Events of the node's
+    uid and of its name (kubectl pkg/describe, NodeDescriber), so no read before the write,
+    and a node recreated under the same name still shows them. A pod's is read by name."""
     if target.uid or target.api_version != "v1" or target.kind not in ("Node", "Pod"):
         return target
-    selector = f"metadata.name={target.name}"
+    if target.kind == "Node":
+        return target.model_copy(update={"uid": target.name})
+    if not target.namespace:
+        return target
     try:
-        if target.kind == "Node":
-            found = kube.call(
-                kube.core.list_node, verb="list", resource="nodes", field_selector=selector
-            )
-        elif target.namespace:
-            found = kube.call(
-                kube.core.list_namespaced_pod,
-                target.namespace,
-                verb="list",
-                resource="pods",
-                field_selector=selector,
-            )
-        else:
-            return target
+        found = kube.call(
+            kube.core.list_namespaced_pod,
+            target.namespace,
+            verb="list",
+            resource="pods",
+            field_selector=f"metadata.name={target.name}",
+        )
     except KubeError as err:
         log.warning(
             "%s %s: uid not read (%s); its Event will not show in kubectl describe",

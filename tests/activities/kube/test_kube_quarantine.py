@@ -429,6 +429,48 @@ async def test_record_event_once_per_target(tmp_path: Path) -> None:
         assert all(WF in e["message"] and e["reportingComponent"] == "sickbay" for e in events)
 
 
+async def test_node_event_takes_the_kubelets_uid_without_a_read(tmp_path: Path) -> None:
+    """An Event about a node names it by uid = the node's name, as the kubelet's own node
+    Events do (`kubectl describe node` lists both the node's uid and its name, kubectl
+    pkg/describe NodeDescriber): no read of the node before the write, and still shown after
+    the node object is recreated under the same name. A pod's Event still reads the pod's uid
+    (a pod has no such convention)."""
+    with twin(tmp_path, "1.37", nodes=1) as t:
+        node = t.node(0)
+        t.consumer_pod("ml", "p", node, "gpu-0")
+        t.clear_requests()
+        await t.run(
+            t.acts.record_event,
+            RecordEventInput(
+                targets=[EventTarget(api_version="v1", kind="Node", name=node)],
+                reason="GPUQuarantined",
+                message="GPU quarantined",
+                workflow_id=WF,
+            ),
+        )
+        calls = [(r.verb, r.resource) for r in t.requests()]
+        assert calls == [("create", "events")], calls
+        (event,) = [
+            e
+            for e in t.store.list("events").items
+            if e["involvedObject"].get("kind") == "Node" and e.get("reason") == "GPUQuarantined"
+        ]
+        assert event["involvedObject"]["uid"] == node
+        assert event["involvedObject"]["name"] == node
+        t.clear_requests()
+        await t.run(
+            t.acts.record_event,
+            RecordEventInput(
+                targets=[EventTarget(api_version="v1", kind="Pod", name="p", namespace="ml")],
+                reason="GPUQuarantined",
+                message="GPU quarantined",
+                workflow_id=WF,
+            ),
+        )
+        calls = [(r.verb, r.resource) for r in t.requests()]
+        assert calls == [("list", "pods"), ("create", "events")], calls
+
+
 async def test_aggregated_event_raises_its_count(tmp_path: Path) -> None:
     """A remediation's decision told again about the same object is one Event whose count
     rises (as `kubectl get events` shows `(x2)`), through the RBAC of deploy/rbac.yaml; a retry
