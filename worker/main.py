@@ -296,19 +296,29 @@ class SickbayWorker:
         return (self.main, self.budget, self.ledger)
 
     async def run(self) -> None:
-        """Until shutdown; if one worker stops with an error, the other is shut down too."""
+        """Until shutdown; if one worker stops with an error, the others are shut down too."""
         runs = [asyncio.ensure_future(w.run()) for w in self.workers]
         try:
             await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
+            await self._stop(return_exceptions=True)
             results = await asyncio.gather(*runs, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                 raise result
 
     async def shutdown(self) -> None:
-        await asyncio.gather(*(w.shutdown() for w in self.workers))
+        await self._stop(return_exceptions=False)
+
+    async def _stop(self, *, return_exceptions: bool) -> None:
+        """The remediation queue's worker first, the budget's and the ledger's once it is done:
+        its remediations still inside a lease or a ledger record (local activities waiting on
+        an update) get their answer from this process's budget and ledger pollers, instead of
+        running into the graceful-shutdown timeout with nobody polling those queues."""
+        await asyncio.gather(self.main.shutdown(), return_exceptions=return_exceptions)
+        await asyncio.gather(
+            self.budget.shutdown(), self.ledger.shutdown(), return_exceptions=return_exceptions
+        )
 
     async def __aenter__(self) -> SickbayWorker:
         self._running = asyncio.create_task(self.run())
