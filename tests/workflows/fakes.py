@@ -12,7 +12,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, overload
 
@@ -653,6 +653,17 @@ async def past_deadline(
     target = status.deadline + past
     while (now := await env.get_current_time()) < target and world.watching:
         beats = world.heartbeats
-        await skip_step(env, min(target - now, WATCH_STEP), test_holds=True)
+        await skip_step(env, next_step(now, status.deadline, target), test_holds=True)
         await heartbeats_after(world, beats, give_up)
     return status
+
+
+def next_step(now: datetime, deadline: datetime, target: datetime) -> timedelta:
+    """The next skip of `past_deadline`: WATCH_STEP at most, and the one that crosses the
+    deadline goes all the way to `target`. A step ending between the two would be followed by
+    one more while the workflow, its deadline passed, cancels the watch: if the watch's hold
+    is gone by the time that step gives back the test's own, no hold is left and the server
+    runs its clock to the next timer (an approval's timeout, 20 minutes on)."""
+    if now + WATCH_STEP < deadline:
+        return WATCH_STEP
+    return max(target - now, timedelta(0))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from temporalio import activity, workflow
@@ -28,6 +28,7 @@ from temporalio.workflow import ActivityCancellationType
 from harness.stack import free_port
 from tests.workflows.fakes import (
     WATCH_STEP,
+    next_step,
     result_skipping_watches,
     skip_step,
     watch_until_cancelled,
@@ -124,3 +125,25 @@ async def test_a_step_with_no_activity_holding_time_still_skips(
     assert await time_skipping_env.get_current_time() - before >= WATCH_STEP
     await skip_step(time_skipping_env, WATCH_STEP, test_holds=True)  # balanced: works again
     assert await time_skipping_env.get_current_time() - before >= 2 * WATCH_STEP
+
+
+def test_past_deadline_never_stops_between_the_deadline_and_its_target() -> None:
+    """`past_deadline` skips to 1 s past a watch's deadline. A step ending inside that second
+    was followed by one more while the workflow cancelled the watch; had the watch's hold gone
+    when that step gave back the test's own, the server ran its clock to the next timer: an
+    approval's 20-minute timeout, once, under the load of two suites. The step that crosses
+    the deadline now lands on the target, whatever the watch's start time."""
+    start = datetime(2026, 12, 7, tzinfo=UTC)
+    deadline = start + timedelta(minutes=5)
+    target = deadline + timedelta(seconds=1)
+    for offset in range(0, 20_000, 125):  # every alignment of the 20 s steps, in ms
+        now = start + timedelta(milliseconds=offset)
+        ends = []
+        while now < target:
+            step = next_step(now, deadline, target)
+            assert timedelta(0) < step <= WATCH_STEP + (target - deadline)
+            now += step
+            ends.append(now)
+        assert ends[-1] == target
+        inside = [e for e in ends if deadline < e < target]
+        assert not inside, f"start +{offset} ms: a step ends {inside[0] - deadline} past it"
