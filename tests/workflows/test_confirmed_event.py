@@ -1,7 +1,8 @@
 """The GPUFailureConfirmed Event is written beside the budget and the quarantine, not before
 them: a GPU failing under a pod (the common case) does not wait one Kubernetes write and one
 local-activity round trip longer for its DeviceTaintRule. The Events still read in order on
-the objects: GPUQuarantined is written only after GPUFailureConfirmed is in."""
+the objects: GPUQuarantined is written only after GPUFailureConfirmed is in. Likewise the
+GPURemediationEscalated Event beside the page: a refused GPU's page does not wait for it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from contract.kube import RecordEventInput
-from contract.names import ACT_QUARANTINE, ACT_RECORD_EVENT
-from contract.remediation import Phase
+from contract.names import ACT_NOTIFY, ACT_QUARANTINE, ACT_RECORD_EVENT, SIG_REPAIRED
+from contract.remediation import Phase, RepairedRequest
 from tests.workflows.fakes import FakeWorld, new_worker, start, wait_phase
 
 
@@ -47,3 +48,39 @@ async def test_quarantine_does_not_wait_for_the_confirmed_event(
             await handle.terminate("test done")
     assert True in quarantine_meanwhile, "the quarantine waited for the GPUFailureConfirmed Event"
     assert written.index("GPUFailureConfirmed") < written.index("GPUQuarantined"), written
+
+
+async def test_a_page_does_not_wait_for_the_escalated_event(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """A GPU the budget refuses is paged while its GPURemediationEscalated Event is still being
+    written (on-call is not kept waiting for a Kubernetes write); both Events beside the steps
+    are written, in the order decided, before the run ends."""
+    client = time_skipping_env.client
+    world = FakeWorld(budget_granted=False)
+    written: list[str] = []
+    paged_meanwhile: list[bool] = []
+
+    @activity.defn(name=ACT_RECORD_EVENT)
+    async def record_event(req: RecordEventInput) -> None:
+        if req.reason == "GPURemediationEscalated":  # a slow API server, as above
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + 8.0
+            for _ in range(100_000):  # until the page is sent, for at most 8 s
+                if world.args(ACT_NOTIFY) or loop.time() > give_up:
+                    break
+                await asyncio.sleep(0.02)
+            paged_meanwhile.append(bool(world.args(ACT_NOTIFY)))
+            if not paged_meanwhile[-1]:  # a busy machine: the next attempt looks again
+                raise ApplicationError("the API server is slow (test)")
+        written.append(req.reason)
+
+    with time_skipping_env.auto_time_skipping_disabled():
+        async with new_worker(client, world, extra_activities=[record_event]) as worker:
+            handle = await start(client, worker, world)
+            await wait_phase(handle, Phase.ESCALATED)
+            await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
+            result = await handle.result()
+    assert result.status.escalation_reason == "budget-exhausted", result.status
+    assert True in paged_meanwhile, "the page waited for the GPURemediationEscalated Event"
+    assert written[:2] == ["GPUFailureConfirmed", "GPURemediationEscalated"], written

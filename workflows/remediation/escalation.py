@@ -75,7 +75,8 @@ async def escalate(
     j.log("escalate", outcome=reason, reason=summary)
     j.upsert()
     if reason != "application-error":  # that path already put its own Event on the pods
-        await j.event(
+        # Beside the page, not before it: on-call is not kept waiting for a Kubernetes write.
+        j.event_beside(
             "GPURemediationEscalated", f"{summary}. Needed: {NEEDED[reason]}", etype="Warning"
         )
     policy = s.spec.escalation

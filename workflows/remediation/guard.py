@@ -178,6 +178,7 @@ async def _acquire_lease(
                     "slot; never quarantined",
                 )
         if history_full():
+            await r.j.events_written()
             await workflow.wait_condition(workflow.all_handlers_finished)
             workflow.continue_as_new(s.carry(waiting_for_budget=True))
 

@@ -77,6 +77,7 @@ async def hold_and_release(r: Remediation) -> Closed:
             s.hold.healthy_since = None
             j.log("device not Healthy again", outcome=health.health or "unknown")
         if history_full():
+            await r.j.events_written()
             await workflow.wait_condition(workflow.all_handlers_finished)
             workflow.continue_as_new(s.carry())
     return await _release(r, by_health=False)

@@ -279,6 +279,7 @@ class Journal:
         ).with_additional_attributes(
             {"outcome": outcome, "workload_class": s.status.workload_class or ""}
         ).add(1)
+        await self.events_written()  # never closed with an Event still on its way
         await workflow.wait_condition(workflow.all_handlers_finished)
         return RemediationResult(
             outcome=outcome,
@@ -360,10 +361,18 @@ class Journal:
         owners: bool = True,
     ) -> None:
         """`event`, written while the steps after it run: nothing waits for the Kubernetes
-        write but the next Event and the run's end (`events_written`)."""
-        self._s.journal.writing = asyncio.ensure_future(
-            self.event(reason, message, etype=etype, pods=pods, rule=rule, node=node, owners=owners)
-        )
+        write but the next Event and the run's end (`events_written`). After the Event still
+        on its way beside the steps, if any: one at a time, in the order decided."""
+        before = self._s.journal.writing
+
+        async def write() -> None:
+            if before is not None:
+                await before
+            await self._write(
+                reason, message, etype=etype, pods=pods, rule=rule, node=node, owners=owners
+            )
+
+        self._s.journal.writing = asyncio.ensure_future(write())
 
     async def events_written(self) -> None:
         """Wait for the Event written beside the steps, if one is on its way."""
@@ -386,10 +395,25 @@ class Journal:
         aggregated (a repeat raises its count); failing to write it never stops the
         remediation. Dry runs write none: they change nothing in the cluster. Written after
         the Event on its way beside the steps (`event_beside`), if any."""
+        await self.events_written()
+        await self._write(
+            reason, message, etype=etype, pods=pods, rule=rule, node=node, owners=owners
+        )
+
+    async def _write(
+        self,
+        reason: str,
+        message: str,
+        *,
+        etype: Literal["Normal", "Warning"],
+        pods: bool,
+        rule: bool,
+        node: bool,
+        owners: bool,
+    ) -> None:
         s = self._s
         if s.dry:
             return
-        await self.events_written()
         counted: list[EventTarget] = []
         for t in self.event_targets(pods=pods, rule=rule, node=node, owners=owners):
             key = f"{reason}|{t.kind}|{t.namespace or ''}|{t.name}"
