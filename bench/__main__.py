@@ -380,10 +380,20 @@ def main(argv: list[str] | None = None) -> int:
             # A subset re-run keeps the other benchmarks' last figures.
             previous = json.loads(results_file.read_text())
             if previous.get("quick") == args.quick:
+                fresh = dict(results)
                 for name in set(ALL) - set(which):
                     if name in previous:
                         results[name] = previous[name]
-                results["findings"] = findings(results)
+                try:
+                    results["findings"] = findings(results)
+                except (KeyError, TypeError, ValueError) as err:
+                    # Figures another version of the benchmarks wrote: never lose this run's.
+                    log.warning(
+                        "%s holds figures this version cannot read (%r): kept only this run's",
+                        results_file,
+                        err,
+                    )
+                    results = fresh
         results_file.write_text(json.dumps(results, indent=1, default=str))
     render(results, out, plot_dir)
     print(f"wrote {out} and plots in {plot_dir}; raw results {results_file}")
