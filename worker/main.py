@@ -315,10 +315,15 @@ class SickbayWorker:
         its remediations still inside a lease or a ledger record (local activities waiting on
         an update) get their answer from this process's budget and ledger pollers, instead of
         running into the graceful-shutdown timeout with nobody polling those queues."""
-        await asyncio.gather(self.main.shutdown(), return_exceptions=return_exceptions)
-        await asyncio.gather(
-            self.budget.shutdown(), self.ledger.shutdown(), return_exceptions=return_exceptions
-        )
+        try:
+            await self.main.shutdown()
+        except Exception:
+            if not return_exceptions:
+                raise
+        finally:  # stopped even when the first stop failed
+            await asyncio.gather(
+                self.budget.shutdown(), self.ledger.shutdown(), return_exceptions=return_exceptions
+            )
 
     async def __aenter__(self) -> SickbayWorker:
         self._running = asyncio.create_task(self.run())

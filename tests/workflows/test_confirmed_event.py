@@ -7,6 +7,7 @@ GPURemediationEscalated Event beside the page: a refused GPU's page does not wai
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -16,6 +17,18 @@ from contract.kube import RecordEventInput
 from contract.names import ACT_NOTIFY, ACT_QUARANTINE, ACT_RECORD_EVENT, SIG_REPAIRED
 from contract.remediation import Phase, RepairedRequest
 from tests.workflows.fakes import FakeWorld, new_worker, start, wait_phase
+
+
+async def _slow_until(seen: Callable[[], object], seconds: float) -> bool:
+    """A slow API server's write: it answers once `seen()` holds or after `seconds`; whether
+    `seen()` held."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + seconds
+    for _ in range(1_000_000):
+        if seen() or loop.time() > give_up:
+            break
+        await asyncio.sleep(0.02)
+    return bool(seen())
 
 
 async def test_quarantine_does_not_wait_for_the_confirmed_event(
@@ -30,13 +43,8 @@ async def test_quarantine_does_not_wait_for_the_confirmed_event(
     @activity.defn(name=ACT_RECORD_EVENT)
     async def record_event(req: RecordEventInput) -> None:
         if req.reason == "GPUFailureConfirmed":  # a slow API server: up to 8 s, within the
-            loop = asyncio.get_running_loop()  # local activity's 10 s
-            give_up = loop.time() + 8.0
-            for _ in range(100_000):  # until the quarantine is asked for, for at most 8 s
-                if world.args(ACT_QUARANTINE) or loop.time() > give_up:
-                    break
-                await asyncio.sleep(0.02)
-            quarantine_meanwhile.append(bool(world.args(ACT_QUARANTINE)))
+            # local activity's 10 s, until the quarantine is asked for
+            quarantine_meanwhile.append(await _slow_until(lambda: world.args(ACT_QUARANTINE), 8.0))
             if not quarantine_meanwhile[-1]:  # a busy machine: the next attempt looks again
                 raise ApplicationError("the API server is slow (test)")
         written.append(req.reason)
@@ -67,13 +75,7 @@ async def test_a_page_does_not_wait_for_the_escalated_event(
     @activity.defn(name=ACT_RECORD_EVENT)
     async def record_event(req: RecordEventInput) -> None:
         if req.reason == "GPURemediationEscalated":  # an API server that hangs on it
-            loop = asyncio.get_running_loop()
-            give_up = loop.time() + 30.0
-            for _ in range(100_000):  # until the page is sent, for at most 30 s
-                if world.args(ACT_NOTIFY) or loop.time() > give_up:
-                    break
-                await asyncio.sleep(0.02)
-            paged_meanwhile.append(bool(world.args(ACT_NOTIFY)))
+            paged_meanwhile.append(await _slow_until(lambda: world.args(ACT_NOTIFY), 30.0))
             if not paged_meanwhile[-1]:  # a busy machine: the next attempt looks again
                 raise ApplicationError("the API server is slow (test)")
         written.append(req.reason)

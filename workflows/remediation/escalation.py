@@ -75,7 +75,8 @@ async def escalate(
     j.log("escalate", outcome=reason, reason=summary)
     j.upsert()
     if reason != "application-error":  # that path already put its own Event on the pods
-        # Beside the page, not before it: on-call is not kept waiting for a Kubernetes write.
+        # Beside the page, not before it: an API server hanging on the write holds the page
+        # back only until the workflow task's heartbeat, not through the write's retries.
         j.event_beside(
             "GPURemediationEscalated", f"{summary}. Needed: {NEEDED[reason]}", etype="Warning"
         )
