@@ -448,11 +448,30 @@ class MachineRemediation:
         self.manager = manager
         self._known: dict[tuple[str, str], str] = {}  # (ns, machine) -> node
         self._rebooting: dict[tuple[str, str], str] = {}  # (ns, machine) -> node
+        # Machines deleted since the last pass, with their node, as the store reported them:
+        # one created and deleted between two passes is replaced too (a MachineSet keeps its
+        # count whether or not anyone saw the Machine it lost).
+        self._deleted: list[tuple[tuple[str, str], str]] = []
+        self._deleted_lock = threading.Lock()
+        self._subscribed_to: Any = None
+
+    def _on_change(self, event: Any) -> None:
+        from twin.controllers.common import MACHINES
+
+        if event.type != "DELETED" or event.resource != MACHINES:
+            return
+        node = ((event.object.get("status") or {}).get("nodeRef") or {}).get("name")
+        if node:
+            with self._deleted_lock:
+                self._deleted.append(((ns_of(event.object), name_of(event.object)), node))
 
     def sync(self, ctx: Any) -> float | None:
         from twin.controllers.common import MACHINES
 
         store = ctx.store
+        if self._subscribed_to is not store:
+            store.subscribe(self._on_change)
+            self._subscribed_to = store
         try:
             machines = store.list(MACHINES).items
         except Exception:  # the resource is not served by this profile
@@ -481,20 +500,26 @@ class MachineRemediation:
             except KeyError:
                 continue
             self._rebooting[key] = node
-        for key, node in list(self._known.items()):
-            if key not in seen:  # the Machine is gone: so is its node; the pool replaces it
-                self._rebooting.pop(key, None)
-                if store.try_get(NODES, node) is not None:
-                    try:
-                        new_node_pool = repairs.replace(node)
-                        log.info(
-                            "twin: machine %s/%s deleted, pool %s replaces %s",
-                            *key,
-                            new_node_pool,
-                            node,
-                        )
-                    except KeyError as err:
-                        log.warning("twin: machine %s/%s deleted: %s", *key, err)
+        with self._deleted_lock:
+            deleted, self._deleted = self._deleted, []
+        gone = {key: node for key, node in self._known.items() if key not in seen}
+        for key, node in deleted:
+            if key not in seen:
+                gone.setdefault(key, node)
+        # A Machine gone: so is its node, and its pool replaces it.
+        for key, node in gone.items():
+            self._rebooting.pop(key, None)
+            if store.try_get(NODES, node) is not None:
+                try:
+                    new_node_pool = repairs.replace(node)
+                    log.info(
+                        "twin: machine %s/%s deleted, pool %s replaces %s",
+                        *key,
+                        new_node_pool,
+                        node,
+                    )
+                except KeyError as err:
+                    log.warning("twin: machine %s/%s deleted: %s", *key, err)
         self._known = seen
         return 1.0 if self._rebooting else None
 
