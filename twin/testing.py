@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from twin.controllers.common import MACHINES
 from twin.runtime import Twin
 from twin.store import Store
 
@@ -94,3 +95,27 @@ def running_twin(directory: str | Path | None = None, **kwargs: Any) -> Iterator
         yield rs
     finally:
         rs.stop()
+
+
+def capi_machine(store: Store, node: str, namespace: str = "default") -> str:
+    """A Cluster API Machine `m-<node>` whose status points at `node` (as a MachineSet's
+    Machine does once its node joined); returns its name."""
+    name = f"m-{node}"
+    store.create(
+        MACHINES,
+        {
+            "apiVersion": "cluster.x-k8s.io/v1beta1",
+            "kind": "Machine",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"clusterName": "twin", "bootstrap": {"dataSecretName": "x"}},
+        },
+        namespace=namespace,
+    )
+    store.mutate(
+        MACHINES,
+        name,
+        lambda m: m.update(status={"nodeRef": {"kind": "Node", "name": node}}),
+        namespace=namespace,
+        subresource="status",
+    )
+    return name

@@ -361,6 +361,14 @@ async def build_worker(
         raise RuntimeError(
             "refusing to start: workflows call activities nothing registers:\n" + "\n".join(lines)
         )
+    return sickbay_workers(client, settings, built, identity)
+
+
+def sickbay_workers(
+    client: Client, settings: Settings, built: Built, identity: str | None = None
+) -> SickbayWorker:
+    """The remediation queue's worker and the budget's and the ledger's, unchecked (tests
+    with fake activities; `build_worker` checks the activities first)."""
     budget = _single_workflow_worker(
         client, settings, built, identity, budget_task_queue, BudgetWorkflow, WF_BUDGET
     )

@@ -42,8 +42,8 @@ from contract.repair_rungs import MachineActionInput, NodeGpusResult, WaitNodeGp
 from tests.activities.kube.conftest import KubeTwin, twin
 from twin.clock import Clock
 from twin.controllers.manager import ControllerManager, TwinOptions
+from twin.testing import MACHINES, capi_machine
 
-MACHINES = "machines.cluster.x-k8s.io"
 POOL = NodePoolTarget(provider="cluster-api", name="gpu-md", namespace="default")
 WAIT = 30.0
 
@@ -66,23 +66,7 @@ def setup(tmp_path: Path) -> Iterator[Any]:
         t = cm.__enter__()
         made.append(cm)
         for node in t.twin.seed_info["nodes"]:
-            t.store.create(
-                MACHINES,
-                {
-                    "apiVersion": "cluster.x-k8s.io/v1beta1",
-                    "kind": "Machine",
-                    "metadata": {"name": f"m-{node}", "namespace": "default"},
-                    "spec": {"clusterName": "twin", "bootstrap": {"dataSecretName": "x"}},
-                },
-                namespace="default",
-            )
-            t.store.mutate(
-                MACHINES,
-                f"m-{node}",
-                lambda m, node=node: m.update(status={"nodeRef": {"kind": "Node", "name": node}}),
-                namespace="default",
-                subresource="status",
-            )
+            capi_machine(t.store, node)
             if annotate_nodes:
                 t.store.mutate(
                     "nodes",

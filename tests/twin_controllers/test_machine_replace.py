@@ -13,8 +13,7 @@ from __future__ import annotations
 from twin.clock import ManualClock
 from twin.controllers.manager import ControllerManager, TwinOptions
 from twin.runtime import Twin
-
-MACHINES = "machines.cluster.x-k8s.io"
+from twin.testing import MACHINES, capi_machine
 
 
 def test_a_machine_deleted_between_two_passes_is_replaced() -> None:
@@ -26,24 +25,8 @@ def test_a_machine_deleted_between_two_passes_is_replaced() -> None:
     store = twin.store
     manager.settle()  # the controllers have looked once: no Machine yet
     node = twin.seed_info["nodes"][0]
-    store.create(
-        MACHINES,
-        {
-            "apiVersion": "cluster.x-k8s.io/v1beta1",
-            "kind": "Machine",
-            "metadata": {"name": f"m-{node}", "namespace": "default"},
-            "spec": {"clusterName": "twin", "bootstrap": {"dataSecretName": "x"}},
-        },
-        namespace="default",
-    )
-    store.mutate(
-        MACHINES,
-        f"m-{node}",
-        lambda m: m.update(status={"nodeRef": {"kind": "Node", "name": node}}),
-        namespace="default",
-        subresource="status",
-    )
-    store.delete(MACHINES, f"m-{node}", "default")  # before any pass saw it
+    machine = capi_machine(store, node)
+    store.delete(MACHINES, machine, "default")  # before any pass saw it
     manager.settle()
     clock.advance(11)  # past the provisioning delay
     manager.settle()

@@ -7,7 +7,8 @@ GPURemediationEscalated Event beside the page: a refused GPU's page does not wai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -19,16 +20,35 @@ from contract.remediation import Phase, RepairedRequest
 from tests.workflows.fakes import FakeWorld, new_worker, start, wait_phase
 
 
-async def _slow_until(seen: Callable[[], object], seconds: float) -> bool:
-    """A slow API server's write: it answers once `seen()` holds or after `seconds`; whether
-    `seen()` held."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + seconds
-    for _ in range(1_000_000):
-        if seen() or loop.time() > give_up:
-            break
-        await asyncio.sleep(0.02)
-    return bool(seen())
+@dataclass
+class SlowApi:
+    """The record-event fake of an API server slow on one Event `reason`: that write answers
+    once `seen()` holds or after `seconds` (`meanwhile`: whether it held); one that did not
+    see it fails, and the local activity's next attempt looks again. `written`: the reasons
+    written, in order."""
+
+    reason: str
+    seen: Callable[[], object]
+    seconds: float
+    written: list[str] = field(default_factory=list)
+    meanwhile: list[bool] = field(default_factory=list)
+
+    def fake(self) -> Callable[[RecordEventInput], Awaitable[None]]:
+        @activity.defn(name=ACT_RECORD_EVENT)
+        async def record_event(req: RecordEventInput) -> None:
+            if req.reason == self.reason:
+                loop = asyncio.get_running_loop()
+                give_up = loop.time() + self.seconds
+                for _ in range(1_000_000):
+                    if self.seen() or loop.time() > give_up:
+                        break
+                    await asyncio.sleep(0.02)
+                self.meanwhile.append(bool(self.seen()))
+                if not self.meanwhile[-1]:  # a busy machine: the next attempt looks again
+                    raise ApplicationError("the API server is slow (test)")
+            self.written.append(req.reason)
+
+        return record_event
 
 
 async def test_quarantine_does_not_wait_for_the_confirmed_event(
@@ -37,25 +57,18 @@ async def test_quarantine_does_not_wait_for_the_confirmed_event(
     client = time_skipping_env.client
     world = FakeWorld()  # a Deployment's pod on the GPU: the Events go on it
     assert world.consumers
-    written: list[str] = []
-    quarantine_meanwhile: list[bool] = []
-
-    @activity.defn(name=ACT_RECORD_EVENT)
-    async def record_event(req: RecordEventInput) -> None:
-        if req.reason == "GPUFailureConfirmed":  # a slow API server: up to 8 s, within the
-            # local activity's 10 s, until the quarantine is asked for
-            quarantine_meanwhile.append(await _slow_until(lambda: world.args(ACT_QUARANTINE), 8.0))
-            if not quarantine_meanwhile[-1]:  # a busy machine: the next attempt looks again
-                raise ApplicationError("the API server is slow (test)")
-        written.append(req.reason)
+    # Up to 8 s, within the local activity's 10 s, until the quarantine is asked for.
+    api = SlowApi("GPUFailureConfirmed", lambda: world.args(ACT_QUARANTINE), 8.0)
 
     with time_skipping_env.auto_time_skipping_disabled():
-        async with new_worker(client, world, extra_activities=[record_event]) as worker:
+        async with new_worker(client, world, extra_activities=[api.fake()]) as worker:
             handle = await start(client, worker, world)
             await wait_phase(handle, Phase.HOLDING)
             await handle.terminate("test done")
-    assert True in quarantine_meanwhile, "the quarantine waited for the GPUFailureConfirmed Event"
-    assert written.index("GPUFailureConfirmed") < written.index("GPUQuarantined"), written
+    assert True in api.meanwhile, "the quarantine waited for the GPUFailureConfirmed Event"
+    assert api.written.index("GPUFailureConfirmed") < api.written.index("GPUQuarantined"), (
+        api.written
+    )
 
 
 async def test_a_page_does_not_wait_for_the_escalated_event(
@@ -69,23 +82,15 @@ async def test_a_page_does_not_wait_for_the_escalated_event(
     before the run ends."""
     client = time_skipping_env.client
     world = FakeWorld(budget_granted=False)
-    written: list[str] = []
-    paged_meanwhile: list[bool] = []
-
-    @activity.defn(name=ACT_RECORD_EVENT)
-    async def record_event(req: RecordEventInput) -> None:
-        if req.reason == "GPURemediationEscalated":  # an API server that hangs on it
-            paged_meanwhile.append(await _slow_until(lambda: world.args(ACT_NOTIFY), 30.0))
-            if not paged_meanwhile[-1]:  # a busy machine: the next attempt looks again
-                raise ApplicationError("the API server is slow (test)")
-        written.append(req.reason)
+    # An API server that hangs on the escalation's Event, until the page is sent (30 s at most).
+    api = SlowApi("GPURemediationEscalated", lambda: world.args(ACT_NOTIFY), 30.0)
 
     with time_skipping_env.auto_time_skipping_disabled():
-        async with new_worker(client, world, extra_activities=[record_event]) as worker:
+        async with new_worker(client, world, extra_activities=[api.fake()]) as worker:
             handle = await start(client, worker, world)
             await wait_phase(handle, Phase.ESCALATED)
             await handle.signal(SIG_REPAIRED, RepairedRequest(actor="ops"))
             result = await handle.result()
     assert result.status.escalation_reason == "budget-exhausted", result.status
-    assert True in paged_meanwhile, "the page waited for the GPURemediationEscalated Event"
-    assert written[:2] == ["GPUFailureConfirmed", "GPURemediationEscalated"], written
+    assert True in api.meanwhile, "the page waited for the GPURemediationEscalated Event"
+    assert api.written[:2] == ["GPUFailureConfirmed", "GPURemediationEscalated"], api.written

@@ -21,18 +21,9 @@ from temporalio.client import Client
 
 from activities.budget_client import BudgetActivities
 from contract.budget import BudgetDecision, BudgetLeaseRequest
-from contract.names import WF_BUDGET, WF_GPU_LEDGER, budget_task_queue, ledger_task_queue
 from tests.workflows.fakes import FakeWorld, fake_of, start
-from worker.main import (
-    Built,
-    SickbayWorker,
-    _main_worker,
-    _single_workflow_worker,
-    sender_identity_options,
-)
+from worker.main import Built, sickbay_workers
 from worker.settings import Settings
-from workflows.budget import BudgetWorkflow
-from workflows.ledger import GpuLedgerWorkflow
 
 GRACE = 5.0  # seconds the stop gives running activities (SICKBAY_GRACEFUL_SHUTDOWN_SECONDS)
 
@@ -58,23 +49,7 @@ async def test_a_stop_lets_the_budget_answer_the_leases_being_asked(dev_client: 
         return decision
 
     built = Built(activities=world.activities(acquire))
-    # build_worker's three workers (it checks activity names the fakes do not carry).
-    worker = SickbayWorker(
-        _main_worker(dev_client, settings, built),
-        _single_workflow_worker(
-            dev_client, settings, built, None, budget_task_queue, BudgetWorkflow, WF_BUDGET
-        ),
-        _single_workflow_worker(
-            dev_client,
-            settings,
-            built,
-            None,
-            ledger_task_queue,
-            GpuLedgerWorkflow,
-            WF_GPU_LEDGER,
-            **sender_identity_options(),
-        ),
-    )
+    worker = sickbay_workers(dev_client, settings, built)  # build_worker's, unchecked
     running = asyncio.ensure_future(worker.run())
     handle = None
     try:
