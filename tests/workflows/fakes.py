@@ -210,6 +210,7 @@ class FakeWorld:
     watch_cancelled: int = 0  # watches the workflow cancelled (its deadline timer fired)
     watching: bool = False  # a watch is running (and gave back its time-skipping hold)
     heartbeats: int = 0  # heartbeats of the watches
+    stepping: bool = False  # the test skips time on the watch's hold (`skip_step`)
     capacity: CapacityResult | ApplicationError = field(
         default_factory=lambda: CapacityResult(status="requested", current_size=2, target_size=3)
     )
@@ -447,6 +448,7 @@ class Watching(Protocol):
     watching: bool
     heartbeats: int
     watch_cancelled: int
+    stepping: bool  # a skip borrows the watch's hold (`skip_step`): a cancelled watch waits
 
 
 async def watch_until_cancelled(world: Watching) -> None:
@@ -467,6 +469,10 @@ async def watch_until_cancelled(world: Watching) -> None:
         details = activity.cancellation_details()
         if details and details.cancel_requested:  # by the workflow (not a timeout/shutdown)
             world.watch_cancelled += 1
+        for _ in range(6000):  # its hold is lent to the test's skip: keep it until returned
+            if not world.stepping:
+                break
+            await asyncio.sleep(0.005)
         raise
     finally:
         world.watching = False
@@ -475,14 +481,39 @@ async def watch_until_cancelled(world: Watching) -> None:
 WATCH_STEP = timedelta(seconds=20)  # a third of the shortest watch heartbeat timeout (60 s)
 
 
-async def skip_step(env: WorkflowEnvironment, step: timedelta, *, test_holds: bool) -> None:
+async def skip_step(
+    env: WorkflowEnvironment,
+    step: timedelta,
+    *,
+    test_holds: bool,
+    world: Watching | None = None,
+    busy: float = 0.0,
+) -> None:
     """Skip the test server's time by `step` while an activity runs. The server holds time
     still once for the running activity and once for the test's client, except while the
     client awaits a workflow result; `env.sleep` gives back one hold for the step, so a test
-    that is not awaiting a result (`test_holds`) gives its own back around the step too."""
-    if not test_holds:
-        await env.sleep(step)
-        return
+    that is not awaiting a result (`test_holds`) gives its own back around the step too.
+
+    The step borrows the watch's hold: the server counts holds, not their owners, and takes
+    the borrowed one back when the step ends. A watch the workflow cancels inside the step
+    (its deadline passed) gives its hold back too, and if that came before the test's own was
+    back, nothing held time when the workflow went on to wait for an approval: the server ran
+    its clock to the approval's timeout at once. So `world`'s cancelled watch keeps its hold
+    until the test has its own back. `busy`: seconds the test takes to ask for its hold back,
+    as on a loaded machine (the test of this)."""
+    if world is not None:
+        world.stepping = True
+    try:
+        if not test_holds:
+            await env.sleep(step)
+            return
+        await _skip_on_borrowed_hold(env, step, busy)
+    finally:
+        if world is not None:
+            world.stepping = False
+
+
+async def _skip_on_borrowed_hold(env: WorkflowEnvironment, step: timedelta, busy: float) -> None:
     test_service = env.client.test_service
     await test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
     refused = False
@@ -494,6 +525,8 @@ async def skip_step(env: WorkflowEnvironment, step: timedelta, *, test_holds: bo
         # ("Unbalanced lock and unlock calls"). Take it back and skip with it alone.
         refused = True
     finally:
+        if busy:
+            await asyncio.sleep(busy)
         await test_service.lock_time_skipping(LockTimeSkippingRequest())
     if refused:
         await env.sleep(step)
@@ -511,7 +544,7 @@ async def skip_while_watching(
             await asyncio.wait([until], timeout=0.02)
             continue
         beats = world.heartbeats
-        await skip_step(env, WATCH_STEP, test_holds=test_holds)
+        await skip_step(env, WATCH_STEP, test_holds=test_holds, world=world)
         await heartbeats_after(world, beats, give_up=loop.time() + 30.0)
 
 
@@ -653,7 +686,7 @@ async def past_deadline(
     target = status.deadline + past
     while (now := await env.get_current_time()) < target and world.watching:
         beats = world.heartbeats
-        await skip_step(env, next_step(now, status.deadline, target), test_holds=True)
+        await skip_step(env, next_step(now, status.deadline, target), test_holds=True, world=world)
         await heartbeats_after(world, beats, give_up)
     return status
 

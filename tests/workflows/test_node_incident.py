@@ -212,6 +212,7 @@ class World:
     watching: bool = False
     heartbeats: int = 0
     watch_cancelled: int = 0
+    stepping: bool = False
     # Budget grants per lease asked (by the GPUs asked); missing: `budget_grants`.
     grants_by_gpus: dict[int, bool] = field(default_factory=dict)
     # The replacements: Running elsewhere, or Pending (the watch never ends: the timer does);

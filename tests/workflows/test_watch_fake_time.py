@@ -28,6 +28,7 @@ from temporalio.workflow import ActivityCancellationType
 from harness.stack import free_port
 from tests.workflows.fakes import (
     WATCH_STEP,
+    heartbeats_after,
     next_step,
     result_skipping_watches,
     skip_step,
@@ -40,6 +41,7 @@ class _World:
     watching: bool = False
     heartbeats: int = 0
     watch_cancelled: int = 0
+    stepping: bool = False
 
 
 WORLD = _World()
@@ -147,3 +149,105 @@ def test_past_deadline_never_stops_between_the_deadline_and_its_target() -> None
         assert ends[-1] == target
         inside = [e for e in ends if deadline < e < target]
         assert not inside, f"start +{offset} ms: a step ends {inside[0] - deadline} past it"
+
+
+APPROVAL = timedelta(minutes=15)
+ANSWERED = "answered"
+
+
+@dataclass
+class _Approval:
+    waiting: bool = False
+    answered: bool = False
+
+
+@activity.defn(name="test-look")
+async def look() -> None:
+    await asyncio.sleep(0.01)
+
+
+@workflow.defn(name="test-watch-then-approval", sandboxed=False)  # a test-only workflow
+class WatchThenApproval:
+    """The remediation's scale-up, in small: a watch races a one-minute deadline; at the
+    deadline the workflow cancels it without waiting for its end (TRY_CANCEL), looks once
+    more, then waits up to 15 minutes for an answer."""
+
+    def __init__(self) -> None:
+        self.state = _Approval()
+
+    @workflow.run
+    async def run(self) -> str:
+        watching = workflow.start_activity(
+            watch,
+            start_to_close_timeout=timedelta(hours=1),
+            heartbeat_timeout=timedelta(seconds=60),
+            cancellation_type=ActivityCancellationType.TRY_CANCEL,
+        )
+        try:
+            await workflow.wait_condition(watching.done, timeout=timedelta(minutes=1))
+        except TimeoutError:
+            watching.cancel()
+        await workflow.execute_activity(look, start_to_close_timeout=timedelta(minutes=1))
+        self.state.waiting = True
+        try:
+            await workflow.wait_condition(lambda: self.state.answered, timeout=APPROVAL)
+        except TimeoutError:
+            return f"timed out at +{workflow.now() - workflow.info().start_time}"
+        return ANSWERED
+
+    @workflow.signal(name="answer")
+    def answer(self) -> None:
+        self.state.answered = True
+
+    @workflow.query(name="waiting")
+    def waiting(self) -> bool:
+        return self.state.waiting
+
+
+@pytest.mark.parametrize("busy", [0.0, 0.5])
+async def test_a_watch_cancelled_inside_a_step_keeps_its_hold_until_the_tests_is_back(
+    env: WorkflowEnvironment, busy: float
+) -> None:
+    """The step that crosses the deadline borrows the watch's hold; the workflow cancels the
+    watch inside it and waits for an approval. Had the watch given its hold back before the
+    test had its own back (the test's client slow to ask, `busy`, as under load), nothing
+    held time: the server ran its clock to the approval's 15-minute timeout at once, and the
+    test's answer came too late (test_scale_up_rejected_escalates_and_holds_the_quarantined_
+    device, twice in CI)."""
+    world = WORLD
+    world.watch_cancelled = 0
+    async with Worker(
+        env.client,
+        task_queue="tq-watch-approval",
+        workflows=[WatchThenApproval],
+        activities=[watch, look],
+        max_heartbeat_throttle_interval=timedelta(milliseconds=20),
+    ):
+        started = await env.get_current_time()
+        handle = await env.client.start_workflow(
+            WatchThenApproval.run, id=f"watch-approval-{busy}", task_queue="tq-watch-approval"
+        )
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + 60.0
+        while loop.time() < give_up:
+            if world.watching:
+                break
+            await asyncio.sleep(0.02)
+        deadline = started + timedelta(minutes=1)
+        target = deadline + timedelta(seconds=1)
+        while (now := await env.get_current_time()) < target and world.watching:
+            beats = world.heartbeats
+            step = next_step(now, deadline, target)
+            await skip_step(env, step, test_holds=True, world=world, busy=busy)
+            await heartbeats_after(world, beats, give_up)
+        while loop.time() < give_up:
+            if await handle.query(WatchThenApproval.waiting):
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)  # anything left to run on the server runs
+        waited = await env.get_current_time() - deadline
+        assert waited < timedelta(minutes=1), f"the clock ran {waited} past the deadline"
+        await handle.signal(WatchThenApproval.answer)
+        said = await handle.result()
+    assert said == ANSWERED
+    assert world.watch_cancelled == 1 and not world.watching
