@@ -11,6 +11,7 @@ SDK directly).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -79,3 +80,17 @@ async def execute_local(
         summary=summary,
     )
     return result
+
+
+def abandon(task: asyncio.Task[Any]) -> None:
+    """Cancel `task` (an activity call under TRY_CANCEL) without waiting for it. How it ends,
+    the cancellation's ActivityError or a result that came first, is read when it comes: that
+    end is expected, and the worker's log must not call it "Task exception was never
+    retrieved" (at ERROR, with a traceback) on every deadline."""
+    task.cancel()
+    task.add_done_callback(_read_end)
+
+
+def _read_end(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -14,6 +14,8 @@ Cases (time-skipping server; the fake watch heartbeats until cancelled, as the r
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -99,6 +101,26 @@ async def test_deadline_fires_on_the_workflow_timer(time_skipping_env: WorkflowE
     assert timers(history), "no timer fired: the deadline was not a workflow timer"
     assert status.escalation_reason == "pending-deadline"
     assert status.deadline is None  # no wait any more
+
+
+async def test_a_deadline_that_stops_the_watch_logs_no_error(
+    time_skipping_env: WorkflowEnvironment, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The deadline stops the watch without waiting for it (TRY_CANCEL): its cancellation is
+    the expected end, not an error. The worker's log must not say "Task exception was never
+    retrieved" with a traceback at ERROR for it, on every deadline an SRE reads about."""
+    client = time_skipping_env.client
+    world = pending_world()
+    with caplog.at_level(logging.ERROR):
+        async with new_worker(client, world) as worker:
+            handle = await start(client, worker, world)
+            await past_deadline(time_skipping_env, handle, world, Phase.AWAITING_REPLACEMENT)
+            await wait_phase(handle, Phase.HOLDING)
+            await handle.terminate("test over")
+        gc.collect()  # a task's unretrieved exception is reported when the task is collected
+    assert world.watch_cancelled == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
 
 
 async def test_extension_moves_the_deadline(time_skipping_env: WorkflowEnvironment) -> None:

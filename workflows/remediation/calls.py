@@ -123,7 +123,7 @@ with workflow.unsafe.imports_passed_through():
         WaitRepairJobInput,
     )
     from contract.runbook import LOAD_RUNBOOKS, RunbookSet
-    from workflows.execute import execute, execute_local
+    from workflows.execute import abandon, execute, execute_local
     from workflows.remediation.state import RemediationState
 
 T = TypeVar("T")
@@ -505,7 +505,7 @@ class Calls:
             pass
         finally:
             if not task.done():
-                task.cancel()
+                abandon(task)
         if not task.done() or task.cancelled():
             return None
         return task.result()
@@ -564,11 +564,11 @@ class Calls:
             await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # the caller cancelled the call: cancel the activity
             stop.cancel()
-            task.cancel()
+            abandon(task)
             await workflow.wait([task])  # until it stopped, per its cancellation type
             raise
         if task.done():
             stop.cancel()
             return task.result()
-        task.cancel()
+        abandon(task)
         raise Aborted()
