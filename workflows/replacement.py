@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from contract.errors import ERR_POOL_AT_MAX
     from contract.kube import ReplacementReport, WaitReplacementInput
     from contract.runbook import EscalationReason, ScaleUpPolicy
+    from workflows.execute import abandon
 
 WaitCall = Callable[[WaitReplacementInput, timedelta], Awaitable[ReplacementReport]]
 
@@ -69,13 +70,13 @@ async def watch_replacements(
         if watch.done():
             return watch.result()  # raises the activity's failure (or the caller's abort)
         # The deadline fired: stop watching (not waited for), look once at the pods.
-        watch.cancel()
+        abandon(watch)
         if before_look is not None:
             before_look()
         return await wait(inp.model_copy(update={"look_once": True}), timedelta(0))
     finally:
         if not watch.done():
-            watch.cancel()
+            abandon(watch)
 
 
 def pool_target(policy: ScaleUpPolicy, node: str, node_pool: str | None) -> NodePoolTarget:

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -962,14 +964,19 @@ async def test_replacements_running_elsewhere_are_logged(
 
 
 async def test_pending_replacements_get_a_scale_up_within_the_budget(
-    own_env: WorkflowEnvironment,
+    own_env: WorkflowEnvironment, caplog: pytest.LogCaptureFixture
 ) -> None:
     world = _hook_world(
         runbooks=_follow_runbooks(scale=True),
         replacements="pending",
         running_after_capacity=True,
     )
-    result = await run(own_env, world)
+    with caplog.at_level(logging.ERROR):
+        result = await run(own_env, world)
+        gc.collect()  # a task's unretrieved exception is reported when the task is collected
+    # The watch the deadline cancelled ended as expected: no "Task exception was never
+    # retrieved" at ERROR in the worker's log.
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     # The relocation's lease (1 GPU: one pod moved), then the scale-up's: the node's 2 GPUs.
     assert [lease.gpus for lease in world.of(ACT_ACQUIRE_BUDGET)] == [1, 2]
     [ask] = world.of(ACT_REQUEST_CAPACITY)
