@@ -31,6 +31,7 @@ from activities.cloud.credentials import StaticToken
 from activities.cloud.gke import GkeNodePools
 from activities.defn import implements
 from activities.outbound import ConfigError
+from activities.waiting import still_waiting
 from contract.capacity import (
     DESCRIBE_NODE_POOL,
     SCALE_NODE_POOL,
@@ -48,7 +49,6 @@ from contract.errors import (
     ERR_CLOUD_UNAVAILABLE,
     ERR_CONFIG,
     ERR_INVALID_INPUT,
-    ERR_STILL_WAITING,
 )
 
 log = logging.getLogger(__name__)
@@ -256,8 +256,5 @@ class CloudActivities:
         with mapped_errors(f"follow {req.pool.provider} operation {req.operation}"):
             op = await self.provider_for(req.pool).get_operation(req.pool, req.operation)
         if not op.done:
-            raise ApplicationError(
-                f"operation {req.operation} on pool {req.pool.name} still running",
-                type=ERR_STILL_WAITING,
-            )
+            raise still_waiting(f"operation {req.operation} on pool {req.pool.name} still running")
         return op

@@ -59,7 +59,8 @@ from activities.kube.devices import (
 )
 from activities.kube.nodes import ANN_CORDONED_BY, converge_node, cordon_change, read_node
 from activities.kube.pods import OwnerResolver, meta, requests_gpu
-from contract.errors import ERR_INVALID_INPUT, ERR_STILL_WAITING
+from activities.waiting import still_waiting
+from contract.errors import ERR_INVALID_INPUT
 from contract.kube import OwnerRef, PodRef
 from contract.names import (
     ANN_PLUGIN_RESTART,
@@ -673,7 +674,7 @@ def wait_gpus_back(kube: Kube, inp: WaitGpusBackInput) -> GpusBackResult:
         waiting = f"{have} of {inp.expected_gpus} GPUs published"
         if not_ready:
             waiting += f"; plugin not Ready: {', '.join(not_ready)}"
-        raise ApplicationError(f"node {inp.node}: {waiting}", type=ERR_STILL_WAITING)
+        raise still_waiting(f"node {inp.node}: {waiting}")
     driver = None
     devices: dict[str, str] = {}
     if mode == "dra":

@@ -58,12 +58,12 @@ from activities.kube.devices import (
 )
 from activities.kube.nodes import ANN_CORDONED_BY, converge_node, cordon_change, read_node
 from activities.kube.pods import is_terminal, meta, pod_ref, requests_gpu
+from activities.waiting import still_waiting
 from contract.errors import (
     ERR_GPU_HELD,
     ERR_INVALID_INPUT,
     ERR_REPAIR_JOB_REFUSED,
     ERR_REPAIR_NOT_ALLOWED,
-    ERR_STILL_WAITING,
 )
 from contract.kube import PodRef
 from contract.names import (
@@ -678,9 +678,7 @@ def wait_repair_job(kube: Kube, inp: WaitRepairJobInput) -> RepairJobOutcome:
                 non_retryable=True,
             )
     if not done and not failed:
-        raise ApplicationError(
-            f"Job {inp.namespace}/{inp.job_name} still running", type=ERR_STILL_WAITING
-        )
+        raise still_waiting(f"Job {inp.namespace}/{inp.job_name} still running")
     summary = _summary(kube, inp.namespace, inp.job_name)
     if done:
         return RepairJobOutcome(passed=True, summary=summary, reason="Complete")
@@ -873,10 +871,9 @@ def wait_node_gpus(kube: Kube, inp: WaitNodeGpusInput) -> NodeGpusResult:
                 " uncordon it once they are checked)"
             )
         waiting.append(state)
-    raise ApplicationError(
+    raise still_waiting(
         f"waiting for {'a replacement of ' if inp.replaced else ''}{inp.node}: "
-        + ("; ".join(waiting) or "no node yet"),
-        type=ERR_STILL_WAITING,
+        + ("; ".join(waiting) or "no node yet")
     )
 
 
