@@ -8,15 +8,20 @@ Cases:
   other worker; fingerprint A (a second replica) and another cluster name pass;
 - identities of other programs on the queue are ignored;
 - the webhook's start-up check warns when no worker of its cluster polls its queue (a
-  webhook and a worker named differently), and is quiet once one does.
+  webhook and a worker named differently), and is quiet once one does;
+- the webhook warns only once its grace has passed without a worker (one starting beside it,
+  as in a rollout or the demo, is no alarm), and says so when one polls after the warning.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from pathlib import Path
 
+import pytest
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -30,6 +35,8 @@ from worker.cluster import (
     queue_pollers,
     worker_identity,
 )
+from worker.settings import Settings
+from worker.webhook.app import warn_without_worker
 from workflows.remediation import DeviceRemediationWorkflow
 
 
@@ -98,3 +105,75 @@ async def test_the_webhook_warns_when_no_worker_of_its_cluster_polls(
             await asyncio.sleep(0.2)
         assert await missing_worker_warning(client, queue, "east") is None
         assert await missing_worker_warning(client, queue, "west") is not None
+
+
+async def _polling(client: Client, queue: str, identity: str) -> None:
+    for _ in range(300):  # the poller shows up once it has polled (60 s at most)
+        if identity in await queue_pollers(client, queue):
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"worker {identity} never polled {queue}")
+
+
+def _said(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "worker.webhook.app" and r.levelno == level
+    ]
+
+
+async def test_the_webhook_warns_only_after_its_grace_and_says_when_a_worker_comes(
+    dev_env: WorkflowEnvironment, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = dev_env.client
+    settings = Settings(task_queue=f"late-{uuid.uuid4().hex[:8]}", cluster="east")
+    identity = worker_identity("east", "aaaaaaaaaaaa")
+    caplog.set_level(logging.INFO, logger="worker.webhook.app")
+    checking = asyncio.ensure_future(warn_without_worker(client, settings, grace=0.5))
+    try:
+        for _ in range(100):  # the warning, once the grace passed with no worker
+            if _said(caplog, logging.WARNING):
+                break
+            await asyncio.sleep(0.1)
+        [warning] = _said(caplog, logging.WARNING)
+        assert warning.startswith(
+            f"no Sickbay worker of cluster 'east' polls task queue {settings.task_queue}"
+        )
+        assert not checking.done()  # still looking
+        async with Worker(
+            client,
+            task_queue=settings.task_queue,
+            workflows=[DeviceRemediationWorkflow],
+            identity=identity,
+        ):
+            await _polling(client, settings.task_queue, identity)
+            await asyncio.wait_for(checking, 30.0)  # seen within a round of checks
+    finally:
+        checking.cancel()
+    assert len(_said(caplog, logging.WARNING)) == 1
+    assert any(
+        f"polls task queue {settings.task_queue} now" in m for m in _said(caplog, logging.INFO)
+    )
+
+
+async def test_a_worker_starting_beside_the_webhook_is_no_alarm(
+    dev_env: WorkflowEnvironment, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = dev_env.client
+    settings = Settings(task_queue=f"beside-{uuid.uuid4().hex[:8]}", cluster="east")
+    identity = worker_identity("east", "aaaaaaaaaaaa")
+    caplog.set_level(logging.INFO, logger="worker.webhook.app")
+    checking = asyncio.ensure_future(warn_without_worker(client, settings, grace=60.0))
+    try:
+        async with Worker(
+            client,
+            task_queue=settings.task_queue,
+            workflows=[DeviceRemediationWorkflow],
+            identity=identity,
+        ):
+            await _polling(client, settings.task_queue, identity)
+            await asyncio.wait_for(checking, 30.0)
+    finally:
+        checking.cancel()
+    assert _said(caplog, logging.WARNING) == [] and _said(caplog, logging.INFO) == []

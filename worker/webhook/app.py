@@ -95,19 +95,40 @@ def _problems(exc: ValidationError, limit: int = 50) -> list[dict[str, str]]:
     ]
 
 
-async def _warn_without_worker(client: Client, settings: Settings) -> None:
-    """Say so loudly when no worker of this cluster polls the queue alerts start work on."""
+WORKER_GRACE_SECONDS = 30.0  # a worker started beside the webhook polls well within it
+
+
+async def warn_without_worker(
+    client: Client, settings: Settings, grace: float = WORKER_GRACE_SECONDS
+) -> None:
+    """Say so loudly when no worker of this cluster polls the queue alerts start work on: after
+    `grace` seconds, so that one starting beside the webhook (a rollout, the demo) is not a
+    false alarm; once one polls after the warning, say that too."""
     from worker.cluster import missing_worker_warning
 
-    try:
-        warning = await asyncio.wait_for(  # a slow Temporal must not hold the start-up
-            missing_worker_warning(client, settings.task_queue, settings.cluster), 5.0
-        )
-    except Exception as exc:  # a check only: never stops the webhook
-        log.info("could not list the pollers of %s: %s", settings.task_queue, exc)
-        return
-    if warning is not None:
-        log.warning("%s", warning)
+    loop = asyncio.get_running_loop()
+    warn_at = loop.time() + grace
+    warned = False
+    while True:
+        try:
+            warning = await asyncio.wait_for(  # a slow Temporal must not hold the check
+                missing_worker_warning(client, settings.task_queue, settings.cluster), 5.0
+            )
+        except Exception as exc:  # a check only: never stops the webhook
+            log.info("could not list the pollers of %s: %s", settings.task_queue, exc)
+            return
+        if warning is None:
+            if warned:
+                log.info(
+                    "a Sickbay worker of this cluster polls task queue %s now: the "
+                    "remediations started meanwhile run",
+                    settings.task_queue,
+                )
+            return
+        if not warned and loop.time() >= warn_at:
+            log.warning("%s", warning)
+            warned = True
+        await asyncio.sleep(10.0 if warned else min(1.0, grace))
 
 
 CLUSTER_FILE_POLL_SECONDS = 2.0
@@ -223,6 +244,7 @@ def create_app(
         # A recorded name that disagrees with SICKBAY_CLUSTER stops the start (ClusterNameError).
         cluster.check()
         redelivery: asyncio.Task[None] | None = None
+        checking: asyncio.Task[None] | None = None
         if wh.webhook_spool_dir is not None:
             # Locked for this process (SpoolError: another webhook uses it) and replayed: what a
             # previous process acknowledged but never got into Temporal goes out first.
@@ -242,7 +264,7 @@ def create_app(
             log.warning("%s; will retry on the next notification", exc)
         else:
             if cluster.known:
-                await _warn_without_worker(client, service.settings)
+                checking = asyncio.ensure_future(warn_without_worker(client, service.settings))
 
         async def background() -> None:
             # Spooled alerts and rejections carry the cluster's ids and queue: only once known.
@@ -260,6 +282,9 @@ def create_app(
         finally:
             reporting.cancel()
             await asyncio.gather(reporting, return_exceptions=True)
+            if checking is not None:
+                checking.cancel()
+                await asyncio.gather(checking, return_exceptions=True)
             if redelivery is not None:
                 redelivery.cancel()
                 await asyncio.gather(redelivery, return_exceptions=True)
