@@ -80,6 +80,10 @@ _PERMANENT = [ERR_CLOUD_REJECTED, ERR_CONFIG, ERR_INVALID_INPUT]
 # POST/PUT; 2 minutes is generous.
 DESCRIBE_TIMEOUT = timedelta(seconds=60)
 SCALE_TIMEOUT = timedelta(minutes=2)
+# Both heartbeat while the provider answers (every 10 s): a worker killed mid-call is retried
+# elsewhere within this, not after the start-to-close (the retry asks nothing twice: it
+# adopts the resize it finds running).
+API_HEARTBEAT = timedelta(seconds=30)
 API_ATTEMPTS = 5  # then the waiters hear "rejected" with the provider's last words
 # One look at an operation is one GET.
 WAIT_OP_TIMEOUT = timedelta(seconds=30)
@@ -338,6 +342,7 @@ class PoolScalerWorkflow:
                 DESCRIBE_NODE_POOL,
                 DescribePoolInput(pool=inp.pool),
                 start_to_close_timeout=DESCRIBE_TIMEOUT,
+                heartbeat_timeout=API_HEARTBEAT,
                 retry_policy=_api_retry(inp.poll_interval),
             )
             if desc.pending_operation is not None and not desc.pending_operation.done:
@@ -374,6 +379,7 @@ class PoolScalerWorkflow:
                     dry_run=inp.dry_run,
                 ),
                 start_to_close_timeout=SCALE_TIMEOUT,
+                heartbeat_timeout=API_HEARTBEAT,
                 retry_policy=_api_retry(inp.poll_interval),
             )
             if result.adopted and result.operation is not None:

@@ -30,6 +30,7 @@ from activities.cloud.config import CloudConfig
 from activities.cloud.credentials import StaticToken
 from activities.cloud.gke import GkeNodePools
 from activities.defn import implements
+from activities.heartbeat import heartbeating
 from activities.outbound import ConfigError
 from activities.waiting import still_waiting
 from contract.capacity import (
@@ -80,6 +81,9 @@ def _is_loopback(url: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+HEARTBEAT_EVERY = 10.0  # seconds; the pool scaler's heartbeat timeout is 3 of them
 
 
 class CloudActivities:
@@ -180,11 +184,22 @@ class CloudActivities:
 
     @implements(DESCRIBE_NODE_POOL)
     async def describe_pool(self, req: DescribePoolInput) -> PoolDescription:
-        with mapped_errors(f"describe {req.pool.provider} pool {req.pool.name}"):
-            return await self.provider_for(req.pool).describe(req.pool)
+        """The pool's size, bounds and running resize. Heartbeats while the provider answers,
+        so a worker killed meanwhile is retried elsewhere within the pool scaler's heartbeat
+        timeout, not its start-to-close."""
+        async with heartbeating(HEARTBEAT_EVERY):
+            with mapped_errors(f"describe {req.pool.provider} pool {req.pool.name}"):
+                return await self.provider_for(req.pool).describe(req.pool)
 
     @implements(SCALE_NODE_POOL)
     async def scale_pool(self, req: ScalePoolInput) -> ScalePoolResult:
+        """One resize (or the one already running, adopted). Heartbeats while the provider
+        answers, as `describe_pool` does: the retry of a killed attempt adopts the resize it
+        asked for (a running operation) or finds the pool grown; nothing is asked twice."""
+        async with heartbeating(HEARTBEAT_EVERY):
+            return await self._scale(req)
+
+    async def _scale(self, req: ScalePoolInput) -> ScalePoolResult:
         pool = req.pool
         if req.target_size > req.max_size:
             raise ApplicationError(

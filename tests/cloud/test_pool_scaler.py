@@ -23,6 +23,9 @@ Cases:
 - continue-as-new after `rounds_per_run` rounds carries the state: a retried key gets its
   old answer, the cool-down still holds;
 - idle scaler completes; status query;
+- a resize whose worker died (no answer, no heartbeat) is retried after the scaler's
+  heartbeat timeout, not its 2-minute start-to-close, and the retry asks nothing twice; the
+  describe and resize activities heartbeat while the provider answers;
 - the remembered replies stay bounded without dropping one a waiter has not read (unit).
 """
 
@@ -35,24 +38,33 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
-from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.capacity import CapacityActivities
 from activities.cloud import CloudActivities
+from activities.cloud import activities as cloud_module
 from contract.capacity import (
+    DESCRIBE_NODE_POOL,
+    SCALE_NODE_POOL,
     CapacityRequest,
     CapacityResult,
+    DescribePoolInput,
     NodePoolTarget,
     PoolOperation,
     PoolScalerInput,
     PoolScalerStatus,
+    ScalePoolInput,
+    ScalePoolResult,
 )
 from contract.names import QRY_POOL_SCALER_STATUS, pool_scaler_workflow_id
 from tests.cloud.callers import CapacityCaller
 from tests.cloud.fakes import FakeNodePool
+from workflows import pool_scaler
 from workflows.pool_scaler import MAX_RECENT, PoolScalerWorkflow
 
 POOL = NodePoolTarget(provider="gke", name="h100", project="p", location="l", cluster="c1")
@@ -272,6 +284,92 @@ async def test_continue_as_new_carries_replies_and_cooldown(harness: Harness) ->
     runs.add((await handle.describe()).run_id)
     assert len(runs) == 2
     assert harness.fake.set_size_calls == [3]
+
+
+async def test_a_resize_on_a_dead_worker_is_retried_after_the_heartbeat_timeout(
+    dev_env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first scale-node-pool attempt hangs without heartbeating (its worker was killed
+    mid-call): the heartbeat timeout ends it and the retry resizes, instead of every waiter
+    (and the Pending pods behind them) waiting out the 2-minute start-to-close. Shortened to
+    2 s here (unsandboxed runner, patched constant); the shipped value is checked (30 s, three
+    of the activity's 10 s beats)."""
+    assert pool_scaler.API_HEARTBEAT == timedelta(seconds=30)
+    assert pool_scaler.API_HEARTBEAT >= 3 * timedelta(seconds=cloud_module.HEARTBEAT_EVERY)
+    monkeypatch.setattr(pool_scaler, "API_HEARTBEAT", timedelta(seconds=2))
+    client = dev_env.client
+    fake = FakeNodePool(size=2)
+    cloud = CloudActivities(providers={"gke": fake})
+    task_queue = f"scaler-dead-{uuid.uuid4()}"
+    capacity = capacity_activities(client, task_queue)
+    attempts: list[int] = []
+
+    @activity.defn(name=SCALE_NODE_POOL.name)
+    async def dies_first(req: ScalePoolInput) -> ScalePoolResult:
+        attempts.append(activity.info().attempt)
+        if activity.info().attempt == 1:
+            await asyncio.sleep(3600)  # a dead worker: no heartbeat, no answer
+        return await cloud.scale_pool(req)
+
+    harness = Harness(client, task_queue, fake)
+    async with Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[PoolScalerWorkflow, CapacityCaller],
+        activities=[
+            cloud.describe_pool,
+            dies_first,
+            cloud.wait_pool_operation,
+            capacity.request_capacity,
+        ],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+        max_heartbeat_throttle_interval=timedelta(milliseconds=20),
+    ):
+        try:
+            # Bounded well under the 2-minute start-to-close the retry must not wait for.
+            result = await asyncio.wait_for(harness.ask(harness.request("a")), 60.0)
+            history = await client.get_workflow_handle(harness.scaler_id).fetch_history()
+        finally:
+            with contextlib.suppress(RPCError):
+                await client.get_workflow_handle(harness.scaler_id).terminate("test over")
+    await cloud.aclose()
+    assert result.status == "satisfied" and result.target_size == 3
+    assert attempts == [1, 2] and fake.set_size_calls == [3]  # asked once
+    beats = {
+        e.activity_task_scheduled_event_attributes.activity_type.name: (
+            e.activity_task_scheduled_event_attributes.heartbeat_timeout.ToTimedelta()
+        )
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    }
+    assert beats[SCALE_NODE_POOL.name] == timedelta(seconds=2)
+    assert beats[DESCRIBE_NODE_POOL.name] == timedelta(seconds=2)
+
+
+class _SlowPool(FakeNodePool):
+    async def describe(self, pool: NodePoolTarget) -> object:  # type: ignore[override]
+        await asyncio.sleep(0.3)  # a slow provider API
+        return await super().describe(pool)
+
+
+async def test_describe_and_resize_heartbeat_while_the_provider_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cloud_module, "HEARTBEAT_EVERY", 0.05)
+    cloud = CloudActivities(providers={"gke": _SlowPool(size=2)})
+    for call, arg in [
+        (cloud.describe_pool, DescribePoolInput(pool=POOL)),
+        (
+            cloud.scale_pool,
+            ScalePoolInput(pool=POOL, target_size=3, max_size=6, idempotency_key="k"),
+        ),
+    ]:
+        beats: list[object] = []
+        env = ActivityEnvironment()
+        env.on_heartbeat = lambda *d, into=beats: into.append(d)
+        await env.run(call, arg)
+        assert len(beats) >= 3, f"{call.__name__}: {len(beats)} heartbeats in 0.3 s"
+    await cloud.aclose()
 
 
 def test_remembered_replies_are_bounded_but_never_drop_an_unread_one() -> None:
