@@ -52,6 +52,7 @@ from typing import Any
 
 import pytest
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
@@ -882,13 +883,25 @@ async def test_restart_not_enough_then_reboot_heals(time_skipping_env: WorkflowE
     tq = f"tq-{uuid.uuid4()}"
     acts = [*world.activities(), drain, cordon, reboot, node_back]
     async with Worker(client, task_queue=tq, workflows=[NodeIncidentWorkflow], activities=acts):
-        result = await client.execute_workflow(
+        handle = await client.start_workflow(
             NodeIncidentWorkflow.run,
             NodeIncidentInput(node=NODE, trigger="sweep", reason="capacity 0 < 2"),
             id=node_workflow_id(NODE),
             task_queue=tq,
         )
+        result = await handle.result()
+        history = await handle.fetch_history()
     assert result.outcome == "healed" and result.rung == "reboot", result.timeline
+    # The reboot request heartbeats while the provider answers (activities/cloud/machines.py):
+    # a worker killed mid-request is retried after the heartbeat timeout, as in the per-GPU
+    # remediation's rung, not after the 2-minute start-to-close.
+    [asked] = [
+        e.activity_task_scheduled_event_attributes
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == ACT_REBOOT_NODE
+    ]
+    assert asked.heartbeat_timeout.ToTimedelta() == timedelta(seconds=30)
     assert len(world.of(ACT_RESTART_GPU_PLUGIN)) == 1
     [lease] = world.of(ACT_ACQUIRE_BUDGET)
     assert lease.gpus == 2

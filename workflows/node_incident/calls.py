@@ -107,6 +107,9 @@ POLL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), backoff_coeffici
 # A reboot / replace request: one provider call, asked once per attempt (its key), so a lost
 # answer is retried without asking twice; as the remediation's rung.
 MACHINE_TIMEOUT = timedelta(minutes=2)
+# The activity heartbeats every 10 s while it asks: a worker killed mid-request is retried
+# elsewhere within this, and the retry asks nothing twice (the provider's record).
+MACHINE_HEARTBEAT = timedelta(seconds=30)
 MACHINE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=5),
     backoff_coefficient=2.0,
@@ -250,6 +253,7 @@ class NodeCalls:
             REBOOT_NODE,
             inp,
             start_to_close=MACHINE_TIMEOUT,
+            heartbeat=MACHINE_HEARTBEAT,
             retry=MACHINE_RETRY,
         )
 
@@ -258,6 +262,7 @@ class NodeCalls:
             REPLACE_NODE,
             inp,
             start_to_close=MACHINE_TIMEOUT,
+            heartbeat=MACHINE_HEARTBEAT,
             retry=MACHINE_RETRY,
         )
 
