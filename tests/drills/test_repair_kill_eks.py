@@ -28,7 +28,7 @@ from harness.stack import POOL
 from tests.drills.conftest import Drill, closed, drill_stack
 from tests.drills.test_repair_kill import instance_calls
 
-pytestmark = [pytest.mark.slow(seconds=260), pytest.mark.devserver]
+pytestmark = [pytest.mark.slow(seconds=180), pytest.mark.devserver]
 
 HOLD = 20.0  # real seconds the twin holds its answer after acting: the kill's window
 
