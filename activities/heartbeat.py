@@ -9,6 +9,10 @@ from collections.abc import AsyncIterator
 
 from temporalio import activity
 
+# How often an activity waiting on one provider call heartbeats; the workflows give such a
+# call a heartbeat timeout of 3 of them (30 s): a killed worker is noticed within that.
+HEARTBEAT_EVERY = 10.0  # seconds
+
 
 @contextlib.asynccontextmanager
 async def heartbeating(every: float) -> AsyncIterator[None]:

@@ -30,7 +30,7 @@ from activities.cloud.config import CloudConfig
 from activities.cloud.credentials import StaticToken
 from activities.cloud.gke import GkeNodePools
 from activities.defn import implements
-from activities.heartbeat import heartbeating
+from activities.heartbeat import HEARTBEAT_EVERY, heartbeating
 from activities.outbound import ConfigError
 from activities.waiting import still_waiting
 from contract.capacity import (
@@ -81,9 +81,6 @@ def _is_loopback(url: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-HEARTBEAT_EVERY = 10.0  # seconds; the pool scaler's heartbeat timeout is 3 of them
 
 
 class CloudActivities:

@@ -87,7 +87,7 @@ from activities.cloud.credentials import AzureToken, StaticToken
 from activities.cloud.gke import GkeNodePools
 from activities.cloud.http import HttpNodePools
 from activities.defn import implements
-from activities.heartbeat import heartbeating
+from activities.heartbeat import HEARTBEAT_EVERY, heartbeating
 from activities.outbound import ConfigError
 from contract.capacity import NodePoolTarget
 from contract.errors import ERR_CLOUD_UNAVAILABLE, ERR_PROVIDER_NOT_CONFIGURED, ERR_PROVIDER_REFUSED
@@ -766,7 +766,6 @@ def aws_configured(aws: AwsConfig) -> bool:
 # The reboot / replace activities heartbeat while the provider is asked, so a worker that dies
 # meanwhile is noticed within the workflow's heartbeat timeout (30 s), not its 2-minute
 # start-to-close timeout; the retry then decides from the provider's own record.
-HEARTBEAT_EVERY = 10.0  # seconds
 
 
 class MachineActivities:

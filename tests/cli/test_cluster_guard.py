@@ -16,8 +16,10 @@ Cases:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -69,16 +71,7 @@ def test_conflicts_only_count_sickbay_workers_of_the_same_name() -> None:
 async def test_a_second_cluster_on_the_same_name_is_refused(dev_env: WorkflowEnvironment) -> None:
     client = dev_env.client
     queue = f"guard-{uuid.uuid4().hex[:8]}-east"
-    identity = worker_identity("east", "aaaaaaaaaaaa")
-    async with Worker(
-        client, task_queue=queue, workflows=[DeviceRemediationWorkflow], identity=identity
-    ):
-        for _ in range(300):  # the poller shows up once it has polled (60 s at most)
-            if identity in await queue_pollers(client, queue):
-                break
-            await asyncio.sleep(0.2)
-        else:
-            raise AssertionError(f"worker {identity} never polled {queue}")
+    async with _east_worker(client, queue) as identity:
         problem = await check_cluster_unique(client, queue, "east", "bbbbbbbbbbbb")
         assert problem is not None
         assert problem.startswith(f"refusing to start: cluster name 'east' (task queue {queue})")
@@ -95,6 +88,15 @@ async def test_the_webhook_warns_when_no_worker_of_its_cluster_polls(
     warning = await missing_worker_warning(client, queue, "east")
     assert warning is not None
     assert warning.startswith(f"no Sickbay worker of cluster 'east' polls task queue {queue}")
+    async with _east_worker(client, queue):
+        assert await missing_worker_warning(client, queue, "east") is None
+        assert await missing_worker_warning(client, queue, "west") is not None
+
+
+@contextlib.asynccontextmanager
+async def _east_worker(client: Client, queue: str) -> AsyncIterator[str]:
+    """A worker of cluster `east` (fingerprint aaaa...) polling `queue`: its identity, once
+    the server lists it among the queue's pollers (60 s at most)."""
     identity = worker_identity("east", "aaaaaaaaaaaa")
     async with Worker(
         client, task_queue=queue, workflows=[DeviceRemediationWorkflow], identity=identity
@@ -103,16 +105,9 @@ async def test_the_webhook_warns_when_no_worker_of_its_cluster_polls(
             if identity in await queue_pollers(client, queue):
                 break
             await asyncio.sleep(0.2)
-        assert await missing_worker_warning(client, queue, "east") is None
-        assert await missing_worker_warning(client, queue, "west") is not None
-
-
-async def _polling(client: Client, queue: str, identity: str) -> None:
-    for _ in range(300):  # the poller shows up once it has polled (60 s at most)
-        if identity in await queue_pollers(client, queue):
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"worker {identity} never polled {queue}")
+        else:
+            raise AssertionError(f"worker {identity} never polled {queue}")
+        yield identity
 
 
 def _said(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
@@ -128,7 +123,6 @@ async def test_the_webhook_warns_only_after_its_grace_and_says_when_a_worker_com
 ) -> None:
     client = dev_env.client
     settings = Settings(task_queue=f"late-{uuid.uuid4().hex[:8]}", cluster="east")
-    identity = worker_identity("east", "aaaaaaaaaaaa")
     caplog.set_level(logging.INFO, logger="worker.webhook.app")
     checking = asyncio.ensure_future(warn_without_worker(client, settings, grace=0.5))
     try:
@@ -141,13 +135,7 @@ async def test_the_webhook_warns_only_after_its_grace_and_says_when_a_worker_com
             f"no Sickbay worker of cluster 'east' polls task queue {settings.task_queue}"
         )
         assert not checking.done()  # still looking
-        async with Worker(
-            client,
-            task_queue=settings.task_queue,
-            workflows=[DeviceRemediationWorkflow],
-            identity=identity,
-        ):
-            await _polling(client, settings.task_queue, identity)
+        async with _east_worker(client, settings.task_queue):
             await asyncio.wait_for(checking, 30.0)  # seen within a round of checks
     finally:
         checking.cancel()
@@ -162,17 +150,10 @@ async def test_a_worker_starting_beside_the_webhook_is_no_alarm(
 ) -> None:
     client = dev_env.client
     settings = Settings(task_queue=f"beside-{uuid.uuid4().hex[:8]}", cluster="east")
-    identity = worker_identity("east", "aaaaaaaaaaaa")
     caplog.set_level(logging.INFO, logger="worker.webhook.app")
     checking = asyncio.ensure_future(warn_without_worker(client, settings, grace=60.0))
     try:
-        async with Worker(
-            client,
-            task_queue=settings.task_queue,
-            workflows=[DeviceRemediationWorkflow],
-            identity=identity,
-        ):
-            await _polling(client, settings.task_queue, identity)
+        async with _east_worker(client, settings.task_queue):
             await asyncio.wait_for(checking, 30.0)
     finally:
         checking.cancel()

@@ -55,6 +55,7 @@ from contract.capacity import (
     CapacityResult,
     DescribePoolInput,
     NodePoolTarget,
+    PoolDescription,
     PoolOperation,
     PoolScalerInput,
     PoolScalerStatus,
@@ -347,7 +348,7 @@ async def test_a_resize_on_a_dead_worker_is_retried_after_the_heartbeat_timeout(
 
 
 class _SlowPool(FakeNodePool):
-    async def describe(self, pool: NodePoolTarget) -> object:  # type: ignore[override]
+    async def describe(self, pool: NodePoolTarget) -> PoolDescription:
         await asyncio.sleep(0.3)  # a slow provider API
         return await super().describe(pool)
 
