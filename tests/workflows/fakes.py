@@ -515,21 +515,28 @@ async def skip_step(
 
 async def _skip_on_borrowed_hold(env: WorkflowEnvironment, step: timedelta, busy: float) -> None:
     test_service = env.client.test_service
+    end = await env.get_current_time() + step
     await test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
     refused = False
     try:
         await env.sleep(step)
     except RPCError:
         # No activity held time after all (a stopped worker reported its watch's end): the
-        # client's hold was the only one, and the server refuses to take it twice
-        # ("Unbalanced lock and unlock calls"). Take it back and skip with it alone.
+        # client's hold was the only one, and the server refuses to give it back twice
+        # ("Unbalanced lock and unlock calls"), after it scheduled the sleep's re-lock. With
+        # no hold left the clock runs to that re-lock, which is the client's hold from then
+        # on: wait for it, and take no other (one more would keep time from ever skipping
+        # again while the test awaits a result).
         refused = True
     finally:
-        if busy:
-            await asyncio.sleep(busy)
-        await test_service.lock_time_skipping(LockTimeSkippingRequest())
-    if refused:
-        await env.sleep(step)
+        if not refused:
+            if busy:
+                await asyncio.sleep(busy)
+            await test_service.lock_time_skipping(LockTimeSkippingRequest())
+    while refused:  # the re-lock comes when the clock reaches the step's end
+        if await env.get_current_time() >= end:
+            break
+        await asyncio.sleep(0.01)
 
 
 async def skip_while_watching(

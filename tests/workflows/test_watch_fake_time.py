@@ -251,3 +251,26 @@ async def test_a_watch_cancelled_inside_a_step_keeps_its_hold_until_the_tests_is
         said = await handle.result()
     assert said == ANSWERED
     assert world.watch_cancelled == 1 and not world.watching
+
+
+@workflow.defn(name="test-sleep-an-hour", sandboxed=False)  # a test-only workflow
+class SleepAnHour:
+    @workflow.run
+    async def run(self) -> str:
+        await workflow.sleep(timedelta(hours=1))
+        return "slept"
+
+
+async def test_a_refused_step_leaves_no_extra_hold(env: WorkflowEnvironment) -> None:
+    """A step with no activity holding time is refused by the server once (the client's hold
+    is the only one) after it already scheduled the sleep's re-lock: that re-lock must stand
+    for the client's hold, not come on top of it. An extra hold would keep time from skipping
+    while the test awaits a result: a one-hour timer would run in real time."""
+    await skip_step(env, WATCH_STEP, test_holds=True)
+    await skip_step(env, WATCH_STEP, test_holds=True)
+    async with Worker(env.client, task_queue="tq-sleep-hour", workflows=[SleepAnHour]):
+        handle = await env.client.start_workflow(
+            SleepAnHour.run, id="sleep-an-hour", task_queue="tq-sleep-hour"
+        )
+        said = await asyncio.wait_for(handle.result(), 60.0)  # an hour only if time skips
+    assert said == "slept"
