@@ -110,6 +110,18 @@ async def _east_worker(client: Client, queue: str) -> AsyncIterator[str]:
         yield identity
 
 
+@contextlib.asynccontextmanager
+async def _checking(
+    client: Client, settings: Settings, grace: float
+) -> AsyncIterator[asyncio.Task[None]]:
+    """The webhook's check for a worker, running in the background for the block."""
+    task = asyncio.ensure_future(warn_without_worker(client, settings, grace=grace))
+    try:
+        yield task
+    finally:
+        task.cancel()
+
+
 def _said(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
     return [
         r.getMessage()
@@ -124,8 +136,7 @@ async def test_the_webhook_warns_only_after_its_grace_and_says_when_a_worker_com
     client = dev_env.client
     settings = Settings(task_queue=f"late-{uuid.uuid4().hex[:8]}", cluster="east")
     caplog.set_level(logging.INFO, logger="worker.webhook.app")
-    checking = asyncio.ensure_future(warn_without_worker(client, settings, grace=0.5))
-    try:
+    async with _checking(client, settings, grace=0.5) as checking:
         for _ in range(100):  # the warning, once the grace passed with no worker
             if _said(caplog, logging.WARNING):
                 break
@@ -137,8 +148,6 @@ async def test_the_webhook_warns_only_after_its_grace_and_says_when_a_worker_com
         assert not checking.done()  # still looking
         async with _east_worker(client, settings.task_queue):
             await asyncio.wait_for(checking, 30.0)  # seen within a round of checks
-    finally:
-        checking.cancel()
     assert len(_said(caplog, logging.WARNING)) == 1
     assert any(
         f"polls task queue {settings.task_queue} now" in m for m in _said(caplog, logging.INFO)
@@ -151,10 +160,7 @@ async def test_a_worker_starting_beside_the_webhook_is_no_alarm(
     client = dev_env.client
     settings = Settings(task_queue=f"beside-{uuid.uuid4().hex[:8]}", cluster="east")
     caplog.set_level(logging.INFO, logger="worker.webhook.app")
-    checking = asyncio.ensure_future(warn_without_worker(client, settings, grace=60.0))
-    try:
+    async with _checking(client, settings, grace=60.0) as checking:
         async with _east_worker(client, settings.task_queue):
             await asyncio.wait_for(checking, 30.0)
-    finally:
-        checking.cancel()
     assert _said(caplog, logging.WARNING) == [] and _said(caplog, logging.INFO) == []

@@ -34,12 +34,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from temporalio import activity
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
@@ -65,6 +65,7 @@ from contract.capacity import (
 from contract.names import QRY_POOL_SCALER_STATUS, pool_scaler_workflow_id
 from tests.cloud.callers import CapacityCaller
 from tests.cloud.fakes import FakeNodePool
+from tests.workflows.histories import scheduled_heartbeats
 from workflows import pool_scaler
 from workflows.pool_scaler import MAX_RECENT, PoolScalerWorkflow
 
@@ -114,6 +115,24 @@ def capacity_activities(client: Client, task_queue: str, **knobs: object) -> Cap
     return CapacityActivities(client, task_queue, **settings)  # type: ignore[arg-type]
 
 
+def scaler_worker(
+    client: Client,
+    task_queue: str,
+    cloud: list[Callable[..., Any]],
+    capacity: CapacityActivities,
+    **kw: Any,
+) -> Worker:
+    """A worker of the pool scaler and the test's callers: the `cloud` activities (describe,
+    scale, wait-operation) and the capacity activity the callers run."""
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[PoolScalerWorkflow, CapacityCaller],
+        activities=[*cloud, capacity.request_capacity],
+        **kw,
+    )
+
+
 @pytest.fixture
 async def harness(
     dev_env: WorkflowEnvironment, request: pytest.FixtureRequest
@@ -124,16 +143,11 @@ async def harness(
     cloud = CloudActivities(providers={"gke": fake})
     marker = request.node.get_closest_marker("scaler")
     capacity = capacity_activities(client, task_queue, **(marker.kwargs if marker else {}))
-    async with Worker(
+    async with scaler_worker(
         client,
-        task_queue=task_queue,
-        workflows=[PoolScalerWorkflow, CapacityCaller],
-        activities=[
-            cloud.describe_pool,
-            cloud.scale_pool,
-            cloud.wait_pool_operation,
-            capacity.request_capacity,
-        ],
+        task_queue,
+        [cloud.describe_pool, cloud.scale_pool, cloud.wait_pool_operation],
+        capacity,
         max_cached_workflows=0,  # every task replays: determinism checked on each step
     ):
         harness = Harness(client, task_queue, fake)
@@ -313,16 +327,11 @@ async def test_a_resize_on_a_dead_worker_is_retried_after_the_heartbeat_timeout(
         return await cloud.scale_pool(req)
 
     harness = Harness(client, task_queue, fake)
-    async with Worker(
+    async with scaler_worker(
         client,
-        task_queue=task_queue,
-        workflows=[PoolScalerWorkflow, CapacityCaller],
-        activities=[
-            cloud.describe_pool,
-            dies_first,
-            cloud.wait_pool_operation,
-            capacity.request_capacity,
-        ],
+        task_queue,
+        [cloud.describe_pool, dies_first, cloud.wait_pool_operation],
+        capacity,
         workflow_runner=UnsandboxedWorkflowRunner(),
         max_heartbeat_throttle_interval=timedelta(milliseconds=20),
     ):
@@ -336,13 +345,7 @@ async def test_a_resize_on_a_dead_worker_is_retried_after_the_heartbeat_timeout(
     await cloud.aclose()
     assert result.status == "satisfied" and result.target_size == 3
     assert attempts == [1, 2] and fake.set_size_calls == [3]  # asked once
-    beats = {
-        e.activity_task_scheduled_event_attributes.activity_type.name: (
-            e.activity_task_scheduled_event_attributes.heartbeat_timeout.ToTimedelta()
-        )
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    }
+    beats = scheduled_heartbeats(history)
     assert beats[SCALE_NODE_POOL.name] == timedelta(seconds=2)
     assert beats[DESCRIBE_NODE_POOL.name] == timedelta(seconds=2)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,17 @@ def patch_markers(history: WorkflowHistory) -> list[str]:
         if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
         and e.marker_recorded_event_attributes.marker_name == PATCH_MARKER
     ]
+
+
+def scheduled_heartbeats(history: WorkflowHistory) -> dict[str, timedelta]:
+    """The heartbeat timeout each activity type was scheduled with (the last scheduling)."""
+    return {
+        e.activity_task_scheduled_event_attributes.activity_type.name: (
+            e.activity_task_scheduled_event_attributes.heartbeat_timeout.ToTimedelta()
+        )
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    }
 
 
 def _without_stack_traces(node: Any) -> Any:

@@ -52,7 +52,6 @@ from typing import Any
 
 import pytest
 from temporalio import activity
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
@@ -151,7 +150,7 @@ from tests.workflows.fakes import (
     watch_until_cancelled,
     without_repair,
 )
-from tests.workflows.histories import save_history
+from tests.workflows.histories import save_history, scheduled_heartbeats
 from workflows.node_incident.workflow import NodeIncidentWorkflow
 
 NODE = "gpu-node-3"
@@ -895,13 +894,7 @@ async def test_restart_not_enough_then_reboot_heals(time_skipping_env: WorkflowE
     # The reboot request heartbeats while the provider answers (activities/cloud/machines.py):
     # a worker killed mid-request is retried after the heartbeat timeout, as in the per-GPU
     # remediation's rung, not after the 2-minute start-to-close.
-    [asked] = [
-        e.activity_task_scheduled_event_attributes
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        and e.activity_task_scheduled_event_attributes.activity_type.name == ACT_REBOOT_NODE
-    ]
-    assert asked.heartbeat_timeout.ToTimedelta() == timedelta(seconds=30)
+    assert scheduled_heartbeats(history)[ACT_REBOOT_NODE] == timedelta(seconds=30)
     assert len(world.of(ACT_RESTART_GPU_PLUGIN)) == 1
     [lease] = world.of(ACT_ACQUIRE_BUDGET)
     assert lease.gpus == 2

@@ -127,7 +127,7 @@ from tests.workflows.fakes import (
     watch_until_cancelled,
     xid_alert,
 )
-from tests.workflows.histories import patch_markers, save_history
+from tests.workflows.histories import patch_markers, save_history, scheduled_heartbeats
 from workflows.remediation.eviction import FORCE_GRACE
 
 
@@ -1566,14 +1566,7 @@ async def test_capacity_call_on_a_dead_worker_is_retried_after_the_heartbeat_tim
         history = await handle.fetch_history()
     assert attempts == [1, 2]
     assert result.outcome == "released"
-    scheduled = {
-        e.activity_task_scheduled_event_attributes.activity_type.name: (
-            e.activity_task_scheduled_event_attributes.heartbeat_timeout.ToTimedelta()
-        )
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    }
-    assert scheduled[ACT_REQUEST_CAPACITY] == timedelta(seconds=2)
+    assert scheduled_heartbeats(history)[ACT_REQUEST_CAPACITY] == timedelta(seconds=2)
     timed_out = [
         e
         for e in history.events

@@ -58,24 +58,33 @@ async def work() -> str:
     return "activity"
 
 
+async def _watch_under_a_deadline() -> bool:
+    """In a workflow: the watch raced against a one-minute deadline timer; True when the
+    deadline came first and cancelled it (TRY_CANCEL: not waited for)."""
+    watching = workflow.start_activity(
+        watch,
+        start_to_close_timeout=timedelta(hours=1),
+        heartbeat_timeout=timedelta(seconds=60),
+        cancellation_type=ActivityCancellationType.TRY_CANCEL,
+    )
+    try:
+        await workflow.wait_condition(watching.done, timeout=timedelta(minutes=1))
+    except TimeoutError:
+        watching.cancel()
+        return True
+    return False
+
+
 @workflow.defn(name="test-watch-then-work", sandboxed=False)  # a test-only workflow
 class WatchThenWork:
     @workflow.run
     async def run(self) -> list[str]:
         said: list[str] = []
         started = workflow.now()
-        watching = workflow.start_activity(
-            watch,
-            start_to_close_timeout=timedelta(hours=1),
-            heartbeat_timeout=timedelta(seconds=60),
-            cancellation_type=ActivityCancellationType.TRY_CANCEL,
-        )
-        try:
-            await workflow.wait_condition(watching.done, timeout=timedelta(minutes=1))
-            said.append("the watch ended by itself")
-        except TimeoutError:
-            watching.cancel()
+        if await _watch_under_a_deadline():
             said.append(f"deadline after {(workflow.now() - started).total_seconds():.0f} s")
+        else:
+            said.append("the watch ended by itself")
         act = workflow.start_activity(
             work, start_to_close_timeout=timedelta(minutes=5), retry_policy=RetryPolicy()
         )
@@ -177,16 +186,7 @@ class WatchThenApproval:
 
     @workflow.run
     async def run(self) -> str:
-        watching = workflow.start_activity(
-            watch,
-            start_to_close_timeout=timedelta(hours=1),
-            heartbeat_timeout=timedelta(seconds=60),
-            cancellation_type=ActivityCancellationType.TRY_CANCEL,
-        )
-        try:
-            await workflow.wait_condition(watching.done, timeout=timedelta(minutes=1))
-        except TimeoutError:
-            watching.cancel()
+        await _watch_under_a_deadline()
         await workflow.execute_activity(look, start_to_close_timeout=timedelta(minutes=1))
         self.state.waiting = True
         try:
