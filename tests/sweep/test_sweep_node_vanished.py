@@ -226,6 +226,9 @@ def test_a_healthy_plugin_rollout_is_no_notice_while_the_new_pod_starts(tmp_path
             )
 
         _wait(plugin_ready)
+        # and registered: the kubelet offers its GPUs (a rollout before that, under load, had
+        # no GPUs to keep for the grace, and the node counted 0 at once)
+        _wait(lambda: (core.read_node(node).status.allocatable or {}).get("nvidia.com/gpu") == "2")
         manager.gpu_plugins.roll_plugin(node, starts_after=1e9)  # until start_now below
         _wait(lambda: core.read_node(node).status.allocatable["nvidia.com/gpu"] == "0")
         report = sweep.sweep(SweepClusterInput())
