@@ -22,7 +22,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -30,6 +29,7 @@ from activities.budget_client import BudgetActivities
 from bench.common import summary
 from contract.budget import BudgetLeaseRequest, BudgetReleaseRequest
 from contract.names import budget_task_queue
+from worker.converter import DATA_CONVERTER
 from workflows.budget import BudgetWorkflow
 
 log = logging.getLogger("bench.budget_burst")
@@ -81,7 +81,7 @@ async def _round(env: WorkflowEnvironment, acquirers: int, limit: int) -> dict[s
 
 async def run(acquirers: int = 100, limit: int = 30, rounds: int = 5) -> dict[str, Any]:
     env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
         dev_server_extra_args=["--log-level", "never"],
         ui=False,

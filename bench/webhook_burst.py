@@ -49,8 +49,9 @@ from typing import Any
 
 import httpx
 from temporalio.api.enums.v1 import EventType
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+
+from worker.converter import DATA_CONVERTER
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: find bench
 from bench.storm import Connection
@@ -197,7 +198,7 @@ async def main() -> int:
     )
     bin_dir = Path(sys.executable).parent
     env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         dev_server_existing_path=str(bin_dir / "temporal"),
         dev_server_extra_args=["--log-level", "never"]
         + [a for n in SEARCH_ATTRIBUTES for a in ("--search-attribute", f"{n}=Keyword")],

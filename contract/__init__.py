@@ -4,7 +4,8 @@ matches on, one module per boundary (`contract.remediation`, `contract.kube`,
 nothing.
 
 Everything that crosses a Temporal boundary is one of these pydantic models and travels
-through `temporalio.contrib.pydantic.pydantic_data_converter`. Rules:
+through the SDK's pydantic data converter (`worker.converter.DATA_CONVERTER`: the runbook set,
+frozen, converted once per distinct set). Rules:
 - one `XxxInput` / `XxxResult` per boundary; new fields are always defaulted so recorded
   histories keep replaying;
 - no secrets: credentials are read by activities from env or files, never carried here;

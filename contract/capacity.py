@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from contract.activity import Activity
 from contract.base import Contract, Duration
@@ -21,7 +21,10 @@ from contract.names import (
 
 
 class NodePoolTarget(Contract):
-    """Where a node pool lives. Identifiers only; credentials come from the worker's env."""
+    """Where a node pool lives. Identifiers only; credentials come from the worker's env.
+    Frozen: a runbook names one, and a runbook set is shared (worker/converter.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     provider: Literal["gke", "aks", "eks", "cluster-api", "http", "twin"]
     name: str  # the pool's name at the provider

@@ -104,7 +104,7 @@ class BoundedRunbookModel(RunbookModel):
     """A runbook block whose fields have safe bounds (`SAFE_BOUNDS`); `unsafe` lists the
     camelCase fields of this block deliberately set outside them."""
 
-    unsafe: list[str] = Field(default_factory=list)
+    unsafe: tuple[str, ...] = ()
 
     # The block's key under `spec` (e.g. "eviction"), set by each subclass.
     block: ClassVar[str] = ""
@@ -185,11 +185,11 @@ ALL_ESCALATION_REASONS: tuple[EscalationReason, ...] = EscalationReason.__args__
 class RunbookMatch(RunbookModel):
     """All listed criteria must hold; an empty match matches nothing (except `default`)."""
 
-    namespaces: list[str] = Field(default_factory=list)
+    namespaces: tuple[str, ...] = ()
     namespace_labels: dict[str, str] = Field(default_factory=dict)
     pod_labels: dict[str, str] = Field(default_factory=dict)
-    owner_kinds: list[str] = Field(default_factory=list)
-    priority_classes: list[str] = Field(default_factory=list)
+    owner_kinds: tuple[str, ...] = ()
+    priority_classes: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -335,13 +335,13 @@ class BudgetPolicy(BoundedRunbookModel):
 
 
 class EscalationPolicy(RunbookModel):
-    channels: list[str] = Field(default_factory=list)  # names configured on the worker
+    channels: tuple[str, ...] = ()  # names configured on the worker
     # Where an application error (Xid 13/31/43/45: the program's fault, the GPU fine) is told:
     # the workload owners' channel, never `channels` (on-call). Empty: the Warning Event on the
     # pods is the only notice.
-    owner_channels: list[str] = Field(default_factory=list)
+    owner_channels: tuple[str, ...] = ()
     severity: Literal["critical", "error", "warning", "info"] = "error"
-    on: list[EscalationReason] = Field(default_factory=lambda: list(ALL_ESCALATION_REASONS))
+    on: tuple[EscalationReason, ...] = Field(default_factory=lambda: tuple(ALL_ESCALATION_REASONS))
 
 
 class ReleasePolicy(BoundedRunbookModel):
@@ -422,8 +422,8 @@ class _Rung(BoundedRunbookModel):
     """One rung: which failures it applies to, how long it may take, what the budget counts."""
 
     action: ClassVar[RungAction]
-    xids: list[int] = Field(default_factory=list)
-    classes: list[FailureClass] = Field(default_factory=list)
+    xids: tuple[int, ...] = ()
+    classes: tuple[FailureClass, ...] = ()
     timeout: Duration = timedelta(minutes=10)
     # None: the rung's own scope (RUNG_SCOPE). A larger scope may be asked for, never a smaller.
     budget_cost: BudgetScope | None = None
@@ -457,7 +457,7 @@ class ResetRung(_Rung):
     image: str | None = None
     # Empty: `nvidia-smi -r -i {uuid}`; another must be in the allowlist. `{uuid}` and `{node}`
     # are filled in.
-    command: list[str] = Field(default_factory=list)
+    command: tuple[str, ...] = ()
 
     @field_validator("command")
     @classmethod
@@ -495,7 +495,7 @@ class RepairPolicy(RunbookModel):
     """`spec.repair`: off unless a runbook turns it on."""
 
     enabled: bool = False
-    order: list[RungAction] = Field(default_factory=lambda: list(RUNG_ACTIONS))
+    order: tuple[RungAction, ...] = Field(default_factory=lambda: tuple(RUNG_ACTIONS))
     reset: ResetRung = Field(default_factory=ResetRung)
     reboot: RebootRung = Field(default_factory=RebootRung)
     replace: ReplaceRung = Field(default_factory=ReplaceRung)
@@ -521,7 +521,7 @@ class ValidationPolicy(BoundedRunbookModel):
     image: str | None = None
     # Empty: `dcgmi diag -r {level}`; another must be in the allowlist. `{uuid}`, `{node}` and
     # `{level}` are filled in.
-    command: list[str] = Field(default_factory=list)
+    command: tuple[str, ...] = ()
     level: int = Field(default=2, ge=1, le=4)  # dcgmi diag run level: 1 quick .. 4 extended
     timeout: Duration = timedelta(minutes=15)
 
@@ -656,9 +656,14 @@ class RepairAllowlist(Contract):
                 ("spec", "repair", "reset"),
                 "reset",
                 spec.repair.reset.image,
-                spec.repair.reset.command,
+                list(spec.repair.reset.command),
             ),
-            (("spec", "validation"), "validation", spec.validation.image, spec.validation.command),
+            (
+                ("spec", "validation"),
+                "validation",
+                spec.validation.image,
+                list(spec.validation.command),
+            ),
         ]
         for path, kind, image, command in blocks:
             if image is not None:
@@ -708,7 +713,7 @@ class NodeIncidentPolicy(BoundedRunbookModel):
     # Keep new GPU pods off the node: Sickbay's NoSchedule node taint, a cordon, or nothing.
     contain: Literal["taint", "cordon", "none"] = "taint"
     # The node ladder, in order; reboot / replace run only when spec.repair enables them.
-    order: list[NodeRungAction] = Field(default_factory=lambda: list(NODE_RUNG_ACTIONS))
+    order: tuple[NodeRungAction, ...] = Field(default_factory=lambda: tuple(NODE_RUNG_ACTIONS))
     plugin_restarts: int = Field(default=1, ge=0)  # restart-plugin attempts per incident
     gpus_back_timeout: Duration = timedelta(minutes=5)  # after each rung
     # Escalated (the node stays broken): evict the pods that hold its vanished GPUs (PDBs
@@ -766,7 +771,12 @@ class Runbook(RunbookModel):
 
 
 class RunbookSet(Contract):
-    runbooks: list[Runbook]
+    """The worker's runbooks. Frozen, its sequences tuples: the workflows reading the same set
+    share one decoded value (worker/converter.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    runbooks: tuple[Runbook, ...]
     source: str = ""  # directory they came from
 
     def get(self, name: str) -> Runbook | None:

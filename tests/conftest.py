@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from contract.names import SEARCH_ATTRIBUTES
 from harness.stack import free_port
+from worker.converter import DATA_CONVERTER
 
 if TYPE_CHECKING:
     from twin.testing import RunningTwin
@@ -83,7 +83,7 @@ def temporal_cli_path() -> str:
 async def _time_skipping(path: str) -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         port=free_port(),  # below the ephemeral range: see harness.stack.free_port
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         test_server_existing_path=path,
     )
     try:
@@ -120,7 +120,7 @@ async def start_dev_server(cli_path: str, port: int | None = None) -> WorkflowEn
     below the ephemeral range (see harness.stack.free_port)."""
     return await WorkflowEnvironment.start_local(
         port=port or free_port(),
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         dev_server_existing_path=cli_path,
         dev_server_extra_args=dev_server_args(),
         ui=False,

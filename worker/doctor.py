@@ -799,7 +799,9 @@ def _load_runbooks(path: Path) -> tuple[list[Runbook] | None, Check]:
             f"sickbay runbooks validate {path}",
         )
     names = ", ".join(r.name for r in loaded.runbooks)
-    return loaded.runbooks, Check("ok", "runbooks", f"{len(loaded.runbooks)} from {path}: {names}")
+    return list(loaded.runbooks), Check(
+        "ok", "runbooks", f"{len(loaded.runbooks)} from {path}: {names}"
+    )
 
 
 def _recorded_name(kube: Kube, namespace: str) -> str | None:

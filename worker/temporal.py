@@ -12,10 +12,10 @@ from temporalio.api.operatorservice.v1 import (
     ListSearchAttributesRequest,
 )
 from temporalio.client import Client, TLSConfig
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
 from contract.names import SEARCH_ATTRIBUTES
+from worker.converter import DATA_CONVERTER
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ async def connect(settings: Settings) -> Client:
     return await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         tls=tls,
         api_key=api_key,
     )

@@ -17,6 +17,7 @@ a label must not stop a remediation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from contract.kube import Consumer
@@ -73,7 +74,7 @@ def _strictest(candidates: list[Runbook]) -> Runbook:
 
 
 def choose_for_consumer(
-    runbooks: list[Runbook], consumer: Consumer, notes: list[str] | None = None
+    runbooks: Sequence[Runbook], consumer: Consumer, notes: list[str] | None = None
 ) -> tuple[Runbook, str]:
     by_name = {r.name: r for r in runbooks}
     pod = f"{consumer.pod.namespace}/{consumer.pod.name}"
@@ -98,7 +99,7 @@ def choose_for_consumer(
 
 
 def select_runbook(
-    runbooks: list[Runbook], consumers: list[Consumer], pinned: str | None = None
+    runbooks: Sequence[Runbook], consumers: list[Consumer], pinned: str | None = None
 ) -> Selection:
     by_name = {r.name: r for r in runbooks}
     notes: list[str] = []

@@ -12,7 +12,6 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -23,6 +22,7 @@ from contract.names import pool_scaler_workflow_id
 from tests.cloud.callers import CapacityCaller
 from tests.cloud.fakes import FakeNodePool
 from tests.conftest import dev_server_args
+from worker.converter import DATA_CONVERTER
 from workflows.pool_scaler import PoolScalerWorkflow
 
 OUT = Path(__file__).resolve().parent / "histories"
@@ -77,7 +77,7 @@ async def scenario(env, name, fake, asks, knobs):
 
 async def main():
     env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
         dev_server_extra_args=dev_server_args(),
         ui=False,

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from worker.converter import DATA_CONVERTER
 from workflows.pool_scaler import PoolScalerWorkflow
 
 HISTORIES = Path(__file__).resolve().parent / "histories"
@@ -29,7 +29,7 @@ RECORDED = {p.stem: p.read_text() for p in sorted(HISTORIES.glob("*.json"))}
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
 async def test_replay(name: str) -> None:
-    replayer = Replayer(workflows=[PoolScalerWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[PoolScalerWorkflow], data_converter=DATA_CONVERTER)
     await replayer.replay_workflow(WorkflowHistory.from_json(name, RECORDED[name]))
 
 

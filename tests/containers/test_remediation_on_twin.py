@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import dev_server_args
 from tests.containers.scenario import DRIVER, remediation_scenario
 from twin.testing import running_twin
+from worker.converter import DATA_CONVERTER
 
 
 async def test_remediation_scenario_on_the_twin(temporal_cli_path: str, tmp_path: Path) -> None:
@@ -22,7 +22,7 @@ async def test_remediation_scenario_on_the_twin(temporal_cli_path: str, tmp_path
     # workflow on its own task queue; on the session's shared server that workflow would outlive
     # this worker and hang every later remediation there (and a leftover one would hang us).
     env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         dev_server_existing_path=temporal_cli_path,
         dev_server_extra_args=dev_server_args(),
         ui=False,

@@ -119,12 +119,13 @@ class Applied:
     def temporal(self, work: Callable[[Any], Any]) -> Any:
         async def run() -> Any:
             from temporalio.client import Client
-            from temporalio.contrib.pydantic import pydantic_data_converter
+
+            from worker.converter import DATA_CONVERTER
 
             client = await Client.connect(
                 self.temporal_address,
                 namespace=self.temporal_namespace,
-                data_converter=pydantic_data_converter,
+                data_converter=DATA_CONVERTER,
             )
             return await work(client)
 

@@ -29,7 +29,6 @@ import yaml
 from prometheus_client import CollectorRegistry
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.testing import WorkflowEnvironment
 
@@ -40,6 +39,7 @@ from tests.monitoring.conftest import binary
 from tests.pysource import parse
 from tests.workflows.conftest import _search_attributes  # noqa: F401  (autouse: the time-skipping server knows them)
 from tests.workflows.fakes import FakeWorld, new_worker, start
+from worker.converter import DATA_CONVERTER
 from worker.gauges import count_open, report_open_remediations
 from worker.webhook.metrics import WebhookMetrics
 
@@ -107,7 +107,7 @@ async def _temporal_names(env: WorkflowEnvironment) -> set[str]:
     assert runtime is not None
     client = await Client.connect(
         env.client.service_client.config.target_host,
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         runtime=runtime,
     )
     world = FakeWorld(health="Healthy")

@@ -44,7 +44,7 @@ def test_every_shipped_runbook_loads() -> None:
     inf = loaded["inference"].spec
     assert inf.quarantine.effect == "NoExecute"
     assert inf.replacement.pending_deadline == timedelta(minutes=5)
-    assert inf.scale_up.enabled and inf.escalation.channels == ["pagerduty"]
+    assert inf.scale_up.enabled and inf.escalation.channels == ("pagerduty",)
     tr = loaded["training"].spec
     assert tr.quarantine.effect == "NoExecute" and tr.replacement.pending_deadline == timedelta(
         minutes=30

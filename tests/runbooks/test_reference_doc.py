@@ -59,11 +59,12 @@ def as_value(text: str, like: Any) -> Any:
     if text == "none":
         return None
     if text == "every reason":
-        return list(ALL_ESCALATION_REASONS)
+        return tuple(ALL_ESCALATION_REASONS)
     raw = text.strip("`")
     if isinstance(like, timedelta):
         return parse_duration(raw)
-    return yaml.safe_load(raw)
+    value = yaml.safe_load(raw)
+    return tuple(value) if isinstance(like, tuple) and isinstance(value, list) else value
 
 
 def test_every_field_documented_once_and_nothing_else() -> None:

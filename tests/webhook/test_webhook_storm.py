@@ -52,7 +52,6 @@ import pytest
 from fastapi import FastAPI
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
@@ -69,6 +68,7 @@ from tests.webhook.helpers import (
     unique_device,
     xid_alert,
 )
+from worker.converter import DATA_CONVERTER
 from worker.settings import WebhookSettings
 from worker.webhook.app import create_app
 from worker.webhook.dedupe import RecentDeliveries
@@ -130,7 +130,7 @@ class CountingRpc:
 async def own_client(env: WorkflowEnvironment) -> Client:
     """A client of its own, so wrapping its RPCs does not touch the session's client."""
     return await Client.connect(
-        env.client.service_client.config.target_host, data_converter=pydantic_data_converter
+        env.client.service_client.config.target_host, data_converter=DATA_CONVERTER
     )
 
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
@@ -31,6 +30,7 @@ from harness.stack import free_port
 from tests.conftest import dev_server_args
 from tests.webui.browser import WAIT_MS
 from tests.workflows.fakes import FakeWorld, new_worker
+from worker.converter import DATA_CONVERTER
 
 pytestmark = pytest.mark.devserver
 
@@ -51,7 +51,7 @@ async def ui_env(_browser_ok: None, temporal_cli_path: str) -> AsyncIterator[tup
     ui_port = free_port()
     env = await WorkflowEnvironment.start_local(
         port=free_port(),
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         dev_server_existing_path=temporal_cli_path,
         dev_server_extra_args=[*dev_server_args(), "--ui-disable-news-fetch"],
         ui=True,

@@ -131,7 +131,7 @@ def fake_of(real: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable
 
 
 def shipped_runbooks() -> list[Runbook]:
-    return load_dir(RUNBOOKS_DIR).runbooks
+    return list(load_dir(RUNBOOKS_DIR).runbooks)
 
 
 def without_repair(runbooks: list[Runbook]) -> list[Runbook]:

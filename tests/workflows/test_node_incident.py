@@ -53,7 +53,6 @@ from typing import Any
 import pytest
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -151,6 +150,7 @@ from tests.workflows.fakes import (
     without_repair,
 )
 from tests.workflows.histories import save_history, scheduled_heartbeats
+from worker.converter import DATA_CONVERTER
 from workflows.node_incident.workflow import NodeIncidentWorkflow
 
 NODE = "gpu-node-3"
@@ -936,7 +936,7 @@ async def own_env(temporal_test_server_path: str) -> AsyncIterator[WorkflowEnvir
     server's time still until the worker stops; the module's shared server stays apart."""
     env = await WorkflowEnvironment.start_time_skipping(
         port=free_port(),
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         test_server_existing_path=temporal_test_server_path,
     )
     try:

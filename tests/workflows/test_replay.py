@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from contract.names import device_workflow_id, node_workflow_id
 from tests.workflows.histories import patch_markers
+from worker.converter import DATA_CONVERTER
 from worker.main import WORKFLOWS
 
 HISTORIES = Path(__file__).resolve().parents[1] / "histories"
@@ -61,6 +61,6 @@ def test_recorded_without_patches(path: Path) -> None:
 async def test_replay(path: Path) -> None:
     text = TEXTS[path]
     workflow_id = recorded_workflow_id(text)
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=DATA_CONVERTER)
     result = await replayer.replay_workflow(WorkflowHistory.from_json(workflow_id, text))
     assert result.replay_failure is None

@@ -33,7 +33,6 @@ from temporalio.client import (
     OutboundInterceptor,
     SignalWorkflowInput,
 )
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -61,6 +60,7 @@ from tests.workflows.fakes import (
 )
 from tests.workflows.fakes import wait_phase as _wait_phase
 from worker.cli import main as cli_main
+from worker.converter import DATA_CONVERTER
 from workflows.identity import SENDER_HEADER
 from workflows.remediation import DeviceRemediationWorkflow
 
@@ -74,7 +74,7 @@ async def client_as(env: WorkflowEnvironment, identity: str, **kw: Any) -> Clien
         env.client.service_client.config.target_host,
         namespace=env.client.namespace,
         identity=identity,
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         **kw,
     )
 

@@ -155,10 +155,10 @@ async def test_workflow_metrics_reach_prometheus(time_skipping_env: WorkflowEnvi
     import urllib.request
 
     from temporalio.client import Client
-    from temporalio.contrib.pydantic import pydantic_data_converter
 
     from tests.waiting import until
     from tests.workflows.fakes import FakeWorld, new_worker, start, xid_alert
+    from worker.converter import DATA_CONVERTER
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -167,7 +167,7 @@ async def test_workflow_metrics_reach_prometheus(time_skipping_env: WorkflowEnvi
     assert runtime is not None
     client = await Client.connect(
         time_skipping_env.client.service_client.config.target_host,
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         runtime=runtime,
     )
     world = FakeWorld(health="Healthy")

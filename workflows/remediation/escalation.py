@@ -4,6 +4,7 @@ never an exception."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Literal
 
@@ -141,7 +142,7 @@ async def notify_all(
     summary: str,
     severity: Severity | None = None,
     needed: str = "",
-    channels: list[str] | None = None,
+    channels: Sequence[str] | None = None,
 ) -> None:
     s, j = r.s, r.j
     policy = s.spec.escalation
