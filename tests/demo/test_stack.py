@@ -287,7 +287,7 @@ def test_demo_runbooks_repair_off_unless_asked(tmp_path: Path) -> None:
     assert not any(r.spec.repair.enabled for r in demo_off.values())
     assert any("inference: repair ladder off" in line for line in off)
     assert demo_on["inference"].spec.repair.enabled
-    assert demo_on["inference"].spec.repair.reset.xids == [48, 94, 95]
+    assert demo_on["inference"].spec.repair.reset.xids == (48, 94, 95)
     assert not demo_on["maintenance"].spec.repair.enabled  # maintenance never repairs
     assert not any("repair ladder off" in line for line in on)
 
