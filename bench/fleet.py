@@ -38,6 +38,7 @@ import logging
 import os
 import random
 import signal
+import statistics
 import sys
 import time
 from datetime import UTC
@@ -298,7 +299,8 @@ async def run(
             slowest_story = await _slowest_story(client, slowest[1] if slowest else "", t0)
             # The GPUs whose remediation had a workflow task time out (the killed worker held
             # it), and fault -> rule of the others: what the surviving workers' pace alone gave.
-            held = {w for _, w in traced if w and await _task_timed_out(client, w)}
+            retry_waits = {w: await _retry_waits(client, w) for _, w in traced if w}
+            held = {w for w, waits in retry_waits.items() if waits}
             unheld = [seconds for seconds, w in traced if w not in held]
             try:
                 budget_id = budget_workflow_id(info.task_queue, name)
@@ -334,6 +336,7 @@ async def run(
                 "fault_to_rule_unmatched": unmatched,
                 "held_by_killed_worker": len(held),
                 "fault_to_rule_not_held_s": summary(unheld) if unheld else {"n": 0},
+                "retry_waits_s": sorted(x for waits in retry_waits.values() for x in waits),
                 "fault_curve": [round(t, 3) for t in sorted(after_fault)],
                 "kill_s": kills.get(name),
                 "notifications": p["stats"],
@@ -409,10 +412,23 @@ def _task_spans(history: Any) -> list[tuple[float, float, float, bool]]:
     return spans
 
 
-async def _task_timed_out(client: Client, wid: str) -> bool:
-    """Whether a workflow task of the run timed out (a worker held it and died, or overran)."""
+async def _retry_waits(client: Client, wid: str) -> list[float]:
+    """For each workflow task of the run that timed out (a worker held it and died, or
+    overran), the seconds until a worker started it again: its wait for a live poller of the
+    shared queue. Empty: no task timed out."""
     history = await client.get_workflow_handle(wid).fetch_history()
-    return any(timed_out for *_, timed_out in _task_spans(history))
+    waits: list[float] = []
+    timed_out_at: float | None = None
+    for e in history.events:
+        at = e.event_time.ToDatetime().replace(tzinfo=UTC).timestamp()
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+            timed_out_at = at
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED and timed_out_at:
+            waits.append(round(at - timed_out_at, 3))
+            timed_out_at = None
+    if timed_out_at is not None:  # not started again by the time of the check
+        waits.append(round(time.time() - timed_out_at, 3))
+    return waits
 
 
 async def _slowest_story(client: Client, wid: str, t0: float) -> dict[str, Any]:
@@ -524,6 +540,12 @@ def _max_text(q: dict[str, Any]) -> str:
     return f"{q['max']:.1f} s" if q.get("n") else "none"
 
 
+def _waits_text(name: str, waits: list[float] | None) -> str:
+    if not waits:
+        return f"{name}: none timed out"
+    return f"{name}: {len(waits)}, p50 {statistics.median(waits):.1f} s, max {max(waits):.1f} s"
+
+
 def _not_held_max(r: dict[str, Any]) -> float:
     """The slowest fault -> rule of the GPUs no killed worker held, over every cluster."""
     return max(
@@ -629,6 +651,10 @@ def section(r: dict[str, Any], plot: str | None, single_s: float | None) -> list
         "the server's 10 s; the budget and the GPU ledger: 5 s, contract/failover.py), a task "
         "for its sticky queue 3 s, and then the queue of the surviving worker, which runs its "
         "cluster's burst alone on the machine's shared cores.",
+        "- A quarantined GPU's timed-out task, from its timeout until a live worker started it "
+        "again (the surviving worker's pollers of the shared queue; contract/failover.py): "
+        + "; ".join(_waits_text(name, c.get("retry_waits_s")) for name, c in r["clusters"].items())
+        + ".",
         "- The budget workflow's tasks from the burst on (every run of each cluster's): "
         + "; ".join(
             _budget_text(name, c.get("budget_tasks") or {}) for name, c in r["clusters"].items()

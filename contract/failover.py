@@ -18,6 +18,13 @@ worker held its cluster's budget workflow, and every lease request waited for it
 - `STICKY_SCHEDULE_TO_START` (3 s) is every Worker's sticky queue wait: a task a (dead)
   worker's sticky queue has not handed out within it goes to the shared queue, where any
   worker takes it.
+- `WORKFLOW_TASK_POLLS` (8) and `NONSTICKY_TO_STICKY_POLLS` (1.0): the remediation Worker's
+  workflow-task pollers, half of them on the shared queue. The SDK's 5 pollers with a ratio
+  of 0.2 keep one on the shared queue, where every new remediation's first task waits, and
+  where a task the killed worker held comes back after its timeout. In the fleet benchmark
+  (2026-12-07, same code otherwise) such a task then waited 9 and 20 s for that one poller,
+  while the survivor's sticky queue kept the others busy (the slowest GPU: 20.5-27.6 s in 5
+  of 6 runs); with these, 0.1-6 s (the slowest GPU: median 16.2 s of 5 runs, 2 within 15 s).
 """
 
 from __future__ import annotations
@@ -26,3 +33,5 @@ from datetime import timedelta
 
 SHARED_TASK_TIMEOUT = timedelta(seconds=5)
 STICKY_SCHEDULE_TO_START = timedelta(seconds=3)
+WORKFLOW_TASK_POLLS = 8
+NONSTICKY_TO_STICKY_POLLS = 1.0

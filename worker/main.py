@@ -62,7 +62,11 @@ from activities.notify.config import ChannelsConfig
 from activities.runbooks import RunbookActivities
 from activities.sweep import SweepActivities
 from contract.activity import Activity
-from contract.failover import STICKY_SCHEDULE_TO_START
+from contract.failover import (
+    NONSTICKY_TO_STICKY_POLLS,
+    STICKY_SCHEDULE_TO_START,
+    WORKFLOW_TASK_POLLS,
+)
 from contract.names import (
     WF_BUDGET,
     WF_GPU_LEDGER,
@@ -447,6 +451,10 @@ def _main_worker(
             local_activities=settings.max_concurrent_local_activities,
         ),
         max_cached_workflows=settings.max_cached_workflows,
+        # Half the pollers on the shared queue: a burst's first tasks and a dead worker's
+        # tasks wait there (contract/failover.py).
+        max_concurrent_workflow_task_polls=WORKFLOW_TASK_POLLS,
+        nonsticky_to_sticky_poll_ratio=NONSTICKY_TO_STICKY_POLLS,
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
         identity=identity,

@@ -21,7 +21,11 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import FixedSizeSlotSupplier
 
-from contract.failover import STICKY_SCHEDULE_TO_START
+from contract.failover import (
+    NONSTICKY_TO_STICKY_POLLS,
+    STICKY_SCHEDULE_TO_START,
+    WORKFLOW_TASK_POLLS,
+)
 from contract.names import (
     ACT_CORDON,
     ACT_QUARANTINE,
@@ -104,6 +108,10 @@ async def test_every_required_activity_is_registered(
     assert isinstance(local_slots, FixedSizeSlotSupplier) and local_slots.num_slots == 200
     assert isinstance(activity_slots, WaitAwareSlots)
     assert (activity_slots.regular, activity_slots.waits) == (200, settings.max_open_waits)
+    # Half of the remediation worker's pollers serve the shared queue, where new remediations'
+    # first tasks and a killed worker's timed-out tasks wait (the SDK keeps one of five there).
+    assert config.get("max_concurrent_workflow_task_polls") == WORKFLOW_TASK_POLLS == 8
+    assert config.get("nonsticky_to_sticky_poll_ratio") == NONSTICKY_TO_STICKY_POLLS == 1.0
     # A killed worker's sticky tasks move to a live worker in 3 s, not the SDK's 10 s.
     for one in (worker.main, worker.budget, worker.ledger):
         sticky = one.config().get("sticky_queue_schedule_to_start_timeout")
