@@ -4,8 +4,8 @@
 Every remediation's first workflow task loads the runbooks (a local activity) and every node
 incident and maintenance does too: the worker encodes the same set (about 15 KB of JSON) as
 the activity's result and decodes and validates it again in the workflow, about 4 ms of CPU
-each time on a 2-core machine, the largest share of a burst's per-GPU worker CPU spent on one
-value. The set changes only when a runbook file does, so its payload is kept beside the set
+each time on a 2-core machine (about a tenth of a storm's worker CPU per remediation), by far
+the largest value a remediation converts. The set changes only when a runbook file does, so its payload is kept beside the set
 (encoded once per loaded set) and its decoded value beside the payload's bytes (validated once
 per distinct set): the bytes are the key, so a replay on any worker decodes exactly what
 history holds, and the history is byte for byte what the plain converter writes.
