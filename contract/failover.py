@@ -22,9 +22,11 @@ worker held its cluster's budget workflow, and every lease request waited for it
   workflow-task pollers, half of them on the shared queue. The SDK's 5 pollers with a ratio
   of 0.2 keep one on the shared queue, where every new remediation's first task waits, and
   where a task the killed worker held comes back after its timeout. In the fleet benchmark
-  (2026-12-07, same code otherwise) such a task then waited 9 and 20 s for that one poller,
-  while the survivor's sticky queue kept the others busy (the slowest GPU: 20.5-27.6 s in 5
-  of 6 runs); with these, 0.1-6 s (the slowest GPU: median 16.2 s of 5 runs, 2 within 15 s).
+  (2026-12-07, same code otherwise) such a task then waited 9 s more for that one poller
+  (20 s in a trial with a 5 s task timeout), while the survivor's sticky queue kept the
+  others busy; the slowest GPU took 20.5-27.6 s in 5 of 6 runs. With these, such tasks
+  started again after p50 0.1-1.8 s per cluster, and the slowest GPU took 11.6-19.6 s in 8
+  runs (median 15.9 s), 3 of them within the 15 s goal.
 """
 
 from __future__ import annotations
