@@ -5,10 +5,11 @@ Every remediation's first workflow task loads the runbooks (a local activity) an
 incident and maintenance does too: the worker encodes the same set (about 15 KB of JSON) as
 the activity's result and decodes and validates it again in the workflow, about 4 ms of CPU
 each time on a 2-core machine (about a tenth of a storm's worker CPU per remediation), by far
-the largest value a remediation converts. The set changes only when a runbook file does, so its payload is kept beside the set
-(encoded once per loaded set) and its decoded value beside the payload's bytes (validated once
-per distinct set): the bytes are the key, so a replay on any worker decodes exactly what
-history holds, and the history is byte for byte what the plain converter writes.
+the largest value a remediation converts. The set changes only when a runbook file does, so
+its payload is kept beside the set (encoded once per loaded set) and its decoded value beside
+the payload's bytes (validated once per distinct set): the bytes are the key, so a replay on
+any worker decodes exactly what history holds, and the history is byte for byte what the
+plain converter writes.
 
 A decoded set is shared by the workflows that read the same bytes, so it must never change:
 `RunbookSet` and every model in it are frozen, their sequences tuples; only the match's two
@@ -71,7 +72,7 @@ class _Memo:
             self.hits = self.misses = 0
 
 
-# (the value's id, the value) -> payload data; the value is kept so its id is not reused.
+# id(value) -> (value, payload data); the value is kept, so its id is not reused meanwhile.
 ENCODED = _Memo()
 # (type, payload data) -> the decoded value.
 DECODED = _Memo()
