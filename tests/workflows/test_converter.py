@@ -6,7 +6,6 @@ and never changeable, since the workflows that read the same bytes share one dec
 
 from __future__ import annotations
 
-import types
 import typing
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -98,11 +97,9 @@ def _mutable_fields(model: type[BaseModel], seen: set[type]) -> list[str]:
 def _types(annotation: Any) -> list[Any]:
     """The annotation and every type inside it (unions, tuples, Annotated)."""
     out = [annotation]
-    for arg in typing.get_args(annotation):
+    for arg in typing.get_args(annotation):  # X | Y included
         if arg is not Ellipsis and not isinstance(arg, str | int):
             out += _types(arg)
-    if isinstance(annotation, types.UnionType):
-        out += [t for a in annotation.__args__ for t in _types(a)]
     return out
 
 
