@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator
 
 from temporalio import activity
 
-# How often an activity waiting on one provider call heartbeats; the workflows give such a
-# call a heartbeat timeout of 3 of them (30 s): a killed worker is noticed within that.
-HEARTBEAT_EVERY = 10.0  # seconds
+from contract.failover import PROVIDER_BEAT
+
+# How often an activity waiting on one provider call heartbeats, in seconds
+# (contract/failover.py: the workflows' heartbeat timeout for such a call is three of them).
+HEARTBEAT_EVERY = PROVIDER_BEAT.total_seconds()
 
 
 @contextlib.asynccontextmanager

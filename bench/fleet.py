@@ -416,19 +416,14 @@ async def _retry_waits(client: Client, wid: str) -> list[float]:
     """For each workflow task of the run that timed out (a worker held it and died, or
     overran), the seconds until a worker started it again: its wait for a live poller of the
     shared queue. Empty: no task timed out."""
-    history = await client.get_workflow_handle(wid).fetch_history()
-    waits: list[float] = []
-    timed_out_at: float | None = None
-    for e in history.events:
-        at = e.event_time.ToDatetime().replace(tzinfo=UTC).timestamp()
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
-            timed_out_at = at
-        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED and timed_out_at:
-            waits.append(round(at - timed_out_at, 3))
-            timed_out_at = None
-    if timed_out_at is not None:  # not started again by the time of the check
-        waits.append(round(time.time() - timed_out_at, 3))
-    return waits
+    spans = _task_spans(await client.get_workflow_handle(wid).fetch_history())
+    # The next task's start; now, when no later task ended by the time of the check.
+    starts = [started for _, started, _, _ in spans[1:]] + [time.time()]
+    return [
+        round(again - ended, 3)
+        for (_, _, ended, timed_out), again in zip(spans, starts, strict=True)
+        if timed_out
+    ]
 
 
 async def _slowest_story(client: Client, wid: str, t0: float) -> dict[str, Any]:

@@ -18,6 +18,11 @@ worker held its cluster's budget workflow, and every lease request waited for it
 - `STICKY_SCHEDULE_TO_START` (3 s) is every Worker's sticky queue wait: a task a (dead)
   worker's sticky queue has not handed out within it goes to the shared queue, where any
   worker takes it.
+- `PROVIDER_BEAT` (10 s) and `PROVIDER_HEARTBEAT` (30 s, three beats): an activity waiting on
+  one provider call (a pool resize or its description, a node reboot or replace) heartbeats
+  every beat, and the workflows schedule it with that heartbeat timeout, so a worker killed
+  mid-call is retried elsewhere within 30 s, not after the call's start-to-close (minutes);
+  the retry asks nothing twice (it adopts what it finds at the provider, docs/cloud.md).
 - `WORKFLOW_TASK_POLLS` (8) and `NONSTICKY_TO_STICKY_POLLS` (1.0): the remediation Worker's
   workflow-task pollers, half of them on the shared queue. The SDK's 5 pollers with a ratio
   of 0.2 keep one on the shared queue, where every new remediation's first task waits, and
@@ -35,5 +40,7 @@ from datetime import timedelta
 
 SHARED_TASK_TIMEOUT = timedelta(seconds=5)
 STICKY_SCHEDULE_TO_START = timedelta(seconds=3)
+PROVIDER_BEAT = timedelta(seconds=10)
+PROVIDER_HEARTBEAT = 3 * PROVIDER_BEAT
 WORKFLOW_TASK_POLLS = 8
 NONSTICKY_TO_STICKY_POLLS = 1.0

@@ -64,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
         ScalePoolResult,
     )
     from contract.errors import ERR_CLOUD_REJECTED, ERR_CONFIG, ERR_INVALID_INPUT
+    from contract.failover import PROVIDER_HEARTBEAT
     from contract.names import (
         QRY_POOL_SCALER_STATUS,
         UPD_POOL_NEED,
@@ -80,10 +81,9 @@ _PERMANENT = [ERR_CLOUD_REJECTED, ERR_CONFIG, ERR_INVALID_INPUT]
 # POST/PUT; 2 minutes is generous.
 DESCRIBE_TIMEOUT = timedelta(seconds=60)
 SCALE_TIMEOUT = timedelta(minutes=2)
-# Both heartbeat while the provider answers (every 10 s): a worker killed mid-call is retried
-# elsewhere within this, not after the start-to-close (the retry asks nothing twice: it
-# adopts the resize it finds running).
-API_HEARTBEAT = timedelta(seconds=30)
+# Both heartbeat while the provider answers: a worker killed mid-call is retried elsewhere
+# within this, and the retry adopts the resize it finds running (contract/failover.py).
+API_HEARTBEAT = PROVIDER_HEARTBEAT
 API_ATTEMPTS = 5  # then the waiters hear "rejected" with the provider's last words
 # One look at an operation is one GET.
 WAIT_OP_TIMEOUT = timedelta(seconds=30)

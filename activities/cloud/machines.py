@@ -763,13 +763,11 @@ def aws_configured(aws: AwsConfig) -> bool:
     )
 
 
-# The reboot / replace activities heartbeat while the provider is asked, so a worker that dies
-# meanwhile is noticed within the workflow's heartbeat timeout (30 s), not its 2-minute
-# start-to-close timeout; the retry then decides from the provider's own record.
-
-
 class MachineActivities:
-    """reboot-node / replace-node, one provider per name (`machine_providers`)."""
+    """reboot-node / replace-node, one provider per name (`machine_providers`). Each heartbeats
+    while the provider is asked, so a worker that dies meanwhile is noticed within the
+    workflow's heartbeat timeout (contract/failover.py), not its 2-minute start-to-close; the
+    retry then decides from the provider's own record."""
 
     def __init__(
         self, providers: dict[str, MachineClient], http: httpx.AsyncClient | None = None

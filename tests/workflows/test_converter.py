@@ -6,6 +6,7 @@ and never changeable, since the workflows that read the same bytes share one dec
 
 from __future__ import annotations
 
+import shutil
 import typing
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -22,20 +23,11 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.runbooks import RunbookActivities, load_dir
 from contract.runbook import LOAD_RUNBOOKS, RunbookMatch, RunbookSet
+from tests.workflows.fakes import RUNBOOKS_DIR
 from worker.converter import DATA_CONVERTER, DECODED, ENCODED, KEEP
-
-RUNBOOKS_DIR = Path(__file__).resolve().parents[2] / "runbooks"
 
 ours = DATA_CONVERTER.payload_converter
 theirs = pydantic_data_converter.payload_converter
-
-
-def _copy(tmp: Path) -> Path:
-    out = tmp / "runbooks"
-    out.mkdir()
-    for f in RUNBOOKS_DIR.glob("*.yaml"):
-        (out / f.name).write_text(f.read_text())
-    return out
 
 
 def test_the_shared_set_is_the_sdk_converters_bytes_and_value() -> None:
@@ -52,7 +44,7 @@ def test_the_shared_set_is_the_sdk_converters_bytes_and_value() -> None:
 
 
 def test_an_edited_set_is_its_own_value(tmp_path: Path) -> None:
-    folder = _copy(tmp_path)
+    folder = Path(shutil.copytree(RUNBOOKS_DIR, tmp_path / "runbooks"))
     before = load_dir(folder)
     inference = folder / "inference.yaml"
     inference.write_text(inference.read_text().replace("severity: critical", "severity: warning"))

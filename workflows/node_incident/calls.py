@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from contract.capacity import REQUEST_CAPACITY, CapacityRequest, CapacityResult
     from contract.errors import ERR_CHANNEL_REJECTED, ERR_CONFIG, ERR_INVALID_INPUT
+    from contract.failover import PROVIDER_HEARTBEAT
     from contract.kube import (
         CORDON_NODE,
         COUNT_DEVICES,
@@ -107,9 +108,7 @@ POLL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), backoff_coeffici
 # A reboot / replace request: one provider call, asked once per attempt (its key), so a lost
 # answer is retried without asking twice; as the remediation's rung.
 MACHINE_TIMEOUT = timedelta(minutes=2)
-# The activity heartbeats every 10 s while it asks: a worker killed mid-request is retried
-# elsewhere within this, and the retry asks nothing twice (the provider's record).
-MACHINE_HEARTBEAT = timedelta(seconds=30)
+MACHINE_HEARTBEAT = PROVIDER_HEARTBEAT  # it heartbeats while it asks (contract/failover.py)
 MACHINE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=5),
     backoff_coefficient=2.0,

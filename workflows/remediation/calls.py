@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
         KarpenterResult,
     )
     from contract.errors import ERR_CHANNEL_REJECTED, ERR_CONFIG
+    from contract.failover import PROVIDER_HEARTBEAT
     from contract.kube import (
         CHECK_DEVICE_HEALTH,
         CORDON_NODE,
@@ -211,9 +212,7 @@ POLL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=5), backoff_coeffici
 # is the attempt's), so retrying a lost answer (503, a killed worker) asks nothing twice;
 # not configured / refused are non-retryable and escalate.
 MACHINE_TIMEOUT = timedelta(minutes=2)
-# The activity heartbeats while it asks: a worker killed mid-request is retried elsewhere
-# within this, and the retry asks nothing twice (the provider's record, docs/cloud.md).
-MACHINE_HEARTBEAT = timedelta(seconds=30)
+MACHINE_HEARTBEAT = PROVIDER_HEARTBEAT  # it heartbeats while it asks (contract/failover.py)
 MACHINE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=5),
     backoff_coefficient=2.0,
