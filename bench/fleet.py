@@ -417,11 +417,11 @@ async def _retry_waits(client: Client, wid: str) -> list[float]:
     overran), the seconds until a worker started it again: its wait for a live poller of the
     shared queue. Empty: no task timed out."""
     spans = _task_spans(await client.get_workflow_handle(wid).fetch_history())
-    # The next task's start; now, when no later task ended by the time of the check.
+    # Each task's successor's start; now for the last (no later task ended by the check).
     starts = [started for _, started, _, _ in spans[1:]] + [time.time()]
     return [
         round(again - ended, 3)
-        for (_, _, ended, timed_out), again in zip(spans, starts, strict=True)
+        for (_, _, ended, timed_out), again in zip(spans, starts, strict=False)
         if timed_out
     ]
 
