@@ -92,7 +92,7 @@ FULL: dict[str, dict[str, Any]] = {
     "timers": {"rounds": 10},
 }
 QUICK: dict[str, dict[str, Any]] = {
-    "latency": {"pairs": 8, "nodes": 2, "consumers": 3},
+    "latency": {"pairs": 8, "nodes": 2, "consumers": 3, "rounds": 4},
     "storm": {"nodes": 20, "devices": 6, "alerts": 240, "seconds": 2.0, "cluster_budget": "2%"},
     "storm_replicas": {
         "nodes": 20,
@@ -162,6 +162,18 @@ def findings(results: dict[str, Any]) -> list[str]:
                 "that the quarantine waits for."
             )
         out.append(text)
+        rt = lat.get("round_trips") or {}
+        if rt.get("describe_after_idle", {}).get("n"):
+            out.append(
+                "Each crossing of Temporal costs more on a quiet machine: a describe took "
+                f"{rt['describe_back_to_back']['p50']:.1f} ms back to back and "
+                f"{rt['describe_after_idle']['p50']:.1f} ms after {lat.get('gap_s', 0.2):g} s "
+                f"of quiet, a query through the worker {rt['query_back_to_back']['p50']:.1f} "
+                f"and {rt['query_after_idle']['p50']:.1f} ms (p50). Before its rule Sickbay's "
+                "path crosses the server at the webhook's start, the first task's dispatch and "
+                "the lease's update (to the server, the budget workflow's task to the worker and "
+                "back, the answer); the floor's only at its eager start."
+            )
         samples = sorted(lat.get("sickbay_ms") or [])
         if samples:
             slow = [v for v in samples if v > 3 * lat["sickbay"]["p50"]]

@@ -60,7 +60,13 @@ from bench.common import (
     until,
 )
 from bench.stacks import open_stack, run_consumers, webhook_token
-from contract.names import QRY_STATUS, device_workflow_id, taint_rule_name
+from contract.names import (
+    QRY_BUDGET_STATE,
+    QRY_STATUS,
+    budget_workflow_id,
+    device_workflow_id,
+    taint_rule_name,
+)
 from contract.remediation import RemediationResult, RemediationStatus
 from harness.stack import free_port
 
@@ -114,16 +120,20 @@ def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.P
 
 
 async def run(
-    pairs: int = 200, nodes: int = 26, gap: float = 0.2, consumers: int = 48
+    pairs: int = 200,
+    nodes: int = 26,
+    gap: float = 0.2,
+    consumers: int = 48,
+    rounds: int = 40,
 ) -> dict[str, Any]:
-    result = await _triples(pairs, nodes, gap)
+    result = await _triples(pairs, nodes, gap, rounds)
     # The production path on a stack of its own, started after the triples' stopped: the
     # same calm worker the triples had, not one still carrying their remediations.
     result["consumers"] = await _with_consumers(consumers, gap) if consumers else {}
     return result
 
 
-async def _triples(pairs: int, nodes: int, gap: float) -> dict[str, Any]:
+async def _triples(pairs: int, nodes: int, gap: float, rounds: int) -> dict[str, Any]:
     from worker.settings import Settings
     from worker.temporal import connect
 
@@ -285,7 +295,10 @@ async def _triples(pairs: int, nodes: int, gap: float) -> dict[str, Any]:
                 if (name := taint_rule_name(g["node"], g["uuid"])) in created
             ],
         )
+        # The same server's round trips, back to back and after the triples' idle gap.
+        round_trips = await round_trip_probe(client, budget_workflow_id(), rounds, gap)
         return {
+            "round_trips": round_trips,
             "pairs": len(sent),
             "gap_s": gap,
             "measured": len(sickbay_ms),
@@ -325,6 +338,33 @@ async def _triples(pairs: int, nodes: int, gap: float) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 proc.kill()
         await asyncio.to_thread(stack.stop)
+
+
+async def round_trip_probe(
+    client: Any, workflow_id: str, rounds: int, idle: float
+) -> dict[str, dict[str, Any]]:
+    """One Temporal round trip timed `rounds` times back to back and `rounds` times each after
+    `idle` seconds of quiet (the rhythm of the triples): a describe of `workflow_id` (frontend
+    and history only) and a query of it (also the worker's poll, activation and answer, the
+    way a lease's update reaches the budget workflow). Milliseconds, per kind and rhythm."""
+    handle = client.get_workflow_handle(workflow_id)
+    calls = {
+        "describe": handle.describe,
+        "query": lambda: handle.query(QRY_BUDGET_STATE),
+    }
+    out: dict[str, dict[str, Any]] = {}
+    for kind, call in calls.items():
+        await call()  # warm: channels, the workflow in the worker's cache
+        for rhythm, pause in (("back_to_back", 0.0), ("after_idle", idle)):
+            times: list[float] = []
+            for _ in range(rounds):
+                if pause:
+                    await asyncio.sleep(pause)
+                t = time.perf_counter()
+                await call()
+                times.append((time.perf_counter() - t) * 1000)
+            out[f"{kind}_{rhythm}"] = summary(times)
+    return out
 
 
 async def _time_split(

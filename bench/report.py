@@ -254,6 +254,7 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             + ".",
             "",
         ]
+        out += round_trips_part(lat)
         out += _consumers_part(lat.get("consumers") or {}, s)
     if cost:
         from bench.cost import section as cost_section
@@ -420,5 +421,31 @@ def _consumers_part(c: dict[str, Any], alone: dict[str, Any]) -> list[str]:
         + "; worker time before each (median ms): "
         + ", ".join(f"{k} {g['p50']:.1f}" for k, g in c["gap_before_call_ms"].items())
         + ".",
+        "",
+    ]
+
+
+def round_trips_part(lat: dict[str, Any]) -> list[str]:
+    """The run's Temporal round trips, back to back and after the triples' idle gap
+    (bench/latency.py, round_trip_probe): what each crossing of the server costs here."""
+    rt = lat.get("round_trips") or {}
+    if not rt.get("describe_after_idle", {}).get("n"):
+        return []
+    idle = lat.get("gap_s", 0.2)
+
+    def row(kind: str, label: str) -> str:
+        warm, cold = rt[f"{kind}_back_to_back"], rt[f"{kind}_after_idle"]
+        return (
+            f"| {label} | {warm['p50']:.1f} | {cold['p50']:.1f} | {cold['p99']:.1f} | {cold['n']} |"
+        )
+
+    return [
+        f"One Temporal round trip on the same server after the triples (ms; back to back, and "
+        f"each after {idle:g} s of quiet, the rhythm of the triples):",
+        "",
+        "| round trip | back to back p50 | after quiet p50 | after quiet p99 | n |",
+        "|---|---|---|---|---|",
+        row("describe", "describe a workflow (frontend and history)"),
+        row("query", "query the budget workflow (also the worker's poll and answer)"),
         "",
     ]

@@ -4,7 +4,7 @@ cost,human_actions,latency,burst` (figures not judged; tests/drills/bench_quick.
 Case: 8 latency triples, one incident of each costed procedure (repair with validation, happy
 path, Pending-deadline scale-up) and the human-actions scenario write their markdown, plot and
 results.json; the latency triples were all matched, and so were the alerts on GPUs with a
-consumer pod (whose owner was read); the three cost runs ended released with
+consumer pod (whose owner was read), and the run timed its Temporal round trips; the three cost runs ended released with
 their histories, actions and API requests counted, and the fleet table is priced from them;
 the burst under workloads (6 GPUs with a pod each, half in budget, one activity slot) quarantined
 the budget's GPUs and paged every refused one, none escalated for a failed step. Nothing is
@@ -30,6 +30,15 @@ def test_cost_human_actions_and_latency_benchmarks_run(tmp_path: Path) -> None:
     assert consumers["measured"] == consumers["pods"] == 3 and consumers["missing"] == 0
     assert consumers["calls"]["get replicasets"] >= 1  # each pod's owner was looked up
     assert "With a consumer on the GPU" in run.text
+    # The run's own Temporal round trips, back to back and after quiet, each timed 4 times.
+    trips = results["latency"]["round_trips"]
+    assert sorted(trips) == [
+        f"{kind}_{rhythm}"
+        for kind in ("describe", "query")
+        for rhythm in ("after_idle", "back_to_back")
+    ]
+    assert all(t["n"] == 4 and t["min"] > 0 for t in trips.values())
+    assert "One Temporal round trip on the same server" in run.text
     cost = results["cost"]
     assert list(cost["procedures"]) == ["repair", "happy_path", "scale_up"]
     for procedure in cost["procedures"].values():
