@@ -142,18 +142,18 @@ def findings(results: dict[str, Any]) -> list[str]:
             f"answering {b['kube_calls']['p50']:.0f} calls; the rest is worker-side."
         )
         steps = lat["gap_before_call_ms"]
-        # The first call every remediation makes (cached reads appear in only some).
-        first = next((k for k in steps if steps[k].get("n", 0) >= 0.9 * lat["measured"]), None)
+        first = b.get("task_to_first_call") or {}
         create = steps.get("create devicetaintrules #1")
         text = (
             f"Where the worker's time goes (webhook -> start {b['webhook_to_started']['p50']:.0f} "
             f"ms, start -> task {b['started_to_task']['p50']:.0f} ms, then inside the task): "
         )
-        if first:
+        if first.get("n"):
             text += (
-                f"{steps[first]['p50']:.0f} ms (p99 {steps[first]['p99']:.0f}) before the first "
-                f"call (`{first}`): the task starting, then the load-runbooks and resolve-device "
-                "local activities side by side; "
+                f"{first['p50']:.0f} ms (p99 {first['p99']:.0f}) from the task's start to its "
+                "first Kubernetes call: the task starting, then the confirm step's first local "
+                "activities side by side (load-runbooks, resolve-device, count-devices; mostly "
+                "answered from the worker's caches); "
             )
         if create:
             text += (

@@ -372,13 +372,14 @@ async def _time_split(
 ) -> dict[str, Any]:
     """Where each remediation's time went (`items`: workflow id, alert sent, rule created):
     webhook -> WorkflowExecutionStarted -> first workflow task -> rule, the Kubernetes calls
-    in that window (count, summed server time, calls per remediation), and the worker's time
-    before each call (since the previous call answered, or the task started), in hot-path
-    order."""
+    in that window (count, summed server time, calls per remediation), the worker's time from
+    the task's start to its first call, and before each call (since the previous call
+    answered, or the task started), in hot-path order."""
     phases: dict[str, list[float]] = {
         "webhook_to_started": [],
         "started_to_task": [],
         "task_to_rule": [],
+        "task_to_first_call": [],
         "kube_calls": [],
         "kube_server_ms": [],
     }
@@ -404,6 +405,9 @@ async def _time_split(
         phases["kube_calls"].append(float(len(window)))
         phases["kube_server_ms"].append(sum(r["duration_ms"] for r in window))
         prev = b["task_started"]
+        if window:  # the worker's time from the task's start to its first Kubernetes call
+            first = min(r["time"] - r["duration_ms"] / 1000 for r in window)
+            phases["task_to_first_call"].append((first - prev) * 1000)
         seen: dict[str, int] = {}
         for pos, req in enumerate(sorted(window, key=lambda r: r["time"])):
             key = f"{req['verb']} {req['resource']}"

@@ -233,6 +233,13 @@ def render(results: dict[str, Any], plots: dict[str, str], quick: bool) -> str:
             f"{b['started_to_task']['p99']:.1f} |",
             f"| workflow task (local activities) -> rule created | "
             f"{b['task_to_rule']['p50']:.1f} | {b['task_to_rule']['p99']:.1f} |",
+        ]
+        if b.get("task_to_first_call", {}).get("n"):
+            out.append(
+                f"| of which the task's start -> its first Kubernetes call | "
+                f"{b['task_to_first_call']['p50']:.1f} | {b['task_to_first_call']['p99']:.1f} |"
+            )
+        out += [
             f"| of which Kubernetes API server time (summed) | "
             f"{b['kube_server_ms']['p50']:.1f} | {b['kube_server_ms']['p99']:.1f} |",
             f"| Kubernetes calls before the rule exists | {b['kube_calls']['p50']:.0f} | "

@@ -39,6 +39,9 @@ def test_cost_human_actions_and_latency_benchmarks_run(tmp_path: Path) -> None:
     ]
     assert all(t["n"] == 4 and t["min"] > 0 for t in trips.values())
     assert "One Temporal round trip on the same server" in run.text
+    # Every remediation's task made a Kubernetes call before its rule: the first is timed.
+    assert results["latency"]["breakdown"]["task_to_first_call"]["n"] == 8
+    assert "from the task's start to its first Kubernetes call" in run.text
     cost = results["cost"]
     assert list(cost["procedures"]) == ["repair", "happy_path", "scale_up"]
     for procedure in cost["procedures"].values():
