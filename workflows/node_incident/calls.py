@@ -84,6 +84,16 @@ with workflow.unsafe.imports_passed_through():
         WaitRepairJobInput,
     )
     from contract.runbook import LOAD_RUNBOOKS, RunbookSet
+    from workflows.call_options import (
+        CAPACITY_HEARTBEAT,
+        CAPACITY_RETRY,
+        CAPACITY_TIMEOUT,
+        EVICT_HEARTBEAT,
+        LOOK_TIMEOUT,
+        WAIT_HEARTBEAT,
+        WAIT_MARGIN,
+        WAIT_RETRY,
+    )
     from workflows.execute import execute
 
 I = TypeVar("I")  # noqa: E741 - an activity's input model, as in Activity[I, R]
@@ -128,33 +138,10 @@ NOTIFY_RETRY = RetryPolicy(
 )
 # Eviction for a reboot / replace drain: the activity retries PDB refusals itself.
 EVICT_TIMEOUT = timedelta(minutes=15)
-EVICT_HEARTBEAT = timedelta(seconds=30)
 
-# Following the evicted workloads' replacements, as the remediation does: the watch
-# heartbeats (a dead worker is noticed within a minute); it has no deadline of its own, the
-# workflow's timer cancels it (TRY_CANCEL, not waited for: it only reads), so its timeout is
-# the deadline plus a margin. One look when the timer fires: a list and a few reads.
-WAIT_HEARTBEAT = timedelta(seconds=60)
-WAIT_MARGIN = timedelta(minutes=2)
-LOOK_TIMEOUT = timedelta(minutes=1)
-WAIT_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=5),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=3,
-)
-# A capacity request: the pool scaler may hold the call while it batches needs and follows
-# the provider's operation (15 min, heartbeats every 10 s, noticed dead after 45 s); a retry
-# re-attaches to the same request (its key), so nothing is asked twice. Four attempts (as the
-# remediation's), then the incident's page says the scale-up failed.
-CAPACITY_TIMEOUT = timedelta(minutes=15)
-CAPACITY_HEARTBEAT = timedelta(seconds=45)
-CAPACITY_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=10),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(minutes=1),
-    maximum_attempts=4,
-)
+# Following the evicted workloads' replacements and asking for capacity as the remediation
+# does, with its options (workflows/call_options.py): the watch heartbeats; it has no deadline
+# of its own, the workflow's timer cancels it (TRY_CANCEL, not waited for: it only reads).
 
 # Every activity the node incident calls: the declarations this module imports (it imports
 # none it does not call: lint). The worker refuses to start without one of them.

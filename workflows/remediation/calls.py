@@ -124,6 +124,16 @@ with workflow.unsafe.imports_passed_through():
         WaitRepairJobInput,
     )
     from contract.runbook import LOAD_RUNBOOKS, RunbookSet
+    from workflows.call_options import (
+        CAPACITY_HEARTBEAT,
+        CAPACITY_RETRY,
+        CAPACITY_TIMEOUT,
+        EVICT_HEARTBEAT,
+        LOOK_TIMEOUT,
+        WAIT_HEARTBEAT,
+        WAIT_MARGIN,
+        WAIT_RETRY,
+    )
     from workflows.execute import abandon, execute, execute_local
     from workflows.remediation.state import RemediationState
 
@@ -147,36 +157,10 @@ LOCAL_RETRY = RetryPolicy(
 # 30 s; 2 attempts, then the remediation escalates "budget service unavailable" and waits.
 BUDGET_TIMEOUT = timedelta(seconds=30)
 BUDGET_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=2)
-# Long waits (watch-based activities): they heartbeat, so a dead worker is noticed within a
-# minute and another worker resumes from the heartbeat details; 3 attempts, then escalate.
-WAIT_HEARTBEAT = timedelta(seconds=60)
-WAIT_MARGIN = timedelta(minutes=2)  # the activity's own deadline fires first and reports
-# One look at the replacements (a list, a few claim reads) when the deadline timer fires.
-LOOK_TIMEOUT = timedelta(minutes=1)
-WAIT_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=5),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=3,
-)
-# Eviction through the API: each pod gets a few 429 (PDB) retries inside the activity.
+# Long waits, the eviction's heartbeat and capacity requests: workflows/call_options.py
+# (shared with the node incident). Eviction through the API: each pod gets a few 429 (PDB)
+# retries inside the activity.
 EVICT_TIMEOUT = timedelta(minutes=2)
-# evict-pods heartbeats every 10 s; a killed worker is noticed after 30 s, not 2 min (evicting
-# again is harmless: pods already gone are reported gone).
-EVICT_HEARTBEAT = timedelta(seconds=30)
-# Capacity requests go to the pool scaler workflow, which may hold the call while it batches
-# concurrent needs and follows the provider's operation.
-CAPACITY_TIMEOUT = timedelta(minutes=15)
-# request-capacity heartbeats every 10 s while the scaler holds the call; a worker killed
-# mid-call is noticed after 45 s (not the 15 min start-to-close) and the retry re-attaches to
-# the same scaler update (same id), so nothing is asked twice.
-CAPACITY_HEARTBEAT = timedelta(seconds=45)
-CAPACITY_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=10),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(minutes=1),
-    maximum_attempts=4,
-)
 # Notifications: a channel failing is retried with backoff for ~10 minutes (6 tries); each
 # try is reported back in NotifyResult and lands in the timeline.
 NOTIFY_TIMEOUT = timedelta(seconds=30)
