@@ -426,19 +426,46 @@ async def _retry_waits(client: Client, wid: str) -> list[float]:
     ]
 
 
+QUARANTINE_STEP = "quarantine-device"
+
+
+def _local_steps(history: Any) -> list[tuple[str, float]]:
+    """The local activities up to the quarantine, each with when it ended (its marker's
+    complete_time, the worker's clock) after the start of the workflow task that ran it."""
+    steps: list[tuple[str, float]] = []
+    started: float | None = None
+    for e in history.events:
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            started = e.event_time.ToDatetime().replace(tzinfo=UTC).timestamp()
+        elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and started is not None:
+            data = e.marker_recorded_event_attributes.details.get("data")
+            if data is None or not data.payloads:
+                continue
+            meta = json.loads(data.payloads[0].data)
+            done = meta.get("complete_time") or {}
+            ended = done.get("seconds", 0) + done.get("nanos", 0) / 1e9
+            kind = str(meta.get("activity_type", "?"))
+            steps.append((kind, round(ended - started, 3)))
+            if kind == QUARANTINE_STEP:
+                break
+    return steps
+
+
 async def _slowest_story(client: Client, wid: str, t0: float) -> dict[str, Any]:
     """Where the time of the cluster's slowest quarantine (fault -> rule) went, from its
     remediation's history: seconds its workflow tasks waited in a queue, ran, and when one
     timed out (a worker held it and died, or overran the timeout), each after the burst
-    began."""
+    began; and when each local activity up to the quarantine ended, after its task began."""
     if not wid:
         return {}
-    spans = _task_spans(await client.get_workflow_handle(wid).fetch_history())
+    history = await client.get_workflow_handle(wid).fetch_history()
+    spans = _task_spans(history)
     return {
         "workflow_id": wid,
         "queued_s": round(sum(started - sched for sched, started, _, _ in spans), 2),
         "in_tasks_s": round(sum(ended - started for _, started, ended, _ in spans), 2),
         "task_timed_out_at_s": [round(ended - t0, 2) for *_, ended, out in spans if out],
+        "local_steps": _local_steps(history),
     }
 
 
@@ -683,9 +710,17 @@ def _story_text(name: str, story: dict[str, Any]) -> str:
         if timeouts
         else "no task timed out"
     )
+    steps = story.get("local_steps") or []
+    ended = (
+        " (its local activities ended, after their task began: "
+        + ", ".join(f"{kind} {at:.2f}" for kind, at in steps)
+        + " s)"
+        if steps
+        else ""
+    )
     return (
         f"{name}: {held}, {story['queued_s']:.1f} s waiting in queues, "
-        f"{story['in_tasks_s']:.1f} s in its tasks"
+        f"{story['in_tasks_s']:.1f} s in its tasks{ended}"
     )
 
 

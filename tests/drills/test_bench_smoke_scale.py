@@ -51,6 +51,10 @@ def test_scale_benchmarks_run(tmp_path: Path) -> None:
         # Each quarantined GPU either had a task the killed worker held, or counts among the
         # others' fault -> rule.
         assert cluster["held_by_killed_worker"] + cluster["fault_to_rule_not_held_s"]["n"] == 4
+        # The slowest quarantine's local activities, read from its history, up to the rule's
+        # create, the budget lease among them.
+        steps = cluster["slowest_story"]["local_steps"]
+        assert steps[-1][0] == "quarantine-device" and "acquire-budget-lease" in dict(steps)
     assert fleet["last_fault_to_rule_s"] <= fleet["last_rule_after_start_s"]
     assert results["memory"]["remediations"] == 16
     node = results["node_upgrade"]["seconds"]  # one round of each upgrade story
