@@ -451,21 +451,31 @@ def _local_steps(history: Any) -> list[tuple[str, float]]:
     return steps
 
 
-async def _slowest_story(client: Client, wid: str, t0: float) -> dict[str, Any]:
+async def _slowest_story(client: Client, wid: str, t0: float, wait: float = 30.0) -> dict[str, Any]:
     """Where the time of the cluster's slowest quarantine (fault -> rule) went, from its
     remediation's history: seconds its workflow tasks waited in a queue, ran, and when one
     timed out (a worker held it and died, or overran the timeout), each after the burst
-    began; and when each local activity up to the quarantine ended, after its task began."""
+    began; and when each local activity up to the quarantine ended, after its task began.
+    History records a task's local activities when the task ends, which may be after its
+    rule exists (its Events and the GPU ledger's update come next): up to `wait` seconds for
+    that."""
     if not wid:
         return {}
-    history = await client.get_workflow_handle(wid).fetch_history()
+    handle = client.get_workflow_handle(wid)
+    deadline = time.monotonic() + wait
+    while True:
+        history = await handle.fetch_history()
+        steps = _local_steps(history)
+        if (steps and steps[-1][0] == QUARANTINE_STEP) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
     spans = _task_spans(history)
     return {
         "workflow_id": wid,
         "queued_s": round(sum(started - sched for sched, started, _, _ in spans), 2),
         "in_tasks_s": round(sum(ended - started for _, started, ended, _ in spans), 2),
         "task_timed_out_at_s": [round(ended - t0, 2) for *_, ended, out in spans if out],
-        "local_steps": _local_steps(history),
+        "local_steps": steps,
     }
 
 
@@ -716,7 +726,7 @@ def _story_text(name: str, story: dict[str, Any]) -> str:
         + ", ".join(f"{kind} {at:.2f}" for kind, at in steps)
         + " s)"
         if steps
-        else ""
+        else " (the task that quarantined it had not ended 30 s after the check)"
     )
     return (
         f"{name}: {held}, {story['queued_s']:.1f} s waiting in queues, "

@@ -21,6 +21,9 @@ Where the time goes (per remediation, from the workflow's history and the reques
 webhook -> WorkflowExecutionStarted, started -> first workflow task picked up, the task's
 Kubernetes calls (count, summed server time) up to the create, and the rest (the worker's
 own CPU: local-activity scheduling, budget lease round trip to Temporal, payload conversion).
+Then one Temporal round trip on the same server (a describe, a query through the worker),
+timed back to back and after the triples' quiet gap: what each crossing of the server costs
+on this machine, which Sickbay's path makes more often than the floor's.
 
 Then the production path (`consumers` > 0), on a stack of its own started after the triples'
 stopped (a calm worker, as the triples had): a Deployment of `consumers` replicas, each holding
