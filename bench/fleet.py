@@ -427,6 +427,8 @@ async def _retry_waits(client: Client, wid: str) -> list[float]:
 
 
 QUARANTINE_STEP = "quarantine-device"
+# How long the slowest quarantine's story waits for the task that made its rule to end.
+STORY_WAIT = 30.0
 
 
 def _local_steps(history: Any) -> list[tuple[str, float]]:
@@ -726,7 +728,7 @@ def _story_text(name: str, story: dict[str, Any]) -> str:
         + ", ".join(f"{kind} {at:.2f}" for kind, at in steps)
         + " s)"
         if steps
-        else " (the task that quarantined it had not ended 30 s after the check)"
+        else f" (the task that quarantined it had not ended {STORY_WAIT:g} s after the check)"
     )
     return (
         f"{name}: {held}, {story['queued_s']:.1f} s waiting in queues, "
